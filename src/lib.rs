@@ -1,0 +1,21 @@
+//! presenced: a federated XMPP server whose centre is presence.
+//!
+//! # Layout
+//!
+//! ```text
+//! socket ─▶ tls (rustls) ─▶ xml::reader (quick-xml, incremental, bounded)
+//!        ─▶ c2s negotiation (STARTTLS → SASL → bind) ─▶ stanza (typed view over xml::Element)
+//!        ─▶ router ─┬▶ local handlers (roster, presence, disco, ping)
+//!                   └▶ sessions (bounded mpsc to the session task that owns the socket)
+//! ```
+//!
+//! Pure decision code (the RFC 6121 subscription table in [`presence::subscription`],
+//! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
+
+pub mod config;
+pub mod error;
+pub mod jid;
+pub mod presence;
+pub mod sasl;
+pub mod store;
+pub mod xml;

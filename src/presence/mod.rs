@@ -1,0 +1,2 @@
+//! RFC 6121 presence.
+pub mod subscription;

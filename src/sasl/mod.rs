@@ -1,0 +1,2 @@
+//! SASL (RFC 6120 §6).
+pub mod scram;

@@ -1,0 +1,1 @@
+//! SCRAM-SHA-1 / SCRAM-SHA-256 (RFC 5802, RFC 7677), server side.

@@ -1,0 +1,1 @@
+//! Incremental, bounded XML for XMPP streams.
