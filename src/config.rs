@@ -1,1 +1,344 @@
-//! config
+//! Typed TOML configuration. Every limit and timing the server enforces is a field here with
+//! a default; `presenced.example.toml` at the top of the repository lists them all.
+//!
+//! `DATABASE_URL` and `REDIS_URL` in the environment override the file, so CI and containers
+//! can point one config at another database without editing it.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The TOML did not parse or had unknown keys.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: toml::de::Error,
+    },
+    /// A value is out of range or inconsistent with another.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The XMPP domains this server hosts (RFC 6120 §2.1). Streams to any other are refused
+    /// with host-unknown.
+    pub domains: Vec<String>,
+    /// Client-to-server listeners.
+    pub c2s: C2sConfig,
+    /// Certificates.
+    pub tls: TlsConfig,
+    /// PostgreSQL.
+    pub database: DatabaseConfig,
+    /// Redis.
+    pub redis: RedisConfig,
+    /// Authentication and registration.
+    pub auth: AuthConfig,
+    /// Limits applied to every client.
+    pub limits: LimitsConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            domains: vec!["localhost".into()],
+            c2s: C2sConfig::default(),
+            tls: TlsConfig::default(),
+            database: DatabaseConfig::default(),
+            redis: RedisConfig::default(),
+            auth: AuthConfig::default(),
+            limits: LimitsConfig::default(),
+        }
+    }
+}
+
+/// `[c2s]`: where clients connect.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct C2sConfig {
+    /// Address both client listeners bind to.
+    pub bind: IpAddr,
+    /// STARTTLS port (RFC 6120 §5); 0 disables the listener.
+    pub port: u16,
+    /// Direct TLS port (XEP-0368); 0 disables the listener.
+    pub direct_tls_port: u16,
+}
+
+impl Default for C2sConfig {
+    fn default() -> Self {
+        C2sConfig {
+            bind: IpAddr::from([0, 0, 0, 0]),
+            port: 5222,
+            direct_tls_port: 5223,
+        }
+    }
+}
+
+/// `[tls]`: certificates, one pair per domain or one pair for all.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain. Empty: a self-signed certificate is generated into `certs_dir`.
+    pub cert: String,
+    /// PEM private key matching `cert`.
+    pub key: String,
+    /// Where generated development certificates are written (never committed).
+    pub certs_dir: PathBuf,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert: String::new(),
+            key: String::new(),
+            certs_dir: PathBuf::from("certs"),
+        }
+    }
+}
+
+/// `[database]`: PostgreSQL, the durable store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// Connection URL; `DATABASE_URL` overrides it.
+    pub url: String,
+    /// Pool size.
+    pub max_connections: u32,
+    /// Directory of SQL migrations applied at start and by `presenced migrate`.
+    pub migrations: PathBuf,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            url: "postgres://postgres@127.0.0.1:5432/presenced".into(),
+            max_connections: 16,
+            migrations: PathBuf::from("migrations"),
+        }
+    }
+}
+
+/// `[redis]`: liveness and routing state.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// Connection URL; `REDIS_URL` overrides it.
+    pub url: String,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: "redis://127.0.0.1:6379".into(),
+        }
+    }
+}
+
+/// `[auth]`: SASL and registration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Offer SASL PLAIN (only ever after TLS, RFC 6120 §13.8).
+    pub allow_plain: bool,
+    /// PBKDF2 iterations for newly stored SCRAM credentials (RFC 7677 §4 recommends ≥ 4096).
+    pub scram_iterations: u32,
+    /// XEP-0077 in-band registration of new accounts (off by default: spam).
+    pub allow_registration: bool,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            allow_plain: true,
+            scram_iterations: 4096,
+            allow_registration: false,
+        }
+    }
+}
+
+/// `[limits]`: what one client may cost. Each violation gets the RFC 6120 error named here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest stanza in bytes (policy-violation, RFC 6120 §13.12).
+    pub max_stanza_size: usize,
+    /// Deepest element nesting in a stanza (policy-violation).
+    pub max_depth: usize,
+    /// Seconds from TCP accept to a bound resource (connection-timeout, RFC 6120 §4.9.3.4).
+    pub negotiation_timeout: u64,
+    /// New connections accepted per source IP per minute; more are closed with
+    /// policy-violation before any negotiation.
+    pub connections_per_ip_per_minute: u32,
+    /// Simultaneous client connections; more get resource-constraint.
+    pub max_connections: usize,
+    /// Roster items per user (RFC 6121 §2.3.3: not-allowed... policy-violation on overflow).
+    pub max_roster_items: i64,
+    /// Stanzas queued for one session before it is treated as stalled and disconnected.
+    pub session_queue: usize,
+    /// Stanzas per second a client may send on average (policy-violation beyond the burst).
+    pub stanzas_per_second: u32,
+    /// How many stanzas above the average rate may arrive at once.
+    pub stanza_burst: u32,
+    /// Failed SASL attempts on one stream before it is closed (RFC 6120 §6.4.5).
+    pub max_auth_failures: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_stanza_size: 256 * 1024,
+            max_depth: 64,
+            negotiation_timeout: 30,
+            connections_per_ip_per_minute: 120,
+            max_connections: 18_000,
+            max_roster_items: 1000,
+            session_queue: 1024,
+            stanzas_per_second: 50,
+            stanza_burst: 200,
+            max_auth_failures: 3,
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses, applies the environment overrides and validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut config = Config::parse(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+        config.apply_env(|k| std::env::var(k).ok());
+        // Relative paths in the file are relative to the file, so `--config` works from anywhere.
+        if let Some(dir) = path.parent() {
+            config.resolve_paths(dir);
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses TOML text without validating.
+    pub fn parse(text: &str) -> Result<Config, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// `DATABASE_URL` and `REDIS_URL` override the file.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) {
+        if let Some(url) = get("DATABASE_URL").filter(|u| !u.is_empty()) {
+            self.database.url = url;
+        }
+        if let Some(url) = get("REDIS_URL").filter(|u| !u.is_empty()) {
+            self.redis.url = url;
+        }
+    }
+
+    fn resolve_paths(&mut self, dir: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() && !p.as_os_str().is_empty() {
+                *p = dir.join(&*p);
+            }
+        };
+        fix(&mut self.database.migrations);
+        fix(&mut self.tls.certs_dir);
+        for s in [&mut self.tls.cert, &mut self.tls.key] {
+            if !s.is_empty() && Path::new(s.as_str()).is_relative() {
+                *s = dir.join(s.as_str()).to_string_lossy().into_owned();
+            }
+        }
+    }
+
+    /// Checks ranges and consistency.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        if self.domains.is_empty() {
+            return bad("`domains` must name at least one domain");
+        }
+        for d in &self.domains {
+            if crate::jid::BareJid::new(d)
+                .map(|j| j.node().is_some())
+                .unwrap_or(true)
+            {
+                return bad(&format!("`{d}` is not a valid domain"));
+            }
+        }
+        if self.tls.cert.is_empty() != self.tls.key.is_empty() {
+            return bad("[tls] cert and key must be given together");
+        }
+        let l = &self.limits;
+        if l.max_stanza_size < 10_000 {
+            // RFC 6120 §13.12: servers must accept stanzas of at least 10000 bytes.
+            return bad("[limits] max_stanza_size must be at least 10000 (RFC 6120 §13.12)");
+        }
+        if l.max_depth < 4 || l.negotiation_timeout == 0 || l.session_queue == 0 {
+            return bad("[limits] max_depth >= 4, negotiation_timeout > 0, session_queue > 0");
+        }
+        if l.stanzas_per_second == 0 || l.max_auth_failures == 0 || l.max_roster_items <= 0 {
+            return bad("[limits] rates and counts must be positive");
+        }
+        if self.auth.scram_iterations < 4096 {
+            return bad("[auth] scram_iterations must be at least 4096 (RFC 7677 §4)");
+        }
+        Ok(())
+    }
+
+    /// Whether this server hosts `domain`.
+    pub fn serves(&self, domain: &str) -> bool {
+        self.domains.iter().any(|d| d == domain)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses_and_matches_defaults() {
+        let text = include_str!("../presenced.example.toml");
+        let c = Config::parse(text).expect("example config parses");
+        c.validate().expect("example config is valid");
+        let d = Config::default();
+        assert_eq!(c.limits.max_stanza_size, d.limits.max_stanza_size);
+        assert_eq!(c.limits.negotiation_timeout, d.limits.negotiation_timeout);
+        assert_eq!(c.c2s.port, d.c2s.port);
+        assert_eq!(c.auth.scram_iterations, d.auth.scram_iterations);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        assert!(Config::parse("[limits]\nmax_stanza_sise = 5").is_err());
+    }
+
+    #[test]
+    fn environment_overrides_urls() {
+        let mut c = Config::default();
+        c.apply_env(|k| (k == "DATABASE_URL").then(|| "postgres://x/y".to_owned()));
+        assert_eq!(c.database.url, "postgres://x/y");
+        assert_eq!(c.redis.url, RedisConfig::default().url);
+    }
+
+    #[test]
+    fn tiny_stanza_limit_is_invalid() {
+        let mut c = Config::default();
+        c.limits.max_stanza_size = 100;
+        assert!(c.validate().is_err());
+    }
+}

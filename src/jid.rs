@@ -1,1 +1,42 @@
-//! jid
+//! JIDs (RFC 7622), normalised once at the edge.
+//!
+//! The maintained `jid` crate (xmpp-rs) parses and applies the stringprep profiles
+//! (nodeprep lower-cases the localpart, nameprep the domain); everything after the edge
+//! compares the normalised strings. This module adds the few helpers the server needs.
+
+pub use jid::{BareJid, Error as JidError, FullJid, Jid};
+
+/// Parses a JID from an attribute value; `None` when absent, `Some(Err)` when malformed
+/// (RFC 6120 §8.3.3.8: a malformed address gets jid-malformed).
+pub fn parse_opt(value: Option<&str>) -> Option<Result<Jid, JidError>> {
+    value.map(Jid::new)
+}
+
+/// The localpart of a JID as a plain string ("" for a domain JID).
+pub fn node_str(jid: &Jid) -> &str {
+    jid.node().map(|n| n.as_str()).unwrap_or("")
+}
+
+/// `user@domain` for an account.
+pub fn bare(username: &str, domain: &str) -> Result<BareJid, JidError> {
+    BareJid::new(&format!("{username}@{domain}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn localpart_and_domain_are_case_folded_resource_is_not() {
+        let j = Jid::new("Alice@A.Example/Phone").unwrap();
+        assert_eq!(j.as_str(), "alice@a.example/Phone");
+        assert_eq!(node_str(&j), "alice");
+    }
+
+    #[test]
+    fn malformed_jids_are_rejected() {
+        for bad in ["a@b@c", "@a.example", "a@", "a b@c.example", ""] {
+            assert!(Jid::new(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -4,9 +4,9 @@
 //!
 //! ```text
 //! socket ─▶ tls (rustls) ─▶ xml::reader (quick-xml, incremental, bounded)
-//!        ─▶ c2s negotiation (STARTTLS → SASL → bind) ─▶ stanza (typed view over xml::Element)
+//!        ─▶ c2s negotiation (STARTTLS → SASL → bind) ─▶ stanza checks
 //!        ─▶ router ─┬▶ local handlers (roster, presence, disco, ping)
-//!                   └▶ sessions (bounded mpsc to the session task that owns the socket)
+//!                   └▶ sessions (bounded mpsc to the task that owns the socket)
 //! ```
 //!
 //! Pure decision code (the RFC 6121 subscription table in [`presence::subscription`],
@@ -17,5 +17,7 @@ pub mod error;
 pub mod jid;
 pub mod presence;
 pub mod sasl;
+pub mod sessions;
 pub mod store;
+pub mod tls;
 pub mod xml;

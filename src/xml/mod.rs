@@ -1,1 +1,284 @@
 //! Incremental, bounded XML for XMPP streams.
+//!
+//! An XMPP stream is one long XML document whose top-level children are stanzas (RFC 6120 §4).
+//! [`reader`] turns bytes into [`reader::StreamEvent`]s, building each stanza as an owned
+//! [`Element`]; [`Element::write_to`] serialises one back. Namespaces are resolved once at the
+//! edge: every element carries its namespace URI, so nothing downstream sees prefixes.
+
+pub mod reader;
+
+use std::fmt::Write as _;
+
+/// Namespace of the stream element (RFC 6120 §4.8.1).
+pub const NS_STREAM: &str = "http://etherx.jabber.org/streams";
+/// Default content namespace of client streams (RFC 6120 §4.8.3).
+pub const NS_CLIENT: &str = "jabber:client";
+/// Default content namespace of server streams (RFC 6120 §4.8.3).
+pub const NS_SERVER: &str = "jabber:server";
+/// Stream error conditions (RFC 6120 §4.9.2).
+pub const NS_STREAM_ERRORS: &str = "urn:ietf:params:xml:ns:xmpp-streams";
+/// Stanza error conditions (RFC 6120 §8.3.2).
+pub const NS_STANZAS: &str = "urn:ietf:params:xml:ns:xmpp-stanzas";
+/// STARTTLS (RFC 6120 §5).
+pub const NS_TLS: &str = "urn:ietf:params:xml:ns:xmpp-tls";
+/// SASL (RFC 6120 §6).
+pub const NS_SASL: &str = "urn:ietf:params:xml:ns:xmpp-sasl";
+/// Resource binding (RFC 6120 §7).
+pub const NS_BIND: &str = "urn:ietf:params:xml:ns:xmpp-bind";
+/// Legacy session establishment (RFC 3921 §3, kept optional by RFC 6121 Appendix E).
+pub const NS_SESSION: &str = "urn:ietf:params:xml:ns:xmpp-session";
+/// Roster (RFC 6121 §2).
+pub const NS_ROSTER: &str = "jabber:iq:roster";
+/// Roster versioning stream feature (XEP-0237 / RFC 6121 §2.6).
+pub const NS_ROSTER_VER: &str = "urn:xmpp:features:rosterver";
+/// Subscription pre-approval stream feature (RFC 6121 §3.4).
+pub const NS_PREAPPROVAL: &str = "urn:xmpp:features:pre-approval";
+/// Service discovery (XEP-0030).
+pub const NS_DISCO_INFO: &str = "http://jabber.org/protocol/disco#info";
+/// Service discovery items (XEP-0030).
+pub const NS_DISCO_ITEMS: &str = "http://jabber.org/protocol/disco#items";
+/// XMPP ping (XEP-0199).
+pub const NS_PING: &str = "urn:xmpp:ping";
+/// Delayed delivery (XEP-0203).
+pub const NS_DELAY: &str = "urn:xmpp:delay";
+/// In-band registration (XEP-0077).
+pub const NS_REGISTER: &str = "jabber:iq:register";
+/// In-band registration stream feature (XEP-0077 §4).
+pub const NS_REGISTER_FEATURE: &str = "http://jabber.org/features/iq-register";
+
+/// A child of an element: another element or character data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Node {
+    /// A nested element.
+    Element(Element),
+    /// Unescaped character data.
+    Text(String),
+}
+
+/// An owned XML element with its namespace resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Element {
+    /// Local name (no prefix).
+    pub name: String,
+    /// Namespace URI; stanzas of either content namespace are stored as [`NS_CLIENT`].
+    pub ns: String,
+    /// Attributes other than namespace declarations, in document order. `xml:lang` keeps its
+    /// prefix because the `xml` prefix is bound by definition.
+    pub attrs: Vec<(String, String)>,
+    /// Child nodes in document order.
+    pub children: Vec<Node>,
+}
+
+impl Element {
+    /// A new element with no attributes or children.
+    pub fn new(name: &str, ns: &str) -> Self {
+        Element {
+            name: name.to_owned(),
+            ns: ns.to_owned(),
+            attrs: Vec::new(),
+            children: Vec::new(),
+        }
+    }
+
+    /// Builder: adds or replaces an attribute.
+    pub fn attr(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.set_attr(name, value);
+        self
+    }
+
+    /// Builder: appends a child element.
+    pub fn child(mut self, child: Element) -> Self {
+        self.children.push(Node::Element(child));
+        self
+    }
+
+    /// Builder: appends character data.
+    pub fn text(mut self, text: impl Into<String>) -> Self {
+        self.children.push(Node::Text(text.into()));
+        self
+    }
+
+    /// Whether this element has the given name and namespace.
+    pub fn is(&self, name: &str, ns: &str) -> bool {
+        self.name == name && self.ns == ns
+    }
+
+    /// The value of an attribute.
+    pub fn get_attr(&self, name: &str) -> Option<&str> {
+        self.attrs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Sets (or replaces) an attribute.
+    pub fn set_attr(&mut self, name: &str, value: impl Into<String>) {
+        let value = value.into();
+        match self.attrs.iter_mut().find(|(k, _)| k == name) {
+            Some(slot) => slot.1 = value,
+            None => self.attrs.push((name.to_owned(), value)),
+        }
+    }
+
+    /// Removes an attribute, returning its value.
+    pub fn remove_attr(&mut self, name: &str) -> Option<String> {
+        let i = self.attrs.iter().position(|(k, _)| k == name)?;
+        Some(self.attrs.remove(i).1)
+    }
+
+    /// Child elements in order.
+    pub fn elements(&self) -> impl Iterator<Item = &Element> {
+        self.children.iter().filter_map(|n| match n {
+            Node::Element(e) => Some(e),
+            Node::Text(_) => None,
+        })
+    }
+
+    /// The first child element with this name and namespace.
+    pub fn get_child(&self, name: &str, ns: &str) -> Option<&Element> {
+        self.elements().find(|e| e.is(name, ns))
+    }
+
+    /// Mutable access to the first child element with this name and namespace.
+    pub fn get_child_mut(&mut self, name: &str, ns: &str) -> Option<&mut Element> {
+        self.children.iter_mut().find_map(|n| match n {
+            Node::Element(e) if e.is(name, ns) => Some(e),
+            _ => None,
+        })
+    }
+
+    /// Removes every child element with this name and namespace.
+    pub fn remove_children(&mut self, name: &str, ns: &str) {
+        self.children
+            .retain(|n| !matches!(n, Node::Element(e) if e.is(name, ns)));
+    }
+
+    /// Concatenated character data of the direct children.
+    pub fn text_content(&self) -> String {
+        let mut out = String::new();
+        for n in &self.children {
+            if let Node::Text(t) = n {
+                out.push_str(t);
+            }
+        }
+        out
+    }
+
+    /// Serialises the element. `parent_ns` is the namespace in scope where it is written (the
+    /// stream's content namespace for a stanza): an `xmlns` is emitted only where it changes.
+    /// `stream_ns` replaces [`NS_CLIENT`] so the same stanza can go on a server stream.
+    pub fn write_to(&self, out: &mut String, parent_ns: &str, stream_ns: &str) {
+        let ns = if self.ns == NS_CLIENT {
+            stream_ns
+        } else {
+            self.ns.as_str()
+        };
+        out.push('<');
+        out.push_str(&self.name);
+        if ns != parent_ns {
+            out.push_str(" xmlns='");
+            escape_into(out, ns);
+            out.push('\'');
+        }
+        for (k, v) in &self.attrs {
+            out.push(' ');
+            out.push_str(k);
+            out.push_str("='");
+            escape_into(out, v);
+            out.push('\'');
+        }
+        if self.children.is_empty() {
+            out.push_str("/>");
+            return;
+        }
+        out.push('>');
+        for child in &self.children {
+            match child {
+                Node::Element(e) => e.write_to(out, ns, stream_ns),
+                Node::Text(t) => escape_into(out, t),
+            }
+        }
+        out.push_str("</");
+        out.push_str(&self.name);
+        out.push('>');
+    }
+
+    /// Serialises the element as a stanza of a client stream.
+    pub fn to_xml(&self) -> String {
+        let mut out = String::with_capacity(128);
+        self.write_to(&mut out, NS_CLIENT, NS_CLIENT);
+        out
+    }
+}
+
+impl std::fmt::Display for Element {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_xml())
+    }
+}
+
+/// Escapes character data or an attribute value (both quote kinds, so either delimiter works).
+pub fn escape_into(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\'' => out.push_str("&apos;"),
+            '"' => out.push_str("&quot;"),
+            _ => out.push(c),
+        }
+    }
+}
+
+/// Escapes into a new string.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    escape_into(&mut out, s);
+    out
+}
+
+/// Builds the opening tag of a stream header (RFC 6120 §4.7). The stream is never closed
+/// by this string: `</stream:stream>` is written separately.
+pub fn stream_header(from: &str, to: Option<&str>, id: &str, content_ns: &str) -> String {
+    let mut out = String::with_capacity(200);
+    out.push_str("<?xml version='1.0'?><stream:stream xmlns='");
+    out.push_str(content_ns);
+    out.push_str("' xmlns:stream='");
+    out.push_str(NS_STREAM);
+    out.push_str("' version='1.0' from='");
+    escape_into(&mut out, from);
+    out.push('\'');
+    if let Some(to) = to {
+        out.push_str(" to='");
+        escape_into(&mut out, to);
+        out.push('\'');
+    }
+    let _ = write!(out, " id='{}' xml:lang='en'>", escape(id));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stanza_written_without_redundant_xmlns_and_escaped() {
+        let e = Element::new("message", NS_CLIENT)
+            .attr("to", "a@b")
+            .child(Element::new("body", NS_CLIENT).text("1 < 2 & 'q'"))
+            .child(Element::new("x", "urn:x"));
+        assert_eq!(
+            e.to_xml(),
+            "<message to='a@b'><body>1 &lt; 2 &amp; &apos;q&apos;</body><x xmlns='urn:x'/></message>"
+        );
+    }
+
+    #[test]
+    fn client_namespace_becomes_server_namespace_on_server_streams() {
+        let e = Element::new("presence", NS_CLIENT);
+        let mut out = String::new();
+        e.write_to(&mut out, NS_SERVER, NS_SERVER);
+        assert_eq!(out, "<presence/>");
+    }
+}

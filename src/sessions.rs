@@ -1,0 +1,273 @@
+//! The local session registry: which resources of which users are connected to this node, and
+//! the bounded mailbox of each.
+//!
+//! Every connection is one task that owns its socket; everything else reaches it through its
+//! mailbox ([`Outbound`]). The registry lock is held only to look up or change entries, never
+//! across an await or a socket write.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::StreamError;
+use crate::jid::{BareJid, FullJid};
+use crate::xml::Element;
+
+/// What can be sent to a session task.
+#[derive(Debug)]
+pub enum Outbound {
+    /// A stanza to write to the client as it is.
+    Stanza(Element),
+    /// End the stream with this error (e.g. `conflict` when a newer session binds the same
+    /// full JID, RFC 6120 §7.7.2.2).
+    Close(StreamError),
+}
+
+/// What other tasks may read about a session: its presence as last broadcast.
+#[derive(Debug, Default, Clone)]
+pub struct PresenceInfo {
+    /// Whether initial presence was sent and no unavailable since (RFC 6121 §4.2).
+    pub available: bool,
+    /// Priority of the last available presence (RFC 6121 §4.7.2.3), -128..=127.
+    pub priority: i8,
+    /// The last available presence stanza as broadcast, for probe answers (RFC 6121 §4.3.2).
+    pub last: Option<Element>,
+    /// Whether the client requested the roster, so it gets roster pushes (RFC 6121 §2.1.6).
+    pub interested: bool,
+}
+
+/// One connected resource.
+#[derive(Debug, Clone)]
+pub struct SessionHandle {
+    /// The bound full JID.
+    pub jid: FullJid,
+    /// Distinguishes a session from a later one that bound the same full JID.
+    pub id: u64,
+    /// The session's mailbox.
+    tx: mpsc::Sender<Outbound>,
+    /// Cancelled to end the session at once (stalled mailbox, shutdown).
+    pub kill: CancellationToken,
+    /// Presence state, written by the session task, read by routers and probe answers.
+    pub info: Arc<Mutex<PresenceInfo>>,
+}
+
+impl SessionHandle {
+    /// Queues a stanza. A session whose mailbox is full is not keeping up with its socket:
+    /// it is ended rather than letting one slow client hold memory for everyone.
+    pub fn send(&self, stanza: Element) -> bool {
+        match self.tx.try_send(Outbound::Stanza(stanza)) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::warn!(jid = %self.jid, "session mailbox full; disconnecting");
+                self.kill.cancel();
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Asks the session to end its stream with `error`.
+    pub fn close(&self, error: StreamError) {
+        if self.tx.try_send(Outbound::Close(error)).is_err() {
+            self.kill.cancel();
+        }
+    }
+
+    /// A copy of the presence state.
+    pub fn presence(&self) -> PresenceInfo {
+        self.info.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+}
+
+/// Registry of the sessions on this node, keyed by bare JID.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    by_user: RwLock<HashMap<String, Vec<SessionHandle>>>,
+    next_id: AtomicU64,
+}
+
+/// A new session's handle plus the receiving end of its mailbox.
+pub struct Registered {
+    /// The handle stored in the registry.
+    pub handle: SessionHandle,
+    /// The mailbox the session task drains.
+    pub rx: mpsc::Receiver<Outbound>,
+    /// A session that bound the same full JID before and has been told to close.
+    pub replaced: Option<SessionHandle>,
+}
+
+impl Sessions {
+    /// Registers a bound resource. An older session with the same full JID is asked to close
+    /// with the `conflict` stream error (RFC 6120 §7.7.2.2, the "override" policy).
+    pub fn register(&self, jid: FullJid, queue: usize, parent: &CancellationToken) -> Registered {
+        let (tx, rx) = mpsc::channel(queue);
+        let handle = SessionHandle {
+            jid: jid.clone(),
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            tx,
+            kill: parent.child_token(),
+            info: Arc::default(),
+        };
+        let bare = jid.to_bare().to_string();
+        let mut map = self.by_user.write().unwrap_or_else(|e| e.into_inner());
+        let list = map.entry(bare).or_default();
+        let replaced = list
+            .iter()
+            .position(|h| h.jid == jid)
+            .map(|i| list.swap_remove(i));
+        list.push(handle.clone());
+        drop(map);
+        if let Some(old) = &replaced {
+            old.close(StreamError::new(
+                "conflict",
+                "Replaced by a new session with the same resource",
+            ));
+        }
+        Registered {
+            handle,
+            rx,
+            replaced,
+        }
+    }
+
+    /// Removes a session if it is still the registered one for its JID.
+    pub fn unregister(&self, handle: &SessionHandle) {
+        let bare = handle.jid.to_bare().to_string();
+        let mut map = self.by_user.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = map.get_mut(&bare) {
+            list.retain(|h| h.id != handle.id);
+            if list.is_empty() {
+                map.remove(&bare);
+            }
+        }
+    }
+
+    /// The session bound to exactly this full JID.
+    pub fn get(&self, jid: &FullJid) -> Option<SessionHandle> {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        map.get(jid.to_bare().as_str())?
+            .iter()
+            .find(|h| h.jid == *jid)
+            .cloned()
+    }
+
+    /// Every session of a user.
+    pub fn of_user(&self, bare: &BareJid) -> Vec<SessionHandle> {
+        self.of_user_str(bare.as_str())
+    }
+
+    /// Every session of a user, by bare JID string.
+    pub fn of_user_str(&self, bare: &str) -> Vec<SessionHandle> {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        map.get(bare).cloned().unwrap_or_default()
+    }
+
+    /// Number of connected sessions.
+    pub fn count(&self) -> usize {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        map.values().map(Vec::len).sum()
+    }
+
+    /// Ends every session (shutdown).
+    pub fn close_all(&self, error: StreamError) {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        for h in map.values().flatten() {
+            h.close(error.clone());
+        }
+    }
+}
+
+/// Chooses the resources a message to a bare JID goes to (RFC 6121 §8.5.2.1.1): the available
+/// resources with the highest non-negative priority, all of them if several tie.
+pub fn message_targets(sessions: &[SessionHandle]) -> Vec<&SessionHandle> {
+    let infos: Vec<(usize, PresenceInfo)> = sessions
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (i, s.presence()))
+        .filter(|(_, p)| p.available && p.priority >= 0)
+        .collect();
+    let Some(best) = infos.iter().map(|(_, p)| p.priority).max() else {
+        return Vec::new();
+    };
+    infos
+        .into_iter()
+        .filter(|(_, p)| p.priority == best)
+        .map(|(i, _)| &sessions[i])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(s: &str) -> FullJid {
+        FullJid::new(s).unwrap()
+    }
+
+    #[tokio::test]
+    async fn second_bind_of_same_full_jid_replaces_and_closes_the_first() {
+        let s = Sessions::default();
+        let root = CancellationToken::new();
+        let mut first = s.register(full("a@x/r"), 4, &root);
+        let second = s.register(full("a@x/r"), 4, &root);
+        assert_eq!(
+            second.replaced.as_ref().map(|h| h.id),
+            Some(first.handle.id)
+        );
+        match first.rx.recv().await {
+            Some(Outbound::Close(e)) => assert_eq!(e.condition, "conflict"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.count(), 1);
+        // The old session unregistering must not remove the new one.
+        s.unregister(&first.handle);
+        assert_eq!(s.get(&full("a@x/r")).map(|h| h.id), Some(second.handle.id));
+    }
+
+    #[test]
+    fn bare_jid_messages_go_to_highest_non_negative_priority() {
+        let s = Sessions::default();
+        let root = CancellationToken::new();
+        let mut handles = Vec::new();
+        for (r, prio, avail) in [
+            ("a", 1, true),
+            ("b", 5, true),
+            ("c", 5, true),
+            ("d", 9, false),
+        ] {
+            let reg = s.register(full(&format!("u@x/{r}")), 4, &root);
+            {
+                let mut p = reg.handle.info.lock().unwrap();
+                p.available = avail;
+                p.priority = prio;
+            }
+            handles.push(reg.handle);
+        }
+        let chosen: Vec<&str> = message_targets(&handles)
+            .iter()
+            .map(|h| h.jid.resource().as_str())
+            .collect();
+        assert_eq!(chosen, ["b", "c"]);
+        for h in &handles {
+            h.info.lock().unwrap().priority = -1;
+        }
+        assert!(message_targets(&handles).is_empty());
+    }
+
+    #[tokio::test]
+    async fn full_mailbox_kills_the_session() {
+        let s = Sessions::default();
+        let root = CancellationToken::new();
+        let reg = s.register(full("a@x/r"), 1, &root);
+        assert!(reg
+            .handle
+            .send(Element::new("message", crate::xml::NS_CLIENT)));
+        assert!(!reg
+            .handle
+            .send(Element::new("message", crate::xml::NS_CLIENT)));
+        assert!(reg.handle.kill.is_cancelled());
+    }
+}

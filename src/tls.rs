@@ -1,0 +1,117 @@
+//! rustls server configuration from PEM files (rustls-pki-types' `PemObject`), or a generated
+//! self-signed certificate for development.
+//!
+//! One certificate serves every configured domain (its subject alternative names list them
+//! all), so SNI needs no per-domain lookup; production deployments point `[tls] cert/key`
+//! at a certificate covering their domains (certs/README.md).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::ServerConfig;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::Config;
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file was missing or unreadable.
+    #[error("{0}: {1}")]
+    Pem(String, rustls_pki_types::pem::Error),
+    /// The certificate and key did not make a valid rustls configuration.
+    #[error("rustls: {0}")]
+    Rustls(#[from] rustls::Error),
+    /// Generating the development certificate failed.
+    #[error("generating a self-signed certificate: {0}")]
+    Generate(String),
+    /// Writing the development certificate failed.
+    #[error("writing {0}: {1}")]
+    Write(String, std::io::Error),
+}
+
+/// Loads the configured certificate, or generates and reuses a self-signed one.
+pub fn server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError> {
+    let (cert, key) = if config.tls.cert.is_empty() {
+        ensure_self_signed(&config.tls.certs_dir, &config.domains)?
+    } else {
+        (config.tls.cert.clone(), config.tls.key.clone())
+    };
+    let chain = CertificateDer::pem_file_iter(&cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TlsError::Pem(cert.clone(), e))?;
+    let key = PrivateKeyDer::from_pem_file(&key).map_err(|e| TlsError::Pem(key.clone(), e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut server = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    // Small session cache: resumption helps reconnect storms, memory stays bounded.
+    server.session_storage = rustls::server::ServerSessionMemoryCache::new(1024);
+    Ok(Arc::new(server))
+}
+
+/// Paths of the development certificate for `domains` in `dir`, generating it when absent.
+/// The file name carries the domain list so a changed list gets a fresh certificate.
+pub fn ensure_self_signed(dir: &Path, domains: &[String]) -> Result<(String, String), TlsError> {
+    let stem = domains.join("+");
+    let cert = dir.join(format!("selfsigned-{stem}.pem"));
+    let key = dir.join(format!("selfsigned-{stem}.key"));
+    if cert.exists() && key.exists() {
+        return Ok((path_str(&cert), path_str(&key)));
+    }
+    tracing::warn!(
+        dir = %dir.display(),
+        ?domains,
+        "NO CERTIFICATE CONFIGURED: generating a SELF-SIGNED certificate. Clients will not \
+         trust it; configure [tls] cert and key for production (see certs/README.md)"
+    );
+    let mut names = domains.to_vec();
+    // Subdomains such as conference.example are not covered; a wildcard helps dev setups.
+    names.extend(domains.iter().map(|d| format!("*.{d}")));
+    let generated =
+        rcgen::generate_simple_self_signed(names).map_err(|e| TlsError::Generate(e.to_string()))?;
+    std::fs::create_dir_all(dir).map_err(|e| TlsError::Write(path_str(dir), e))?;
+    std::fs::write(&cert, generated.cert.pem()).map_err(|e| TlsError::Write(path_str(&cert), e))?;
+    write_private(&key, generated.key_pair.serialize_pem().as_bytes())
+        .map_err(|e| TlsError::Write(path_str(&key), e))?;
+    Ok((path_str(&cert), path_str(&key)))
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_certificate_loads_and_is_reused() {
+        let dir = std::env::temp_dir().join(format!("presenced-tls-{}", std::process::id()));
+        let mut config = Config {
+            domains: vec!["a.example".into()],
+            ..Config::default()
+        };
+        config.tls.certs_dir = dir.clone();
+        server_config(&config).expect("first start generates");
+        let before = std::fs::read(dir.join("selfsigned-a.example.pem")).unwrap();
+        server_config(&config).expect("second start reuses");
+        let after = std::fs::read(dir.join("selfsigned-a.example.pem")).unwrap();
+        assert_eq!(before, after);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,733 @@
+//! The incremental stream reader: bytes in, [`StreamEvent`]s out, with RFC 6120 §11 restrictions
+//! and size limits enforced while parsing, not after.
+//!
+//! quick-xml does the tokenising; [`Builder`] turns its events into owned stanzas, resolves
+//! namespaces and rejects what RFC 6120 §11.1 forbids (comments, processing instructions, DTDs,
+//! entity references other than the five predefined ones). The same builder serves the async
+//! socket reader ([`StreamReader`]) and the synchronous [`parse_chunks`] used by tests and the
+//! fuzz target, so both see identical behaviour on input split at any point.
+
+use std::collections::VecDeque;
+use std::io;
+
+use quick_xml::events::{BytesStart, Event};
+use tokio::io::{AsyncRead, AsyncReadExt, BufReader, Take};
+
+use super::{Element, Node, NS_CLIENT, NS_SERVER};
+
+/// What the reader yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// The stream header (RFC 6120 §4.7), or an RFC 7395 `<open/>` in framed mode.
+    Open(StreamHeader),
+    /// One complete top-level child of the stream.
+    Stanza(Element),
+    /// Whitespace between stanzas: a keepalive (RFC 6120 §4.6.1).
+    Whitespace,
+    /// `</stream:stream>` (RFC 6120 §4.4).
+    Close,
+}
+
+/// The opening stream tag with its namespaces resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamHeader {
+    /// Local name; `stream` for a well-formed header.
+    pub name: String,
+    /// Namespace of the element itself; must be the streams namespace (RFC 6120 §4.8.1).
+    pub ns: String,
+    /// The default (content) namespace declared on the header, if any (RFC 6120 §4.8.2).
+    pub default_ns: Option<String>,
+    /// `to`, `from`, `version`, `id`, `xml:lang` and anything else, as sent.
+    pub attrs: Vec<(String, String)>,
+}
+
+impl StreamHeader {
+    /// The value of a header attribute.
+    pub fn get_attr(&self, name: &str) -> Option<&str> {
+        self.attrs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Why a stream could not be read. Each maps to one RFC 6120 §4.9.3 stream error condition.
+#[derive(Debug, thiserror::Error)]
+pub enum XmlError {
+    /// Not well-formed XML or XML namespaces (RFC 6120 §4.9.3.13).
+    #[error("not well-formed: {0}")]
+    NotWellFormed(String),
+    /// A construct RFC 6120 §11.1 forbids (§4.9.3.18).
+    #[error("restricted XML: {0}")]
+    Restricted(&'static str),
+    /// A stanza larger than the configured limit (RFC 6120 §4.9.3.14, policy-violation).
+    #[error("stanza larger than {0} bytes")]
+    TooBig(usize),
+    /// Elements nested deeper than the configured limit (policy-violation).
+    #[error("elements nested deeper than {0}")]
+    TooDeep(usize),
+    /// Bytes that are not UTF-8 (RFC 6120 §11.6, unsupported-encoding).
+    #[error("input is not UTF-8")]
+    Encoding,
+    /// Character data directly inside the stream element (RFC 6120 §4.9.3.1, bad-format).
+    #[error("character data at stream level")]
+    TextAtStreamLevel,
+    /// The peer closed the connection without closing the stream.
+    #[error("connection closed")]
+    Eof,
+    /// A transport error.
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl XmlError {
+    /// The RFC 6120 §4.9.3 defined condition to send, or `None` when the transport is gone.
+    pub fn condition(&self) -> Option<&'static str> {
+        match self {
+            XmlError::NotWellFormed(_) => Some("not-well-formed"),
+            XmlError::Restricted(_) => Some("restricted-xml"),
+            XmlError::TooBig(_) | XmlError::TooDeep(_) => Some("policy-violation"),
+            XmlError::Encoding => Some("unsupported-encoding"),
+            XmlError::TextAtStreamLevel => Some("bad-format"),
+            XmlError::Eof | XmlError::Io(_) => None,
+        }
+    }
+}
+
+/// Size limits applied while parsing.
+#[derive(Debug, Clone, Copy)]
+pub struct ReaderLimits {
+    /// Largest stanza in bytes, as it appears on the wire.
+    pub max_stanza_size: usize,
+    /// Deepest element nesting inside a stanza.
+    pub max_depth: usize,
+}
+
+impl Default for ReaderLimits {
+    fn default() -> Self {
+        ReaderLimits {
+            max_stanza_size: 256 * 1024,
+            max_depth: 64,
+        }
+    }
+}
+
+/// One level of namespace declarations.
+#[derive(Debug, Default)]
+struct Scope {
+    /// `(prefix, uri)`; the empty prefix is the default namespace.
+    decls: Vec<(String, String)>,
+}
+
+/// An element just opened: local name, resolved namespace, attributes.
+struct Opened {
+    name: String,
+    ns: String,
+    attrs: Vec<(String, String)>,
+}
+
+/// Turns quick-xml events into [`StreamEvent`]s. Knows nothing of I/O.
+#[derive(Debug)]
+pub struct Builder {
+    /// Namespace scopes, one per open element (the stream element included).
+    scopes: Vec<Scope>,
+    /// Elements under construction; the first is the stanza.
+    stack: Vec<Element>,
+    /// Whether the stream header has been seen (depth 1 is inside it).
+    opened: bool,
+    /// RFC 7395 framing: every top-level element is a complete unit, there is no wrapper.
+    framed: bool,
+    /// Limits for nesting depth.
+    limits: ReaderLimits,
+    /// Events ready to hand out.
+    ready: VecDeque<StreamEvent>,
+    /// Whether anything but an XML declaration has been seen.
+    started: bool,
+}
+
+fn ill(e: impl std::fmt::Display) -> XmlError {
+    XmlError::NotWellFormed(e.to_string())
+}
+
+fn map_qx(e: quick_xml::Error) -> XmlError {
+    match e {
+        quick_xml::Error::Io(io) => match io.kind() {
+            io::ErrorKind::UnexpectedEof => XmlError::Eof,
+            _ => XmlError::Io(io::Error::new(io.kind(), io.to_string())),
+        },
+        quick_xml::Error::Encoding(_) => XmlError::Encoding,
+        quick_xml::Error::Escape(quick_xml::escape::EscapeError::UnrecognizedEntity(..)) => {
+            XmlError::Restricted("entity reference")
+        }
+        other => ill(other),
+    }
+}
+
+impl Builder {
+    /// A builder for a classic stream wrapped in `<stream:stream>` (RFC 6120 §4).
+    pub fn new(limits: ReaderLimits) -> Self {
+        Builder {
+            scopes: Vec::new(),
+            stack: Vec::new(),
+            opened: false,
+            framed: false,
+            limits,
+            ready: VecDeque::new(),
+            started: false,
+        }
+    }
+
+    /// A builder for RFC 7395 WebSocket framing: each message is one complete element.
+    pub fn new_framed(limits: ReaderLimits) -> Self {
+        Builder {
+            framed: true,
+            ..Builder::new(limits)
+        }
+    }
+
+    /// The next finished event, if any.
+    pub fn pop(&mut self) -> Option<StreamEvent> {
+        self.ready.pop_front()
+    }
+
+    /// Whether a stanza is under construction (its bytes count against the size limit).
+    pub fn in_stanza(&self) -> bool {
+        !self.stack.is_empty()
+    }
+
+    fn resolve(&self, prefix: &str) -> Option<&str> {
+        if prefix == "xml" {
+            return Some("http://www.w3.org/XML/1998/namespace");
+        }
+        self.scopes
+            .iter()
+            .rev()
+            .flat_map(|s| s.decls.iter().rev())
+            .find(|(p, _)| p == prefix)
+            .map(|(_, uri)| uri.as_str())
+    }
+
+    /// Pushes a scope for `start` and returns its (name, ns, attrs).
+    fn open_element(
+        &mut self,
+        start: &BytesStart<'_>,
+    ) -> Result<Opened, XmlError> {
+        let mut scope = Scope::default();
+        let mut attrs = Vec::new();
+        for attr in start.attributes().with_checks(true) {
+            let attr = attr.map_err(ill)?;
+            let key = std::str::from_utf8(attr.key.as_ref()).map_err(|_| XmlError::Encoding)?;
+            let value = attr.unescape_value().map_err(map_qx)?.into_owned();
+            if key == "xmlns" {
+                scope.decls.push((String::new(), value));
+            } else if let Some(p) = key.strip_prefix("xmlns:") {
+                if value.is_empty() {
+                    // XML Namespaces 1.0 §5: prefixes cannot be undeclared.
+                    return Err(ill("empty prefixed namespace declaration"));
+                }
+                scope.decls.push((p.to_owned(), value));
+            } else {
+                attrs.push((key.to_owned(), value));
+            }
+        }
+        self.scopes.push(scope);
+        let qname = std::str::from_utf8(start.name().as_ref())
+            .map_err(|_| XmlError::Encoding)?
+            .to_owned();
+        let (prefix, local) = match qname.split_once(':') {
+            Some((p, l)) => (p, l),
+            None => ("", qname.as_str()),
+        };
+        let ns = match self.resolve(prefix) {
+            Some(ns) => ns.to_owned(),
+            None if prefix.is_empty() => String::new(),
+            None => return Err(ill(format_args!("unbound prefix {prefix}"))),
+        };
+        for (k, _) in &attrs {
+            if let Some((p, _)) = k.split_once(':') {
+                if self.resolve(p).is_none() {
+                    return Err(ill(format_args!("unbound attribute prefix {p}")));
+                }
+            }
+        }
+        Ok(Opened {
+            name: local.to_owned(),
+            ns,
+            attrs,
+        })
+    }
+
+    /// Stanzas of either content namespace are stored as `jabber:client` (see [`Element::ns`]).
+    fn canonical_ns(&self, ns: String) -> String {
+        if self.stack.is_empty() && ns == NS_SERVER {
+            NS_CLIENT.to_owned()
+        } else {
+            ns
+        }
+    }
+
+    fn start(&mut self, start: &BytesStart<'_>, empty: bool) -> Result<(), XmlError> {
+        self.started = true;
+        let Opened { name, ns, attrs } = self.open_element(start)?;
+        if !self.opened && !self.framed {
+            let default_ns = self
+                .scopes
+                .last()
+                .and_then(|s| s.decls.iter().find(|(p, _)| p.is_empty()))
+                .map(|(_, u)| u.clone());
+            self.opened = true;
+            self.ready.push_back(StreamEvent::Open(StreamHeader {
+                name,
+                ns,
+                default_ns,
+                attrs,
+            }));
+            if empty {
+                self.scopes.pop();
+                self.ready.push_back(StreamEvent::Close);
+            }
+            return Ok(());
+        }
+        if self.stack.len() >= self.limits.max_depth {
+            return Err(XmlError::TooDeep(self.limits.max_depth));
+        }
+        let ns = self.canonical_ns(ns);
+        let el = Element {
+            name,
+            ns,
+            attrs,
+            children: Vec::new(),
+        };
+        self.stack.push(el);
+        if empty {
+            self.end_element();
+        }
+        Ok(())
+    }
+
+    fn end_element(&mut self) {
+        self.scopes.pop();
+        let Some(el) = self.stack.pop() else {
+            return;
+        };
+        match self.stack.last_mut() {
+            Some(parent) => parent.children.push(Node::Element(el)),
+            None if self.framed && el.name == "open" => {
+                self.ready.push_back(StreamEvent::Open(StreamHeader {
+                    name: el.name,
+                    ns: el.ns,
+                    default_ns: None,
+                    attrs: el.attrs,
+                }))
+            }
+            None => self.ready.push_back(StreamEvent::Stanza(el)),
+        }
+    }
+
+    fn text(&mut self, text: String) -> Result<(), XmlError> {
+        match self.stack.last_mut() {
+            Some(el) => {
+                // Merge adjacent runs (text split across reads, or CDATA next to text).
+                if let Some(Node::Text(prev)) = el.children.last_mut() {
+                    prev.push_str(&text);
+                } else {
+                    el.children.push(Node::Text(text));
+                }
+                Ok(())
+            }
+            None if text.chars().all(|c| matches!(c, ' ' | '\t' | '\r' | '\n')) => {
+                if self.opened || self.framed {
+                    self.ready.push_back(StreamEvent::Whitespace);
+                }
+                Ok(())
+            }
+            None => Err(XmlError::TextAtStreamLevel),
+        }
+    }
+
+    /// Feeds one quick-xml event.
+    pub fn feed(&mut self, event: Event<'_>) -> Result<(), XmlError> {
+        match event {
+            Event::Start(s) => self.start(&s, false),
+            Event::Empty(s) => self.start(&s, true),
+            Event::End(_) => {
+                if self.stack.is_empty() {
+                    // quick-xml has checked the name matches; depth 0 means the stream ends.
+                    self.scopes.pop();
+                    self.ready.push_back(StreamEvent::Close);
+                } else {
+                    self.end_element();
+                }
+                Ok(())
+            }
+            Event::Text(t) => {
+                let s = t.unescape().map_err(map_qx)?.into_owned();
+                self.text(s)
+            }
+            Event::CData(c) => {
+                let s = std::str::from_utf8(&c)
+                    .map_err(|_| XmlError::Encoding)?
+                    .to_owned();
+                if self.stack.is_empty() {
+                    return Err(XmlError::TextAtStreamLevel);
+                }
+                self.text(s)
+            }
+            // RFC 6120 §11.1: comments, processing instructions and DTDs are forbidden.
+            Event::Comment(_) => Err(XmlError::Restricted("comment")),
+            Event::PI(_) => Err(XmlError::Restricted("processing instruction")),
+            Event::DocType(_) => Err(XmlError::Restricted("document type declaration")),
+            // RFC 6120 §11.5: a declaration may only open the stream.
+            Event::Decl(_) if !self.started && !self.framed => {
+                self.started = true;
+                Ok(())
+            }
+            Event::Decl(_) => Err(ill("XML declaration after the stream started")),
+            Event::Eof => Err(XmlError::Eof),
+        }
+    }
+}
+
+/// Read-ahead buffer of the socket reader.
+const READ_BUF: usize = 4096;
+
+/// Reads [`StreamEvent`]s from an async byte stream.
+///
+/// The transport is wrapped in a [`Take`] whose limit is reset after every event: a single
+/// endless tag or text node then hits the limit and cannot grow the parse buffer beyond the
+/// stanza size plus one read-ahead buffer (RFC 6120 §13.12 item 4).
+pub struct StreamReader<R> {
+    reader: quick_xml::Reader<BufReader<Take<R>>>,
+    /// Bytes granted on each reset: the stanza limit plus one read-ahead buffer.
+    grant: u64,
+    buf: Vec<u8>,
+    builder: Builder,
+    limits: ReaderLimits,
+    /// Reader position where the current stanza began.
+    stanza_start: u64,
+}
+
+fn configure<R>(reader: &mut quick_xml::Reader<R>) {
+    let c = reader.config_mut();
+    c.check_end_names = true;
+    c.check_comments = true;
+    c.expand_empty_elements = false;
+    c.trim_text(false);
+}
+
+impl<R: AsyncRead + Unpin> StreamReader<R> {
+    /// Wraps a transport. A new reader is made at every stream restart (RFC 6120 §4.3.3).
+    pub fn new(inner: R, limits: ReaderLimits) -> Self {
+        let grant = (limits.max_stanza_size as u64).saturating_add(READ_BUF as u64);
+        let mut reader =
+            quick_xml::Reader::from_reader(BufReader::with_capacity(READ_BUF, inner.take(grant)));
+        configure(&mut reader);
+        StreamReader {
+            reader,
+            grant,
+            buf: Vec::new(),
+            builder: Builder::new(limits),
+            limits,
+            stanza_start: 0,
+        }
+    }
+
+    /// The next event. Not cancel-safe: call it from one task that owns the reader.
+    pub async fn next(&mut self) -> Result<StreamEvent, XmlError> {
+        loop {
+            if let Some(ev) = self.builder.pop() {
+                let grant = self.grant;
+                self.reader.get_mut().get_mut().set_limit(grant);
+                if self.buf.capacity() > READ_BUF {
+                    // Give back what one large stanza made us hold while idle.
+                    self.buf = Vec::new();
+                }
+                return Ok(ev);
+            }
+            let was_in = self.builder.in_stanza();
+            let pos_before = self.reader.buffer_position();
+            self.buf.clear();
+            let event = match self.reader.read_event_into_async(&mut self.buf).await {
+                Ok(Event::Eof) | Err(_) if self.reader.get_ref().get_ref().limit() == 0 => {
+                    return Err(XmlError::TooBig(self.limits.max_stanza_size));
+                }
+                Ok(e) => e,
+                Err(e) => return Err(map_qx(e)),
+            };
+            if !was_in {
+                self.stanza_start = pos_before;
+            }
+            self.builder.feed(event)?;
+            let used = self.reader.buffer_position() - self.stanza_start;
+            if (self.builder.in_stanza() || self.builder.ready.back().is_some_and(is_stanza))
+                && used > self.limits.max_stanza_size as u64
+            {
+                return Err(XmlError::TooBig(self.limits.max_stanza_size));
+            }
+        }
+    }
+
+    /// Gives back the transport, e.g. to start TLS after `<proceed/>` (RFC 6120 §5.4.3.3).
+    pub fn into_inner(self) -> R {
+        self.reader.into_inner().into_inner().into_inner()
+    }
+}
+
+fn is_stanza(ev: &StreamEvent) -> bool {
+    matches!(ev, StreamEvent::Stanza(_))
+}
+
+/// Parses input delivered in the given chunks, synchronously, through the same [`Builder`]
+/// and size checks as the socket reader. Returns every event up to the first error.
+pub fn parse_chunks(
+    chunks: &[&[u8]],
+    limits: ReaderLimits,
+    framed: bool,
+) -> (Vec<StreamEvent>, Option<XmlError>) {
+    struct Chunks<'a> {
+        chunks: &'a [&'a [u8]],
+        i: usize,
+        off: usize,
+    }
+    impl io::Read for Chunks<'_> {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            while self.i < self.chunks.len() {
+                let c = &self.chunks[self.i][self.off..];
+                if c.is_empty() {
+                    self.i += 1;
+                    self.off = 0;
+                    continue;
+                }
+                let n = c.len().min(out.len());
+                out[..n].copy_from_slice(&c[..n]);
+                self.off += n;
+                return Ok(n);
+            }
+            Ok(0)
+        }
+    }
+    let src = Chunks {
+        chunks,
+        i: 0,
+        off: 0,
+    };
+    let mut reader = quick_xml::Reader::from_reader(io::BufReader::with_capacity(64, src));
+    configure(&mut reader);
+    let mut builder = if framed {
+        Builder::new_framed(limits)
+    } else {
+        Builder::new(limits)
+    };
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    let mut start = 0u64;
+    loop {
+        while let Some(ev) = builder.pop() {
+            out.push(ev);
+        }
+        let was_in = builder.in_stanza();
+        let before = reader.buffer_position();
+        buf.clear();
+        let event = match reader.read_event_into(&mut buf) {
+            Ok(Event::Eof) => return (out, None),
+            Ok(e) => e,
+            Err(e) => return (out, Some(map_qx(e))),
+        };
+        if !was_in {
+            start = before;
+        }
+        if let Err(e) = builder.feed(event) {
+            return (out, Some(e));
+        }
+        let used = reader.buffer_position() - start;
+        if (builder.in_stanza() || builder.ready.back().is_some_and(is_stanza))
+            && used > limits.max_stanza_size as u64
+        {
+            return (out, Some(XmlError::TooBig(limits.max_stanza_size)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str = "<?xml version='1.0'?><stream:stream xmlns='jabber:client' \
+        xmlns:stream='http://etherx.jabber.org/streams' to='a.example' version='1.0'>";
+
+    fn parse(s: &str) -> (Vec<StreamEvent>, Option<XmlError>) {
+        parse_chunks(&[s.as_bytes()], ReaderLimits::default(), false)
+    }
+
+    #[test]
+    fn header_stanza_whitespace_and_close_are_events() {
+        let doc = format!(
+            "{HEADER}<message to='b@a.example'><body>hi &amp; bye</body></message> \n</stream:stream>"
+        );
+        let (evs, err) = parse(&doc);
+        assert!(err.is_none(), "{err:?}");
+        let StreamEvent::Open(h) = &evs[0] else {
+            panic!("{evs:?}")
+        };
+        assert_eq!(h.ns, crate::xml::NS_STREAM);
+        assert_eq!(h.default_ns.as_deref(), Some("jabber:client"));
+        assert_eq!(h.get_attr("to"), Some("a.example"));
+        let StreamEvent::Stanza(m) = &evs[1] else {
+            panic!()
+        };
+        assert!(m.is("message", NS_CLIENT));
+        assert_eq!(
+            m.get_child("body", NS_CLIENT).unwrap().text_content(),
+            "hi & bye"
+        );
+        assert_eq!(evs[2], StreamEvent::Whitespace);
+        assert_eq!(evs[3], StreamEvent::Close);
+    }
+
+    #[test]
+    fn same_events_whatever_the_split_points() {
+        let doc = format!(
+            "{HEADER}<iq type='get' id='1'><query xmlns='jabber:iq:roster'/></iq>\
+             <message><body>caf\u{e9} \u{1F600}</body><x:y xmlns:x='urn:x' x:a='1'/></message></stream:stream>"
+        );
+        let (whole, err) = parse(&doc);
+        assert!(err.is_none());
+        let bytes = doc.as_bytes();
+        for i in 1..bytes.len() {
+            for j in i..bytes.len() {
+                if (j - i) % 7 != 0 {
+                    continue;
+                }
+                let (evs, err) = parse_chunks(
+                    &[&bytes[..i], &bytes[i..j], &bytes[j..]],
+                    ReaderLimits::default(),
+                    false,
+                );
+                assert!(err.is_none(), "split {i}/{j}: {err:?}");
+                assert_eq!(evs, whole, "split {i}/{j}");
+            }
+        }
+    }
+
+    #[test]
+    fn server_content_namespace_is_canonicalised() {
+        let doc = "<stream:stream xmlns='jabber:server' xmlns:stream='http://etherx.jabber.org/streams'><presence/>";
+        let (evs, _) = parse(doc);
+        let StreamEvent::Stanza(p) = &evs[1] else {
+            panic!()
+        };
+        assert_eq!(p.ns, NS_CLIENT);
+    }
+
+    fn err_condition(s: &str) -> Option<&'static str> {
+        parse(s).1.and_then(|e| e.condition())
+    }
+
+    #[test]
+    fn restricted_constructs_are_restricted_xml() {
+        for bad in [
+            "<!-- c --><message/>",
+            "<?foo bar?><message/>",
+            "<message><body>&ent;</body></message>",
+        ] {
+            assert_eq!(
+                err_condition(&format!("{HEADER}{bad}")),
+                Some("restricted-xml"),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            err_condition("<?xml version='1.0'?><!DOCTYPE x [<!ENTITY a 'b'>]><stream:stream/>"),
+            Some("restricted-xml")
+        );
+    }
+
+    #[test]
+    fn malformed_input_is_not_well_formed() {
+        for bad in [
+            "<message></iq>",
+            "<message a='1' a='2'/>",
+            "<p:message/>",
+            "<message><?xml version='1.0'?></message>",
+        ] {
+            assert_eq!(
+                err_condition(&format!("{HEADER}{bad}")),
+                Some("not-well-formed"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn oversize_stanza_is_policy_violation_even_inside_one_text_node() {
+        let limits = ReaderLimits {
+            max_stanza_size: 1000,
+            max_depth: 8,
+        };
+        let big = "x".repeat(5000);
+        let doc = format!("{HEADER}<message><body>{big}</body></message>");
+        let (evs, err) = parse_chunks(&[doc.as_bytes()], limits, false);
+        assert_eq!(evs.len(), 1);
+        assert!(matches!(err, Some(XmlError::TooBig(1000))), "{err:?}");
+        let ok = format!(
+            "{HEADER}<message><body>{}</body></message>",
+            "x".repeat(900)
+        );
+        let (evs, err) = parse_chunks(&[ok.as_bytes()], limits, false);
+        assert!(err.is_none());
+        assert_eq!(evs.len(), 2);
+    }
+
+    #[test]
+    fn deep_nesting_is_policy_violation() {
+        let limits = ReaderLimits {
+            max_stanza_size: 100_000,
+            max_depth: 8,
+        };
+        let doc = format!("{HEADER}{}", "<a>".repeat(20));
+        let (_, err) = parse_chunks(&[doc.as_bytes()], limits, false);
+        assert!(matches!(err, Some(XmlError::TooDeep(8))));
+    }
+
+    #[test]
+    fn text_between_stanzas_is_bad_format() {
+        assert_eq!(err_condition(&format!("{HEADER}hello")), Some("bad-format"));
+    }
+
+    #[test]
+    fn framed_mode_yields_open_and_elements() {
+        let (evs, err) = parse_chunks(
+            &[b"<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='a.example' version='1.0'/>"],
+            ReaderLimits::default(),
+            true,
+        );
+        assert!(err.is_none());
+        assert!(matches!(&evs[0], StreamEvent::Open(h) if h.get_attr("to") == Some("a.example")));
+    }
+
+    #[tokio::test]
+    async fn async_reader_reports_too_big_without_buffering_it_all() {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let limits = ReaderLimits {
+            max_stanza_size: 2048,
+            max_depth: 8,
+        };
+        let mut reader = StreamReader::new(server, limits);
+        use tokio::io::AsyncWriteExt;
+        client.write_all(HEADER.as_bytes()).await.unwrap();
+        assert!(matches!(reader.next().await.unwrap(), StreamEvent::Open(_)));
+        let writer = tokio::spawn(async move {
+            client.write_all(b"<message><body>").await.unwrap();
+            for _ in 0..100 {
+                if client.write_all(&[b'y'; 1024]).await.is_err() {
+                    break;
+                }
+            }
+            client
+        });
+        let err = reader.next().await.unwrap_err();
+        assert!(matches!(err, XmlError::TooBig(2048)), "{err:?}");
+        drop(reader);
+        let _ = writer.await;
+    }
+}
