@@ -74,9 +74,11 @@ impl Default for Config {
 pub struct C2sConfig {
     /// Address both client listeners bind to.
     pub bind: IpAddr,
-    /// STARTTLS port (RFC 6120 §5); 0 disables the listener.
+    /// STARTTLS port (RFC 6120 §5); 0 lets the system choose (tests).
     pub port: u16,
-    /// Direct TLS port (XEP-0368); 0 disables the listener.
+    /// Whether to listen for direct TLS (XEP-0368).
+    pub direct_tls: bool,
+    /// Direct TLS port; 0 lets the system choose (tests).
     pub direct_tls_port: u16,
 }
 
@@ -85,6 +87,7 @@ impl Default for C2sConfig {
         C2sConfig {
             bind: IpAddr::from([0, 0, 0, 0]),
             port: 5222,
+            direct_tls: true,
             direct_tls_port: 5223,
         }
     }

@@ -24,6 +24,10 @@ pub enum Outbound {
     /// End the stream with this error (e.g. `conflict` when a newer session binds the same
     /// full JID, RFC 6120 §7.7.2.2).
     Close(StreamError),
+    /// Answer the client's `</stream:stream>` with ours (RFC 6120 §4.4).
+    End,
+    /// Stop the writer once everything queued before this is written.
+    Finish,
 }
 
 /// What other tasks may read about a session: its presence as last broadcast.
@@ -72,6 +76,18 @@ impl SessionHandle {
     /// Asks the session to end its stream with `error`.
     pub fn close(&self, error: StreamError) {
         if self.tx.try_send(Outbound::Close(error)).is_err() {
+            self.kill.cancel();
+        }
+    }
+
+    /// Asks the session to close its stream cleanly.
+    pub fn try_end(&self) -> bool {
+        self.tx.try_send(Outbound::End).is_ok()
+    }
+
+    /// Asks the writer to stop after flushing; kills the session if the mailbox is full.
+    pub fn finish(&self) {
+        if self.tx.try_send(Outbound::Finish).is_err() {
             self.kill.cancel();
         }
     }

@@ -1,0 +1,938 @@
+//! The client session: one task per connection that negotiates the stream (RFC 6120 §4–§7),
+//! then reads stanzas and hands them to the router, while a writer task drains the session's
+//! mailbox onto the socket.
+//!
+//! Negotiation runs as a chain of phases, each a function that can only be reached from the
+//! one before: [`Conn::open`] (header) → STARTTLS (§5) → SASL (§6) → bind (§7) → the stanza
+//! loop. Anything out of order gets the stream error RFC 6120 names for it, written after our
+//! own stream header when none was sent yet (§4.9.1.1), and is logged with the peer address.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{StanzaError, StreamError};
+use crate::jid::{BareJid, FullJid, Jid};
+use crate::router;
+use crate::sasl::scram::{self, ScramHash, ScramServer};
+use crate::server::Shared;
+use crate::sessions::{Outbound, SessionHandle};
+use crate::xml::reader::{ReaderLimits, StreamEvent, StreamReader, XmlError};
+use crate::xml::{self as x, Element};
+
+/// Anything a stream can run over: TCP, TLS over TCP, or a test duplex.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+
+/// A boxed transport, so STARTTLS can wrap whatever was there before.
+pub type BoxIo = Box<dyn Io>;
+
+/// How a negotiation step ended early.
+enum Fail {
+    /// Send this stream error and close.
+    Stream(StreamError),
+    /// The peer went away or closed the stream; nothing more to write.
+    Gone,
+}
+
+impl From<XmlError> for Fail {
+    fn from(e: XmlError) -> Self {
+        match e.condition() {
+            Some(cond) => Fail::Stream(StreamError::new(cond, e.to_string())),
+            None => Fail::Gone,
+        }
+    }
+}
+
+impl From<std::io::Error> for Fail {
+    fn from(_: std::io::Error) -> Self {
+        Fail::Gone
+    }
+}
+
+type Reader = StreamReader<ReadHalf<BoxIo>>;
+
+/// A connection during negotiation.
+struct Conn {
+    shared: Arc<Shared>,
+    reader: Reader,
+    writer: WriteHalf<BoxIo>,
+    /// Remote address, for every log line about this connection.
+    peer: SocketAddr,
+    /// Whether TLS is established (STARTTLS or direct TLS).
+    secure: bool,
+    /// Whether our stream header for the current stream was sent.
+    header_sent: bool,
+    /// The domain the client asked for in its first header.
+    domain: Option<String>,
+    /// The authenticated account's localpart.
+    user: Option<String>,
+}
+
+fn limits(shared: &Shared) -> ReaderLimits {
+    ReaderLimits {
+        max_stanza_size: shared.config.limits.max_stanza_size,
+        max_depth: shared.config.limits.max_depth,
+    }
+}
+
+/// Serves one client connection from accept to close.
+pub async fn serve(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr, direct_tls: bool) {
+    let timeout = Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let deadline = Instant::now() + timeout;
+    let io = if direct_tls {
+        // XEP-0368: TLS starts before any XML.
+        let acceptor = tokio_rustls::TlsAcceptor::from(shared.tls.clone());
+        match tokio::time::timeout_at(deadline, acceptor.accept(io)).await {
+            Ok(Ok(tls)) => Box::new(tls) as BoxIo,
+            Ok(Err(e)) => {
+                tracing::info!(%peer, error = %e, "direct TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::info!(%peer, "direct TLS handshake timed out");
+                return;
+            }
+        }
+    } else {
+        io
+    };
+    let (r, w) = tokio::io::split(io);
+    let mut conn = Conn {
+        reader: StreamReader::new(r, limits(&shared)),
+        shared,
+        writer: w,
+        peer,
+        secure: direct_tls,
+        header_sent: false,
+        domain: None,
+        user: None,
+    };
+    let negotiated = tokio::time::timeout_at(deadline, conn.negotiate()).await;
+    let bound = match negotiated {
+        Ok(Ok(jid)) => jid,
+        Ok(Err(Fail::Stream(err))) => return conn.fail(err).await,
+        Ok(Err(Fail::Gone)) => return,
+        Err(_) => {
+            // RFC 6120 §4.9.3.4: negotiation took longer than the configured time.
+            let err = StreamError::new("connection-timeout", "Stream negotiation took too long");
+            return conn.fail(err).await;
+        }
+    };
+    conn.run_session(bound).await;
+}
+
+impl Conn {
+    async fn write(&mut self, s: &str) -> Result<(), Fail> {
+        self.writer.write_all(s.as_bytes()).await?;
+        self.writer.flush().await?;
+        Ok(())
+    }
+
+    async fn write_el(&mut self, el: &Element) -> Result<(), Fail> {
+        let s = el.to_xml();
+        self.write(&s).await
+    }
+
+    /// Writes `err` (after our header if none was sent, RFC 6120 §4.9.1.1) and closes.
+    async fn fail(&mut self, err: StreamError) {
+        tracing::info!(peer = %self.peer, user = ?self.user, error = %err, "closing stream with error");
+        let mut out = String::new();
+        if !self.header_sent {
+            let from = self
+                .domain
+                .clone()
+                .unwrap_or_else(|| self.shared.config.domains[0].clone());
+            out.push_str(&x::stream_header(&from, None, &new_id(), x::NS_CLIENT));
+        }
+        out.push_str(&err.to_xml());
+        out.push_str("</stream:stream>");
+        let _ = self.write(&out).await;
+        let _ = self.writer.shutdown().await;
+    }
+
+    async fn next(&mut self) -> Result<StreamEvent, Fail> {
+        Ok(self.reader.next().await?)
+    }
+
+    /// The next top-level element of the current stream, skipping keepalives.
+    async fn next_element(&mut self) -> Result<Element, Fail> {
+        loop {
+            match self.next().await? {
+                StreamEvent::Stanza(el) => return Ok(el),
+                StreamEvent::Whitespace => continue,
+                StreamEvent::Close => {
+                    let _ = self.write("</stream:stream>").await;
+                    return Err(Fail::Gone);
+                }
+                StreamEvent::Open(_) => {
+                    return Err(Fail::Stream(StreamError::new(
+                        "not-well-formed",
+                        "second stream header",
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Reads and checks the initiating stream header, answers with ours and the features
+    /// (RFC 6120 §4.7, §4.8).
+    async fn open(&mut self) -> Result<(), Fail> {
+        self.header_sent = false;
+        let header = match self.next().await? {
+            StreamEvent::Open(h) => h,
+            _ => return Err(Fail::Gone),
+        };
+        if header.name != "stream" || header.ns != x::NS_STREAM {
+            // RFC 6120 §4.8.1: the stream element must be qualified by the streams namespace.
+            return Err(Fail::Stream(StreamError::new(
+                "invalid-namespace",
+                "the stream element must be in http://etherx.jabber.org/streams",
+            )));
+        }
+        let to = header.get_attr("to").map(str::to_owned);
+        match (&to, &self.domain) {
+            (Some(to), _) if !self.shared.config.serves(to) => {
+                // RFC 6120 §4.9.3.6.
+                return Err(Fail::Stream(StreamError::new(
+                    "host-unknown",
+                    format!("this server does not serve {to}"),
+                )));
+            }
+            (None, _) => {
+                return Err(Fail::Stream(StreamError::new(
+                    "host-unknown",
+                    "the stream header has no 'to' address",
+                )));
+            }
+            (Some(to), Some(prev)) if to != prev => {
+                return Err(Fail::Stream(StreamError::new(
+                    "host-unknown",
+                    "the domain changed across a stream restart",
+                )));
+            }
+            _ => {}
+        }
+        self.domain = to;
+        if header.default_ns.as_deref() != Some(x::NS_CLIENT) {
+            // RFC 6120 §4.8.2 / §4.9.3.10.
+            return Err(Fail::Stream(StreamError::new(
+                "invalid-namespace",
+                "the content namespace of a client stream must be jabber:client",
+            )));
+        }
+        let version = header.get_attr("version").unwrap_or("0.9");
+        let major = version.split('.').next().and_then(|m| m.parse::<u32>().ok());
+        if major != Some(1) {
+            // RFC 6120 §4.7.5 / §4.9.3.25: we speak 1.x only.
+            return Err(Fail::Stream(StreamError::new(
+                "unsupported-version",
+                "version 1.0 is required",
+            )));
+        }
+        let domain = self.domain.clone().unwrap_or_default();
+        let head = x::stream_header(&domain, header.get_attr("from"), &new_id(), x::NS_CLIENT);
+        self.write(&head).await?;
+        self.header_sent = true;
+        let features = self.features();
+        self.write(&features).await
+    }
+
+    fn features(&self) -> String {
+        let mut f = Element::new("features", x::NS_STREAM);
+        if !self.secure {
+            // RFC 6120 §5.3.1: TLS is mandatory-to-negotiate here, so only STARTTLS is offered.
+            f = f.child(
+                Element::new("starttls", x::NS_TLS).child(Element::new("required", x::NS_TLS)),
+            );
+        } else if self.user.is_none() {
+            let mut mechs = Element::new("mechanisms", x::NS_SASL);
+            for m in ["SCRAM-SHA-256", "SCRAM-SHA-1"] {
+                mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text(m));
+            }
+            if self.shared.config.auth.allow_plain {
+                mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text("PLAIN"));
+            }
+            f = f.child(mechs);
+            if self.shared.config.auth.allow_registration {
+                f = f.child(Element::new("register", x::NS_REGISTER_FEATURE));
+            }
+        } else {
+            f = f
+                .child(Element::new("bind", x::NS_BIND))
+                .child(Element::new("session", x::NS_SESSION).child(Element::new("optional", x::NS_SESSION)))
+                .child(Element::new("ver", x::NS_ROSTER_VER))
+                .child(Element::new("sub", x::NS_PREAPPROVAL));
+        }
+        let mut out = String::new();
+        // Written with the stream prefix, which is what every client expects.
+        out.push_str("<stream:features>");
+        for child in f.elements() {
+            child.write_to(&mut out, x::NS_CLIENT, x::NS_CLIENT);
+        }
+        out.push_str("</stream:features>");
+        out
+    }
+
+    /// Runs every phase up to a bound resource.
+    async fn negotiate(&mut self) -> Result<FullJid, Fail> {
+        self.open().await?;
+        if !self.secure {
+            self.starttls().await?;
+            self.open().await?;
+        }
+        self.authenticate().await?;
+        self.restart();
+        self.open().await?;
+        self.bind().await
+    }
+
+    /// A fresh parser for a restarted stream (RFC 6120 §4.3.3).
+    fn restart(&mut self) {
+        let reader = std::mem::replace(
+            &mut self.reader,
+            StreamReader::new(empty_half(), limits(&self.shared)),
+        );
+        self.reader = StreamReader::new(reader.into_inner(), limits(&self.shared));
+    }
+
+    /// RFC 6120 §5.4: wait for `<starttls/>`, answer `<proceed/>`, handshake.
+    async fn starttls(&mut self) -> Result<(), Fail> {
+        loop {
+            let el = self.next_element().await?;
+            if el.is("starttls", x::NS_TLS) {
+                break;
+            }
+            if el.is("auth", x::NS_SASL) {
+                // RFC 6120 §6.5.4: no authentication in the clear.
+                let f = Element::new("failure", x::NS_SASL)
+                    .child(Element::new("encryption-required", x::NS_SASL));
+                self.write_el(&f).await?;
+                continue;
+            }
+            return Err(Fail::Stream(StreamError::new(
+                "policy-violation",
+                "STARTTLS is required before anything else (RFC 6120 §5.3.1)",
+            )));
+        }
+        self.write_el(&Element::new("proceed", x::NS_TLS)).await?;
+        let reader = std::mem::replace(
+            &mut self.reader,
+            StreamReader::new(empty_half(), limits(&self.shared)),
+        );
+        let writer = std::mem::replace(&mut self.writer, tokio::io::split(empty_io()).1);
+        let plain = reader.into_inner().unsplit(writer);
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.shared.tls.clone());
+        let tls = match acceptor.accept(plain).await {
+            Ok(tls) => tls,
+            Err(e) => {
+                // RFC 6120 §5.4.3.2: on handshake failure the TCP connection is just closed.
+                tracing::info!(peer = %self.peer, error = %e, "STARTTLS handshake failed");
+                return Err(Fail::Gone);
+            }
+        };
+        let (r, w) = tokio::io::split(Box::new(tls) as BoxIo);
+        self.reader = StreamReader::new(r, limits(&self.shared));
+        self.writer = w;
+        self.secure = true;
+        Ok(())
+    }
+
+    async fn sasl_failure(&mut self, condition: &str, failures: &mut u32) -> Result<(), Fail> {
+        let f = Element::new("failure", x::NS_SASL).child(Element::new(condition, x::NS_SASL));
+        self.write_el(&f).await?;
+        *failures += 1;
+        tracing::info!(peer = %self.peer, condition, failures = *failures, "SASL failure");
+        if *failures >= self.shared.config.limits.max_auth_failures {
+            // RFC 6120 §6.4.5: after the configured number of retries, end the stream.
+            return Err(Fail::Stream(StreamError::new(
+                "policy-violation",
+                "too many failed authentication attempts",
+            )));
+        }
+        Ok(())
+    }
+
+    /// RFC 6120 §6: SASL with SCRAM-SHA-256, SCRAM-SHA-1, or PLAIN; also XEP-0077 registration.
+    async fn authenticate(&mut self) -> Result<(), Fail> {
+        let mut failures = 0u32;
+        loop {
+            let el = self.next_element().await?;
+            if el.is("iq", x::NS_CLIENT) {
+                if let Some(q) = el.get_child("query", x::NS_REGISTER) {
+                    let q = q.clone();
+                    self.register(&el, &q).await?;
+                    continue;
+                }
+            }
+            if !el.is("auth", x::NS_SASL) {
+                // RFC 6120 §4.9.3.12: stanzas before authentication.
+                return Err(Fail::Stream(StreamError::new(
+                    "not-authorized",
+                    "authenticate first",
+                )));
+            }
+            let mech = el.get_attr("mechanism").unwrap_or("").to_owned();
+            let initial = match decode_b64(&el.text_content()) {
+                Some(v) => v,
+                None => {
+                    self.sasl_failure("incorrect-encoding", &mut failures).await?;
+                    continue;
+                }
+            };
+            let outcome = match mech.as_str() {
+                "SCRAM-SHA-256" => self.scram(ScramHash::Sha256, initial).await?,
+                "SCRAM-SHA-1" => self.scram(ScramHash::Sha1, initial).await?,
+                "PLAIN" if self.shared.config.auth.allow_plain && self.secure => {
+                    self.plain(&initial).await?
+                }
+                _ => Err("invalid-mechanism"),
+            };
+            match outcome {
+                Ok(user) => {
+                    tracing::info!(peer = %self.peer, %user, mech, "authenticated");
+                    self.user = Some(user);
+                    return Ok(());
+                }
+                Err(condition) => self.sasl_failure(condition, &mut failures).await?,
+            }
+        }
+    }
+
+    fn account(&self, username: &str) -> Option<BareJid> {
+        let domain = self.domain.as_deref()?;
+        crate::jid::bare(username, domain).ok()
+    }
+
+    /// SCRAM exchange (RFC 5802 §5). Returns the localpart or a SASL failure condition.
+    async fn scram(
+        &mut self,
+        hash: ScramHash,
+        mut initial: Vec<u8>,
+    ) -> Result<Result<String, &'static str>, Fail> {
+        let mut server = ScramServer::new(hash);
+        if initial.is_empty() {
+            // RFC 6120 §6.4.2: no initial response, so ask for it with an empty challenge.
+            self.write_el(&Element::new("challenge", x::NS_SASL)).await?;
+            initial = match self.sasl_response().await? {
+                Some(r) => r,
+                None => return Ok(Err("aborted")),
+            };
+        }
+        let first = match server.client_first(&initial) {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(e.condition())),
+        };
+        let account = self.account(&first.username);
+        let creds = match &account {
+            Some(jid) => self
+                .shared
+                .store
+                .scram_credentials(crate::jid::node_str(&Jid::from(jid.clone())), jid.domain().as_str(), hash)
+                .await
+                .map_err(|e| {
+                    tracing::error!(peer = %self.peer, error = %e, "credential lookup failed");
+                    Fail::Stream(StreamError::new("internal-server-error", "storage unavailable"))
+                })?,
+            None => None,
+        };
+        if let (Some(authz), Some(jid)) = (&first.authzid, &account) {
+            if authz != jid.as_str() {
+                return Ok(Err("invalid-authzid"));
+            }
+        }
+        let challenge = server.server_first(creds.as_ref());
+        self.write_el(&Element::new("challenge", x::NS_SASL).text(B64.encode(challenge)))
+            .await?;
+        let Some(response) = self.sasl_response().await? else {
+            return Ok(Err("aborted"));
+        };
+        match server.client_final(&response) {
+            Ok(server_final) if creds.is_some() => {
+                self.write_el(&Element::new("success", x::NS_SASL).text(B64.encode(server_final)))
+                    .await?;
+                Ok(Ok(account
+                    .map(|j| crate::jid::node_str(&Jid::from(j)).to_owned())
+                    .unwrap_or_default()))
+            }
+            Ok(_) => Ok(Err("not-authorized")),
+            Err(e) => Ok(Err(e.condition())),
+        }
+    }
+
+    /// Reads `<response/>`; `None` for `<abort/>` (RFC 6120 §6.4.4).
+    async fn sasl_response(&mut self) -> Result<Option<Vec<u8>>, Fail> {
+        let el = self.next_element().await?;
+        if el.is("abort", x::NS_SASL) {
+            return Ok(None);
+        }
+        if !el.is("response", x::NS_SASL) {
+            return Err(Fail::Stream(StreamError::new(
+                "not-authorized",
+                "expected a SASL response",
+            )));
+        }
+        decode_b64(&el.text_content()).map(Some).ok_or_else(|| {
+            Fail::Stream(StreamError::new("bad-format", "SASL response is not base64"))
+        })
+    }
+
+    /// SASL PLAIN (RFC 4616), checked against the stored SCRAM-SHA-256 credentials.
+    async fn plain(&mut self, msg: &[u8]) -> Result<Result<String, &'static str>, Fail> {
+        let mut parts = msg.split(|b| *b == 0);
+        let (Some(authz), Some(authc), Some(pass), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Ok(Err("malformed-request"));
+        };
+        let (Ok(authz), Ok(authc), Ok(pass)) = (
+            std::str::from_utf8(authz),
+            std::str::from_utf8(authc),
+            std::str::from_utf8(pass),
+        ) else {
+            return Ok(Err("malformed-request"));
+        };
+        let Some(jid) = self.account(authc) else {
+            return Ok(Err("not-authorized"));
+        };
+        if !authz.is_empty() && authz != jid.as_str() {
+            return Ok(Err("invalid-authzid"));
+        }
+        let local = crate::jid::node_str(&Jid::from(jid.clone())).to_owned();
+        let creds = self
+            .shared
+            .store
+            .scram_credentials(&local, jid.domain().as_str(), ScramHash::Sha256)
+            .await
+            .map_err(|_| Fail::Stream(StreamError::new("internal-server-error", "storage")))?;
+        let ok = match creds {
+            Some(c) => {
+                let pass = pass.to_owned();
+                // PBKDF2 is CPU-heavy: keep it off the async workers.
+                tokio::task::spawn_blocking(move || {
+                    scram::verify_plain(ScramHash::Sha256, &c, &pass)
+                })
+                .await
+                .unwrap_or(false)
+            }
+            None => false,
+        };
+        if !ok {
+            return Ok(Err("not-authorized"));
+        }
+        self.write_el(&Element::new("success", x::NS_SASL)).await?;
+        Ok(Ok(local))
+    }
+
+    /// XEP-0077 in-band registration before authentication (off unless configured).
+    async fn register(&mut self, iq: &Element, query: &Element) -> Result<(), Fail> {
+        let reply = if !self.shared.config.auth.allow_registration {
+            StanzaError::service_unavailable().reply_to(iq)
+        } else {
+            match iq.get_attr("type") {
+                Some("get") => Some(
+                    iq_result(iq).child(
+                        Element::new("query", x::NS_REGISTER)
+                            .child(
+                                Element::new("instructions", x::NS_REGISTER)
+                                    .text("Choose a username and password."),
+                            )
+                            .child(Element::new("username", x::NS_REGISTER))
+                            .child(Element::new("password", x::NS_REGISTER)),
+                    ),
+                ),
+                Some("set") => Some(self.register_set(iq, query).await),
+                _ => StanzaError::bad_request().reply_to(iq),
+            }
+        };
+        if let Some(r) = reply {
+            self.write_el(&r).await?;
+        }
+        Ok(())
+    }
+
+    async fn register_set(&mut self, iq: &Element, query: &Element) -> Element {
+        let field = |n: &str| query.get_child(n, x::NS_REGISTER).map(|e| e.text_content());
+        let (Some(user), Some(pass)) = (field("username"), field("password")) else {
+            return StanzaError::not_acceptable()
+                .reply_to(iq)
+                .unwrap_or_else(|| iq_result(iq));
+        };
+        let Some(jid) = self.account(&user).filter(|_| !pass.is_empty()) else {
+            return StanzaError::not_acceptable()
+                .reply_to(iq)
+                .unwrap_or_else(|| iq_result(iq));
+        };
+        let local = crate::jid::node_str(&Jid::from(jid.clone())).to_owned();
+        let iterations = self.shared.config.auth.scram_iterations;
+        match self
+            .shared
+            .store
+            .create_account(&local, jid.domain().as_str(), &pass, iterations)
+            .await
+        {
+            Ok(()) => {
+                tracing::info!(peer = %self.peer, %jid, "registered account in-band");
+                iq_result(iq)
+            }
+            Err(crate::store::StoreError::AccountExists) => StanzaError::conflict()
+                .reply_to(iq)
+                .unwrap_or_else(|| iq_result(iq)),
+            Err(e) => {
+                tracing::error!(peer = %self.peer, error = %e, "registration failed");
+                StanzaError::internal_server_error()
+                    .reply_to(iq)
+                    .unwrap_or_else(|| iq_result(iq))
+            }
+        }
+    }
+
+    /// RFC 6120 §7: resource binding. Also answers the legacy session iq (RFC 3921 §3).
+    async fn bind(&mut self) -> Result<FullJid, Fail> {
+        loop {
+            let el = self.next_element().await?;
+            let is_set = el.is("iq", x::NS_CLIENT) && el.get_attr("type") == Some("set");
+            let Some(bind) = el.get_child("bind", x::NS_BIND).filter(|_| is_set) else {
+                if is_set && el.get_child("session", x::NS_SESSION).is_some() {
+                    self.write_el(&iq_result(&el)).await?;
+                    continue;
+                }
+                // RFC 6120 §7.1: no stanzas before a resource is bound.
+                return Err(Fail::Stream(StreamError::new(
+                    "not-authorized",
+                    "bind a resource first",
+                )));
+            };
+            let requested = bind
+                .get_child("resource", x::NS_BIND)
+                .map(|r| r.text_content())
+                .filter(|r| !r.is_empty());
+            let resource = requested.unwrap_or_else(new_id);
+            let domain = self.domain.clone().unwrap_or_default();
+            let user = self.user.clone().unwrap_or_default();
+            match FullJid::new(&format!("{user}@{domain}/{resource}")) {
+                Ok(jid) => {
+                    let reply = iq_result(&el).child(
+                        Element::new("bind", x::NS_BIND)
+                            .child(Element::new("jid", x::NS_BIND).text(jid.to_string())),
+                    );
+                    self.write_el(&reply).await?;
+                    return Ok(jid);
+                }
+                Err(_) => {
+                    // RFC 6120 §7.7.2.1: a resource that cannot be prepared is bad-request.
+                    if let Some(r) = StanzaError::bad_request()
+                        .with_text("resource cannot be prepared")
+                        .reply_to(&el)
+                    {
+                        self.write_el(&r).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The bound session: register, spawn the writer, read stanzas until the stream ends.
+    async fn run_session(self, jid: FullJid) {
+        let Conn {
+            shared,
+            mut reader,
+            writer,
+            peer,
+            ..
+        } = self;
+        let reg = shared.sessions.register(
+            jid.clone(),
+            shared.config.limits.session_queue,
+            &shared.shutdown,
+        );
+        if reg.replaced.is_some() {
+            tracing::info!(%peer, %jid, "resource conflict: older session replaced");
+        }
+        let handle = reg.handle;
+        tracing::info!(%peer, %jid, "session bound");
+        let writer_task = tokio::spawn(write_loop(writer, reg.rx, handle.kill.clone()));
+        let mut session = Session::new(shared.clone(), handle.clone(), peer);
+        let mut bucket = TokenBucket::new(
+            shared.config.limits.stanzas_per_second,
+            shared.config.limits.stanza_burst,
+        );
+        let end = loop {
+            let ev = tokio::select! {
+                _ = handle.kill.cancelled() => break None,
+                ev = reader.next() => ev,
+            };
+            match ev {
+                Ok(StreamEvent::Stanza(el)) => {
+                    if !bucket.take() {
+                        break Some(StreamError::new(
+                            "policy-violation",
+                            "too many stanzas per second",
+                        ));
+                    }
+                    if let Err(err) = session.handle(el).await {
+                        break Some(err);
+                    }
+                }
+                Ok(StreamEvent::Whitespace) => {}
+                Ok(StreamEvent::Close) => {
+                    // RFC 6120 §4.4: answer the closing tag with ours.
+                    let _ = handle.try_end();
+                    break None;
+                }
+                Ok(StreamEvent::Open(_)) => {
+                    break Some(StreamError::new("not-well-formed", "second stream header"));
+                }
+                Err(e) => match e.condition() {
+                    Some(cond) => break Some(StreamError::new(cond, e.to_string())),
+                    None => break None,
+                },
+            }
+        };
+        if let Some(err) = end {
+            tracing::info!(%peer, %jid, error = %err, "closing session with stream error");
+            handle.close(err);
+        }
+        session.ended().await;
+        shared.sessions.unregister(&handle);
+        // Let the writer flush what is queued (bounded by the mailbox), then stop it.
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            handle.finish();
+            let _ = writer_task.await;
+        })
+        .await;
+        handle.kill.cancel();
+        tracing::info!(%peer, %jid, "session ended");
+    }
+}
+
+/// Drains a session's mailbox onto the socket, batching what is already queued into one
+/// write so a burst of presence costs one TLS record and one syscall, not one per stanza.
+async fn write_loop(
+    mut writer: WriteHalf<BoxIo>,
+    mut rx: mpsc::Receiver<Outbound>,
+    kill: CancellationToken,
+) {
+    let mut buf = String::new();
+    loop {
+        let first = tokio::select! {
+            biased;
+            m = rx.recv() => m,
+            _ = kill.cancelled() => None,
+        };
+        let Some(first) = first else { break };
+        let mut closing = false;
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            match msg {
+                Outbound::Stanza(el) => el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT),
+                Outbound::Close(err) => {
+                    buf.push_str(&err.to_xml());
+                    buf.push_str("</stream:stream>");
+                    closing = true;
+                }
+                Outbound::End => {
+                    buf.push_str("</stream:stream>");
+                    closing = true;
+                }
+                Outbound::Finish => closing = true,
+            }
+            if closing || buf.len() > 64 * 1024 {
+                break;
+            }
+            next = rx.try_recv().ok();
+        }
+        if !buf.is_empty() {
+            let wrote = tokio::time::timeout(Duration::from_secs(30), async {
+                writer.write_all(buf.as_bytes()).await?;
+                writer.flush().await
+            })
+            .await;
+            if !matches!(wrote, Ok(Ok(()))) {
+                kill.cancel();
+                break;
+            }
+            buf.clear();
+            if buf.capacity() > 16 * 1024 {
+                buf = String::new();
+            }
+        }
+        if closing {
+            break;
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
+    kill.cancel();
+}
+
+/// Stanza rate limit per session (`[limits] stanzas_per_second` and `stanza_burst`).
+struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    fn new(rate: u32, burst: u32) -> Self {
+        TokenBucket {
+            rate: rate as f64,
+            burst: burst.max(1) as f64,
+            tokens: burst.max(1) as f64,
+            last: Instant::now(),
+        }
+    }
+
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let dt = now.duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// State of a bound session, owned by its task.
+pub struct Session {
+    /// Server-wide state.
+    pub shared: Arc<Shared>,
+    /// This session's registry entry.
+    pub handle: SessionHandle,
+    /// Remote address, for logs.
+    pub peer: SocketAddr,
+    /// Presence bookkeeping owned by the session (directed presence recipients, RFC 6121 §4.6).
+    pub presence: crate::presence::SessionPresence,
+}
+
+impl Session {
+    fn new(shared: Arc<Shared>, handle: SessionHandle, peer: SocketAddr) -> Self {
+        Session {
+            shared,
+            handle,
+            peer,
+            presence: Default::default(),
+        }
+    }
+
+    /// The bound full JID.
+    pub fn jid(&self) -> &FullJid {
+        &self.handle.jid
+    }
+
+    /// Checks and stamps one stanza from the client (RFC 6120 §8.1.2.1), then routes it.
+    async fn handle(&mut self, mut el: Element) -> Result<(), StreamError> {
+        if el.ns != x::NS_CLIENT || !matches!(el.name.as_str(), "message" | "presence" | "iq") {
+            // RFC 6120 §4.9.3.22.
+            return Err(StreamError::new(
+                "unsupported-stanza-type",
+                format!("<{}/> in {} is not a stanza", el.name, el.ns),
+            ));
+        }
+        if let Some(from) = el.get_attr("from") {
+            // RFC 6120 §8.1.2.1: a from that is not this session's JID is an invalid-from.
+            let ok = Jid::new(from).is_ok_and(|j| {
+                j.as_str() == self.jid().as_str() || j.as_str() == self.jid().to_bare().as_str()
+            });
+            if !ok {
+                return Err(StreamError::new(
+                    "invalid-from",
+                    "the from address is not this session's",
+                ));
+            }
+        }
+        el.set_attr("from", self.jid().to_string());
+        router::from_client(self, el).await;
+        Ok(())
+    }
+
+    /// Delivers a stanza to this session's own client.
+    pub fn deliver(&self, el: Element) {
+        self.handle.send(el);
+    }
+
+    /// Called once when the session ends, before it leaves the registry.
+    async fn ended(&mut self) {
+        crate::presence::session_ended(self).await;
+    }
+}
+
+/// An iq result addressed back to the requester.
+pub fn iq_result(iq: &Element) -> Element {
+    let mut r = Element::new("iq", x::NS_CLIENT).attr("type", "result");
+    if let Some(id) = iq.get_attr("id") {
+        r.set_attr("id", id);
+    }
+    if let Some(from) = iq.get_attr("from") {
+        r.set_attr("to", from);
+    }
+    if let Some(to) = iq.get_attr("to") {
+        r.set_attr("from", to);
+    }
+    r
+}
+
+fn decode_b64(text: &str) -> Option<Vec<u8>> {
+    let t = text.trim();
+    // RFC 6120 §6.4.2: "=" is an empty initial response.
+    if t.is_empty() || t == "=" {
+        return Some(Vec::new());
+    }
+    B64.decode(t).ok()
+}
+
+/// A random identifier for stream ids and generated resources.
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+fn empty_io() -> BoxIo {
+    Box::new(empty::EmptyDuplex)
+}
+
+fn empty_half() -> ReadHalf<BoxIo> {
+    tokio::io::split(empty_io()).0
+}
+
+mod empty {
+    use std::io;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+    /// A placeholder transport used only while the real one is moved out for STARTTLS.
+    pub struct EmptyDuplex;
+
+    impl AsyncRead for EmptyDuplex {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for EmptyDuplex {
+        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+            Poll::Ready(Ok(b.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Listeners, the accept loop, connection limits and shutdown.
+//!
+//! Shaped like mini-redis: a listener accepts, each connection gets one task
+//! ([`crate::c2s::serve`]), and a [`CancellationToken`] plus a [`TaskTracker`] end them all
+//! on shutdown.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::c2s::{self, BoxIo};
+use crate::config::Config;
+use crate::error::StreamError;
+use crate::sessions::Sessions;
+use crate::store::Store;
+
+/// State shared by every task of the server.
+pub struct Shared {
+    /// The validated configuration.
+    pub config: Config,
+    /// PostgreSQL.
+    pub store: Store,
+    /// Sessions connected to this node.
+    pub sessions: Sessions,
+    /// TLS for STARTTLS and direct TLS.
+    pub tls: Arc<rustls::ServerConfig>,
+    /// Cancelled on shutdown; every session's token is a child.
+    pub shutdown: CancellationToken,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Binding a listener failed.
+    #[error("cannot listen on {0}: {1}")]
+    Bind(SocketAddr, std::io::Error),
+    /// Certificates.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// Database.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// A started server: its bound addresses and a handle to stop it.
+pub struct Running {
+    /// Address of the STARTTLS listener, if enabled.
+    pub c2s_addr: Option<SocketAddr>,
+    /// Address of the direct TLS listener, if enabled.
+    pub direct_tls_addr: Option<SocketAddr>,
+    /// Shared state (tests inspect sessions through it).
+    pub shared: Arc<Shared>,
+    tracker: TaskTracker,
+}
+
+impl Running {
+    /// Stops accepting, closes every session with `system-shutdown` and waits for the tasks.
+    pub async fn shutdown(self) {
+        self.shared.sessions.close_all(StreamError::new(
+            "system-shutdown",
+            "the server is shutting down",
+        ));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.shared.shutdown.cancel();
+        self.tracker.close();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.tracker.wait()).await;
+    }
+}
+
+/// Connects the stores, applies migrations, binds the listeners and starts accepting.
+pub async fn start(config: Config) -> Result<Running, StartError> {
+    let store = Store::connect(&config.database.url, config.database.max_connections).await?;
+    store.migrate(&config.database.migrations).await?;
+    let tls = crate::tls::server_config(&config)?;
+    let shared = Arc::new(Shared {
+        config,
+        store,
+        sessions: Sessions::default(),
+        tls,
+        shutdown: CancellationToken::new(),
+    });
+    let tracker = TaskTracker::new();
+    let limits = Arc::new(Limits::new(&shared.config));
+    let bind = shared.config.c2s.bind;
+    let mut c2s_addr = None;
+    let mut direct_tls_addr = None;
+    for (port, direct) in [
+        (shared.config.c2s.port, false),
+        (shared.config.c2s.direct_tls_port, true),
+    ] {
+        if direct && !shared.config.c2s.direct_tls {
+            continue;
+        }
+        let addr = SocketAddr::new(bind, port);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| StartError::Bind(addr, e))?;
+        let local = listener.local_addr().map_err(|e| StartError::Bind(addr, e))?;
+        tracing::info!(addr = %local, direct_tls = direct, "c2s listening");
+        if direct {
+            direct_tls_addr = Some(local);
+        } else {
+            c2s_addr = Some(local);
+        }
+        tracker.spawn(accept_loop(
+            listener,
+            shared.clone(),
+            limits.clone(),
+            tracker.clone(),
+            direct,
+        ));
+    }
+    Ok(Running {
+        c2s_addr,
+        direct_tls_addr,
+        shared,
+        tracker,
+    })
+}
+
+/// Runs until Ctrl-C or SIGTERM.
+pub async fn run(config: Config) -> Result<(), StartError> {
+    let running = start(config).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| StartError::Bind(SocketAddr::from(([0, 0, 0, 0], 0)), e))?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}
+
+/// Connection limits: total connections and new connections per source IP per minute.
+struct Limits {
+    /// One permit per open client connection (`[limits] max_connections`).
+    connections: Arc<Semaphore>,
+    /// Accept times per source IP within the current minute.
+    per_ip: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    per_ip_max: u32,
+}
+
+impl Limits {
+    fn new(config: &Config) -> Self {
+        Limits {
+            connections: Arc::new(Semaphore::new(config.limits.max_connections)),
+            per_ip: Mutex::new(HashMap::new()),
+            per_ip_max: config.limits.connections_per_ip_per_minute,
+        }
+    }
+
+    /// Counts a new connection from `ip`; false when it is over the per-minute budget.
+    fn admit(&self, ip: IpAddr) -> bool {
+        let now = Instant::now();
+        let mut map = self.per_ip.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() > 100_000 {
+            map.retain(|_, (start, _)| now.duration_since(*start) < Duration::from_secs(60));
+        }
+        let entry = map.entry(ip).or_insert((now, 0));
+        if now.duration_since(entry.0) >= Duration::from_secs(60) {
+            *entry = (now, 0);
+        }
+        entry.1 += 1;
+        entry.1 <= self.per_ip_max
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    limits: Arc<Limits>,
+    tracker: TaskTracker,
+    direct_tls: bool,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Nagle plus delayed ACK stalls small TLS records; stanzas are small.
+        let _ = stream.set_nodelay(true);
+        if !limits.admit(peer.ip()) {
+            tracing::warn!(%peer, "connection rate from this address exceeded");
+            tracker.spawn(refuse(stream, shared.clone(), direct_tls, "policy-violation", "too many connections from your address"));
+            continue;
+        }
+        let Ok(permit) = limits.connections.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "connection limit reached");
+            tracker.spawn(refuse(stream, shared.clone(), direct_tls, "resource-constraint", "the server is full"));
+            continue;
+        };
+        let shared = shared.clone();
+        tracker.spawn(async move {
+            c2s::serve(shared, Box::new(stream) as BoxIo, peer, direct_tls).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Answers a refused connection with a stream error (RFC 6120 §4.9.1.1: header first). On the
+/// direct-TLS port there is no plaintext XML to speak, so the connection is just closed.
+async fn refuse(
+    mut stream: TcpStream,
+    shared: Arc<Shared>,
+    direct_tls: bool,
+    condition: &'static str,
+    text: &str,
+) {
+    use tokio::io::AsyncWriteExt;
+    if direct_tls {
+        return;
+    }
+    let mut out = crate::xml::stream_header(
+        &shared.config.domains[0],
+        None,
+        &c2s::new_id(),
+        crate::xml::NS_CLIENT,
+    );
+    out.push_str(&StreamError::new(condition, text).to_xml());
+    out.push_str("</stream:stream>");
+    let _ = tokio::time::timeout(Duration::from_secs(2), stream.write_all(out.as_bytes())).await;
+}
