@@ -10,7 +10,8 @@
 -- server can push roster changes made in SQL to online resources.
 --
 -- `floor` is the oldest version from which changes can still be computed: a client holding
--- a version below it (e.g. from a deleted and re-created account) gets the full roster.
+-- a version below it (from a deleted and re-created account, or older than the
+-- tombstones pruned by age, see Store::prune_roster_tombstones) gets the full roster.
 -- Counters start at the current time in microseconds, so a re-created account never
 -- reuses the versions of the old one.
 --
@@ -72,11 +73,14 @@ CREATE TABLE roster_items (
 CREATE INDEX roster_items_owner_version ON roster_items (owner, version);
 
 CREATE TABLE roster_tombstones (
-    owner   text   NOT NULL REFERENCES accounts (jid) ON DELETE CASCADE,
-    contact text   NOT NULL,
-    version bigint NOT NULL,
+    owner      text        NOT NULL REFERENCES accounts (jid) ON DELETE CASCADE,
+    contact    text        NOT NULL,
+    version    bigint      NOT NULL,
+    -- When the item was removed, so tombstones can be pruned by age.
+    removed_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (owner, contact)
 );
+CREATE INDEX roster_tombstones_removed_at ON roster_tombstones (removed_at);
 CREATE INDEX roster_tombstones_owner_version ON roster_tombstones (owner, version);
 
 -- Bumps the owner's counter (creating it if missing), announces it, returns the new version.
@@ -124,7 +128,8 @@ BEGIN
     v := presenced_roster_bump(OLD.owner);
     INSERT INTO roster_tombstones (owner, contact, version)
     VALUES (OLD.owner, OLD.contact, v)
-    ON CONFLICT (owner, contact) DO UPDATE SET version = EXCLUDED.version;
+    ON CONFLICT (owner, contact) DO UPDATE
+        SET version = EXCLUDED.version, removed_at = EXCLUDED.removed_at;
     RETURN NULL;
 END
 $$;

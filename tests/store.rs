@@ -399,6 +399,57 @@ async fn roster_since_reports_only_changes_and_removals_as_tombstones() {
 }
 
 #[tokio::test]
+async fn pruning_old_tombstones_makes_older_versions_unknown() {
+    let store = store().await;
+    let d = domain();
+    store
+        .create_account("alice", &d, "pw", ITERATIONS)
+        .await
+        .unwrap();
+    let owner = format!("alice@{d}");
+    let v1 = store
+        .upsert_roster_item(&owner, &item("bob@x.example"))
+        .await
+        .unwrap();
+    store
+        .upsert_roster_item(&owner, &item("carol@x.example"))
+        .await
+        .unwrap();
+    let v3 = store
+        .remove_roster_item(&owner, "bob@x.example")
+        .await
+        .unwrap()
+        .unwrap();
+    let v4 = store
+        .remove_roster_item(&owner, "carol@x.example")
+        .await
+        .unwrap()
+        .unwrap();
+    // Age bob's tombstone only; other tests' tombstones are fresh and stay.
+    sqlx::query(
+        "UPDATE roster_tombstones SET removed_at = now() - interval '30 days'
+         WHERE owner = $1 AND contact = 'bob@x.example'",
+    )
+    .bind(&owner)
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    let pruned = store
+        .prune_roster_tombstones(Duration::from_secs(7 * 24 * 3600))
+        .await
+        .unwrap();
+    assert!(pruned >= 1);
+    // A client from before bob's removal would miss it: it must get the full roster.
+    assert_eq!(store.roster_since(&owner, v1).await.unwrap(), None);
+    // From bob's removal on, carol's tombstone still tells the whole story.
+    assert_eq!(
+        store.roster_since(&owner, v3).await.unwrap(),
+        Some((v4, vec![RosterChange::Removed("carol@x.example".into())]))
+    );
+}
+
+#[tokio::test]
 async fn recreated_account_does_not_accept_versions_of_the_old_one() {
     let store = store().await;
     let d = domain();

@@ -4,6 +4,8 @@
 //! Versions and tombstones are maintained by triggers in the schema; the methods here
 //! read the version the trigger produced in the same transaction as the change.
 
+use std::time::Duration;
+
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
@@ -202,6 +204,29 @@ impl Store {
                 .await?;
         tx.commit().await?;
         Ok(Some(version))
+    }
+
+    /// Deletes tombstones of items removed more than `older_than` ago, and raises each
+    /// affected owner's floor to the newest version pruned, so clients holding an older
+    /// version get the full roster instead of a diff that misses removals. Returns the
+    /// number of tombstones deleted. Run it periodically with the configured retention.
+    pub async fn prune_roster_tombstones(&self, older_than: Duration) -> Result<u64, StoreError> {
+        let pruned: i64 = sqlx::query_scalar(
+            "WITH pruned AS (
+                 DELETE FROM roster_tombstones
+                 WHERE removed_at < now() - $1 * interval '1 second'
+                 RETURNING owner, version
+             ), raised AS (
+                 UPDATE roster_versions rv SET floor = GREATEST(rv.floor, p.version)
+                 FROM (SELECT owner, max(version) AS version FROM pruned GROUP BY owner) p
+                 WHERE rv.owner = p.owner
+             )
+             SELECT count(*) FROM pruned",
+        )
+        .bind(older_than.as_secs_f64())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(pruned).unwrap_or(0))
     }
 
     /// Upserts several items, possibly of several owners, in ONE transaction: for a
