@@ -357,6 +357,11 @@ async fn roster_since_reports_only_changes_and_removals_as_tombstones() {
         store.roster_since(&owner, v2).await.unwrap(),
         Some((v3, vec![RosterChange::Removed("bob@x.example".into())]))
     );
+    // A client at the removal's own version already knows about it.
+    assert_eq!(
+        store.roster_since(&owner, v3).await.unwrap(),
+        Some((v3, vec![]))
+    );
     // From the start: bob's addition is gone, only his removal is reported.
     assert_eq!(
         store.roster_since(&owner, v0).await.unwrap(),
