@@ -1,1 +1,198 @@
-//! Durable state in PostgreSQL.
+//! Durable state in PostgreSQL: accounts (SCRAM credentials only), rosters with
+//! XEP-0237 versions, and inbound subscription requests waiting for their user.
+//!
+//! One backend, so [`Store`] is a concrete type over a [`sqlx::PgPool`]; queries are
+//! runtime-checked (`sqlx::query`), so building needs no database.
+//!
+//! The schema lives only in `migrations/*.sql` and is applied at run time by
+//! [`Store::migrate`], so operators can add their own migration files without a rebuild.
+//! The schema, not this code, keeps the invariants: CHECKs admit only the roster states
+//! of RFC 6121 Appendix A, foreign keys tie everything to an account, and triggers bump
+//! the roster version, write tombstones and `NOTIFY presenced_roster` on every roster
+//! change, whoever makes it. This module therefore never bumps versions itself.
+//!
+//! Bare JIDs are passed as already-normalised strings (`alice@example.org`); accounts
+//! are addressed by username and domain separately.
+
+mod accounts;
+mod pending;
+mod roster;
+
+use std::path::Path;
+
+use sqlx::error::ErrorKind;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+/// Handle on the PostgreSQL database; cheap to clone (the pool is shared).
+#[derive(Clone, Debug)]
+pub struct Store {
+    /// Connection pool every query runs on.
+    pool: PgPool,
+}
+
+/// Why a store operation failed. Constraint-type failures are separate variants so the
+/// caller can answer the client precisely (e.g. `bad-request` for a roster item the
+/// schema refuses) instead of `internal-server-error`.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or a query failed.
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+    /// Applying the migrations failed (bad file, or an applied one was edited).
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// create_account for a username that already exists on that domain.
+    #[error("account already exists")]
+    AccountExists,
+    /// The roster owner or subscription target is not a local account.
+    #[error("no such account")]
+    NoSuchAccount,
+    /// The password is empty or SASLprep (RFC 4013) rejects it, so SCRAM clients could
+    /// not use it.
+    #[error("password is empty or not allowed by SASLprep")]
+    InvalidPassword,
+    /// An iteration count of 0 was asked for.
+    #[error("SCRAM iteration count must be at least 1")]
+    InvalidIterations,
+    /// The schema refused the data (named CHECK constraint): an impossible roster state,
+    /// a full JID as contact, an invalid username...
+    #[error("rejected by schema constraint {0}")]
+    Constraint(String),
+    /// A value read back is not one the schema allows; someone bypassed the constraints.
+    #[error("corrupt stored value: {0}")]
+    Corrupt(String),
+    /// The blocking task that derives credentials panicked or was cancelled.
+    #[error("credential derivation task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(db) = &e {
+            match db.kind() {
+                ErrorKind::CheckViolation => {
+                    return StoreError::Constraint(db.constraint().unwrap_or("check").to_owned())
+                }
+                // Every foreign key in the schema points at an account.
+                ErrorKind::ForeignKeyViolation => return StoreError::NoSuchAccount,
+                _ => {}
+            }
+        }
+        StoreError::Database(e)
+    }
+}
+
+/// Subscription state of a roster item (RFC 6121 §2.1.2.5).
+///
+/// Stand-in so this module compiles alone; at merge it is replaced by
+/// `crate::presence::subscription::Subscription`, which has the same variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Subscription {
+    /// Neither side sees the other's presence.
+    None,
+    /// The user sees the contact's presence.
+    To,
+    /// The contact sees the user's presence.
+    From,
+    /// Both see each other's presence.
+    Both,
+}
+
+impl Subscription {
+    /// The `subscription` attribute value, also the database value.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Subscription::None => "none",
+            Subscription::To => "to",
+            Subscription::From => "from",
+            Subscription::Both => "both",
+        }
+    }
+
+    /// Parses an attribute/database value; None for anything else.
+    pub fn parse(s: &str) -> Option<Subscription> {
+        match s {
+            "none" => Some(Subscription::None),
+            "to" => Some(Subscription::To),
+            "from" => Some(Subscription::From),
+            "both" => Some(Subscription::Both),
+            _ => None,
+        }
+    }
+}
+
+/// One roster item (RFC 6121 §2.1.2) plus the server-side flags of Appendix A.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RosterItem {
+    /// Bare JID of the contact, normalised.
+    pub contact: String,
+    /// Handle the user gave the contact, if any.
+    pub name: Option<String>,
+    /// Groups the item is in; distinct and non-empty (the schema refuses others).
+    pub groups: Vec<String>,
+    /// Who sees whose presence.
+    pub subscription: Subscription,
+    /// The user asked to subscribe and awaits an answer (`ask="subscribe"`).
+    pub pending_out: bool,
+    /// The contact asked to subscribe and awaits the user's answer.
+    pub pending_in: bool,
+    /// RFC 6121 §3.4: the user approved a subscription the contact has not asked for yet.
+    pub preapproved: bool,
+}
+
+impl RosterItem {
+    /// An item in state None with no name or groups: what a roster set or an outbound
+    /// subscribe starts from.
+    pub fn new(contact: impl Into<String>) -> Self {
+        RosterItem {
+            contact: contact.into(),
+            name: None,
+            groups: Vec::new(),
+            subscription: Subscription::None,
+            pending_out: false,
+            pending_in: false,
+            preapproved: false,
+        }
+    }
+}
+
+/// One entry of "what changed since version N" (XEP-0237 §2.4): the caller turns each
+/// into a roster push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RosterChange {
+    /// The item was added or changed; this is its current state.
+    Upsert(RosterItem),
+    /// The item with this contact JID was removed (push with subscription="remove").
+    Removed(String),
+}
+
+impl Store {
+    /// Opens a pool of at most `max_connections` connections to `url`.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .connect(url)
+            .await?;
+        Ok(Store { pool })
+    }
+
+    /// Wraps an existing pool (e.g. one shared with other components).
+    pub fn from_pool(pool: PgPool) -> Store {
+        Store { pool }
+    }
+
+    /// The pool, for components that need their own queries or LISTEN (the
+    /// `presenced_roster` channel carries `<version> <owner>` for every roster change).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies the `*.sql` migrations found in `dir` that the database has not seen yet.
+    /// sqlx holds an advisory lock meanwhile, so nodes starting together are safe.
+    pub async fn migrate(&self, dir: &Path) -> Result<(), StoreError> {
+        let migrator = sqlx::migrate::Migrator::new(dir).await?;
+        migrator.run(&self.pool).await?;
+        Ok(())
+    }
+}

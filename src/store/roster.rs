@@ -1,0 +1,267 @@
+//! Roster items and XEP-0237 versions (tables `roster_items`, `roster_versions`,
+//! `roster_tombstones`).
+//!
+//! Versions and tombstones are maintained by triggers in the schema; the methods here
+//! read the version the trigger produced in the same transaction as the change.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+
+use super::{RosterChange, RosterItem, Store, StoreError, Subscription};
+
+/// Columns [`item_from_row`] reads.
+const ITEM_COLUMNS: &str = "contact, name, groups, subscription, ask, pending_in, preapproved";
+
+fn item_from_row(row: &PgRow) -> Result<RosterItem, StoreError> {
+    let subscription: String = row.try_get("subscription")?;
+    let ask: Option<String> = row.try_get("ask")?;
+    Ok(RosterItem {
+        contact: row.try_get("contact")?,
+        name: row.try_get("name")?,
+        groups: row.try_get("groups")?,
+        subscription: Subscription::parse(&subscription)
+            .ok_or_else(|| StoreError::Corrupt(format!("subscription {subscription:?}")))?,
+        pending_out: ask.is_some(),
+        pending_in: row.try_get("pending_in")?,
+        preapproved: row.try_get("preapproved")?,
+    })
+}
+
+/// Inserts or replaces one item; returns the owner's roster version after the change.
+async fn upsert(
+    conn: &mut sqlx::PgConnection,
+    owner: &str,
+    item: &RosterItem,
+) -> Result<i64, StoreError> {
+    let version: i64 = sqlx::query_scalar(
+        "INSERT INTO roster_items
+             (owner, contact, name, groups, subscription, ask, pending_in, preapproved)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (owner, contact) DO UPDATE
+             SET name = EXCLUDED.name, groups = EXCLUDED.groups,
+                 subscription = EXCLUDED.subscription, ask = EXCLUDED.ask,
+                 pending_in = EXCLUDED.pending_in, preapproved = EXCLUDED.preapproved
+         RETURNING version",
+    )
+    .bind(owner)
+    .bind(&item.contact)
+    .bind(&item.name)
+    .bind(item.groups.as_slice())
+    .bind(item.subscription.as_str())
+    .bind(item.pending_out.then_some("subscribe"))
+    .bind(item.pending_in)
+    .bind(item.preapproved)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(version)
+}
+
+/// Starts a read-only transaction that sees one snapshot, so a version and the items
+/// read after it agree.
+async fn snapshot(store: &Store) -> Result<sqlx::Transaction<'_, sqlx::Postgres>, StoreError> {
+    let mut tx = store.pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+impl Store {
+    /// The whole roster of `owner` and its current version (0 and no items if the owner
+    /// has no account). Items are ordered by contact.
+    pub async fn roster(&self, owner: &str) -> Result<(i64, Vec<RosterItem>), StoreError> {
+        let mut tx = snapshot(self).await?;
+        let version: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM roster_versions WHERE owner = $1")
+                .bind(owner)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let rows = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS} FROM roster_items WHERE owner = $1 ORDER BY contact"
+        ))
+        .bind(owner)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let items = rows.iter().map(item_from_row).collect::<Result<_, _>>()?;
+        Ok((version.unwrap_or(0), items))
+    }
+
+    /// Changes after `version` (XEP-0237 §2.4), oldest first, with the current version.
+    /// None when `version` is not one this roster can diff from (newer than current,
+    /// older than the tombstone floor, or from a previous incarnation of the account):
+    /// the caller then sends the full roster.
+    pub async fn roster_since(
+        &self,
+        owner: &str,
+        version: i64,
+    ) -> Result<Option<(i64, Vec<RosterChange>)>, StoreError> {
+        let mut tx = snapshot(self).await?;
+        let bounds: Option<(i64, i64)> =
+            sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = $1")
+                .bind(owner)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((current, floor)) = bounds else {
+            return Ok(None);
+        };
+        if version < floor || version > current {
+            return Ok(None);
+        }
+        let rows = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS}, version FROM roster_items
+             WHERE owner = $1 AND version > $2"
+        ))
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *tx)
+        .await?;
+        let removed: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT contact, version FROM roster_tombstones WHERE owner = $1 AND version > $2",
+        )
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+
+        let mut changes: Vec<(i64, RosterChange)> = Vec::with_capacity(rows.len() + removed.len());
+        for row in &rows {
+            let v: i64 = row.try_get("version")?;
+            changes.push((v, RosterChange::Upsert(item_from_row(row)?)));
+        }
+        changes.extend(
+            removed
+                .into_iter()
+                .map(|(contact, v)| (v, RosterChange::Removed(contact))),
+        );
+        changes.sort_by_key(|(v, _)| *v);
+        Ok(Some((
+            current,
+            changes.into_iter().map(|(_, c)| c).collect(),
+        )))
+    }
+
+    /// One item of `owner`'s roster, if present.
+    pub async fn roster_item(
+        &self,
+        owner: &str,
+        contact: &str,
+    ) -> Result<Option<RosterItem>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS} FROM roster_items WHERE owner = $1 AND contact = $2"
+        ))
+        .bind(owner)
+        .bind(contact)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(item_from_row).transpose()
+    }
+
+    /// Number of items, so the caller can enforce the configured roster size limit.
+    pub async fn roster_count(&self, owner: &str) -> Result<i64, StoreError> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM roster_items WHERE owner = $1")
+            .bind(owner)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n)
+    }
+
+    /// Adds or replaces an item and returns the new roster version. Fails with
+    /// [`StoreError::NoSuchAccount`] for a non-local owner and [`StoreError::Constraint`]
+    /// for a state RFC 6121 Appendix A does not have.
+    pub async fn upsert_roster_item(
+        &self,
+        owner: &str,
+        item: &RosterItem,
+    ) -> Result<i64, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        upsert(&mut conn, owner, item).await
+    }
+
+    /// Removes an item, leaving a tombstone; returns the new roster version, or None if
+    /// there was no such item (nothing changes then).
+    pub async fn remove_roster_item(
+        &self,
+        owner: &str,
+        contact: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let deleted = sqlx::query("DELETE FROM roster_items WHERE owner = $1 AND contact = $2")
+            .bind(owner)
+            .bind(contact)
+            .execute(&mut *tx)
+            .await?;
+        if deleted.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let version: i64 =
+            sqlx::query_scalar("SELECT version FROM roster_versions WHERE owner = $1")
+                .bind(owner)
+                .fetch_one(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        Ok(Some(version))
+    }
+
+    /// Deletes tombstones of items removed more than `older_than` ago, and raises each
+    /// affected owner's floor to the newest version pruned, so clients holding an older
+    /// version get the full roster instead of a diff that misses removals. Returns the
+    /// number of tombstones deleted. Run it periodically with the configured retention.
+    pub async fn prune_roster_tombstones(&self, older_than: Duration) -> Result<u64, StoreError> {
+        let pruned: i64 = sqlx::query_scalar(
+            "WITH pruned AS (
+                 DELETE FROM roster_tombstones
+                 WHERE removed_at < now() - $1 * interval '1 second'
+                 RETURNING owner, version
+             ), raised AS (
+                 UPDATE roster_versions rv SET floor = GREATEST(rv.floor, p.version)
+                 FROM (SELECT owner, max(version) AS version FROM pruned GROUP BY owner) p
+                 WHERE rv.owner = p.owner
+             )
+             SELECT count(*) FROM pruned",
+        )
+        .bind(older_than.as_secs_f64())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(pruned).unwrap_or(0))
+    }
+
+    /// Upserts several items, possibly of several owners, in ONE transaction: for a
+    /// subscription between two local users both sides change together or not at all.
+    /// Returns each distinct owner (in order of first appearance) with its roster version
+    /// after all of its changes.
+    pub async fn apply_subscription_change(
+        &self,
+        changes: &[(String, RosterItem)],
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        // Lock owners' version rows in a fixed order so two opposite changes between the
+        // same users cannot deadlock; a stable sort keeps each owner's changes in order.
+        let mut order: Vec<usize> = (0..changes.len()).collect();
+        order.sort_by(|&a, &b| changes[a].0.cmp(&changes[b].0));
+
+        let mut versions: Vec<Option<i64>> = vec![None; changes.len()];
+        let mut tx = self.pool.begin().await?;
+        for &i in &order {
+            let (owner, item) = &changes[i];
+            versions[i] = Some(upsert(&mut tx, owner, item).await?);
+        }
+        tx.commit().await?;
+
+        let mut result: Vec<(String, i64)> = Vec::new();
+        for &i in &order {
+            let Some(v) = versions[i] else { continue };
+            let owner = &changes[i].0;
+            match result.iter_mut().find(|(o, _)| o == owner) {
+                // Later changes of the same owner carry higher versions.
+                Some(entry) => entry.1 = entry.1.max(v),
+                None => result.push((owner.clone(), v)),
+            }
+        }
+        // Report in order of first appearance in `changes`.
+        result.sort_by_key(|(o, _)| changes.iter().position(|(c, _)| c == o));
+        Ok(result)
+    }
+}
