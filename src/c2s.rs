@@ -166,7 +166,10 @@ impl Conn {
     async fn next_element(&mut self) -> Result<Element, Fail> {
         loop {
             match self.next().await? {
-                StreamEvent::Stanza(el) => return Ok(el),
+                StreamEvent::Stanza(el) => {
+                    tracing::trace!(peer = %self.peer, element = %el.name, "negotiation element");
+                    return Ok(el);
+                }
                 StreamEvent::Whitespace => continue,
                 StreamEvent::Close => {
                     let _ = self.write("</stream:stream>").await;
@@ -187,7 +190,10 @@ impl Conn {
     async fn open(&mut self) -> Result<(), Fail> {
         self.header_sent = false;
         let header = match self.next().await? {
-            StreamEvent::Open(h) => h,
+            StreamEvent::Open(h) => {
+                tracing::trace!(peer = %self.peer, secure = self.secure, "stream header");
+                h
+            }
             _ => return Err(Fail::Gone),
         };
         if header.name != "stream" || header.ns != x::NS_STREAM {
@@ -229,7 +235,10 @@ impl Conn {
             )));
         }
         let version = header.get_attr("version").unwrap_or("0.9");
-        let major = version.split('.').next().and_then(|m| m.parse::<u32>().ok());
+        let major = version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse::<u32>().ok());
         if major != Some(1) {
             // RFC 6120 §4.7.5 / §4.9.3.25: we speak 1.x only.
             return Err(Fail::Stream(StreamError::new(
@@ -267,7 +276,10 @@ impl Conn {
         } else {
             f = f
                 .child(Element::new("bind", x::NS_BIND))
-                .child(Element::new("session", x::NS_SESSION).child(Element::new("optional", x::NS_SESSION)))
+                .child(
+                    Element::new("session", x::NS_SESSION)
+                        .child(Element::new("optional", x::NS_SESSION)),
+                )
                 .child(Element::new("ver", x::NS_ROSTER_VER))
                 .child(Element::new("sub", x::NS_PREAPPROVAL));
         }
@@ -383,7 +395,8 @@ impl Conn {
             let initial = match decode_b64(&el.text_content()) {
                 Some(v) => v,
                 None => {
-                    self.sasl_failure("incorrect-encoding", &mut failures).await?;
+                    self.sasl_failure("incorrect-encoding", &mut failures)
+                        .await?;
                     continue;
                 }
             };
@@ -420,7 +433,8 @@ impl Conn {
         let mut server = ScramServer::new(hash);
         if initial.is_empty() {
             // RFC 6120 §6.4.2: no initial response, so ask for it with an empty challenge.
-            self.write_el(&Element::new("challenge", x::NS_SASL)).await?;
+            self.write_el(&Element::new("challenge", x::NS_SASL))
+                .await?;
             initial = match self.sasl_response().await? {
                 Some(r) => r,
                 None => return Ok(Err("aborted")),
@@ -435,11 +449,18 @@ impl Conn {
             Some(jid) => self
                 .shared
                 .store
-                .scram_credentials(crate::jid::node_str(&Jid::from(jid.clone())), jid.domain().as_str(), hash)
+                .scram_credentials(
+                    crate::jid::node_str(&Jid::from(jid.clone())),
+                    jid.domain().as_str(),
+                    hash,
+                )
                 .await
                 .map_err(|e| {
                     tracing::error!(peer = %self.peer, error = %e, "credential lookup failed");
-                    Fail::Stream(StreamError::new("internal-server-error", "storage unavailable"))
+                    Fail::Stream(StreamError::new(
+                        "internal-server-error",
+                        "storage unavailable",
+                    ))
                 })?,
             None => None,
         };
@@ -480,7 +501,10 @@ impl Conn {
             )));
         }
         decode_b64(&el.text_content()).map(Some).ok_or_else(|| {
-            Fail::Stream(StreamError::new("bad-format", "SASL response is not base64"))
+            Fail::Stream(StreamError::new(
+                "bad-format",
+                "SASL response is not base64",
+            ))
         })
     }
 
@@ -925,7 +949,11 @@ mod empty {
     }
 
     impl AsyncWrite for EmptyDuplex {
-        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            b: &[u8],
+        ) -> Poll<io::Result<usize>> {
             Poll::Ready(Ok(b.len()))
         }
         fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {

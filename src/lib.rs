@@ -12,11 +12,15 @@
 //! Pure decision code (the RFC 6121 subscription table in [`presence::subscription`],
 //! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
 
+pub mod c2s;
 pub mod config;
 pub mod error;
 pub mod jid;
 pub mod presence;
+pub mod roster;
+pub mod router;
 pub mod sasl;
+pub mod server;
 pub mod sessions;
 pub mod store;
 pub mod tls;

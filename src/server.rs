@@ -101,7 +101,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| StartError::Bind(addr, e))?;
-        let local = listener.local_addr().map_err(|e| StartError::Bind(addr, e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| StartError::Bind(addr, e))?;
         tracing::info!(addr = %local, direct_tls = direct, "c2s listening");
         if direct {
             direct_tls_addr = Some(local);
@@ -197,20 +199,45 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         if !limits.admit(peer.ip()) {
             tracing::warn!(%peer, "connection rate from this address exceeded");
-            tracker.spawn(refuse(stream, shared.clone(), direct_tls, "policy-violation", "too many connections from your address"));
+            tracker.spawn(refuse(
+                stream,
+                shared.clone(),
+                direct_tls,
+                "policy-violation",
+                "too many connections from your address",
+            ));
             continue;
         }
         let Ok(permit) = limits.connections.clone().try_acquire_owned() else {
             tracing::warn!(%peer, "connection limit reached");
-            tracker.spawn(refuse(stream, shared.clone(), direct_tls, "resource-constraint", "the server is full"));
+            tracker.spawn(refuse(
+                stream,
+                shared.clone(),
+                direct_tls,
+                "resource-constraint",
+                "the server is full",
+            ));
             continue;
         };
         let shared = shared.clone();
         tracker.spawn(async move {
-            c2s::serve(shared, Box::new(stream) as BoxIo, peer, direct_tls).await;
+            let direct = direct_tls || starts_with_tls(&stream).await;
+            c2s::serve(shared, Box::new(stream) as BoxIo, peer, direct).await;
             drop(permit);
         });
     }
+}
+
+/// Whether a connection to the STARTTLS port opened with a TLS handshake record instead of
+/// XML. Clients such as slixmpp try XEP-0368 direct TLS first on whatever port they are
+/// given; serving them TLS at once beats letting them wait for the negotiation timeout.
+async fn starts_with_tls(stream: &TcpStream) -> bool {
+    let mut first = [0u8; 1];
+    // 0x16 is a TLS handshake record; XML starts with '<', '\u{feff}' or whitespace.
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), stream.peek(&mut first)).await,
+        Ok(Ok(1)) if first[0] == 0x16
+    )
 }
 
 /// Answers a refused connection with a stream error (RFC 6120 §4.9.1.1: header first). On the

@@ -83,44 +83,8 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
-/// Subscription state of a roster item (RFC 6121 §2.1.2.5).
-///
-/// Stand-in so this module compiles alone; at merge it is replaced by
-/// `crate::presence::subscription::Subscription`, which has the same variants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Subscription {
-    /// Neither side sees the other's presence.
-    None,
-    /// The user sees the contact's presence.
-    To,
-    /// The contact sees the user's presence.
-    From,
-    /// Both see each other's presence.
-    Both,
-}
-
-impl Subscription {
-    /// The `subscription` attribute value, also the database value.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Subscription::None => "none",
-            Subscription::To => "to",
-            Subscription::From => "from",
-            Subscription::Both => "both",
-        }
-    }
-
-    /// Parses an attribute/database value; None for anything else.
-    pub fn parse(s: &str) -> Option<Subscription> {
-        match s {
-            "none" => Some(Subscription::None),
-            "to" => Some(Subscription::To),
-            "from" => Some(Subscription::From),
-            "both" => Some(Subscription::Both),
-            _ => None,
-        }
-    }
-}
+use crate::presence::subscription::SubState;
+pub use crate::presence::subscription::Subscription;
 
 /// One roster item (RFC 6121 §2.1.2) plus the server-side flags of Appendix A.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,6 +121,26 @@ impl RosterItem {
     }
 }
 
+impl RosterItem {
+    /// The item's Appendix A state.
+    pub fn sub_state(&self) -> SubState {
+        SubState {
+            subscription: self.subscription,
+            pending_out: self.pending_out,
+            pending_in: self.pending_in,
+            preapproved: self.preapproved,
+        }
+    }
+
+    /// Stores an Appendix A state in the item.
+    pub fn set_sub_state(&mut self, s: SubState) {
+        self.subscription = s.subscription;
+        self.pending_out = s.pending_out;
+        self.pending_in = s.pending_in;
+        self.preapproved = s.preapproved;
+    }
+}
+
 /// One entry of "what changed since version N" (XEP-0237 §2.4): the caller turns each
 /// into a roster push.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,8 +152,20 @@ pub enum RosterChange {
 }
 
 impl Store {
-    /// Opens a pool of at most `max_connections` connections to `url`.
+    /// Opens a pool of at most `max_connections` connections to `url`, creating the
+    /// database first if the server has none of that name (a fresh machine has only the
+    /// default databases; this saves operators a manual `createdb`).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        use sqlx::migrate::MigrateDatabase;
+        if !sqlx::Postgres::database_exists(url).await? {
+            tracing::warn!("database does not exist; creating it");
+            if let Err(e) = sqlx::Postgres::create_database(url).await {
+                // Another process may have created it meanwhile.
+                if !sqlx::Postgres::database_exists(url).await? {
+                    return Err(e.into());
+                }
+            }
+        }
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .connect(url)

@@ -22,6 +22,7 @@ fn item_from_row(row: &PgRow) -> Result<RosterItem, StoreError> {
         name: row.try_get("name")?,
         groups: row.try_get("groups")?,
         subscription: Subscription::parse(&subscription)
+            .ok()
             .ok_or_else(|| StoreError::Corrupt(format!("subscription {subscription:?}")))?,
         pending_out: ask.is_some(),
         pending_in: row.try_get("pending_in")?,

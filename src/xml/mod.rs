@@ -238,6 +238,26 @@ pub fn escape(s: &str) -> String {
     out
 }
 
+/// Parses one standalone element (e.g. a stanza stored as text). Namespace-less stanzas are
+/// read as `jabber:client`.
+pub fn parse_element(text: &str) -> Option<Element> {
+    let wrapped = format!(
+        "<stream:stream xmlns='{NS_CLIENT}' xmlns:stream='{NS_STREAM}'>{text}</stream:stream>"
+    );
+    let (events, err) = reader::parse_chunks(
+        &[wrapped.as_bytes()],
+        reader::ReaderLimits::default(),
+        false,
+    );
+    if err.is_some() {
+        return None;
+    }
+    events.into_iter().find_map(|e| match e {
+        reader::StreamEvent::Stanza(el) => Some(el),
+        _ => None,
+    })
+}
+
 /// Builds the opening tag of a stream header (RFC 6120 §4.7). The stream is never closed
 /// by this string: `</stream:stream>` is written separately.
 pub fn stream_header(from: &str, to: Option<&str>, id: &str, content_ns: &str) -> String {

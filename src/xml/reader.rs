@@ -208,10 +208,7 @@ impl Builder {
     }
 
     /// Pushes a scope for `start` and returns its (name, ns, attrs).
-    fn open_element(
-        &mut self,
-        start: &BytesStart<'_>,
-    ) -> Result<Opened, XmlError> {
+    fn open_element(&mut self, start: &BytesStart<'_>) -> Result<Opened, XmlError> {
         let mut scope = Scope::default();
         let mut attrs = Vec::new();
         for attr in start.attributes().with_checks(true) {

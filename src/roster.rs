@@ -1,0 +1,249 @@
+//! RFC 6121 §2 roster management: get (with XEP-0237 versioning), set, remove, and roster
+//! pushes to every interested resource of the owner. One store transaction per change.
+
+use crate::c2s::{iq_result, Session};
+use crate::error::StanzaError;
+use crate::jid::{BareJid, Jid};
+use crate::server::Shared;
+use crate::store::{RosterChange, RosterItem, StoreError};
+use crate::xml::{Element, NS_CLIENT, NS_ROSTER};
+
+/// Longest item name and group name accepted (RFC 6121 §2.3.3 lets servers limit them).
+const MAX_NAME_LEN: usize = 1023;
+
+/// `<item/>` for a roster result or push (RFC 6121 §2.1.2).
+pub fn item_element(item: &RosterItem) -> Element {
+    let mut e = Element::new("item", NS_ROSTER)
+        .attr("jid", item.contact.clone())
+        .attr("subscription", item.subscription.as_str());
+    if let Some(name) = &item.name {
+        e.set_attr("name", name.clone());
+    }
+    if let Some(ask) = item.sub_state().ask() {
+        e.set_attr("ask", ask);
+    }
+    if item.preapproved {
+        // RFC 6121 §3.4: approved='true' tells the client a pre-approval is in place.
+        e.set_attr("approved", "true");
+    }
+    for g in &item.groups {
+        e = e.child(Element::new("group", NS_ROSTER).text(g.clone()));
+    }
+    e
+}
+
+/// Sends a roster push (RFC 6121 §2.1.6) for `item` to every interested resource of `owner`.
+pub fn push(shared: &Shared, owner: &str, version: i64, item: Element) {
+    for s in shared.sessions.of_user_str(owner) {
+        if !s.presence().interested {
+            continue;
+        }
+        let iq = Element::new("iq", NS_CLIENT)
+            .attr("type", "set")
+            .attr("id", format!("push{}", crate::c2s::new_id()))
+            .attr("to", s.jid.to_string())
+            .child(
+                Element::new("query", NS_ROSTER)
+                    .attr("ver", version.to_string())
+                    .child(item.clone()),
+            );
+        s.send(iq);
+    }
+}
+
+/// Push for an item that changed.
+pub fn push_item(shared: &Shared, owner: &str, version: i64, item: &RosterItem) {
+    push(shared, owner, version, item_element(item));
+}
+
+/// Push for an item that was removed (`subscription='remove'`, RFC 6121 §2.5.2).
+pub fn push_removed(shared: &Shared, owner: &str, version: i64, contact: &str) {
+    let item = Element::new("item", NS_ROSTER)
+        .attr("jid", contact)
+        .attr("subscription", "remove");
+    push(shared, owner, version, item);
+}
+
+fn store_failed(e: StoreError) -> StanzaError {
+    match e {
+        StoreError::Constraint(c) => StanzaError::bad_request().with_text(c),
+        other => {
+            tracing::error!(error = %other, "roster store failure");
+            StanzaError::internal_server_error()
+        }
+    }
+}
+
+/// Handles a `jabber:iq:roster` iq from the owner's own session. Returns the reply, or
+/// `None` when it was already sent (versioned get: result first, then the pushes).
+pub async fn handle(session: &mut Session, iq: &Element, query: &Element) -> Option<Element> {
+    let result = match iq.get_attr("type") {
+        Some("get") => get(session, iq, query).await,
+        Some("set") => set(session, iq, query).await,
+        _ => Err(StanzaError::bad_request()),
+    };
+    match result {
+        Ok(reply) => reply,
+        Err(e) => e.reply_to(iq),
+    }
+}
+
+async fn get(
+    session: &mut Session,
+    iq: &Element,
+    query: &Element,
+) -> Result<Option<Element>, StanzaError> {
+    let owner = session.jid().to_bare().to_string();
+    if let Ok(mut p) = session.handle.info.lock() {
+        // RFC 6121 §2.1.6: a resource that requested the roster is "interested".
+        p.interested = true;
+    }
+    let store = &session.shared.store;
+    if let Some(ver) = query.get_attr("ver") {
+        // XEP-0237 §2.3: with a known version, answer empty and push only the changes.
+        if let Ok(v) = ver.parse::<i64>() {
+            if let Some((current, changes)) =
+                store.roster_since(&owner, v).await.map_err(store_failed)?
+            {
+                let reply = iq_result(iq);
+                session.deliver(reply);
+                for change in changes {
+                    let item = match &change {
+                        RosterChange::Upsert(i) => item_element(i),
+                        RosterChange::Removed(c) => Element::new("item", NS_ROSTER)
+                            .attr("jid", c.clone())
+                            .attr("subscription", "remove"),
+                    };
+                    let iq = Element::new("iq", NS_CLIENT)
+                        .attr("type", "set")
+                        .attr("id", format!("push{}", crate::c2s::new_id()))
+                        .attr("to", session.jid().to_string())
+                        .child(
+                            Element::new("query", NS_ROSTER)
+                                .attr("ver", current.to_string())
+                                .child(item),
+                        );
+                    session.deliver(iq);
+                }
+                return Ok(None);
+            }
+        }
+    }
+    let (version, items) = store.roster(&owner).await.map_err(store_failed)?;
+    let mut q = Element::new("query", NS_ROSTER).attr("ver", version.to_string());
+    for item in items.iter().filter(|i| is_visible(i)) {
+        q = q.child(item_element(item));
+    }
+    Ok(Some(iq_result(iq).child(q)))
+}
+
+/// Whether an item belongs in the roster the client sees. A bare pending inbound request
+/// is server state, not a roster item (RFC 6121 §3.1.3).
+pub fn is_visible(item: &RosterItem) -> bool {
+    !(item.subscription == crate::store::Subscription::None
+        && !item.pending_out
+        && !item.preapproved
+        && item.pending_in
+        && item.name.is_none()
+        && item.groups.is_empty())
+}
+
+async fn set(
+    session: &mut Session,
+    iq: &Element,
+    query: &Element,
+) -> Result<Option<Element>, StanzaError> {
+    // RFC 6121 §2.3.3: exactly one item.
+    let mut items = query.elements().filter(|e| e.is("item", NS_ROSTER));
+    let (Some(item), None) = (items.next(), items.next()) else {
+        return Err(StanzaError::bad_request().with_text("a roster set carries exactly one item"));
+    };
+    let Some(jid) = item.get_attr("jid") else {
+        return Err(StanzaError::bad_request().with_text("item without jid"));
+    };
+    let contact = match Jid::new(jid) {
+        Ok(j) if j.resource().is_none() => j,
+        Ok(_) => return Err(StanzaError::bad_request().with_text("roster items are bare JIDs")),
+        Err(_) => return Err(StanzaError::jid_malformed()),
+    };
+    let owner = session.jid().to_bare();
+    if contact.as_str() == owner.as_str() {
+        return Err(StanzaError::not_allowed().with_text("you cannot add yourself"));
+    }
+    let subscription = item.get_attr("subscription");
+    if subscription == Some("remove") {
+        remove(session, &owner, contact.as_str()).await?;
+        return Ok(Some(iq_result(iq)));
+    }
+    // RFC 6121 §2.1.2.5 and §2.3.3: clients do not set subscription state or ask.
+    if subscription.is_some() || item.get_attr("ask").is_some() {
+        return Err(StanzaError::bad_request()
+            .with_text("subscription and ask are managed by the server (RFC 6121 §2.1.2)"));
+    }
+    let name = item.get_attr("name").map(str::to_owned);
+    if name.as_ref().is_some_and(|n| n.len() > MAX_NAME_LEN) {
+        return Err(StanzaError::not_acceptable().with_text("name too long"));
+    }
+    let mut groups: Vec<String> = Vec::new();
+    for g in item.elements().filter(|e| e.is("group", NS_ROSTER)) {
+        let g = g.text_content();
+        if g.is_empty() || g.len() > MAX_NAME_LEN {
+            // RFC 6121 §2.3.3: empty group names are not-acceptable.
+            return Err(StanzaError::not_acceptable().with_text("empty or overlong group name"));
+        }
+        if groups.contains(&g) {
+            // RFC 6121 §2.3.3: duplicate groups are bad-request.
+            return Err(StanzaError::bad_request().with_text("duplicate group"));
+        }
+        groups.push(g);
+    }
+    let shared = session.shared.clone();
+    let store = &shared.store;
+    let existing = store
+        .roster_item(owner.as_str(), contact.as_str())
+        .await
+        .map_err(store_failed)?;
+    if existing.is_none() {
+        let count = store
+            .roster_count(owner.as_str())
+            .await
+            .map_err(store_failed)?;
+        if count >= shared.config.limits.max_roster_items {
+            return Err(StanzaError::not_allowed().with_text("roster is full"));
+        }
+    }
+    let mut new = existing.unwrap_or_else(|| RosterItem::new(contact.as_str()));
+    new.name = name;
+    new.groups = groups;
+    let version = store
+        .upsert_roster_item(owner.as_str(), &new)
+        .await
+        .map_err(store_failed)?;
+    push_item(&shared, owner.as_str(), version, &new);
+    Ok(Some(iq_result(iq)))
+}
+
+/// RFC 6121 §2.5: removal cancels subscriptions in both directions on the user's behalf.
+async fn remove(session: &mut Session, owner: &BareJid, contact: &str) -> Result<(), StanzaError> {
+    let shared = session.shared.clone();
+    let Some(existing) = shared
+        .store
+        .roster_item(owner.as_str(), contact)
+        .await
+        .map_err(store_failed)?
+    else {
+        // RFC 6121 §2.5.3.
+        return Err(StanzaError::item_not_found());
+    };
+    crate::presence::roster_removed(session, &existing).await;
+    match shared
+        .store
+        .remove_roster_item(owner.as_str(), contact)
+        .await
+    {
+        Ok(Some(version)) => push_removed(&shared, owner.as_str(), version, contact),
+        Ok(None) => {}
+        Err(e) => return Err(store_failed(e)),
+    }
+    Ok(())
+}

@@ -1,0 +1,291 @@
+//! Routing of stanzas from a local client (RFC 6120 §10, RFC 6121 §8): to a server handler,
+//! to a local session, or (later) to a remote domain.
+//!
+//! | `to`                    | message (RFC 6121 §8.5)              | iq (RFC 6120 §10.5)          |
+//! |-------------------------|--------------------------------------|------------------------------|
+//! | none / own bare JID     | own resources (as bare JID)          | handled for the account      |
+//! | this domain             | dropped                              | server handlers              |
+//! | local bare JID          | highest non-negative priority        | handled for that account     |
+//! | local full JID, online  | that session                         | that session                 |
+//! | local full JID, offline | as bare JID (chat/normal)            | service-unavailable          |
+//! | unknown local user      | service-unavailable                  | service-unavailable          |
+//! | other domain            | remote-server-not-found (no s2s yet) | remote-server-not-found      |
+//!
+//! Presence goes to [`crate::presence`], which applies RFC 6121 §3–§4.
+
+use crate::c2s::{iq_result, Session};
+use crate::error::StanzaError;
+use crate::jid::{BareJid, Jid};
+use crate::sessions::message_targets;
+use crate::xml::{self as x, Element};
+
+/// Where a `to` address points, as seen from this server.
+#[derive(Debug)]
+pub enum Target {
+    /// No `to`: the sender's own account (RFC 6120 §10.3).
+    OwnAccount,
+    /// A domain this server hosts.
+    LocalDomain(String),
+    /// An account (existing or not) on a local domain.
+    LocalBare(BareJid),
+    /// A resource of an account on a local domain.
+    LocalFull(crate::jid::FullJid),
+    /// Another domain.
+    Remote(Jid),
+}
+
+/// Classifies a `to` attribute. `Err` means jid-malformed (RFC 6120 §8.3.3.8).
+pub fn classify(shared: &crate::server::Shared, to: Option<&str>) -> Result<Target, StanzaError> {
+    let Some(to) = to else {
+        return Ok(Target::OwnAccount);
+    };
+    let jid = Jid::new(to).map_err(|_| StanzaError::jid_malformed())?;
+    if !shared.config.serves(jid.domain().as_str()) {
+        return Ok(Target::Remote(jid));
+    }
+    if jid.node().is_none() {
+        return Ok(Target::LocalDomain(jid.domain().to_string()));
+    }
+    match jid.try_into_full() {
+        Ok(full) => Ok(Target::LocalFull(full)),
+        Err(bare) => Ok(Target::LocalBare(bare)),
+    }
+}
+
+fn bounce(session: &Session, el: &Element, err: StanzaError) {
+    if let Some(reply) = err.reply_to(el) {
+        session.deliver(reply);
+    }
+}
+
+/// Routes one stanza whose `from` has been stamped by the session.
+pub async fn from_client(session: &mut Session, el: Element) {
+    let target = match classify(&session.shared, el.get_attr("to")) {
+        Ok(t) => t,
+        Err(e) => return bounce(session, &el, e),
+    };
+    match el.name.as_str() {
+        "presence" => crate::presence::from_client(session, el, target).await,
+        "iq" => iq(session, el, target).await,
+        _ => message(session, el, target).await,
+    }
+}
+
+/// Whether `bare` is an account here. A store failure counts as "no" (and is logged) so a
+/// database outage degrades to errors for offline users, never a stalled session.
+pub async fn account_exists(session: &Session, bare: &BareJid) -> bool {
+    let node = bare.node().map(|n| n.as_str()).unwrap_or("");
+    match session
+        .shared
+        .store
+        .account_exists(node, bare.domain().as_str())
+        .await
+    {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "account lookup failed");
+            false
+        }
+    }
+}
+
+async fn message(session: &mut Session, el: Element, target: Target) {
+    let kind = el.get_attr("type").unwrap_or("normal").to_owned();
+    match target {
+        Target::Remote(_) => bounce(session, &el, StanzaError::remote_server_not_found()),
+        Target::LocalDomain(_) => {
+            // Messages to the server itself have no handler; RFC 6120 §10.3.1 lets us drop
+            // them, but an error tells the client why nothing happened.
+            bounce(session, &el, StanzaError::service_unavailable())
+        }
+        Target::LocalFull(full) => match session.shared.sessions.get(&full) {
+            Some(s) => {
+                s.send(el);
+            }
+            // RFC 6121 §8.5.3.2.1: a full JID with no session is treated as the bare JID.
+            None => to_bare(session, el, &full.to_bare(), &kind).await,
+        },
+        Target::LocalBare(bare) => to_bare(session, el, &bare, &kind).await,
+        Target::OwnAccount => {
+            let own = session.jid().to_bare();
+            to_bare(session, el, &own, &kind).await
+        }
+    }
+}
+
+/// RFC 6121 §8.5.2: a message to a bare JID.
+async fn to_bare(session: &mut Session, el: Element, bare: &BareJid, kind: &str) {
+    if kind == "error" {
+        // Never answer an error; with no resource to take it, it is dropped (§8.5.2.2.1).
+        if let Some(s) = message_targets(&session.shared.sessions.of_user(bare)).first() {
+            s.send(el);
+        }
+        return;
+    }
+    if kind == "groupchat" {
+        // §8.5.2.1.1: groupchat to a bare JID of a user is service-unavailable.
+        return bounce(session, &el, StanzaError::service_unavailable());
+    }
+    let sessions = session.shared.sessions.of_user(bare);
+    let targets = message_targets(&sessions);
+    if targets.is_empty() {
+        // No offline storage: §8.5.2.2.1 lets the server answer service-unavailable, which
+        // is also what a non-existent account gets (§8.5.1), so the two are alike.
+        if kind != "headline" {
+            bounce(session, &el, StanzaError::service_unavailable());
+        }
+        return;
+    }
+    if kind == "headline" {
+        // §8.5.2.1.1: headlines go to every non-negative resource.
+        for s in sessions
+            .iter()
+            .filter(|s| s.presence().available && s.presence().priority >= 0)
+        {
+            s.send(el.clone());
+        }
+        return;
+    }
+    let n = targets.len();
+    for (i, s) in targets.into_iter().enumerate() {
+        if i + 1 == n {
+            s.send(el);
+            break;
+        }
+        s.send(el.clone());
+    }
+}
+
+async fn iq(session: &mut Session, el: Element, target: Target) {
+    let ty = el.get_attr("type").unwrap_or("");
+    if el.get_attr("id").is_none() || !matches!(ty, "get" | "set" | "result" | "error") {
+        // RFC 6120 §8.2.3: id and a known type are required.
+        return bounce(session, &el, StanzaError::bad_request());
+    }
+    let is_request = matches!(ty, "get" | "set");
+    if is_request && el.elements().count() != 1 {
+        // RFC 6120 §8.2.3 item 6: a request has exactly one payload.
+        return bounce(session, &el, StanzaError::bad_request());
+    }
+    match target {
+        Target::Remote(_) => bounce(session, &el, StanzaError::remote_server_not_found()),
+        Target::LocalFull(full) => match session.shared.sessions.get(&full) {
+            Some(s) => {
+                s.send(el);
+            }
+            None if is_request => bounce(session, &el, StanzaError::service_unavailable()),
+            None => {}
+        },
+        _ if !is_request => {
+            // Results and errors for the server (roster push acknowledgements, ping
+            // answers) need no further handling.
+        }
+        Target::OwnAccount => own_account_iq(session, el).await,
+        Target::LocalBare(bare) if bare.as_str() == session.jid().to_bare().as_str() => {
+            own_account_iq(session, el).await
+        }
+        Target::LocalBare(bare) => {
+            let exists = account_exists(session, &bare).await;
+            let reply = account_iq(&el, exists);
+            session.deliver(reply);
+        }
+        Target::LocalDomain(domain) => {
+            let reply = server_iq(session, &el, &domain);
+            session.deliver(reply);
+        }
+    }
+}
+
+/// An iq the user sent to their own account (no `to`, or their bare JID).
+async fn own_account_iq(session: &mut Session, el: Element) {
+    let Some(payload) = el.elements().next().cloned() else {
+        return;
+    };
+    let reply = if payload.is("query", x::NS_ROSTER) {
+        crate::roster::handle(session, &el, &payload).await
+    } else if payload.is("session", x::NS_SESSION) {
+        // RFC 3921 §3 session establishment: a no-op kept for old clients.
+        Some(iq_result(&el))
+    } else if payload.is("ping", x::NS_PING) {
+        Some(iq_result(&el))
+    } else {
+        Some(account_iq(&el, true))
+    };
+    if let Some(r) = reply {
+        session.deliver(r);
+    }
+}
+
+/// Iq handled by the server on behalf of an account (RFC 6120 §10.5.3.1): disco only.
+fn account_iq(el: &Element, exists: bool) -> Element {
+    let payload = el.elements().next();
+    let get = el.get_attr("type") == Some("get");
+    if exists && get {
+        if let Some(p) = payload {
+            if p.is("query", x::NS_DISCO_INFO) && p.get_attr("node").is_none() {
+                // XEP-0030 §3.1: an account's identity; XEP-0030 §4: no items are listed,
+                // so disco#items never reveals which resources are online.
+                let q = Element::new("query", x::NS_DISCO_INFO)
+                    .child(
+                        Element::new("identity", x::NS_DISCO_INFO)
+                            .attr("category", "account")
+                            .attr("type", "registered"),
+                    )
+                    .child(feature(x::NS_DISCO_INFO));
+                return iq_result(el).child(q);
+            }
+            if p.is("query", x::NS_DISCO_ITEMS) && p.get_attr("node").is_none() {
+                return iq_result(el).child(Element::new("query", x::NS_DISCO_ITEMS));
+            }
+        }
+    }
+    StanzaError::service_unavailable()
+        .reply_to(el)
+        .unwrap_or_else(|| iq_result(el))
+}
+
+fn feature(var: &str) -> Element {
+    Element::new("feature", x::NS_DISCO_INFO).attr("var", var)
+}
+
+/// Iq addressed to the server itself: disco (XEP-0030), ping (XEP-0199).
+fn server_iq(session: &Session, el: &Element, domain: &str) -> Element {
+    let payload = el.elements().next();
+    let get = el.get_attr("type") == Some("get");
+    let reply = match payload {
+        Some(p) if get && p.is("ping", x::NS_PING) => Some(iq_result(el)),
+        Some(p) if get && p.is("query", x::NS_DISCO_INFO) && p.get_attr("node").is_none() => {
+            let mut q = Element::new("query", x::NS_DISCO_INFO).child(
+                Element::new("identity", x::NS_DISCO_INFO)
+                    .attr("category", "server")
+                    .attr("type", "im")
+                    .attr("name", "presenced"),
+            );
+            let mut features = vec![
+                x::NS_DISCO_INFO,
+                x::NS_DISCO_ITEMS,
+                x::NS_PING,
+                x::NS_ROSTER,
+                x::NS_ROSTER_VER,
+                x::NS_PREAPPROVAL,
+            ];
+            if session.shared.config.auth.allow_registration {
+                features.push(x::NS_REGISTER);
+            }
+            for f in features {
+                q = q.child(feature(f));
+            }
+            Some(iq_result(el).child(q))
+        }
+        Some(p) if get && p.is("query", x::NS_DISCO_ITEMS) && p.get_attr("node").is_none() => {
+            Some(iq_result(el).child(Element::new("query", x::NS_DISCO_ITEMS)))
+        }
+        _ => None,
+    };
+    let _ = domain;
+    reply.unwrap_or_else(|| {
+        StanzaError::service_unavailable()
+            .reply_to(el)
+            .unwrap_or_else(|| iq_result(el))
+    })
+}
