@@ -1,0 +1,449 @@
+//! Shared harness for integration tests: a real server (in-process, real sockets, real TLS,
+//! real PostgreSQL) on ephemeral loopback ports with a domain of its own, and a small raw
+//! XMPP client that lets a test send exact bytes and wait for exact stanzas.
+//!
+//! Each test starts its own server with a unique domain, so tests share the database
+//! without seeing each other's accounts. The client pins the server's generated
+//! certificate, so TLS is verified for real, not switched off.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use presenced::config::Config;
+use presenced::server::{self, Running};
+use presenced::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
+use presenced::xml::{Element, NS_CLIENT};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+
+/// The database integration tests use (`DATABASE_URL`, else the machine's `test` database).
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A short random token for unique names.
+pub fn unique() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
+}
+
+/// A server under test.
+pub struct TestServer {
+    /// The running server.
+    pub running: Option<Running>,
+    /// Its only domain.
+    pub domain: String,
+    /// STARTTLS address.
+    pub addr: std::net::SocketAddr,
+    /// Direct TLS address.
+    pub direct_addr: std::net::SocketAddr,
+    /// The PEM certificate clients pin.
+    pub cert: PathBuf,
+    /// The configuration it runs with.
+    pub config: Config,
+}
+
+impl TestServer {
+    /// Starts a server with a fresh domain; `tweak` adjusts the config first.
+    pub async fn start(tweak: impl FnOnce(&mut Config)) -> TestServer {
+        let domain = format!("t{}.example", unique());
+        let certs = std::env::temp_dir().join(format!("presenced-test-{domain}"));
+        let mut config = Config {
+            domains: vec![domain.clone()],
+            ..Config::default()
+        };
+        config.c2s.bind = "127.0.0.1".parse().unwrap();
+        config.c2s.port = 0;
+        config.c2s.direct_tls_port = 0;
+        config.tls.certs_dir = certs.clone();
+        config.database.url = database_url();
+        config.database.max_connections = 4;
+        config.database.migrations = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        // Tests hammer one address; the per-IP limit has its own test.
+        config.limits.connections_per_ip_per_minute = 10_000;
+        tweak(&mut config);
+        config.validate().expect("test config is valid");
+        let running = server::start(config.clone()).await.expect("server starts");
+        let cert = certs.join(format!("selfsigned-{domain}.pem"));
+        TestServer {
+            addr: running.c2s_addr.expect("c2s listener"),
+            direct_addr: running.direct_tls_addr.unwrap_or(running.c2s_addr.unwrap()),
+            running: Some(running),
+            domain,
+            cert,
+            config,
+        }
+    }
+
+    /// `name@domain`.
+    pub fn jid(&self, name: &str) -> String {
+        format!("{name}@{}", self.domain)
+    }
+
+    /// Creates an account through the store, as `presenced user add` does.
+    pub async fn add_user(&self, name: &str, password: &str) {
+        let shared = &self.running.as_ref().unwrap().shared;
+        shared
+            .store
+            .create_account(name, &self.domain, password, 4096)
+            .await
+            .expect("create account");
+    }
+
+    /// The server's shared state.
+    pub fn shared(&self) -> &Arc<server::Shared> {
+        &self.running.as_ref().unwrap().shared
+    }
+
+    /// Logs in `name` (password "pw") with resource `res` over STARTTLS and SASL PLAIN.
+    pub async fn login(&self, name: &str, res: &str) -> Client {
+        Client::login(self, name, "pw", res).await
+    }
+
+    /// Adds `name` with password "pw".
+    pub async fn user(&self, name: &str) {
+        self.add_user(name, "pw").await
+    }
+
+    /// Stops the server.
+    pub async fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await;
+        }
+    }
+}
+
+/// rustls client config trusting only the test server's certificate.
+pub fn tls_client(cert: &PathBuf) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(cert).expect("cert file") {
+        roots.add(c.expect("cert")).expect("add root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+/// Transport of the raw client.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+
+/// A raw XMPP client: writes what it is told, parses what arrives.
+pub struct Client {
+    reader: StreamReader<ReadHalf<Box<dyn Io>>>,
+    writer: WriteHalf<Box<dyn Io>>,
+    /// Stanzas received while waiting for something else, in order.
+    pub backlog: Vec<Element>,
+    /// The bound full JID, once bound.
+    pub jid: String,
+    /// The stream header the server last sent.
+    pub header: Option<presenced::xml::reader::StreamHeader>,
+    /// Stream features the server last sent.
+    pub features: Option<Element>,
+}
+
+/// How long a positive expectation waits before failing.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+fn limits() -> ReaderLimits {
+    ReaderLimits {
+        max_stanza_size: 1 << 20,
+        max_depth: 64,
+    }
+}
+
+/// What ended a read.
+#[derive(Debug)]
+pub enum Ended {
+    /// A `<stream:error/>` with this condition.
+    StreamError(String),
+    /// `</stream:stream>` or EOF.
+    Closed,
+    /// Nothing within the wait.
+    Timeout,
+}
+
+impl Client {
+    /// A plain TCP connection to the STARTTLS port, nothing sent yet.
+    pub async fn tcp(server: &TestServer) -> Client {
+        let tcp = TcpStream::connect(server.addr).await.expect("connect");
+        tcp.set_nodelay(true).unwrap();
+        Client::over(Box::new(tcp))
+    }
+
+    fn over(io: Box<dyn Io>) -> Client {
+        let (r, w) = tokio::io::split(io);
+        Client {
+            reader: StreamReader::new(r, limits()),
+            writer: w,
+            backlog: Vec::new(),
+            jid: String::new(),
+            header: None,
+            features: None,
+        }
+    }
+
+    /// Writes raw bytes.
+    pub async fn send_raw(&mut self, s: &str) {
+        let _ = self.writer.write_all(s.as_bytes()).await;
+        let _ = self.writer.flush().await;
+    }
+
+    /// Writes a stanza.
+    pub async fn send(&mut self, el: &Element) {
+        self.send_raw(&el.to_xml()).await
+    }
+
+    /// Sends a stream header for `domain` and reads the answer header and features.
+    pub async fn open(&mut self, domain: &str) -> Result<Element, Ended> {
+        self.send_raw(&format!(
+            "<?xml version='1.0'?><stream:stream xmlns='jabber:client' \
+             xmlns:stream='http://etherx.jabber.org/streams' to='{domain}' version='1.0'>"
+        ))
+        .await;
+        self.read_header_and_features().await
+    }
+
+    async fn read_header_and_features(&mut self) -> Result<Element, Ended> {
+        loop {
+            match self.next_event(WAIT).await? {
+                StreamEvent::Open(h) => self.header = Some(h),
+                StreamEvent::Stanza(el) if el.name == "features" => {
+                    self.features = Some(el.clone());
+                    return Ok(el);
+                }
+                StreamEvent::Stanza(el) if el.name == "error" => {
+                    return Err(Ended::StreamError(condition(&el)))
+                }
+                StreamEvent::Stanza(el) => self.backlog.push(el),
+                StreamEvent::Whitespace => {}
+                StreamEvent::Close => return Err(Ended::Closed),
+            }
+        }
+    }
+
+    async fn next_event(&mut self, wait: Duration) -> Result<StreamEvent, Ended> {
+        match tokio::time::timeout(wait, self.reader.next()).await {
+            Err(_) => Err(Ended::Timeout),
+            Ok(Ok(ev)) => Ok(ev),
+            Ok(Err(_)) => Err(Ended::Closed),
+        }
+    }
+
+    /// STARTTLS (pinning the test certificate) and a new stream header.
+    pub async fn starttls(mut self, server: &TestServer) -> Client {
+        self.send_raw("<starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
+            .await;
+        let proceed = self.next_stanza(WAIT).await.expect("proceed");
+        assert_eq!(proceed.name, "proceed", "{proceed}");
+        let Client { reader, writer, .. } = self;
+        let io = reader.into_inner().unsplit(writer);
+        let connector = tokio_rustls::TlsConnector::from(tls_client(&server.cert));
+        let name = ServerName::try_from(server.domain.clone()).unwrap();
+        let tls = connector.connect(name, io).await.expect("TLS handshake");
+        let mut c = Client::over(Box::new(tls));
+        c.open(&server.domain).await.expect("stream after TLS");
+        c
+    }
+
+    /// A direct TLS (XEP-0368) connection with the stream opened.
+    pub async fn direct_tls(server: &TestServer) -> Client {
+        let tcp = TcpStream::connect(server.direct_addr).await.expect("connect");
+        let connector = tokio_rustls::TlsConnector::from(tls_client(&server.cert));
+        let name = ServerName::try_from(server.domain.clone()).unwrap();
+        let tls = connector.connect(name, tcp).await.expect("TLS handshake");
+        let mut c = Client::over(Box::new(tls));
+        c.open(&server.domain).await.expect("stream");
+        c
+    }
+
+    /// SASL PLAIN; returns the name of the top-level answer (success or failure).
+    pub async fn auth_plain(&mut self, user: &str, password: &str) -> Element {
+        let msg = base64::engine::general_purpose::STANDARD.encode(format!("\0{user}\0{password}"));
+        self.send_raw(&format!(
+            "<auth xmlns='urn:ietf:params:xml:ns:xmpp-sasl' mechanism='PLAIN'>{msg}</auth>"
+        ))
+        .await;
+        self.next_stanza(WAIT).await.expect("SASL answer")
+    }
+
+    /// Binds `resource` ("" lets the server choose); returns the bound JID or the error iq.
+    pub async fn bind(&mut self, resource: &str) -> Result<String, Element> {
+        let res = if resource.is_empty() {
+            String::new()
+        } else {
+            format!("<resource>{resource}</resource>")
+        };
+        self.send_raw(&format!(
+            "<iq type='set' id='bind1'><bind xmlns='urn:ietf:params:xml:ns:xmpp-bind'>{res}</bind></iq>"
+        ))
+        .await;
+        let reply = self
+            .expect(|e| e.name == "iq" && e.get_attr("id") == Some("bind1"))
+            .await;
+        if reply.get_attr("type") != Some("result") {
+            return Err(reply);
+        }
+        let jid = reply
+            .elements()
+            .next()
+            .and_then(|b| b.elements().next())
+            .map(|j| j.text_content())
+            .unwrap_or_default();
+        self.jid = jid.clone();
+        Ok(jid)
+    }
+
+    /// Connects, STARTTLS, PLAIN, restart and bind.
+    pub async fn login(server: &TestServer, user: &str, password: &str, resource: &str) -> Client {
+        let mut c = Client::tcp(server).await;
+        c.open(&server.domain).await.expect("stream");
+        let mut c = c.starttls(server).await;
+        let ok = c.auth_plain(user, password).await;
+        assert_eq!(ok.name, "success", "login {user}: {ok}");
+        c.reader = StreamReader::new(c.reader.into_inner(), limits());
+        c.open(&server.domain).await.expect("stream after SASL");
+        c.bind(resource).await.expect("bind");
+        c
+    }
+
+    /// The next stanza within `wait` (backlog first).
+    pub async fn next_stanza(&mut self, wait: Duration) -> Result<Element, Ended> {
+        if !self.backlog.is_empty() {
+            return Ok(self.backlog.remove(0));
+        }
+        self.read_stanza(wait).await
+    }
+
+    async fn read_stanza(&mut self, wait: Duration) -> Result<Element, Ended> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next_event(left).await? {
+                StreamEvent::Stanza(el) if el.name == "error" && el.ns == presenced::xml::NS_STREAM => {
+                    return Err(Ended::StreamError(condition(&el)))
+                }
+                StreamEvent::Stanza(el) => return Ok(el),
+                StreamEvent::Close => return Err(Ended::Closed),
+                _ => {}
+            }
+        }
+    }
+
+    /// Waits up to [`WAIT`] for a stanza matching `pred`, keeping the others in the backlog.
+    pub async fn expect(&mut self, pred: impl Fn(&Element) -> bool) -> Element {
+        match self.try_expect(&pred, WAIT).await {
+            Ok(e) => e,
+            Err(e) => panic!(
+                "{}: expected stanza not received ({e:?}); backlog: {}",
+                self.jid,
+                self.backlog.iter().map(|e| e.to_xml()).collect::<Vec<_>>().join("\n")
+            ),
+        }
+    }
+
+    /// Like [`Client::expect`] with an explicit bound; `Err` on timeout or stream end.
+    pub async fn try_expect(
+        &mut self,
+        pred: &impl Fn(&Element) -> bool,
+        wait: Duration,
+    ) -> Result<Element, Ended> {
+        if let Some(i) = self.backlog.iter().position(|e| pred(e)) {
+            return Ok(self.backlog.remove(i));
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let el = self.read_stanza(left).await?;
+            if pred(&el) {
+                return Ok(el);
+            }
+            self.backlog.push(el);
+        }
+    }
+
+    /// Asserts that nothing matching `pred` arrives within `window` (a bound for a negative
+    /// expectation, not a sleep: anything matching fails at once).
+    pub async fn expect_none(&mut self, pred: impl Fn(&Element) -> bool, window: Duration) {
+        match self.try_expect(&pred, window).await {
+            Ok(e) => panic!("{}: unexpected stanza {e}", self.jid),
+            Err(Ended::Timeout) => {}
+            Err(e) => panic!("{}: stream ended while watching: {e:?}", self.jid),
+        }
+    }
+
+    /// Reads until the stream ends, returning the stream error condition if one came.
+    pub async fn expect_stream_end(&mut self) -> Ended {
+        loop {
+            match self.read_stanza(WAIT).await {
+                Ok(el) => self.backlog.push(el),
+                Err(e) => return e,
+            }
+        }
+    }
+
+    /// Sends an iq get/set and waits for its reply.
+    pub async fn iq(&mut self, ty: &str, to: Option<&str>, payload: Element) -> Element {
+        let id = unique();
+        let mut iq = Element::new("iq", NS_CLIENT)
+            .attr("type", ty)
+            .attr("id", id.clone())
+            .child(payload);
+        if let Some(to) = to {
+            iq.set_attr("to", to);
+        }
+        self.send(&iq).await;
+        self.expect(|e| e.name == "iq" && e.get_attr("id") == Some(id.as_str()))
+            .await
+    }
+
+    /// Sends `<presence/>` with optional type and `to`.
+    pub async fn presence(&mut self, ty: Option<&str>, to: Option<&str>) {
+        let mut p = Element::new("presence", NS_CLIENT);
+        if let Some(t) = ty {
+            p.set_attr("type", t);
+        }
+        if let Some(to) = to {
+            p.set_attr("to", to);
+        }
+        self.send(&p).await
+    }
+
+    /// Closes the stream cleanly.
+    pub async fn close(mut self) {
+        self.send_raw("</stream:stream>").await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.reader.next()).await;
+    }
+}
+
+/// The defined condition inside a `<stream:error/>` or stanza `<error/>`.
+pub fn condition(el: &Element) -> String {
+    el.elements()
+        .find(|c| c.name != "text")
+        .map(|c| c.name.clone())
+        .unwrap_or_default()
+}
+
+/// The stanza error condition of an error stanza.
+pub fn stanza_error(el: &Element) -> String {
+    el.get_child("error", NS_CLIENT)
+        .map(condition)
+        .unwrap_or_default()
+}
+
+/// Whether `el` is a presence from `from` (prefix match on the JID) of `ty` (None = available).
+pub fn is_presence(el: &Element, from: &str, ty: Option<&str>) -> bool {
+    el.name == "presence"
+        && el.get_attr("from").is_some_and(|f| f.starts_with(from))
+        && el.get_attr("type") == ty
+}
