@@ -1,2 +1,3 @@
 //! RFC 6121 presence.
+pub mod privacy;
 pub mod subscription;
