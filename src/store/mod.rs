@@ -15,6 +15,7 @@
 //! are addressed by username and domain separately.
 
 mod accounts;
+pub mod blocks;
 pub mod last_seen;
 mod pending;
 mod roster;
