@@ -18,6 +18,7 @@ mod accounts;
 pub mod blocks;
 pub mod last_seen;
 mod pending;
+mod privacy;
 mod roster;
 
 use std::path::Path;
