@@ -17,6 +17,7 @@
 mod accounts;
 pub mod blocks;
 pub mod last_seen;
+pub mod notify;
 mod pending;
 mod privacy;
 mod roster;
