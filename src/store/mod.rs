@@ -15,7 +15,11 @@
 //! are addressed by username and domain separately.
 
 mod accounts;
+pub mod blocks;
+pub mod last_seen;
+pub mod notify;
 mod pending;
+mod privacy;
 mod roster;
 
 use std::path::Path;
@@ -85,6 +89,7 @@ impl From<sqlx::Error> for StoreError {
 
 use crate::presence::subscription::SubState;
 pub use crate::presence::subscription::Subscription;
+pub use last_seen::LastSeen;
 
 /// One roster item (RFC 6121 §2.1.2) plus the server-side flags of Appendix A.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,7 +192,11 @@ impl Store {
     /// Applies the `*.sql` migrations found in `dir` that the database has not seen yet.
     /// sqlx holds an advisory lock meanwhile, so nodes starting together are safe.
     pub async fn migrate(&self, dir: &Path) -> Result<(), StoreError> {
-        let migrator = sqlx::migrate::Migrator::new(dir).await?;
+        let mut migrator = sqlx::migrate::Migrator::new(dir).await?;
+        // A database migrated by a newer build (or holding an operator's retired file)
+        // must not stop an older binary from starting: unknown applied versions are
+        // tolerated, edited files are still refused by their checksums.
+        migrator.set_ignore_missing(true);
         migrator.run(&self.pool).await?;
         Ok(())
     }

@@ -1,0 +1,170 @@
+//! Block lists (XEP-0191), table `blocklist`.
+//!
+//! Entries are normalised JID strings of any form XEP-0191 allows: full JID, bare JID,
+//! domain, or domain/resource. Whether a given sender is blocked is decided by the JID
+//! matching rules of XEP-0016 §2.1, which XEP-0191 §6 adopts; see [`match_candidates`].
+//!
+//! Each change is one statement, so one transaction; a trigger sends
+//! `NOTIFY presenced_block, '<owner>'` for every change so other nodes drop their caches.
+//! Empty item lists change nothing here: XEP-0191 gives `<unblock/>` without items the
+//! meaning "unblock all", and the caller picks [`Store::unblock_all`] for that.
+
+use super::{Store, StoreError};
+
+/// The block-list entries that would match `jid`, in the order XEP-0016 §2.1 checks
+/// them: the full JID, the bare JID, domain/resource, the domain. An entry blocks `jid`
+/// exactly when it equals one of these strings.
+///
+/// So a domain entry blocks the domain and every user and resource on it, a bare entry
+/// blocks every resource of that user, and a full entry only that resource. A
+/// domain/resource entry matches that resource of any JID on the domain, following the
+/// order list of §2.1 literally (so `conference.example/nick` blocks that nickname in
+/// every room of the service). `jid` must be normalised (as stored); it is split at the
+/// first '/' (the resource may contain '@' and '/') and then at '@'.
+pub fn match_candidates(jid: &str) -> Vec<String> {
+    let (bare, resource) = match jid.split_once('/') {
+        Some((bare, resource)) => (bare, Some(resource)),
+        None => (jid, None),
+    };
+    let domain = match bare.split_once('@') {
+        Some((_, domain)) => domain,
+        None => bare,
+    };
+    let mut out: Vec<String> = Vec::with_capacity(4);
+    let mut push = |s: String| {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    };
+    push(jid.to_owned());
+    push(bare.to_owned());
+    if let Some(resource) = resource {
+        push(format!("{domain}/{resource}"));
+    }
+    push(domain.to_owned());
+    out
+}
+
+impl Store {
+    /// Adds `jids` to `owner`'s block list and returns those that were not on it yet
+    /// (sorted), which are the ones to announce in the XEP-0191 §3.3 block push.
+    /// A JID the schema refuses fails the whole call with [`StoreError::Constraint`];
+    /// an owner that is no account gives [`StoreError::NoSuchAccount`].
+    pub async fn block(&self, owner: &str, jids: &[String]) -> Result<Vec<String>, StoreError> {
+        if jids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut added: Vec<String> = sqlx::query_scalar(
+            "INSERT INTO blocklist (owner, blocked)
+             SELECT DISTINCT $1, b FROM unnest($2::text[]) AS b
+             ON CONFLICT (owner, blocked) DO NOTHING
+             RETURNING blocked",
+        )
+        .bind(owner)
+        .bind(jids)
+        .fetch_all(&self.pool)
+        .await?;
+        added.sort();
+        Ok(added)
+    }
+
+    /// Removes `jids` from `owner`'s block list and returns those that were on it
+    /// (sorted), for the XEP-0191 §3.4 unblock push.
+    pub async fn unblock(&self, owner: &str, jids: &[String]) -> Result<Vec<String>, StoreError> {
+        if jids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut removed: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM blocklist WHERE owner = $1 AND blocked = ANY($2::text[])
+             RETURNING blocked",
+        )
+        .bind(owner)
+        .bind(jids)
+        .fetch_all(&self.pool)
+        .await?;
+        removed.sort();
+        Ok(removed)
+    }
+
+    /// Empties `owner`'s block list (XEP-0191 §3.5, `<unblock/>` without items) and
+    /// returns what it held (sorted).
+    pub async fn unblock_all(&self, owner: &str) -> Result<Vec<String>, StoreError> {
+        let mut removed: Vec<String> =
+            sqlx::query_scalar("DELETE FROM blocklist WHERE owner = $1 RETURNING blocked")
+                .bind(owner)
+                .fetch_all(&self.pool)
+                .await?;
+        removed.sort();
+        Ok(removed)
+    }
+
+    /// `owner`'s block list, sorted (the XEP-0191 §3.2 answer, and what nodes cache).
+    pub async fn blocklist(&self, owner: &str) -> Result<Vec<String>, StoreError> {
+        let list =
+            sqlx::query_scalar("SELECT blocked FROM blocklist WHERE owner = $1 ORDER BY blocked")
+                .bind(owner)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(list)
+    }
+
+    /// Whether `owner` blocks `candidate` (a normalised full, bare or domain JID), by the
+    /// XEP-0016 §2.1 matching rules of [`match_candidates`]. Asked in both directions it
+    /// gives the two flags of `presence::privacy::Blocks`.
+    pub async fn is_blocked(&self, owner: &str, candidate: &str) -> Result<bool, StoreError> {
+        let forms = match_candidates(candidate);
+        let blocked: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM blocklist WHERE owner = $1 AND blocked = ANY($2::text[]))",
+        )
+        .bind(owner)
+        .bind(&forms)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(blocked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::match_candidates;
+
+    #[test]
+    fn candidates_follow_the_xep0016_order_for_every_jid_form() {
+        let cases: [(&str, &[&str]); 4] = [
+            (
+                "juliet@capulet.example/balcony",
+                &[
+                    "juliet@capulet.example/balcony",
+                    "juliet@capulet.example",
+                    "capulet.example/balcony",
+                    "capulet.example",
+                ],
+            ),
+            (
+                "juliet@capulet.example",
+                &["juliet@capulet.example", "capulet.example"],
+            ),
+            (
+                "capulet.example/admin",
+                &["capulet.example/admin", "capulet.example"],
+            ),
+            ("capulet.example", &["capulet.example"]),
+        ];
+        for (jid, want) in cases {
+            assert_eq!(match_candidates(jid), want.to_vec(), "{jid}");
+        }
+    }
+
+    #[test]
+    fn a_resource_containing_at_and_slash_stays_one_resource() {
+        assert_eq!(
+            match_candidates("romeo@montague.example/a@b/c"),
+            vec![
+                "romeo@montague.example/a@b/c",
+                "romeo@montague.example",
+                "montague.example/a@b/c",
+                "montague.example",
+            ]
+        );
+    }
+}

@@ -1,0 +1,699 @@
+//! Integration tests of last activity, block lists, privacy settings and the
+//! LISTEN/NOTIFY consumer against a real PostgreSQL (`DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`). Every test works on its own random domain,
+//! so tests run in parallel and leave other data alone; notifications from other tests
+//! are filtered out by owner.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use presenced::presence::privacy::{PrivacySettings, Visibility};
+use presenced::store::last_seen::LastSeen;
+use presenced::store::notify::{
+    self, parse_roster_notification, Notification, BLOCK_CHANNEL, PRIVACY_CHANNEL, ROSTER_CHANNEL,
+};
+use presenced::store::{Store, StoreError};
+use sqlx::Connection as _;
+use tokio::sync::mpsc::Receiver;
+
+/// SCRAM iterations for test accounts: credentials are not what these tests exercise, so
+/// the cheapest allowed count keeps account creation fast.
+const ITERATIONS: u32 = 1;
+
+/// How long a notification may take to arrive before the test fails. Generous, because
+/// the machine is shared; a passing test never waits for it.
+const WAIT: Duration = Duration::from_secs(15);
+
+fn url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// `url` with an application_name, so a test can find its own listener connection in
+/// pg_stat_activity.
+fn with_app_name(url: &str, name: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}application_name={name}")
+}
+
+async fn store() -> Store {
+    let store = Store::connect(&url(), 4)
+        .await
+        .expect("connect to PostgreSQL");
+    store
+        .migrate(&Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations"))
+        .await
+        .expect("migrations apply");
+    store
+}
+
+/// A domain no other test uses.
+fn domain() -> String {
+    format!("t{}.extra.test", uuid::Uuid::new_v4().simple())
+}
+
+/// Creates `user@d` and returns its bare JID.
+async fn account(store: &Store, user: &str, d: &str) -> String {
+    store
+        .create_account(user, d, "pw", ITERATIONS)
+        .await
+        .expect("create account");
+    format!("{user}@{d}")
+}
+
+/// A whole-second time (PostgreSQL keeps microseconds, chrono nanoseconds; whole
+/// seconds compare equal after the round trip).
+fn at(secs: i64) -> DateTime<Utc> {
+    Utc.timestamp_opt(1_800_000_000 + secs, 0)
+        .single()
+        .expect("valid timestamp")
+}
+
+fn seen(jid: &str, secs: i64, status: Option<&str>) -> LastSeen {
+    LastSeen {
+        jid: jid.to_owned(),
+        at: at(secs),
+        status: status.map(str::to_owned),
+    }
+}
+
+/// The transaction id that last wrote each row: rows written by one statement (run
+/// outside an explicit transaction) share it.
+async fn writer_xids(store: &Store, jids: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for jid in jids {
+        let xid: String = sqlx::query_scalar("SELECT xmin::text FROM last_activity WHERE jid = $1")
+            .bind(jid)
+            .fetch_one(store.pool())
+            .await
+            .expect("row exists");
+        out.push(xid);
+    }
+    out
+}
+
+#[tokio::test]
+async fn last_seen_batch_is_one_write_and_newer_wins() {
+    let store = store().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    let bob = account(&store, "bob", &d).await;
+    let carol = account(&store, "carol", &d).await;
+
+    // alice already has a newer time than the batch will bring.
+    assert_eq!(
+        store
+            .record_last_seen_batch(&[seen(&alice, 100, Some("gone"))])
+            .await
+            .unwrap(),
+        1
+    );
+    let alice_xid_before = writer_xids(&store, &[&alice]).await;
+
+    let batch = [
+        seen(&alice, 50, Some("stale")),
+        seen(&bob, 10, Some("first")),
+        // bob twice in one batch: the later entry wins, whatever the order.
+        seen(&bob, 20, Some("second")),
+        seen(&bob, 15, None),
+        seen(&carol, 30, None),
+    ];
+    let changed = store.record_last_seen_batch(&batch).await.unwrap();
+    assert_eq!(changed, 2, "bob and carol change, stale alice does not");
+
+    assert_eq!(
+        store.last_seen(&alice).await.unwrap(),
+        Some(seen(&alice, 100, Some("gone")))
+    );
+    assert_eq!(
+        store.last_seen(&bob).await.unwrap(),
+        Some(seen(&bob, 20, Some("second")))
+    );
+    assert_eq!(
+        store.last_seen(&carol).await.unwrap(),
+        Some(seen(&carol, 30, None))
+    );
+
+    // One statement: bob's and carol's rows were written by the same transaction, and
+    // alice's row was not rewritten by it.
+    let xids = writer_xids(&store, &[&bob, &carol, &alice]).await;
+    assert_eq!(xids[0], xids[1]);
+    assert_eq!(vec![xids[2].clone()], alice_xid_before);
+    assert_ne!(xids[0], xids[2]);
+
+    // A newer time moves the row forward and replaces the status, even with none.
+    assert_eq!(
+        store
+            .record_last_seen_batch(&[seen(&alice, 200, None)])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.last_seen(&alice).await.unwrap(),
+        Some(seen(&alice, 200, None))
+    );
+    // The same time again is not newer.
+    assert_eq!(
+        store
+            .record_last_seen_batch(&[seen(&alice, 200, Some("again"))])
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(store.record_last_seen_batch(&[]).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn last_seen_batch_skips_jids_that_are_not_accounts() {
+    let store = store().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    let ghost = format!("ghost@{d}");
+    let remote = format!("alice@{}", domain());
+
+    let changed = store
+        .record_last_seen_batch(&[
+            seen(&ghost, 1, None),
+            seen(&alice, 2, Some("bye")),
+            seen(&remote, 3, None),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(changed, 1);
+    assert_eq!(
+        store.last_seen(&alice).await.unwrap(),
+        Some(seen(&alice, 2, Some("bye")))
+    );
+    assert_eq!(store.last_seen(&ghost).await.unwrap(), None);
+    assert_eq!(store.last_seen(&remote).await.unwrap(), None);
+
+    // Deleting the account deletes its last activity.
+    assert!(store.delete_account("alice", &d).await.unwrap());
+    assert_eq!(store.last_seen(&alice).await.unwrap(), None);
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[tokio::test]
+async fn block_unblock_and_unblock_all_round_trip() {
+    let store = store().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+
+    assert_eq!(store.blocklist(&alice).await.unwrap(), Vec::<String>::new());
+    let added = store
+        .block(
+            &alice,
+            &strings(&["spam.example", "bob@b.example", "carol@c.example/laptop 2"]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        added,
+        strings(&["bob@b.example", "carol@c.example/laptop 2", "spam.example"])
+    );
+    // Only the new ones are reported (they are what the block push announces); a JID
+    // repeated within one request counts once.
+    let added = store
+        .block(
+            &alice,
+            &strings(&["bob@b.example", "dave@d.example", "dave@d.example"]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(added, strings(&["dave@d.example"]));
+    assert_eq!(
+        store.blocklist(&alice).await.unwrap(),
+        strings(&[
+            "bob@b.example",
+            "carol@c.example/laptop 2",
+            "dave@d.example",
+            "spam.example"
+        ])
+    );
+
+    let removed = store
+        .unblock(&alice, &strings(&["bob@b.example", "never@b.example"]))
+        .await
+        .unwrap();
+    assert_eq!(removed, strings(&["bob@b.example"]));
+    assert_eq!(
+        store.unblock(&alice, &[]).await.unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(store.blocklist(&alice).await.unwrap().len(), 3);
+
+    let removed = store.unblock_all(&alice).await.unwrap();
+    assert_eq!(
+        removed,
+        strings(&["carol@c.example/laptop 2", "dave@d.example", "spam.example"])
+    );
+    assert_eq!(store.blocklist(&alice).await.unwrap(), Vec::<String>::new());
+    assert_eq!(
+        store.unblock_all(&alice).await.unwrap(),
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test]
+async fn block_refuses_non_jids_and_unknown_owners() {
+    let store = store().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    for bad in [
+        "",
+        "a b@c.example",
+        "a@b@c.example",
+        "@c.example",
+        "c.example/",
+        " c.example",
+    ] {
+        let r = store.block(&alice, &strings(&["ok.example", bad])).await;
+        assert!(
+            matches!(r, Err(StoreError::Constraint(ref c)) if c == "blocklist_blocked_is_jid"),
+            "{bad:?}: {r:?}"
+        );
+    }
+    // A refused request changes nothing, not even its valid entries.
+    assert_eq!(store.blocklist(&alice).await.unwrap(), Vec::<String>::new());
+    assert!(matches!(
+        store
+            .block(&format!("ghost@{d}"), &strings(&["x.example"]))
+            .await,
+        Err(StoreError::NoSuchAccount)
+    ));
+}
+
+#[tokio::test]
+async fn blocking_matches_jids_by_xep0016_rules() {
+    let store = store().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    let other = account(&store, "other", &d).await;
+    store
+        .block(
+            &alice,
+            &strings(&[
+                "evil.example",
+                "bob@b.example",
+                "carol@c.example/phone",
+                "c.example/bot",
+            ]),
+        )
+        .await
+        .unwrap();
+
+    let cases = [
+        // A domain entry: the domain, its users, their resources, domain resources.
+        ("evil.example", true),
+        ("evil.example/r", true),
+        ("mallory@evil.example", true),
+        ("mallory@evil.example/x", true),
+        ("sub.evil.example", false),
+        ("mallory@sub.evil.example", false),
+        // A bare entry: every resource of that user, nobody else on the domain.
+        ("bob@b.example", true),
+        ("bob@b.example/any", true),
+        ("eve@b.example/any", false),
+        ("b.example", false),
+        // A full entry: that resource only.
+        ("carol@c.example/phone", true),
+        ("carol@c.example/laptop", false),
+        ("carol@c.example", false),
+        // A domain/resource entry: that resource at the domain.
+        ("c.example/bot", true),
+        ("dave@c.example/bot", true),
+        ("c.example", false),
+        ("c.example/human", false),
+    ];
+    for (jid, want) in cases {
+        assert_eq!(store.is_blocked(&alice, jid).await.unwrap(), want, "{jid}");
+        // Block lists are per owner.
+        assert!(!store.is_blocked(&other, jid).await.unwrap(), "{jid}");
+    }
+}
+
+#[tokio::test]
+async fn privacy_settings_round_trip_and_default_to_subscribers() {
+    let store = store().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+
+    assert_eq!(
+        store.privacy_settings(&alice).await.unwrap(),
+        PrivacySettings::default()
+    );
+    let except: BTreeSet<_> = ["bob@b.example", "c.example"]
+        .iter()
+        .map(|j| presenced::jid::BareJid::new(j).unwrap())
+        .collect();
+    let settings = PrivacySettings {
+        online: Visibility::ContactsExcept(except),
+        last_seen: Visibility::Nobody,
+    };
+    store.set_privacy_settings(&alice, &settings).await.unwrap();
+    assert_eq!(store.privacy_settings(&alice).await.unwrap(), settings);
+
+    let swapped = PrivacySettings {
+        online: Visibility::Nobody,
+        last_seen: Visibility::ContactsExcept(BTreeSet::new()),
+    };
+    store.set_privacy_settings(&alice, &swapped).await.unwrap();
+    assert_eq!(store.privacy_settings(&alice).await.unwrap(), swapped);
+
+    store
+        .set_privacy_settings(&alice, &PrivacySettings::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.privacy_settings(&alice).await.unwrap(),
+        PrivacySettings::default()
+    );
+
+    assert!(matches!(
+        store
+            .set_privacy_settings(&format!("ghost@{d}"), &settings)
+            .await,
+        Err(StoreError::NoSuchAccount)
+    ));
+}
+
+#[tokio::test]
+async fn schema_refuses_privacy_rows_with_two_readings() {
+    let store = store().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    let cases = [
+        (
+            "nobody",
+            "{bob@b.example}",
+            "privacy_online_except_only_with_mode",
+        ),
+        ("everyone", "{}", "privacy_online_valid"),
+        (
+            "contacts_except",
+            "{bob@b.example/res}",
+            "privacy_online_except_valid",
+        ),
+        (
+            "contacts_except",
+            "{bob@b.example,bob@b.example}",
+            "privacy_online_except_valid",
+        ),
+    ];
+    for (mode, except, constraint) in cases {
+        let r = sqlx::query(
+            "INSERT INTO privacy_settings (owner, online, online_except) VALUES ($1, $2, $3::text[])",
+        )
+        .bind(&alice)
+        .bind(mode)
+        .bind(except)
+        .execute(store.pool())
+        .await
+        .map_err(StoreError::from);
+        assert!(
+            matches!(r, Err(StoreError::Constraint(ref c)) if c == constraint),
+            "{mode} {except}: {r:?}"
+        );
+    }
+}
+
+/// Next notification on `channel` whose payload satisfies `want`; others (other tests,
+/// other channels) are skipped. Panics after [`WAIT`].
+async fn next_matching(
+    rx: &mut Receiver<Notification>,
+    channel: &str,
+    want: impl Fn(&str) -> bool,
+) -> Notification {
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            let n = rx.recv().await.expect("listener task alive");
+            if n.channel == channel && want(&n.payload) {
+                return n;
+            }
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("no notification on {channel} within {WAIT:?}"))
+}
+
+#[tokio::test]
+async fn roster_change_made_in_sql_reaches_the_listener_with_its_owner_and_version() {
+    let store = store().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    let bob = account(&store, "bob", &d).await;
+    let mut rx = notify::listen(&url(), &[ROSTER_CHANNEL]).await.unwrap();
+
+    // What an operator would run in a migration.
+    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
+        .bind(&alice)
+        .bind(&bob)
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    for owner in [&alice, &bob] {
+        let (version, _) = store.roster(owner).await.unwrap();
+        // The notification carrying the owner's current version arrives.
+        let n = next_matching(&mut rx, ROSTER_CHANNEL, |p| {
+            parse_roster_notification(p) == Some((version, owner.clone()))
+        })
+        .await;
+        assert!(!n.is_resync());
+    }
+}
+
+#[tokio::test]
+async fn block_and_privacy_changes_notify_their_owner() {
+    let store = store().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    let mut rx = notify::listen(&url(), &[BLOCK_CHANNEL, PRIVACY_CHANNEL])
+        .await
+        .unwrap();
+
+    store.block(&alice, &strings(&["x.example"])).await.unwrap();
+    next_matching(&mut rx, BLOCK_CHANNEL, |p| p == alice).await;
+    store.unblock_all(&alice).await.unwrap();
+    next_matching(&mut rx, BLOCK_CHANNEL, |p| p == alice).await;
+    store
+        .set_privacy_settings(
+            &alice,
+            &PrivacySettings {
+                online: Visibility::Nobody,
+                last_seen: Visibility::Subscribers,
+            },
+        )
+        .await
+        .unwrap();
+    next_matching(&mut rx, PRIVACY_CHANNEL, |p| p == alice).await;
+}
+
+/// Backend pids of connections named `name`.
+async fn backends(store: &Store, name: &str) -> Vec<i32> {
+    sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
+        .bind(name)
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+}
+
+/// Polls until `backends(name)` satisfies `done`, failing after [`WAIT`].
+async fn wait_for_backends(store: &Store, name: &str, done: impl Fn(&[i32]) -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if done(&backends(store, name).await) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "connections named {name} never reached the expected state"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn listener_survives_a_killed_connection_and_says_to_resync() {
+    let store = store().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    let bob = account(&store, "bob", &d).await;
+    let name = format!("presenced-test-{}", uuid::Uuid::new_v4().simple());
+    let mut rx = notify::listen(&with_app_name(&url(), &name), &[ROSTER_CHANNEL])
+        .await
+        .unwrap();
+
+    let pids = backends(&store, &name).await;
+    assert_eq!(pids.len(), 1, "one listener connection");
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pids[0])
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(killed);
+
+    let marker = tokio::time::timeout(WAIT, async {
+        loop {
+            let n = rx.recv().await.expect("listener task alive");
+            if n.is_resync() {
+                return n;
+            }
+        }
+    })
+    .await
+    .expect("resync marker after the connection was killed");
+    assert!(marker.is_resync());
+    let now = backends(&store, &name).await;
+    assert_eq!(now.len(), 1, "reconnected with one connection");
+    assert_ne!(now[0], pids[0]);
+
+    // LISTEN is in place again when the marker arrives: a change made now is delivered.
+    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
+        .bind(&alice)
+        .bind(&bob)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let (version, _) = store.roster(&alice).await.unwrap();
+    next_matching(&mut rx, ROSTER_CHANNEL, |p| {
+        parse_roster_notification(p) == Some((version, alice.clone()))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn dropping_the_receiver_closes_the_listener_connection() {
+    let store = store().await;
+    let name = format!("presenced-test-{}", uuid::Uuid::new_v4().simple());
+    let rx = notify::listen(&with_app_name(&url(), &name), &[ROSTER_CHANNEL])
+        .await
+        .unwrap();
+    assert_eq!(backends(&store, &name).await.len(), 1);
+    drop(rx);
+    wait_for_backends(&store, &name, |pids| pids.is_empty()).await;
+}
+
+/// Log lines the code under test writes, for waiting on an event that has no other
+/// outside sign (a failed reconnect attempt).
+#[derive(Clone, Default)]
+struct CapturedLog(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| std::io::Error::other("log lock poisoned"))?
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLog {
+    fn contains(&self, needle: &str) -> bool {
+        let bytes = self.0.lock().expect("log lock").clone();
+        String::from_utf8_lossy(&bytes).contains(needle)
+    }
+}
+
+/// `url()` pointing at database `db` instead.
+fn url_for_db(db: &str) -> String {
+    let u = url();
+    let (base, query) = match u.split_once('?') {
+        Some((b, q)) => (b.to_owned(), format!("?{q}")),
+        None => (u.clone(), String::new()),
+    };
+    let (server, _) = base.rsplit_once('/').expect("DATABASE_URL has a database");
+    format!("{server}/{db}{query}")
+}
+
+#[tokio::test]
+async fn listener_retries_failed_reconnects_until_the_database_is_back() {
+    // The default tokio test runtime runs the listener task on this thread, so a
+    // thread-local subscriber sees its log lines.
+    let log = CapturedLog::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    // A database of its own, because the test refuses all connections to it for a while.
+    let store = store().await;
+    let db = format!("presenced_listen_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let name = format!("presenced-test-{}", uuid::Uuid::new_v4().simple());
+    let options = notify::ListenOptions {
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(100),
+        ..notify::ListenOptions::default()
+    };
+    let mut rx = notify::listen_with(
+        &with_app_name(&url_for_db(&db), &name),
+        &[ROSTER_CHANNEL],
+        options,
+    )
+    .await
+    .unwrap();
+
+    sqlx::query(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&name)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !log.contains("LISTEN reconnect failed") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no failed reconnect attempt logged"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sqlx::query(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    let marker = tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("resync marker once the database accepts connections again")
+        .expect("listener task alive");
+    assert!(marker.is_resync(), "{marker:?}");
+    let mut conn = sqlx::PgConnection::connect(&url_for_db(&db)).await.unwrap();
+    sqlx::query("SELECT pg_notify($1, '7 zed@z.example')")
+        .bind(ROSTER_CHANNEL)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let n = next_matching(&mut rx, ROSTER_CHANNEL, |_| true).await;
+    assert_eq!(
+        parse_roster_notification(&n.payload),
+        Some((7, "zed@z.example".to_owned()))
+    );
+
+    drop(rx);
+    drop(conn);
+    sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
