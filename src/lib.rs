@@ -19,6 +19,7 @@ pub mod jid;
 pub mod presence;
 pub mod roster;
 pub mod router;
+pub mod s2s;
 pub mod sasl;
 pub mod server;
 pub mod sessions;

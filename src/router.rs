@@ -52,6 +52,14 @@ pub fn classify(shared: &crate::server::Shared, to: Option<&str>) -> Result<Targ
     }
 }
 
+/// Hands a stanza for another domain to federation; bounces it if that fails.
+pub fn remote(session: &Session, el: Element) {
+    let copy = el.clone();
+    if let Err(e) = crate::s2s::route_remote(&session.shared, el) {
+        bounce(session, &copy, e);
+    }
+}
+
 fn bounce(session: &Session, el: &Element, err: StanzaError) {
     if let Some(reply) = err.reply_to(el) {
         session.deliver(reply);
@@ -92,7 +100,7 @@ pub async fn account_exists(session: &Session, bare: &BareJid) -> bool {
 async fn message(session: &mut Session, el: Element, target: Target) {
     let kind = el.get_attr("type").unwrap_or("normal").to_owned();
     match target {
-        Target::Remote(_) => bounce(session, &el, StanzaError::remote_server_not_found()),
+        Target::Remote(_) => remote(session, el),
         Target::LocalDomain(_) => {
             // Messages to the server itself have no handler; RFC 6120 §10.3.1 lets us drop
             // them, but an error tells the client why nothing happened.
@@ -168,7 +176,7 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
         return bounce(session, &el, StanzaError::bad_request());
     }
     match target {
-        Target::Remote(_) => bounce(session, &el, StanzaError::remote_server_not_found()),
+        Target::Remote(_) => remote(session, el),
         Target::LocalFull(full) => match session.shared.sessions.get(&full) {
             Some(s) => {
                 s.send(el);

@@ -72,12 +72,18 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
     match ty.as_deref() {
         None | Some("unavailable") => {
             let available = ty.is_none();
+            let is_available = available;
             match target {
                 Target::OwnAccount => broadcast(session, el, available).await,
                 Target::LocalBare(b) if b == own_bare => broadcast(session, el, available).await,
                 Target::LocalDomain(_) => {}
-                Target::Remote(_) => {
-                    // Federation is not wired yet: nothing to deliver to, nothing to track.
+                Target::Remote(j) => {
+                    if is_available {
+                        session.presence.directed.insert(j.to_string());
+                    } else {
+                        session.presence.directed.remove(j.as_str());
+                    }
+                    let _ = crate::s2s::route_remote(&session.shared, el);
                 }
                 Target::LocalBare(_) | Target::LocalFull(_) => {
                     directed(session, el, available).await
@@ -93,9 +99,8 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
                 // RFC 6121 §3.1.2: subscriptions are between bare JIDs.
                 Target::LocalFull(f) => f.to_bare(),
                 Target::Remote(_) => {
-                    if let Some(r) = StanzaError::remote_server_not_found().reply_to(&el) {
-                        session.deliver(r);
-                    }
+                    // Remote subscriptions are handled by federation (s2s).
+                    crate::router::remote(session, el);
                     return;
                 }
                 Target::OwnAccount | Target::LocalDomain(_) => return,
@@ -160,6 +165,10 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     // Contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 / §4.5.2).
     for item in roster.iter().filter(|i| i.subscription.has_from()) {
         if !shared.config.serves(domain_of(&item.contact)) {
+            // One stanza per remote contact; s2s sends them over that domain's one stream.
+            let mut p = el.clone();
+            p.set_attr("to", item.contact.clone());
+            let _ = crate::s2s::route_remote(&shared, p);
             continue;
         }
         let mut p = el.clone();
@@ -180,7 +189,11 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         for to in std::mem::take(&mut session.presence.directed) {
             let mut p = el.clone();
             p.set_attr("to", to.clone());
-            deliver_directed(&shared, &to, p);
+            if shared.config.serves(domain_of(bare_of(&to))) {
+                deliver_directed(&shared, &to, p);
+            } else {
+                let _ = crate::s2s::route_remote(&shared, p);
+            }
         }
         return;
     }
@@ -191,6 +204,10 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     for item in roster.iter().filter(|i| i.subscription.has_to()) {
         if shared.config.serves(domain_of(&item.contact)) {
             answer_probe(&shared, &me, &item.contact).await;
+        } else {
+            // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
+            let probe = presence(Some("probe"), bare.as_str(), &item.contact);
+            let _ = crate::s2s::route_remote(&shared, probe);
         }
     }
     // The new resource learns the presence of the user's other resources.
@@ -219,6 +236,10 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         }
         Err(e) => tracing::warn!(user = %bare, error = %e, "pending subscriptions unavailable"),
     }
+}
+
+fn bare_of(jid: &str) -> &str {
+    jid.split_once('/').map(|(b, _)| b).unwrap_or(jid)
 }
 
 fn domain_of(bare: &str) -> &str {

@@ -258,7 +258,9 @@ impl Client {
 
     /// A direct TLS (XEP-0368) connection with the stream opened.
     pub async fn direct_tls(server: &TestServer) -> Client {
-        let tcp = TcpStream::connect(server.direct_addr).await.expect("connect");
+        let tcp = TcpStream::connect(server.direct_addr)
+            .await
+            .expect("connect");
         let connector = tokio_rustls::TlsConnector::from(tls_client(&server.cert));
         let name = ServerName::try_from(server.domain.clone()).unwrap();
         let tls = connector.connect(name, tcp).await.expect("TLS handshake");
@@ -330,7 +332,9 @@ impl Client {
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match self.next_event(left).await? {
-                StreamEvent::Stanza(el) if el.name == "error" && el.ns == presenced::xml::NS_STREAM => {
+                StreamEvent::Stanza(el)
+                    if el.name == "error" && el.ns == presenced::xml::NS_STREAM =>
+                {
                     return Err(Ended::StreamError(condition(&el)))
                 }
                 StreamEvent::Stanza(el) => return Ok(el),
@@ -347,7 +351,11 @@ impl Client {
             Err(e) => panic!(
                 "{}: expected stanza not received ({e:?}); backlog: {}",
                 self.jid,
-                self.backlog.iter().map(|e| e.to_xml()).collect::<Vec<_>>().join("\n")
+                self.backlog
+                    .iter()
+                    .map(|e| e.to_xml())
+                    .collect::<Vec<_>>()
+                    .join("\n")
             ),
         }
     }
