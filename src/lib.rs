@@ -18,6 +18,7 @@ pub mod error;
 pub mod jid;
 pub mod presence;
 pub mod roster;
+pub mod roster_sync;
 pub mod router;
 pub mod s2s;
 pub mod sasl;

@@ -86,6 +86,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         shutdown: CancellationToken::new(),
     });
     let tracker = TaskTracker::new();
+    tracker.spawn(crate::roster_sync::run(shared.clone()));
     let limits = Arc::new(Limits::new(&shared.config));
     let bind = shared.config.c2s.bind;
     let mut c2s_addr = None;
