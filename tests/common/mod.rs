@@ -366,7 +366,7 @@ impl Client {
         pred: &impl Fn(&Element) -> bool,
         wait: Duration,
     ) -> Result<Element, Ended> {
-        if let Some(i) = self.backlog.iter().position(|e| pred(e)) {
+        if let Some(i) = self.backlog.iter().position(pred) {
             return Ok(self.backlog.remove(i));
         }
         let deadline = tokio::time::Instant::now() + wait;
