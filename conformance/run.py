@@ -421,6 +421,7 @@ STEP_RES = [
     ("connect", re.compile(r"^connect (?P<who>\S+)$")),
     ("login", re.compile(r"^login (?P<who>\S+)$")),
     ("requests_roster", re.compile(r"^(?P<who>\S+) requests roster$")),
+    ("syncs", re.compile(r"^(?P<who>\S+) syncs$")),
     ("sends", re.compile(r"^(?P<who>\S+) sends (?P<xml><.*>)$", re.S)),
     ("disconnects", re.compile(r"^(?P<who>\S+) disconnects$")),
     ("drops", re.compile(r"^(?P<who>\S+) drops$")),
@@ -555,6 +556,16 @@ class Scenario:
         await self.do_connect(who)
         await self.do_requests_roster(who)
         self.clients[who].send_raw("<presence/>")
+        await self.do_syncs(who)
+
+    async def do_syncs(self, who: str) -> None:
+        """Barrier: an iq round trip, so the server has processed everything this resource sent.
+
+        RFC 6120 §10.1 makes a server process one stream's stanzas in order; once the reply to a
+        later request is back, earlier presence (e.g. initial presence) has taken effect.
+        """
+        for c in self.targets(who):
+            await roster_get(c, self.opts.timeout)
 
     async def do_requests_roster(self, who: str) -> None:
         """Roster get; the resource becomes "interested" and receives roster pushes (RFC 6121 §2.1.6)."""
