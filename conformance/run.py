@@ -614,10 +614,12 @@ class Scenario:
             if item is None:
                 raise StepFailed(f"{c.label}: roster has no item for {self.expand(jid)}; roster={items}")
             for k, v in want.items():
-                got = item.get(k) if k != "subscription" else (item.get(k) or "none")
-                if (v == "none" and k != "subscription" and got is not None) or (
-                    not (v == "none" and k != "subscription") and got != v
-                ):
+                got = item.get(k)
+                if k == "subscription":
+                    got = got or "none"  # RFC 6121 §2.1.2.5: absent means "none"
+                elif v == "none":
+                    got = got or "none"  # ask=none / approved=none: attribute absent
+                if got != v:
                     raise StepFailed(f"{c.label}: roster item {self.expand(jid)} has {k}={got}, want {v}")
 
     async def do_roster_lacks(self, who: str, jid: str) -> None:
