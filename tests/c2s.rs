@@ -303,6 +303,44 @@ async fn before_tls_only_required_starttls_is_offered_and_auth_gets_encryption_r
     ts.stop().await;
 }
 
+#[tokio::test]
+async fn stanza_before_authentication_gets_not_authorized() {
+    let ts = TestServer::start(|_| {}).await;
+    let mut c = Client::tcp(&ts).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(&ts).await;
+    c.send(&chat(&ts.jid("someone"), "let me in")).await;
+    // RFC 6120 §4.9.3.12: stanzas before the stream is authenticated.
+    assert_stream_error(c.expect_stream_end().await, "not-authorized");
+    assert_still_serving(&ts).await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn whitespace_keepalive_is_ignored_and_closing_tag_is_answered_with_ours() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    let mut c = ts.login("alice", "r").await;
+    // RFC 6120 §4.6.1: whitespace between stanzas keeps the stream alive and means nothing.
+    c.send_raw(" \n \t ").await;
+    let pong = c
+        .iq("get", Some(&ts.domain), Element::new("ping", x::NS_PING))
+        .await;
+    assert_eq!(pong.get_attr("type"), Some("result"), "{pong}");
+    // RFC 3921 §3 legacy session establishment still answers result for old clients.
+    let session = c
+        .iq("set", None, Element::new("session", x::NS_SESSION))
+        .await;
+    assert_eq!(session.get_attr("type"), Some("result"), "{session}");
+    // RFC 6120 §4.4: our closing tag is answered with the server's, without an error.
+    c.send_raw("</stream:stream>").await;
+    assert!(
+        c.got_closing_tag().await,
+        "no </stream:stream> from the server"
+    );
+    ts.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Resource binding (RFC 6120 §7).
 
@@ -1093,6 +1131,8 @@ async fn stream_to_an_unserved_domain_gets_host_unknown() {
 #[tokio::test]
 async fn slow_negotiation_gets_connection_timeout_within_the_configured_time() {
     let ts = TestServer::start(|c| c.limits.negotiation_timeout = 1).await;
+    ts.user("steady").await;
+    let mut steady = ts.login("steady", "r").await;
     let started = Instant::now();
     let mut c = Client::tcp(&ts).await;
     c.open(&ts.domain).await.expect("stream");
@@ -1105,6 +1145,11 @@ async fn slow_negotiation_gets_connection_timeout_within_the_configured_time() {
         took >= Duration::from_secs(1) && took < Duration::from_secs(3),
         "timeout after {took:?}, configured 1 s"
     );
+    // The bound only covers negotiation: a session bound before it is still served.
+    let pong = steady
+        .iq("get", Some(&ts.domain), Element::new("ping", x::NS_PING))
+        .await;
+    assert_eq!(pong.get_attr("type"), Some("result"), "{pong}");
     assert_still_serving(&ts).await;
     ts.stop().await;
 }

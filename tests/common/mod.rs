@@ -572,6 +572,24 @@ impl Client {
         }
     }
 
+    /// Reads until the stream ends; `true` only when the server sent `</stream:stream>`
+    /// (a clean close, RFC 6120 §4.4), `false` on a stream error, EOF or timeout.
+    pub async fn got_closing_tag(&mut self) -> bool {
+        loop {
+            match self.next_event(WAIT).await {
+                Ok(StreamEvent::Close) => return true,
+                Ok(StreamEvent::Stanza(el))
+                    if el.name == "error" && el.ns == presenced::xml::NS_STREAM =>
+                {
+                    return false
+                }
+                Ok(StreamEvent::Stanza(el)) => self.backlog.push(el),
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
     /// Forgets the parser state after SASL success, as RFC 6120 §6.4.6 requires before the
     /// client sends the new stream header.
     pub fn restart_stream(&mut self) {
