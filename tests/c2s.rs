@@ -1076,6 +1076,76 @@ async fn oversize_stanza_gets_policy_violation() {
 }
 
 #[tokio::test]
+async fn oversize_data_before_authentication_gets_policy_violation() {
+    let ts = TestServer::start(|c| c.limits.max_stanza_size = 10_000).await;
+    let mut c = Client::tcp(&ts).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(&ts).await;
+    let big = format!(
+        "<auth xmlns='urn:ietf:params:xml:ns:xmpp-sasl' mechanism='PLAIN'>{}</auth>",
+        "A".repeat(20_000)
+    );
+    c.send_raw(&big).await;
+    // The size bound holds before authentication too (RFC 6120 §4.9.3.14).
+    assert_stream_error(c.expect_stream_end().await, "policy-violation");
+    assert_still_serving(&ts).await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn nesting_deeper_than_max_depth_gets_policy_violation() {
+    let ts = TestServer::start(|c| c.limits.max_depth = 16).await;
+    let deep = format!(
+        "<message to='{}'>{}{}</message>",
+        ts.jid("x"),
+        "<x xmlns='urn:example:deep'>".repeat(40),
+        "</x>".repeat(40)
+    );
+    let end = bound_client_sends(&ts, &deep).await;
+    // RFC 6120 §4.9.3.14: a configured limit on the stanza's structure.
+    assert_stream_error(end, "policy-violation");
+    assert_still_serving(&ts).await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn entity_reference_beyond_the_predefined_five_gets_restricted_xml() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    let mut alice = ts.login("alice", "a").await;
+    let mut bob = ts.login("bob", "b").await;
+    // The five predefined entities and character references are ordinary XML.
+    alice
+        .send_raw(&format!(
+            "<message to='{}'><body>&lt;&amp;&gt;&quot;&apos;&#65;</body></message>",
+            bob.jid
+        ))
+        .await;
+    assert_eq!(body(&bob.expect(is_message).await), "<&>\"'A");
+    alice
+        .send_raw(&format!(
+            "<message to='{}'><body>&boom;</body></message>",
+            bob.jid
+        ))
+        .await;
+    // RFC 6120 §4.9.3.18 lists "XML entity reference" among the restricted features.
+    assert_stream_error(alice.expect_stream_end().await, "restricted-xml");
+    assert_still_serving(&ts).await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn dtd_inside_a_bound_stream_gets_restricted_xml() {
+    let ts = TestServer::start(|_| {}).await;
+    let end = bound_client_sends(&ts, "<!DOCTYPE x [<!ENTITY a 'b'>]>").await;
+    // RFC 6120 §11.1: no DTD anywhere in the stream.
+    assert_stream_error(end, "restricted-xml");
+    assert_still_serving(&ts).await;
+    ts.stop().await;
+}
+
+#[tokio::test]
 async fn wrong_stream_namespace_gets_invalid_namespace() {
     let ts = TestServer::start(|_| {}).await;
     let bytes = format!(
