@@ -978,6 +978,44 @@ async fn disco_items_on_an_account_lists_nothing_even_with_resources_online() {
     ts.stop().await;
 }
 
+#[tokio::test]
+async fn addresses_are_compared_after_rfc_7622_normalisation() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    // RFC 7622 §3.2: domainparts are case-insensitive, so the stream header may shout.
+    let mut c = Client::tcp(&ts).await;
+    c.open(&ts.domain.to_uppercase())
+        .await
+        .expect("upper-case domain in the stream header is the same domain");
+    drop(c);
+    let mut alice = ts.login("alice", "a").await;
+    let mut bob = ts.login("bob", "b").await;
+    go_online(&mut bob, 0).await;
+    // RFC 7622 §3.3: localparts are case-mapped too.
+    alice
+        .send(&chat(
+            &format!("BoB@{}", ts.domain.to_uppercase()),
+            "normalised",
+        ))
+        .await;
+    assert_eq!(body(&bob.expect(is_message).await), "normalised");
+    // One roster item per contact, however it is spelled.
+    roster_get(&mut alice, None).await;
+    roster_set(&mut alice, vec![item(&ts.jid("BOB"))]).await;
+    roster_set(&mut alice, vec![item(&ts.jid("bob")).attr("name", "Bob")]).await;
+    let r = roster_get(&mut alice, None).await;
+    let items: Vec<&Element> = r
+        .get_child("query", NS_ROSTER)
+        .unwrap()
+        .elements()
+        .collect();
+    assert_eq!(items.len(), 1, "{r}");
+    assert_eq!(items[0].get_attr("jid"), Some(ts.jid("bob").as_str()));
+    assert_eq!(items[0].get_attr("name"), Some("Bob"));
+    ts.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Bad input (RFC 6120 §4.9.3, §11): the exact stream error, and nobody else suffers.
 
