@@ -182,11 +182,15 @@ async fn slixmpp_logs_in_over_direct_tls_on_the_xep_0368_port() {
 }
 
 #[tokio::test]
-async fn slixmpp_with_wrong_password_gets_not_authorized() {
+async fn slixmpp_with_wrong_password_or_unknown_user_gets_not_authorized() {
     let ts = TestServer::start(|_| {}).await;
     ts.add_user("alice", "right").await;
     let out = slixmpp_login(&ts, "alice", "wrong", "SCRAM-SHA-256", false).await;
     assert_eq!(out.code, Some(1), "{out:?}");
+    assert_eq!(out.get("error").as_deref(), Some("failed_auth"), "{out:?}");
+    assert_eq!(out.get("condition").as_deref(), Some("not-authorized"));
+    // An unknown account fails the same way (RFC 6120 §6.5.10), revealing nothing more.
+    let out = slixmpp_login(&ts, "nobody", "right", "SCRAM-SHA-256", false).await;
     assert_eq!(out.get("error").as_deref(), Some("failed_auth"), "{out:?}");
     assert_eq!(out.get("condition").as_deref(), Some("not-authorized"));
     ts.stop().await;
@@ -882,6 +886,64 @@ async fn iq_to_unknown_namespace_or_offline_full_jid_is_service_unavailable() {
     let offline = format!("{}/nowhere", ts.jid("bob"));
     let r = alice.iq("get", Some(&offline), ping()).await;
     assert_error(&r, "service-unavailable", "cancel", "offline full JID");
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_addresses_and_malformed_iqs_get_stanza_errors_not_stream_errors() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    let mut alice = ts.login("alice", "a").await;
+    let d = ts.domain.clone();
+    let cases = [
+        // RFC 6120 §8.3.3.8: a 'to' that is not a JID.
+        (
+            "message to a malformed JID",
+            "message",
+            "<message id='m1' to='@bad@jid' type='chat'><body>x</body></message>".to_owned(),
+            "m1",
+            "jid-malformed",
+            "modify",
+        ),
+        // RFC 6120 §8.2.3: a get/set carries exactly one payload.
+        (
+            "iq get with two payloads",
+            "iq",
+            format!(
+                "<iq id='i1' type='get' to='{d}'><ping xmlns='urn:xmpp:ping'/>\
+                 <query xmlns='http://jabber.org/protocol/disco#info'/></iq>"
+            ),
+            "i1",
+            "bad-request",
+            "modify",
+        ),
+        // RFC 6120 §8.2.3: the type must be get, set, result or error.
+        (
+            "iq of unknown type",
+            "iq",
+            format!("<iq id='i2' type='fetch' to='{d}'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            "i2",
+            "bad-request",
+            "modify",
+        ),
+    ];
+    for (what, kind, raw, id, cond, ty) in cases {
+        alice.send_raw(&raw).await;
+        let reply = alice
+            .expect(|e| e.name == kind && e.get_attr("id") == Some(id))
+            .await;
+        assert_error(&reply, cond, ty, what);
+    }
+    // RFC 6120 §8.3.1: an error is never answered with an error, even when undeliverable.
+    alice
+        .send_raw(&format!(
+            "<message id='e1' type='error' to='{}'><error type='cancel'>\
+             <item-not-found xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error></message>",
+            ts.jid("nobody")
+        ))
+        .await;
+    let before = stanzas_until_ping_reply(&mut alice, &ts.domain).await;
+    assert!(before.is_empty(), "an error was answered: {before:?}");
     ts.stop().await;
 }
 
