@@ -731,6 +731,61 @@ async fn roster_get_with_versions_returns_only_the_changes() {
     ts.stop().await;
 }
 
+#[tokio::test]
+async fn versioned_roster_get_agrees_with_the_full_roster_about_pending_requests() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    let mut alice = ts.login("alice", "a").await;
+    let mut bob = ts.login("bob", "b").await;
+    roster_set(&mut alice, vec![item(&ts.jid("carol"))]).await;
+    let full = roster_get(&mut alice, None).await;
+    let ver = full
+        .get_child("query", NS_ROSTER)
+        .and_then(|q| q.get_attr("ver"))
+        .unwrap()
+        .to_owned();
+    // Bob asks to subscribe; alice is offline for presence (never sent any), so the
+    // request is kept for later (RFC 6121 §3.1.3) and is not a roster item of hers.
+    bob.presence(Some("subscribe"), Some(&ts.jid("alice")))
+        .await;
+    let _ = stanzas_until_ping_reply(&mut bob, &ts.domain).await;
+    let full = roster_get(&mut alice, None).await;
+    let listed: Vec<String> = full
+        .get_child("query", NS_ROSTER)
+        .unwrap()
+        .elements()
+        .filter_map(|i| i.get_attr("jid").map(str::to_owned))
+        .collect();
+    let _ = stanzas_until_ping_reply(&mut alice, &ts.domain).await;
+    // Whatever the full roster shows, the diff from an older version must show the same.
+    let r = roster_get(&mut alice, Some(&ver)).await;
+    let mut pushed = Vec::new();
+    if let Some(q) = r.get_child("query", NS_ROSTER) {
+        pushed.extend(
+            q.elements()
+                .filter_map(|i| i.get_attr("jid").map(str::to_owned)),
+        );
+    }
+    for p in stanzas_until_ping_reply(&mut alice, &ts.domain).await {
+        if is_roster_push(&p) {
+            pushed.push(
+                pushed_item(&p)
+                    .get_attr("jid")
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+        }
+    }
+    for j in &pushed {
+        assert!(
+            listed.contains(j),
+            "versioned get pushed {j}, full roster lists {listed:?}"
+        );
+    }
+    ts.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Routing (RFC 6120 §10, RFC 6121 §8) and server iq handlers.
 
