@@ -203,7 +203,15 @@ impl Conn {
                 "the stream element must be in http://etherx.jabber.org/streams",
             )));
         }
-        let to = header.get_attr("to").map(str::to_owned);
+        // RFC 7622 §3.2: the domain is compared after normalisation (case-folded), so
+        // 'to' is prepared like any JID before it is looked up.
+        let to = header.get_attr("to").map(|t| {
+            crate::jid::BareJid::new(t)
+                .ok()
+                .filter(|j| j.node().is_none())
+                .map(|j| j.domain().as_str().to_owned())
+                .unwrap_or_else(|| t.to_owned())
+        });
         match (&to, &self.domain) {
             (Some(to), _) if !self.shared.config.serves(to) => {
                 // RFC 6120 §4.9.3.6.

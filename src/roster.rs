@@ -178,10 +178,12 @@ async fn set(
         remove(session, &owner, contact.as_str()).await?;
         return Ok(Some(iq_result(iq)));
     }
-    // RFC 6121 §2.1.2.5 and §2.3.3: clients do not set subscription state or ask.
-    if subscription.is_some() || item.get_attr("ask").is_some() {
+    // RFC 6121 §2.1.2.5: in a roster set the server MUST ignore every 'subscription' value
+    // other than "remove" (stock clients such as slixmpp send subscription='none'), so any
+    // other value leaves the stored state as it is. §2.1.2.2: a client MUST NOT send 'ask'.
+    if item.get_attr("ask").is_some() {
         return Err(StanzaError::bad_request()
-            .with_text("subscription and ask are managed by the server (RFC 6121 §2.1.2)"));
+            .with_text("'ask' is managed by the server (RFC 6121 §2.1.2.2)"));
     }
     let name = item.get_attr("name").map(str::to_owned);
     if name.as_ref().is_some_and(|n| n.len() > MAX_NAME_LEN) {
