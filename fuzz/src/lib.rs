@@ -179,15 +179,25 @@ pub mod known {
         }
         // BUG-3: prefixed attributes keep a prefix that the serialiser never declares.
         el.attrs.iter().any(|(k, _)| k.contains(':') && !k.starts_with("xml:"))
-            // BUG-4: names with an empty prefix or several colons are accepted; the part
-            // after the first colon becomes a local name that still contains a colon.
-            || el.name.contains(':')
+            // BUG-4: names are not checked against the QName production, so a local name can
+            // still hold a colon (`<x:b:c …>`) or start with markup (`<x:!a …>` → `<!a …>`).
+            || !super::ncname_like(&el.name)
             || el.children.iter().any(|n| match n {
                 // BUG-2: an empty CDATA section becomes an empty text node, written as nothing.
                 Node::Text(t) => t.is_empty(),
                 Node::Element(e) => roundtrip_breaker(e),
             })
     }
+}
+
+/// Whether `name` looks like an NCName (Namespaces in XML 1.0 §3); non-ASCII is let through.
+pub fn ncname_like(name: &str) -> bool {
+    let mut chars = name.chars();
+    let start_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || !c.is_ascii());
+    start_ok
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') || !c.is_ascii())
 }
 
 /// Runs every invariant on one fuzz input. Panics (so libFuzzer records a crash) on violation.
