@@ -14,8 +14,13 @@
 //!
 //! Missing header bytes read as zero, so every byte string is a valid input.
 
-use presenced::xml::reader::{parse_chunks, ReaderLimits, StreamEvent, XmlError};
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use presenced::xml::reader::{parse_chunks, ReaderLimits, StreamEvent, StreamReader, XmlError};
 use presenced::xml::Element;
+use tokio::io::{AsyncRead, ReadBuf};
 
 /// Stanza size limits the first byte chooses between; small ones so the limit path is hit.
 pub const STANZA_SIZES: [usize; 8] = [8, 32, 64, 128, 512, 4096, 65536, 256 * 1024];
@@ -200,6 +205,93 @@ pub fn ncname_like(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') || !c.is_ascii())
 }
 
+/// An in-memory transport that hands out the chunks one read at a time, like a socket would.
+struct ChunkedIo<'a> {
+    chunks: Vec<&'a [u8]>,
+    next: usize,
+}
+
+impl AsyncRead for ChunkedIo<'_> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        while let Some(chunk) = self.chunks.get(self.next).copied() {
+            if chunk.is_empty() {
+                self.next += 1;
+                continue;
+            }
+            let n = chunk.len().min(buf.remaining());
+            buf.put_slice(&chunk[..n]);
+            if n == chunk.len() {
+                self.next += 1;
+            } else {
+                let i = self.next;
+                self.chunks[i] = &chunk[n..];
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+thread_local! {
+    static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a current-thread runtime needs no resources that can be missing");
+}
+
+/// Reads the chunks through the async socket reader (`StreamReader`) until its first error.
+/// End of input reads as `Eof` there, where `parse_chunks` reports no error.
+pub fn read_async(chunks: &[&[u8]], limits: ReaderLimits) -> (Vec<StreamEvent>, XmlError) {
+    let io = ChunkedIo {
+        chunks: chunks.to_vec(),
+        next: 0,
+    };
+    RUNTIME.with(|rt| {
+        rt.block_on(async {
+            let mut reader = StreamReader::new(io, limits);
+            let mut out = Vec::new();
+            loop {
+                match reader.next().await {
+                    Ok(ev) => out.push(ev),
+                    Err(e) => return (out, e),
+                }
+            }
+        })
+    })
+}
+
+/// The socket reader must agree with `parse_chunks`, which the rest of the checks rely on:
+/// same events, and the same error, with `Eof` standing for "no error". The one allowed
+/// difference: the socket reader may report policy-violation (its read budget of stanza limit
+/// plus one read buffer ran out) where `parse_chunks` had not yet seen the error it reports.
+pub fn check_async_agrees(
+    chunks: &[&[u8]],
+    limits: ReaderLimits,
+    evs: &[StreamEvent],
+    err: &Option<XmlError>,
+) {
+    let (a_evs, a_err) = read_async(chunks, limits);
+    let a_key = match a_err {
+        XmlError::Eof => None,
+        e => Some(format!("{e:?}")),
+    };
+    if matches!(a_key.as_deref(), Some(k) if k.starts_with("TooBig")) && a_key != err_key(err) {
+        assert!(
+            evs.starts_with(&a_evs),
+            "socket reader events {a_evs:?} are not a prefix of {evs:?}"
+        );
+        return;
+    }
+    assert_eq!(
+        (a_evs.as_slice(), a_key),
+        (evs, err_key(err)),
+        "socket reader differs from parse_chunks"
+    );
+}
+
 /// Runs every invariant on one fuzz input. Panics (so libFuzzer records a crash) on violation.
 pub fn check(data: &[u8], framed: bool) {
     let case = Case::decode(data);
@@ -225,6 +317,11 @@ pub fn check(data: &[u8], framed: bool) {
             (&whole_evs, err_key(&whole_err)),
             "byte-at-a-time parse differs from the unsplit parse"
         );
+    }
+
+    // The socket reader has no framed mode (RFC 7395 frames arrive whole from the WebSocket).
+    if !framed && !known::bom_split(case.doc, &chunks) {
+        check_async_agrees(&chunks, case.limits, &whole_evs, &whole_err);
     }
 
     if let Some(e) = &whole_err {
