@@ -902,17 +902,7 @@ impl Session {
 
 /// An iq result addressed back to the requester.
 pub fn iq_result(iq: &Element) -> Element {
-    let mut r = Element::new("iq", x::NS_CLIENT).attr("type", "result");
-    if let Some(id) = iq.get_attr("id") {
-        r.set_attr("id", id);
-    }
-    if let Some(from) = iq.get_attr("from") {
-        r.set_attr("to", from);
-    }
-    if let Some(to) = iq.get_attr("to") {
-        r.set_attr("from", to);
-    }
-    r
+    crate::error::reply_skeleton(iq, "result")
 }
 
 fn decode_b64(text: &str) -> Option<Vec<u8>> {
