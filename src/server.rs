@@ -32,6 +32,8 @@ pub struct Shared {
     pub tls: Arc<rustls::ServerConfig>,
     /// Cancelled on shutdown; every session's token is a child.
     pub shutdown: CancellationToken,
+    /// Per-session privacy state (invisibility, who was shown presence), issue 6.
+    pub privacy: crate::presence::gate::Registry,
 }
 
 /// Why the server could not start.
@@ -84,7 +86,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         sessions: Sessions::default(),
         tls,
         shutdown: CancellationToken::new(),
+        privacy: Default::default(),
     });
+    // Block-list and settings changes made anywhere withdraw presence already shown here.
+    crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();
     let limits = Arc::new(Limits::new(&shared.config));
     let bind = shared.config.c2s.bind;
