@@ -948,3 +948,90 @@ proptest::proptest! {
         rt.block_on(run_model(ops));
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Freshness and cost of the gate
+
+#[tokio::test]
+async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() {
+    use presenced::presence::gate;
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    mutual(&ts, "alice", "bob").await;
+    let shared = ts.shared().clone();
+    let (alice, bob) = (ts.jid("alice"), ts.jid("bob"));
+    let rounds = 100;
+    let mut spent = std::time::Duration::ZERO;
+    for i in 0..rounds {
+        let blocked = i % 2 == 0;
+        if blocked {
+            shared
+                .store
+                .block(&alice, std::slice::from_ref(&bob))
+                .await
+                .unwrap();
+        } else {
+            shared
+                .store
+                .unblock(&alice, std::slice::from_ref(&bob))
+                .await
+                .unwrap();
+        }
+        let t = std::time::Instant::now();
+        let sees = gate::may_see_online(&shared, &format!("{bob}/pc"), &alice, false).await;
+        spent += t.elapsed();
+        // No cache: the change committed just before is what the very next decision sees.
+        assert_eq!(sees, !blocked, "round {i}");
+    }
+    eprintln!(
+        "gate: one online decision = {:?} on average over {rounds} (4 concurrent reads)",
+        spent / rounds
+    );
+
+    // What routing a message adds: one block lookup per direction.
+    let msg = el(&format!(
+        "<message to='{alice}' from='{bob}/pc'><body>x</body></message>"
+    ));
+    let t = std::time::Instant::now();
+    for _ in 0..rounds {
+        use presenced::blocking::{inbound_from_blocked, outbound_to_blocked, Verdict};
+        let out = outbound_to_blocked(&shared, &format!("{bob}/pc"), &alice, &msg).await;
+        let inb = inbound_from_blocked(&shared, &format!("{bob}/pc"), &alice, &msg).await;
+        assert_eq!((out, inb), (Verdict::Pass, Verdict::Pass));
+    }
+    eprintln!(
+        "blocking: checks on one message = {:?} on average",
+        t.elapsed() / rounds
+    );
+
+    // A broadcast decides for the whole roster with three queries.
+    let contacts = 200;
+    for i in 0..contacts {
+        let name = format!("c{i}");
+        shared
+            .store
+            .create_account(&name, &ts.domain, "pw", 1)
+            .await
+            .unwrap();
+        mutual(&ts, "alice", &name).await;
+        if i % 10 == 0 {
+            shared
+                .store
+                .block(&ts.jid(&name), std::slice::from_ref(&alice))
+                .await
+                .unwrap();
+        }
+    }
+    let (_, roster) = shared.store.roster(&alice).await.unwrap();
+    let t = std::time::Instant::now();
+    let audience = gate::online_audience(&shared, &format!("{alice}/phone"), &roster).await;
+    let took = t.elapsed();
+    // bob ends unblocked (the last round is odd) and every tenth contact blocks alice.
+    assert_eq!(audience.len(), 1 + contacts - contacts / 10);
+    eprintln!(
+        "gate: audience of a {}-item roster = {took:?}",
+        roster.len()
+    );
+    ts.stop().await;
+}

@@ -199,7 +199,18 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             }
         }
         for contact in recipients {
-            if is_available {
+            let mut p = el.clone();
+            p.set_attr("to", contact.clone());
+            session.presence.directed.remove(&contact);
+            let reached = if !shared.config.serves(domain_of(&contact)) {
+                // One stanza per remote contact; s2s sends them over that domain's one stream.
+                crate::s2s::route_remote(&shared, p).is_ok()
+            } else {
+                deliver_to_available(&shared, &contact, &p) > 0
+            };
+            // Remember who saw this resource online, so a lost permission withdraws it
+            // from exactly them (the subject lock makes this atomic with the delivery).
+            if is_available && reached {
                 shared.privacy.reveal(
                     session.handle.id,
                     me.as_str(),
@@ -207,15 +218,6 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
                     privacy::Relation::Subscriber,
                 );
             }
-            let mut p = el.clone();
-            p.set_attr("to", contact.clone());
-            session.presence.directed.remove(&contact);
-            if !shared.config.serves(domain_of(&contact)) {
-                // One stanza per remote contact; s2s sends them over that domain's one stream.
-                let _ = crate::s2s::route_remote(&shared, p);
-                continue;
-            }
-            deliver_to_available(&shared, &contact, &p);
         }
     }
     // The user's own resources, the sender included (§4.2.2).
