@@ -235,7 +235,9 @@ async fn to_bare(session: &mut Session, el: Element, bare: &BareJid, kind: &str)
 }
 
 async fn iq(session: &mut Session, el: Element, target: Target) {
-    let ty = el.get_attr("type").unwrap_or("");
+    // Owned: the stanza moves into the privacy checks below.
+    let ty = el.get_attr("type").unwrap_or("").to_owned();
+    let ty = ty.as_str();
     if el.get_attr("id").is_none() || !matches!(ty, "get" | "set" | "result" | "error") {
         // RFC 6120 §8.2.3: id and a known type are required.
         return bounce(session, &el, StanzaError::bad_request());

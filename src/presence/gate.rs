@@ -308,6 +308,19 @@ pub async fn may_see_online(shared: &Shared, viewer: &str, subject: &str, direct
         })
 }
 
+/// Whether `viewer` may be told that local user `subject` is online right now: the gate
+/// admits it and at least one of the subject's resources is available and not invisible.
+/// For answers such as XEP-0012 `seconds='0'`; anyone for whom this is false must get the
+/// answer an offline subject gives.
+pub async fn visible_to(shared: &Shared, viewer: &str, subject: &str) -> bool {
+    let any_visible = shared
+        .sessions
+        .of_user_str(bare_of(subject))
+        .iter()
+        .any(|s| s.presence().available && !shared.privacy.is_invisible(s.id));
+    any_visible && may_see_online(shared, viewer, subject, false).await
+}
+
 /// May `viewer` learn when `subject` was last seen (XEP-0012, delay stamps on
 /// unavailable)? Applies reciprocity. Fails closed.
 pub async fn may_see_last_seen(shared: &Shared, viewer: &str, subject: &str) -> bool {
