@@ -416,6 +416,114 @@ async fn audience(
     Ok(out)
 }
 
+/// Answers a probe from `prober` for local user `subject` (RFC 6121 §4.3.2), handing each
+/// stanza to `deliver` while the subject's lock is held (so a concurrent withdrawal cannot
+/// overtake it). `prober` is a local full JID or, for a probe from a remote server, the
+/// remote user's bare JID (§4.3.1); the answers are addressed to it.
+///
+/// Only an approved subscriber that no block separates from the subject gets anything at
+/// all (no unavailable, no error: the Openfire OF-820 leak). Such a subscriber gets each
+/// visible resource's presence if the gate admits it; otherwise, and when no resource is
+/// online, exactly what an offline subject gives: unavailable from the bare JID, stamped
+/// with the last seen only where [`may_see_last_seen`] allows.
+pub async fn probe_answer(
+    shared: &Shared,
+    prober: &str,
+    subject: &str,
+    mut deliver: impl FnMut(Element),
+) {
+    let prober_bare = bare_of(prober);
+    let item = match shared.store.roster_item(subject, prober_bare).await {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!(subject, error = %e, "probe: roster unavailable");
+            return;
+        }
+    };
+    if !item.is_some_and(|i| i.subscription.has_from()) {
+        return;
+    }
+    // XEP-0191 §3.5: a blocked prober gets nothing at all, online or not.
+    if blocked_either(shared, prober, subject).await {
+        return;
+    }
+    let lock = shared.privacy.subject_lock(subject);
+    let _guard = lock.lock().await;
+    let mut sent = false;
+    if may_see_online(shared, prober, subject, false).await {
+        for s in visible_sessions(shared, subject) {
+            if let Some(mut last) = s.presence().last {
+                shared
+                    .privacy
+                    .reveal(s.id, s.jid.as_str(), prober_bare, Relation::Subscriber);
+                last.set_attr("to", prober);
+                deliver(last);
+                sent = true;
+            }
+        }
+    }
+    if !sent {
+        deliver(unavailable_stamped(shared, subject, prober).await);
+    }
+}
+
+/// The current presence of every visible resource of local user `subject`, for `viewer`
+/// (a local bare JID, or a remote one), if the gate admits it: RFC 6121 §3.1.5 after an
+/// approval, and anything else that shows presence on demand. Delivered through `deliver`
+/// under the subject's lock; the viewer is recorded as shown.
+pub async fn current_presence(
+    shared: &Shared,
+    subject: &str,
+    viewer: &str,
+    mut deliver: impl FnMut(Element),
+) {
+    let lock = shared.privacy.subject_lock(subject);
+    let _guard = lock.lock().await;
+    if !may_see_online(shared, viewer, subject, false).await {
+        return;
+    }
+    for s in visible_sessions(shared, subject) {
+        if let Some(mut last) = s.presence().last {
+            shared
+                .privacy
+                .reveal(s.id, s.jid.as_str(), viewer, Relation::Subscriber);
+            last.set_attr("to", viewer);
+            deliver(last);
+        }
+    }
+}
+
+/// `<presence type='unavailable'/>` from `subject`'s bare JID to `to`, stamped (XEP-0203)
+/// with when the subject was last seen only if `to` may know it (settings, blocks,
+/// reciprocity).
+pub async fn unavailable_stamped(shared: &Shared, subject: &str, to: &str) -> Element {
+    let mut p = unavailable(subject, to);
+    if !may_see_last_seen(shared, to, subject).await {
+        return p;
+    }
+    if let Some(at) = super::last_seen(shared, subject).await {
+        p = p.child(
+            Element::new("delay", crate::xml::NS_DELAY)
+                .attr("from", domain_of(subject))
+                .attr(
+                    "stamp",
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                ),
+        );
+    }
+    p
+}
+
+/// Available sessions of local user `subject` that are not invisible (XEP-0186).
+fn visible_sessions(shared: &Shared, subject: &str) -> Vec<crate::sessions::SessionHandle> {
+    shared
+        .sessions
+        .of_user_str(subject)
+        .into_iter()
+        .filter(|s| s.presence().available && !shared.privacy.is_invisible(s.id))
+        .collect()
+}
+
 fn unavailable(from: &str, to: &str) -> Element {
     Element::new("presence", NS_CLIENT)
         .attr("type", "unavailable")

@@ -24,7 +24,7 @@ use crate::router::Target;
 use crate::server::Shared;
 use crate::sessions::SessionHandle;
 use crate::store::RosterItem;
-use crate::xml::{Element, NS_CLIENT, NS_DELAY};
+use crate::xml::{Element, NS_CLIENT};
 
 use subscription::{SubKind, SubState};
 
@@ -53,15 +53,6 @@ fn available(shared: &Shared, bare: &str) -> Vec<SessionHandle> {
         .of_user_str(bare)
         .into_iter()
         .filter(|s| s.presence().available)
-        .collect()
-}
-
-/// Available sessions of a local user that others may be shown: invisible ones
-/// (XEP-0186) count as offline to everyone but the user.
-fn visible(shared: &Shared, bare: &str) -> Vec<SessionHandle> {
-    available(shared, bare)
-        .into_iter()
-        .filter(|s| !shared.privacy.is_invisible(s.id))
         .collect()
 }
 
@@ -297,79 +288,15 @@ fn domain_of(bare: &str) -> &str {
 }
 
 /// Answers, on the contact's behalf, a probe from `prober` for local contact `contact`
-/// (RFC 6121 §4.3.2). Only a prober with an approved subscription (the contact's item says
-/// `from`/`both`) gets anything at all — no unavailable, no error (the Openfire OF-820 leak).
+/// (RFC 6121 §4.3.2), through the privacy gate ([`gate::probe_answer`]).
 async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &str) {
-    let prober_bare = prober.to_bare();
-    let item = match shared
-        .store
-        .roster_item(contact, prober_bare.as_str())
-        .await
-    {
-        Ok(i) => i,
-        Err(e) => {
-            tracing::warn!(contact, error = %e, "probe: roster unavailable");
-            return;
-        }
-    };
-    if !item.is_some_and(|i| i.subscription.has_from()) {
-        return;
-    }
     let Some(prober_session) = shared.sessions.get(prober) else {
         return;
     };
-    // XEP-0191 §3.5: a blocked prober gets nothing at all, online or not.
-    if gate::blocked_either(shared, prober.as_str(), contact).await {
-        return;
-    }
-    let lock = shared.privacy.subject_lock(contact);
-    let _guard = lock.lock().await;
-    // A subscriber the settings hide the contact from, and every invisible session, get
-    // exactly what an offline contact gives: unavailable (stamped only if last seen may
-    // be shown), so the answer never tells online from offline.
-    let online = if gate::may_see_online(shared, prober.as_str(), contact, false).await {
-        visible(shared, contact)
-    } else {
-        Vec::new()
-    };
-    let mut sent = false;
-    for s in online {
-        if let Some(mut last) = s.presence().last {
-            shared.privacy.reveal(
-                s.id,
-                s.jid.as_str(),
-                prober_bare.as_str(),
-                privacy::Relation::Subscriber,
-            );
-            last.set_attr("to", prober.to_string());
-            prober_session.send(last);
-            sent = true;
-        }
-    }
-    if !sent {
-        prober_session.send(unavailable_with_last_seen(shared, contact, prober).await);
-    }
-}
-
-/// `<presence type='unavailable'/>` from a bare JID, stamped with when it was last seen
-/// (XEP-0203 delay) if the store knows.
-async fn unavailable_with_last_seen(shared: &Shared, contact: &str, to: &FullJid) -> Element {
-    let mut p = presence(Some("unavailable"), contact, to.as_str());
-    // Reciprocity and settings apply to the stamp (issue 6): no permission, no stamp.
-    if !gate::may_see_last_seen(shared, to.as_str(), contact).await {
-        return p;
-    }
-    if let Some(at) = crate::presence::last_seen(shared, contact).await {
-        p = p.child(
-            Element::new("delay", NS_DELAY)
-                .attr("from", domain_of(contact))
-                .attr(
-                    "stamp",
-                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                ),
-        );
-    }
-    p
+    gate::probe_answer(shared, prober.as_str(), contact, |p| {
+        prober_session.send(p);
+    })
+    .await;
 }
 
 /// When a local user was last seen, if known.
@@ -631,20 +558,10 @@ async fn apply_subscription(
 /// Sends the current presence of every visible resource of `from_user` to the available
 /// resources of `to_user` (both local), if the privacy gate lets `to_user` see it.
 async fn send_current_presence(shared: &Shared, from_user: &str, to_user: &str) {
-    let lock = shared.privacy.subject_lock(from_user);
-    let _guard = lock.lock().await;
-    if !gate::may_see_online(shared, to_user, from_user, false).await {
-        return;
-    }
-    for s in visible(shared, from_user) {
-        if let Some(mut last) = s.presence().last {
-            shared
-                .privacy
-                .reveal(s.id, s.jid.as_str(), to_user, privacy::Relation::Subscriber);
-            last.set_attr("to", to_user);
-            deliver_to_available(shared, to_user, &last);
-        }
-    }
+    gate::current_presence(shared, from_user, to_user, |p| {
+        deliver_to_available(shared, to_user, &p);
+    })
+    .await;
 }
 
 /// RFC 6121 §2.5.2: removing a roster item cancels and revokes subscriptions first.
