@@ -17,7 +17,10 @@
 //! | blocked entity → user             | message dropped; iq `service-unavailable`    | dropped  | dropped                        |
 //!
 //! Both answers to the blocked entity are what it gets when the user is offline, so they
-//! say nothing about the user's status.
+//! say nothing about the user's status. (XEP-0191 §3.5 defers to XEP-0016, which lets a
+//! server bounce a blocked message with `service-unavailable` "so the user appears
+//! offline"; here an offline user's messages are dropped silently — see
+//! [`crate::router`] — so dropping is what appearing offline means on this server.)
 
 use crate::c2s::{iq_result, Session};
 use crate::error::StanzaError;

@@ -40,10 +40,10 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
         "invisible" => {
             let probe = matches!(payload.get_attr("probe"), Some("true") | Some("1"));
             {
-                let lock = shared
+                let _guard = shared
                     .privacy
-                    .subject_lock(crate::presence::gate::bare_of(&me));
-                let _guard = lock.lock().await;
+                    .lock_subject(crate::presence::gate::bare_of(&me))
+                    .await;
                 shared.privacy.set_invisible(id, &me, true, probe);
                 // Withdraw what this resource had shown (subscribers and directed).
                 for (viewer, _) in shared.privacy.take_revealed(id) {

@@ -22,7 +22,7 @@
 //! (principle 2 of the design guide; presence degrades, chat does not stall).
 //!
 //! Broadcast, probe answers, sending current presence and reconciling are serialised per
-//! subject by [`Registry::subject_lock`], so a decision read just before a block was
+//! subject by [`Registry::lock_subject`], so a decision read just before a block was
 //! committed cannot deliver after the reconcile that follows the block has run.
 
 use std::collections::{HashMap, HashSet};
@@ -68,10 +68,19 @@ impl Registry {
         f(&mut map)
     }
 
-    /// The lock for presence decisions about `subject` (bare JID).
-    pub fn subject_lock(&self, subject: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(subject.to_owned()).or_default().clone()
+    /// Takes the lock for presence decisions and deliveries about `subject` (bare JID).
+    /// The entry is removed again when the last holder or waiter lets go, so the map holds
+    /// only subjects being worked on.
+    pub async fn lock_subject(&self, subject: &str) -> SubjectGuard<'_> {
+        let lock = {
+            let mut map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(subject.to_owned()).or_default().clone()
+        };
+        SubjectGuard {
+            registry: self,
+            subject: subject.to_owned(),
+            guard: Some(lock.lock_owned().await),
+        }
     }
 
     /// Whether session `id` is invisible (XEP-0186).
@@ -170,6 +179,33 @@ impl Registry {
     /// Bare JIDs of every user with state here (for a resync after a lost LISTEN).
     fn all_subjects(&self) -> HashSet<String> {
         self.with(|m| m.values().map(|e| bare_of(&e.jid).to_owned()).collect())
+    }
+}
+
+/// Held while deciding and delivering presence of one subject; see
+/// [`Registry::lock_subject`].
+pub struct SubjectGuard<'a> {
+    registry: &'a Registry,
+    subject: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for SubjectGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self
+            .registry
+            .locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Clones are only made under this map lock, so a count of one means no task holds
+        // or waits for it.
+        if map
+            .get(&self.subject)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            map.remove(&self.subject);
+        }
     }
 }
 
@@ -447,8 +483,7 @@ pub async fn probe_answer(
     if blocked_either(shared, prober, subject).await {
         return;
     }
-    let lock = shared.privacy.subject_lock(subject);
-    let _guard = lock.lock().await;
+    let _guard = shared.privacy.lock_subject(subject).await;
     let mut sent = false;
     if may_see_online(shared, prober, subject, false).await {
         for s in visible_sessions(shared, subject) {
@@ -477,8 +512,7 @@ pub async fn current_presence(
     viewer: &str,
     mut deliver: impl FnMut(Element),
 ) {
-    let lock = shared.privacy.subject_lock(subject);
-    let _guard = lock.lock().await;
+    let _guard = shared.privacy.lock_subject(subject).await;
     if !may_see_online(shared, viewer, subject, false).await {
         return;
     }
@@ -589,8 +623,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
     if sessions.is_empty() {
         return;
     }
-    let lock = shared.privacy.subject_lock(subject);
-    let _guard = lock.lock().await;
+    let _guard = shared.privacy.lock_subject(subject).await;
     let roster = match shared.store.roster(subject).await {
         Ok((_, items)) => items,
         Err(e) => {
@@ -751,4 +784,73 @@ pub async fn may_reach_resource(
     !shared.privacy.is_invisible(target.id)
         && target.presence().available
         && may_see_online(shared, sender, target.jid.as_str(), false).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xml::parse_element;
+
+    #[tokio::test]
+    async fn subject_locks_are_dropped_when_nobody_holds_or_waits_for_them() {
+        let r = Registry::default();
+        let first = r.lock_subject("a@x").await;
+        let waiter = async { r.lock_subject("a@x").await };
+        let mut waiter = Box::pin(waiter);
+        // The waiter cannot get in while the first guard lives.
+        assert!(futures_poll_once(&mut waiter).await.is_none());
+        drop(first);
+        let second = waiter.await;
+        assert_eq!(r.locks.lock().unwrap().len(), 1);
+        drop(second);
+        assert!(r.locks.lock().unwrap().is_empty());
+    }
+
+    /// Polls a future once without waiting.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            out = f => Some(out),
+            _ = std::future::ready(()) => None,
+        }
+    }
+
+    #[test]
+    fn signals_and_content_are_told_apart() {
+        let cases = [
+            (
+                "<active xmlns='http://jabber.org/protocol/chatstates'/>",
+                true,
+                false,
+            ),
+            (
+                "<composing xmlns='http://jabber.org/protocol/chatstates'/>",
+                true,
+                false,
+            ),
+            (
+                "<gone xmlns='http://jabber.org/protocol/chatstates'/>",
+                true,
+                false,
+            ),
+            ("<received xmlns='urn:xmpp:receipts' id='1'/>", true, false),
+            ("<request xmlns='urn:xmpp:receipts'/>", false, false),
+            (
+                "<displayed xmlns='urn:xmpp:chat-markers:0' id='1'/>",
+                true,
+                false,
+            ),
+            ("<markable xmlns='urn:xmpp:chat-markers:0'/>", false, false),
+            ("<thread xmlns='jabber:client'>t</thread>", false, false),
+            ("<no-store xmlns='urn:xmpp:hints'/>", false, false),
+            ("<origin-id xmlns='urn:xmpp:sid:0' id='1'/>", false, false),
+            ("<body xmlns='jabber:client'>hi</body>", false, true),
+            ("<x xmlns='jabber:x:oob'><url>u</url></x>", false, true),
+        ];
+        for (xml, signal, content) in cases {
+            let e = parse_element(xml).expect("test XML parses");
+            assert_eq!(is_presence_signal(&e), signal, "{xml}");
+            assert_eq!(is_content(&e), content, "{xml}");
+        }
+    }
 }

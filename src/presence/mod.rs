@@ -170,8 +170,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     let invisible = shared.privacy.is_invisible(session.handle.id);
     let roster = roster_of(&shared, bare.as_str()).await;
     {
-        let lock = shared.privacy.subject_lock(bare.as_str());
-        let _guard = lock.lock().await;
+        let _guard = shared.privacy.lock_subject(bare.as_str()).await;
         // Contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 / §4.5.2), as the
         // privacy gate says; an invisible session (XEP-0186) shows itself to nobody.
         let audience = if invisible || (!is_available && !was_available) {
