@@ -686,6 +686,8 @@ mod model {
         Update(usize),
         ChatState(usize, usize),
         Invisible(usize, bool),
+        /// The user's session ends and a new one logs in (probe answers, new resource).
+        Relogin(usize),
     }
 
     pub fn op() -> impl Strategy<Value = Op> {
@@ -706,6 +708,7 @@ mod model {
             (u.clone(), u.clone())
                 .prop_filter_map("self", |(a, b)| (a != b).then_some(Op::ChatState(a, b))),
             (u.clone(), any::<bool>()).prop_map(|(a, i)| Op::Invisible(a, i)),
+            u.clone().prop_map(Op::Relogin),
         ]
     }
 }
@@ -844,6 +847,31 @@ async fn run_model(ops: Vec<model::Op>) {
                     assert_eq!(r.get_attr("type"), Some("result"));
                     barrier(&ts, &mut clients[a]).await;
                     invisible[a] = on;
+                }
+                Op::Relogin(a) => {
+                    // The new session binds first (not yet available: it shows and asks
+                    // nothing), the old one closes and is gone before the new one sends
+                    // initial presence, so its unavailable cannot overtake the new presence.
+                    let fresh = ts.login(USERS[a], &format!("r{step}")).await;
+                    let old = std::mem::replace(&mut clients[a], fresh);
+                    let old_jid = presenced::jid::FullJid::new(&old.jid).unwrap();
+                    old.close().await;
+                    let deadline = std::time::Instant::now() + WAIT;
+                    while ts.shared().sessions.get(&old_jid).is_some() {
+                        assert!(std::time::Instant::now() < deadline, "old session lingers");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                    let token = format!("s{step}");
+                    clients[a]
+                        .send(&el(&format!(
+                            "<presence><status>{token}</status></presence>"
+                        )))
+                        .await;
+                    barrier(&ts, &mut clients[a]).await;
+                    status[a] = token;
+                    invisible[a] = false;
+                    // What the new session knows is what it was told since it bound.
+                    belief.retain(|(v, _), _| *v != a);
                 }
             }
         }
