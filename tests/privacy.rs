@@ -1063,3 +1063,33 @@ async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() 
     );
     ts.stop().await;
 }
+
+#[tokio::test]
+async fn a_stored_subscription_request_from_an_entity_blocked_since_is_not_delivered() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("mallory").await;
+    ts.user("carol").await;
+    let mut mallory = ts.login("mallory", "pc").await;
+    let mut carol = ts.login("carol", "pc").await;
+    // alice is offline: both requests wait for her (RFC 6121 §3.1.3).
+    for c in [&mut mallory, &mut carol] {
+        c.presence(Some("subscribe"), Some(&ts.jid("alice"))).await;
+        barrier(&ts, c).await;
+    }
+    ts.shared()
+        .store
+        .block(&ts.jid("alice"), &[ts.jid("mallory")])
+        .await
+        .unwrap();
+    let mut alice = online(&ts, "alice", "phone").await;
+    // The unblocked request arrives; the blocked one does not.
+    alice
+        .expect(|e| e.get_attr("type") == Some("subscribe") && from_is(e, &ts.jid("carol")))
+        .await;
+    barrier(&ts, &mut alice).await;
+    alice
+        .expect_none(|e| from_is(e, &ts.jid("mallory")), QUIET)
+        .await;
+    ts.stop().await;
+}

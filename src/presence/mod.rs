@@ -264,6 +264,11 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     match shared.store.pending_subscriptions(bare.as_str()).await {
         Ok(pending) => {
             for (from, xml) in pending {
+                // XEP-0191 §3.5: a request from an entity blocked since it was stored is
+                // not delivered (it stays pending and reappears if unblocked).
+                if gate::blocked_either(&shared, &from, bare.as_str()).await {
+                    continue;
+                }
                 match crate::xml::parse_element(&xml) {
                     Some(mut p) => {
                         p.set_attr("to", bare.to_string());
