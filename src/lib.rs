@@ -12,11 +12,14 @@
 //! Pure decision code (the RFC 6121 subscription table in [`presence::subscription`],
 //! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
 
+pub mod blocking;
 pub mod c2s;
 pub mod config;
 pub mod error;
+pub mod invisible;
 pub mod jid;
 pub mod presence;
+pub mod privacy_iq;
 pub mod roster;
 pub mod roster_sync;
 pub mod router;

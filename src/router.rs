@@ -12,6 +12,21 @@
 //! | other domain            | remote-server-not-found (no s2s yet) | remote-server-not-found      |
 //!
 //! Presence goes to [`crate::presence`], which applies RFC 6121 §3–§4.
+//!
+//! Privacy (issue 6) changes three rows, so that nothing a viewer can provoke tells a
+//! user's online state apart from offline:
+//!
+//! * a chat or normal message to an existing account with no resource to take it is
+//!   dropped silently (RFC 6121 §8.5.2.2.1 allows it) instead of `service-unavailable`,
+//!   because an error only when offline is an online detector (an invisible session, or a
+//!   hidden one, still takes messages);
+//! * an iq request to an online full JID is delivered only if the sender may see that
+//!   resource online (privacy gate, not invisible) or the resource revealed itself to the
+//!   sender (directed presence, or an iq request it sent there); otherwise it gets the
+//!   `service-unavailable` an offline resource gives;
+//! * XEP-0191 blocks apply first ([`crate::blocking`]), and chat states, receipts and
+//!   chat markers are stripped from messages of a sender the recipient may not see
+//!   online ([`crate::presence::gate::filter_signals`]).
 
 use crate::c2s::{iq_result, Session};
 use crate::error::StanzaError;
@@ -97,8 +112,62 @@ pub async fn account_exists(session: &Session, bare: &BareJid) -> bool {
     }
 }
 
+/// XEP-0191 §3.5 and the privacy gate for a message or iq to `target`. Returns the
+/// stanza to route (possibly with presence-revealing signals removed), or `None` when it
+/// was answered or dropped here.
+async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Option<Element> {
+    use crate::blocking::{inbound_from_blocked, outbound_to_blocked, Verdict};
+    let shared = &session.shared;
+    let me = session.jid().as_str();
+    let own = session.jid().to_bare();
+    let recipient = match target {
+        Target::LocalBare(b) if *b != own => Some(b.to_string()),
+        Target::LocalFull(f) if f.to_bare() != own => Some(f.to_string()),
+        Target::Remote(j) => Some(j.to_string()),
+        _ => None,
+    };
+    let Some(recipient) = recipient else {
+        // Own account, own resources, the server: no other party's privacy is involved.
+        return Some(el);
+    };
+    let verdict = match outbound_to_blocked(shared, me, &recipient, &el).await {
+        Verdict::Pass if !matches!(target, Target::Remote(_)) => {
+            inbound_from_blocked(shared, me, &recipient, &el).await
+        }
+        v => v,
+    };
+    match verdict {
+        Verdict::Pass => {}
+        Verdict::Drop => return None,
+        Verdict::Reject(reply) => {
+            session.deliver(reply);
+            return None;
+        }
+    }
+    if el.name == "message" {
+        let directed = shared.privacy.was_revealed(session.handle.id, &recipient)
+            || shared.privacy.was_revealed(
+                session.handle.id,
+                crate::presence::gate::bare_of(&recipient),
+            );
+        return crate::presence::gate::filter_signals(
+            shared,
+            session.handle.id,
+            me,
+            &recipient,
+            directed,
+            el,
+        )
+        .await;
+    }
+    Some(el)
+}
+
 async fn message(session: &mut Session, el: Element, target: Target) {
     let kind = el.get_attr("type").unwrap_or("normal").to_owned();
+    let Some(el) = privacy_checks(session, el, &target).await else {
+        return;
+    };
     match target {
         Target::Remote(_) => remote(session, el),
         Target::LocalDomain(_) => {
@@ -137,9 +206,10 @@ async fn to_bare(session: &mut Session, el: Element, bare: &BareJid, kind: &str)
     let sessions = session.shared.sessions.of_user(bare);
     let targets = message_targets(&sessions);
     if targets.is_empty() {
-        // No offline storage: §8.5.2.2.1 lets the server answer service-unavailable, which
-        // is also what a non-existent account gets (§8.5.1), so the two are alike.
-        if kind != "headline" {
+        // No offline storage. §8.5.2.2.1 lets the server ignore the message silently, and
+        // it must: an error only when offline would tell anyone the user's status (issue
+        // 6). A non-existent account still gets service-unavailable (§8.5.1).
+        if kind != "headline" && !account_exists(session, bare).await {
             bounce(session, &el, StanzaError::service_unavailable());
         }
         return;
@@ -165,7 +235,9 @@ async fn to_bare(session: &mut Session, el: Element, bare: &BareJid, kind: &str)
 }
 
 async fn iq(session: &mut Session, el: Element, target: Target) {
-    let ty = el.get_attr("type").unwrap_or("");
+    // Owned: the stanza moves into the privacy checks below.
+    let ty = el.get_attr("type").unwrap_or("").to_owned();
+    let ty = ty.as_str();
     if el.get_attr("id").is_none() || !matches!(ty, "get" | "set" | "result" | "error") {
         // RFC 6120 §8.2.3: id and a known type are required.
         return bounce(session, &el, StanzaError::bad_request());
@@ -175,11 +247,37 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
         // RFC 6120 §8.2.3 item 6: a request has exactly one payload.
         return bounce(session, &el, StanzaError::bad_request());
     }
+    let own = session.jid().to_bare();
+    let Some(el) = privacy_checks(session, el, &target).await else {
+        return;
+    };
     match target {
         Target::Remote(_) => remote(session, el),
         Target::LocalFull(full) => match session.shared.sessions.get(&full) {
-            Some(s) => {
+            Some(s) if !is_request || full.to_bare() == own => {
                 s.send(el);
+            }
+            Some(s) => {
+                // Issue 6: a request reaches a resource only if the sender may know it is
+                // online; otherwise the answer is the one an offline resource gives.
+                if crate::presence::gate::may_reach_resource(
+                    &session.shared,
+                    session.jid().as_str(),
+                    &s,
+                )
+                .await
+                {
+                    // The requester disclosed itself to this resource by its own act.
+                    session.shared.privacy.reveal(
+                        session.handle.id,
+                        session.jid().as_str(),
+                        full.as_str(),
+                        crate::presence::privacy::Relation::DirectedPresence,
+                    );
+                    s.send(el);
+                } else {
+                    bounce(session, &el, StanzaError::service_unavailable());
+                }
             }
             None if is_request => bounce(session, &el, StanzaError::service_unavailable()),
             None => {}
@@ -216,6 +314,12 @@ async fn own_account_iq(session: &mut Session, el: Element) {
         Some(iq_result(&el))
     } else if payload.is("ping", x::NS_PING) {
         Some(iq_result(&el))
+    } else if payload.ns == crate::blocking::NS_BLOCKING {
+        crate::blocking::handle(session, &el, &payload).await
+    } else if payload.ns == crate::privacy_iq::NS_PRIVACY {
+        Some(crate::privacy_iq::handle(session, &el, &payload).await)
+    } else if payload.ns == crate::invisible::NS_INVISIBLE {
+        Some(crate::invisible::handle(session, &el, &payload).await)
     } else {
         Some(account_iq(&el, true))
     };
@@ -276,6 +380,10 @@ fn server_iq(session: &Session, el: &Element, domain: &str) -> Element {
                 x::NS_ROSTER,
                 x::NS_ROSTER_VER,
                 x::NS_PREAPPROVAL,
+                // Issue 6: XEP-0191, XEP-0186 and this server's visibility settings.
+                crate::blocking::NS_BLOCKING,
+                crate::invisible::NS_INVISIBLE,
+                crate::privacy_iq::NS_PRIVACY,
             ];
             if session.shared.config.auth.allow_registration {
                 features.push(x::NS_REGISTER);

@@ -36,6 +36,8 @@ pub struct Shared {
     /// [`crate::roster_sync`], so a NOTIFY never overtakes the push this node is about to
     /// send (which would push twice and send presence for a change already handled).
     pub roster_locks: RosterLocks,
+    /// Per-session privacy state (invisibility, who was shown presence), issue 6.
+    pub privacy: crate::presence::gate::Registry,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks
@@ -123,7 +125,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         tls,
         shutdown: CancellationToken::new(),
         roster_locks: RosterLocks::default(),
+        privacy: Default::default(),
     });
+    // Block-list and settings changes made anywhere withdraw presence already shown here.
+    crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();
     tracker.spawn(crate::roster_sync::run(shared.clone()));
     let limits = Arc::new(Limits::new(&shared.config));

@@ -10,6 +10,7 @@
 //! so a stale or one-sided row never leaks presence), the user's own available resources,
 //! and anyone the user sent directed presence to. Nobody else.
 
+pub mod gate;
 pub mod privacy;
 pub mod subscription;
 
@@ -23,7 +24,7 @@ use crate::router::Target;
 use crate::server::Shared;
 use crate::sessions::SessionHandle;
 use crate::store::RosterItem;
-use crate::xml::{Element, NS_CLIENT, NS_DELAY};
+use crate::xml::{Element, NS_CLIENT};
 
 use subscription::{SubKind, SubState};
 
@@ -108,6 +109,11 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
             if contact == own_bare {
                 return;
             }
+            // XEP-0191 §3.5: presence (subscriptions included) to or from a blocked
+            // entity is dropped without an error, whether the other side is online or not.
+            if gate::blocked_either(&session.shared, own_bare.as_str(), contact.as_str()).await {
+                return;
+            }
             outbound_subscription(session, &contact, kind, el, true).await;
         }
         // RFC 6121 §4.3: probes are normally the server's business; a client that sends one
@@ -177,20 +183,48 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     if !is_available && !was_available && session.presence.directed.is_empty() {
         return;
     }
+    let invisible = shared.privacy.is_invisible(session.handle.id);
     let roster = roster_of(&shared, bare.as_str()).await;
-    // Contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 / §4.5.2).
-    for item in roster.iter().filter(|i| i.subscription.has_from()) {
-        if !shared.config.serves(domain_of(&item.contact)) {
-            // One stanza per remote contact; s2s sends them over that domain's one stream.
-            let mut p = el.clone();
-            p.set_attr("to", item.contact.clone());
-            let _ = crate::s2s::route_remote(&shared, p);
-            continue;
+    {
+        let _guard = shared.privacy.lock_subject(bare.as_str()).await;
+        // Contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 / §4.5.2), as the
+        // privacy gate says; an invisible session (XEP-0186) shows itself to nobody.
+        let audience = if invisible || (!is_available && !was_available) {
+            Default::default()
+        } else {
+            gate::online_audience(&shared, me.as_str(), &roster).await
+        };
+        let mut recipients: BTreeSet<String> = audience.iter().cloned().collect();
+        if !is_available {
+            // Everyone who was shown this resource online learns it went away, even if
+            // a change of permissions has not withdrawn it from them yet.
+            for (viewer, rel) in shared.privacy.take_revealed(session.handle.id) {
+                if rel == privacy::Relation::Subscriber {
+                    recipients.insert(viewer);
+                }
+            }
         }
-        let mut p = el.clone();
-        p.set_attr("to", item.contact.clone());
-        deliver_to_available(&shared, &item.contact, &p);
-        session.presence.directed.remove(&item.contact);
+        for contact in recipients {
+            let mut p = el.clone();
+            p.set_attr("to", contact.clone());
+            session.presence.directed.remove(&contact);
+            let reached = if !shared.config.serves(domain_of(&contact)) {
+                // One stanza per remote contact; s2s sends them over that domain's one stream.
+                crate::s2s::route_remote(&shared, p).is_ok()
+            } else {
+                deliver_to_available(&shared, &contact, &p) > 0
+            };
+            // Remember who saw this resource online, so a lost permission withdraws it
+            // from exactly them (the subject lock makes this atomic with the delivery).
+            if is_available && reached {
+                shared.privacy.reveal(
+                    session.handle.id,
+                    me.as_str(),
+                    &contact,
+                    privacy::Relation::Subscriber,
+                );
+            }
+        }
     }
     // The user's own resources, the sender included (§4.2.2).
     for s in shared.sessions.of_user(&bare) {
@@ -201,8 +235,12 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         }
     }
     if !is_available {
-        // §4.6.3: everyone who got directed presence gets the unavailable too.
+        // §4.6.3: everyone who got directed presence gets the unavailable too, except a
+        // party blocked since (XEP-0191: it already got its unavailable, nothing more).
         for to in std::mem::take(&mut session.presence.directed) {
+            if gate::blocked_either(&shared, &to, me.as_str()).await {
+                continue;
+            }
             let mut p = el.clone();
             p.set_attr("to", to.clone());
             if shared.config.serves(domain_of(bare_of(&to))) {
@@ -220,7 +258,9 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     for item in roster.iter().filter(|i| i.subscription.has_to()) {
         if shared.config.serves(domain_of(&item.contact)) {
             answer_probe(&shared, &me, &item.contact).await;
-        } else {
+        } else if !invisible || shared.privacy.probes_remote(session.handle.id) {
+            // A probe tells the remote server the user is online; an invisible session
+            // sends one only if it asked to (XEP-0186 `probe='true'`).
             // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
             let probe = presence(Some("probe"), bare.as_str(), &item.contact);
             let _ = crate::s2s::route_remote(&shared, probe);
@@ -240,6 +280,11 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     match shared.store.pending_subscriptions(bare.as_str()).await {
         Ok(pending) => {
             for (from, xml) in pending {
+                // XEP-0191 §3.5: a request from an entity blocked since it was stored is
+                // not delivered (it stays pending and reappears if unblocked).
+                if gate::blocked_either(&shared, &from, bare.as_str()).await {
+                    continue;
+                }
                 match crate::xml::parse_element(&xml) {
                     Some(mut p) => {
                         p.set_attr("to", bare.to_string());
@@ -264,55 +309,15 @@ pub fn domain_of(bare: &str) -> &str {
 }
 
 /// Answers, on the contact's behalf, a probe from `prober` for local contact `contact`
-/// (RFC 6121 §4.3.2). Only a prober with an approved subscription (the contact's item says
-/// `from`/`both`) gets anything at all — no unavailable, no error (the Openfire OF-820 leak).
+/// (RFC 6121 §4.3.2), through the privacy gate ([`gate::probe_answer`]).
 async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &str) {
-    let prober_bare = prober.to_bare();
-    let item = match shared
-        .store
-        .roster_item(contact, prober_bare.as_str())
-        .await
-    {
-        Ok(i) => i,
-        Err(e) => {
-            tracing::warn!(contact, error = %e, "probe: roster unavailable");
-            return;
-        }
-    };
-    if !item.is_some_and(|i| i.subscription.has_from()) {
-        return;
-    }
     let Some(prober_session) = shared.sessions.get(prober) else {
         return;
     };
-    let online = available(shared, contact);
-    if online.is_empty() {
-        prober_session.send(unavailable_with_last_seen(shared, contact, prober).await);
-        return;
-    }
-    for s in online {
-        if let Some(mut last) = s.presence().last {
-            last.set_attr("to", prober.to_string());
-            prober_session.send(last);
-        }
-    }
-}
-
-/// `<presence type='unavailable'/>` from a bare JID, stamped with when it was last seen
-/// (XEP-0203 delay) if the store knows.
-async fn unavailable_with_last_seen(shared: &Shared, contact: &str, to: &FullJid) -> Element {
-    let mut p = presence(Some("unavailable"), contact, to.as_str());
-    if let Some(at) = crate::presence::last_seen(shared, contact).await {
-        p = p.child(
-            Element::new("delay", NS_DELAY)
-                .attr("from", domain_of(contact))
-                .attr(
-                    "stamp",
-                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                ),
-        );
-    }
-    p
+    gate::probe_answer(shared, prober.as_str(), contact, |p| {
+        prober_session.send(p);
+    })
+    .await;
 }
 
 /// When a local user was last seen, if known.
@@ -320,7 +325,8 @@ pub async fn last_seen(_shared: &Shared, _bare: &str) -> Option<chrono::DateTime
     None
 }
 
-fn deliver_directed(shared: &Shared, to: &str, el: Element) {
+/// Delivers `el` to a full JID's session or a bare JID's available resources (local).
+pub(crate) fn deliver_directed(shared: &Shared, to: &str, el: Element) {
     match crate::jid::Jid::new(to) {
         Ok(j) if j.resource().is_some() => {
             if let Ok(full) = j.try_into_full() {
@@ -343,14 +349,29 @@ async fn directed(session: &mut Session, mut el: Element, is_available: bool) {
         return;
     };
     el.set_attr("from", session.jid().to_string());
+    let shared = session.shared.clone();
+    // XEP-0191 §3.5: directed presence to or from a blocked entity is dropped silently.
+    if gate::blocked_either(&shared, &to, session.jid().as_str()).await {
+        return;
+    }
+    let id = session.handle.id;
     if is_available {
-        if session.handle.presence().available {
+        // An invisible session may still send directed presence (XEP-0186 §3.1); it
+        // gets the matching unavailable later, like any other.
+        if session.handle.presence().available || shared.privacy.is_invisible(id) {
             session.presence.directed.insert(to.clone());
         }
+        shared.privacy.reveal(
+            id,
+            session.jid().as_str(),
+            &to,
+            privacy::Relation::DirectedPresence,
+        );
     } else {
         session.presence.directed.remove(&to);
+        shared.privacy.forget(id, &to);
     }
-    deliver_directed(&session.shared, &to, el);
+    deliver_directed(&shared, &to, el);
 }
 
 /// Loads one side's item and Appendix A state; the pending inbound request lives in the
@@ -498,8 +519,13 @@ async fn apply_subscription(
 
     // Side effects, in the order RFC 6121 gives them.
     if out.send_unavailable && contact_exists {
-        // §3.2.2: unavailable from each of the user's resources before the unsubscribed.
+        // §3.2.2: unavailable from each of the user's resources before the unsubscribed,
+        // but only from those the contact was shown: an unavailable from a resource the
+        // contact never saw would reveal it was online.
         for s in available(shared, user.as_str()) {
+            if !shared.privacy.forget(s.id, contact.as_str()) {
+                continue;
+            }
             let p = presence(Some("unavailable"), s.jid.as_str(), contact.as_str());
             deliver_to_available(shared, contact.as_str(), &p);
         }
@@ -516,11 +542,14 @@ async fn apply_subscription(
         }
         if inb.send_presence {
             // §3.1.5 / §4.3.2: the contact's current presence goes to the new subscriber.
-            send_current_presence(shared, contact.as_str(), user.as_str());
+            send_current_presence(shared, contact.as_str(), user.as_str()).await;
         }
         if inb.send_unavailable {
-            // §3.3.3: the user no longer sees the contact.
+            // §3.3.3: the user no longer sees the contact (only resources it was shown).
             for s in available(shared, contact.as_str()) {
+                if !shared.privacy.forget(s.id, user.as_str()) {
+                    continue;
+                }
                 let p = presence(Some("unavailable"), s.jid.as_str(), user.as_str());
                 deliver_to_available(shared, user.as_str(), &p);
             }
@@ -528,7 +557,7 @@ async fn apply_subscription(
     }
     if out.send_presence && contact_exists {
         // §3.1.5: after approving, the contact gets the user's current presence.
-        send_current_presence(shared, user.as_str(), contact.as_str());
+        send_current_presence(shared, user.as_str(), contact.as_str()).await;
     }
     // Roster pushes (RFC 6121 §2.1.6) with the versions the transaction produced.
     for (owner, version) in &versions {
@@ -547,15 +576,13 @@ async fn apply_subscription(
     Ok(())
 }
 
-/// Sends the current presence of every available resource of `from_user` to the available
-/// resources of `to_user` (both local).
-fn send_current_presence(shared: &Shared, from_user: &str, to_user: &str) {
-    for s in available(shared, from_user) {
-        if let Some(mut last) = s.presence().last {
-            last.set_attr("to", to_user);
-            deliver_to_available(shared, to_user, &last);
-        }
-    }
+/// Sends the current presence of every visible resource of `from_user` to the available
+/// resources of `to_user` (both local), if the privacy gate lets `to_user` see it.
+async fn send_current_presence(shared: &Shared, from_user: &str, to_user: &str) {
+    gate::current_presence(shared, from_user, to_user, |p| {
+        deliver_to_available(shared, to_user, &p);
+    })
+    .await;
 }
 
 /// RFC 6121 §2.5.2: removing a roster item cancels and revokes subscriptions first.
@@ -584,4 +611,5 @@ pub async fn session_ended(session: &mut Session) {
         let p = Element::new("presence", NS_CLIENT).attr("type", "unavailable");
         broadcast(session, p, false).await;
     }
+    session.shared.privacy.remove(session.handle.id);
 }

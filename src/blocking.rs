@@ -1,0 +1,235 @@
+//! XEP-0191 blocking command: retrieve, block, unblock and unblock-all, with pushes, and
+//! the rules for stanzas between a user and an entity on the user's block list.
+//!
+//! Lists live in PostgreSQL ([`crate::store::blocks`]); every check reads them fresh, so
+//! a block applies to the very next stanza on every node. After each change the owner is
+//! reconciled ([`crate::presence::gate::reconcile_user`]): a newly blocked contact that
+//! had been shown the user online gets unavailable from each resource it was shown
+//! (XEP-0191 §3.3) and nothing more; a contact that had not been shown the user online
+//! gets nothing, so a block never reveals online status. Unblocking shows current
+//! presence again to subscribers the privacy settings admit.
+//!
+//! Stanzas (§3.5), as implemented by [`outbound_to_blocked`] and [`inbound_from_blocked`]:
+//!
+//! | direction                         | message / iq request                         | presence | iq result/error, message error |
+//! |-----------------------------------|----------------------------------------------|----------|--------------------------------|
+//! | user → blocked entity             | `not-acceptable` + `<blocked xmlns='urn:xmpp:blocking:errors'/>` | dropped  | dropped                        |
+//! | blocked entity → user             | message dropped; iq `service-unavailable`    | dropped  | dropped                        |
+//!
+//! Both answers to the blocked entity are what it gets when the user is offline, so they
+//! say nothing about the user's status. (XEP-0191 §3.5 defers to XEP-0016, which lets a
+//! server bounce a blocked message with `service-unavailable` "so the user appears
+//! offline"; here an offline user's messages are dropped silently — see
+//! [`crate::router`] — so dropping is what appearing offline means on this server.)
+
+use crate::c2s::{iq_result, Session};
+use crate::error::StanzaError;
+use crate::jid::Jid;
+use crate::server::Shared;
+use crate::store::StoreError;
+use crate::xml::{Element, Node, NS_CLIENT};
+
+/// The XEP-0191 namespace.
+pub const NS_BLOCKING: &str = "urn:xmpp:blocking";
+/// The XEP-0191 application error namespace (`<blocked/>`).
+pub const NS_BLOCKING_ERRORS: &str = "urn:xmpp:blocking:errors";
+
+/// Handles an `urn:xmpp:blocking` iq the user sent to their own account (XEP-0191 §3).
+/// Returns the reply, or `None` when it was already sent (a change answers first and
+/// pushes after).
+pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> Option<Element> {
+    match handle_inner(session, iq, payload).await {
+        Ok(reply) => reply,
+        Err(e) => e.reply_to(iq),
+    }
+}
+
+async fn handle_inner(
+    session: &mut Session,
+    iq: &Element,
+    payload: &Element,
+) -> Result<Option<Element>, StanzaError> {
+    let shared = session.shared.clone();
+    let owner = session.jid().to_bare().to_string();
+    match (iq.get_attr("type"), payload.name.as_str()) {
+        (Some("get"), "blocklist") => {
+            // §3.2: a resource that retrieved the list gets the pushes.
+            shared
+                .privacy
+                .set_blocklist_interested(session.handle.id, session.jid().as_str());
+            let list = shared.store.blocklist(&owner).await.map_err(failed)?;
+            let mut el = Element::new("blocklist", NS_BLOCKING);
+            for j in list {
+                el = el.child(Element::new("item", NS_BLOCKING).attr("jid", j));
+            }
+            Ok(Some(iq_result(iq).child(el)))
+        }
+        (Some("set"), "block") => {
+            let jids = items(payload)?;
+            if jids.is_empty() {
+                // §3.3: a block with no items is bad-request.
+                return Err(StanzaError::bad_request().with_text("block needs at least one item"));
+            }
+            let added = shared.store.block(&owner, &jids).await.map_err(failed)?;
+            // The result first, then withdrawal and the push (§3.3).
+            session.deliver(iq_result(iq));
+            crate::presence::gate::reconcile_user(&shared, &owner).await;
+            for j in &added {
+                withdraw_directed(session, j);
+            }
+            if !added.is_empty() {
+                push(&shared, &owner, "block", &added);
+            }
+            Ok(None)
+        }
+        (Some("set"), "unblock") => {
+            let jids = items(payload)?;
+            let removed = if jids.is_empty() {
+                // §3.4: unblock without items unblocks everyone.
+                shared.store.unblock_all(&owner).await.map_err(failed)?
+            } else {
+                shared.store.unblock(&owner, &jids).await.map_err(failed)?
+            };
+            session.deliver(iq_result(iq));
+            crate::presence::gate::reconcile_user(&shared, &owner).await;
+            if !removed.is_empty() {
+                // An unblock-all push carries no items (§3.4).
+                let announce = if jids.is_empty() { Vec::new() } else { removed };
+                push(&shared, &owner, "unblock", &announce);
+            }
+            Ok(None)
+        }
+        _ => Err(StanzaError::bad_request()),
+    }
+}
+
+/// A directed-presence recipient that is now blocked leaves the session's list, so the
+/// session's later unavailable does not reach it ("nothing more", §3.3).
+fn withdraw_directed(session: &mut Session, blocked: &str) {
+    let candidates = |to: &str| crate::store::blocks::match_candidates(to);
+    session
+        .presence
+        .directed
+        .retain(|to| !candidates(to).iter().any(|c| c == blocked));
+}
+
+/// The normalised JIDs of the `<item jid='…'/>` children (RFC 7622 normalisation).
+fn items(payload: &Element) -> Result<Vec<String>, StanzaError> {
+    let mut out = Vec::new();
+    for item in payload.elements().filter(|e| e.is("item", NS_BLOCKING)) {
+        let Some(j) = item.get_attr("jid") else {
+            return Err(StanzaError::bad_request().with_text("item without jid"));
+        };
+        let jid = Jid::new(j).map_err(|_| StanzaError::jid_malformed())?;
+        let s = jid.to_string();
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
+fn failed(e: StoreError) -> StanzaError {
+    match e {
+        StoreError::Constraint(c) => StanzaError::jid_malformed().with_text(c),
+        other => {
+            tracing::error!(error = %other, "block list store failure");
+            StanzaError::internal_server_error()
+        }
+    }
+}
+
+/// Pushes `<block/>` or `<unblock/>` with `jids` to every resource of `owner` that
+/// retrieved its block list (XEP-0191 §3.3, §3.4).
+fn push(shared: &Shared, owner: &str, what: &str, jids: &[String]) {
+    let mut payload = Element::new(what, NS_BLOCKING);
+    for j in jids {
+        payload = payload.child(Element::new("item", NS_BLOCKING).attr("jid", j.clone()));
+    }
+    for s in shared.sessions.of_user_str(owner) {
+        if !shared.privacy.blocklist_interested(s.id) {
+            continue;
+        }
+        let iq = Element::new("iq", NS_CLIENT)
+            .attr("type", "set")
+            .attr("id", format!("block{}", crate::c2s::new_id()))
+            .attr("to", s.jid.to_string())
+            .child(payload.clone());
+        s.send(iq);
+    }
+}
+
+/// What to do with a stanza between two parties when a block list is involved.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// No block applies; route normally.
+    Pass,
+    /// Drop without a word.
+    Drop,
+    /// Answer the sender with this error instead of routing.
+    Reject(Element),
+}
+
+fn is_request(el: &Element) -> bool {
+    match el.name.as_str() {
+        "iq" => matches!(el.get_attr("type"), Some("get") | Some("set")),
+        "message" => el.get_attr("type") != Some("error"),
+        _ => false,
+    }
+}
+
+/// The `not-acceptable` + `<blocked/>` error of XEP-0191 §3.5 for a stanza to an entity
+/// the sender blocks.
+pub fn blocked_error(el: &Element) -> Option<Element> {
+    let mut reply = StanzaError::not_acceptable().reply_to(el)?;
+    if let Some(err) = reply.get_child_mut("error", NS_CLIENT) {
+        err.children
+            .push(Node::Element(Element::new("blocked", NS_BLOCKING_ERRORS)));
+    }
+    Some(reply)
+}
+
+/// A stanza from local user `sender` (full JID) to `to`: blocked by the sender's own list?
+/// Store failures let the stanza through (chat never stalls on the database) and are
+/// logged.
+pub async fn outbound_to_blocked(shared: &Shared, sender: &str, to: &str, el: &Element) -> Verdict {
+    let owner = crate::presence::gate::bare_of(sender);
+    match shared.store.is_blocked(owner, to).await {
+        Ok(false) => Verdict::Pass,
+        Ok(true) if is_request(el) => match blocked_error(el) {
+            Some(r) => Verdict::Reject(r),
+            None => Verdict::Drop,
+        },
+        Ok(true) => Verdict::Drop,
+        Err(e) => {
+            tracing::warn!(error = %e, "block list unavailable; routing anyway");
+            Verdict::Pass
+        }
+    }
+}
+
+/// A stanza from `sender` (full JID) to local user `recipient`: does the recipient block
+/// the sender? Messages are dropped, iq requests get `service-unavailable` (what an
+/// offline or absent resource gives), everything else is dropped.
+pub async fn inbound_from_blocked(
+    shared: &Shared,
+    sender: &str,
+    recipient: &str,
+    el: &Element,
+) -> Verdict {
+    let owner = crate::presence::gate::bare_of(recipient);
+    match shared.store.is_blocked(owner, sender).await {
+        Ok(false) => Verdict::Pass,
+        Ok(true) if el.name == "iq" && is_request(el) => {
+            match StanzaError::service_unavailable().reply_to(el) {
+                Some(r) => Verdict::Reject(r),
+                None => Verdict::Drop,
+            }
+        }
+        Ok(true) => Verdict::Drop,
+        Err(e) => {
+            tracing::warn!(error = %e, "block list unavailable; routing anyway");
+            Verdict::Pass
+        }
+    }
+}

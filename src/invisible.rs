@@ -1,0 +1,72 @@
+//! XEP-0186 invisible command: a session that is online but appears offline.
+//!
+//! `<invisible xmlns='urn:xmpp:invisible:0'/>` (iq set, to the user's own account) makes
+//! the session invisible; `<visible/>` makes it visible again. While invisible:
+//!
+//! * its presence is broadcast to nobody but the user's own resources;
+//! * probes for the user are answered as if this session did not exist (unavailable when
+//!   it is the only one, with a last-seen stamp only where last seen may be shown);
+//! * iq requests to its full JID get `service-unavailable` and messages that only carry
+//!   chat states or receipts from it are not relayed (see [`crate::router`]), exactly as
+//!   for an offline resource;
+//! * it can still send directed presence (XEP-0186 §3.1), which reveals it to that one
+//!   recipient until it sends unavailable or blocks the recipient;
+//! * probes to local contacts are still answered for it (that tells the contacts
+//!   nothing); probes to remote contacts, which tell their servers the user logged in,
+//!   are sent only when the command says `probe='true'`.
+//!
+//! Becoming invisible withdraws what was shown: every viewer this resource's presence
+//! reached (subscribers and directed recipients) gets unavailable from it. Becoming visible
+//! shows the session's last presence, if it sent one, to everyone the privacy settings
+//! admit, as a broadcast would.
+
+use crate::c2s::{iq_result, Session};
+use crate::error::StanzaError;
+use crate::xml::{Element, NS_CLIENT};
+
+/// The XEP-0186 namespace.
+pub const NS_INVISIBLE: &str = "urn:xmpp:invisible:0";
+
+/// Handles an `urn:xmpp:invisible:0` iq the user sent to their own account.
+pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> Element {
+    if iq.get_attr("type") != Some("set") {
+        // XEP-0186 defines only set.
+        return error(iq, StanzaError::bad_request());
+    }
+    let shared = session.shared.clone();
+    let id = session.handle.id;
+    let me = session.jid().to_string();
+    match payload.name.as_str() {
+        "invisible" => {
+            let probe = matches!(payload.get_attr("probe"), Some("true") | Some("1"));
+            {
+                let _guard = shared
+                    .privacy
+                    .lock_subject(crate::presence::gate::bare_of(&me))
+                    .await;
+                shared.privacy.set_invisible(id, &me, true, probe);
+                // Withdraw what this resource had shown (subscribers and directed).
+                for (viewer, _) in shared.privacy.take_revealed(id) {
+                    let p = Element::new("presence", NS_CLIENT)
+                        .attr("type", "unavailable")
+                        .attr("from", me.clone())
+                        .attr("to", viewer.clone());
+                    crate::presence::gate::deliver_presence(&shared, &viewer, p);
+                }
+            }
+            session.presence.directed.clear();
+            iq_result(iq)
+        }
+        "visible" => {
+            shared.privacy.set_invisible(id, &me, false, false);
+            crate::presence::gate::reconcile_subject(&shared, crate::presence::gate::bare_of(&me))
+                .await;
+            iq_result(iq)
+        }
+        _ => error(iq, StanzaError::bad_request()),
+    }
+}
+
+fn error(iq: &Element, e: StanzaError) -> Element {
+    e.reply_to(iq).unwrap_or_else(|| iq_result(iq))
+}

@@ -1,0 +1,856 @@
+//! The privacy gate: loads what [`super::privacy::may_see`] needs and asks it, for every
+//! path that could reveal a user's online status or last seen.
+//!
+//! [`super::privacy`] is pure; this module does the reading. Every decision reads the
+//! subject's settings, the subject's roster item for the viewer and both block lists
+//! fresh from PostgreSQL. There is deliberately no cache: a block or a settings change is
+//! committed before the iq that made it is answered, so the very next stanza on any node
+//! sees it. (The `presenced_block` / `presenced_privacy` NOTIFY channels are used for the
+//! other half of "caches cannot outlive permissions": presence a viewer has *already been
+//! shown* is withdrawn, see [`reconcile_user`].)
+//!
+//! What a viewer has already been shown is the one thing kept in memory, per session, in
+//! [`Registry`]: the set of viewers each resource's available presence reached ("revealed
+//! to"). When permissions change, [`reconcile_user`] re-asks the decision for every viewer
+//! in that set and sends unavailable to those who lost permission, and current presence to
+//! subscribers who gained it. The set is also how a block sends unavailable only to a
+//! contact who had actually seen the user online (XEP-0191 §3.3) and nothing to one who
+//! never had: an unavailable from a full JID would itself reveal that the resource was
+//! online.
+//!
+//! Store failures fail closed: a viewer whose permission cannot be read sees nothing
+//! (principle 2 of the design guide; presence degrades, chat does not stall).
+//!
+//! Broadcast, probe answers, sending current presence and reconciling are serialised per
+//! subject by [`Registry::lock_subject`], so a decision read just before a block was
+//! committed cannot deliver after the reconcile that follows the block has run.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use super::privacy::{self, Blocks, Party, PrivacySettings, Relation, Signal};
+use crate::server::Shared;
+use crate::store::blocks::match_candidates;
+use crate::store::{RosterItem, StoreError};
+use crate::xml::{Element, NS_CLIENT};
+
+/// Per-session privacy state other tasks need: invisibility (XEP-0186), whether the
+/// session asked for the block list (XEP-0191 pushes), and who its presence reached.
+#[derive(Debug, Default, Clone)]
+struct Entry {
+    /// The session's bound full JID.
+    jid: String,
+    /// XEP-0186 invisible: no broadcast, probes answered as unavailable.
+    invisible: bool,
+    /// While invisible, whether probes still go to remote contacts (XEP-0186 `probe`).
+    probe_remote: bool,
+    /// The session retrieved its block list, so it gets block/unblock pushes
+    /// (XEP-0191 §3.3: pushes go to resources that requested the list).
+    blocklist_interested: bool,
+    /// Viewer JID (bare for a roster contact, as addressed for directed presence) → how
+    /// the viewer came to see this resource.
+    revealed: HashMap<String, Relation>,
+}
+
+/// Node-local registry of per-session privacy state, keyed by session id. Lives in
+/// [`Shared`]; a session's entry is removed when it ends.
+#[derive(Debug, Default)]
+pub struct Registry {
+    /// Session id → its state.
+    sessions: Mutex<HashMap<u64, Entry>>,
+    /// Subject bare JID → the lock that serialises presence decisions and deliveries for it.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Registry {
+    fn with<R>(&self, f: impl FnOnce(&mut HashMap<u64, Entry>) -> R) -> R {
+        let mut map = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut map)
+    }
+
+    /// Takes the lock for presence decisions and deliveries about `subject` (bare JID).
+    /// The entry is removed again when the last holder or waiter lets go, so the map holds
+    /// only subjects being worked on.
+    pub async fn lock_subject(&self, subject: &str) -> SubjectGuard<'_> {
+        let lock = {
+            let mut map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(subject.to_owned()).or_default().clone()
+        };
+        SubjectGuard {
+            registry: self,
+            subject: subject.to_owned(),
+            guard: Some(lock.lock_owned().await),
+        }
+    }
+
+    /// Whether session `id` is invisible (XEP-0186).
+    pub fn is_invisible(&self, id: u64) -> bool {
+        self.with(|m| m.get(&id).is_some_and(|e| e.invisible))
+    }
+
+    /// Marks session `id` (bound to `jid`) invisible or visible; `probe_remote` is the
+    /// XEP-0186 `probe` choice for remote contacts while invisible.
+    pub fn set_invisible(&self, id: u64, jid: &str, invisible: bool, probe_remote: bool) {
+        self.with(|m| {
+            let e = m.entry(id).or_default();
+            e.jid = jid.to_owned();
+            e.invisible = invisible;
+            e.probe_remote = probe_remote;
+        })
+    }
+
+    /// Whether invisible session `id` asked for probes to remote contacts.
+    pub fn probes_remote(&self, id: u64) -> bool {
+        self.with(|m| m.get(&id).is_some_and(|e| e.probe_remote))
+    }
+
+    /// Records that session `id` asked for its block list.
+    pub fn set_blocklist_interested(&self, id: u64, jid: &str) {
+        self.with(|m| {
+            let e = m.entry(id).or_default();
+            e.jid = jid.to_owned();
+            e.blocklist_interested = true;
+        })
+    }
+
+    /// Whether session `id` gets block-list pushes.
+    pub fn blocklist_interested(&self, id: u64) -> bool {
+        self.with(|m| m.get(&id).is_some_and(|e| e.blocklist_interested))
+    }
+
+    /// Records that session `id`'s available presence reached `viewer`.
+    pub fn reveal(&self, id: u64, jid: &str, viewer: &str, relation: Relation) {
+        self.with(|m| {
+            let e = m.entry(id).or_default();
+            e.jid = jid.to_owned();
+            // A subscriber relation is not downgraded by a later directed presence.
+            let slot = e.revealed.entry(viewer.to_owned()).or_insert(relation);
+            if relation == Relation::Subscriber {
+                *slot = relation;
+            }
+        })
+    }
+
+    /// Forgets that session `id` was shown to `viewer`; true if it had been.
+    pub fn forget(&self, id: u64, viewer: &str) -> bool {
+        self.with(|m| {
+            m.get_mut(&id)
+                .is_some_and(|e| e.revealed.remove(viewer).is_some())
+        })
+    }
+
+    /// How session `id` came to be shown to `viewer`, if it was.
+    pub fn revealed_relation(&self, id: u64, viewer: &str) -> Option<Relation> {
+        self.with(|m| m.get(&id).and_then(|e| e.revealed.get(viewer).copied()))
+    }
+
+    /// Whether session `id`'s presence reached `viewer`.
+    pub fn was_revealed(&self, id: u64, viewer: &str) -> bool {
+        self.with(|m| m.get(&id).is_some_and(|e| e.revealed.contains_key(viewer)))
+    }
+
+    /// Takes (and clears) the set of viewers session `id` was shown to.
+    pub fn take_revealed(&self, id: u64) -> HashMap<String, Relation> {
+        self.with(|m| {
+            m.get_mut(&id)
+                .map(|e| std::mem::take(&mut e.revealed))
+                .unwrap_or_default()
+        })
+    }
+
+    /// Drops session `id` (it ended).
+    pub fn remove(&self, id: u64) {
+        self.with(|m| {
+            m.remove(&id);
+        })
+    }
+
+    /// Bare JIDs of users whose sessions have revealed presence to `viewer_bare` (or to
+    /// one of its full JIDs).
+    fn subjects_revealed_to(&self, viewer_bare: &str) -> HashSet<String> {
+        self.with(|m| {
+            m.values()
+                .filter(|e| e.revealed.keys().any(|v| bare_of(v) == viewer_bare))
+                .map(|e| bare_of(&e.jid).to_owned())
+                .collect()
+        })
+    }
+
+    /// Bare JIDs of every user with state here (for a resync after a lost LISTEN).
+    fn all_subjects(&self) -> HashSet<String> {
+        self.with(|m| m.values().map(|e| bare_of(&e.jid).to_owned()).collect())
+    }
+}
+
+/// Held while deciding and delivering presence of one subject; see
+/// [`Registry::lock_subject`].
+pub struct SubjectGuard<'a> {
+    registry: &'a Registry,
+    subject: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for SubjectGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self
+            .registry
+            .locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Clones are only made under this map lock, so a count of one means no task holds
+        // or waits for it.
+        if map
+            .get(&self.subject)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            map.remove(&self.subject);
+        }
+    }
+}
+
+/// `user@domain` of a JID string in any form.
+pub fn bare_of(jid: &str) -> &str {
+    jid.split_once('/').map(|(b, _)| b).unwrap_or(jid)
+}
+
+fn domain_of(jid: &str) -> &str {
+    let bare = bare_of(jid);
+    bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
+}
+
+/// Whether `jid` is an account on a domain this server hosts (as opposed to a remote
+/// user, whose settings and block list we cannot read).
+fn is_local(shared: &Shared, jid: &str) -> bool {
+    jid.contains('@') && shared.config.serves(domain_of(jid))
+}
+
+/// Settings of a user; the defaults for a remote one (their server applies its own rules).
+async fn settings_of(shared: &Shared, jid: &str) -> Result<PrivacySettings, StoreError> {
+    if is_local(shared, jid) {
+        shared.store.privacy_settings(bare_of(jid)).await
+    } else {
+        Ok(PrivacySettings::default())
+    }
+}
+
+/// Whether local user `owner` blocks `jid` (XEP-0016 §2.1 matching); false for a remote
+/// owner, whose block list is not ours to read.
+async fn owner_blocks(shared: &Shared, owner: &str, jid: &str) -> Result<bool, StoreError> {
+    if is_local(shared, owner) {
+        shared.store.is_blocked(bare_of(owner), jid).await
+    } else {
+        Ok(false)
+    }
+}
+
+/// The block flags between `viewer` and `subject` (JIDs in any form: a full JID also
+/// matches full-JID and domain/resource entries).
+pub async fn blocks_between(
+    shared: &Shared,
+    viewer: &str,
+    subject: &str,
+) -> Result<Blocks, StoreError> {
+    let (by_subject, by_viewer) = tokio::try_join!(
+        owner_blocks(shared, subject, viewer),
+        owner_blocks(shared, viewer, subject)
+    )?;
+    Ok(Blocks {
+        by_subject,
+        by_viewer,
+    })
+}
+
+/// Whether either party blocks the other; a store failure counts as blocked.
+pub async fn blocked_either(shared: &Shared, a: &str, b: &str) -> bool {
+    match blocks_between(shared, a, b).await {
+        Ok(b) => b.by_subject || b.by_viewer,
+        Err(e) => {
+            tracing::warn!(error = %e, "block lists unavailable; treating as blocked");
+            true
+        }
+    }
+}
+
+/// Everything one decision needs, read fresh.
+async fn decide(
+    shared: &Shared,
+    signal: Signal,
+    viewer: &str,
+    subject: &str,
+    directed: bool,
+) -> Result<bool, StoreError> {
+    let viewer_bare = bare_of(viewer);
+    let subject_bare = bare_of(subject);
+    if viewer_bare == subject_bare {
+        return Ok(true);
+    }
+    let viewer_settings = async {
+        if signal == Signal::LastSeen {
+            settings_of(shared, viewer_bare).await
+        } else {
+            // Reciprocity concerns last seen only; online never reads the viewer's row.
+            Ok(PrivacySettings::default())
+        }
+    };
+    let item = async {
+        if is_local(shared, subject_bare) {
+            shared.store.roster_item(subject_bare, viewer_bare).await
+        } else {
+            Ok(None)
+        }
+    };
+    let (subject_settings, viewer_settings, item, blocks) = tokio::try_join!(
+        settings_of(shared, subject_bare),
+        viewer_settings,
+        item,
+        blocks_between(shared, viewer, subject)
+    )?;
+    let mut relation = Relation::from_item(item.map(|i| i.sub_state()));
+    if relation == Relation::Other && directed {
+        relation = Relation::DirectedPresence;
+    }
+    let (vj, sj) = (parse_bare(viewer_bare), parse_bare(subject_bare));
+    let (Some(vj), Some(sj)) = (vj, sj) else {
+        return Ok(false);
+    };
+    Ok(privacy::may_see(
+        signal,
+        Party {
+            jid: &vj,
+            settings: &viewer_settings,
+        },
+        Party {
+            jid: &sj,
+            settings: &subject_settings,
+        },
+        relation,
+        blocks,
+    ))
+}
+
+fn parse_bare(s: &str) -> Option<::jid::BareJid> {
+    ::jid::BareJid::new(s).ok()
+}
+
+/// May `viewer` learn that `subject` is online? `directed` is true when the subject's
+/// session sent the viewer directed presence (RFC 6121 §4.6). Fails closed.
+pub async fn may_see_online(shared: &Shared, viewer: &str, subject: &str, directed: bool) -> bool {
+    decide(shared, Signal::Online, viewer, subject, directed)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "privacy inputs unavailable; hiding online status");
+            false
+        })
+}
+
+/// Whether `viewer` may be told that local user `subject` is online right now: the gate
+/// admits it and at least one of the subject's resources is available and not invisible.
+/// For answers such as XEP-0012 `seconds='0'`; anyone for whom this is false must get the
+/// answer an offline subject gives.
+pub async fn visible_to(shared: &Shared, viewer: &str, subject: &str) -> bool {
+    let any_visible = shared
+        .sessions
+        .of_user_str(bare_of(subject))
+        .iter()
+        .any(|s| s.presence().available && !shared.privacy.is_invisible(s.id));
+    any_visible && may_see_online(shared, viewer, subject, false).await
+}
+
+/// May `viewer` learn when `subject` was last seen (XEP-0012, delay stamps on
+/// unavailable)? Applies reciprocity. Fails closed.
+pub async fn may_see_last_seen(shared: &Shared, viewer: &str, subject: &str) -> bool {
+    decide(shared, Signal::LastSeen, viewer, subject, false)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "privacy inputs unavailable; hiding last seen");
+            false
+        })
+}
+
+/// The roster contacts of `subject` (full JID of the resource whose presence goes out)
+/// that may see it online now: approved subscribers the settings admit and no block in
+/// either direction separates. Two queries for the whole roster (settings plus one
+/// batched block lookup), not one per contact. Fails closed (empty).
+pub async fn online_audience(
+    shared: &Shared,
+    subject: &str,
+    roster: &[RosterItem],
+) -> HashSet<String> {
+    match audience(shared, subject, roster).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, "privacy inputs unavailable; presence not broadcast");
+            HashSet::new()
+        }
+    }
+}
+
+async fn audience(
+    shared: &Shared,
+    subject: &str,
+    roster: &[RosterItem],
+) -> Result<HashSet<String>, StoreError> {
+    let subject_bare = bare_of(subject);
+    let Some(sj) = parse_bare(subject_bare) else {
+        return Ok(HashSet::new());
+    };
+    let subscribers: Vec<&RosterItem> = roster
+        .iter()
+        .filter(|i| i.subscription.has_from())
+        .collect();
+    if subscribers.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let settings = shared.store.privacy_settings(subject_bare).await?;
+    let own_list = shared.store.blocklist(subject_bare).await?;
+    // Local contacts whose own block list names the subject (any matching form).
+    let local: Vec<String> = subscribers
+        .iter()
+        .filter(|i| is_local(shared, &i.contact))
+        .map(|i| i.contact.clone())
+        .collect();
+    let forms = match_candidates(subject);
+    let blocking_subject: HashSet<String> = sqlx::query_scalar(
+        "SELECT DISTINCT owner FROM blocklist WHERE owner = ANY($1::text[]) AND blocked = ANY($2::text[])",
+    )
+    .bind(&local)
+    .bind(&forms)
+    .fetch_all(shared.store.pool())
+    .await?
+    .into_iter()
+    .collect();
+    let default = PrivacySettings::default();
+    let mut out = HashSet::new();
+    for item in subscribers {
+        let Some(vj) = parse_bare(&item.contact) else {
+            continue;
+        };
+        let blocks = Blocks {
+            by_subject: match_candidates(&item.contact)
+                .iter()
+                .any(|c| own_list.contains(c)),
+            by_viewer: blocking_subject.contains(&item.contact),
+        };
+        let ok = privacy::may_see(
+            Signal::Online,
+            Party {
+                jid: &vj,
+                settings: &default,
+            },
+            Party {
+                jid: &sj,
+                settings: &settings,
+            },
+            Relation::Subscriber,
+            blocks,
+        );
+        if ok {
+            out.insert(item.contact.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Answers a probe from `prober` for local user `subject` (RFC 6121 §4.3.2), handing each
+/// stanza to `deliver` while the subject's lock is held (so a concurrent withdrawal cannot
+/// overtake it). `prober` is a local full JID or, for a probe from a remote server, the
+/// remote user's bare JID (§4.3.1); the answers are addressed to it.
+///
+/// Only an approved subscriber that no block separates from the subject gets anything at
+/// all (no unavailable, no error: the Openfire OF-820 leak). Such a subscriber gets each
+/// visible resource's presence if the gate admits it; otherwise, and when no resource is
+/// online, exactly what an offline subject gives: unavailable from the bare JID, stamped
+/// with the last seen only where [`may_see_last_seen`] allows.
+pub async fn probe_answer(
+    shared: &Shared,
+    prober: &str,
+    subject: &str,
+    mut deliver: impl FnMut(Element),
+) {
+    let prober_bare = bare_of(prober);
+    let item = match shared.store.roster_item(subject, prober_bare).await {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!(subject, error = %e, "probe: roster unavailable");
+            return;
+        }
+    };
+    if !item.is_some_and(|i| i.subscription.has_from()) {
+        return;
+    }
+    // XEP-0191 §3.5: a blocked prober gets nothing at all, online or not.
+    if blocked_either(shared, prober, subject).await {
+        return;
+    }
+    let _guard = shared.privacy.lock_subject(subject).await;
+    let mut sent = false;
+    if may_see_online(shared, prober, subject, false).await {
+        for s in visible_sessions(shared, subject) {
+            if let Some(mut last) = s.presence().last {
+                shared
+                    .privacy
+                    .reveal(s.id, s.jid.as_str(), prober_bare, Relation::Subscriber);
+                last.set_attr("to", prober);
+                deliver(last);
+                sent = true;
+            }
+        }
+    }
+    if !sent {
+        deliver(unavailable_stamped(shared, subject, prober).await);
+    }
+}
+
+/// The current presence of every visible resource of local user `subject`, for `viewer`
+/// (a local bare JID, or a remote one), if the gate admits it: RFC 6121 §3.1.5 after an
+/// approval, and anything else that shows presence on demand. Delivered through `deliver`
+/// under the subject's lock; the viewer is recorded as shown.
+pub async fn current_presence(
+    shared: &Shared,
+    subject: &str,
+    viewer: &str,
+    mut deliver: impl FnMut(Element),
+) {
+    let _guard = shared.privacy.lock_subject(subject).await;
+    if !may_see_online(shared, viewer, subject, false).await {
+        return;
+    }
+    for s in visible_sessions(shared, subject) {
+        if let Some(mut last) = s.presence().last {
+            shared
+                .privacy
+                .reveal(s.id, s.jid.as_str(), viewer, Relation::Subscriber);
+            last.set_attr("to", viewer);
+            deliver(last);
+        }
+    }
+}
+
+/// `<presence type='unavailable'/>` from `subject`'s bare JID to `to`, stamped (XEP-0203)
+/// with when the subject was last seen only if `to` may know it (settings, blocks,
+/// reciprocity).
+pub async fn unavailable_stamped(shared: &Shared, subject: &str, to: &str) -> Element {
+    let mut p = unavailable(subject, to);
+    if !may_see_last_seen(shared, to, subject).await {
+        return p;
+    }
+    if let Some(at) = super::last_seen(shared, subject).await {
+        p = p.child(
+            Element::new("delay", crate::xml::NS_DELAY)
+                .attr("from", domain_of(subject))
+                .attr(
+                    "stamp",
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                ),
+        );
+    }
+    p
+}
+
+/// Available sessions of local user `subject` that are not invisible (XEP-0186).
+fn visible_sessions(shared: &Shared, subject: &str) -> Vec<crate::sessions::SessionHandle> {
+    shared
+        .sessions
+        .of_user_str(subject)
+        .into_iter()
+        .filter(|s| s.presence().available && !shared.privacy.is_invisible(s.id))
+        .collect()
+}
+
+fn unavailable(from: &str, to: &str) -> Element {
+    Element::new("presence", NS_CLIENT)
+        .attr("type", "unavailable")
+        .attr("from", from)
+        .attr("to", to)
+}
+
+/// Delivers a presence to `to` (a bare JID: its available resources; a full JID: that
+/// session; a remote JID: federation).
+pub(crate) fn deliver_presence(shared: &Shared, to: &str, el: Element) {
+    if !is_local(shared, to) {
+        let _ = crate::s2s::route_remote(shared, el);
+        return;
+    }
+    super::deliver_directed(shared, to, el);
+}
+
+/// Withdraws and grants, after `user`'s permissions (settings, block list) or invisibility
+/// changed, what their sessions' presence shows, and what is shown to them:
+///
+/// * as subject: every viewer a resource of `user` was shown to and that may no longer
+///   see it gets unavailable from that resource; approved subscribers who may now see it
+///   and had not been shown it get its current presence;
+/// * as viewer: the same for every subject whose presence reached `user`, and for the
+///   local contacts `user` is subscribed to.
+///
+/// Idempotent; called by the iq handlers right after their write and by the NOTIFY
+/// consumer for changes made elsewhere (another node, an operator's SQL).
+pub async fn reconcile_user(shared: &Shared, user: &str) {
+    let user = bare_of(user).to_owned();
+    reconcile_subject(shared, &user).await;
+    let mut subjects = shared.privacy.subjects_revealed_to(&user);
+    if shared
+        .sessions
+        .of_user_str(&user)
+        .iter()
+        .any(|s| s.presence().available)
+    {
+        if let Ok((_, roster)) = shared.store.roster(&user).await {
+            for item in roster.iter().filter(|i| i.subscription.has_to()) {
+                if is_local(shared, &item.contact) {
+                    subjects.insert(item.contact.clone());
+                }
+            }
+        }
+    }
+    subjects.remove(&user);
+    for s in subjects {
+        reconcile_subject(shared, &s).await;
+    }
+}
+
+/// Re-checks everything after the LISTEN connection was lost (notifications may be gone).
+pub async fn reconcile_all(shared: &Shared) {
+    for s in shared.privacy.all_subjects() {
+        reconcile_user(shared, &s).await;
+    }
+}
+
+/// The subject half of [`reconcile_user`].
+pub async fn reconcile_subject(shared: &Shared, subject: &str) {
+    let sessions = shared.sessions.of_user_str(subject);
+    if sessions.is_empty() {
+        return;
+    }
+    let _guard = shared.privacy.lock_subject(subject).await;
+    let roster = match shared.store.roster(subject).await {
+        Ok((_, items)) => items,
+        Err(e) => {
+            tracing::warn!(error = %e, "roster unavailable; withdrawing presence");
+            Vec::new()
+        }
+    };
+    for s in sessions {
+        let me = s.jid.to_string();
+        let invisible = shared.privacy.is_invisible(s.id);
+        let audience = if invisible {
+            HashSet::new()
+        } else {
+            online_audience(shared, &me, &roster).await
+        };
+        let revealed: Vec<(String, Relation)> = shared.privacy.with(|m| {
+            m.get(&s.id)
+                .map(|e| e.revealed.iter().map(|(k, v)| (k.clone(), *v)).collect())
+                .unwrap_or_default()
+        });
+        for (viewer, relation) in revealed {
+            let keep = match relation {
+                Relation::Subscriber => audience.contains(&viewer),
+                // Directed presence was the user's own act; only a block withdraws it
+                // (invisibility does not: XEP-0186 keeps directed presence working).
+                _ => !blocked_either(shared, &viewer, &me).await,
+            };
+            if !keep && shared.privacy.forget(s.id, &viewer) {
+                deliver_presence(shared, &viewer, unavailable(&me, &viewer));
+            }
+        }
+        let info = s.presence();
+        if invisible || !info.available {
+            continue;
+        }
+        let Some(last) = info.last else { continue };
+        for viewer in audience {
+            if shared.privacy.was_revealed(s.id, &viewer) {
+                continue;
+            }
+            shared
+                .privacy
+                .reveal(s.id, &me, &viewer, Relation::Subscriber);
+            let mut p = last.clone();
+            p.set_attr("to", viewer.clone());
+            deliver_presence(shared, &viewer, p);
+        }
+    }
+}
+
+/// Spawns the consumer of the `presenced_block` and `presenced_privacy` channels: each
+/// change, wherever it was made, reconciles its owner on this node; a lost connection
+/// reconciles everyone.
+pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
+    use crate::store::notify::{listen, BLOCK_CHANNEL, PRIVACY_CHANNEL};
+    let mut rx = listen(
+        &shared.config.database.url,
+        &[BLOCK_CHANNEL, PRIVACY_CHANNEL],
+    )
+    .await?;
+    let shutdown = shared.shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let n = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                n = rx.recv() => n,
+            };
+            let Some(n) = n else { return };
+            if n.is_resync() {
+                reconcile_all(&shared).await;
+            } else if is_local(&shared, &n.payload) {
+                reconcile_user(&shared, &n.payload).await;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// XEP-0085 chat states.
+pub const NS_CHATSTATES: &str = "http://jabber.org/protocol/chatstates";
+/// XEP-0184 delivery receipts.
+pub const NS_RECEIPTS: &str = "urn:xmpp:receipts";
+/// XEP-0333 chat markers.
+pub const NS_CHAT_MARKERS: &str = "urn:xmpp:chat-markers:0";
+
+/// Whether a message child is a signal that the sender's client is online right now and
+/// that a client emits on its own, without the user writing anything: any XEP-0085 chat
+/// state, an XEP-0184 `<received/>`, an XEP-0333 `<received/>`/`<displayed/>`/
+/// `<acknowledged/>`.
+pub fn is_presence_signal(child: &Element) -> bool {
+    child.ns == NS_CHATSTATES
+        || child.is("received", NS_RECEIPTS)
+        || (child.ns == NS_CHAT_MARKERS && child.name != "markable")
+}
+
+/// Whether a message child carries something of its own (a body, a subject, any payload)
+/// rather than only routing metadata: the thread, processing hints (XEP-0334), stanza
+/// ids (XEP-0359), a receipt request, a markable flag.
+fn is_content(child: &Element) -> bool {
+    !(child.is("thread", NS_CLIENT)
+        || child.ns == "urn:xmpp:hints"
+        || child.ns == "urn:xmpp:sid:0"
+        || child.is("request", NS_RECEIPTS)
+        || child.is("markable", NS_CHAT_MARKERS)
+        || is_presence_signal(child))
+}
+
+/// The side-channel filter for a message from local session `sender_id` (`sender`, full
+/// JID) to `recipient`. Chat states, receipts and markers reveal that the sender is online
+/// at that moment, so they are relayed only when the recipient may see the sender online
+/// (the privacy gate, and the session is not invisible) or the session revealed itself to
+/// the recipient by directed presence (`directed`). Otherwise they are removed, and a
+/// message left with no content is not relayed at all; a message with a body is the
+/// user's own act and goes through without them. Checks the database only for messages
+/// that carry such a signal. Fails closed.
+pub async fn filter_signals(
+    shared: &Shared,
+    sender_id: u64,
+    sender: &str,
+    recipient: &str,
+    directed: bool,
+    mut el: Element,
+) -> Option<Element> {
+    if el.get_attr("type") == Some("error") || !el.elements().any(is_presence_signal) {
+        return Some(el);
+    }
+    let allowed = directed
+        || (!shared.privacy.is_invisible(sender_id)
+            && may_see_online(shared, recipient, sender, false).await);
+    if allowed {
+        return Some(el);
+    }
+    el.children
+        .retain(|n| !matches!(n, crate::xml::Node::Element(c) if is_presence_signal(c)));
+    if el.elements().any(is_content) {
+        Some(el)
+    } else {
+        None
+    }
+}
+
+/// Whether an iq request from `sender` (full JID) may reach the local session `target`:
+/// the target revealed itself to the sender by its own act (directed presence, an iq it
+/// sent there), or it is a visible, available resource the sender may see online. An iq
+/// delivered where the sender could not know the resource is online would be answered by
+/// the client, which tells online from offline.
+pub async fn may_reach_resource(
+    shared: &Shared,
+    sender: &str,
+    target: &crate::sessions::SessionHandle,
+) -> bool {
+    let own_act = [sender, bare_of(sender)].iter().any(|v| {
+        shared.privacy.revealed_relation(target.id, v) == Some(Relation::DirectedPresence)
+    });
+    if own_act {
+        return !blocked_either(shared, sender, target.jid.as_str()).await;
+    }
+    !shared.privacy.is_invisible(target.id)
+        && target.presence().available
+        && may_see_online(shared, sender, target.jid.as_str(), false).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xml::parse_element;
+
+    #[tokio::test]
+    async fn subject_locks_are_dropped_when_nobody_holds_or_waits_for_them() {
+        let r = Registry::default();
+        let first = r.lock_subject("a@x").await;
+        let waiter = async { r.lock_subject("a@x").await };
+        let mut waiter = Box::pin(waiter);
+        // The waiter cannot get in while the first guard lives.
+        assert!(futures_poll_once(&mut waiter).await.is_none());
+        drop(first);
+        let second = waiter.await;
+        assert_eq!(r.locks.lock().unwrap().len(), 1);
+        drop(second);
+        assert!(r.locks.lock().unwrap().is_empty());
+    }
+
+    /// Polls a future once without waiting.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            out = f => Some(out),
+            _ = std::future::ready(()) => None,
+        }
+    }
+
+    #[test]
+    fn signals_and_content_are_told_apart() {
+        let cases = [
+            (
+                "<active xmlns='http://jabber.org/protocol/chatstates'/>",
+                true,
+                false,
+            ),
+            (
+                "<composing xmlns='http://jabber.org/protocol/chatstates'/>",
+                true,
+                false,
+            ),
+            (
+                "<gone xmlns='http://jabber.org/protocol/chatstates'/>",
+                true,
+                false,
+            ),
+            ("<received xmlns='urn:xmpp:receipts' id='1'/>", true, false),
+            ("<request xmlns='urn:xmpp:receipts'/>", false, false),
+            (
+                "<displayed xmlns='urn:xmpp:chat-markers:0' id='1'/>",
+                true,
+                false,
+            ),
+            ("<markable xmlns='urn:xmpp:chat-markers:0'/>", false, false),
+            ("<thread xmlns='jabber:client'>t</thread>", false, false),
+            ("<no-store xmlns='urn:xmpp:hints'/>", false, false),
+            ("<origin-id xmlns='urn:xmpp:sid:0' id='1'/>", false, false),
+            ("<body xmlns='jabber:client'>hi</body>", false, true),
+            ("<x xmlns='jabber:x:oob'><url>u</url></x>", false, true),
+        ];
+        for (xml, signal, content) in cases {
+            let e = parse_element(xml).expect("test XML parses");
+            assert_eq!(is_presence_signal(&e), signal, "{xml}");
+            assert_eq!(is_content(&e), content, "{xml}");
+        }
+    }
+}

@@ -1,0 +1,1095 @@
+//! Privacy on every path (issue 6) against the real server, PostgreSQL and TLS:
+//! XEP-0191 blocking, XEP-0186 invisibility, the visibility-settings iq, the adversarial
+//! suite (a viewer who may not know tries every way to tell online from offline) and a
+//! property test over random permission changes.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::*;
+use presenced::presence::privacy::{self, Blocks, Party, PrivacySettings, Relation, Visibility};
+use presenced::xml::{parse_element, Element, NS_CLIENT};
+
+const NS_BLOCKING: &str = "urn:xmpp:blocking";
+const NS_PRIVACY: &str = "urn:presenced:privacy:0";
+const NS_INVISIBLE: &str = "urn:xmpp:invisible:0";
+const NS_CHATSTATES: &str = "http://jabber.org/protocol/chatstates";
+const NS_RECEIPTS: &str = "urn:xmpp:receipts";
+
+/// How long a negative expectation watches.
+const QUIET: std::time::Duration = std::time::Duration::from_millis(400);
+
+async fn mutual(ts: &TestServer, a: &str, b: &str) {
+    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
+        .bind(ts.jid(a))
+        .bind(ts.jid(b))
+        .execute(ts.shared().store.pool())
+        .await
+        .expect("make mutual");
+}
+
+fn el(xml: &str) -> Element {
+    parse_element(xml).unwrap_or_else(|| panic!("test XML parses: {xml}"))
+}
+
+/// Logs in and sends initial presence, waiting for the server's echo.
+async fn online(ts: &TestServer, name: &str, res: &str) -> Client {
+    let mut c = ts.login(name, res).await;
+    c.presence(None, None).await;
+    let me = format!("{}/{res}", ts.jid(name));
+    c.expect(|e| is_presence(e, &me, None)).await;
+    c
+}
+
+/// A ping to the server and its answer: everything the server had routed to this client
+/// before processing the ping is in the backlog afterwards (one task per session,
+/// stanzas handled in order, one FIFO mailbox).
+async fn barrier(ts: &TestServer, c: &mut Client) {
+    let r = c
+        .iq(
+            "get",
+            Some(&ts.domain),
+            Element::new("ping", "urn:xmpp:ping"),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+}
+
+async fn set_privacy(ts: &TestServer, c: &mut Client, inner: &str) {
+    let r = c
+        .iq(
+            "set",
+            None,
+            el(&format!("<privacy xmlns='{NS_PRIVACY}'>{inner}</privacy>")),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    barrier(ts, c).await;
+}
+
+async fn block(ts: &TestServer, c: &mut Client, what: &str, jids: &[String]) {
+    let items: String = jids.iter().map(|j| format!("<item jid='{j}'/>")).collect();
+    let r = c
+        .iq(
+            "set",
+            None,
+            el(&format!("<{what} xmlns='{NS_BLOCKING}'>{items}</{what}>")),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    // The handler answers first and withdraws after; the next stanza waits for it.
+    barrier(ts, c).await;
+}
+
+fn from_is(e: &Element, jid: &str) -> bool {
+    e.get_attr("from")
+        .is_some_and(|f| f == jid || f.starts_with(&format!("{jid}/")))
+}
+
+// ---------------------------------------------------------------------------------------
+// XEP-0191
+
+#[tokio::test]
+async fn block_list_round_trip_pushes_to_resources_that_asked_and_unblock_all_empties_it() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    let mut phone = ts.login("alice", "phone").await;
+    let mut pc = ts.login("alice", "pc").await;
+    let empty = phone
+        .iq(
+            "get",
+            None,
+            el(&format!("<blocklist xmlns='{NS_BLOCKING}'/>")),
+        )
+        .await;
+    let list = empty
+        .get_child("blocklist", NS_BLOCKING)
+        .expect("blocklist");
+    assert_eq!(list.elements().count(), 0, "{empty}");
+
+    // A block with no items is bad-request (XEP-0191 §3.3).
+    let bad = pc
+        .iq("set", None, el(&format!("<block xmlns='{NS_BLOCKING}'/>")))
+        .await;
+    assert_eq!(stanza_error(&bad), "bad-request");
+
+    let spam = "Spam@Evil.example".to_owned();
+    block(&ts, &mut pc, "block", std::slice::from_ref(&spam)).await;
+    // Only the resource that retrieved the list gets the push, with the normalised JID.
+    let push = phone
+        .expect(|e| e.name == "iq" && e.get_child("block", NS_BLOCKING).is_some())
+        .await;
+    let item = push
+        .get_child("block", NS_BLOCKING)
+        .unwrap()
+        .elements()
+        .next()
+        .unwrap();
+    assert_eq!(item.get_attr("jid"), Some("spam@evil.example"));
+    pc.expect_none(|e| e.get_child("block", NS_BLOCKING).is_some(), QUIET)
+        .await;
+
+    let got = phone
+        .iq(
+            "get",
+            None,
+            el(&format!("<blocklist xmlns='{NS_BLOCKING}'/>")),
+        )
+        .await;
+    let items: Vec<_> = got
+        .get_child("blocklist", NS_BLOCKING)
+        .unwrap()
+        .elements()
+        .filter_map(|i| i.get_attr("jid").map(str::to_owned))
+        .collect();
+    assert_eq!(items, ["spam@evil.example"]);
+
+    block(&ts, &mut pc, "unblock", &[]).await;
+    let push = phone
+        .expect(|e| e.name == "iq" && e.get_child("unblock", NS_BLOCKING).is_some())
+        .await;
+    assert_eq!(
+        push.get_child("unblock", NS_BLOCKING)
+            .unwrap()
+            .elements()
+            .count(),
+        0,
+        "unblock-all is pushed without items"
+    );
+    assert!(ts
+        .shared()
+        .store
+        .blocklist(&ts.jid("alice"))
+        .await
+        .unwrap()
+        .is_empty());
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn blocked_contact_gets_unavailable_from_every_resource_then_nothing_more() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    mutual(&ts, "alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let mut phone = online(&ts, "alice", "phone").await;
+    let mut laptop = online(&ts, "alice", "laptop").await;
+    for r in ["phone", "laptop"] {
+        let j = format!("{}/{r}", ts.jid("alice"));
+        bob.expect(|e| is_presence(e, &j, None)).await;
+    }
+    block(&ts, &mut laptop, "block", &[ts.jid("bob")]).await;
+    for r in ["phone", "laptop"] {
+        let j = format!("{}/{r}", ts.jid("alice"));
+        bob.expect(|e| is_presence(e, &j, Some("unavailable")))
+            .await;
+    }
+    // The blocker's own resources stop seeing the blocked contact too.
+    let bob_pc = format!("{}/pc", ts.jid("bob"));
+    laptop
+        .expect(|e| is_presence(e, &bob_pc, Some("unavailable")))
+        .await;
+    // (Drop what came before the block, e.g. the answers to the login probes.)
+    bob.backlog.clear();
+    laptop.backlog.clear();
+    // Nothing more: a presence update, a chat state, a closing session.
+    phone.presence(None, None).await;
+    let cs = el(&format!(
+        "<message type='chat' to='{}'><composing xmlns='{NS_CHATSTATES}'/></message>",
+        ts.jid("bob")
+    ));
+    laptop.send(&cs).await;
+    // The user's own message to the blocked contact: not-acceptable + <blocked/> (§3.5).
+    let err = laptop
+        .expect(|e| e.name == "message" && e.get_attr("type") == Some("error"))
+        .await;
+    assert_eq!(stanza_error(&err), "not-acceptable");
+    assert!(err
+        .get_child("error", NS_CLIENT)
+        .and_then(|e| e.get_child("blocked", "urn:xmpp:blocking:errors"))
+        .is_some());
+    barrier(&ts, &mut phone).await;
+    phone.close().await;
+    barrier(&ts, &mut laptop).await;
+    bob.expect_none(|e| from_is(e, &ts.jid("alice")), QUIET)
+        .await;
+
+    // The blocked contact's stanzas: message dropped, iq service-unavailable, both as if
+    // alice were offline.
+    let m = el(&format!(
+        "<message type='chat' to='{}'><body>hi</body></message>",
+        ts.jid("alice")
+    ));
+    bob.send(&m).await;
+    let iq = bob
+        .iq(
+            "get",
+            Some(&format!("{}/laptop", ts.jid("alice"))),
+            Element::new("ping", "urn:xmpp:ping"),
+        )
+        .await;
+    assert_eq!(stanza_error(&iq), "service-unavailable");
+    barrier(&ts, &mut bob).await;
+    laptop
+        .expect_none(|e| from_is(e, &ts.jid("bob")), QUIET)
+        .await;
+
+    // Unblocking shows current presence again.
+    block(&ts, &mut laptop, "unblock", &[ts.jid("bob")]).await;
+    let j = format!("{}/laptop", ts.jid("alice"));
+    bob.expect(|e| is_presence(e, &j, None)).await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn blocking_a_contact_who_could_not_see_you_online_sends_it_nothing() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    mutual(&ts, "alice", "bob").await;
+    let mut alice = ts.login("alice", "phone").await;
+    set_privacy(&ts, &mut alice, "<online mode='nobody'/>").await;
+    alice.presence(None, None).await;
+    barrier(&ts, &mut alice).await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    // The probe answer for a hidden contact is the offline one: unavailable from the bare JID.
+    let p = bob.expect(|e| from_is(e, &ts.jid("alice"))).await;
+    assert_eq!(p.get_attr("from"), Some(ts.jid("alice").as_str()), "{p}");
+    assert_eq!(p.get_attr("type"), Some("unavailable"));
+    block(&ts, &mut alice, "block", &[ts.jid("bob")]).await;
+    barrier(&ts, &mut bob).await;
+    // An unavailable from alice/phone now would tell bob she was online.
+    bob.expect_none(|e| from_is(e, &ts.jid("alice")), QUIET)
+        .await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn a_block_written_in_sql_elsewhere_withdraws_presence_through_notify() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    mutual(&ts, "alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let _alice = online(&ts, "alice", "phone").await;
+    let j = format!("{}/phone", ts.jid("alice"));
+    bob.expect(|e| is_presence(e, &j, None)).await;
+    // An operator (or another node) changes the list without this node's iq handler.
+    sqlx::query("INSERT INTO blocklist (owner, blocked) VALUES ($1, $2)")
+        .bind(ts.jid("alice"))
+        .bind(ts.jid("bob"))
+        .execute(ts.shared().store.pool())
+        .await
+        .unwrap();
+    bob.expect(|e| is_presence(e, &j, Some("unavailable")))
+        .await;
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Visibility settings
+
+#[tokio::test]
+async fn settings_iq_round_trips_is_advertised_and_withdraws_and_restores_presence_at_once() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.user("carol").await;
+    mutual(&ts, "alice", "bob").await;
+    mutual(&ts, "alice", "carol").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let mut carol = online(&ts, "carol", "pc").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let j = format!("{}/phone", ts.jid("alice"));
+    bob.expect(|e| is_presence(e, &j, None)).await;
+    carol.expect(|e| is_presence(e, &j, None)).await;
+
+    let info = alice
+        .iq(
+            "get",
+            Some(&ts.domain),
+            el("<query xmlns='http://jabber.org/protocol/disco#info'/>"),
+        )
+        .await;
+    let features: BTreeSet<String> = info
+        .elements()
+        .next()
+        .unwrap()
+        .elements()
+        .filter_map(|f| f.get_attr("var").map(str::to_owned))
+        .collect();
+    for ns in [NS_PRIVACY, NS_BLOCKING, NS_INVISIBLE] {
+        assert!(features.contains(ns), "{ns} not advertised: {features:?}");
+    }
+
+    let got = alice
+        .iq("get", None, el(&format!("<privacy xmlns='{NS_PRIVACY}'/>")))
+        .await;
+    let p = got.get_child("privacy", NS_PRIVACY).expect("settings");
+    let modes: Vec<_> = p
+        .elements()
+        .map(|e| (e.name.clone(), e.get_attr("mode").map(str::to_owned)))
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            ("online".to_owned(), Some("subscribers".to_owned())),
+            ("last-seen".to_owned(), Some("subscribers".to_owned()))
+        ]
+    );
+
+    set_privacy(
+        &ts,
+        &mut alice,
+        &format!(
+            "<online mode='contacts_except'><except jid='{}'/></online>",
+            ts.jid("bob")
+        ),
+    )
+    .await;
+    // Withdrawn from bob before the next stanza; carol keeps seeing alice.
+    bob.expect(|e| is_presence(e, &j, Some("unavailable")))
+        .await;
+    bob.backlog.clear();
+    alice.presence(None, None).await;
+    barrier(&ts, &mut alice).await;
+    carol.expect(|e| is_presence(e, &j, None)).await;
+    bob.expect_none(|e| from_is(e, &ts.jid("alice")), QUIET)
+        .await;
+
+    let got = alice
+        .iq("get", None, el(&format!("<privacy xmlns='{NS_PRIVACY}'/>")))
+        .await;
+    let online_el = got
+        .get_child("privacy", NS_PRIVACY)
+        .and_then(|p| p.get_child("online", NS_PRIVACY))
+        .expect("online");
+    assert_eq!(online_el.get_attr("mode"), Some("contacts_except"));
+    assert_eq!(
+        online_el.elements().next().and_then(|e| e.get_attr("jid")),
+        Some(ts.jid("bob").as_str())
+    );
+
+    set_privacy(&ts, &mut alice, "<online mode='subscribers'/>").await;
+    bob.expect(|e| is_presence(e, &j, None)).await;
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// XEP-0186
+
+#[tokio::test]
+async fn invisible_session_broadcasts_nothing_answers_probes_offline_and_can_send_directed() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.user("carol").await;
+    mutual(&ts, "alice", "bob").await;
+    mutual(&ts, "alice", "carol").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let j = format!("{}/phone", ts.jid("alice"));
+    bob.expect(|e| is_presence(e, &j, None)).await;
+
+    let r = alice
+        .iq(
+            "set",
+            None,
+            el(&format!("<invisible xmlns='{NS_INVISIBLE}'/>")),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"));
+    // Becoming invisible withdraws what was shown.
+    bob.expect(|e| is_presence(e, &j, Some("unavailable")))
+        .await;
+    alice.presence(None, None).await;
+    barrier(&ts, &mut alice).await;
+    bob.expect_none(|e| from_is(e, &ts.jid("alice")), QUIET)
+        .await;
+
+    // Carol logs in now: her probe is answered as if alice were offline.
+    let mut carol = online(&ts, "carol", "pc").await;
+    let p = carol.expect(|e| from_is(e, &ts.jid("alice"))).await;
+    assert_eq!(p.get_attr("type"), Some("unavailable"), "{p}");
+    assert_eq!(p.get_attr("from"), Some(ts.jid("alice").as_str()));
+
+    // Directed presence still works, to that one recipient.
+    alice.presence(None, Some(&ts.jid("carol"))).await;
+    barrier(&ts, &mut alice).await;
+    carol.expect(|e| is_presence(e, &j, None)).await;
+    bob.expect_none(|e| from_is(e, &ts.jid("alice")), QUIET)
+        .await;
+
+    let r = alice
+        .iq(
+            "set",
+            None,
+            el(&format!("<visible xmlns='{NS_INVISIBLE}'/>")),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"));
+    bob.expect(|e| is_presence(e, &j, None)).await;
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The adversarial suite
+
+/// What the subject is and does in one scenario.
+#[derive(Clone, Copy, Debug)]
+enum Scenario {
+    /// Mutual contacts; the subject blocks the viewer.
+    BlockedBySubject,
+    /// Mutual contacts; the viewer blocks the subject.
+    ViewerBlocks,
+    /// Mutual contacts; online status hidden from everyone.
+    HiddenFromAll,
+    /// Mutual contacts; online status hidden from the viewer by name.
+    HiddenFromViewer,
+    /// No roster relation at all.
+    Stranger,
+    /// Mutual contacts, default settings, the subject's session is invisible.
+    Invisible,
+    /// Control: mutual contacts, default settings. Must tell online from offline, or the
+    /// suite proves nothing.
+    Permitted,
+}
+
+/// Everything the viewer receives while attacking, normalised (the domain differs per
+/// server). The subject is online in its own run only; its client behaves like a naive
+/// real one: answers every iq, acknowledges every message with a receipt and a chat state.
+async fn attack(scenario: Scenario, subject_online: bool) -> Vec<String> {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("sub").await;
+    ts.user("viewer").await;
+    let sub = ts.jid("sub");
+    let viewer = ts.jid("viewer");
+    if !matches!(scenario, Scenario::Stranger) {
+        mutual(&ts, "sub", "viewer").await;
+    }
+    let store = &ts.shared().store;
+    match scenario {
+        Scenario::BlockedBySubject => {
+            store
+                .block(&sub, std::slice::from_ref(&viewer))
+                .await
+                .unwrap();
+        }
+        Scenario::ViewerBlocks => {
+            store
+                .block(&viewer, std::slice::from_ref(&sub))
+                .await
+                .unwrap();
+        }
+        Scenario::HiddenFromAll => {
+            let s = PrivacySettings {
+                online: Visibility::Nobody,
+                last_seen: Visibility::Nobody,
+            };
+            store.set_privacy_settings(&sub, &s).await.unwrap();
+        }
+        Scenario::HiddenFromViewer => {
+            let except: BTreeSet<_> = [::jid::BareJid::new(&viewer).unwrap()].into();
+            let s = PrivacySettings {
+                online: Visibility::ContactsExcept(except.clone()),
+                last_seen: Visibility::ContactsExcept(except),
+            };
+            store.set_privacy_settings(&sub, &s).await.unwrap();
+        }
+        _ => {}
+    }
+    let mut subject = None;
+    if subject_online {
+        let mut s = ts.login("sub", "phone").await;
+        if matches!(scenario, Scenario::Invisible) {
+            let r = s
+                .iq(
+                    "set",
+                    None,
+                    el(&format!("<invisible xmlns='{NS_INVISIBLE}'/>")),
+                )
+                .await;
+            assert_eq!(r.get_attr("type"), Some("result"));
+        }
+        s.presence(None, None).await;
+        barrier(&ts, &mut s).await;
+        s.backlog.clear();
+        subject = Some(s);
+    }
+    let mut v = ts.login("viewer", "pc").await;
+    let full = format!("{sub}/phone");
+    let attack = [
+        // initial presence: the server probes the subject on the viewer's behalf
+        "<presence/>".to_owned(),
+        format!("<presence to='{sub}'/>"),
+        format!("<presence to='{full}'/>"),
+        format!("<presence to='{sub}' type='subscribe'/>"),
+        format!("<presence to='{sub}' type='probe'/>"),
+        format!(
+            "<message type='chat' id='m1' to='{sub}'><body>hi</body>\
+             <request xmlns='{NS_RECEIPTS}'/><active xmlns='{NS_CHATSTATES}'/></message>"
+        ),
+        format!(
+            "<message type='chat' id='m2' to='{full}'><body>hi</body><request xmlns='{NS_RECEIPTS}'/></message>"
+        ),
+        format!("<message id='m3' to='{full}'><composing xmlns='{NS_CHATSTATES}'/></message>"),
+        format!("<message type='chat' id='m4' to='{sub}/nosuch'><body>?</body></message>"),
+        format!("<iq type='get' id='i1' to='{full}'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"),
+        format!("<iq type='get' id='i2' to='{full}'><ping xmlns='urn:xmpp:ping'/></iq>"),
+        format!("<iq type='get' id='i3' to='{sub}'><query xmlns='http://jabber.org/protocol/disco#items'/></iq>"),
+        format!("<iq type='get' id='i4' to='{sub}'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"),
+        format!("<iq type='get' id='i5' to='{sub}'><query xmlns='jabber:iq:last'/></iq>"),
+        format!("<iq type='get' id='i6' to='{full}'><query xmlns='jabber:iq:last'/></iq>"),
+        format!("<iq type='get' id='i7' to='{sub}/nosuch'><ping xmlns='urn:xmpp:ping'/></iq>"),
+    ];
+    for s in &attack {
+        v.send_raw(s).await;
+    }
+    barrier(&ts, &mut v).await;
+    if let Some(s) = subject.as_mut() {
+        // Everything the viewer's stanzas caused at the subject is queued before this.
+        barrier(&ts, s).await;
+        let got = std::mem::take(&mut s.backlog);
+        for e in got {
+            let Some(from) = e.get_attr("from").map(str::to_owned) else {
+                continue;
+            };
+            if !from.starts_with(&viewer) {
+                continue;
+            }
+            match (e.name.as_str(), e.get_attr("type")) {
+                ("message", t) if t != Some("error") => {
+                    let id = e.get_attr("id").unwrap_or("").to_owned();
+                    s.send(&el(&format!(
+                        "<message type='chat' to='{from}'><received xmlns='{NS_RECEIPTS}' id='{id}'/>\
+                         <active xmlns='{NS_CHATSTATES}'/></message>"
+                    )))
+                    .await;
+                    s.send(&el(&format!(
+                        "<message type='chat' to='{from}'><composing xmlns='{NS_CHATSTATES}'/></message>"
+                    )))
+                    .await;
+                }
+                ("iq", Some("get" | "set")) => {
+                    let id = e.get_attr("id").unwrap_or("");
+                    s.send_raw(&format!("<iq type='result' id='{id}' to='{from}'/>"))
+                        .await;
+                }
+                _ => {}
+            }
+        }
+        barrier(&ts, s).await;
+    }
+    barrier(&ts, &mut v).await;
+    let transcript = v
+        .backlog
+        .iter()
+        .map(|e| e.to_xml().replace(&ts.domain, "DOMAIN"))
+        .collect();
+    ts.stop().await;
+    transcript
+}
+
+fn reveals_online(transcript: &[String]) -> Vec<&String> {
+    transcript
+        .iter()
+        .filter(|x| {
+            let e = el(x);
+            let from_sub = e
+                .get_attr("from")
+                .is_some_and(|f| f.starts_with("sub@DOMAIN/"));
+            let available = e.name == "presence" && e.get_attr("type").is_none();
+            let signal = e.name == "message"
+                && e.elements()
+                    .any(|c| c.ns == NS_CHATSTATES || c.ns == NS_RECEIPTS);
+            from_sub && (available || signal || e.get_attr("type") == Some("result"))
+        })
+        .collect()
+}
+
+async fn assert_indistinguishable(scenario: Scenario) {
+    let offline = attack(scenario, false).await;
+    let online = attack(scenario, true).await;
+    assert!(
+        reveals_online(&online).is_empty(),
+        "{scenario:?}: stanzas that reveal the subject is online: {:#?}",
+        reveals_online(&online)
+    );
+    assert_eq!(
+        offline, online,
+        "{scenario:?}: the viewer can tell online (right) from offline (left)"
+    );
+}
+
+#[tokio::test]
+async fn blocked_viewer_cannot_tell_online_from_offline() {
+    assert_indistinguishable(Scenario::BlockedBySubject).await;
+}
+
+#[tokio::test]
+async fn viewer_who_blocked_the_subject_cannot_tell_online_from_offline() {
+    assert_indistinguishable(Scenario::ViewerBlocks).await;
+}
+
+#[tokio::test]
+async fn subscriber_hidden_by_nobody_setting_cannot_tell_online_from_offline() {
+    assert_indistinguishable(Scenario::HiddenFromAll).await;
+}
+
+#[tokio::test]
+async fn subscriber_named_in_except_list_cannot_tell_online_from_offline() {
+    assert_indistinguishable(Scenario::HiddenFromViewer).await;
+}
+
+#[tokio::test]
+async fn stranger_cannot_tell_online_from_offline() {
+    assert_indistinguishable(Scenario::Stranger).await;
+}
+
+#[tokio::test]
+async fn subscriber_cannot_tell_invisible_from_offline() {
+    assert_indistinguishable(Scenario::Invisible).await;
+}
+
+#[tokio::test]
+async fn control_permitted_subscriber_does_tell_online_from_offline() {
+    // The same attack by a permitted viewer must see a difference; otherwise the suite
+    // above would pass for a server that hides nothing because the attack sees nothing.
+    let offline = attack(Scenario::Permitted, false).await;
+    let online = attack(Scenario::Permitted, true).await;
+    assert_ne!(offline, online);
+    assert!(!reveals_online(&online).is_empty(), "{online:#?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Property: random permission changes interleaved with presence updates
+
+mod model {
+    use proptest::prelude::*;
+
+    pub const USERS: [&str; 3] = ["u0", "u1", "u2"];
+
+    #[derive(Debug, Clone)]
+    pub enum Mode {
+        Subscribers,
+        Nobody,
+        Except(usize),
+    }
+
+    #[derive(Debug, Clone)]
+    pub enum Op {
+        Block(usize, usize),
+        Unblock(usize, usize),
+        Online(usize, Mode),
+        Update(usize),
+        ChatState(usize, usize),
+        Invisible(usize, bool),
+        /// The user's session ends and a new one logs in (probe answers, new resource).
+        Relogin(usize),
+    }
+
+    pub fn op() -> impl Strategy<Value = Op> {
+        let u = 0..USERS.len();
+        let mode = prop_oneof![
+            Just(Mode::Subscribers),
+            Just(Mode::Nobody),
+            (0..USERS.len()).prop_map(Mode::Except),
+        ];
+        prop_oneof![
+            (u.clone(), u.clone())
+                .prop_filter_map("self", |(a, b)| (a != b).then_some(Op::Block(a, b))),
+            (u.clone(), u.clone())
+                .prop_filter_map("self", |(a, b)| (a != b).then_some(Op::Unblock(a, b))),
+            (u.clone(), mode).prop_map(|(a, m)| Op::Online(a, m)),
+            u.clone().prop_map(Op::Update),
+            u.clone().prop_map(Op::Update),
+            (u.clone(), u.clone())
+                .prop_filter_map("self", |(a, b)| (a != b).then_some(Op::ChatState(a, b))),
+            (u.clone(), any::<bool>()).prop_map(|(a, i)| Op::Invisible(a, i)),
+            u.clone().prop_map(Op::Relogin),
+        ]
+    }
+}
+
+/// What a viewer currently believes about a subject's one resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Belief {
+    Unknown,
+    Offline,
+    Online(String),
+}
+
+// Users are indices into the model's tables; iterators would hide which is which.
+#[allow(clippy::needless_range_loop)]
+async fn run_model(ops: Vec<model::Op>) {
+    use model::*;
+    let ts = TestServer::start(|_| {}).await;
+    let n = USERS.len();
+    for u in USERS {
+        ts.user(u).await;
+    }
+    for a in 0..n {
+        for b in (a + 1)..n {
+            mutual(&ts, USERS[a], USERS[b]).await;
+        }
+    }
+    let jids: Vec<String> = USERS.iter().map(|u| ts.jid(u)).collect();
+    let bare: Vec<::jid::BareJid> = jids
+        .iter()
+        .map(|j| ::jid::BareJid::new(j).unwrap())
+        .collect();
+    let mut clients = Vec::new();
+    for u in USERS {
+        let mut c = ts.login(u, "r").await;
+        c.send(&el("<presence><status>init</status></presence>"))
+            .await;
+        barrier(&ts, &mut c).await;
+        clients.push(c);
+    }
+    let mut blocks: BTreeSet<(usize, usize)> = BTreeSet::new();
+    let mut settings: Vec<PrivacySettings> = vec![PrivacySettings::default(); n];
+    let mut invisible = vec![false; n];
+    let mut status: Vec<String> = vec!["init".to_owned(); n];
+    let mut belief: BTreeMap<(usize, usize), Belief> = BTreeMap::new();
+
+    let permitted = |blocks: &BTreeSet<(usize, usize)>,
+                     settings: &[PrivacySettings],
+                     invisible: &[bool],
+                     v: usize,
+                     s: usize| {
+        !invisible[s]
+            && privacy::may_see_online(
+                Party {
+                    jid: &bare[v],
+                    settings: &settings[v],
+                },
+                Party {
+                    jid: &bare[s],
+                    settings: &settings[s],
+                },
+                Relation::Subscriber,
+                Blocks {
+                    by_subject: blocks.contains(&(s, v)),
+                    by_viewer: blocks.contains(&(v, s)),
+                },
+            )
+    };
+
+    for (step, op) in std::iter::once(None)
+        .chain(ops.into_iter().map(Some))
+        .enumerate()
+    {
+        let mut chat_state: Option<(usize, usize)> = None;
+        if let Some(op) = &op {
+            match op.clone() {
+                Op::Block(a, b) | Op::Unblock(a, b) => {
+                    let what = if matches!(op, Op::Block(..)) {
+                        "block"
+                    } else {
+                        "unblock"
+                    };
+                    block(&ts, &mut clients[a], what, &[jids[b].clone()]).await;
+                    if what == "block" {
+                        blocks.insert((a, b));
+                    } else {
+                        blocks.remove(&(a, b));
+                    }
+                }
+                Op::Online(a, m) => {
+                    let (xml, vis) = match m {
+                        Mode::Subscribers => (
+                            "<online mode='subscribers'/>".to_owned(),
+                            Visibility::Subscribers,
+                        ),
+                        Mode::Nobody => ("<online mode='nobody'/>".to_owned(), Visibility::Nobody),
+                        Mode::Except(x) => (
+                            format!(
+                                "<online mode='contacts_except'><except jid='{}'/></online>",
+                                jids[x]
+                            ),
+                            Visibility::ContactsExcept([bare[x].clone()].into()),
+                        ),
+                    };
+                    set_privacy(&ts, &mut clients[a], &xml).await;
+                    settings[a].online = vis;
+                }
+                Op::Update(a) => {
+                    let token = format!("s{step}");
+                    clients[a]
+                        .send(&el(&format!(
+                            "<presence><status>{token}</status></presence>"
+                        )))
+                        .await;
+                    barrier(&ts, &mut clients[a]).await;
+                    status[a] = token;
+                }
+                Op::ChatState(a, b) => {
+                    clients[a]
+                        .send(&el(&format!(
+                            "<message type='chat' to='{}'><composing xmlns='{NS_CHATSTATES}'/></message>",
+                            jids[b]
+                        )))
+                        .await;
+                    barrier(&ts, &mut clients[a]).await;
+                    chat_state = Some((a, b));
+                }
+                Op::Invisible(a, on) => {
+                    let what = if on { "invisible" } else { "visible" };
+                    let r = clients[a]
+                        .iq(
+                            "set",
+                            None,
+                            el(&format!("<{what} xmlns='{NS_INVISIBLE}'/>")),
+                        )
+                        .await;
+                    assert_eq!(r.get_attr("type"), Some("result"));
+                    barrier(&ts, &mut clients[a]).await;
+                    invisible[a] = on;
+                }
+                Op::Relogin(a) => {
+                    // The new session binds first (not yet available: it shows and asks
+                    // nothing), the old one closes and is gone before the new one sends
+                    // initial presence, so its unavailable cannot overtake the new presence.
+                    let fresh = ts.login(USERS[a], &format!("r{step}")).await;
+                    let old = std::mem::replace(&mut clients[a], fresh);
+                    let old_jid = presenced::jid::FullJid::new(&old.jid).unwrap();
+                    old.close().await;
+                    let deadline = std::time::Instant::now() + WAIT;
+                    while ts.shared().sessions.get(&old_jid).is_some() {
+                        assert!(std::time::Instant::now() < deadline, "old session lingers");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                    let token = format!("s{step}");
+                    clients[a]
+                        .send(&el(&format!(
+                            "<presence><status>{token}</status></presence>"
+                        )))
+                        .await;
+                    barrier(&ts, &mut clients[a]).await;
+                    status[a] = token;
+                    invisible[a] = false;
+                    // What the new session knows is what it was told since it bound.
+                    belief.retain(|(v, _), _| *v != a);
+                }
+            }
+        }
+        // Collect what each viewer got and update its beliefs.
+        for v in 0..n {
+            barrier(&ts, &mut clients[v]).await;
+            for e in std::mem::take(&mut clients[v].backlog) {
+                let Some(from) = e.get_attr("from") else {
+                    continue;
+                };
+                let Some(s) =
+                    (0..n).find(|&s| from == jids[s] || from.starts_with(&format!("{}/", jids[s])))
+                else {
+                    continue;
+                };
+                if s == v {
+                    continue;
+                }
+                let allowed = permitted(&blocks, &settings, &invisible, v, s);
+                match (e.name.as_str(), e.get_attr("type")) {
+                    ("presence", None) => {
+                        assert!(
+                            allowed,
+                            "step {step} {op:?}: {} got available presence of {} it may not see: {e}",
+                            USERS[v], USERS[s]
+                        );
+                        let st = e
+                            .get_child("status", NS_CLIENT)
+                            .map(|x| x.text_content())
+                            .unwrap_or_default();
+                        belief.insert((v, s), Belief::Online(st));
+                    }
+                    ("presence", Some("unavailable")) => {
+                        belief.insert((v, s), Belief::Offline);
+                    }
+                    ("message", _) if e.get_child("composing", NS_CHATSTATES).is_some() => {
+                        assert!(
+                            allowed && chat_state == Some((s, v)),
+                            "step {step} {op:?}: {} got a chat state from {} it may not see online",
+                            USERS[v],
+                            USERS[s]
+                        );
+                        chat_state = None;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Nothing cached outlives a permission, and nothing permitted is withheld.
+        for v in 0..n {
+            for s in 0..n {
+                if v == s {
+                    continue;
+                }
+                let b = belief.get(&(v, s)).cloned().unwrap_or(Belief::Unknown);
+                if permitted(&blocks, &settings, &invisible, v, s) {
+                    assert_eq!(
+                        b,
+                        Belief::Online(status[s].clone()),
+                        "step {step} {op:?}: {} should see {} as {}",
+                        USERS[v],
+                        USERS[s],
+                        status[s]
+                    );
+                } else {
+                    assert!(
+                        !matches!(b, Belief::Online(_)),
+                        "step {step} {op:?}: {} still believes {} online ({b:?}) without permission",
+                        USERS[v], USERS[s]
+                    );
+                }
+            }
+        }
+        if let Some((a, b)) = chat_state {
+            assert!(
+                !permitted(&blocks, &settings, &invisible, b, a),
+                "step {step}: a permitted chat state from {} to {} was not relayed",
+                USERS[a],
+                USERS[b]
+            );
+        }
+    }
+    ts.stop().await;
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        cases: std::env::var("PRIVACY_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12),
+        max_shrink_iters: 64,
+        .. proptest::test_runner::Config::default()
+    })]
+
+    #[test]
+    fn no_permitted_only_stanza_reaches_a_viewer_without_permission(
+        ops in proptest::collection::vec(model::op(), 1..14)
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(run_model(ops));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Freshness and cost of the gate
+
+#[tokio::test]
+async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() {
+    use presenced::presence::gate;
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    mutual(&ts, "alice", "bob").await;
+    let shared = ts.shared().clone();
+    let (alice, bob) = (ts.jid("alice"), ts.jid("bob"));
+    let rounds = 100;
+    let mut spent = std::time::Duration::ZERO;
+    for i in 0..rounds {
+        let blocked = i % 2 == 0;
+        if blocked {
+            shared
+                .store
+                .block(&alice, std::slice::from_ref(&bob))
+                .await
+                .unwrap();
+        } else {
+            shared
+                .store
+                .unblock(&alice, std::slice::from_ref(&bob))
+                .await
+                .unwrap();
+        }
+        let t = std::time::Instant::now();
+        let sees = gate::may_see_online(&shared, &format!("{bob}/pc"), &alice, false).await;
+        spent += t.elapsed();
+        // No cache: the change committed just before is what the very next decision sees.
+        assert_eq!(sees, !blocked, "round {i}");
+    }
+    eprintln!(
+        "gate: one online decision = {:?} on average over {rounds} (4 concurrent reads)",
+        spent / rounds
+    );
+
+    // What routing a message adds: one block lookup per direction.
+    let msg = el(&format!(
+        "<message to='{alice}' from='{bob}/pc'><body>x</body></message>"
+    ));
+    let t = std::time::Instant::now();
+    for _ in 0..rounds {
+        use presenced::blocking::{inbound_from_blocked, outbound_to_blocked, Verdict};
+        let out = outbound_to_blocked(&shared, &format!("{bob}/pc"), &alice, &msg).await;
+        let inb = inbound_from_blocked(&shared, &format!("{bob}/pc"), &alice, &msg).await;
+        assert_eq!((out, inb), (Verdict::Pass, Verdict::Pass));
+    }
+    eprintln!(
+        "blocking: checks on one message = {:?} on average",
+        t.elapsed() / rounds
+    );
+
+    // A broadcast decides for the whole roster with three queries.
+    let contacts = 200;
+    for i in 0..contacts {
+        let name = format!("c{i}");
+        shared
+            .store
+            .create_account(&name, &ts.domain, "pw", 1)
+            .await
+            .unwrap();
+        mutual(&ts, "alice", &name).await;
+        if i % 10 == 0 {
+            shared
+                .store
+                .block(&ts.jid(&name), std::slice::from_ref(&alice))
+                .await
+                .unwrap();
+        }
+    }
+    let (_, roster) = shared.store.roster(&alice).await.unwrap();
+    let t = std::time::Instant::now();
+    let audience = gate::online_audience(&shared, &format!("{alice}/phone"), &roster).await;
+    let took = t.elapsed();
+    // bob ends unblocked (the last round is odd) and every tenth contact blocks alice.
+    assert_eq!(audience.len(), 1 + contacts - contacts / 10);
+    eprintln!(
+        "gate: audience of a {}-item roster = {took:?}",
+        roster.len()
+    );
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn a_stored_subscription_request_from_an_entity_blocked_since_is_not_delivered() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("mallory").await;
+    ts.user("carol").await;
+    let mut mallory = ts.login("mallory", "pc").await;
+    let mut carol = ts.login("carol", "pc").await;
+    // alice is offline: both requests wait for her (RFC 6121 §3.1.3).
+    for c in [&mut mallory, &mut carol] {
+        c.presence(Some("subscribe"), Some(&ts.jid("alice"))).await;
+        barrier(&ts, c).await;
+    }
+    ts.shared()
+        .store
+        .block(&ts.jid("alice"), &[ts.jid("mallory")])
+        .await
+        .unwrap();
+    let mut alice = online(&ts, "alice", "phone").await;
+    // The unblocked request arrives; the blocked one does not.
+    alice
+        .expect(|e| e.get_attr("type") == Some("subscribe") && from_is(e, &ts.jid("carol")))
+        .await;
+    barrier(&ts, &mut alice).await;
+    alice
+        .expect_none(|e| from_is(e, &ts.jid("mallory")), QUIET)
+        .await;
+    ts.stop().await;
+}
