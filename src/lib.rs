@@ -15,7 +15,9 @@
 pub mod c2s;
 pub mod config;
 pub mod error;
+pub mod http;
 pub mod jid;
+pub mod liveness;
 pub mod presence;
 pub mod roster;
 pub mod router;
@@ -25,4 +27,5 @@ pub mod server;
 pub mod sessions;
 pub mod store;
 pub mod tls;
+pub mod websocket;
 pub mod xml;

@@ -298,9 +298,12 @@ async fn unavailable_with_last_seen(shared: &Shared, contact: &str, to: &FullJid
     p
 }
 
-/// When a local user was last seen, if known.
-pub async fn last_seen(_shared: &Shared, _bare: &str) -> Option<chrono::DateTime<chrono::Utc>> {
-    None
+/// When a local user was last seen, if known: the last heartbeat of a silent death or the
+/// close time of a clean one (see [`crate::liveness::last_seen`]).
+pub async fn last_seen(shared: &Shared, bare: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    crate::liveness::last_seen::when(shared, bare)
+        .await
+        .map(|l| l.at)
 }
 
 fn deliver_directed(shared: &Shared, to: &str, el: Element) {
