@@ -422,10 +422,12 @@ impl Config {
         ];
         for (name, v) in positive {
             if !(v.is_finite() && v > 0.0) {
-                return bad(format!("[liveness] {name} must be a positive number of seconds"));
+                return bad(format!(
+                    "[liveness] {name} must be a positive number of seconds"
+                ));
             }
         }
-        if !(l.grace.is_finite() && l.grace >= 0.0) || !l.metrics_log_interval.is_finite() {
+        if !(l.grace.is_finite() && l.grace >= 0.0 && l.metrics_log_interval.is_finite()) {
             return bad("[liveness] grace and metrics_log_interval must be >= 0".into());
         }
         let slack = l.ttl / 10.0;
@@ -443,13 +445,17 @@ impl Config {
             return bad("[liveness] sweep_batch must be 1..=5000 and beat_shards > 0".into());
         }
         let r = &self.redis;
-        if !(r.timeout.is_finite() && r.timeout > 0.0)
-            || !(r.reconnect_max.is_finite() && r.reconnect_max >= 0.1)
+        if !(r.timeout.is_finite()
+            && r.timeout > 0.0
+            && r.reconnect_max.is_finite()
+            && r.reconnect_max >= 0.1)
         {
             return bad("[redis] timeout > 0 and reconnect_max >= 0.1 seconds".into());
         }
         if !self.http.websocket_path.starts_with('/') || self.http.max_request_head < 512 {
-            return bad("[http] websocket_path must start with '/', max_request_head >= 512".into());
+            return bad(
+                "[http] websocket_path must start with '/', max_request_head >= 512".into(),
+            );
         }
         Ok(())
     }

@@ -45,6 +45,22 @@ fn offers_xmpp(req: &Request) -> bool {
         .any(|p| p.trim().eq_ignore_ascii_case(SUBPROTOCOL))
 }
 
+/// The handshake callback: RFC 7395 §3.1 requires the `xmpp` subprotocol; without it no
+/// XMPP session is established. (The error type is tungstenite's.)
+#[allow(clippy::result_large_err)]
+fn negotiate_subprotocol(req: &Request, mut resp: Response) -> Result<Response, ErrorResponse> {
+    if !offers_xmpp(req) {
+        let mut err = ErrorResponse::new(Some("the xmpp subprotocol is required".into()));
+        *err.status_mut() = StatusCode::BAD_REQUEST;
+        return Err(err);
+    }
+    resp.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static(SUBPROTOCOL),
+    );
+    Ok(resp)
+}
+
 /// Completes the WebSocket handshake on `io` (whose HTTP request head may already have been
 /// read and is replayed by the caller) and serves XMPP on it until it closes.
 pub async fn serve<S>(shared: Arc<Shared>, io: S, peer: SocketAddr, secure: bool)
@@ -55,21 +71,10 @@ where
     let config = WebSocketConfig::default()
         .max_message_size(Some(max))
         .max_frame_size(Some(max));
-    let callback = |req: &Request, mut resp: Response| -> Result<Response, ErrorResponse> {
-        if !offers_xmpp(req) {
-            // RFC 7395 §3.1: without the xmpp subprotocol no XMPP session is established.
-            let mut err = ErrorResponse::new(Some("the xmpp subprotocol is required".into()));
-            *err.status_mut() = StatusCode::BAD_REQUEST;
-            return Err(err);
-        }
-        resp.headers_mut()
-            .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(SUBPROTOCOL));
-        Ok(resp)
-    };
     let timeout = std::time::Duration::from_secs(shared.config.limits.negotiation_timeout);
     let ws = match tokio::time::timeout(
         timeout,
-        tokio_tungstenite::accept_hdr_async_with_config(io, callback, Some(config)),
+        tokio_tungstenite::accept_hdr_async_with_config(io, negotiate_subprotocol, Some(config)),
     )
     .await
     {
@@ -258,7 +263,9 @@ async fn outbound(
             Ok(StreamEvent::Whitespace) => continue,
             Ok(StreamEvent::Close) | Err(_) => {
                 let _ = tx
-                    .send(Message::Text(format!("<close xmlns='{NS_FRAMING}'/>").into()))
+                    .send(Message::Text(
+                        format!("<close xmlns='{NS_FRAMING}'/>").into(),
+                    ))
                     .await;
                 let _ = tx.send(Message::Close(None)).await;
                 return;
@@ -276,7 +283,9 @@ mod tests {
 
     #[test]
     fn open_becomes_a_stream_header_and_close_its_end() {
-        let h = inbound("<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='example.org' version='1.0'/>");
+        let h = inbound(
+            "<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='example.org' version='1.0'/>",
+        );
         assert!(h.starts_with("<?xml version='1.0'?><stream:stream xmlns='jabber:client'"));
         assert!(h.contains(" to='example.org'") && h.contains(" version='1.0'"));
         assert_eq!(

@@ -81,7 +81,9 @@ mod tests {
             k.resources("alice@example.org"),
             "p:presence:{alice@example.org}:resources"
         );
-        assert!(k.beats_for("alice@example.org").starts_with("p:presence:beats:"));
+        assert!(k
+            .beats_for("alice@example.org")
+            .starts_with("p:presence:beats:"));
     }
 
     #[test]

@@ -53,18 +53,62 @@ impl Metrics {
                 "# HELP presenced_{name} {help}\n# TYPE presenced_{name} counter\npresenced_{name} {v}\n"
             );
         };
-        counter("redis_writes_total", "Resource liveness writes to Redis.", get(&self.redis_writes));
-        counter("redis_errors_total", "Failed or dropped Redis operations.", get(&self.redis_errors));
-        counter("pg_last_seen_writes_total", "Last-seen statements sent to PostgreSQL.", get(&self.pg_writes));
-        counter("pg_last_seen_rows_total", "Last-seen rows written to PostgreSQL.", get(&self.pg_rows));
-        counter("pg_last_seen_errors_total", "Failed last-seen flushes.", get(&self.pg_errors));
-        counter("heartbeats_total", "Inbound traffic events counted as heartbeats.", get(&self.heartbeats));
-        counter("pings_sent_total", "Keepalive pings sent to clients.", get(&self.pings_sent));
+        counter(
+            "redis_writes_total",
+            "Resource liveness writes to Redis.",
+            get(&self.redis_writes),
+        );
+        counter(
+            "redis_errors_total",
+            "Failed or dropped Redis operations.",
+            get(&self.redis_errors),
+        );
+        counter(
+            "pg_last_seen_writes_total",
+            "Last-seen statements sent to PostgreSQL.",
+            get(&self.pg_writes),
+        );
+        counter(
+            "pg_last_seen_rows_total",
+            "Last-seen rows written to PostgreSQL.",
+            get(&self.pg_rows),
+        );
+        counter(
+            "pg_last_seen_errors_total",
+            "Failed last-seen flushes.",
+            get(&self.pg_errors),
+        );
+        counter(
+            "heartbeats_total",
+            "Inbound traffic events counted as heartbeats.",
+            get(&self.heartbeats),
+        );
+        counter(
+            "pings_sent_total",
+            "Keepalive pings sent to clients.",
+            get(&self.pings_sent),
+        );
         counter("sweeps_total", "Sweeper runs.", get(&self.sweeps));
-        counter("swept_resources_total", "Resources taken by the sweeper.", get(&self.swept));
-        counter("silent_deaths_total", "Sessions ended for silence.", get(&self.silent_deaths));
-        counter("grace_started_total", "Grace periods started.", get(&self.grace_started));
-        counter("grace_resumed_total", "Resources re-bound within their grace period.", get(&self.grace_resumed));
+        counter(
+            "swept_resources_total",
+            "Resources taken by the sweeper.",
+            get(&self.swept),
+        );
+        counter(
+            "silent_deaths_total",
+            "Sessions ended for silence.",
+            get(&self.silent_deaths),
+        );
+        counter(
+            "grace_started_total",
+            "Grace periods started.",
+            get(&self.grace_started),
+        );
+        counter(
+            "grace_resumed_total",
+            "Resources re-bound within their grace period.",
+            get(&self.grace_resumed),
+        );
         let up = u8::from(self.redis_up.load(Ordering::Relaxed));
         let _ = write!(
             out,

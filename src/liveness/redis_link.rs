@@ -244,7 +244,10 @@ pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
         if live.redis.take_repair() {
             let repair = super::ops_for_repair(live);
             if !repair.is_empty() {
-                tracing::info!(resources = repair.len(), "rewriting local liveness to Redis");
+                tracing::info!(
+                    resources = repair.len(),
+                    "rewriting local liveness to Redis"
+                );
             }
             batch.extend(repair);
         }

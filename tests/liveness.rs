@@ -1,0 +1,391 @@
+//! Liveness (issue 4) against the real server, PostgreSQL and Redis, with scaled-down
+//! timings (`fast_liveness`: H = 0.4 s, T = 2 s, G = 0.6 s, sweep 0.2 s, refresh 0.6 s).
+//! Every wait has an explicit bound derived from those numbers.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use presenced::xml::{Element, NS_CLIENT, NS_DELAY, NS_PING};
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// Logs in `name`/`res`, sends initial presence and waits for its own echo.
+async fn online(ts: &TestServer, name: &str, res: &str) -> Client {
+    let mut c = ts.login(name, res).await;
+    c.presence(None, None).await;
+    c.expect(|e| is_presence(e, &c_jid(ts, name, res), None))
+        .await;
+    c
+}
+
+fn c_jid(ts: &TestServer, name: &str, res: &str) -> String {
+    format!("{}/{res}", ts.jid(name))
+}
+
+/// Sends a ping to the server and waits for the answer; returns the instant just before
+/// sending, which bounds the server's record of this client's last beat from below.
+async fn last_words(c: &mut Client) -> Instant {
+    let before = Instant::now();
+    let r = c.iq("get", None, Element::new("ping", NS_PING)).await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    before
+}
+
+#[tokio::test]
+async fn silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_last_seen_at_last_beat(
+) {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice.jid, None)).await;
+    let silent_since = last_words(&mut alice).await;
+    let chrono_silent = chrono::Utc::now();
+    // Alice's socket now goes silent: no reads, no writes, no close.
+    let bound = l.ttl + l.sweep_interval + 1.0;
+    let got = bob
+        .watch(
+            &|e| is_presence(e, &alice.jid, Some("unavailable")),
+            secs(bound),
+        )
+        .await
+        .expect("unavailable announced for the silent client");
+    let after = silent_since.elapsed().as_secs_f64();
+    assert_eq!(got.get_attr("from"), Some(alice.jid.as_str()));
+    assert!(
+        after >= l.ttl - l.heartbeat_interval,
+        "announced after {after:.2}s, before T-H"
+    );
+    // Upper bound: T plus one sweep period, plus 0.3 s for the round trips of this test.
+    assert!(
+        after <= l.ttl + l.sweep_interval + 0.3,
+        "announced after {after:.2}s, later than T + one sweep"
+    );
+    assert!(ts.metric(|m| m.silent_deaths.load(Ordering::Relaxed)) == 1);
+
+    // Last seen is the last beat (the ping), not the detection time: within a second.
+    let bare = ts.jid("alice");
+    let deadline = Instant::now() + secs(l.last_seen_flush * 5.0 + 2.0);
+    let row = loop {
+        if let Some(r) = ts.shared().store.last_seen(&bare).await.unwrap() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "last seen never written");
+        tokio::time::sleep(secs(l.last_seen_flush / 2.0)).await;
+    };
+    let diff = (row.at - chrono_silent).num_milliseconds().abs();
+    assert!(
+        diff < 1000,
+        "last seen {} is {diff} ms from the last beat",
+        row.at
+    );
+    eprintln!("measured: unavailable {after:.3}s after the last beat; last seen off by {diff} ms");
+    let detect_gap = (chrono::Utc::now() - row.at).num_milliseconds();
+    assert!(detect_gap as f64 >= (l.ttl - l.heartbeat_interval) * 1000.0);
+
+    // Exactly one PostgreSQL write for the one ended session, and it stays one.
+    tokio::time::sleep(secs(l.last_seen_flush * 4.0)).await;
+    assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 1);
+    assert_eq!(ts.metric(|m| m.pg_writes.load(Ordering::Relaxed)), 1);
+
+    // A new resource of bob probes alice: unavailable with the last seen as XEP-0203 delay.
+    let mut bob2 = ts.login("bob", "tablet").await;
+    bob2.presence(None, None).await;
+    let probe = bob2
+        .expect(|e| is_presence(e, &bare, Some("unavailable")))
+        .await;
+    let stamp = probe
+        .get_child("delay", NS_DELAY)
+        .and_then(|d| d.get_attr("stamp"))
+        .expect("delay stamp on the probe answer")
+        .to_owned();
+    let stamp = chrono::DateTime::parse_from_rfc3339(&stamp).unwrap();
+    assert!(
+        (stamp.with_timezone(&chrono::Utc) - row.at)
+            .num_milliseconds()
+            .abs()
+            < 1000
+    );
+
+    // XEP-0012 to a subscribed contact: seconds since then.
+    let q = bob2
+        .iq(
+            "get",
+            Some(&bare),
+            Element::new("query", presenced::liveness::last_seen::NS_LAST),
+        )
+        .await;
+    assert_eq!(q.get_attr("type"), Some("result"), "{q}");
+    let seconds: i64 = q
+        .elements()
+        .next()
+        .and_then(|x| x.get_attr("seconds"))
+        .and_then(|s| s.parse().ok())
+        .expect("seconds");
+    let expect = (chrono::Utc::now() - row.at).num_seconds();
+    assert!((seconds - expect).abs() <= 1, "{seconds} vs {expect}");
+    drop(alice);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through() {
+    let ts = TestServer::start(fast_liveness).await;
+    let g = ts.config.liveness.grace;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let mut alice = ts.login("alice", "phone").await;
+    // XEP-0319 idle and show=away are the client's; the server passes them on untouched.
+    let away = presenced::xml::parse_element(
+        "<presence><show>away</show><idle xmlns='urn:xmpp:idle:1' since='2026-01-01T00:00:00Z'/></presence>",
+    )
+    .unwrap();
+    alice.send(&away).await;
+    let seen = bob.expect(|e| is_presence(e, &alice.jid, None)).await;
+    assert_eq!(
+        seen.get_child("show", NS_CLIENT).map(|s| s.text_content()),
+        Some("away".into())
+    );
+    assert_eq!(
+        seen.get_child("idle", "urn:xmpp:idle:1")
+            .and_then(|i| i.get_attr("since")),
+        Some("2026-01-01T00:00:00Z")
+    );
+    let jid = alice.jid.clone();
+    // The connection drops (no </stream:stream>) and the phone is back at once.
+    drop(alice);
+    let mut again = ts.login("alice", "phone").await;
+    again.presence(None, None).await;
+    // Nothing unavailable reaches bob within G plus a generous margin.
+    bob.watch_none(|e| is_presence(e, &jid, Some("unavailable")), secs(g + 1.0))
+        .await;
+    assert!(ts.metric(|m| m.grace_resumed.load(Ordering::Relaxed)) >= 1);
+    // No last seen either: the session did not end for good.
+    assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 0);
+
+    // Control: a drop with no reconnect IS announced, no sooner than G.
+    let dropped = Instant::now();
+    drop(again);
+    bob.watch(
+        &|e| is_presence(e, &jid, Some("unavailable")),
+        secs(g + 2.0),
+    )
+    .await
+    .expect("unavailable after the grace period");
+    assert!(dropped.elapsed() >= secs(g), "announced before G elapsed");
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn clean_close_writes_last_seen_once_at_close_time() {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    let alice = online(&ts, "alice", "phone").await;
+    let closed = chrono::Utc::now();
+    alice.close().await;
+    let bare = ts.jid("alice");
+    let deadline = Instant::now() + secs(l.grace + l.last_seen_flush * 5.0 + 2.0);
+    while ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)) == 0 {
+        assert!(Instant::now() < deadline, "no last-seen write");
+        tokio::time::sleep(secs(0.05)).await;
+    }
+    let row = ts.shared().store.last_seen(&bare).await.unwrap().unwrap();
+    assert!((row.at - closed).num_milliseconds().abs() < 1000);
+    tokio::time::sleep(secs(l.last_seen_flush * 4.0)).await;
+    assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 1);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn idle_resource_costs_at_most_one_redis_write_per_refresh_and_no_key_lacks_a_ttl() {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let before = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed));
+    let beats_before = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed));
+    // Idle for 3 T, answering the server's pings like a live client.
+    let window = l.ttl * 3.0;
+    alice.idle_answering_pings(secs(window)).await;
+    let writes = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed)) - before;
+    let beats = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed)) - beats_before;
+    let bound = (window / l.redis_refresh).ceil() as u64 + 1;
+    eprintln!(
+        "measured: {writes} Redis writes, {beats} heartbeats in {window}s idle (bound {bound})"
+    );
+    assert!(
+        writes <= bound,
+        "{writes} Redis writes in {window}s, bound {bound}"
+    );
+    assert!(
+        beats as f64 >= window / l.heartbeat_interval / 2.0,
+        "only {beats} heartbeats: pings not answered?"
+    );
+    // Still alive after 3 T: the downsampled refreshes kept the key.
+    let mut r = ts.redis().await;
+    let key = format!(
+        "{}presence:{{{}}}:res:phone",
+        ts.config.redis.key_prefix,
+        ts.jid("alice")
+    );
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(pttl > 0, "resource key missing or without TTL: {pttl}");
+    // Every presence key of this server has an expiry (TTL -1 would be "online forever").
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}presence:*", ts.config.redis.key_prefix))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(
+        keys.len() >= 3,
+        "expected res, resources and beats keys: {keys:?}"
+    );
+    for k in &keys {
+        let t: i64 = redis::cmd("PTTL").arg(k).query_async(&mut r).await.unwrap();
+        assert!(t > 0, "{k} has PTTL {t}");
+    }
+    alice.close().await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_sweepers_take_each_stale_resource_exactly_once() {
+    let url = redis_url();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let key = format!("test:sweep:{}:presence:beats:0", unique());
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let now = presenced::liveness::now_ms();
+    let n = 300;
+    for i in 0..n {
+        let _: () = redis::cmd("ZADD")
+            .arg(&key)
+            .arg(now - 10_000 - i)
+            .arg(format!("u{i}@x/r"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    // A fresh one that must stay.
+    let _: () = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(now)
+        .arg("fresh@x/r")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(60_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let sweeper = |mut conn: redis::aio::MultiplexedConnection, key: String| async move {
+        let mut got = Vec::new();
+        loop {
+            let batch = presenced::liveness::sweeper::sweep_once(&mut conn, &key, now - 5000, 7)
+                .await
+                .unwrap();
+            if batch.is_empty() {
+                return got;
+            }
+            got.extend(batch.into_iter().map(|(m, _)| m));
+        }
+    };
+    let a = tokio::spawn(sweeper(
+        client.get_multiplexed_async_connection().await.unwrap(),
+        key.clone(),
+    ));
+    let b = tokio::spawn(sweeper(
+        client.get_multiplexed_async_connection().await.unwrap(),
+        key.clone(),
+    ));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let mut all: Vec<String> = a.iter().chain(b.iter()).cloned().collect();
+    let total = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(total, n as usize, "a resource was returned twice or lost");
+    assert_eq!(all.len(), n as usize);
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(left, vec!["fresh@x/r".to_owned()]);
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn last_activity_is_forbidden_without_a_subscription() {
+    let ts = TestServer::start(fast_liveness).await;
+    ts.user("alice").await;
+    ts.user("carol").await;
+    let alice = online(&ts, "alice", "phone").await;
+    alice.close().await;
+    let mut carol = online(&ts, "carol", "pc").await;
+    let q = carol
+        .iq(
+            "get",
+            Some(&ts.jid("alice")),
+            Element::new("query", presenced::liveness::last_seen::NS_LAST),
+        )
+        .await;
+    assert_eq!(q.get_attr("type"), Some("error"));
+    assert_eq!(stanza_error(&q), "forbidden");
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_endpoint_serves_the_counters_in_prometheus_text() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ts = TestServer::start(fast_liveness).await;
+    ts.user("alice").await;
+    let alice = online(&ts, "alice", "phone").await;
+    let mut s = tokio::net::TcpStream::connect(ts.http_addr())
+        .await
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    tokio::time::timeout(WAIT, s.read_to_string(&mut body))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    for name in [
+        "presenced_redis_writes_total",
+        "presenced_pg_last_seen_writes_total",
+        "presenced_heartbeats_total",
+        "presenced_sweeps_total",
+    ] {
+        assert!(
+            body.contains(&format!("\n{name} ")),
+            "{name} missing: {body}"
+        );
+    }
+    assert!(body.contains("\npresenced_sessions 1\n"), "{body}");
+    alice.close().await;
+    ts.stop().await;
+}
