@@ -713,7 +713,9 @@ impl Conn {
             shared.config.limits.stanza_burst,
         );
         let timings = shared.liveness.timings;
-        let mut ping_tick = tokio::time::interval(timings.heartbeat);
+        // Checked four times per H so that a ping goes out within H/4 of H of silence.
+        let mut ping_tick = tokio::time::interval(timings.heartbeat / 4);
+        let mut last_ping = tokio::time::Instant::now();
         ping_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ping_tick.reset();
         let mut refresh_tick = tokio::time::interval(timings.refresh);
@@ -730,7 +732,11 @@ impl Conn {
                     // XEP-0199 §4.1 server-to-client ping after H of inbound silence; the
                     // answer (result or error, either will do) is traffic, hence a beat.
                     // RFC 7395 streams are pinged with WebSocket Ping frames by the adapter.
-                    if transport.kind == TransportKind::Tcp && live.silent_for(timings.heartbeat.mul_f64(0.95)) {
+                    if transport.kind == TransportKind::Tcp
+                        && live.silent_for(timings.heartbeat)
+                        && last_ping.elapsed() >= timings.heartbeat
+                    {
+                        last_ping = tokio::time::Instant::now();
                         let ping = Element::new("iq", x::NS_CLIENT)
                             .attr("type", "get")
                             .attr("id", format!("lv-{}", new_id()))

@@ -129,15 +129,21 @@ where
 
     // Socket → c2s, and pings.
     let h = shared.liveness.timings.heartbeat;
-    let mut ping = tokio::time::interval(h);
+    // Checked four times per H so that a Ping goes out within H/4 of H of silence.
+    let mut ping = tokio::time::interval(h / 4);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ping.reset();
+    let mut last_ping = tokio::time::Instant::now();
     loop {
         let msg = tokio::select! {
             _ = done.cancelled() => break,
             _ = ping.tick() => {
-                let silent = crate::liveness::now_ms() - beat.last_ms() >= (h.as_millis() as i64) * 95 / 100;
-                if silent && out_tx.try_send(Message::Ping(Vec::new().into())).is_ok() {
+                let silent = crate::liveness::now_ms() - beat.last_ms() >= h.as_millis() as i64;
+                if silent
+                    && last_ping.elapsed() >= h
+                    && out_tx.try_send(Message::Ping(Vec::new().into())).is_ok()
+                {
+                    last_ping = tokio::time::Instant::now();
                     shared.liveness.metrics.pings_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 continue;
