@@ -389,3 +389,157 @@ async fn metrics_endpoint_serves_the_counters_in_prometheus_text() {
     alice.close().await;
     ts.stop().await;
 }
+
+/// A redis-server of the test's own on a free loopback port, killed on drop.
+struct OwnRedis {
+    child: tokio::process::Child,
+}
+
+impl OwnRedis {
+    async fn start(port: u16) -> OwnRedis {
+        let child = tokio::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server runs");
+        let deadline = Instant::now() + secs(5.0);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(secs(0.02)).await;
+        }
+        OwnRedis { child }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+        let _ = self.child.wait().await;
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn pttl(port: u16, key: &str) -> i64 {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let mut c = c.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn redis_outage_keeps_logins_and_messages_and_liveness_is_repaired_after_restart() {
+    let port = free_port();
+    let own = OwnRedis::start(port).await;
+    let ts = TestServer::start(|c| {
+        fast_liveness(c);
+        c.redis.url = format!("redis://127.0.0.1:{port}");
+        c.redis.timeout = 0.3;
+        c.redis.reconnect_max = 0.5;
+    })
+    .await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.user("carol").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    alice
+        .watch(&|e| is_presence(e, &bob.jid, None), WAIT)
+        .await
+        .unwrap();
+    let key = |who: &str, res: &str| {
+        format!(
+            "{}presence:{{{}}}:res:{res}",
+            ts.config.redis.key_prefix,
+            ts.jid(who)
+        )
+    };
+    let deadline = Instant::now() + secs(2.0);
+    while pttl(port, &key("alice", "phone")).await <= 0 {
+        assert!(Instant::now() < deadline, "alice never reached Redis");
+        tokio::time::sleep(secs(0.05)).await;
+    }
+
+    own.stop().await;
+    // Redis is gone. A message still arrives promptly.
+    let sent = Instant::now();
+    bob.send(
+        &presenced::xml::parse_element(&format!(
+            "<message to='{}' type='chat'><body>still here</body></message>",
+            ts.jid("alice")
+        ))
+        .unwrap(),
+    )
+    .await;
+    alice
+        .watch(&|e| e.name == "message", secs(1.0))
+        .await
+        .expect("message routed with Redis down");
+    eprintln!(
+        "measured: message latency with Redis down {:?}",
+        sent.elapsed()
+    );
+    // A new login works and gets the online contact's presence from this node.
+    let mut carol = ts.login("carol", "pc").await;
+    carol.presence(None, None).await;
+    let cj = carol.jid.clone();
+    carol.expect(|e| is_presence(e, &cj, None)).await;
+    // Beating sessions are not declared dead for lack of Redis, for longer than T.
+    let window = secs(l.ttl * 1.5);
+    let (a, b) = (alice.jid.clone(), bob.jid.clone());
+    tokio::join!(
+        bob.watch_none(|e| is_presence(e, &a, Some("unavailable")), window),
+        alice.watch_none(|e| is_presence(e, &b, Some("unavailable")), window),
+    );
+    assert!(ts.metric(|m| m.redis_errors.load(Ordering::Relaxed)) > 0);
+
+    // Redis comes back empty: the node reconnects and rewrites its resources.
+    let own = OwnRedis::start(port).await;
+    let deadline = Instant::now() + secs(ts.config.redis.reconnect_max + l.redis_refresh + 2.0);
+    let (ka, kb) = (key("alice", "phone"), key("bob", "pc"));
+    let (ja, jb) = (alice.jid.clone(), bob.jid.clone());
+    let repaired = async {
+        loop {
+            let (ta, tb) = (pttl(port, &ka).await, pttl(port, &kb).await);
+            if ta > 0 && tb > 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "liveness not repaired: {ta} {tb}"
+            );
+            tokio::time::sleep(secs(0.05)).await;
+        }
+    };
+    tokio::join!(
+        repaired,
+        bob.watch_none(|e| is_presence(e, &ja, Some("unavailable")), secs(0.5)),
+        alice.watch_none(|e| is_presence(e, &jb, Some("unavailable")), secs(0.5)),
+    );
+    // And silence is detected through Redis again: alice goes quiet, bob hears of it.
+    let _ = last_words(&mut alice).await;
+    bob.watch(
+        &|e| is_presence(e, &alice.jid, Some("unavailable")),
+        secs(l.ttl + l.sweep_interval + 1.0),
+    )
+    .await
+    .expect("silent death detected after Redis returned");
+    assert!(ts.metric(|m| m.swept.load(Ordering::Relaxed)) >= 1);
+    drop(alice);
+    ts.stop().await;
+    own.stop().await;
+}
