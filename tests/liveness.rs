@@ -543,3 +543,59 @@ async fn redis_outage_keeps_logins_and_messages_and_liveness_is_repaired_after_r
     ts.stop().await;
     own.stop().await;
 }
+
+#[tokio::test]
+async fn postgres_outage_keeps_existing_sessions_routing_and_last_seen_waits() {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    alice
+        .watch(&|e| is_presence(e, &bob.jid, None), WAIT)
+        .await
+        .unwrap();
+    // The database becomes unreachable: every query now fails at once.
+    ts.shared().store.pool().close().await;
+    let msg = |to: &str, body: &str| {
+        presenced::xml::parse_element(&format!(
+            "<message to='{to}' type='chat'><body>{body}</body></message>"
+        ))
+        .unwrap()
+    };
+    let sent = Instant::now();
+    bob.send(&msg(&ts.jid("alice"), "db down")).await;
+    alice
+        .watch(&|e| e.name == "message", secs(1.0))
+        .await
+        .expect("message routed with PostgreSQL down");
+    eprintln!(
+        "measured: message latency with PostgreSQL down {:?}",
+        sent.elapsed()
+    );
+    // A presence update does not stall the sender either.
+    bob.presence(None, None).await;
+    let ping = bob.iq("get", None, Element::new("ping", NS_PING)).await;
+    assert_eq!(ping.get_attr("type"), Some("result"));
+    // A session end queues last seen; the flush fails and is retried, nothing blocks.
+    let closed = chrono::Utc::now();
+    alice.close().await;
+    let deadline = Instant::now() + secs(l.grace + l.last_seen_flush * 5.0 + 2.0);
+    while ts.metric(|m| m.pg_errors.load(Ordering::Relaxed)) == 0 {
+        assert!(Instant::now() < deadline, "no failed flush recorded");
+        tokio::time::sleep(secs(0.05)).await;
+    }
+    assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 0);
+    // The pending value is still served from memory.
+    let at = presenced::presence::last_seen(ts.shared(), &ts.jid("alice"))
+        .await
+        .expect("last seen kept in memory");
+    assert!((at - closed).num_milliseconds().abs() < 1000);
+    bob.send(&msg(&bob.jid.clone(), "to myself")).await;
+    bob.watch(&|e| e.name == "message", secs(1.0))
+        .await
+        .expect("bob's session still routes");
+    ts.stop().await;
+}

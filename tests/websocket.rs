@@ -18,18 +18,31 @@ use tokio_tungstenite::WebSocketStream;
 const FRAMING: &str = "urn:ietf:params:xml:ns:xmpp-framing";
 
 struct Ws {
-    ws: WebSocketStream<TcpStream>,
+    ws: WebSocketStream<Box<dyn Io>>,
     jid: String,
 }
 
 impl Ws {
     async fn connect(ts: &TestServer) -> Ws {
-        let url = format!("ws://{}{}", ts.http_addr(), ts.config.http.websocket_path);
+        let tcp = TcpStream::connect(ts.http_addr()).await.unwrap();
+        Ws::handshake(ts, "ws", Box::new(tcp)).await
+    }
+
+    /// wss: TLS with the server's certificate (pinned, verified), then the handshake.
+    async fn connect_tls(ts: &TestServer) -> Ws {
+        let tcp = TcpStream::connect(ts.http_addr()).await.unwrap();
+        let connector = tokio_rustls::TlsConnector::from(tls_client(&ts.cert));
+        let name = rustls_pki_types::ServerName::try_from(ts.domain.clone()).unwrap();
+        let tls = connector.connect(name, tcp).await.expect("TLS handshake");
+        Ws::handshake(ts, "wss", Box::new(tls)).await
+    }
+
+    async fn handshake(ts: &TestServer, scheme: &str, io: Box<dyn Io>) -> Ws {
+        let url = format!("{scheme}://{}{}", ts.domain, ts.config.http.websocket_path);
         let mut req = url.into_client_request().unwrap();
         req.headers_mut()
             .insert("Sec-WebSocket-Protocol", HeaderValue::from_static("xmpp"));
-        let tcp = TcpStream::connect(ts.http_addr()).await.unwrap();
-        let (ws, resp) = tokio_tungstenite::client_async(req, tcp)
+        let (ws, resp) = tokio_tungstenite::client_async(req, io)
             .await
             .expect("WebSocket handshake");
         // RFC 7395 §3.1: the server must confirm the xmpp subprotocol.
@@ -86,7 +99,12 @@ impl Ws {
     }
 
     async fn login(ts: &TestServer, user: &str, resource: &str) -> Ws {
-        let mut c = Ws::connect(ts).await;
+        let c = Ws::connect(ts).await;
+        c.login_on(ts, user, resource).await
+    }
+
+    async fn login_on(mut self, ts: &TestServer, user: &str, resource: &str) -> Ws {
+        let c = &mut self;
         let features = c.open(&ts.domain).await;
         // RFC 7395 §3.6: TLS is the WebSocket's; STARTTLS is not offered.
         assert!(features
@@ -118,7 +136,7 @@ impl Ws {
             .and_then(|b| b.elements().next())
             .map(|j| j.text_content())
             .unwrap();
-        c
+        self
     }
 }
 
@@ -264,5 +282,32 @@ async fn host_meta_advertises_the_websocket_endpoint() {
         assert!(body.contains(needle), "{body}");
         assert!(body.contains("ws://chat.example/xmpp-websocket"), "{body}");
     }
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn websocket_over_tls_uses_the_server_certificate_and_refuses_a_missing_subprotocol() {
+    let ts = TestServer::start(|c| {
+        fast_liveness(c);
+        c.http.tls = true;
+    })
+    .await;
+    ts.user("alice").await;
+    let mut alice = Ws::connect_tls(&ts)
+        .await
+        .login_on(&ts, "alice", "web")
+        .await;
+    alice.send("<presence xmlns='jabber:client'/>").await;
+    let own = alice.recv_until(|e| e.name == "presence").await;
+    assert_eq!(own.get_attr("from"), Some(alice.jid.as_str()));
+    // RFC 7395 §3.1: no xmpp subprotocol, no XMPP session.
+    let tcp = TcpStream::connect(ts.http_addr()).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(tls_client(&ts.cert));
+    let name = rustls_pki_types::ServerName::try_from(ts.domain.clone()).unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    let req = format!("wss://{}{}", ts.domain, ts.config.http.websocket_path)
+        .into_client_request()
+        .unwrap();
+    assert!(tokio_tungstenite::client_async(req, tls).await.is_err());
     ts.stop().await;
 }

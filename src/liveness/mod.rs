@@ -311,6 +311,11 @@ impl Liveness {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         ended.insert(jid.to_string(), at_ms);
+        if ended.len() > 4096 {
+            // Only leftovers younger than 3T can still be swept; forget older ends.
+            let horizon = now_ms() - 3 * self.timings.ttl_ms();
+            ended.retain(|_, at| *at >= horizon);
+        }
         drop(ended);
         self.last_seen.push(crate::store::LastSeen {
             jid: jid.to_bare().to_string(),
