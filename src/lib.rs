@@ -20,6 +20,7 @@ pub mod jid;
 pub mod liveness;
 pub mod presence;
 pub mod roster;
+pub mod roster_sync;
 pub mod router;
 pub mod s2s;
 pub mod sasl;

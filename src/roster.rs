@@ -5,6 +5,7 @@ use crate::c2s::{iq_result, Session};
 use crate::error::StanzaError;
 use crate::jid::{BareJid, Jid};
 use crate::server::Shared;
+use crate::sessions::SessionHandle;
 use crate::store::{RosterChange, RosterItem, StoreError};
 use crate::xml::{Element, NS_CLIENT, NS_ROSTER};
 
@@ -35,19 +36,31 @@ pub fn item_element(item: &RosterItem) -> Element {
 /// Sends a roster push (RFC 6121 §2.1.6) for `item` to every interested resource of `owner`.
 pub fn push(shared: &Shared, owner: &str, version: i64, item: Element) {
     for s in shared.sessions.of_user_str(owner) {
-        if !s.presence().interested {
-            continue;
+        if s.presence().interested {
+            push_to(&s, version, item.clone());
         }
-        let iq = Element::new("iq", NS_CLIENT)
-            .attr("type", "set")
-            .attr("id", format!("push{}", crate::c2s::new_id()))
-            .attr("to", s.jid.to_string())
-            .child(
-                Element::new("query", NS_ROSTER)
-                    .attr("ver", version.to_string())
-                    .child(item.clone()),
-            );
-        s.send(iq);
+    }
+}
+
+/// Sends one roster push to one session and records the version it now has.
+pub fn push_to(session: &SessionHandle, version: i64, item: Element) {
+    let iq = Element::new("iq", NS_CLIENT)
+        .attr("type", "set")
+        .attr("id", format!("push{}", crate::c2s::new_id()))
+        .attr("to", session.jid.to_string())
+        .child(
+            Element::new("query", NS_ROSTER)
+                .attr("ver", version.to_string())
+                .child(item),
+        );
+    note_version(session, version);
+    session.send(iq);
+}
+
+/// Records that `session` has seen roster version `version`.
+fn note_version(session: &SessionHandle, version: i64) {
+    if let Ok(mut p) = session.info.lock() {
+        p.roster_ver = Some(p.roster_ver.map_or(version, |v| v.max(version)));
     }
 }
 
@@ -130,6 +143,7 @@ async fn get(
         }
     }
     let (version, items) = store.roster(&owner).await.map_err(store_failed)?;
+    note_version(&session.handle, version);
     let mut q = Element::new("query", NS_ROSTER).attr("ver", version.to_string());
     for item in items.iter().filter(|i| is_visible(i)) {
         q = q.child(item_element(item));

@@ -92,6 +92,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         liveness,
     });
     let tracker = TaskTracker::new();
+    tracker.spawn(crate::roster_sync::run(shared.clone()));
     crate::liveness::start(&shared, &tracker);
     let http_addr = crate::http::start(&shared, &tracker).await?;
     let limits = Arc::new(Limits::new(&shared.config));

@@ -41,6 +41,9 @@ pub struct PresenceInfo {
     pub last: Option<Element>,
     /// Whether the client requested the roster, so it gets roster pushes (RFC 6121 §2.1.6).
     pub interested: bool,
+    /// The newest roster version this session was sent (result or push), so changes made
+    /// outside this node can be pushed exactly once ([`crate::roster_sync`]).
+    pub roster_ver: Option<i64>,
 }
 
 /// One connected resource.
@@ -179,6 +182,12 @@ impl Sessions {
     pub fn of_user_str(&self, bare: &str) -> Vec<SessionHandle> {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
         map.get(bare).cloned().unwrap_or_default()
+    }
+
+    /// Bare JIDs of every user with a session here.
+    pub fn users(&self) -> Vec<String> {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        map.keys().cloned().collect()
     }
 
     /// Number of connected sessions.

@@ -242,7 +242,8 @@ fn bare_of(jid: &str) -> &str {
     jid.split_once('/').map(|(b, _)| b).unwrap_or(jid)
 }
 
-fn domain_of(bare: &str) -> &str {
+/// The domain of a bare JID string.
+pub fn domain_of(bare: &str) -> &str {
     bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
 }
 

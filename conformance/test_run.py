@@ -1,0 +1,132 @@
+"""Offline tests of the runner's step parsing and stanza matching (no server needed).
+
+Run: python3 -m pytest conformance/test_run.py   (or: python3 conformance/test_run.py)
+"""
+
+import glob
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import yaml  # noqa: E402
+
+import gen_appendix_a  # noqa: E402
+import run  # noqa: E402
+
+
+class FakeClient:
+    bare = "alice@d.example"
+
+
+def el(xml: str) -> ET.Element:
+    return ET.fromstring(xml.replace("<presence", "<presence xmlns='jabber:client'", 1).replace(
+        "<iq", "<iq xmlns='jabber:client'", 1))
+
+
+def test_bare_from_pattern_rejects_full_jid_sender():
+    p = run.parse_pattern("presence type=subscribe from=bob@d.example")
+    assert p.matches(el("<presence type='subscribe' from='bob@d.example'/>"), FakeClient())
+    assert not p.matches(el("<presence type='subscribe' from='bob@d.example/desk'/>"), FakeClient())
+
+
+def test_wildcard_from_pattern_needs_a_resource():
+    p = run.parse_pattern("presence from=bob@d.example/*")
+    assert p.matches(el("<presence from='bob@d.example/desk'/>"), FakeClient())
+    assert not p.matches(el("<presence from='bob@d.example'/>"), FakeClient())
+    assert not p.matches(el("<presence from='bobby@d.example/desk'/>"), FakeClient())
+
+
+def test_available_means_no_type_attribute():
+    p = run.parse_pattern("presence type=available")
+    assert p.matches(el("<presence/>"), FakeClient())
+    assert not p.matches(el("<presence type='unavailable'/>"), FakeClient())
+
+
+def test_quoted_status_with_spaces_matches_child_text():
+    p = run.parse_pattern('presence status="out for lunch" show=away')
+    assert p.matches(el("<presence><show>away</show><status>out for lunch</status></presence>"), FakeClient())
+    assert not p.matches(el("<presence><show>away</show><status>out</status></presence>"), FakeClient())
+
+
+def test_roster_push_from_another_entity_is_not_a_push():
+    p = run.parse_pattern("roster push for bob@d.example subscription=none ask=subscribe")
+    item = "<query xmlns='jabber:iq:roster'><item jid='bob@d.example' ask='subscribe'/></query>"
+    assert p.matches(el(f"<iq type='set' id='1'>{item}</iq>"), FakeClient())
+    assert p.matches(el(f"<iq type='set' id='1' from='alice@d.example'>{item}</iq>"), FakeClient())
+    assert not p.matches(el(f"<iq type='set' id='1' from='mallory@d.example'>{item}</iq>"), FakeClient())
+
+
+def test_ask_none_requires_absent_attribute():
+    p = run.parse_pattern("roster push for bob@d.example ask=none")
+    with_ask = "<iq type='set'><query xmlns='jabber:iq:roster'><item jid='bob@d.example' ask='subscribe'/></query></iq>"
+    assert not p.matches(el(with_ask), FakeClient())
+
+
+def test_sends_step_keeps_xml_whitespace_but_normalises_the_rest():
+    assert run.normalize_step("  bob/*   receives   presence  ") == "bob/* receives presence"
+    step = run.normalize_step("a/p sends <presence><status>two  spaces</status></presence>")
+    assert step.endswith("<status>two  spaces</status></presence>")
+
+
+def test_every_scenario_step_parses():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for f in glob.glob(os.path.join(here, "scenarios", "*.yaml")):
+        doc = yaml.safe_load(open(f))
+        for sc in doc["scenarios"]:
+            assert sc.get("name") and sc.get("rfc") and sc.get("actors"), f
+            for raw in sc["steps"]:
+                step = run.normalize_step(str(raw))
+                assert any(rx.match(step) for _, rx in run.STEP_RES), f"{f}: {step}"
+                m = run.STEP_RES[[k for k, _ in run.STEP_RES].index("receives")][1].match(step)
+                if m and " receives " in step and not step.startswith("state "):
+                    pat = m.group("pat").replace("nothing matching ", "")
+                    run.parse_pattern(pat)  # raises on unknown kinds
+
+
+# RFC 6121 Appendix A.3 (inbound) transcribed as literal tables, independent of the generator's
+# flag arithmetic for A.2 (outbound): only states that change are listed.
+INBOUND = {
+    "subscribe": {"None": "None + Pending In", "None + Pending Out": "None + Pending Out+In",
+                  "To": "To + Pending In"},
+    "unsubscribe": {"None + Pending In": "None", "None + Pending Out+In": "None + Pending Out",
+                    "To + Pending In": "To", "From": "None", "From + Pending Out": "None + Pending Out",
+                    "Both": "To"},
+    "subscribed": {"None + Pending Out": "To", "None + Pending Out+In": "To + Pending In",
+                   "From + Pending Out": "Both"},
+    "unsubscribed": {"None + Pending Out": "None", "None + Pending Out+In": "None + Pending In",
+                     "To": "None", "To + Pending In": "None + Pending In", "From + Pending Out": "From",
+                     "Both": "From"},
+}
+
+
+def test_outbound_transitions_agree_with_the_inbound_tables():
+    g = gen_appendix_a
+    for kind, table in INBOUND.items():
+        for s in g.STATES:
+            receiver_before = g.mirror(s)
+            receiver_after = table.get(receiver_before, receiver_before)
+            assert g.mirror(g.outbound(kind, s)) == receiver_after, (kind, s)
+            # A.3: a stanza is delivered exactly when it changes the receiver's state
+            assert g.delivered(kind, receiver_before) == (receiver_after != receiver_before), (kind, s)
+
+
+def test_generated_files_are_up_to_date():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for i, kind in enumerate(["subscribe", "unsubscribe", "subscribed", "unsubscribed"], 1):
+        with open(os.path.join(here, "scenarios", f"rfc6121-A{i}-{kind}.yaml")) as fh:
+            assert fh.read() == gen_appendix_a.dump(kind), f"re-run gen_appendix_a.py ({kind})"
+
+
+if __name__ == "__main__":
+    failed = 0
+    for name, fn in sorted(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            try:
+                fn()
+                print("ok  ", name)
+            except AssertionError as e:
+                failed += 1
+                print("FAIL", name, e)
+    sys.exit(1 if failed else 0)

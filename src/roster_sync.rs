@@ -1,0 +1,134 @@
+//! Applies roster changes made outside this process — by an operator's SQL migration, the
+//! `presenced_roster_*` SQL functions, or another node — to the sessions on this node.
+//!
+//! Every roster change fires `NOTIFY presenced_roster, '<version> <owner>'` from a trigger
+//! (migrations/0002). Each session remembers the newest roster version it was sent
+//! ([`crate::sessions::PresenceInfo::roster_ver`]); a notification newer than that means the
+//! session missed a change, so it gets the roster pushes (RFC 6121 §2.1.6) for exactly the
+//! changes since its version, and the presence a client-made change would have produced:
+//! a contact that became visible (`to`/`both`) sends its current presence, one that stopped
+//! being visible sends unavailable (RFC 6121 §3.2.2 / §3.3.3). Changes this node pushed
+//! itself are already at the session's version and are skipped.
+
+use std::sync::Arc;
+
+use crate::server::Shared;
+use crate::store::notify::{self, parse_roster_notification, ROSTER_CHANNEL};
+use crate::store::RosterChange;
+use crate::xml::{Element, NS_CLIENT};
+
+/// Listens for roster notifications until shutdown.
+pub async fn run(shared: Arc<Shared>) {
+    let mut rx = match notify::listen(&shared.config.database.url, &[ROSTER_CHANNEL]).await {
+        Ok(rx) => rx,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot LISTEN for roster changes; SQL-made changes reach clients at their next login");
+            return;
+        }
+    };
+    loop {
+        let n = tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            n = rx.recv() => n,
+        };
+        let Some(n) = n else { return };
+        if n.is_resync() {
+            // Notifications may have been lost while disconnected: check everyone online.
+            for owner in shared.sessions.users() {
+                sync_user(&shared, &owner, i64::MAX).await;
+            }
+            continue;
+        }
+        if let Some((version, owner)) = parse_roster_notification(&n.payload) {
+            sync_user(&shared, &owner, version).await;
+        }
+    }
+}
+
+/// Brings every session of `owner` up to `version` (or to the current version for
+/// `i64::MAX`).
+pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
+    let sessions = shared.sessions.of_user_str(owner);
+    // The oldest version any session of the user has seen; presence effects are computed
+    // once per user from there.
+    let Some(seen) = sessions
+        .iter()
+        .filter_map(|s| s.presence().roster_ver)
+        .min()
+    else {
+        return;
+    };
+    if seen >= version {
+        return;
+    }
+    let (current, changes) = match shared.store.roster_since(owner, seen).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(owner, error = %e, "roster sync failed");
+            return;
+        }
+    };
+    if changes.is_empty() {
+        return;
+    }
+    tracing::info!(
+        owner,
+        changes = changes.len(),
+        version = current,
+        "pushing roster changes made outside this node"
+    );
+    for s in &sessions {
+        let Some(ver) = s.presence().roster_ver else {
+            continue;
+        };
+        if ver >= current {
+            continue;
+        }
+        for change in &changes {
+            let item = match change {
+                RosterChange::Upsert(i) if crate::roster::is_visible(i) => {
+                    crate::roster::item_element(i)
+                }
+                RosterChange::Upsert(_) => continue,
+                RosterChange::Removed(c) => Element::new("item", crate::xml::NS_ROSTER)
+                    .attr("jid", c.clone())
+                    .attr("subscription", "remove"),
+            };
+            crate::roster::push_to(s, current, item);
+        }
+    }
+    for change in &changes {
+        let (contact, sees) = match change {
+            // A pending-only item is not part of the roster: nothing became (in)visible.
+            RosterChange::Upsert(i) if !crate::roster::is_visible(i) => continue,
+            RosterChange::Upsert(i) => (i.contact.as_str(), i.subscription.has_to()),
+            RosterChange::Removed(c) => (c.as_str(), false),
+        };
+        if !sees {
+            // From the bare JID: says "not visible any more" without revealing whether
+            // any resource of the contact is online.
+            for s in sessions.iter().filter(|s| s.presence().available) {
+                let p = Element::new("presence", NS_CLIENT)
+                    .attr("type", "unavailable")
+                    .attr("from", contact)
+                    .attr("to", s.jid.to_string());
+                s.send(p);
+            }
+            continue;
+        }
+        if !shared.config.serves(crate::presence::domain_of(contact)) {
+            continue;
+        }
+        for c in shared.sessions.of_user_str(contact) {
+            let Some(last) = c.presence().last else {
+                continue;
+            };
+            for s in sessions.iter().filter(|s| s.presence().available) {
+                let mut p = last.clone();
+                p.set_attr("to", s.jid.to_string());
+                s.send(p);
+            }
+        }
+    }
+}
