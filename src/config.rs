@@ -184,6 +184,9 @@ pub struct LivenessConfig {
     /// G: after a clean close or a dropped connection, wait this long before telling
     /// contacts; a reconnect of the same resource within it tells them nothing.
     pub grace: f64,
+    /// Whether this node runs the sweeper (any number of nodes may; each stale resource is
+    /// still handled once).
+    pub sweeper: bool,
     /// How often this node runs the sweeper.
     pub sweep_interval: f64,
     /// Resources taken per sweeper call (the script is called again while batches are full).
@@ -206,6 +209,7 @@ impl Default for LivenessConfig {
             heartbeat_interval: 30.0,
             ttl: 100.0,
             grace: 10.0,
+            sweeper: true,
             sweep_interval: 5.0,
             sweep_batch: 500,
             redis_refresh: 33.0,

@@ -599,3 +599,103 @@ async fn postgres_outage_keeps_existing_sessions_routing_and_last_seen_waits() {
         .expect("bob's session still routes");
     ts.stop().await;
 }
+
+#[tokio::test]
+async fn another_nodes_sweeper_hands_the_silent_resource_to_its_node_which_announces_it_once() {
+    // Node A holds the sessions and does not sweep; node B (same domain, same Redis keys)
+    // sweeps. B's sweeper finds A's silent resource and A ends it.
+    let a = TestServer::start(|c| {
+        fast_liveness(c);
+        c.liveness.sweeper = false;
+        // Pushes A's own no-Redis fallback (T + 2 sweeps of silence) well past B's sweep.
+        c.liveness.sweep_interval = 2.0;
+    })
+    .await;
+    let (domain, prefix) = (a.domain.clone(), a.config.redis.key_prefix.clone());
+    let b = TestServer::start(move |c| {
+        fast_liveness(c);
+        c.domains = vec![domain];
+        c.redis.key_prefix = prefix;
+    })
+    .await;
+    let l = b.config.liveness.clone();
+    a.user("alice").await;
+    a.user("bob").await;
+    a.make_mutual("alice", "bob").await;
+    let mut bob = online(&a, "bob", "pc").await;
+    let mut alice = online(&a, "alice", "phone").await;
+    bob.watch(&|e| is_presence(e, &alice.jid, None), WAIT)
+        .await
+        .unwrap();
+    let silent_since = last_words(&mut alice).await;
+    bob.watch(
+        &|e| is_presence(e, &alice.jid, Some("unavailable")),
+        secs(l.ttl + l.sweep_interval + 1.0),
+    )
+    .await
+    .expect("announced by the node holding the session");
+    let after = silent_since.elapsed().as_secs_f64();
+    eprintln!("measured: two nodes, unavailable {after:.3}s after the last beat");
+    assert!(after >= l.ttl - l.heartbeat_interval && after <= l.ttl + l.sweep_interval + 0.3);
+    let count = |ts: &TestServer, f: fn(&presenced::liveness::Metrics) -> u64| ts.metric(f);
+    assert_eq!(count(&a, |m| m.swept.load(Ordering::Relaxed)), 0);
+    assert_eq!(count(&b, |m| m.swept.load(Ordering::Relaxed)), 1);
+    assert_eq!(count(&a, |m| m.silent_deaths.load(Ordering::Relaxed)), 1);
+    // One last-seen row, written by A only.
+    let deadline = Instant::now() + secs(l.last_seen_flush * 5.0 + 2.0);
+    while count(&a, |m| m.pg_rows.load(Ordering::Relaxed)) == 0 {
+        assert!(Instant::now() < deadline, "no last seen");
+        tokio::time::sleep(secs(0.05)).await;
+    }
+    tokio::time::sleep(secs(l.last_seen_flush * 3.0)).await;
+    assert_eq!(count(&a, |m| m.pg_rows.load(Ordering::Relaxed)), 1);
+    assert_eq!(count(&b, |m| m.pg_rows.load(Ordering::Relaxed)), 0);
+    drop(alice);
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn resource_of_a_crashed_node_is_announced_by_the_sweeper_with_its_last_beat() {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    // A beat left by a node that no longer exists: nobody listens on its channel.
+    let bare = ts.jid("alice");
+    let full = presenced::jid::FullJid::new(&format!("{bare}/phone")).unwrap();
+    let keys = &ts.shared().liveness.keys;
+    let last_beat = presenced::liveness::now_ms() - (l.ttl * 1000.0) as i64 - 500;
+    let mut r = ts.redis().await;
+    let _: () = redis::cmd("ZADD")
+        .arg(keys.beats_for(&bare))
+        .arg(last_beat)
+        .arg(keys.member("node-crashed", &full))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(keys.beats_for(&bare))
+        .arg(60_000)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    bob.watch(
+        &|e| is_presence(e, full.as_str(), Some("unavailable")),
+        secs(l.sweep_interval * 2.0 + 1.0),
+    )
+    .await
+    .expect("orphan announced");
+    let deadline = Instant::now() + secs(l.last_seen_flush * 5.0 + 2.0);
+    let row = loop {
+        if let Some(r) = ts.shared().store.last_seen(&bare).await.unwrap() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no last seen for the orphan");
+        tokio::time::sleep(secs(0.05)).await;
+    };
+    assert!((row.at.timestamp_millis() - last_beat).abs() < 1000);
+    ts.stop().await;
+}

@@ -4,8 +4,13 @@
 //! ```text
 //! <prefix>presence:{user@domain}:res:<resource>   node id, PXAT last beat + T
 //! <prefix>presence:{user@domain}:resources        SET of live resources, same expiry
-//! <prefix>presence:beats:<shard>                  ZSET full JID → last beat (ms)
+//! <prefix>presence:beats:<shard>                  ZSET "<node> <full JID>" → last beat (ms)
+//! <prefix>node:<node>                             pub/sub channel of one node
 //! ```
+//!
+//! The beat member names the node holding the session, so a sweeper on any node can hand a
+//! stale resource to its owner (which knows whether the client is really silent and owns
+//! the socket) and announce it itself only when no owner listens (a crashed node).
 
 use crate::jid::FullJid;
 
@@ -52,10 +57,25 @@ impl Keys {
         format!("{}presence:beats:{}", self.prefix, shard)
     }
 
+    /// The beat ZSET member for `jid` held by `node` (node ids contain no spaces).
+    pub fn member(&self, node: &str, jid: &FullJid) -> String {
+        format!("{node} {jid}")
+    }
+
+    /// The pub/sub channel of `node`.
+    pub fn node_channel(&self, node: &str) -> String {
+        format!("{}node:{}", self.prefix, node)
+    }
+
     /// Pattern matching every presence key under this prefix (for tests and operators).
     pub fn pattern(&self) -> String {
         format!("{}presence:*", self.prefix)
     }
+}
+
+/// Splits a beat member into node id and full JID.
+pub fn parse_member(member: &str) -> Option<(&str, &str)> {
+    member.split_once(' ')
 }
 
 /// FNV-1a of the bare JID: stable across nodes and builds (unlike `DefaultHasher`).
@@ -84,6 +104,14 @@ mod tests {
         assert!(k
             .beats_for("alice@example.org")
             .starts_with("p:presence:beats:"));
+    }
+
+    #[test]
+    fn member_names_the_node_and_splits_back() {
+        let k = Keys::new("", 1);
+        let j = FullJid::new("a@b/my phone").unwrap();
+        let m = k.member("node-1", &j);
+        assert_eq!(parse_member(&m), Some(("node-1", "a@b/my phone")));
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! socket traffic ─▶ Beat (in memory, per connection; any inbound byte counts)
 //!   session tick every redis_refresh ─▶ Op::Refresh (only if a newer beat exists)
 //!     writer task ─▶ Redis: presence:{bare}:res:<r> PXAT beat+T, :resources, beats ZSET
-//!   sweeper (every node, every sweep_interval) ─▶ Lua: ZRANGEBYSCORE+ZREM beats < now−T
-//!     local session ─▶ ended as a silent death (last seen = last beat), unavailable at once
-//!     no local session (crashed node) ─▶ unavailable to local contacts from here
+//!   sweeper (any node, every sweep_interval) ─▶ Lua: ZRANGEBYSCORE+ZREM beats < now−T
+//!     session of this node ─▶ ended as a silent death (last seen = last beat), unavailable now
+//!     session of another node ─▶ PUBLISH node:<id>; that node ends it the same way
+//!     nobody listens (crashed node) ─▶ unavailable to local contacts from here
 //! clean close / dropped socket ─▶ grace G ─▶ unavailable unless the resource came back
 //! every session end ─▶ last-seen batcher ─▶ one PostgreSQL statement per flush
 //! ```
@@ -441,6 +442,7 @@ pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
         tracker.spawn(redis_link::writer(shared.clone(), rx));
     }
     tracker.spawn(sweeper::run(shared.clone()));
+    tracker.spawn(sweeper::listen(shared.clone()));
     tracker.spawn(last_seen::run(shared.clone()));
     tracker.spawn(metrics::log_loop(shared.clone()));
 }

@@ -94,6 +94,11 @@ impl RedisLink {
         }
     }
 
+    /// The client, for connections of their own (pub/sub).
+    pub fn client(&self) -> Option<&redis::Client> {
+        self.client.as_ref()
+    }
+
     /// The per-command timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -185,7 +190,7 @@ fn add_op(pipe: &mut redis::Pipeline, shared: &Shared, op: &Op) {
                 .arg(BEAT)
                 .arg(1)
                 .arg(l.keys.beats_for(&bare))
-                .arg(jid.as_str())
+                .arg(l.keys.member(&l.node_id, jid))
                 .arg(*beat_ms)
                 .arg(super::now_ms().max(*beat_ms) + 3 * ttl)
                 .ignore();
@@ -201,7 +206,7 @@ fn add_op(pipe: &mut redis::Pipeline, shared: &Shared, op: &Op) {
                 .ignore();
             pipe.cmd("ZREM")
                 .arg(l.keys.beats_for(&bare))
-                .arg(jid.as_str())
+                .arg(l.keys.member(&l.node_id, jid))
                 .ignore();
         }
     }

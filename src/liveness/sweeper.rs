@@ -4,13 +4,21 @@
 //! Redis runs a script atomically (nothing else runs meanwhile), and the script removes what
 //! it returns, so when several nodes sweep at once each stale resource is returned to exactly
 //! one of them. A full batch means there may be more: the script is called again.
+//!
+//! The member names the node holding the session. A resource of this node is handled here;
+//! one of another node is handed to it on its pub/sub channel (it knows whether the client
+//! is really silent, owns the socket and ends the session, announcing through the normal
+//! presence path); when no node listens on that channel (the node crashed), the sweeper
+//! announces the resource unavailable itself.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use redis::aio::MultiplexedConnection;
 
-use super::{now_ms, Op, SweptLocal};
+use std::time::Duration;
+
+use super::{keys, now_ms, Op, SweptLocal};
 use crate::jid::FullJid;
 use crate::server::Shared;
 use crate::xml::{Element, NS_CLIENT};
@@ -52,6 +60,9 @@ pub async fn sweep_once(
 /// Sweeps every `sweep_interval` (first run after a random fraction of it, so nodes started
 /// together do not sweep in lockstep).
 pub async fn run(shared: Arc<Shared>) {
+    if !shared.config.liveness.sweeper {
+        return;
+    }
     let period = shared.liveness.timings.sweep;
     let jitter = period.mul_f64(rand::random::<f64>());
     tokio::select! {
@@ -94,8 +105,8 @@ pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
             live.metrics
                 .swept
                 .fetch_add(got.len() as u64, Ordering::Relaxed);
-            for (jid, score) in got {
-                handle_stale(shared, &jid, score).await;
+            for (member, score) in got {
+                handle_member(shared, &mut conn, &member, score).await;
             }
             if !full {
                 break;
@@ -103,6 +114,87 @@ pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
         }
     }
     total
+}
+
+async fn handle_member(
+    shared: &Arc<Shared>,
+    conn: &mut MultiplexedConnection,
+    member: &str,
+    score: i64,
+) {
+    let live = &shared.liveness;
+    let Some((node, jid)) = keys::parse_member(member) else {
+        tracing::warn!(member, "malformed beat member dropped");
+        return;
+    };
+    if node == live.node_id {
+        return handle_stale(shared, jid, score).await;
+    }
+    let notice = format!("{score} {jid}");
+    let heard: redis::RedisResult<i64> = redis::cmd("PUBLISH")
+        .arg(live.keys.node_channel(node))
+        .arg(&notice)
+        .query_async(conn)
+        .await;
+    match heard {
+        Ok(n) if n > 0 => {
+            tracing::debug!(%jid, %node, "stale resource handed to its node");
+        }
+        Ok(_) => {
+            // Nobody listens for that node: it is gone, and so is the session.
+            if let Ok(j) = FullJid::new(jid) {
+                announce_orphan(shared, &j, score).await;
+            }
+        }
+        Err(e) => live.redis.failed(&e).await,
+    }
+}
+
+/// Listens on this node's channel for stale resources other nodes' sweepers found, and
+/// handles them like its own. Reconnects with backoff.
+pub async fn listen(shared: Arc<Shared>) {
+    use futures_util::StreamExt;
+    let live = &shared.liveness;
+    let Some(client) = live.redis.client().cloned() else {
+        return;
+    };
+    let channel = live.keys.node_channel(&live.node_id);
+    let mut backoff = Duration::from_millis(100);
+    let max = Duration::from_secs_f64(shared.config.redis.reconnect_max);
+    loop {
+        let connected = tokio::time::timeout(live.redis.timeout() * 2, async {
+            let mut ps = client.get_async_pubsub().await?;
+            ps.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(ps)
+        })
+        .await;
+        if let Ok(Ok(mut ps)) = connected {
+            backoff = Duration::from_millis(100);
+            let mut messages = ps.on_message();
+            loop {
+                let msg = tokio::select! {
+                    _ = shared.shutdown.cancelled() => return,
+                    m = messages.next() => m,
+                };
+                let Some(msg) = msg else { break };
+                let Ok(text) = msg.get_payload::<String>() else {
+                    continue;
+                };
+                let Some((score, jid)) = text.split_once(' ') else {
+                    continue;
+                };
+                let Ok(score) = score.parse::<i64>() else {
+                    continue;
+                };
+                handle_stale(&shared, jid, score).await;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(max);
+    }
 }
 
 async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
