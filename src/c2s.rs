@@ -217,7 +217,15 @@ impl Conn {
                 "the stream element must be in http://etherx.jabber.org/streams",
             )));
         }
-        let to = header.get_attr("to").map(str::to_owned);
+        // RFC 7622 §3.2: the domain is compared after normalisation (case-folded), so
+        // 'to' is prepared like any JID before it is looked up.
+        let to = header.get_attr("to").map(|t| {
+            crate::jid::BareJid::new(t)
+                .ok()
+                .filter(|j| j.node().is_none())
+                .map(|j| j.domain().as_str().to_owned())
+                .unwrap_or_else(|| t.to_owned())
+        });
         match (&to, &self.domain) {
             (Some(to), _) if !self.shared.config.serves(to) => {
                 // RFC 6120 §4.9.3.6.
@@ -987,17 +995,7 @@ impl Session {
 
 /// An iq result addressed back to the requester.
 pub fn iq_result(iq: &Element) -> Element {
-    let mut r = Element::new("iq", x::NS_CLIENT).attr("type", "result");
-    if let Some(id) = iq.get_attr("id") {
-        r.set_attr("id", id);
-    }
-    if let Some(from) = iq.get_attr("from") {
-        r.set_attr("to", from);
-    }
-    if let Some(to) = iq.get_attr("to") {
-        r.set_attr("from", to);
-    }
-    r
+    crate::error::reply_skeleton(iq, "result")
 }
 
 fn decode_b64(text: &str) -> Option<Vec<u8>> {

@@ -296,7 +296,7 @@ pub struct LimitsConfig {
     pub connections_per_ip_per_minute: u32,
     /// Simultaneous client connections; more get resource-constraint.
     pub max_connections: usize,
-    /// Roster items per user (RFC 6121 §2.3.3: not-allowed... policy-violation on overflow).
+    /// Roster items per user; a roster set beyond it gets not-allowed.
     pub max_roster_items: i64,
     /// Stanzas queued for one session before it is treated as stalled and disconnected.
     pub session_queue: usize,
@@ -337,6 +337,7 @@ impl Config {
             source,
         })?;
         config.apply_env(|k| std::env::var(k).ok());
+        config.normalize_domains();
         // Relative paths in the file are relative to the file, so `--config` works from anywhere.
         if let Some(dir) = path.parent() {
             config.resolve_paths(dir);
@@ -348,6 +349,18 @@ impl Config {
     /// Parses TOML text without validating.
     pub fn parse(text: &str) -> Result<Config, toml::de::Error> {
         toml::from_str(text)
+    }
+
+    /// Domains are compared with normalised JIDs everywhere, so they are normalised too
+    /// (RFC 7622 §3.2: `Example.ORG` is `example.org`).
+    pub fn normalize_domains(&mut self) {
+        for d in &mut self.domains {
+            if let Ok(j) = crate::jid::BareJid::new(d) {
+                if j.node().is_none() {
+                    *d = j.domain().to_string();
+                }
+            }
+        }
     }
 
     /// `DATABASE_URL` and `REDIS_URL` override the file.

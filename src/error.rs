@@ -167,16 +167,7 @@ impl StanzaError {
         if stanza.get_attr("type") == Some("error") {
             return None;
         }
-        let mut reply = Element::new(&stanza.name, &stanza.ns).attr("type", "error");
-        if let Some(id) = stanza.get_attr("id") {
-            reply.set_attr("id", id);
-        }
-        if let Some(from) = stanza.get_attr("from") {
-            reply.set_attr("to", from);
-        }
-        if let Some(to) = stanza.get_attr("to") {
-            reply.set_attr("from", to);
-        }
+        let mut reply = reply_skeleton(stanza, "error");
         // §8.3.1 lets the original payload be included; iq payloads help clients correlate.
         if stanza.name == "iq" {
             reply.children = stanza.children.clone();
@@ -186,6 +177,22 @@ impl StanzaError {
             .push(crate::xml::Node::Element(self.to_element()));
         Some(reply)
     }
+}
+
+/// An empty reply to `stanza` of type `ty`: same name and id, `to` and `from` swapped
+/// (RFC 6120 §8.2.3 for iq results, §8.3.1 for errors).
+pub fn reply_skeleton(stanza: &Element, ty: &str) -> Element {
+    let mut reply = Element::new(&stanza.name, &stanza.ns).attr("type", ty);
+    if let Some(id) = stanza.get_attr("id") {
+        reply.set_attr("id", id);
+    }
+    if let Some(from) = stanza.get_attr("from") {
+        reply.set_attr("to", from);
+    }
+    if let Some(to) = stanza.get_attr("to") {
+        reply.set_attr("from", to);
+    }
+    reply
 }
 
 #[cfg(test)]

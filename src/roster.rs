@@ -145,21 +145,10 @@ async fn get(
     let (version, items) = store.roster(&owner).await.map_err(store_failed)?;
     note_version(&session.handle, version);
     let mut q = Element::new("query", NS_ROSTER).attr("ver", version.to_string());
-    for item in items.iter().filter(|i| is_visible(i)) {
+    for item in &items {
         q = q.child(item_element(item));
     }
     Ok(Some(iq_result(iq).child(q)))
-}
-
-/// Whether an item belongs in the roster the client sees. A bare pending inbound request
-/// is server state, not a roster item (RFC 6121 §3.1.3).
-pub fn is_visible(item: &RosterItem) -> bool {
-    !(item.subscription == crate::store::Subscription::None
-        && !item.pending_out
-        && !item.preapproved
-        && item.pending_in
-        && item.name.is_none()
-        && item.groups.is_empty())
 }
 
 async fn set(
@@ -189,10 +178,12 @@ async fn set(
         remove(session, &owner, contact.as_str()).await?;
         return Ok(Some(iq_result(iq)));
     }
-    // RFC 6121 §2.1.2.5 and §2.3.3: clients do not set subscription state or ask.
-    if subscription.is_some() || item.get_attr("ask").is_some() {
+    // RFC 6121 §2.1.2.5: in a roster set the server MUST ignore every 'subscription' value
+    // other than "remove" (stock clients such as slixmpp send subscription='none'), so any
+    // other value leaves the stored state as it is. §2.1.2.2: a client MUST NOT send 'ask'.
+    if item.get_attr("ask").is_some() {
         return Err(StanzaError::bad_request()
-            .with_text("subscription and ask are managed by the server (RFC 6121 §2.1.2)"));
+            .with_text("'ask' is managed by the server (RFC 6121 §2.1.2.2)"));
     }
     let name = item.get_attr("name").map(str::to_owned);
     if name.as_ref().is_some_and(|n| n.len() > MAX_NAME_LEN) {
@@ -212,6 +203,7 @@ async fn set(
         groups.push(g);
     }
     let shared = session.shared.clone();
+    let _lock = shared.roster_locks.lock(&[owner.as_str()]).await;
     let store = &shared.store;
     let existing = store
         .roster_item(owner.as_str(), contact.as_str())
@@ -250,6 +242,7 @@ async fn remove(session: &mut Session, owner: &BareJid, contact: &str) -> Result
         return Err(StanzaError::item_not_found());
     };
     crate::presence::roster_removed(session, &existing).await;
+    let _lock = shared.roster_locks.lock(&[owner.as_str()]).await;
     match shared
         .store
         .remove_roster_item(owner.as_str(), contact)

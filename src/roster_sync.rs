@@ -48,6 +48,7 @@ pub async fn run(shared: Arc<Shared>) {
 /// Brings every session of `owner` up to `version` (or to the current version for
 /// `i64::MAX`).
 pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
+    let _lock = shared.roster_locks.lock(&[owner]).await;
     let sessions = shared.sessions.of_user_str(owner);
     // The oldest version any session of the user has seen; presence effects are computed
     // once per user from there.
@@ -76,8 +77,11 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
         owner,
         changes = changes.len(),
         version = current,
+        seen,
+        notified = version,
         "pushing roster changes made outside this node"
     );
+    tracing::debug!(owner, ?changes, "roster changes");
     for s in &sessions {
         let Some(ver) = s.presence().roster_ver else {
             continue;
@@ -87,10 +91,7 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
         }
         for change in &changes {
             let item = match change {
-                RosterChange::Upsert(i) if crate::roster::is_visible(i) => {
-                    crate::roster::item_element(i)
-                }
-                RosterChange::Upsert(_) => continue,
+                RosterChange::Upsert(i) => crate::roster::item_element(i),
                 RosterChange::Removed(c) => Element::new("item", crate::xml::NS_ROSTER)
                     .attr("jid", c.clone())
                     .attr("subscription", "remove"),
@@ -100,8 +101,6 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
     }
     for change in &changes {
         let (contact, sees) = match change {
-            // A pending-only item is not part of the roster: nothing became (in)visible.
-            RosterChange::Upsert(i) if !crate::roster::is_visible(i) => continue,
             RosterChange::Upsert(i) => (i.contact.as_str(), i.subscription.has_to()),
             RosterChange::Removed(c) => (c.as_str(), false),
         };

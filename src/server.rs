@@ -34,6 +34,44 @@ pub struct Shared {
     pub shutdown: CancellationToken,
     /// Heartbeats, Redis liveness keys, the sweeper, grace periods, last seen, counters.
     pub liveness: crate::liveness::Liveness,
+    /// Serialises "write a roster change, then push it" per user against
+    /// [`crate::roster_sync`], so a NOTIFY never overtakes the push this node is about to
+    /// send (which would push twice and send presence for a change already handled).
+    pub roster_locks: RosterLocks,
+}
+
+/// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks
+/// are always taken in stripe order so two changes between the same pair cannot deadlock.
+pub struct RosterLocks {
+    stripes: Vec<tokio::sync::Mutex<()>>,
+}
+
+impl Default for RosterLocks {
+    fn default() -> Self {
+        RosterLocks {
+            stripes: (0..256).map(|_| tokio::sync::Mutex::new(())).collect(),
+        }
+    }
+}
+
+impl RosterLocks {
+    fn index(&self, bare: &str) -> usize {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        (BuildHasherDefault::<DefaultHasher>::default().hash_one(bare) as usize)
+            % self.stripes.len()
+    }
+
+    /// Locks the stripes of the given users (one or two), in order.
+    pub async fn lock(&self, users: &[&str]) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = users.iter().map(|u| self.index(u)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let mut guards = Vec::with_capacity(idx.len());
+        for i in idx {
+            guards.push(self.stripes[i].lock().await);
+        }
+        guards
+    }
 }
 
 /// Why the server could not start.
@@ -90,6 +128,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         tls,
         shutdown: CancellationToken::new(),
         liveness,
+        roster_locks: RosterLocks::default(),
     });
     let tracker = TaskTracker::new();
     tracker.spawn(crate::roster_sync::run(shared.clone()));

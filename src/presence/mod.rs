@@ -110,8 +110,24 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
             }
             outbound_subscription(session, &contact, kind, el, true).await;
         }
-        // RFC 6121 §4.3: probes are the server's business; a client's is ignored.
-        Some("probe") => {}
+        // RFC 6121 §4.3: probes are normally the server's business; a client that sends one
+        // gets the same answer (and the same subscription check) as the server's own probe.
+        Some("probe") => match target {
+            Target::LocalBare(b) if b != own_bare => {
+                let me = session.jid().clone();
+                answer_probe(&session.shared, &me, b.as_str()).await;
+            }
+            Target::LocalFull(f) => {
+                let me = session.jid().clone();
+                answer_probe(&session.shared, &me, f.to_bare().as_str()).await;
+            }
+            Target::Remote(_) => {
+                let mut p = el;
+                p.set_attr("from", own_bare.to_string());
+                let _ = crate::s2s::route_remote(&session.shared, p);
+            }
+            _ => {}
+        },
         Some("error") => {
             if let Target::LocalFull(f) = target {
                 if let Some(s) = session.shared.sessions.get(&f) {
@@ -357,7 +373,9 @@ async fn load_side(
 }
 
 /// What must be written for one side after a transition: the item, or nothing when the
-/// item does not exist and the new state would be invisible.
+/// item does not exist and the new state is a bare pending inbound request, which is kept in
+/// the pending table instead: RFC 6121 §3.1.3, a request creates no roster item, so every
+/// stored item is part of the roster the user sees.
 fn updated_item(
     owner_item: Option<RosterItem>,
     contact: &str,
@@ -396,6 +414,11 @@ pub async fn outbound_subscription(
     push_user: bool,
 ) {
     let shared = session.shared.clone();
+    let user = session.jid().to_bare();
+    let _locks = shared
+        .roster_locks
+        .lock(&[user.as_str(), contact.as_str()])
+        .await;
     if let Err(e) =
         apply_subscription(&shared, session.jid(), contact, kind, stanza, push_user).await
     {
@@ -437,11 +460,9 @@ async fn apply_subscription(
         } else {
             c_effects = Some((c_item, c_state, inb, None));
         }
-    } else if out.route && kind == SubKind::Subscribe {
-        // §3.1.3: no such contact: the user gets an unsubscribed on the contact's behalf.
-        let back = subscription::inbound(u_final, SubKind::Unsubscribed);
-        u_final = back.state;
     }
+    // RFC 6121 §8.5.1: a subscription stanza to an account that does not exist is silently
+    // ignored; the user's own side keeps its pending request.
     let u_write = updated_item(u_item.clone(), contact.as_str(), u_final);
     if let Some(i) = &u_write {
         writes.push((user.to_string(), i.clone()));
@@ -507,9 +528,6 @@ async fn apply_subscription(
                 deliver_to_available(shared, user.as_str(), &p);
             }
         }
-    } else if out.route && kind == SubKind::Subscribe && !contact_exists {
-        let p = presence(Some("unsubscribed"), contact.as_str(), user.as_str());
-        deliver_to_available(shared, user.as_str(), &p);
     }
     if out.send_presence && contact_exists {
         // §3.1.5: after approving, the contact gets the user's current presence.
@@ -526,9 +544,7 @@ async fn apply_subscription(
             if owner == user.as_str() && !push_user {
                 continue;
             }
-            if crate::roster::is_visible(item) {
-                crate::roster::push_item(shared, owner, *version, item);
-            }
+            crate::roster::push_item(shared, owner, *version, item);
         }
     }
     Ok(())

@@ -586,3 +586,151 @@ pub fn is_presence(el: &Element, from: &str, ty: Option<&str>) -> bool {
         && el.get_attr("from").is_some_and(|f| f.starts_with(from))
         && el.get_attr("type") == ty
 }
+
+/// What a client script printed and how it exited.
+#[derive(Debug)]
+pub struct ScriptOutput {
+    /// Exit code (`None`: killed by a signal).
+    pub code: Option<i32>,
+    /// The last line the script printed on standard output (its JSON report).
+    pub report: String,
+    /// Everything on standard error, for failure messages.
+    pub stderr: String,
+}
+
+impl ScriptOutput {
+    /// A top-level value of the script's one-line JSON report, as its JSON text with the
+    /// quotes of a string removed (`"a"` → `a`, `true` → `true`). The scripts print flat
+    /// objects with `json.dumps` defaults, which is all this needs to read.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let needle = format!("\"{key}\": ");
+        let start = self.report.find(&needle)? + needle.len();
+        let rest = &self.report[start..];
+        if let Some(s) = rest.strip_prefix('"') {
+            let mut out = String::new();
+            let mut chars = s.chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => return Some(out),
+                    '\\' => out.push(chars.next()?),
+                    c => out.push(c),
+                }
+            }
+            None
+        } else {
+            let end = rest.find([',', '}']).unwrap_or(rest.len());
+            Some(rest[..end].trim().to_owned())
+        }
+    }
+}
+
+/// Runs `tests/clients/<script>` with the system Python (`PYTHON` overrides `python3`),
+/// killing it after `limit`. A script that overruns fails the test with its stderr.
+pub async fn run_client_script(script: &str, args: &[String], limit: Duration) -> ScriptOutput {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(script);
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let child = tokio::process::Command::new(python)
+        .arg(&path)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start python3 (slixmpp: pip install -r tests/requirements.txt)");
+    let out = match tokio::time::timeout(limit, child.wait_with_output()).await {
+        Ok(out) => out.expect("wait for client script"),
+        Err(_) => panic!("{script} did not finish within {limit:?}"),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ScriptOutput {
+        code: out.status.code(),
+        report: stdout.lines().last().unwrap_or("").to_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+impl Client {
+    /// A plain TCP connection to the STARTTLS port from the local address `source` (any
+    /// 127.0.0.0/8 address works on Linux loopback), so a test can play a second client IP.
+    pub async fn tcp_from(server: &TestServer, source: std::net::IpAddr) -> Client {
+        let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+        sock.bind(std::net::SocketAddr::new(source, 0))
+            .expect("bind source address");
+        let tcp = sock.connect(server.addr).await.expect("connect");
+        tcp.set_nodelay(true).unwrap();
+        Client::over(Box::new(tcp))
+    }
+
+    /// [`Client::login`] from the local address `source`.
+    pub async fn login_from(
+        server: &TestServer,
+        source: std::net::IpAddr,
+        user: &str,
+        password: &str,
+        resource: &str,
+    ) -> Client {
+        let mut c = Client::tcp_from(server, source).await;
+        c.open(&server.domain).await.expect("stream");
+        let mut c = c.starttls(server).await;
+        let ok = c.auth_plain(user, password).await;
+        assert_eq!(ok.name, "success", "login {user}: {ok}");
+        c.restart_stream();
+        c.open(&server.domain).await.expect("stream after SASL");
+        c.bind(resource).await.expect("bind");
+        c
+    }
+
+    /// Like [`Client::expect_stream_end`], but also records the server's stream header in
+    /// [`Client::header`], so a test can check that an early stream error still came after
+    /// a header (RFC 6120 §4.9.1.1).
+    pub async fn expect_stream_end_recording_header(&mut self) -> Ended {
+        loop {
+            match self.next_event(WAIT).await {
+                Ok(StreamEvent::Open(h)) => self.header = Some(h),
+                Ok(StreamEvent::Stanza(el))
+                    if el.name == "error" && el.ns == presenced::xml::NS_STREAM =>
+                {
+                    return Ended::StreamError(condition(&el))
+                }
+                Ok(StreamEvent::Stanza(el)) => self.backlog.push(el),
+                Ok(StreamEvent::Whitespace) => {}
+                Ok(StreamEvent::Close) => return Ended::Closed,
+                Err(e) => return e,
+            }
+        }
+    }
+
+    /// Reads until the stream ends; `true` only when the server sent `</stream:stream>`
+    /// (a clean close, RFC 6120 §4.4), `false` on a stream error, EOF or timeout.
+    pub async fn got_closing_tag(&mut self) -> bool {
+        loop {
+            match self.next_event(WAIT).await {
+                Ok(StreamEvent::Close) => return true,
+                Ok(StreamEvent::Stanza(el))
+                    if el.name == "error" && el.ns == presenced::xml::NS_STREAM =>
+                {
+                    return false
+                }
+                Ok(StreamEvent::Stanza(el)) => self.backlog.push(el),
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Forgets the parser state after SASL success, as RFC 6120 §6.4.6 requires before the
+    /// client sends the new stream header.
+    pub fn restart_stream(&mut self) {
+        let reader = std::mem::replace(
+            &mut self.reader,
+            StreamReader::new(
+                tokio::io::split(Box::new(tokio::io::duplex(1).0) as Box<dyn Io>).0,
+                limits(),
+            ),
+        );
+        self.reader = StreamReader::new(reader.into_inner(), limits());
+    }
+}
