@@ -699,3 +699,30 @@ async fn resource_of_a_crashed_node_is_announced_by_the_sweeper_with_its_last_be
     assert!((row.at.timestamp_millis() - last_beat).abs() < 1000);
     ts.stop().await;
 }
+
+#[tokio::test]
+async fn chatty_client_beats_often_but_redis_sees_one_write_per_refresh() {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let writes_before = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed));
+    let beats_before = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed));
+    // Traffic every 50 ms for 3 s: every stanza is a heartbeat.
+    let window = 3.0;
+    let start = Instant::now();
+    while start.elapsed() < secs(window) {
+        let _ = last_words(&mut alice).await;
+        tokio::time::sleep(secs(0.05)).await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let writes = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed)) - writes_before;
+    let beats = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed)) - beats_before;
+    let bound = (elapsed / l.redis_refresh).ceil() as u64 + 1;
+    eprintln!("measured: chatty client, {beats} heartbeats, {writes} Redis writes in {elapsed:.2}s (bound {bound})");
+    assert!(beats >= 30, "{beats}");
+    assert!(writes <= bound, "{writes} > {bound}");
+    assert!(writes >= 1, "the refresh never reached Redis");
+    alice.close().await;
+    ts.stop().await;
+}
