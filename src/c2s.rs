@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{StanzaError, StreamError};
 use crate::jid::{BareJid, FullJid, Jid};
+use crate::liveness::{Transport, TransportKind};
 use crate::router;
 use crate::sasl::scram::{self, ScramHash, ScramServer};
 use crate::server::Shared;
@@ -83,8 +84,21 @@ fn limits(shared: &Shared) -> ReaderLimits {
     }
 }
 
-/// Serves one client connection from accept to close.
+/// Serves one client TCP connection from accept to close.
 pub async fn serve(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr, direct_tls: bool) {
+    let transport = Transport::tcp(&shared);
+    serve_transport(shared, io, peer, direct_tls, transport).await
+}
+
+/// Serves one client connection over `transport` (TCP, or the byte stream an RFC 7395
+/// WebSocket adapter presents) from accept to close.
+pub async fn serve_transport(
+    shared: Arc<Shared>,
+    io: BoxIo,
+    peer: SocketAddr,
+    direct_tls: bool,
+    transport: Transport,
+) {
     let timeout = Duration::from_secs(shared.config.limits.negotiation_timeout);
     let deadline = Instant::now() + timeout;
     let io = if direct_tls {
@@ -110,7 +124,7 @@ pub async fn serve(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr, direct_tls:
         shared,
         writer: w,
         peer,
-        secure: direct_tls,
+        secure: direct_tls || transport.secure,
         header_sent: false,
         domain: None,
         user: None,
@@ -126,7 +140,7 @@ pub async fn serve(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr, direct_tls:
             return conn.fail(err).await;
         }
     };
-    conn.run_session(bound).await;
+    conn.run_session(bound, transport).await;
 }
 
 impl Conn {
@@ -671,11 +685,16 @@ impl Conn {
         }
     }
 
-    /// The bound session: register, spawn the writer, read stanzas until the stream ends.
-    async fn run_session(self, jid: FullJid) {
+    /// The bound session: register, spawn the writer and the socket reader, then handle
+    /// stanzas until the stream ends, pinging the client when it is silent and keeping its
+    /// liveness in Redis (see [`crate::liveness`]).
+    ///
+    /// The reader runs in its own task because [`StreamReader::next`] is not cancel-safe:
+    /// the loop here selects on its channel, the timers and the kill/sweeper tokens.
+    async fn run_session(self, jid: FullJid, transport: Transport) {
         let Conn {
             shared,
-            mut reader,
+            reader,
             writer,
             peer,
             ..
@@ -689,18 +708,66 @@ impl Conn {
             tracing::info!(%peer, %jid, "resource conflict: older session replaced");
         }
         let handle = reg.handle;
-        tracing::info!(%peer, %jid, "session bound");
+        tracing::info!(%peer, %jid, kind = ?transport.kind, "session bound");
         let writer_task = tokio::spawn(write_loop(writer, reg.rx, handle.kill.clone()));
+        let mut live = shared
+            .liveness
+            .bind(&jid, handle.id, transport.beat.clone());
+        let (events, mut inbound) = mpsc::channel(8);
+        let reader_task = tokio::spawn(read_loop(reader, events, transport.beat.clone()));
         let mut session = Session::new(shared.clone(), handle.clone(), peer);
         let mut bucket = TokenBucket::new(
             shared.config.limits.stanzas_per_second,
             shared.config.limits.stanza_burst,
         );
+        let timings = shared.liveness.timings;
+        // Checked four times per H so that a ping goes out within H/4 of H of silence.
+        let mut ping_tick = tokio::time::interval(timings.heartbeat / 4);
+        let mut last_ping = tokio::time::Instant::now();
+        ping_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ping_tick.reset();
+        let mut refresh_tick = tokio::time::interval(timings.refresh);
+        refresh_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        refresh_tick.reset();
         let end = loop {
             let ev = tokio::select! {
                 _ = handle.kill.cancelled() => break None,
-                ev = reader.next() => ev,
+                _ = live.end.cancelled() => {
+                    // The sweeper found no beat for T: the client is gone without a word.
+                    break Some(StreamError::new("connection-timeout", "no traffic within the liveness timeout"));
+                }
+                _ = ping_tick.tick() => {
+                    // XEP-0199 §4.1 server-to-client ping after H of inbound silence; the
+                    // answer (result or error, either will do) is traffic, hence a beat.
+                    // RFC 7395 streams are pinged with WebSocket Ping frames by the adapter.
+                    if transport.kind == TransportKind::Tcp
+                        && live.silent_for(timings.heartbeat)
+                        && last_ping.elapsed() >= timings.heartbeat
+                    {
+                        last_ping = tokio::time::Instant::now();
+                        let ping = Element::new("iq", x::NS_CLIENT)
+                            .attr("type", "get")
+                            .attr("id", format!("lv-{}", new_id()))
+                            .attr("from", jid.domain().as_str())
+                            .attr("to", jid.as_str())
+                            .child(Element::new("ping", x::NS_PING));
+                        handle.send(ping);
+                        shared.liveness.metrics.pings_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    continue;
+                }
+                _ = refresh_tick.tick() => {
+                    live.refresh(&shared.liveness);
+                    if live.locally_dead(&shared.liveness) {
+                        // No sweeper acted (Redis unreachable): end it here.
+                        live.mark_dead();
+                        break Some(StreamError::new("connection-timeout", "no traffic within the liveness timeout"));
+                    }
+                    continue;
+                }
+                ev = inbound.recv() => ev,
             };
+            let Some(ev) = ev else { break None };
             match ev {
                 Ok(StreamEvent::Stanza(el)) => {
                     if !bucket.take() {
@@ -728,20 +795,51 @@ impl Conn {
                 },
             }
         };
+        if live.end.is_cancelled() {
+            live.mark_dead();
+        }
+        reader_task.abort();
         if let Some(err) = end {
             tracing::info!(%peer, %jid, error = %err, "closing session with stream error");
             handle.close(err);
         }
-        session.ended().await;
         shared.sessions.unregister(&handle);
-        // Let the writer flush what is queued (bounded by the mailbox), then stop it.
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        // Let the writer flush what is queued (bounded by the mailbox), then stop it. A
+        // silent peer is not waited for: its contacts must hear about it now.
+        let flush = if live.dead_at().is_some() {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_secs(5)
+        };
+        let _ = tokio::time::timeout(flush, async {
             handle.finish();
             let _ = writer_task.await;
         })
         .await;
         handle.kill.cancel();
         tracing::info!(%peer, %jid, "session ended");
+        // Unavailable now (silent death) or after the grace period (close or drop).
+        crate::liveness::session_over(session, live).await;
+    }
+}
+
+/// Reads the socket for a bound session, forwarding every event in order and stamping the
+/// beat on each (any inbound traffic is a heartbeat). Ends after a close, an error, or when
+/// the session stops listening.
+async fn read_loop(
+    mut reader: Reader,
+    events: mpsc::Sender<Result<StreamEvent, XmlError>>,
+    beat: Arc<crate::liveness::Beat>,
+) {
+    loop {
+        let ev = reader.next().await;
+        let last = !matches!(ev, Ok(StreamEvent::Stanza(_)) | Ok(StreamEvent::Whitespace));
+        if ev.is_ok() {
+            beat.touch();
+        }
+        if events.send(ev).await.is_err() || last {
+            return;
+        }
     }
 }
 
@@ -892,11 +990,6 @@ impl Session {
     /// Delivers a stanza to this session's own client.
     pub fn deliver(&self, el: Element) {
         self.handle.send(el);
-    }
-
-    /// Called once when the session ends, before it leaves the registry.
-    async fn ended(&mut self) {
-        crate::presence::session_ended(self).await;
     }
 }
 

@@ -52,6 +52,10 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Limits applied to every client.
     pub limits: LimitsConfig,
+    /// Heartbeats, TTLs, the sweeper, the grace period and last-seen batching.
+    pub liveness: LivenessConfig,
+    /// The HTTP(S) listener: RFC 7395 WebSocket, XEP-0156 host-meta, /metrics.
+    pub http: HttpConfig,
 }
 
 impl Default for Config {
@@ -64,6 +68,8 @@ impl Default for Config {
             redis: RedisConfig::default(),
             auth: AuthConfig::default(),
             limits: LimitsConfig::default(),
+            liveness: LivenessConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -143,12 +149,112 @@ impl Default for DatabaseConfig {
 pub struct RedisConfig {
     /// Connection URL; `REDIS_URL` overrides it.
     pub url: String,
+    /// Prepended to every key this server writes, so several deployments (or test runs)
+    /// can share one Redis without seeing each other's keys.
+    pub key_prefix: String,
+    /// Seconds one Redis command may take before it counts as a failure; presence then
+    /// degrades instead of stalling a session.
+    pub timeout: f64,
+    /// Longest wait, in seconds, between reconnection attempts (the backoff doubles from
+    /// 0.1 s up to this).
+    pub reconnect_max: f64,
 }
 
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
             url: "redis://127.0.0.1:6379".into(),
+            key_prefix: String::new(),
+            timeout: 1.0,
+            reconnect_max: 5.0,
+        }
+    }
+}
+
+/// `[liveness]`: how silence is turned into "unavailable". Times are seconds and may be
+/// fractional (tests scale them down). See the seeds and DESIGN.md "Liveness numbers".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LivenessConfig {
+    /// H: after this much inbound silence the server pings the client (XEP-0199 on TCP,
+    /// a WebSocket Ping on RFC 7395); any inbound traffic counts as a heartbeat.
+    pub heartbeat_interval: f64,
+    /// T: a resource whose last heartbeat is older than this is dead.
+    pub ttl: f64,
+    /// G: after a clean close or a dropped connection, wait this long before telling
+    /// contacts; a reconnect of the same resource within it tells them nothing.
+    pub grace: f64,
+    /// Whether this node runs the sweeper (any number of nodes may; each stale resource is
+    /// still handled once).
+    pub sweeper: bool,
+    /// How often this node runs the sweeper.
+    pub sweep_interval: f64,
+    /// Resources taken per sweeper call (the script is called again while batches are full).
+    pub sweep_batch: usize,
+    /// At most one Redis write per resource per this many seconds (default T/3): beats are
+    /// held locally and the latest one is written when this much time has passed.
+    pub redis_refresh: f64,
+    /// Last-seen entries are written to PostgreSQL in one statement at most this often.
+    pub last_seen_flush: f64,
+    /// Number of beat ZSETs (`presence:beats:<shard>`), so one key does not grow without
+    /// bound and sweeps spread out.
+    pub beat_shards: u32,
+    /// Seconds between log lines with the liveness counters (0 = never).
+    pub metrics_log_interval: f64,
+}
+
+impl Default for LivenessConfig {
+    fn default() -> Self {
+        LivenessConfig {
+            heartbeat_interval: 30.0,
+            ttl: 100.0,
+            grace: 10.0,
+            sweeper: true,
+            sweep_interval: 5.0,
+            sweep_batch: 500,
+            redis_refresh: 33.0,
+            last_seen_flush: 1.0,
+            beat_shards: 16,
+            metrics_log_interval: 60.0,
+        }
+    }
+}
+
+/// `[http]`: one HTTP(S) listener for RFC 7395 WebSocket, XEP-0156 discovery and metrics.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Whether to listen at all.
+    pub enabled: bool,
+    /// Address to bind.
+    pub bind: IpAddr,
+    /// Port; 0 lets the system choose (tests).
+    pub port: u16,
+    /// Serve TLS with the `[tls]` certificates. Off only behind a TLS-terminating proxy
+    /// (or on loopback in tests): XMPP over this listener is then treated as encrypted.
+    pub tls: bool,
+    /// Path of the RFC 7395 WebSocket endpoint.
+    pub websocket_path: String,
+    /// Public URL advertised in host-meta (XEP-0156); empty derives
+    /// `wss://<domain>:<port><websocket_path>` from the request's Host.
+    pub websocket_url: String,
+    /// Serve Prometheus counters at /metrics.
+    pub metrics: bool,
+    /// Largest HTTP request head in bytes.
+    pub max_request_head: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            enabled: true,
+            bind: IpAddr::from([0, 0, 0, 0]),
+            port: 5443,
+            tls: true,
+            websocket_path: "/xmpp-websocket".into(),
+            websocket_url: String::new(),
+            metrics: true,
+            max_request_head: 8192,
         }
     }
 }
@@ -310,8 +416,63 @@ impl Config {
         if l.stanzas_per_second == 0 || l.max_auth_failures == 0 || l.max_roster_items <= 0 {
             return bad("[limits] rates and counts must be positive");
         }
+        self.validate_liveness()?;
         if self.auth.scram_iterations < 4096 {
             return bad("[auth] scram_iterations must be at least 4096 (RFC 7677 §4)");
+        }
+        Ok(())
+    }
+
+    /// `[liveness]`, `[redis]` and `[http]` ranges. T must exceed H plus the refresh
+    /// delay plus 10% slack: a live client's next beat comes at most H after the previous
+    /// one and reaches Redis at most `redis_refresh` later; the slack absorbs network delay
+    /// and a late beat (the seeds measured far fewer false flips with slack).
+    fn validate_liveness(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        let l = &self.liveness;
+        let positive = [
+            ("heartbeat_interval", l.heartbeat_interval),
+            ("ttl", l.ttl),
+            ("sweep_interval", l.sweep_interval),
+            ("redis_refresh", l.redis_refresh),
+            ("last_seen_flush", l.last_seen_flush),
+        ];
+        for (name, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(format!(
+                    "[liveness] {name} must be a positive number of seconds"
+                ));
+            }
+        }
+        if !(l.grace.is_finite() && l.grace >= 0.0 && l.metrics_log_interval.is_finite()) {
+            return bad("[liveness] grace and metrics_log_interval must be >= 0".into());
+        }
+        let slack = l.ttl / 10.0;
+        if l.ttl <= l.heartbeat_interval + l.redis_refresh + slack {
+            return bad(format!(
+                "[liveness] ttl ({}) must exceed heartbeat_interval + redis_refresh + 10% slack ({})",
+                l.ttl,
+                l.heartbeat_interval + l.redis_refresh + slack
+            ));
+        }
+        if l.grace >= l.ttl {
+            return bad("[liveness] grace must be shorter than ttl".into());
+        }
+        if l.sweep_batch == 0 || l.sweep_batch > 5000 || l.beat_shards == 0 {
+            return bad("[liveness] sweep_batch must be 1..=5000 and beat_shards > 0".into());
+        }
+        let r = &self.redis;
+        if !(r.timeout.is_finite()
+            && r.timeout > 0.0
+            && r.reconnect_max.is_finite()
+            && r.reconnect_max >= 0.1)
+        {
+            return bad("[redis] timeout > 0 and reconnect_max >= 0.1 seconds".into());
+        }
+        if !self.http.websocket_path.starts_with('/') || self.http.max_request_head < 512 {
+            return bad(
+                "[http] websocket_path must start with '/', max_request_head >= 512".into(),
+            );
         }
         Ok(())
     }
@@ -336,6 +497,11 @@ mod tests {
         assert_eq!(c.limits.negotiation_timeout, d.limits.negotiation_timeout);
         assert_eq!(c.c2s.port, d.c2s.port);
         assert_eq!(c.auth.scram_iterations, d.auth.scram_iterations);
+        assert_eq!(c.liveness.ttl, d.liveness.ttl);
+        assert_eq!(c.liveness.heartbeat_interval, d.liveness.heartbeat_interval);
+        assert_eq!(c.liveness.redis_refresh, d.liveness.redis_refresh);
+        assert_eq!(c.http.websocket_path, d.http.websocket_path);
+        assert_eq!(c.redis.timeout, d.redis.timeout);
     }
 
     #[test]
@@ -349,6 +515,27 @@ mod tests {
         c.apply_env(|k| (k == "DATABASE_URL").then(|| "postgres://x/y".to_owned()));
         assert_eq!(c.database.url, "postgres://x/y");
         assert_eq!(c.redis.url, RedisConfig::default().url);
+    }
+
+    #[test]
+    fn ttl_not_above_heartbeat_plus_refresh_plus_slack_is_invalid() {
+        let mut c = Config::default();
+        c.liveness.heartbeat_interval = 30.0;
+        c.liveness.redis_refresh = 33.0;
+        c.liveness.ttl = 70.0; // 30 + 33 + 7 = 70: no room left
+        assert!(c.validate().is_err());
+        c.liveness.ttl = 71.0;
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn fractional_liveness_timings_parse() {
+        let c = Config::parse(
+            "[liveness]\nheartbeat_interval = 0.2\nttl = 1.5\ngrace = 0.3\nredis_refresh = 0.5",
+        )
+        .expect("parses");
+        c.validate().expect("valid");
+        assert_eq!(c.liveness.heartbeat_interval, 0.2);
     }
 
     #[test]

@@ -290,6 +290,17 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
         Target::LocalBare(bare) if bare.as_str() == session.jid().to_bare().as_str() => {
             own_account_iq(session, el).await
         }
+        Target::LocalBare(bare)
+            if ty == "get"
+                && el
+                    .elements()
+                    .next()
+                    .is_some_and(|p| p.is("query", crate::liveness::last_seen::NS_LAST)) =>
+        {
+            // XEP-0012 last activity of a contact.
+            let reply = crate::liveness::last_seen::handle_iq(session, &el, &bare).await;
+            session.deliver(reply);
+        }
         Target::LocalBare(bare) => {
             let exists = account_exists(session, &bare).await;
             let reply = account_iq(&el, exists);

@@ -32,6 +32,8 @@ pub struct Shared {
     pub tls: Arc<rustls::ServerConfig>,
     /// Cancelled on shutdown; every session's token is a child.
     pub shutdown: CancellationToken,
+    /// Heartbeats, Redis liveness keys, the sweeper, grace periods, last seen, counters.
+    pub liveness: crate::liveness::Liveness,
     /// Serialises "write a roster change, then push it" per user against
     /// [`crate::roster_sync`], so a NOTIFY never overtakes the push this node is about to
     /// send (which would push twice and send presence for a change already handled).
@@ -94,6 +96,8 @@ pub struct Running {
     pub c2s_addr: Option<SocketAddr>,
     /// Address of the direct TLS listener, if enabled.
     pub direct_tls_addr: Option<SocketAddr>,
+    /// Address of the HTTP(S) listener (WebSocket, host-meta, metrics), if enabled.
+    pub http_addr: Option<SocketAddr>,
     /// Shared state (tests inspect sessions through it).
     pub shared: Arc<Shared>,
     tracker: TaskTracker,
@@ -118,12 +122,14 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let store = Store::connect(&config.database.url, config.database.max_connections).await?;
     store.migrate(&config.database.migrations).await?;
     let tls = crate::tls::server_config(&config)?;
+    let liveness = crate::liveness::Liveness::new(&config);
     let shared = Arc::new(Shared {
         config,
         store,
         sessions: Sessions::default(),
         tls,
         shutdown: CancellationToken::new(),
+        liveness,
         roster_locks: RosterLocks::default(),
         privacy: Default::default(),
     });
@@ -131,6 +137,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();
     tracker.spawn(crate::roster_sync::run(shared.clone()));
+    crate::liveness::start(&shared, &tracker);
+    let http_addr = crate::http::start(&shared, &tracker).await?;
     let limits = Arc::new(Limits::new(&shared.config));
     let bind = shared.config.c2s.bind;
     let mut c2s_addr = None;
@@ -166,6 +174,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     Ok(Running {
         c2s_addr,
         direct_tls_addr,
+        http_addr,
         shared,
         tracker,
     })

@@ -320,9 +320,12 @@ async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &str) {
     .await;
 }
 
-/// When a local user was last seen, if known.
-pub async fn last_seen(_shared: &Shared, _bare: &str) -> Option<chrono::DateTime<chrono::Utc>> {
-    None
+/// When a local user was last seen, if known: the last heartbeat of a silent death or the
+/// close time of a clean one (see [`crate::liveness::last_seen`]).
+pub async fn last_seen(shared: &Shared, bare: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    crate::liveness::last_seen::when(shared, bare)
+        .await
+        .map(|l| l.at)
 }
 
 /// Delivers `el` to a full JID's session or a bare JID's available resources (local).

@@ -27,6 +27,23 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+/// The Redis integration tests use (`REDIS_URL`, else the machine's default instance).
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// Liveness timings scaled down for tests: H = 0.4 s, T = 2 s, G = 0.6 s, sweeps every
+/// 0.2 s, Redis refresh every 0.6 s, last-seen flush every 0.2 s.
+pub fn fast_liveness(c: &mut Config) {
+    c.liveness.heartbeat_interval = 0.4;
+    c.liveness.ttl = 2.0;
+    c.liveness.grace = 0.6;
+    c.liveness.sweep_interval = 0.2;
+    c.liveness.redis_refresh = 0.6;
+    c.liveness.last_seen_flush = 0.2;
+    c.liveness.beat_shards = 2;
+}
+
 /// A short random token for unique names.
 pub fn unique() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
@@ -66,6 +83,13 @@ impl TestServer {
         config.database.migrations = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations");
         // Tests hammer one address; the per-IP limit has its own test.
         config.limits.connections_per_ip_per_minute = 10_000;
+        // Each server gets its own Redis key prefix and an ephemeral loopback HTTP port, so
+        // parallel tests share Redis without seeing each other's keys.
+        config.redis.url = redis_url();
+        config.redis.key_prefix = format!("test:{domain}:");
+        config.http.bind = "127.0.0.1".parse().unwrap();
+        config.http.port = 0;
+        config.http.tls = false;
         tweak(&mut config);
         config.validate().expect("test config is valid");
         let running = server::start(config.clone()).await.expect("server starts");
@@ -108,6 +132,38 @@ impl TestServer {
     /// Adds `name` with password "pw".
     pub async fn user(&self, name: &str) {
         self.add_user(name, "pw").await
+    }
+
+    /// Makes two local users mutual contacts (subscription both), as an operator would.
+    pub async fn make_mutual(&self, a: &str, b: &str) {
+        sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
+            .bind(self.jid(a))
+            .bind(self.jid(b))
+            .execute(self.shared().store.pool())
+            .await
+            .expect("make mutual");
+    }
+
+    /// The HTTP listener's address.
+    pub fn http_addr(&self) -> std::net::SocketAddr {
+        self.running
+            .as_ref()
+            .and_then(|r| r.http_addr)
+            .expect("http listener")
+    }
+
+    /// A Redis connection to the server's Redis.
+    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.config.redis.url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis")
+    }
+
+    /// A liveness counter by name, read from the server's /metrics-backing counters.
+    pub fn metric(&self, f: impl Fn(&presenced::liveness::Metrics) -> u64) -> u64 {
+        f(&self.shared().liveness.metrics)
     }
 
     /// Stops the server.
@@ -425,6 +481,81 @@ impl Client {
             p.set_attr("to", to);
         }
         self.send(&p).await
+    }
+
+    /// Reads for `window`, answering XEP-0199 pings from the server like a live client and
+    /// keeping everything else in the backlog.
+    pub async fn idle_answering_pings(&mut self, window: Duration) {
+        let deadline = tokio::time::Instant::now() + window;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            match self.read_stanza(left).await {
+                Ok(el)
+                    if el.name == "iq"
+                        && el.get_attr("type") == Some("get")
+                        && el.get_child("ping", presenced::xml::NS_PING).is_some() =>
+                {
+                    let mut r = Element::new("iq", NS_CLIENT).attr("type", "result");
+                    if let Some(id) = el.get_attr("id") {
+                        r.set_attr("id", id);
+                    }
+                    if let Some(from) = el.get_attr("from") {
+                        r.set_attr("to", from);
+                    }
+                    self.send(&r).await;
+                }
+                Ok(el) => self.backlog.push(el),
+                Err(Ended::Timeout) => return,
+                Err(e) => panic!("{}: stream ended while idling: {e:?}", self.jid),
+            }
+        }
+    }
+
+    /// Like [`Client::try_expect`], but answers the server's XEP-0199 pings meanwhile, as a
+    /// live client does: for watchers that wait longer than the liveness TTL.
+    pub async fn watch(
+        &mut self,
+        pred: &impl Fn(&Element) -> bool,
+        wait: Duration,
+    ) -> Result<Element, Ended> {
+        if let Some(i) = self.backlog.iter().position(pred) {
+            return Ok(self.backlog.remove(i));
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let el = self.read_stanza(left).await?;
+            if pred(&el) {
+                return Ok(el);
+            }
+            if el.name == "iq"
+                && el.get_attr("type") == Some("get")
+                && el.get_child("ping", presenced::xml::NS_PING).is_some()
+            {
+                let mut r = Element::new("iq", NS_CLIENT).attr("type", "result");
+                if let Some(id) = el.get_attr("id") {
+                    r.set_attr("id", id);
+                }
+                if let Some(from) = el.get_attr("from") {
+                    r.set_attr("to", from);
+                }
+                self.send(&r).await;
+                continue;
+            }
+            self.backlog.push(el);
+        }
+    }
+
+    /// Like [`Client::expect_none`], answering pings meanwhile.
+    pub async fn watch_none(&mut self, pred: impl Fn(&Element) -> bool, window: Duration) {
+        match self.watch(&pred, window).await {
+            Ok(e) => panic!("{}: unexpected stanza {e}", self.jid),
+            Err(Ended::Timeout) => {}
+            Err(e) => panic!("{}: stream ended while watching: {e:?}", self.jid),
+        }
     }
 
     /// Closes the stream cleanly.

@@ -1,0 +1,297 @@
+//! The one HTTP(S) listener: the RFC 7395 WebSocket endpoint, XEP-0156 discovery
+//! (`/.well-known/host-meta` and `host-meta.json`) and Prometheus `/metrics`.
+//!
+//! Only GET of those paths is served, so a tiny request-head parser (httparse) is enough;
+//! a WebSocket upgrade hands the connection, with the head replayed, to tokio-tungstenite.
+//! TLS uses the same certificates as c2s (`[tls]`).
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+
+use crate::c2s::BoxIo;
+use crate::server::{Shared, StartError};
+
+/// Binds the listener (if enabled) and starts accepting. Returns the bound address.
+pub async fn start(
+    shared: &Arc<Shared>,
+    tracker: &TaskTracker,
+) -> Result<Option<SocketAddr>, StartError> {
+    let c = &shared.config.http;
+    if !c.enabled {
+        return Ok(None);
+    }
+    let addr = SocketAddr::new(c.bind, c.port);
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| StartError::Bind(addr, e))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| StartError::Bind(addr, e))?;
+    tracing::info!(addr = %local, tls = c.tls, path = %c.websocket_path, "http listening");
+    let permits = Arc::new(Semaphore::new(shared.config.limits.max_connections));
+    tracker.spawn(accept_loop(listener, shared.clone(), permits));
+    Ok(Some(local))
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, permits: Arc<Semaphore>) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "http accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "http connection limit reached");
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            handle(shared, Box::new(stream), peer).await;
+            drop(permit);
+        });
+    }
+}
+
+/// A parsed request head.
+struct Head {
+    method: String,
+    path: String,
+    upgrade_websocket: bool,
+    host: Option<String>,
+}
+
+fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, ()> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => {
+            let header = |name: &str| {
+                req.headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case(name))
+                    .and_then(|h| std::str::from_utf8(h.value).ok())
+                    .map(str::to_owned)
+            };
+            let upgrade = header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
+            Ok(Some((
+                Head {
+                    method: req.method.unwrap_or("").to_owned(),
+                    path: req.path.unwrap_or("").to_owned(),
+                    upgrade_websocket: upgrade,
+                    host: header("host"),
+                },
+                n,
+            )))
+        }
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(_) => Err(()),
+    }
+}
+
+async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
+    let timeout = Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let secure_listener = shared.config.http.tls;
+    let mut io = if secure_listener {
+        let acceptor = tokio_rustls::TlsAcceptor::from(shared.tls.clone());
+        match tokio::time::timeout(timeout, acceptor.accept(io)).await {
+            Ok(Ok(tls)) => Box::new(tls) as BoxIo,
+            _ => {
+                tracing::debug!(%peer, "https handshake failed");
+                return;
+            }
+        }
+    } else {
+        io
+    };
+    let max = shared.config.http.max_request_head;
+    let mut buf = Vec::with_capacity(1024);
+    let head = loop {
+        let mut chunk = [0u8; 1024];
+        let n = match tokio::time::timeout(timeout, io.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+            Ok(Ok(n)) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        match parse_head(&buf) {
+            Ok(Some((h, _))) => break h,
+            Ok(None) if buf.len() < max => continue,
+            Ok(None) => return respond(io, 431, "text/plain", "request head too large").await,
+            Err(()) => return respond(io, 400, "text/plain", "bad request").await,
+        }
+    };
+    let c = &shared.config.http;
+    if head.method != "GET" {
+        return respond(io, 405, "text/plain", "only GET").await;
+    }
+    let path = head.path.split('?').next().unwrap_or("");
+    if path == c.websocket_path && head.upgrade_websocket {
+        let replay = Replay {
+            head: buf,
+            pos: 0,
+            inner: io,
+        };
+        // Encrypted by us (wss) or, with tls = false, by the proxy in front (operator's
+        // choice, see [http] tls).
+        return crate::websocket::serve(shared.clone(), replay, peer, true).await;
+    }
+    match path {
+        "/.well-known/host-meta" => {
+            let body = host_meta_xml(&websocket_url(&shared, head.host.as_deref()));
+            respond(io, 200, "application/xrd+xml", &body).await
+        }
+        "/.well-known/host-meta.json" => {
+            let body = host_meta_json(&websocket_url(&shared, head.host.as_deref()));
+            respond(io, 200, "application/json", &body).await
+        }
+        "/metrics" if c.metrics => {
+            let body = shared.liveness.metrics.render(shared.sessions.count());
+            respond(io, 200, "text/plain; version=0.0.4", &body).await
+        }
+        _ => respond(io, 404, "text/plain", "not found").await,
+    }
+}
+
+/// The advertised WebSocket URL: the configured one, or derived from the request's Host.
+fn websocket_url(shared: &Shared, host: Option<&str>) -> String {
+    let c = &shared.config.http;
+    if !c.websocket_url.is_empty() {
+        return c.websocket_url.clone();
+    }
+    let host = host
+        .filter(|h| {
+            h.chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ".-:[]".contains(ch))
+        })
+        .map(str::to_owned)
+        .unwrap_or_else(|| shared.config.domains[0].clone());
+    let scheme = if c.tls { "wss" } else { "ws" };
+    format!("{scheme}://{host}{}", c.websocket_path)
+}
+
+/// XEP-0156 §3.2 host-meta (XRD) with the RFC 7395 link relation.
+pub fn host_meta_xml(ws_url: &str) -> String {
+    format!(
+        "<?xml version='1.0' encoding='utf-8'?>\n<XRD xmlns='http://docs.oasis-open.org/ns/xri/xrd-1.0'>\n  <Link rel='urn:xmpp:alt-connections:websocket' href='{}'/>\n</XRD>\n",
+        crate::xml::escape(ws_url)
+    )
+}
+
+/// XEP-0156 §3.2 host-meta.json (JRD).
+pub fn host_meta_json(ws_url: &str) -> String {
+    let escaped: String = ws_url
+        .chars()
+        .flat_map(|c| match c {
+            '"' => vec!['\\', '"'],
+            '\\' => vec!['\\', '\\'],
+            c => vec![c],
+        })
+        .collect();
+    format!("{{\"links\":[{{\"rel\":\"urn:xmpp:alt-connections:websocket\",\"href\":\"{escaped}\"}}]}}\n")
+}
+
+async fn respond(mut io: BoxIo, status: u16, ctype: &str, body: &str) {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        _ => "Error",
+    };
+    // XEP-0156 §3.2: host-meta should be readable cross-origin by web clients.
+    let msg = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nAccess-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = io.write_all(msg.as_bytes()).await;
+        let _ = io.shutdown().await;
+    })
+    .await;
+}
+
+/// A transport whose first bytes (an HTTP head we already read) are replayed before the
+/// rest, so the WebSocket handshake can parse the request itself.
+struct Replay {
+    head: Vec<u8>,
+    pos: usize,
+    inner: BoxIo,
+}
+
+impl AsyncRead for Replay {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.pos < self.head.len() {
+            let n = buf.remaining().min(self.head.len() - self.pos);
+            let start = self.pos;
+            buf.put_slice(&self.head[start..start + n]);
+            self.pos += n;
+            if self.pos == self.head.len() {
+                self.head = Vec::new();
+                self.pos = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Replay {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_meta_names_the_websocket_endpoint() {
+        let x = host_meta_xml("wss://example.org/xmpp-websocket");
+        assert!(x.contains("rel='urn:xmpp:alt-connections:websocket'"));
+        assert!(x.contains("href='wss://example.org/xmpp-websocket'"));
+        let j = host_meta_json("wss://example.org/xmpp-websocket");
+        assert!(j.contains("\"href\":\"wss://example.org/xmpp-websocket\""));
+    }
+
+    #[test]
+    fn request_head_is_parsed_only_when_complete() {
+        assert!(matches!(parse_head(b"GET / HTTP/1.1\r\nHost: a"), Ok(None)));
+        let (h, _) = parse_head(b"GET /x HTTP/1.1\r\nHost: a\r\nUpgrade: WebSocket\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.upgrade_websocket);
+        assert_eq!(h.path, "/x");
+        assert_eq!(h.host.as_deref(), Some("a"));
+    }
+}

@@ -1,0 +1,516 @@
+//! Liveness: how silence becomes "unavailable" (DESIGN.md "Liveness numbers", the seeds).
+//!
+//! ```text
+//! socket traffic ─▶ Beat (in memory, per connection; any inbound byte counts)
+//!   session tick every redis_refresh ─▶ Op::Refresh (only if a newer beat exists)
+//!     writer task ─▶ Redis: presence:{bare}:res:<r> PXAT beat+T, :resources, beats ZSET
+//!   sweeper (any node, every sweep_interval) ─▶ Lua: ZRANGEBYSCORE+ZREM beats < now−T
+//!     session of this node ─▶ ended as a silent death (last seen = last beat), unavailable now
+//!     session of another node ─▶ PUBLISH node:<id>; that node ends it the same way
+//!     nobody listens (crashed node) ─▶ unavailable to local contacts from here
+//! clean close / dropped socket ─▶ grace G ─▶ unavailable unless the resource came back
+//! every session end ─▶ last-seen batcher ─▶ one PostgreSQL statement per flush
+//! ```
+//!
+//! Decisions worth knowing:
+//! - Beats are downsampled in memory: Redis sees at most one write per resource per
+//!   `redis_refresh`, and the write carries the time of the newest beat, so the key expires
+//!   exactly T after the last beat even though it was written later (`PXAT`).
+//! - Every key write sets its expiry inside the same Lua script (a plain SET clears a TTL,
+//!   SADD/ZADD never set one), so no key can be left with TTL −1.
+//! - Keyspace expiry notifications are not used: they fire when Redis gets round to deleting
+//!   a key, which can be minutes late. The sweeper reads the beat ZSET instead.
+//! - Redis is optional at run time: every Redis call goes through [`redis_link::RedisLink`]
+//!   with a timeout, failures mark it down and reconnect with backoff, and after a reconnect
+//!   the writer rewrites every local resource ("repair"). Sessions never wait for Redis.
+
+pub mod keys;
+pub mod last_seen;
+pub mod metrics;
+pub mod redis_link;
+pub mod sweeper;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::c2s::Session;
+use crate::config::Config;
+use crate::jid::FullJid;
+use crate::server::Shared;
+
+pub use metrics::Metrics;
+
+/// Milliseconds since the Unix epoch: the unit of beat scores and last-seen times, shared
+/// by every node (keep node clocks synced; skew shifts detection by the same amount).
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+/// The `[liveness]` timings as durations.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    /// H: inbound silence after which the server pings.
+    pub heartbeat: Duration,
+    /// T: beat age at which a resource is dead.
+    pub ttl: Duration,
+    /// G: wait after a close before announcing unavailable.
+    pub grace: Duration,
+    /// Sweeper period.
+    pub sweep: Duration,
+    /// Minimum time between two Redis writes for one resource.
+    pub refresh: Duration,
+    /// Last-seen flush period.
+    pub flush: Duration,
+}
+
+impl Timings {
+    /// From a validated config.
+    pub fn from_config(c: &Config) -> Timings {
+        let l = &c.liveness;
+        Timings {
+            heartbeat: secs(l.heartbeat_interval),
+            ttl: secs(l.ttl),
+            grace: secs(l.grace),
+            sweep: secs(l.sweep_interval),
+            refresh: secs(l.redis_refresh),
+            flush: secs(l.last_seen_flush),
+        }
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        self.ttl.as_millis() as i64
+    }
+}
+
+/// The time of the last inbound traffic on one connection. Shared by the task that reads
+/// the socket (every XML event), the WebSocket adapter (Pong frames) and the session loop
+/// that decides when to ping and when to write to Redis.
+#[derive(Debug)]
+pub struct Beat {
+    last: AtomicI64,
+    metrics: Arc<Metrics>,
+}
+
+impl Beat {
+    /// A beat stamped now (a connection that just spoke).
+    pub fn new(metrics: Arc<Metrics>) -> Arc<Beat> {
+        Arc::new(Beat {
+            last: AtomicI64::new(now_ms()),
+            metrics,
+        })
+    }
+
+    /// Records inbound traffic: the peer is alive now.
+    pub fn touch(&self) {
+        self.last.fetch_max(now_ms(), Ordering::Relaxed);
+        self.metrics.heartbeats.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// When the peer last sent anything (ms since the epoch).
+    pub fn last_ms(&self) -> i64 {
+        self.last.load(Ordering::Relaxed)
+    }
+}
+
+/// What a connection runs over, as far as liveness is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// TCP (STARTTLS or direct TLS): the session sends XEP-0199 pings.
+    Tcp,
+    /// RFC 7395 WebSocket: the adapter sends WebSocket Ping frames.
+    WebSocket,
+}
+
+/// The transport abstraction c2s is given: how the connection is kept alive and whether it
+/// is already encrypted below XMPP (wss, or a TLS-terminating proxy in front of ws).
+#[derive(Debug, Clone)]
+pub struct Transport {
+    /// Which keepalive the transport uses.
+    pub kind: TransportKind,
+    /// Inbound traffic time, touched by whoever reads the socket.
+    pub beat: Arc<Beat>,
+    /// Encrypted below the stream: STARTTLS is then not offered (RFC 7395 §3.6).
+    pub secure: bool,
+}
+
+impl Transport {
+    /// A plain TCP connection (TLS, if any, is negotiated by c2s).
+    pub fn tcp(shared: &Shared) -> Transport {
+        Transport {
+            kind: TransportKind::Tcp,
+            beat: Beat::new(shared.liveness.metrics.clone()),
+            secure: false,
+        }
+    }
+}
+
+/// A change to a resource's Redis state, queued by sessions and applied by the writer task
+/// so that no session ever waits for Redis.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// The resource is alive; its newest beat was at `beat_ms`.
+    Refresh {
+        /// Full JID.
+        jid: FullJid,
+        /// Newest beat (ms); the keys expire at `beat_ms + T`.
+        beat_ms: i64,
+    },
+    /// The resource is gone: delete its keys and its beat.
+    Remove {
+        /// Full JID.
+        jid: FullJid,
+    },
+}
+
+/// A bound resource on this node, as the sweeper and the repair see it.
+#[derive(Debug)]
+struct Local {
+    /// Session id (tells a session from a later one with the same full JID).
+    id: u64,
+    beat: Arc<Beat>,
+    /// Cancelled by the sweeper to end the session as a silent death.
+    end: CancellationToken,
+    /// Set (to the last beat, ms) when the session was found dead.
+    swept: Arc<AtomicI64>,
+    /// The session closed and waits out its grace period.
+    in_grace: AtomicBool,
+}
+
+/// Liveness state of one node. Lives in [`Shared`]; its tasks are started by [`start`].
+pub struct Liveness {
+    /// The timings.
+    pub timings: Timings,
+    /// Counters for logs and /metrics.
+    pub metrics: Arc<Metrics>,
+    /// This node's identity, written as the value of resource keys.
+    pub node_id: String,
+    /// Key names.
+    pub keys: keys::Keys,
+    /// The Redis connection (may be down).
+    pub redis: redis_link::RedisLink,
+    ops: mpsc::Sender<Op>,
+    ops_rx: Mutex<Option<mpsc::Receiver<Op>>>,
+    local: Mutex<HashMap<String, Local>>,
+    /// Full JIDs whose session ended here recently, with the end time, so a stale beat
+    /// left in Redis (a Remove lost while Redis was down) is not announced twice.
+    recently_ended: Mutex<HashMap<String, i64>>,
+    /// Last-seen entries waiting for the next flush.
+    pub last_seen: last_seen::Batcher,
+    sweep_batch: usize,
+    /// Grace tasks, waited for at shutdown so their last-seen entries are flushed.
+    grace_tasks: TaskTracker,
+}
+
+impl Liveness {
+    /// State for a validated config; nothing connects until [`start`].
+    pub fn new(config: &Config) -> Liveness {
+        let (tx, rx) = mpsc::channel(65_536);
+        let metrics = Arc::new(Metrics::default());
+        Liveness {
+            timings: Timings::from_config(config),
+            node_id: format!("node-{}", crate::c2s::new_id()),
+            keys: keys::Keys::new(&config.redis.key_prefix, config.liveness.beat_shards),
+            redis: redis_link::RedisLink::new(&config.redis, metrics.clone()),
+            metrics,
+            ops: tx,
+            ops_rx: Mutex::new(Some(rx)),
+            local: Mutex::default(),
+            recently_ended: Mutex::default(),
+            last_seen: last_seen::Batcher::default(),
+            sweep_batch: config.liveness.sweep_batch,
+            grace_tasks: TaskTracker::new(),
+        }
+    }
+
+    fn queue(&self, op: Op) {
+        if self.ops.try_send(op).is_err() {
+            // The writer is behind or Redis is down for long: the repair rewrites everything
+            // once it is back, so dropping here loses nothing that matters.
+            self.metrics.redis_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Registers a freshly bound resource and writes its first beat to Redis at once, so
+    /// watchers see it online without waiting for a refresh.
+    pub fn bind(&self, jid: &FullJid, id: u64, beat: Arc<Beat>) -> LiveSession {
+        let end = CancellationToken::new();
+        let swept = Arc::new(AtomicI64::new(0));
+        let entry = Local {
+            id,
+            beat: beat.clone(),
+            end: end.clone(),
+            swept: swept.clone(),
+            in_grace: AtomicBool::new(false),
+        };
+        let mut map = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = map.insert(jid.to_string(), entry) {
+            if old.in_grace.load(Ordering::Relaxed) {
+                self.metrics.grace_resumed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(map);
+        let written = beat.last_ms();
+        self.queue(Op::Refresh {
+            jid: jid.clone(),
+            beat_ms: written,
+        });
+        LiveSession {
+            jid: jid.clone(),
+            id,
+            beat,
+            end,
+            swept,
+            written_ms: written,
+            last_write: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Every local resource with its newest beat (for the repair after Redis returns).
+    fn local_beats(&self) -> Vec<(FullJid, i64)> {
+        let map = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .filter_map(|(j, l)| FullJid::new(j).ok().map(|j| (j, l.beat.last_ms())))
+            .collect()
+    }
+
+    /// The bound session still using `jid` here, if it is `id`.
+    fn forget(&self, jid: &FullJid, id: u64) -> bool {
+        let mut map = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        let key = jid.to_string();
+        if map.get(&key).is_some_and(|l| l.id == id) {
+            map.remove(&key);
+        }
+        map.contains_key(&key)
+    }
+
+    fn mark_grace(&self, jid: &FullJid, id: u64) {
+        let map = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = map.get(jid.as_str()).filter(|l| l.id == id) {
+            l.in_grace.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A session of `jid` is over for good at `at_ms`: drop its Redis state (unless a newer
+    /// session took the resource over) and queue its last-seen time.
+    fn finished(&self, jid: &FullJid, id: u64, at_ms: i64) {
+        let taken_over = self.forget(jid, id);
+        if !taken_over {
+            self.queue(Op::Remove { jid: jid.clone() });
+        }
+        let mut ended = self
+            .recently_ended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        ended.insert(jid.to_string(), at_ms);
+        if ended.len() > 4096 {
+            // Only leftovers younger than 3T can still be swept; forget older ends.
+            let horizon = now_ms() - 3 * self.timings.ttl_ms();
+            ended.retain(|_, at| *at >= horizon);
+        }
+        drop(ended);
+        self.last_seen.push(crate::store::LastSeen {
+            jid: jid.to_bare().to_string(),
+            at: chrono::DateTime::from_timestamp_millis(at_ms).unwrap_or_else(chrono::Utc::now),
+            status: None,
+        });
+    }
+}
+
+/// One bound session's liveness, owned by its task in c2s.
+#[derive(Debug)]
+pub struct LiveSession {
+    jid: FullJid,
+    id: u64,
+    /// Inbound traffic time.
+    pub beat: Arc<Beat>,
+    /// Cancelled when the sweeper found this session dead.
+    pub end: CancellationToken,
+    swept: Arc<AtomicI64>,
+    /// The beat time last sent to Redis.
+    written_ms: i64,
+    last_write: tokio::time::Instant,
+}
+
+impl LiveSession {
+    /// Called every `redis_refresh`: writes the newest beat if there is one newer than what
+    /// Redis has. At most one write per call, so at most one per `redis_refresh`.
+    pub fn refresh(&mut self, live: &Liveness) {
+        let beat = self.beat.last_ms();
+        let due = self.last_write.elapsed() >= live.timings.refresh.mul_f64(0.9);
+        if beat > self.written_ms && due {
+            self.written_ms = beat;
+            self.last_write = tokio::time::Instant::now();
+            live.queue(Op::Refresh {
+                jid: self.jid.clone(),
+                beat_ms: beat,
+            });
+        }
+    }
+
+    /// Whether the peer has been silent for `d`.
+    pub fn silent_for(&self, d: Duration) -> bool {
+        now_ms() - self.beat.last_ms() >= d.as_millis() as i64
+    }
+
+    /// Local fallback when no sweeper acted (Redis down): silent for T plus two sweeps.
+    pub fn locally_dead(&self, live: &Liveness) -> bool {
+        self.silent_for(live.timings.ttl + live.timings.sweep * 2)
+    }
+
+    /// Marks the session as a silent death at its last beat.
+    pub fn mark_dead(&self) {
+        let _ = self.swept.compare_exchange(
+            0,
+            self.beat.last_ms(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The last beat, if the session was found dead (sweeper or local fallback).
+    pub fn dead_at(&self) -> Option<i64> {
+        Some(self.swept.load(Ordering::Relaxed)).filter(|&v| v > 0)
+    }
+}
+
+/// Called by c2s once the session's read loop is over and it left the session registry.
+///
+/// A silent death (found by the sweeper or the local fallback) is announced at once: T has
+/// already been waited. A clean close or a dropped connection waits the grace period G;
+/// if the same resource is available again by then, contacts hear nothing (they already got
+/// its new presence), otherwise they get unavailable through the normal presence path.
+/// Either way the session's last-seen time is queued once.
+pub async fn session_over(mut session: Session, live: LiveSession) {
+    let shared = session.shared.clone();
+    let l = &shared.liveness;
+    if let Some(at) = live.dead_at() {
+        l.metrics.silent_deaths.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(jid = %live.jid, last_beat = at, "silent death: announcing unavailable");
+        crate::presence::session_ended(&mut session).await;
+        l.finished(&live.jid, live.id, at);
+        return;
+    }
+    let closed = now_ms();
+    l.metrics.grace_started.fetch_add(1, Ordering::Relaxed);
+    l.mark_grace(&live.jid, live.id);
+    // The close time is the final beat: the sweeper leaves the resource alone during G.
+    l.queue(Op::Refresh {
+        jid: live.jid.clone(),
+        beat_ms: closed,
+    });
+    let grace = l.timings.grace;
+    let tracker = l.grace_tasks.clone();
+    tracker.spawn(async move {
+        let shared = session.shared.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(grace) => {}
+            _ = shared.shutdown.cancelled() => {}
+        }
+        let back = shared
+            .sessions
+            .get(&live.jid)
+            .is_some_and(|s| s.presence().available);
+        if back {
+            tracing::debug!(jid = %live.jid, "resource came back within the grace period");
+            shared.liveness.forget(&live.jid, live.id);
+            return;
+        }
+        crate::presence::session_ended(&mut session).await;
+        shared.liveness.finished(&live.jid, live.id, closed);
+    });
+}
+
+/// Starts the writer, the sweeper, the last-seen batcher and the counter log.
+pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
+    let rx = shared
+        .liveness
+        .ops_rx
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(rx) = rx {
+        tracker.spawn(redis_link::writer(shared.clone(), rx));
+    }
+    tracker.spawn(sweeper::run(shared.clone()));
+    tracker.spawn(sweeper::listen(shared.clone()));
+    tracker.spawn(last_seen::run(shared.clone()));
+    tracker.spawn(metrics::log_loop(shared.clone()));
+}
+
+/// Hands an `Op` list to Redis (used by the writer and the repair).
+pub(crate) fn ops_for_repair(live: &Liveness) -> Vec<Op> {
+    live.local_beats()
+        .into_iter()
+        .map(|(jid, beat_ms)| Op::Refresh { jid, beat_ms })
+        .collect()
+}
+
+/// Whether the sweeper may announce `jid` (last beat `score`) as a silent death, and what
+/// to do: see [`sweeper`].
+pub(crate) enum SweptLocal {
+    /// Not bound here: a resource of a crashed or other node.
+    NotLocal,
+    /// Bound here and beating; its beat had not reached Redis (a failed write): rewrite it.
+    Alive(i64),
+    /// Bound here, silent: the session was told to end.
+    Ended,
+    /// Closed and in its grace period: the grace task owns it.
+    InGrace,
+}
+
+impl Liveness {
+    pub(crate) fn swept_local(&self, jid: &str, score: i64) -> SweptLocal {
+        let map = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(l) = map.get(jid) else {
+            return SweptLocal::NotLocal;
+        };
+        if l.in_grace.load(Ordering::Relaxed) {
+            return SweptLocal::InGrace;
+        }
+        let beat = l.beat.last_ms();
+        if beat > score && now_ms() - beat < self.timings.ttl_ms() {
+            return SweptLocal::Alive(beat);
+        }
+        let _ = l
+            .swept
+            .compare_exchange(0, beat.max(score), Ordering::Relaxed, Ordering::Relaxed);
+        l.end.cancel();
+        SweptLocal::Ended
+    }
+
+    /// Whether a session of `jid` ended here at or after `score` (so a leftover beat must
+    /// not be announced again). Prunes entries older than 3T.
+    pub(crate) fn ended_here_after(&self, jid: &str, score: i64) -> bool {
+        let mut map = self
+            .recently_ended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let horizon = now_ms() - 3 * self.timings.ttl_ms();
+        map.retain(|_, at| *at >= horizon);
+        map.get(jid).is_some_and(|&at| at >= score)
+    }
+
+    pub(crate) fn queue_op(&self, op: Op) {
+        self.queue(op)
+    }
+
+    pub(crate) fn sweep_batch(&self) -> usize {
+        self.sweep_batch
+    }
+
+    /// Waits (bounded) for running grace periods, at shutdown.
+    pub(crate) async fn wait_grace(&self, bound: Duration) {
+        self.grace_tasks.close();
+        let _ = tokio::time::timeout(bound, self.grace_tasks.wait()).await;
+    }
+}

@@ -1,0 +1,266 @@
+//! The sweeper: takes resources whose last beat is older than T out of the beat ZSETs with
+//! one Lua script per batch, then announces them unavailable.
+//!
+//! Redis runs a script atomically (nothing else runs meanwhile), and the script removes what
+//! it returns, so when several nodes sweep at once each stale resource is returned to exactly
+//! one of them. A full batch means there may be more: the script is called again.
+//!
+//! The member names the node holding the session. A resource of this node is handled here;
+//! one of another node is handed to it on its pub/sub channel (it knows whether the client
+//! is really silent, owns the socket and ends the session, announcing through the normal
+//! presence path); when no node listens on that channel (the node crashed), the sweeper
+//! announces the resource unavailable itself.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use redis::aio::MultiplexedConnection;
+
+use std::time::Duration;
+
+use super::{keys, now_ms, Op, SweptLocal};
+use crate::jid::FullJid;
+use crate::server::Shared;
+use crate::xml::{Element, NS_CLIENT};
+
+/// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size.
+/// Returns member, score, member, score, ... and removes them.
+pub const SWEEP: &str = r"
+local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local members = {}
+for i = 1, #stale, 2 do members[#members + 1] = stale[i] end
+if #members > 0 then redis.call('ZREM', KEYS[1], unpack(members)) end
+return stale
+";
+
+/// One sweeper call on one ZSET: the stale members (full JID, last beat ms), now removed.
+pub async fn sweep_once(
+    conn: &mut MultiplexedConnection,
+    beats_key: &str,
+    cutoff_ms: i64,
+    batch: usize,
+) -> redis::RedisResult<Vec<(String, i64)>> {
+    let flat: Vec<String> = redis::cmd("EVAL")
+        .arg(SWEEP)
+        .arg(1)
+        .arg(beats_key)
+        .arg(cutoff_ms)
+        .arg(batch)
+        .query_async(conn)
+        .await?;
+    Ok(flat
+        .chunks_exact(2)
+        .map(|p| {
+            let score = p[1].parse::<f64>().map(|s| s as i64).unwrap_or(0);
+            (p[0].clone(), score)
+        })
+        .collect())
+}
+
+/// Sweeps every `sweep_interval` (first run after a random fraction of it, so nodes started
+/// together do not sweep in lockstep).
+pub async fn run(shared: Arc<Shared>) {
+    if !shared.config.liveness.sweeper {
+        return;
+    }
+    let period = shared.liveness.timings.sweep;
+    let jitter = period.mul_f64(rand::random::<f64>());
+    tokio::select! {
+        _ = tokio::time::sleep(jitter) => {}
+        _ = shared.shutdown.cancelled() => return,
+    }
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
+        sweep_all(&shared).await;
+    }
+}
+
+/// One sweep over every shard. Public so tests can drive it without waiting for the timer.
+pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
+    let live = &shared.liveness;
+    let Some(mut conn) = live.redis.conn().await else {
+        return 0;
+    };
+    live.metrics.sweeps.fetch_add(1, Ordering::Relaxed);
+    let cutoff = now_ms() - live.timings.ttl.as_millis() as i64;
+    let batch = live.sweep_batch();
+    let mut total = 0;
+    for shard in 0..live.keys.shards {
+        let key = live.keys.beats(shard);
+        loop {
+            let got = match sweep_once(&mut conn, &key, cutoff, batch).await {
+                Ok(g) => g,
+                Err(e) => {
+                    live.redis.failed(&e).await;
+                    return total;
+                }
+            };
+            let full = got.len() >= batch;
+            total += got.len();
+            live.metrics
+                .swept
+                .fetch_add(got.len() as u64, Ordering::Relaxed);
+            for (member, score) in got {
+                handle_member(shared, &mut conn, &member, score).await;
+            }
+            if !full {
+                break;
+            }
+        }
+    }
+    total
+}
+
+async fn handle_member(
+    shared: &Arc<Shared>,
+    conn: &mut MultiplexedConnection,
+    member: &str,
+    score: i64,
+) {
+    let live = &shared.liveness;
+    let Some((node, jid)) = keys::parse_member(member) else {
+        tracing::warn!(member, "malformed beat member dropped");
+        return;
+    };
+    if node == live.node_id {
+        return handle_stale(shared, jid, score).await;
+    }
+    let notice = format!("{score} {jid}");
+    let heard: redis::RedisResult<i64> = redis::cmd("PUBLISH")
+        .arg(live.keys.node_channel(node))
+        .arg(&notice)
+        .query_async(conn)
+        .await;
+    match heard {
+        Ok(n) if n > 0 => {
+            tracing::debug!(%jid, %node, "stale resource handed to its node");
+        }
+        Ok(_) => {
+            // Nobody listens for that node: it is gone, and so is the session.
+            if let Ok(j) = FullJid::new(jid) {
+                announce_orphan(shared, &j, score).await;
+            }
+        }
+        Err(e) => live.redis.failed(&e).await,
+    }
+}
+
+/// Listens on this node's channel for stale resources other nodes' sweepers found, and
+/// handles them like its own. Reconnects with backoff.
+pub async fn listen(shared: Arc<Shared>) {
+    use futures_util::StreamExt;
+    let live = &shared.liveness;
+    let Some(client) = live.redis.client().cloned() else {
+        return;
+    };
+    let channel = live.keys.node_channel(&live.node_id);
+    let mut backoff = Duration::from_millis(100);
+    let max = Duration::from_secs_f64(shared.config.redis.reconnect_max);
+    loop {
+        let connected = tokio::time::timeout(live.redis.timeout() * 2, async {
+            let mut ps = client.get_async_pubsub().await?;
+            ps.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(ps)
+        })
+        .await;
+        if let Ok(Ok(mut ps)) = connected {
+            backoff = Duration::from_millis(100);
+            let mut messages = ps.on_message();
+            loop {
+                let msg = tokio::select! {
+                    _ = shared.shutdown.cancelled() => return,
+                    m = messages.next() => m,
+                };
+                let Some(msg) = msg else { break };
+                let Ok(text) = msg.get_payload::<String>() else {
+                    continue;
+                };
+                let Some((score, jid)) = text.split_once(' ') else {
+                    continue;
+                };
+                let Ok(score) = score.parse::<i64>() else {
+                    continue;
+                };
+                handle_stale(&shared, jid, score).await;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(max);
+    }
+}
+
+async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
+    let live = &shared.liveness;
+    match live.swept_local(jid, score) {
+        SweptLocal::Ended => {
+            tracing::info!(%jid, last_beat = score, "sweeper: silent for longer than ttl");
+        }
+        SweptLocal::InGrace => {}
+        SweptLocal::Alive(beat) => {
+            if let Ok(j) = FullJid::new(jid) {
+                live.queue_op(Op::Refresh {
+                    jid: j,
+                    beat_ms: beat,
+                });
+            }
+        }
+        SweptLocal::NotLocal => {
+            if live.ended_here_after(jid, score) {
+                return;
+            }
+            if let Ok(j) = FullJid::new(jid) {
+                announce_orphan(shared, &j, score).await;
+            }
+        }
+    }
+}
+
+/// A stale resource with no session on this node (its node crashed): tell the user's local
+/// contacts and resources that it is unavailable, and record its last beat as last seen.
+/// RFC 6121 §4.5.2: the server generates the unavailable when the client could not.
+async fn announce_orphan(shared: &Arc<Shared>, jid: &FullJid, score: i64) {
+    let bare = jid.to_bare().to_string();
+    tracing::info!(%jid, last_beat = score, "sweeper: resource of no live node");
+    let unavailable = |to: &str| {
+        Element::new("presence", NS_CLIENT)
+            .attr("type", "unavailable")
+            .attr("from", jid.to_string())
+            .attr("to", to)
+    };
+    match shared.store.roster(&bare).await {
+        Ok((_, items)) => {
+            for item in items.iter().filter(|i| {
+                i.subscription.has_from() && shared.config.serves(item_domain(&i.contact))
+            }) {
+                for s in shared.sessions.of_user_str(&item.contact) {
+                    if s.presence().available {
+                        s.send(unavailable(&item.contact));
+                    }
+                }
+            }
+        }
+        Err(e) => tracing::warn!(%jid, error = %e, "orphan: roster unavailable"),
+    }
+    for s in shared.sessions.of_user_str(&bare) {
+        if s.presence().available {
+            s.send(unavailable(s.jid.as_str()));
+        }
+    }
+    shared.liveness.last_seen.push(crate::store::LastSeen {
+        jid: bare,
+        at: chrono::DateTime::from_timestamp_millis(score).unwrap_or_else(chrono::Utc::now),
+        status: None,
+    });
+}
+
+fn item_domain(bare: &str) -> &str {
+    bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
+}

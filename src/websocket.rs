@@ -1,0 +1,322 @@
+//! XMPP over WebSocket (RFC 7395), adapted to the byte stream c2s already speaks.
+//!
+//! Framing is tokio-tungstenite's; this module only translates. Inbound, each text message is
+//! one element (RFC 7395 §3.3.3): `<open/>` becomes a stream header, `<close/>` becomes
+//! `</stream:stream>`, anything else is passed on as the stanza it is. Outbound, the bytes
+//! c2s writes are parsed back into elements with the server's own stream reader, and each is
+//! sent as one message: the stream header as `<open/>` (§3.3.2), `</stream:stream>` as
+//! `<close/>` (§3.6), stream-level elements with their `stream:` prefix declared (§3.3.3).
+//! So negotiation (SASL, bind), routing and presence are the same code for TCP and
+//! WebSocket; STARTTLS is not offered because TLS is the WebSocket's (wss, §3.6 / §3.7).
+//!
+//! Liveness: the adapter sends a WebSocket Ping after H of inbound silence; Pong, Ping and
+//! every message count as heartbeats ([`crate::liveness::Beat`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
+
+use crate::c2s::BoxIo;
+use crate::liveness::{Beat, Transport, TransportKind};
+use crate::server::Shared;
+use crate::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
+use crate::xml::{self as x, escape, Element};
+
+/// RFC 7395 §3.3.1 framing namespace.
+pub const NS_FRAMING: &str = "urn:ietf:params:xml:ns:xmpp-framing";
+/// The WebSocket subprotocol (RFC 7395 §3.1).
+pub const SUBPROTOCOL: &str = "xmpp";
+
+/// Whether the client offered the `xmpp` subprotocol.
+fn offers_xmpp(req: &Request) -> bool {
+    req.headers()
+        .get_all("Sec-WebSocket-Protocol")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case(SUBPROTOCOL))
+}
+
+/// The handshake callback: RFC 7395 §3.1 requires the `xmpp` subprotocol; without it no
+/// XMPP session is established. (The error type is tungstenite's.)
+#[allow(clippy::result_large_err)]
+fn negotiate_subprotocol(req: &Request, mut resp: Response) -> Result<Response, ErrorResponse> {
+    if !offers_xmpp(req) {
+        let mut err = ErrorResponse::new(Some("the xmpp subprotocol is required".into()));
+        *err.status_mut() = StatusCode::BAD_REQUEST;
+        return Err(err);
+    }
+    resp.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static(SUBPROTOCOL),
+    );
+    Ok(resp)
+}
+
+/// Completes the WebSocket handshake on `io` (whose HTTP request head may already have been
+/// read and is replayed by the caller) and serves XMPP on it until it closes.
+pub async fn serve<S>(shared: Arc<Shared>, io: S, peer: SocketAddr, secure: bool)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let max = shared.config.limits.max_stanza_size;
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max));
+    let timeout = std::time::Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let ws = match tokio::time::timeout(
+        timeout,
+        tokio_tungstenite::accept_hdr_async_with_config(io, negotiate_subprotocol, Some(config)),
+    )
+    .await
+    {
+        Ok(Ok(ws)) => ws,
+        Ok(Err(e)) => {
+            tracing::info!(%peer, error = %e, "WebSocket handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%peer, "WebSocket handshake timed out");
+            return;
+        }
+    };
+    let (mut sink, mut stream) = ws.split();
+    let (c2s_side, adapter_side) = tokio::io::duplex(64 * 1024);
+    let (from_c2s, mut to_c2s) = tokio::io::split(adapter_side);
+    let beat = Beat::new(shared.liveness.metrics.clone());
+    let transport = Transport {
+        kind: TransportKind::WebSocket,
+        beat: beat.clone(),
+        secure,
+    };
+    let done = CancellationToken::new();
+    let (out_tx, mut out_rx) = mpsc::channel::<Message>(64);
+
+    // c2s output → messages.
+    let limits = ReaderLimits {
+        max_stanza_size: shared.config.limits.max_stanza_size.saturating_mul(4),
+        max_depth: shared.config.limits.max_depth.saturating_add(4),
+    };
+    let parser = tokio::spawn(outbound(from_c2s, limits, out_tx.clone(), done.clone()));
+    // Messages → socket.
+    let writer_done = done.clone();
+    let writer = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            let closing = matches!(m, Message::Close(_));
+            if sink.send(m).await.is_err() || closing {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+        writer_done.cancel();
+    });
+    // The XMPP session on the c2s side of the pipe.
+    let session = tokio::spawn(crate::c2s::serve_transport(
+        shared.clone(),
+        Box::new(c2s_side) as BoxIo,
+        peer,
+        false,
+        transport,
+    ));
+
+    // Socket → c2s, and pings.
+    let h = shared.liveness.timings.heartbeat;
+    // Checked four times per H so that a Ping goes out within H/4 of H of silence.
+    let mut ping = tokio::time::interval(h / 4);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ping.reset();
+    let mut last_ping = tokio::time::Instant::now();
+    loop {
+        let msg = tokio::select! {
+            _ = done.cancelled() => break,
+            _ = ping.tick() => {
+                let silent = crate::liveness::now_ms() - beat.last_ms() >= h.as_millis() as i64;
+                if silent
+                    && last_ping.elapsed() >= h
+                    && out_tx.try_send(Message::Ping(Vec::new().into())).is_ok()
+                {
+                    last_ping = tokio::time::Instant::now();
+                    shared.liveness.metrics.pings_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                continue;
+            }
+            m = stream.next() => m,
+        };
+        let text = match msg {
+            Some(Ok(Message::Text(t))) => t.to_string(),
+            Some(Ok(Message::Ping(_))) | Some(Ok(Message::Pong(_))) => {
+                beat.touch();
+                continue;
+            }
+            Some(Ok(Message::Binary(_))) => {
+                // RFC 7395 §3.2: XMPP messages are text; binary is not XMPP.
+                tracing::info!(%peer, "binary WebSocket message; closing");
+                break;
+            }
+            Some(Ok(Message::Frame(_))) => continue,
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+        };
+        let bytes = inbound(&text);
+        if to_c2s.write_all(bytes.as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    // EOF to c2s: a WebSocket that closed without <close/> is a dropped connection.
+    let _ = to_c2s.shutdown().await;
+    drop(to_c2s);
+    let _ = session.await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), parser).await;
+    drop(out_tx);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
+}
+
+/// Translates one inbound message into the bytes of a classic stream.
+pub fn inbound(text: &str) -> String {
+    match x::parse_element(text) {
+        Some(el) if el.is("open", NS_FRAMING) => {
+            // RFC 7395 §3.3.2: <open/> takes the place of the stream header.
+            let mut h = format!(
+                "<?xml version='1.0'?><stream:stream xmlns='{}' xmlns:stream='{}'",
+                x::NS_CLIENT,
+                x::NS_STREAM
+            );
+            for a in ["to", "from", "version", "xml:lang", "id"] {
+                if let Some(v) = el.get_attr(a) {
+                    h.push_str(&format!(" {a}='{}'", escape(v)));
+                }
+            }
+            h.push('>');
+            h
+        }
+        // RFC 7395 §3.6: <close/> ends the stream.
+        Some(el) if el.is("close", NS_FRAMING) => "</stream:stream>".to_owned(),
+        Some(el) => el.to_xml(),
+        // Not one well-formed element: hand it on, the stream reader answers with
+        // not-well-formed (RFC 7395 §3.3.3).
+        None => text.to_owned(),
+    }
+}
+
+/// Serialises one element the server wrote as a self-contained WebSocket message.
+pub fn outbound_element(el: &Element) -> String {
+    let mut out = String::new();
+    if el.ns == x::NS_STREAM {
+        // stream:features / stream:error keep their prefix, declared in the message.
+        out.push_str("<stream:");
+        out.push_str(&el.name);
+        out.push_str(" xmlns:stream='");
+        out.push_str(x::NS_STREAM);
+        out.push_str("'>");
+        for child in el.elements() {
+            child.write_to(&mut out, "", x::NS_CLIENT);
+        }
+        out.push_str("</stream:");
+        out.push_str(&el.name);
+        out.push('>');
+    } else {
+        // RFC 7395 §3.3.3: every stanza carries its namespace.
+        el.write_to(&mut out, "", x::NS_CLIENT);
+    }
+    out
+}
+
+/// Parses what c2s writes and queues one message per element.
+async fn outbound(
+    from_c2s: ReadHalf<tokio::io::DuplexStream>,
+    limits: ReaderLimits,
+    tx: mpsc::Sender<Message>,
+    done: CancellationToken,
+) {
+    let mut reader = StreamReader::new(from_c2s, limits);
+    loop {
+        let ev = tokio::select! {
+            _ = done.cancelled() => return,
+            ev = reader.next() => ev,
+        };
+        let text = match ev {
+            Ok(StreamEvent::Open(h)) => {
+                let mut o = format!("<open xmlns='{NS_FRAMING}'");
+                for a in ["from", "to", "id", "version", "xml:lang"] {
+                    if let Some(v) = h.get_attr(a) {
+                        o.push_str(&format!(" {a}='{}'", escape(v)));
+                    }
+                }
+                o.push_str("/>");
+                o
+            }
+            Ok(StreamEvent::Stanza(el)) => {
+                let restart = el.is("success", x::NS_SASL);
+                let text = outbound_element(&el);
+                if tx.send(Message::Text(text.into())).await.is_err() {
+                    return;
+                }
+                if restart {
+                    // RFC 6120 §6.4.6: after SASL success the server sends a new stream
+                    // header; a new parser reads it. c2s writes that header only after the
+                    // client's new <open/>, so nothing is buffered past <success/>.
+                    reader = StreamReader::new(reader.into_inner(), limits);
+                }
+                continue;
+            }
+            Ok(StreamEvent::Whitespace) => continue,
+            Ok(StreamEvent::Close) | Err(_) => {
+                let _ = tx
+                    .send(Message::Text(
+                        format!("<close xmlns='{NS_FRAMING}'/>").into(),
+                    ))
+                    .await;
+                let _ = tx.send(Message::Close(None)).await;
+                return;
+            }
+        };
+        if tx.send(Message::Text(text.into())).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_becomes_a_stream_header_and_close_its_end() {
+        let h = inbound(
+            "<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='example.org' version='1.0'/>",
+        );
+        assert!(h.starts_with("<?xml version='1.0'?><stream:stream xmlns='jabber:client'"));
+        assert!(h.contains(" to='example.org'") && h.contains(" version='1.0'"));
+        assert_eq!(
+            inbound("<close xmlns='urn:ietf:params:xml:ns:xmpp-framing'/>"),
+            "</stream:stream>"
+        );
+    }
+
+    #[test]
+    fn stanzas_pass_through_and_go_out_with_their_namespace() {
+        let m = "<message xmlns='jabber:client' to='a@b'><body>hi</body></message>";
+        assert_eq!(inbound(m), "<message to='a@b'><body>hi</body></message>");
+        let el = x::parse_element(m).unwrap();
+        assert_eq!(
+            outbound_element(&el),
+            "<message xmlns='jabber:client' to='a@b'><body>hi</body></message>"
+        );
+    }
+
+    #[test]
+    fn stream_features_keep_the_prefix_declared() {
+        let f = Element::new("features", x::NS_STREAM).child(Element::new("bind", x::NS_BIND));
+        assert_eq!(
+            outbound_element(&f),
+            "<stream:features xmlns:stream='http://etherx.jabber.org/streams'><bind xmlns='urn:ietf:params:xml:ns:xmpp-bind'/></stream:features>"
+        );
+    }
+}

@@ -1,0 +1,728 @@
+//! Liveness (issue 4) against the real server, PostgreSQL and Redis, with scaled-down
+//! timings (`fast_liveness`: H = 0.4 s, T = 2 s, G = 0.6 s, sweep 0.2 s, refresh 0.6 s).
+//! Every wait has an explicit bound derived from those numbers.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use presenced::xml::{Element, NS_CLIENT, NS_DELAY, NS_PING};
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// Logs in `name`/`res`, sends initial presence and waits for its own echo.
+async fn online(ts: &TestServer, name: &str, res: &str) -> Client {
+    let mut c = ts.login(name, res).await;
+    c.presence(None, None).await;
+    c.expect(|e| is_presence(e, &c_jid(ts, name, res), None))
+        .await;
+    c
+}
+
+fn c_jid(ts: &TestServer, name: &str, res: &str) -> String {
+    format!("{}/{res}", ts.jid(name))
+}
+
+/// Sends a ping to the server and waits for the answer; returns the instant just before
+/// sending, which bounds the server's record of this client's last beat from below.
+async fn last_words(c: &mut Client) -> Instant {
+    let before = Instant::now();
+    let r = c.iq("get", None, Element::new("ping", NS_PING)).await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    before
+}
+
+#[tokio::test]
+async fn silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_last_seen_at_last_beat(
+) {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice.jid, None)).await;
+    let silent_since = last_words(&mut alice).await;
+    let chrono_silent = chrono::Utc::now();
+    // Alice's socket now goes silent: no reads, no writes, no close.
+    let bound = l.ttl + l.sweep_interval + 1.0;
+    let got = bob
+        .watch(
+            &|e| is_presence(e, &alice.jid, Some("unavailable")),
+            secs(bound),
+        )
+        .await
+        .expect("unavailable announced for the silent client");
+    let after = silent_since.elapsed().as_secs_f64();
+    assert_eq!(got.get_attr("from"), Some(alice.jid.as_str()));
+    assert!(
+        after >= l.ttl - l.heartbeat_interval,
+        "announced after {after:.2}s, before T-H"
+    );
+    // Upper bound: T plus one sweep period, plus 0.3 s for the round trips of this test.
+    assert!(
+        after <= l.ttl + l.sweep_interval + 0.3,
+        "announced after {after:.2}s, later than T + one sweep"
+    );
+    assert!(ts.metric(|m| m.silent_deaths.load(Ordering::Relaxed)) == 1);
+
+    // Last seen is the last beat (the ping), not the detection time: within a second.
+    let bare = ts.jid("alice");
+    let deadline = Instant::now() + secs(l.last_seen_flush * 5.0 + 2.0);
+    let row = loop {
+        if let Some(r) = ts.shared().store.last_seen(&bare).await.unwrap() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "last seen never written");
+        tokio::time::sleep(secs(l.last_seen_flush / 2.0)).await;
+    };
+    let diff = (row.at - chrono_silent).num_milliseconds().abs();
+    assert!(
+        diff < 1000,
+        "last seen {} is {diff} ms from the last beat",
+        row.at
+    );
+    eprintln!("measured: unavailable {after:.3}s after the last beat; last seen off by {diff} ms");
+    let detect_gap = (chrono::Utc::now() - row.at).num_milliseconds();
+    assert!(detect_gap as f64 >= (l.ttl - l.heartbeat_interval) * 1000.0);
+
+    // Exactly one PostgreSQL write for the one ended session, and it stays one.
+    tokio::time::sleep(secs(l.last_seen_flush * 4.0)).await;
+    assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 1);
+    assert_eq!(ts.metric(|m| m.pg_writes.load(Ordering::Relaxed)), 1);
+
+    // A new resource of bob probes alice: unavailable with the last seen as XEP-0203 delay.
+    let mut bob2 = ts.login("bob", "tablet").await;
+    bob2.presence(None, None).await;
+    let probe = bob2
+        .expect(|e| is_presence(e, &bare, Some("unavailable")))
+        .await;
+    let stamp = probe
+        .get_child("delay", NS_DELAY)
+        .and_then(|d| d.get_attr("stamp"))
+        .expect("delay stamp on the probe answer")
+        .to_owned();
+    let stamp = chrono::DateTime::parse_from_rfc3339(&stamp).unwrap();
+    assert!(
+        (stamp.with_timezone(&chrono::Utc) - row.at)
+            .num_milliseconds()
+            .abs()
+            < 1000
+    );
+
+    // XEP-0012 to a subscribed contact: seconds since then.
+    let q = bob2
+        .iq(
+            "get",
+            Some(&bare),
+            Element::new("query", presenced::liveness::last_seen::NS_LAST),
+        )
+        .await;
+    assert_eq!(q.get_attr("type"), Some("result"), "{q}");
+    let seconds: i64 = q
+        .elements()
+        .next()
+        .and_then(|x| x.get_attr("seconds"))
+        .and_then(|s| s.parse().ok())
+        .expect("seconds");
+    let expect = (chrono::Utc::now() - row.at).num_seconds();
+    assert!((seconds - expect).abs() <= 1, "{seconds} vs {expect}");
+    drop(alice);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through() {
+    let ts = TestServer::start(fast_liveness).await;
+    let g = ts.config.liveness.grace;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let mut alice = ts.login("alice", "phone").await;
+    // XEP-0319 idle and show=away are the client's; the server passes them on untouched.
+    let away = presenced::xml::parse_element(
+        "<presence><show>away</show><idle xmlns='urn:xmpp:idle:1' since='2026-01-01T00:00:00Z'/></presence>",
+    )
+    .unwrap();
+    alice.send(&away).await;
+    let seen = bob.expect(|e| is_presence(e, &alice.jid, None)).await;
+    assert_eq!(
+        seen.get_child("show", NS_CLIENT).map(|s| s.text_content()),
+        Some("away".into())
+    );
+    assert_eq!(
+        seen.get_child("idle", "urn:xmpp:idle:1")
+            .and_then(|i| i.get_attr("since")),
+        Some("2026-01-01T00:00:00Z")
+    );
+    let jid = alice.jid.clone();
+    // The connection drops (no </stream:stream>) and the phone is back at once.
+    drop(alice);
+    let mut again = ts.login("alice", "phone").await;
+    again.presence(None, None).await;
+    // Nothing unavailable reaches bob within G plus a generous margin.
+    bob.watch_none(|e| is_presence(e, &jid, Some("unavailable")), secs(g + 1.0))
+        .await;
+    assert!(ts.metric(|m| m.grace_resumed.load(Ordering::Relaxed)) >= 1);
+    // No last seen either: the session did not end for good.
+    assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 0);
+
+    // Control: a drop with no reconnect IS announced, no sooner than G.
+    let dropped = Instant::now();
+    drop(again);
+    bob.watch(
+        &|e| is_presence(e, &jid, Some("unavailable")),
+        secs(g + 2.0),
+    )
+    .await
+    .expect("unavailable after the grace period");
+    assert!(dropped.elapsed() >= secs(g), "announced before G elapsed");
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn clean_close_writes_last_seen_once_at_close_time() {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    let alice = online(&ts, "alice", "phone").await;
+    let closed = chrono::Utc::now();
+    alice.close().await;
+    let bare = ts.jid("alice");
+    let deadline = Instant::now() + secs(l.grace + l.last_seen_flush * 5.0 + 2.0);
+    while ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)) == 0 {
+        assert!(Instant::now() < deadline, "no last-seen write");
+        tokio::time::sleep(secs(0.05)).await;
+    }
+    let row = ts.shared().store.last_seen(&bare).await.unwrap().unwrap();
+    assert!((row.at - closed).num_milliseconds().abs() < 1000);
+    tokio::time::sleep(secs(l.last_seen_flush * 4.0)).await;
+    assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 1);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn idle_resource_costs_at_most_one_redis_write_per_refresh_and_no_key_lacks_a_ttl() {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let before = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed));
+    let beats_before = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed));
+    // Idle for 3 T, answering the server's pings like a live client.
+    let window = l.ttl * 3.0;
+    alice.idle_answering_pings(secs(window)).await;
+    let writes = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed)) - before;
+    let beats = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed)) - beats_before;
+    let bound = (window / l.redis_refresh).ceil() as u64 + 1;
+    eprintln!(
+        "measured: {writes} Redis writes, {beats} heartbeats in {window}s idle (bound {bound})"
+    );
+    assert!(
+        writes <= bound,
+        "{writes} Redis writes in {window}s, bound {bound}"
+    );
+    assert!(
+        beats as f64 >= window / l.heartbeat_interval / 2.0,
+        "only {beats} heartbeats: pings not answered?"
+    );
+    // Still alive after 3 T: the downsampled refreshes kept the key.
+    let mut r = ts.redis().await;
+    let key = format!(
+        "{}presence:{{{}}}:res:phone",
+        ts.config.redis.key_prefix,
+        ts.jid("alice")
+    );
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(pttl > 0, "resource key missing or without TTL: {pttl}");
+    // Every presence key of this server has an expiry (TTL -1 would be "online forever").
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}presence:*", ts.config.redis.key_prefix))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(
+        keys.len() >= 3,
+        "expected res, resources and beats keys: {keys:?}"
+    );
+    for k in &keys {
+        let t: i64 = redis::cmd("PTTL").arg(k).query_async(&mut r).await.unwrap();
+        assert!(t > 0, "{k} has PTTL {t}");
+    }
+    alice.close().await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_sweepers_take_each_stale_resource_exactly_once() {
+    let url = redis_url();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let key = format!("test:sweep:{}:presence:beats:0", unique());
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let now = presenced::liveness::now_ms();
+    let n = 300;
+    for i in 0..n {
+        let _: () = redis::cmd("ZADD")
+            .arg(&key)
+            .arg(now - 10_000 - i)
+            .arg(format!("u{i}@x/r"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    // A fresh one that must stay.
+    let _: () = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(now)
+        .arg("fresh@x/r")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(60_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let sweeper = |mut conn: redis::aio::MultiplexedConnection, key: String| async move {
+        let mut got = Vec::new();
+        loop {
+            let batch = presenced::liveness::sweeper::sweep_once(&mut conn, &key, now - 5000, 7)
+                .await
+                .unwrap();
+            if batch.is_empty() {
+                return got;
+            }
+            got.extend(batch.into_iter().map(|(m, _)| m));
+        }
+    };
+    let a = tokio::spawn(sweeper(
+        client.get_multiplexed_async_connection().await.unwrap(),
+        key.clone(),
+    ));
+    let b = tokio::spawn(sweeper(
+        client.get_multiplexed_async_connection().await.unwrap(),
+        key.clone(),
+    ));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let mut all: Vec<String> = a.iter().chain(b.iter()).cloned().collect();
+    let total = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(total, n as usize, "a resource was returned twice or lost");
+    assert_eq!(all.len(), n as usize);
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(left, vec!["fresh@x/r".to_owned()]);
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn last_activity_is_forbidden_without_a_subscription() {
+    let ts = TestServer::start(fast_liveness).await;
+    ts.user("alice").await;
+    ts.user("carol").await;
+    let alice = online(&ts, "alice", "phone").await;
+    alice.close().await;
+    let mut carol = online(&ts, "carol", "pc").await;
+    let q = carol
+        .iq(
+            "get",
+            Some(&ts.jid("alice")),
+            Element::new("query", presenced::liveness::last_seen::NS_LAST),
+        )
+        .await;
+    assert_eq!(q.get_attr("type"), Some("error"));
+    assert_eq!(stanza_error(&q), "forbidden");
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_endpoint_serves_the_counters_in_prometheus_text() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ts = TestServer::start(fast_liveness).await;
+    ts.user("alice").await;
+    let alice = online(&ts, "alice", "phone").await;
+    let mut s = tokio::net::TcpStream::connect(ts.http_addr())
+        .await
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    tokio::time::timeout(WAIT, s.read_to_string(&mut body))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    for name in [
+        "presenced_redis_writes_total",
+        "presenced_pg_last_seen_writes_total",
+        "presenced_heartbeats_total",
+        "presenced_sweeps_total",
+    ] {
+        assert!(
+            body.contains(&format!("\n{name} ")),
+            "{name} missing: {body}"
+        );
+    }
+    assert!(body.contains("\npresenced_sessions 1\n"), "{body}");
+    alice.close().await;
+    ts.stop().await;
+}
+
+/// A redis-server of the test's own on a free loopback port, killed on drop.
+struct OwnRedis {
+    child: tokio::process::Child,
+}
+
+impl OwnRedis {
+    async fn start(port: u16) -> OwnRedis {
+        let child = tokio::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server runs");
+        let deadline = Instant::now() + secs(5.0);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(secs(0.02)).await;
+        }
+        OwnRedis { child }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+        let _ = self.child.wait().await;
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn pttl(port: u16, key: &str) -> i64 {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let mut c = c.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn redis_outage_keeps_logins_and_messages_and_liveness_is_repaired_after_restart() {
+    let port = free_port();
+    let own = OwnRedis::start(port).await;
+    let ts = TestServer::start(|c| {
+        fast_liveness(c);
+        c.redis.url = format!("redis://127.0.0.1:{port}");
+        c.redis.timeout = 0.3;
+        c.redis.reconnect_max = 0.5;
+    })
+    .await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.user("carol").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    alice
+        .watch(&|e| is_presence(e, &bob.jid, None), WAIT)
+        .await
+        .unwrap();
+    let key = |who: &str, res: &str| {
+        format!(
+            "{}presence:{{{}}}:res:{res}",
+            ts.config.redis.key_prefix,
+            ts.jid(who)
+        )
+    };
+    let deadline = Instant::now() + secs(2.0);
+    while pttl(port, &key("alice", "phone")).await <= 0 {
+        assert!(Instant::now() < deadline, "alice never reached Redis");
+        tokio::time::sleep(secs(0.05)).await;
+    }
+
+    own.stop().await;
+    // Redis is gone. A message still arrives promptly.
+    let sent = Instant::now();
+    bob.send(
+        &presenced::xml::parse_element(&format!(
+            "<message to='{}' type='chat'><body>still here</body></message>",
+            ts.jid("alice")
+        ))
+        .unwrap(),
+    )
+    .await;
+    alice
+        .watch(&|e| e.name == "message", secs(1.0))
+        .await
+        .expect("message routed with Redis down");
+    eprintln!(
+        "measured: message latency with Redis down {:?}",
+        sent.elapsed()
+    );
+    // A new login works and gets the online contact's presence from this node.
+    let mut carol = ts.login("carol", "pc").await;
+    carol.presence(None, None).await;
+    let cj = carol.jid.clone();
+    carol.expect(|e| is_presence(e, &cj, None)).await;
+    // Beating sessions are not declared dead for lack of Redis, for longer than T.
+    let window = secs(l.ttl * 1.5);
+    let (a, b) = (alice.jid.clone(), bob.jid.clone());
+    tokio::join!(
+        bob.watch_none(|e| is_presence(e, &a, Some("unavailable")), window),
+        alice.watch_none(|e| is_presence(e, &b, Some("unavailable")), window),
+    );
+    assert!(ts.metric(|m| m.redis_errors.load(Ordering::Relaxed)) > 0);
+
+    // Redis comes back empty: the node reconnects and rewrites its resources.
+    let own = OwnRedis::start(port).await;
+    let deadline = Instant::now() + secs(ts.config.redis.reconnect_max + l.redis_refresh + 2.0);
+    let (ka, kb) = (key("alice", "phone"), key("bob", "pc"));
+    let (ja, jb) = (alice.jid.clone(), bob.jid.clone());
+    let repaired = async {
+        loop {
+            let (ta, tb) = (pttl(port, &ka).await, pttl(port, &kb).await);
+            if ta > 0 && tb > 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "liveness not repaired: {ta} {tb}"
+            );
+            tokio::time::sleep(secs(0.05)).await;
+        }
+    };
+    tokio::join!(
+        repaired,
+        bob.watch_none(|e| is_presence(e, &ja, Some("unavailable")), secs(0.5)),
+        alice.watch_none(|e| is_presence(e, &jb, Some("unavailable")), secs(0.5)),
+    );
+    // And silence is detected through Redis again: alice goes quiet, bob hears of it.
+    let _ = last_words(&mut alice).await;
+    bob.watch(
+        &|e| is_presence(e, &alice.jid, Some("unavailable")),
+        secs(l.ttl + l.sweep_interval + 1.0),
+    )
+    .await
+    .expect("silent death detected after Redis returned");
+    assert!(ts.metric(|m| m.swept.load(Ordering::Relaxed)) >= 1);
+    drop(alice);
+    ts.stop().await;
+    own.stop().await;
+}
+
+#[tokio::test]
+async fn postgres_outage_keeps_existing_sessions_routing_and_last_seen_waits() {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    alice
+        .watch(&|e| is_presence(e, &bob.jid, None), WAIT)
+        .await
+        .unwrap();
+    // The database becomes unreachable: every query now fails at once.
+    ts.shared().store.pool().close().await;
+    let msg = |to: &str, body: &str| {
+        presenced::xml::parse_element(&format!(
+            "<message to='{to}' type='chat'><body>{body}</body></message>"
+        ))
+        .unwrap()
+    };
+    let sent = Instant::now();
+    bob.send(&msg(&ts.jid("alice"), "db down")).await;
+    alice
+        .watch(&|e| e.name == "message", secs(1.0))
+        .await
+        .expect("message routed with PostgreSQL down");
+    eprintln!(
+        "measured: message latency with PostgreSQL down {:?}",
+        sent.elapsed()
+    );
+    // A presence update does not stall the sender either.
+    bob.presence(None, None).await;
+    let ping = bob.iq("get", None, Element::new("ping", NS_PING)).await;
+    assert_eq!(ping.get_attr("type"), Some("result"));
+    // A session end queues last seen; the flush fails and is retried, nothing blocks.
+    let closed = chrono::Utc::now();
+    alice.close().await;
+    let deadline = Instant::now() + secs(l.grace + l.last_seen_flush * 5.0 + 2.0);
+    while ts.metric(|m| m.pg_errors.load(Ordering::Relaxed)) == 0 {
+        assert!(Instant::now() < deadline, "no failed flush recorded");
+        tokio::time::sleep(secs(0.05)).await;
+    }
+    assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 0);
+    // The pending value is still served from memory.
+    let at = presenced::presence::last_seen(ts.shared(), &ts.jid("alice"))
+        .await
+        .expect("last seen kept in memory");
+    assert!((at - closed).num_milliseconds().abs() < 1000);
+    bob.send(&msg(&bob.jid.clone(), "to myself")).await;
+    bob.watch(&|e| e.name == "message", secs(1.0))
+        .await
+        .expect("bob's session still routes");
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn another_nodes_sweeper_hands_the_silent_resource_to_its_node_which_announces_it_once() {
+    // Node A holds the sessions and does not sweep; node B (same domain, same Redis keys)
+    // sweeps. B's sweeper finds A's silent resource and A ends it.
+    let a = TestServer::start(|c| {
+        fast_liveness(c);
+        c.liveness.sweeper = false;
+        // Pushes A's own no-Redis fallback (T + 2 sweeps of silence) well past B's sweep.
+        c.liveness.sweep_interval = 2.0;
+    })
+    .await;
+    let (domain, prefix) = (a.domain.clone(), a.config.redis.key_prefix.clone());
+    let b = TestServer::start(move |c| {
+        fast_liveness(c);
+        c.domains = vec![domain];
+        c.redis.key_prefix = prefix;
+    })
+    .await;
+    let l = b.config.liveness.clone();
+    a.user("alice").await;
+    a.user("bob").await;
+    a.make_mutual("alice", "bob").await;
+    let mut bob = online(&a, "bob", "pc").await;
+    let mut alice = online(&a, "alice", "phone").await;
+    bob.watch(&|e| is_presence(e, &alice.jid, None), WAIT)
+        .await
+        .unwrap();
+    let silent_since = last_words(&mut alice).await;
+    bob.watch(
+        &|e| is_presence(e, &alice.jid, Some("unavailable")),
+        secs(l.ttl + l.sweep_interval + 1.0),
+    )
+    .await
+    .expect("announced by the node holding the session");
+    let after = silent_since.elapsed().as_secs_f64();
+    eprintln!("measured: two nodes, unavailable {after:.3}s after the last beat");
+    assert!(after >= l.ttl - l.heartbeat_interval && after <= l.ttl + l.sweep_interval + 0.3);
+    let count = |ts: &TestServer, f: fn(&presenced::liveness::Metrics) -> u64| ts.metric(f);
+    assert_eq!(count(&a, |m| m.swept.load(Ordering::Relaxed)), 0);
+    assert_eq!(count(&b, |m| m.swept.load(Ordering::Relaxed)), 1);
+    assert_eq!(count(&a, |m| m.silent_deaths.load(Ordering::Relaxed)), 1);
+    // One last-seen row, written by A only.
+    let deadline = Instant::now() + secs(l.last_seen_flush * 5.0 + 2.0);
+    while count(&a, |m| m.pg_rows.load(Ordering::Relaxed)) == 0 {
+        assert!(Instant::now() < deadline, "no last seen");
+        tokio::time::sleep(secs(0.05)).await;
+    }
+    tokio::time::sleep(secs(l.last_seen_flush * 3.0)).await;
+    assert_eq!(count(&a, |m| m.pg_rows.load(Ordering::Relaxed)), 1);
+    assert_eq!(count(&b, |m| m.pg_rows.load(Ordering::Relaxed)), 0);
+    drop(alice);
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn resource_of_a_crashed_node_is_announced_by_the_sweeper_with_its_last_beat() {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    // A beat left by a node that no longer exists: nobody listens on its channel.
+    let bare = ts.jid("alice");
+    let full = presenced::jid::FullJid::new(&format!("{bare}/phone")).unwrap();
+    let keys = &ts.shared().liveness.keys;
+    let last_beat = presenced::liveness::now_ms() - (l.ttl * 1000.0) as i64 - 500;
+    let mut r = ts.redis().await;
+    let _: () = redis::cmd("ZADD")
+        .arg(keys.beats_for(&bare))
+        .arg(last_beat)
+        .arg(keys.member("node-crashed", &full))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(keys.beats_for(&bare))
+        .arg(60_000)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    bob.watch(
+        &|e| is_presence(e, full.as_str(), Some("unavailable")),
+        secs(l.sweep_interval * 2.0 + 1.0),
+    )
+    .await
+    .expect("orphan announced");
+    let deadline = Instant::now() + secs(l.last_seen_flush * 5.0 + 2.0);
+    let row = loop {
+        if let Some(r) = ts.shared().store.last_seen(&bare).await.unwrap() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no last seen for the orphan");
+        tokio::time::sleep(secs(0.05)).await;
+    };
+    assert!((row.at.timestamp_millis() - last_beat).abs() < 1000);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn chatty_client_beats_often_but_redis_sees_one_write_per_refresh() {
+    let ts = TestServer::start(fast_liveness).await;
+    let l = ts.config.liveness.clone();
+    ts.user("alice").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let writes_before = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed));
+    let beats_before = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed));
+    // Traffic every 50 ms for 3 s: every stanza is a heartbeat.
+    let window = 3.0;
+    let start = Instant::now();
+    while start.elapsed() < secs(window) {
+        let _ = last_words(&mut alice).await;
+        tokio::time::sleep(secs(0.05)).await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let writes = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed)) - writes_before;
+    let beats = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed)) - beats_before;
+    let bound = (elapsed / l.redis_refresh).ceil() as u64 + 1;
+    eprintln!("measured: chatty client, {beats} heartbeats, {writes} Redis writes in {elapsed:.2}s (bound {bound})");
+    assert!(beats >= 30, "{beats}");
+    assert!(writes <= bound, "{writes} > {bound}");
+    assert!(writes >= 1, "the refresh never reached Redis");
+    alice.close().await;
+    ts.stop().await;
+}
