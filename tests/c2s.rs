@@ -869,7 +869,7 @@ async fn message_to_a_bare_jid_with_only_negative_priority_resources_is_dropped_
     // RFC 6121 §8.5.2.2.1: treated as having no available resource. Without offline storage
     // the server may answer service-unavailable or ignore the message; presenced ignores it,
     // because an error only for "no resource takes it" tells the sender bob is offline
-    // (docs-privacy.md).
+    // (README, "Privacy").
     let before = stanzas_until_ping_reply(&mut alice, &ts.domain).await;
     assert!(before.is_empty(), "sender was answered: {before:?}");
     assert_no_message_before_marker(&mut alice, &mut negative).await;
@@ -1005,7 +1005,7 @@ async fn iq_to_an_online_full_jid_is_delivered_and_the_answer_routed_back() {
     let mut alice = ts.login("alice", "a").await;
     let mut bob = ts.login("bob", "b").await;
     // Bob reveals this resource to alice (directed presence, RFC 6121 §4.6); without that,
-    // an iq to his full JID gets what an offline resource gets (docs-privacy.md).
+    // an iq to his full JID gets what an offline resource gets (README, "Privacy").
     bob.presence(None, Some(&alice.jid)).await;
     alice.expect(|e| is_presence(e, &bob.jid, None)).await;
     let q = Element::new("iq", NS_CLIENT)
