@@ -47,6 +47,9 @@ NS_CLIENT = "jabber:client"
 NS_ROSTER = "jabber:iq:roster"
 NS_STANZAS = "urn:ietf:params:xml:ns:xmpp-stanzas"
 NS_STREAMS = "http://etherx.jabber.org/streams"
+NS_BLOCKING = "urn:xmpp:blocking"
+NS_DISCO_INFO = "http://jabber.org/protocol/disco#info"
+NS_LAST = "jabber:iq:last"
 HERE = os.path.dirname(os.path.abspath(__file__))
 log = logging.getLogger("conformance")
 
@@ -154,8 +157,9 @@ class Client:
         iq_id = el.get("id", "")
         frm = el.get("from")
         to_attr = f" to='{xml_escape(frm)}'" if frm else ""
-        if is_roster_push(el, self.bare):
-            # RFC 6121 §2.1.6: the client acknowledges a roster push with a result.
+        if is_roster_push(el, self.bare) or is_block_push(el, self.bare):
+            # RFC 6121 §2.1.6: the client acknowledges a roster push with a result; a
+            # XEP-0191 §3.3-§3.5 block/unblock push is an iq set from the account as well.
             self.send_raw(f"<iq type='result' id='{xml_escape(iq_id)}'{to_attr}/>")
         else:
             # RFC 6120 §8.4: a request the entity does not understand gets an error reply.
@@ -256,11 +260,39 @@ def is_roster_push(el: ET.Element, own_bare: str) -> bool:
         return False
     if el.find(f"{{{NS_ROSTER}}}query") is None:
         return False
+    return from_own_account(el, own_bare)
+
+
+def from_own_account(el: ET.Element, own_bare: str) -> bool:
+    """RFC 6120 §8.1.2.1: the server speaks for the account with no `from` or the bare JID."""
     frm = el.get("from")
     return frm is None or frm.lower() == own_bare.lower()
 
 
+def is_block_push(el: ET.Element, own_bare: str) -> bool:
+    """XEP-0191 §3.3-§3.5: an iq set carrying <block/> or <unblock/>, from the user's account."""
+    if el.tag != f"{{{NS_CLIENT}}}iq" or el.get("type") != "set":
+        return False
+    payload = next(iter(el), None)
+    return payload is not None and payload.tag in (f"{{{NS_BLOCKING}}}block", f"{{{NS_BLOCKING}}}unblock") \
+        and from_own_account(el, own_bare)
+
+
 # --------------------------------------------------------------------------- matching
+
+# `@NAME OP VALUE` conditions on the attributes of the `child=` payload.
+ATTR_COND = re.compile(r"^@(?P<name>[A-Za-z_][\w.-]*)(?P<op>>=|<=|=|>|<)(?P<value>.*)$")
+
+
+def attr_holds(got: str | None, op: str, want: str) -> bool:
+    """`=none` means absent; `=` compares text; <, <=, >, >= compare integers (a non-integer fails)."""
+    if op == "=":
+        return got is None if want == "none" else got == want
+    try:
+        g, w = int(got or ""), int(want)
+    except ValueError:
+        return False
+    return {"<": g < w, "<=": g <= w, ">": g > w, ">=": g >= w}[op]
 
 
 @dataclass
@@ -271,7 +303,12 @@ class Pattern:
     conds: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
-        return " ".join([self.kind] + [f"{k}={v}" for k, v in self.conds.items()])
+        return " ".join([self.kind] + [k + v if k.startswith("@") else f"{k}={v}" for k, v in self.conds.items()])
+
+    def payload(self, el: ET.Element) -> ET.Element | None:
+        """The direct child named by `child={ns}local`, which items=/item=/@attr conditions inspect."""
+        want = self.conds.get("child")
+        return next((c for c in el if c.tag == want), None) if want else None
 
     def matches(self, el: ET.Element, client: Client) -> bool:
         local = el.tag.rsplit("}", 1)[-1]
@@ -301,13 +338,43 @@ class Pattern:
             return True
         if local != self.kind:
             return False
+        payload = self.payload(el)
         for k, v in self.conds.items():
-            if k == "type":
+            if k == "child":
+                if payload is None:
+                    return False
+            elif k in ("items", "item") or k.startswith("@"):
+                if payload is None:
+                    raise ScenarioError(f"condition {k} needs child={{ns}}name before it")
+                ns = payload.tag[1:].split("}", 1)[0] if payload.tag.startswith("{") else ""
+                item_tag = f"{{{ns}}}item" if ns else "item"
+                if k == "items":
+                    if len(payload.findall(item_tag)) != int(v):
+                        return False
+                elif k == "item":
+                    if not any(jid_eq(i.get("jid"), v) for i in payload.findall(item_tag)):
+                        return False
+                else:
+                    name, op = k[1:].rstrip("<>="), k[1:][len(k[1:].rstrip("<>=")):]
+                    if not attr_holds(payload.get(name), op, v):
+                        return False
+            elif k == "app-error":
+                err = el.find(f"{{{NS_CLIENT}}}error")
+                if err is None or err.find(v) is None:
+                    return False
+            elif k == "feature":
+                # disco#info: <feature var='v'/> inside the payload (or anywhere below the stanza)
+                if not any(f.get("var") == v for f in el.iter(f"{{{NS_DISCO_INFO}}}feature")):
+                    return False
+            elif k == "type":
                 got = el.get("type")
                 if v == "available" and self.kind == "presence":
                     if got is not None:
                         return False
                 elif got != v:
+                    return False
+            elif k == "from" and v == "self":
+                if not from_own_account(el, client.bare):
                     return False
             elif k in ("from", "to"):
                 if not jid_match(el.get(k), v):
@@ -361,7 +428,10 @@ def parse_pattern(text: str) -> Pattern:
     i = 0
     while i < len(rest):
         tok = rest[i]
-        if "=" in tok:
+        m = ATTR_COND.match(tok)
+        if m:
+            conds["@" + m.group("name") + m.group("op")] = m.group("value")
+        elif "=" in tok:
             k, v = tok.split("=", 1)
             conds[k] = v
         elif tok in ("from", "for", "to", "type") and i + 1 < len(rest):
@@ -435,6 +505,14 @@ STEP_RES = [
     ("roster_lacks", re.compile(r"^(?P<who>\S+) roster lacks (?P<jid>\S+)$")),
     ("state", re.compile(r'^state (?P<u>\S+) (?P<c>\S+) "(?P<state>[^"]+)"$')),
     ("requires", re.compile(r"^(?P<who>\S+) requires feature (?P<ns>\S+)(?: \((?P<why>.*)\))?$")),
+    (
+        "requires_disco",
+        re.compile(r"^(?P<who>\S+) requires disco feature (?P<ns>\S+)(?: \((?P<why>.*)\))?$"),
+    ),
+    (
+        "last_grows",
+        re.compile(r"^(?P<who>\S+) sees last activity of (?P<jid>\S+) grow over (?P<t>[\d.]+)s$"),
+    ),
 ]
 
 
@@ -633,6 +711,37 @@ class Scenario:
         if not c.has_feature(ns):
             raise ScenarioSkipped(f"server does not advertise stream feature {ns}" + (f" ({why})" if why else ""))
 
+    async def do_requires_disco(self, who: str, ns: str, why: str | None) -> None:
+        """Skip unless the server's disco#info (XEP-0030 §3.1, sent to the domain) lists feature `ns`."""
+        c = self.targets(who)[0]
+        res = await iq_round_trip(c, f"<iq type='get' to='{self.opts.domain}'><query xmlns='{NS_DISCO_INFO}'/></iq>",
+                                  self.opts.timeout)
+        if res.get("type") != "result" or not Pattern("iq", {"feature": ns}).matches(res, c):
+            raise ScenarioSkipped(f"server disco#info does not list {ns}" + (f" ({why})" if why else ""))
+
+    async def do_last_grows(self, who: str, jid: str, t: str) -> None:
+        """XEP-0012 §3: two last-activity queries to a bare JID, `t` seconds apart (measured).
+
+        The server evaluates the second query at least `t` s after the first (the second is sent
+        `t` s after the first answer arrived), and at most as long after as the whole exchange
+        took. With whole seconds rounded either way, the second 'seconds' value must exceed the
+        first by at least t-1 and at most the measured span + 1.
+        """
+        c = self.targets(who)[0]
+        wait = float(t)
+        q = f"<iq type='get' to='{self.expand(jid)}'><query xmlns='{NS_LAST}'/></iq>"
+        sent1 = time.monotonic()
+        first = last_seconds(await iq_round_trip(c, q, self.opts.timeout), c)
+        await asyncio.sleep(wait)  # the interval being measured, not a wait for the server
+        second_el = await iq_round_trip(c, q, self.opts.timeout)
+        span = time.monotonic() - sent1
+        second = last_seconds(second_el, c)
+        if not last_activity_grew(first, second, wait, span):
+            raise StepFailed(
+                f"{c.label}: last activity of {self.expand(jid)} went {first} -> {second} s "
+                f"over {span:.1f} s (queries {wait} s apart); want a growth in [{wait - 1:g}, {span + 1:.1f}]"
+            )
+
     async def do_state(self, u: str, c: str, state: str) -> None:
         """Drive user u and contact c (actor/resource, both available) into an Appendix A state."""
         if state not in SUB_STATES:
@@ -698,6 +807,34 @@ async def expect_nothing(c: Client, pattern: Pattern, window: float) -> None:
 
 
 _iq_counter = 0
+
+
+async def iq_round_trip(c: Client, xml_with_no_id: str, bound: float) -> ET.Element:
+    """Send an iq (the runner adds a unique id) and return the reply with that id."""
+    global _iq_counter
+    _iq_counter += 1
+    iq_id = f"rt{_iq_counter}"
+    c.send_raw(xml_with_no_id.replace("<iq ", f"<iq id='{iq_id}' ", 1))
+    return (await expect(c, Pattern("iq", {"id": iq_id}), bound)).el
+
+
+def last_activity_grew(first: int, second: int, wait: float, span: float) -> bool:
+    """Two 'seconds' values asked `wait` s apart within a measured `span`: sane and grown.
+
+    Whole seconds, truncated or rounded by the server, lose at most one second each way.
+    """
+    return first >= 0 and wait - 1 <= second - first <= span + 1
+
+
+def last_seconds(el: ET.Element, c: Client) -> int:
+    """The 'seconds' of a XEP-0012 result (§2: REQUIRED); anything else fails the step."""
+    q = el.find(f"{{{NS_LAST}}}query")
+    if el.get("type") != "result" or q is None:
+        raise StepFailed(f"{c.label}: last activity query was not answered with a result: {ET.tostring(el, encoding='unicode')}")
+    try:
+        return int(q.get("seconds", ""))
+    except ValueError:
+        raise StepFailed(f"{c.label}: last activity result without integer seconds: {ET.tostring(el, encoding='unicode')}")
 
 
 async def roster_get(c: Client, bound: float) -> dict[str, dict]:

@@ -85,6 +85,107 @@ def test_every_scenario_step_parses():
                     run.parse_pattern(pat)  # raises on unknown kinds
 
 
+def msg(xml: str) -> ET.Element:
+    return ET.fromstring(xml.replace("<message", "<message xmlns='jabber:client'", 1))
+
+
+BL = "urn:xmpp:blocking"
+
+
+def test_child_items_and_item_inspect_the_named_payload():
+    p = run.parse_pattern("iq type=result child={urn:xmpp:blocking}blocklist items=1 item=bob@d.example")
+    one = el(f"<iq type='result'><blocklist xmlns='{BL}'><item jid='bob@d.example'/></blocklist></iq>")
+    assert p.matches(one, FakeClient())
+    assert not p.matches(el(f"<iq type='result'><blocklist xmlns='{BL}'/></iq>"), FakeClient())
+    two = el(f"<iq type='result'><blocklist xmlns='{BL}'><item jid='bob@d.example'/><item jid='c@d.example'/></blocklist></iq>")
+    assert not p.matches(two, FakeClient())
+    other = el(f"<iq type='result'><blocklist xmlns='{BL}'><item jid='carol@d.example'/></blocklist></iq>")
+    assert not p.matches(other, FakeClient())
+    wrong_ns = el("<iq type='result'><blocklist xmlns='urn:other'><item jid='bob@d.example'/></blocklist></iq>")
+    assert not p.matches(wrong_ns, FakeClient())
+
+
+def test_empty_payload_matches_items_zero_only():
+    p = run.parse_pattern("iq child={urn:xmpp:blocking}unblock items=0")
+    assert p.matches(el(f"<iq type='set'><unblock xmlns='{BL}'/></iq>"), FakeClient())
+    assert not p.matches(el(f"<iq type='set'><unblock xmlns='{BL}'><item jid='b@d.example'/></unblock></iq>"), FakeClient())
+
+
+def test_item_condition_without_child_is_a_scenario_error():
+    p = run.parse_pattern("iq item=bob@d.example")
+    try:
+        p.matches(el("<iq type='result'/>"), FakeClient())
+    except run.ScenarioError:
+        return
+    raise AssertionError("item= without child= must be rejected")
+
+
+def test_attribute_conditions_compare_integers():
+    last = "<iq type='result'><query xmlns='jabber:iq:last' seconds='{}'/></iq>"
+    zero = run.parse_pattern("iq child={jabber:iq:last}query @seconds=0")
+    assert zero.matches(el(last.format(0)), FakeClient())
+    assert not zero.matches(el(last.format(4)), FakeClient())
+    at_least = run.parse_pattern("iq child={jabber:iq:last}query @seconds>=2")
+    assert at_least.matches(el(last.format(2)), FakeClient())
+    assert not at_least.matches(el(last.format(1)), FakeClient())
+    assert not at_least.matches(el(last.format("soon")), FakeClient())
+    absent = run.parse_pattern("iq child={jabber:iq:last}query @seconds=none")
+    assert absent.matches(el("<iq type='result'><query xmlns='jabber:iq:last'/></iq>"), FakeClient())
+    assert not absent.matches(el(last.format(0)), FakeClient())
+
+
+def test_app_error_needs_the_application_condition_inside_error():
+    p = run.parse_pattern("message type=error error=not-acceptable app-error={urn:xmpp:blocking:errors}blocked")
+    stanzas = "urn:ietf:params:xml:ns:xmpp-stanzas"
+    with_app = (f"<message type='error'><error type='cancel'><not-acceptable xmlns='{stanzas}'/>"
+                "<blocked xmlns='urn:xmpp:blocking:errors'/></error></message>")
+    without = f"<message type='error'><error type='cancel'><not-acceptable xmlns='{stanzas}'/></error></message>"
+    assert p.matches(msg(with_app), FakeClient())
+    assert not p.matches(msg(without), FakeClient())
+
+
+def test_from_self_means_no_from_or_the_own_bare_jid():
+    p = run.parse_pattern("iq type=set from=self child={urn:xmpp:blocking}block")
+    body = f"<block xmlns='{BL}'><item jid='b@d.example'/></block>"
+    assert p.matches(el(f"<iq type='set'>{body}</iq>"), FakeClient())
+    assert p.matches(el(f"<iq type='set' from='alice@d.example'>{body}</iq>"), FakeClient())
+    assert not p.matches(el(f"<iq type='set' from='alice@d.example/pc'>{body}</iq>"), FakeClient())
+    assert not p.matches(el(f"<iq type='set' from='mallory@d.example'>{body}</iq>"), FakeClient())
+
+
+def test_block_push_is_acknowledged_only_from_the_own_account():
+    body = f"<block xmlns='{BL}'><item jid='b@d.example'/></block>"
+    assert run.is_block_push(el(f"<iq type='set' id='p'>{body}</iq>"), "alice@d.example")
+    assert not run.is_block_push(el(f"<iq type='set' id='p' from='m@d.example'>{body}</iq>"), "alice@d.example")
+    assert not run.is_block_push(el(f"<iq type='result' id='p'>{body}</iq>"), "alice@d.example")
+
+
+def test_feature_condition_reads_disco_feature_vars():
+    disco = "http://jabber.org/protocol/disco#info"
+    p = run.parse_pattern("iq type=result feature=jabber:iq:last")
+    yes = el(f"<iq type='result'><query xmlns='{disco}'><feature var='jabber:iq:last'/></query></iq>")
+    no = el(f"<iq type='result'><query xmlns='{disco}'><feature var='urn:xmpp:ping'/></query></iq>")
+    assert p.matches(yes, FakeClient())
+    assert not p.matches(no, FakeClient())
+
+
+def test_last_activity_must_grow_by_the_measured_interval():
+    assert run.last_activity_grew(3, 5, 2.0, 2.1)
+    assert run.last_activity_grew(3, 4, 2.0, 2.1)  # truncation can lose one second
+    assert not run.last_activity_grew(3, 3, 2.0, 2.1)  # frozen value
+    assert not run.last_activity_grew(0, 0, 2.0, 2.1)  # "online" both times
+    assert not run.last_activity_grew(3, 9, 2.0, 2.1)  # more time passed than was measured
+    assert not run.last_activity_grew(-1, 1, 2.0, 2.1)
+
+
+def test_namespaced_child_is_not_taken_for_a_template():
+    class Opts:
+        domain = "d.example"
+    sc = run.Scenario({"name": "t", "actors": {"alice": ["pc"]}}, "f.yaml", "", 1, Opts(), "x")
+    sc.accounts["alice"] = ("alice_x", "pw")
+    assert sc.expand("child={urn:xmpp:blocking}block item={alice}") == "child={urn:xmpp:blocking}block item=alice_x@d.example"
+
+
 # RFC 6121 Appendix A.3 (inbound) transcribed as literal tables, independent of the generator's
 # flag arithmetic for A.2 (outbound): only states that change are listed.
 INBOUND = {
