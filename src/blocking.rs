@@ -9,7 +9,7 @@
 //! gets nothing, so a block never reveals online status. Unblocking shows current
 //! presence again to subscribers the privacy settings admit.
 //!
-//! Stanzas (§3.5), as implemented by [`outbound_to_blocked`] and [`inbound_from_blocked`]:
+//! Stanzas (§3.3), as implemented by [`outbound_to_blocked`] and [`inbound_from_blocked`]:
 //!
 //! | direction                         | message / iq request                         | presence | iq result/error, message error |
 //! |-----------------------------------|----------------------------------------------|----------|--------------------------------|
@@ -17,7 +17,7 @@
 //! | blocked entity → user             | message dropped; iq `service-unavailable`    | dropped  | dropped                        |
 //!
 //! Both answers to the blocked entity are what it gets when the user is offline, so they
-//! say nothing about the user's status. (XEP-0191 §3.5 defers to XEP-0016, which lets a
+//! say nothing about the user's status. (XEP-0191 §3.3 defers to XEP-0016, which lets a
 //! server bounce a blocked message with `service-unavailable` "so the user appears
 //! offline"; here an offline user's messages are dropped silently — see
 //! [`crate::router`] — so dropping is what appearing offline means on this server.)
@@ -85,7 +85,7 @@ async fn handle_inner(
         (Some("set"), "unblock") => {
             let jids = items(payload)?;
             let removed = if jids.is_empty() {
-                // §3.4: unblock without items unblocks everyone.
+                // §3.5: unblock without items unblocks everyone.
                 shared.store.unblock_all(&owner).await.map_err(failed)?
             } else {
                 shared.store.unblock(&owner, &jids).await.map_err(failed)?
@@ -93,7 +93,7 @@ async fn handle_inner(
             session.deliver(iq_result(iq));
             crate::presence::gate::reconcile_user(&shared, &owner).await;
             if !removed.is_empty() {
-                // An unblock-all push carries no items (§3.4).
+                // An unblock-all push carries no items (§3.5).
                 let announce = if jids.is_empty() { Vec::new() } else { removed };
                 push(&shared, &owner, "unblock", &announce);
             }
@@ -140,7 +140,7 @@ fn failed(e: StoreError) -> StanzaError {
 }
 
 /// Pushes `<block/>` or `<unblock/>` with `jids` to every resource of `owner` that
-/// retrieved its block list (XEP-0191 §3.3, §3.4).
+/// retrieved its block list (XEP-0191 §3.3–§3.5).
 fn push(shared: &Shared, owner: &str, what: &str, jids: &[String]) {
     let mut payload = Element::new(what, NS_BLOCKING);
     for j in jids {
@@ -178,7 +178,7 @@ fn is_request(el: &Element) -> bool {
     }
 }
 
-/// The `not-acceptable` + `<blocked/>` error of XEP-0191 §3.5 for a stanza to an entity
+/// The `not-acceptable` + `<blocked/>` error of XEP-0191 §3.3 for a stanza to an entity
 /// the sender blocks.
 pub fn blocked_error(el: &Element) -> Option<Element> {
     let mut reply = StanzaError::not_acceptable().reply_to(el)?;

@@ -354,7 +354,8 @@ fn account_iq(el: &Element, exists: bool) -> Element {
                             .attr("category", "account")
                             .attr("type", "registered"),
                     )
-                    .child(feature(x::NS_DISCO_INFO));
+                    .child(feature(x::NS_DISCO_INFO))
+                    .child(feature(crate::liveness::last_seen::NS_LAST));
                 return iq_result(el).child(q);
             }
             if p.is("query", x::NS_DISCO_ITEMS) && p.get_attr("node").is_none() {
@@ -395,6 +396,8 @@ fn server_iq(session: &Session, el: &Element, domain: &str) -> Element {
                 crate::blocking::NS_BLOCKING,
                 crate::invisible::NS_INVISIBLE,
                 crate::privacy_iq::NS_PRIVACY,
+                // XEP-0012 §6: clients look for last activity in disco before asking.
+                crate::liveness::last_seen::NS_LAST,
             ];
             if session.shared.config.auth.allow_registration {
                 features.push(x::NS_REGISTER);

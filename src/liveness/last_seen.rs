@@ -152,7 +152,7 @@ pub async fn when(shared: &Shared, bare: &str) -> Option<LastSeen> {
 }
 
 /// THE permission check for last activity: may `viewer` learn when `subject` was last
-/// online? XEP-0012 §4: only an entity authorised to see the user's presence, normally via
+/// online? XEP-0012 §3: only an entity authorised to see the user's presence, normally via
 /// a subscription (the subject's roster item for the viewer says `from` or `both`). The
 /// user may always ask about their own account. A later privacy pass adds its rule here.
 pub async fn may_see_last_activity(shared: &Shared, viewer: &BareJid, subject: &BareJid) -> bool {
@@ -161,12 +161,12 @@ pub async fn may_see_last_activity(shared: &Shared, viewer: &BareJid, subject: &
 }
 
 /// Answers `<iq type='get'><query xmlns='jabber:iq:last'/></iq>` addressed to local account
-/// `subject` (XEP-0012 §4, offline user query).
+/// `subject` (XEP-0012 §3, offline user query).
 pub async fn handle_iq(session: &Session, iq: &Element, subject: &BareJid) -> Element {
     let shared = &session.shared;
     let viewer = session.jid().to_bare();
     if !may_see_last_activity(shared, &viewer, subject).await {
-        // XEP-0012 §4: not authorised → forbidden (also for unknown accounts, so existence
+        // XEP-0012 §3: not authorised → forbidden (also for unknown accounts, so existence
         // does not leak).
         return StanzaError::forbidden()
             .reply_to(iq)
@@ -178,7 +178,7 @@ pub async fn handle_iq(session: &Session, iq: &Element, subject: &BareJid) -> El
         crate::presence::gate::visible_to(shared, session.jid().as_str(), subject.as_str()).await;
     let query = Element::new("query", NS_LAST);
     if online {
-        // XEP-0012 §4: a user with an available resource has been idle for 0 seconds here.
+        // XEP-0012 §3: a user with an available resource has been idle for 0 seconds here.
         return iq_result(iq).child(query.attr("seconds", "0"));
     }
     match when(shared, subject.as_str()).await {
