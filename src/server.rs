@@ -32,6 +32,8 @@ pub struct Shared {
     pub tls: Arc<rustls::ServerConfig>,
     /// Cancelled on shutdown; every session's token is a child.
     pub shutdown: CancellationToken,
+    /// Federation: outgoing links, dialback secret, remote presence state.
+    pub s2s: crate::s2s::S2s,
 }
 
 /// Why the server could not start.
@@ -54,6 +56,8 @@ pub struct Running {
     pub c2s_addr: Option<SocketAddr>,
     /// Address of the direct TLS listener, if enabled.
     pub direct_tls_addr: Option<SocketAddr>,
+    /// Addresses of the s2s listeners, if federation is enabled.
+    pub s2s: crate::s2s::inbound::Listening,
     /// Shared state (tests inspect sessions through it).
     pub shared: Arc<Shared>,
     tracker: TaskTracker,
@@ -78,14 +82,18 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let store = Store::connect(&config.database.url, config.database.max_connections).await?;
     store.migrate(&config.database.migrations).await?;
     let tls = crate::tls::server_config(&config)?;
+    let s2s = crate::s2s::S2s::new(&config);
     let shared = Arc::new(Shared {
         config,
         store,
         sessions: Sessions::default(),
         tls,
         shutdown: CancellationToken::new(),
+        s2s,
     });
+    shared.s2s.attach(&shared);
     let tracker = TaskTracker::new();
+    let s2s = crate::s2s::inbound::listen(&shared, &tracker).await?;
     let limits = Arc::new(Limits::new(&shared.config));
     let bind = shared.config.c2s.bind;
     let mut c2s_addr = None;
@@ -121,6 +129,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     Ok(Running {
         c2s_addr,
         direct_tls_addr,
+        s2s,
         shared,
         tracker,
     })
