@@ -166,6 +166,21 @@ async fn mutual_subscription_across_domains_shows_presence_on_login_and_logout()
         Some(format!("{alice_jid}/home").as_str()),
         "the probe answer carries alice's full JID"
     );
+    // A presence change crosses with its payload in the client namespace.
+    bob.send(
+        &Element::new("presence", NS_CLIENT)
+            .child(Element::new("show", NS_CLIENT).text("away"))
+            .child(Element::new("status", NS_CLIENT).text("lunch")),
+    )
+    .await;
+    let away = alice
+        .expect(|e| is_presence(e, &bob_jid, None) && e.get_child("show", NS_CLIENT).is_some())
+        .await;
+    assert_eq!(
+        away.get_child("show", NS_CLIENT).map(|s| s.text_content()),
+        Some("away".to_owned()),
+        "{away}"
+    );
     // Messages cross too, with the sender's full JID.
     let msg = Element::new("message", NS_CLIENT)
         .attr("to", alice_jid.clone())
