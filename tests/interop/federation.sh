@@ -33,7 +33,13 @@ PASSWORD=interop-pw
 RUN=$(date +%s)$$
 
 pids=()
+EJ_CTL=""
 cleanup() {
+    if [ -n "$EJ_CTL" ]; then ejabberdctl --ctl-config "$EJ_CTL" stop >/dev/null 2>&1 || true; fi
+    # Remove only our own /etc/hosts lines (others may have added theirs meanwhile).
+    if grep -q '# presenced-interop$' /etc/hosts 2>/dev/null; then
+        grep -v '# presenced-interop$' /etc/hosts >"$WORK/hosts.clean" && cat "$WORK/hosts.clean" >/etc/hosts
+    fi
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
 }
@@ -138,11 +144,88 @@ EOF
         "$user@$PROS" "127.0.0.1:$PROS_C2S" "$PASSWORD" | tee "$WORK/result-prosody.txt"
 }
 
+run_ejabberd() {
+    local dir="$WORK/ejabberd"
+    mkdir -p "$dir/logs" "$dir/db"
+    self_signed "$EJ" "$dir"
+    cat "$dir/$EJ.crt" "$dir/$EJ.key" >"$dir/$EJ.pem"
+    # Debian's ejabberd resolves s2s host names with getaddrinfo (/etc/hosts, PEERS.md);
+    # our lines carry a marker and are removed on exit. With no SRV answer it dials
+    # outgoing_s2s_port on the address found here.
+    printf '127.0.0.1 %s %s # presenced-interop\n' "$OURS" "$EJ" >>/etc/hosts
+    printf '127.0.0.1 %s %s %s\n' "$OURS" "$PROS" "$EJ" >"$dir/hosts"
+    # Erlang resolver: the hosts file above, then only the loopback DNS (never the system's).
+    cat >"$dir/inetrc" <<EOF
+{host, {127,0,0,1}, ["localhost", "$OURS", "$PROS", "$EJ"]}.
+{nameserver, {127,0,0,1}, $DNS_PORT}.
+{lookup, [file, dns]}.
+EOF
+    cat >"$dir/ejabberdctl.cfg" <<EOF
+CONFIG_DIR=$dir
+EJABBERD_CONFIG_PATH=$dir/ejabberd.yml
+LOGS_DIR=$dir/logs
+SPOOL_DIR=$dir/db
+ERLANG_NODE=presenced-interop@localhost
+INET_DIST_INTERFACE=127.0.0.1
+# Run as root like Prosody (run_as_root): through su, ERL_INETRC does not reach the VM.
+EXEC_CMD=as_current_user
+EOF
+    cat >"$dir/ejabberd.yml" <<EOF
+hosts: ["$EJ"]
+loglevel: info
+certfiles: ["$dir/$EJ.pem"]
+listen:
+  - port: $EJ_C2S
+    ip: "127.0.0.1"
+    module: ejabberd_c2s
+    starttls_required: true
+  - port: $EJ_S2S
+    ip: "127.0.0.1"
+    module: ejabberd_s2s_in
+s2s_use_starttls: required
+outgoing_s2s_port: $OURS_S2S
+auth_method: internal
+access_rules:
+  s2s:
+    allow: all
+s2s_access: s2s
+modules:
+  mod_roster: {}
+  mod_disco: {}
+  mod_ping: {}
+  mod_s2s_dialback: {}
+EOF
+    echo "== ejabberd for $EJ (c2s $EJ_C2S, s2s $EJ_S2S)"
+    EJ_CTL="$dir/ejabberdctl.cfg"
+    ejabberdctl --ctl-config "$dir/ejabberdctl.cfg" foreground >"$dir/stdout.log" 2>&1 &
+    pids+=($!)
+    local end=$((SECONDS + 90))
+    until grep -q "is started in the node" "$dir/logs/ejabberd.log" 2>/dev/null; do
+        if ((SECONDS > end)); then
+            echo "ejabberd did not start" >&2
+            tail -20 "$dir/stdout.log" >&2
+            return 1
+        fi
+        sleep 0.5
+    done
+    local user="ej$RUN"
+    ejabberdctl --ctl-config "$dir/ejabberdctl.cfg" register "$user" "$EJ" "$PASSWORD"
+    echo "== exchange presenced <-> ejabberd"
+    python3 "$HERE/exchange.py" "$OURS_USER@$OURS" "127.0.0.1:$OURS_C2S" \
+        "$user@$EJ" "127.0.0.1:$EJ_C2S" "$PASSWORD" | tee "$WORK/result-ejabberd.txt"
+    ejabberdctl --ctl-config "$dir/ejabberdctl.cfg" stop >/dev/null 2>&1 || true
+    EJ_CTL=""
+}
+
 status=0
 case "$PEERS" in
 prosody) run_prosody || status=1 ;;
-all) run_prosody || status=1 ;;
+ejabberd) run_ejabberd || status=1 ;;
+all)
+    run_prosody || status=1
+    run_ejabberd || status=1
+    ;;
 *) echo "unknown peer $PEERS" >&2; exit 2 ;;
 esac
-grep -q '^RESULT PASS' "$WORK"/result-*.txt || status=1
+for r in "$WORK"/result-*.txt; do grep -q '^RESULT PASS' "$r" || status=1; done
 exit $status
