@@ -4,6 +4,7 @@
 //! `DATABASE_URL` and `REDIS_URL` in the environment override the file, so CI and containers
 //! can point one config at another database without editing it.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -56,6 +57,8 @@ pub struct Config {
     pub liveness: LivenessConfig,
     /// The HTTP(S) listener: RFC 7395 WebSocket, XEP-0156 host-meta, /metrics.
     pub http: HttpConfig,
+    /// Federation with other servers.
+    pub s2s: S2sConfig,
 }
 
 impl Default for Config {
@@ -70,6 +73,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             liveness: LivenessConfig::default(),
             http: HttpConfig::default(),
+            s2s: S2sConfig::default(),
         }
     }
 }
@@ -325,6 +329,118 @@ impl Default for LimitsConfig {
     }
 }
 
+/// `[s2s]`: federation (RFC 6120 server-to-server streams, XEP-0220 dialback, XEP-0178).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct S2sConfig {
+    /// Whether to federate at all; off means every remote stanza bounces with
+    /// remote-server-not-found and no s2s listener is opened.
+    pub enabled: bool,
+    /// Address the s2s listeners bind to.
+    pub bind: IpAddr,
+    /// `jabber:server` STARTTLS port (RFC 6120 §14.7: 5269); 0 lets the system choose.
+    pub port: u16,
+    /// Whether to listen for direct TLS server streams (XEP-0368).
+    pub direct_tls: bool,
+    /// Direct TLS s2s port; 0 lets the system choose.
+    pub direct_tls_port: u16,
+    /// Static routes: remote domain → `host:port` of its STARTTLS s2s port. Checked before
+    /// DNS, for private deployments and tests.
+    pub routes: BTreeMap<String, String>,
+    /// DNS for SRV lookups: "" uses the system resolver configuration, "none" disables DNS
+    /// (only static routes work), `ip:port` uses that one name server only.
+    pub nameserver: String,
+    /// Dialback secret (XEP-0185 key derivation). Empty: a random one per start, which
+    /// is correct for a single node (keys only need to verify while the stream is set up).
+    pub secret: String,
+    /// PEM file of certificate authorities trusted for peers' certificates. Empty: no
+    /// certificate verifies, so peers authenticate with dialback only.
+    pub ca_file: String,
+    /// Default policy for domains without an entry in `domains`.
+    pub default_policy: S2sPolicy,
+    /// Per-domain policy overrides.
+    pub domains: BTreeMap<String, S2sPolicy>,
+    /// Seconds without a stanza after which an outgoing stream is closed.
+    pub idle_timeout: u64,
+    /// Stanzas queued per remote domain while its stream connects; more are bounced with
+    /// remote-server-timeout.
+    pub queue_size: usize,
+    /// Seconds to connect and authenticate an outgoing stream before its queue is bounced
+    /// with remote-server-timeout (RFC 6120 §8.3.3.17).
+    pub connect_timeout: u64,
+    /// First reconnect delay after a failure, in milliseconds (doubles per failure).
+    pub reconnect_min_ms: u64,
+    /// Longest reconnect delay, in milliseconds.
+    pub reconnect_max_ms: u64,
+    /// Seconds a lost federation link may stay down before local users see that domain's
+    /// contacts as unavailable.
+    pub stale_grace: u64,
+    /// Average stanzas per second one inbound server stream may send.
+    pub stanzas_per_second: u32,
+    /// Burst above the average rate.
+    pub stanza_burst: u32,
+    /// Simultaneous inbound server connections; more are refused.
+    pub max_connections: usize,
+}
+
+/// How much a remote domain must prove before its stanzas are accepted.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct S2sPolicy {
+    /// Only SASL EXTERNAL with a verified certificate is accepted (XEP-0178); dialback is
+    /// refused.
+    pub require_verified_cert: bool,
+    /// Dialback (XEP-0220) is allowed when the certificate does not verify.
+    pub allow_dialback: bool,
+    /// A self-signed certificate whose names cover the domain counts as verified (test
+    /// domains only).
+    pub allow_self_signed: bool,
+}
+
+impl Default for S2sPolicy {
+    fn default() -> Self {
+        S2sPolicy {
+            require_verified_cert: false,
+            allow_dialback: true,
+            allow_self_signed: false,
+        }
+    }
+}
+
+impl Default for S2sConfig {
+    fn default() -> Self {
+        S2sConfig {
+            enabled: true,
+            bind: IpAddr::from([0, 0, 0, 0]),
+            port: 5269,
+            direct_tls: false,
+            direct_tls_port: 5270,
+            routes: BTreeMap::new(),
+            nameserver: String::new(),
+            secret: String::new(),
+            ca_file: String::new(),
+            default_policy: S2sPolicy::default(),
+            domains: BTreeMap::new(),
+            idle_timeout: 600,
+            queue_size: 1000,
+            connect_timeout: 30,
+            reconnect_min_ms: 1000,
+            reconnect_max_ms: 60_000,
+            stale_grace: 60,
+            stanzas_per_second: 500,
+            stanza_burst: 2000,
+            max_connections: 1000,
+        }
+    }
+}
+
+impl S2sConfig {
+    /// The policy for `domain`.
+    pub fn policy(&self, domain: &str) -> &S2sPolicy {
+        self.domains.get(domain).unwrap_or(&self.default_policy)
+    }
+}
+
 impl Config {
     /// Reads, parses, applies the environment overrides and validates.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -381,6 +497,9 @@ impl Config {
         };
         fix(&mut self.database.migrations);
         fix(&mut self.tls.certs_dir);
+        if !self.s2s.ca_file.is_empty() && Path::new(&self.s2s.ca_file).is_relative() {
+            self.s2s.ca_file = dir.join(&self.s2s.ca_file).to_string_lossy().into_owned();
+        }
         for s in [&mut self.tls.cert, &mut self.tls.key] {
             if !s.is_empty() && Path::new(s.as_str()).is_relative() {
                 *s = dir.join(s.as_str()).to_string_lossy().into_owned();
@@ -417,6 +536,29 @@ impl Config {
             return bad("[limits] rates and counts must be positive");
         }
         self.validate_liveness()?;
+        let s = &self.s2s;
+        if s.queue_size == 0 || s.connect_timeout == 0 || s.idle_timeout == 0 {
+            return bad("[s2s] queue_size, connect_timeout and idle_timeout must be positive");
+        }
+        if s.reconnect_min_ms == 0 || s.reconnect_max_ms < s.reconnect_min_ms {
+            return bad("[s2s] 0 < reconnect_min_ms <= reconnect_max_ms");
+        }
+        if s.stanzas_per_second == 0 || s.max_connections == 0 {
+            return bad("[s2s] stanzas_per_second and max_connections must be positive");
+        }
+        for (domain, addr) in &s.routes {
+            if addr.parse::<std::net::SocketAddr>().is_err() && !addr.contains(':') {
+                return bad(&format!(
+                    "[s2s] route for {domain}: `{addr}` is not host:port"
+                ));
+            }
+        }
+        if !s.nameserver.is_empty()
+            && s.nameserver != "none"
+            && s.nameserver.parse::<std::net::SocketAddr>().is_err()
+        {
+            return bad("[s2s] nameserver must be \"\", \"none\" or ip:port");
+        }
         if self.auth.scram_iterations < 4096 {
             return bad("[auth] scram_iterations must be at least 4096 (RFC 7677 §4)");
         }
@@ -502,6 +644,10 @@ mod tests {
         assert_eq!(c.liveness.redis_refresh, d.liveness.redis_refresh);
         assert_eq!(c.http.websocket_path, d.http.websocket_path);
         assert_eq!(c.redis.timeout, d.redis.timeout);
+        assert_eq!(c.s2s.port, d.s2s.port);
+        assert_eq!(c.s2s.queue_size, d.s2s.queue_size);
+        assert_eq!(c.s2s.stale_grace, d.s2s.stale_grace);
+        assert_eq!(c.s2s.idle_timeout, d.s2s.idle_timeout);
     }
 
     #[test]

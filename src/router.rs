@@ -9,7 +9,7 @@
 //! | local full JID, online  | that session                         | that session                 |
 //! | local full JID, offline | as bare JID (chat/normal)            | service-unavailable          |
 //! | unknown local user      | service-unavailable                  | service-unavailable          |
-//! | other domain            | remote-server-not-found (no s2s yet) | remote-server-not-found      |
+//! | other domain            | federation (`s2s::route_remote`)     | federation                   |
 //!
 //! Presence goes to [`crate::presence`], which applies RFC 6121 §3–§4.
 //!
@@ -192,27 +192,45 @@ async fn message(session: &mut Session, el: Element, target: Target) {
 
 /// RFC 6121 §8.5.2: a message to a bare JID.
 async fn to_bare(session: &mut Session, el: Element, bare: &BareJid, kind: &str) {
+    if matches!(kind, "normal" | "chat")
+        && message_targets(&session.shared.sessions.of_user(bare)).is_empty()
+        && !account_exists(session, bare).await
+    {
+        // RFC 6121 §8.5.1: no such account.
+        return bounce(session, &el, StanzaError::service_unavailable());
+    }
+    let copy = el.clone();
+    if let Some(err) = deliver_to_bare(&session.shared, el, bare, kind) {
+        bounce(session, &copy, err);
+    }
+}
+
+/// RFC 6121 §8.5.2: delivers a message to a local bare JID, wherever it came from (a local
+/// session or a remote server). Returns the error to bounce to the sender, if any.
+pub fn deliver_to_bare(
+    shared: &crate::server::Shared,
+    el: Element,
+    bare: &BareJid,
+    kind: &str,
+) -> Option<StanzaError> {
     if kind == "error" {
         // Never answer an error; with no resource to take it, it is dropped (§8.5.2.2.1).
-        if let Some(s) = message_targets(&session.shared.sessions.of_user(bare)).first() {
+        if let Some(s) = message_targets(&shared.sessions.of_user(bare)).first() {
             s.send(el);
         }
-        return;
+        return None;
     }
     if kind == "groupchat" {
         // §8.5.2.1.1: groupchat to a bare JID of a user is service-unavailable.
-        return bounce(session, &el, StanzaError::service_unavailable());
+        return Some(StanzaError::service_unavailable());
     }
-    let sessions = session.shared.sessions.of_user(bare);
+    let sessions = shared.sessions.of_user(bare);
     let targets = message_targets(&sessions);
     if targets.is_empty() {
         // No offline storage. §8.5.2.2.1 lets the server ignore the message silently, and
         // it must: an error only when offline would tell anyone the user's status (issue
-        // 6). A non-existent account still gets service-unavailable (§8.5.1).
-        if kind != "headline" && !account_exists(session, bare).await {
-            bounce(session, &el, StanzaError::service_unavailable());
-        }
-        return;
+        // 6). A caller that can tell a non-existent account answers §8.5.1 itself.
+        return None;
     }
     if kind == "headline" {
         // §8.5.2.1.1: headlines go to every non-negative resource.
@@ -222,7 +240,7 @@ async fn to_bare(session: &mut Session, el: Element, bare: &BareJid, kind: &str)
         {
             s.send(el.clone());
         }
-        return;
+        return None;
     }
     let n = targets.len();
     for (i, s) in targets.into_iter().enumerate() {
@@ -232,6 +250,7 @@ async fn to_bare(session: &mut Session, el: Element, bare: &BareJid, kind: &str)
         }
         s.send(el.clone());
     }
+    None
 }
 
 async fn iq(session: &mut Session, el: Element, target: Target) {

@@ -40,6 +40,8 @@ pub struct Shared {
     pub roster_locks: RosterLocks,
     /// Per-session privacy state (invisibility, who was shown presence), issue 6.
     pub privacy: crate::presence::gate::Registry,
+    /// Federation: outgoing links, dialback secret, remote presence state.
+    pub s2s: crate::s2s::S2s,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks
@@ -98,6 +100,8 @@ pub struct Running {
     pub direct_tls_addr: Option<SocketAddr>,
     /// Address of the HTTP(S) listener (WebSocket, host-meta, metrics), if enabled.
     pub http_addr: Option<SocketAddr>,
+    /// Addresses of the s2s listeners, if federation is enabled.
+    pub s2s: crate::s2s::inbound::Listening,
     /// Shared state (tests inspect sessions through it).
     pub shared: Arc<Shared>,
     tracker: TaskTracker,
@@ -123,6 +127,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     store.migrate(&config.database.migrations).await?;
     let tls = crate::tls::server_config(&config)?;
     let liveness = crate::liveness::Liveness::new(&config);
+    let s2s = crate::s2s::S2s::new(&config);
     let shared = Arc::new(Shared {
         config,
         store,
@@ -132,13 +137,16 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         liveness,
         roster_locks: RosterLocks::default(),
         privacy: Default::default(),
+        s2s,
     });
+    shared.s2s.attach(&shared);
     // Block-list and settings changes made anywhere withdraw presence already shown here.
     crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();
     tracker.spawn(crate::roster_sync::run(shared.clone()));
     crate::liveness::start(&shared, &tracker);
     let http_addr = crate::http::start(&shared, &tracker).await?;
+    let s2s = crate::s2s::inbound::listen(&shared, &tracker).await?;
     let limits = Arc::new(Limits::new(&shared.config));
     let bind = shared.config.c2s.bind;
     let mut c2s_addr = None;
@@ -175,6 +183,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         c2s_addr,
         direct_tls_addr,
         http_addr,
+        s2s,
         shared,
         tracker,
     })

@@ -12,6 +12,7 @@
 
 pub mod gate;
 pub mod privacy;
+pub mod remote;
 pub mod subscription;
 
 use std::collections::BTreeSet;
@@ -36,7 +37,7 @@ pub struct SessionPresence {
     pub directed: BTreeSet<String>,
 }
 
-fn presence(ty: Option<&str>, from: &str, to: &str) -> Element {
+pub(crate) fn presence(ty: Option<&str>, from: &str, to: &str) -> Element {
     let mut p = Element::new("presence", NS_CLIENT)
         .attr("from", from)
         .attr("to", to);
@@ -47,7 +48,7 @@ fn presence(ty: Option<&str>, from: &str, to: &str) -> Element {
 }
 
 /// Available sessions of a local user (those that sent initial presence, RFC 6121 §4.2).
-fn available(shared: &Shared, bare: &str) -> Vec<SessionHandle> {
+pub(crate) fn available(shared: &Shared, bare: &str) -> Vec<SessionHandle> {
     shared
         .sessions
         .of_user_str(bare)
@@ -58,7 +59,7 @@ fn available(shared: &Shared, bare: &str) -> Vec<SessionHandle> {
 
 /// Delivers `el` to every available resource of local user `bare` (RFC 6121 §4.2.3, §3.1.3).
 /// Returns how many sessions got it.
-fn deliver_to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
+pub(crate) fn deliver_to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
     let targets = available(shared, bare);
     for s in &targets {
         s.send(el.clone());
@@ -99,9 +100,9 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
                 Target::LocalBare(b) => b,
                 // RFC 6121 §3.1.2: subscriptions are between bare JIDs.
                 Target::LocalFull(f) => f.to_bare(),
-                Target::Remote(_) => {
-                    // Remote subscriptions are handled by federation (s2s).
-                    crate::router::remote(session, el);
+                Target::Remote(j) => {
+                    // The same state machine, with the contact's side on its own server.
+                    remote::outbound_subscription(session, &j.to_bare(), kind, el).await;
                     return;
                 }
                 Target::OwnAccount | Target::LocalDomain(_) => return,
@@ -379,7 +380,7 @@ async fn directed(session: &mut Session, mut el: Element, is_available: bool) {
 
 /// Loads one side's item and Appendix A state; the pending inbound request lives in the
 /// pending table when no roster item exists (RFC 6121 §3.1.3: a request creates no item).
-async fn load_side(
+pub(crate) async fn load_side(
     shared: &Shared,
     owner: &str,
     contact: &str,
@@ -397,7 +398,7 @@ async fn load_side(
 /// item does not exist and the new state is a bare pending inbound request, which is kept in
 /// the pending table instead: RFC 6121 §3.1.3, a request creates no roster item, so every
 /// stored item is part of the roster the user sees.
-fn updated_item(
+pub(crate) fn updated_item(
     owner_item: Option<RosterItem>,
     contact: &str,
     state: SubState,
@@ -594,6 +595,7 @@ pub async fn roster_removed(session: &mut Session, item: &RosterItem) {
         return;
     };
     if !session.shared.config.serves(contact.domain().as_str()) {
+        remote::roster_removed(session, &contact, item.sub_state());
         return;
     }
     for kind in subscription::roster_remove(item.sub_state()) {

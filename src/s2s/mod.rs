@@ -1,14 +1,468 @@
-//! Server-to-server federation (RFC 6120 over `jabber:server`, XEP-0220 dialback,
-//! XEP-0178 SASL EXTERNAL). Not wired yet: every remote stanza is refused here, in one
-//! place, so the router and presence code already call the function federation will fill.
+//! Server-to-server federation: RFC 6120 streams in `jabber:server`, STARTTLS, XEP-0220
+//! dialback (XEP-0185 keys), resolution by static route or DNS SRV.
+//!
+//! # Shape
+//!
+//! - **Outgoing** ([`outbound`]): one task and one bounded queue per (local domain, remote
+//!   domain) pair, created by the first stanza for that pair ([`route_remote`]). The task
+//!   connects, secures and authenticates the stream, then drains the queue onto it; it
+//!   closes the stream after `[s2s] idle_timeout` without stanzas. When connecting fails
+//!   every queued stanza is bounced to its local sender with remote-server-not-found or,
+//!   after `connect_timeout`, remote-server-timeout (RFC 6120 §8.3.3.16/17), and the next
+//!   attempt waits an exponentially growing, jittered delay.
+//! - **Incoming** ([`inbound`]): a listener on the s2s port (and optionally direct TLS).
+//!   Each stream learns which remote domains it may speak for, by dialback; every stanza's
+//!   `from` must be one of them and its `to` one of ours, or the stream ends with the
+//!   RFC 6120 §4.9.3 error.
+//! - **Stale remote presence**: which remote resources local users currently see as
+//!   available is tracked here. When the link to a domain breaks and is not back within
+//!   `stale_grace`, local users get a locally generated unavailable (marked with
+//!   [`NS_STALE`]) for each, and when the link returns their contacts are probed again,
+//!   so nobody shows green forever because federation broke.
 
-use crate::error::StanzaError;
+pub mod dialback;
+pub mod inbound;
+pub mod outbound;
+pub mod stream;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::error::{ErrorType, StanzaError};
 use crate::server::Shared;
-use crate::xml::Element;
+use crate::xml::{Element, NS_CLIENT};
+
+/// Marks presence this server generated because a federation link was lost, not because
+/// the contact went offline.
+pub const NS_STALE: &str = "urn:presenced:s2s:link-lost";
+
+/// The remote-server-timeout stanza error (RFC 6120 §8.3.3.17).
+pub fn remote_server_timeout() -> StanzaError {
+    StanzaError {
+        kind: ErrorType::Wait,
+        condition: "remote-server-timeout",
+        text: None,
+    }
+}
+
+/// The outgoing queue of one domain pair.
+struct Link {
+    tx: mpsc::Sender<Element>,
+    /// Distinguishes this link from a later one for the same pair.
+    id: u64,
+}
+
+/// Federation state shared by every s2s task; lives in [`Shared::s2s`].
+pub struct S2s {
+    /// Back-reference so synchronous callers ([`route_remote`]) can spawn tasks.
+    shared: OnceLock<Weak<Shared>>,
+    /// Outgoing queues by (local domain, remote domain).
+    links: Mutex<HashMap<(String, String), Link>>,
+    next_link: AtomicU64,
+    /// Dialback secret.
+    pub secret: dialback::Secret,
+    /// SRV / address resolver; `None` when `[s2s] nameserver = "none"`.
+    pub resolver: Option<hickory_resolver::TokioResolver>,
+    /// Presence state of remote domains, for the stale-link rules.
+    presence: Mutex<RemotePresence>,
+    /// Set by [`S2s::sever`]: no new streams, everything refused.
+    severed: AtomicBool,
+    /// Cancelled to drop every federation stream without closing it ([`S2s::sever`]).
+    cut: tokio_util::sync::CancellationToken,
+}
+
+/// What local users see of remote domains.
+#[derive(Default)]
+struct RemotePresence {
+    /// remote domain → remote full JID → local recipients (bare or full JIDs) that
+    /// received its available presence and have not received its unavailable since.
+    seen: HashMap<String, HashMap<String, BTreeSet<String>>>,
+    /// remote domain → (local bare JID, remote bare JID) to probe when the link returns.
+    reprobe: HashMap<String, BTreeSet<(String, String)>>,
+    /// remote domain → generation of the loss being timed (a newer loss or a recovery
+    /// makes an older timer moot).
+    lost: HashMap<String, u64>,
+    next_loss: u64,
+}
+
+impl S2s {
+    /// Builds the federation state from the configuration.
+    pub fn new(config: &crate::config::Config) -> S2s {
+        let resolver = outbound::build_resolver(&config.s2s.nameserver);
+        S2s {
+            shared: OnceLock::new(),
+            links: Mutex::new(HashMap::new()),
+            next_link: AtomicU64::new(1),
+            secret: dialback::Secret::new(&config.s2s.secret),
+            resolver,
+            presence: Mutex::new(RemotePresence::default()),
+            severed: AtomicBool::new(false),
+            cut: tokio_util::sync::CancellationToken::new(),
+        }
+    }
+
+    /// Records the server this state belongs to (called once by [`crate::server::start`]).
+    pub fn attach(&self, shared: &Arc<Shared>) {
+        let _ = self.shared.set(Arc::downgrade(shared));
+    }
+
+    fn shared(&self) -> Option<Arc<Shared>> {
+        self.shared.get().and_then(Weak::upgrade)
+    }
+
+    /// Drops every federation stream at once without closing it, and refuses federation
+    /// from then on: what a crashed server or a cut cable looks like to its peers. For
+    /// tests of the stale-link rules and for operators isolating a node.
+    pub fn sever(&self) {
+        self.severed.store(true, Ordering::SeqCst);
+        self.cut.cancel();
+        self.links.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Whether [`S2s::sever`] was called.
+    pub fn is_severed(&self) -> bool {
+        self.severed.load(Ordering::SeqCst)
+    }
+
+    /// A token cancelled by [`S2s::sever`].
+    pub fn cut_token(&self) -> tokio_util::sync::CancellationToken {
+        self.cut.clone()
+    }
+
+    /// Number of live outgoing links (tests and metrics).
+    pub fn outgoing_links(&self) -> usize {
+        self.links.lock().map(|l| l.len()).unwrap_or(0)
+    }
+
+    /// Forgets the link `id` for a pair, if it is still the current one.
+    fn remove_link(&self, key: &(String, String), id: u64) {
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        if links.get(key).is_some_and(|l| l.id == id) {
+            links.remove(key);
+        }
+    }
+
+    /// Queues `el` on the link for its pair, creating the link when there is none.
+    fn enqueue(
+        &self,
+        shared: &Arc<Shared>,
+        local: &str,
+        remote: &str,
+        el: Element,
+    ) -> Result<(), StanzaError> {
+        let key = (local.to_owned(), remote.to_owned());
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        let mut el = Some(el);
+        for _ in 0..2 {
+            let link = links.entry(key.clone()).or_insert_with(|| {
+                let (tx, rx) = mpsc::channel(shared.config.s2s.queue_size);
+                let id = self.next_link.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(outbound::run(shared.clone(), key.clone(), id, rx));
+                Link { tx, id }
+            });
+            let Some(stanza) = el.take() else { break };
+            match link.tx.try_send(stanza) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    tracing::warn!(%remote, "s2s queue full; bouncing");
+                    return Err(remote_server_timeout());
+                }
+                Err(mpsc::error::TrySendError::Closed(back)) => {
+                    // The task just ended (idle); start a new one.
+                    links.remove(&key);
+                    el = Some(back);
+                }
+            }
+        }
+        Err(StanzaError::remote_server_not_found())
+    }
+
+    /// Makes sure an outgoing link exists for the pair, so it reconnects (stale rules).
+    fn ensure_link(&self, shared: &Arc<Shared>, local: &str, remote: &str) {
+        let key = (local.to_owned(), remote.to_owned());
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        links.entry(key.clone()).or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(shared.config.s2s.queue_size);
+            let id = self.next_link.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(outbound::run(shared.clone(), key, id, rx));
+            Link { tx, id }
+        });
+    }
+
+    /// Whether a link to `remote` should keep reconnecting with nothing queued: local users
+    /// still see (or wait to re-see) contacts there.
+    pub fn wants_link(&self, remote: &str) -> bool {
+        let p = self.presence.lock().unwrap_or_else(|e| e.into_inner());
+        p.lost.contains_key(remote)
+            && (p.seen.get(remote).is_some_and(|m| !m.is_empty())
+                || p.reprobe.get(remote).is_some_and(|s| !s.is_empty()))
+    }
+
+    /// A local recipient received available presence from a remote full JID.
+    pub fn saw_available(&self, remote_full: &str, local: &str) {
+        let domain = domain_of(remote_full).to_owned();
+        let mut p = self.presence.lock().unwrap_or_else(|e| e.into_inner());
+        p.seen
+            .entry(domain)
+            .or_default()
+            .entry(remote_full.to_owned())
+            .or_default()
+            .insert(local.to_owned());
+    }
+
+    /// A local recipient received unavailable presence from a remote JID (full, or bare for
+    /// every resource).
+    pub fn saw_unavailable(&self, remote: &str, local: &str) {
+        let domain = domain_of(remote).to_owned();
+        let mut p = self.presence.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(map) = p.seen.get_mut(&domain) else {
+            return;
+        };
+        let local_bare = bare_of(local);
+        let bare_sender = !remote.contains('/');
+        map.retain(|full, locals| {
+            if full == remote || (bare_sender && bare_of(full) == remote) {
+                locals.retain(|l| l != local && bare_of(l) != local_bare);
+            }
+            !locals.is_empty()
+        });
+    }
+
+    /// A probe from `local_bare` to `remote_bare` could not be sent: retry it when the link
+    /// to that domain returns.
+    pub fn probe_failed(&self, local_bare: &str, remote_bare: &str) {
+        let domain = domain_of(remote_bare).to_owned();
+        let mut p = self.presence.lock().unwrap_or_else(|e| e.into_inner());
+        p.reprobe
+            .entry(domain)
+            .or_default()
+            .insert((local_bare.to_owned(), remote_bare.to_owned()));
+    }
+
+    /// The link to `remote` broke (stream error, EOF without a close, reconnect failure).
+    /// Starts the grace timer and keeps an outgoing link reconnecting.
+    pub fn link_lost(&self, local: &str, remote: &str) {
+        let Some(shared) = self.shared() else { return };
+        if self.is_severed() {
+            return;
+        }
+        let generation = {
+            let mut p = self.presence.lock().unwrap_or_else(|e| e.into_inner());
+            if p.lost.contains_key(remote) {
+                return;
+            }
+            p.next_loss += 1;
+            let g = p.next_loss;
+            p.lost.insert(remote.to_owned(), g);
+            g
+        };
+        tracing::info!(%remote, "federation link lost");
+        let grace = Duration::from_secs(shared.config.s2s.stale_grace);
+        let remote_owned = remote.to_owned();
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if let Some(shared) = weak.upgrade() {
+                shared.s2s.grace_expired(&shared, &remote_owned, generation);
+            }
+        });
+        if self.wants_link(remote) {
+            self.ensure_link(&shared, local, remote);
+        }
+    }
+
+    /// The grace period after a loss ended: if the link is still down, every local user who
+    /// sees a contact there gets an unavailable generated here, marked as such.
+    fn grace_expired(&self, shared: &Shared, remote: &str, generation: u64) {
+        let seen = {
+            let mut p = self.presence.lock().unwrap_or_else(|e| e.into_inner());
+            if p.lost.get(remote) != Some(&generation) {
+                return;
+            }
+            let seen = p.seen.remove(remote).unwrap_or_default();
+            let mut again = BTreeSet::new();
+            for (full, locals) in &seen {
+                for l in locals {
+                    again.insert((bare_of(l).to_owned(), bare_of(full).to_owned()));
+                }
+            }
+            p.reprobe
+                .entry(remote.to_owned())
+                .or_default()
+                .extend(again);
+            seen
+        };
+        tracing::warn!(%remote, contacts = seen.len(), "federation link still down after grace; marking contacts unavailable");
+        for (full, locals) in seen {
+            for local in locals {
+                let p = Element::new("presence", NS_CLIENT)
+                    .attr("type", "unavailable")
+                    .attr("from", full.clone())
+                    .attr("to", local.clone())
+                    .child(
+                        Element::new("status", NS_CLIENT)
+                            .text(format!("Connection to {remote} lost")),
+                    )
+                    .child(Element::new("link-lost", NS_STALE).attr("domain", remote));
+                deliver_presence_locally(shared, &local, p);
+            }
+        }
+    }
+
+    /// A stream with `remote` authenticated again. After a loss, local users' contacts there
+    /// are probed again (RFC 6121 §4.3: the answers replace whatever we showed meanwhile).
+    pub fn link_up(&self, remote: &str) {
+        let Some(shared) = self.shared() else { return };
+        let probes = {
+            let mut p = self.presence.lock().unwrap_or_else(|e| e.into_inner());
+            let was_lost = p.lost.remove(remote).is_some();
+            let mut probes = p.reprobe.remove(remote).unwrap_or_default();
+            if was_lost {
+                // Back within the grace: re-probe what is shown, as the peer may have
+                // restarted and forgotten to tell us who went away.
+                for (full, locals) in p.seen.get(remote).into_iter().flatten() {
+                    for l in locals {
+                        probes.insert((bare_of(l).to_owned(), bare_of(full).to_owned()));
+                    }
+                }
+            }
+            probes
+        };
+        if probes.is_empty() {
+            return;
+        }
+        tracing::info!(%remote, probes = probes.len(), "federation link back; probing contacts again");
+        for (local, contact) in probes {
+            let probe = Element::new("presence", NS_CLIENT)
+                .attr("type", "probe")
+                .attr("from", local)
+                .attr("to", contact);
+            let _ = route_remote(&shared, probe);
+        }
+    }
+}
+
+/// The bare part of a JID string.
+pub fn bare_of(jid: &str) -> &str {
+    jid.split_once('/').map(|(b, _)| b).unwrap_or(jid)
+}
+
+/// The domain of a JID string.
+pub fn domain_of(jid: &str) -> &str {
+    let bare = bare_of(jid);
+    bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
+}
 
 /// Sends a stanza whose `to` is on a domain this server does not host. `from` is already
-/// stamped. `Err` is the stanza error to bounce to the sender (RFC 6120 §8.3.3.16).
+/// stamped with a local JID. `Err` is the stanza error to bounce to the sender now
+/// (RFC 6120 §8.3.3.16); later failures are bounced by the link's task.
 pub fn route_remote(shared: &Shared, stanza: Element) -> Result<(), StanzaError> {
-    let _ = (shared, stanza);
-    Err(StanzaError::remote_server_not_found())
+    if !shared.config.s2s.enabled || shared.s2s.is_severed() {
+        return Err(StanzaError::remote_server_not_found());
+    }
+    let (Some(from), Some(to)) = (stanza.get_attr("from"), stanza.get_attr("to")) else {
+        return Err(StanzaError::bad_request());
+    };
+    let local = domain_of(from).to_owned();
+    let remote = match crate::jid::Jid::new(to) {
+        Ok(j) => j.domain().to_string(),
+        Err(_) => return Err(StanzaError::jid_malformed()),
+    };
+    if !shared.config.serves(&local) || shared.config.serves(&remote) {
+        return Err(StanzaError::bad_request());
+    }
+    let Some(arc) = shared.s2s.shared() else {
+        return Err(StanzaError::remote_server_not_found());
+    };
+    let is_probe = stanza.name == "presence" && stanza.get_attr("type") == Some("probe");
+    let probe_pair = is_probe.then(|| (bare_of(from).to_owned(), bare_of(to).to_owned()));
+    let r = shared.s2s.enqueue(&arc, &local, &remote, stanza);
+    if r.is_err() {
+        if let Some((l, c)) = probe_pair {
+            shared.s2s.probe_failed(&l, &c);
+        }
+    }
+    r
+}
+
+/// Returns a stanza that could not be sent to its local sender as an error (RFC 6120
+/// §8.3.1). Presence is not bounced except subscription requests: a failed broadcast is
+/// nothing the user can act on; a failed probe is remembered and repeated instead.
+pub(crate) fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
+    let ty = el.get_attr("type");
+    if el.name == "presence" {
+        if ty == Some("probe") {
+            if let (Some(f), Some(t)) = (el.get_attr("from"), el.get_attr("to")) {
+                shared.s2s.probe_failed(bare_of(f), bare_of(t));
+            }
+        }
+        if ty != Some("subscribe") {
+            return;
+        }
+    }
+    let Some(reply) = err.reply_to(el) else {
+        return;
+    };
+    let Some(to) = reply.get_attr("to").map(str::to_owned) else {
+        return;
+    };
+    match reply.name.as_str() {
+        "presence" => deliver_presence_locally(shared, &to, reply),
+        _ => {
+            if let Ok(j) = crate::jid::Jid::new(&to) {
+                match j.try_into_full() {
+                    Ok(full) => {
+                        if let Some(s) = shared.sessions.get(&full) {
+                            s.send(reply);
+                        }
+                    }
+                    Err(bare) => {
+                        let _ = crate::router::deliver_to_bare(shared, reply, &bare, "error");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Delivers a presence stanza to a local full JID's session, or to every available
+/// resource of a local bare JID.
+pub(crate) fn deliver_presence_locally(shared: &Shared, to: &str, el: Element) {
+    match crate::jid::Jid::new(to).map(|j| j.try_into_full()) {
+        Ok(Ok(full)) => {
+            if let Some(s) = shared.sessions.get(&full) {
+                s.send(el);
+            }
+        }
+        Ok(Err(bare)) => {
+            crate::presence::deliver_to_available(shared, bare.as_str(), &el);
+        }
+        Err(_) => {}
+    }
+}
+
+/// An authenticated inbound stanza, already checked for addressing: hands it to presence,
+/// or delivers it like a local one (RFC 6120 §10.5, RFC 6121 §8.5).
+pub(crate) async fn deliver_inbound(shared: &Arc<Shared>, el: Element) {
+    match el.name.as_str() {
+        "presence" => crate::presence::remote::inbound(shared, el).await,
+        "message" => inbound::message(shared, el),
+        _ => inbound::iq(shared, el).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn domain_and_bare_of_jid_strings() {
+        assert_eq!(domain_of("a@b.example/r"), "b.example");
+        assert_eq!(domain_of("b.example"), "b.example");
+        assert_eq!(bare_of("a@b.example/r/x"), "a@b.example");
+    }
 }

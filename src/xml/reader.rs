@@ -292,7 +292,9 @@ impl Builder {
         })
     }
 
-    /// Stanzas of either content namespace are stored as `jabber:client` (see [`Element::ns`]).
+    /// Stanzas of either content namespace are stored as `jabber:client` (see [`Element::ns`]),
+    /// and so are their children that inherit it (`<show/>`, `<body/>`...), or a stanza from
+    /// a server stream would reach clients with `<show xmlns='jabber:server'/>`.
     fn canonical_ns(&self, ns: String) -> String {
         // Children too: a server stream's `<body/>` is the same element as a client's.
         if ns == NS_SERVER {
@@ -998,5 +1000,29 @@ mod tests {
             panic!("{evs:?}")
         };
         assert!(m.get_child("body", NS_CLIENT).is_some(), "{m}");
+    }
+
+    #[test]
+    fn server_stream_children_are_stored_in_the_client_namespace() {
+        let server = "<stream:stream xmlns='jabber:server' \
+            xmlns:stream='http://etherx.jabber.org/streams' to='a.example' version='1.0'>\
+            <presence from='b@b.example/r' to='a@a.example'><show>away</show>\
+            <x xmlns='urn:x'><show>kept</show></x></presence>";
+        let (events, err) = parse(server);
+        assert!(
+            err.is_none() || matches!(err, Some(XmlError::Eof)),
+            "{err:?}"
+        );
+        let Some(StreamEvent::Stanza(p)) = events.get(1) else {
+            panic!("{events:?}");
+        };
+        assert_eq!(p.ns, NS_CLIENT);
+        assert!(p.get_child("show", NS_CLIENT).is_some(), "{p:?}");
+        let x = p.get_child("x", "urn:x").expect("x");
+        assert!(
+            x.get_child("show", "urn:x").is_some(),
+            "foreign namespaces untouched"
+        );
+        assert_eq!(p.to_xml(), "<presence from='b@b.example/r' to='a@a.example'><show>away</show><x xmlns='urn:x'><show>kept</show></x></presence>");
     }
 }

@@ -69,6 +69,15 @@ impl TestServer {
     /// Starts a server with a fresh domain; `tweak` adjusts the config first.
     pub async fn start(tweak: impl FnOnce(&mut Config)) -> TestServer {
         let domain = format!("t{}.example", unique());
+        TestServer::start_with_domain(&domain, tweak).await
+    }
+
+    /// Starts a server for `domain` (federation tests pick both domains up front so each
+    /// server's static routes can name the other). The s2s listener is on loopback, on a
+    /// port the system picks unless `tweak` sets one, and DNS is off: every remote domain
+    /// must have a static route, so no test ever queries the machine's resolver.
+    pub async fn start_with_domain(domain: &str, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        let domain = domain.to_owned();
         let certs = std::env::temp_dir().join(format!("presenced-test-{domain}"));
         let mut config = Config {
             domains: vec![domain.clone()],
@@ -90,6 +99,10 @@ impl TestServer {
         config.http.bind = "127.0.0.1".parse().unwrap();
         config.http.port = 0;
         config.http.tls = false;
+        config.s2s.bind = "127.0.0.1".parse().unwrap();
+        config.s2s.port = 0;
+        config.s2s.direct_tls_port = 0;
+        config.s2s.nameserver = "none".into();
         tweak(&mut config);
         config.validate().expect("test config is valid");
         let running = server::start(config.clone()).await.expect("server starts");
@@ -117,6 +130,16 @@ impl TestServer {
             .create_account(name, &self.domain, password, 4096)
             .await
             .expect("create account");
+    }
+
+    /// Address of the s2s (STARTTLS) listener.
+    pub fn s2s_addr(&self) -> std::net::SocketAddr {
+        self.running
+            .as_ref()
+            .unwrap()
+            .s2s
+            .addr
+            .expect("s2s listener")
     }
 
     /// The server's shared state.

@@ -1,0 +1,280 @@
+//! RFC 6121 presence with contacts on other servers: the local half of each exchange.
+//!
+//! The decisions are the same pure functions as for local contacts
+//! ([`subscription::outbound`] / [`subscription::inbound`] on the *local* user's roster
+//! item); only the other side lives on another server, which keeps its own roster and
+//! answers over federation. Everything that leaves goes through
+//! [`crate::s2s::route_remote`], which sends it over that domain's one stream.
+//!
+//! Inbound, from an authenticated server stream:
+//!
+//! - subscription stanzas move the local user's item through RFC 6121 Appendix A.3;
+//! - probes are answered on the local user's behalf only to an approved subscriber (the
+//!   user's item says `from`/`both`, RFC 6121 §4.3.2) who is not blocked; anyone else gets
+//!   silence, so a probe reveals nothing, not even that the account exists;
+//! - available/unavailable presence addressed to a bare JID reaches the user's available
+//!   resources only if the user is subscribed to the sender (`to`/`both`); presence to a
+//!   full JID is directed presence (RFC 6121 §4.6) and reaches that resource.
+
+use std::sync::Arc;
+
+use crate::c2s::Session;
+use crate::jid::{BareJid, Jid};
+use crate::s2s::{bare_of, route_remote};
+use crate::server::Shared;
+use crate::store::StoreError;
+use crate::xml::Element;
+
+use super::subscription::{self, SubKind, SubState};
+use super::{available, deliver_to_available, load_side, presence, updated_item};
+
+/// The local user sends a subscription stanza to a contact on another server (RFC 6121
+/// §3.1.2, §3.2.2, §3.3.2, §3.4): the user's item follows Appendix A.2 and the stanza is
+/// routed when the table says so.
+pub async fn outbound_subscription(
+    session: &mut Session,
+    contact: &BareJid,
+    kind: SubKind,
+    stanza: Element,
+) {
+    let shared = session.shared.clone();
+    let user = session.jid().to_bare();
+    if let Err(e) = outbound(&shared, user.as_str(), contact.as_str(), kind, stanza).await {
+        tracing::warn!(%user, %contact, error = %e, "remote subscription change failed");
+    }
+}
+
+async fn outbound(
+    shared: &Arc<Shared>,
+    user: &str,
+    contact: &str,
+    kind: SubKind,
+    mut stanza: Element,
+) -> Result<(), StoreError> {
+    let (item, state) = load_side(shared, user, contact).await?;
+    let out = subscription::outbound(state, kind);
+    // RFC 6121 §3.1.2: subscription stanzas travel between bare JIDs.
+    stanza.set_attr("from", user);
+    stanza.set_attr("to", contact);
+    store_and_push(shared, user, contact, item, state, out.state, false).await?;
+    if out.send_unavailable {
+        // §3.2.2: unavailable from each resource before the unsubscribed.
+        for s in available(shared, user) {
+            let _ = route_remote(
+                shared,
+                presence(Some("unavailable"), s.jid.as_str(), contact),
+            );
+        }
+    }
+    if out.route {
+        if let Err(e) = route_remote(shared, stanza.clone()) {
+            crate::s2s::bounce(shared, &stanza, e);
+        }
+    }
+    if out.send_presence {
+        // §3.1.5: the new subscriber gets the user's current presence.
+        send_current_presence(shared, user, contact).await;
+    }
+    Ok(())
+}
+
+/// The local user removed a roster item for a remote contact (RFC 6121 §2.5.2): cancel and
+/// revoke on the contact's server.
+pub fn roster_removed(session: &Session, contact: &BareJid, state: SubState) {
+    let shared = &session.shared;
+    let user = session.jid().to_bare();
+    for kind in subscription::roster_remove(state) {
+        if kind == SubKind::Unsubscribed && state.contact_sees_user() {
+            for s in available(shared, user.as_str()) {
+                let p = presence(Some("unavailable"), s.jid.as_str(), contact.as_str());
+                let _ = route_remote(shared, p);
+            }
+        }
+        let p = presence(Some(kind.as_str()), user.as_str(), contact.as_str());
+        let _ = route_remote(shared, p);
+    }
+}
+
+/// Stores the user's item if the transition changed it, keeps the pending-request table in
+/// step, and pushes the item to the user's interested resources.
+async fn store_and_push(
+    shared: &Shared,
+    user: &str,
+    contact: &str,
+    item: Option<crate::store::RosterItem>,
+    old: SubState,
+    new: SubState,
+    pending_added: bool,
+) -> Result<(), StoreError> {
+    let write = updated_item(item, contact, new);
+    if let Some(i) = &write {
+        let versions = shared
+            .store
+            .apply_subscription_change(&[(user.to_owned(), i.clone())])
+            .await?;
+        for (owner, version) in versions {
+            crate::roster::push_item(shared, &owner, version, i);
+        }
+    }
+    if old.pending_in && !new.pending_in && !pending_added {
+        shared
+            .store
+            .remove_pending_subscription(user, contact)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The user's current presence, to a remote contact, through the privacy gate (issue 6).
+async fn send_current_presence(shared: &Shared, user: &str, contact: &str) {
+    crate::presence::gate::current_presence(shared, user, contact, |p| {
+        let _ = route_remote(shared, p);
+    })
+    .await;
+}
+
+/// A presence stanza from an authenticated remote server (its `from` domain was checked
+/// by the stream). Dispatches by type.
+pub async fn inbound(shared: &Arc<Shared>, el: Element) {
+    let (Some(from), Some(to)) = (
+        el.get_attr("from").and_then(|f| Jid::new(f).ok()),
+        el.get_attr("to").and_then(|t| Jid::new(t).ok()),
+    ) else {
+        return;
+    };
+    let ty = el.get_attr("type").map(str::to_owned);
+    match ty.as_deref() {
+        None | Some("unavailable") => presence_update(shared, &from, &to, el, ty.is_none()).await,
+        Some("probe") => probe(shared, &from, &to).await,
+        Some(k @ ("subscribe" | "subscribed" | "unsubscribe" | "unsubscribed")) => {
+            let Ok(kind) = SubKind::parse(k) else { return };
+            let (Some(_), Some(_)) = (from.node(), to.node()) else {
+                return;
+            };
+            let contact = bare_of(from.as_str()).to_owned();
+            let user = bare_of(to.as_str()).to_owned();
+            if let Err(e) = inbound_subscription(shared, &user, &contact, kind, el).await {
+                tracing::warn!(%user, %contact, error = %e, "inbound remote subscription failed");
+            }
+        }
+        Some("error") => {
+            if to.resource().is_some() {
+                crate::s2s::deliver_presence_locally(shared, to.as_str(), el);
+            }
+        }
+        Some(_) => {}
+    }
+}
+
+/// RFC 6121 §3.1.3, §3.1.6, §3.2.3, §3.3.3 for a local user and a remote contact.
+async fn inbound_subscription(
+    shared: &Arc<Shared>,
+    user: &str,
+    contact: &str,
+    kind: SubKind,
+    mut stanza: Element,
+) -> Result<(), StoreError> {
+    let (node, domain) = user.split_once('@').unwrap_or(("", user));
+    if !shared.store.account_exists(node, domain).await? {
+        // RFC 6121 §8.5.1: subscription stanzas to a non-existent account are ignored.
+        return Ok(());
+    }
+    if crate::presence::gate::blocked_either(shared, user, contact).await {
+        // XEP-0191 §3.3: nothing from a blocked entity reaches the user.
+        return Ok(());
+    }
+    let (item, state) = load_side(shared, user, contact).await?;
+    let inb = subscription::inbound(state, kind);
+    stanza.set_attr("from", contact);
+    stanza.set_attr("to", user);
+    let pending_added = inb.state.pending_in && kind == SubKind::Subscribe && !state.pending_in;
+    store_and_push(shared, user, contact, item, state, inb.state, pending_added).await?;
+    if pending_added {
+        // §3.1.3: kept until the user answers, and shown again at each login.
+        shared
+            .store
+            .add_pending_subscription(user, contact, &stanza.to_xml())
+            .await?;
+    }
+    if inb.deliver {
+        deliver_to_available(shared, user, &stanza);
+    }
+    if let Some(reply) = inb.auto_reply {
+        let _ = route_remote(shared, presence(Some(reply.as_str()), user, contact));
+    }
+    if inb.send_presence {
+        send_current_presence(shared, user, contact).await;
+    }
+    if inb.send_unavailable {
+        // §3.3.3: the contact stops receiving the user's presence.
+        for s in available(shared, user) {
+            let _ = route_remote(
+                shared,
+                presence(Some("unavailable"), s.jid.as_str(), contact),
+            );
+        }
+    }
+    if kind == SubKind::Unsubscribed && inb.deliver {
+        // §3.2.3: the user no longer sees the contact; forget what we showed.
+        shared.s2s.saw_unavailable(contact, user);
+    }
+    Ok(())
+}
+
+/// RFC 6121 §4.3.2: a remote server probes a local user for its user `prober`. Only an
+/// approved subscriber who is not blocked gets an answer.
+async fn probe(shared: &Shared, prober: &Jid, user: &Jid) {
+    let Some(_) = user.node() else { return };
+    let user = bare_of(user.as_str());
+    // The same gate as local probes: approved subscription, blocks, settings, invisibility
+    // (issue 6); the answer goes back over federation.
+    crate::presence::gate::probe_answer(shared, bare_of(prober.as_str()), user, |p| {
+        let _ = route_remote(shared, p);
+    })
+    .await;
+}
+
+/// Available or unavailable presence from a remote contact.
+async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_available: bool) {
+    if crate::presence::gate::blocked_either(shared, bare_of(to.as_str()), bare_of(from.as_str()))
+        .await
+    {
+        // XEP-0191 §3.3: a blocked entity's presence is not delivered.
+        return;
+    }
+    if to.resource().is_some() {
+        // Directed presence (RFC 6121 §4.6) to one resource.
+        let Ok(full) = to.clone().try_into_full() else {
+            return;
+        };
+        if let Some(s) = shared.sessions.get(&full) {
+            if s.send(el) {
+                track(shared, from.as_str(), full.as_str(), is_available);
+            }
+        }
+        return;
+    }
+    let Some(_) = to.node() else { return };
+    let user = to.as_str();
+    let subscribed = match shared.store.roster_item(user, bare_of(from.as_str())).await {
+        Ok(item) => item.is_some_and(|i| i.subscription.has_to()),
+        Err(e) => {
+            tracing::warn!(user, error = %e, "remote presence: roster unavailable");
+            false
+        }
+    };
+    if !subscribed {
+        return;
+    }
+    if deliver_to_available(shared, user, &el) > 0 || !is_available {
+        track(shared, from.as_str(), user, is_available);
+    }
+}
+
+fn track(shared: &Shared, remote: &str, local: &str, is_available: bool) {
+    if is_available {
+        shared.s2s.saw_available(remote, local);
+    } else {
+        shared.s2s.saw_unavailable(remote, local);
+    }
+}

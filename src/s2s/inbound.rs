@@ -1,0 +1,593 @@
+//! Incoming server streams: the s2s listener, STARTTLS, dialback as receiving and as
+//! authoritative server, and the origin checks every inbound stanza passes.
+//!
+//! A stream starts knowing nothing about its peer. Each `<db:result/>` the peer sends asks
+//! to add one (remote domain, local domain) pair; it is added only after the remote
+//! domain's authoritative server, reached by resolving that name, confirmed the key
+//! (XEP-0220 §2.2). Stanzas are then accepted only for pairs in the set:
+//!
+//! - no `from` or `to`: `improper-addressing` (RFC 6120 §4.9.3.7);
+//! - `to` a domain we do not serve: `host-unknown` (§4.9.3.6);
+//! - `from` a domain this stream did not authenticate for that `to`: `invalid-from`
+//!   (§4.9.3.9) — a peer cannot speak for domains it did not prove.
+//!
+//! Reading runs in this task; writing goes through a small writer task so that dialback
+//! checks, which take a round trip to another server, answer when they finish without the
+//! reader ever being cancelled mid-element.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
+
+use crate::c2s::{new_id, BoxIo};
+use crate::error::{StanzaError, StreamError};
+use crate::jid::Jid;
+use crate::server::Shared;
+use crate::xml::reader::ReaderLimits;
+use crate::xml::{Element, NS_CLIENT, NS_SERVER, NS_STREAM, NS_TLS};
+
+use super::dialback::{self, NS_DIALBACK, NS_DIALBACK_FEATURE};
+use super::stream::{header, Fail, S2sStream};
+
+/// Addresses the s2s listeners bound.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Listening {
+    /// STARTTLS s2s port.
+    pub addr: Option<SocketAddr>,
+    /// Direct TLS s2s port.
+    pub direct_tls_addr: Option<SocketAddr>,
+}
+
+/// Binds the s2s listeners and starts accepting.
+pub async fn listen(
+    shared: &Arc<Shared>,
+    tracker: &TaskTracker,
+) -> Result<Listening, crate::server::StartError> {
+    let mut out = Listening::default();
+    let cfg = &shared.config.s2s;
+    if !cfg.enabled {
+        return Ok(out);
+    }
+    let permits = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
+    for (port, direct) in [(cfg.port, false), (cfg.direct_tls_port, true)] {
+        if direct && !cfg.direct_tls {
+            continue;
+        }
+        let addr = SocketAddr::new(cfg.bind, port);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| crate::server::StartError::Bind(addr, e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| crate::server::StartError::Bind(addr, e))?;
+        tracing::info!(addr = %local, direct_tls = direct, "s2s listening");
+        if direct {
+            out.direct_tls_addr = Some(local);
+        } else {
+            out.addr = Some(local);
+        }
+        tracker.spawn(accept_loop(
+            listener,
+            shared.clone(),
+            tracker.clone(),
+            direct,
+            permits.clone(),
+        ));
+    }
+    Ok(out)
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    tracker: TaskTracker,
+    direct: bool,
+    permits: Arc<tokio::sync::Semaphore>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "s2s accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if shared.s2s.is_severed() {
+            continue;
+        }
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "s2s connection limit reached");
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let shared = shared.clone();
+        tracker.spawn(async move {
+            serve(shared, tcp, peer, direct).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Pairs (remote domain, local domain) this stream may carry stanzas for.
+type Authenticated = Arc<Mutex<HashSet<(String, String)>>>;
+
+/// Serves one inbound server connection.
+pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct_tls: bool) {
+    let limits = ReaderLimits {
+        max_stanza_size: shared.config.limits.max_stanza_size,
+        max_depth: shared.config.limits.max_depth,
+    };
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let io: BoxIo = if direct_tls {
+        let acceptor = tokio_rustls::TlsAcceptor::from(shared.tls.clone());
+        match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => Box::new(tls),
+            _ => {
+                tracing::info!(%peer, "s2s direct TLS handshake failed");
+                return;
+            }
+        }
+    } else {
+        Box::new(tcp)
+    };
+    let stream = S2sStream::new(io, limits);
+    let cut = shared.s2s.cut_token();
+    let negotiated = tokio::select! {
+        r = tokio::time::timeout_at(deadline, negotiate(&shared, stream, direct_tls, peer)) => r,
+        _ = cut.cancelled() => return,
+    };
+    let (stream, local_domain, stream_id) = match negotiated {
+        Ok(Ok(x)) => x,
+        Ok(Err(None)) => return,
+        Ok(Err(Some((mut stream, err)))) => {
+            tracing::info!(%peer, error = %err, "s2s stream refused");
+            stream.fail(&err).await;
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%peer, "s2s negotiation timed out");
+            return;
+        }
+    };
+    run(shared, stream, peer, local_domain, stream_id, deadline).await;
+}
+
+type Refusal = Option<(S2sStream, StreamError)>;
+
+/// Reads and answers the peer's header (RFC 6120 §4.7); STARTTLS if not yet secure.
+/// Returns the secured stream, the local domain it was opened to and our stream id.
+async fn negotiate(
+    shared: &Arc<Shared>,
+    mut stream: S2sStream,
+    mut secure: bool,
+    peer: SocketAddr,
+) -> Result<(S2sStream, String, String), Refusal> {
+    loop {
+        let h = match stream.read_header().await {
+            Ok(h) => h,
+            Err(Fail::Stream(e)) => return Err(Some((stream, e))),
+            Err(_) => return Err(None),
+        };
+        let to = h.get_attr("to").unwrap_or_default().to_owned();
+        let id = new_id();
+        let our_from = if shared.config.serves(&to) {
+            to.clone()
+        } else {
+            shared.config.domains[0].clone()
+        };
+        let head = header(Some(&our_from), h.get_attr("from"), Some(&id));
+        if stream.write(&head).await.is_err() {
+            return Err(None);
+        }
+        if h.name != "stream" || h.ns != NS_STREAM {
+            let e = StreamError::new("invalid-namespace", "not a stream element");
+            return Err(Some((stream, e)));
+        }
+        if h.default_ns.as_deref() != Some(NS_SERVER) {
+            // RFC 6120 §4.8.2 / §4.9.3.10.
+            let e = StreamError::new(
+                "invalid-namespace",
+                "a server stream's content namespace is jabber:server",
+            );
+            return Err(Some((stream, e)));
+        }
+        if !shared.config.serves(&to) {
+            // RFC 6120 §4.9.3.6.
+            let e = StreamError::new("host-unknown", format!("this server does not serve '{to}'"));
+            return Err(Some((stream, e)));
+        }
+        let mut features = String::from("<stream:features>");
+        if !secure {
+            // RFC 7590: federation only over TLS.
+            features.push_str(&format!(
+                "<starttls xmlns='{NS_TLS}'><required/></starttls>"
+            ));
+        } else {
+            features.push_str(&format!(
+                "<dialback xmlns='{NS_DIALBACK_FEATURE}'><errors/></dialback>"
+            ));
+        }
+        features.push_str("</stream:features>");
+        if stream.write(&features).await.is_err() {
+            return Err(None);
+        }
+        if secure {
+            return Ok((stream, to, id));
+        }
+        let el = match stream.next_element().await {
+            Ok(el) => el,
+            Err(Fail::Stream(e)) => return Err(Some((stream, e))),
+            Err(_) => return Err(None),
+        };
+        if !el.is("starttls", NS_TLS) {
+            let e = StreamError::new("policy-violation", "STARTTLS is required (RFC 7590)");
+            return Err(Some((stream, e)));
+        }
+        if stream
+            .write(&format!("<proceed xmlns='{NS_TLS}'/>"))
+            .await
+            .is_err()
+        {
+            return Err(None);
+        }
+        let limits = ReaderLimits {
+            max_stanza_size: shared.config.limits.max_stanza_size,
+            max_depth: shared.config.limits.max_depth,
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(shared.tls.clone());
+        match acceptor.accept(stream.into_io()).await {
+            Ok(tls) => {
+                stream = S2sStream::new(Box::new(tls), limits);
+                secure = true;
+            }
+            Err(e) => {
+                tracing::info!(%peer, error = %e, "s2s STARTTLS handshake failed");
+                return Err(None);
+            }
+        }
+    }
+}
+
+/// Token bucket for the inbound stanza rate (`[s2s] stanzas_per_second`, `stanza_burst`).
+struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: tokio::time::Instant,
+}
+
+impl Bucket {
+    fn take(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        let dt = now.duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// What the writer task is asked to do.
+enum Out {
+    Raw(String),
+    Error(StreamError),
+}
+
+async fn run(
+    shared: Arc<Shared>,
+    stream: S2sStream,
+    peer: SocketAddr,
+    local_domain: String,
+    stream_id: String,
+    deadline: tokio::time::Instant,
+) {
+    let (mut reader, mut writer) = stream.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Out>(64);
+    let writer_task = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            let (s, last) = match m {
+                Out::Raw(s) => (s, false),
+                Out::Error(e) => (format!("{}</stream:stream>", e.to_xml()), true),
+            };
+            let ok = tokio::time::timeout(Duration::from_secs(30), async {
+                writer.write_all(s.as_bytes()).await?;
+                writer.flush().await
+            })
+            .await;
+            if !matches!(ok, Ok(Ok(()))) || last {
+                break;
+            }
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
+    });
+    let authed: Authenticated = Arc::default();
+    let mut bucket = Bucket {
+        rate: shared.config.s2s.stanzas_per_second as f64,
+        burst: shared.config.s2s.stanza_burst.max(1) as f64,
+        tokens: shared.config.s2s.stanza_burst.max(1) as f64,
+        last: tokio::time::Instant::now(),
+    };
+    let cut = shared.s2s.cut_token();
+    let mut clean = false;
+    let error: Option<StreamError> = loop {
+        let unauthenticated = authed.lock().map(|a| a.is_empty()).unwrap_or(true);
+        let ev = tokio::select! {
+            ev = reader.next() => ev,
+            _ = cut.cancelled() => break None,
+            _ = shared.shutdown.cancelled() => break None,
+            // Until something is authenticated, the negotiation deadline applies
+            // (RFC 6120 §4.9.3.4 connection-timeout).
+            _ = tokio::time::sleep_until(deadline), if unauthenticated => {
+                break Some(StreamError::new("connection-timeout", "no authentication in time"));
+            }
+        };
+        let el = match ev {
+            Ok(crate::xml::reader::StreamEvent::Stanza(el)) => el,
+            Ok(crate::xml::reader::StreamEvent::Whitespace) => continue,
+            Ok(crate::xml::reader::StreamEvent::Close) => {
+                clean = true;
+                let _ = out_tx.send(Out::Raw("</stream:stream>".into())).await;
+                break None;
+            }
+            Ok(crate::xml::reader::StreamEvent::Open(_)) => {
+                break Some(StreamError::new("not-well-formed", "second stream header"))
+            }
+            Err(e) => match e.condition() {
+                Some(c) => break Some(StreamError::new(c, e.to_string())),
+                None => break None,
+            },
+        };
+        if el.is("result", NS_DIALBACK) {
+            if let Err(e) = on_result(&shared, &el, &stream_id, &authed, &out_tx).await {
+                break Some(e);
+            }
+            continue;
+        }
+        if el.is("verify", NS_DIALBACK) {
+            on_verify(&shared, &el, &out_tx).await;
+            continue;
+        }
+        if el.is("error", NS_STREAM) {
+            tracing::info!(%peer, error = %el, "peer ended its s2s stream with an error");
+            break None;
+        }
+        if el.ns != NS_CLIENT || !matches!(el.name.as_str(), "message" | "presence" | "iq") {
+            // RFC 6120 §4.9.3.22.
+            break Some(StreamError::new(
+                "unsupported-stanza-type",
+                format!("<{}/> is not a stanza", el.name),
+            ));
+        }
+        if !bucket.take() {
+            break Some(StreamError::new(
+                "policy-violation",
+                "too many stanzas per second",
+            ));
+        }
+        if let Err(e) = check_origin(&shared, &el, &authed) {
+            break Some(e);
+        }
+        super::deliver_inbound(&shared, el).await;
+    };
+    let remotes: Vec<(String, String)> = authed
+        .lock()
+        .map(|a| a.iter().cloned().collect())
+        .unwrap_or_default();
+    if let Some(err) = error {
+        tracing::info!(%peer, error = %err, "closing inbound s2s stream");
+        let _ = out_tx.send(Out::Error(err)).await;
+    } else if !clean && !cut.is_cancelled() && !shared.shutdown.is_cancelled() {
+        // EOF without </stream:stream>: the peer or the network died.
+        for (remote, local) in &remotes {
+            shared.s2s.link_lost(local, remote);
+        }
+    }
+    drop(out_tx);
+    if cut.is_cancelled() {
+        writer_task.abort();
+    } else {
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+    }
+    tracing::info!(%peer, %local_domain, "inbound s2s stream ended");
+}
+
+/// RFC 6120 §4.9.3.7 / §4.9.3.6 / §4.9.3.9, in that order.
+fn check_origin(shared: &Shared, el: &Element, authed: &Authenticated) -> Result<(), StreamError> {
+    let (Some(from), Some(to)) = (el.get_attr("from"), el.get_attr("to")) else {
+        return Err(StreamError::new(
+            "improper-addressing",
+            "stanzas between servers need both 'from' and 'to'",
+        ));
+    };
+    let (Ok(from), Ok(to)) = (Jid::new(from), Jid::new(to)) else {
+        return Err(StreamError::new("improper-addressing", "malformed address"));
+    };
+    let to_domain = to.domain().as_str();
+    if !shared.config.serves(to_domain) {
+        return Err(StreamError::new(
+            "host-unknown",
+            format!("this server does not serve '{to_domain}'"),
+        ));
+    }
+    let pair = (from.domain().to_string(), to_domain.to_owned());
+    if !authed.lock().map(|a| a.contains(&pair)).unwrap_or(false) {
+        return Err(StreamError::new(
+            "invalid-from",
+            format!("this stream is not authenticated for '{}'", pair.0),
+        ));
+    }
+    Ok(())
+}
+
+/// Receiving-server role: a `<db:result>` with a key (XEP-0220 §2.1.2). The check runs in
+/// its own task and answers on this stream when done.
+async fn on_result(
+    shared: &Arc<Shared>,
+    el: &Element,
+    stream_id: &str,
+    authed: &Authenticated,
+    out: &mpsc::Sender<Out>,
+) -> Result<(), StreamError> {
+    let (Some(from), Some(to)) = (el.get_attr("from"), el.get_attr("to")) else {
+        return Err(StreamError::new(
+            "improper-addressing",
+            "db:result needs from and to",
+        ));
+    };
+    let (from, to) = (from.to_owned(), to.to_owned());
+    let error_result = |cond: &str| {
+        format!(
+            "<db:result from='{}' to='{}' type='error'><error type='cancel'><{cond} xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error></db:result>",
+            crate::xml::escape(&to),
+            crate::xml::escape(&from)
+        )
+    };
+    if !shared.config.serves(&to) {
+        // XEP-0220 §2.4.3: item-not-found for a domain we do not host.
+        let _ = out.send(Out::Raw(error_result("item-not-found"))).await;
+        return Ok(());
+    }
+    if Jid::new(&from).map(|j| j.node().is_some()).unwrap_or(true) || shared.config.serves(&from) {
+        let _ = out
+            .send(Out::Raw(error_result("improper-addressing")))
+            .await;
+        return Ok(());
+    }
+    let policy = shared.config.s2s.policy(&from);
+    if !policy.allow_dialback || policy.require_verified_cert {
+        let _ = out.send(Out::Raw(error_result("policy-violation"))).await;
+        return Ok(());
+    }
+    let key = el.text_content();
+    let (shared, authed, out, stream_id) = (
+        shared.clone(),
+        authed.clone(),
+        out.clone(),
+        stream_id.to_owned(),
+    );
+    tokio::spawn(async move {
+        let valid = dialback::verify_with_authoritative(
+            shared.clone(),
+            to.clone(),
+            from.clone(),
+            stream_id,
+            key,
+        )
+        .await;
+        let ty = if valid { "valid" } else { "invalid" };
+        if valid {
+            if let Ok(mut a) = authed.lock() {
+                a.insert((from.clone(), to.clone()));
+            }
+        }
+        let reply = dialback::element("result", &to, &from, None, Some(ty), None);
+        let _ = out.send(Out::Raw(reply)).await;
+        if valid {
+            tracing::info!(remote = %from, local = %to, "inbound s2s stream authenticated by dialback");
+            shared.s2s.link_up(&from);
+        } else {
+            tracing::warn!(remote = %from, local = %to, "dialback key did not verify; closing");
+            // XEP-0220 §2.4: an invalid key ends the attempt; the stream cannot be trusted.
+            let _ = out
+                .send(Out::Error(StreamError::new(
+                    "not-authorized",
+                    "dialback key did not verify",
+                )))
+                .await;
+        }
+    });
+    Ok(())
+}
+
+/// Authoritative-server role: a `<db:verify>` asks whether we issued a key (XEP-0220 §2.2).
+/// `from` is the receiving server, `to` is us as originating server.
+async fn on_verify(shared: &Shared, el: &Element, out: &mpsc::Sender<Out>) {
+    let (Some(from), Some(to), Some(id)) =
+        (el.get_attr("from"), el.get_attr("to"), el.get_attr("id"))
+    else {
+        return;
+    };
+    let valid =
+        shared.config.serves(to) && shared.s2s.secret.verify(from, to, id, &el.text_content());
+    let ty = if valid { "valid" } else { "invalid" };
+    tracing::info!(receiving = %from, originating = %to, valid, "answered dialback verify");
+    let reply = dialback::element("verify", to, from, Some(id), Some(ty), None);
+    let _ = out.send(Out::Raw(reply)).await;
+}
+
+/// A message from a remote server to a local user (RFC 6121 §8.5), delivered as a local
+/// one would be; an error goes back over federation.
+pub(crate) fn message(shared: &Shared, el: Element) {
+    let Some(to) = el.get_attr("to").and_then(|t| Jid::new(t).ok()) else {
+        return;
+    };
+    let kind = el.get_attr("type").unwrap_or("normal").to_owned();
+    let err = match to.try_into_full() {
+        Ok(full) => match shared.sessions.get(&full) {
+            Some(s) => {
+                s.send(el);
+                return;
+            }
+            None => crate::router::deliver_to_bare(shared, el.clone(), &full.to_bare(), &kind),
+        },
+        Err(bare) if bare.node().is_none() => Some(StanzaError::service_unavailable()),
+        Err(bare) => crate::router::deliver_to_bare(shared, el.clone(), &bare, &kind),
+    };
+    if let Some(e) = err {
+        if let Some(reply) = e.reply_to(&el) {
+            let _ = super::route_remote(shared, reply);
+        }
+    }
+}
+
+/// An iq from a remote server (RFC 6120 §10.5): to an online full JID it is delivered;
+/// the server answers ping (XEP-0199) itself; every other request gets
+/// service-unavailable so the requester is never left waiting.
+pub(crate) async fn iq(shared: &Shared, el: Element) {
+    let ty = el.get_attr("type").unwrap_or("");
+    let is_request = matches!(ty, "get" | "set");
+    let Some(to) = el.get_attr("to").and_then(|t| Jid::new(t).ok()) else {
+        return;
+    };
+    if to.resource().is_some() {
+        if let Ok(full) = to.clone().try_into_full() {
+            if let Some(s) = shared.sessions.get(&full) {
+                s.send(el);
+                return;
+            }
+        }
+    }
+    if !is_request {
+        return;
+    }
+    let ping = el
+        .elements()
+        .next()
+        .is_some_and(|p| p.is("ping", crate::xml::NS_PING))
+        && ty == "get";
+    let reply = if ping && to.resource().is_none() {
+        crate::c2s::iq_result(&el)
+    } else {
+        match StanzaError::service_unavailable().reply_to(&el) {
+            Some(r) => r,
+            None => return,
+        }
+    };
+    let _ = super::route_remote(shared, reply);
+}

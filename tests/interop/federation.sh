@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Federation interop: presenced against Prosody (and ejabberd with `ejabberd` / `all`), on
+# loopback only, each server with its own .example domain, authenticating with dialback
+# over STARTTLS with self-signed certificates. A slixmpp driver (exchange.py) proves a
+# mutual subscription and presence exchange in both directions.
+#
+# Name resolution never touches the machine's resolver: dns.py answers A and SRV for the
+# two test names on 127.0.0.1:$DNS_PORT and refuses everything else. presenced uses it
+# through `[s2s] nameserver` (SRV _xmpp-server._tcp via hickory); Prosody through its
+# libunbound settings (forward + hosts file).
+#
+# usage: tests/interop/federation.sh [prosody|ejabberd|all]     (default: prosody)
+# Output: $WORK/result-<peer>.txt plus every server log in $WORK (default /tmp/presenced-interop).
+set -euo pipefail
+
+PEERS=${1:-prosody}
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+WORK=${WORK:-/tmp/presenced-interop}
+TARGET=${CARGO_TARGET_DIR:-$REPO/target}
+# Ports nobody else on the shared machine uses (never 5222/5269/25222/35222/45222).
+DNS_PORT=55353
+OURS_C2S=55322
+OURS_S2S=55369
+PROS_C2S=55222
+PROS_S2S=55269
+EJ_C2S=55422
+EJ_S2S=55469
+OURS=pd.example
+PROS=pros.example
+EJ=ej.example
+PASSWORD=interop-pw
+RUN=$(date +%s)$$
+
+pids=()
+EJ_CTL=""
+cleanup() {
+    if [ -n "$EJ_CTL" ]; then ejabberdctl --ctl-config "$EJ_CTL" stop >/dev/null 2>&1 || true; fi
+    # Remove only our own /etc/hosts lines (others may have added theirs meanwhile).
+    if grep -q '# presenced-interop$' /etc/hosts 2>/dev/null; then
+        grep -v '# presenced-interop$' /etc/hosts >"$WORK/hosts.clean" && cat "$WORK/hosts.clean" >/etc/hosts
+    fi
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+wait_port() { # host port seconds
+    local end=$((SECONDS + $3))
+    until (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; do
+        if ((SECONDS > end)); then echo "port $1:$2 did not open" >&2; return 1; fi
+        sleep 0.2
+    done
+}
+
+rm -rf "$WORK"
+mkdir -p "$WORK"
+
+if ! command -v prosody >/dev/null || ! dpkg -s lua-unbound >/dev/null 2>&1; then
+    apt-get update && apt-get install -y prosody lua-unbound
+fi
+python3 -c 'import slixmpp' 2>/dev/null || pip install slixmpp
+
+echo "== building presenced"
+(cd "$REPO" && CARGO_TARGET_DIR="$TARGET" cargo build --quiet --bin presenced)
+BIN="$TARGET/debug/presenced"
+
+echo "== DNS on 127.0.0.1:$DNS_PORT"
+python3 "$HERE/dns.py" "$DNS_PORT" \
+    "$OURS=127.0.0.1" "$PROS=127.0.0.1" "$EJ=127.0.0.1" \
+    "SRV:_xmpp-server._tcp.$OURS=$OURS:$OURS_S2S" \
+    "SRV:_xmpp-server._tcp.$PROS=$PROS:$PROS_S2S" \
+    "SRV:_xmpp-server._tcp.$EJ=$EJ:$EJ_S2S" >"$WORK/dns.log" 2>&1 &
+pids+=($!)
+
+echo "== presenced for $OURS (c2s $OURS_C2S, s2s $OURS_S2S)"
+cat >"$WORK/presenced.toml" <<EOF
+domains = ["$OURS"]
+[c2s]
+bind = "127.0.0.1"
+port = $OURS_C2S
+direct_tls = false
+[tls]
+certs_dir = "$WORK/certs"
+[database]
+url = "${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+migrations = "$REPO/migrations"
+max_connections = 4
+[s2s]
+bind = "127.0.0.1"
+port = $OURS_S2S
+nameserver = "127.0.0.1:$DNS_PORT"
+idle_timeout = 120
+EOF
+printf '%s\n' "$PASSWORD" >"$WORK/password"
+OURS_USER="pd$RUN"
+"$BIN" -c "$WORK/presenced.toml" user add "$OURS_USER@$OURS" --password-file "$WORK/password"
+RUST_LOG=info,presenced=debug "$BIN" -c "$WORK/presenced.toml" serve >"$WORK/presenced.log" 2>&1 &
+pids+=($!)
+wait_port 127.0.0.1 "$OURS_C2S" 30
+wait_port 127.0.0.1 "$OURS_S2S" 5
+
+self_signed() { # domain dir
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$1" \
+        -addext "subjectAltName=DNS:$1" -keyout "$2/$1.key" -out "$2/$1.crt" 2>/dev/null
+}
+
+run_prosody() {
+    local dir="$WORK/prosody"
+    mkdir -p "$dir/data"
+    self_signed "$PROS" "$dir"
+    printf '127.0.0.1 %s %s %s\n' "$OURS" "$PROS" "$EJ" >"$dir/hosts"
+    cat >"$dir/prosody.cfg.lua" <<EOF
+run_as_root = true
+pidfile = "$dir/prosody.pid"
+data_path = "$dir/data"
+log = { { levels = { min = "debug" }, to = "file", filename = "$dir/prosody.log" } }
+modules_enabled = { "roster"; "saslauth"; "tls"; "dialback"; "disco"; "ping" }
+c2s_ports = { $PROS_C2S }
+c2s_interfaces = { "127.0.0.1" }
+c2s_direct_tls_ports = { }
+s2s_ports = { $PROS_S2S }
+s2s_interfaces = { "127.0.0.1" }
+s2s_direct_tls_ports = { }
+http_ports = { }
+https_ports = { }
+c2s_require_encryption = true
+s2s_require_encryption = true
+s2s_secure_auth = false
+authentication = "internal_hashed"
+certificates = "$dir"
+unbound = { resolvconf = false; forward = "127.0.0.1@$DNS_PORT"; hoststxt = "$dir/hosts" }
+VirtualHost "$PROS"
+    ssl = { certificate = "$dir/$PROS.crt"; key = "$dir/$PROS.key" }
+EOF
+    local user="pr$RUN"
+    prosodyctl --config "$dir/prosody.cfg.lua" register "$user" "$PROS" "$PASSWORD"
+    echo "== Prosody for $PROS (c2s $PROS_C2S, s2s $PROS_S2S)"
+    prosody -F --config "$dir/prosody.cfg.lua" >"$dir/stdout.log" 2>&1 &
+    pids+=($!)
+    wait_port 127.0.0.1 "$PROS_C2S" 30
+    echo "== exchange presenced <-> Prosody"
+    python3 "$HERE/exchange.py" "$OURS_USER@$OURS" "127.0.0.1:$OURS_C2S" \
+        "$user@$PROS" "127.0.0.1:$PROS_C2S" "$PASSWORD" | tee "$WORK/result-prosody.txt"
+}
+
+run_ejabberd() {
+    local dir="$WORK/ejabberd"
+    mkdir -p "$dir/logs" "$dir/db"
+    self_signed "$EJ" "$dir"
+    cat "$dir/$EJ.crt" "$dir/$EJ.key" >"$dir/$EJ.pem"
+    # Debian's ejabberd resolves s2s host names with getaddrinfo (/etc/hosts, PEERS.md);
+    # our lines carry a marker and are removed on exit. With no SRV answer it dials
+    # outgoing_s2s_port on the address found here.
+    printf '127.0.0.1 %s %s # presenced-interop\n' "$OURS" "$EJ" >>/etc/hosts
+    printf '127.0.0.1 %s %s %s\n' "$OURS" "$PROS" "$EJ" >"$dir/hosts"
+    # Erlang resolver: the hosts file above, then only the loopback DNS (never the system's).
+    cat >"$dir/inetrc" <<EOF
+{host, {127,0,0,1}, ["localhost", "$OURS", "$PROS", "$EJ"]}.
+{nameserver, {127,0,0,1}, $DNS_PORT}.
+{lookup, [file, dns]}.
+EOF
+    cat >"$dir/ejabberdctl.cfg" <<EOF
+CONFIG_DIR=$dir
+EJABBERD_CONFIG_PATH=$dir/ejabberd.yml
+LOGS_DIR=$dir/logs
+SPOOL_DIR=$dir/db
+ERLANG_NODE=presenced-interop@localhost
+INET_DIST_INTERFACE=127.0.0.1
+# Run as root like Prosody (run_as_root): through su, ERL_INETRC does not reach the VM.
+EXEC_CMD=as_current_user
+EOF
+    cat >"$dir/ejabberd.yml" <<EOF
+hosts: ["$EJ"]
+loglevel: info
+certfiles: ["$dir/$EJ.pem"]
+listen:
+  - port: $EJ_C2S
+    ip: "127.0.0.1"
+    module: ejabberd_c2s
+    starttls_required: true
+  - port: $EJ_S2S
+    ip: "127.0.0.1"
+    module: ejabberd_s2s_in
+s2s_use_starttls: required
+outgoing_s2s_port: $OURS_S2S
+auth_method: internal
+access_rules:
+  s2s:
+    allow: all
+s2s_access: s2s
+modules:
+  mod_roster: {}
+  mod_disco: {}
+  mod_ping: {}
+  mod_s2s_dialback: {}
+EOF
+    echo "== ejabberd for $EJ (c2s $EJ_C2S, s2s $EJ_S2S)"
+    EJ_CTL="$dir/ejabberdctl.cfg"
+    ejabberdctl --ctl-config "$dir/ejabberdctl.cfg" foreground >"$dir/stdout.log" 2>&1 &
+    pids+=($!)
+    local end=$((SECONDS + 90))
+    until grep -q "is started in the node" "$dir/logs/ejabberd.log" 2>/dev/null; do
+        if ((SECONDS > end)); then
+            echo "ejabberd did not start" >&2
+            tail -20 "$dir/stdout.log" >&2
+            return 1
+        fi
+        sleep 0.5
+    done
+    local user="ej$RUN"
+    ejabberdctl --ctl-config "$dir/ejabberdctl.cfg" register "$user" "$EJ" "$PASSWORD"
+    echo "== exchange presenced <-> ejabberd"
+    python3 "$HERE/exchange.py" "$OURS_USER@$OURS" "127.0.0.1:$OURS_C2S" \
+        "$user@$EJ" "127.0.0.1:$EJ_C2S" "$PASSWORD" | tee "$WORK/result-ejabberd.txt"
+    ejabberdctl --ctl-config "$dir/ejabberdctl.cfg" stop >/dev/null 2>&1 || true
+    EJ_CTL=""
+}
+
+status=0
+case "$PEERS" in
+prosody) run_prosody || status=1 ;;
+ejabberd) run_ejabberd || status=1 ;;
+all)
+    run_prosody || status=1
+    run_ejabberd || status=1
+    ;;
+*) echo "unknown peer $PEERS" >&2; exit 2 ;;
+esac
+for r in "$WORK"/result-*.txt; do grep -q '^RESULT PASS' "$r" || status=1; done
+exit $status

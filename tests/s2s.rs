@@ -1,0 +1,447 @@
+//! Federation (issue 5): two instances of the server, each with its own domain on its own
+//! loopback address, joined by static routes, authenticating each other with dialback.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use presenced::s2s::dialback::Secret;
+use presenced::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
+use presenced::xml::{Element, NS_CLIENT};
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
+
+/// A free port on `ip` (bound and released; the server binds it right after).
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Two federated servers: `a` on 127.0.0.2, `b` on 127.0.0.3.
+struct Pair {
+    a: TestServer,
+    b: TestServer,
+    /// Everything needed to start `b` again on the same address (link restored).
+    b_domain: String,
+    b_port: u16,
+    a_domain: String,
+    a_port: u16,
+}
+
+const SECRET_A: &str = "dialback-secret-a";
+const SECRET_B: &str = "dialback-secret-b";
+
+fn s2s_config(
+    c: &mut presenced::config::Config,
+    ip: &str,
+    port: u16,
+    secret: &str,
+    peer: &str,
+    peer_addr: String,
+) {
+    c.s2s.bind = ip.parse().unwrap();
+    c.s2s.port = port;
+    c.s2s.secret = secret.into();
+    c.s2s.routes.insert(peer.to_owned(), peer_addr);
+    c.s2s.stale_grace = 1;
+    c.s2s.reconnect_min_ms = 100;
+    c.s2s.reconnect_max_ms = 400;
+    c.s2s.connect_timeout = 5;
+}
+
+async fn start_b(a_domain: &str, a_port: u16, b_domain: &str, b_port: u16) -> TestServer {
+    let a_addr = format!("127.0.0.2:{a_port}");
+    TestServer::start_with_domain(b_domain, |c| {
+        s2s_config(c, "127.0.0.3", b_port, SECRET_B, a_domain, a_addr)
+    })
+    .await
+}
+
+async fn pair() -> Pair {
+    let a_domain = format!("a{}.example", unique());
+    let b_domain = format!("b{}.example", unique());
+    let a_port = free_port("127.0.0.2");
+    let b_port = free_port("127.0.0.3");
+    let b_addr = format!("127.0.0.3:{b_port}");
+    let a = TestServer::start_with_domain(&a_domain, |c| {
+        s2s_config(c, "127.0.0.2", a_port, SECRET_A, &b_domain, b_addr)
+    })
+    .await;
+    let b = start_b(&a_domain, a_port, &b_domain, b_port).await;
+    Pair {
+        a,
+        b,
+        b_domain,
+        b_port,
+        a_domain,
+        a_port,
+    }
+}
+
+fn presence_to(ty: &str, to: &str) -> Element {
+    Element::new("presence", NS_CLIENT)
+        .attr("type", ty)
+        .attr("to", to)
+}
+
+/// alice@a and bob@b, both online and available, subscribed to each other.
+async fn mutual(p: &Pair) -> (Client, Client) {
+    p.a.user("alice").await;
+    p.b.user("bob").await;
+    let alice_jid = p.a.jid("alice");
+    let bob_jid = p.b.jid("bob");
+    let mut alice = p.a.login("alice", "home").await;
+    alice.presence(None, None).await;
+    alice.expect(|e| is_presence(e, &alice_jid, None)).await;
+    let mut bob = p.b.login("bob", "work").await;
+    bob.presence(None, None).await;
+    bob.expect(|e| is_presence(e, &bob_jid, None)).await;
+
+    // alice asks, bob approves: alice sees bob.
+    alice.send(&presence_to("subscribe", &bob_jid)).await;
+    bob.expect(|e| is_presence(e, &alice_jid, Some("subscribe")))
+        .await;
+    bob.send(&presence_to("subscribed", &alice_jid)).await;
+    alice
+        .expect(|e| is_presence(e, &bob_jid, Some("subscribed")))
+        .await;
+    alice.expect(|e| is_presence(e, &bob_jid, None)).await;
+
+    // bob asks, alice approves: bob sees alice.
+    bob.send(&presence_to("subscribe", &alice_jid)).await;
+    alice
+        .expect(|e| is_presence(e, &bob_jid, Some("subscribe")))
+        .await;
+    alice.send(&presence_to("subscribed", &bob_jid)).await;
+    bob.expect(|e| is_presence(e, &alice_jid, Some("subscribed")))
+        .await;
+    bob.expect(|e| is_presence(e, &alice_jid, None)).await;
+    (alice, bob)
+}
+
+#[tokio::test]
+async fn mutual_subscription_across_domains_shows_presence_on_login_and_logout() {
+    let p = pair().await;
+    let (mut alice, bob) = mutual(&p).await;
+    let bob_jid = p.b.jid("bob");
+    let alice_jid = p.a.jid("alice");
+
+    // Both rosters say both, as stored on each server.
+    let a_item =
+        p.a.shared()
+            .store
+            .roster_item(&alice_jid, &bob_jid)
+            .await
+            .unwrap();
+    assert_eq!(a_item.map(|i| i.subscription.as_str()), Some("both"));
+    let b_item =
+        p.b.shared()
+            .store
+            .roster_item(&bob_jid, &alice_jid)
+            .await
+            .unwrap();
+    assert_eq!(b_item.map(|i| i.subscription.as_str()), Some("both"));
+
+    // Logout on b is seen on a.
+    bob.close().await;
+    alice
+        .expect(|e| is_presence(e, &bob_jid, Some("unavailable")))
+        .await;
+
+    // Login on b is seen on a, and bob learns alice's presence by probing across.
+    let mut bob = p.b.login("bob", "phone").await;
+    bob.presence(None, None).await;
+    let seen = alice.expect(|e| is_presence(e, &bob_jid, None)).await;
+    assert_eq!(
+        seen.get_attr("from"),
+        Some(format!("{bob_jid}/phone").as_str())
+    );
+    let probed = bob.expect(|e| is_presence(e, &alice_jid, None)).await;
+    assert_eq!(
+        probed.get_attr("from"),
+        Some(format!("{alice_jid}/home").as_str()),
+        "the probe answer carries alice's full JID"
+    );
+    // A presence change crosses with its payload in the client namespace.
+    bob.send(
+        &Element::new("presence", NS_CLIENT)
+            .child(Element::new("show", NS_CLIENT).text("away"))
+            .child(Element::new("status", NS_CLIENT).text("lunch")),
+    )
+    .await;
+    let away = alice
+        .expect(|e| is_presence(e, &bob_jid, None) && e.get_child("show", NS_CLIENT).is_some())
+        .await;
+    assert_eq!(
+        away.get_child("show", NS_CLIENT).map(|s| s.text_content()),
+        Some("away".to_owned()),
+        "{away}"
+    );
+    // Messages cross too, with the sender's full JID.
+    let msg = Element::new("message", NS_CLIENT)
+        .attr("to", alice_jid.clone())
+        .attr("type", "chat")
+        .child(Element::new("body", NS_CLIENT).text("hello across"));
+    bob.send(&msg).await;
+    let got = alice.expect(|e| e.name == "message").await;
+    assert_eq!(
+        got.get_attr("from"),
+        Some(format!("{bob_jid}/phone").as_str())
+    );
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn probe_from_a_non_subscriber_gets_no_answer() {
+    let p = pair().await;
+    p.a.user("carol").await;
+    p.b.user("dave").await;
+    let carol_jid = p.a.jid("carol");
+    let dave_jid = p.b.jid("dave");
+    let mut dave = p.b.login("dave", "r").await;
+    dave.presence(None, None).await;
+    dave.expect(|e| is_presence(e, &dave_jid, None)).await;
+    // carol asks; dave does not answer, so carol has only a pending request.
+    let mut carol = p.a.login("carol", "r").await;
+    carol.presence(None, None).await;
+    carol.send(&presence_to("subscribe", &dave_jid)).await;
+    dave.expect(|e| is_presence(e, &carol_jid, Some("subscribe")))
+        .await;
+    // A new login of carol probes nobody it is not subscribed to, and dave's presence
+    // changes do not reach her.
+    dave.presence(None, None).await;
+    carol
+        .expect_none(
+            |e| is_presence(e, &dave_jid, None),
+            Duration::from_millis(800),
+        )
+        .await;
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn message_to_a_domain_without_route_bounces_remote_server_not_found() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("erin").await;
+    let mut erin = ts.login("erin", "r").await;
+    let msg = Element::new("message", NS_CLIENT)
+        .attr("to", "nobody@unrouted.example")
+        .attr("id", "m1")
+        .child(Element::new("body", NS_CLIENT).text("x"));
+    erin.send(&msg).await;
+    let err = erin
+        .expect(|e| e.name == "message" && e.get_attr("type") == Some("error"))
+        .await;
+    assert_eq!(stanza_error(&err), "remote-server-not-found");
+    ts.stop().await;
+}
+
+/// A raw server-to-server client that plays the originating server by hand.
+struct RawS2s {
+    reader: StreamReader<ReadHalf<Box<dyn Io>>>,
+    writer: WriteHalf<Box<dyn Io>>,
+    stream_id: String,
+}
+
+impl RawS2s {
+    /// Connects to `to_domain` at `addr` claiming to be `from_domain`, STARTTLS (pinning
+    /// the target's certificate), and returns with the secured stream opened.
+    async fn connect(addr: SocketAddr, target: &TestServer, from_domain: &str) -> RawS2s {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut raw = RawS2s::over(Box::new(tcp));
+        raw.open(from_domain, &target.domain).await;
+        raw.send("<starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
+            .await;
+        let proceed = raw.next_element().await.expect("proceed");
+        assert_eq!(proceed.name, "proceed");
+        let RawS2s { reader, writer, .. } = raw;
+        let io = reader.into_inner().unsplit(writer);
+        let connector = tokio_rustls::TlsConnector::from(tls_client(&target.cert));
+        let name = ServerName::try_from(target.domain.clone()).unwrap();
+        let tls = connector.connect(name, io).await.expect("TLS");
+        let mut raw = RawS2s::over(Box::new(tls));
+        raw.open(from_domain, &target.domain).await;
+        raw
+    }
+
+    fn over(io: Box<dyn Io>) -> RawS2s {
+        let (r, w) = tokio::io::split(io);
+        RawS2s {
+            reader: StreamReader::new(r, ReaderLimits::default()),
+            writer: w,
+            stream_id: String::new(),
+        }
+    }
+
+    async fn send(&mut self, s: &str) {
+        let _ = self.writer.write_all(s.as_bytes()).await;
+        let _ = self.writer.flush().await;
+    }
+
+    async fn open(&mut self, from: &str, to: &str) {
+        self.send(&format!(
+            "<?xml version='1.0'?><stream:stream xmlns='jabber:server' \
+             xmlns:stream='http://etherx.jabber.org/streams' xmlns:db='jabber:server:dialback' \
+             from='{from}' to='{to}' version='1.0'>"
+        ))
+        .await;
+        loop {
+            match tokio::time::timeout(WAIT, self.reader.next()).await {
+                Ok(Ok(StreamEvent::Open(h))) => {
+                    self.stream_id = h.get_attr("id").unwrap_or_default().to_owned()
+                }
+                Ok(Ok(StreamEvent::Stanza(el))) if el.name == "features" => return,
+                Ok(Ok(_)) => {}
+                other => panic!("no stream features: {other:?}"),
+            }
+        }
+    }
+
+    /// The next element, or the stream error condition / "closed".
+    async fn next_element(&mut self) -> Result<Element, String> {
+        loop {
+            match tokio::time::timeout(WAIT, self.reader.next()).await {
+                Ok(Ok(StreamEvent::Stanza(el))) if el.name == "error" => {
+                    return Err(condition(&el))
+                }
+                Ok(Ok(StreamEvent::Stanza(el))) => return Ok(el),
+                Ok(Ok(StreamEvent::Whitespace)) => {}
+                Ok(Ok(_)) | Ok(Err(_)) => return Err("closed".into()),
+                Err(_) => return Err("timeout".into()),
+            }
+        }
+    }
+
+    /// Sends a dialback key for `from` → `to` and returns the result's type.
+    async fn dialback(&mut self, from: &str, to: &str, key: &str) -> String {
+        self.send(&format!(
+            "<db:result from='{from}' to='{to}'>{key}</db:result>"
+        ))
+        .await;
+        let r = self.next_element().await.expect("db:result answer");
+        assert_eq!(r.name, "result", "{r}");
+        r.get_attr("type").unwrap_or_default().to_owned()
+    }
+}
+
+#[tokio::test]
+async fn spoofed_from_domain_over_an_authenticated_stream_is_rejected() {
+    let p = pair().await;
+    p.a.user("alice").await;
+    let alice_jid = p.a.jid("alice");
+    let mut alice = p.a.login("alice", "r").await;
+    alice.presence(None, None).await;
+
+    // Authenticate as b for real: the key is b's (the test knows b's secret), a checks it
+    // with b's authoritative server over its own connection.
+    let mut raw = RawS2s::connect(p.a.s2s_addr(), &p.a, &p.b_domain).await;
+    let key = Secret::new(SECRET_B).key(&p.a_domain, &p.b_domain, &raw.stream_id);
+    assert_eq!(raw.dialback(&p.b_domain, &p.a_domain, &key).await, "valid");
+
+    // A stanza from the authenticated domain is delivered...
+    raw.send(&format!(
+        "<message from='bob@{}/x' to='{alice_jid}' type='chat'><body>legit</body></message>",
+        p.b_domain
+    ))
+    .await;
+    let got = alice.expect(|e| e.name == "message").await;
+    assert_eq!(
+        got.get_attr("from"),
+        Some(format!("bob@{}/x", p.b_domain).as_str())
+    );
+
+    // ...one from any other domain ends the stream with invalid-from (RFC 6120 §4.9.3.9).
+    raw.send(&format!(
+        "<message from='mallory@evil.example/x' to='{alice_jid}' type='chat'><body>spoof</body></message>"
+    ))
+    .await;
+    assert_eq!(
+        raw.next_element().await.err().as_deref(),
+        Some("invalid-from")
+    );
+    alice
+        .expect_none(|e| e.name == "message", Duration::from_millis(500))
+        .await;
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn dialback_key_that_does_not_verify_is_refused() {
+    let p = pair().await;
+    p.a.user("alice").await;
+    let alice_jid = p.a.jid("alice");
+    let mut alice = p.a.login("alice", "r").await;
+    alice.presence(None, None).await;
+
+    let mut raw = RawS2s::connect(p.a.s2s_addr(), &p.a, &p.b_domain).await;
+    // A key made with the wrong secret: b's authoritative server says invalid.
+    let forged = Secret::new("not-b's-secret").key(&p.a_domain, &p.b_domain, &raw.stream_id);
+    assert_eq!(
+        raw.dialback(&p.b_domain, &p.a_domain, &forged).await,
+        "invalid"
+    );
+    raw.send(&format!(
+        "<message from='bob@{}/x' to='{alice_jid}' type='chat'><body>forged</body></message>",
+        p.b_domain
+    ))
+    .await;
+    let end = raw.next_element().await;
+    assert!(
+        end.is_err(),
+        "stream must end after an invalid key: {end:?}"
+    );
+    alice
+        .expect_none(|e| e.name == "message", Duration::from_millis(500))
+        .await;
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn cut_federation_link_marks_contacts_unavailable_and_restored_link_shows_them_again() {
+    let p = pair().await;
+    let (mut alice, _bob) = mutual(&p).await;
+    let bob_jid = p.b.jid("bob");
+
+    // b dies without closing anything: its streams just vanish.
+    p.b.shared().s2s.sever();
+    let Pair {
+        a,
+        b,
+        b_domain,
+        b_port,
+        a_domain,
+        a_port,
+    } = p;
+    b.stop().await;
+
+    // After the grace period alice sees bob unavailable, generated by a and marked so.
+    let stale = alice
+        .expect(|e| is_presence(e, &bob_jid, Some("unavailable")))
+        .await;
+    assert!(
+        stale
+            .get_child("link-lost", presenced::s2s::NS_STALE)
+            .is_some(),
+        "generated unavailable is marked: {stale}"
+    );
+
+    // b comes back on the same address; bob logs in again and alice sees him.
+    let b = start_b(&a_domain, a_port, &b_domain, b_port).await;
+    let mut bob = b.login("bob", "back").await;
+    bob.presence(None, None).await;
+    let back = alice.expect(|e| is_presence(e, &bob_jid, None)).await;
+    assert_eq!(
+        back.get_attr("from"),
+        Some(format!("{bob_jid}/back").as_str())
+    );
+    a.stop().await;
+    b.stop().await;
+}
