@@ -26,8 +26,11 @@
 //! [`common::WAIT`] and fails the case when exceeded.
 //!
 //! The one asynchronous path, roster LISTEN/NOTIFY (`roster_sync`), acts only on sessions
-//! that fetched their roster; these clients never do, so it sends them nothing (and if it
-//! ever did, the presence would be checked at the next step like any other).
+//! that fetched their roster (the `RosterGet` step) and only for roster versions they were
+//! not pushed; a client-made change is pushed under the same per-user lock the listener
+//! takes, so the listener finds nothing to do. It is outside the bound above: if it ever
+//! sent presence late, that presence would arrive in a later step and be checked there
+//! against the state of that step.
 //!
 //! # What is checked
 //!
@@ -287,11 +290,15 @@ struct Sess {
     directed_tokens: BTreeMap<String, String>,
 }
 
-/// `from[s][v]`: s's item for v says from/both; `to[s][v]`: it says to/both.
+/// `from[s][v]`: s's item for v says from/both; `to[s][v]`: it says to/both;
+/// `asking[s][v]`: s asked v and has no answer (`ask='subscribe'`); `asked[s][v]`: v's
+/// request to s waits for s's answer (item flag or stored request, RFC 6121 §3.1.3).
 #[derive(Clone, PartialEq, Eq, Debug)]
 struct Rosters {
     from: [[bool; USERS]; USERS],
     to: [[bool; USERS]; USERS],
+    asking: [[bool; USERS]; USERS],
+    asked: [[bool; USERS]; USERS],
 }
 
 /// A presence that must arrive: (viewer, sender's full JID, `Some(status token)` for
@@ -346,9 +353,16 @@ impl<'a> World<'a> {
         let mut r = Rosters {
             from: [[false; USERS]; USERS],
             to: [[false; USERS]; USERS],
+            asking: [[false; USERS]; USERS],
+            asked: [[false; USERS]; USERS],
         };
         for s in 0..USERS {
+            let waiting = store
+                .pending_subscriptions(&self.bare(s))
+                .await
+                .map_err(|e| format!("store: {e}"))?;
             for v in 0..USERS {
+                r.asked[s][v] = waiting.iter().any(|(from, _)| *from == self.bare(v));
                 if s == v {
                     continue;
                 }
@@ -359,6 +373,8 @@ impl<'a> World<'a> {
                 if let Some(i) = item {
                     r.from[s][v] = i.subscription.has_from();
                     r.to[s][v] = i.subscription.has_to();
+                    r.asking[s][v] = i.pending_out;
+                    r.asked[s][v] |= i.pending_in;
                 }
             }
         }
@@ -647,6 +663,15 @@ impl<'a> World<'a> {
                         post.to[a][b], post.from[b][a]
                     ));
                 }
+                // The same for an unanswered request: A is asking B exactly when B holds
+                // A's request (Appendix A: "Pending Out" on one side, "Pending In" on the
+                // other).
+                if a != b && post.asking[a][b] != post.asked[b][a] {
+                    errors.push(format!(
+                        "(b) u{a}'s item for u{b} has ask={} but u{b} holds a request from u{a}: {}",
+                        post.asking[a][b], post.asked[b][a]
+                    ));
+                }
             }
         }
 
@@ -802,6 +827,7 @@ impl<'a> World<'a> {
 
         // (a) Everything received was permitted (no more).
         let mut delivered: BTreeSet<((usize, usize), String)> = BTreeSet::new();
+        let mut unavailable_seen: BTreeSet<((usize, usize), String)> = BTreeSet::new();
         for g in &got {
             if g.el.name != "presence" {
                 continue;
@@ -892,6 +918,10 @@ impl<'a> World<'a> {
                 }
             } else {
                 count("delivered: unavailable".into());
+                if !unavailable_seen.insert((g.viewer, from.to_owned())) {
+                    // Harmless (RFC 6121 does not promise exactly once), but counted.
+                    count("delivered: same unavailable twice in one step".into());
+                }
                 let permitted = s == v
                     || pre.from[s][v]
                     || post.from[s][v]
@@ -1150,6 +1180,77 @@ async fn probe_without_approved_subscription_gets_nothing_and_pre_approval_admit
             res: 0,
             contact: 2,
         },
+    ])
+    .await;
+}
+
+#[tokio::test]
+async fn roster_remove_of_mutual_contact_ends_presence_both_ways() {
+    // RFC 6121 §2.5.2: removing the item cancels and unsubscribes; both sides get
+    // unavailable from the other's available resources (§3.2.2, §3.3.3), and roster-
+    // interested resources (the ones the LISTEN/NOTIFY path acts on) see nothing extra.
+    scenario(vec![
+        Step::Available { user: 0, res: 0 },
+        Step::RosterGet { user: 0, res: 0 },
+        Step::Available { user: 1, res: 0 },
+        Step::Available { user: 1, res: 1 },
+        Step::RosterGet { user: 1, res: 1 },
+        Step::Sub {
+            user: 0,
+            contact: 1,
+            kind: Kind::Subscribe,
+        },
+        Step::Sub {
+            user: 1,
+            contact: 0,
+            kind: Kind::Subscribed,
+        },
+        Step::Sub {
+            user: 0,
+            contact: 1,
+            kind: Kind::Subscribed,
+        },
+        Step::Sub {
+            user: 1,
+            contact: 0,
+            kind: Kind::Subscribe,
+        },
+        Step::Available { user: 0, res: 0 },
+        Step::RosterRemove {
+            user: 1,
+            contact: 0,
+        },
+        Step::Available { user: 0, res: 0 },
+        Step::Available { user: 1, res: 0 },
+    ])
+    .await;
+}
+
+#[tokio::test]
+async fn subscriber_sent_directed_presence_at_its_full_jid_gets_unavailable() {
+    // A recipient that is both an approved subscriber and the target of directed presence
+    // at a full JID must get the unavailable (§4.5.2, §4.6.3). (Today it gets it twice,
+    // once per reason; RFC 6121 does not promise exactly once, so that is not checked.)
+    scenario(vec![
+        Step::Available { user: 0, res: 0 },
+        Step::Available { user: 1, res: 0 },
+        Step::Sub {
+            user: 1,
+            contact: 0,
+            kind: Kind::Subscribe,
+        },
+        Step::Sub {
+            user: 0,
+            contact: 1,
+            kind: Kind::Subscribed,
+        },
+        Step::Directed {
+            user: 0,
+            res: 0,
+            contact: 1,
+            to_res: Some(0),
+        },
+        Step::Unavailable { user: 0, res: 0 },
     ])
     .await;
 }
