@@ -25,12 +25,12 @@
 //! `session.ended()` then `unregister`), and then does step 2. Every wait is bounded by
 //! [`common::WAIT`] and fails the case when exceeded.
 //!
-//! The one asynchronous path, roster LISTEN/NOTIFY (`roster_sync`), acts only on sessions
-//! that fetched their roster (the `RosterGet` step) and only for roster versions they were
-//! not pushed; a client-made change is pushed under the same per-user lock the listener
-//! takes, so the listener finds nothing to do. It is outside the bound above: if it ever
-//! sent presence late, that presence would arrive in a later step and be checked there
-//! against the state of that step.
+//! The one asynchronous path, the roster listener (`roster_sync`, LISTEN/NOTIFY), acts
+//! only on sessions that fetched their roster (the `RosterGet` step). When one is online,
+//! before step 2 the harness writes a roster item for a marker contact straight to the
+//! store and waits for the listener's push of it ([`listener_barrier`]): the listener
+//! handles notifications one at a time in commit order, so by then it has finished with
+//! every change the step made, and step 2 collects what it sent.
 //!
 //! # What is checked
 //!
@@ -100,6 +100,14 @@ enum Step {
     },
     /// `user` removes `contact` from the roster (RFC 6121 §2.5).
     RosterRemove { user: usize, contact: usize },
+    /// Resource `res` of `user` sends directed unavailable presence to `contact`'s bare
+    /// JID or one of its full JIDs (RFC 6121 §4.6.3: it ends that directed presence).
+    DirectedUnavailable {
+        user: usize,
+        res: usize,
+        contact: usize,
+        to_res: Option<usize>,
+    },
     /// Resource `res` of `user` fetches its roster, which makes it an "interested
     /// resource" (RFC 6121 §2.1.6) that gets roster pushes from then on.
     RosterGet { user: usize, res: usize },
@@ -168,6 +176,15 @@ impl fmt::Display for Step {
                 write!(f, "u{user}/r{res} probes u{contact}")
             }
             Step::RosterGet { user, res } => write!(f, "u{user}/r{res} roster get"),
+            Step::DirectedUnavailable {
+                user,
+                res,
+                contact,
+                to_res,
+            } => match to_res {
+                Some(r) => write!(f, "u{user}/r{res} directed unavailable to u{contact}/r{r}"),
+                None => write!(f, "u{user}/r{res} directed unavailable to u{contact}"),
+            },
             Step::Directed {
                 user,
                 res,
@@ -234,6 +251,9 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (pair(), 0..RESOURCES, proptest::option::of(0..RESOURCES)).prop_map(
             |((user, contact), res, to_res)| Step::Directed { user, res, contact, to_res }
         ),
+        1 => (pair(), 0..RESOURCES, proptest::option::of(0..RESOURCES)).prop_map(
+            |((user, contact), res, to_res)| Step::DirectedUnavailable { user, res, contact, to_res }
+        ),
     ]
 }
 
@@ -288,6 +308,8 @@ struct Sess {
     directed_tracked: BTreeSet<String>,
     /// Status token of each directed presence → its target.
     directed_tokens: BTreeMap<String, String>,
+    /// Fetched its roster, so it gets roster pushes and the roster listener acts on it.
+    interested: bool,
 }
 
 /// `from[s][v]`: s's item for v says from/both; `to[s][v]`: it says to/both;
@@ -393,6 +415,7 @@ impl<'a> World<'a> {
                 directed: BTreeSet::new(),
                 directed_tracked: BTreeSet::new(),
                 directed_tokens: BTreeMap::new(),
+                interested: false,
             },
         );
     }
@@ -428,6 +451,7 @@ impl<'a> World<'a> {
         let mut required: Vec<Required> = Vec::new();
         let mut became_available: Option<(usize, usize)> = None;
         let mut probe: Option<((usize, usize), usize)> = None;
+        let mut directed_gone: Option<((usize, usize), String)> = None;
         let mut went_unavailable: Option<((usize, usize), BTreeSet<String>)> = None;
 
         match *step {
@@ -537,6 +561,10 @@ impl<'a> World<'a> {
                 )
                 .await
                 .map_err(|e| format!("roster get unanswered: {e:?}"))?;
+                self.sessions
+                    .get_mut(&(user, res))
+                    .expect("connected")
+                    .interested = true;
                 actor = Some((user, res));
             }
             Step::Probe { user, res, contact } => {
@@ -598,6 +626,41 @@ impl<'a> World<'a> {
                     }
                 }
             }
+            Step::DirectedUnavailable {
+                user,
+                res,
+                contact,
+                to_res,
+            } => {
+                if !self.sessions.contains_key(&(user, res)) {
+                    self.connect(user, res).await;
+                }
+                let target = match to_res {
+                    Some(r) => self.full(contact, r),
+                    None => self.bare(contact),
+                };
+                let s = self.sessions.get_mut(&(user, res)).expect("connected");
+                s.directed.remove(&target);
+                s.directed_tracked.remove(&target);
+                s.client
+                    .presence(Some("unavailable"), Some(target.as_str()))
+                    .await;
+                actor = Some((user, res));
+                let recipients = match to_res {
+                    Some(r) if self.sessions.contains_key(&(contact, r)) => vec![(contact, r)],
+                    Some(_) => vec![],
+                    None => self.available_sessions(contact),
+                };
+                for v in recipients {
+                    required.push((
+                        v,
+                        self.full(user, res),
+                        None,
+                        "directed unavailable (§4.6.3)".into(),
+                    ));
+                }
+                directed_gone = Some(((user, res), target));
+            }
         }
 
         // Quiescence (see the module comment).
@@ -619,6 +682,19 @@ impl<'a> World<'a> {
                     return Err(format!("u{u}/r{r} still registered {WAIT:?} after logout"));
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        // The roster listener's own effects (see `listener_barrier`).
+        if let Some(&k) = self
+            .sessions
+            .iter()
+            .find(|(_, s)| s.interested)
+            .map(|(k, _)| k)
+        {
+            let owner = self.bare(k.0);
+            let c = &mut self.sessions.get_mut(&k).expect("online").client;
+            for el in listener_barrier(self.ts, c, &owner).await {
+                got.push(Got { viewer: k, el });
             }
         }
         let ids: Vec<((usize, usize), String)> = self
@@ -837,6 +913,10 @@ impl<'a> World<'a> {
                 continue;
             }
             let from = g.el.get_attr("from").unwrap_or("");
+            if from.starts_with("marker") {
+                // The listener's answer to a barrier item (see `listener_barrier`).
+                continue;
+            }
             let Some((s, sres)) = self.parse(from) else {
                 errors.push(format!(
                     "u{}/r{} got presence from a stranger: {}",
@@ -922,7 +1002,12 @@ impl<'a> World<'a> {
                     // Harmless (RFC 6121 does not promise exactly once), but counted.
                     count("delivered: same unavailable twice in one step".into());
                 }
+                let sent_here = directed_gone.as_ref().is_some_and(|(x, t)| {
+                    *x == (s, sres.unwrap_or(usize::MAX))
+                        && (*t == viewer_full || *t == viewer_bare)
+                });
                 let permitted = s == v
+                    || sent_here
                     || pre.from[s][v]
                     || post.from[s][v]
                     || self.seen_available.contains(&(v, s))
@@ -1253,4 +1338,88 @@ async fn subscriber_sent_directed_presence_at_its_full_jid_gets_unavailable() {
         Step::Unavailable { user: 0, res: 0 },
     ])
     .await;
+}
+
+/// Waits until the server's roster listener (`roster_sync`, LISTEN/NOTIFY) has handled
+/// every notification committed before this call, for a session `c` of `owner` that
+/// fetched its roster: a roster item for a marker contact written straight to the store
+/// (as an operator's SQL would) is pushed to `c` only by the listener, which handles
+/// notifications one at a time in commit order, and pushes into the same FIFO mailbox as
+/// everything else. So once the marker's push arrives, whatever the listener sent for
+/// earlier notifications has arrived before it. Returns everything that came first.
+async fn listener_barrier(ts: &TestServer, c: &mut Client, owner: &str) -> Vec<Element> {
+    let marker = format!("marker{}@{}", unique(), ts.domain);
+    ts.shared()
+        .store
+        .upsert_roster_item(owner, &presenced::store::RosterItem::new(marker.clone()))
+        .await
+        .expect("marker item");
+    c.try_expect(
+        &|e: &Element| {
+            e.name == "iq"
+                && e.elements()
+                    .flat_map(|q| q.elements())
+                    .any(|i| i.get_attr("jid") == Some(marker.as_str()))
+        },
+        WAIT,
+    )
+    .await
+    .expect("marker roster push from the listener");
+    std::mem::take(&mut c.backlog)
+        .into_iter()
+        .filter(|e| !e.get_attr("from").is_some_and(|f| f.starts_with("marker")))
+        .collect()
+}
+
+/// Found by the property (step list: u1 available, u1 roster get, u1 subscribe u2,
+/// u1 roster-remove u2). Removing a contact the user had only asked (Pending Out, never
+/// approved) must not make the contact's presence reach the user: RFC 6121 §2.5.2 says
+/// the server sends `unsubscribe` to the contact; §3.3.3 sends unavailable only to a
+/// subscriber the contact had approved. Today the remover's roster-interested resource
+/// gets `<presence type='unavailable' from='contact bare JID'/>` (and an extra roster
+/// push of the half-removed item) from the roster listener: `presence::roster_removed`
+/// calls `outbound_subscription(.., push_user = false)`, so the remover's intermediate
+/// roster version is written but never pushed and the session's recorded version stays
+/// behind; the NOTIFY for that version then looks like a change made outside this node
+/// and `roster_sync::sync_user` replays it, with unavailable because the item has no `to`.
+#[tokio::test]
+async fn removing_an_unapproved_contact_sends_the_remover_no_presence_from_it() {
+    let ts = server().await;
+    let (a, b) = (format!("rm{}a", unique()), format!("rm{}b", unique()));
+    ts.user(&a).await;
+    ts.user(&b).await;
+    let mut c = ts.login(&a, "r0").await;
+    c.iq(
+        "get",
+        None,
+        Element::new("query", presenced::xml::NS_ROSTER),
+    )
+    .await;
+    c.presence(None, None).await;
+    let sub = Element::new("presence", NS_CLIENT)
+        .attr("to", ts.jid(&b))
+        .attr("type", "subscribe");
+    c.send(&sub).await;
+    let remove = Element::new("query", presenced::xml::NS_ROSTER).child(
+        Element::new("item", presenced::xml::NS_ROSTER)
+            .attr("jid", ts.jid(&b))
+            .attr("subscription", "remove"),
+    );
+    let reply = c.iq("set", None, remove).await;
+    assert_eq!(reply.get_attr("type"), Some("result"), "{reply}");
+    let got = listener_barrier(&ts, &mut c, &ts.jid(&a)).await;
+    let from_b: Vec<String> = got
+        .iter()
+        .filter(|e| {
+            e.name == "presence"
+                && e.get_attr("from")
+                    .is_some_and(|f| f.starts_with(&ts.jid(&b)))
+        })
+        .map(|e| e.to_xml())
+        .collect();
+    ts.stop().await;
+    assert!(
+        from_b.is_empty(),
+        "the remover never saw {b}'s presence, yet got: {from_b:?}"
+    );
 }
