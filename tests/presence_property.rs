@@ -692,7 +692,11 @@ impl<'a> World<'a> {
         if let Some((u, r)) = logged_out {
             let jid = FullJid::new(&self.full(u, r)).map_err(|e| format!("{e:?}"))?;
             let deadline = tokio::time::Instant::now() + WAIT;
-            while self.ts.shared().sessions.get(&jid).is_some() {
+            // With liveness the unavailable is sent when the (here zero) grace period ends,
+            // after the session left the registry; `is_tracked` turns false only then.
+            while self.ts.shared().sessions.get(&jid).is_some()
+                || self.ts.shared().liveness.is_tracked(&jid)
+            {
                 if tokio::time::Instant::now() > deadline {
                     return Err(format!("u{u}/r{r} still registered {WAIT:?} after logout"));
                 }
@@ -1143,6 +1147,8 @@ async fn server() -> TestServer {
         // The property sends a few stanzas per step; the rate limit has its own tests.
         c.limits.stanzas_per_second = 10_000;
         c.limits.stanza_burst = 10_000;
+        // The grace period (issue 4) has its own tests; here a logout is announced at once.
+        c.liveness.grace = 0.0;
     })
     .await
 }

@@ -283,6 +283,13 @@ impl Liveness {
             .collect()
     }
 
+    /// Whether a session of `jid` is bound here or still inside its grace period: once this
+    /// is false, its end (and any unavailable it caused) has been handled.
+    pub fn is_tracked(&self, jid: &FullJid) -> bool {
+        let map = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        map.contains_key(jid.as_str())
+    }
+
     /// The bound session still using `jid` here, if it is `id`.
     fn forget(&self, jid: &FullJid, id: u64) -> bool {
         let mut map = self.local.lock().unwrap_or_else(|e| e.into_inner());

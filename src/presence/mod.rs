@@ -572,6 +572,14 @@ async fn apply_subscription(
         };
         if let Some(item) = item {
             if owner == user.as_str() && !push_user {
+                // The item is about to be removed and that removal is pushed instead; the
+                // sessions still count as having seen this version, or the roster listener
+                // would replay it as a change made elsewhere.
+                for s in shared.sessions.of_user_str(owner) {
+                    if s.presence().roster_ver.is_some() {
+                        crate::roster::note_version(&s, *version);
+                    }
+                }
                 continue;
             }
             crate::roster::push_item(shared, owner, *version, item);
