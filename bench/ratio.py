@@ -15,6 +15,7 @@ FIGURES = [
     ("login_rate_per_s", "login rate (sessions/s)", True),
     ("login_p50_ms", "login latency p50 (ms)", False),
     ("login_p99_ms", "login latency p99 (ms)", False),
+    ("fixed_delivered", "deliveries received at fixed load", True),
     ("sat_deliveries_per_s", "presence deliveries/s at saturation", True),
     ("fixed_p50_ms", "delivery latency p50 at fixed load (ms)", False),
     ("fixed_p99_ms", "delivery latency p99 at fixed load (ms)", False),

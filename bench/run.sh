@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
-COMMAND_LINE="N=$N K=$K SERVERS=\"$SERVERS\" bench/run.sh $([ $SMOKE = 1 ] && echo --smoke) ${EXTRA[*]:-}"
+COMMAND_LINE="N=$N K=$K SERVERS=\"$SERVERS\" bench/run.sh $([ "$SMOKE" = 1 ] && echo --smoke || true) ${EXTRA[*]:-}"
 
 log() { echo "[run.sh $(date +%H:%M:%S)] $*" >&2; }
 
@@ -178,6 +178,10 @@ SPOOL_DIR=$d/db
 LOGS_DIR=$d/logs
 EJABBERD_PID_PATH=$d/ejabberd.pid
 ERL_MAX_PORTS=65536
+# ejabberdctl would re-run itself through su as user ejabberd, and su (pam_limits) drops
+# the descriptor limit to 1024: ejabberd then silently stops accepting at ~990 sessions.
+# Run it as the current user (root) with the inherited limit, as Prosody runs (run_as_root).
+EXEC_CMD=as_current_user
 CFG
     chown -R ejabberd:ejabberd "$d"
 }
@@ -224,17 +228,20 @@ run_one() { # name port
                   -n "$N" -k "$K" --scram-cache "$WORK/$name/scram-cache.txt")
     local marker="$WORK/$name/provisioned-$N-$K"
     if [ ! -f "$marker" ]; then
+        # Rosters of another N/K would change the fan-out: start from empty server data.
+        rm -rf "$WORK/$name/data" "$WORK/$name/db" "$WORK/$name"/provisioned-* "$WORK/$name/scram-cache.txt"
+        "${name}_config"
         log "$name: provisioning N=$N K=$K (untimed)"
-        "${name}_start"
+        "${name}_start" || { echo "$name did not start" >&2; return 1; }
         local prov=(--provision)
         [ "$name" = presenced ] && prov+=(--provision-sql "${PRESENCED_SQL:?set PRESENCED_SQL}")
-        "$BENCH" "${common[@]}" "${prov[@]}"
+        "$BENCH" "${common[@]}" "${prov[@]}" || { "${name}_stop"; return 1; }
         "${name}_stop"
         touch "$marker"
     fi
     log "$name: timed run"
-    "${name}_start"
-    sleep 2 # let start-up work finish before the 0-session reading
+    "${name}_start" || { echo "$name did not start" >&2; return 1; }
+    sleep "${SETTLE:-5}" # let start-up work (and its garbage) settle before the 0-session reading
     for p in "${SERVER_PIDS[@]}"; do pidargs+=(--server-pid "$p"); done
     local mode=()
     [ "$SMOKE" = 1 ] && mode=(--smoke)
@@ -254,6 +261,7 @@ rm -f "$WORK"/results/*.json
 make_cert
 ulimit -n 20000 2>/dev/null || true
 FAILED=0
+LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 for s in $SERVERS; do
     case "$s" in
         prosody) run_one prosody "$PROSODY_PORT" || FAILED=1 ;;
@@ -271,6 +279,7 @@ done
     echo "Command: \`$COMMAND_LINE\`"
     echo
     echo "Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(free -m | awk '/^Mem:/ {print $2 " MB RAM, " $7 " MB available"}'), $(uname -sr)"
+    echo "Load average before / after: $LOAD_BEFORE / $(cut -d' ' -f1-3 /proc/loadavg) (the machine is shared; other builds compete for the 2 cores)"
     echo "Peers: $(dpkg-query -W -f='${Package} ${Version}, ' prosody ejabberd 2>/dev/null | sed 's/, $//')"
     echo
     python3 "$HERE/ratio.py" "$WORK/results"

@@ -532,8 +532,8 @@ pub enum Command {
     Presence { phase: u8, seq: u64 },
     /// Send a subscription request to each bare JID (provisioning).
     Subscribe(Vec<String>),
-    /// Fetch the roster again and report it (provisioning check).
-    Roster(tokio::sync::oneshot::Sender<RosterSummary>),
+    /// Fetch the roster again and report the JIDs with subscription "both" (provisioning).
+    Roster(tokio::sync::oneshot::Sender<Vec<String>>),
     /// Close the stream and end.
     Close,
 }
@@ -558,7 +558,7 @@ pub async fn run(
 ) {
     let mut conn = logged.conn;
     let mut seen: Option<HashSet<String>> = Some(HashSet::new());
-    let mut pending_roster: Option<tokio::sync::oneshot::Sender<RosterSummary>> = None;
+    let mut pending_roster: Option<tokio::sync::oneshot::Sender<Vec<String>>> = None;
     let result: Result<(), String> = async {
         loop {
             while let Some(frame) = conn.framer.next_frame()? {
@@ -579,16 +579,15 @@ pub async fn run(
                     "iq" => {
                         if el.attr("id") == Some("roster2") {
                             if let Some(tx) = pending_roster.take() {
-                                let mut s = RosterSummary::default();
+                                let mut both = Vec::new();
                                 if let Some(q) = el.child("query") {
                                     for item in q.children.iter().filter(|c| c.name == "item") {
-                                        s.items += 1;
                                         if item.attr("subscription") == Some("both") {
-                                            s.both += 1;
+                                            both.extend(item.attr("jid").map(str::to_string));
                                         }
                                     }
                                 }
-                                let _ = tx.send(s);
+                                let _ = tx.send(both);
                             }
                         } else if let Some(reply) = on_iq(&el) {
                             conn.send(&reply).await?;
@@ -731,10 +730,13 @@ fn on_iq(el: &Element) -> Option<String> {
     }
 }
 
-/// Source address number `i` of `count`, cycling through 127.0.0.1 ..= 127.0.0.count
+/// Source address number `i` of `count`, cycling through 127.0.0.2 ..= 127.0.0.(count+1)
 /// (then on into 127.0.1.x): each source address has its own ephemeral port range.
+/// 127.0.0.1 is left out on purpose: the servers listen there on ports (35222, 45222) that
+/// lie inside Linux's ephemeral range, and a client socket bound to 127.0.0.1 could take
+/// such a port and keep it in TIME_WAIT, so the next server start could not listen.
 pub fn source_addr(i: u32, count: u32) -> IpAddr {
-    let n = 1 + i % count.max(1);
+    let n = 2 + i % count.max(1);
     IpAddr::from([127, (n >> 16) as u8, (n >> 8) as u8, n as u8])
 }
 
@@ -744,11 +746,12 @@ mod tests {
 
     #[test]
     fn source_addresses_stay_in_loopback_and_cycle() {
-        assert_eq!(source_addr(0, 50), IpAddr::from([127, 0, 0, 1]));
-        assert_eq!(source_addr(49, 50), IpAddr::from([127, 0, 0, 50]));
-        assert_eq!(source_addr(50, 50), IpAddr::from([127, 0, 0, 1]));
-        assert_eq!(source_addr(300, 1000), IpAddr::from([127, 0, 1, 45]));
+        assert_eq!(source_addr(0, 50), IpAddr::from([127, 0, 0, 2]));
+        assert_eq!(source_addr(49, 50), IpAddr::from([127, 0, 0, 51]));
+        assert_eq!(source_addr(50, 50), IpAddr::from([127, 0, 0, 2]));
+        assert_eq!(source_addr(300, 1000), IpAddr::from([127, 0, 1, 46]));
         assert!((0..5000).all(|i| source_addr(i, 4000).is_loopback()));
+        assert!((0..5000).all(|i| source_addr(i, 4000) != IpAddr::from([127, 0, 0, 1])));
     }
 
     #[test]
