@@ -130,11 +130,17 @@ struct Cli {
     #[arg(long)]
     json: Option<PathBuf>,
     /// Hard limit on the whole run, s.
-    #[arg(long, default_value_t = 900)]
+    #[arg(long, default_value_t = 1800)]
     time_limit: u64,
     /// Provision users and contacts (untimed) and exit.
     #[arg(long)]
     provision: bool,
+    /// Provisioning: users per second that send their subscription requests.
+    #[arg(long, default_value_t = 500.0)]
+    provision_rate: f64,
+    /// Provisioning: longest wait for the server to work through the subscriptions, s.
+    #[arg(long, default_value_t = 300)]
+    provision_wait: u64,
     /// presenced only: SQL file that creates users and contacts (see provision_presenced).
     #[arg(long)]
     provision_sql: Option<PathBuf>,
@@ -384,7 +390,7 @@ async fn provision_over_xmpp(
                     errors_of(&shared)
                 ));
             }
-            let both = tokio::time::timeout(Duration::from_secs(30), orx)
+            let both = tokio::time::timeout(Duration::from_secs(cli.provision_wait), orx)
                 .await
                 .map_err(|_| format!("provision: roster of user {i} timed out"))?
                 .map_err(|_| format!("provision: session {i} ended: {:?}", errors_of(&shared)))?;
@@ -405,6 +411,9 @@ async fn provision_over_xmpp(
                 incomplete += 1;
                 missing_edges += missing.len() as u64;
                 let _ = tx.send(Command::Subscribe(missing)).await;
+                // Paced so that the server is not handed N×K subscriptions in one burst.
+                tokio::time::sleep(Duration::from_secs_f64(1.0 / cli.provision_rate.max(1.0)))
+                    .await;
             }
         }
         eprintln!(
@@ -413,7 +422,12 @@ async fn provision_over_xmpp(
         if incomplete == 0 {
             break;
         }
-        wait_quiet(&shared, Duration::from_secs(2), Duration::from_secs(60)).await;
+        wait_quiet(
+            &shared,
+            Duration::from_secs(3),
+            Duration::from_secs(cli.provision_wait),
+        )
+        .await;
         if round == 3 {
             return Err("provision: rosters did not converge after 3 rounds".into());
         }
