@@ -6,7 +6,9 @@
 #   N=1000 K=10          sessions and mutual contacts per user
 #   SERVERS="prosody ejabberd presenced"
 #   PRESENCED_CMD="..."  command that starts presenced in the foreground on
-#                        127.0.0.1:$PRESENCED_PORT for domain bench.example (skipped if unset)
+#                        127.0.0.1:$PRESENCED_PORT for domain bench.example, with STARTTLS
+#                        using $BENCH_WORK/tls/bench.crt and bench.key like the peers, SCRAM,
+#                        and no rate limits (skipped if unset; the column stays empty)
 #   PRESENCED_SQL=FILE   SQL that provisions presenced users (see provision_presenced())
 #   BENCH_WORK=/tmp/presenced-bench  state, configs, logs, results
 #   --record             append the results block to BENCHMARKS.md
