@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Ratio table for bench/run.sh: one column per server, then presenced ÷ best peer.
+
+Reads <dir>/{prosody,ejabberd,presenced}.json written by `presenced-bench --json`.
+"Best peer" is the better of Prosody and ejabberd for each figure (higher is better for
+rates, lower for latency, memory and CPU). Missing servers leave their column empty.
+"""
+import json
+import os
+import sys
+
+# (json key, label, higher_is_better)
+FIGURES = [
+    ("logins_ok", "logins ok", True),
+    ("login_rate_per_s", "login rate (sessions/s)", True),
+    ("login_p50_ms", "login latency p50 (ms)", False),
+    ("login_p99_ms", "login latency p99 (ms)", False),
+    ("fixed_delivered", "deliveries received at fixed load", True),
+    ("sat_deliveries_per_s", "presence deliveries/s at saturation", True),
+    ("fixed_p50_ms", "delivery latency p50 at fixed load (ms)", False),
+    ("fixed_p99_ms", "delivery latency p99 at fixed load (ms)", False),
+    ("fixed_max_ms", "delivery latency max at fixed load (ms)", False),
+    ("rss_kb_per_session", "RSS per idle session (kB)", False),
+    ("cpu_s_per_1000_logins", "CPU s per 1,000 logins", False),
+    ("cpu_s_per_1000_deliveries", "CPU s per 1,000 deliveries", False),
+]
+PEERS = ["prosody", "ejabberd"]
+
+
+def load(d, name):
+    p = os.path.join(d, name + ".json")
+    if not os.path.exists(p):
+        return None
+    with open(p) as f:
+        return json.load(f)
+
+
+def fmt(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def main():
+    d = sys.argv[1]
+    runs = {n: load(d, n) for n in PEERS + ["presenced"]}
+    any_run = next((r for r in runs.values() if r), None)
+    if any_run is None:
+        print("(no results)")
+        return
+    print(f"N = {any_run['users']} sessions, K = {any_run['contacts']} mutual contacts, "
+          f"fixed load {any_run['fixed_rate_changes_per_s']} changes/s "
+          f"(x K deliveries), saturation window {any_run['sat_window']} deliveries")
+    print()
+    print("| figure | Prosody | ejabberd | presenced | presenced ÷ best peer |")
+    print("|---|---:|---:|---:|---:|")
+    for key, label, higher in FIGURES:
+        vals = {n: (r or {}).get(key) for n, r in runs.items()}
+        peer_vals = [vals[p] for p in PEERS if vals[p] is not None]
+        best = (max if higher else min)(peer_vals) if peer_vals else None
+        ratio = ""
+        if vals["presenced"] is not None and best:
+            ratio = f"{vals['presenced'] / best:.2f}"
+        print(f"| {label} | {fmt(vals['prosody'])} | {fmt(vals['ejabberd'])} | "
+              f"{fmt(vals['presenced'])} | {ratio} |")
+    for n, r in runs.items():
+        if r and r.get("errors"):
+            print(f"\n{n} errors: " + "; ".join(r["errors"][:3]))
+
+
+if __name__ == "__main__":
+    main()

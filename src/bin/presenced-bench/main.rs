@@ -1,0 +1,744 @@
+//! presenced-bench: an XMPP load generator that speaks to ANY server (presenced, Prosody,
+//! ejabberd) and measures logins, presence fan-out, latency and server cost.
+//!
+//! A run has an untimed part and a timed part:
+//!
+//! * `--provision` (untimed, run once per server): creates users 0..N and their contact
+//!   graph by the server's own means. For Prosody and ejabberd that is in-band
+//!   registration (XEP-0077) and a subscribe/subscribed exchange over XMPP between all
+//!   users online at once (RFC 6121 §3); for presenced it is a SQL file
+//!   ([`provision_presenced`]). It also fills the SCRAM SaltedPassword cache (`--scram-cache`).
+//! * the timed run: N logins at a controlled rate, the idle RSS reading, presence changes
+//!   at a fixed offered load (latency), then at saturation (throughput), then close.
+//!
+//! Only loopback targets are accepted, every phase is bounded in count and time, and the
+//! whole run stops at `--time-limit`.
+
+mod graph;
+mod procfs;
+mod report;
+mod scram;
+mod session;
+mod stats;
+mod xml;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use rand::{Rng, SeedableRng};
+use tokio::sync::{mpsc, Semaphore};
+
+use graph::ContactGraph;
+use procfs::ServerProbe;
+use report::Report;
+use scram::SaltCache;
+use session::{Command, MechPref, Mode, Shared, Target};
+use stats::Histogram;
+
+/// Which server is under test; decides how `--provision` creates users and rosters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ServerKind {
+    /// Prosody: in-band registration + subscriptions over XMPP.
+    Prosody,
+    /// ejabberd: in-band registration + subscriptions over XMPP.
+    Ejabberd,
+    /// presenced: SQL file given by --provision-sql.
+    Presenced,
+    /// Any other server: same as Prosody/ejabberd (XEP-0077 must be enabled).
+    Other,
+}
+
+/// XMPP load generator for presenced, Prosody and ejabberd (loopback targets only).
+#[derive(Debug, Parser)]
+#[command(name = "presenced-bench", version)]
+struct Cli {
+    /// c2s address of the server under test (an IP literal on loopback).
+    #[arg(long, default_value = "127.0.0.1:35222")]
+    target: SocketAddr,
+    /// XMPP domain of the test users.
+    #[arg(long, default_value = "bench.example")]
+    domain: String,
+    /// Server kind (decides provisioning).
+    #[arg(long, value_enum, default_value = "prosody")]
+    server: ServerKind,
+    /// Label in reports (defaults to the server kind).
+    #[arg(long)]
+    label: Option<String>,
+    /// Number of users / sessions N.
+    #[arg(long, short = 'n', default_value_t = 1000)]
+    users: u32,
+    /// Mutual contacts per user K.
+    #[arg(long, short = 'k', default_value_t = 10)]
+    contacts: u32,
+    /// Shuffle the ring with this seed (random-looking K-regular graph); plain ring if absent.
+    #[arg(long)]
+    graph_seed: Option<u64>,
+    /// User i is <user-prefix><i>.
+    #[arg(long, default_value = "bench")]
+    user_prefix: String,
+    /// User i's password is <password-prefix><i>.
+    #[arg(long, default_value = "bench-pass-")]
+    password_prefix: String,
+    /// SCRAM variant.
+    #[arg(long, value_enum, default_value = "auto")]
+    mech: MechPref,
+    /// File caching SCRAM SaltedPassword per user (filled by --provision, RFC 5802 §5.1).
+    #[arg(long)]
+    scram_cache: Option<PathBuf>,
+    /// Number of source addresses 127.0.0.2, 127.0.0.3, ... to spread connections over.
+    #[arg(long, default_value_t = 64)]
+    source_addrs: u32,
+    /// Offered login rate in sessions/s; 0 = as fast as --login-concurrency allows.
+    #[arg(long, default_value_t = 0.0)]
+    login_rate: f64,
+    /// Logins in flight at most.
+    #[arg(long, default_value_t = 50)]
+    login_concurrency: u32,
+    /// Give up on one login after this many seconds.
+    #[arg(long, default_value_t = 30)]
+    login_timeout: u64,
+    /// Longest wait for the post-login presence storm to go quiet, s.
+    #[arg(long, default_value_t = 30)]
+    settle_secs: u64,
+    /// Seconds of idleness before the RSS reading at N sessions.
+    #[arg(long, default_value_t = 3)]
+    idle_secs: u64,
+    /// Fixed offered load: presence changes per second (each fans out to K watchers).
+    #[arg(long, default_value_t = 100.0)]
+    fixed_rate: f64,
+    /// Length of the fixed-load phase, s.
+    #[arg(long, default_value_t = 10)]
+    fixed_secs: u64,
+    /// Length of the saturation phase, s (0 skips it).
+    #[arg(long, default_value_t = 10)]
+    sat_secs: u64,
+    /// Deliveries allowed in flight during the saturation phase.
+    #[arg(long, default_value_t = 4000)]
+    sat_window: u64,
+    /// Longest wait for outstanding deliveries after a phase, s.
+    #[arg(long, default_value_t = 10)]
+    drain_secs: u64,
+    /// PID(s) of the server process(es), for RSS and CPU from /proc (repeatable).
+    #[arg(long = "server-pid")]
+    server_pids: Vec<u32>,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Hard limit on the whole run, s.
+    #[arg(long, default_value_t = 1800)]
+    time_limit: u64,
+    /// Provision users and contacts (untimed) and exit.
+    #[arg(long)]
+    provision: bool,
+    /// Provisioning: users per second that send their subscription requests.
+    #[arg(long, default_value_t = 500.0)]
+    provision_rate: f64,
+    /// Provisioning: longest wait for the server to work through the subscriptions, s.
+    #[arg(long, default_value_t = 300)]
+    provision_wait: u64,
+    /// presenced only: SQL file that creates users and contacts (see provision_presenced).
+    #[arg(long)]
+    provision_sql: Option<PathBuf>,
+    /// presenced only: PostgreSQL URL given to psql for --provision-sql.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/presenced")]
+    provision_db: String,
+    /// CI mode: N=20, K=3, short phases; fails only if logins or deliveries fail entirely.
+    #[arg(long)]
+    smoke: bool,
+}
+
+impl Cli {
+    fn apply_smoke(&mut self) {
+        if self.smoke {
+            self.users = 20;
+            self.contacts = 3;
+            self.fixed_rate = 20.0;
+            self.fixed_secs = 2;
+            self.sat_secs = 2;
+            self.sat_window = 200;
+            self.idle_secs = 0;
+            self.settle_secs = 10;
+            self.drain_secs = 5;
+            self.time_limit = self.time_limit.min(120);
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let mut cli = Cli::parse();
+    cli.apply_smoke();
+    // Loopback only: the bench must never load anything but a local test server.
+    if !cli.target.ip().is_loopback() {
+        eprintln!("refusing non-loopback target {}", cli.target);
+        return ExitCode::from(2);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let limit = Duration::from_secs(cli.time_limit);
+    let outcome = rt.block_on(async {
+        match tokio::time::timeout(limit, real_main(cli)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("time limit of {} s reached", limit.as_secs())),
+        }
+    });
+    // Sessions still running are abandoned here, not awaited.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("presenced-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn real_main(cli: Cli) -> Result<ExitCode, String> {
+    let graph = Arc::new(ContactGraph::new(cli.users, cli.contacts, cli.graph_seed)?);
+    let cache = match &cli.scram_cache {
+        Some(p) => SaltCache::load(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        None => SaltCache::default(),
+    };
+    let target = Target {
+        addr: cli.target,
+        domain: cli.domain.clone(),
+        tls: session::tls_config()?,
+        mech: cli.mech,
+        cache: Arc::new(cache),
+        user_prefix: cli.user_prefix.clone(),
+        password_prefix: cli.password_prefix.clone(),
+        resource: "bench".into(),
+    };
+    if cli.provision {
+        if cli.server == ServerKind::Presenced {
+            provision_presenced(&cli)?;
+        } else {
+            provision_over_xmpp(&cli, &target, &graph).await?;
+        }
+        if let Some(p) = &cli.scram_cache {
+            target
+                .cache
+                .save(p)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        eprintln!(
+            "provision: {} SCRAM salted passwords cached",
+            target.cache.len()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report = timed_run(&cli, &target, &graph).await?;
+    println!("{}", report.to_table());
+    if let Some(p) = &cli.json {
+        std::fs::write(p, report.to_json()).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    let total_delivered = report.fixed_delivered + report.sat_delivered;
+    if report.logins_ok == 0 || total_delivered == 0 {
+        eprintln!(
+            "FAIL: logins ok {} , presences delivered {}",
+            report.logins_ok, total_delivered
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    if cli.smoke {
+        println!(
+            "smoke: OK ({} logins, {total_delivered} deliveries)",
+            report.logins_ok
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// ==== PROVISIONING HOOK FOR PRESENCED (to be completed by the lead) ====
+///
+/// presenced keeps accounts and rosters in PostgreSQL, so users and the contact graph are
+/// created by SQL, outside the timed part. This runs `psql` on the file given by
+/// `--provision-sql` against `--provision-db`, passing the workload as psql variables:
+/// `users` (N), `contacts` (K), `domain`, `user_prefix`, `password_prefix`. The SQL must
+/// create users `<user_prefix>0 .. <user_prefix>N-1` with password `<password_prefix><i>`
+/// (as SCRAM credentials) and, for each user, mutual (`both`) roster items with the K
+/// contacts of the ring: offsets ±1..±K/2 (plus N/2 when K is odd) — the same graph as
+/// [`ContactGraph`] without `--graph-seed`.
+fn provision_presenced(cli: &Cli) -> Result<(), String> {
+    let sql = cli
+        .provision_sql
+        .as_ref()
+        .ok_or("--server presenced --provision needs --provision-sql FILE")?;
+    if cli.graph_seed.is_some() {
+        return Err("--graph-seed is not supported with SQL provisioning (plain ring only)".into());
+    }
+    let status = std::process::Command::new("psql")
+        .arg(&cli.provision_db)
+        .args(["-v", "ON_ERROR_STOP=1", "-q"])
+        .args(["-v", &format!("users={}", cli.users)])
+        .args(["-v", &format!("contacts={}", cli.contacts)])
+        .args(["-v", &format!("domain={}", cli.domain)])
+        .args(["-v", &format!("user_prefix={}", cli.user_prefix)])
+        .args(["-v", &format!("password_prefix={}", cli.password_prefix)])
+        .arg("-f")
+        .arg(sql)
+        .status()
+        .map_err(|e| format!("psql: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("psql -f {} failed: {status}", sql.display()))
+    }
+}
+
+/// Runs `f(i)` for i in 0..n with at most `concurrency` in flight; returns failures.
+async fn for_each_bounded<F, Fut>(n: u32, concurrency: u32, f: F) -> Vec<String>
+where
+    F: Fn(u32) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>> + Send + 'static,
+{
+    let sem = Arc::new(Semaphore::new(concurrency.max(1) as usize));
+    let mut handles = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let Ok(permit) = sem.clone().acquire_owned().await else {
+            break;
+        };
+        let fut = f(i);
+        handles.push(tokio::spawn(async move {
+            let r = fut.await;
+            drop(permit);
+            r
+        }));
+    }
+    let mut errors = Vec::new();
+    for h in handles {
+        match h.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(format!("task: {e}")),
+        }
+    }
+    errors
+}
+
+/// Provisioning for servers without SQL access: XEP-0077 registration of every user, then
+/// all users online at once, each sending `subscribe` to its K contacts and approving every
+/// request it receives, until every roster holds K items with subscription "both".
+async fn provision_over_xmpp(
+    cli: &Cli,
+    target: &Target,
+    graph: &Arc<ContactGraph>,
+) -> Result<(), String> {
+    let n = cli.users;
+    let started = Instant::now();
+    let created = Arc::new(AtomicU64::new(0));
+    let errs = {
+        let created = created.clone();
+        for_each_bounded(n, cli.login_concurrency, |i| {
+            let t = target.clone();
+            let created = created.clone();
+            let src = session::source_addr(i, cli.source_addrs);
+            async move {
+                if session::register(&t, i, src).await? {
+                    created.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+        })
+        .await
+    };
+    if !errs.is_empty() {
+        return Err(format!(
+            "registration: {} failures, first: {}",
+            errs.len(),
+            errs[0]
+        ));
+    }
+    eprintln!(
+        "provision: {} users ({} new) registered in {:.1} s",
+        n,
+        created.load(Ordering::Relaxed),
+        started.elapsed().as_secs_f64()
+    );
+
+    let shared = Arc::new(Shared::default());
+    let (sessions, login_errors, _) =
+        login_all(cli, target, graph, &shared, Mode::Provision, None).await;
+    if login_errors > 0 {
+        return Err(format!(
+            "provision: {login_errors} logins failed: {:?}",
+            shared.errors.lock().map(|e| e.clone()).unwrap_or_default()
+        ));
+    }
+    let k = graph.k();
+    for round in 1..=3 {
+        // Ask each session for its roster and subscribe to the contacts still missing.
+        let mut incomplete = 0u32;
+        let mut missing_edges = 0u64;
+        for (i, tx) in &sessions {
+            let (otx, orx) = tokio::sync::oneshot::channel();
+            if tx.send(Command::Roster(otx)).await.is_err() {
+                return Err(format!(
+                    "provision: session {i} ended: {:?}",
+                    errors_of(&shared)
+                ));
+            }
+            let both = tokio::time::timeout(Duration::from_secs(cli.provision_wait), orx)
+                .await
+                .map_err(|_| format!("provision: roster of user {i} timed out"))?
+                .map_err(|_| format!("provision: session {i} ended: {:?}", errors_of(&shared)))?;
+            if both.len() > k as usize {
+                return Err(format!(
+                    "provision: user {i} has {} mutual contacts, more than K={k}: \
+                     the server holds rosters of another N/K; wipe its data first",
+                    both.len()
+                ));
+            }
+            let missing: Vec<String> = graph
+                .contacts(*i)
+                .into_iter()
+                .map(|c| target.bare(c))
+                .filter(|j| !both.contains(j))
+                .collect();
+            if !missing.is_empty() {
+                incomplete += 1;
+                missing_edges += missing.len() as u64;
+                let _ = tx.send(Command::Subscribe(missing)).await;
+                // Paced so that the server is not handed N×K subscriptions in one burst.
+                tokio::time::sleep(Duration::from_secs_f64(1.0 / cli.provision_rate.max(1.0)))
+                    .await;
+            }
+        }
+        eprintln!(
+            "provision: round {round}: {incomplete} users lacked {missing_edges} mutual contacts"
+        );
+        if incomplete == 0 {
+            break;
+        }
+        wait_quiet(
+            &shared,
+            Duration::from_secs(3),
+            Duration::from_secs(cli.provision_wait),
+        )
+        .await;
+        if round == 3 {
+            return Err("provision: rosters did not converge after 3 rounds".into());
+        }
+    }
+    close_all(&sessions).await;
+    eprintln!(
+        "provision: done in {:.1} s ({} subscription approvals)",
+        started.elapsed().as_secs_f64(),
+        shared.subscriptions_approved.load(Ordering::Relaxed)
+    );
+    Ok(())
+}
+
+fn errors_of(shared: &Shared) -> Vec<String> {
+    shared.errors.lock().map(|e| e.clone()).unwrap_or_default()
+}
+
+/// Waits until no stanza has arrived for `quiet`, at most `max`.
+async fn wait_quiet(shared: &Shared, quiet: Duration, max: Duration) {
+    let until = Instant::now() + max;
+    shared
+        .last_activity_ns
+        .store(session::now_ns(), Ordering::Relaxed);
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let last = shared.last_activity_ns.load(Ordering::Relaxed);
+        if session::now_ns().saturating_sub(last) >= quiet.as_nanos() as u64 {
+            return;
+        }
+    }
+}
+
+async fn close_all(sessions: &[(u32, mpsc::Sender<Command>)]) {
+    for (_, tx) in sessions {
+        let _ = tx.send(Command::Close).await;
+    }
+    // Give the sessions a moment to write their stream close.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Logs in all N users at the configured rate and starts their session loops.
+/// Returns the live sessions, the number of failed logins, and the login span.
+async fn login_all(
+    cli: &Cli,
+    target: &Target,
+    graph: &Arc<ContactGraph>,
+    shared: &Arc<Shared>,
+    mode: Mode,
+    hist: Option<Arc<Histogram>>,
+) -> (Vec<(u32, mpsc::Sender<Command>)>, u64, Duration) {
+    let n = cli.users;
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u32, Option<mpsc::Sender<Command>>)>();
+    let sem = Arc::new(Semaphore::new(cli.login_concurrency.max(1) as usize));
+    let started = Instant::now();
+    let last_done = Arc::new(AtomicU64::new(0));
+    let timeout = Duration::from_secs(cli.login_timeout);
+    for i in 0..n {
+        if cli.login_rate > 0.0 {
+            let due = started + Duration::from_secs_f64(f64::from(i) / cli.login_rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let Ok(permit) = sem.clone().acquire_owned().await else {
+            break;
+        };
+        let t = target.clone();
+        let shared = shared.clone();
+        let done_tx = done_tx.clone();
+        let hist = hist.clone();
+        let last_done = last_done.clone();
+        let src = session::source_addr(i, cli.source_addrs);
+        let k = graph.k() as usize;
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let r = tokio::time::timeout(timeout, session::login(&t, i, src)).await;
+            let r = r.unwrap_or_else(|_| Err("login timed out".into()));
+            drop(permit);
+            match r {
+                Ok(logged) => {
+                    if logged.roster.both as usize >= k {
+                        shared.rosters_complete.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(h) = &hist {
+                        h.record(t0.elapsed().as_micros() as u64);
+                    }
+                    last_done.fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    let (tx, rx) = mpsc::channel(64);
+                    let _ = done_tx.send((i, Some(tx)));
+                    drop(done_tx);
+                    session::run(logged, t.bare(i), k, mode, shared, rx).await;
+                }
+                Err(e) => {
+                    shared.note_error(format!("login {}: {e}", t.user(i)));
+                    let _ = done_tx.send((i, None));
+                }
+            }
+        });
+    }
+    drop(done_tx);
+    let mut sessions = Vec::with_capacity(n as usize);
+    let mut failed = 0;
+    // Each task reports exactly once (and keeps its sender while its session runs, so the
+    // channel never closes by itself): count the reports.
+    let attempts = n as usize;
+    while sessions.len() + (failed as usize) < attempts {
+        let Some((i, tx)) = done_rx.recv().await else {
+            break;
+        };
+        match tx {
+            Some(tx) => sessions.push((i, tx)),
+            None => failed += 1,
+        }
+    }
+    sessions.sort_by_key(|(i, _)| *i);
+    let span = Duration::from_micros(last_done.load(Ordering::Relaxed));
+    (sessions, failed, span)
+}
+
+fn ms(us: Option<u64>) -> Option<f64> {
+    us.map(|v| v as f64 / 1000.0)
+}
+
+/// Waits until phase deliveries reach `expected` or stop progressing.
+async fn drain(shared: &Shared, phase: usize, expected: u64, max: Duration) {
+    let until = Instant::now() + max;
+    let mut last = shared.phases[phase].delivered.load(Ordering::Relaxed);
+    let mut last_change = Instant::now();
+    while Instant::now() < until {
+        let d = shared.phases[phase].delivered.load(Ordering::Relaxed);
+        if d >= expected {
+            return;
+        }
+        if d != last {
+            last = d;
+            last_change = Instant::now();
+        } else if last_change.elapsed() > Duration::from_secs(2) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn timed_run(
+    cli: &Cli,
+    target: &Target,
+    graph: &Arc<ContactGraph>,
+) -> Result<Report, String> {
+    let probe = ServerProbe::new(cli.server_pids.clone())?;
+    let k = u64::from(graph.k());
+    let mut rep = Report {
+        label: cli
+            .label
+            .clone()
+            .unwrap_or_else(|| format!("{:?}", cli.server).to_lowercase()),
+        target: cli.target.to_string(),
+        users: cli.users,
+        contacts: cli.contacts,
+        login_rate_offered: cli.login_rate,
+        login_concurrency: cli.login_concurrency,
+        fixed_rate: cli.fixed_rate,
+        sat_window: cli.sat_window,
+        ..Report::default()
+    };
+    let shared = Arc::new(Shared::default());
+
+    // --- logins ---
+    let s0 = probe.sample();
+    let login_hist = Arc::new(Histogram::default());
+    eprintln!("logging in {} sessions...", cli.users);
+    let (sessions, failed, span) = login_all(
+        cli,
+        target,
+        graph,
+        &shared,
+        Mode::Measure,
+        Some(login_hist.clone()),
+    )
+    .await;
+    rep.logins_ok = sessions.len() as u64;
+    rep.logins_failed = failed;
+    if rep.logins_ok > 0 && span.as_secs_f64() > 0.0 {
+        rep.login_rate = Some(rep.logins_ok as f64 / span.as_secs_f64());
+    }
+    rep.login_p50_ms = ms(login_hist.quantile(0.5));
+    rep.login_p99_ms = ms(login_hist.quantile(0.99));
+    rep.login_max_ms = ms((login_hist.count() > 0).then(|| login_hist.max()));
+    eprintln!(
+        "logins: {} ok, {} failed in {:.2} s; waiting for presence to settle",
+        rep.logins_ok,
+        rep.logins_failed,
+        span.as_secs_f64()
+    );
+    // The initial-presence storm (RFC 6121 §4.2.2 broadcast + §4.3 probes) is part of a
+    // login's cost: wait until every session saw all its contacts or things go quiet.
+    let settle_until = Instant::now() + Duration::from_secs(cli.settle_secs);
+    while Instant::now() < settle_until
+        && shared.sessions_all_contacts_seen.load(Ordering::Relaxed) < rep.logins_ok
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // CPU is read as soon as the storm is over: an idle Erlang VM spins its schedulers, so
+    // waiting longer would charge idle spinning to the logins.
+    let s1 = probe.sample();
+    wait_quiet(
+        &shared,
+        Duration::from_millis(500),
+        Duration::from_secs(cli.settle_secs),
+    )
+    .await;
+    rep.sessions_all_contacts_seen = shared.sessions_all_contacts_seen.load(Ordering::Relaxed);
+    rep.rosters_complete = shared.rosters_complete.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(cli.idle_secs)).await;
+    let s_idle = probe.sample();
+    if probe.enabled() && rep.logins_ok > 0 {
+        rep.rss_kb_idle_0 = Some(s0.rss_kb);
+        rep.rss_kb_idle_n = Some(s_idle.rss_kb);
+        rep.rss_kb_per_session =
+            Some((s_idle.rss_kb as f64 - s0.rss_kb as f64) / rep.logins_ok as f64);
+        rep.cpu_s_per_1000_logins =
+            Some((s1.cpu_secs - s0.cpu_secs) / rep.logins_ok as f64 * 1000.0);
+    }
+    if sessions.is_empty() {
+        rep.errors = shared.errors.lock().map(|e| e.clone()).unwrap_or_default();
+        return Ok(rep);
+    }
+
+    // --- fixed offered load: latency ---
+    eprintln!(
+        "fixed load: {} changes/s for {} s",
+        cli.fixed_rate, cli.fixed_secs
+    );
+    let mut rng = rand::rngs::StdRng::from_entropy();
+    let mut drops = 0u64;
+    let mut seq = 0u64;
+    let t0 = Instant::now();
+    let fixed_len = Duration::from_secs(cli.fixed_secs);
+    let mut issued = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    while t0.elapsed() < fixed_len && cli.fixed_rate > 0.0 {
+        tick.tick().await;
+        let due = (t0.elapsed().as_secs_f64() * cli.fixed_rate) as u64;
+        while issued < due {
+            let (_, tx) = &sessions[rng.gen_range(0..sessions.len())];
+            seq += 1;
+            issued += 1;
+            if tx.try_send(Command::Presence { phase: 0, seq }).is_err() {
+                drops += 1;
+            }
+        }
+    }
+    rep.fixed_secs = t0.elapsed().as_secs_f64();
+    let fixed_sent = shared.phases[0].sent.load(Ordering::Relaxed);
+    drain(
+        &shared,
+        0,
+        fixed_sent * k,
+        Duration::from_secs(cli.drain_secs),
+    )
+    .await;
+    rep.fixed_sent = shared.phases[0].sent.load(Ordering::Relaxed);
+    rep.fixed_delivered = shared.phases[0].delivered.load(Ordering::Relaxed);
+    let h = &shared.phases[0].latency;
+    rep.fixed_p50_ms = ms(h.quantile(0.5));
+    rep.fixed_p99_ms = ms(h.quantile(0.99));
+    rep.fixed_max_ms = ms((h.count() > 0).then(|| h.max()));
+
+    // --- saturation: as many changes as a window of in-flight deliveries allows ---
+    if cli.sat_secs > 0 {
+        eprintln!(
+            "saturation: window {} deliveries for {} s",
+            cli.sat_window, cli.sat_secs
+        );
+        let p = &shared.phases[1];
+        let c0 = probe.sample();
+        let t0 = Instant::now();
+        let sat_len = Duration::from_secs(cli.sat_secs);
+        let mut issued = 0u64;
+        let mut next = 0usize;
+        while t0.elapsed() < sat_len {
+            let in_flight = (issued * k).saturating_sub(p.delivered.load(Ordering::Relaxed));
+            if in_flight + k > cli.sat_window {
+                tokio::time::sleep(Duration::from_micros(500)).await;
+                continue;
+            }
+            let (_, tx) = &sessions[next % sessions.len()];
+            next += 1;
+            seq += 1;
+            if tx.try_send(Command::Presence { phase: 1, seq }).is_ok() {
+                issued += 1;
+            } else {
+                drops += 1;
+                tokio::task::yield_now().await;
+            }
+        }
+        let elapsed = t0.elapsed().as_secs_f64();
+        let delivered = p.delivered.load(Ordering::Relaxed);
+        let c1 = probe.sample();
+        rep.sat_secs = elapsed;
+        rep.sat_delivered = delivered;
+        rep.sat_deliveries_per_s = Some(delivered as f64 / elapsed);
+        if probe.enabled() && delivered > 0 {
+            rep.cpu_s_per_1000_deliveries =
+                Some((c1.cpu_secs - c0.cpu_secs) / delivered as f64 * 1000.0);
+        }
+        drain(&shared, 1, issued * k, Duration::from_secs(cli.drain_secs)).await;
+        rep.sat_sent = p.sent.load(Ordering::Relaxed);
+        rep.sat_p50_ms = ms(p.latency.quantile(0.5));
+        rep.sat_p99_ms = ms(p.latency.quantile(0.99));
+    }
+    rep.client_backlog_drops = drops;
+    close_all(&sessions).await;
+    rep.sessions_lost = shared.sessions_lost.load(Ordering::Relaxed);
+    rep.errors = shared.errors.lock().map(|e| e.clone()).unwrap_or_default();
+    Ok(rep)
+}

@@ -1,0 +1,108 @@
+//! Server cost read from /proc: resident memory and CPU time of the server's processes.
+//!
+//! Several PIDs may be given (ejabberd is beam.smp plus helpers); their figures are summed.
+
+/// USER_HZ: the unit of utime/stime in /proc/PID/stat. Linux fixes it at 100 for user
+/// space on every architecture the bench runs on (see proc(5), "clock ticks").
+const CLOCK_TICKS_PER_SEC: f64 = 100.0;
+
+/// One reading of the server's cost.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sample {
+    /// Sum of VmRSS over the PIDs, in kB.
+    pub rss_kb: u64,
+    /// Sum of utime+stime over the PIDs, in seconds.
+    pub cpu_secs: f64,
+}
+
+/// Reads `Sample`s for a fixed set of PIDs; with no PIDs every sample is zero.
+#[derive(Debug, Clone, Default)]
+pub struct ServerProbe {
+    pids: Vec<u32>,
+}
+
+impl ServerProbe {
+    /// A probe for `pids`; fails early if one cannot be read.
+    pub fn new(pids: Vec<u32>) -> Result<Self, String> {
+        let p = ServerProbe { pids };
+        for pid in &p.pids {
+            read_pid(*pid).map_err(|e| format!("server pid {pid}: {e}"))?;
+        }
+        Ok(p)
+    }
+
+    /// True when at least one PID is watched.
+    pub fn enabled(&self) -> bool {
+        !self.pids.is_empty()
+    }
+
+    /// Current cost; a PID that vanished counts as zero (and is reported on stderr).
+    pub fn sample(&self) -> Sample {
+        let mut s = Sample::default();
+        for pid in &self.pids {
+            match read_pid(*pid) {
+                Ok(one) => {
+                    s.rss_kb += one.rss_kb;
+                    s.cpu_secs += one.cpu_secs;
+                }
+                Err(e) => eprintln!("warning: server pid {pid}: {e}"),
+            }
+        }
+        s
+    }
+}
+
+fn read_pid(pid: u32) -> Result<Sample, String> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
+    Ok(Sample {
+        rss_kb: parse_vm_rss(&status).ok_or("no VmRSS line")?,
+        cpu_secs: parse_cpu_ticks(&stat).ok_or("malformed stat")? as f64 / CLOCK_TICKS_PER_SEC,
+    })
+}
+
+/// VmRSS in kB from the text of /proc/PID/status.
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// utime + stime (fields 14 and 15) in clock ticks from the text of /proc/PID/stat.
+/// The command name (field 2) may contain spaces and parentheses, so fields are counted
+/// after the last ')'.
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // after ')' the first field is field 3 (state); utime is field 14 → index 11.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_counted_after_a_command_name_with_spaces_and_parens() {
+        let stat =
+            "1234 (a b) c) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 70 0 0 20 0 1 0 5 1000 10";
+        assert_eq!(parse_cpu_ticks(stat), Some(320));
+    }
+
+    #[test]
+    fn vm_rss_is_read_in_kilobytes() {
+        let status = "Name:\tprosody\nVmPeak:\t  9000 kB\nVmRSS:\t   16544 kB\nThreads: 1\n";
+        assert_eq!(parse_vm_rss(status), Some(16544));
+    }
+
+    #[test]
+    fn own_process_can_be_sampled() {
+        let p = ServerProbe::new(vec![std::process::id()]).expect("own pid readable");
+        assert!(p.sample().rss_kb > 0);
+    }
+}

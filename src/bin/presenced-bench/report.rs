@@ -1,0 +1,286 @@
+//! The figures a run produces, printed as a table and written as JSON.
+
+use std::fmt::Write as _;
+
+/// Figures of one timed run against one server.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    /// Free-form label (server name).
+    pub label: String,
+    /// Target address.
+    pub target: String,
+    /// Sessions attempted (N).
+    pub users: u32,
+    /// Contacts per user (K).
+    pub contacts: u32,
+    /// Offered login rate (0 = as fast as the concurrency allows).
+    pub login_rate_offered: f64,
+    /// Logins in flight at most.
+    pub login_concurrency: u32,
+    /// Successful logins.
+    pub logins_ok: u64,
+    /// Failed logins.
+    pub logins_failed: u64,
+    /// Achieved login rate, sessions/s (first attempt to last completion).
+    pub login_rate: Option<f64>,
+    /// Login latency p50, ms (TCP connect to initial presence sent).
+    pub login_p50_ms: Option<f64>,
+    /// Login latency p99, ms.
+    pub login_p99_ms: Option<f64>,
+    /// Login latency max, ms.
+    pub login_max_ms: Option<f64>,
+    /// Sessions whose roster at login held all K contacts as "both" (provisioning check).
+    pub rosters_complete: u64,
+    /// Sessions that saw all K contacts available after login.
+    pub sessions_all_contacts_seen: u64,
+    /// Server RSS with no bench session, kB.
+    pub rss_kb_idle_0: Option<u64>,
+    /// Server RSS with all sessions connected and idle, kB.
+    pub rss_kb_idle_n: Option<u64>,
+    /// (rss_n - rss_0) / logins_ok, kB.
+    pub rss_kb_per_session: Option<f64>,
+    /// Server CPU seconds per 1,000 logins (login phase incl. initial presence fan-out).
+    pub cpu_s_per_1000_logins: Option<f64>,
+    /// Fixed offered load: presence changes per second.
+    pub fixed_rate: f64,
+    /// Fixed-load phase length, s.
+    pub fixed_secs: f64,
+    /// Changes sent in the fixed-load phase.
+    pub fixed_sent: u64,
+    /// Deliveries received in the fixed-load phase.
+    pub fixed_delivered: u64,
+    /// Delivery latency at fixed load, ms.
+    pub fixed_p50_ms: Option<f64>,
+    /// p99, ms.
+    pub fixed_p99_ms: Option<f64>,
+    /// max, ms.
+    pub fixed_max_ms: Option<f64>,
+    /// Saturation phase: deliveries allowed in flight.
+    pub sat_window: u64,
+    /// Saturation phase length, s.
+    pub sat_secs: f64,
+    /// Changes sent at saturation.
+    pub sat_sent: u64,
+    /// Deliveries received during the saturation phase.
+    pub sat_delivered: u64,
+    /// Deliveries per second at saturation.
+    pub sat_deliveries_per_s: Option<f64>,
+    /// Latency at saturation p50, ms (queueing included, for orientation only).
+    pub sat_p50_ms: Option<f64>,
+    /// p99 at saturation, ms.
+    pub sat_p99_ms: Option<f64>,
+    /// Server CPU seconds per 1,000 deliveries at saturation.
+    pub cpu_s_per_1000_deliveries: Option<f64>,
+    /// Sessions that ended unexpectedly.
+    pub sessions_lost: u64,
+    /// Presence commands dropped because a session's queue was full (client-side backlog).
+    pub client_backlog_drops: u64,
+    /// First few errors.
+    pub errors: Vec<String>,
+}
+
+fn num(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.3}"),
+        _ => "null".into(),
+    }
+}
+
+fn cell(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.2}"),
+        _ => "-".into(),
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+impl Report {
+    /// The report as a JSON object (hand-written: the crate has no JSON dependency).
+    pub fn to_json(&self) -> String {
+        let f = |v: u64| Some(v as f64);
+        let fields: Vec<(&str, String)> = vec![
+            ("label", json_str(&self.label)),
+            ("target", json_str(&self.target)),
+            ("users", self.users.to_string()),
+            ("contacts", self.contacts.to_string()),
+            ("login_rate_offered", num(Some(self.login_rate_offered))),
+            ("login_concurrency", self.login_concurrency.to_string()),
+            ("logins_ok", self.logins_ok.to_string()),
+            ("logins_failed", self.logins_failed.to_string()),
+            ("login_rate_per_s", num(self.login_rate)),
+            ("login_p50_ms", num(self.login_p50_ms)),
+            ("login_p99_ms", num(self.login_p99_ms)),
+            ("login_max_ms", num(self.login_max_ms)),
+            ("rosters_complete", self.rosters_complete.to_string()),
+            (
+                "sessions_all_contacts_seen",
+                self.sessions_all_contacts_seen.to_string(),
+            ),
+            ("rss_kb_idle_0", num(self.rss_kb_idle_0.and_then(f))),
+            ("rss_kb_idle_n", num(self.rss_kb_idle_n.and_then(f))),
+            ("rss_kb_per_session", num(self.rss_kb_per_session)),
+            ("cpu_s_per_1000_logins", num(self.cpu_s_per_1000_logins)),
+            ("fixed_rate_changes_per_s", num(Some(self.fixed_rate))),
+            ("fixed_secs", num(Some(self.fixed_secs))),
+            ("fixed_sent", self.fixed_sent.to_string()),
+            ("fixed_delivered", self.fixed_delivered.to_string()),
+            ("fixed_p50_ms", num(self.fixed_p50_ms)),
+            ("fixed_p99_ms", num(self.fixed_p99_ms)),
+            ("fixed_max_ms", num(self.fixed_max_ms)),
+            ("sat_window", self.sat_window.to_string()),
+            ("sat_secs", num(Some(self.sat_secs))),
+            ("sat_sent", self.sat_sent.to_string()),
+            ("sat_delivered", self.sat_delivered.to_string()),
+            ("sat_deliveries_per_s", num(self.sat_deliveries_per_s)),
+            ("sat_p50_ms", num(self.sat_p50_ms)),
+            ("sat_p99_ms", num(self.sat_p99_ms)),
+            (
+                "cpu_s_per_1000_deliveries",
+                num(self.cpu_s_per_1000_deliveries),
+            ),
+            ("sessions_lost", self.sessions_lost.to_string()),
+            (
+                "client_backlog_drops",
+                self.client_backlog_drops.to_string(),
+            ),
+            (
+                "errors",
+                format!(
+                    "[{}]",
+                    self.errors
+                        .iter()
+                        .map(|e| json_str(e))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+        ];
+        let body: Vec<String> = fields
+            .into_iter()
+            .map(|(k, v)| format!("  {}: {v}", json_str(k)))
+            .collect();
+        format!("{{\n{}\n}}\n", body.join(",\n"))
+    }
+
+    /// The report as an aligned text table.
+    pub fn to_table(&self) -> String {
+        let expected_fixed = self.fixed_sent * u64::from(self.contacts);
+        let rows: Vec<(String, String)> = vec![
+            ("server".into(), format!("{} ({})", self.label, self.target)),
+            (
+                "sessions N / contacts K".into(),
+                format!("{} / {}", self.users, self.contacts),
+            ),
+            (
+                "logins ok / failed".into(),
+                format!("{} / {}", self.logins_ok, self.logins_failed),
+            ),
+            ("login rate (sessions/s)".into(), cell(self.login_rate)),
+            (
+                "login latency p50 / p99 / max (ms)".into(),
+                format!(
+                    "{} / {} / {}",
+                    cell(self.login_p50_ms),
+                    cell(self.login_p99_ms),
+                    cell(self.login_max_ms)
+                ),
+            ),
+            (
+                "rosters complete / saw all contacts online".into(),
+                format!(
+                    "{} / {}",
+                    self.rosters_complete, self.sessions_all_contacts_seen
+                ),
+            ),
+            (
+                "server RSS at 0 / N sessions (kB)".into(),
+                format!(
+                    "{} / {}",
+                    cell(self.rss_kb_idle_0.map(|v| v as f64)),
+                    cell(self.rss_kb_idle_n.map(|v| v as f64))
+                ),
+            ),
+            (
+                "RSS per idle session (kB)".into(),
+                cell(self.rss_kb_per_session),
+            ),
+            (
+                "CPU s per 1,000 logins".into(),
+                cell(self.cpu_s_per_1000_logins),
+            ),
+            (
+                format!("fixed load {}/s: delivered/expected", self.fixed_rate),
+                format!("{} / {}", self.fixed_delivered, expected_fixed),
+            ),
+            (
+                "delivery latency p50 / p99 / max (ms)".into(),
+                format!(
+                    "{} / {} / {}",
+                    cell(self.fixed_p50_ms),
+                    cell(self.fixed_p99_ms),
+                    cell(self.fixed_max_ms)
+                ),
+            ),
+            (
+                "deliveries/s at saturation".into(),
+                cell(self.sat_deliveries_per_s),
+            ),
+            (
+                "saturation latency p50 / p99 (ms)".into(),
+                format!("{} / {}", cell(self.sat_p50_ms), cell(self.sat_p99_ms)),
+            ),
+            (
+                "CPU s per 1,000 deliveries".into(),
+                cell(self.cpu_s_per_1000_deliveries),
+            ),
+            (
+                "sessions lost / client drops".into(),
+                format!("{} / {}", self.sessions_lost, self.client_backlog_drops),
+            ),
+        ];
+        let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        let mut out = String::new();
+        for (k, v) in rows {
+            let _ = writeln!(out, "{k:<w$}  {v}");
+        }
+        for e in &self.errors {
+            let _ = writeln!(out, "error: {e}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_nulls_for_missing_figures_and_escapes_strings() {
+        let r = Report {
+            label: "pro\"sody".into(),
+            login_rate: Some(12.5),
+            errors: vec!["a\nb".into()],
+            ..Report::default()
+        };
+        let j = r.to_json();
+        assert!(j.contains("\"label\": \"pro\\\"sody\""));
+        assert!(j.contains("\"login_rate_per_s\": 12.500"));
+        assert!(j.contains("\"login_p50_ms\": null"));
+        assert!(j.contains("\"errors\": [\"a\\u000ab\"]"));
+    }
+}

@@ -1,0 +1,804 @@
+//! One XMPP client session of the load generator: connect, STARTTLS, SASL SCRAM, bind,
+//! roster, initial presence (RFC 6120 §5–7, RFC 6121 §2.2 and §4.2), then a loop that
+//! sends presence changes on command and timestamps every presence it receives.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use crate::scram::{SaltCache, ScramClient, ScramHash};
+use crate::stats::Histogram;
+use crate::xml::{escape, Element, Frame, Framer};
+
+const NS_TLS: &str = "urn:ietf:params:xml:ns:xmpp-tls";
+const NS_SASL: &str = "urn:ietf:params:xml:ns:xmpp-sasl";
+/// Status text prefix that marks a timed presence change: `b1 <phase> <seq> <unix-ns>`.
+pub const STATUS_TAG: &str = "b1";
+/// Largest element the bench accepts from a server (rosters of a few thousand items fit).
+const MAX_ELEMENT: usize = 4 << 20;
+
+/// Nanoseconds since the Unix epoch; wall clock so that several generator processes on
+/// the same machine can time each other's presences.
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Accepts any server certificate: BENCH-ONLY. The generator talks only to loopback test
+/// servers with throw-away self-signed certificates (targets are checked to be loopback);
+/// the TLS handshake itself, including the server's signature over it, is still performed
+/// and verified so the server pays the real cost of TLS. Never copy this into a client that
+/// talks to anything else.
+#[derive(Debug)]
+struct AcceptAnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The bench's TLS client configuration (see [`AcceptAnyCertificate`]). Session resumption
+/// is disabled so every login pays a full handshake, as a fleet of distinct clients would.
+pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls: {e}"))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+        .with_no_client_auth();
+    cfg.resumption = rustls::client::Resumption::disabled();
+    Ok(Arc::new(cfg))
+}
+
+/// Which SCRAM variant to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MechPref {
+    /// SCRAM-SHA-256 when offered, else SCRAM-SHA-1.
+    Auto,
+    /// Only SCRAM-SHA-1.
+    Sha1,
+    /// Only SCRAM-SHA-256.
+    Sha256,
+}
+
+/// Everything a session needs to reach and log in to the server under test.
+#[derive(Clone)]
+pub struct Target {
+    /// Loopback address of the server's c2s listener.
+    pub addr: SocketAddr,
+    /// XMPP domain (stream `to`, TLS SNI, JID domain).
+    pub domain: String,
+    /// Client TLS configuration.
+    pub tls: Arc<rustls::ClientConfig>,
+    /// SCRAM variant preference.
+    pub mech: MechPref,
+    /// SaltedPassword cache (RFC 5802 §5.1).
+    pub cache: Arc<SaltCache>,
+    /// Local part prefix: user i is `<prefix><i>`.
+    pub user_prefix: String,
+    /// Password prefix: user i's password is `<prefix><i>`.
+    pub password_prefix: String,
+    /// Resource requested at bind.
+    pub resource: String,
+}
+
+impl Target {
+    /// Local part of user `i`.
+    pub fn user(&self, i: u32) -> String {
+        format!("{}{i}", self.user_prefix)
+    }
+
+    /// Password of user `i`.
+    pub fn password(&self, i: u32) -> String {
+        format!("{}{i}", self.password_prefix)
+    }
+
+    /// Bare JID of user `i`.
+    pub fn bare(&self, i: u32) -> String {
+        format!("{}{i}@{}", self.user_prefix, self.domain)
+    }
+}
+
+/// A stream in either state: plain TCP before STARTTLS, TLS after.
+pub struct Conn<S> {
+    io: S,
+    framer: Framer,
+    rbuf: Vec<u8>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    fn new(io: S) -> Self {
+        Conn {
+            io,
+            framer: Framer::new(MAX_ELEMENT),
+            rbuf: vec![0u8; 4096],
+        }
+    }
+
+    async fn send(&mut self, s: &str) -> Result<(), String> {
+        self.io
+            .write_all(s.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        self.io.flush().await.map_err(|e| format!("flush: {e}"))
+    }
+
+    /// Reads until one frame is complete.
+    async fn frame(&mut self) -> Result<Frame, String> {
+        loop {
+            if let Some(f) = self.framer.next_frame()? {
+                return Ok(f);
+            }
+            let n = self
+                .io
+                .read(&mut self.rbuf)
+                .await
+                .map_err(|e| format!("read: {e}"))?;
+            if n == 0 {
+                return Err("connection closed by server".into());
+            }
+            self.framer.feed(&self.rbuf[..n]);
+        }
+    }
+
+    /// The next top-level element; a stream close or stream error is an error.
+    async fn element(&mut self) -> Result<Element, String> {
+        match self.frame().await? {
+            Frame::Element(e) if e.name == "error" => {
+                Err(format!("stream error: {}", describe(&e)))
+            }
+            Frame::Element(e) => Ok(e),
+            Frame::StreamOpen(_) => Err("unexpected stream header".into()),
+            Frame::StreamClose => Err("server closed the stream".into()),
+        }
+    }
+
+    /// Opens (or restarts) the stream and returns the server's `<stream:features/>`.
+    async fn open_stream(&mut self, domain: &str) -> Result<Element, String> {
+        self.framer.reset();
+        self.send(&format!(
+            "<?xml version='1.0'?><stream:stream to='{}' version='1.0' xml:lang='en' \
+             xmlns='jabber:client' xmlns:stream='http://etherx.jabber.org/streams'>",
+            escape(domain)
+        ))
+        .await?;
+        match self.frame().await? {
+            Frame::StreamOpen(_) => {}
+            other => return Err(format!("expected stream header, got {other:?}")),
+        }
+        let f = self.element().await?;
+        if f.name != "features" {
+            return Err(format!("expected stream features, got <{}>", f.name));
+        }
+        Ok(f)
+    }
+}
+
+/// A short description of an error element: its first child's name.
+fn describe(e: &Element) -> String {
+    e.children
+        .iter()
+        .map(|c| c.name.as_str())
+        .filter(|n| *n != "text")
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Connects from `source` (an address in 127.0.0.0/8, so each source has its own
+/// ephemeral port range), with TCP_NODELAY: small stanzas must not wait for Nagle.
+async fn connect(target: &Target, source: IpAddr) -> Result<TcpStream, String> {
+    let sock = TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
+    sock.bind(SocketAddr::new(source, 0))
+        .map_err(|e| format!("bind {source}: {e}"))?;
+    let tcp = sock
+        .connect(target.addr)
+        .await
+        .map_err(|e| format!("connect {} from {source}: {e}", target.addr))?;
+    tcp.set_nodelay(true).map_err(|e| format!("nodelay: {e}"))?;
+    Ok(tcp)
+}
+
+/// TCP + STARTTLS (RFC 6120 §5.4) + the first stream over TLS; returns its features.
+async fn open_secure(
+    target: &Target,
+    source: IpAddr,
+) -> Result<(Conn<TlsStream<TcpStream>>, Element), String> {
+    let tcp = connect(target, source).await?;
+    let mut plain = Conn::new(tcp);
+    let features = plain.open_stream(&target.domain).await?;
+    if features.child("starttls").is_none() {
+        return Err("server does not offer STARTTLS".into());
+    }
+    plain.send(&format!("<starttls xmlns='{NS_TLS}'/>")).await?;
+    let answer = plain.element().await?;
+    if answer.name != "proceed" {
+        return Err(format!("STARTTLS refused: <{}>", answer.name));
+    }
+    // RFC 6120 §5.4.3.3: nothing may follow <proceed/> in clear text.
+    if !plain.framer.is_empty() {
+        return Err("data after <proceed/>".into());
+    }
+    let name = ServerName::try_from(target.domain.clone()).map_err(|e| format!("sni: {e}"))?;
+    let tls = TlsConnector::from(target.tls.clone())
+        .connect(name, plain.io)
+        .await
+        .map_err(|e| format!("tls handshake: {e}"))?;
+    let mut conn = Conn::new(tls);
+    let features = conn.open_stream(&target.domain).await?;
+    Ok((conn, features))
+}
+
+fn choose_mechanism(features: &Element, pref: MechPref) -> Result<ScramHash, String> {
+    let offered: Vec<&str> = features
+        .child("mechanisms")
+        .map(|m| m.children.iter().map(|c| c.text.trim()).collect())
+        .unwrap_or_default();
+    let has = |m: &str| offered.contains(&m);
+    let pick = match pref {
+        MechPref::Auto if has("SCRAM-SHA-256") => Some(ScramHash::Sha256),
+        MechPref::Auto | MechPref::Sha1 if has("SCRAM-SHA-1") => Some(ScramHash::Sha1),
+        MechPref::Sha256 if has("SCRAM-SHA-256") => Some(ScramHash::Sha256),
+        _ => None,
+    };
+    pick.ok_or_else(|| format!("no usable SCRAM mechanism among {offered:?}"))
+}
+
+/// SASL SCRAM exchange (RFC 6120 §6.4).
+async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+    target: &Target,
+    features: &Element,
+    user: &str,
+    password: &str,
+) -> Result<(), String> {
+    let hash = choose_mechanism(features, target.mech)?;
+    let mut scram = ScramClient::with_random_nonce(hash, user, password);
+    conn.send(&format!(
+        "<auth xmlns='{NS_SASL}' mechanism='{}'>{}</auth>",
+        hash.mechanism(),
+        B64.encode(scram.first())
+    ))
+    .await?;
+    let challenge = conn.element().await?;
+    if challenge.name != "challenge" {
+        return Err(format!("sasl: {} {}", challenge.name, describe(&challenge)));
+    }
+    let server_first = decode_b64_text(&challenge)?;
+    let client_final = scram
+        .respond(&server_first, &target.cache)
+        .map_err(|e| e.to_string())?;
+    conn.send(&format!(
+        "<response xmlns='{NS_SASL}'>{}</response>",
+        B64.encode(client_final)
+    ))
+    .await?;
+    let mut answer = conn.element().await?;
+    if answer.name == "challenge" {
+        // RFC 6120 §6.4.5 allows the server-final in a challenge; acknowledge it empty.
+        let server_final = decode_b64_text(&answer)?;
+        scram.verify(&server_final).map_err(|e| e.to_string())?;
+        conn.send(&format!("<response xmlns='{NS_SASL}'/>")).await?;
+        answer = conn.element().await?;
+        if answer.name != "success" {
+            return Err(format!("sasl: {} {}", answer.name, describe(&answer)));
+        }
+        return Ok(());
+    }
+    if answer.name != "success" {
+        return Err(format!("sasl: {} {}", answer.name, describe(&answer)));
+    }
+    let server_final = decode_b64_text(&answer)?;
+    scram.verify(&server_final).map_err(|e| e.to_string())
+}
+
+fn decode_b64_text(e: &Element) -> Result<String, String> {
+    let raw = B64
+        .decode(e.text.trim())
+        .map_err(|err| format!("sasl base64: {err}"))?;
+    String::from_utf8(raw).map_err(|err| format!("sasl utf-8: {err}"))
+}
+
+/// Sends an IQ and waits for its answer, skipping anything else that arrives meanwhile.
+async fn iq<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+    id: &str,
+    xml: &str,
+) -> Result<Element, String> {
+    conn.send(xml).await?;
+    loop {
+        let e = conn.element().await?;
+        if e.name == "iq" && e.attr("id") == Some(id) {
+            return match e.attr("type") {
+                Some("result") => Ok(e),
+                _ => Err(format!(
+                    "iq {id} failed: {}",
+                    e.child("error").map(describe).unwrap_or_default()
+                )),
+            };
+        }
+    }
+}
+
+/// What the roster fetched at login looked like.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RosterSummary {
+    /// Items in the roster.
+    pub items: u32,
+    /// Items with subscription="both".
+    pub both: u32,
+}
+
+/// A logged-in session before it starts its run loop.
+pub struct LoggedIn {
+    conn: Conn<TlsStream<TcpStream>>,
+    /// The roster as fetched during login.
+    pub roster: RosterSummary,
+}
+
+/// The whole login of user `i`: STARTTLS, SCRAM, bind, roster get, initial presence.
+pub async fn login(target: &Target, i: u32, source: IpAddr) -> Result<LoggedIn, String> {
+    let (mut conn, features) = open_secure(target, source).await?;
+    authenticate(
+        &mut conn,
+        target,
+        &features,
+        &target.user(i),
+        &target.password(i),
+    )
+    .await?;
+    // RFC 6120 §6.4.6: the stream restarts after SASL success.
+    let features = conn.open_stream(&target.domain).await?;
+    if features.child("bind").is_none() {
+        return Err("server does not offer resource binding".into());
+    }
+    iq(
+        &mut conn,
+        "bind1",
+        &format!(
+            "<iq type='set' id='bind1'><bind xmlns='urn:ietf:params:xml:ns:xmpp-bind'>\
+             <resource>{}</resource></bind></iq>",
+            escape(&target.resource)
+        ),
+    )
+    .await?;
+    // RFC 3921 session establishment, only where a server still requires it.
+    if let Some(s) = features.child("session") {
+        if s.child("optional").is_none() {
+            iq(
+                &mut conn,
+                "sess1",
+                "<iq type='set' id='sess1'><session xmlns='urn:ietf:params:xml:ns:xmpp-session'/></iq>",
+            )
+            .await?;
+        }
+    }
+    let roster = fetch_roster(&mut conn).await?;
+    // RFC 6121 §4.2: initial presence after the roster, so probes go to known contacts.
+    conn.send("<presence/>").await?;
+    Ok(LoggedIn { conn, roster })
+}
+
+async fn fetch_roster<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+) -> Result<RosterSummary, String> {
+    let r = iq(
+        conn,
+        "roster1",
+        "<iq type='get' id='roster1'><query xmlns='jabber:iq:roster'/></iq>",
+    )
+    .await?;
+    let mut s = RosterSummary::default();
+    if let Some(q) = r.child("query") {
+        for item in q.children.iter().filter(|c| c.name == "item") {
+            s.items += 1;
+            if item.attr("subscription") == Some("both") {
+                s.both += 1;
+            }
+        }
+    }
+    Ok(s)
+}
+
+/// In-band registration (XEP-0077) of user `i`; an existing account counts as success.
+pub async fn register(target: &Target, i: u32, source: IpAddr) -> Result<bool, String> {
+    let (mut conn, _features) = open_secure(target, source).await?;
+    let res = iq(
+        &mut conn,
+        "reg1",
+        &format!(
+            "<iq type='set' id='reg1'><query xmlns='jabber:iq:register'>\
+             <username>{}</username><password>{}</password></query></iq>",
+            escape(&target.user(i)),
+            escape(&target.password(i))
+        ),
+    )
+    .await;
+    let _ = conn.send("</stream:stream>").await;
+    let _ = conn.io.shutdown().await;
+    match res {
+        Ok(_) => Ok(true),
+        // XEP-0077 §3.1: <conflict/> means the username is taken, i.e. provisioned already.
+        Err(e) if e.contains("conflict") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Per-phase delivery statistics.
+#[derive(Default)]
+pub struct PhaseStats {
+    /// Presence changes written to the server.
+    pub sent: AtomicU64,
+    /// Timed presences received at watchers.
+    pub delivered: AtomicU64,
+    /// Send-to-receipt latency of each delivery, µs.
+    pub latency: Histogram,
+}
+
+/// Counters shared by all sessions.
+#[derive(Default)]
+pub struct Shared {
+    /// Phase 0: fixed offered load; phase 1: saturation.
+    pub phases: [PhaseStats; 2],
+    /// Untimed available presences from contacts (initial presence and probe answers).
+    pub initial_presences: AtomicU64,
+    /// Sessions whose roster at login held all K contacts with subscription "both".
+    pub rosters_complete: AtomicU64,
+    /// Sessions that have seen every one of their contacts available.
+    pub sessions_all_contacts_seen: AtomicU64,
+    /// Stanzas received after login, of any kind.
+    pub stanzas_in: AtomicU64,
+    /// `now_ns()` of the last stanza received (for "quiet" detection).
+    pub last_activity_ns: AtomicU64,
+    /// Sessions that ended without being asked to.
+    pub sessions_lost: AtomicU64,
+    /// Subscription requests answered with `subscribed` (provisioning).
+    pub subscriptions_approved: AtomicU64,
+    /// First few distinct errors, for the report.
+    pub errors: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    /// Keeps the first few error messages.
+    pub fn note_error(&self, e: String) {
+        if let Ok(mut v) = self.errors.lock() {
+            if v.len() < 10 && !v.contains(&e) {
+                v.push(e);
+            }
+        }
+    }
+}
+
+/// Commands from the driver to a running session.
+#[derive(Debug)]
+pub enum Command {
+    /// Send one timed presence change in `phase` with sequence number `seq`.
+    Presence { phase: u8, seq: u64 },
+    /// Send a subscription request to each bare JID (provisioning).
+    Subscribe(Vec<String>),
+    /// Fetch the roster again and report the JIDs with subscription "both" (provisioning).
+    Roster(tokio::sync::oneshot::Sender<Vec<String>>),
+    /// Close the stream and end.
+    Close,
+}
+
+/// How a running session treats what it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Timed run: measure presences.
+    Measure,
+    /// Provisioning: approve every subscription request.
+    Provision,
+}
+
+/// Runs a logged-in session until `Close` or an error.
+pub async fn run(
+    logged: LoggedIn,
+    own_bare: String,
+    contacts: usize,
+    mode: Mode,
+    shared: Arc<Shared>,
+    mut rx: mpsc::Receiver<Command>,
+) {
+    let mut conn = logged.conn;
+    let mut seen: Option<HashSet<String>> = Some(HashSet::new());
+    let mut pending_roster: Option<tokio::sync::oneshot::Sender<Vec<String>>> = None;
+    let result: Result<(), String> = async {
+        loop {
+            while let Some(frame) = conn.framer.next_frame()? {
+                let el = match frame {
+                    Frame::Element(e) => e,
+                    Frame::StreamClose => return Err("server closed the stream".into()),
+                    Frame::StreamOpen(_) => return Err("unexpected stream header".into()),
+                };
+                let now = now_ns();
+                shared.stanzas_in.fetch_add(1, Ordering::Relaxed);
+                shared.last_activity_ns.store(now, Ordering::Relaxed);
+                match el.name.as_str() {
+                    "presence" => {
+                        if let Some(reply) = on_presence(&el, &own_bare, contacts, mode, now, &shared, &mut seen) {
+                            conn.send(&reply).await?;
+                        }
+                    }
+                    "iq" => {
+                        if el.attr("id") == Some("roster2") {
+                            if let Some(tx) = pending_roster.take() {
+                                let mut both = Vec::new();
+                                if let Some(q) = el.child("query") {
+                                    for item in q.children.iter().filter(|c| c.name == "item") {
+                                        if item.attr("subscription") == Some("both") {
+                                            both.extend(item.attr("jid").map(str::to_string));
+                                        }
+                                    }
+                                }
+                                let _ = tx.send(both);
+                            }
+                        } else if let Some(reply) = on_iq(&el) {
+                            conn.send(&reply).await?;
+                        }
+                    }
+                    "error" => return Err(format!("stream error: {}", describe(&el))),
+                    _ => {}
+                }
+            }
+            tokio::select! {
+                n = conn.io.read(&mut conn.rbuf) => {
+                    let n = n.map_err(|e| format!("read: {e}"))?;
+                    if n == 0 {
+                        return Err("connection closed by server".into());
+                    }
+                    let (framer, rbuf) = (&mut conn.framer, &conn.rbuf);
+                    framer.feed(&rbuf[..n]);
+                }
+                cmd = rx.recv() => match cmd {
+                    Some(Command::Presence { phase, seq }) => {
+                        let t = now_ns();
+                        conn.send(&format!(
+                            "<presence><show>away</show><status>{STATUS_TAG} {phase} {seq} {t}</status></presence>"
+                        )).await?;
+                        if let Some(p) = shared.phases.get(phase as usize) {
+                            p.sent.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Some(Command::Subscribe(jids)) => {
+                        let mut out = String::new();
+                        for j in jids {
+                            out.push_str(&format!("<presence to='{}' type='subscribe'/>", escape(&j)));
+                        }
+                        conn.send(&out).await?;
+                    }
+                    Some(Command::Roster(tx)) => {
+                        pending_roster = Some(tx);
+                        conn.send("<iq type='get' id='roster2'><query xmlns='jabber:iq:roster'/></iq>").await?;
+                    }
+                    Some(Command::Close) | None => {
+                        let _ = conn.send("</stream:stream>").await;
+                        let _ = tokio::time::timeout(Duration::from_secs(2), conn.io.shutdown()).await;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+    .await;
+    if let Err(e) = result {
+        shared.sessions_lost.fetch_add(1, Ordering::Relaxed);
+        shared.note_error(format!("session {own_bare}: {e}"));
+    }
+}
+
+fn bare_of(jid: &str) -> &str {
+    jid.split('/').next().unwrap_or(jid)
+}
+
+/// Handles one received presence; returns a stanza to send back, if any.
+fn on_presence(
+    el: &Element,
+    own_bare: &str,
+    contacts: usize,
+    mode: Mode,
+    now: u64,
+    shared: &Shared,
+    seen: &mut Option<HashSet<String>>,
+) -> Option<String> {
+    let from = el.attr("from").unwrap_or("");
+    let from_bare = bare_of(from);
+    match el.attr("type") {
+        None => {}
+        Some("subscribe") if mode == Mode::Provision => {
+            // RFC 6121 §3.1.5: approving the request is a `subscribed` to the requester.
+            shared
+                .subscriptions_approved
+                .fetch_add(1, Ordering::Relaxed);
+            return Some(format!(
+                "<presence to='{}' type='subscribed'/>",
+                escape(from_bare)
+            ));
+        }
+        Some(_) => return None,
+    }
+    if from_bare == own_bare {
+        return None; // the server's echo of our own broadcast (RFC 6121 §4.4.2)
+    }
+    let status = el.child("status").map(|s| s.text.as_str()).unwrap_or("");
+    let mut parts = status.split(' ');
+    if parts.next() == Some(STATUS_TAG) {
+        let phase = parts.next().and_then(|p| p.parse::<usize>().ok());
+        let _seq = parts.next();
+        let sent = parts.next().and_then(|t| t.parse::<u64>().ok());
+        if let (Some(phase), Some(sent)) = (phase, sent) {
+            if let Some(p) = shared.phases.get(phase) {
+                p.delivered.fetch_add(1, Ordering::Relaxed);
+                p.latency.record(now.saturating_sub(sent) / 1000);
+            }
+        }
+        return None;
+    }
+    shared.initial_presences.fetch_add(1, Ordering::Relaxed);
+    if let Some(set) = seen {
+        set.insert(from_bare.to_string());
+        if set.len() >= contacts {
+            shared
+                .sessions_all_contacts_seen
+                .fetch_add(1, Ordering::Relaxed);
+            *seen = None;
+        }
+    }
+    None
+}
+
+/// Answers IQs a client must answer: roster pushes (RFC 6121 §2.1.6), pings (XEP-0199),
+/// and anything else with service-unavailable (RFC 6120 §8.4).
+fn on_iq(el: &Element) -> Option<String> {
+    let id = escape(el.attr("id").unwrap_or(""));
+    let to = el
+        .attr("from")
+        .map(|f| format!(" to='{}'", escape(f)))
+        .unwrap_or_default();
+    match el.attr("type") {
+        Some("get") | Some("set") => {
+            let known = el
+                .child("query")
+                .is_some_and(|q| q.attr("xmlns") == Some("jabber:iq:roster"))
+                || el.child("ping").is_some();
+            if known {
+                Some(format!("<iq type='result' id='{id}'{to}/>"))
+            } else {
+                Some(format!(
+                    "<iq type='error' id='{id}'{to}><error type='cancel'>\
+                     <service-unavailable xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></error></iq>"
+                ))
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Source address number `i` of `count`, cycling through 127.0.0.2 ..= 127.0.0.(count+1)
+/// (then on into 127.0.1.x): each source address has its own ephemeral port range.
+/// 127.0.0.1 is left out on purpose: the servers listen there on ports (35222, 45222) that
+/// lie inside Linux's ephemeral range, and a client socket bound to 127.0.0.1 could take
+/// such a port and keep it in TIME_WAIT, so the next server start could not listen.
+pub fn source_addr(i: u32, count: u32) -> IpAddr {
+    let n = 2 + i % count.max(1);
+    IpAddr::from([127, (n >> 16) as u8, (n >> 8) as u8, n as u8])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_addresses_stay_in_loopback_and_cycle() {
+        assert_eq!(source_addr(0, 50), IpAddr::from([127, 0, 0, 2]));
+        assert_eq!(source_addr(49, 50), IpAddr::from([127, 0, 0, 51]));
+        assert_eq!(source_addr(50, 50), IpAddr::from([127, 0, 0, 2]));
+        assert_eq!(source_addr(300, 1000), IpAddr::from([127, 0, 1, 46]));
+        assert!((0..5000).all(|i| source_addr(i, 4000).is_loopback()));
+        assert!((0..5000).all(|i| source_addr(i, 4000) != IpAddr::from([127, 0, 0, 1])));
+    }
+
+    #[test]
+    fn timed_presence_from_a_contact_is_recorded_with_its_latency() {
+        let shared = Shared::default();
+        let sent = 1_000_000_000u64;
+        let el = Element::parse(&format!(
+            "<presence from='u2@d/b'><status>{STATUS_TAG} 1 7 {sent}</status></presence>"
+        ))
+        .expect("valid");
+        let mut seen = Some(HashSet::new());
+        let r = on_presence(
+            &el,
+            "u1@d",
+            2,
+            Mode::Measure,
+            sent + 2_500_000,
+            &shared,
+            &mut seen,
+        );
+        assert!(r.is_none());
+        assert_eq!(shared.phases[1].delivered.load(Ordering::Relaxed), 1);
+        assert_eq!(shared.phases[1].latency.max(), 2500);
+        assert_eq!(shared.phases[0].delivered.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn own_echo_is_ignored_and_contacts_are_counted_once_each() {
+        let shared = Shared::default();
+        let mut seen = Some(HashSet::new());
+        for from in ["u1@d/b", "u2@d/b", "u2@d/c", "u3@d/b"] {
+            let el = Element::parse(&format!("<presence from='{from}'/>")).expect("valid");
+            on_presence(&el, "u1@d", 2, Mode::Measure, 0, &shared, &mut seen);
+        }
+        assert_eq!(shared.initial_presences.load(Ordering::Relaxed), 3);
+        assert_eq!(shared.sessions_all_contacts_seen.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn subscription_requests_are_approved_only_while_provisioning() {
+        let shared = Shared::default();
+        let el = Element::parse("<presence from='u2@d' type='subscribe'/>").expect("valid");
+        let mut seen = None;
+        assert!(on_presence(&el, "u1@d", 1, Mode::Measure, 0, &shared, &mut seen).is_none());
+        assert_eq!(
+            on_presence(&el, "u1@d", 1, Mode::Provision, 0, &shared, &mut seen).as_deref(),
+            Some("<presence to='u2@d' type='subscribed'/>")
+        );
+    }
+}
