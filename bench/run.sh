@@ -209,8 +209,41 @@ ejabberd_stop() {
 }
 
 # ---------------------------------------------------------------- presenced
-presenced_config() { :; }
+# Unless PRESENCED_CMD is given, the release build of this checkout runs with a config like
+# the peers': STARTTLS on 127.0.0.1:$PRESENCED_PORT, generated self-signed certificate,
+# its own database (recreated when provisioning) and Redis key prefix.
+PRESENCED_DB="${PRESENCED_DB:-postgres://postgres@127.0.0.1:5432/presenced_bench}"
+presenced_config() {
+    mkdir -p "$WORK/presenced"
+    cat >"$WORK/presenced/presenced.toml" <<TOML
+domains = ["$DOMAIN"]
+[c2s]
+bind = "127.0.0.1"
+port = $PRESENCED_PORT
+direct_tls = false
+[tls]
+certs_dir = "$WORK/presenced/certs"
+[database]
+url = "$PRESENCED_DB"
+migrations = "$REPO/migrations"
+[redis]
+key_prefix = "bench:"
+[http]
+bind = "127.0.0.1"
+port = 0
+[limits]
+connections_per_ip_per_minute = 1000000
+max_connections = 19000
+stanzas_per_second = 100000
+stanza_burst = 100000
+TOML
+}
 presenced_start() {
+    if [ -z "${PRESENCED_CMD:-}" ]; then
+        (cd "$REPO" && cargo build --release --quiet --bin presenced)
+        PRESENCED_CMD="${CARGO_TARGET_DIR:-$REPO/target}/release/presenced --config $WORK/presenced/presenced.toml serve"
+    fi
+    ulimit -n 20000 2>/dev/null || true
     bash -c "exec $PRESENCED_CMD" >>"$WORK/presenced/stdout.log" 2>&1 &
     SERVER_PID=$!
     wait_port "$PRESENCED_PORT" 30
@@ -232,11 +265,17 @@ run_one() { # name port
     if [ ! -f "$marker" ]; then
         # Rosters of another N/K would change the fan-out: start from empty server data.
         rm -rf "$WORK/$name/data" "$WORK/$name/db" "$WORK/$name"/provisioned-* "$WORK/$name/scram-cache.txt"
+        if [ "$name" = presenced ]; then
+            psql "${PRESENCED_DB%/*}/postgres" -q -c "DROP DATABASE IF EXISTS ${PRESENCED_DB##*/} WITH (FORCE)"
+        fi
         "${name}_config"
         log "$name: provisioning N=$N K=$K (untimed)"
         "${name}_start" || { echo "$name did not start" >&2; return 1; }
         local prov=(--provision)
-        [ "$name" = presenced ] && prov+=(--provision-sql "${PRESENCED_SQL:?set PRESENCED_SQL}")
+        if [ "$name" = presenced ]; then
+            if [ -n "${PRESENCED_SQL:-}" ]; then prov+=(--provision-sql "$PRESENCED_SQL")
+            else prov+=(--provision-db "$PRESENCED_DB"); fi
+        fi
         "$BENCH" "${common[@]}" "${prov[@]}" || { "${name}_stop"; return 1; }
         "${name}_stop"
         touch "$marker"
@@ -269,8 +308,7 @@ for s in $SERVERS; do
         prosody) run_one prosody "$PROSODY_PORT" || FAILED=1 ;;
         ejabberd) run_one ejabberd "$EJABBERD_PORT" || FAILED=1 ;;
         presenced)
-            if [ -n "${PRESENCED_CMD:-}" ]; then run_one presenced "$PRESENCED_PORT" || FAILED=1
-            else log "presenced: PRESENCED_CMD not set, column left empty"; fi ;;
+            run_one presenced "$PRESENCED_PORT" || FAILED=1 ;;
         *) echo "unknown server $s" >&2; exit 2 ;;
     esac
 done

@@ -223,7 +223,10 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
     };
     if cli.provision {
         if cli.server == ServerKind::Presenced {
-            provision_presenced(&cli)?;
+            match &cli.provision_sql {
+                Some(_) => provision_presenced(&cli)?,
+                None => provision_presenced_store(&cli).await?,
+            }
         } else {
             provision_over_xmpp(&cli, &target, &graph).await?;
         }
@@ -296,6 +299,77 @@ fn provision_presenced(cli: &Cli) -> Result<(), String> {
     } else {
         Err(format!("psql -f {} failed: {status}", sql.display()))
     }
+}
+
+/// Provisions presenced through its own store code (no SQL file needed): accounts with
+/// SCRAM credentials as `presenced user add` creates them, then the ring contact graph as
+/// mutual (`both`) roster items in one statement. Existing accounts are kept, so a second
+/// run only fills what is missing.
+async fn provision_presenced_store(cli: &Cli) -> Result<(), String> {
+    if cli.graph_seed.is_some() {
+        return Err(
+            "--graph-seed is not supported for presenced provisioning (plain ring only)".into(),
+        );
+    }
+    let store = presenced::store::Store::connect(&cli.provision_db, 8)
+        .await
+        .map_err(|e| format!("{}: {e}", cli.provision_db))?;
+    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    store
+        .migrate(&migrations)
+        .await
+        .map_err(|e| format!("migrations: {e}"))?;
+    let store = Arc::new(store);
+    let started = std::time::Instant::now();
+    let domain = cli.domain.clone();
+    let prefix = cli.user_prefix.clone();
+    let pw_prefix = cli.password_prefix.clone();
+    let errors = for_each_bounded(cli.users, 8, |i| {
+        let store = store.clone();
+        let (domain, user, pw) = (
+            domain.clone(),
+            format!("{prefix}{i}"),
+            format!("{pw_prefix}{i}"),
+        );
+        async move {
+            match store.create_account(&user, &domain, &pw, 4096).await {
+                Ok(()) | Err(presenced::store::StoreError::AccountExists) => Ok(()),
+                Err(e) => Err(format!("{user}: {e}")),
+            }
+        }
+    })
+    .await;
+    if let Some(e) = errors.first() {
+        return Err(format!("{} account(s) failed, first: {e}", errors.len()));
+    }
+    let half = (cli.contacts / 2) as i32;
+    let mut offsets: Vec<i32> = (1..=half).flat_map(|o| [o, -o]).collect();
+    if cli.contacts % 2 == 1 {
+        offsets.push((cli.users / 2) as i32);
+    }
+    let n = cli.users as i32;
+    sqlx::query(
+        "INSERT INTO roster_items (owner, contact, subscription)
+         SELECT $1 || i || '@' || $2, $1 || ((i + o + $3) % $3) || '@' || $2, 'both'
+         FROM generate_series(0, $3 - 1) AS i, unnest($4::int[]) AS o
+         WHERE (i + o + $3) % $3 <> i
+         ON CONFLICT (owner, contact) DO UPDATE
+             SET subscription = 'both', ask = NULL, pending_in = false, preapproved = false",
+    )
+    .bind(&cli.user_prefix)
+    .bind(&cli.domain)
+    .bind(n)
+    .bind(&offsets)
+    .execute(store.pool())
+    .await
+    .map_err(|e| format!("roster graph: {e}"))?;
+    eprintln!(
+        "provisioned {} presenced users with {} contacts each in {:.1}s",
+        cli.users,
+        cli.contacts,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// Runs `f(i)` for i in 0..n with at most `concurrency` in flight; returns failures.
