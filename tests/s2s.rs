@@ -51,6 +51,9 @@ fn s2s_config(
     c.s2s.reconnect_min_ms = 100;
     c.s2s.reconnect_max_ms = 400;
     c.s2s.connect_timeout = 5;
+    // A closed stream is announced after the grace period (issue 4, default 10 s); these
+    // tests watch logouts cross the link, so they run with a short one.
+    c.liveness.grace = 0.3;
 }
 
 async fn start_b(a_domain: &str, a_port: u16, b_domain: &str, b_port: u16) -> TestServer {
