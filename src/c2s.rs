@@ -45,10 +45,7 @@ enum Fail {
 
 impl From<XmlError> for Fail {
     fn from(e: XmlError) -> Self {
-        match e.condition() {
-            Some(cond) => Fail::Stream(StreamError::new(cond, e.to_string())),
-            None => Fail::Gone,
-        }
+        e.stream_error().map_or(Fail::Gone, Fail::Stream)
     }
 }
 
@@ -716,7 +713,7 @@ impl Conn {
         let (events, mut inbound) = mpsc::channel(8);
         let reader_task = tokio::spawn(read_loop(reader, events, transport.beat.clone()));
         let mut session = Session::new(shared.clone(), handle.clone(), peer);
-        let mut bucket = TokenBucket::new(
+        let mut bucket = crate::rate_limit::TokenBucket::new(
             shared.config.limits.stanzas_per_second,
             shared.config.limits.stanza_burst,
         );
@@ -789,10 +786,7 @@ impl Conn {
                 Ok(StreamEvent::Open(_)) => {
                     break Some(StreamError::new("not-well-formed", "second stream header"));
                 }
-                Err(e) => match e.condition() {
-                    Some(cond) => break Some(StreamError::new(cond, e.to_string())),
-                    None => break None,
-                },
+                Err(e) => break e.stream_error(),
             }
         };
         if live.end.is_cancelled() {
@@ -900,38 +894,6 @@ async fn write_loop(
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
     kill.cancel();
-}
-
-/// Stanza rate limit per session (`[limits] stanzas_per_second` and `stanza_burst`).
-struct TokenBucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    last: Instant,
-}
-
-impl TokenBucket {
-    fn new(rate: u32, burst: u32) -> Self {
-        TokenBucket {
-            rate: rate as f64,
-            burst: burst.max(1) as f64,
-            tokens: burst.max(1) as f64,
-            last: Instant::now(),
-        }
-    }
-
-    fn take(&mut self) -> bool {
-        let now = Instant::now();
-        let dt = now.duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
 }
 
 /// State of a bound session, owned by its task.

@@ -42,19 +42,9 @@ pub async fn start(
 }
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, permits: Arc<Semaphore>) {
-    loop {
-        let accepted = tokio::select! {
-            _ = shared.shutdown.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "http accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    while let Some((stream, peer)) =
+        crate::server::next_connection(&listener, &shared.shutdown, "http").await
+    {
         let _ = stream.set_nodelay(true);
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             tracing::warn!(%peer, "http connection limit reached");

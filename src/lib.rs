@@ -22,6 +22,7 @@ pub mod jid;
 pub mod liveness;
 pub mod presence;
 pub mod privacy_iq;
+pub mod rate_limit;
 pub mod roster;
 pub mod roster_sync;
 pub mod router;

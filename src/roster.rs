@@ -36,7 +36,7 @@ pub fn item_element(item: &RosterItem) -> Element {
 /// Sends a roster push (RFC 6121 §2.1.6) for `item` to every interested resource of `owner`.
 pub fn push(shared: &Shared, owner: &str, version: i64, item: Element) {
     for s in shared.sessions.of_user_str(owner) {
-        if s.presence().interested {
+        if s.read(|p| p.interested) {
             push_to(&s, version, item.clone());
         }
     }

@@ -54,7 +54,7 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
     // once per user from there.
     let Some(seen) = sessions
         .iter()
-        .filter_map(|s| s.presence().roster_ver)
+        .filter_map(|s| s.read(|p| p.roster_ver))
         .min()
     else {
         return;
@@ -83,7 +83,7 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
     );
     tracing::debug!(owner, ?changes, "roster changes");
     for s in &sessions {
-        let Some(ver) = s.presence().roster_ver else {
+        let Some(ver) = s.read(|p| p.roster_ver) else {
             continue;
         };
         if ver >= current {
@@ -107,7 +107,7 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
         if !sees {
             // From the bare JID: says "not visible any more" without revealing whether
             // any resource of the contact is online.
-            for s in sessions.iter().filter(|s| s.presence().available) {
+            for s in sessions.iter().filter(|s| s.is_available()) {
                 let p = Element::new("presence", NS_CLIENT)
                     .attr("type", "unavailable")
                     .attr("from", contact)
@@ -123,7 +123,7 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
             let Some(last) = c.presence().last else {
                 continue;
             };
-            for s in sessions.iter().filter(|s| s.presence().available) {
+            for s in sessions.iter().filter(|s| s.is_available()) {
                 let mut p = last.clone();
                 p.set_attr("to", s.jid.to_string());
                 s.send(p);

@@ -40,7 +40,7 @@ pub enum Target {
     /// No `to`: the sender's own account (RFC 6120 §10.3).
     OwnAccount,
     /// A domain this server hosts.
-    LocalDomain(String),
+    LocalDomain,
     /// An account (existing or not) on a local domain.
     LocalBare(BareJid),
     /// A resource of an account on a local domain.
@@ -59,7 +59,7 @@ pub fn classify(shared: &crate::server::Shared, to: Option<&str>) -> Result<Targ
         return Ok(Target::Remote(jid));
     }
     if jid.node().is_none() {
-        return Ok(Target::LocalDomain(jid.domain().to_string()));
+        return Ok(Target::LocalDomain);
     }
     match jid.try_into_full() {
         Ok(full) => Ok(Target::LocalFull(full)),
@@ -170,7 +170,7 @@ async fn message(session: &mut Session, el: Element, target: Target) {
     };
     match target {
         Target::Remote(_) => remote(session, el),
-        Target::LocalDomain(_) => {
+        Target::LocalDomain => {
             // Messages to the server itself have no handler; RFC 6120 §10.3.1 lets us drop
             // them, but an error tells the client why nothing happened.
             bounce(session, &el, StanzaError::service_unavailable())
@@ -236,7 +236,7 @@ pub fn deliver_to_bare(
         // §8.5.2.1.1: headlines go to every non-negative resource.
         for s in sessions
             .iter()
-            .filter(|s| s.presence().available && s.presence().priority >= 0)
+            .filter(|s| s.read(|p| p.available && p.priority >= 0))
         {
             s.send(el.clone());
         }
@@ -325,8 +325,8 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
             let reply = account_iq(&el, exists);
             session.deliver(reply);
         }
-        Target::LocalDomain(domain) => {
-            let reply = server_iq(session, &el, &domain);
+        Target::LocalDomain => {
+            let reply = server_iq(session, &el);
             session.deliver(reply);
         }
     }
@@ -392,7 +392,7 @@ fn feature(var: &str) -> Element {
 }
 
 /// Iq addressed to the server itself: disco (XEP-0030), ping (XEP-0199).
-fn server_iq(session: &Session, el: &Element, domain: &str) -> Element {
+fn server_iq(session: &Session, el: &Element) -> Element {
     let payload = el.elements().next();
     let get = el.get_attr("type") == Some("get");
     let reply = match payload {
@@ -431,7 +431,6 @@ fn server_iq(session: &Session, el: &Element, domain: &str) -> Element {
         }
         _ => None,
     };
-    let _ = domain;
     reply.unwrap_or_else(|| {
         StanzaError::service_unavailable()
             .reply_to(el)

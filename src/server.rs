@@ -244,20 +244,9 @@ async fn accept_loop(
     tracker: TaskTracker,
     direct_tls: bool,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            _ = shared.shutdown.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    while let Some((stream, peer)) =
+        crate::server::next_connection(&listener, &shared.shutdown, "c2s").await
+    {
         // Nagle plus delayed ACK stalls small TLS records; stanzas are small.
         let _ = stream.set_nodelay(true);
         if !limits.admit(peer.ip()) {
@@ -288,6 +277,29 @@ async fn accept_loop(
             c2s::serve(shared, Box::new(stream) as BoxIo, peer, direct).await;
             drop(permit);
         });
+    }
+}
+
+/// The next connection on `listener`, or `None` once the server shuts down. Accept errors
+/// (EMFILE and friends) are logged and backed off instead of spinning; every listener
+/// (c2s, s2s, http) accepts through here.
+pub async fn next_connection(
+    listener: &TcpListener,
+    shutdown: &CancellationToken,
+    what: &str,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok(a) => return Some(a),
+            Err(e) => {
+                tracing::warn!(listener = what, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 }
 

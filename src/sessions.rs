@@ -95,9 +95,24 @@ impl SessionHandle {
         }
     }
 
-    /// A copy of the presence state.
+    /// A copy of the presence state, last presence stanza included. Fan-out paths that only
+    /// need a flag use [`SessionHandle::read`] or [`SessionHandle::is_available`] instead,
+    /// so no stanza is cloned per recipient.
     pub fn presence(&self) -> PresenceInfo {
-        self.info.lock().map(|p| p.clone()).unwrap_or_default()
+        self.read(PresenceInfo::clone)
+    }
+
+    /// Reads the presence state under its lock without copying it.
+    pub fn read<T>(&self, f: impl FnOnce(&PresenceInfo) -> T) -> T {
+        match self.info.lock() {
+            Ok(p) => f(&p),
+            Err(poisoned) => f(&poisoned.into_inner()),
+        }
+    }
+
+    /// Whether this resource has sent initial presence and no unavailable since.
+    pub fn is_available(&self) -> bool {
+        self.read(|p| p.available)
     }
 }
 
@@ -208,18 +223,20 @@ impl Sessions {
 /// Chooses the resources a message to a bare JID goes to (RFC 6121 §8.5.2.1.1): the available
 /// resources with the highest non-negative priority, all of them if several tie.
 pub fn message_targets(sessions: &[SessionHandle]) -> Vec<&SessionHandle> {
-    let infos: Vec<(usize, PresenceInfo)> = sessions
+    // Only (index, priority) is read: no presence stanza is copied per candidate.
+    let eligible: Vec<(usize, i8)> = sessions
         .iter()
         .enumerate()
-        .map(|(i, s)| (i, s.presence()))
-        .filter(|(_, p)| p.available && p.priority >= 0)
+        .filter_map(|(i, s)| {
+            s.read(|p| (p.available && p.priority >= 0).then_some((i, p.priority)))
+        })
         .collect();
-    let Some(best) = infos.iter().map(|(_, p)| p.priority).max() else {
+    let Some(best) = eligible.iter().map(|&(_, prio)| prio).max() else {
         return Vec::new();
     };
-    infos
+    eligible
         .into_iter()
-        .filter(|(_, p)| p.priority == best)
+        .filter(|&(_, prio)| prio == best)
         .map(|(i, _)| &sessions[i])
         .collect()
 }

@@ -92,7 +92,7 @@ async fn silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_la
     assert!(detect_gap as f64 >= (l.ttl - l.heartbeat_interval) * 1000.0);
 
     // Exactly one PostgreSQL write for the one ended session, and it stays one.
-    tokio::time::sleep(secs(l.last_seen_flush * 4.0)).await;
+    flush_rounds(&ts, 3).await;
     assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 1);
     assert_eq!(ts.metric(|m| m.pg_writes.load(Ordering::Relaxed)), 1);
 
@@ -202,7 +202,7 @@ async fn clean_close_writes_last_seen_once_at_close_time() {
     }
     let row = ts.shared().store.last_seen(&bare).await.unwrap().unwrap();
     assert!((row.at - closed).num_milliseconds().abs() < 1000);
-    tokio::time::sleep(secs(l.last_seen_flush * 4.0)).await;
+    flush_rounds(&ts, 3).await;
     assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 1);
     ts.stop().await;
 }
@@ -647,7 +647,7 @@ async fn another_nodes_sweeper_hands_the_silent_resource_to_its_node_which_annou
         assert!(Instant::now() < deadline, "no last seen");
         tokio::time::sleep(secs(0.05)).await;
     }
-    tokio::time::sleep(secs(l.last_seen_flush * 3.0)).await;
+    flush_rounds(&a, 3).await;
     assert_eq!(count(&a, |m| m.pg_rows.load(Ordering::Relaxed)), 1);
     assert_eq!(count(&b, |m| m.pg_rows.load(Ordering::Relaxed)), 0);
     drop(alice);
@@ -725,4 +725,17 @@ async fn chatty_client_beats_often_but_redis_sees_one_write_per_refresh() {
     assert!(writes >= 1, "the refresh never reached Redis");
     alice.close().await;
     ts.stop().await;
+}
+
+/// Waits until the last-seen batcher of `ts` has run `n` more times (bounded), so "still
+/// one write" is checked after real flushes rather than after a sleep.
+async fn flush_rounds(ts: &TestServer, n: u64) {
+    let rounds = |ts: &TestServer| ts.metric(|m| m.flush_rounds.load(Ordering::Relaxed));
+    let target = rounds(ts) + n;
+    let bound = secs(ts.config.liveness.last_seen_flush * (n as f64 + 2.0) + 2.0);
+    let deadline = Instant::now() + bound;
+    while rounds(ts) < target {
+        assert!(Instant::now() < deadline, "last-seen batcher stalled");
+        tokio::time::sleep(secs(0.01)).await;
+    }
 }

@@ -127,6 +127,11 @@ pub async fn run(shared: Arc<Shared>) {
             _ = shared.shutdown.cancelled() => break,
         }
         shared.liveness.last_seen.flush(&shared).await;
+        shared
+            .liveness
+            .metrics
+            .flush_rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     shared.liveness.wait_grace(Duration::from_secs(3)).await;
     shared.liveness.last_seen.flush(&shared).await;

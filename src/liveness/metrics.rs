@@ -37,6 +37,9 @@ pub struct Metrics {
     pub grace_started: AtomicU64,
     /// Resources re-bound while their grace period ran.
     pub grace_resumed: AtomicU64,
+    /// Ticks of the last-seen batcher, written or not. Not exported: it lets tests wait for
+    /// real flushes instead of sleeping for a guess of how long they take.
+    pub flush_rounds: AtomicU64,
 }
 
 fn get(c: &AtomicU64) -> u64 {

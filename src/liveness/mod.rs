@@ -426,7 +426,7 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
         let back = shared
             .sessions
             .get(&live.jid)
-            .is_some_and(|s| s.presence().available);
+            .is_some_and(|s| s.is_available());
         if back {
             tracing::debug!(jid = %live.jid, "resource came back within the grace period");
             shared.liveness.forget(&live.jid, live.id);

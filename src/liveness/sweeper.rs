@@ -241,7 +241,7 @@ async fn announce_orphan(shared: &Arc<Shared>, jid: &FullJid, score: i64) {
                 i.subscription.has_from() && shared.config.serves(item_domain(&i.contact))
             }) {
                 for s in shared.sessions.of_user_str(&item.contact) {
-                    if s.presence().available {
+                    if s.is_available() {
                         s.send(unavailable(&item.contact));
                     }
                 }
@@ -250,7 +250,7 @@ async fn announce_orphan(shared: &Arc<Shared>, jid: &FullJid, score: i64) {
         Err(e) => tracing::warn!(%jid, error = %e, "orphan: roster unavailable"),
     }
     for s in shared.sessions.of_user_str(&bare) {
-        if s.presence().available {
+        if s.is_available() {
             s.send(unavailable(s.jid.as_str()));
         }
     }

@@ -353,7 +353,7 @@ pub async fn visible_to(shared: &Shared, viewer: &str, subject: &str) -> bool {
         .sessions
         .of_user_str(bare_of(subject))
         .iter()
-        .any(|s| s.presence().available && !shared.privacy.is_invisible(s.id));
+        .any(|s| s.is_available() && !shared.privacy.is_invisible(s.id));
     any_visible && may_see_online(shared, viewer, subject, false).await
 }
 
@@ -554,7 +554,7 @@ fn visible_sessions(shared: &Shared, subject: &str) -> Vec<crate::sessions::Sess
         .sessions
         .of_user_str(subject)
         .into_iter()
-        .filter(|s| s.presence().available && !shared.privacy.is_invisible(s.id))
+        .filter(|s| s.is_available() && !shared.privacy.is_invisible(s.id))
         .collect()
 }
 
@@ -594,7 +594,7 @@ pub async fn reconcile_user(shared: &Shared, user: &str) {
         .sessions
         .of_user_str(&user)
         .iter()
-        .any(|s| s.presence().available)
+        .any(|s| s.is_available())
     {
         if let Ok((_, roster)) = shared.store.roster(&user).await {
             for item in roster.iter().filter(|i| i.subscription.has_to()) {
@@ -782,7 +782,7 @@ pub async fn may_reach_resource(
         return !blocked_either(shared, sender, target.jid.as_str()).await;
     }
     !shared.privacy.is_invisible(target.id)
-        && target.presence().available
+        && target.is_available()
         && may_see_online(shared, sender, target.jid.as_str(), false).await
 }
 

@@ -53,7 +53,7 @@ pub(crate) fn available(shared: &Shared, bare: &str) -> Vec<SessionHandle> {
         .sessions
         .of_user_str(bare)
         .into_iter()
-        .filter(|s| s.presence().available)
+        .filter(|s| s.is_available())
         .collect()
 }
 
@@ -78,7 +78,7 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
             match target {
                 Target::OwnAccount => broadcast(session, el, available).await,
                 Target::LocalBare(b) if b == own_bare => broadcast(session, el, available).await,
-                Target::LocalDomain(_) => {}
+                Target::LocalDomain => {}
                 Target::Remote(j) => {
                     if is_available {
                         session.presence.directed.insert(j.to_string());
@@ -105,7 +105,7 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
                     remote::outbound_subscription(session, &j.to_bare(), kind, el).await;
                     return;
                 }
-                Target::OwnAccount | Target::LocalDomain(_) => return,
+                Target::OwnAccount | Target::LocalDomain => return,
             };
             if contact == own_bare {
                 return;
@@ -175,7 +175,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     let bare = me.to_bare();
     el.remove_attr("to");
     el.set_attr("from", me.to_string());
-    let was_available = session.handle.presence().available;
+    let was_available = session.handle.is_available();
     if let Ok(mut info) = session.handle.info.lock() {
         info.available = is_available;
         info.priority = if is_available { priority_of(&el) } else { 0 };
@@ -229,7 +229,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     }
     // The user's own resources, the sender included (§4.2.2).
     for s in shared.sessions.of_user(&bare) {
-        if s.presence().available || s.id == session.handle.id {
+        if s.is_available() || s.id == session.handle.id {
             let mut p = el.clone();
             p.set_attr("to", s.jid.to_string());
             s.send(p);
@@ -362,7 +362,7 @@ async fn directed(session: &mut Session, mut el: Element, is_available: bool) {
     if is_available {
         // An invisible session may still send directed presence (XEP-0186 §3.1); it
         // gets the matching unavailable later, like any other.
-        if session.handle.presence().available || shared.privacy.is_invisible(id) {
+        if session.handle.is_available() || shared.privacy.is_invisible(id) {
             session.presence.directed.insert(to.clone());
         }
         shared.privacy.reveal(
@@ -576,7 +576,7 @@ async fn apply_subscription(
                 // sessions still count as having seen this version, or the roster listener
                 // would replay it as a change made elsewhere.
                 for s in shared.sessions.of_user_str(owner) {
-                    if s.presence().roster_ver.is_some() {
+                    if s.read(|p| p.roster_ver).is_some() {
                         crate::roster::note_version(&s, *version);
                     }
                 }
@@ -619,7 +619,7 @@ pub async fn roster_removed(session: &mut Session, item: &RosterItem) {
 /// Called when a session ends: an available session's contacts get unavailable
 /// (RFC 6121 §4.5.2: the server does this when the client did not).
 pub async fn session_ended(session: &mut Session) {
-    let available = session.handle.presence().available;
+    let available = session.handle.is_available();
     if available || !session.presence.directed.is_empty() {
         let p = Element::new("presence", NS_CLIENT).attr("type", "unavailable");
         broadcast(session, p, false).await;

@@ -90,19 +90,9 @@ async fn accept_loop(
     direct: bool,
     permits: Arc<tokio::sync::Semaphore>,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            _ = shared.shutdown.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "s2s accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    while let Some((tcp, peer)) =
+        crate::server::next_connection(&listener, &shared.shutdown, "s2s").await
+    {
         if shared.s2s.is_severed() {
             continue;
         }
@@ -260,29 +250,6 @@ async fn negotiate(
     }
 }
 
-/// Token bucket for the inbound stanza rate (`[s2s] stanzas_per_second`, `stanza_burst`).
-struct Bucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    last: tokio::time::Instant,
-}
-
-impl Bucket {
-    fn take(&mut self) -> bool {
-        let now = tokio::time::Instant::now();
-        let dt = now.duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 /// What the writer task is asked to do.
 enum Out {
     Raw(String),
@@ -317,12 +284,10 @@ async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
     });
     let authed: Authenticated = Arc::default();
-    let mut bucket = Bucket {
-        rate: shared.config.s2s.stanzas_per_second as f64,
-        burst: shared.config.s2s.stanza_burst.max(1) as f64,
-        tokens: shared.config.s2s.stanza_burst.max(1) as f64,
-        last: tokio::time::Instant::now(),
-    };
+    let mut bucket = crate::rate_limit::TokenBucket::new(
+        shared.config.s2s.stanzas_per_second,
+        shared.config.s2s.stanza_burst,
+    );
     let cut = shared.s2s.cut_token();
     let mut clean = false;
     let error: Option<StreamError> = loop {
@@ -348,10 +313,7 @@ async fn run(
             Ok(crate::xml::reader::StreamEvent::Open(_)) => {
                 break Some(StreamError::new("not-well-formed", "second stream header"))
             }
-            Err(e) => match e.condition() {
-                Some(c) => break Some(StreamError::new(c, e.to_string())),
-                None => break None,
-            },
+            Err(e) => break e.stream_error(),
         };
         if el.is("result", NS_DIALBACK) {
             if let Err(e) = on_result(&shared, &el, &stream_id, &authed, &out_tx).await {

@@ -23,10 +23,7 @@ pub enum Fail {
 
 impl From<XmlError> for Fail {
     fn from(e: XmlError) -> Self {
-        match e.condition() {
-            Some(cond) => Fail::Stream(StreamError::new(cond, e.to_string())),
-            None => Fail::Gone,
-        }
+        e.stream_error().map_or(Fail::Gone, Fail::Stream)
     }
 }
 
