@@ -344,8 +344,9 @@ pub struct S2sConfig {
     pub direct_tls: bool,
     /// Direct TLS s2s port; 0 lets the system choose.
     pub direct_tls_port: u16,
-    /// Static routes: remote domain → `host:port` of its STARTTLS s2s port. Checked before
-    /// DNS, for private deployments and tests.
+    /// Static routes: remote domain → `host:port` of its STARTTLS s2s port, or
+    /// `xmpps://host:port` of its direct TLS s2s port (XEP-0368). Checked before DNS, for
+    /// private deployments and tests; see [`parse_route`].
     pub routes: BTreeMap<String, String>,
     /// DNS for SRV lookups: "" uses the system resolver configuration, "none" disables DNS
     /// (only static routes work), `ip:port` uses that one name server only.
@@ -362,13 +363,16 @@ pub struct S2sConfig {
     pub domains: BTreeMap<String, S2sPolicy>,
     /// Seconds without a stanza after which an outgoing stream is closed.
     pub idle_timeout: u64,
-    /// Stanzas queued per remote domain while its stream connects; more are bounced with
-    /// remote-server-timeout.
+    /// Stanzas held per (local, remote) domain pair and not yet written or bounced, mostly
+    /// while its stream connects; more are bounced at once with remote-server-timeout
+    /// (RFC 6120 §8.3.3.17).
     pub queue_size: usize,
     /// Seconds to connect and authenticate an outgoing stream before its queue is bounced
     /// with remote-server-timeout (RFC 6120 §8.3.3.17).
     pub connect_timeout: u64,
-    /// First reconnect delay after a failure, in milliseconds (doubles per failure).
+    /// Shortest reconnect delay after a failure, in milliseconds. The n-th failure in a
+    /// row waits a random time in [min·2^(n-1), min·2^n], clamped to [min, max]
+    /// (`s2s::outbound::reconnect_delay`).
     pub reconnect_min_ms: u64,
     /// Longest reconnect delay, in milliseconds.
     pub reconnect_max_ms: u64,
@@ -432,6 +436,22 @@ impl Default for S2sConfig {
             max_connections: 1000,
         }
     }
+}
+
+/// Where a static route leads: `host:port` is a STARTTLS s2s port, `xmpps://host:port` a
+/// direct TLS one (XEP-0368, the static counterpart of an `_xmpps-server._tcp` SRV
+/// record). An IPv6 host is written in brackets (`[::1]:5269`). `None` when malformed.
+pub fn parse_route(route: &str) -> Option<(String, u16, bool)> {
+    let (rest, direct_tls) = match route.strip_prefix("xmpps://") {
+        Some(rest) => (rest, true),
+        None => (route, false),
+    };
+    let (host, port) = rest.rsplit_once(':')?;
+    let host = host.trim_matches(['[', ']']);
+    if host.is_empty() || host.contains('/') {
+        return None;
+    }
+    Some((host.to_owned(), port.parse().ok()?, direct_tls))
 }
 
 impl S2sConfig {
@@ -547,9 +567,9 @@ impl Config {
             return bad("[s2s] stanzas_per_second and max_connections must be positive");
         }
         for (domain, addr) in &s.routes {
-            if addr.parse::<std::net::SocketAddr>().is_err() && !addr.contains(':') {
+            if parse_route(addr).is_none() {
                 return bad(&format!(
-                    "[s2s] route for {domain}: `{addr}` is not host:port"
+                    "[s2s] route for {domain}: `{addr}` is not host:port or xmpps://host:port"
                 ));
             }
         }
@@ -648,6 +668,43 @@ mod tests {
         assert_eq!(c.s2s.queue_size, d.s2s.queue_size);
         assert_eq!(c.s2s.stale_grace, d.s2s.stale_grace);
         assert_eq!(c.s2s.idle_timeout, d.s2s.idle_timeout);
+    }
+
+    #[test]
+    fn static_routes_name_a_starttls_or_a_direct_tls_port() {
+        assert_eq!(
+            parse_route("127.0.0.1:15269"),
+            Some(("127.0.0.1".into(), 15269, false))
+        );
+        assert_eq!(
+            parse_route("xmpps://127.0.0.1:5270"),
+            Some(("127.0.0.1".into(), 5270, true))
+        );
+        assert_eq!(
+            parse_route("xmpps://[::1]:5270"),
+            Some(("::1".into(), 5270, true))
+        );
+        assert_eq!(
+            parse_route("xmpp.other.example:5269"),
+            Some(("xmpp.other.example".into(), 5269, false))
+        );
+        for bad in [
+            "127.0.0.1",
+            "tls://127.0.0.1:5270",
+            ":5269",
+            "host:port",
+            "xmpps://",
+        ] {
+            assert_eq!(parse_route(bad), None, "{bad}");
+        }
+        let mut c = Config::default();
+        c.s2s
+            .routes
+            .insert("x.example".into(), "xmpps:/127.0.0.1:1".into());
+        assert!(
+            c.validate().is_err(),
+            "a malformed route is refused at start"
+        );
     }
 
     #[test]

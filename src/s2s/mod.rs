@@ -5,11 +5,16 @@
 //!
 //! - **Outgoing** ([`outbound`]): one task and one bounded queue per (local domain, remote
 //!   domain) pair, created by the first stanza for that pair ([`route_remote`]). The task
-//!   connects, secures and authenticates the stream, then drains the queue onto it; it
-//!   closes the stream after `[s2s] idle_timeout` without stanzas. When connecting fails
-//!   every queued stanza is bounced to its local sender with remote-server-not-found or,
-//!   after `connect_timeout`, remote-server-timeout (RFC 6120 §8.3.3.16/17), and the next
-//!   attempt waits an exponentially growing, jittered delay.
+//!   connects (a static route `host:port` means STARTTLS, `xmpps://host:port` direct TLS
+//!   per XEP-0368), secures and authenticates the stream, then drains the queue onto it;
+//!   it closes the stream with `</stream:stream>` after `[s2s] idle_timeout` without
+//!   stanzas, and the next stanza starts a new link. At most `queue_size` stanzas wait per
+//!   pair (counted until written or bounced); one more is bounced at once with
+//!   remote-server-timeout. When connecting fails every queued stanza is bounced to its
+//!   local sender with remote-server-not-found or, after `connect_timeout`,
+//!   remote-server-timeout (RFC 6120 §8.3.3.16/17), and the next attempt waits a growing,
+//!   jittered delay between `reconnect_min_ms` and `reconnect_max_ms`
+//!   ([`outbound::reconnect_delay`]).
 //! - **Incoming** ([`inbound`]): a listener on the s2s port (and optionally direct TLS).
 //!   Each stream learns which remote domains it may speak for, by dialback; every stanza's
 //!   `from` must be one of them and its `to` one of ours, or the stream ends with the
@@ -26,7 +31,7 @@ pub mod outbound;
 pub mod stream;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -54,6 +59,21 @@ struct Link {
     tx: mpsc::Sender<Element>,
     /// Distinguishes this link from a later one for the same pair.
     id: u64,
+    /// Stanzas accepted for this link and not yet written or bounced, wherever they are
+    /// (channel, the task's own queue, a batch being written). `[s2s] queue_size` bounds
+    /// this, not the channel alone: the task takes stanzas out of the channel before it
+    /// connects, so a bound on the channel would let up to twice as many wait.
+    pending: Arc<AtomicUsize>,
+}
+
+impl Link {
+    /// Spawns the task for `key` and returns its queue.
+    fn spawn(shared: &Arc<Shared>, key: (String, String), id: u64) -> Link {
+        let (tx, rx) = mpsc::channel(shared.config.s2s.queue_size);
+        let pending = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(outbound::run(shared.clone(), key, id, rx, pending.clone()));
+        Link { tx, id, pending }
+    }
 }
 
 /// Federation state shared by every s2s task; lives in [`Shared::s2s`].
@@ -159,19 +179,28 @@ impl S2s {
         let mut el = Some(el);
         for _ in 0..2 {
             let link = links.entry(key.clone()).or_insert_with(|| {
-                let (tx, rx) = mpsc::channel(shared.config.s2s.queue_size);
                 let id = self.next_link.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(outbound::run(shared.clone(), key.clone(), id, rx));
-                Link { tx, id }
+                Link::spawn(shared, key.clone(), id)
             });
             let Some(stanza) = el.take() else { break };
+            let limit = shared.config.s2s.queue_size;
+            if link.pending.fetch_add(1, Ordering::SeqCst) >= limit {
+                link.pending.fetch_sub(1, Ordering::SeqCst);
+                // RFC 6120 §8.3.3.17: the remote server was resolved but we cannot reach
+                // it in time for this stanza.
+                tracing::warn!(%local, %remote, limit, "s2s queue full; bouncing");
+                return Err(remote_server_timeout());
+            }
             match link.tx.try_send(stanza) {
                 Ok(()) => return Ok(()),
                 Err(mpsc::error::TrySendError::Full(_)) => {
-                    tracing::warn!(%remote, "s2s queue full; bouncing");
+                    // Unreachable while `pending` bounds the channel; kept as a safe answer.
+                    link.pending.fetch_sub(1, Ordering::SeqCst);
+                    tracing::warn!(%local, %remote, "s2s queue full; bouncing");
                     return Err(remote_server_timeout());
                 }
                 Err(mpsc::error::TrySendError::Closed(back)) => {
+                    link.pending.fetch_sub(1, Ordering::SeqCst);
                     // The task just ended (idle); start a new one.
                     links.remove(&key);
                     el = Some(back);
@@ -186,10 +215,8 @@ impl S2s {
         let key = (local.to_owned(), remote.to_owned());
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         links.entry(key.clone()).or_insert_with(|| {
-            let (tx, rx) = mpsc::channel(shared.config.s2s.queue_size);
             let id = self.next_link.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(outbound::run(shared.clone(), key, id, rx));
-            Link { tx, id }
+            Link::spawn(shared, key, id)
         });
     }
 

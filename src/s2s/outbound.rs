@@ -7,7 +7,7 @@
 //! only to the configured resolver (`[s2s] nameserver`), never anywhere when it is "none".
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,16 +111,14 @@ pub struct Candidate {
 /// Where to connect for `domain`, in order.
 pub async fn resolve(shared: &Shared, domain: &str) -> Vec<Candidate> {
     if let Some(route) = shared.config.s2s.routes.get(domain) {
-        if let Some((host, port)) = route.rsplit_once(':') {
-            if let Ok(port) = port.parse() {
-                return vec![Candidate {
-                    host: host.trim_matches(['[', ']']).to_owned(),
-                    port,
-                    direct_tls: false,
-                }];
-            }
-        }
-        return Vec::new();
+        return crate::config::parse_route(route)
+            .map(|(host, port, direct_tls)| Candidate {
+                host,
+                port,
+                direct_tls,
+            })
+            .into_iter()
+            .collect();
     }
     let Some(resolver) = &shared.s2s.resolver else {
         return Vec::new();
@@ -179,7 +177,8 @@ async fn addresses(shared: &Shared, c: &Candidate) -> Vec<SocketAddr> {
             .s2s
             .routes
             .values()
-            .any(|r| r.starts_with(&c.host)) =>
+            .filter_map(|r| crate::config::parse_route(r))
+            .any(|(host, _, _)| host == c.host) =>
         {
             tokio::net::lookup_host((c.host.as_str(), c.port))
                 .await
@@ -487,11 +486,20 @@ enum End {
     Shutdown,
 }
 
-/// A random delay in [d/2, d] so many servers do not reconnect in lock-step.
-fn jitter(d: Duration) -> Duration {
-    use rand::Rng;
-    let ms = d.as_millis() as u64;
-    Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms.max(1)))
+/// How long to wait before the next connection attempt after `failures` consecutive
+/// failures (1 for the first), given `unit`, a random number in [0, 1].
+///
+/// The cap `d` doubles per failure from `2·min` up to `max`, and the wait is drawn from
+/// [max(min, d/2), d]: never shorter than `min` nor longer than `max`, growing until the
+/// cap, and jittered over half the cap so that many servers cut off by the same outage do
+/// not all reconnect in lock-step when it ends. Pure, so its bounds are unit-tested.
+pub fn reconnect_delay(failures: u32, min: Duration, max: Duration, unit: f64) -> Duration {
+    let min_ms = min.as_millis() as f64;
+    let max_ms = (max.as_millis() as f64).max(min_ms);
+    let cap = (min_ms * 2f64.powi(failures.clamp(1, 32) as i32)).min(max_ms);
+    let floor = (cap / 2.0).max(min_ms).min(cap);
+    let ms = floor + (cap - floor) * unit.clamp(0.0, 1.0);
+    Duration::from_millis(ms.round() as u64)
 }
 
 /// The task behind one (local, remote) link: connect on demand, drain, close when idle.
@@ -500,11 +508,17 @@ pub async fn run(
     key: (String, String),
     id: u64,
     mut rx: mpsc::Receiver<Element>,
+    pending: Arc<AtomicUsize>,
 ) {
     let (local, remote) = key.clone();
     let cfg = shared.config.s2s.clone();
     let idle = Duration::from_secs(cfg.idle_timeout);
-    let mut backoff = Duration::from_millis(cfg.reconnect_min_ms);
+    let (min_delay, max_delay) = (
+        Duration::from_millis(cfg.reconnect_min_ms),
+        Duration::from_millis(cfg.reconnect_max_ms),
+    );
+    // Consecutive failed attempts; the wait before the next one grows with it.
+    let mut failures: u32 = 0;
     let mut queue: Vec<Element> = Vec::new();
     let cut = shared.s2s.cut_token();
     loop {
@@ -532,9 +546,18 @@ pub async fn run(
         };
         match attempt {
             Ok(Ok(stream)) => {
-                backoff = Duration::from_millis(cfg.reconnect_min_ms);
+                failures = 0;
                 shared.s2s.link_up(&remote);
-                match drain(&shared, stream, std::mem::take(&mut queue), &mut rx, idle).await {
+                match drain(
+                    &shared,
+                    stream,
+                    std::mem::take(&mut queue),
+                    &mut rx,
+                    &pending,
+                    idle,
+                )
+                .await
+                {
                     End::Idle | End::Shutdown => break,
                     End::Closed => continue,
                     End::Lost(unsent) => {
@@ -546,42 +569,63 @@ pub async fn run(
             }
             Ok(Err(e)) => {
                 tracing::info!(%local, %remote, error = %e, "s2s connection failed");
-                fail_queue(&shared, &mut queue, &mut rx, e.stanza_error());
+                fail_queue(&shared, &mut queue, &mut rx, &pending, e.stanza_error());
                 shared.s2s.link_lost(&local, &remote);
             }
             Err(_) => {
                 tracing::info!(%local, %remote, "s2s connection timed out");
-                fail_queue(&shared, &mut queue, &mut rx, super::remote_server_timeout());
+                fail_queue(
+                    &shared,
+                    &mut queue,
+                    &mut rx,
+                    &pending,
+                    super::remote_server_timeout(),
+                );
                 shared.s2s.link_lost(&local, &remote);
             }
         }
+        failures = failures.saturating_add(1);
+        let unit = rand::Rng::gen_range(&mut rand::thread_rng(), 0.0..=1.0);
+        let delay = reconnect_delay(failures, min_delay, max_delay, unit);
         tokio::select! {
             _ = shared.shutdown.cancelled() => break,
             _ = cut.cancelled() => break,
-            _ = tokio::time::sleep(jitter(backoff)) => {}
+            _ = tokio::time::sleep(delay) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_millis(cfg.reconnect_max_ms));
     }
     shared.s2s.remove_link(&key, id);
-    // Whatever arrived after we decided to stop goes back with an error.
     rx.close();
-    fail_queue(
-        &shared,
-        &mut queue,
-        &mut rx,
-        StanzaError::remote_server_not_found(),
-    );
+    while let Ok(el) = rx.try_recv() {
+        queue.push(el);
+    }
+    pending.fetch_sub(queue.len(), Ordering::SeqCst);
+    let stopping = shared.shutdown.is_cancelled() || shared.s2s.is_severed();
+    for el in queue.drain(..) {
+        // A stanza that slipped in while this link was closing for idleness goes to a new
+        // link rather than back to its sender: the remote is fine, only this stream ended.
+        let routed = if stopping {
+            Err(StanzaError::remote_server_not_found())
+        } else {
+            shared.s2s.enqueue(&shared, &local, &remote, el.clone())
+        };
+        if let Err(e) = routed {
+            super::bounce(&shared, &el, e);
+        }
+    }
 }
 
+/// Bounces every queued stanza, and whatever waits in the channel, with `err`.
 fn fail_queue(
     shared: &Shared,
     queue: &mut Vec<Element>,
     rx: &mut mpsc::Receiver<Element>,
+    pending: &AtomicUsize,
     err: StanzaError,
 ) {
     while let Ok(el) = rx.try_recv() {
         queue.push(el);
     }
+    pending.fetch_sub(queue.len(), Ordering::SeqCst);
     for el in queue.drain(..) {
         super::bounce(shared, &el, err.clone());
     }
@@ -594,6 +638,7 @@ async fn drain(
     stream: S2sStream,
     first: Vec<Element>,
     rx: &mut mpsc::Receiver<Element>,
+    pending: &AtomicUsize,
     idle: Duration,
 ) -> End {
     use tokio::io::AsyncWriteExt;
@@ -639,6 +684,7 @@ async fn drain(
             if !matches!(wrote, Ok(Ok(()))) {
                 break End::Lost(batch);
             }
+            pending.fetch_sub(batch.len(), Ordering::SeqCst);
             batch.clear();
         }
         tokio::select! {
@@ -678,4 +724,72 @@ async fn drain(
     };
     watcher.abort();
     end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_millis(800);
+
+    #[test]
+    fn reconnect_delay_grows_from_min_and_is_capped_at_max() {
+        // (failures, lowest, highest) in milliseconds for min = 100, max = 800.
+        let expected = [
+            (1, 100, 200),
+            (2, 200, 400),
+            (3, 400, 800),
+            (4, 400, 800),
+            (40, 400, 800),
+        ];
+        for (n, lo, hi) in expected {
+            assert_eq!(reconnect_delay(n, MIN, MAX, 0.0).as_millis(), lo, "n={n}");
+            assert_eq!(reconnect_delay(n, MIN, MAX, 1.0).as_millis(), hi, "n={n}");
+        }
+        // Out-of-range inputs stay within [min, max].
+        assert_eq!(reconnect_delay(0, MIN, MAX, -3.0), MIN);
+        assert_eq!(reconnect_delay(u32::MAX, MIN, MAX, 7.0), MAX);
+    }
+
+    #[test]
+    fn reconnect_delay_stays_within_min_and_max_when_they_are_close() {
+        // max < 2·min: the first cap is max and the floor never drops below min.
+        let (min, max) = (Duration::from_millis(100), Duration::from_millis(150));
+        for n in 1..10 {
+            for unit in [0.0, 0.3, 0.999, 1.0] {
+                let d = reconnect_delay(n, min, max, unit);
+                assert!(d >= min && d <= max, "n={n} unit={unit}: {d:?}");
+            }
+        }
+        let equal = Duration::from_millis(250);
+        assert_eq!(reconnect_delay(3, equal, equal, 0.5), equal);
+    }
+
+    #[test]
+    fn reconnect_delay_jitter_spreads_over_half_the_cap() {
+        use rand::Rng;
+        let mut rng = rand::thread_rng();
+        for n in 1..6u32 {
+            let draws: Vec<u128> = (0..400)
+                .map(|_| reconnect_delay(n, MIN, MAX, rng.gen_range(0.0..=1.0)).as_millis())
+                .collect();
+            let (lo, hi) = (
+                reconnect_delay(n, MIN, MAX, 0.0).as_millis(),
+                reconnect_delay(n, MIN, MAX, 1.0).as_millis(),
+            );
+            assert!(draws.iter().all(|d| (lo..=hi).contains(d)), "n={n}");
+            // 400 uniform draws cover both quarters at the ends of the range; the chance
+            // that none lands in a given quarter is 0.75^400, about 1e-50.
+            let quarter = (hi - lo) / 4;
+            assert!(
+                draws.iter().any(|d| *d <= lo + quarter),
+                "n={n}: no low draw"
+            );
+            assert!(
+                draws.iter().any(|d| *d >= hi - quarter),
+                "n={n}: no high draw"
+            );
+        }
+    }
 }
