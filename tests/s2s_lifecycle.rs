@@ -319,9 +319,10 @@ async fn idle_outgoing_stream_is_closed_cleanly_and_the_next_stanza_opens_a_new_
     eprintln!(
         "measured: idle stream closed {quiet:.3}s after its last stanza (idle_timeout {idle}s)"
     );
-    // The sender's timer starts when it wrote m2, a little before we read it.
+    // The sender's timer starts when it wrote m2, a little before we read it; closing
+    // 0.4 s after m2 (idle counted from m1) would fail this.
     assert!(
-        quiet >= idle - 0.1,
+        quiet >= idle - 0.2,
         "closed after {quiet:.3}s, before the idle timeout"
     );
     assert!(
@@ -368,7 +369,7 @@ async fn reconnects_to_a_dead_peer_are_spaced_by_growing_jittered_delays_and_bou
 
     // A steady trickle of stanzas keeps the link wanting to connect; each failed attempt
     // bounces what waited for it.
-    let window = secs(4.0);
+    let window = secs(5.0);
     let start = Instant::now();
     let (mut sent, mut bounced) = (0usize, 0usize);
     while start.elapsed() < window {
@@ -450,11 +451,17 @@ async fn reconnects_to_a_dead_peer_are_spaced_by_growing_jittered_delays_and_bou
     // bound is twice the first's upper bound).
     assert!(gaps.len() >= 4, "too few attempts to see growth: {gaps:?}");
     assert!(gaps[2..].iter().all(|g| *g > gaps[0]), "{gaps:?}");
-    // And they are jittered: the capped ones are not all equal.
+    // And they are jittered: without jitter every capped gap would be at least the cap
+    // (800 ms). With delays drawn uniformly from [400, 800] ms, the chance that none lands
+    // 20 ms below the cap (overhead included) is about 0.1% for the fewest the window
+    // allows (three) and far less for the six or more measured on a loaded machine.
     let capped = &gaps[2..];
-    let spread = capped.iter().cloned().fold(f64::MIN, f64::max)
-        - capped.iter().cloned().fold(f64::MAX, f64::min);
-    assert!(spread > 5.0, "capped delays without jitter: {capped:?}");
+    let cap = bound(3, 1.0);
+    let shortest = capped.iter().cloned().fold(f64::MAX, f64::min);
+    assert!(
+        capped.len() >= 3 && shortest < cap - 20.0,
+        "capped delays show no jitter: {capped:?}"
+    );
     a.stop().await;
 }
 
