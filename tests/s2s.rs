@@ -304,6 +304,26 @@ impl RawS2s {
         raw
     }
 
+    /// Direct TLS (XEP-0368) to `addr`, presenting `identity`, then the stream header.
+    async fn connect_direct(
+        addr: SocketAddr,
+        target: &TestServer,
+        from_domain: &str,
+        identity: Identity,
+    ) -> RawS2s {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let connector = tokio_rustls::TlsConnector::from(tls_client_with_cert(
+            &target.cert,
+            identity.0,
+            identity.1,
+        ));
+        let name = ServerName::try_from(target.domain.clone()).unwrap();
+        let tls = connector.connect(name, tcp).await.expect("TLS");
+        let mut raw = RawS2s::over(Box::new(tls));
+        raw.open(from_domain, &target.domain).await;
+        raw
+    }
+
     fn over(io: Box<dyn Io>) -> RawS2s {
         let (r, w) = tokio::io::split(io);
         RawS2s {
@@ -775,6 +795,56 @@ async fn external_with_a_proving_certificate_succeeds_only_for_its_own_authzid()
     );
     let n = p.a.shared().s2s.auth_counts();
     assert_eq!((n.external_in, n.dialback_in), (1, 0), "{n:?}");
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn external_works_over_the_direct_tls_listener_too() {
+    let pki = Pki::new();
+    let mut p = pair_with(|c, own, _| {
+        if own.starts_with('a') {
+            pki.install(c, own);
+            c.s2s.direct_tls = true;
+        }
+    })
+    .await;
+    p.a.cert = pki.ca_pem.clone();
+    p.a.user("alice").await;
+    let alice_jid = p.a.jid("alice");
+    let mut alice = p.a.login("alice", "r").await;
+    alice.presence(None, None).await;
+    let (a_domain, b_domain) = (p.a_domain.clone(), p.b_domain.clone());
+    let mut raw = RawS2s::connect_direct(
+        p.a.s2s_direct_addr(),
+        &p.a,
+        &b_domain,
+        pki.identity(&[&b_domain]),
+    )
+    .await;
+    let features = raw.features.clone().expect("features");
+    assert!(
+        features.get_child("mechanisms", NS_SASL).is_some(),
+        "{features}"
+    );
+    raw.send(&format!(
+        "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>=</auth>"
+    ))
+    .await;
+    let success = raw.next_element().await.expect("success");
+    assert_eq!(success.name, "success", "{success}");
+    raw.reader = StreamReader::new(raw.reader.into_inner(), ReaderLimits::default());
+    raw.open(&b_domain, &a_domain).await;
+    raw.send(&format!(
+        "<message from='bob@{b_domain}/x' to='{alice_jid}' type='chat'><body>direct</body></message>"
+    ))
+    .await;
+    let got = alice.expect(|e| e.name == "message").await;
+    assert_eq!(
+        got.get_attr("from"),
+        Some(format!("bob@{b_domain}/x").as_str())
+    );
+    assert_eq!(p.a.shared().s2s.auth_counts().external_in, 1);
     p.a.stop().await;
     p.b.stop().await;
 }
