@@ -354,8 +354,9 @@ pub struct S2sConfig {
     /// Dialback secret (XEP-0185 key derivation). Empty: a random one per start, which
     /// is correct for a single node (keys only need to verify while the stream is set up).
     pub secret: String,
-    /// PEM file of certificate authorities trusted for peers' certificates. Empty: no
-    /// certificate verifies, so peers authenticate with dialback only.
+    /// PEM file of certificate authorities trusted for peers' certificates, inbound (SASL
+    /// EXTERNAL) and outbound. Empty: only `allow_self_signed` domains' certificates
+    /// verify; other peers authenticate with dialback, where policy allows it.
     pub ca_file: String,
     /// Default policy for domains without an entry in `domains`.
     pub default_policy: S2sPolicy,

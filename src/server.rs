@@ -30,6 +30,9 @@ pub struct Shared {
     pub sessions: Sessions,
     /// TLS for STARTTLS and direct TLS.
     pub tls: Arc<rustls::ServerConfig>,
+    /// TLS of the s2s listeners: like `tls`, and asks for the peer's certificate
+    /// (SASL EXTERNAL, XEP-0178).
+    pub s2s_tls: Arc<rustls::ServerConfig>,
     /// Cancelled on shutdown; every session's token is a child.
     pub shutdown: CancellationToken,
     /// Heartbeats, Redis liveness keys, the sweeper, grace periods, last seen, counters.
@@ -126,13 +129,15 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let store = Store::connect(&config.database.url, config.database.max_connections).await?;
     store.migrate(&config.database.migrations).await?;
     let tls = crate::tls::server_config(&config)?;
+    let s2s_tls = crate::tls::s2s_server_config(&config)?;
     let liveness = crate::liveness::Liveness::new(&config);
-    let s2s = crate::s2s::S2s::new(&config);
+    let s2s = crate::s2s::S2s::new(&config, crate::tls::identity(&config)?);
     let shared = Arc::new(Shared {
         config,
         store,
         sessions: Sessions::default(),
         tls,
+        s2s_tls,
         shutdown: CancellationToken::new(),
         liveness,
         roster_locks: RosterLocks::default(),

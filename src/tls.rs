@@ -8,9 +8,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::ServerConfig;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
 use crate::config::Config;
 
@@ -33,6 +35,41 @@ pub enum TlsError {
 
 /// Loads the configured certificate, or generates and reuses a self-signed one.
 pub fn server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError> {
+    let (chain, key) = identity(config)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut server = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    // Small session cache: resumption helps reconnect storms, memory stays bounded.
+    server.session_storage = rustls::server::ServerSessionMemoryCache::new(1024);
+    Ok(Arc::new(server))
+}
+
+/// The TLS configuration of server-to-server listeners: the same certificate as c2s, and a
+/// request (not a requirement) for the peer's certificate. Which domain that certificate
+/// must cover is only known from the stream header sent after the handshake, so any
+/// certificate is accepted here and checked later for SASL EXTERNAL (XEP-0178 §2,
+/// RFC 6120 §13.7.2); a peer without one still gets TLS and may use dialback.
+pub fn s2s_server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError> {
+    let (chain, key) = identity(config)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(AnyClientCert {
+        provider: provider.clone(),
+    });
+    let mut server = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    server.session_storage = rustls::server::ServerSessionMemoryCache::new(1024);
+    Ok(Arc::new(server))
+}
+
+/// The certificate chain and key this server presents, as TLS server and as TLS client of
+/// outgoing server streams.
+pub fn identity(
+    config: &Config,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
     let (cert, key) = if config.tls.cert.is_empty() {
         ensure_self_signed(&config.tls.certs_dir, &config.domains)?
     } else {
@@ -42,14 +79,71 @@ pub fn server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError> {
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| TlsError::Pem(cert.clone(), e))?;
     let key = PrivateKeyDer::from_pem_file(&key).map_err(|e| TlsError::Pem(key.clone(), e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut server = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)?;
-    // Small session cache: resumption helps reconnect storms, memory stays bounded.
-    server.session_storage = rustls::server::ServerSessionMemoryCache::new(1024);
-    Ok(Arc::new(server))
+    Ok((chain, key))
+}
+
+/// Asks for a client certificate, accepts whichever one comes (or none); the handshake
+/// signature still proves the peer holds its key.
+#[derive(Debug)]
+struct AnyClientCert {
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ClientCertVerifier for AnyClientCert {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
 
 /// Paths of the development certificate for `domains` in `dir`, generating it when absent.

@@ -1,16 +1,20 @@
 //! Federation (issue 5): two instances of the server, each with its own domain on its own
-//! loopback address, joined by static routes, authenticating each other with dialback.
+//! loopback address, joined by static routes, authenticating each other with dialback or,
+//! given certificates from a test CA, with SASL EXTERNAL (XEP-0178).
 
 mod common;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use presenced::s2s::dialback::Secret;
 use presenced::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
-use presenced::xml::{Element, NS_CLIENT};
-use rustls_pki_types::ServerName;
+use presenced::xml::{Element, NS_CLIENT, NS_SASL};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
 /// A free port on `ip` (bound and released; the server binds it right after).
@@ -65,16 +69,27 @@ async fn start_b(a_domain: &str, a_port: u16, b_domain: &str, b_port: u16) -> Te
 }
 
 async fn pair() -> Pair {
+    pair_with(|_, _, _| {}).await
+}
+
+/// Two federated servers; `tweak(config, own domain, peer domain)` adjusts each config.
+async fn pair_with(tweak: impl Fn(&mut presenced::config::Config, &str, &str)) -> Pair {
     let a_domain = format!("a{}.example", unique());
     let b_domain = format!("b{}.example", unique());
     let a_port = free_port("127.0.0.2");
     let b_port = free_port("127.0.0.3");
     let b_addr = format!("127.0.0.3:{b_port}");
+    let a_addr = format!("127.0.0.2:{a_port}");
     let a = TestServer::start_with_domain(&a_domain, |c| {
-        s2s_config(c, "127.0.0.2", a_port, SECRET_A, &b_domain, b_addr)
+        s2s_config(c, "127.0.0.2", a_port, SECRET_A, &b_domain, b_addr);
+        tweak(c, &a_domain, &b_domain);
     })
     .await;
-    let b = start_b(&a_domain, a_port, &b_domain, b_port).await;
+    let b = TestServer::start_with_domain(&b_domain, |c| {
+        s2s_config(c, "127.0.0.3", b_port, SECRET_B, &a_domain, a_addr);
+        tweak(c, &b_domain, &a_domain);
+    })
+    .await;
     Pair {
         a,
         b,
@@ -250,12 +265,24 @@ struct RawS2s {
     reader: StreamReader<ReadHalf<Box<dyn Io>>>,
     writer: WriteHalf<Box<dyn Io>>,
     stream_id: String,
+    /// The last stream features received.
+    features: Option<Element>,
 }
 
 impl RawS2s {
     /// Connects to `to_domain` at `addr` claiming to be `from_domain`, STARTTLS (pinning
     /// the target's certificate), and returns with the secured stream opened.
     async fn connect(addr: SocketAddr, target: &TestServer, from_domain: &str) -> RawS2s {
+        RawS2s::connect_with_cert(addr, target, from_domain, None).await
+    }
+
+    /// Like [`RawS2s::connect`], presenting `identity` as the TLS client certificate.
+    async fn connect_with_cert(
+        addr: SocketAddr,
+        target: &TestServer,
+        from_domain: &str,
+        identity: Option<Identity>,
+    ) -> RawS2s {
         let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let mut raw = RawS2s::over(Box::new(tcp));
         raw.open(from_domain, &target.domain).await;
@@ -265,9 +292,33 @@ impl RawS2s {
         assert_eq!(proceed.name, "proceed");
         let RawS2s { reader, writer, .. } = raw;
         let io = reader.into_inner().unsplit(writer);
-        let connector = tokio_rustls::TlsConnector::from(tls_client(&target.cert));
+        let tls_config = match identity {
+            None => tls_client(&target.cert),
+            Some((chain, key)) => tls_client_with_cert(&target.cert, chain, key),
+        };
+        let connector = tokio_rustls::TlsConnector::from(tls_config);
         let name = ServerName::try_from(target.domain.clone()).unwrap();
         let tls = connector.connect(name, io).await.expect("TLS");
+        let mut raw = RawS2s::over(Box::new(tls));
+        raw.open(from_domain, &target.domain).await;
+        raw
+    }
+
+    /// Direct TLS (XEP-0368) to `addr`, presenting `identity`, then the stream header.
+    async fn connect_direct(
+        addr: SocketAddr,
+        target: &TestServer,
+        from_domain: &str,
+        identity: Identity,
+    ) -> RawS2s {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let connector = tokio_rustls::TlsConnector::from(tls_client_with_cert(
+            &target.cert,
+            identity.0,
+            identity.1,
+        ));
+        let name = ServerName::try_from(target.domain.clone()).unwrap();
+        let tls = connector.connect(name, tcp).await.expect("TLS");
         let mut raw = RawS2s::over(Box::new(tls));
         raw.open(from_domain, &target.domain).await;
         raw
@@ -279,6 +330,7 @@ impl RawS2s {
             reader: StreamReader::new(r, ReaderLimits::default()),
             writer: w,
             stream_id: String::new(),
+            features: None,
         }
     }
 
@@ -299,7 +351,10 @@ impl RawS2s {
                 Ok(Ok(StreamEvent::Open(h))) => {
                     self.stream_id = h.get_attr("id").unwrap_or_default().to_owned()
                 }
-                Ok(Ok(StreamEvent::Stanza(el))) if el.name == "features" => return,
+                Ok(Ok(StreamEvent::Stanza(el))) if el.name == "features" => {
+                    self.features = Some(el);
+                    return;
+                }
                 Ok(Ok(_)) => {}
                 other => panic!("no stream features: {other:?}"),
             }
@@ -447,4 +502,349 @@ async fn cut_federation_link_marks_contacts_unavailable_and_restored_link_shows_
     );
     a.stop().await;
     b.stop().await;
+}
+
+/// A certificate chain and its key.
+type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+/// rustls client config trusting `roots_pem`, presenting `chain` as client certificate.
+fn tls_client_with_cert(
+    roots_pem: &PathBuf,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(roots_pem).expect("roots file") {
+        roots.add(c.expect("cert")).expect("add root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .expect("client cert"),
+    )
+}
+
+/// A throw-away certificate authority, generated per test, and the certificates it issues.
+struct Pki {
+    dir: PathBuf,
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+    /// The CA certificate (PEM): `[s2s] ca_file`, and what test clients pin.
+    ca_pem: PathBuf,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = std::env::temp_dir().join(format!("presenced-pki-{}", unique()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "presenced test CA");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let ca = params.self_signed(&ca_key).unwrap();
+        let ca_pem = dir.join("ca.pem");
+        std::fs::write(&ca_pem, ca.pem()).unwrap();
+        Pki {
+            dir,
+            ca,
+            ca_key,
+            ca_pem,
+        }
+    }
+
+    /// A certificate for `names` signed by the CA, usable as TLS server and client.
+    fn issue(&self, names: &[&str]) -> (rcgen::Certificate, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        (cert, key)
+    }
+
+    /// [`Pki::issue`] as rustls types, for a raw client.
+    fn identity(&self, names: &[&str]) -> Identity {
+        let (cert, key) = self.issue(names);
+        (
+            vec![cert.der().clone()],
+            PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
+        )
+    }
+
+    /// Gives `c` (serving `domain`) a CA-issued certificate and trusts the CA for peers.
+    fn install(&self, c: &mut presenced::config::Config, domain: &str) {
+        let (cert, key) = self.issue(&[domain]);
+        let cert_path = self.dir.join(format!("{domain}.pem"));
+        let key_path = self.dir.join(format!("{domain}.key"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        c.tls.cert = cert_path.to_string_lossy().into_owned();
+        c.tls.key = key_path.to_string_lossy().into_owned();
+        c.s2s.ca_file = self.ca_pem.to_string_lossy().into_owned();
+    }
+}
+
+#[tokio::test]
+async fn sasl_external_authenticates_both_directions_and_dialback_is_not_used() {
+    let pki = Pki::new();
+    // Dialback stays allowed: EXTERNAL must win because it is preferred, not forced.
+    let mut p = pair_with(|c, own, _| pki.install(c, own)).await;
+    p.a.cert = pki.ca_pem.clone();
+    p.b.cert = pki.ca_pem.clone();
+    let (mut alice, mut bob) = mutual(&p).await;
+    let msg = Element::new("message", NS_CLIENT)
+        .attr("to", p.a.jid("alice"))
+        .attr("type", "chat")
+        .child(Element::new("body", NS_CLIENT).text("signed by a CA"));
+    bob.send(&msg).await;
+    alice.expect(|e| e.name == "message").await;
+    for (name, s) in [("a", &p.a), ("b", &p.b)] {
+        let n = s.shared().s2s.auth_counts();
+        assert!(
+            n.external_in >= 1 && n.external_out >= 1,
+            "{name}: EXTERNAL used both ways: {n:?}"
+        );
+        assert_eq!(
+            (n.dialback_in, n.dialback_out),
+            (0, 0),
+            "{name}: no dialback: {n:?}"
+        );
+    }
+    drop(bob);
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn require_verified_cert_refuses_a_peer_without_a_verifiable_cert_and_bounces_both_ways() {
+    let pki = Pki::new();
+    // a has a CA certificate and demands one from b; b keeps its self-signed development
+    // certificate but trusts the CA (so b verifies a, a cannot verify b).
+    let mut p = pair_with(|c, own, peer| {
+        if own.starts_with('a') {
+            pki.install(c, own);
+            c.s2s.domains.insert(
+                peer.to_owned(),
+                presenced::config::S2sPolicy {
+                    require_verified_cert: true,
+                    ..Default::default()
+                },
+            );
+        } else {
+            c.s2s.ca_file = pki.ca_pem.to_string_lossy().into_owned();
+        }
+    })
+    .await;
+    p.a.cert = pki.ca_pem.clone();
+    p.a.user("alice").await;
+    p.b.user("bob").await;
+    let mut alice = p.a.login("alice", "r").await;
+    alice.presence(None, None).await;
+    let mut bob = p.b.login("bob", "r").await;
+
+    // a → b: b's certificate does not verify, so a never gets past TLS.
+    let to_bob = Element::new("message", NS_CLIENT)
+        .attr("to", p.b.jid("bob"))
+        .attr("id", "m1")
+        .child(Element::new("body", NS_CLIENT).text("x"));
+    alice.send(&to_bob).await;
+    let err = alice
+        .expect(|e| e.name == "message" && e.get_attr("type") == Some("error"))
+        .await;
+    assert_eq!(stanza_error(&err), "remote-server-not-found", "{err}");
+    assert!(
+        err.to_string().contains("certificate"),
+        "refused for the certificate: {err}"
+    );
+
+    // b → a: a offers neither EXTERNAL (b's certificate proves nothing) nor dialback, and
+    // refuses b's dialback key; b bounces.
+    let to_alice = Element::new("message", NS_CLIENT)
+        .attr("to", p.a.jid("alice"))
+        .attr("id", "m2")
+        .child(Element::new("body", NS_CLIENT).text("y"));
+    bob.send(&to_alice).await;
+    let err = bob
+        .expect(|e| e.name == "message" && e.get_attr("type") == Some("error"))
+        .await;
+    assert_eq!(stanza_error(&err), "remote-server-not-found", "{err}");
+    assert!(
+        err.to_string().contains("dialback result error"),
+        "refused at dialback: {err}"
+    );
+    alice
+        .expect_none(
+            |e| e.get_attr("type") != Some("error") && e.name == "message",
+            Duration::from_millis(300),
+        )
+        .await;
+    let n = p.a.shared().s2s.auth_counts();
+    assert_eq!(
+        n,
+        presenced::s2s::AuthCounts::default(),
+        "a authenticated nothing: {n:?}"
+    );
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn certificate_for_another_domain_is_not_accepted_for_external_and_dialback_still_works() {
+    let pki = Pki::new();
+    let mut p = pair_with(|c, own, _| {
+        if own.starts_with('a') {
+            pki.install(c, own);
+        }
+    })
+    .await;
+    p.a.cert = pki.ca_pem.clone();
+    let (a_domain, b_domain) = (p.a_domain.clone(), p.b_domain.clone());
+
+    // A CA-issued certificate, but for another name: no EXTERNAL offered, and asking for
+    // it anyway fails with not-authorized (XEP-0178 §3).
+    let wrong = pki.identity(&["wrong.example"]);
+    let mut raw = RawS2s::connect_with_cert(p.a.s2s_addr(), &p.a, &b_domain, Some(wrong)).await;
+    let features = raw.features.clone().expect("features");
+    assert!(
+        features.get_child("mechanisms", NS_SASL).is_none(),
+        "EXTERNAL must not be offered: {features}"
+    );
+    raw.send(&format!(
+        "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>=</auth>"
+    ))
+    .await;
+    let failure = raw.next_element().await.expect("failure");
+    assert_eq!(failure.name, "failure", "{failure}");
+    assert_eq!(condition(&failure), "not-authorized");
+    // Dialback is allowed for b, so the same stream can still prove b that way.
+    let key = Secret::new(SECRET_B).key(&a_domain, &b_domain, &raw.stream_id);
+    assert_eq!(raw.dialback(&b_domain, &a_domain, &key).await, "valid");
+    let n = p.a.shared().s2s.auth_counts();
+    assert_eq!((n.external_in, n.dialback_in), (0, 1), "{n:?}");
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn external_with_a_proving_certificate_succeeds_only_for_its_own_authzid() {
+    let pki = Pki::new();
+    let mut p = pair_with(|c, own, _| {
+        if own.starts_with('a') {
+            pki.install(c, own);
+        }
+    })
+    .await;
+    p.a.cert = pki.ca_pem.clone();
+    p.a.user("alice").await;
+    let alice_jid = p.a.jid("alice");
+    let mut alice = p.a.login("alice", "r").await;
+    alice.presence(None, None).await;
+    let b_domain = p.b_domain.clone();
+    let good = pki.identity(&[&b_domain]);
+    let mut raw = RawS2s::connect_with_cert(p.a.s2s_addr(), &p.a, &b_domain, Some(good)).await;
+    let features = raw.features.clone().expect("features");
+    let mechs = features
+        .get_child("mechanisms", NS_SASL)
+        .map(|m| m.elements().map(|e| e.text_content()).collect::<Vec<_>>());
+    assert_eq!(mechs, Some(vec!["EXTERNAL".to_owned()]), "{features}");
+
+    // Asking to be authorized as another domain: invalid-authzid (RFC 6120 §6.5.6).
+    use base64::Engine;
+    let other = base64::engine::general_purpose::STANDARD.encode("evil.example");
+    raw.send(&format!(
+        "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>{other}</auth>"
+    ))
+    .await;
+    let failure = raw.next_element().await.expect("failure");
+    assert_eq!(condition(&failure), "invalid-authzid", "{failure}");
+
+    // Its own domain, base64-encoded (XEP-0178 §3 allows either form): success, restart.
+    let own = base64::engine::general_purpose::STANDARD.encode(&b_domain);
+    raw.send(&format!(
+        "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>{own}</auth>"
+    ))
+    .await;
+    let success = raw.next_element().await.expect("success");
+    assert_eq!(success.name, "success", "{success}");
+    raw.reader = StreamReader::new(raw.reader.into_inner(), ReaderLimits::default());
+    let a_domain = p.a_domain.clone();
+    raw.open(&b_domain, &a_domain).await;
+    // The authenticated stream carries b's stanzas, with no dialback at all.
+    raw.send(&format!(
+        "<message from='bob@{b_domain}/x' to='{alice_jid}' type='chat'><body>by cert</body></message>"
+    ))
+    .await;
+    let got = alice.expect(|e| e.name == "message").await;
+    assert_eq!(
+        got.get_attr("from"),
+        Some(format!("bob@{b_domain}/x").as_str())
+    );
+    let n = p.a.shared().s2s.auth_counts();
+    assert_eq!((n.external_in, n.dialback_in), (1, 0), "{n:?}");
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn external_works_over_the_direct_tls_listener_too() {
+    let pki = Pki::new();
+    let mut p = pair_with(|c, own, _| {
+        if own.starts_with('a') {
+            pki.install(c, own);
+            c.s2s.direct_tls = true;
+        }
+    })
+    .await;
+    p.a.cert = pki.ca_pem.clone();
+    p.a.user("alice").await;
+    let alice_jid = p.a.jid("alice");
+    let mut alice = p.a.login("alice", "r").await;
+    alice.presence(None, None).await;
+    let (a_domain, b_domain) = (p.a_domain.clone(), p.b_domain.clone());
+    let mut raw = RawS2s::connect_direct(
+        p.a.s2s_direct_addr(),
+        &p.a,
+        &b_domain,
+        pki.identity(&[&b_domain]),
+    )
+    .await;
+    let features = raw.features.clone().expect("features");
+    assert!(
+        features.get_child("mechanisms", NS_SASL).is_some(),
+        "{features}"
+    );
+    raw.send(&format!(
+        "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>=</auth>"
+    ))
+    .await;
+    let success = raw.next_element().await.expect("success");
+    assert_eq!(success.name, "success", "{success}");
+    raw.reader = StreamReader::new(raw.reader.into_inner(), ReaderLimits::default());
+    raw.open(&b_domain, &a_domain).await;
+    raw.send(&format!(
+        "<message from='bob@{b_domain}/x' to='{alice_jid}' type='chat'><body>direct</body></message>"
+    ))
+    .await;
+    let got = alice.expect(|e| e.name == "message").await;
+    assert_eq!(
+        got.get_attr("from"),
+        Some(format!("bob@{b_domain}/x").as_str())
+    );
+    assert_eq!(p.a.shared().s2s.auth_counts().external_in, 1);
+    p.a.stop().await;
+    p.b.stop().await;
 }

@@ -1,10 +1,12 @@
-//! Incoming server streams: the s2s listener, STARTTLS, dialback as receiving and as
-//! authoritative server, and the origin checks every inbound stanza passes.
+//! Incoming server streams: the s2s listener, STARTTLS, SASL EXTERNAL, dialback as
+//! receiving and as authoritative server, and the origin checks every inbound stanza passes.
 //!
-//! A stream starts knowing nothing about its peer. Each `<db:result/>` the peer sends asks
-//! to add one (remote domain, local domain) pair; it is added only after the remote
-//! domain's authoritative server, reached by resolving that name, confirmed the key
-//! (XEP-0220 §2.2). Stanzas are then accepted only for pairs in the set:
+//! A stream starts knowing nothing about its peer. If the TLS client certificate proves the
+//! domain in the post-TLS stream header, EXTERNAL is offered and, once it succeeds, that
+//! (remote domain, local domain) pair is authenticated (XEP-0178). Each `<db:result/>` the
+//! peer sends asks to add one more pair, if policy allows dialback for that domain; it is
+//! added only after the remote domain's authoritative server, reached by resolving that
+//! name, confirmed the key (XEP-0220 §2.2). Stanzas are then accepted only for pairs in the set:
 //!
 //! - no `from` or `to`: `improper-addressing` (RFC 6120 §4.9.3.7);
 //! - `to` a domain we do not serve: `host-unknown` (§4.9.3.6);
@@ -30,10 +32,12 @@ use crate::error::{StanzaError, StreamError};
 use crate::jid::Jid;
 use crate::server::Shared;
 use crate::xml::reader::ReaderLimits;
-use crate::xml::{Element, NS_CLIENT, NS_SERVER, NS_STREAM, NS_TLS};
+use crate::xml::{Element, NS_CLIENT, NS_SASL, NS_SERVER, NS_STREAM, NS_TLS};
+use rustls::pki_types::CertificateDer;
 
 use super::dialback::{self, NS_DIALBACK, NS_DIALBACK_FEATURE};
 use super::stream::{header, Fail, S2sStream};
+use super::AuthMethod;
 
 /// Addresses the s2s listeners bound.
 #[derive(Debug, Clone, Copy, Default)]
@@ -112,6 +116,15 @@ async fn accept_loop(
 /// Pairs (remote domain, local domain) this stream may carry stanzas for.
 type Authenticated = Arc<Mutex<HashSet<(String, String)>>>;
 
+/// Certificates the peer presented in the TLS handshake (end entity first).
+type PeerCerts = Vec<CertificateDer<'static>>;
+
+fn peer_certs(conn: &rustls::ServerConnection) -> PeerCerts {
+    conn.peer_certificates()
+        .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+        .unwrap_or_default()
+}
+
 /// Serves one inbound server connection.
 pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct_tls: bool) {
     let limits = ReaderLimits {
@@ -120,10 +133,14 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct
     };
     let deadline =
         tokio::time::Instant::now() + Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let mut certs = PeerCerts::new();
     let io: BoxIo = if direct_tls {
-        let acceptor = tokio_rustls::TlsAcceptor::from(shared.tls.clone());
+        let acceptor = tokio_rustls::TlsAcceptor::from(shared.s2s_tls.clone());
         match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => Box::new(tls),
+            Ok(Ok(tls)) => {
+                certs = peer_certs(tls.get_ref().1);
+                Box::new(tls)
+            }
             _ => {
                 tracing::info!(%peer, "s2s direct TLS handshake failed");
                 return;
@@ -135,10 +152,10 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct
     let stream = S2sStream::new(io, limits);
     let cut = shared.s2s.cut_token();
     let negotiated = tokio::select! {
-        r = tokio::time::timeout_at(deadline, negotiate(&shared, stream, direct_tls, peer)) => r,
+        r = tokio::time::timeout_at(deadline, negotiate(&shared, stream, direct_tls, certs, peer)) => r,
         _ = cut.cancelled() => return,
     };
-    let (stream, local_domain, stream_id) = match negotiated {
+    let n = match negotiated {
         Ok(Ok(x)) => x,
         Ok(Err(None)) => return,
         Ok(Err(Some((mut stream, err)))) => {
@@ -151,19 +168,35 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct
             return;
         }
     };
-    run(shared, stream, peer, local_domain, stream_id, deadline).await;
+    run(shared, n, peer, deadline).await;
 }
 
 type Refusal = Option<(S2sStream, StreamError)>;
 
-/// Reads and answers the peer's header (RFC 6120 §4.7); STARTTLS if not yet secure.
-/// Returns the secured stream, the local domain it was opened to and our stream id.
+/// A secured inbound stream, ready for stanzas or dialback.
+struct Negotiated {
+    stream: S2sStream,
+    /// The local domain the stream was opened to.
+    local_domain: String,
+    /// Our stream id (dialback keys cover it).
+    stream_id: String,
+    /// The remote domain SASL EXTERNAL authenticated, if it did.
+    external: Option<String>,
+    /// An element read while waiting for a possible `<auth/>`, not yet handled.
+    pending: Option<Element>,
+}
+
+/// Reads and answers the peer's header (RFC 6120 §4.7); STARTTLS if not yet secure; then
+/// SASL EXTERNAL if the peer's certificate proves the domain it claims (XEP-0178).
 async fn negotiate(
     shared: &Arc<Shared>,
     mut stream: S2sStream,
     mut secure: bool,
+    mut certs: PeerCerts,
     peer: SocketAddr,
-) -> Result<(S2sStream, String, String), Refusal> {
+) -> Result<Negotiated, Refusal> {
+    let mut external: Option<String> = None;
+    let mut failures = 0u32;
     loop {
         let h = match stream.read_header().await {
             Ok(h) => h,
@@ -198,6 +231,28 @@ async fn negotiate(
             let e = StreamError::new("host-unknown", format!("this server does not serve '{to}'"));
             return Err(Some((stream, e)));
         }
+        // The domain the peer claims: a bare domain that is not ours (RFC 6120 §4.7.1).
+        let from = h
+            .get_attr("from")
+            .filter(|f| Jid::new(f).is_ok_and(|j| j.node().is_none() && j.resource().is_none()))
+            .filter(|f| !shared.config.serves(f))
+            .map(str::to_owned);
+        let policy = match &from {
+            Some(f) => shared.config.s2s.policy(f).clone(),
+            None => shared.config.s2s.default_policy.clone(),
+        };
+        // XEP-0178 §3: EXTERNAL only when the certificate proves the header's domain, and
+        // only once per stream.
+        let offer_external = secure
+            && external.is_none()
+            && from.as_deref().is_some_and(|f| {
+                super::cert::proves_domain(
+                    shared.s2s.roots.as_deref(),
+                    policy.allow_self_signed,
+                    &certs,
+                    f,
+                )
+            });
         let mut features = String::from("<stream:features>");
         if !secure {
             // RFC 7590: federation only over TLS.
@@ -205,16 +260,118 @@ async fn negotiate(
                 "<starttls xmlns='{NS_TLS}'><required/></starttls>"
             ));
         } else {
-            features.push_str(&format!(
-                "<dialback xmlns='{NS_DIALBACK_FEATURE}'><errors/></dialback>"
-            ));
+            if offer_external {
+                features.push_str(&format!(
+                    "<mechanisms xmlns='{NS_SASL}'><mechanism>EXTERNAL</mechanism></mechanisms>"
+                ));
+            }
+            if policy.allow_dialback && !policy.require_verified_cert {
+                features.push_str(&format!(
+                    "<dialback xmlns='{NS_DIALBACK_FEATURE}'><errors/></dialback>"
+                ));
+            }
         }
         features.push_str("</stream:features>");
         if stream.write(&features).await.is_err() {
             return Err(None);
         }
         if secure {
-            return Ok((stream, to, id));
+            if !offer_external {
+                return Ok(Negotiated {
+                    stream,
+                    local_domain: to,
+                    stream_id: id,
+                    external,
+                    pending: None,
+                });
+            }
+            // Wait for <auth/>; anything else (a db:result from a peer that prefers
+            // dialback, a stanza) is handed on unread.
+            loop {
+                let el = match stream.next_element().await {
+                    Ok(el) => el,
+                    Err(Fail::Stream(e)) => return Err(Some((stream, e))),
+                    Err(_) => return Err(None),
+                };
+                if !el.is("auth", NS_SASL) {
+                    return Ok(Negotiated {
+                        stream,
+                        local_domain: to,
+                        stream_id: id,
+                        external: None,
+                        pending: Some(el),
+                    });
+                }
+                let mechanism = el.get_attr("mechanism").unwrap_or_default().to_owned();
+                let mut response = el.text_content();
+                if response.is_empty() {
+                    // No initial response: an empty challenge asks for it (RFC 6120 §6.4.3).
+                    if stream
+                        .write(&format!("<challenge xmlns='{NS_SASL}'/>"))
+                        .await
+                        .is_err()
+                    {
+                        return Err(None);
+                    }
+                    match stream.next_element().await {
+                        Ok(r) if r.is("response", NS_SASL) => response = r.text_content(),
+                        Ok(r) if r.is("abort", NS_SASL) => {
+                            // RFC 6120 §6.4.5.
+                            let f = format!("<failure xmlns='{NS_SASL}'><aborted/></failure>");
+                            if stream.write(&f).await.is_err() {
+                                return Err(None);
+                            }
+                            continue;
+                        }
+                        Ok(_) => {
+                            let e =
+                                StreamError::new("policy-violation", "expected a SASL response");
+                            return Err(Some((stream, e)));
+                        }
+                        Err(Fail::Stream(e)) => return Err(Some((stream, e))),
+                        Err(_) => return Err(None),
+                    }
+                }
+                match super::cert::decide_external(
+                    &mechanism,
+                    offer_external,
+                    from.as_deref(),
+                    &response,
+                ) {
+                    Ok(domain) => {
+                        if stream
+                            .write(&format!("<success xmlns='{NS_SASL}'/>"))
+                            .await
+                            .is_err()
+                        {
+                            return Err(None);
+                        }
+                        tracing::info!(%peer, remote = %domain, local = %to, "inbound s2s stream authenticated by SASL EXTERNAL");
+                        external = Some(domain);
+                        // RFC 6120 §6.4.6: a new stream on the same TLS layer; the
+                        // certificate stays the one already checked.
+                        stream = stream.restart();
+                        certs.clear();
+                        break;
+                    }
+                    Err(condition) => {
+                        tracing::warn!(%peer, claimed = ?from, %mechanism, %condition, "SASL EXTERNAL refused");
+                        let f = format!("<failure xmlns='{NS_SASL}'><{condition}/></failure>");
+                        if stream.write(&f).await.is_err() {
+                            return Err(None);
+                        }
+                        failures += 1;
+                        if failures >= shared.config.limits.max_auth_failures {
+                            let e = StreamError::new(
+                                "policy-violation",
+                                "too many failed authentication attempts",
+                            );
+                            return Err(Some((stream, e)));
+                        }
+                    }
+                }
+            }
+            continue;
         }
         let el = match stream.next_element().await {
             Ok(el) => el,
@@ -236,9 +393,10 @@ async fn negotiate(
             max_stanza_size: shared.config.limits.max_stanza_size,
             max_depth: shared.config.limits.max_depth,
         };
-        let acceptor = tokio_rustls::TlsAcceptor::from(shared.tls.clone());
+        let acceptor = tokio_rustls::TlsAcceptor::from(shared.s2s_tls.clone());
         match acceptor.accept(stream.into_io()).await {
             Ok(tls) => {
+                certs = peer_certs(tls.get_ref().1);
                 stream = S2sStream::new(Box::new(tls), limits);
                 secure = true;
             }
@@ -256,14 +414,14 @@ enum Out {
     Error(StreamError),
 }
 
-async fn run(
-    shared: Arc<Shared>,
-    stream: S2sStream,
-    peer: SocketAddr,
-    local_domain: String,
-    stream_id: String,
-    deadline: tokio::time::Instant,
-) {
+async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tokio::time::Instant) {
+    let Negotiated {
+        stream,
+        local_domain,
+        stream_id,
+        external,
+        mut pending,
+    } = n;
     let (mut reader, mut writer) = stream.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Out>(64);
     let writer_task = tokio::spawn(async move {
@@ -284,15 +442,26 @@ async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
     });
     let authed: Authenticated = Arc::default();
+    if let Some(remote) = external {
+        if let Ok(mut a) = authed.lock() {
+            a.insert((remote.clone(), local_domain.clone()));
+        }
+        shared.s2s.authenticated(AuthMethod::External, true);
+        shared.s2s.link_up(&remote);
+    }
     let mut bucket = crate::rate_limit::TokenBucket::new(
         shared.config.s2s.stanzas_per_second,
         shared.config.s2s.stanza_burst,
     );
     let cut = shared.s2s.cut_token();
     let mut clean = false;
+    let mut sasl_refusals = 0u32;
     let error: Option<StreamError> = loop {
         let unauthenticated = authed.lock().map(|a| a.is_empty()).unwrap_or(true);
-        let ev = tokio::select! {
+        let ev = if let Some(el) = pending.take() {
+            Ok(crate::xml::reader::StreamEvent::Stanza(el))
+        } else {
+            tokio::select! {
             ev = reader.next() => ev,
             _ = cut.cancelled() => break None,
             _ = shared.shutdown.cancelled() => break None,
@@ -300,6 +469,7 @@ async fn run(
             // (RFC 6120 §4.9.3.4 connection-timeout).
             _ = tokio::time::sleep_until(deadline), if unauthenticated => {
                 break Some(StreamError::new("connection-timeout", "no authentication in time"));
+            }
             }
         };
         let el = match ev {
@@ -316,13 +486,29 @@ async fn run(
             Err(e) => break e.stream_error(),
         };
         if el.is("result", NS_DIALBACK) {
-            if let Err(e) = on_result(&shared, &el, &stream_id, &authed, &out_tx).await {
+            if let Err(e) = on_result(&shared, &el, &stream_id, &authed, &out_tx, peer).await {
                 break Some(e);
             }
             continue;
         }
         if el.is("verify", NS_DIALBACK) {
             on_verify(&shared, &el, &out_tx).await;
+            continue;
+        }
+        if el.is("auth", NS_SASL) {
+            // SASL was not offered on this stream (the certificate proves nothing, or the
+            // stream already authenticated): refuse, but keep the stream so the peer can
+            // fall back to dialback (XEP-0178 §3, RFC 6120 §6.5.10).
+            tracing::warn!(%peer, mechanism = ?el.get_attr("mechanism"), "SASL attempted where it was not offered; not-authorized");
+            let f = format!("<failure xmlns='{NS_SASL}'><not-authorized/></failure>");
+            let _ = out_tx.send(Out::Raw(f)).await;
+            sasl_refusals += 1;
+            if sasl_refusals >= shared.config.limits.max_auth_failures {
+                break Some(StreamError::new(
+                    "policy-violation",
+                    "too many failed authentication attempts",
+                ));
+            }
             continue;
         }
         if el.is("error", NS_STREAM) {
@@ -405,6 +591,7 @@ async fn on_result(
     stream_id: &str,
     authed: &Authenticated,
     out: &mpsc::Sender<Out>,
+    peer: SocketAddr,
 ) -> Result<(), StreamError> {
     let (Some(from), Some(to)) = (el.get_attr("from"), el.get_attr("to")) else {
         return Err(StreamError::new(
@@ -433,6 +620,9 @@ async fn on_result(
     }
     let policy = shared.config.s2s.policy(&from);
     if !policy.allow_dialback || policy.require_verified_cert {
+        // Policy demands a verified certificate (SASL EXTERNAL) for this domain, or
+        // forbids dialback: refuse the key unchecked (XEP-0220 §2.4.3 policy-violation).
+        tracing::warn!(%peer, remote = %from, local = %to, "dialback refused by policy");
         let _ = out.send(Out::Raw(error_result("policy-violation"))).await;
         return Ok(());
     }
@@ -462,6 +652,7 @@ async fn on_result(
         let _ = out.send(Out::Raw(reply)).await;
         if valid {
             tracing::info!(remote = %from, local = %to, "inbound s2s stream authenticated by dialback");
+            shared.s2s.authenticated(AuthMethod::Dialback, true);
             shared.s2s.link_up(&from);
         } else {
             tracing::warn!(remote = %from, local = %to, "dialback key did not verify; closing");

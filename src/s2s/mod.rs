@@ -1,5 +1,27 @@
-//! Server-to-server federation: RFC 6120 streams in `jabber:server`, STARTTLS, XEP-0220
-//! dialback (XEP-0185 keys), resolution by static route or DNS SRV.
+//! Server-to-server federation: RFC 6120 streams in `jabber:server`, STARTTLS, SASL
+//! EXTERNAL (XEP-0178), XEP-0220 dialback (XEP-0185 keys), resolution by static route or
+//! DNS SRV.
+//!
+//! # How a stream authenticates
+//!
+//! Every stream is TLS first (STARTTLS or XEP-0368 direct TLS; RFC 7590). Both sides
+//! present the `[tls]` certificate: the receiving server as TLS server, the originating
+//! server as TLS client (the s2s listeners ask for, but do not require, a client
+//! certificate). Then, per remote domain and its `[s2s]` policy ([`cert`] decides):
+//!
+//! - **SASL EXTERNAL** when the peer's certificate proves its domain: it chains to
+//!   `ca_file` and names the domain, or (`allow_self_signed`) merely names it. The
+//!   receiving server offers EXTERNAL only then; the originating server always uses it
+//!   when offered, restarts the stream, and needs nothing else.
+//! - **Dialback** otherwise, when `allow_dialback` and not `require_verified_cert`:
+//!   inbound, the dialback feature is offered and `<db:result>` accepted; outbound, a key
+//!   is sent when EXTERNAL is not offered or failed.
+//! - With `require_verified_cert`, a peer whose certificate does not verify gets neither:
+//!   outbound the TLS handshake itself fails, inbound `<db:result>` is refused with
+//!   policy-violation; queued stanzas bounce with remote-server-not-found.
+//!
+//! [`S2s::auth_counts`] counts which method each stream used (exported on `/metrics` as
+//! `presenced_s2s_authenticated_total`).
 //!
 //! # Shape
 //!
@@ -16,7 +38,8 @@
 //!   jittered delay between `reconnect_min_ms` and `reconnect_max_ms`
 //!   ([`outbound::reconnect_delay`]).
 //! - **Incoming** ([`inbound`]): a listener on the s2s port (and optionally direct TLS).
-//!   Each stream learns which remote domains it may speak for, by dialback; every stanza's
+//!   Each stream learns which remote domains it may speak for, by SASL EXTERNAL or
+//!   dialback; every stanza's
 //!   `from` must be one of them and its `to` one of ours, or the stream ends with the
 //!   RFC 6120 §4.9.3 error.
 //! - **Stale remote presence**: which remote resources local users currently see as
@@ -25,6 +48,7 @@
 //!   [`NS_STALE`]) for each, and when the link returns their contacts are probed again,
 //!   so nobody shows green forever because federation broke.
 
+pub mod cert;
 pub mod dialback;
 pub mod inbound;
 pub mod outbound;
@@ -93,6 +117,46 @@ pub struct S2s {
     severed: AtomicBool,
     /// Cancelled to drop every federation stream without closing it ([`S2s::sever`]).
     cut: tokio_util::sync::CancellationToken,
+    /// Roots from `[s2s] ca_file` that peers' certificates must chain to.
+    pub roots: Option<Arc<rustls::client::WebPkiServerVerifier>>,
+    /// Our certificate chain and key, presented as TLS client on outgoing streams.
+    identity: (
+        Vec<rustls_pki_types::CertificateDer<'static>>,
+        rustls_pki_types::PrivateKeyDer<'static>,
+    ),
+    /// How streams authenticated, for tests and metrics.
+    auth: AuthCounters,
+}
+
+/// Streams authenticated per method and direction since start.
+#[derive(Debug, Default)]
+struct AuthCounters {
+    external_in: AtomicU64,
+    external_out: AtomicU64,
+    dialback_in: AtomicU64,
+    dialback_out: AtomicU64,
+}
+
+/// A snapshot of [`S2s::auth_counts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AuthCounts {
+    /// Inbound streams authenticated by SASL EXTERNAL.
+    pub external_in: u64,
+    /// Outgoing streams authenticated by SASL EXTERNAL.
+    pub external_out: u64,
+    /// Inbound (domain, domain) pairs authenticated by dialback.
+    pub dialback_in: u64,
+    /// Outgoing streams authenticated by dialback.
+    pub dialback_out: u64,
+}
+
+/// How a stream authenticated (for [`S2s::authenticated`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// SASL EXTERNAL with a certificate (XEP-0178).
+    External,
+    /// Server dialback (XEP-0220).
+    Dialback,
 }
 
 /// What local users see of remote domains.
@@ -110,8 +174,15 @@ struct RemotePresence {
 }
 
 impl S2s {
-    /// Builds the federation state from the configuration.
-    pub fn new(config: &crate::config::Config) -> S2s {
+    /// Builds the federation state from the configuration and this server's certificate
+    /// chain and key ([`crate::tls::identity`]).
+    pub fn new(
+        config: &crate::config::Config,
+        identity: (
+            Vec<rustls_pki_types::CertificateDer<'static>>,
+            rustls_pki_types::PrivateKeyDer<'static>,
+        ),
+    ) -> S2s {
         let resolver = outbound::build_resolver(&config.s2s.nameserver);
         S2s {
             shared: OnceLock::new(),
@@ -122,6 +193,61 @@ impl S2s {
             presence: Mutex::new(RemotePresence::default()),
             severed: AtomicBool::new(false),
             cut: tokio_util::sync::CancellationToken::new(),
+            roots: cert::load_roots(&config.s2s.ca_file),
+            identity,
+            auth: AuthCounters::default(),
+        }
+    }
+
+    /// Our certificate chain and key for outgoing TLS.
+    pub fn client_identity(
+        &self,
+    ) -> (
+        Vec<rustls_pki_types::CertificateDer<'static>>,
+        rustls_pki_types::PrivateKeyDer<'static>,
+    ) {
+        (self.identity.0.clone(), self.identity.1.clone_key())
+    }
+
+    /// Counts a stream authenticated with `method`; `inbound` is the direction.
+    pub fn authenticated(&self, method: AuthMethod, inbound: bool) {
+        let c = match (method, inbound) {
+            (AuthMethod::External, true) => &self.auth.external_in,
+            (AuthMethod::External, false) => &self.auth.external_out,
+            (AuthMethod::Dialback, true) => &self.auth.dialback_in,
+            (AuthMethod::Dialback, false) => &self.auth.dialback_out,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters in Prometheus text exposition, for `/metrics`.
+    pub fn render_metrics(&self) -> String {
+        let n = self.auth_counts();
+        let mut out = String::from(
+            "# HELP presenced_s2s_authenticated_total Federation streams authenticated, by method and direction.\n\
+             # TYPE presenced_s2s_authenticated_total counter\n",
+        );
+        for (method, direction, v) in [
+            ("external", "in", n.external_in),
+            ("external", "out", n.external_out),
+            ("dialback", "in", n.dialback_in),
+            ("dialback", "out", n.dialback_out),
+        ] {
+            out.push_str(&format!(
+                "presenced_s2s_authenticated_total{{method=\"{method}\",direction=\"{direction}\"}} {v}\n"
+            ));
+        }
+        out
+    }
+
+    /// How many streams authenticated by which method since start.
+    pub fn auth_counts(&self) -> AuthCounts {
+        let a = &self.auth;
+        AuthCounts {
+            external_in: a.external_in.load(Ordering::Relaxed),
+            external_out: a.external_out.load(Ordering::Relaxed),
+            dialback_in: a.dialback_in.load(Ordering::Relaxed),
+            dialback_out: a.dialback_out.load(Ordering::Relaxed),
         }
     }
 
@@ -485,6 +611,33 @@ pub(crate) async fn deliver_inbound(shared: &Arc<Shared>, el: Element) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auth_counters_are_exported_per_method_and_direction() {
+        let (cert, key) = {
+            let g = rcgen::generate_simple_self_signed(vec!["a.example".to_owned()]).unwrap();
+            (
+                g.cert.der().clone(),
+                rustls_pki_types::PrivateKeyDer::Pkcs8(g.key_pair.serialize_der().into()),
+            )
+        };
+        let s2s = S2s::new(&crate::config::Config::default(), (vec![cert], key));
+        s2s.authenticated(AuthMethod::External, true);
+        s2s.authenticated(AuthMethod::External, true);
+        s2s.authenticated(AuthMethod::Dialback, false);
+        let text = s2s.render_metrics();
+        for line in [
+            "presenced_s2s_authenticated_total{method=\"external\",direction=\"in\"} 2",
+            "presenced_s2s_authenticated_total{method=\"external\",direction=\"out\"} 0",
+            "presenced_s2s_authenticated_total{method=\"dialback\",direction=\"in\"} 0",
+            "presenced_s2s_authenticated_total{method=\"dialback\",direction=\"out\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing in:\n{text}"
+            );
+        }
+    }
 
     #[test]
     fn domain_and_bare_of_jid_strings() {

@@ -1,5 +1,5 @@
-//! Outgoing server streams: resolution, connection, STARTTLS, dialback, and the task that
-//! drains one domain pair's queue.
+//! Outgoing server streams: resolution, connection, STARTTLS, SASL EXTERNAL or dialback,
+//! and the task that drains one domain pair's queue.
 //!
 //! Resolution order (RFC 6120 §3.2, XEP-0368): a static route from `[s2s] routes`; else DNS
 //! SRV `_xmpps-server._tcp` (direct TLS) and `_xmpp-server._tcp` (STARTTLS) merged by
@@ -25,6 +25,7 @@ use crate::xml::{Element, NS_SASL, NS_TLS};
 
 use super::dialback::{self, NS_DIALBACK};
 use super::stream::{header, Fail, S2sStream};
+use super::AuthMethod;
 
 /// Why an outgoing stream could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -213,9 +214,7 @@ impl ServerCertVerifier for PeerVerifier {
             v.verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
                 .is_ok()
         });
-        let by_name = self.allow_self_signed
-            && webpki::EndEntityCert::try_from(end_entity)
-                .is_ok_and(|c| c.verify_is_valid_for_subject_name(server_name).is_ok());
+        let by_name = self.allow_self_signed && super::cert::names_domain(end_entity, server_name);
         let ok = by_roots || by_name;
         self.verified.store(ok, Ordering::SeqCst);
         if !ok && self.required {
@@ -266,39 +265,26 @@ fn client_tls(
     remote: &str,
     direct: bool,
 ) -> Result<(Arc<rustls::ClientConfig>, Arc<AtomicBool>), String> {
-    use rustls_pki_types::pem::PemObject;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let policy = shared.config.s2s.policy(remote);
-    let roots = if shared.config.s2s.ca_file.is_empty() {
-        None
-    } else {
-        let mut store = rustls::RootCertStore::empty();
-        let certs =
-            CertificateDer::pem_file_iter(&shared.config.s2s.ca_file).map_err(|e| e.to_string())?;
-        for c in certs.flatten() {
-            let _ = store.add(c);
-        }
-        rustls::client::WebPkiServerVerifier::builder_with_provider(
-            Arc::new(store),
-            provider.clone(),
-        )
-        .build()
-        .ok()
-    };
     let verified = Arc::new(AtomicBool::new(false));
     let verifier = PeerVerifier {
-        roots,
+        roots: shared.s2s.roots.clone(),
         allow_self_signed: policy.allow_self_signed,
         required: policy.require_verified_cert,
         verified: verified.clone(),
         provider: provider.clone(),
     };
+    // Our certificate goes out as the TLS client certificate, so the peer can offer SASL
+    // EXTERNAL (XEP-0178 §2: the initiating server presents its certificate).
+    let (chain, key) = shared.s2s.client_identity();
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth();
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| e.to_string())?;
     if direct {
         // XEP-0368 §4: direct TLS to a server announces the ALPN protocol id.
         config.alpn_protocols = vec![b"xmpp-server".to_vec()];
@@ -419,7 +405,8 @@ pub async fn open_secure(
 }
 
 /// Opens and authenticates an outgoing stream from `local` to `remote` (originating role):
-/// TLS, then dialback (XEP-0220 §2.1) when policy allows it.
+/// TLS, then SASL EXTERNAL when the peer offers it (XEP-0178 §3), else dialback
+/// (XEP-0220 §2.1) when policy allows it.
 pub async fn connect(
     shared: &Shared,
     local: &str,
@@ -431,22 +418,41 @@ pub async fn connect(
         secured.stream.close().await;
         return Err(ConnectError::Unverified(remote.to_owned()));
     }
+    let broke = |e: Fail| ConnectError::Stream(remote.to_owned(), format!("{e:?}"));
     let offers_external = secured
         .features
         .get_child("mechanisms", NS_SASL)
-        .is_some_and(|m| m.elements().any(|e| e.text_content() == "EXTERNAL"));
-    if !policy.allow_dialback {
-        let why = if offers_external {
-            "SASL EXTERNAL (XEP-0178) is not implemented for outgoing streams yet"
-        } else {
-            "dialback is not allowed by policy"
-        };
+        .is_some_and(|m| m.elements().any(|e| e.text_content().trim() == "EXTERNAL"));
+    let mut why_not_external = "the peer does not offer SASL EXTERNAL";
+    if offers_external {
+        // The peer offers EXTERNAL only when our certificate proved `local` to it: no
+        // round trip to an authoritative server, no DNS on its side. Preferred.
+        match external(&mut secured.stream).await.map_err(broke)? {
+            Ok(()) => {
+                // RFC 6120 §6.4.6: after <success/> both sides restart the stream.
+                let mut stream = secured.stream.restart();
+                open_stream(&mut stream, local, remote)
+                    .await
+                    .map_err(broke)?;
+                shared.s2s.authenticated(AuthMethod::External, false);
+                tracing::info!(%local, %remote, "outgoing s2s stream authenticated by SASL EXTERNAL");
+                return Ok(stream);
+            }
+            Err(condition) => {
+                tracing::warn!(%local, %remote, %condition, "SASL EXTERNAL refused by the peer");
+                why_not_external = "SASL EXTERNAL failed";
+            }
+        }
+    }
+    if !policy.allow_dialback || policy.require_verified_cert {
         secured.stream.close().await;
-        return Err(ConnectError::Auth(remote.to_owned(), why.into()));
+        return Err(ConnectError::Auth(
+            remote.to_owned(),
+            format!("{why_not_external} and policy forbids dialback"),
+        ));
     }
     let key = shared.s2s.secret.key(remote, local, &secured.stream_id);
     let result = dialback::element("result", local, remote, None, None, Some(&key));
-    let broke = |e: Fail| ConnectError::Stream(remote.to_owned(), format!("{e:?}"));
     secured
         .stream
         .write(&result)
@@ -457,6 +463,7 @@ pub async fn connect(
         if el.is("result", NS_DIALBACK) {
             match el.get_attr("type") {
                 Some("valid") => {
+                    shared.s2s.authenticated(AuthMethod::Dialback, false);
                     tracing::info!(%local, %remote, "outgoing s2s stream authenticated by dialback");
                     return Ok(secured.stream);
                 }
@@ -471,6 +478,41 @@ pub async fn connect(
         }
         // Anything else before the result (e.g. a db:verify the peer multiplexes) is not
         // ours to answer on an outgoing stream; ignore it.
+    }
+}
+
+/// Initiating side of SASL EXTERNAL (XEP-0178 §3). The initial response is `=`: the
+/// authorization identity is the one our certificate and stream header already name
+/// (RFC 6120 §6.3.8: do not send an authzid equal to the derived one). `Ok(Err(cond))` is
+/// the peer's failure condition; the stream is still usable (for dialback).
+async fn external(stream: &mut S2sStream) -> Result<Result<(), String>, Fail> {
+    stream
+        .write(&format!(
+            "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>=</auth>"
+        ))
+        .await?;
+    loop {
+        let el = stream.next_element().await?;
+        if el.ns != NS_SASL {
+            continue;
+        }
+        match el.name.as_str() {
+            "success" => return Ok(Ok(())),
+            // An empty challenge asks for the (empty) response again (RFC 6120 §6.4.3).
+            "challenge" => {
+                stream
+                    .write(&format!("<response xmlns='{NS_SASL}'>=</response>"))
+                    .await?;
+            }
+            _ => {
+                let cond = el
+                    .elements()
+                    .find(|c| c.name != "text")
+                    .map(|c| c.name.clone())
+                    .unwrap_or_else(|| el.name.clone());
+                return Ok(Err(cond));
+            }
+        }
     }
 }
 

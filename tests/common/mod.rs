@@ -142,6 +142,16 @@ impl TestServer {
             .expect("s2s listener")
     }
 
+    /// Address of the s2s direct TLS listener (XEP-0368), when `[s2s] direct_tls` is on.
+    pub fn s2s_direct_addr(&self) -> std::net::SocketAddr {
+        self.running
+            .as_ref()
+            .unwrap()
+            .s2s
+            .direct_tls_addr
+            .expect("s2s direct TLS listener")
+    }
+
     /// The server's shared state.
     pub fn shared(&self) -> &Arc<server::Shared> {
         &self.running.as_ref().unwrap().shared

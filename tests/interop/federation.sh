@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
 # Federation interop: presenced against Prosody (and ejabberd with `ejabberd` / `all`), on
-# loopback only, each server with its own .example domain, authenticating with dialback
-# over STARTTLS with self-signed certificates. A slixmpp driver (exchange.py) proves a
-# mutual subscription and presence exchange in both directions.
+# loopback only, each server with its own .example domain. A slixmpp driver (exchange.py)
+# proves a mutual subscription and presence exchange in both directions.
+#
+# Two modes (second argument, or MODE in the environment):
+# - dialback (default): self-signed certificates nobody can verify, so every link
+#   authenticates with XEP-0220 dialback over STARTTLS.
+# - certs: a throw-away local CA issues certificates for pd.example, pros.example and
+#   ej.example; every server trusts only that CA, requires verified certificates and has
+#   dialback switched off (presenced: require_verified_cert, allow_dialback = false;
+#   Prosody: s2s_secure_auth, no mod_dialback; ejabberd: s2s_cafile, no
+#   mod_s2s_dialback), so a link can only come up with SASL EXTERNAL (XEP-0178). The
+#   script then checks presenced's log: EXTERNAL in both directions, and no dialback.
 #
 # Name resolution never touches the machine's resolver: dns.py answers A and SRV for the
 # two test names on 127.0.0.1:$DNS_PORT and refuses everything else. presenced uses it
 # through `[s2s] nameserver` (SRV _xmpp-server._tcp via hickory); Prosody through its
 # libunbound settings (forward + hosts file).
 #
-# usage: tests/interop/federation.sh [prosody|ejabberd|all]     (default: prosody)
+# usage: tests/interop/federation.sh [prosody|ejabberd|all] [dialback|certs]
+#        (defaults: prosody, dialback)
 # Output: $WORK/result-<peer>.txt plus every server log in $WORK (default /tmp/presenced-interop).
 set -euo pipefail
 
 PEERS=${1:-prosody}
+MODE=${2:-${MODE:-dialback}}
+case "$MODE" in dialback | certs) ;; *) echo "unknown mode $MODE" >&2; exit 2 ;; esac
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 WORK=${WORK:-/tmp/presenced-interop}
@@ -73,7 +85,43 @@ python3 "$HERE/dns.py" "$DNS_PORT" \
     "SRV:_xmpp-server._tcp.$EJ=$EJ:$EJ_S2S" >"$WORK/dns.log" 2>&1 &
 pids+=($!)
 
-echo "== presenced for $OURS (c2s $OURS_C2S, s2s $OURS_S2S)"
+PKI="$WORK/pki"
+mkdir -p "$PKI"
+if [ "$MODE" = certs ]; then
+    echo "== local CA in $PKI"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=presenced interop CA" \
+        -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+        -keyout "$PKI/ca.key" -out "$PKI/ca.crt" 2>/dev/null
+fi
+
+# A certificate for a domain in a directory: signed by the local CA in certs mode (usable
+# as TLS server and client certificate, as servers present it both ways), else self-signed.
+cert_for() { # domain dir
+    if [ "$MODE" = certs ]; then
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=$1" -keyout "$2/$1.key" \
+            -out "$2/$1.csr" 2>/dev/null
+        printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n' "$1" >"$2/$1.ext"
+        openssl x509 -req -in "$2/$1.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
+            -CAcreateserial -days 2 -extfile "$2/$1.ext" -out "$2/$1.crt" 2>/dev/null
+    else
+        openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$1" \
+            -addext "subjectAltName=DNS:$1" -keyout "$2/$1.key" -out "$2/$1.crt" 2>/dev/null
+    fi
+}
+
+echo "== presenced for $OURS (c2s $OURS_C2S, s2s $OURS_S2S, $MODE)"
+if [ "$MODE" = certs ]; then
+    cert_for "$OURS" "$PKI"
+    TLS_CONF="cert = \"$PKI/$OURS.crt\"
+key = \"$PKI/$OURS.key\""
+    S2S_AUTH_CONF="ca_file = \"$PKI/ca.crt\"
+[s2s.default_policy]
+require_verified_cert = true
+allow_dialback = false"
+else
+    TLS_CONF="certs_dir = \"$WORK/certs\""
+    S2S_AUTH_CONF=""
+fi
 cat >"$WORK/presenced.toml" <<EOF
 domains = ["$OURS"]
 [c2s]
@@ -81,7 +129,7 @@ bind = "127.0.0.1"
 port = $OURS_C2S
 direct_tls = false
 [tls]
-certs_dir = "$WORK/certs"
+$TLS_CONF
 [database]
 url = "${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 migrations = "$REPO/migrations"
@@ -91,6 +139,7 @@ bind = "127.0.0.1"
 port = $OURS_S2S
 nameserver = "127.0.0.1:$DNS_PORT"
 idle_timeout = 120
+$S2S_AUTH_CONF
 EOF
 printf '%s\n' "$PASSWORD" >"$WORK/password"
 OURS_USER="pd$RUN"
@@ -100,22 +149,26 @@ pids+=($!)
 wait_port 127.0.0.1 "$OURS_C2S" 30
 wait_port 127.0.0.1 "$OURS_S2S" 5
 
-self_signed() { # domain dir
-    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$1" \
-        -addext "subjectAltName=DNS:$1" -keyout "$2/$1.key" -out "$2/$1.crt" 2>/dev/null
-}
-
 run_prosody() {
     local dir="$WORK/prosody"
     mkdir -p "$dir/data"
-    self_signed "$PROS" "$dir"
+    cert_for "$PROS" "$dir"
+    local modules='"roster"; "saslauth"; "tls"; "dialback"; "disco"; "ping"'
+    local secure=false cafile=""
+    if [ "$MODE" = certs ]; then
+        # Certificates only: no mod_dialback, and s2s_secure_auth refuses any peer whose
+        # certificate does not chain to cafile (our local CA) and name its domain.
+        modules='"roster"; "saslauth"; "tls"; "disco"; "ping"'
+        secure=true
+        cafile="cafile = \"$PKI/ca.crt\";"
+    fi
     printf '127.0.0.1 %s %s %s\n' "$OURS" "$PROS" "$EJ" >"$dir/hosts"
     cat >"$dir/prosody.cfg.lua" <<EOF
 run_as_root = true
 pidfile = "$dir/prosody.pid"
 data_path = "$dir/data"
 log = { { levels = { min = "debug" }, to = "file", filename = "$dir/prosody.log" } }
-modules_enabled = { "roster"; "saslauth"; "tls"; "dialback"; "disco"; "ping" }
+modules_enabled = { $modules }
 c2s_ports = { $PROS_C2S }
 c2s_interfaces = { "127.0.0.1" }
 c2s_direct_tls_ports = { }
@@ -126,12 +179,13 @@ http_ports = { }
 https_ports = { }
 c2s_require_encryption = true
 s2s_require_encryption = true
-s2s_secure_auth = false
+s2s_secure_auth = $secure
+ssl = { $cafile }
 authentication = "internal_hashed"
 certificates = "$dir"
 unbound = { resolvconf = false; forward = "127.0.0.1@$DNS_PORT"; hoststxt = "$dir/hosts" }
 VirtualHost "$PROS"
-    ssl = { certificate = "$dir/$PROS.crt"; key = "$dir/$PROS.key" }
+    ssl = { certificate = "$dir/$PROS.crt"; key = "$dir/$PROS.key"; $cafile }
 EOF
     local user="pr$RUN"
     prosodyctl --config "$dir/prosody.cfg.lua" register "$user" "$PROS" "$PASSWORD"
@@ -142,12 +196,19 @@ EOF
     echo "== exchange presenced <-> Prosody"
     python3 "$HERE/exchange.py" "$OURS_USER@$OURS" "127.0.0.1:$OURS_C2S" \
         "$user@$PROS" "127.0.0.1:$PROS_C2S" "$PASSWORD" | tee "$WORK/result-prosody.txt"
+    check_auth "$PROS" "$WORK/result-prosody.txt"
 }
 
 run_ejabberd() {
     local dir="$WORK/ejabberd"
     mkdir -p "$dir/logs" "$dir/db"
-    self_signed "$EJ" "$dir"
+    cert_for "$EJ" "$dir"
+    local dialback_module="mod_s2s_dialback: {}" cafile=""
+    if [ "$MODE" = certs ]; then
+        # Certificates only: peers verified against the local CA, no dialback module.
+        dialback_module=""
+        cafile="s2s_cafile: \"$PKI/ca.crt\""
+    fi
     cat "$dir/$EJ.crt" "$dir/$EJ.key" >"$dir/$EJ.pem"
     # Debian's ejabberd resolves s2s host names with getaddrinfo (/etc/hosts, PEERS.md);
     # our lines carry a marker and are removed on exit. With no SRV answer it dials
@@ -184,6 +245,7 @@ listen:
     module: ejabberd_s2s_in
 s2s_use_starttls: required
 outgoing_s2s_port: $OURS_S2S
+$cafile
 auth_method: internal
 access_rules:
   s2s:
@@ -193,7 +255,7 @@ modules:
   mod_roster: {}
   mod_disco: {}
   mod_ping: {}
-  mod_s2s_dialback: {}
+  $dialback_module
 EOF
     echo "== ejabberd for $EJ (c2s $EJ_C2S, s2s $EJ_S2S)"
     EJ_CTL="$dir/ejabberdctl.cfg"
@@ -213,8 +275,30 @@ EOF
     echo "== exchange presenced <-> ejabberd"
     python3 "$HERE/exchange.py" "$OURS_USER@$OURS" "127.0.0.1:$OURS_C2S" \
         "$user@$EJ" "127.0.0.1:$EJ_C2S" "$PASSWORD" | tee "$WORK/result-ejabberd.txt"
+    check_auth "$EJ" "$WORK/result-ejabberd.txt" || return 1
     ejabberdctl --ctl-config "$dir/ejabberdctl.cfg" stop >/dev/null 2>&1 || true
     EJ_CTL=""
+}
+
+# certs mode: the link to `peer` must have authenticated with SASL EXTERNAL in both
+# directions and never with dialback, according to presenced's own log. Appends AUTH lines
+# to the peer's result file.
+check_auth() { # peer-domain result-file
+    [ "$MODE" = certs ] || return 0
+    local log="$WORK/presenced.log" ok=0
+    check() { # description command...
+        local what=$1; shift
+        if "$@"; then echo "AUTH PASS  $what"; else echo "AUTH FAIL  $what"; ok=1; fi
+    }
+    {
+        check "$1 -> $OURS authenticated by SASL EXTERNAL (inbound)" \
+            grep -q "inbound s2s stream authenticated by SASL EXTERNAL.*$1" "$log"
+        check "$OURS -> $1 authenticated by SASL EXTERNAL (outgoing)" \
+            grep -q "outgoing s2s stream authenticated by SASL EXTERNAL.*$1" "$log"
+        check "no dialback with $1 in either direction" \
+            bash -c "! grep -q 'authenticated by dialback.*$1' '$log'"
+    } | tee -a "$2"
+    return $ok
 }
 
 status=0
@@ -227,5 +311,8 @@ all)
     ;;
 *) echo "unknown peer $PEERS" >&2; exit 2 ;;
 esac
-for r in "$WORK"/result-*.txt; do grep -q '^RESULT PASS' "$r" || status=1; done
+for r in "$WORK"/result-*.txt; do
+    grep -q '^RESULT PASS' "$r" || status=1
+    if grep -q '^AUTH FAIL' "$r"; then status=1; fi
+done
 exit $status
