@@ -5,7 +5,15 @@
 //! subject's settings, the subject's roster item for the viewer and both block lists
 //! fresh from PostgreSQL. There is deliberately no cache: a block or a settings change is
 //! committed before the iq that made it is answered, so the very next stanza on any node
-//! sees it. (The `presenced_block` / `presenced_privacy` NOTIFY channels are used for the
+//! sees it.
+//!
+//! The reads are batched where one event needs many decisions, because round trips to
+//! PostgreSQL were most of the server's CPU (a login with K contacts cost about 8 K
+//! statements): a broadcast reads the subject's roster, settings and the blocks with
+//! every contact in one statement ([`roster_and_audience`]), and a login's probes read
+//! every probed contact's inputs in one statement ([`probe_answers`]). The decision itself
+//! is the same pure call ([`decide_with`] → [`privacy::may_see`]) whichever way the inputs
+//! were read. (The `presenced_block` / `presenced_privacy` NOTIFY channels are used for the
 //! other half of "caches cannot outlive permissions": presence a viewer has *already been
 //! shown* is withdrawn, see [`reconcile_user`].)
 //!
@@ -29,9 +37,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use super::privacy::{self, Blocks, Party, PrivacySettings, Relation, Signal};
+use super::subscription::{SubState, Subscription};
 use crate::server::Shared;
 use crate::store::blocks::match_candidates;
-use crate::store::{RosterItem, StoreError};
+use crate::store::gate_inputs::{AudienceContact, AudienceInputs};
+use crate::store::StoreError;
 use crate::xml::{Element, NS_CLIENT};
 
 /// Per-session privacy state other tasks need: invisibility (XEP-0186), whether the
@@ -306,27 +316,64 @@ async fn decide(
         item,
         blocks_between(shared, viewer, subject)
     )?;
-    let mut relation = Relation::from_item(item.map(|i| i.sub_state()));
-    if relation == Relation::Other && directed {
+    Ok(decide_with(
+        signal,
+        Inputs {
+            viewer: viewer_bare,
+            viewer_settings: &viewer_settings,
+            subject: subject_bare,
+            subject_settings: &subject_settings,
+            subscription: item.map(|i| i.subscription),
+            directed,
+            blocks,
+        },
+    ))
+}
+
+/// The inputs of one decision, already read: bare JIDs, both parties' settings (the
+/// viewer's matter for last-seen reciprocity only), the subject's subscription state with
+/// the viewer (`None`: no roster item), whether the subject sent the viewer directed
+/// presence, and the blocks in both directions.
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
+    viewer: &'a str,
+    viewer_settings: &'a PrivacySettings,
+    subject: &'a str,
+    subject_settings: &'a PrivacySettings,
+    subscription: Option<Subscription>,
+    directed: bool,
+    blocks: Blocks,
+}
+
+/// Turns read inputs into the call of [`privacy::may_see`]; no I/O, so the single reads,
+/// the per-broadcast read and the per-login probe read all end in the same decision.
+fn decide_with(signal: Signal, i: Inputs<'_>) -> bool {
+    if i.viewer == i.subject {
+        return true;
+    }
+    let mut relation = Relation::from_item(i.subscription.map(|subscription| SubState {
+        subscription,
+        ..SubState::default()
+    }));
+    if relation == Relation::Other && i.directed {
         relation = Relation::DirectedPresence;
     }
-    let (vj, sj) = (parse_bare(viewer_bare), parse_bare(subject_bare));
-    let (Some(vj), Some(sj)) = (vj, sj) else {
-        return Ok(false);
+    let (Some(vj), Some(sj)) = (parse_bare(i.viewer), parse_bare(i.subject)) else {
+        return false;
     };
-    Ok(privacy::may_see(
+    privacy::may_see(
         signal,
         Party {
             jid: &vj,
-            settings: &viewer_settings,
+            settings: i.viewer_settings,
         },
         Party {
             jid: &sj,
-            settings: &subject_settings,
+            settings: i.subject_settings,
         },
         relation,
-        blocks,
-    ))
+        i.blocks,
+    )
 }
 
 fn parse_bare(s: &str) -> Option<::jid::BareJid> {
@@ -370,86 +417,66 @@ pub async fn may_see_last_seen(shared: &Shared, viewer: &str, subject: &str) -> 
 
 /// The roster contacts of `subject` (full JID of the resource whose presence goes out)
 /// that may see it online now: approved subscribers the settings admit and no block in
-/// either direction separates. Two queries for the whole roster (settings plus one
-/// batched block lookup), not one per contact. Fails closed (empty).
-pub async fn online_audience(
+/// either direction separates. Fails closed (empty).
+pub async fn online_audience(shared: &Shared, subject: &str) -> HashSet<String> {
+    roster_and_audience(shared, subject).await.1
+}
+
+/// The roster of local user `subject` (full JID of the resource whose presence goes out)
+/// and [`online_audience`], from ONE statement ([`crate::store::Store::audience_inputs`]:
+/// settings, roster and both directions of blocks for every contact) read fresh by the
+/// caller under the subject's lock. A failed read gives an empty roster and audience: with
+/// no roster we tell nobody, never everybody.
+pub async fn roster_and_audience(
     shared: &Shared,
     subject: &str,
-    roster: &[RosterItem],
-) -> HashSet<String> {
-    match audience(shared, subject, roster).await {
-        Ok(a) => a,
+) -> (Vec<AudienceContact>, HashSet<String>) {
+    let subject_bare = bare_of(subject);
+    match shared
+        .store
+        .audience_inputs(subject_bare, &match_candidates(subject))
+        .await
+    {
+        Ok(inputs) => {
+            let audience = audience_of(subject_bare, &inputs);
+            (inputs.roster, audience)
+        }
         Err(e) => {
-            tracing::warn!(error = %e, "privacy inputs unavailable; presence not broadcast");
-            HashSet::new()
+            tracing::warn!(user = subject_bare, error = %e,
+                "roster or privacy inputs unavailable; presence not broadcast");
+            (Vec::new(), HashSet::new())
         }
     }
 }
 
-async fn audience(
-    shared: &Shared,
-    subject: &str,
-    roster: &[RosterItem],
-) -> Result<HashSet<String>, StoreError> {
-    let subject_bare = bare_of(subject);
-    let Some(sj) = parse_bare(subject_bare) else {
-        return Ok(HashSet::new());
-    };
-    let subscribers: Vec<&RosterItem> = roster
-        .iter()
-        .filter(|i| i.subscription.has_from())
-        .collect();
-    if subscribers.is_empty() {
-        return Ok(HashSet::new());
-    }
-    let settings = shared.store.privacy_settings(subject_bare).await?;
-    let own_list = shared.store.blocklist(subject_bare).await?;
-    // Local contacts whose own block list names the subject (any matching form).
-    let local: Vec<String> = subscribers
-        .iter()
-        .filter(|i| is_local(shared, &i.contact))
-        .map(|i| i.contact.clone())
-        .collect();
-    let forms = match_candidates(subject);
-    let blocking_subject: HashSet<String> = sqlx::query_scalar(
-        "SELECT DISTINCT owner FROM blocklist WHERE owner = ANY($1::text[]) AND blocked = ANY($2::text[])",
-    )
-    .bind(&local)
-    .bind(&forms)
-    .fetch_all(shared.store.pool())
-    .await?
-    .into_iter()
-    .collect();
+/// The audience from read inputs: each approved subscriber (RFC 6121 §4.2.2) the one
+/// decision admits.
+fn audience_of(subject_bare: &str, inputs: &AudienceInputs) -> HashSet<String> {
     let default = PrivacySettings::default();
-    let mut out = HashSet::new();
-    for item in subscribers {
-        let Some(vj) = parse_bare(&item.contact) else {
-            continue;
-        };
-        let blocks = Blocks {
-            by_subject: match_candidates(&item.contact)
-                .iter()
-                .any(|c| own_list.contains(c)),
-            by_viewer: blocking_subject.contains(&item.contact),
-        };
-        let ok = privacy::may_see(
-            Signal::Online,
-            Party {
-                jid: &vj,
-                settings: &default,
-            },
-            Party {
-                jid: &sj,
-                settings: &settings,
-            },
-            Relation::Subscriber,
-            blocks,
-        );
-        if ok {
-            out.insert(item.contact.clone());
-        }
-    }
-    Ok(out)
+    inputs
+        .roster
+        .iter()
+        .filter(|c| c.subscription.has_from())
+        .filter(|c| {
+            decide_with(
+                Signal::Online,
+                Inputs {
+                    viewer: &c.contact,
+                    // Reciprocity concerns last seen only; online never reads the viewer's.
+                    viewer_settings: &default,
+                    subject: subject_bare,
+                    subject_settings: &inputs.settings,
+                    subscription: Some(c.subscription),
+                    directed: false,
+                    blocks: Blocks {
+                        by_subject: c.blocked_by_subject,
+                        by_viewer: c.blocks_subject,
+                    },
+                },
+            )
+        })
+        .map(|c| c.contact.clone())
+        .collect()
 }
 
 /// Answers a probe from `prober` for local user `subject` (RFC 6121 §4.3.2), handing each
@@ -466,40 +493,126 @@ pub async fn probe_answer(
     shared: &Shared,
     prober: &str,
     subject: &str,
+    deliver: impl FnMut(Element),
+) {
+    probe_answers(shared, prober, &[subject.to_owned()], deliver).await;
+}
+
+/// [`probe_answer`] for several local subjects at once, as at the prober's login
+/// (RFC 6121 §4.2.2: one probe per contact): the inputs of every decision come from ONE
+/// statement ([`crate::store::Store::probe_inputs`]) plus, only if a last-seen stamp is
+/// in question, the prober's own settings. The subjects' locks are all taken, in sorted
+/// order, before that read and held until the answers are handed over, so no block or
+/// settings change can commit and be reconciled between a decision and its delivery.
+/// (Every other holder takes one subject lock at a time, and the multi-lockers all take
+/// them in the same order, so this cannot deadlock.)
+pub async fn probe_answers(
+    shared: &Shared,
+    prober: &str,
+    subjects: &[String],
     mut deliver: impl FnMut(Element),
 ) {
     let prober_bare = bare_of(prober);
-    let item = match shared.store.roster_item(subject, prober_bare).await {
-        Ok(i) => i,
+    let mut subjects: Vec<String> = subjects.to_vec();
+    subjects.sort();
+    subjects.dedup();
+    let mut guards = Vec::with_capacity(subjects.len());
+    for s in &subjects {
+        guards.push(shared.privacy.lock_subject(s).await);
+    }
+    let rows = match shared
+        .store
+        .probe_inputs(prober_bare, &match_candidates(prober), &subjects)
+        .await
+    {
+        Ok(rows) => rows,
         Err(e) => {
-            tracing::warn!(subject, error = %e, "probe: roster unavailable");
+            tracing::warn!(prober, error = %e, "probe: privacy inputs unavailable");
             return;
         }
     };
-    if !item.is_some_and(|i| i.subscription.has_from()) {
-        return;
-    }
-    // XEP-0191 §3.5: a blocked prober gets nothing at all, online or not.
-    if blocked_either(shared, prober, subject).await {
-        return;
-    }
-    let _guard = shared.privacy.lock_subject(subject).await;
-    let mut sent = false;
-    if may_see_online(shared, prober, subject, false).await {
-        for s in visible_sessions(shared, subject) {
-            if let Some(mut last) = s.presence().last {
-                shared
-                    .privacy
-                    .reveal(s.id, s.jid.as_str(), prober_bare, Relation::Subscriber);
-                last.set_attr("to", prober);
-                deliver(last);
-                sent = true;
+    let prober_local = is_local(shared, prober_bare);
+    // Read at most once, and only when an unavailable may carry a stamp.
+    let mut prober_settings: Option<Option<PrivacySettings>> = None;
+    let default = PrivacySettings::default();
+    for row in rows {
+        // Only an approved subscriber gets anything (the Openfire OF-820 leak).
+        if !row.subscription.is_some_and(|s| s.has_from()) {
+            continue;
+        }
+        let blocks = Blocks {
+            by_subject: row.blocks_prober,
+            // A remote prober's block list is not ours to read.
+            by_viewer: prober_local && row.blocked_by_prober,
+        };
+        // XEP-0191 §3.5: a blocked prober gets nothing at all, online or not.
+        if blocks.by_subject || blocks.by_viewer {
+            continue;
+        }
+        let online = Inputs {
+            viewer: prober_bare,
+            viewer_settings: &default,
+            subject: &row.subject,
+            subject_settings: &row.settings,
+            subscription: row.subscription,
+            directed: false,
+            blocks,
+        };
+        let mut sent = false;
+        if decide_with(Signal::Online, online) {
+            for s in visible_sessions(shared, &row.subject) {
+                if let Some(mut last) = s.presence().last {
+                    shared
+                        .privacy
+                        .reveal(s.id, s.jid.as_str(), prober_bare, Relation::Subscriber);
+                    last.set_attr("to", prober);
+                    deliver(last);
+                    sent = true;
+                }
             }
         }
+        if sent {
+            continue;
+        }
+        // As offline: unavailable from the bare JID, stamped only where last seen is
+        // visible (settings, reciprocity). A prober whose settings cannot be read gets
+        // no stamp (fails closed).
+        if prober_settings.is_none() {
+            prober_settings = Some(if !prober_local {
+                // A remote user's settings are applied by its own server.
+                Some(PrivacySettings::default())
+            } else {
+                match shared.store.privacy_settings(prober_bare).await {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::warn!(prober, error = %e, "privacy inputs unavailable; hiding last seen");
+                        None
+                    }
+                }
+            });
+        }
+        let mut p = unavailable(&row.subject, prober);
+        if let Some(Some(vs)) = &prober_settings {
+            let last_seen = Inputs {
+                viewer_settings: vs,
+                ..online
+            };
+            if decide_with(Signal::LastSeen, last_seen) {
+                // The newest of what waits to be written and what PostgreSQL has, as
+                // `liveness::last_seen::when` merges them.
+                let mem = shared.liveness.last_seen.get(&row.subject).map(|l| l.at);
+                let at = match (mem, row.last_seen) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    (a, b) => a.or(b),
+                };
+                if let Some(at) = at {
+                    p = stamp(p, &row.subject, at);
+                }
+            }
+        }
+        deliver(p);
     }
-    if !sent {
-        deliver(unavailable_stamped(shared, subject, prober).await);
-    }
+    drop(guards);
 }
 
 /// The current presence of every visible resource of local user `subject`, for `viewer`
@@ -536,16 +649,21 @@ pub async fn unavailable_stamped(shared: &Shared, subject: &str, to: &str) -> El
         return p;
     }
     if let Some(at) = super::last_seen(shared, subject).await {
-        p = p.child(
-            Element::new("delay", crate::xml::NS_DELAY)
-                .attr("from", domain_of(subject))
-                .attr(
-                    "stamp",
-                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                ),
-        );
+        p = stamp(p, subject, at);
     }
     p
+}
+
+/// Adds the XEP-0203 `<delay/>` saying when `subject` was last seen.
+fn stamp(p: Element, subject: &str, at: chrono::DateTime<chrono::Utc>) -> Element {
+    p.child(
+        Element::new("delay", crate::xml::NS_DELAY)
+            .attr("from", domain_of(subject))
+            .attr(
+                "stamp",
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            ),
+    )
 }
 
 /// Available sessions of local user `subject` that are not invisible (XEP-0186).
@@ -624,20 +742,13 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
         return;
     }
     let _guard = shared.privacy.lock_subject(subject).await;
-    let roster = match shared.store.roster(subject).await {
-        Ok((_, items)) => items,
-        Err(e) => {
-            tracing::warn!(error = %e, "roster unavailable; withdrawing presence");
-            Vec::new()
-        }
-    };
     for s in sessions {
         let me = s.jid.to_string();
         let invisible = shared.privacy.is_invisible(s.id);
         let audience = if invisible {
             HashSet::new()
         } else {
-            online_audience(shared, &me, &roster).await
+            online_audience(shared, &me).await
         };
         let revealed: Vec<(String, Relation)> = shared.privacy.with(|m| {
             m.get(&s.id)

@@ -157,17 +157,6 @@ fn priority_of(el: &Element) -> i8 {
         .unwrap_or(0)
 }
 
-async fn roster_of(shared: &Shared, bare: &str) -> Vec<RosterItem> {
-    match shared.store.roster(bare).await {
-        Ok((_, items)) => items,
-        Err(e) => {
-            // RFC-conformant degradation: with no roster we tell nobody, never everybody.
-            tracing::warn!(user = bare, error = %e, "roster unavailable; presence not broadcast");
-            Vec::new()
-        }
-    }
-}
-
 /// Broadcast of available (§4.2 initial, §4.4 update) or unavailable (§4.5) presence.
 async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     let shared = session.shared.clone();
@@ -185,15 +174,16 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         return;
     }
     let invisible = shared.privacy.is_invisible(session.handle.id);
-    let roster = roster_of(&shared, bare.as_str()).await;
-    {
+    let roster = {
         let _guard = shared.privacy.lock_subject(bare.as_str()).await;
-        // Contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 / §4.5.2), as the
-        // privacy gate says; an invisible session (XEP-0186) shows itself to nobody.
+        // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
+        // §4.5.2), as the privacy gate says, in one read; an invisible session (XEP-0186)
+        // shows itself to nobody.
+        let (roster, audience) = gate::roster_and_audience(&shared, me.as_str()).await;
         let audience = if invisible || (!is_available && !was_available) {
             Default::default()
         } else {
-            gate::online_audience(&shared, me.as_str(), &roster).await
+            audience
         };
         let mut recipients: BTreeSet<String> = audience.iter().cloned().collect();
         if !is_available {
@@ -226,7 +216,8 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
                 );
             }
         }
-    }
+        roster
+    };
     // The user's own resources, the sender included (§4.2.2).
     for s in shared.sessions.of_user(&bare) {
         if s.is_available() || s.id == session.handle.id {
@@ -255,10 +246,12 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     if was_available {
         return;
     }
-    // Initial presence: probe the contacts the user is subscribed to (§4.2.2, §4.3).
+    // Initial presence: probe the contacts the user is subscribed to (§4.2.2, §4.3); the
+    // local ones are answered together, from one read of the privacy inputs.
+    let mut local = Vec::new();
     for item in roster.iter().filter(|i| i.subscription.has_to()) {
         if shared.config.serves(domain_of(&item.contact)) {
-            answer_probe(&shared, &me, &item.contact).await;
+            local.push(item.contact.clone());
         } else if !invisible || shared.privacy.probes_remote(session.handle.id) {
             // A probe tells the remote server the user is online; an invisible session
             // sends one only if it asked to (XEP-0186 `probe='true'`).
@@ -267,6 +260,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             let _ = crate::s2s::route_remote(&shared, probe);
         }
     }
+    answer_probes(&shared, &me, &local).await;
     // The new resource learns the presence of the user's other resources.
     for s in shared.sessions.of_user(&bare) {
         if s.id == session.handle.id {
@@ -316,6 +310,20 @@ async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &str) {
         return;
     };
     gate::probe_answer(shared, prober.as_str(), contact, |p| {
+        prober_session.send(p);
+    })
+    .await;
+}
+
+/// [`answer_probe`] for several local contacts at once (the probes of a login).
+async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[String]) {
+    if contacts.is_empty() {
+        return;
+    }
+    let Some(prober_session) = shared.sessions.get(prober) else {
+        return;
+    };
+    gate::probe_answers(shared, prober.as_str(), contacts, |p| {
         prober_session.send(p);
     })
     .await;

@@ -16,6 +16,7 @@
 
 mod accounts;
 pub mod blocks;
+pub mod gate_inputs;
 pub mod last_seen;
 pub mod notify;
 mod pending;

@@ -30,7 +30,7 @@ fn to_columns(v: &Visibility) -> (&'static str, Vec<&str>) {
 
 /// Reads one [`Visibility`] back; anything the schema should have refused is
 /// [`StoreError::Corrupt`].
-fn from_columns(mode: &str, except: Vec<String>) -> Result<Visibility, StoreError> {
+pub(super) fn from_columns(mode: &str, except: Vec<String>) -> Result<Visibility, StoreError> {
     match mode {
         "subscribers" => Ok(Visibility::Subscribers),
         "nobody" => Ok(Visibility::Nobody),

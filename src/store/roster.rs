@@ -13,6 +13,9 @@ use super::{RosterChange, RosterItem, Store, StoreError, Subscription};
 
 /// Columns [`item_from_row`] reads.
 const ITEM_COLUMNS: &str = "contact, name, groups, subscription, ask, pending_in, preapproved";
+/// [`ITEM_COLUMNS`] of the table aliased `ri`.
+const ITEM_COLUMNS_RI: &str =
+    "ri.contact, ri.name, ri.groups, ri.subscription, ri.ask, ri.pending_in, ri.preapproved";
 
 fn item_from_row(row: &PgRow) -> Result<RosterItem, StoreError> {
     let subscription: String = row.try_get("subscription")?;
@@ -73,21 +76,32 @@ impl Store {
     /// The whole roster of `owner` and its current version (0 and no items if the owner
     /// has no account). Items are ordered by contact.
     pub async fn roster(&self, owner: &str) -> Result<(i64, Vec<RosterItem>), StoreError> {
-        let mut tx = snapshot(self).await?;
-        let version: Option<i64> =
-            sqlx::query_scalar("SELECT version FROM roster_versions WHERE owner = $1")
-                .bind(owner)
-                .fetch_optional(&mut *tx)
-                .await?;
+        // One statement sees one snapshot, so the version and the items agree without a
+        // transaction: this is read at every login and was five round trips (begin, set
+        // isolation, two selects, commit). The outer join yields one row with NULL item
+        // columns for an empty roster.
         let rows = sqlx::query(&format!(
-            "SELECT {ITEM_COLUMNS} FROM roster_items WHERE owner = $1 ORDER BY contact"
+            "SELECT v.roster_version, {ITEM_COLUMNS_RI}
+             FROM (SELECT coalesce((SELECT version FROM roster_versions WHERE owner = $1), 0)
+                          AS roster_version) v
+             LEFT JOIN roster_items ri ON ri.owner = $1
+             ORDER BY ri.contact"
         ))
         .bind(owner)
-        .fetch_all(&mut *tx)
+        .fetch_all(&self.pool)
         .await?;
-        tx.commit().await?;
-        let items = rows.iter().map(item_from_row).collect::<Result<_, _>>()?;
-        Ok((version.unwrap_or(0), items))
+        let version: i64 = match rows.first() {
+            Some(r) => r.try_get("roster_version")?,
+            None => 0,
+        };
+        let mut items = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let contact: Option<String> = row.try_get("contact")?;
+            if contact.is_some() {
+                items.push(item_from_row(row)?);
+            }
+        }
+        Ok((version, items))
     }
 
     /// Changes after `version` (XEP-0237 §2.4), oldest first, with the current version.

@@ -1,0 +1,239 @@
+//! The privacy gate's inputs for many decisions, each set read in ONE statement.
+//!
+//! `presence::gate` asks the pure `presence::privacy::may_see` for every viewer a presence
+//! could reach. Reading its inputs one decision at a time (settings, a roster item, two
+//! block lookups, the viewer's settings, last seen) cost about ten round trips per contact
+//! per login and eight per presence broadcast, and those round trips were most of the
+//! server's CPU under load. These two queries read the same rows in one statement
+//! (so also in one snapshot), for:
+//!
+//! * [`Store::audience_inputs`]: a subject's presence broadcast (RFC 6121 §4.2.2, §4.4.2)
+//!   to everyone on its roster;
+//! * [`Store::probe_inputs`]: the answers to one prober's probes of several subjects
+//!   (RFC 6121 §4.3.2), as at the prober's login.
+//!
+//! Nothing is cached: every call reads the committed state, as the single-decision
+//! reads did. Block matching is the XEP-0016 §2.1 rule of [`super::blocks::match_candidates`]:
+//! the JID whose presence goes out is matched in all its forms (passed in, computed by
+//! that function), and a bare roster contact `user@domain` in its two forms, the bare JID
+//! and the domain (`substr(c, strpos(c, '@') + 1)` is the domain of a bare JID, and the
+//! whole string for a domain JID, exactly as `match_candidates` splits it).
+
+use chrono::{DateTime, Utc};
+
+use super::privacy::from_columns;
+use super::{Store, StoreError, Subscription};
+use crate::presence::privacy::PrivacySettings;
+
+/// One roster item of a subject, with the blocks between the subject and that contact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AudienceContact {
+    /// The contact's bare JID.
+    pub contact: String,
+    /// The subject's subscription state with the contact.
+    pub subscription: Subscription,
+    /// The contact's block list matches the subject's JID (only local contacts have one).
+    pub blocks_subject: bool,
+    /// The subject's block list matches the contact.
+    pub blocked_by_subject: bool,
+}
+
+/// Everything a subject's broadcast decision needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AudienceInputs {
+    /// The subject's settings (defaults when it never changed them).
+    pub settings: PrivacySettings,
+    /// The subject's whole roster, ordered by contact.
+    pub roster: Vec<AudienceContact>,
+}
+
+/// One probed subject, as seen from the prober.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeSubject {
+    /// The subject's bare JID, as passed in.
+    pub subject: String,
+    /// The subject's roster item for the prober, if any.
+    pub subscription: Option<Subscription>,
+    /// The subject's settings (defaults when it never changed them or is no account).
+    pub settings: PrivacySettings,
+    /// The subject's block list matches the prober's JID.
+    pub blocks_prober: bool,
+    /// The prober's block list (a local prober only) matches the subject.
+    pub blocked_by_prober: bool,
+    /// When the subject was last seen, as PostgreSQL has it.
+    pub last_seen: Option<DateTime<Utc>>,
+}
+
+/// The settings columns of a row read with a LEFT JOIN: all `None` means no row, i.e. the
+/// defaults.
+type SettingsColumns = (
+    Option<String>,
+    Option<Vec<String>>,
+    Option<String>,
+    Option<Vec<String>>,
+);
+
+fn settings_from(cols: SettingsColumns) -> Result<PrivacySettings, StoreError> {
+    match cols {
+        (Some(online), online_except, Some(last_seen), last_seen_except) => Ok(PrivacySettings {
+            online: from_columns(&online, online_except.unwrap_or_default())?,
+            last_seen: from_columns(&last_seen, last_seen_except.unwrap_or_default())?,
+        }),
+        _ => Ok(PrivacySettings::default()),
+    }
+}
+
+fn subscription_from(s: &str) -> Result<Subscription, StoreError> {
+    Subscription::parse(s)
+        .ok()
+        .ok_or_else(|| StoreError::Corrupt(format!("subscription {s:?}")))
+}
+
+impl Store {
+    /// The settings and whole roster of local user `subject` (bare JID), each contact with
+    /// the block flags between it and `subject_forms` (the [`super::blocks::match_candidates`]
+    /// of the JID whose presence goes out). One statement, one row: the roster comes as
+    /// parallel arrays so the settings (and their exception lists) are sent once.
+    pub async fn audience_inputs(
+        &self,
+        subject: &str,
+        subject_forms: &[String],
+    ) -> Result<AudienceInputs, StoreError> {
+        type Row = (
+            Option<String>,
+            Option<Vec<String>>,
+            Option<String>,
+            Option<Vec<String>>,
+            Vec<String>,
+            Vec<String>,
+            Vec<bool>,
+            Vec<bool>,
+        );
+        let row: Row = sqlx::query_as(
+            "SELECT ps.online, ps.online_except, ps.last_seen, ps.last_seen_except,
+                    coalesce(r.contacts, '{}'), coalesce(r.subs, '{}'),
+                    coalesce(r.blocks_subject, '{}'), coalesce(r.blocked_by_subject, '{}')
+             FROM (SELECT $1::text AS owner) o
+             LEFT JOIN privacy_settings ps ON ps.owner = o.owner
+             CROSS JOIN LATERAL (
+                 SELECT array_agg(ri.contact ORDER BY ri.contact) AS contacts,
+                        array_agg(ri.subscription ORDER BY ri.contact) AS subs,
+                        array_agg(EXISTS (
+                            SELECT 1 FROM blocklist b
+                            WHERE b.owner = ri.contact AND b.blocked = ANY($2::text[])
+                        ) ORDER BY ri.contact) AS blocks_subject,
+                        array_agg(EXISTS (
+                            SELECT 1 FROM blocklist b
+                            WHERE b.owner = o.owner
+                              AND b.blocked IN (ri.contact,
+                                                substr(ri.contact, strpos(ri.contact, '@') + 1))
+                        ) ORDER BY ri.contact) AS blocked_by_subject
+                 FROM roster_items ri WHERE ri.owner = o.owner
+             ) r",
+        )
+        .bind(subject)
+        .bind(subject_forms)
+        .fetch_one(&self.pool)
+        .await?;
+        let (online, online_except, last_seen, last_seen_except, contacts, subs, by_c, by_s) = row;
+        let settings = settings_from((online, online_except, last_seen, last_seen_except))?;
+        if subs.len() != contacts.len()
+            || by_c.len() != contacts.len()
+            || by_s.len() != contacts.len()
+        {
+            return Err(StoreError::Corrupt(
+                "audience arrays differ in length".into(),
+            ));
+        }
+        let roster = contacts
+            .into_iter()
+            .zip(subs)
+            .zip(by_c.into_iter().zip(by_s))
+            .map(|((contact, sub), (blocks_subject, blocked_by_subject))| {
+                Ok(AudienceContact {
+                    contact,
+                    subscription: subscription_from(&sub)?,
+                    blocks_subject,
+                    blocked_by_subject,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(AudienceInputs { settings, roster })
+    }
+
+    /// For each of `subjects` (local bare JIDs): its roster item for `prober` (bare JID),
+    /// its settings, the blocks between it and the prober (`prober_forms`: the
+    /// [`super::blocks::match_candidates`] of the prober's JID as the probe came from it),
+    /// and its stored last seen. One statement; rows in the order of `subjects`.
+    pub async fn probe_inputs(
+        &self,
+        prober: &str,
+        prober_forms: &[String],
+        subjects: &[String],
+    ) -> Result<Vec<ProbeSubject>, StoreError> {
+        type Row = (
+            String,
+            Option<String>,
+            Option<String>,
+            Option<Vec<String>>,
+            Option<String>,
+            Option<Vec<String>>,
+            bool,
+            bool,
+            Option<DateTime<Utc>>,
+        );
+        if subjects.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT s.subject, ri.subscription,
+                    ps.online, ps.online_except, ps.last_seen, ps.last_seen_except,
+                    EXISTS (SELECT 1 FROM blocklist b
+                            WHERE b.owner = s.subject AND b.blocked = ANY($2::text[])),
+                    EXISTS (SELECT 1 FROM blocklist b
+                            WHERE b.owner = $1
+                              AND b.blocked IN (s.subject,
+                                                substr(s.subject, strpos(s.subject, '@') + 1))),
+                    la.seen_at
+             FROM unnest($3::text[]) WITH ORDINALITY AS s (subject, n)
+             LEFT JOIN roster_items ri ON ri.owner = s.subject AND ri.contact = $1
+             LEFT JOIN privacy_settings ps ON ps.owner = s.subject
+             LEFT JOIN last_activity la ON la.jid = s.subject
+             ORDER BY s.n",
+        )
+        .bind(prober)
+        .bind(prober_forms)
+        .bind(subjects)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(
+                |(
+                    subject,
+                    sub,
+                    online,
+                    online_except,
+                    last_seen,
+                    last_seen_except,
+                    bp,
+                    bbp,
+                    la,
+                )| {
+                    Ok(ProbeSubject {
+                        subject,
+                        subscription: sub.as_deref().map(subscription_from).transpose()?,
+                        settings: settings_from((
+                            online,
+                            online_except,
+                            last_seen,
+                            last_seen_except,
+                        ))?,
+                        blocks_prober: bp,
+                        blocked_by_prober: bbp,
+                        last_seen: la,
+                    })
+                },
+            )
+            .collect()
+    }
+}
