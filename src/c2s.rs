@@ -55,7 +55,14 @@ impl From<std::io::Error> for Fail {
     }
 }
 
-type Reader = StreamReader<ReadHalf<BoxIo>>;
+/// Boxed: the reader is a few hundred bytes and is moved from the negotiation into the
+/// session loop's read future; inline, each async frame it passes through would reserve
+/// room for it (async-fn arguments are stored next to the locals they are moved into).
+type Reader = Box<StreamReader<ReadHalf<BoxIo>>>;
+
+fn new_reader(io: ReadHalf<BoxIo>, shared: &Shared) -> Reader {
+    Box::new(StreamReader::new(io, limits(shared)))
+}
 
 /// A connection during negotiation.
 struct Conn {
@@ -96,6 +103,24 @@ pub async fn serve_transport(
     direct_tls: bool,
     transport: Transport,
 ) {
+    // Negotiation (TLS handshake, SASL, its timers and error paths) is large and short-lived
+    // state. Boxed, it is freed once the resource is bound; inline, it would size this
+    // connection's task for the whole life of an idle session (issue 7).
+    let negotiated = Box::pin(negotiate(shared, io, peer, direct_tls, transport.secure)).await;
+    if let Some((conn, bound)) = negotiated {
+        conn.run_session(bound, transport).await;
+    }
+}
+
+/// Runs the connection up to a bound resource, within the negotiation time limit. `None` when
+/// it ended before that (the stream error, if any, has been written).
+async fn negotiate(
+    shared: Arc<Shared>,
+    io: BoxIo,
+    peer: SocketAddr,
+    direct_tls: bool,
+    secure_below: bool,
+) -> Option<(Conn, FullJid)> {
     let timeout = Duration::from_secs(shared.config.limits.negotiation_timeout);
     let deadline = Instant::now() + timeout;
     let io = if direct_tls {
@@ -105,11 +130,11 @@ pub async fn serve_transport(
             Ok(Ok(tls)) => Box::new(tls) as BoxIo,
             Ok(Err(e)) => {
                 tracing::info!(%peer, error = %e, "direct TLS handshake failed");
-                return;
+                return None;
             }
             Err(_) => {
                 tracing::info!(%peer, "direct TLS handshake timed out");
-                return;
+                return None;
             }
         }
     } else {
@@ -117,27 +142,29 @@ pub async fn serve_transport(
     };
     let (r, w) = tokio::io::split(io);
     let mut conn = Conn {
-        reader: StreamReader::new(r, limits(&shared)),
+        reader: new_reader(r, &shared),
         shared,
         writer: w,
         peer,
-        secure: direct_tls || transport.secure,
+        secure: direct_tls || secure_below,
         header_sent: false,
         domain: None,
         user: None,
     };
-    let negotiated = tokio::time::timeout_at(deadline, conn.negotiate()).await;
-    let bound = match negotiated {
-        Ok(Ok(jid)) => jid,
-        Ok(Err(Fail::Stream(err))) => return conn.fail(err).await,
-        Ok(Err(Fail::Gone)) => return,
+    match tokio::time::timeout_at(deadline, conn.negotiate()).await {
+        Ok(Ok(jid)) => Some((conn, jid)),
+        Ok(Err(Fail::Stream(err))) => {
+            conn.fail(err).await;
+            None
+        }
+        Ok(Err(Fail::Gone)) => None,
         Err(_) => {
             // RFC 6120 §4.9.3.4: negotiation took longer than the configured time.
             let err = StreamError::new("connection-timeout", "Stream negotiation took too long");
-            return conn.fail(err).await;
+            conn.fail(err).await;
+            None
         }
-    };
-    conn.run_session(bound, transport).await;
+    }
 }
 
 impl Conn {
@@ -327,11 +354,8 @@ impl Conn {
 
     /// A fresh parser for a restarted stream (RFC 6120 §4.3.3).
     fn restart(&mut self) {
-        let reader = std::mem::replace(
-            &mut self.reader,
-            StreamReader::new(empty_half(), limits(&self.shared)),
-        );
-        self.reader = StreamReader::new(reader.into_inner(), limits(&self.shared));
+        let reader = std::mem::replace(&mut self.reader, new_reader(empty_half(), &self.shared));
+        self.reader = new_reader((*reader).into_inner(), &self.shared);
     }
 
     /// RFC 6120 §5.4: wait for `<starttls/>`, answer `<proceed/>`, handshake.
@@ -354,12 +378,9 @@ impl Conn {
             )));
         }
         self.write_el(&Element::new("proceed", x::NS_TLS)).await?;
-        let reader = std::mem::replace(
-            &mut self.reader,
-            StreamReader::new(empty_half(), limits(&self.shared)),
-        );
+        let reader = std::mem::replace(&mut self.reader, new_reader(empty_half(), &self.shared));
         let writer = std::mem::replace(&mut self.writer, tokio::io::split(empty_io()).1);
-        let plain = reader.into_inner().unsplit(writer);
+        let plain = (*reader).into_inner().unsplit(writer);
         let acceptor = tokio_rustls::TlsAcceptor::from(self.shared.tls.clone());
         let tls = match acceptor.accept(plain).await {
             Ok(tls) => tls,
@@ -370,7 +391,7 @@ impl Conn {
             }
         };
         let (r, w) = tokio::io::split(Box::new(tls) as BoxIo);
-        self.reader = StreamReader::new(r, limits(&self.shared));
+        self.reader = new_reader(r, &self.shared);
         self.writer = w;
         self.secure = true;
         Ok(())
@@ -682,12 +703,14 @@ impl Conn {
         }
     }
 
-    /// The bound session: register, spawn the writer and the socket reader, then handle
-    /// stanzas until the stream ends, pinging the client when it is silent and keeping its
-    /// liveness in Redis (see [`crate::liveness`]).
+    /// The bound session: register, spawn the writer, then read and handle stanzas until the
+    /// stream ends, pinging the client when it is silent and keeping its liveness in Redis
+    /// (see [`crate::liveness`]).
     ///
-    /// The reader runs in its own task because [`StreamReader::next`] is not cancel-safe:
-    /// the loop here selects on its channel, the timers and the kill/sweeper tokens.
+    /// Reading happens in this task: [`StreamReader::next`] is not cancel-safe, so its
+    /// future is kept pinned across `select!` iterations and only replaced once it has
+    /// produced an event; a timer or token firing never drops a half-read stanza. One task
+    /// fewer and no event channel per session is what an idle session saves (issue 7).
     async fn run_session(self, jid: FullJid, transport: Transport) {
         let Conn {
             shared,
@@ -710,8 +733,6 @@ impl Conn {
         let mut live = shared
             .liveness
             .bind(&jid, handle.id, transport.beat.clone());
-        let (events, mut inbound) = mpsc::channel(8);
-        let reader_task = tokio::spawn(read_loop(reader, events, transport.beat.clone()));
         let mut session = Session::new(shared.clone(), handle.clone(), peer);
         let mut bucket = crate::rate_limit::TokenBucket::new(
             shared.config.limits.stanzas_per_second,
@@ -726,6 +747,7 @@ impl Conn {
         let mut refresh_tick = tokio::time::interval(timings.refresh);
         refresh_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         refresh_tick.reset();
+        let mut read = std::pin::pin!(next_event(Some(reader)));
         let end = loop {
             let ev = tokio::select! {
                 _ = handle.kill.cancelled() => break None,
@@ -762,9 +784,19 @@ impl Conn {
                     }
                     continue;
                 }
-                ev = inbound.recv() => ev,
+                (reader, ev) = read.as_mut() => {
+                    // Any inbound traffic is a heartbeat.
+                    if ev.is_ok() {
+                        transport.beat.touch();
+                    }
+                    // Start the next read before handling this event, so the completed future
+                    // is never polled again; after a close or an error nothing follows and
+                    // the reader is dropped.
+                    let more = matches!(ev, Ok(StreamEvent::Stanza(_)) | Ok(StreamEvent::Whitespace));
+                    read.set(next_event(more.then_some(reader)));
+                    ev
+                }
             };
-            let Some(ev) = ev else { break None };
             match ev {
                 Ok(StreamEvent::Stanza(el)) => {
                     if !bucket.take() {
@@ -773,7 +805,9 @@ impl Conn {
                             "too many stanzas per second",
                         ));
                     }
-                    if let Err(err) = session.handle(el).await {
+                    // Boxed: routing a stanza can be a deep future (store queries, fan-out);
+                    // boxing keeps that state out of this long-lived future while idle.
+                    if let Err(err) = Box::pin(session.handle(el)).await {
                         break Some(err);
                     }
                 }
@@ -792,7 +826,8 @@ impl Conn {
         if live.end.is_cancelled() {
             live.mark_dead();
         }
-        reader_task.abort();
+        // Stop reading; the reader (and with it the read half of the socket) goes now.
+        read.set(next_event(None));
         if let Some(err) = end {
             tracing::info!(%peer, %jid, error = %err, "closing session with stream error");
             handle.close(err);
@@ -813,28 +848,20 @@ impl Conn {
         handle.kill.cancel();
         tracing::info!(%peer, %jid, "session ended");
         // Unavailable now (silent death) or after the grace period (close or drop).
-        crate::liveness::session_over(session, live).await;
+        Box::pin(crate::liveness::session_over(session, live)).await;
     }
 }
 
-/// Reads the socket for a bound session, forwarding every event in order and stamping the
-/// beat on each (any inbound traffic is a heartbeat). Ends after a close, an error, or when
-/// the session stops listening.
-async fn read_loop(
-    mut reader: Reader,
-    events: mpsc::Sender<Result<StreamEvent, XmlError>>,
-    beat: Arc<crate::liveness::Beat>,
-) {
-    loop {
-        let ev = reader.next().await;
-        let last = !matches!(ev, Ok(StreamEvent::Stanza(_)) | Ok(StreamEvent::Whitespace));
-        if ev.is_ok() {
-            beat.touch();
-        }
-        if events.send(ev).await.is_err() || last {
-            return;
-        }
-    }
+/// The next event of a bound session's stream, with the reader handed back so the session
+/// loop can start the next read. Owning the reader (rather than borrowing it) is what lets
+/// the loop keep this future pinned across `select!` iterations. Without a reader (the
+/// stream ended) it never completes.
+async fn next_event(reader: Option<Reader>) -> (Reader, Result<StreamEvent, XmlError>) {
+    let Some(mut reader) = reader else {
+        return std::future::pending().await;
+    };
+    let ev = reader.next().await;
+    (reader, ev)
 }
 
 /// Drains a session's mailbox onto the socket, batching what is already queued into one
@@ -883,10 +910,9 @@ async fn write_loop(
                 kill.cancel();
                 break;
             }
-            buf.clear();
-            if buf.capacity() > 16 * 1024 {
-                buf = String::new();
-            }
+            // Free the batch buffer after each write: most sessions write rarely, and a
+            // buffer kept at the size of the last burst is held by every idle session.
+            buf = String::new();
         }
         if closing {
             break;

@@ -19,11 +19,13 @@ use crate::xml::Element;
 /// What can be sent to a session task.
 #[derive(Debug)]
 pub enum Outbound {
-    /// A stanza to write to the client as it is.
-    Stanza(Element),
+    /// A stanza to write to the client as it is. Boxed, like the error below, to keep this
+    /// type one pointer wide: the mailbox allocates its slots 32 at a time per session, so
+    /// an inline 100-byte element would cost every idle session kilobytes (issue 7).
+    Stanza(Box<Element>),
     /// End the stream with this error (e.g. `conflict` when a newer session binds the same
     /// full JID, RFC 6120 §7.7.2.2).
-    Close(StreamError),
+    Close(Box<StreamError>),
     /// Answer the client's `</stream:stream>` with ours (RFC 6120 §4.4).
     End,
     /// Stop the writer once everything queued before this is written.
@@ -65,7 +67,7 @@ impl SessionHandle {
     /// Queues a stanza. A session whose mailbox is full is not keeping up with its socket:
     /// it is ended rather than letting one slow client hold memory for everyone.
     pub fn send(&self, stanza: Element) -> bool {
-        match self.tx.try_send(Outbound::Stanza(stanza)) {
+        match self.tx.try_send(Outbound::Stanza(Box::new(stanza))) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 tracing::warn!(jid = %self.jid, "session mailbox full; disconnecting");
@@ -78,7 +80,7 @@ impl SessionHandle {
 
     /// Asks the session to end its stream with `error`.
     pub fn close(&self, error: StreamError) {
-        if self.tx.try_send(Outbound::Close(error)).is_err() {
+        if self.tx.try_send(Outbound::Close(Box::new(error))).is_err() {
             self.kill.cancel();
         }
     }
@@ -147,7 +149,8 @@ impl Sessions {
         };
         let bare = jid.to_bare().to_string();
         let mut map = self.by_user.write().unwrap_or_else(|e| e.into_inner());
-        let list = map.entry(bare).or_default();
+        // Most users have one resource: start the list at one slot, not four.
+        let list = map.entry(bare).or_insert_with(|| Vec::with_capacity(1));
         let replaced = list
             .iter()
             .position(|h| h.jid == jid)

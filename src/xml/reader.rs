@@ -9,9 +9,11 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use quick_xml::events::{BytesStart, Event};
-use tokio::io::{AsyncRead, AsyncReadExt, BufReader, Take};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, ReadBuf, Take};
 
 use super::{Element, Node, NS_CLIENT, NS_SERVER};
 
@@ -227,6 +229,24 @@ impl Builder {
     /// Whether a stanza is under construction (its bytes count against the size limit).
     pub fn in_stanza(&self) -> bool {
         !self.stack.is_empty()
+    }
+
+    /// Frees the capacity of empty queues, so an idle stream holds none.
+    pub fn release(&mut self) {
+        if self.stack.is_empty() {
+            self.stack = Vec::new();
+        }
+        if self.ready.is_empty() {
+            self.ready = VecDeque::new();
+        }
+        self.scopes.shrink_to_fit();
+    }
+
+    /// Heap bytes held by the element stack and the event queue (not the namespace scopes
+    /// of the stream element, which live as long as the stream).
+    pub fn held_bytes(&self) -> usize {
+        self.stack.capacity() * std::mem::size_of::<Element>()
+            + self.ready.capacity() * std::mem::size_of::<StreamEvent>()
     }
 
     fn resolve(&self, prefix: &str) -> Option<&str> {
@@ -445,13 +465,121 @@ impl Builder {
 /// Read-ahead buffer of the socket reader.
 const READ_BUF: usize = 4096;
 
+/// A read-ahead buffer that exists only while it holds bytes: when it is empty and the
+/// transport has nothing to give (the read is pending, i.e. the peer is idle), the buffer is
+/// freed, and allocated again when the peer is woken up by new data.
+///
+/// An idle XMPP session spends nearly all its life waiting on this read; a fixed
+/// [`tokio::io::BufReader`] would hold its full capacity per session for nothing (issue 7,
+/// memory per idle session). One allocation per wake-up is the price, which is small next to
+/// the TLS record that woke us.
+pub struct IdleBuf<R> {
+    inner: R,
+    buf: Vec<u8>,
+    pos: usize,
+    cap: usize,
+}
+
+impl<R> IdleBuf<R> {
+    /// Wraps `inner` with a read-ahead of `cap` bytes, allocated only while needed.
+    pub fn new(inner: R, cap: usize) -> Self {
+        IdleBuf {
+            inner,
+            buf: Vec::new(),
+            pos: 0,
+            cap,
+        }
+    }
+
+    /// Bytes read from the transport and not consumed yet.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// Heap bytes the buffer holds now.
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// The transport.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    /// The transport.
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
+    /// Gives back the transport. Unconsumed bytes are dropped: callers hand the transport
+    /// on only at points where the peer must wait for us (after `<proceed/>`, after SASL
+    /// success), as RFC 6120 §5.4.3.3 and §6.4.6 require of it.
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for IdleBuf<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.buffered() == 0 {
+            return Pin::new(&mut this.inner).poll_read(cx, out);
+        }
+        let n = this.buffered().min(out.remaining());
+        out.put_slice(&this.buf[this.pos..this.pos + n]);
+        this.pos += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncBufRead for IdleBuf<R> {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        let this = self.get_mut();
+        if this.buffered() == 0 {
+            this.buf.clear();
+            this.pos = 0;
+            this.buf.resize(this.cap, 0);
+            let mut rb = ReadBuf::new(&mut this.buf);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut rb) {
+                Poll::Pending => {
+                    // Idle: give the memory back until the peer speaks.
+                    this.buf = Vec::new();
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => {
+                    this.buf = Vec::new();
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Ready(Ok(())) => {
+                    let n = rb.filled().len();
+                    this.buf.truncate(n);
+                }
+            }
+        }
+        Poll::Ready(Ok(&this.buf[this.pos..]))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        let this = self.get_mut();
+        this.pos = (this.pos + amt).min(this.buf.len());
+    }
+}
+
 /// Reads [`StreamEvent`]s from an async byte stream.
 ///
 /// The transport is wrapped in a [`Take`] whose limit is reset after every event: a single
 /// endless tag or text node then hits the limit and cannot grow the parse buffer beyond the
 /// stanza size plus one read-ahead buffer (RFC 6120 §13.12 item 4).
+///
+/// While the peer is idle the reader holds no buffers: the read-ahead is an [`IdleBuf`], and
+/// the parse buffer and the builder's queues are released whenever an event is handed out
+/// with nothing left to parse.
 pub struct StreamReader<R> {
-    reader: quick_xml::Reader<BufReader<Take<R>>>,
+    reader: quick_xml::Reader<IdleBuf<Take<R>>>,
     /// Bytes granted on each reset: the stanza limit plus one read-ahead buffer.
     grant: u64,
     buf: Vec<u8>,
@@ -473,8 +601,7 @@ impl<R: AsyncRead + Unpin> StreamReader<R> {
     /// Wraps a transport. A new reader is made at every stream restart (RFC 6120 §4.3.3).
     pub fn new(inner: R, limits: ReaderLimits) -> Self {
         let grant = (limits.max_stanza_size as u64).saturating_add(READ_BUF as u64);
-        let mut reader =
-            quick_xml::Reader::from_reader(BufReader::with_capacity(READ_BUF, inner.take(grant)));
+        let mut reader = quick_xml::Reader::from_reader(IdleBuf::new(inner.take(grant), READ_BUF));
         configure(&mut reader);
         StreamReader {
             reader,
@@ -486,15 +613,18 @@ impl<R: AsyncRead + Unpin> StreamReader<R> {
         }
     }
 
-    /// The next event. Not cancel-safe: call it from one task that owns the reader.
+    /// The next event. Not cancel-safe: call it from one task that owns the reader, or keep
+    /// the pending future alive across `select!` iterations.
     pub async fn next(&mut self) -> Result<StreamEvent, XmlError> {
         loop {
             if let Some(ev) = self.builder.pop() {
                 let grant = self.grant;
                 self.reader.get_mut().get_mut().set_limit(grant);
-                if self.buf.capacity() > READ_BUF {
-                    // Give back what one large stanza made us hold while idle.
+                if self.reader.get_ref().buffered() == 0 && !self.builder.in_stanza() {
+                    // Nothing more to parse yet: the peer is likely to go quiet now, so hold
+                    // no capacity a burst or one large stanza made us grow.
                     self.buf = Vec::new();
+                    self.builder.release();
                 }
                 return Ok(ev);
             }
@@ -519,6 +649,12 @@ impl<R: AsyncRead + Unpin> StreamReader<R> {
                 return Err(XmlError::TooBig(self.limits.max_stanza_size));
             }
         }
+    }
+
+    /// Heap bytes held by the reader's own buffers (read-ahead, parse buffer, builder
+    /// queues), for the memory tests.
+    pub fn held_bytes(&self) -> usize {
+        self.reader.get_ref().capacity() + self.buf.capacity() + self.builder.held_bytes()
     }
 
     /// Gives back the transport, e.g. to start TLS after `<proceed/>` (RFC 6120 §5.4.3.3).
@@ -783,6 +919,41 @@ mod tests {
         assert!(matches!(err, XmlError::TooBig(2048)), "{err:?}");
         drop(reader);
         let _ = writer.await;
+    }
+
+    /// Issue 7: an idle session must not pay for read buffers. After a burst of stanzas
+    /// (one of them large) the reader, waiting on a silent peer, holds no read-ahead, no
+    /// parse buffer and no queue capacity; the next stanza is read as before.
+    #[tokio::test]
+    async fn idle_reader_holds_no_buffers_and_reads_on() {
+        use std::future::Future as _;
+        use tokio::io::AsyncWriteExt;
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let mut reader = StreamReader::new(server, ReaderLimits::default());
+        let big = "x".repeat(10_000);
+        let burst = format!(
+            "{HEADER}<message><body>{big}</body></message><presence><show>away</show></presence>"
+        );
+        client.write_all(burst.as_bytes()).await.unwrap();
+        assert!(matches!(reader.next().await.unwrap(), StreamEvent::Open(_)));
+        assert!(
+            matches!(reader.next().await.unwrap(), StreamEvent::Stanza(m) if m.name == "message")
+        );
+        assert!(
+            matches!(reader.next().await.unwrap(), StreamEvent::Stanza(p) if p.name == "presence")
+        );
+        {
+            // One poll with nothing to read: the peer is idle.
+            let mut next = std::pin::pin!(reader.next());
+            std::future::poll_fn(|cx| {
+                assert!(next.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+        }
+        assert_eq!(reader.held_bytes(), 0, "an idle reader holds buffers");
+        client.write_all(b"<iq type='get' id='1'/>").await.unwrap();
+        assert!(matches!(reader.next().await.unwrap(), StreamEvent::Stanza(i) if i.name == "iq"));
     }
 
     /// Parses `doc` whole, then cut in two at every offset, and requires identical events and
