@@ -12,6 +12,7 @@
 #   PRESENCED_SQL=FILE   SQL that provisions presenced users (see provision_presenced())
 #   BENCH_WORK=/tmp/presenced-bench  state, configs, logs, results
 #   PROVISION_TIME_LIMIT=14400  seconds the untimed provisioning may take
+#   PROVISION_RATE=500   users per second sending their subscription requests
 #   PROCS=P              generator processes for the timed run (default: one per 10,000
 #                        sessions; a process may open at most 20,000 descriptors here)
 #   BENCH_BIN=PATH       use this presenced-bench binary instead of building one
@@ -23,7 +24,7 @@
 #   --provision-only     provision what is missing for this N/K (untimed) and stop
 #
 # Ports: Prosody 35222, ejabberd 45222 (PROSODY_PORT, EJABBERD_PORT: e.g. to provision two
-# sizes at once), presenced 55222 (never 5222/25222: others use them),
+# sizes at once), presenced 35322 (never 5222/25222 or 552xx-554xx: others use them),
 # presenced /metrics 35280, its private Redis 36379.
 # Everything listens on 127.0.0.1 only. Provisioning happens before each timed run and the
 # server is restarted in between, so the timed run starts from a fresh process.
@@ -38,7 +39,7 @@ WORK="${BENCH_WORK:-/tmp/presenced-bench}"
 DOMAIN=bench.example
 PROSODY_PORT="${PROSODY_PORT:-35222}"
 EJABBERD_PORT="${EJABBERD_PORT:-45222}"
-PRESENCED_PORT="${PRESENCED_PORT:-55222}"
+PRESENCED_PORT="${PRESENCED_PORT:-35322}"
 PRESENCED_HTTP_PORT="${PRESENCED_HTTP_PORT:-35280}"
 BENCH_REDIS_PORT="${BENCH_REDIS_PORT:-36379}"
 REST_SECS="${REST_SECS:-60}"
@@ -207,6 +208,10 @@ listen:
     shaper: none
     access: c2s
     backlog: 1024
+# ejabberd's overload killer terminates the busiest client processes when the machine's
+# memory use (all processes, e.g. other builds) passes oom_watermark: on a shared machine
+# it killed provisioning sessions. A benchmark wants every session kept.
+oom_killer: false
 auth_method: internal
 auth_password_format: scram
 registration_timeout: infinity
@@ -356,7 +361,8 @@ run_one() { # name port
         log "$name: provisioning N=$N K=$K (untimed)"
         "${name}_start" || { echo "$name did not start" >&2; "${name}_stop"; return 1; }
         # Provisioning 19k users into a peer takes tens of minutes (more on a busy machine).
-        local prov=(--provision --time-limit "${PROVISION_TIME_LIMIT:-14400}")
+        local prov=(--provision --time-limit "${PROVISION_TIME_LIMIT:-14400}"
+                    --provision-rate "${PROVISION_RATE:-500}")
         if [ "$name" = presenced ]; then
             if [ -n "${PRESENCED_SQL:-}" ]; then prov+=(--provision-sql "$PRESENCED_SQL")
             else prov+=(--provision-db "$PRESENCED_DB"); fi
