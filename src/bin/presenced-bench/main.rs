@@ -488,8 +488,10 @@ async fn provision_over_xmpp(
         &shared,
         Mode::Provision,
         None,
-        0..cli.users,
-        cli.login_concurrency,
+        LoginPlan {
+            users: 0..cli.users,
+            concurrency: cli.login_concurrency,
+        },
     )
     .await;
     if login_errors > 0 {
@@ -589,6 +591,12 @@ async fn close_all(sessions: &[(u32, mpsc::Sender<Command>)]) {
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
+/// Which users one process logs in, and how many logins it keeps in flight.
+struct LoginPlan {
+    users: Range<u32>,
+    concurrency: u32,
+}
+
 /// Logs in all N users at the configured rate and starts their session loops.
 /// Returns the live sessions, the number of failed logins, and the login span.
 async fn login_all(
@@ -598,9 +606,9 @@ async fn login_all(
     shared: &Arc<Shared>,
     mode: Mode,
     hist: Option<Arc<Histogram>>,
-    users: Range<u32>,
-    concurrency: u32,
+    plan: LoginPlan,
 ) -> (Vec<(u32, mpsc::Sender<Command>)>, u64, Duration) {
+    let LoginPlan { users, concurrency } = plan;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u32, Option<mpsc::Sender<Command>>)>();
     let sem = Arc::new(Semaphore::new(concurrency.max(1) as usize));
     let first = users.start;

@@ -344,8 +344,10 @@ impl Worker {
             &self.shared,
             Mode::Measure,
             Some(hist.clone()),
-            self.users.clone(),
-            concurrency,
+            crate::LoginPlan {
+                users: self.users.clone(),
+                concurrency,
+            },
         )
         .await;
         self.sessions = sessions;
