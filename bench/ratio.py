@@ -25,6 +25,17 @@ FIGURES = [
     ("cpu_s_per_1000_deliveries", "CPU s per 1,000 deliveries", False),
 ]
 PEERS = ["prosody", "ejabberd"]
+# Figures only presenced has (issue 7: writes at rest); the peers' cells say n/a.
+PRESENCED_ONLY = [
+    ("redis_writes_per_session_per_min", "Redis writes/session/min at rest (server counter)"),
+    ("redis_write_cmds_per_session_per_min",
+     "Redis write commands/session/min at rest (INFO commandstats)"),
+    ("pg_writes_per_session_per_min", "PostgreSQL writes/session/min at rest (server counter)"),
+    ("pg_xacts_per_session_per_min",
+     "PostgreSQL commits/session/min at rest (pg_stat_database)"),
+    ("pg_rows_per_session_per_min",
+     "PostgreSQL rows written/session/min at rest (pg_stat_database)"),
+]
 
 
 def load(d, name):
@@ -65,6 +76,18 @@ def main():
             ratio = f"{vals['presenced'] / best:.2f}"
         print(f"| {label} | {fmt(vals['prosody'])} | {fmt(vals['ejabberd'])} | "
               f"{fmt(vals['presenced'])} | {ratio} |")
+    pres = runs["presenced"] or {}
+    for key, label in PRESENCED_ONLY:
+        v = pres.get(key)
+        cell = "" if v is None else f"{v:.4g}"
+        print(f"| {label} | n/a | n/a | {cell} | |")
+    if pres.get("redis_write_cmds_seen"):
+        seen = ", ".join(f"{c} {n}" for c, n in sorted(pres["redis_write_cmds_seen"].items()))
+        print(f"\nRedis write commands in the {pres.get('rest_secs', 0):.0f} s window at rest "
+              f"(calls, flagged `write` by COMMAND INFO): {seen}")
+    procs = {n: r.get("procs") for n, r in runs.items() if r and r.get("procs")}
+    if procs:
+        print("\nGenerator processes: " + ", ".join(f"{n} {p}" for n, p in procs.items()))
     for n, r in runs.items():
         if r and r.get("errors"):
             print(f"\n{n} errors: " + "; ".join(r["errors"][:3]))

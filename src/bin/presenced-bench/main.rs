@@ -17,12 +17,15 @@
 mod graph;
 mod procfs;
 mod report;
+mod rest;
 mod scram;
 mod session;
 mod stats;
+mod worker;
 mod xml;
 
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +33,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, Semaphore};
 
 use graph::ContactGraph;
@@ -39,6 +41,7 @@ use report::Report;
 use scram::SaltCache;
 use session::{Command, MechPref, Mode, Shared, Target};
 use stats::Histogram;
+use worker::{Cmd, Reply, Worker, Workers};
 
 /// Which server is under test; decides how `--provision` creates users and rosters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -150,6 +153,30 @@ struct Cli {
     /// CI mode: N=20, K=3, short phases; fails only if logins or deliveries fail entirely.
     #[arg(long)]
     smoke: bool,
+    /// Generator processes for the timed run. A process may hold at most ~19k sessions
+    /// (20,000 descriptors here): with P > 1 this process spawns P workers that own
+    /// contiguous slices of the users and drives their phases over pipes.
+    #[arg(long, default_value_t = 1)]
+    procs: u32,
+    /// Internal: run as worker I of --procs (commands on stdin, replies on stdout).
+    #[arg(long, hide = true)]
+    worker: Option<u32>,
+    /// Idle window for the write rates at rest, s (0 skips it; only read when a
+    /// --metrics-url, --redis-stats or --pg-stats source is given).
+    #[arg(long, default_value_t = 60)]
+    rest_secs: u64,
+    /// presenced's Prometheus endpoint, e.g. http://127.0.0.1:35280/metrics (loopback).
+    #[arg(long)]
+    metrics_url: Option<String>,
+    /// Redis the server writes to, for INFO commandstats deltas (exact only if private).
+    #[arg(long)]
+    redis_stats: Option<String>,
+    /// PostgreSQL URL to read pg_stat_database through (e.g. .../postgres).
+    #[arg(long)]
+    pg_stats: Option<String>,
+    /// Database whose pg_stat_database row is read.
+    #[arg(long, default_value = "presenced_bench")]
+    pg_stats_db: String,
 }
 
 impl Cli {
@@ -164,6 +191,7 @@ impl Cli {
             self.idle_secs = 0;
             self.settle_secs = 10;
             self.drain_secs = 5;
+            self.rest_secs = self.rest_secs.min(3);
             self.time_limit = self.time_limit.min(120);
         }
     }
@@ -175,6 +203,10 @@ fn main() -> ExitCode {
     // Loopback only: the bench must never load anything but a local test server.
     if !cli.target.ip().is_loopback() {
         eprintln!("refusing non-loopback target {}", cli.target);
+        return ExitCode::from(2);
+    }
+    if cli.procs == 0 || cli.procs > cli.users.max(1) {
+        eprintln!("--procs must be between 1 and N");
         return ExitCode::from(2);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -206,6 +238,7 @@ fn main() -> ExitCode {
 }
 
 async fn real_main(cli: Cli) -> Result<ExitCode, String> {
+    let cli = Arc::new(cli);
     let graph = Arc::new(ContactGraph::new(cli.users, cli.contacts, cli.graph_seed)?);
     let cache = match &cli.scram_cache {
         Some(p) => SaltCache::load(p).map_err(|e| format!("{}: {e}", p.display()))?,
@@ -221,6 +254,11 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
         password_prefix: cli.password_prefix.clone(),
         resource: "bench".into(),
     };
+    if let Some(index) = cli.worker {
+        let w = Worker::new(cli.clone(), target, graph, index, cli.procs);
+        worker::serve_stdio(w).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if cli.provision {
         if cli.server == ServerKind::Presenced {
             match &cli.provision_sql {
@@ -443,8 +481,19 @@ async fn provision_over_xmpp(
     );
 
     let shared = Arc::new(Shared::default());
-    let (sessions, login_errors, _) =
-        login_all(cli, target, graph, &shared, Mode::Provision, None).await;
+    let (sessions, login_errors, _) = login_all(
+        cli,
+        target,
+        graph,
+        &shared,
+        Mode::Provision,
+        None,
+        LoginPlan {
+            users: 0..cli.users,
+            concurrency: cli.login_concurrency,
+        },
+    )
+    .await;
     if login_errors > 0 {
         return Err(format!(
             "provision: {login_errors} logins failed: {:?}",
@@ -542,6 +591,12 @@ async fn close_all(sessions: &[(u32, mpsc::Sender<Command>)]) {
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
+/// Which users one process logs in, and how many logins it keeps in flight.
+struct LoginPlan {
+    users: Range<u32>,
+    concurrency: u32,
+}
+
 /// Logs in all N users at the configured rate and starts their session loops.
 /// Returns the live sessions, the number of failed logins, and the login span.
 async fn login_all(
@@ -551,16 +606,21 @@ async fn login_all(
     shared: &Arc<Shared>,
     mode: Mode,
     hist: Option<Arc<Histogram>>,
+    plan: LoginPlan,
 ) -> (Vec<(u32, mpsc::Sender<Command>)>, u64, Duration) {
-    let n = cli.users;
+    let LoginPlan { users, concurrency } = plan;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u32, Option<mpsc::Sender<Command>>)>();
-    let sem = Arc::new(Semaphore::new(cli.login_concurrency.max(1) as usize));
+    let sem = Arc::new(Semaphore::new(concurrency.max(1) as usize));
+    let first = users.start;
+    let attempts = users.len();
     let started = Instant::now();
     let last_done = Arc::new(AtomicU64::new(0));
     let timeout = Duration::from_secs(cli.login_timeout);
-    for i in 0..n {
-        if cli.login_rate > 0.0 {
-            let due = started + Duration::from_secs_f64(f64::from(i) / cli.login_rate);
+    // With several generator processes each offers its share of the login rate.
+    let rate = worker::share(cli.login_rate, cli.procs);
+    for i in users {
+        if rate > 0.0 {
+            let due = started + Duration::from_secs_f64(f64::from(i - first) / rate);
             tokio::time::sleep_until(due.into()).await;
         }
         let Ok(permit) = sem.clone().acquire_owned().await else {
@@ -600,11 +660,10 @@ async fn login_all(
         });
     }
     drop(done_tx);
-    let mut sessions = Vec::with_capacity(n as usize);
+    let mut sessions = Vec::with_capacity(attempts);
     let mut failed = 0;
     // Each task reports exactly once (and keeps its sender while its session runs, so the
     // channel never closes by itself): count the reports.
-    let attempts = n as usize;
     while sessions.len() + (failed as usize) < attempts {
         let Some((i, tx)) = done_rx.recv().await else {
             break;
@@ -623,28 +682,72 @@ fn ms(us: Option<u64>) -> Option<f64> {
     us.map(|v| v as f64 / 1000.0)
 }
 
-/// Waits until phase deliveries reach `expected` or stop progressing.
-async fn drain(shared: &Shared, phase: usize, expected: u64, max: Duration) {
+/// Sums the `Count` replies: (sent, delivered) per phase.
+fn sum_counts(replies: &[Reply]) -> ([u64; 2], [u64; 2]) {
+    let (mut sent, mut delivered) = ([0u64; 2], [0u64; 2]);
+    for r in replies {
+        if let Reply::Count {
+            sent: s,
+            delivered: d,
+        } = r
+        {
+            for p in 0..2 {
+                sent[p] += s[p];
+                delivered[p] += d[p];
+            }
+        }
+    }
+    (sent, delivered)
+}
+
+/// Sums the `Phase` replies: (issued, drops, longest seconds).
+fn sum_phase(replies: &[Reply]) -> (u64, u64, f64) {
+    let (mut issued, mut drops, mut secs) = (0, 0, 0.0f64);
+    for r in replies {
+        if let Reply::Phase {
+            issued: i,
+            drops: d,
+            secs: s,
+        } = r
+        {
+            issued += i;
+            drops += d;
+            secs = secs.max(*s);
+        }
+    }
+    (issued, drops, secs)
+}
+
+/// Waits until the deliveries of `phase` over all workers reach `expected` or stop
+/// progressing for 2 s (lost presences never arrive), at most `max`.
+async fn drain(
+    workers: &mut Workers,
+    phase: usize,
+    expected: u64,
+    max: Duration,
+) -> Result<(), String> {
     let until = Instant::now() + max;
-    let mut last = shared.phases[phase].delivered.load(Ordering::Relaxed);
+    let mut last = u64::MAX;
     let mut last_change = Instant::now();
     while Instant::now() < until {
-        let d = shared.phases[phase].delivered.load(Ordering::Relaxed);
+        let (_, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
+        let d = delivered[phase];
         if d >= expected {
-            return;
+            break;
         }
         if d != last {
             last = d;
             last_change = Instant::now();
         } else if last_change.elapsed() > Duration::from_secs(2) {
-            return;
+            break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    Ok(())
 }
 
 async fn timed_run(
-    cli: &Cli,
+    cli: &Arc<Cli>,
     target: &Target,
     graph: &Arc<ContactGraph>,
 ) -> Result<Report, String> {
@@ -662,25 +765,48 @@ async fn timed_run(
         login_concurrency: cli.login_concurrency,
         fixed_rate: cli.fixed_rate,
         sat_window: cli.sat_window,
+        procs: cli.procs,
         ..Report::default()
     };
-    let shared = Arc::new(Shared::default());
+    let mut workers = if cli.procs > 1 {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        Workers::spawn(cli.procs, &args)?
+    } else {
+        Workers::Local(Box::new(Worker::new(
+            cli.clone(),
+            target.clone(),
+            graph.clone(),
+            0,
+            1,
+        )))
+    };
+    let p = workers.len() as u32;
 
     // --- logins ---
     let s0 = probe.sample();
-    let login_hist = Arc::new(Histogram::default());
-    eprintln!("logging in {} sessions...", cli.users);
-    let (sessions, failed, span) = login_all(
-        cli,
-        target,
-        graph,
-        &shared,
-        Mode::Measure,
-        Some(login_hist.clone()),
-    )
-    .await;
-    rep.logins_ok = sessions.len() as u64;
-    rep.logins_failed = failed;
+    let login_hist = Histogram::default();
+    eprintln!("logging in {} sessions from {p} process(es)...", cli.users);
+    let (mut start_ns, mut last_ns) = (u64::MAX, 0u64);
+    for r in workers.all(Cmd::Login).await? {
+        if let Reply::Logins {
+            ok,
+            failed,
+            start_ns: s,
+            last_ns: l,
+            rosters_complete,
+            hist,
+        } = r
+        {
+            rep.logins_ok += ok;
+            rep.logins_failed += failed;
+            rep.rosters_complete += rosters_complete;
+            start_ns = start_ns.min(s);
+            last_ns = last_ns.max(l);
+            login_hist.merge(&hist);
+        }
+    }
+    // First attempt in any process to the last completion in any (same machine's clock).
+    let span = Duration::from_nanos(last_ns.saturating_sub(start_ns));
     if rep.logins_ok > 0 && span.as_secs_f64() > 0.0 {
         rep.login_rate = Some(rep.logins_ok as f64 / span.as_secs_f64());
     }
@@ -693,25 +819,27 @@ async fn timed_run(
         rep.logins_failed,
         span.as_secs_f64()
     );
-    // The initial-presence storm (RFC 6121 §4.2.2 broadcast + §4.3 probes) is part of a
-    // login's cost: wait until every session saw all its contacts or things go quiet.
-    let settle_until = Instant::now() + Duration::from_secs(cli.settle_secs);
-    while Instant::now() < settle_until
-        && shared.sessions_all_contacts_seen.load(Ordering::Relaxed) < rep.logins_ok
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    workers
+        .all(Cmd::Settle {
+            secs: cli.settle_secs,
+        })
+        .await?;
     // CPU is read as soon as the storm is over: an idle Erlang VM spins its schedulers, so
     // waiting longer would charge idle spinning to the logins.
     let s1 = probe.sample();
-    wait_quiet(
-        &shared,
-        Duration::from_millis(500),
-        Duration::from_secs(cli.settle_secs),
-    )
-    .await;
-    rep.sessions_all_contacts_seen = shared.sessions_all_contacts_seen.load(Ordering::Relaxed);
-    rep.rosters_complete = shared.rosters_complete.load(Ordering::Relaxed);
+    let settled = workers
+        .all(Cmd::Quiet {
+            ms: 500,
+            max_secs: cli.settle_secs,
+        })
+        .await?;
+    rep.sessions_all_contacts_seen = settled
+        .iter()
+        .map(|r| match r {
+            Reply::Settled { seen } => *seen,
+            _ => 0,
+        })
+        .sum();
     tokio::time::sleep(Duration::from_secs(cli.idle_secs)).await;
     let s_idle = probe.sample();
     if probe.enabled() && rep.logins_ok > 0 {
@@ -722,8 +850,31 @@ async fn timed_run(
         rep.cpu_s_per_1000_logins =
             Some((s1.cpu_secs - s0.cpu_secs) / rep.logins_ok as f64 * 1000.0);
     }
-    if sessions.is_empty() {
-        rep.errors = shared.errors.lock().map(|e| e.clone()).unwrap_or_default();
+
+    // --- write rates at rest (presenced): the sessions sit idle for --rest-secs ---
+    let sources = rest::Sources {
+        metrics_url: cli.metrics_url.clone(),
+        redis_url: cli.redis_stats.clone(),
+        pg: cli.pg_stats.clone().map(|u| (u, cli.pg_stats_db.clone())),
+    };
+    let any_source =
+        sources.metrics_url.is_some() || sources.redis_url.is_some() || sources.pg.is_some();
+    if cli.rest_secs > 0 && rep.logins_ok > 0 && any_source {
+        eprintln!(
+            "at rest: {} idle sessions for {} s",
+            rep.logins_ok, cli.rest_secs
+        );
+        let a = rest::read(&sources).await;
+        let t = Instant::now();
+        tokio::time::sleep(Duration::from_secs(cli.rest_secs)).await;
+        let b = rest::read(&sources).await;
+        let secs = t.elapsed().as_secs_f64();
+        rep.rest_secs = secs;
+        rep.rest = rest::rates(&a, &b, rep.logins_ok, secs);
+    }
+
+    if rep.logins_ok == 0 {
+        collect_stats(&mut workers, &mut rep).await?;
         return Ok(rep);
     }
 
@@ -732,72 +883,47 @@ async fn timed_run(
         "fixed load: {} changes/s for {} s",
         cli.fixed_rate, cli.fixed_secs
     );
-    let mut rng = rand::rngs::StdRng::from_entropy();
-    let mut drops = 0u64;
-    let mut seq = 0u64;
-    let t0 = Instant::now();
-    let fixed_len = Duration::from_secs(cli.fixed_secs);
-    let mut issued = 0u64;
-    let mut tick = tokio::time::interval(Duration::from_millis(1));
-    while t0.elapsed() < fixed_len && cli.fixed_rate > 0.0 {
-        tick.tick().await;
-        let due = (t0.elapsed().as_secs_f64() * cli.fixed_rate) as u64;
-        while issued < due {
-            let (_, tx) = &sessions[rng.gen_range(0..sessions.len())];
-            seq += 1;
-            issued += 1;
-            if tx.try_send(Command::Presence { phase: 0, seq }).is_err() {
-                drops += 1;
-            }
-        }
-    }
-    rep.fixed_secs = t0.elapsed().as_secs_f64();
-    let fixed_sent = shared.phases[0].sent.load(Ordering::Relaxed);
+    let (_, drops0, secs) = sum_phase(
+        &workers
+            .all(Cmd::Fixed {
+                rate: worker::share(cli.fixed_rate, p),
+                secs: cli.fixed_secs,
+            })
+            .await?,
+    );
+    rep.fixed_secs = secs;
+    let (sent, _) = sum_counts(&workers.all(Cmd::Count).await?);
     drain(
-        &shared,
+        &mut workers,
         0,
-        fixed_sent * k,
+        sent[0] * k,
         Duration::from_secs(cli.drain_secs),
     )
-    .await;
-    rep.fixed_sent = shared.phases[0].sent.load(Ordering::Relaxed);
-    rep.fixed_delivered = shared.phases[0].delivered.load(Ordering::Relaxed);
-    let h = &shared.phases[0].latency;
-    rep.fixed_p50_ms = ms(h.quantile(0.5));
-    rep.fixed_p99_ms = ms(h.quantile(0.99));
-    rep.fixed_max_ms = ms((h.count() > 0).then(|| h.max()));
+    .await?;
+    let (sent, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
+    rep.fixed_sent = sent[0];
+    rep.fixed_delivered = delivered[0];
 
     // --- saturation: as many changes as a window of in-flight deliveries allows ---
+    let mut drops1 = 0;
     if cli.sat_secs > 0 {
         eprintln!(
             "saturation: window {} deliveries for {} s",
             cli.sat_window, cli.sat_secs
         );
-        let p = &shared.phases[1];
         let c0 = probe.sample();
-        let t0 = Instant::now();
-        let sat_len = Duration::from_secs(cli.sat_secs);
-        let mut issued = 0u64;
-        let mut next = 0usize;
-        while t0.elapsed() < sat_len {
-            let in_flight = (issued * k).saturating_sub(p.delivered.load(Ordering::Relaxed));
-            if in_flight + k > cli.sat_window {
-                tokio::time::sleep(Duration::from_micros(500)).await;
-                continue;
-            }
-            let (_, tx) = &sessions[next % sessions.len()];
-            next += 1;
-            seq += 1;
-            if tx.try_send(Command::Presence { phase: 1, seq }).is_ok() {
-                issued += 1;
-            } else {
-                drops += 1;
-                tokio::task::yield_now().await;
-            }
-        }
-        let elapsed = t0.elapsed().as_secs_f64();
-        let delivered = p.delivered.load(Ordering::Relaxed);
+        let (issued, d1, elapsed) = sum_phase(
+            &workers
+                .all(Cmd::Sat {
+                    window: (cli.sat_window / u64::from(p)).max(k),
+                    secs: cli.sat_secs,
+                })
+                .await?,
+        );
+        drops1 = d1;
+        let (_, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
         let c1 = probe.sample();
+        let delivered = delivered[1];
         rep.sat_secs = elapsed;
         rep.sat_delivered = delivered;
         rep.sat_deliveries_per_s = Some(delivered as f64 / elapsed);
@@ -805,14 +931,48 @@ async fn timed_run(
             rep.cpu_s_per_1000_deliveries =
                 Some((c1.cpu_secs - c0.cpu_secs) / delivered as f64 * 1000.0);
         }
-        drain(&shared, 1, issued * k, Duration::from_secs(cli.drain_secs)).await;
-        rep.sat_sent = p.sent.load(Ordering::Relaxed);
-        rep.sat_p50_ms = ms(p.latency.quantile(0.5));
-        rep.sat_p99_ms = ms(p.latency.quantile(0.99));
+        drain(
+            &mut workers,
+            1,
+            issued * k,
+            Duration::from_secs(cli.drain_secs),
+        )
+        .await?;
+        let (sent, _) = sum_counts(&workers.all(Cmd::Count).await?);
+        rep.sat_sent = sent[1];
     }
-    rep.client_backlog_drops = drops;
-    close_all(&sessions).await;
-    rep.sessions_lost = shared.sessions_lost.load(Ordering::Relaxed);
-    rep.errors = shared.errors.lock().map(|e| e.clone()).unwrap_or_default();
+    rep.client_backlog_drops = drops0 + drops1;
+    collect_stats(&mut workers, &mut rep).await?;
+    workers.all(Cmd::Close).await?;
+    workers.finish().await;
     Ok(rep)
+}
+
+/// Merges the workers' latency histograms, lost sessions and errors into the report.
+async fn collect_stats(workers: &mut Workers, rep: &mut Report) -> Result<(), String> {
+    let lat = [Histogram::default(), Histogram::default()];
+    for r in workers.all(Cmd::Stats).await? {
+        if let Reply::Stats {
+            lat: l,
+            lost,
+            errors,
+        } = r
+        {
+            for (a, b) in lat.iter().zip(&l) {
+                a.merge(b);
+            }
+            rep.sessions_lost += lost;
+            for e in errors {
+                if rep.errors.len() < 10 && !rep.errors.contains(&e) {
+                    rep.errors.push(e);
+                }
+            }
+        }
+    }
+    rep.fixed_p50_ms = ms(lat[0].quantile(0.5));
+    rep.fixed_p99_ms = ms(lat[0].quantile(0.99));
+    rep.fixed_max_ms = ms((lat[0].count() > 0).then(|| lat[0].max()));
+    rep.sat_p50_ms = ms(lat[1].quantile(0.5));
+    rep.sat_p99_ms = ms(lat[1].quantile(0.99));
+    Ok(())
 }

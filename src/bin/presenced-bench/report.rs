@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use crate::rest::Rates;
+
 /// Figures of one timed run against one server.
 #[derive(Debug, Default, Clone)]
 pub struct Report {
@@ -75,6 +77,12 @@ pub struct Report {
     pub sessions_lost: u64,
     /// Presence commands dropped because a session's queue was full (client-side backlog).
     pub client_backlog_drops: u64,
+    /// Generator processes the sessions were spread over.
+    pub procs: u32,
+    /// Length of the idle window the write rates at rest were read over, s (0: not read).
+    pub rest_secs: f64,
+    /// Writes per session per minute at rest (presenced only; None where not measured).
+    pub rest: Rates,
     /// First few errors.
     pub errors: Vec<String>,
 }
@@ -89,6 +97,14 @@ fn num(v: Option<f64>) -> String {
 fn cell(v: Option<f64>) -> String {
     match v {
         Some(x) if x.is_finite() => format!("{x:.2}"),
+        _ => "-".into(),
+    }
+}
+
+/// Rates at rest are small numbers (a fraction of a write per minute): more digits.
+fn rate(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.4}"),
         _ => "-".into(),
     }
 }
@@ -158,6 +174,31 @@ impl Report {
                 "client_backlog_drops",
                 self.client_backlog_drops.to_string(),
             ),
+            ("procs", self.procs.to_string()),
+            ("rest_secs", num(Some(self.rest_secs))),
+            (
+                "redis_writes_per_session_per_min",
+                num(self.rest.redis_writes),
+            ),
+            (
+                "redis_write_cmds_per_session_per_min",
+                num(self.rest.redis_write_cmds),
+            ),
+            (
+                "redis_write_cmds_seen",
+                format!(
+                    "{{{}}}",
+                    self.rest
+                        .redis_cmds_seen
+                        .iter()
+                        .map(|(c, n)| format!("{}: {n}", json_str(c)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            ("pg_writes_per_session_per_min", num(self.rest.pg_writes)),
+            ("pg_xacts_per_session_per_min", num(self.rest.pg_xacts)),
+            ("pg_rows_per_session_per_min", num(self.rest.pg_rows)),
             (
                 "errors",
                 format!(
@@ -182,6 +223,7 @@ impl Report {
         let expected_fixed = self.fixed_sent * u64::from(self.contacts);
         let rows: Vec<(String, String)> = vec![
             ("server".into(), format!("{} ({})", self.label, self.target)),
+            ("generator processes".into(), self.procs.to_string()),
             (
                 "sessions N / contacts K".into(),
                 format!("{} / {}", self.users, self.contacts),
@@ -249,6 +291,26 @@ impl Report {
                 cell(self.cpu_s_per_1000_deliveries),
             ),
             (
+                format!(
+                    "at rest {:.0} s: Redis writes/session/min (server / commandstats)",
+                    self.rest_secs
+                ),
+                format!(
+                    "{} / {}",
+                    rate(self.rest.redis_writes),
+                    rate(self.rest.redis_write_cmds)
+                ),
+            ),
+            (
+                "at rest: PG writes/session/min (server / xacts / rows)".into(),
+                format!(
+                    "{} / {} / {}",
+                    rate(self.rest.pg_writes),
+                    rate(self.rest.pg_xacts),
+                    rate(self.rest.pg_rows)
+                ),
+            ),
+            (
                 "sessions lost / client drops".into(),
                 format!("{} / {}", self.sessions_lost, self.client_backlog_drops),
             ),
@@ -282,5 +344,7 @@ mod tests {
         assert!(j.contains("\"login_rate_per_s\": 12.500"));
         assert!(j.contains("\"login_p50_ms\": null"));
         assert!(j.contains("\"errors\": [\"a\\u000ab\"]"));
+        assert!(j.contains("\"redis_writes_per_session_per_min\": null"));
+        assert!(j.contains("\"redis_write_cmds_seen\": {}"));
     }
 }

@@ -47,6 +47,12 @@ impl Default for Histogram {
     }
 }
 
+impl std::fmt::Debug for Histogram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Histogram(count={}, max={})", self.count(), self.max())
+    }
+}
+
 impl Histogram {
     /// Records one value.
     pub fn record(&self, micros: u64) {
@@ -81,6 +87,57 @@ impl Histogram {
         }
         Some(self.max())
     }
+
+    /// Adds every value recorded in `other` (histograms of several generator processes
+    /// merge exactly: the buckets are the same everywhere).
+    pub fn merge(&self, other: &Histogram) {
+        for (a, b) in self.buckets.iter().zip(&other.buckets) {
+            let v = b.load(Ordering::Relaxed);
+            if v > 0 {
+                a.fetch_add(v, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(other.count(), Ordering::Relaxed);
+        self.max.fetch_max(other.max(), Ordering::Relaxed);
+    }
+
+    /// Compact text form for the worker pipe: `max;bucket:count,bucket:count,...` (only
+    /// non-empty buckets, so an idle histogram is a few bytes).
+    pub fn encode(&self) -> String {
+        let mut out = format!("{};", self.max());
+        let mut first = true;
+        for (i, b) in self.buckets.iter().enumerate() {
+            let v = b.load(Ordering::Relaxed);
+            if v > 0 {
+                if !first {
+                    out.push(',');
+                }
+                first = false;
+                out.push_str(&format!("{i}:{v}"));
+            }
+        }
+        out
+    }
+
+    /// Parses [`Histogram::encode`]'s output.
+    pub fn decode(s: &str) -> Result<Histogram, String> {
+        let bad = || format!("bad histogram {s:?}");
+        let (max, rest) = s.split_once(';').ok_or_else(bad)?;
+        let h = Histogram::default();
+        h.max
+            .store(max.parse().map_err(|_| bad())?, Ordering::Relaxed);
+        for pair in rest.split(',').filter(|p| !p.is_empty()) {
+            let (i, v) = pair.split_once(':').ok_or_else(bad)?;
+            let i: usize = i.parse().map_err(|_| bad())?;
+            let v: u64 = v.parse().map_err(|_| bad())?;
+            h.buckets
+                .get(i)
+                .ok_or_else(bad)?
+                .store(v, Ordering::Relaxed);
+            h.count.fetch_add(v, Ordering::Relaxed);
+        }
+        Ok(h)
+    }
 }
 
 #[cfg(test)]
@@ -111,5 +168,30 @@ mod tests {
         assert!((975..=990).contains(&p99), "p99={p99}");
         assert_eq!(h.max(), 1000);
         assert_eq!(Histogram::default().quantile(0.5), None);
+    }
+
+    #[test]
+    fn histograms_merged_from_two_processes_give_the_quantiles_of_all_values() {
+        let (a, b, all) = (
+            Histogram::default(),
+            Histogram::default(),
+            Histogram::default(),
+        );
+        for v in 1..=1000 {
+            if v % 3 == 0 { &a } else { &b }.record(v * 7);
+            all.record(v * 7);
+        }
+        let merged = Histogram::default();
+        for part in [&a, &b] {
+            merged.merge(&Histogram::decode(&part.encode()).expect("round trip"));
+        }
+        assert_eq!(merged.count(), 1000);
+        assert_eq!(merged.max(), 7000);
+        for q in [0.5, 0.9, 0.99, 1.0] {
+            assert_eq!(merged.quantile(q), all.quantile(q), "q={q}");
+        }
+        assert!(Histogram::decode("12;5:x").is_err());
+        assert!(Histogram::decode("1;999999:1").is_err());
+        assert_eq!(Histogram::decode("0;").expect("empty").count(), 0);
     }
 }

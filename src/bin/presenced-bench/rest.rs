@@ -1,0 +1,347 @@
+//! Write rates at rest (issue 7, presenced only): how many Redis and PostgreSQL writes the
+//! server makes per connected session per minute while N sessions sit idle.
+//!
+//! Three sources are read at the start and the end of the idle window and their deltas
+//! divided by sessions and minutes:
+//!
+//! * the server's own counters at `/metrics` (`presenced_redis_writes_total`,
+//!   `presenced_pg_last_seen_writes_total`);
+//! * Redis `INFO commandstats`: the calls of every command whose `COMMAND INFO` flags
+//!   include `write` (commands run inside EVAL scripts are counted by Redis under their own
+//!   names, so HSET/ZADD/PEXPIRE inside a script count; EVAL itself is not flagged `write`).
+//!   This is exact only when the server has the Redis instance to itself: bench/run.sh
+//!   starts a private redis-server for the run;
+//! * PostgreSQL `pg_stat_database` for the server's database: committed transactions and
+//!   rows inserted+updated+deleted. PostgreSQL publishes a backend's counters at most once a
+//!   second and an idle backend's within about 10 s, so a window of 60 s is read with that
+//!   lag at both ends.
+//!
+//! The cross-checks exist because a server's own counters could lie (or miss a write path).
+
+use std::collections::HashMap;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Where the at-rest figures come from; every source is optional.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// `http://127.0.0.1:PORT/metrics` of the server under test.
+    pub metrics_url: Option<String>,
+    /// Redis URL of the (private) instance the server writes to.
+    pub redis_url: Option<String>,
+    /// PostgreSQL URL to read `pg_stat_database` through, and the database to read.
+    pub pg: Option<(String, String)>,
+}
+
+/// One reading of all sources; a source that failed is None.
+#[derive(Debug, Clone, Default)]
+pub struct Reading {
+    /// Prometheus samples by metric name.
+    pub metrics: Option<HashMap<String, f64>>,
+    /// Calls per write command (from INFO commandstats).
+    pub redis_write_calls: Option<HashMap<String, u64>>,
+    /// (xact_commit, rows inserted + updated + deleted).
+    pub pg: Option<(i64, i64)>,
+}
+
+/// Per-session-per-minute rates from two readings.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rates {
+    /// presenced_redis_writes_total delta.
+    pub redis_writes: Option<f64>,
+    /// Write-flagged Redis command calls (commandstats delta).
+    pub redis_write_cmds: Option<f64>,
+    /// The write commands seen in the window, with their call deltas.
+    pub redis_cmds_seen: Vec<(String, u64)>,
+    /// presenced_pg_last_seen_writes_total delta (statements).
+    pub pg_writes: Option<f64>,
+    /// pg_stat_database xact_commit delta.
+    pub pg_xacts: Option<f64>,
+    /// pg_stat_database tup_inserted+tup_updated+tup_deleted delta.
+    pub pg_rows: Option<f64>,
+}
+
+/// Parses Prometheus text exposition into name → value (labels kept in the name).
+pub fn parse_prometheus(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name, value) = l.trim().rsplit_once(' ')?;
+            Some((name.trim().to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Parses `INFO commandstats` into command → calls (`cmdstat_hset:calls=3,usec=...`).
+pub fn parse_commandstats(info: &str) -> HashMap<String, u64> {
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+/// Splits `http://host:port/path` into (host:port, path); only loopback IP literals.
+pub fn parse_http_url(url: &str) -> Result<(std::net::SocketAddr, String), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{url}: only http:// metrics URLs"))?;
+    let (hostport, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], rest[i..].to_string()),
+        None => (rest, "/".to_string()),
+    };
+    let addr: std::net::SocketAddr = hostport
+        .parse()
+        .map_err(|_| format!("{url}: host must be an IP literal with a port"))?;
+    if !addr.ip().is_loopback() {
+        return Err(format!("{url}: refusing a non-loopback address"));
+    }
+    Ok((addr, path))
+}
+
+/// GET of a loopback HTTP/1.1 URL (no TLS), returning the body of a 200 answer.
+async fn http_get(url: &str) -> Result<String, String> {
+    let (addr, path) = parse_http_url(url)?;
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .map_err(|e| format!("{url}: {e}"))?;
+    let mut buf = Vec::new();
+    s.take(16 << 20)
+        .read_to_end(&mut buf)
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("{url}: no HTTP header"))?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return Err(format!("{url}: {}", head.lines().next().unwrap_or("")));
+    }
+    if head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    }) {
+        return Err(format!("{url}: chunked answers are not supported"));
+    }
+    Ok(body.to_string())
+}
+
+async fn redis_write_calls(url: &str) -> Result<HashMap<String, u64>, String> {
+    let client = redis::Client::open(url).map_err(|e| format!("{url}: {e}"))?;
+    let mut con = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .map_err(|e| format!("INFO commandstats: {e}"))?;
+    let mut out = HashMap::new();
+    for (name, calls) in parse_commandstats(&info) {
+        // Subcommands appear as `config|get`; their flags are the container's business
+        // and none of the liveness writes are subcommands.
+        if name.contains('|') {
+            continue;
+        }
+        let v: redis::Value = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(&name)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| format!("COMMAND INFO {name}: {e}"))?;
+        if command_is_write(&v) {
+            out.insert(name, calls);
+        }
+    }
+    Ok(out)
+}
+
+/// True when a `COMMAND INFO name` answer lists the `write` flag (third field).
+fn command_is_write(v: &redis::Value) -> bool {
+    let redis::Value::Array(outer) = v else {
+        return false;
+    };
+    let Some(redis::Value::Array(entry)) = outer.first() else {
+        return false;
+    };
+    let Some(redis::Value::Array(flags)) = entry.get(2) else {
+        return false;
+    };
+    flags.iter().any(|f| match f {
+        redis::Value::SimpleString(s) => s == "write",
+        redis::Value::BulkString(b) => b == b"write",
+        _ => false,
+    })
+}
+
+async fn pg_counters(url: &str, db: &str) -> Result<(i64, i64), String> {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(url)
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let row: (i64, i64) = sqlx::query_as(
+        "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted
+         FROM pg_stat_database WHERE datname = $1",
+    )
+    .bind(db)
+    .fetch_one(&mut c)
+    .await
+    .map_err(|e| format!("pg_stat_database {db}: {e}"))?;
+    let _ = c.close().await;
+    Ok(row)
+}
+
+/// Reads every configured source; failures are reported on stderr and leave that part None.
+pub async fn read(src: &Sources) -> Reading {
+    let mut r = Reading::default();
+    if let Some(u) = &src.metrics_url {
+        match http_get(u).await {
+            Ok(body) => r.metrics = Some(parse_prometheus(&body)),
+            Err(e) => eprintln!("warning: metrics: {e}"),
+        }
+    }
+    if let Some(u) = &src.redis_url {
+        match redis_write_calls(u).await {
+            Ok(m) => r.redis_write_calls = Some(m),
+            Err(e) => eprintln!("warning: redis: {e}"),
+        }
+    }
+    if let Some((u, db)) = &src.pg {
+        match pg_counters(u, db).await {
+            Ok(v) => r.pg = Some(v),
+            Err(e) => eprintln!("warning: postgres: {e}"),
+        }
+    }
+    r
+}
+
+/// Deltas between two readings as writes per session per minute.
+pub fn rates(a: &Reading, b: &Reading, sessions: u64, secs: f64) -> Rates {
+    let per = |d: f64| {
+        if sessions == 0 || secs <= 0.0 {
+            None
+        } else {
+            Some(d / sessions as f64 / (secs / 60.0))
+        }
+    };
+    let metric = |name: &str| -> Option<f64> {
+        let x = a.metrics.as_ref()?.get(name)?;
+        let y = b.metrics.as_ref()?.get(name)?;
+        per(y - x)
+    };
+    let mut r = Rates {
+        redis_writes: metric("presenced_redis_writes_total"),
+        pg_writes: metric("presenced_pg_last_seen_writes_total"),
+        ..Rates::default()
+    };
+    if let (Some(x), Some(y)) = (&a.redis_write_calls, &b.redis_write_calls) {
+        let mut seen: Vec<(String, u64)> = y
+            .iter()
+            .map(|(k, v)| (k.clone(), v.saturating_sub(*x.get(k).unwrap_or(&0))))
+            .filter(|(_, d)| *d > 0)
+            .collect();
+        seen.sort();
+        // fold from +0.0: an empty f64 sum is -0.0.
+        r.redis_write_cmds = per(seen.iter().fold(0.0, |acc, (_, d)| acc + *d as f64));
+        r.redis_cmds_seen = seen;
+    }
+    if let (Some(x), Some(y)) = (a.pg, b.pg) {
+        r.pg_xacts = per((y.0 - x.0) as f64);
+        r.pg_rows = per((y.1 - x.1) as f64);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text_is_read_without_comments() {
+        let m = parse_prometheus(
+            "# HELP presenced_redis_writes_total x\n# TYPE presenced_redis_writes_total counter\n\
+             presenced_redis_writes_total 42\npresenced_redis_up 1\nbroken\n",
+        );
+        assert_eq!(m.get("presenced_redis_writes_total"), Some(&42.0));
+        assert_eq!(m.get("presenced_redis_up"), Some(&1.0));
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn commandstats_calls_are_read_per_command() {
+        let m = parse_commandstats(
+            "# Commandstats\r\ncmdstat_hset:calls=12,usec=30,usec_per_call=2.5,rejected_calls=0\r\n\
+             cmdstat_config|get:calls=2,usec=1\r\n",
+        );
+        assert_eq!(m.get("hset"), Some(&12));
+        assert_eq!(m.get("config|get"), Some(&2));
+    }
+
+    #[test]
+    fn metrics_urls_must_be_loopback_http() {
+        let (a, p) = parse_http_url("http://127.0.0.1:35280/metrics").expect("valid");
+        assert_eq!(a.port(), 35280);
+        assert_eq!(p, "/metrics");
+        assert!(parse_http_url("http://10.0.0.1:80/metrics").is_err());
+        assert!(parse_http_url("https://127.0.0.1:80/metrics").is_err());
+        assert!(parse_http_url("http://localhost:80/metrics").is_err());
+    }
+
+    #[test]
+    fn rates_are_deltas_per_session_per_minute_and_missing_sources_stay_none() {
+        let m = |r: f64, p: f64| {
+            Some(HashMap::from([
+                ("presenced_redis_writes_total".to_string(), r),
+                ("presenced_pg_last_seen_writes_total".to_string(), p),
+            ]))
+        };
+        let a = Reading {
+            metrics: m(100.0, 10.0),
+            redis_write_calls: Some(HashMap::from([("hset".into(), 5)])),
+            pg: None,
+        };
+        let b = Reading {
+            metrics: m(400.0, 70.0),
+            redis_write_calls: Some(HashMap::from([("hset".into(), 305), ("zadd".into(), 300)])),
+            pg: None,
+        };
+        // 100 sessions over 30 s: 300 writes = 6 per session per minute.
+        let r = rates(&a, &b, 100, 30.0);
+        assert_eq!(r.redis_writes, Some(6.0));
+        assert_eq!(r.pg_writes, Some(1.2));
+        assert_eq!(r.redis_write_cmds, Some(12.0));
+        assert_eq!(
+            r.redis_cmds_seen,
+            vec![("hset".to_string(), 300), ("zadd".to_string(), 300)]
+        );
+        assert_eq!(r.pg_xacts, None);
+        assert_eq!(rates(&a, &b, 0, 30.0).redis_writes, None);
+    }
+
+    #[test]
+    fn only_commands_flagged_write_count() {
+        use redis::Value::{Array, Int, SimpleString};
+        let info = |flag: &str| {
+            Array(vec![Array(vec![
+                SimpleString("x".into()),
+                Int(-3),
+                Array(vec![SimpleString(flag.into()), SimpleString("fast".into())]),
+            ])])
+        };
+        assert!(command_is_write(&info("write")));
+        assert!(!command_is_write(&info("readonly")));
+        assert!(!command_is_write(&Array(vec![redis::Value::Nil])));
+    }
+}

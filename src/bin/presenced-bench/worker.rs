@@ -1,0 +1,657 @@
+//! Splitting one timed run across several generator processes (`--procs P`).
+//!
+//! A process may open at most 20,000 descriptors on the benchmark machine, so ~19k sessions
+//! is the most one generator process holds. With `--procs P` the parent process spawns P
+//! children of the same binary (`--worker I`), each owning the contiguous slice
+//! `I*N/P .. (I+1)*N/P` of the users. The parent alone reads the server's /proc figures and
+//! drives the phases: it writes one command line to every child's stdin and waits for one
+//! reply line from each before the next step, so every phase starts behind a barrier.
+//!
+//! The same [`Worker`] also runs in-process when P = 1 (no pipe), so the single-process and
+//! the split run go through the same phase code.
+//!
+//! Merging is exact for counts and histograms: latency is computed at the receiver from the
+//! wall-clock send time carried in the stanza, and all processes read the same machine's
+//! clock, so a delivery sent by one process and received by another is timed correctly.
+//! Contiguous slices keep most contacts of the ring graph inside one process, which matters
+//! for the saturation window (see [`Worker::saturate`]).
+
+use std::ops::Range;
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::sync::mpsc;
+
+use crate::graph::ContactGraph;
+use crate::session::{self, Command, Mode, Shared, Target};
+use crate::stats::Histogram;
+use crate::Cli;
+
+/// Users owned by worker `index` of `procs`: a contiguous slice, sizes differing by ≤ 1.
+pub fn slice(users: u32, index: u32, procs: u32) -> Range<u32> {
+    let p = u64::from(procs.max(1));
+    let n = u64::from(users);
+    let at = |i: u64| (n * i / p) as u32;
+    at(u64::from(index))..at(u64::from(index) + 1)
+}
+
+/// One worker's share of a total (login concurrency, offered rate) split across `procs`.
+pub fn share(total: f64, procs: u32) -> f64 {
+    total / f64::from(procs.max(1))
+}
+
+/// A step of the timed run, sent from the parent to each worker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cmd {
+    /// Log in the worker's users.
+    Login,
+    /// Wait until the worker's sessions saw all their contacts, at most `secs`.
+    Settle { secs: u64 },
+    /// Wait until `ms` without any stanza, at most `max_secs`.
+    Quiet { ms: u64, max_secs: u64 },
+    /// Fixed offered load: `rate` changes/s from this worker for `secs`.
+    Fixed { rate: f64, secs: u64 },
+    /// Saturation: `window` deliveries in flight from this worker for `secs`.
+    Sat { window: u64, secs: u64 },
+    /// Report the phase counters.
+    Count,
+    /// Report histograms, lost sessions and errors.
+    Stats,
+    /// Close every session.
+    Close,
+}
+
+/// A worker's answer to one [`Cmd`].
+#[derive(Debug)]
+pub enum Reply {
+    /// After Login: counts, wall-clock start and last completion (ns), histogram.
+    Logins {
+        ok: u64,
+        failed: u64,
+        start_ns: u64,
+        last_ns: u64,
+        rosters_complete: u64,
+        hist: Histogram,
+    },
+    /// After Settle / Quiet: sessions that have seen all their contacts.
+    Settled { seen: u64 },
+    /// After Fixed / Sat: changes issued, commands dropped, seconds spent.
+    Phase { issued: u64, drops: u64, secs: f64 },
+    /// Counters per phase.
+    Count { sent: [u64; 2], delivered: [u64; 2] },
+    /// Latency histograms per phase, lost sessions, first errors.
+    Stats {
+        lat: [Histogram; 2],
+        lost: u64,
+        errors: Vec<String>,
+    },
+    /// After Close.
+    Closed,
+}
+
+impl Cmd {
+    /// One line of the pipe protocol.
+    pub fn encode(&self) -> String {
+        match self {
+            Cmd::Login => "login".into(),
+            Cmd::Settle { secs } => format!("settle {secs}"),
+            Cmd::Quiet { ms, max_secs } => format!("quiet {ms} {max_secs}"),
+            Cmd::Fixed { rate, secs } => format!("fixed {rate} {secs}"),
+            Cmd::Sat { window, secs } => format!("sat {window} {secs}"),
+            Cmd::Count => "count".into(),
+            Cmd::Stats => "stats".into(),
+            Cmd::Close => "close".into(),
+        }
+    }
+
+    /// Parses [`Cmd::encode`]'s output.
+    pub fn decode(line: &str) -> Result<Cmd, String> {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let bad = || format!("bad command {line:?}");
+        let num = |i: usize| -> Result<u64, String> {
+            w.get(i).and_then(|s| s.parse().ok()).ok_or_else(bad)
+        };
+        Ok(match w.first().copied() {
+            Some("login") => Cmd::Login,
+            Some("settle") => Cmd::Settle { secs: num(1)? },
+            Some("quiet") => Cmd::Quiet {
+                ms: num(1)?,
+                max_secs: num(2)?,
+            },
+            Some("fixed") => Cmd::Fixed {
+                rate: w.get(1).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
+                secs: num(2)?,
+            },
+            Some("sat") => Cmd::Sat {
+                window: num(1)?,
+                secs: num(2)?,
+            },
+            Some("count") => Cmd::Count,
+            Some("stats") => Cmd::Stats,
+            Some("close") => Cmd::Close,
+            _ => return Err(bad()),
+        })
+    }
+}
+
+/// Errors travel as tab-separated fields: escape what would break the line.
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('\t', "\\t")
+        .replace('\n', "\\n")
+        .replace('\r', "\\r")
+}
+
+fn unesc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\\' {
+            match it.next() {
+                Some('t') => out.push('\t'),
+                Some('n') => out.push('\n'),
+                Some('r') => out.push('\r'),
+                Some(o) => out.push(o),
+                None => {}
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl Reply {
+    /// One line of the pipe protocol (fields separated by tabs).
+    pub fn encode(&self) -> String {
+        match self {
+            Reply::Logins {
+                ok,
+                failed,
+                start_ns,
+                last_ns,
+                rosters_complete,
+                hist,
+            } => format!(
+                "logins\t{ok}\t{failed}\t{start_ns}\t{last_ns}\t{rosters_complete}\t{}",
+                hist.encode()
+            ),
+            Reply::Settled { seen } => format!("settled\t{seen}"),
+            Reply::Phase {
+                issued,
+                drops,
+                secs,
+            } => format!("phase\t{issued}\t{drops}\t{secs}"),
+            Reply::Count { sent, delivered } => format!(
+                "count\t{}\t{}\t{}\t{}",
+                sent[0], sent[1], delivered[0], delivered[1]
+            ),
+            Reply::Stats { lat, lost, errors } => {
+                let mut s = format!("stats\t{}\t{}\t{lost}", lat[0].encode(), lat[1].encode());
+                for e in errors {
+                    s.push('\t');
+                    s.push_str(&esc(e));
+                }
+                s
+            }
+            Reply::Closed => "closed".into(),
+        }
+    }
+
+    /// Parses [`Reply::encode`]'s output.
+    pub fn decode(line: &str) -> Result<Reply, String> {
+        let f: Vec<&str> = line.trim_end_matches(['\n', '\r']).split('\t').collect();
+        let bad = || format!("bad reply {line:?}");
+        let num = |i: usize| -> Result<u64, String> {
+            f.get(i).and_then(|s| s.parse().ok()).ok_or_else(bad)
+        };
+        let hist = |i: usize| Histogram::decode(f.get(i).ok_or_else(bad)?);
+        Ok(match f[0] {
+            "logins" => Reply::Logins {
+                ok: num(1)?,
+                failed: num(2)?,
+                start_ns: num(3)?,
+                last_ns: num(4)?,
+                rosters_complete: num(5)?,
+                hist: hist(6)?,
+            },
+            "settled" => Reply::Settled { seen: num(1)? },
+            "phase" => Reply::Phase {
+                issued: num(1)?,
+                drops: num(2)?,
+                secs: f.get(3).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
+            },
+            "count" => Reply::Count {
+                sent: [num(1)?, num(2)?],
+                delivered: [num(3)?, num(4)?],
+            },
+            "stats" => Reply::Stats {
+                lat: [hist(1)?, hist(2)?],
+                lost: num(3)?,
+                errors: f[4.min(f.len())..].iter().map(|e| unesc(e)).collect(),
+            },
+            "closed" => Reply::Closed,
+            _ => return Err(bad()),
+        })
+    }
+}
+
+/// The sessions of one slice of users and the phase code that drives them.
+pub struct Worker {
+    cli: Arc<Cli>,
+    target: Target,
+    graph: Arc<ContactGraph>,
+    users: Range<u32>,
+    procs: u32,
+    shared: Arc<Shared>,
+    sessions: Vec<(u32, mpsc::Sender<Command>)>,
+    seq: u64,
+}
+
+impl Worker {
+    /// Worker `index` of `procs`.
+    pub fn new(
+        cli: Arc<Cli>,
+        target: Target,
+        graph: Arc<ContactGraph>,
+        index: u32,
+        procs: u32,
+    ) -> Self {
+        let users = slice(cli.users, index, procs);
+        Worker {
+            cli,
+            target,
+            graph,
+            users,
+            procs,
+            shared: Arc::new(Shared::default()),
+            sessions: Vec::new(),
+            // Distinct sequence numbers across workers (they only label stanzas).
+            seq: u64::from(index) << 48,
+        }
+    }
+
+    /// Executes one step.
+    pub async fn handle(&mut self, cmd: Cmd) -> Reply {
+        match cmd {
+            Cmd::Login => self.login().await,
+            Cmd::Settle { secs } => {
+                // The initial-presence storm (RFC 6121 §4.2.2 broadcast + §4.3 probes) is
+                // part of a login's cost: wait until every session saw all its contacts.
+                let until = Instant::now() + Duration::from_secs(secs);
+                let want = self.sessions.len() as u64;
+                while Instant::now() < until && self.seen() < want {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Reply::Settled { seen: self.seen() }
+            }
+            Cmd::Quiet { ms, max_secs } => {
+                crate::wait_quiet(
+                    &self.shared,
+                    Duration::from_millis(ms),
+                    Duration::from_secs(max_secs),
+                )
+                .await;
+                Reply::Settled { seen: self.seen() }
+            }
+            Cmd::Fixed { rate, secs } => self.fixed(rate, secs).await,
+            Cmd::Sat { window, secs } => self.saturate(window, secs).await,
+            Cmd::Count => {
+                let p = &self.shared.phases;
+                Reply::Count {
+                    sent: [0, 1].map(|i| p[i].sent.load(Ordering::Relaxed)),
+                    delivered: [0, 1].map(|i| p[i].delivered.load(Ordering::Relaxed)),
+                }
+            }
+            Cmd::Stats => {
+                let lat = [Histogram::default(), Histogram::default()];
+                for (h, p) in lat.iter().zip(&self.shared.phases) {
+                    h.merge(&p.latency);
+                }
+                Reply::Stats {
+                    lat,
+                    lost: self.shared.sessions_lost.load(Ordering::Relaxed),
+                    errors: crate::errors_of(&self.shared),
+                }
+            }
+            Cmd::Close => {
+                crate::close_all(&self.sessions).await;
+                self.sessions.clear();
+                Reply::Closed
+            }
+        }
+    }
+
+    fn seen(&self) -> u64 {
+        self.shared
+            .sessions_all_contacts_seen
+            .load(Ordering::Relaxed)
+    }
+
+    async fn login(&mut self) -> Reply {
+        let hist = Arc::new(Histogram::default());
+        let start_ns = session::now_ns();
+        let concurrency = share(f64::from(self.cli.login_concurrency), self.procs).ceil() as u32;
+        let (sessions, failed, span) = crate::login_all(
+            &self.cli,
+            &self.target,
+            &self.graph,
+            &self.shared,
+            Mode::Measure,
+            Some(hist.clone()),
+            crate::LoginPlan {
+                users: self.users.clone(),
+                concurrency,
+            },
+        )
+        .await;
+        self.sessions = sessions;
+        let h = Histogram::default();
+        h.merge(&hist);
+        Reply::Logins {
+            ok: self.sessions.len() as u64,
+            failed,
+            start_ns,
+            last_ns: start_ns + span.as_nanos() as u64,
+            rosters_complete: self.shared.rosters_complete.load(Ordering::Relaxed),
+            hist: h,
+        }
+    }
+
+    /// Open loop: `rate` changes per second from random users of this slice.
+    async fn fixed(&mut self, rate: f64, secs: u64) -> Reply {
+        let mut rng = rand::rngs::StdRng::from_entropy();
+        let (mut issued, mut drops) = (0u64, 0u64);
+        let t0 = Instant::now();
+        let len = Duration::from_secs(secs);
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        while t0.elapsed() < len && rate > 0.0 && !self.sessions.is_empty() {
+            tick.tick().await;
+            let due = (t0.elapsed().as_secs_f64() * rate) as u64;
+            while issued < due {
+                let (_, tx) = &self.sessions[rng.gen_range(0..self.sessions.len())];
+                self.seq += 1;
+                issued += 1;
+                if tx
+                    .try_send(Command::Presence {
+                        phase: 0,
+                        seq: self.seq,
+                    })
+                    .is_err()
+                {
+                    drops += 1;
+                }
+            }
+        }
+        Reply::Phase {
+            issued,
+            drops,
+            secs: t0.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Closed loop: changes as fast as `window` deliveries in flight allow. In flight is
+    /// estimated from this process's own counts (issued × K − delivered here). Deliveries
+    /// to watchers in other processes are not seen here, but with contiguous slices of the
+    /// ring only the K/2 users at each slice border have such watchers, and the flows
+    /// between two neighbouring slices are symmetric (both send round-robin at the same
+    /// rate), so the estimate stays balanced; with one process it is exact.
+    async fn saturate(&mut self, window: u64, secs: u64) -> Reply {
+        let k = u64::from(self.graph.k());
+        let p = &self.shared.phases[1];
+        let (mut issued, mut drops) = (0u64, 0u64);
+        let mut next = 0usize;
+        let t0 = Instant::now();
+        let len = Duration::from_secs(secs);
+        while t0.elapsed() < len && !self.sessions.is_empty() {
+            let in_flight = (issued * k).saturating_sub(p.delivered.load(Ordering::Relaxed));
+            if in_flight + k > window {
+                tokio::time::sleep(Duration::from_micros(500)).await;
+                continue;
+            }
+            let (_, tx) = &self.sessions[next % self.sessions.len()];
+            next += 1;
+            self.seq += 1;
+            if tx
+                .try_send(Command::Presence {
+                    phase: 1,
+                    seq: self.seq,
+                })
+                .is_ok()
+            {
+                issued += 1;
+            } else {
+                drops += 1;
+                tokio::task::yield_now().await;
+            }
+        }
+        Reply::Phase {
+            issued,
+            drops,
+            secs: t0.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+/// Runs as child `index`: reads commands from stdin, answers on stdout, until `close` or EOF.
+pub async fn serve_stdio(mut worker: Worker) -> Result<(), String> {
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut out = tokio::io::stdout();
+    while let Some(line) = lines.next_line().await.map_err(|e| format!("stdin: {e}"))? {
+        let cmd = Cmd::decode(&line)?;
+        let close = cmd == Cmd::Close;
+        let reply = worker.handle(cmd).await;
+        out.write_all(format!("{}\n", reply.encode()).as_bytes())
+            .await
+            .map_err(|e| format!("stdout: {e}"))?;
+        out.flush().await.map_err(|e| format!("stdout: {e}"))?;
+        if close {
+            return Ok(());
+        }
+    }
+    // The parent went away: end the sessions cleanly anyway.
+    worker.handle(Cmd::Close).await;
+    Ok(())
+}
+
+/// One child process and its pipes.
+pub struct ChildLink {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: tokio::io::Lines<BufReader<ChildStdout>>,
+}
+
+/// The workers of one run, in-process or child processes.
+pub enum Workers {
+    /// P = 1: one worker in this process.
+    Local(Box<Worker>),
+    /// P > 1: child processes over pipes.
+    Children(Vec<ChildLink>),
+}
+
+impl Workers {
+    /// Spawns `procs` children running this binary with `args` plus `--worker I`.
+    pub fn spawn(procs: u32, args: &[String]) -> Result<Workers, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+        let mut links = Vec::new();
+        for i in 0..procs {
+            let mut child = tokio::process::Command::new(&exe)
+                .args(args)
+                .args(["--worker", &i.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                // A parent that fails or hits its time limit must not leave sessions behind.
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("spawning worker {i}: {e}"))?;
+            let stdin = child.stdin.take().ok_or("worker stdin")?;
+            let stdout = BufReader::new(child.stdout.take().ok_or("worker stdout")?).lines();
+            links.push(ChildLink {
+                child,
+                stdin,
+                stdout,
+            });
+        }
+        Ok(Workers::Children(links))
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        match self {
+            Workers::Local(_) => 1,
+            Workers::Children(c) => c.len(),
+        }
+    }
+
+    /// Sends `cmd` to every worker, then collects one reply from each: a barrier.
+    pub async fn all(&mut self, cmd: Cmd) -> Result<Vec<Reply>, String> {
+        match self {
+            Workers::Local(w) => Ok(vec![w.handle(cmd).await]),
+            Workers::Children(links) => {
+                let line = format!("{}\n", cmd.encode());
+                for (i, l) in links.iter_mut().enumerate() {
+                    l.stdin
+                        .write_all(line.as_bytes())
+                        .await
+                        .map_err(|e| format!("worker {i}: {e}"))?;
+                    l.stdin
+                        .flush()
+                        .await
+                        .map_err(|e| format!("worker {i}: {e}"))?;
+                }
+                let mut replies = Vec::with_capacity(links.len());
+                for (i, l) in links.iter_mut().enumerate() {
+                    let r = l
+                        .stdout
+                        .next_line()
+                        .await
+                        .map_err(|e| format!("worker {i}: {e}"))?
+                        .ok_or_else(|| format!("worker {i} exited during {}", cmd.encode()))?;
+                    replies.push(Reply::decode(&r)?);
+                }
+                Ok(replies)
+            }
+        }
+    }
+
+    /// Waits for the children to exit after `close` (bounded).
+    pub async fn finish(self) {
+        if let Workers::Children(links) = self {
+            for mut l in links {
+                drop(l.stdin);
+                let _ = tokio::time::timeout(Duration::from_secs(10), l.child.wait()).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_every_user_once_with_sizes_within_one() {
+        for (n, p) in [(20, 2), (19_000, 2), (10, 3), (3, 4), (1000, 7)] {
+            let s: Vec<Range<u32>> = (0..p).map(|i| slice(n, i, p)).collect();
+            assert_eq!(s[0].start, 0);
+            assert_eq!(s[p as usize - 1].end, n);
+            for w in s.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+            }
+            let sizes: Vec<u32> = s.iter().map(|r| r.len() as u32).collect();
+            let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            assert!(hi - lo <= 1, "n={n} p={p} {sizes:?}");
+        }
+    }
+
+    #[test]
+    fn commands_survive_the_pipe() {
+        for c in [
+            Cmd::Login,
+            Cmd::Settle { secs: 30 },
+            Cmd::Quiet {
+                ms: 500,
+                max_secs: 30,
+            },
+            Cmd::Fixed {
+                rate: 33.5,
+                secs: 10,
+            },
+            Cmd::Sat {
+                window: 2000,
+                secs: 10,
+            },
+            Cmd::Count,
+            Cmd::Stats,
+            Cmd::Close,
+        ] {
+            assert_eq!(Cmd::decode(&c.encode()).expect("decodes"), c);
+        }
+        assert!(Cmd::decode("settle").is_err());
+        assert!(Cmd::decode("reboot").is_err());
+    }
+
+    #[test]
+    fn replies_survive_the_pipe_including_errors_with_tabs_and_newlines() {
+        let h = Histogram::default();
+        h.record(1500);
+        h.record(2);
+        let r = Reply::Logins {
+            ok: 9,
+            failed: 1,
+            start_ns: 5,
+            last_ns: 7,
+            rosters_complete: 9,
+            hist: h,
+        };
+        match Reply::decode(&r.encode()).expect("decodes") {
+            Reply::Logins {
+                ok: 9,
+                failed: 1,
+                start_ns: 5,
+                last_ns: 7,
+                rosters_complete: 9,
+                hist,
+            } => {
+                assert_eq!(hist.count(), 2);
+                assert_eq!(hist.max(), 1500);
+            }
+            other => panic!("{other:?}"),
+        }
+        let s = Reply::Stats {
+            lat: [Histogram::default(), Histogram::default()],
+            lost: 3,
+            errors: vec!["a\tb\nc\\d".into(), "e".into()],
+        };
+        let line = s.encode();
+        assert!(!line.contains('\n'));
+        match Reply::decode(&line).expect("decodes") {
+            Reply::Stats {
+                lost: 3, errors, ..
+            } => {
+                assert_eq!(errors, vec!["a\tb\nc\\d".to_string(), "e".to_string()])
+            }
+            other => panic!("{other:?}"),
+        }
+        match Reply::decode(
+            &Reply::Count {
+                sent: [1, 2],
+                delivered: [3, 4],
+            }
+            .encode(),
+        ) {
+            Ok(Reply::Count {
+                sent: [1, 2],
+                delivered: [3, 4],
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(Reply::decode("logins\t1").is_err());
+    }
+}
