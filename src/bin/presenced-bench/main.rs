@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, Semaphore};
 use graph::ContactGraph;
 use procfs::ServerProbe;
 use report::Report;
-use scram::SaltCache;
+use scram::{SaltCache, ScramHash};
 use session::{Command, MechPref, Mode, Shared, Target};
 use stats::Histogram;
 use worker::{Cmd, Reply, Worker, Workers};
@@ -263,7 +263,7 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
         if cli.server == ServerKind::Presenced {
             match &cli.provision_sql {
                 Some(_) => provision_presenced(&cli)?,
-                None => provision_presenced_store(&cli).await?,
+                None => provision_presenced_store(&cli, &target.cache).await?,
             }
         } else {
             provision_over_xmpp(&cli, &target, &graph).await?;
@@ -343,7 +343,7 @@ fn provision_presenced(cli: &Cli) -> Result<(), String> {
 /// SCRAM credentials as `presenced user add` creates them, then the ring contact graph as
 /// mutual (`both`) roster items in one statement. Existing accounts are kept, so a second
 /// run only fills what is missing.
-async fn provision_presenced_store(cli: &Cli) -> Result<(), String> {
+async fn provision_presenced_store(cli: &Cli, cache: &SaltCache) -> Result<(), String> {
     if cli.graph_seed.is_some() {
         return Err(
             "--graph-seed is not supported for presenced provisioning (plain ring only)".into(),
@@ -401,6 +401,31 @@ async fn provision_presenced_store(cli: &Cli) -> Result<(), String> {
     .execute(store.pool())
     .await
     .map_err(|e| format!("roster graph: {e}"))?;
+    // Fill the SaltedPassword cache from the salts the store chose, as the peers' cache is
+    // filled by their provisioning logins: otherwise the generator would derive PBKDF2 on
+    // every timed presenced login and compete with the server for the same cores.
+    let creds: Vec<(String, String, Vec<u8>, i32)> = sqlx::query_as(
+        "SELECT a.username, c.hash, c.salt, c.iterations
+         FROM scram_credentials c JOIN accounts a ON a.id = c.account_id
+         WHERE a.domain = $1 AND starts_with(a.username, $2)",
+    )
+    .bind(&cli.domain)
+    .bind(&cli.user_prefix)
+    .fetch_all(store.pool())
+    .await
+    .map_err(|e| format!("reading salts: {e}"))?;
+    for (user, hash, salt, iterations) in creds {
+        let Some(i) = user.strip_prefix(&cli.user_prefix) else {
+            continue;
+        };
+        let hash = match hash.as_str() {
+            "sha1" => ScramHash::Sha1,
+            "sha256" => ScramHash::Sha256,
+            _ => continue,
+        };
+        let password = format!("{}{i}", cli.password_prefix);
+        cache.warm(&user, &password, hash, &salt, iterations as u32);
+    }
     eprintln!(
         "provisioned {} presenced users with {} contacts each in {:.1}s",
         cli.users,

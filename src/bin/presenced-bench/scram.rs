@@ -111,6 +111,11 @@ impl SaltCache {
         v
     }
 
+    /// Derives and caches the SaltedPassword for a salt the server is known to send.
+    pub fn warm(&self, user: &str, password: &str, hash: ScramHash, salt: &[u8], iterations: u32) {
+        self.get_or_compute(user, password, hash, salt, iterations);
+    }
+
     /// Number of cached entries.
     pub fn len(&self) -> usize {
         self.map.lock().map(|m| m.len()).unwrap_or(0)
