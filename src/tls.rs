@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::CryptoProvider;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
@@ -55,7 +56,7 @@ pub fn s2s_server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError>
     let (chain, key) = identity(config)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = Arc::new(AnyClientCert {
-        provider: provider.clone(),
+        signatures: HandshakeSignatures(provider.clone()),
     });
     let mut server = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
@@ -86,7 +87,7 @@ pub fn identity(
 /// signature still proves the peer holds its key.
 #[derive(Debug)]
 struct AnyClientCert {
-    provider: Arc<rustls::crypto::CryptoProvider>,
+    signatures: HandshakeSignatures,
 }
 
 impl ClientCertVerifier for AnyClientCert {
@@ -117,15 +118,48 @@ impl ClientCertVerifier for AnyClientCert {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.signatures.tls12(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.signatures.tls13(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.signatures.schemes()
+    }
+}
+
+/// The handshake-signature half of a custom certificate verifier: whatever a verifier
+/// decides about the certificate itself, the peer's signature over the handshake is always
+/// checked with the provider's algorithms, so the peer proves it holds the key. Shared by
+/// every verifier in this crate (s2s inbound and outbound, the bench client).
+#[derive(Debug, Clone)]
+pub struct HandshakeSignatures(pub Arc<CryptoProvider>);
+
+impl HandshakeSignatures {
+    /// TLS 1.2 `CertificateVerify` / `ServerKeyExchange` signature.
+    pub fn tls12(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(
             message,
             cert,
             dss,
-            &self.provider.signature_verification_algorithms,
+            &self.0.signature_verification_algorithms,
         )
     }
 
-    fn verify_tls13_signature(
+    /// TLS 1.3 `CertificateVerify` signature.
+    pub fn tls13(
         &self,
         message: &[u8],
         cert: &CertificateDer<'_>,
@@ -135,14 +169,13 @@ impl ClientCertVerifier for AnyClientCert {
             message,
             cert,
             dss,
-            &self.provider.signature_verification_algorithms,
+            &self.0.signature_verification_algorithms,
         )
     }
 
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+    /// The signature schemes the provider verifies.
+    pub fn schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 

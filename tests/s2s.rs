@@ -100,12 +100,6 @@ async fn pair_with(tweak: impl Fn(&mut presenced::config::Config, &str, &str)) -
     }
 }
 
-fn presence_to(ty: &str, to: &str) -> Element {
-    Element::new("presence", NS_CLIENT)
-        .attr("type", ty)
-        .attr("to", to)
-}
-
 /// alice@a and bob@b, both online and available, subscribed to each other.
 async fn mutual(p: &Pair) -> (Client, Client) {
     p.a.user("alice").await;
@@ -119,25 +113,8 @@ async fn mutual(p: &Pair) -> (Client, Client) {
     bob.presence(None, None).await;
     bob.expect(|e| is_presence(e, &bob_jid, None)).await;
 
-    // alice asks, bob approves: alice sees bob.
-    alice.send(&presence_to("subscribe", &bob_jid)).await;
-    bob.expect(|e| is_presence(e, &alice_jid, Some("subscribe")))
-        .await;
-    bob.send(&presence_to("subscribed", &alice_jid)).await;
-    alice
-        .expect(|e| is_presence(e, &bob_jid, Some("subscribed")))
-        .await;
-    alice.expect(|e| is_presence(e, &bob_jid, None)).await;
-
-    // bob asks, alice approves: bob sees alice.
-    bob.send(&presence_to("subscribe", &alice_jid)).await;
-    alice
-        .expect(|e| is_presence(e, &bob_jid, Some("subscribe")))
-        .await;
-    alice.send(&presence_to("subscribed", &bob_jid)).await;
-    bob.expect(|e| is_presence(e, &alice_jid, Some("subscribed")))
-        .await;
-    bob.expect(|e| is_presence(e, &alice_jid, None)).await;
+    // alice asks, bob approves: alice sees bob; then the other way round.
+    subscribe_mutually(&mut alice, &alice_jid, &mut bob, &bob_jid).await;
     (alice, bob)
 }
 
@@ -374,6 +351,23 @@ impl RawS2s {
                 Err(_) => return Err("timeout".into()),
             }
         }
+    }
+
+    /// Sends `<auth mechanism='EXTERNAL'>` with `response` (`=` or base64 of an
+    /// authorization identity, XEP-0178 §3) and returns the answer.
+    async fn external(&mut self, response: &str) -> Element {
+        self.send(&format!(
+            "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>{response}</auth>"
+        ))
+        .await;
+        self.next_element().await.expect("answer to auth")
+    }
+
+    /// After `<success/>` the stream restarts (RFC 6120 §6.4.6) as `from` → `to`.
+    async fn restart(mut self, from: &str, to: &str) -> RawS2s {
+        self.reader = StreamReader::new(self.reader.into_inner(), ReaderLimits::default());
+        self.open(from, to).await;
+        self
     }
 
     /// Sends a dialback key for `from` → `to` and returns the result's type.
@@ -702,16 +696,27 @@ async fn require_verified_cert_refuses_a_peer_without_a_verifiable_cert_and_boun
     p.b.stop().await;
 }
 
-#[tokio::test]
-async fn certificate_for_another_domain_is_not_accepted_for_external_and_dialback_still_works() {
-    let pki = Pki::new();
+/// A pair where only a holds a certificate from `pki`'s CA (and `tweak_a` on top); test
+/// clients of a pin that CA.
+async fn pair_with_ca_cert_on_a(
+    pki: &Pki,
+    tweak_a: impl Fn(&mut presenced::config::Config),
+) -> Pair {
     let mut p = pair_with(|c, own, _| {
         if own.starts_with('a') {
             pki.install(c, own);
+            tweak_a(c);
         }
     })
     .await;
     p.a.cert = pki.ca_pem.clone();
+    p
+}
+
+#[tokio::test]
+async fn certificate_for_another_domain_is_not_accepted_for_external_and_dialback_still_works() {
+    let pki = Pki::new();
+    let p = pair_with_ca_cert_on_a(&pki, |_| {}).await;
     let (a_domain, b_domain) = (p.a_domain.clone(), p.b_domain.clone());
 
     // A CA-issued certificate, but for another name: no EXTERNAL offered, and asking for
@@ -723,11 +728,7 @@ async fn certificate_for_another_domain_is_not_accepted_for_external_and_dialbac
         features.get_child("mechanisms", NS_SASL).is_none(),
         "EXTERNAL must not be offered: {features}"
     );
-    raw.send(&format!(
-        "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>=</auth>"
-    ))
-    .await;
-    let failure = raw.next_element().await.expect("failure");
+    let failure = raw.external("=").await;
     assert_eq!(failure.name, "failure", "{failure}");
     assert_eq!(condition(&failure), "not-authorized");
     // Dialback is allowed for b, so the same stream can still prove b that way.
@@ -742,13 +743,7 @@ async fn certificate_for_another_domain_is_not_accepted_for_external_and_dialbac
 #[tokio::test]
 async fn external_with_a_proving_certificate_succeeds_only_for_its_own_authzid() {
     let pki = Pki::new();
-    let mut p = pair_with(|c, own, _| {
-        if own.starts_with('a') {
-            pki.install(c, own);
-        }
-    })
-    .await;
-    p.a.cert = pki.ca_pem.clone();
+    let p = pair_with_ca_cert_on_a(&pki, |_| {}).await;
     p.a.user("alice").await;
     let alice_jid = p.a.jid("alice");
     let mut alice = p.a.login("alice", "r").await;
@@ -765,24 +760,15 @@ async fn external_with_a_proving_certificate_succeeds_only_for_its_own_authzid()
     // Asking to be authorized as another domain: invalid-authzid (RFC 6120 §6.5.6).
     use base64::Engine;
     let other = base64::engine::general_purpose::STANDARD.encode("evil.example");
-    raw.send(&format!(
-        "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>{other}</auth>"
-    ))
-    .await;
-    let failure = raw.next_element().await.expect("failure");
+    let failure = raw.external(&other).await;
     assert_eq!(condition(&failure), "invalid-authzid", "{failure}");
 
     // Its own domain, base64-encoded (XEP-0178 §3 allows either form): success, restart.
     let own = base64::engine::general_purpose::STANDARD.encode(&b_domain);
-    raw.send(&format!(
-        "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>{own}</auth>"
-    ))
-    .await;
-    let success = raw.next_element().await.expect("success");
+    let success = raw.external(&own).await;
     assert_eq!(success.name, "success", "{success}");
-    raw.reader = StreamReader::new(raw.reader.into_inner(), ReaderLimits::default());
     let a_domain = p.a_domain.clone();
-    raw.open(&b_domain, &a_domain).await;
+    let mut raw = raw.restart(&b_domain, &a_domain).await;
     // The authenticated stream carries b's stanzas, with no dialback at all.
     raw.send(&format!(
         "<message from='bob@{b_domain}/x' to='{alice_jid}' type='chat'><body>by cert</body></message>"
@@ -802,14 +788,7 @@ async fn external_with_a_proving_certificate_succeeds_only_for_its_own_authzid()
 #[tokio::test]
 async fn external_works_over_the_direct_tls_listener_too() {
     let pki = Pki::new();
-    let mut p = pair_with(|c, own, _| {
-        if own.starts_with('a') {
-            pki.install(c, own);
-            c.s2s.direct_tls = true;
-        }
-    })
-    .await;
-    p.a.cert = pki.ca_pem.clone();
+    let p = pair_with_ca_cert_on_a(&pki, |c| c.s2s.direct_tls = true).await;
     p.a.user("alice").await;
     let alice_jid = p.a.jid("alice");
     let mut alice = p.a.login("alice", "r").await;
@@ -827,14 +806,9 @@ async fn external_works_over_the_direct_tls_listener_too() {
         features.get_child("mechanisms", NS_SASL).is_some(),
         "{features}"
     );
-    raw.send(&format!(
-        "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>=</auth>"
-    ))
-    .await;
-    let success = raw.next_element().await.expect("success");
+    let success = raw.external("=").await;
     assert_eq!(success.name, "success", "{success}");
-    raw.reader = StreamReader::new(raw.reader.into_inner(), ReaderLimits::default());
-    raw.open(&b_domain, &a_domain).await;
+    let mut raw = raw.restart(&b_domain, &a_domain).await;
     raw.send(&format!(
         "<message from='bob@{b_domain}/x' to='{alice_jid}' type='chat'><body>direct</body></message>"
     ))

@@ -635,12 +635,6 @@ async fn pair(direct_tls: bool, tweak_a: impl FnOnce(&mut Config)) -> (TestServe
     (a, b)
 }
 
-fn presence_to(ty: &str, to: &str) -> Element {
-    Element::new("presence", NS_CLIENT)
-        .attr("type", ty)
-        .attr("to", to)
-}
-
 /// Logs `name` in with `res`, sends initial presence and waits for its echo.
 async fn online(ts: &TestServer, name: &str, res: &str) -> Client {
     let mut c = ts.login(name, res).await;
@@ -652,23 +646,7 @@ async fn online(ts: &TestServer, name: &str, res: &str) -> Client {
 
 /// alice@a and bob@b subscribe to each other across the link; both see the other online.
 async fn mutual(a: &TestServer, b: &TestServer, alice: &mut Client, bob: &mut Client) {
-    let (alice_jid, bob_jid) = (a.jid("alice"), b.jid("bob"));
-    alice.send(&presence_to("subscribe", &bob_jid)).await;
-    bob.expect(|e| is_presence(e, &alice_jid, Some("subscribe")))
-        .await;
-    bob.send(&presence_to("subscribed", &alice_jid)).await;
-    alice
-        .expect(|e| is_presence(e, &bob_jid, Some("subscribed")))
-        .await;
-    alice.expect(|e| is_presence(e, &bob_jid, None)).await;
-    bob.send(&presence_to("subscribe", &alice_jid)).await;
-    alice
-        .expect(|e| is_presence(e, &bob_jid, Some("subscribe")))
-        .await;
-    alice.send(&presence_to("subscribed", &bob_jid)).await;
-    bob.expect(|e| is_presence(e, &alice_jid, Some("subscribed")))
-        .await;
-    bob.expect(|e| is_presence(e, &alice_jid, None)).await;
+    subscribe_mutually(alice, &a.jid("alice"), bob, &b.jid("bob")).await;
 }
 
 // ---------------------------------------------------------------------------------------

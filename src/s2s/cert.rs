@@ -58,11 +58,33 @@ pub fn proves_domain(
     let Ok(name) = ServerName::try_from(domain.to_owned()) else {
         return false;
     };
+    proves_name(
+        roots,
+        allow_self_signed,
+        end_entity,
+        intermediates,
+        &name,
+        &[],
+        UnixTime::now(),
+    )
+}
+
+/// [`proves_domain`] for a certificate already split as rustls hands it to a verifier
+/// (the outgoing side checks the peer inside the handshake, with its OCSP response).
+pub fn proves_name(
+    roots: Option<&WebPkiServerVerifier>,
+    allow_self_signed: bool,
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    name: &ServerName<'_>,
+    ocsp: &[u8],
+    now: UnixTime,
+) -> bool {
     let by_roots = roots.is_some_and(|v| {
-        v.verify_server_cert(end_entity, intermediates, &name, &[], UnixTime::now())
+        v.verify_server_cert(end_entity, intermediates, name, ocsp, now)
             .is_ok()
     });
-    by_roots || (allow_self_signed && names_domain(end_entity, &name))
+    by_roots || (allow_self_signed && names_domain(end_entity, name))
 }
 
 /// Whether the certificate's subject alternative names cover `name` (RFC 6125 §6.4).

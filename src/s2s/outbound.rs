@@ -198,7 +198,7 @@ struct PeerVerifier {
     allow_self_signed: bool,
     required: bool,
     verified: Arc<AtomicBool>,
-    provider: Arc<rustls::crypto::CryptoProvider>,
+    signatures: crate::tls::HandshakeSignatures,
 }
 
 impl ServerCertVerifier for PeerVerifier {
@@ -210,12 +210,15 @@ impl ServerCertVerifier for PeerVerifier {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let by_roots = self.roots.as_ref().is_some_and(|v| {
-            v.verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-                .is_ok()
-        });
-        let by_name = self.allow_self_signed && super::cert::names_domain(end_entity, server_name);
-        let ok = by_roots || by_name;
+        let ok = super::cert::proves_name(
+            self.roots.as_deref(),
+            self.allow_self_signed,
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp,
+            now,
+        );
         self.verified.store(ok, Ordering::SeqCst);
         if !ok && self.required {
             return Err(rustls::Error::InvalidCertificate(
@@ -231,12 +234,7 @@ impl ServerCertVerifier for PeerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.signatures.tls12(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -245,18 +243,11 @@ impl ServerCertVerifier for PeerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.signatures.tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.signatures.schemes()
     }
 }
 
@@ -273,7 +264,7 @@ fn client_tls(
         allow_self_signed: policy.allow_self_signed,
         required: policy.require_verified_cert,
         verified: verified.clone(),
-        provider: provider.clone(),
+        signatures: crate::tls::HandshakeSignatures(provider.clone()),
     };
     // Our certificate goes out as the TLS client certificate, so the peer can offer SASL
     // EXTERNAL (XEP-0178 §2: the initiating server presents its certificate).

@@ -620,6 +620,39 @@ pub fn is_presence(el: &Element, from: &str, ty: Option<&str>) -> bool {
         && el.get_attr("type") == ty
 }
 
+/// A presence of type `ty` addressed to `to`.
+pub fn presence_to(ty: &str, to: &str) -> Element {
+    Element::new("presence", NS_CLIENT)
+        .attr("type", ty)
+        .attr("to", to)
+}
+
+/// `asker` (bare JID `asker_bare`) asks `approver` for a subscription and is approved
+/// (RFC 6121 §3.1), then sees the approver's presence. Both are online and available,
+/// local or on different domains.
+pub async fn subscribe_approved(
+    asker: &mut Client,
+    asker_bare: &str,
+    approver: &mut Client,
+    approver_bare: &str,
+) {
+    asker.send(&presence_to("subscribe", approver_bare)).await;
+    approver
+        .expect(|e| is_presence(e, asker_bare, Some("subscribe")))
+        .await;
+    approver.send(&presence_to("subscribed", asker_bare)).await;
+    asker
+        .expect(|e| is_presence(e, approver_bare, Some("subscribed")))
+        .await;
+    asker.expect(|e| is_presence(e, approver_bare, None)).await;
+}
+
+/// [`subscribe_approved`] in both directions, `a` asking first.
+pub async fn subscribe_mutually(a: &mut Client, a_bare: &str, b: &mut Client, b_bare: &str) {
+    subscribe_approved(a, a_bare, b, b_bare).await;
+    subscribe_approved(b, b_bare, a, a_bare).await;
+}
+
 /// What a client script printed and how it exited.
 #[derive(Debug)]
 pub struct ScriptOutput {

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
+use presenced::tls::HandshakeSignatures;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -46,7 +46,7 @@ pub fn now_ns() -> u64 {
 /// and verified so the server pays the real cost of TLS. Never copy this into a client that
 /// talks to anything else.
 #[derive(Debug)]
-struct AcceptAnyCertificate(Arc<CryptoProvider>);
+struct AcceptAnyCertificate(HandshakeSignatures);
 
 impl ServerCertVerifier for AcceptAnyCertificate {
     fn verify_server_cert(
@@ -66,12 +66,7 @@ impl ServerCertVerifier for AcceptAnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        self.0.tls12(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -80,16 +75,11 @@ impl ServerCertVerifier for AcceptAnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        self.0.tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.0.schemes()
     }
 }
 
@@ -101,7 +91,9 @@ pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("tls: {e}"))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(HandshakeSignatures(
+            provider,
+        ))))
         .with_no_client_auth();
     cfg.resumption = rustls::client::Resumption::disabled();
     Ok(Arc::new(cfg))
