@@ -884,6 +884,7 @@ async fn write_loop(
         while let Some(msg) = next.take() {
             match msg {
                 Outbound::Stanza(el) => el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT),
+                Outbound::Xml(xml) => buf.push_str(&xml),
                 Outbound::Close(err) => {
                     buf.push_str(&err.to_xml());
                     buf.push_str("</stream:stream>");

@@ -23,6 +23,10 @@ pub enum Outbound {
     /// type one pointer wide: the mailbox allocates its slots 32 at a time per session, so
     /// an inline 100-byte element would cost every idle session kilobytes (issue 7).
     Stanza(Box<Element>),
+    /// A stanza already serialised, shared by every resource that receives the same bytes
+    /// (a presence broadcast to a contact's sessions): one `Arc`, no deep clone per copy.
+    /// `Arc<String>` rather than `Arc<str>` keeps this variant one pointer wide too.
+    Xml(Arc<String>),
     /// End the stream with this error (e.g. `conflict` when a newer session binds the same
     /// full JID, RFC 6120 §7.7.2.2).
     Close(Box<StreamError>),
@@ -67,7 +71,16 @@ impl SessionHandle {
     /// Queues a stanza. A session whose mailbox is full is not keeping up with its socket:
     /// it is ended rather than letting one slow client hold memory for everyone.
     pub fn send(&self, stanza: Element) -> bool {
-        match self.tx.try_send(Outbound::Stanza(Box::new(stanza))) {
+        self.push(Outbound::Stanza(Box::new(stanza)))
+    }
+
+    /// Queues a serialised stanza (see [`Outbound::Xml`]); the same rules as [`Self::send`].
+    pub fn send_xml(&self, xml: Arc<String>) -> bool {
+        self.push(Outbound::Xml(xml))
+    }
+
+    fn push(&self, msg: Outbound) -> bool {
+        match self.tx.try_send(msg) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 tracing::warn!(jid = %self.jid, "session mailbox full; disconnecting");
@@ -194,6 +207,15 @@ impl Sessions {
     /// Every session of a user.
     pub fn of_user(&self, bare: &BareJid) -> Vec<SessionHandle> {
         self.of_user_str(bare.as_str())
+    }
+
+    /// Calls `f` on every session of a user under the registry's read lock, without
+    /// copying handles: the fan-out path. `f` must not block or touch the registry.
+    pub fn for_each_of(&self, bare: &str, mut f: impl FnMut(&SessionHandle)) {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        for h in map.get(bare).into_iter().flatten() {
+            f(h);
+        }
     }
 
     /// Every session of a user, by bare JID string.

@@ -25,7 +25,7 @@ use crate::router::Target;
 use crate::server::Shared;
 use crate::sessions::SessionHandle;
 use crate::store::RosterItem;
-use crate::xml::{Element, NS_CLIENT};
+use crate::xml::{Addressed, Element, NS_CLIENT};
 
 use subscription::{SubKind, SubState};
 
@@ -60,11 +60,26 @@ pub(crate) fn available(shared: &Shared, bare: &str) -> Vec<SessionHandle> {
 /// Delivers `el` to every available resource of local user `bare` (RFC 6121 §4.2.3, §3.1.3).
 /// Returns how many sessions got it.
 pub(crate) fn deliver_to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
-    let targets = available(shared, bare);
-    for s in &targets {
-        s.send(el.clone());
-    }
-    targets.len()
+    deliver_xml_to_available(shared, bare, || el.to_xml())
+}
+
+/// Delivers a serialised stanza to every available resource of local user `bare`: `xml` runs
+/// at most once, only if some resource is available, and its bytes are shared by all of
+/// them (the fan-out hot path: no handle copies, no element clone per resource).
+pub(crate) fn deliver_xml_to_available(
+    shared: &Shared,
+    bare: &str,
+    xml: impl FnOnce() -> String,
+) -> usize {
+    let bytes = std::cell::LazyCell::new(|| Arc::new(xml()));
+    let mut reached = 0;
+    shared.sessions.for_each_of(bare, |s| {
+        if s.is_available() {
+            s.send_xml(Arc::clone(&bytes));
+            reached += 1;
+        }
+    });
+    reached
 }
 
 /// Handles a presence stanza from the session's own client.
@@ -174,6 +189,8 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         return;
     }
     let invisible = shared.privacy.is_invisible(session.handle.id);
+    // Serialised once; each local copy (contacts' and own resources') differs only in 'to'.
+    let once = Addressed::new(&el);
     let roster = {
         let _guard = shared.privacy.lock_subject(bare.as_str()).await;
         // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
@@ -196,14 +213,14 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             }
         }
         for contact in recipients {
-            let mut p = el.clone();
-            p.set_attr("to", contact.clone());
             session.presence.directed.remove(&contact);
             let reached = if !shared.config.serves(domain_of(&contact)) {
                 // One stanza per remote contact; s2s sends them over that domain's one stream.
+                let mut p = el.clone();
+                p.set_attr("to", contact.clone());
                 crate::s2s::route_remote(&shared, p).is_ok()
             } else {
-                deliver_to_available(&shared, &contact, &p) > 0
+                deliver_xml_to_available(&shared, &contact, || once.to(&contact)) > 0
             };
             // Remember who saw this resource online, so a lost permission withdraws it
             // from exactly them (the subject lock makes this atomic with the delivery).
@@ -219,13 +236,12 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         roster
     };
     // The user's own resources, the sender included (§4.2.2).
-    for s in shared.sessions.of_user(&bare) {
-        if s.is_available() || s.id == session.handle.id {
-            let mut p = el.clone();
-            p.set_attr("to", s.jid.to_string());
-            s.send(p);
+    let me_id = session.handle.id;
+    shared.sessions.for_each_of(bare.as_str(), |s| {
+        if s.id == me_id || s.is_available() {
+            s.send_xml(Arc::new(once.to(s.jid.as_str())));
         }
-    }
+    });
     if !is_available {
         // §4.6.3: everyone who got directed presence gets the unavailable too, except a
         // party blocked since (XEP-0191: it already got its unavailable, nothing more).

@@ -211,6 +211,46 @@ impl Element {
     }
 }
 
+/// A stanza serialised once for many recipients that differ only in `to` (a presence
+/// broadcast to every contact, RFC 6121 §4.2.2): each copy is then one string built from
+/// two slices, not a deep clone of the element followed by its own serialisation.
+#[derive(Debug)]
+pub struct Addressed {
+    xml: String,
+    /// Where ` to='…'` goes: just after the element's name.
+    split: usize,
+}
+
+impl Addressed {
+    /// Serialises `el` without any `to` it carries.
+    pub fn new(el: &Element) -> Self {
+        let mut xml = String::with_capacity(128);
+        if el.get_attr("to").is_some() {
+            let mut el = el.clone();
+            el.remove_attr("to");
+            el.write_to(&mut xml, NS_CLIENT, NS_CLIENT);
+        } else {
+            el.write_to(&mut xml, NS_CLIENT, NS_CLIENT);
+        }
+        Addressed {
+            xml,
+            split: 1 + el.name.len(),
+        }
+    }
+
+    /// The stanza as a client stream would carry it, addressed to `to`.
+    pub fn to(&self, to: &str) -> String {
+        let (head, tail) = self.xml.split_at(self.split);
+        let mut out = String::with_capacity(self.xml.len() + to.len() + 6);
+        out.push_str(head);
+        out.push_str(" to='");
+        escape_into(&mut out, to);
+        out.push('\'');
+        out.push_str(tail);
+        out
+    }
+}
+
 impl std::fmt::Display for Element {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.to_xml())
@@ -300,5 +340,24 @@ mod tests {
         let mut out = String::new();
         e.write_to(&mut out, NS_SERVER, NS_SERVER);
         assert_eq!(out, "<presence/>");
+    }
+
+    #[test]
+    fn addressed_copy_is_the_stanza_with_only_its_to_changed() {
+        let el = Element::new("presence", NS_CLIENT)
+            .attr("from", "a@x/r")
+            .attr("to", "old@x")
+            .child(Element::new("status", NS_CLIENT).text("out & <about>"))
+            .child(Element::new("c", "http://jabber.org/protocol/caps").attr("ver", "v'1"));
+        let once = Addressed::new(&el);
+        for to in ["b@x", "o'brien@x", "c@y/res"] {
+            let mut stamped = el.clone();
+            stamped.set_attr("to", to);
+            let parsed = parse_element(&once.to(to)).expect("well-formed");
+            assert_eq!(parsed.get_attr("to"), Some(to));
+            assert_eq!(parsed.get_attr("from"), Some("a@x/r"));
+            assert_eq!(parsed.children, stamped.children);
+            assert_eq!(parsed.attrs.len(), stamped.attrs.len());
+        }
     }
 }
