@@ -368,11 +368,14 @@ impl Worker {
         let mut rng = rand::rngs::StdRng::from_entropy();
         let (mut issued, mut drops) = (0u64, 0u64);
         let t0 = Instant::now();
-        let len = Duration::from_secs(secs);
+        // Exactly rate × secs changes, the last one due at `secs`: stopping the clock at
+        // `secs` instead would drop the final change whenever the last tick falls just
+        // short of it (this was the "one change of 1,000 missing" in earlier runs).
+        let total = (rate * secs as f64).round() as u64;
         let mut tick = tokio::time::interval(Duration::from_millis(1));
-        while t0.elapsed() < len && rate > 0.0 && !self.sessions.is_empty() {
+        while issued < total && !self.sessions.is_empty() {
             tick.tick().await;
-            let due = (t0.elapsed().as_secs_f64() * rate) as u64;
+            let due = ((t0.elapsed().as_secs_f64() * rate) as u64 + 1).min(total);
             while issued < due {
                 let (_, tx) = &self.sessions[rng.gen_range(0..self.sessions.len())];
                 self.seq += 1;
