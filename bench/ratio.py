@@ -21,8 +21,12 @@ FIGURES = [
     ("fixed_p99_ms", "delivery latency p99 at fixed load (ms)", False),
     ("fixed_max_ms", "delivery latency max at fixed load (ms)", False),
     ("rss_kb_per_session", "RSS per idle session (kB)", False),
-    ("cpu_s_per_1000_logins", "CPU s per 1,000 logins", False),
-    ("cpu_s_per_1000_deliveries", "CPU s per 1,000 deliveries", False),
+    ("cpu_s_per_1000_logins", "CPU s per 1,000 logins (server process)", False),
+    ("total_cpu_s_per_1000_logins",
+     "CPU s per 1,000 logins, server + its PostgreSQL and Redis", False),
+    ("cpu_s_per_1000_deliveries", "CPU s per 1,000 deliveries (server process)", False),
+    ("total_cpu_s_per_1000_deliveries",
+     "CPU s per 1,000 deliveries, server + its PostgreSQL and Redis", False),
 ]
 PEERS = ["prosody", "ejabberd"]
 # Figures only presenced has (issue 7: writes at rest); the peers' cells say n/a.

@@ -338,7 +338,9 @@ presenced_rest_args() {
     REST_ARGS=(--rest-secs "$REST_SECS"
                --metrics-url "http://127.0.0.1:$PRESENCED_HTTP_PORT/metrics"
                --redis-stats "redis://127.0.0.1:$BENCH_REDIS_PORT"
-               --pg-stats "${PRESENCED_DB%/*}/postgres" --pg-stats-db "${PRESENCED_DB##*/}")
+               --pg-stats "${PRESENCED_DB%/*}/postgres" --pg-stats-db "${PRESENCED_DB##*/}"
+               # Its storage works for it: charge that CPU too (the peers' is in-process).
+               --store-pid "$BENCH_REDIS_PID" --pg-backends)
 }
 
 # ---------------------------------------------------------------- one server

@@ -36,7 +36,7 @@ use clap::Parser;
 use tokio::sync::{mpsc, Semaphore};
 
 use graph::ContactGraph;
-use procfs::ServerProbe;
+use procfs::{cpu_between, ServerProbe, StoreProbe};
 use report::Report;
 use scram::{SaltCache, ScramHash};
 use session::{Command, MechPref, Mode, Shared, Target};
@@ -129,6 +129,14 @@ struct Cli {
     /// PID(s) of the server process(es), for RSS and CPU from /proc (repeatable).
     #[arg(long = "server-pid")]
     server_pids: Vec<u32>,
+    /// PID(s) of processes that are the server's own storage (presenced's private Redis):
+    /// their CPU is added to the server's in the "server + stores" figures (repeatable).
+    #[arg(long = "store-pid")]
+    store_pids: Vec<u32>,
+    /// With --pg-stats: also charge the CPU of PostgreSQL backends connected to
+    /// --pg-stats-db to the server.
+    #[arg(long)]
+    pg_backends: bool,
     /// Write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -777,6 +785,14 @@ async fn timed_run(
     graph: &Arc<ContactGraph>,
 ) -> Result<Report, String> {
     let probe = ServerProbe::new(cli.server_pids.clone())?;
+    let stores = StoreProbe {
+        pids: cli.store_pids.clone(),
+        pg: cli
+            .pg_stats
+            .clone()
+            .filter(|_| cli.pg_backends)
+            .map(|u| (u, cli.pg_stats_db.clone())),
+    };
     let k = u64::from(graph.k());
     let mut rep = Report {
         label: cli
@@ -809,6 +825,7 @@ async fn timed_run(
 
     // --- logins ---
     let s0 = probe.sample();
+    let st0 = stores.sample().await;
     let login_hist = Histogram::default();
     eprintln!("logging in {} sessions from {p} process(es)...", cli.users);
     let (mut start_ns, mut last_ns) = (u64::MAX, 0u64);
@@ -852,6 +869,7 @@ async fn timed_run(
     // CPU is read as soon as the storm is over: an idle Erlang VM spins its schedulers, so
     // waiting longer would charge idle spinning to the logins.
     let s1 = probe.sample();
+    let st1 = stores.sample().await;
     let settled = workers
         .all(Cmd::Quiet {
             ms: 500,
@@ -872,8 +890,12 @@ async fn timed_run(
         rep.rss_kb_idle_n = Some(s_idle.rss_kb);
         rep.rss_kb_per_session =
             Some((s_idle.rss_kb as f64 - s0.rss_kb as f64) / rep.logins_ok as f64);
-        rep.cpu_s_per_1000_logins =
-            Some((s1.cpu_secs - s0.cpu_secs) / rep.logins_ok as f64 * 1000.0);
+        let server = s1.cpu_secs - s0.cpu_secs;
+        let store = cpu_between(&st0, &st1);
+        let per_1000 = |cpu: f64| Some(cpu / rep.logins_ok as f64 * 1000.0);
+        rep.cpu_s_per_1000_logins = per_1000(server);
+        rep.store_cpu_s_per_1000_logins = per_1000(store).filter(|_| stores.enabled());
+        rep.total_cpu_s_per_1000_logins = per_1000(server + store);
     }
 
     // --- write rates at rest (presenced): the sessions sit idle for --rest-secs ---
@@ -937,6 +959,7 @@ async fn timed_run(
             cli.sat_window, cli.sat_secs
         );
         let c0 = probe.sample();
+        let sc0 = stores.sample().await;
         let (issued, d1, elapsed) = sum_phase(
             &workers
                 .all(Cmd::Sat {
@@ -948,13 +971,18 @@ async fn timed_run(
         drops1 = d1;
         let (_, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
         let c1 = probe.sample();
+        let sc1 = stores.sample().await;
         let delivered = delivered[1];
         rep.sat_secs = elapsed;
         rep.sat_delivered = delivered;
         rep.sat_deliveries_per_s = Some(delivered as f64 / elapsed);
         if probe.enabled() && delivered > 0 {
-            rep.cpu_s_per_1000_deliveries =
-                Some((c1.cpu_secs - c0.cpu_secs) / delivered as f64 * 1000.0);
+            let server = c1.cpu_secs - c0.cpu_secs;
+            let store = cpu_between(&sc0, &sc1);
+            let per_1000 = |cpu: f64| Some(cpu / delivered as f64 * 1000.0);
+            rep.cpu_s_per_1000_deliveries = per_1000(server);
+            rep.store_cpu_s_per_1000_deliveries = per_1000(store).filter(|_| stores.enabled());
+            rep.total_cpu_s_per_1000_deliveries = per_1000(server + store);
         }
         drain(
             &mut workers,

@@ -1,6 +1,12 @@
 //! Server cost read from /proc: resident memory and CPU time of the server's processes.
 //!
 //! Several PIDs may be given (ejabberd is beam.smp plus helpers); their figures are summed.
+//!
+//! A server that keeps its state in other processes (presenced: PostgreSQL and Redis) makes
+//! them work for every login and delivery; [`StoreProbe`] charges their CPU to it too, so
+//! it is compared with servers whose storage runs inside their own process on equal terms.
+
+use std::collections::HashMap;
 
 /// USER_HZ: the unit of utime/stime in /proc/PID/stat. Linux fixes it at 100 for user
 /// space on every architecture the bench runs on (see proc(5), "clock ticks").
@@ -52,6 +58,65 @@ impl ServerProbe {
     }
 }
 
+/// CPU of the processes backing a server: fixed PIDs (its private Redis) and the
+/// PostgreSQL backends connected to its database, found afresh at every sample.
+#[derive(Debug, Clone, Default)]
+pub struct StoreProbe {
+    /// Fixed PIDs.
+    pub pids: Vec<u32>,
+    /// (URL of a maintenance database, the server's database name): every backend with
+    /// that `datname` in pg_stat_activity is counted.
+    pub pg: Option<(String, String)>,
+}
+
+/// CPU seconds per PID at one instant.
+pub type CpuByPid = HashMap<u32, f64>;
+
+impl StoreProbe {
+    /// True when there is anything to watch.
+    pub fn enabled(&self) -> bool {
+        !self.pids.is_empty() || self.pg.is_some()
+    }
+
+    /// CPU seconds of each backing process now. A backend that starts during a phase counts
+    /// from zero; one that exits during it is lost (the server's pool keeps them for minutes,
+    /// far longer than a phase).
+    pub async fn sample(&self) -> CpuByPid {
+        let mut pids = self.pids.clone();
+        if let Some((url, db)) = &self.pg {
+            match pg_backends(url, db).await {
+                Ok(found) => pids.extend(found),
+                Err(e) => eprintln!("warning: PostgreSQL backends of {db}: {e}"),
+            }
+        }
+        pids.into_iter()
+            .filter_map(|pid| read_pid(pid).ok().map(|s| (pid, s.cpu_secs)))
+            .collect()
+    }
+}
+
+/// CPU seconds the backing processes spent between two samples.
+pub fn cpu_between(before: &CpuByPid, after: &CpuByPid) -> f64 {
+    after
+        .iter()
+        .map(|(pid, cpu)| cpu - before.get(pid).copied().unwrap_or(0.0))
+        .sum()
+}
+
+async fn pg_backends(url: &str, db: &str) -> Result<Vec<u32>, String> {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(url)
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let rows: Vec<(i32,)> = sqlx::query_as("SELECT pid FROM pg_stat_activity WHERE datname = $1")
+        .bind(db)
+        .fetch_all(&mut c)
+        .await
+        .map_err(|e| format!("pg_stat_activity: {e}"))?;
+    let _ = c.close().await;
+    Ok(rows.into_iter().map(|(p,)| p as u32).collect())
+}
+
 fn read_pid(pid: u32) -> Result<Sample, String> {
     let status =
         std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
@@ -98,6 +163,13 @@ mod tests {
     fn vm_rss_is_read_in_kilobytes() {
         let status = "Name:\tprosody\nVmPeak:\t  9000 kB\nVmRSS:\t   16544 kB\nThreads: 1\n";
         assert_eq!(parse_vm_rss(status), Some(16544));
+    }
+
+    #[test]
+    fn store_cpu_counts_new_processes_from_zero_and_ignores_vanished_ones() {
+        let before = CpuByPid::from([(1, 2.0), (2, 5.0)]);
+        let after = CpuByPid::from([(1, 3.5), (3, 0.25)]);
+        assert_eq!(cpu_between(&before, &after), 1.75);
     }
 
     #[test]

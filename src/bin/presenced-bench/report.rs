@@ -43,6 +43,12 @@ pub struct Report {
     pub rss_kb_per_session: Option<f64>,
     /// Server CPU seconds per 1,000 logins (login phase incl. initial presence fan-out).
     pub cpu_s_per_1000_logins: Option<f64>,
+    /// CPU seconds of the server's storage processes (--store-pid, --pg-backends) per
+    /// 1,000 logins; None when none are watched.
+    pub store_cpu_s_per_1000_logins: Option<f64>,
+    /// Server plus storage CPU seconds per 1,000 logins: the figure to compare between
+    /// servers whose storage is in-process and those whose storage is not.
+    pub total_cpu_s_per_1000_logins: Option<f64>,
     /// Fixed offered load: presence changes per second.
     pub fixed_rate: f64,
     /// Fixed-load phase length, s.
@@ -73,6 +79,10 @@ pub struct Report {
     pub sat_p99_ms: Option<f64>,
     /// Server CPU seconds per 1,000 deliveries at saturation.
     pub cpu_s_per_1000_deliveries: Option<f64>,
+    /// Storage CPU seconds per 1,000 deliveries at saturation (see the logins figure).
+    pub store_cpu_s_per_1000_deliveries: Option<f64>,
+    /// Server plus storage CPU seconds per 1,000 deliveries at saturation.
+    pub total_cpu_s_per_1000_deliveries: Option<f64>,
     /// Sessions that ended unexpectedly.
     pub sessions_lost: u64,
     /// Presence commands dropped because a session's queue was full (client-side backlog).
@@ -151,6 +161,14 @@ impl Report {
             ("rss_kb_idle_n", num(self.rss_kb_idle_n.and_then(f))),
             ("rss_kb_per_session", num(self.rss_kb_per_session)),
             ("cpu_s_per_1000_logins", num(self.cpu_s_per_1000_logins)),
+            (
+                "store_cpu_s_per_1000_logins",
+                num(self.store_cpu_s_per_1000_logins),
+            ),
+            (
+                "total_cpu_s_per_1000_logins",
+                num(self.total_cpu_s_per_1000_logins),
+            ),
             ("fixed_rate_changes_per_s", num(Some(self.fixed_rate))),
             ("fixed_secs", num(Some(self.fixed_secs))),
             ("fixed_sent", self.fixed_sent.to_string()),
@@ -168,6 +186,14 @@ impl Report {
             (
                 "cpu_s_per_1000_deliveries",
                 num(self.cpu_s_per_1000_deliveries),
+            ),
+            (
+                "store_cpu_s_per_1000_deliveries",
+                num(self.store_cpu_s_per_1000_deliveries),
+            ),
+            (
+                "total_cpu_s_per_1000_deliveries",
+                num(self.total_cpu_s_per_1000_deliveries),
             ),
             ("sessions_lost", self.sessions_lost.to_string()),
             (
@@ -262,8 +288,12 @@ impl Report {
                 cell(self.rss_kb_per_session),
             ),
             (
-                "CPU s per 1,000 logins".into(),
-                cell(self.cpu_s_per_1000_logins),
+                "CPU s per 1,000 logins (server / its stores)".into(),
+                format!(
+                    "{} / {}",
+                    cell(self.cpu_s_per_1000_logins),
+                    cell(self.store_cpu_s_per_1000_logins)
+                ),
             ),
             (
                 format!("fixed load {}/s: delivered/expected", self.fixed_rate),
@@ -287,8 +317,12 @@ impl Report {
                 format!("{} / {}", cell(self.sat_p50_ms), cell(self.sat_p99_ms)),
             ),
             (
-                "CPU s per 1,000 deliveries".into(),
-                cell(self.cpu_s_per_1000_deliveries),
+                "CPU s per 1,000 deliveries (server / its stores)".into(),
+                format!(
+                    "{} / {}",
+                    cell(self.cpu_s_per_1000_deliveries),
+                    cell(self.store_cpu_s_per_1000_deliveries)
+                ),
             ),
             (
                 format!(
