@@ -135,6 +135,10 @@ pub struct DatabaseConfig {
     pub max_connections: u32,
     /// Directory of SQL migrations applied at start and by `presenced migrate`.
     pub migrations: PathBuf,
+    /// Longest time, s, the privacy gate's broadcast inputs (roster, settings, blocks) of a
+    /// user who changes presence are reused without a database read; writes and change
+    /// notifications drop them at once (`store::audience_cache`). 0 reads on every change.
+    pub gate_cache_secs: f64,
 }
 
 impl Default for DatabaseConfig {
@@ -143,6 +147,7 @@ impl Default for DatabaseConfig {
             url: "postgres://postgres@127.0.0.1:5432/presenced".into(),
             max_connections: 16,
             migrations: PathBuf::from("migrations"),
+            gate_cache_secs: 30.0,
         }
     }
 }
@@ -582,6 +587,10 @@ impl Config {
         }
         if self.auth.scram_iterations < 4096 {
             return bad("[auth] scram_iterations must be at least 4096 (RFC 7677 §4)");
+        }
+        let g = self.database.gate_cache_secs;
+        if !(g.is_finite() && (0.0..=86_400.0).contains(&g)) {
+            return bad("[database] gate_cache_secs must be between 0 and 86400");
         }
         Ok(())
     }

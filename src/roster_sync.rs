@@ -23,6 +23,11 @@ pub async fn run(shared: Arc<Shared>) {
         Ok(rx) => rx,
         Err(e) => {
             tracing::error!(error = %e, "cannot LISTEN for roster changes; SQL-made changes reach clients at their next login");
+            // Without notifications another node's roster change would not reach the gate's
+            // cached inputs: read them for every presence change instead.
+            shared
+                .store
+                .set_audience_cache_ttl(std::time::Duration::ZERO);
             return;
         }
     };
@@ -34,12 +39,18 @@ pub async fn run(shared: Arc<Shared>) {
         let Some(n) = n else { return };
         if n.is_resync() {
             // Notifications may have been lost while disconnected: check everyone online.
+            shared.store.forget_all_audiences();
             for owner in shared.sessions.users() {
                 sync_user(&shared, &owner, i64::MAX).await;
             }
             continue;
         }
         if let Some((version, owner)) = parse_roster_notification(&n.payload) {
+            // Before anything acts on the change, the gate's inputs it may alter go: the
+            // owner's, and those of everyone with the owner on their roster, since a
+            // subscription changes both sides' items and the two notifications may be
+            // handled apart (the contact's first).
+            shared.store.forget_audiences_naming(&owner);
             sync_user(&shared, &owner, version).await;
         }
     }

@@ -128,6 +128,7 @@ impl Running {
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let store = Store::connect(&config.database.url, config.database.max_connections).await?;
     store.migrate(&config.database.migrations).await?;
+    store.set_audience_cache_ttl(Duration::from_secs_f64(config.database.gate_cache_secs));
     let tls = crate::tls::server_config(&config)?;
     let s2s_tls = crate::tls::s2s_server_config(&config)?;
     let liveness = crate::liveness::Liveness::new(&config);

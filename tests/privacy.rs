@@ -289,6 +289,141 @@ async fn a_block_written_in_sql_elsewhere_withdraws_presence_through_notify() {
 }
 
 // ---------------------------------------------------------------------------------------
+// The gate's cached inputs (store::audience_cache): every route a change can take empties
+// them before the next presence change is decided.
+
+/// Alice (phone) online with bob and carol subscribed, after one presence change, so the
+/// gate holds her inputs (asserted: the tests using this exercise the cache, not a read).
+async fn alice_with_cached_inputs(ts: &TestServer) -> (Client, Client, Client, String) {
+    for u in ["alice", "bob", "carol"] {
+        ts.user(u).await;
+    }
+    mutual(ts, "alice", "bob").await;
+    mutual(ts, "alice", "carol").await;
+    let mut bob = online(ts, "bob", "pc").await;
+    // Alice is offline yet: bob's login probe is answered with her unavailable. Taken out
+    // of the backlog here, so only the withdrawal below can satisfy `withdrawn_from_bob`.
+    withdrawn_from_bob(ts, &mut bob).await;
+    let mut carol = online(ts, "carol", "pc").await;
+    let mut alice = online(ts, "alice", "phone").await;
+    let j = format!("{}/phone", ts.jid("alice"));
+    bob.expect(|e| is_presence(e, &j, None)).await;
+    carol.expect(|e| is_presence(e, &j, None)).await;
+    // Each change keeps her inputs; a roster notification of the set-up above that is
+    // handled late drops them again, so change until they stay (bounded).
+    for _ in 0..20 {
+        alice.presence(None, None).await;
+        bob.expect(|e| is_presence(e, &j, None)).await;
+        carol.expect(|e| is_presence(e, &j, None)).await;
+        if ts.shared().store.audience_cache().len() == 1 {
+            break;
+        }
+    }
+    assert_eq!(ts.shared().store.audience_cache().len(), 1);
+    (alice, bob, carol, j)
+}
+
+/// Bob is told alice went away (how: from the full or the bare JID, as the withdrawal
+/// rules say), so the change has been acted on.
+async fn withdrawn_from_bob(ts: &TestServer, bob: &mut Client) {
+    let alice = ts.jid("alice");
+    bob.expect(|e| from_is(e, &alice) && e.get_attr("type") == Some("unavailable"))
+        .await;
+}
+
+/// Alice changes presence again: carol sees it, bob must not.
+async fn next_change_skips_bob(
+    ts: &TestServer,
+    alice: &mut Client,
+    bob: &mut Client,
+    carol: &mut Client,
+    j: &str,
+) {
+    alice.presence(None, None).await;
+    carol.expect(|e| is_presence(e, j, None)).await;
+    barrier(ts, bob).await;
+    let alice = ts.jid("alice");
+    bob.expect_none(
+        |e| from_is(e, &alice) && e.get_attr("type").is_none(),
+        QUIET,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cached_inputs_are_dropped_by_a_block_written_in_sql_elsewhere() {
+    let ts = TestServer::start(|_| {}).await;
+    let (mut alice, mut bob, mut carol, j) = alice_with_cached_inputs(&ts).await;
+    // Bob's block of alice, made by another node: only NOTIFY tells this one.
+    sqlx::query("INSERT INTO blocklist (owner, blocked) VALUES ($1, $2)")
+        .bind(ts.jid("bob"))
+        .bind(ts.jid("alice"))
+        .execute(ts.shared().store.pool())
+        .await
+        .unwrap();
+    bob.expect(|e| is_presence(e, &j, Some("unavailable")))
+        .await;
+    next_change_skips_bob(&ts, &mut alice, &mut bob, &mut carol, &j).await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn cached_inputs_are_dropped_by_a_roster_change_made_in_sql_elsewhere() {
+    let ts = TestServer::start(|_| {}).await;
+    let (mut alice, mut bob, mut carol, j) = alice_with_cached_inputs(&ts).await;
+    // Bob asks for his roster, so the change made elsewhere is pushed to him together
+    // with alice's unavailable (RFC 6121 §2.1.6): that is the sign it has been handled.
+    let r = bob
+        .iq("get", None, el("<query xmlns='jabber:iq:roster'/>"))
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    sqlx::query("SELECT presenced_roster_unpair($1, $2)")
+        .bind(ts.jid("alice"))
+        .bind(ts.jid("bob"))
+        .execute(ts.shared().store.pool())
+        .await
+        .unwrap();
+    withdrawn_from_bob(&ts, &mut bob).await;
+    next_change_skips_bob(&ts, &mut alice, &mut bob, &mut carol, &j).await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn cached_inputs_are_dropped_by_a_local_settings_change() {
+    let ts = TestServer::start(|_| {}).await;
+    let (mut alice, mut bob, mut carol, j) = alice_with_cached_inputs(&ts).await;
+    set_privacy(
+        &ts,
+        &mut alice,
+        &format!(
+            "<online mode='contacts_except'><except jid='{}'/></online>",
+            ts.jid("bob")
+        ),
+    )
+    .await;
+    bob.expect(|e| is_presence(e, &j, Some("unavailable")))
+        .await;
+    next_change_skips_bob(&ts, &mut alice, &mut bob, &mut carol, &j).await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn with_the_cache_off_every_change_reads_the_database() {
+    let ts = TestServer::start(|c| c.database.gate_cache_secs = 0.0).await;
+    for u in ["alice", "bob"] {
+        ts.user(u).await;
+    }
+    mutual(&ts, "alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let j = format!("{}/phone", ts.jid("alice"));
+    alice.presence(None, None).await;
+    bob.expect(|e| is_presence(e, &j, None)).await;
+    assert!(ts.shared().store.audience_cache().is_empty());
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
 // Visibility settings
 
 #[tokio::test]

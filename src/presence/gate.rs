@@ -40,7 +40,7 @@ use super::privacy::{self, Blocks, Party, PrivacySettings, Relation, Signal};
 use super::subscription::{SubState, Subscription};
 use crate::server::Shared;
 use crate::store::blocks::match_candidates;
-use crate::store::gate_inputs::{AudienceContact, AudienceInputs};
+use crate::store::gate_inputs::AudienceInputs;
 use crate::store::StoreError;
 use crate::xml::{Element, NS_CLIENT};
 
@@ -419,32 +419,35 @@ pub async fn may_see_last_seen(shared: &Shared, viewer: &str, subject: &str) -> 
 /// that may see it online now: approved subscribers the settings admit and no block in
 /// either direction separates. Fails closed (empty).
 pub async fn online_audience(shared: &Shared, subject: &str) -> HashSet<String> {
-    roster_and_audience(shared, subject).await.1
+    roster_and_audience(shared, subject, false).await.1
 }
 
 /// The roster of local user `subject` (full JID of the resource whose presence goes out)
 /// and [`online_audience`], from ONE statement ([`crate::store::Store::audience_inputs`]:
-/// settings, roster and both directions of blocks for every contact) read fresh by the
-/// caller under the subject's lock. A failed read gives an empty roster and audience: with
-/// no roster we tell nobody, never everybody.
+/// settings, roster and both directions of blocks for every contact) read by the caller
+/// under the subject's lock, or from the cache of those inputs, which every write and
+/// change notification empties before acting ([`crate::store::audience_cache`]); `keep`
+/// caches a fresh read for the next change. A failed read gives an empty roster and
+/// audience: with no roster we tell nobody, never everybody.
 pub async fn roster_and_audience(
     shared: &Shared,
     subject: &str,
-) -> (Vec<AudienceContact>, HashSet<String>) {
+    keep: bool,
+) -> (Arc<AudienceInputs>, HashSet<String>) {
     let subject_bare = bare_of(subject);
     match shared
         .store
-        .audience_inputs(subject_bare, &match_candidates(subject))
+        .audience_inputs_cached(subject_bare, subject, &match_candidates(subject), keep)
         .await
     {
         Ok(inputs) => {
             let audience = audience_of(subject_bare, &inputs);
-            (inputs.roster, audience)
+            (inputs, audience)
         }
         Err(e) => {
             tracing::warn!(user = subject_bare, error = %e,
                 "roster or privacy inputs unavailable; presence not broadcast");
-            (Vec::new(), HashSet::new())
+            (Arc::default(), HashSet::new())
         }
     }
 }
@@ -803,6 +806,16 @@ pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
                 n = rx.recv() => n,
             };
             let Some(n) = n else { return };
+            // The gate's cached inputs go before anything re-decides: all of them after
+            // possibly missed notifications; for a block change the owner's and those of
+            // everyone with the owner on their roster; for a settings change the owner's.
+            if n.is_resync() {
+                shared.store.forget_all_audiences();
+            } else if n.channel == BLOCK_CHANNEL {
+                shared.store.forget_audiences_naming(&n.payload);
+            } else {
+                shared.store.forget_audience(&n.payload);
+            }
             if n.is_resync() {
                 reconcile_all(&shared).await;
             } else if is_local(&shared, &n.payload) {

@@ -191,12 +191,15 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     let invisible = shared.privacy.is_invisible(session.handle.id);
     // Serialised once; each local copy (contacts' and own resources') differs only in 'to'.
     let once = Addressed::new(&el);
-    let roster = {
+    let inputs = {
         let _guard = shared.privacy.lock_subject(bare.as_str()).await;
         // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
         // §4.5.2), as the privacy gate says, in one read; an invisible session (XEP-0186)
         // shows itself to nobody.
-        let (roster, audience) = gate::roster_and_audience(&shared, me.as_str()).await;
+        // A change of an already available resource keeps the inputs for the next one;
+        // initial presence does not, so an idle session costs no cache memory.
+        let keep = was_available && is_available;
+        let (inputs, audience) = gate::roster_and_audience(&shared, me.as_str(), keep).await;
         let audience = if invisible || (!is_available && !was_available) {
             Default::default()
         } else {
@@ -233,7 +236,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
                 );
             }
         }
-        roster
+        inputs
     };
     // The user's own resources, the sender included (§4.2.2).
     let me_id = session.handle.id;
@@ -265,7 +268,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     // Initial presence: probe the contacts the user is subscribed to (§4.2.2, §4.3); the
     // local ones are answered together, from one read of the privacy inputs.
     let mut local = Vec::new();
-    for item in roster.iter().filter(|i| i.subscription.has_to()) {
+    for item in inputs.roster.iter().filter(|i| i.subscription.has_to()) {
         if shared.config.serves(domain_of(&item.contact)) {
             local.push(item.contact.clone());
         } else if !invisible || shared.privacy.probes_remote(session.handle.id) {
@@ -649,4 +652,9 @@ pub async fn session_ended(session: &mut Session) {
         broadcast(session, p, false).await;
     }
     session.shared.privacy.remove(session.handle.id);
+    let jid = session.jid();
+    session
+        .shared
+        .store
+        .forget_audience_of(jid.to_bare().as_str(), jid.as_str());
 }

@@ -15,6 +15,7 @@
 //! are addressed by username and domain separately.
 
 mod accounts;
+pub mod audience_cache;
 pub mod blocks;
 pub mod gate_inputs;
 pub mod last_seen;
@@ -34,6 +35,9 @@ use sqlx::PgPool;
 pub struct Store {
     /// Connection pool every query runs on.
     pool: PgPool,
+    /// The privacy gate's broadcast inputs between presence changes (off until
+    /// [`Store::set_audience_cache_ttl`]); shared by clones.
+    audience: std::sync::Arc<audience_cache::AudienceCache>,
 }
 
 /// Why a store operation failed. Constraint-type failures are separate variants so the
@@ -176,12 +180,15 @@ impl Store {
             .max_connections(max_connections.max(1))
             .connect(url)
             .await?;
-        Ok(Store { pool })
+        Ok(Store::from_pool(pool))
     }
 
     /// Wraps an existing pool (e.g. one shared with other components).
     pub fn from_pool(pool: PgPool) -> Store {
-        Store { pool }
+        Store {
+            pool,
+            audience: Default::default(),
+        }
     }
 
     /// The pool, for components that need their own queries or LISTEN (the

@@ -192,6 +192,17 @@ impl Store {
         owner: &str,
         item: &RosterItem,
     ) -> Result<i64, StoreError> {
+        let result = self.upsert_roster_item_in_db(owner, item).await;
+        self.forget_audience(owner);
+        result
+    }
+
+    /// [`Store::upsert_roster_item`] without dropping the gate's cached inputs.
+    async fn upsert_roster_item_in_db(
+        &self,
+        owner: &str,
+        item: &RosterItem,
+    ) -> Result<i64, StoreError> {
         let mut conn = self.pool.acquire().await?;
         upsert(&mut conn, owner, item).await
     }
@@ -199,6 +210,17 @@ impl Store {
     /// Removes an item, leaving a tombstone; returns the new roster version, or None if
     /// there was no such item (nothing changes then).
     pub async fn remove_roster_item(
+        &self,
+        owner: &str,
+        contact: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        let result = self.remove_roster_item_in_db(owner, contact).await;
+        self.forget_audience(owner);
+        result
+    }
+
+    /// [`Store::remove_roster_item`] without dropping the gate's cached inputs.
+    async fn remove_roster_item_in_db(
         &self,
         owner: &str,
         contact: &str,
@@ -249,6 +271,18 @@ impl Store {
     /// Returns each distinct owner (in order of first appearance) with its roster version
     /// after all of its changes.
     pub async fn apply_subscription_change(
+        &self,
+        changes: &[(String, RosterItem)],
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let result = self.apply_subscription_change_in_db(changes).await;
+        for (owner, _) in changes {
+            self.forget_audience(owner);
+        }
+        result
+    }
+
+    /// [`Store::apply_subscription_change`] without dropping the gate's cached inputs.
+    async fn apply_subscription_change_in_db(
         &self,
         changes: &[(String, RosterItem)],
     ) -> Result<Vec<(String, i64)>, StoreError> {

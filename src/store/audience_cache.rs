@@ -1,0 +1,276 @@
+//! The privacy gate's broadcast inputs ([`AudienceInputs`]), kept between broadcasts of a
+//! user who changes presence while online, so a presence change is not a database round
+//! trip (issue 7: that read was two thirds of the CPU, server plus PostgreSQL, of every
+//! delivered presence).
+//!
+//! Correctness rests on invalidation, not on expiry:
+//!
+//! * Every [`Store`] method that writes a roster item, a block list, privacy settings or an
+//!   account drops the affected entries before it returns, so on this node nothing reads
+//!   a cached value older than a committed local change. Roster and settings changes drop
+//!   their owner's entries; a block-list or account change of X drops X's entries and
+//!   every entry whose roster lists X (X's block decides whether X sees its contacts).
+//! * Changes made elsewhere (another node, an operator's SQL) arrive as the
+//!   `presenced_roster` / `presenced_block` / `presenced_privacy` notifications the triggers
+//!   send; their consumers drop entries before acting (for a roster change the owner's and
+//!   every entry listing the owner, since the two sides of a subscription notify apart),
+//!   and drop everything when the LISTEN connection was lost. Between another node's commit and its
+//!   notification (milliseconds) a broadcast may still use the old inputs; that is the same
+//!   as the broadcast having happened just before the change, and the consumer's withdrawal
+//!   (which follows the invalidation) then takes the presence back from whoever lost it.
+//! * A read that raced an invalidation is not stored: each invalidation bumps an epoch,
+//!   and a value read under an older epoch is returned to its caller but not kept.
+//! * `ttl` bounds the age of any entry regardless, for the case where notifications
+//!   cannot be received at all.
+//!
+//! Entries are keyed by the full JID whose presence goes out (a contact may block one
+//! resource, XEP-0016 §2.1) and filled only by presence changes of an already available
+//! resource: an idle session costs no cache memory. The session's entry goes when it ends.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::gate_inputs::AudienceInputs;
+use super::{Store, StoreError};
+
+/// Bare JID → (full JID, when read, inputs).
+type Entries = HashMap<String, Vec<(Box<str>, Instant, Arc<AudienceInputs>)>>;
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct AudienceCache {
+    /// Longest time an entry is used, in milliseconds; 0 turns the cache off.
+    ttl_ms: AtomicU64,
+    /// Bumped (under `entries`' lock) by every invalidation.
+    epoch: AtomicU64,
+    entries: Mutex<Entries>,
+}
+
+impl AudienceCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ttl(&self) -> Option<Duration> {
+        match self.ttl_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    fn get(&self, bare: &str, full: &str) -> Option<Arc<AudienceInputs>> {
+        let ttl = self.ttl()?;
+        let map = self.lock();
+        map.get(bare)?
+            .iter()
+            .find(|(f, at, _)| &**f == full && at.elapsed() < ttl)
+            .map(|(_, _, inputs)| Arc::clone(inputs))
+    }
+
+    fn put(&self, epoch: u64, bare: &str, full: &str, inputs: &Arc<AudienceInputs>) {
+        if self.ttl().is_none() {
+            return;
+        }
+        let mut map = self.lock();
+        if self.epoch.load(Ordering::Relaxed) != epoch {
+            return; // invalidated while it was being read
+        }
+        let list = map.entry(bare.to_owned()).or_default();
+        list.retain(|(f, _, _)| &**f != full);
+        list.push((full.into(), Instant::now(), Arc::clone(inputs)));
+    }
+
+    fn invalidate(&self, bare: Option<&str>) {
+        let mut map = self.lock();
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+        match bare {
+            Some(b) => {
+                map.remove(b);
+            }
+            None => map.clear(),
+        }
+    }
+
+    /// Drops `jid`'s own entries and every entry whose roster lists `jid`: the inputs a
+    /// change of `jid`'s block list (or account) can alter.
+    fn invalidate_naming(&self, jid: &str) {
+        let mut map = self.lock();
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+        map.remove(jid);
+        map.retain(|_, list| {
+            list.retain(|(_, _, inputs)| !inputs.roster.iter().any(|c| c.contact == jid));
+            !list.is_empty()
+        });
+    }
+
+    fn remove_resource(&self, bare: &str, full: &str) {
+        let mut map = self.lock();
+        if let Some(list) = map.get_mut(bare) {
+            list.retain(|(f, _, _)| &**f != full);
+            if list.is_empty() {
+                map.remove(bare);
+            }
+        }
+    }
+
+    /// Number of cached resources (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.lock().values().map(Vec::len).sum()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Store {
+    /// Sets how long a cached entry may be used (zero: no caching, every broadcast reads).
+    pub fn set_audience_cache_ttl(&self, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.audience.ttl_ms.store(ms, Ordering::Relaxed);
+        if ms == 0 {
+            self.audience.invalidate(None);
+        }
+    }
+
+    /// The cache itself (for tests).
+    pub fn audience_cache(&self) -> &AudienceCache {
+        &self.audience
+    }
+
+    /// [`Store::audience_inputs`] for the presence of `subject_full` (a resource of local
+    /// user `subject_bare`), from the cache when it holds them; when `keep` is set, a value
+    /// read from the database is cached for the next change.
+    pub async fn audience_inputs_cached(
+        &self,
+        subject_bare: &str,
+        subject_full: &str,
+        subject_forms: &[String],
+        keep: bool,
+    ) -> Result<Arc<AudienceInputs>, StoreError> {
+        if let Some(hit) = self.audience.get(subject_bare, subject_full) {
+            return Ok(hit);
+        }
+        let epoch = self.audience.epoch.load(Ordering::Relaxed);
+        let inputs = Arc::new(self.audience_inputs(subject_bare, subject_forms).await?);
+        if keep {
+            self.audience
+                .put(epoch, subject_bare, subject_full, &inputs);
+        }
+        Ok(inputs)
+    }
+
+    /// Drops the cached inputs of local user `owner` (its roster or settings changed).
+    pub fn forget_audience(&self, owner: &str) {
+        self.audience.invalidate(Some(owner));
+    }
+
+    /// Drops the cached inputs that name `jid` (local user whose block list changed, or
+    /// account that went): its own and those of everyone with it on their roster.
+    pub fn forget_audiences_naming(&self, jid: &str) {
+        self.audience.invalidate_naming(jid);
+    }
+
+    /// Drops every cached input (notifications may have been missed).
+    pub fn forget_all_audiences(&self) {
+        self.audience.invalidate(None);
+    }
+
+    /// Drops the entry of one resource that went offline.
+    pub fn forget_audience_of(&self, owner: &str, full: &str) {
+        self.audience.remove_resource(owner, full);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs() -> Arc<AudienceInputs> {
+        Arc::new(AudienceInputs::default())
+    }
+
+    fn on(ttl_ms: u64) -> AudienceCache {
+        let c = AudienceCache::default();
+        c.ttl_ms.store(ttl_ms, Ordering::Relaxed);
+        c
+    }
+
+    #[test]
+    fn a_read_that_raced_an_invalidation_is_not_kept() {
+        let c = on(60_000);
+        let epoch = c.epoch.load(Ordering::Relaxed);
+        c.invalidate(Some("a@x"));
+        c.put(epoch, "a@x", "a@x/r", &inputs());
+        assert!(c.get("a@x", "a@x/r").is_none());
+        let epoch = c.epoch.load(Ordering::Relaxed);
+        c.put(epoch, "a@x", "a@x/r", &inputs());
+        assert!(c.get("a@x", "a@x/r").is_some());
+    }
+
+    #[test]
+    fn invalidation_drops_only_the_owner_unless_everything_is_asked() {
+        let c = on(60_000);
+        for (b, f) in [("a@x", "a@x/1"), ("a@x", "a@x/2"), ("b@x", "b@x/1")] {
+            let epoch = c.epoch.load(Ordering::Relaxed);
+            c.put(epoch, b, f, &inputs());
+        }
+        assert_eq!(c.len(), 3);
+        c.invalidate(Some("a@x"));
+        assert!(c.get("a@x", "a@x/1").is_none());
+        assert!(c.get("b@x", "b@x/1").is_some());
+        c.invalidate(None);
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn a_block_list_change_drops_the_entries_that_list_its_owner() {
+        use crate::presence::subscription::Subscription;
+        use crate::store::gate_inputs::AudienceContact;
+        let c = on(60_000);
+        let with = |contact: &str| {
+            Arc::new(AudienceInputs {
+                roster: vec![AudienceContact {
+                    contact: contact.into(),
+                    subscription: Subscription::Both,
+                    blocks_subject: false,
+                    blocked_by_subject: false,
+                }],
+                ..AudienceInputs::default()
+            })
+        };
+        for (b, contact) in [("a@x", "c@x"), ("b@x", "d@x"), ("c@x", "a@x")] {
+            let epoch = c.epoch.load(Ordering::Relaxed);
+            c.put(epoch, b, &format!("{b}/r"), &with(contact));
+        }
+        c.invalidate_naming("c@x");
+        assert!(c.get("a@x", "a@x/r").is_none(), "lists c@x");
+        assert!(c.get("c@x", "c@x/r").is_none(), "c@x's own");
+        assert!(c.get("b@x", "b@x/r").is_some(), "unrelated");
+    }
+
+    #[test]
+    fn entries_are_per_resource_and_expire() {
+        let c = on(60_000);
+        let epoch = c.epoch.load(Ordering::Relaxed);
+        c.put(epoch, "a@x", "a@x/1", &inputs());
+        assert!(c.get("a@x", "a@x/2").is_none());
+        c.remove_resource("a@x", "a@x/1");
+        assert!(c.is_empty());
+        let short = on(1);
+        let epoch = short.epoch.load(Ordering::Relaxed);
+        short.put(epoch, "a@x", "a@x/1", &inputs());
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(short.get("a@x", "a@x/1").is_none());
+    }
+
+    #[test]
+    fn a_zero_ttl_caches_nothing() {
+        let c = on(0);
+        c.put(0, "a@x", "a@x/1", &inputs());
+        assert!(c.is_empty());
+    }
+}
