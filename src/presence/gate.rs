@@ -3,9 +3,11 @@
 //!
 //! [`super::privacy`] is pure; this module does the reading. Every decision reads the
 //! subject's settings, the subject's roster item for the viewer and both block lists
-//! fresh from PostgreSQL. There is deliberately no cache: a block or a settings change is
-//! committed before the iq that made it is answered, so the very next stanza on any node
-//! sees it.
+//! fresh from PostgreSQL, except a broadcast by a resource that was already available,
+//! whose inputs come from [`crate::store::audience_cache`]: every store write drops what it
+//! alters before returning, so a block or a settings change is out of the cache before the
+//! iq that made it is answered and the very next stanza on this node sees it; another
+//! node's change reaches it by NOTIFY (that module says why the gap is safe).
 //!
 //! The reads are batched where one event needs many decisions, because round trips to
 //! PostgreSQL were most of the server's CPU (a login with K contacts cost about 8 K

@@ -12,8 +12,8 @@
 //! * [`Store::probe_inputs`]: the answers to one prober's probes of several subjects
 //!   (RFC 6121 §4.3.2), as at the prober's login.
 //!
-//! Nothing is cached: every call reads the committed state, as the single-decision
-//! reads did. Block matching is the XEP-0016 §2.1 rule of [`super::blocks::match_candidates`]:
+//! Every call reads the committed state, as the single-decision reads did (what is kept
+//! between broadcasts is [`super::audience_cache`]'s business). Block matching is the XEP-0016 §2.1 rule of [`super::blocks::match_candidates`]:
 //! the JID whose presence goes out is matched in all its forms (passed in, computed by
 //! that function), and a bare roster contact `user@domain` in its two forms, the bare JID
 //! and the domain (`substr(c, strpos(c, '@') + 1)` is the domain of a bare JID, and the
