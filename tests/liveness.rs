@@ -162,8 +162,19 @@ async fn reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through
         Some("2026-01-01T00:00:00Z")
     );
     let jid = alice.jid.clone();
-    // The connection drops (no </stream:stream>) and the phone is back at once.
+    let started = ts.metric(|m| m.grace_started.load(Ordering::Relaxed));
+    // The connection drops (no </stream:stream>) and the phone is back at once: as soon as
+    // the server has seen the drop (before that, a new bind would simply replace a live
+    // session and no grace period would be involved).
     drop(alice);
+    let t = Instant::now();
+    while ts.metric(|m| m.grace_started.load(Ordering::Relaxed)) == started {
+        assert!(
+            t.elapsed() < secs(g),
+            "the server did not see the drop within G"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let mut again = ts.login("alice", "phone").await;
     again.presence(None, None).await;
     // Nothing unavailable reaches bob within G plus a generous margin.
