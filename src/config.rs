@@ -757,4 +757,17 @@ mod tests {
         c.limits.max_stanza_size = 100;
         assert!(c.validate().is_err());
     }
+
+    #[test]
+    fn gate_cache_age_must_be_a_finite_non_negative_number_of_seconds() {
+        let mut c = Config::default();
+        for ok in [0.0, 30.0, 86_400.0] {
+            c.database.gate_cache_secs = ok;
+            c.validate().expect("valid");
+        }
+        for bad in [-1.0, f64::NAN, f64::INFINITY, 86_401.0] {
+            c.database.gate_cache_secs = bad;
+            assert!(c.validate().is_err(), "{bad} accepted");
+        }
+    }
 }
