@@ -21,6 +21,7 @@ FIGURES = [
     ("fixed_p99_ms", "delivery latency p99 at fixed load (ms)", False),
     ("fixed_max_ms", "delivery latency max at fixed load (ms)", False),
     ("rss_kb_per_session", "RSS per idle session (kB)", False),
+    ("total_rss_kb_per_session", "RSS per idle session, with its Redis (kB)", False),
     ("cpu_s_per_1000_logins", "CPU s per 1,000 logins (server process)", False),
     ("total_cpu_s_per_1000_logins",
      "CPU s per 1,000 logins, server + its PostgreSQL and Redis", False),

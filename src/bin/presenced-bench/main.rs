@@ -825,6 +825,7 @@ async fn timed_run(
 
     // --- logins ---
     let s0 = probe.sample();
+    let store_rss0 = stores.fixed_rss_kb();
     let st0 = stores.sample().await;
     let login_hist = Histogram::default();
     eprintln!("logging in {} sessions from {p} process(es)...", cli.users);
@@ -890,6 +891,11 @@ async fn timed_run(
         rep.rss_kb_idle_n = Some(s_idle.rss_kb);
         rep.rss_kb_per_session =
             Some((s_idle.rss_kb as f64 - s0.rss_kb as f64) / rep.logins_ok as f64);
+        // The server's own Redis holds each session's liveness keys: memory per session too.
+        let store_rss = stores.fixed_rss_kb() as f64 - store_rss0 as f64;
+        rep.total_rss_kb_per_session = rep
+            .rss_kb_per_session
+            .map(|server| server + store_rss / rep.logins_ok as f64);
         let server = s1.cpu_secs - s0.cpu_secs;
         let store = cpu_between(&st0, &st1);
         let per_1000 = |cpu: f64| Some(cpu / rep.logins_ok as f64 * 1000.0);

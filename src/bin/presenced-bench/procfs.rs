@@ -95,6 +95,18 @@ impl StoreProbe {
     }
 }
 
+impl StoreProbe {
+    /// Resident memory of the fixed PIDs (the server's private Redis), kB. PostgreSQL's
+    /// backends are left out: their memory is mostly shared buffers, not per session.
+    pub fn fixed_rss_kb(&self) -> u64 {
+        self.pids
+            .iter()
+            .filter_map(|pid| read_pid(*pid).ok())
+            .map(|s| s.rss_kb)
+            .sum()
+    }
+}
+
 /// CPU seconds the backing processes spent between two samples.
 pub fn cpu_between(before: &CpuByPid, after: &CpuByPid) -> f64 {
     after

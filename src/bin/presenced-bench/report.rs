@@ -41,6 +41,9 @@ pub struct Report {
     pub rss_kb_idle_n: Option<u64>,
     /// (rss_n - rss_0) / logins_ok, kB.
     pub rss_kb_per_session: Option<f64>,
+    /// The same plus the growth of the server's private Redis (--store-pid) per session:
+    /// for presenced, whose liveness keys live there.
+    pub total_rss_kb_per_session: Option<f64>,
     /// Server CPU seconds per 1,000 logins (login phase incl. initial presence fan-out).
     pub cpu_s_per_1000_logins: Option<f64>,
     /// CPU seconds of the server's storage processes (--store-pid, --pg-backends) per
@@ -160,6 +163,10 @@ impl Report {
             ("rss_kb_idle_0", num(self.rss_kb_idle_0.and_then(f))),
             ("rss_kb_idle_n", num(self.rss_kb_idle_n.and_then(f))),
             ("rss_kb_per_session", num(self.rss_kb_per_session)),
+            (
+                "total_rss_kb_per_session",
+                num(self.total_rss_kb_per_session),
+            ),
             ("cpu_s_per_1000_logins", num(self.cpu_s_per_1000_logins)),
             (
                 "store_cpu_s_per_1000_logins",
@@ -284,8 +291,12 @@ impl Report {
                 ),
             ),
             (
-                "RSS per idle session (kB)".into(),
-                cell(self.rss_kb_per_session),
+                "RSS per idle session (kB; with its Redis)".into(),
+                format!(
+                    "{} ; {}",
+                    cell(self.rss_kb_per_session),
+                    cell(self.total_rss_kb_per_session)
+                ),
             ),
             (
                 "CPU s per 1,000 logins (server / its stores)".into(),
