@@ -331,6 +331,15 @@ async fn withdrawn_from_bob(ts: &TestServer, bob: &mut Client) {
         .await;
 }
 
+/// Alice's settings hide her online status from bob alone (`contacts_except`).
+async fn hide_online_from_bob(ts: &TestServer, alice: &mut Client) {
+    let xml = format!(
+        "<online mode='contacts_except'><except jid='{}'/></online>",
+        ts.jid("bob")
+    );
+    set_privacy(ts, alice, &xml).await;
+}
+
 /// Alice changes presence again: carol sees it, bob must not.
 async fn next_change_skips_bob(
     ts: &TestServer,
@@ -392,15 +401,7 @@ async fn cached_inputs_are_dropped_by_a_roster_change_made_in_sql_elsewhere() {
 async fn cached_inputs_are_dropped_by_a_local_settings_change() {
     let ts = TestServer::start(|_| {}).await;
     let (mut alice, mut bob, mut carol, j) = alice_with_cached_inputs(&ts).await;
-    set_privacy(
-        &ts,
-        &mut alice,
-        &format!(
-            "<online mode='contacts_except'><except jid='{}'/></online>",
-            ts.jid("bob")
-        ),
-    )
-    .await;
+    hide_online_from_bob(&ts, &mut alice).await;
     bob.expect(|e| is_presence(e, &j, Some("unavailable")))
         .await;
     next_change_skips_bob(&ts, &mut alice, &mut bob, &mut carol, &j).await;
@@ -475,15 +476,7 @@ async fn settings_iq_round_trips_is_advertised_and_withdraws_and_restores_presen
         ]
     );
 
-    set_privacy(
-        &ts,
-        &mut alice,
-        &format!(
-            "<online mode='contacts_except'><except jid='{}'/></online>",
-            ts.jid("bob")
-        ),
-    )
-    .await;
+    hide_online_from_bob(&ts, &mut alice).await;
     // Withdrawn from bob before the next stanza; carol keeps seeing alice.
     bob.expect(|e| is_presence(e, &j, Some("unavailable")))
         .await;
