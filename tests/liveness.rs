@@ -228,16 +228,20 @@ async fn idle_resource_costs_at_most_one_redis_write_per_refresh_and_no_key_lack
     let beats_before = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed));
     // Idle for 3 T, answering the server's pings like a live client.
     let window = l.ttl * 3.0;
+    let started = Instant::now();
     alice.idle_answering_pings(secs(window)).await;
     let writes = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed)) - before;
     let beats = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed)) - beats_before;
-    let bound = (window / l.redis_refresh).ceil() as u64 + 1;
+    // One write per refresh interval of the time that actually passed (a loaded machine
+    // can stretch the idle window), plus the one in flight at the start.
+    let elapsed = started.elapsed().as_secs_f64();
+    let bound = (elapsed / l.redis_refresh).ceil() as u64 + 1;
     eprintln!(
-        "measured: {writes} Redis writes, {beats} heartbeats in {window}s idle (bound {bound})"
+        "measured: {writes} Redis writes, {beats} heartbeats in {elapsed:.2}s idle (bound {bound})"
     );
     assert!(
         writes <= bound,
-        "{writes} Redis writes in {window}s, bound {bound}"
+        "{writes} Redis writes in {elapsed:.2}s, bound {bound}"
     );
     assert!(
         beats as f64 >= window / l.heartbeat_interval / 2.0,
