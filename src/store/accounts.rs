@@ -135,13 +135,8 @@ impl Store {
     /// Deletes an account; the schema cascades to its credentials, roster, roster
     /// version, tombstones and pending requests. Returns false if it did not exist.
     pub async fn delete_account(&self, username: &str, domain: &str) -> Result<bool, StoreError> {
-        let result = self.delete_account_in_db(username, domain).await;
-        self.forget_audiences_naming(&format!("{username}@{domain}"));
-        result
-    }
-
-    /// [`Store::delete_account`] without dropping the gate's cached inputs.
-    async fn delete_account_in_db(&self, username: &str, domain: &str) -> Result<bool, StoreError> {
+        // Drops the gate's cached inputs this write may alter, on every way out.
+        let _forget = self.forget_naming(format!("{username}@{domain}"));
         let result = sqlx::query("DELETE FROM accounts WHERE username = $1 AND domain = $2")
             .bind(username)
             .bind(domain)

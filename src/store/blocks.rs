@@ -51,13 +51,8 @@ impl Store {
     /// A JID the schema refuses fails the whole call with [`StoreError::Constraint`];
     /// an owner that is no account gives [`StoreError::NoSuchAccount`].
     pub async fn block(&self, owner: &str, jids: &[String]) -> Result<Vec<String>, StoreError> {
-        let result = self.block_in_db(owner, jids).await;
-        self.forget_audiences_naming(owner);
-        result
-    }
-
-    /// [`Store::block`] without dropping the gate's cached inputs.
-    async fn block_in_db(&self, owner: &str, jids: &[String]) -> Result<Vec<String>, StoreError> {
+        // Drops the gate's cached inputs this write may alter, on every way out.
+        let _forget = self.forget_naming(owner.to_owned());
         if jids.is_empty() {
             return Ok(Vec::new());
         }
@@ -78,13 +73,8 @@ impl Store {
     /// Removes `jids` from `owner`'s block list and returns those that were on it
     /// (sorted), for the XEP-0191 §3.4 unblock push.
     pub async fn unblock(&self, owner: &str, jids: &[String]) -> Result<Vec<String>, StoreError> {
-        let result = self.unblock_in_db(owner, jids).await;
-        self.forget_audiences_naming(owner);
-        result
-    }
-
-    /// [`Store::unblock`] without dropping the gate's cached inputs.
-    async fn unblock_in_db(&self, owner: &str, jids: &[String]) -> Result<Vec<String>, StoreError> {
+        // Drops the gate's cached inputs this write may alter, on every way out.
+        let _forget = self.forget_naming(owner.to_owned());
         if jids.is_empty() {
             return Ok(Vec::new());
         }
@@ -103,13 +93,8 @@ impl Store {
     /// Empties `owner`'s block list (XEP-0191 §3.5, `<unblock/>` without items) and
     /// returns what it held (sorted).
     pub async fn unblock_all(&self, owner: &str) -> Result<Vec<String>, StoreError> {
-        let result = self.unblock_all_in_db(owner).await;
-        self.forget_audiences_naming(owner);
-        result
-    }
-
-    /// [`Store::unblock_all`] without dropping the gate's cached inputs.
-    async fn unblock_all_in_db(&self, owner: &str) -> Result<Vec<String>, StoreError> {
+        // Drops the gate's cached inputs this write may alter, on every way out.
+        let _forget = self.forget_naming(owner.to_owned());
         let mut removed: Vec<String> =
             sqlx::query_scalar("DELETE FROM blocklist WHERE owner = $1 RETURNING blocked")
                 .bind(owner)

@@ -75,17 +75,8 @@ impl Store {
         owner: &str,
         settings: &PrivacySettings,
     ) -> Result<(), StoreError> {
-        let result = self.set_privacy_settings_in_db(owner, settings).await;
-        self.forget_audience(owner);
-        result
-    }
-
-    /// [`Store::set_privacy_settings`] without dropping the gate's cached inputs.
-    async fn set_privacy_settings_in_db(
-        &self,
-        owner: &str,
-        settings: &PrivacySettings,
-    ) -> Result<(), StoreError> {
+        // Drops the gate's cached inputs this write may alter, on every way out.
+        let _forget = self.forget_owners([owner]);
         let (online, online_except) = to_columns(&settings.online);
         let (last_seen, last_seen_except) = to_columns(&settings.last_seen);
         sqlx::query(

@@ -192,17 +192,8 @@ impl Store {
         owner: &str,
         item: &RosterItem,
     ) -> Result<i64, StoreError> {
-        let result = self.upsert_roster_item_in_db(owner, item).await;
-        self.forget_audience(owner);
-        result
-    }
-
-    /// [`Store::upsert_roster_item`] without dropping the gate's cached inputs.
-    async fn upsert_roster_item_in_db(
-        &self,
-        owner: &str,
-        item: &RosterItem,
-    ) -> Result<i64, StoreError> {
+        // Drops the gate's cached inputs this write may alter, on every way out.
+        let _forget = self.forget_owners([owner]);
         let mut conn = self.pool.acquire().await?;
         upsert(&mut conn, owner, item).await
     }
@@ -214,17 +205,8 @@ impl Store {
         owner: &str,
         contact: &str,
     ) -> Result<Option<i64>, StoreError> {
-        let result = self.remove_roster_item_in_db(owner, contact).await;
-        self.forget_audience(owner);
-        result
-    }
-
-    /// [`Store::remove_roster_item`] without dropping the gate's cached inputs.
-    async fn remove_roster_item_in_db(
-        &self,
-        owner: &str,
-        contact: &str,
-    ) -> Result<Option<i64>, StoreError> {
+        // Drops the gate's cached inputs this write may alter, on every way out.
+        let _forget = self.forget_owners([owner]);
         let mut tx = self.pool.begin().await?;
         let deleted = sqlx::query("DELETE FROM roster_items WHERE owner = $1 AND contact = $2")
             .bind(owner)
@@ -274,18 +256,8 @@ impl Store {
         &self,
         changes: &[(String, RosterItem)],
     ) -> Result<Vec<(String, i64)>, StoreError> {
-        let result = self.apply_subscription_change_in_db(changes).await;
-        for (owner, _) in changes {
-            self.forget_audience(owner);
-        }
-        result
-    }
-
-    /// [`Store::apply_subscription_change`] without dropping the gate's cached inputs.
-    async fn apply_subscription_change_in_db(
-        &self,
-        changes: &[(String, RosterItem)],
-    ) -> Result<Vec<(String, i64)>, StoreError> {
+        // Drops the gate's cached inputs this write may alter, on every way out.
+        let _forget = self.forget_owners(changes.iter().map(|(o, _)| o.as_str()));
         // Lock owners' version rows in a fixed order so two opposite changes between the
         // same users cannot deadlock; a stable sort keeps each owner's changes in order.
         let mut order: Vec<usize> = (0..changes.len()).collect();

@@ -779,6 +779,24 @@ async fn drain(
     Ok(())
 }
 
+/// CPU seconds per 1,000 operations over a phase: the server's, its stores' (None when no
+/// store is watched) and both together, the figure compared with in-process servers.
+fn cpu_per_1000(
+    server: f64,
+    stores: &StoreProbe,
+    before: &procfs::CpuByPid,
+    after: &procfs::CpuByPid,
+    ops: u64,
+) -> [Option<f64>; 3] {
+    let store = cpu_between(before, after);
+    let per_1000 = |cpu: f64| Some(cpu / ops as f64 * 1000.0);
+    [
+        per_1000(server),
+        per_1000(store).filter(|_| stores.enabled()),
+        per_1000(server + store),
+    ]
+}
+
 async fn timed_run(
     cli: &Arc<Cli>,
     target: &Target,
@@ -896,12 +914,17 @@ async fn timed_run(
         rep.total_rss_kb_per_session = rep
             .rss_kb_per_session
             .map(|server| server + store_rss / rep.logins_ok as f64);
-        let server = s1.cpu_secs - s0.cpu_secs;
-        let store = cpu_between(&st0, &st1);
-        let per_1000 = |cpu: f64| Some(cpu / rep.logins_ok as f64 * 1000.0);
-        rep.cpu_s_per_1000_logins = per_1000(server);
-        rep.store_cpu_s_per_1000_logins = per_1000(store).filter(|_| stores.enabled());
-        rep.total_cpu_s_per_1000_logins = per_1000(server + store);
+        [
+            rep.cpu_s_per_1000_logins,
+            rep.store_cpu_s_per_1000_logins,
+            rep.total_cpu_s_per_1000_logins,
+        ] = cpu_per_1000(
+            s1.cpu_secs - s0.cpu_secs,
+            &stores,
+            &st0,
+            &st1,
+            rep.logins_ok,
+        );
     }
 
     // --- write rates at rest (presenced): the sessions sit idle for --rest-secs ---
@@ -983,12 +1006,11 @@ async fn timed_run(
         rep.sat_delivered = delivered;
         rep.sat_deliveries_per_s = Some(delivered as f64 / elapsed);
         if probe.enabled() && delivered > 0 {
-            let server = c1.cpu_secs - c0.cpu_secs;
-            let store = cpu_between(&sc0, &sc1);
-            let per_1000 = |cpu: f64| Some(cpu / delivered as f64 * 1000.0);
-            rep.cpu_s_per_1000_deliveries = per_1000(server);
-            rep.store_cpu_s_per_1000_deliveries = per_1000(store).filter(|_| stores.enabled());
-            rep.total_cpu_s_per_1000_deliveries = per_1000(server + store);
+            [
+                rep.cpu_s_per_1000_deliveries,
+                rep.store_cpu_s_per_1000_deliveries,
+                rep.total_cpu_s_per_1000_deliveries,
+            ] = cpu_per_1000(c1.cpu_secs - c0.cpu_secs, &stores, &sc0, &sc1, delivered);
         }
         drain(
             &mut workers,

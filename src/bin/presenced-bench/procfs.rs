@@ -78,6 +78,16 @@ impl StoreProbe {
         !self.pids.is_empty() || self.pg.is_some()
     }
 
+    /// Resident memory of the fixed PIDs (the server's private Redis), kB. PostgreSQL's
+    /// backends are left out: their memory is mostly shared buffers, not per session.
+    pub fn fixed_rss_kb(&self) -> u64 {
+        self.pids
+            .iter()
+            .filter_map(|pid| read_pid(*pid).ok())
+            .map(|s| s.rss_kb)
+            .sum()
+    }
+
     /// CPU seconds of each backing process now. A backend that starts during a phase counts
     /// from zero; one that exits during it is lost (the server's pool keeps them for minutes,
     /// far longer than a phase).
@@ -92,18 +102,6 @@ impl StoreProbe {
         pids.into_iter()
             .filter_map(|pid| read_pid(pid).ok().map(|s| (pid, s.cpu_secs)))
             .collect()
-    }
-}
-
-impl StoreProbe {
-    /// Resident memory of the fixed PIDs (the server's private Redis), kB. PostgreSQL's
-    /// backends are left out: their memory is mostly shared buffers, not per session.
-    pub fn fixed_rss_kb(&self) -> u64 {
-        self.pids
-            .iter()
-            .filter_map(|pid| read_pid(*pid).ok())
-            .map(|s| s.rss_kb)
-            .sum()
     }
 }
 
