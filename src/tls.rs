@@ -112,27 +112,37 @@ impl ClientCertVerifier for AnyClientCert {
         Ok(ClientCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.signatures.tls12(message, cert, dss)
-    }
+    crate::verify_handshake_signatures_with!(signatures);
+}
 
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.signatures.tls13(message, cert, dss)
-    }
+/// Writes, inside an `impl` of rustls' `ServerCertVerifier` or `ClientCertVerifier`, the
+/// three handshake-signature methods both traits require, delegating them to the
+/// [`HandshakeSignatures`] in field `$field` (`signatures`, or `0` for a newtype).
+#[macro_export]
+macro_rules! verify_handshake_signatures_with {
+    ($field:tt) => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &::rustls::pki_types::CertificateDer<'_>,
+            dss: &::rustls::DigitallySignedStruct,
+        ) -> Result<::rustls::client::danger::HandshakeSignatureValid, ::rustls::Error> {
+            self.$field.tls12(message, cert, dss)
+        }
 
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.signatures.schemes()
-    }
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &::rustls::pki_types::CertificateDer<'_>,
+            dss: &::rustls::DigitallySignedStruct,
+        ) -> Result<::rustls::client::danger::HandshakeSignatureValid, ::rustls::Error> {
+            self.$field.tls13(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<::rustls::SignatureScheme> {
+            self.$field.schemes()
+        }
+    };
 }
 
 /// The handshake-signature half of a custom certificate verifier: whatever a verifier
