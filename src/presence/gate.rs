@@ -813,14 +813,15 @@ pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
             // everyone with the owner on their roster; for a settings change the owner's.
             if n.is_resync() {
                 shared.store.forget_all_audiences();
-            } else if n.channel == BLOCK_CHANNEL {
+                reconcile_all(&shared).await;
+                continue;
+            }
+            if n.channel == BLOCK_CHANNEL {
                 shared.store.forget_audiences_naming(&n.payload);
             } else {
                 shared.store.forget_audience(&n.payload);
             }
-            if n.is_resync() {
-                reconcile_all(&shared).await;
-            } else if is_local(&shared, &n.payload) {
+            if is_local(&shared, &n.payload) {
                 reconcile_user(&shared, &n.payload).await;
             }
         }
