@@ -1,0 +1,319 @@
+//! The modules' imports point one way (ARCHITECTURE.md, "Layers").
+//!
+//! Reads every file under `src/` (the server library; `main.rs` and the benchmark generator
+//! are outside it), maps each to its top-level module (`src/router.rs` → `router`,
+//! `src/presence/gate.rs` → `presence`) and collects every `crate::<module>` path outside
+//! comments, grouped imports (`use crate::{a, b}`) included. An edge that lies on a cycle of
+//! top-level modules fails the test unless it is listed in [`CYCLIC_EDGES_LEFT`], the
+//! ratchet of edges still to be cut; a listed edge that is no longer on a cycle fails too, so
+//! the list only ever shrinks. When it is empty, this is exactly "no two modules import each
+//! other, directly or around a loop".
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Edges `(from, to)` that still lie on an import cycle. Remove an entry when its cycle is
+/// cut; never add one.
+const CYCLIC_EDGES_LEFT: &[(&str, &str)] = &[
+    ("blocking", "c2s"),
+    ("blocking", "presence"),
+    ("blocking", "server"),
+    ("blocking", "store"),
+    ("c2s", "liveness"),
+    ("c2s", "presence"),
+    ("c2s", "router"),
+    ("c2s", "server"),
+    ("c2s", "store"),
+    ("error", "xml"),
+    ("http", "c2s"),
+    ("http", "server"),
+    ("http", "websocket"),
+    ("invisible", "c2s"),
+    ("invisible", "presence"),
+    ("liveness", "c2s"),
+    ("liveness", "presence"),
+    ("liveness", "server"),
+    ("liveness", "store"),
+    ("presence", "c2s"),
+    ("presence", "liveness"),
+    ("presence", "roster"),
+    ("presence", "router"),
+    ("presence", "s2s"),
+    ("presence", "server"),
+    ("presence", "store"),
+    ("privacy_iq", "c2s"),
+    ("privacy_iq", "presence"),
+    ("privacy_iq", "store"),
+    ("roster", "c2s"),
+    ("roster", "presence"),
+    ("roster", "server"),
+    ("roster", "store"),
+    ("roster_sync", "presence"),
+    ("roster_sync", "roster"),
+    ("roster_sync", "server"),
+    ("roster_sync", "store"),
+    ("router", "blocking"),
+    ("router", "c2s"),
+    ("router", "invisible"),
+    ("router", "liveness"),
+    ("router", "presence"),
+    ("router", "privacy_iq"),
+    ("router", "roster"),
+    ("router", "s2s"),
+    ("router", "server"),
+    ("s2s", "c2s"),
+    ("s2s", "presence"),
+    ("s2s", "router"),
+    ("s2s", "server"),
+    ("server", "c2s"),
+    ("server", "http"),
+    ("server", "liveness"),
+    ("server", "presence"),
+    ("server", "roster_sync"),
+    ("server", "s2s"),
+    ("server", "store"),
+    ("store", "presence"),
+    ("websocket", "c2s"),
+    ("websocket", "liveness"),
+    ("websocket", "server"),
+    ("xml", "error"),
+];
+
+/// Top-level module of a file under `src/`, or `None` for files outside the library.
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).ok()?;
+    let mut parts = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned());
+    let first = parts.next()?;
+    if first == "bin" || first == "main.rs" || first == "lib.rs" {
+        return None;
+    }
+    Some(first.trim_end_matches(".rs").to_owned())
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The code of a file with `//` comments (doc comments included) and string literals
+/// blanked, so a doc link or a log message naming a module is not an import.
+fn code_only(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    let mut in_str = false;
+    while let Some(c) = chars.next() {
+        if in_str {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => {
+                    in_str = false;
+                    out.push('"');
+                }
+                '\n' => out.push('\n'),
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '/' if chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
+                        break;
+                    }
+                }
+            }
+            '"' => {
+                in_str = true;
+                out.push('"');
+            }
+            // A char literal such as '"' must not open a string.
+            '\'' => {
+                let rest: String = chars.clone().take(3).collect();
+                if rest.starts_with("\"'") || rest.starts_with("\\\"") {
+                    chars.next();
+                    chars.next();
+                    if rest.starts_with("\\\"") {
+                        chars.next();
+                    }
+                }
+                out.push('\'');
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+fn ident_at(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// Top-level modules named by `crate::` paths in `code`.
+fn referenced_modules(code: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        // `$crate::` in macros and `presenced_crate::` style names are not this crate's paths.
+        let before = rest[..i].chars().last();
+        rest = &rest[i + "crate::".len()..];
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        let rest_trim = rest.trim_start();
+        if let Some(group) = rest_trim.strip_prefix('{') {
+            // use crate::{a, b::c, d::{e, f}}: the first segment of each top-level item.
+            let mut depth = 0usize;
+            let mut at_item_start = true;
+            let mut i = 0;
+            let bytes = group.as_bytes();
+            while i < bytes.len() {
+                match bytes[i] {
+                    b'{' => depth += 1,
+                    b'}' if depth == 0 => break,
+                    b'}' => depth -= 1,
+                    b',' if depth == 0 => at_item_start = true,
+                    c if at_item_start && (c.is_ascii_alphabetic() || c == b'_') => {
+                        found.insert(ident_at(&group[i..]).to_owned());
+                        at_item_start = false;
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        } else {
+            let name = ident_at(rest_trim);
+            if !name.is_empty() {
+                found.insert(name.to_owned());
+            }
+        }
+    }
+    found
+}
+
+/// module → modules it names.
+fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let modules: BTreeSet<String> = files.iter().filter_map(|f| module_of(&src, f)).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let Some(from) = module_of(&src, file) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(file).expect("read source");
+        let deps = graph.entry(from.clone()).or_default();
+        for to in referenced_modules(&code_only(&text)) {
+            // Macros exported at the crate root (`crate::some_macro!`) are not modules.
+            if to != from && modules.contains(&to) {
+                deps.insert(to);
+            }
+        }
+    }
+    graph
+}
+
+/// Whether `to` reaches `from` (so the edge `from → to` closes a cycle).
+fn reaches(graph: &BTreeMap<String, BTreeSet<String>>, start: &str, target: &str) -> bool {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![start.to_owned()];
+    while let Some(m) = stack.pop() {
+        if m == target {
+            return true;
+        }
+        if seen.insert(m.clone()) {
+            stack.extend(graph.get(&m).into_iter().flatten().cloned());
+        }
+    }
+    false
+}
+
+fn cyclic_edges(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<(String, String)> {
+    let mut edges = BTreeSet::new();
+    for (from, deps) in graph {
+        for to in deps {
+            if reaches(graph, to, from) {
+                edges.insert((from.clone(), to.clone()));
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn no_new_import_cycle_between_top_level_modules_and_the_old_ones_only_shrink() {
+    let graph = import_graph();
+    assert!(
+        graph.len() > 5,
+        "the scan found too few modules ({}): is src/ where it should be?",
+        graph.len()
+    );
+    let cyclic = cyclic_edges(&graph);
+    let allowed: BTreeSet<(String, String)> = CYCLIC_EDGES_LEFT
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let new: Vec<String> = cyclic
+        .difference(&allowed)
+        .map(|(a, b)| format!("{a} -> {b}"))
+        .collect();
+    let cut: Vec<String> = allowed
+        .difference(&cyclic)
+        .map(|(a, b)| format!("(\"{a}\", \"{b}\")"))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "imports that close a cycle between top-level modules (arrows must point one way, \
+         see ARCHITECTURE.md): {new:?}"
+    );
+    assert!(
+        cut.is_empty(),
+        "these edges no longer lie on a cycle: remove them from CYCLIC_EDGES_LEFT: {cut:?}"
+    );
+}
+
+#[test]
+fn the_scan_sees_plain_grouped_and_nested_crate_paths_but_not_comments_or_strings() {
+    let code = code_only(
+        "use crate::a::B;\nuse crate::{c, d::{e, f}, g};\nlet x = crate::h::i();\n\
+         // crate::commented\n/// [`crate::doc`]\nlet s = \"crate::quoted\";\nlet q = '\"';\n\
+         let y = crate::after_char_literal::z;\nmacro_rules! m { () => { $crate::dollar } }",
+    );
+    let found = referenced_modules(&code);
+    let want: BTreeSet<String> = ["a", "c", "d", "g", "h", "after_char_literal"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(found, want);
+}
+
+#[test]
+fn a_two_module_loop_and_a_three_module_loop_are_both_found() {
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut edge = |a: &str, b: &str| {
+        g.entry(a.into()).or_default().insert(b.into());
+    };
+    edge("a", "b");
+    edge("b", "a");
+    edge("c", "d");
+    edge("d", "e");
+    edge("e", "c");
+    edge("e", "f");
+    let cyclic = cyclic_edges(&g);
+    let names: Vec<String> = cyclic.iter().map(|(a, b)| format!("{a}{b}")).collect();
+    assert_eq!(names, ["ab", "ba", "cd", "de", "ec"]);
+}
