@@ -44,6 +44,16 @@ migrations = "$ROOT/migrations"
 # §4.5.2 then still holds, later); the suite waits 3 s per expectation, so it runs with 1 s
 # instead of the default 10 s.
 grace = 1
+[http]
+# Loopback and a port the system picks: the suite speaks TCP only, and two runs (or a
+# running server) must not collide on the default ports.
+bind = "127.0.0.1"
+port = 0
+[s2s]
+bind = "127.0.0.1"
+port = 0
+direct_tls_port = 0
+nameserver = "none"
 [limits]
 connections_per_ip_per_minute = 100000
 stanzas_per_second = 1000
@@ -70,7 +80,7 @@ python3 "$HERE/run.py" --host 127.0.0.1 --port "$C2S_PORT" --domain "$DOMAIN" \
     --ca-file "$RUN_DIR/certs/selfsigned-$DOMAIN.pem" \
     --register-cmd "printf '%s\n' {password} | $BIN --config $CFG user add {user}@{domain} --password-file -" \
     --server-name "presenced $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo dev)" \
-    --json "$RUN_DIR/results.json" "$@"
+    --json "$RUN_DIR/results.json" --strict "$@"
 STATUS=$?
 set -e
 if [[ $STATUS != 0 ]]; then

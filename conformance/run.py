@@ -986,6 +986,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connect-timeout", type=float, default=10.0)
     p.add_argument("--jobs", type=int, default=4, help="scenarios run concurrently")
     p.add_argument("--server-name", default="", help="label stored in the JSON results")
+    p.add_argument("--strict", action="store_true",
+                   help="count a skipped scenario as a failure (for a server expected to support all)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every stanza")
     a = p.parse_args(argv)
 
@@ -1009,7 +1011,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as fh:
             json.dump({"server": a.server_name, "host": a.host, "port": a.port, "domain": a.domain,
                        "seconds": round(time.monotonic() - t0, 1), "results": results}, fh, indent=2)
-    if skipped:
+    if skipped and a.strict:
+        # A skip is a feature the server did not show: for the server under development that
+        # is a regression, not a pass.
+        failed += skipped
+        print(f"{skipped} skipped, counted as failed (--strict)")
+    elif skipped:
         print(f"{skipped} skipped")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

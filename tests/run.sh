@@ -21,6 +21,12 @@ psql -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 -q \
 
 cargo test --all-targets --no-fail-fast
 
-if [ -x conformance/presenced.sh ]; then
-  conformance/presenced.sh
-fi
+# The conformance runner's own offline tests, then the suite against this server (strict:
+# a skipped scenario fails the run).
+python3 -m pip install --quiet --disable-pip-version-check -r conformance/requirements.txt
+python3 conformance/test_run.py
+bash conformance/presenced.sh
+
+# The fuzz crate's decoder tests and every seed document under all limit choices (its own
+# workspace; no fuzzer needed for these).
+(cd fuzz && cargo test --lib)
