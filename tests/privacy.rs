@@ -169,16 +169,28 @@ async fn block_list_round_trip_pushes_to_resources_that_asked_and_unblock_all_em
 
 #[tokio::test]
 async fn blocked_contact_gets_unavailable_from_every_resource_then_nothing_more() {
-    let ts = TestServer::start(|_| {}).await;
+    // A short grace period, so the closing session below is announced within the test.
+    let ts = TestServer::start(|c| c.liveness.grace = 0.5).await;
     ts.user("alice").await;
     ts.user("bob").await;
+    ts.user("carol").await;
     mutual(&ts, "alice", "bob").await;
+    // carol, a subscriber nobody blocks, is the witness that each thing bob must not see
+    // did go out.
+    mutual(&ts, "alice", "carol").await;
     let mut bob = online(&ts, "bob", "pc").await;
+    let mut carol = online(&ts, "carol", "pc").await;
     let mut phone = online(&ts, "alice", "phone").await;
     let mut laptop = online(&ts, "alice", "laptop").await;
     for r in ["phone", "laptop"] {
         let j = format!("{}/{r}", ts.jid("alice"));
         bob.expect(|e| is_presence(e, &j, None)).await;
+    }
+    // Everything routed before the block (login probe answers and broadcasts) is
+    // legitimate: drain it behind a barrier, so nothing that arrives later is thrown away.
+    for c in [&mut bob, &mut laptop] {
+        barrier(&ts, c).await;
+        c.backlog.clear();
     }
     block(&ts, &mut laptop, "block", &[ts.jid("bob")]).await;
     for r in ["phone", "laptop"] {
@@ -191,11 +203,18 @@ async fn blocked_contact_gets_unavailable_from_every_resource_then_nothing_more(
     laptop
         .expect(|e| is_presence(e, &bob_pc, Some("unavailable")))
         .await;
-    // (Drop what came before the block, e.g. the answers to the login probes.)
-    bob.backlog.clear();
-    laptop.backlog.clear();
     // Nothing more: a presence update, a chat state, a closing session.
-    phone.presence(None, None).await;
+    let update = Element::new("presence", NS_CLIENT)
+        .child(Element::new("status", NS_CLIENT).text("after the block"));
+    phone.send(&update).await;
+    let phone_jid = format!("{}/phone", ts.jid("alice"));
+    carol
+        .expect(|e| {
+            is_presence(e, &phone_jid, None)
+                && e.get_child("status", NS_CLIENT)
+                    .is_some_and(|s| s.text_content() == "after the block")
+        })
+        .await;
     let cs = el(&format!(
         "<message type='chat' to='{}'><composing xmlns='{NS_CHATSTATES}'/></message>",
         ts.jid("bob")
@@ -212,6 +231,10 @@ async fn blocked_contact_gets_unavailable_from_every_resource_then_nothing_more(
         .is_some());
     barrier(&ts, &mut phone).await;
     phone.close().await;
+    // The close is announced after the grace period: carol's copy proves it went out.
+    carol
+        .expect(|e| is_presence(e, &phone_jid, Some("unavailable")))
+        .await;
     barrier(&ts, &mut laptop).await;
     bob.expect_none(|e| from_is(e, &ts.jid("alice")), QUIET)
         .await;

@@ -195,27 +195,59 @@ async fn mutual_subscription_across_domains_shows_presence_on_login_and_logout()
 async fn probe_from_a_non_subscriber_gets_no_answer() {
     let p = pair().await;
     p.a.user("carol").await;
+    p.a.user("erin").await;
     p.b.user("dave").await;
     let carol_jid = p.a.jid("carol");
+    let erin_jid = p.a.jid("erin");
     let dave_jid = p.b.jid("dave");
     let mut dave = p.b.login("dave", "r").await;
     dave.presence(None, None).await;
     dave.expect(|e| is_presence(e, &dave_jid, None)).await;
+    // erin@a is an approved subscriber of dave: the witness that dave's presence does cross
+    // the link from b to a, so carol's silence below means something.
+    let mut erin = p.a.login("erin", "r").await;
+    erin.presence(None, None).await;
+    erin.expect(|e| is_presence(e, &erin_jid, None)).await;
+    subscribe_approved(&mut erin, &erin_jid, &mut dave, &dave_jid).await;
     // carol asks; dave does not answer, so carol has only a pending request.
     let mut carol = p.a.login("carol", "r").await;
     carol.presence(None, None).await;
     carol.send(&presence_to("subscribe", &dave_jid)).await;
     dave.expect(|e| is_presence(e, &carol_jid, Some("subscribe")))
         .await;
-    // A new login of carol probes nobody it is not subscribed to, and dave's presence
-    // changes do not reach her.
-    dave.presence(None, None).await;
-    carol
-        .expect_none(
+    // RFC 6121 §4.3.2: an explicit probe from a non-subscriber is not answered with presence.
+    carol.send(&presence_to("probe", &dave_jid)).await;
+    // A new resource's login probes nobody carol is not subscribed to.
+    let mut carol2 = p.a.login("carol", "r2").await;
+    carol2.presence(None, None).await;
+    // dave's presence change reaches the subscriber, not carol.
+    let witness = Element::new("presence", NS_CLIENT)
+        .child(Element::new("status", NS_CLIENT).text("witness"));
+    dave.send(&witness).await;
+    erin.expect(|e| {
+        is_presence(e, &dave_jid, None)
+            && e.get_child("status", NS_CLIENT)
+                .is_some_and(|s| s.text_content() == "witness")
+    })
+    .await;
+    // Barrier: a message dave sends after everything above crosses the same b→a stream, so
+    // any presence to carol would already be in her backlog when it arrives.
+    let barrier = Element::new("message", NS_CLIENT)
+        .attr("to", carol_jid.clone())
+        .attr("type", "chat")
+        .child(Element::new("body", NS_CLIENT).text("barrier"));
+    dave.send(&barrier).await;
+    for c in [&mut carol, &mut carol2] {
+        c.expect(|e| {
+            e.name == "message" && e.get_attr("from").is_some_and(|f| f.starts_with(&dave_jid))
+        })
+        .await;
+        c.expect_none(
             |e| is_presence(e, &dave_jid, None),
-            Duration::from_millis(800),
+            Duration::from_millis(500),
         )
         .await;
+    }
     p.a.stop().await;
     p.b.stop().await;
 }
