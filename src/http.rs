@@ -166,9 +166,8 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
             respond(io, 200, "application/json", &body).await
         }
         "/metrics" if c.metrics => {
-            let mut body = shared.liveness.metrics.render(shared.sessions.count());
-            body.push_str(&shared.s2s.render_metrics());
-            respond(io, 200, "text/plain; version=0.0.4", &body).await
+            let body = shared.metrics.render();
+            respond(io, 200, crate::metrics::CONTENT_TYPE, &body).await
         }
         _ => respond(io, 404, "text/plain", "not found").await,
     }

@@ -45,6 +45,8 @@ pub struct Shared {
     pub privacy: crate::presence::gate::Registry,
     /// Federation: outgoing links, dialback secret, remote presence state.
     pub s2s: crate::s2s::S2s,
+    /// The Prometheus registry behind `/metrics` and the counters fed into it.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks
@@ -144,8 +146,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         roster_locks: RosterLocks::default(),
         privacy: Default::default(),
         s2s,
+        metrics: crate::metrics::Metrics::new(),
     });
     shared.s2s.attach(&shared);
+    shared.metrics.attach(&shared);
     // Block-list and settings changes made anywhere withdraw presence already shown here.
     crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();

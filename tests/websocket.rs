@@ -464,3 +464,114 @@ async fn a_request_head_trickled_byte_by_byte_is_cut_off_at_the_negotiation_time
     assert!(took >= Duration::from_secs(timeout), "{took:?}");
     ts.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// Metrics.
+
+#[tokio::test]
+async fn metrics_count_logins_by_transport_auth_failures_messages_and_policy_drops() {
+    let ts = TestServer::start(|c| {
+        c.limits.stanzas_per_second = 1;
+        c.limits.stanza_burst = 20;
+    })
+    .await;
+    for u in ["alice", "bob", "carol", "dave"] {
+        ts.user(u).await;
+    }
+    let before = ts.scrape_metrics().await;
+    let value = |m: &std::collections::HashMap<String, f64>, k: &str| {
+        *m.get(k).unwrap_or_else(|| panic!("{k} missing in {m:?}"))
+    };
+    // Every counter is exported from the start.
+    for k in [
+        "presenced_logins_total{transport=\"tcp\"}",
+        "presenced_logins_total{transport=\"websocket\"}",
+        "presenced_auth_failures_total",
+        "presenced_messages_routed_total",
+        "presenced_stanzas_dropped_total{reason=\"blocked_by_sender\"}",
+        "presenced_stanzas_dropped_total{reason=\"stanza_rate\"}",
+    ] {
+        assert_eq!(value(&before, k), 0.0, "{k}");
+    }
+    // One failed SASL attempt.
+    let mut c = Client::tcp(&ts).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(&ts).await;
+    let answer = c.auth_plain("alice", "not the password").await;
+    assert_eq!(answer.name, "failure", "{answer}");
+    // Two TCP logins and one WebSocket login.
+    let mut alice = ts.login("alice", "pc").await;
+    let mut dave = ts.login("dave", "pc").await;
+    let mut bob = Ws::login(&ts, "bob", "web").await;
+    // A message routed (and received: the positive control for the counts below).
+    alice
+        .send(
+            &parse_element(&format!(
+                "<message to='{}' type='chat'><body>hi</body></message>",
+                bob.jid
+            ))
+            .unwrap(),
+        )
+        .await;
+    bob.recv_until(|e| e.name == "message").await;
+    // Alice blocks carol; her message to carol is refused with XEP-0191's <blocked/>.
+    let r = alice
+        .iq(
+            "set",
+            None,
+            parse_element(&format!(
+                "<block xmlns='urn:xmpp:blocking'><item jid='{}'/></block>",
+                ts.jid("carol")
+            ))
+            .unwrap(),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    alice
+        .send(
+            &parse_element(&format!(
+                "<message to='{}' type='chat' id='m2'><body>x</body></message>",
+                ts.jid("carol")
+            ))
+            .unwrap(),
+        )
+        .await;
+    let refused = alice
+        .expect(|e| e.name == "message" && e.get_attr("id") == Some("m2"))
+        .await;
+    assert_eq!(refused.get_attr("type"), Some("error"), "{refused}");
+    // Dave floods past his burst: the stanza over it is dropped and the stream closed.
+    for n in 0..40 {
+        dave.send_raw(&format!("<presence xmlns='jabber:client' id='f{n}'/>"))
+            .await;
+    }
+    match dave.expect_stream_end().await {
+        Ended::StreamError(cond) => assert_eq!(cond, "policy-violation"),
+        other => panic!("expected policy-violation, got {other:?}"),
+    }
+    let after = ts.scrape_metrics().await;
+    for (k, want) in [
+        ("presenced_logins_total{transport=\"tcp\"}", 2.0),
+        ("presenced_logins_total{transport=\"websocket\"}", 1.0),
+        ("presenced_auth_failures_total", 1.0),
+        // The message to bob and the one to carol: counted whatever happened next.
+        ("presenced_messages_routed_total", 2.0),
+        (
+            "presenced_stanzas_dropped_total{reason=\"blocked_by_sender\"}",
+            1.0,
+        ),
+        (
+            "presenced_stanzas_dropped_total{reason=\"stanza_rate\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(value(&after, k), want, "{k}");
+    }
+    // The figures read at scrape time are in the same registry.
+    assert!(after.contains_key("presenced_sessions"));
+    assert!(after.contains_key("presenced_heartbeats_total"));
+    assert!(after
+        .contains_key("presenced_s2s_authenticated_total{method=\"external\",direction=\"in\"}"));
+    alice.close().await;
+    ts.stop().await;
+}

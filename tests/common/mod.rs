@@ -194,6 +194,29 @@ impl TestServer {
             .expect("redis")
     }
 
+    /// `GET /metrics` over HTTP: every sample as `name{labels}` → value (comments skipped).
+    pub async fn scrape_metrics(&self) -> std::collections::HashMap<String, f64> {
+        use tokio::io::AsyncReadExt;
+        let mut s = TcpStream::connect(self.http_addr()).await.expect("connect");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("request");
+        let mut text = String::new();
+        tokio::time::timeout(WAIT, s.read_to_string(&mut text))
+            .await
+            .expect("metrics within the wait")
+            .expect("metrics read");
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        body.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| {
+                let (k, v) = l.rsplit_once(' ')?;
+                Some((k.to_owned(), v.parse().ok()?))
+            })
+            .collect()
+    }
+
     /// A liveness counter by name, read from the server's /metrics-backing counters.
     pub fn metric(&self, f: impl Fn(&presenced::liveness::Metrics) -> u64) -> u64 {
         f(&self.shared().liveness.metrics)
