@@ -83,7 +83,7 @@ install_peers() {
 build_bench() {
     if [ -n "${BENCH_BIN:-}" ]; then BENCH="$BENCH_BIN"; return; fi # a prebuilt generator
     log "building presenced-bench (release)"
-    (cd "$REPO" && cargo build --release --quiet --bin presenced-bench)
+    (cd "$REPO" && cargo build --release --quiet -p presenced-bench)
     BENCH="${CARGO_TARGET_DIR:-$REPO/target}/release/presenced-bench"
     [ -x "$BENCH" ] || { echo "no binary at $BENCH" >&2; exit 1; }
 }

@@ -401,6 +401,7 @@ impl Conn {
         let f = Element::new("failure", x::NS_SASL).child(Element::new(condition, x::NS_SASL));
         self.write_el(&f).await?;
         *failures += 1;
+        self.shared.metrics.auth_failure();
         tracing::info!(peer = %self.peer, condition, failures = *failures, "SASL failure");
         if *failures >= self.shared.config.limits.max_auth_failures {
             // RFC 6120 §6.4.5: after the configured number of retries, end the stream.
@@ -729,6 +730,7 @@ impl Conn {
         }
         let handle = reg.handle;
         tracing::info!(%peer, %jid, kind = ?transport.kind, "session bound");
+        shared.metrics.login(transport.kind);
         let writer_task = tokio::spawn(write_loop(writer, reg.rx, handle.kill.clone()));
         let mut live = shared
             .liveness
@@ -800,6 +802,9 @@ impl Conn {
             match ev {
                 Ok(StreamEvent::Stanza(el)) => {
                     if !bucket.take() {
+                        shared
+                            .metrics
+                            .dropped(crate::metrics::DropReason::StanzaRate);
                         break Some(StreamError::new(
                             "policy-violation",
                             "too many stanzas per second",

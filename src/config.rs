@@ -300,10 +300,12 @@ pub struct LimitsConfig {
     pub max_depth: usize,
     /// Seconds from TCP accept to a bound resource (connection-timeout, RFC 6120 §4.9.3.4).
     pub negotiation_timeout: u64,
-    /// New connections accepted per source IP per minute; more are closed with
-    /// policy-violation before any negotiation.
+    /// New connections accepted per source IP per minute, counted over every client-facing
+    /// listener together (c2s and HTTP/WebSocket); more are closed with policy-violation
+    /// (HTTP: 429) before any negotiation.
     pub connections_per_ip_per_minute: u32,
-    /// Simultaneous client connections; more get resource-constraint.
+    /// Simultaneous client connections, c2s and HTTP/WebSocket together; more get
+    /// resource-constraint (HTTP: 503).
     pub max_connections: usize,
     /// Roster items per user; a roster set beyond it gets not-allowed.
     pub max_roster_items: i64,

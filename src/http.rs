@@ -13,16 +13,16 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::c2s::BoxIo;
-use crate::server::{Shared, StartError};
+use crate::server::{ListenerPolicy, Refusal, Shared, StartError};
 
 /// Binds the listener (if enabled) and starts accepting. Returns the bound address.
 pub async fn start(
     shared: &Arc<Shared>,
     tracker: &TaskTracker,
+    policy: Arc<ListenerPolicy>,
 ) -> Result<Option<SocketAddr>, StartError> {
     let c = &shared.config.http;
     if !c.enabled {
@@ -36,19 +36,27 @@ pub async fn start(
         .local_addr()
         .map_err(|e| StartError::Bind(addr, e))?;
     tracing::info!(addr = %local, tls = c.tls, path = %c.websocket_path, "http listening");
-    let permits = Arc::new(Semaphore::new(shared.config.limits.max_connections));
-    tracker.spawn(accept_loop(listener, shared.clone(), permits));
+    tracker.spawn(accept_loop(listener, shared.clone(), policy));
     Ok(Some(local))
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, permits: Arc<Semaphore>) {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, policy: Arc<ListenerPolicy>) {
     while let Some((stream, peer)) =
         crate::server::next_connection(&listener, &shared.shutdown, "http").await
     {
         let _ = stream.set_nodelay(true);
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "http connection limit reached");
-            continue;
+        let permit = match policy.admit(peer) {
+            Ok(permit) => permit,
+            Err(why) => {
+                // RFC 6585 §4 for the rate, RFC 9110 §15.6.4 for the cap; a WebSocket client
+                // sees its handshake refused with the same status.
+                let (status, text) = match why {
+                    Refusal::Rate => (429, "too many connections from your address"),
+                    Refusal::Full => (503, "the server is full"),
+                };
+                tokio::spawn(respond(Box::new(stream), status, "text/plain", text));
+                continue;
+            }
         };
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -95,11 +103,15 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, ()> {
 }
 
 async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
+    // The TLS handshake and the whole request head share one deadline: a bound on each read
+    // alone lets a client trickle a byte per read and keep the connection for ever. The head
+    // is HTTP's negotiation, so it gets the c2s negotiation time.
     let timeout = Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let deadline = tokio::time::Instant::now() + timeout;
     let secure_listener = shared.config.http.tls;
     let mut io = if secure_listener {
         let acceptor = tokio_rustls::TlsAcceptor::from(shared.tls.clone());
-        match tokio::time::timeout(timeout, acceptor.accept(io)).await {
+        match tokio::time::timeout_at(deadline, acceptor.accept(io)).await {
             Ok(Ok(tls)) => Box::new(tls) as BoxIo,
             _ => {
                 tracing::debug!(%peer, "https handshake failed");
@@ -113,9 +125,13 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
     let mut buf = Vec::with_capacity(1024);
     let head = loop {
         let mut chunk = [0u8; 1024];
-        let n = match tokio::time::timeout(timeout, io.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+        let n = match tokio::time::timeout_at(deadline, io.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
             Ok(Ok(n)) => n,
+            Err(_) => {
+                tracing::info!(%peer, "http request head not complete within the negotiation timeout");
+                return respond(io, 408, "text/plain", "request head too slow").await;
+            }
         };
         buf.extend_from_slice(&chunk[..n]);
         match parse_head(&buf) {
@@ -150,9 +166,8 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
             respond(io, 200, "application/json", &body).await
         }
         "/metrics" if c.metrics => {
-            let mut body = shared.liveness.metrics.render(shared.sessions.count());
-            body.push_str(&shared.s2s.render_metrics());
-            respond(io, 200, "text/plain; version=0.0.4", &body).await
+            let body = shared.metrics.render();
+            respond(io, 200, crate::metrics::CONTENT_TYPE, &body).await
         }
         _ => respond(io, 404, "text/plain", "not found").await,
     }
@@ -202,7 +217,10 @@ async fn respond(mut io: BoxIo, status: u16, ctype: &str, body: &str) {
         400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         _ => "Error",
     };
     // XEP-0156 §3.2: host-meta should be readable cross-origin by web clients.

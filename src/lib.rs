@@ -20,6 +20,7 @@ pub mod http;
 pub mod invisible;
 pub mod jid;
 pub mod liveness;
+pub mod metrics;
 pub mod presence;
 pub mod privacy_iq;
 pub mod rate_limit;

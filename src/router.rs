@@ -117,6 +117,7 @@ pub async fn account_exists(session: &Session, bare: &BareJid) -> bool {
 /// was answered or dropped here.
 async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Option<Element> {
     use crate::blocking::{inbound_from_blocked, outbound_to_blocked, Verdict};
+    use crate::metrics::DropReason;
     let shared = &session.shared;
     let me = session.jid().as_str();
     let own = session.jid().to_bare();
@@ -130,11 +131,19 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
         // Own account, own resources, the server: no other party's privacy is involved.
         return Some(el);
     };
+    // The sender's own block list first (XEP-0191 §3.6: the sender is told), then the
+    // recipient's (§3.5: answered as if the recipient were absent). Only the first is
+    // counted: the figure is public, and a count of the second would tell a sender that
+    // the recipient blocks it, which the answer itself hides.
     let verdict = match outbound_to_blocked(shared, me, &recipient, &el).await {
         Verdict::Pass if !matches!(target, Target::Remote(_)) => {
             inbound_from_blocked(shared, me, &recipient, &el).await
         }
-        v => v,
+        Verdict::Pass => Verdict::Pass,
+        v => {
+            shared.metrics.dropped(DropReason::BlockedBySender);
+            v
+        }
     };
     match verdict {
         Verdict::Pass => {}
@@ -165,6 +174,11 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
 
 async fn message(session: &mut Session, el: Element, target: Target) {
     let kind = el.get_attr("type").unwrap_or("normal").to_owned();
+    if !matches!(target, Target::LocalDomain) {
+        // Counted before the recipient's block list and sessions are looked at: the figure
+        // is public and must not tell a sender whether it is blocked or the recipient online.
+        session.shared.metrics.message_routed();
+    }
     let Some(el) = privacy_checks(session, el, &target).await else {
         return;
     };

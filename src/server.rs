@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -45,6 +45,8 @@ pub struct Shared {
     pub privacy: crate::presence::gate::Registry,
     /// Federation: outgoing links, dialback secret, remote presence state.
     pub s2s: crate::s2s::S2s,
+    /// The Prometheus registry behind `/metrics` and the counters fed into it.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks
@@ -144,16 +146,19 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         roster_locks: RosterLocks::default(),
         privacy: Default::default(),
         s2s,
+        metrics: crate::metrics::Metrics::new(),
     });
     shared.s2s.attach(&shared);
+    shared.metrics.attach(&shared);
     // Block-list and settings changes made anywhere withdraw presence already shown here.
     crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();
     tracker.spawn(crate::roster_sync::run(shared.clone()));
     crate::liveness::start(&shared, &tracker);
-    let http_addr = crate::http::start(&shared, &tracker).await?;
+    // One admission policy for every client-facing listener (s2s has its own limits).
+    let limits = Arc::new(ListenerPolicy::new(&shared.config));
+    let http_addr = crate::http::start(&shared, &tracker, limits.clone()).await?;
     let s2s = crate::s2s::inbound::listen(&shared, &tracker).await?;
-    let limits = Arc::new(Limits::new(&shared.config));
     let bind = shared.config.c2s.bind;
     let mut c2s_addr = None;
     let mut direct_tls_addr = None;
@@ -209,8 +214,11 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     Ok(())
 }
 
-/// Connection limits: total connections and new connections per source IP per minute.
-struct Limits {
+/// The admission policy of every client-facing listener (c2s STARTTLS, c2s direct TLS and the
+/// HTTP listener that carries WebSocket): one per-IP budget of new connections per minute and
+/// one cap on open connections, shared by all of them, so a client cannot double its share by
+/// spreading its connections over transports.
+pub struct ListenerPolicy {
     /// One permit per open client connection (`[limits] max_connections`).
     connections: Arc<Semaphore>,
     /// Accept times per source IP within the current minute.
@@ -218,17 +226,41 @@ struct Limits {
     per_ip_max: u32,
 }
 
-impl Limits {
-    fn new(config: &Config) -> Self {
-        Limits {
+/// Why [`ListenerPolicy::admit`] refused a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The source address opened more connections this minute than
+    /// `[limits] connections_per_ip_per_minute` allows.
+    Rate,
+    /// `[limits] max_connections` connections are open.
+    Full,
+}
+
+impl ListenerPolicy {
+    /// The policy `[limits]` describes.
+    pub fn new(config: &Config) -> Self {
+        ListenerPolicy {
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
             per_ip: Mutex::new(HashMap::new()),
             per_ip_max: config.limits.connections_per_ip_per_minute,
         }
     }
 
+    /// Admits a new connection from `peer`, or says why not. The permit is the connection's
+    /// place under the cap: hold it for as long as the connection lives.
+    pub fn admit(&self, peer: SocketAddr) -> Result<OwnedSemaphorePermit, Refusal> {
+        if !self.within_rate(peer.ip()) {
+            tracing::warn!(%peer, "connection rate from this address exceeded");
+            return Err(Refusal::Rate);
+        }
+        self.connections.clone().try_acquire_owned().map_err(|_| {
+            tracing::warn!(%peer, "connection limit reached");
+            Refusal::Full
+        })
+    }
+
     /// Counts a new connection from `ip`; false when it is over the per-minute budget.
-    fn admit(&self, ip: IpAddr) -> bool {
+    fn within_rate(&self, ip: IpAddr) -> bool {
         let now = Instant::now();
         let mut map = self.per_ip.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() > 100_000 {
@@ -246,7 +278,7 @@ impl Limits {
 async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
-    limits: Arc<Limits>,
+    limits: Arc<ListenerPolicy>,
     tracker: TaskTracker,
     direct_tls: bool,
 ) {
@@ -255,27 +287,17 @@ async fn accept_loop(
     {
         // Nagle plus delayed ACK stalls small TLS records; stanzas are small.
         let _ = stream.set_nodelay(true);
-        if !limits.admit(peer.ip()) {
-            tracing::warn!(%peer, "connection rate from this address exceeded");
-            tracker.spawn(refuse(
-                stream,
-                shared.clone(),
-                direct_tls,
-                "policy-violation",
-                "too many connections from your address",
-            ));
-            continue;
-        }
-        let Ok(permit) = limits.connections.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "connection limit reached");
-            tracker.spawn(refuse(
-                stream,
-                shared.clone(),
-                direct_tls,
-                "resource-constraint",
-                "the server is full",
-            ));
-            continue;
+        let permit = match limits.admit(peer) {
+            Ok(permit) => permit,
+            Err(why) => {
+                // RFC 6120 §4.9.3.14 / §4.9.3.17.
+                let (condition, text) = match why {
+                    Refusal::Rate => ("policy-violation", "too many connections from your address"),
+                    Refusal::Full => ("resource-constraint", "the server is full"),
+                };
+                tracker.spawn(refuse(stream, shared.clone(), direct_tls, condition, text));
+                continue;
+            }
         };
         let shared = shared.clone();
         tracker.spawn(async move {

@@ -650,6 +650,20 @@ async fn sasl_external_authenticates_both_directions_and_dialback_is_not_used() 
             "{name}: no dialback: {n:?}"
         );
     }
+    // The same figures at /metrics, one sample per method and direction.
+    let m = p.a.scrape_metrics().await;
+    let n = p.a.shared().s2s.auth_counts();
+    for (method, direction, v) in [
+        ("external", "in", n.external_in),
+        ("external", "out", n.external_out),
+        ("dialback", "in", 0),
+        ("dialback", "out", 0),
+    ] {
+        let k = format!(
+            "presenced_s2s_authenticated_total{{method=\"{method}\",direction=\"{direction}\"}}"
+        );
+        assert_eq!(m.get(&k), Some(&(v as f64)), "{k} in {m:?}");
+    }
     drop(bob);
     p.a.stop().await;
     p.b.stop().await;

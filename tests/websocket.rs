@@ -311,3 +311,267 @@ async fn websocket_over_tls_uses_the_server_certificate_and_refuses_a_missing_su
     assert!(tokio_tungstenite::client_async(req, tls).await.is_err());
     ts.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// One admission policy for every client-facing listener.
+
+/// A TCP connection to the HTTP listener from the local address `source`.
+async fn http_tcp_from(ts: &TestServer, source: std::net::IpAddr) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(std::net::SocketAddr::new(source, 0)).unwrap();
+    sock.connect(ts.http_addr()).await.unwrap()
+}
+
+/// A WebSocket handshake from `source`: the open connection, or the HTTP status that
+/// refused it.
+async fn ws_from(ts: &TestServer, source: std::net::IpAddr) -> Result<Ws, u16> {
+    let tcp = http_tcp_from(ts, source).await;
+    let url = format!("ws://{}{}", ts.domain, ts.config.http.websocket_path);
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static("xmpp"));
+    let io: Box<dyn Io> = Box::new(tcp);
+    match tokio::time::timeout(WAIT, tokio_tungstenite::client_async(req, io))
+        .await
+        .expect("handshake answered within the wait")
+    {
+        Ok((ws, _)) => Ok(Ws {
+            ws,
+            jid: String::new(),
+        }),
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err(resp.status().as_u16()),
+        Err(e) => panic!("handshake failed without an HTTP status: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn websocket_and_tcp_connections_share_one_per_ip_budget() {
+    let ts = TestServer::start(|c| c.limits.connections_per_ip_per_minute = 2).await;
+    let (one, two) = (
+        std::net::IpAddr::from([127, 0, 0, 1]),
+        std::net::IpAddr::from([127, 0, 0, 2]),
+    );
+    // From one address: two TCP streams use the budget, so a WebSocket is refused (RFC 6585
+    // §4) ...
+    let mut tcp = Vec::new();
+    for n in 1..=2 {
+        let mut c = Client::tcp_from(&ts, one).await;
+        c.open(&ts.domain)
+            .await
+            .unwrap_or_else(|e| panic!("TCP connection {n} within the budget refused: {e:?}"));
+        tcp.push(c);
+    }
+    assert_eq!(ws_from(&ts, one).await.err(), Some(429));
+    // ... and from another: two WebSockets use it, so a TCP stream gets policy-violation
+    // (RFC 6120 §4.9.3.14). The first WebSocket there is the positive control: the refusal
+    // above is per address, not global.
+    let mut ws = Vec::new();
+    for n in 1..=2 {
+        let mut w = ws_from(&ts, two)
+            .await
+            .unwrap_or_else(|s| panic!("WebSocket {n} within the budget refused: {s}"));
+        w.open(&ts.domain).await;
+        ws.push(w);
+    }
+    let mut third = Client::tcp_from(&ts, two).await;
+    match third.open(&ts.domain).await {
+        Err(Ended::StreamError(cond)) => assert_eq!(cond, "policy-violation"),
+        other => panic!("expected policy-violation, got {other:?}"),
+    }
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn websocket_and_tcp_connections_share_one_connection_cap() {
+    let ts = TestServer::start(|c| c.limits.max_connections = 2).await;
+    let mut tcp = Client::tcp(&ts).await;
+    tcp.open(&ts.domain)
+        .await
+        .expect("first connection admitted");
+    let mut web = Ws::connect(&ts).await;
+    web.open(&ts.domain).await;
+    // Two open connections over two transports fill the cap for both.
+    let mut over = Client::tcp(&ts).await;
+    match over.open(&ts.domain).await {
+        Err(Ended::StreamError(cond)) => assert_eq!(cond, "resource-constraint"),
+        other => panic!("expected resource-constraint, got {other:?}"),
+    }
+    let local = std::net::IpAddr::from([127, 0, 0, 1]);
+    assert_eq!(ws_from(&ts, local).await.err(), Some(503));
+    // A closed WebSocket gives its place back, to a TCP stream as well: the server notices
+    // the close on its own time, so the new connection is retried until admitted.
+    web.send(&format!("<close xmlns='{FRAMING}'/>")).await;
+    web.recv_until(|e| e.name == "close").await;
+    drop(web);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut c = Client::tcp(&ts).await;
+        match c.open(&ts.domain).await {
+            Ok(_) => break,
+            Err(Ended::StreamError(cond)) if cond == "resource-constraint" => {
+                assert!(Instant::now() < deadline, "the place was never given back");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("unexpected refusal: {e:?}"),
+        }
+    }
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The HTTP request head.
+
+#[tokio::test]
+async fn a_request_head_trickled_byte_by_byte_is_cut_off_at_the_negotiation_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Every single read comes well within the timeout; only the whole head is late.
+    let timeout = 1;
+    let ts = TestServer::start(|c| c.limits.negotiation_timeout = timeout).await;
+    // Positive control: the same head sent at once is answered.
+    let head = b"GET /.well-known/host-meta HTTP/1.1\r\nHost: chat.example\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut quick = TcpStream::connect(ts.http_addr()).await.unwrap();
+    quick.write_all(head).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(WAIT, quick.read_to_string(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The slow client: one byte every 200 ms, the whole head would take 20 s.
+    let mut slow = TcpStream::connect(ts.http_addr()).await.unwrap();
+    let started = Instant::now();
+    let (mut rd, mut wr) = slow.split();
+    let trickle = async {
+        for b in head {
+            if wr.write_all(&[*b]).await.is_err() {
+                // Closed by the server: the answer is read on the other branch.
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let mut answer = String::new();
+    let bound = Duration::from_secs(timeout) + Duration::from_secs(2);
+    tokio::select! {
+        r = tokio::time::timeout(bound, rd.read_to_string(&mut answer)) => {
+            r.expect("the connection ends within the bound").ok();
+        }
+        _ = trickle => panic!("the whole head was accepted byte by byte"),
+    }
+    let took = started.elapsed();
+    eprintln!("measured: trickled head cut off after {took:?}");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(took >= Duration::from_secs(timeout), "{took:?}");
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Metrics.
+
+#[tokio::test]
+async fn metrics_count_logins_by_transport_auth_failures_messages_and_policy_drops() {
+    let ts = TestServer::start(|c| {
+        c.limits.stanzas_per_second = 1;
+        c.limits.stanza_burst = 20;
+    })
+    .await;
+    for u in ["alice", "bob", "carol", "dave"] {
+        ts.user(u).await;
+    }
+    let before = ts.scrape_metrics().await;
+    let value = |m: &std::collections::HashMap<String, f64>, k: &str| {
+        *m.get(k).unwrap_or_else(|| panic!("{k} missing in {m:?}"))
+    };
+    // Every counter is exported from the start.
+    for k in [
+        "presenced_logins_total{transport=\"tcp\"}",
+        "presenced_logins_total{transport=\"websocket\"}",
+        "presenced_auth_failures_total",
+        "presenced_messages_routed_total",
+        "presenced_stanzas_dropped_total{reason=\"blocked_by_sender\"}",
+        "presenced_stanzas_dropped_total{reason=\"stanza_rate\"}",
+    ] {
+        assert_eq!(value(&before, k), 0.0, "{k}");
+    }
+    // One failed SASL attempt.
+    let mut c = Client::tcp(&ts).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(&ts).await;
+    let answer = c.auth_plain("alice", "not the password").await;
+    assert_eq!(answer.name, "failure", "{answer}");
+    // Two TCP logins and one WebSocket login.
+    let mut alice = ts.login("alice", "pc").await;
+    let mut dave = ts.login("dave", "pc").await;
+    let mut bob = Ws::login(&ts, "bob", "web").await;
+    // A message routed (and received: the positive control for the counts below).
+    alice
+        .send(
+            &parse_element(&format!(
+                "<message to='{}' type='chat'><body>hi</body></message>",
+                bob.jid
+            ))
+            .unwrap(),
+        )
+        .await;
+    bob.recv_until(|e| e.name == "message").await;
+    // Alice blocks carol; her message to carol is refused with XEP-0191's <blocked/>.
+    let r = alice
+        .iq(
+            "set",
+            None,
+            parse_element(&format!(
+                "<block xmlns='urn:xmpp:blocking'><item jid='{}'/></block>",
+                ts.jid("carol")
+            ))
+            .unwrap(),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    alice
+        .send(
+            &parse_element(&format!(
+                "<message to='{}' type='chat' id='m2'><body>x</body></message>",
+                ts.jid("carol")
+            ))
+            .unwrap(),
+        )
+        .await;
+    let refused = alice
+        .expect(|e| e.name == "message" && e.get_attr("id") == Some("m2"))
+        .await;
+    assert_eq!(refused.get_attr("type"), Some("error"), "{refused}");
+    // Dave floods past his burst: the stanza over it is dropped and the stream closed.
+    for n in 0..40 {
+        dave.send_raw(&format!("<presence xmlns='jabber:client' id='f{n}'/>"))
+            .await;
+    }
+    match dave.expect_stream_end().await {
+        Ended::StreamError(cond) => assert_eq!(cond, "policy-violation"),
+        other => panic!("expected policy-violation, got {other:?}"),
+    }
+    let after = ts.scrape_metrics().await;
+    for (k, want) in [
+        ("presenced_logins_total{transport=\"tcp\"}", 2.0),
+        ("presenced_logins_total{transport=\"websocket\"}", 1.0),
+        ("presenced_auth_failures_total", 1.0),
+        // The message to bob and the one to carol: counted whatever happened next.
+        ("presenced_messages_routed_total", 2.0),
+        (
+            "presenced_stanzas_dropped_total{reason=\"blocked_by_sender\"}",
+            1.0,
+        ),
+        (
+            "presenced_stanzas_dropped_total{reason=\"stanza_rate\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(value(&after, k), want, "{k}");
+    }
+    // The figures read at scrape time are in the same registry.
+    assert!(after.contains_key("presenced_sessions"));
+    assert!(after.contains_key("presenced_heartbeats_total"));
+    assert!(after
+        .contains_key("presenced_s2s_authenticated_total{method=\"external\",direction=\"in\"}"));
+    alice.close().await;
+    ts.stop().await;
+}

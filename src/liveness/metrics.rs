@@ -1,10 +1,11 @@
 //! Liveness counters: what the design promises (writes proportional to changes, not beats)
-//! made visible, in the logs and at /metrics (Prometheus text format 0.0.4).
+//! made visible, in the logs and at /metrics (through the node's registry, [`crate::metrics`]).
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::server::Shared;
 
@@ -47,78 +48,74 @@ fn get(c: &AtomicU64) -> u64 {
 }
 
 impl Metrics {
-    /// Prometheus text exposition; `sessions` is the current number of bound sessions.
-    pub fn render(&self, sessions: usize) -> String {
-        let mut out = String::new();
-        let mut counter = |name: &str, help: &str, v: u64| {
-            let _ = write!(
-                out,
-                "# HELP presenced_{name} {help}\n# TYPE presenced_{name} counter\npresenced_{name} {v}\n"
-            );
-        };
-        counter(
-            "redis_writes_total",
-            "Resource liveness writes to Redis.",
-            get(&self.redis_writes),
-        );
-        counter(
-            "redis_errors_total",
-            "Failed or dropped Redis operations.",
-            get(&self.redis_errors),
-        );
-        counter(
-            "pg_last_seen_writes_total",
-            "Last-seen statements sent to PostgreSQL.",
-            get(&self.pg_writes),
-        );
-        counter(
-            "pg_last_seen_rows_total",
-            "Last-seen rows written to PostgreSQL.",
-            get(&self.pg_rows),
-        );
-        counter(
-            "pg_last_seen_errors_total",
-            "Failed last-seen flushes.",
-            get(&self.pg_errors),
-        );
-        counter(
-            "heartbeats_total",
-            "Inbound traffic events counted as heartbeats.",
-            get(&self.heartbeats),
-        );
-        counter(
-            "pings_sent_total",
-            "Keepalive pings sent to clients.",
-            get(&self.pings_sent),
-        );
-        counter("sweeps_total", "Sweeper runs.", get(&self.sweeps));
-        counter(
-            "swept_resources_total",
-            "Resources taken by the sweeper.",
-            get(&self.swept),
-        );
-        counter(
-            "silent_deaths_total",
-            "Sessions ended for silence.",
-            get(&self.silent_deaths),
-        );
-        counter(
-            "grace_started_total",
-            "Grace periods started.",
-            get(&self.grace_started),
-        );
-        counter(
-            "grace_resumed_total",
-            "Resources re-bound within their grace period.",
-            get(&self.grace_resumed),
-        );
-        let up = u8::from(self.redis_up.load(Ordering::Relaxed));
-        let _ = write!(
-            out,
-            "# HELP presenced_redis_up Whether the last Redis command succeeded.\n# TYPE presenced_redis_up gauge\npresenced_redis_up {up}\n\
-             # HELP presenced_sessions Bound client sessions on this node.\n# TYPE presenced_sessions gauge\npresenced_sessions {sessions}\n"
-        );
-        out
+    /// Adds these counters to a scrape of the node's registry ([`crate::metrics`]).
+    pub fn encode(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, c) in [
+            (
+                "redis_writes",
+                "Resource liveness writes to Redis.",
+                &self.redis_writes,
+            ),
+            (
+                "redis_errors",
+                "Failed or dropped Redis operations.",
+                &self.redis_errors,
+            ),
+            (
+                "pg_last_seen_writes",
+                "Last-seen statements sent to PostgreSQL.",
+                &self.pg_writes,
+            ),
+            (
+                "pg_last_seen_rows",
+                "Last-seen rows written to PostgreSQL.",
+                &self.pg_rows,
+            ),
+            (
+                "pg_last_seen_errors",
+                "Failed last-seen flushes.",
+                &self.pg_errors,
+            ),
+            (
+                "heartbeats",
+                "Inbound traffic events counted as heartbeats.",
+                &self.heartbeats,
+            ),
+            (
+                "pings_sent",
+                "Keepalive pings sent to clients.",
+                &self.pings_sent,
+            ),
+            ("sweeps", "Sweeper runs.", &self.sweeps),
+            (
+                "swept_resources",
+                "Resources taken by the sweeper.",
+                &self.swept,
+            ),
+            (
+                "silent_deaths",
+                "Sessions ended for silence.",
+                &self.silent_deaths,
+            ),
+            (
+                "grace_started",
+                "Grace periods started.",
+                &self.grace_started,
+            ),
+            (
+                "grace_resumed",
+                "Resources re-bound within their grace period.",
+                &self.grace_resumed,
+            ),
+        ] {
+            crate::metrics::counter(e, name, help, get(c))?;
+        }
+        crate::metrics::gauge(
+            e,
+            "redis_up",
+            "Whether the last Redis command succeeded.",
+            i64::from(self.redis_up.load(Ordering::Relaxed)),
+        )
     }
 }
 

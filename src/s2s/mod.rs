@@ -220,26 +220,6 @@ impl S2s {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The counters in Prometheus text exposition, for `/metrics`.
-    pub fn render_metrics(&self) -> String {
-        let n = self.auth_counts();
-        let mut out = String::from(
-            "# HELP presenced_s2s_authenticated_total Federation streams authenticated, by method and direction.\n\
-             # TYPE presenced_s2s_authenticated_total counter\n",
-        );
-        for (method, direction, v) in [
-            ("external", "in", n.external_in),
-            ("external", "out", n.external_out),
-            ("dialback", "in", n.dialback_in),
-            ("dialback", "out", n.dialback_out),
-        ] {
-            out.push_str(&format!(
-                "presenced_s2s_authenticated_total{{method=\"{method}\",direction=\"{direction}\"}} {v}\n"
-            ));
-        }
-        out
-    }
-
     /// How many streams authenticated by which method since start.
     pub fn auth_counts(&self) -> AuthCounts {
         let a = &self.auth;
@@ -611,33 +591,6 @@ pub(crate) async fn deliver_inbound(shared: &Arc<Shared>, el: Element) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn auth_counters_are_exported_per_method_and_direction() {
-        let (cert, key) = {
-            let g = rcgen::generate_simple_self_signed(vec!["a.example".to_owned()]).unwrap();
-            (
-                g.cert.der().clone(),
-                rustls_pki_types::PrivateKeyDer::Pkcs8(g.key_pair.serialize_der().into()),
-            )
-        };
-        let s2s = S2s::new(&crate::config::Config::default(), (vec![cert], key));
-        s2s.authenticated(AuthMethod::External, true);
-        s2s.authenticated(AuthMethod::External, true);
-        s2s.authenticated(AuthMethod::Dialback, false);
-        let text = s2s.render_metrics();
-        for line in [
-            "presenced_s2s_authenticated_total{method=\"external\",direction=\"in\"} 2",
-            "presenced_s2s_authenticated_total{method=\"external\",direction=\"out\"} 0",
-            "presenced_s2s_authenticated_total{method=\"dialback\",direction=\"in\"} 0",
-            "presenced_s2s_authenticated_total{method=\"dialback\",direction=\"out\"} 1",
-        ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "{line} missing in:\n{text}"
-            );
-        }
-    }
 
     #[test]
     fn domain_and_bare_of_jid_strings() {

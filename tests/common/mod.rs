@@ -44,6 +44,17 @@ pub fn fast_liveness(c: &mut Config) {
     c.liveness.beat_shards = 2;
 }
 
+/// The repository's root: this harness is also compiled into the load generator's package
+/// (bench/generator), whose manifest directory is below it.
+pub fn repo_root() -> PathBuf {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .find(|d| d.join("migrations").is_dir())
+        .unwrap_or(manifest)
+        .to_path_buf()
+}
+
 /// A short random token for unique names.
 pub fn unique() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
@@ -89,7 +100,7 @@ impl TestServer {
         config.tls.certs_dir = certs.clone();
         config.database.url = database_url();
         config.database.max_connections = 4;
-        config.database.migrations = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        config.database.migrations = repo_root().join("migrations");
         // Tests hammer one address; the per-IP limit has its own test.
         config.limits.connections_per_ip_per_minute = 10_000;
         // Each server gets its own Redis key prefix and an ephemeral loopback HTTP port, so
@@ -192,6 +203,29 @@ impl TestServer {
             .get_multiplexed_async_connection()
             .await
             .expect("redis")
+    }
+
+    /// `GET /metrics` over HTTP: every sample as `name{labels}` → value (comments skipped).
+    pub async fn scrape_metrics(&self) -> std::collections::HashMap<String, f64> {
+        use tokio::io::AsyncReadExt;
+        let mut s = TcpStream::connect(self.http_addr()).await.expect("connect");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("request");
+        let mut text = String::new();
+        tokio::time::timeout(WAIT, s.read_to_string(&mut text))
+            .await
+            .expect("metrics within the wait")
+            .expect("metrics read");
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        body.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| {
+                let (k, v) = l.rsplit_once(' ')?;
+                Some((k.to_owned(), v.parse().ok()?))
+            })
+            .collect()
     }
 
     /// A liveness counter by name, read from the server's /metrics-backing counters.
@@ -693,9 +727,7 @@ impl ScriptOutput {
 /// Runs `tests/clients/<script>` with the system Python (`PYTHON` overrides `python3`),
 /// killing it after `limit`. A script that overruns fails the test with its stderr.
 pub async fn run_client_script(script: &str, args: &[String], limit: Duration) -> ScriptOutput {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/clients")
-        .join(script);
+    let path = repo_root().join("tests/clients").join(script);
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
     let child = tokio::process::Command::new(python)
         .arg(&path)

@@ -1,7 +1,9 @@
-//! CI smoke runs of the load generator against this server (issue 7): tiny N, so the
+//! CI smoke runs of the load generator against this server: tiny N, so the
 //! generator, its presenced provisioning and its multi-process mode cannot rot. No timing
 //! is asserted; the runs fail only if logins or deliveries fail or their counts do not add up.
 
+// The server's own test harness: a real presenced on loopback ports.
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use common::*;

@@ -360,7 +360,8 @@ async fn provision_presenced_store(cli: &Cli, cache: &SaltCache) -> Result<(), S
     let store = presenced::store::Store::connect(&cli.provision_db, 8)
         .await
         .map_err(|e| format!("{}: {e}", cli.provision_db))?;
-    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    // The server's schema, from the repository this generator is built in (bench/generator).
+    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
     store
         .migrate(&migrations)
         .await

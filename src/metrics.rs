@@ -1,0 +1,263 @@
+//! The node's metrics: one prometheus-client registry, rendered at `GET /metrics` in the
+//! OpenMetrics text format (which Prometheus reads; every name keeps the `presenced_` prefix
+//! and counters their `_total` suffix).
+//!
+//! Two kinds of figures live in it:
+//!
+//! * counters incremented where things happen (logins, SASL failures, messages routed,
+//!   stanzas dropped by policy): each label value's counter is created once up front and
+//!   kept, so an increment on the hot path is one relaxed atomic add, with no label lookup;
+//! * figures read at scrape time from the state that already holds them (the liveness
+//!   counters, bound sessions, Redis health, federation authentications), through one
+//!   collector, so their owners keep plain atomics.
+//!
+//! The endpoint has no authentication, so no figure here may be finer than what it already
+//! shows (the number of bound sessions): counters move on a client's own acts or on decisions
+//! that do not depend on whether the other party is online.
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::liveness::TransportKind;
+use crate::server::Shared;
+
+/// The Content-Type of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A single-label set, as the families here use.
+type Label = [(&'static str, &'static str); 1];
+
+/// Why a stanza from a client was dropped or refused by policy rather than routed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The sender's own XEP-0191 block list holds the recipient (the sender is told, §3.6).
+    /// A recipient's block is not counted while this endpoint is public: the sender is
+    /// answered as if the recipient were absent (§3.5), and a counter must not say otherwise.
+    BlockedBySender,
+    /// The client sent faster than `[limits] stanzas_per_second` and its burst allow; the
+    /// stanza is dropped and the stream closed with policy-violation.
+    StanzaRate,
+}
+// Drops decided after the recipient's block list is read (the privacy gate's, a message
+// left empty by filtering) are not counted while this endpoint is public, for the reason
+// given at `BlockedBySender`: whether they happen tells a sender whether it is blocked.
+
+impl DropReason {
+    const ALL: [DropReason; 2] = [DropReason::BlockedBySender, DropReason::StanzaRate];
+
+    fn label(self) -> &'static str {
+        match self {
+            DropReason::BlockedBySender => "blocked_by_sender",
+            DropReason::StanzaRate => "stanza_rate",
+        }
+    }
+}
+
+/// The registry and the counters call sites increment.
+pub struct Metrics {
+    registry: Registry,
+    logins_tcp: Counter,
+    logins_websocket: Counter,
+    auth_failures: Counter,
+    messages_routed: Counter,
+    dropped: [Counter; DropReason::ALL.len()],
+    node: Arc<NodeCollector>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// An empty registry with every counter at zero; [`Metrics::attach`] adds the figures
+    /// read from the running server.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("presenced");
+        let logins = Family::<Label, Counter>::default();
+        let logins_tcp = logins.get_or_create_owned(&[("transport", "tcp")]);
+        let logins_websocket = logins.get_or_create_owned(&[("transport", "websocket")]);
+        registry.register(
+            "logins",
+            "Client sessions bound (RFC 6120 section 7), by transport.",
+            logins,
+        );
+        let auth_failures = Counter::default();
+        registry.register(
+            "auth_failures",
+            "Failed SASL authentication attempts of clients.",
+            auth_failures.clone(),
+        );
+        let messages_routed = Counter::default();
+        registry.register(
+            "messages_routed",
+            "Messages from local clients taken for routing to a user (counted before block \
+             and privacy checks, whatever the recipient's state).",
+            messages_routed.clone(),
+        );
+        let dropped_family = Family::<Label, Counter>::default();
+        let dropped =
+            DropReason::ALL.map(|r| dropped_family.get_or_create_owned(&[("reason", r.label())]));
+        registry.register(
+            "stanzas_dropped",
+            "Stanzas from clients dropped or refused by policy, by reason.",
+            dropped_family,
+        );
+        let node = Arc::new(NodeCollector::default());
+        registry.register_collector(Box::new(node.clone()));
+        Metrics {
+            registry,
+            logins_tcp,
+            logins_websocket,
+            auth_failures,
+            messages_routed,
+            dropped,
+            node,
+        }
+    }
+
+    /// Lets the registry read the running server's own figures at scrape time (called once by
+    /// [`crate::server::start`]). A weak reference: the server owns its metrics, not the
+    /// other way round.
+    pub fn attach(&self, shared: &Arc<Shared>) {
+        let _ = self.node.shared.set(Arc::downgrade(shared));
+    }
+
+    /// A client session was bound.
+    pub fn login(&self, transport: TransportKind) {
+        match transport {
+            TransportKind::Tcp => self.logins_tcp.inc(),
+            TransportKind::WebSocket => self.logins_websocket.inc(),
+        };
+    }
+
+    /// A SASL attempt failed.
+    pub fn auth_failure(&self) {
+        self.auth_failures.inc();
+    }
+
+    /// A message from a local client was taken for routing to a user.
+    pub fn message_routed(&self) {
+        self.messages_routed.inc();
+    }
+
+    /// A stanza from a client was dropped or refused by policy.
+    pub fn dropped(&self, reason: DropReason) {
+        self.dropped[reason as usize].inc();
+    }
+
+    /// The OpenMetrics text exposition of every figure.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "metrics encoding failed");
+        }
+        out
+    }
+}
+
+/// Reads, at scrape time, the figures whose owners keep them as plain state.
+#[derive(Default)]
+struct NodeCollector {
+    shared: OnceLock<Weak<Shared>>,
+}
+
+impl std::fmt::Debug for NodeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(shared) = self.shared.get().and_then(Weak::upgrade) else {
+            return Ok(());
+        };
+        shared.liveness.metrics.encode(&mut encoder)?;
+        gauge(
+            &mut encoder,
+            "sessions",
+            "Bound client sessions on this node.",
+            shared.sessions.count() as i64,
+        )?;
+        let n = shared.s2s.auth_counts();
+        let counter = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "s2s_authenticated",
+            "Federation streams authenticated, by method and direction.",
+            None,
+            counter.metric_type(),
+        )?;
+        for (method, direction, v) in [
+            ("external", "in", n.external_in),
+            ("external", "out", n.external_out),
+            ("dialback", "in", n.dialback_in),
+            ("dialback", "out", n.dialback_out),
+        ] {
+            let labels = [("method", method), ("direction", direction)];
+            ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Encodes one counter read from an atomic owned elsewhere (`name` without `_total`).
+pub fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(value);
+    c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+/// Encodes one gauge read from state owned elsewhere.
+pub fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: i64,
+) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(value);
+    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_with_their_prefix_suffix_and_labels() {
+        let m = Metrics::new();
+        m.login(TransportKind::Tcp);
+        m.login(TransportKind::Tcp);
+        m.login(TransportKind::WebSocket);
+        m.auth_failure();
+        m.message_routed();
+        m.dropped(DropReason::BlockedBySender);
+        let text = m.render();
+        for line in [
+            "presenced_logins_total{transport=\"tcp\"} 2",
+            "presenced_logins_total{transport=\"websocket\"} 1",
+            "presenced_auth_failures_total 1",
+            "presenced_messages_routed_total 1",
+            "presenced_stanzas_dropped_total{reason=\"blocked_by_sender\"} 1",
+            // Every reason is exported from the start, so a rate over it is defined.
+            "presenced_stanzas_dropped_total{reason=\"stanza_rate\"} 0",
+            "# EOF",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing in:\n{text}"
+            );
+        }
+    }
+}
