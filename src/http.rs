@@ -95,7 +95,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, ()> {
 }
 
 async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
-    let timeout = Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let timeout = shared.config.limits.negotiation_timeout;
     let secure_listener = shared.config.http.tls;
     let mut io = if secure_listener {
         let acceptor = tokio_rustls::TlsAcceptor::from(shared.tls.clone());

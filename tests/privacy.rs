@@ -410,7 +410,7 @@ async fn cached_inputs_are_dropped_by_a_local_settings_change() {
 
 #[tokio::test]
 async fn with_the_cache_off_every_change_reads_the_database() {
-    let ts = TestServer::start(|c| c.database.gate_cache_secs = 0.0).await;
+    let ts = TestServer::start(|c| c.database.gate_cache_secs = std::time::Duration::ZERO).await;
     for u in ["alice", "bob"] {
         ts.user(u).await;
     }

@@ -121,7 +121,7 @@ pub async fn verify_with_authoritative(
     stream_id: String,
     key: String,
 ) -> bool {
-    let timeout = std::time::Duration::from_secs(shared.config.s2s.connect_timeout);
+    let timeout = shared.config.s2s.connect_timeout;
     let check = async {
         let mut conn = crate::s2s::outbound::open_secure(&shared, &receiving, &originating)
             .await

@@ -57,7 +57,6 @@ pub mod stream;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -414,7 +413,7 @@ impl S2s {
             g
         };
         tracing::info!(%remote, "federation link lost");
-        let grace = Duration::from_secs(shared.config.s2s.stale_grace);
+        let grace = shared.config.s2s.stale_grace;
         let remote_owned = remote.to_owned();
         let weak = Arc::downgrade(&shared);
         tokio::spawn(async move {
