@@ -109,10 +109,13 @@ impl Default for C2sConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
-    /// PEM certificate chain. Empty: a self-signed certificate is generated into `certs_dir`.
-    pub cert: String,
+    /// PEM certificate chain. Unset (`""` in the file): a self-signed certificate is
+    /// generated into `certs_dir`.
+    #[serde(with = "unset_if_empty")]
+    pub cert: Option<PathBuf>,
     /// PEM private key matching `cert`.
-    pub key: String,
+    #[serde(with = "unset_if_empty")]
+    pub key: Option<PathBuf>,
     /// Where generated development certificates are written (never committed).
     pub certs_dir: PathBuf,
 }
@@ -120,8 +123,8 @@ pub struct TlsConfig {
 impl Default for TlsConfig {
     fn default() -> Self {
         TlsConfig {
-            cert: String::new(),
-            key: String::new(),
+            cert: None,
+            key: None,
             certs_dir: PathBuf::from("certs"),
         }
     }
@@ -257,9 +260,10 @@ pub struct HttpConfig {
     pub tls: bool,
     /// Path of the RFC 7395 WebSocket endpoint.
     pub websocket_path: String,
-    /// Public URL advertised in host-meta (XEP-0156); empty derives
+    /// Public URL advertised in host-meta (XEP-0156); unset (`""`) derives
     /// `wss://<domain>:<port><websocket_path>` from the request's Host.
-    pub websocket_url: String,
+    #[serde(with = "unset_if_empty")]
+    pub websocket_url: Option<String>,
     /// Serve Prometheus counters at /metrics.
     pub metrics: bool,
     /// Largest HTTP request head in bytes.
@@ -274,7 +278,7 @@ impl Default for HttpConfig {
             port: 5443,
             tls: true,
             websocket_path: "/xmpp-websocket".into(),
-            websocket_url: String::new(),
+            websocket_url: None,
             metrics: true,
             max_request_head: 8192,
         }
@@ -371,13 +375,16 @@ pub struct S2sConfig {
     /// DNS for SRV lookups: "" uses the system resolver configuration, "none" disables DNS
     /// (only static routes work), `ip:port` uses that one name server only.
     pub nameserver: Nameserver,
-    /// Dialback secret (XEP-0185 key derivation). Empty: a random one per start, which
-    /// is correct for a single node (keys only need to verify while the stream is set up).
-    pub secret: String,
+    /// Dialback secret (XEP-0185 key derivation). Unset (`""`): a random one per start,
+    /// which is correct for a single node (keys only need to verify while the stream is
+    /// set up).
+    #[serde(with = "unset_if_empty")]
+    pub secret: Option<String>,
     /// PEM file of certificate authorities trusted for peers' certificates, inbound (SASL
-    /// EXTERNAL) and outbound. Empty: only `allow_self_signed` domains' certificates
+    /// EXTERNAL) and outbound. Unset (`""`): only `allow_self_signed` domains' certificates
     /// verify; other peers authenticate with dialback, where policy allows it.
-    pub ca_file: String,
+    #[serde(with = "unset_if_empty")]
+    pub ca_file: Option<PathBuf>,
     /// Default policy for domains without an entry in `domains`.
     pub default_policy: S2sPolicy,
     /// Per-domain policy overrides.
@@ -447,8 +454,8 @@ impl Default for S2sConfig {
             direct_tls_port: 5270,
             routes: BTreeMap::new(),
             nameserver: Nameserver::System,
-            secret: String::new(),
-            ca_file: String::new(),
+            secret: None,
+            ca_file: None,
             default_policy: S2sPolicy::default(),
             domains: BTreeMap::new(),
             idle_timeout: Duration::from_secs(600),
@@ -579,6 +586,21 @@ mod secs {
     }
 }
 
+/// Serde for an optional setting written as a string, `""` meaning unset (the file format
+/// predates `Option`; the program never sees the empty string).
+mod unset_if_empty {
+    use serde::Deserialize;
+
+    pub fn deserialize<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+    where
+        D: serde::Deserializer<'de>,
+        T: From<String>,
+    {
+        let s = String::deserialize(d)?;
+        Ok((!s.is_empty()).then(|| T::from(s)))
+    }
+}
+
 /// Serde for a [`Duration`] written as milliseconds.
 mod millis {
     use std::time::Duration;
@@ -677,13 +699,11 @@ impl Config {
         };
         fix(&mut self.database.migrations);
         fix(&mut self.tls.certs_dir);
-        if !self.s2s.ca_file.is_empty() && Path::new(&self.s2s.ca_file).is_relative() {
-            self.s2s.ca_file = dir.join(&self.s2s.ca_file).to_string_lossy().into_owned();
-        }
-        for s in [&mut self.tls.cert, &mut self.tls.key] {
-            if !s.is_empty() && Path::new(s.as_str()).is_relative() {
-                *s = dir.join(s.as_str()).to_string_lossy().into_owned();
-            }
+        for p in [&mut self.s2s.ca_file, &mut self.tls.cert, &mut self.tls.key]
+            .into_iter()
+            .flatten()
+        {
+            fix(p);
         }
     }
 
@@ -701,7 +721,7 @@ impl Config {
                 return bad(&format!("`{d}` is not a valid domain"));
             }
         }
-        if self.tls.cert.is_empty() != self.tls.key.is_empty() {
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("[tls] cert and key must be given together");
         }
         let l = &self.limits;
@@ -906,6 +926,26 @@ mod tests {
         c.liveness.heartbeat_interval = Duration::ZERO;
         let err = c.validate().expect_err("zero H").to_string();
         assert!(err.contains("heartbeat_interval"), "{err}");
+    }
+
+    #[test]
+    fn empty_strings_mean_unset_and_relative_paths_follow_the_file() {
+        let c =
+            Config::parse("[tls]\ncert = \"\"\nkey = \"\"\n[s2s]\nsecret = \"\"\nca_file = \"\"")
+                .expect("parses");
+        assert_eq!((c.tls.cert, c.tls.key), (None, None));
+        assert_eq!((c.s2s.secret, c.s2s.ca_file), (None, None));
+        let mut c = Config::parse(
+            "[tls]\ncert = \"c.pem\"\nkey = \"/k.pem\"\n[s2s]\nsecret = \"s\"\nca_file = \"ca.pem\"",
+        )
+        .expect("parses");
+        c.resolve_paths(Path::new("/etc/presenced"));
+        assert_eq!(c.tls.cert, Some(PathBuf::from("/etc/presenced/c.pem")));
+        assert_eq!(c.tls.key, Some(PathBuf::from("/k.pem")));
+        assert_eq!(c.s2s.ca_file, Some(PathBuf::from("/etc/presenced/ca.pem")));
+        assert_eq!(c.s2s.secret.as_deref(), Some("s"));
+        c.tls.key = None;
+        assert!(c.validate().is_err(), "cert without key");
     }
 
     #[test]

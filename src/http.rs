@@ -161,8 +161,8 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
 /// The advertised WebSocket URL: the configured one, or derived from the request's Host.
 fn websocket_url(shared: &Shared, host: Option<&str>) -> String {
     let c = &shared.config.http;
-    if !c.websocket_url.is_empty() {
-        return c.websocket_url.clone();
+    if let Some(url) = &c.websocket_url {
+        return url.clone();
     }
     let host = host
         .filter(|h| {

@@ -49,7 +49,7 @@ fn s2s_config(
 ) {
     c.s2s.bind = ip.parse().unwrap();
     c.s2s.port = port;
-    c.s2s.secret = secret.into();
+    c.s2s.secret = Some(secret.into());
     c.s2s
         .routes
         .insert(peer.to_owned(), peer_addr.parse().expect("route"));
@@ -588,9 +588,9 @@ impl Pki {
         let key_path = self.dir.join(format!("{domain}.key"));
         std::fs::write(&cert_path, cert.pem()).unwrap();
         std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        c.tls.cert = cert_path.to_string_lossy().into_owned();
-        c.tls.key = key_path.to_string_lossy().into_owned();
-        c.s2s.ca_file = self.ca_pem.to_string_lossy().into_owned();
+        c.tls.cert = Some(cert_path);
+        c.tls.key = Some(key_path);
+        c.s2s.ca_file = Some(self.ca_pem.clone());
     }
 }
 
@@ -641,7 +641,7 @@ async fn require_verified_cert_refuses_a_peer_without_a_verifiable_cert_and_boun
                 },
             );
         } else {
-            c.s2s.ca_file = pki.ca_pem.to_string_lossy().into_owned();
+            c.s2s.ca_file = Some(pki.ca_pem.clone());
         }
     })
     .await;

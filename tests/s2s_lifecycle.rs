@@ -617,7 +617,7 @@ async fn pair(direct_tls: bool, tweak_a: impl FnOnce(&mut Config)) -> (TestServe
         c.s2s.port = ports[me];
         c.s2s.direct_tls = direct_tls;
         c.s2s.direct_tls_port = direct_ports[me];
-        c.s2s.secret = format!("secret-{me}");
+        c.s2s.secret = Some(format!("secret-{me}"));
         let route = if direct_tls {
             format!("xmpps://{}:{}", ips[other], direct_ports[other])
         } else {
