@@ -631,13 +631,6 @@ impl std::ops::Deref for CheckedConfig {
     }
 }
 
-impl CheckedConfig {
-    /// The configuration, for a copy to adjust (it must be checked again to be used).
-    pub fn into_inner(self) -> Config {
-        self.0
-    }
-}
-
 impl Config {
     /// Reads, parses, applies the environment overrides and checks.
     pub fn load(path: &Path) -> Result<CheckedConfig, ConfigError> {
