@@ -121,7 +121,7 @@ async fn negotiate(
     direct_tls: bool,
     secure_below: bool,
 ) -> Option<(Conn, FullJid)> {
-    let timeout = Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let timeout = shared.config.limits.negotiation_timeout;
     let deadline = Instant::now() + timeout;
     let io = if direct_tls {
         // XEP-0368: TLS starts before any XML.

@@ -5,8 +5,10 @@
 //! can point one config at another database without editing it.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -107,10 +109,13 @@ impl Default for C2sConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
-    /// PEM certificate chain. Empty: a self-signed certificate is generated into `certs_dir`.
-    pub cert: String,
+    /// PEM certificate chain. Unset (`""` in the file): a self-signed certificate is
+    /// generated into `certs_dir`.
+    #[serde(with = "unset_if_empty")]
+    pub cert: Option<PathBuf>,
     /// PEM private key matching `cert`.
-    pub key: String,
+    #[serde(with = "unset_if_empty")]
+    pub key: Option<PathBuf>,
     /// Where generated development certificates are written (never committed).
     pub certs_dir: PathBuf,
 }
@@ -118,8 +123,8 @@ pub struct TlsConfig {
 impl Default for TlsConfig {
     fn default() -> Self {
         TlsConfig {
-            cert: String::new(),
-            key: String::new(),
+            cert: None,
+            key: None,
             certs_dir: PathBuf::from("certs"),
         }
     }
@@ -135,10 +140,12 @@ pub struct DatabaseConfig {
     pub max_connections: u32,
     /// Directory of SQL migrations applied at start and by `presenced migrate`.
     pub migrations: PathBuf,
-    /// Longest time, s, the privacy gate's broadcast inputs (roster, settings, blocks) of a
-    /// user who changes presence are reused without a database read; writes and change
-    /// notifications drop them at once (`store::audience_cache`). 0 reads on every change.
-    pub gate_cache_secs: f64,
+    /// Longest time (seconds in the file) the privacy gate's broadcast inputs (roster,
+    /// settings, blocks) of a user who changes presence are reused without a database read;
+    /// writes and change notifications drop them at once (`store::audience_cache`). 0 reads
+    /// on every change.
+    #[serde(with = "secs")]
+    pub gate_cache_secs: Duration,
 }
 
 impl Default for DatabaseConfig {
@@ -147,7 +154,7 @@ impl Default for DatabaseConfig {
             url: "postgres://postgres@127.0.0.1:5432/presenced".into(),
             max_connections: 16,
             migrations: PathBuf::from("migrations"),
-            gate_cache_secs: 30.0,
+            gate_cache_secs: Duration::from_secs(30),
         }
     }
 }
@@ -161,12 +168,14 @@ pub struct RedisConfig {
     /// Prepended to every key this server writes, so several deployments (or test runs)
     /// can share one Redis without seeing each other's keys.
     pub key_prefix: String,
-    /// Seconds one Redis command may take before it counts as a failure; presence then
+    /// How long one Redis command may take before it counts as a failure; presence then
     /// degrades instead of stalling a session.
-    pub timeout: f64,
-    /// Longest wait, in seconds, between reconnection attempts (the backoff doubles from
-    /// 0.1 s up to this).
-    pub reconnect_max: f64,
+    #[serde(with = "secs")]
+    pub timeout: Duration,
+    /// Longest wait between reconnection attempts (the backoff doubles from 0.1 s up to
+    /// this).
+    #[serde(with = "secs")]
+    pub reconnect_max: Duration,
 }
 
 impl Default for RedisConfig {
@@ -174,57 +183,64 @@ impl Default for RedisConfig {
         RedisConfig {
             url: "redis://127.0.0.1:6379".into(),
             key_prefix: String::new(),
-            timeout: 1.0,
-            reconnect_max: 5.0,
+            timeout: Duration::from_secs(1),
+            reconnect_max: Duration::from_secs(5),
         }
     }
 }
 
-/// `[liveness]`: how silence is turned into "unavailable". Times are seconds and may be
-/// fractional (tests scale them down). See the seeds and DESIGN.md "Liveness numbers".
-#[derive(Debug, Clone, Deserialize)]
+/// `[liveness]`: how silence is turned into "unavailable". Times are written in seconds and
+/// may be fractional (tests scale them down); see [`crate::liveness`] for how they relate.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LivenessConfig {
     /// H: after this much inbound silence the server pings the client (XEP-0199 on TCP,
     /// a WebSocket Ping on RFC 7395); any inbound traffic counts as a heartbeat.
-    pub heartbeat_interval: f64,
+    #[serde(with = "secs")]
+    pub heartbeat_interval: Duration,
     /// T: a resource whose last heartbeat is older than this is dead.
-    pub ttl: f64,
+    #[serde(with = "secs")]
+    pub ttl: Duration,
     /// G: after a clean close or a dropped connection, wait this long before telling
     /// contacts; a reconnect of the same resource within it tells them nothing.
-    pub grace: f64,
+    #[serde(with = "secs")]
+    pub grace: Duration,
     /// Whether this node runs the sweeper (any number of nodes may; each stale resource is
     /// still handled once).
     pub sweeper: bool,
     /// How often this node runs the sweeper.
-    pub sweep_interval: f64,
+    #[serde(with = "secs")]
+    pub sweep_interval: Duration,
     /// Resources taken per sweeper call (the script is called again while batches are full).
     pub sweep_batch: usize,
-    /// At most one Redis write per resource per this many seconds (default T/3): beats are
-    /// held locally and the latest one is written when this much time has passed.
-    pub redis_refresh: f64,
+    /// At most one Redis write per resource per this interval (default T/3): beats are held
+    /// locally and the latest one is written when this much time has passed.
+    #[serde(with = "secs")]
+    pub redis_refresh: Duration,
     /// Last-seen entries are written to PostgreSQL in one statement at most this often.
-    pub last_seen_flush: f64,
+    #[serde(with = "secs")]
+    pub last_seen_flush: Duration,
     /// Number of beat ZSETs (`presence:beats:<shard>`), so one key does not grow without
     /// bound and sweeps spread out.
     pub beat_shards: u32,
-    /// Seconds between log lines with the liveness counters (0 = never).
-    pub metrics_log_interval: f64,
+    /// Interval between log lines with the liveness counters (0 = never).
+    #[serde(with = "secs")]
+    pub metrics_log_interval: Duration,
 }
 
 impl Default for LivenessConfig {
     fn default() -> Self {
         LivenessConfig {
-            heartbeat_interval: 30.0,
-            ttl: 100.0,
-            grace: 10.0,
+            heartbeat_interval: Duration::from_secs(30),
+            ttl: Duration::from_secs(100),
+            grace: Duration::from_secs(10),
             sweeper: true,
-            sweep_interval: 5.0,
+            sweep_interval: Duration::from_secs(5),
             sweep_batch: 500,
-            redis_refresh: 33.0,
-            last_seen_flush: 1.0,
+            redis_refresh: Duration::from_secs(33),
+            last_seen_flush: Duration::from_secs(1),
             beat_shards: 16,
-            metrics_log_interval: 60.0,
+            metrics_log_interval: Duration::from_secs(60),
         }
     }
 }
@@ -244,9 +260,10 @@ pub struct HttpConfig {
     pub tls: bool,
     /// Path of the RFC 7395 WebSocket endpoint.
     pub websocket_path: String,
-    /// Public URL advertised in host-meta (XEP-0156); empty derives
+    /// Public URL advertised in host-meta (XEP-0156); unset (`""`) derives
     /// `wss://<domain>:<port><websocket_path>` from the request's Host.
-    pub websocket_url: String,
+    #[serde(with = "unset_if_empty")]
+    pub websocket_url: Option<String>,
     /// Serve Prometheus counters at /metrics.
     pub metrics: bool,
     /// Largest HTTP request head in bytes.
@@ -261,7 +278,7 @@ impl Default for HttpConfig {
             port: 5443,
             tls: true,
             websocket_path: "/xmpp-websocket".into(),
-            websocket_url: String::new(),
+            websocket_url: None,
             metrics: true,
             max_request_head: 8192,
         }
@@ -298,8 +315,10 @@ pub struct LimitsConfig {
     pub max_stanza_size: usize,
     /// Deepest element nesting in a stanza (policy-violation).
     pub max_depth: usize,
-    /// Seconds from TCP accept to a bound resource (connection-timeout, RFC 6120 §4.9.3.4).
-    pub negotiation_timeout: u64,
+    /// Time from TCP accept to a bound resource, in seconds (connection-timeout, RFC 6120
+    /// §4.9.3.4).
+    #[serde(with = "secs")]
+    pub negotiation_timeout: Duration,
     /// New connections accepted per source IP per minute, counted over every client-facing
     /// listener together (c2s and HTTP/WebSocket); more are closed with policy-violation
     /// (HTTP: 429) before any negotiation.
@@ -324,7 +343,7 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_stanza_size: 256 * 1024,
             max_depth: 64,
-            negotiation_timeout: 30,
+            negotiation_timeout: Duration::from_secs(30),
             connections_per_ip_per_minute: 120,
             max_connections: 18_000,
             max_roster_items: 1000,
@@ -353,40 +372,48 @@ pub struct S2sConfig {
     pub direct_tls_port: u16,
     /// Static routes: remote domain → `host:port` of its STARTTLS s2s port, or
     /// `xmpps://host:port` of its direct TLS s2s port (XEP-0368). Checked before DNS, for
-    /// private deployments and tests; see [`parse_route`].
-    pub routes: BTreeMap<String, String>,
+    /// private deployments and tests; see [`Route`].
+    pub routes: BTreeMap<String, Route>,
     /// DNS for SRV lookups: "" uses the system resolver configuration, "none" disables DNS
     /// (only static routes work), `ip:port` uses that one name server only.
-    pub nameserver: String,
-    /// Dialback secret (XEP-0185 key derivation). Empty: a random one per start, which
-    /// is correct for a single node (keys only need to verify while the stream is set up).
-    pub secret: String,
+    pub nameserver: Nameserver,
+    /// Dialback secret (XEP-0185 key derivation). Unset (`""`): a random one per start,
+    /// which is correct for a single node (keys only need to verify while the stream is
+    /// set up).
+    #[serde(with = "unset_if_empty")]
+    pub secret: Option<String>,
     /// PEM file of certificate authorities trusted for peers' certificates, inbound (SASL
-    /// EXTERNAL) and outbound. Empty: only `allow_self_signed` domains' certificates
+    /// EXTERNAL) and outbound. Unset (`""`): only `allow_self_signed` domains' certificates
     /// verify; other peers authenticate with dialback, where policy allows it.
-    pub ca_file: String,
+    #[serde(with = "unset_if_empty")]
+    pub ca_file: Option<PathBuf>,
     /// Default policy for domains without an entry in `domains`.
     pub default_policy: S2sPolicy,
     /// Per-domain policy overrides.
     pub domains: BTreeMap<String, S2sPolicy>,
-    /// Seconds without a stanza after which an outgoing stream is closed.
-    pub idle_timeout: u64,
+    /// Time without a stanza after which an outgoing stream is closed (seconds).
+    #[serde(with = "secs")]
+    pub idle_timeout: Duration,
     /// Stanzas held per (local, remote) domain pair and not yet written or bounced, mostly
     /// while its stream connects; more are bounced at once with remote-server-timeout
     /// (RFC 6120 §8.3.3.17).
     pub queue_size: usize,
-    /// Seconds to connect and authenticate an outgoing stream before its queue is bounced
-    /// with remote-server-timeout (RFC 6120 §8.3.3.17).
-    pub connect_timeout: u64,
+    /// Time to connect and authenticate an outgoing stream before its queue is bounced
+    /// with remote-server-timeout (RFC 6120 §8.3.3.17), in seconds.
+    #[serde(with = "secs")]
+    pub connect_timeout: Duration,
     /// Shortest reconnect delay after a failure, in milliseconds. The n-th failure in a
     /// row waits a random time in [min·2^(n-1), min·2^n], clamped to [min, max]
     /// (`s2s::outbound::reconnect_delay`).
-    pub reconnect_min_ms: u64,
+    #[serde(with = "millis")]
+    pub reconnect_min_ms: Duration,
     /// Longest reconnect delay, in milliseconds.
-    pub reconnect_max_ms: u64,
-    /// Seconds a lost federation link may stay down before local users see that domain's
-    /// contacts as unavailable.
-    pub stale_grace: u64,
+    #[serde(with = "millis")]
+    pub reconnect_max_ms: Duration,
+    /// How long a lost federation link may stay down before local users see that domain's
+    /// contacts as unavailable, in seconds.
+    #[serde(with = "secs")]
+    pub stale_grace: Duration,
     /// Average stanzas per second one inbound server stream may send.
     pub stanzas_per_second: u32,
     /// Burst above the average rate.
@@ -428,17 +455,17 @@ impl Default for S2sConfig {
             direct_tls: false,
             direct_tls_port: 5270,
             routes: BTreeMap::new(),
-            nameserver: String::new(),
-            secret: String::new(),
-            ca_file: String::new(),
+            nameserver: Nameserver::System,
+            secret: None,
+            ca_file: None,
             default_policy: S2sPolicy::default(),
             domains: BTreeMap::new(),
-            idle_timeout: 600,
+            idle_timeout: Duration::from_secs(600),
             queue_size: 1000,
-            connect_timeout: 30,
-            reconnect_min_ms: 1000,
-            reconnect_max_ms: 60_000,
-            stale_grace: 60,
+            connect_timeout: Duration::from_secs(30),
+            reconnect_min_ms: Duration::from_secs(1),
+            reconnect_max_ms: Duration::from_secs(60),
+            stale_grace: Duration::from_secs(60),
             stanzas_per_second: 500,
             stanza_burst: 2000,
             max_connections: 1000,
@@ -448,18 +475,141 @@ impl Default for S2sConfig {
 
 /// Where a static route leads: `host:port` is a STARTTLS s2s port, `xmpps://host:port` a
 /// direct TLS one (XEP-0368, the static counterpart of an `_xmpps-server._tcp` SRV
-/// record). An IPv6 host is written in brackets (`[::1]:5269`). `None` when malformed.
-pub fn parse_route(route: &str) -> Option<(String, u16, bool)> {
-    let (rest, direct_tls) = match route.strip_prefix("xmpps://") {
-        Some(rest) => (rest, true),
-        None => (route, false),
-    };
-    let (host, port) = rest.rsplit_once(':')?;
-    let host = host.trim_matches(['[', ']']);
-    if host.is_empty() || host.contains('/') {
-        return None;
+/// record). An IPv6 host is written in brackets (`[::1]:5269`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Host name or address text (IPv6 without brackets).
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// TLS from the first byte (XEP-0368) instead of STARTTLS.
+    pub direct_tls: bool,
+}
+
+impl FromStr for Route {
+    type Err = String;
+
+    fn from_str(route: &str) -> Result<Route, String> {
+        let malformed = || format!("[s2s] routes: `{route}` is not host:port or xmpps://host:port");
+        let (rest, direct_tls) = match route.strip_prefix("xmpps://") {
+            Some(rest) => (rest, true),
+            None => (route, false),
+        };
+        let (host, port) = rest.rsplit_once(':').ok_or_else(malformed)?;
+        let host = host.trim_matches(['[', ']']);
+        if host.is_empty() || host.contains('/') {
+            return Err(malformed());
+        }
+        Ok(Route {
+            host: host.to_owned(),
+            port: port.parse().map_err(|_| malformed())?,
+            direct_tls,
+        })
     }
-    Some((host.to_owned(), port.parse().ok()?, direct_tls))
+}
+
+impl<'de> Deserialize<'de> for Route {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Route, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// `[s2s] nameserver`: where SRV and address lookups for federation go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Nameserver {
+    /// `""`: the system resolver configuration (`/etc/resolv.conf`).
+    #[default]
+    System,
+    /// `"none"`: no DNS at all; only static routes work.
+    Disabled,
+    /// `"ip:port"`: that one name server only.
+    Server(SocketAddr),
+}
+
+impl FromStr for Nameserver {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Nameserver, String> {
+        match s {
+            "" => Ok(Nameserver::System),
+            "none" => Ok(Nameserver::Disabled),
+            addr => addr.parse().map(Nameserver::Server).map_err(|_| {
+                format!("[s2s] nameserver must be \"\", \"none\" or ip:port, not `{addr}`")
+            }),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Nameserver {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Nameserver, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A duration written in the file as a number of `unit`s, integer or fractional: the file
+/// format stays plain numbers (`ttl = 2.5`) while the program only ever sees [`Duration`].
+/// Negative, infinite and NaN values are refused where they are read, so the parse error
+/// points at the key.
+fn duration_from<'de, D: serde::Deserializer<'de>>(d: D, unit: f64) -> Result<Duration, D::Error> {
+    struct Number;
+    impl serde::de::Visitor<'_> for Number {
+        type Value = f64;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a non-negative number")
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<f64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<f64, E> {
+            Ok(v as f64)
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<f64, E> {
+            Ok(v as f64)
+        }
+    }
+    let v = d.deserialize_any(Number)?;
+    Duration::try_from_secs_f64(v * unit).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{v} is not a duration: a finite, non-negative number is required"
+        ))
+    })
+}
+
+/// Serde for a [`Duration`] written as seconds (fractions allowed).
+mod secs {
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        super::duration_from(d, 1.0)
+    }
+}
+
+/// Serde for an optional setting written as a string, `""` meaning unset (the file format
+/// predates `Option`; the program never sees the empty string).
+mod unset_if_empty {
+    use serde::Deserialize;
+
+    pub fn deserialize<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+    where
+        D: serde::Deserializer<'de>,
+        T: From<String>,
+    {
+        let s = String::deserialize(d)?;
+        Ok((!s.is_empty()).then(|| T::from(s)))
+    }
+}
+
+/// Serde for a [`Duration`] written as milliseconds.
+mod millis {
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        super::duration_from(d, 1e-3)
+    }
 }
 
 impl S2sConfig {
@@ -469,9 +619,23 @@ impl S2sConfig {
     }
 }
 
+/// A configuration that passed [`Config::check`]: the only kind the server starts with, so
+/// every range and cross-key rule is checked once, before anything runs. It reads like the
+/// [`Config`] it wraps.
+#[derive(Debug, Clone)]
+pub struct CheckedConfig(Config);
+
+impl std::ops::Deref for CheckedConfig {
+    type Target = Config;
+
+    fn deref(&self) -> &Config {
+        &self.0
+    }
+}
+
 impl Config {
-    /// Reads, parses, applies the environment overrides and validates.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    /// Reads, parses, applies the environment overrides and checks.
+    pub fn load(path: &Path) -> Result<CheckedConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
@@ -486,8 +650,13 @@ impl Config {
         if let Some(dir) = path.parent() {
             config.resolve_paths(dir);
         }
-        config.validate()?;
-        Ok(config)
+        config.check()
+    }
+
+    /// Validates and seals: the checked configuration the server runs with.
+    pub fn check(self) -> Result<CheckedConfig, ConfigError> {
+        self.validate()?;
+        Ok(CheckedConfig(self))
     }
 
     /// Parses TOML text without validating.
@@ -525,13 +694,11 @@ impl Config {
         };
         fix(&mut self.database.migrations);
         fix(&mut self.tls.certs_dir);
-        if !self.s2s.ca_file.is_empty() && Path::new(&self.s2s.ca_file).is_relative() {
-            self.s2s.ca_file = dir.join(&self.s2s.ca_file).to_string_lossy().into_owned();
-        }
-        for s in [&mut self.tls.cert, &mut self.tls.key] {
-            if !s.is_empty() && Path::new(s.as_str()).is_relative() {
-                *s = dir.join(s.as_str()).to_string_lossy().into_owned();
-            }
+        for p in [&mut self.s2s.ca_file, &mut self.tls.cert, &mut self.tls.key]
+            .into_iter()
+            .flatten()
+        {
+            fix(p);
         }
     }
 
@@ -549,7 +716,7 @@ impl Config {
                 return bad(&format!("`{d}` is not a valid domain"));
             }
         }
-        if self.tls.cert.is_empty() != self.tls.key.is_empty() {
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("[tls] cert and key must be given together");
         }
         let l = &self.limits;
@@ -557,7 +724,7 @@ impl Config {
             // RFC 6120 §13.12: servers must accept stanzas of at least 10000 bytes.
             return bad("[limits] max_stanza_size must be at least 10000 (RFC 6120 §13.12)");
         }
-        if l.max_depth < 4 || l.negotiation_timeout == 0 || l.session_queue == 0 {
+        if l.max_depth < 4 || l.negotiation_timeout.is_zero() || l.session_queue == 0 {
             return bad("[limits] max_depth >= 4, negotiation_timeout > 0, session_queue > 0");
         }
         if l.stanzas_per_second == 0 || l.max_auth_failures == 0 || l.max_roster_items <= 0 {
@@ -565,33 +732,19 @@ impl Config {
         }
         self.validate_liveness()?;
         let s = &self.s2s;
-        if s.queue_size == 0 || s.connect_timeout == 0 || s.idle_timeout == 0 {
+        if s.queue_size == 0 || s.connect_timeout.is_zero() || s.idle_timeout.is_zero() {
             return bad("[s2s] queue_size, connect_timeout and idle_timeout must be positive");
         }
-        if s.reconnect_min_ms == 0 || s.reconnect_max_ms < s.reconnect_min_ms {
+        if s.reconnect_min_ms.is_zero() || s.reconnect_max_ms < s.reconnect_min_ms {
             return bad("[s2s] 0 < reconnect_min_ms <= reconnect_max_ms");
         }
         if s.stanzas_per_second == 0 || s.max_connections == 0 {
             return bad("[s2s] stanzas_per_second and max_connections must be positive");
         }
-        for (domain, addr) in &s.routes {
-            if parse_route(addr).is_none() {
-                return bad(&format!(
-                    "[s2s] route for {domain}: `{addr}` is not host:port or xmpps://host:port"
-                ));
-            }
-        }
-        if !s.nameserver.is_empty()
-            && s.nameserver != "none"
-            && s.nameserver.parse::<std::net::SocketAddr>().is_err()
-        {
-            return bad("[s2s] nameserver must be \"\", \"none\" or ip:port");
-        }
         if self.auth.scram_iterations < 4096 {
             return bad("[auth] scram_iterations must be at least 4096 (RFC 7677 §4)");
         }
-        let g = self.database.gate_cache_secs;
-        if !(g.is_finite() && (0.0..=86_400.0).contains(&g)) {
+        if self.database.gate_cache_secs > Duration::from_secs(86_400) {
             return bad("[database] gate_cache_secs must be between 0 and 86400");
         }
         Ok(())
@@ -600,7 +753,7 @@ impl Config {
     /// `[liveness]`, `[redis]` and `[http]` ranges. T must exceed H plus the refresh
     /// delay plus 10% slack: a live client's next beat comes at most H after the previous
     /// one and reaches Redis at most `redis_refresh` later; the slack absorbs network delay
-    /// and a late beat (the seeds measured far fewer false flips with slack).
+    /// and a late beat, which would otherwise flip a live client to unavailable.
     fn validate_liveness(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         let l = &self.liveness;
@@ -612,21 +765,19 @@ impl Config {
             ("last_seen_flush", l.last_seen_flush),
         ];
         for (name, v) in positive {
-            if !(v.is_finite() && v > 0.0) {
+            if v.is_zero() {
                 return bad(format!(
                     "[liveness] {name} must be a positive number of seconds"
                 ));
             }
         }
-        if !(l.grace.is_finite() && l.grace >= 0.0 && l.metrics_log_interval.is_finite()) {
-            return bad("[liveness] grace and metrics_log_interval must be >= 0".into());
-        }
-        let slack = l.ttl / 10.0;
-        if l.ttl <= l.heartbeat_interval + l.redis_refresh + slack {
+        let slack = l.ttl / 10;
+        let needed = l.heartbeat_interval + l.redis_refresh + slack;
+        if l.ttl <= needed {
             return bad(format!(
                 "[liveness] ttl ({}) must exceed heartbeat_interval + redis_refresh + 10% slack ({})",
-                l.ttl,
-                l.heartbeat_interval + l.redis_refresh + slack
+                l.ttl.as_secs_f64(),
+                needed.as_secs_f64()
             ));
         }
         if l.grace >= l.ttl {
@@ -636,11 +787,7 @@ impl Config {
             return bad("[liveness] sweep_batch must be 1..=5000 and beat_shards > 0".into());
         }
         let r = &self.redis;
-        if !(r.timeout.is_finite()
-            && r.timeout > 0.0
-            && r.reconnect_max.is_finite()
-            && r.reconnect_max >= 0.1)
-        {
+        if r.timeout.is_zero() || r.reconnect_max < Duration::from_millis(100) {
             return bad("[redis] timeout > 0 and reconnect_max >= 0.1 seconds".into());
         }
         if !self.http.websocket_path.starts_with('/') || self.http.max_request_head < 512 {
@@ -680,25 +827,33 @@ mod tests {
         assert_eq!(c.s2s.queue_size, d.s2s.queue_size);
         assert_eq!(c.s2s.stale_grace, d.s2s.stale_grace);
         assert_eq!(c.s2s.idle_timeout, d.s2s.idle_timeout);
+        assert_eq!(c.s2s.connect_timeout, d.s2s.connect_timeout);
+        assert_eq!(c.s2s.reconnect_min_ms, d.s2s.reconnect_min_ms);
+        assert_eq!(c.s2s.reconnect_max_ms, d.s2s.reconnect_max_ms);
+        assert_eq!(c.s2s.nameserver, d.s2s.nameserver);
+        assert_eq!(c.liveness, d.liveness);
+        assert_eq!(c.redis.reconnect_max, d.redis.reconnect_max);
+        assert_eq!(c.database.gate_cache_secs, d.database.gate_cache_secs);
     }
 
     #[test]
     fn static_routes_name_a_starttls_or_a_direct_tls_port() {
+        let route = |host: &str, port, direct_tls| {
+            Ok(Route {
+                host: host.into(),
+                port,
+                direct_tls,
+            })
+        };
+        assert_eq!("127.0.0.1:15269".parse(), route("127.0.0.1", 15269, false));
         assert_eq!(
-            parse_route("127.0.0.1:15269"),
-            Some(("127.0.0.1".into(), 15269, false))
+            "xmpps://127.0.0.1:5270".parse(),
+            route("127.0.0.1", 5270, true)
         );
+        assert_eq!("xmpps://[::1]:5270".parse(), route("::1", 5270, true));
         assert_eq!(
-            parse_route("xmpps://127.0.0.1:5270"),
-            Some(("127.0.0.1".into(), 5270, true))
-        );
-        assert_eq!(
-            parse_route("xmpps://[::1]:5270"),
-            Some(("::1".into(), 5270, true))
-        );
-        assert_eq!(
-            parse_route("xmpp.other.example:5269"),
-            Some(("xmpp.other.example".into(), 5269, false))
+            "xmpp.other.example:5269".parse(),
+            route("xmpp.other.example", 5269, false)
         );
         for bad in [
             "127.0.0.1",
@@ -707,16 +862,85 @@ mod tests {
             "host:port",
             "xmpps://",
         ] {
-            assert_eq!(parse_route(bad), None, "{bad}");
+            assert!(bad.parse::<Route>().is_err(), "{bad}");
+        }
+        let err = Config::parse("[s2s.routes]\n\"x.example\" = \"xmpps:/127.0.0.1:1\"")
+            .expect_err("a malformed route is refused at start")
+            .to_string();
+        assert!(
+            err.contains("[s2s] routes") && err.contains("xmpps:/127.0.0.1:1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn nameserver_is_the_system_resolver_none_or_one_address() {
+        let ns = |v: &str| {
+            Config::parse(&format!("[s2s]\nnameserver = \"{v}\"")).map(|c| c.s2s.nameserver)
+        };
+        assert_eq!(ns("").unwrap(), Nameserver::System);
+        assert_eq!(ns("none").unwrap(), Nameserver::Disabled);
+        assert_eq!(
+            ns("127.0.0.1:5300").unwrap(),
+            Nameserver::Server("127.0.0.1:5300".parse().unwrap())
+        );
+        for bad in ["None", "127.0.0.1", "dns.example:53"] {
+            let err = ns(bad).expect_err(bad).to_string();
+            assert!(
+                err.contains("[s2s] nameserver") && err.contains(bad),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_are_seconds_or_milliseconds_and_never_negative() {
+        let c = Config::parse(
+            "[limits]\nnegotiation_timeout = 1.5\n[s2s]\nidle_timeout = 2\nreconnect_min_ms = 250\n[redis]\ntimeout = 0.25",
+        )
+        .expect("parses");
+        assert_eq!(c.limits.negotiation_timeout, Duration::from_millis(1500));
+        assert_eq!(c.s2s.idle_timeout, Duration::from_secs(2));
+        assert_eq!(c.s2s.reconnect_min_ms, Duration::from_millis(250));
+        assert_eq!(c.redis.timeout, Duration::from_millis(250));
+        for (table, key, v) in [
+            ("liveness", "ttl", "-1"),
+            ("liveness", "grace", "-0.5"),
+            ("liveness", "heartbeat_interval", "nan"),
+            ("redis", "timeout", "inf"),
+            ("s2s", "reconnect_max_ms", "-5"),
+            ("database", "gate_cache_secs", "\"30\""),
+        ] {
+            let err = Config::parse(&format!("[{table}]\n{key} = {v}"))
+                .expect_err(key)
+                .to_string();
+            // The error shows the offending line, so it names the key.
+            assert!(err.contains(key), "{key}: {err}");
         }
         let mut c = Config::default();
-        c.s2s
-            .routes
-            .insert("x.example".into(), "xmpps:/127.0.0.1:1".into());
-        assert!(
-            c.validate().is_err(),
-            "a malformed route is refused at start"
-        );
+        c.liveness.heartbeat_interval = Duration::ZERO;
+        let err = c.validate().expect_err("zero H").to_string();
+        assert!(err.contains("heartbeat_interval"), "{err}");
+    }
+
+    #[test]
+    fn empty_strings_mean_unset_and_relative_paths_follow_the_file() {
+        let c =
+            Config::parse("[tls]\ncert = \"\"\nkey = \"\"\n[s2s]\nsecret = \"\"\nca_file = \"\"")
+                .expect("parses");
+        assert_eq!((c.tls.cert, c.tls.key), (None, None));
+        assert_eq!((c.s2s.secret, c.s2s.ca_file), (None, None));
+        let mut c = Config::parse(
+            "[tls]\ncert = \"c.pem\"\nkey = \"/k.pem\"\n[s2s]\nsecret = \"s\"\nca_file = \"ca.pem\"",
+        )
+        .expect("parses");
+        c.resolve_paths(Path::new("/etc/presenced"));
+        assert_eq!(c.tls.cert, Some(PathBuf::from("/etc/presenced/c.pem")));
+        assert_eq!(c.tls.key, Some(PathBuf::from("/k.pem")));
+        assert_eq!(c.s2s.ca_file, Some(PathBuf::from("/etc/presenced/ca.pem")));
+        assert_eq!(c.s2s.secret.as_deref(), Some("s"));
+        c.tls.key = None;
+        assert!(c.validate().is_err(), "cert without key");
     }
 
     #[test]
@@ -735,22 +959,24 @@ mod tests {
     #[test]
     fn ttl_not_above_heartbeat_plus_refresh_plus_slack_is_invalid() {
         let mut c = Config::default();
-        c.liveness.heartbeat_interval = 30.0;
-        c.liveness.redis_refresh = 33.0;
-        c.liveness.ttl = 70.0; // 30 + 33 + 7 = 70: no room left
-        assert!(c.validate().is_err());
-        c.liveness.ttl = 71.0;
+        c.liveness.heartbeat_interval = Duration::from_secs(30);
+        c.liveness.redis_refresh = Duration::from_secs(33);
+        c.liveness.ttl = Duration::from_secs(70); // 30 + 33 + 7 = 70: no room left
+        let err = c.validate().expect_err("no room").to_string();
+        assert!(err.contains("[liveness] ttl (70)"), "{err}");
+        c.liveness.ttl = Duration::from_secs(71);
         assert!(c.validate().is_ok());
     }
 
     #[test]
     fn fractional_liveness_timings_parse() {
         let c = Config::parse(
-            "[liveness]\nheartbeat_interval = 0.2\nttl = 1.5\ngrace = 0.3\nredis_refresh = 0.5",
+            "[liveness]\nheartbeat_interval = 0.2\nttl = 2.5\ngrace = 0.3\nredis_refresh = 0.5",
         )
         .expect("parses");
         c.validate().expect("valid");
-        assert_eq!(c.liveness.heartbeat_interval, 0.2);
+        assert_eq!(c.liveness.heartbeat_interval, Duration::from_millis(200));
+        assert_eq!(c.liveness.ttl, Duration::from_millis(2500));
     }
 
     #[test]
@@ -763,13 +989,18 @@ mod tests {
     #[test]
     fn gate_cache_age_must_be_a_finite_non_negative_number_of_seconds() {
         let mut c = Config::default();
-        for ok in [0.0, 30.0, 86_400.0] {
-            c.database.gate_cache_secs = ok;
+        for ok in [0, 30, 86_400] {
+            c.database.gate_cache_secs = Duration::from_secs(ok);
             c.validate().expect("valid");
         }
-        for bad in [-1.0, f64::NAN, f64::INFINITY, 86_401.0] {
-            c.database.gate_cache_secs = bad;
-            assert!(c.validate().is_err(), "{bad} accepted");
+        c.database.gate_cache_secs = Duration::from_secs(86_401);
+        let err = c.validate().expect_err("a day and a second").to_string();
+        assert!(err.contains("gate_cache_secs"), "{err}");
+        for bad in ["-1", "nan", "inf"] {
+            assert!(
+                Config::parse(&format!("[database]\ngate_cache_secs = {bad}")).is_err(),
+                "{bad} accepted"
+            );
         }
     }
 }

@@ -106,7 +106,7 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
     // The TLS handshake and the whole request head share one deadline: a bound on each read
     // alone lets a client trickle a byte per read and keep the connection for ever. The head
     // is HTTP's negotiation, so it gets the c2s negotiation time.
-    let timeout = Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let timeout = shared.config.limits.negotiation_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
     let secure_listener = shared.config.http.tls;
     let mut io = if secure_listener {
@@ -176,8 +176,8 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
 /// The advertised WebSocket URL: the configured one, or derived from the request's Host.
 fn websocket_url(shared: &Shared, host: Option<&str>) -> String {
     let c = &shared.config.http;
-    if !c.websocket_url.is_empty() {
-        return c.websocket_url.clone();
+    if let Some(url) = &c.websocket_url {
+        return url.clone();
     }
     let host = host
         .filter(|h| {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use presenced::config::Config;
+use presenced::config::{CheckedConfig, Config};
 use presenced::jid::BareJid;
 use presenced::store::{Store, StoreError};
 
@@ -109,7 +109,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command, config: Config) -> Result<(), String> {
+async fn run(command: Command, config: CheckedConfig) -> Result<(), String> {
     match command {
         Command::Serve => presenced::server::run(config)
             .await

@@ -15,15 +15,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::c2s::{self, BoxIo};
-use crate::config::Config;
+use crate::config::{CheckedConfig, Config};
 use crate::error::StreamError;
 use crate::sessions::Sessions;
 use crate::store::Store;
 
 /// State shared by every task of the server.
 pub struct Shared {
-    /// The validated configuration.
-    pub config: Config,
+    /// The checked configuration.
+    pub config: CheckedConfig,
     /// PostgreSQL.
     pub store: Store,
     /// Sessions connected to this node.
@@ -127,10 +127,10 @@ impl Running {
 }
 
 /// Connects the stores, applies migrations, binds the listeners and starts accepting.
-pub async fn start(config: Config) -> Result<Running, StartError> {
+pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let store = Store::connect(&config.database.url, config.database.max_connections).await?;
     store.migrate(&config.database.migrations).await?;
-    store.set_audience_cache_ttl(Duration::from_secs_f64(config.database.gate_cache_secs));
+    store.set_audience_cache_ttl(config.database.gate_cache_secs);
     let tls = crate::tls::server_config(&config)?;
     let s2s_tls = crate::tls::s2s_server_config(&config)?;
     let liveness = crate::liveness::Liveness::new(&config);
@@ -201,7 +201,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 }
 
 /// Runs until Ctrl-C or SIGTERM.
-pub async fn run(config: Config) -> Result<(), StartError> {
+pub async fn run(config: CheckedConfig) -> Result<(), StartError> {
     let running = start(config).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| StartError::Bind(SocketAddr::from(([0, 0, 0, 0], 0)), e))?;

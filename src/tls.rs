@@ -71,10 +71,12 @@ pub fn s2s_server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError>
 pub fn identity(
     config: &Config,
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
-    let (cert, key) = if config.tls.cert.is_empty() {
-        ensure_self_signed(&config.tls.certs_dir, &config.domains)?
-    } else {
-        (config.tls.cert.clone(), config.tls.key.clone())
+    let (cert, key) = match (&config.tls.cert, &config.tls.key) {
+        (Some(cert), Some(key)) => (
+            cert.to_string_lossy().into_owned(),
+            key.to_string_lossy().into_owned(),
+        ),
+        _ => ensure_self_signed(&config.tls.certs_dir, &config.domains)?,
     };
     let chain = CertificateDer::pem_file_iter(&cert)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())

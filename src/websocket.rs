@@ -25,7 +25,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::c2s::BoxIo;
-use crate::liveness::{Beat, Transport, TransportKind};
+use crate::liveness::{Transport, TransportKind};
 use crate::server::Shared;
 use crate::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
 use crate::xml::{self as x, escape, Element};
@@ -71,7 +71,7 @@ where
     let config = WebSocketConfig::default()
         .max_message_size(Some(max))
         .max_frame_size(Some(max));
-    let timeout = std::time::Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let timeout = shared.config.limits.negotiation_timeout;
     let ws = match tokio::time::timeout(
         timeout,
         tokio_tungstenite::accept_hdr_async_with_config(io, negotiate_subprotocol, Some(config)),
@@ -91,7 +91,7 @@ where
     let (mut sink, mut stream) = ws.split();
     let (c2s_side, adapter_side) = tokio::io::duplex(64 * 1024);
     let (from_c2s, mut to_c2s) = tokio::io::split(adapter_side);
-    let beat = Beat::new(shared.liveness.metrics.clone());
+    let beat = shared.liveness.beat();
     let transport = Transport {
         kind: TransportKind::WebSocket,
         beat: beat.clone(),
@@ -138,8 +138,7 @@ where
         let msg = tokio::select! {
             _ = done.cancelled() => break,
             _ = ping.tick() => {
-                let silent = crate::liveness::now_ms() - beat.last_ms() >= h.as_millis() as i64;
-                if silent
+                if beat.silent_for(h)
                     && last_ping.elapsed() >= h
                     && out_tx.try_send(Message::Ping(Vec::new().into())).is_ok()
                 {

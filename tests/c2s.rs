@@ -1354,7 +1354,7 @@ async fn stream_to_an_unserved_domain_gets_host_unknown() {
 
 #[tokio::test]
 async fn slow_negotiation_gets_connection_timeout_within_the_configured_time() {
-    let ts = TestServer::start(|c| c.limits.negotiation_timeout = 1).await;
+    let ts = TestServer::start(|c| c.limits.negotiation_timeout = Duration::from_secs(1)).await;
     ts.user("steady").await;
     let mut steady = ts.login("steady", "r").await;
     let started = Instant::now();

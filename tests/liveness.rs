@@ -1,6 +1,11 @@
-//! Liveness (issue 4) against the real server, PostgreSQL and Redis, with scaled-down
+//! Liveness against the real server, PostgreSQL and Redis, with scaled-down
 //! timings (`fast_liveness`: H = 0.4 s, T = 2 s, G = 0.6 s, sweep 0.2 s, refresh 0.6 s).
 //! Every wait has an explicit bound derived from those numbers.
+//!
+//! These tests keep real time: they run real sockets, PostgreSQL and Redis (which expires
+//! keys on its own clock), and on paused tokio time the runtime would jump to the next timer
+//! whenever it waits for them, firing timeouts early. The grace, TTL, sweep and refresh
+//! decisions themselves are tested on paused time next to the code (`liveness::tests`).
 
 mod common;
 
@@ -12,6 +17,28 @@ use presenced::xml::{Element, NS_CLIENT, NS_DELAY, NS_PING};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
+}
+
+/// The server's `[liveness]` timings in seconds, for the bounds arithmetic below.
+struct Timings {
+    heartbeat_interval: f64,
+    ttl: f64,
+    grace: f64,
+    sweep_interval: f64,
+    redis_refresh: f64,
+    last_seen_flush: f64,
+}
+
+fn timings(ts: &TestServer) -> Timings {
+    let l = &ts.config.liveness;
+    Timings {
+        heartbeat_interval: l.heartbeat_interval.as_secs_f64(),
+        ttl: l.ttl.as_secs_f64(),
+        grace: l.grace.as_secs_f64(),
+        sweep_interval: l.sweep_interval.as_secs_f64(),
+        redis_refresh: l.redis_refresh.as_secs_f64(),
+        last_seen_flush: l.last_seen_flush.as_secs_f64(),
+    }
 }
 
 /// Logs in `name`/`res`, sends initial presence and waits for its own echo.
@@ -40,7 +67,7 @@ async fn last_words(c: &mut Client) -> Instant {
 async fn silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_last_seen_at_last_beat(
 ) {
     let ts = TestServer::start(fast_liveness).await;
-    let l = ts.config.liveness.clone();
+    let l = timings(&ts);
     ts.user("alice").await;
     ts.user("bob").await;
     ts.make_mutual("alice", "bob").await;
@@ -139,7 +166,7 @@ async fn silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_la
 #[tokio::test]
 async fn reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through() {
     let ts = TestServer::start(fast_liveness).await;
-    let g = ts.config.liveness.grace;
+    let g = timings(&ts).grace;
     ts.user("alice").await;
     ts.user("bob").await;
     ts.make_mutual("alice", "bob").await;
@@ -200,7 +227,7 @@ async fn reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through
 #[tokio::test]
 async fn clean_close_writes_last_seen_once_at_close_time() {
     let ts = TestServer::start(fast_liveness).await;
-    let l = ts.config.liveness.clone();
+    let l = timings(&ts);
     ts.user("alice").await;
     let alice = online(&ts, "alice", "phone").await;
     let closed = chrono::Utc::now();
@@ -221,7 +248,7 @@ async fn clean_close_writes_last_seen_once_at_close_time() {
 #[tokio::test]
 async fn idle_resource_costs_at_most_one_redis_write_per_refresh_and_no_key_lacks_a_ttl() {
     let ts = TestServer::start(fast_liveness).await;
-    let l = ts.config.liveness.clone();
+    let l = timings(&ts);
     ts.user("alice").await;
     let mut alice = online(&ts, "alice", "phone").await;
     let before = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed));
@@ -284,7 +311,7 @@ async fn concurrent_sweepers_take_each_stale_resource_exactly_once() {
     let client = redis::Client::open(url.as_str()).unwrap();
     let key = format!("test:sweep:{}:presence:beats:0", unique());
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let now = presenced::liveness::now_ms();
+    let now = presenced::liveness::Clock::system().now_ms();
     let n = 300;
     for i in 0..n {
         let _: () = redis::cmd("ZADD")
@@ -461,11 +488,11 @@ async fn redis_outage_keeps_logins_and_messages_and_liveness_is_repaired_after_r
     let ts = TestServer::start(|c| {
         fast_liveness(c);
         c.redis.url = format!("redis://127.0.0.1:{port}");
-        c.redis.timeout = 0.3;
-        c.redis.reconnect_max = 0.5;
+        c.redis.timeout = secs(0.3);
+        c.redis.reconnect_max = secs(0.5);
     })
     .await;
-    let l = ts.config.liveness.clone();
+    let l = timings(&ts);
     ts.user("alice").await;
     ts.user("bob").await;
     ts.user("carol").await;
@@ -524,7 +551,7 @@ async fn redis_outage_keeps_logins_and_messages_and_liveness_is_repaired_after_r
 
     // Redis comes back empty: the node reconnects and rewrites its resources.
     let own = OwnRedis::start(port).await;
-    let deadline = Instant::now() + secs(ts.config.redis.reconnect_max + l.redis_refresh + 2.0);
+    let deadline = Instant::now() + ts.config.redis.reconnect_max + secs(l.redis_refresh + 2.0);
     let (ka, kb) = (key("alice", "phone"), key("bob", "pc"));
     let (ja, jb) = (alice.jid.clone(), bob.jid.clone());
     let repaired = async {
@@ -562,7 +589,7 @@ async fn redis_outage_keeps_logins_and_messages_and_liveness_is_repaired_after_r
 #[tokio::test]
 async fn postgres_outage_keeps_existing_sessions_routing_and_last_seen_waits() {
     let ts = TestServer::start(fast_liveness).await;
-    let l = ts.config.liveness.clone();
+    let l = timings(&ts);
     ts.user("alice").await;
     ts.user("bob").await;
     ts.make_mutual("alice", "bob").await;
@@ -623,7 +650,7 @@ async fn another_nodes_sweeper_hands_the_silent_resource_to_its_node_which_annou
         fast_liveness(c);
         c.liveness.sweeper = false;
         // Pushes A's own no-Redis fallback (T + 2 sweeps of silence) well past B's sweep.
-        c.liveness.sweep_interval = 2.0;
+        c.liveness.sweep_interval = secs(2.0);
     })
     .await;
     let (domain, prefix) = (a.domain.clone(), a.config.redis.key_prefix.clone());
@@ -633,7 +660,7 @@ async fn another_nodes_sweeper_hands_the_silent_resource_to_its_node_which_annou
         c.redis.key_prefix = prefix;
     })
     .await;
-    let l = b.config.liveness.clone();
+    let l = timings(&b);
     a.user("alice").await;
     a.user("bob").await;
     a.make_mutual("alice", "bob").await;
@@ -673,7 +700,7 @@ async fn another_nodes_sweeper_hands_the_silent_resource_to_its_node_which_annou
 #[tokio::test]
 async fn resource_of_a_crashed_node_is_announced_by_the_sweeper_with_its_last_beat() {
     let ts = TestServer::start(fast_liveness).await;
-    let l = ts.config.liveness.clone();
+    let l = timings(&ts);
     ts.user("alice").await;
     ts.user("bob").await;
     ts.make_mutual("alice", "bob").await;
@@ -682,7 +709,7 @@ async fn resource_of_a_crashed_node_is_announced_by_the_sweeper_with_its_last_be
     let bare = ts.jid("alice");
     let full = presenced::jid::FullJid::new(&format!("{bare}/phone")).unwrap();
     let keys = &ts.shared().liveness.keys;
-    let last_beat = presenced::liveness::now_ms() - (l.ttl * 1000.0) as i64 - 500;
+    let last_beat = ts.shared().liveness.clock.now_ms() - (l.ttl * 1000.0) as i64 - 500;
     let mut r = ts.redis().await;
     let _: () = redis::cmd("ZADD")
         .arg(keys.beats_for(&bare))
@@ -718,7 +745,7 @@ async fn resource_of_a_crashed_node_is_announced_by_the_sweeper_with_its_last_be
 #[tokio::test]
 async fn chatty_client_beats_often_but_redis_sees_one_write_per_refresh() {
     let ts = TestServer::start(fast_liveness).await;
-    let l = ts.config.liveness.clone();
+    let l = timings(&ts);
     ts.user("alice").await;
     let mut alice = online(&ts, "alice", "phone").await;
     let writes_before = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed));
@@ -747,7 +774,7 @@ async fn chatty_client_beats_often_but_redis_sees_one_write_per_refresh() {
 async fn flush_rounds(ts: &TestServer, n: u64) {
     let rounds = |ts: &TestServer| ts.metric(|m| m.flush_rounds.load(Ordering::Relaxed));
     let target = rounds(ts) + n;
-    let bound = secs(ts.config.liveness.last_seen_flush * (n as f64 + 2.0) + 2.0);
+    let bound = secs(timings(ts).last_seen_flush * (n as f64 + 2.0) + 2.0);
     let deadline = Instant::now() + bound;
     while rounds(ts) < target {
         assert!(Instant::now() < deadline, "last-seen batcher stalled");

@@ -1148,7 +1148,7 @@ async fn server() -> TestServer {
         c.limits.stanzas_per_second = 10_000;
         c.limits.stanza_burst = 10_000;
         // The grace period (issue 4) has its own tests; here a logout is announced at once.
-        c.liveness.grace = 0.0;
+        c.liveness.grace = std::time::Duration::ZERO;
     })
     .await
 }

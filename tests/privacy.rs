@@ -170,7 +170,7 @@ async fn block_list_round_trip_pushes_to_resources_that_asked_and_unblock_all_em
 #[tokio::test]
 async fn blocked_contact_gets_unavailable_from_every_resource_then_nothing_more() {
     // A short grace period, so the closing session below is announced within the test.
-    let ts = TestServer::start(|c| c.liveness.grace = 0.5).await;
+    let ts = TestServer::start(|c| c.liveness.grace = std::time::Duration::from_millis(500)).await;
     ts.user("alice").await;
     ts.user("bob").await;
     ts.user("carol").await;
@@ -433,7 +433,7 @@ async fn cached_inputs_are_dropped_by_a_local_settings_change() {
 
 #[tokio::test]
 async fn with_the_cache_off_every_change_reads_the_database() {
-    let ts = TestServer::start(|c| c.database.gate_cache_secs = 0.0).await;
+    let ts = TestServer::start(|c| c.database.gate_cache_secs = std::time::Duration::ZERO).await;
     for u in ["alice", "bob"] {
         ts.user(u).await;
     }

@@ -49,15 +49,17 @@ fn s2s_config(
 ) {
     c.s2s.bind = ip.parse().unwrap();
     c.s2s.port = port;
-    c.s2s.secret = secret.into();
-    c.s2s.routes.insert(peer.to_owned(), peer_addr);
-    c.s2s.stale_grace = 1;
-    c.s2s.reconnect_min_ms = 100;
-    c.s2s.reconnect_max_ms = 400;
-    c.s2s.connect_timeout = 5;
+    c.s2s.secret = Some(secret.into());
+    c.s2s
+        .routes
+        .insert(peer.to_owned(), peer_addr.parse().expect("route"));
+    c.s2s.stale_grace = Duration::from_secs(1);
+    c.s2s.reconnect_min_ms = Duration::from_millis(100);
+    c.s2s.reconnect_max_ms = Duration::from_millis(400);
+    c.s2s.connect_timeout = Duration::from_secs(5);
     // A closed stream is announced after the grace period (issue 4, default 10 s); these
     // tests watch logouts cross the link, so they run with a short one.
-    c.liveness.grace = 0.3;
+    c.liveness.grace = Duration::from_millis(300);
 }
 
 async fn start_b(a_domain: &str, a_port: u16, b_domain: &str, b_port: u16) -> TestServer {
@@ -618,9 +620,9 @@ impl Pki {
         let key_path = self.dir.join(format!("{domain}.key"));
         std::fs::write(&cert_path, cert.pem()).unwrap();
         std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        c.tls.cert = cert_path.to_string_lossy().into_owned();
-        c.tls.key = key_path.to_string_lossy().into_owned();
-        c.s2s.ca_file = self.ca_pem.to_string_lossy().into_owned();
+        c.tls.cert = Some(cert_path);
+        c.tls.key = Some(key_path);
+        c.s2s.ca_file = Some(self.ca_pem.clone());
     }
 }
 
@@ -685,7 +687,7 @@ async fn require_verified_cert_refuses_a_peer_without_a_verifiable_cert_and_boun
                 },
             );
         } else {
-            c.s2s.ca_file = pki.ca_pem.to_string_lossy().into_owned();
+            c.s2s.ca_file = Some(pki.ca_pem.clone());
         }
     })
     .await;

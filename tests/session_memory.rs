@@ -189,9 +189,9 @@ async fn sessions_reach(server: &TestServer, n: usize) {
 async fn idle_tls_session_heap_stays_under_bound() {
     let server = TestServer::start(|c| {
         // Long liveness timings: nothing is pinged or refreshed while we count.
-        c.liveness.heartbeat_interval = 600.0;
-        c.liveness.ttl = 1800.0;
-        c.liveness.redis_refresh = 600.0;
+        c.liveness.heartbeat_interval = Duration::from_secs(600);
+        c.liveness.ttl = Duration::from_secs(1800);
+        c.liveness.redis_refresh = Duration::from_secs(600);
     })
     .await;
     for i in 0..WARM + MEASURED {

@@ -11,8 +11,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-
 use crate::c2s::{iq_result, Session};
 use crate::error::StanzaError;
 use crate::jid::BareJid;
@@ -188,7 +186,7 @@ pub async fn handle_iq(session: &Session, iq: &Element, subject: &BareJid) -> El
     }
     match when(shared, subject.as_str()).await {
         Some(ls) => {
-            let secs = seconds_since(ls.at);
+            let secs = (shared.liveness.clock.now() - ls.at).num_seconds().max(0);
             let mut q = query.attr("seconds", secs.to_string());
             if let Some(status) = ls.status {
                 q = q.text(status);
@@ -199,8 +197,4 @@ pub async fn handle_iq(session: &Session, iq: &Element, subject: &BareJid) -> El
             .reply_to(iq)
             .unwrap_or_else(|| iq_result(iq)),
     }
-}
-
-fn seconds_since(at: DateTime<Utc>) -> i64 {
-    (Utc::now() - at).num_seconds().max(0)
 }

@@ -3,7 +3,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
@@ -119,13 +118,13 @@ impl Metrics {
     }
 }
 
-/// Logs the counters every `metrics_log_interval` seconds (0 = never).
+/// Logs the counters every `metrics_log_interval` (0 = never).
 pub async fn log_loop(shared: Arc<Shared>) {
     let every = shared.config.liveness.metrics_log_interval;
-    if every <= 0.0 {
+    if every.is_zero() {
         return;
     }
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(every));
+    let mut tick = tokio::time::interval(every);
     tick.tick().await;
     loop {
         tokio::select! {

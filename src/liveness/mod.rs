@@ -1,4 +1,4 @@
-//! Liveness: how silence becomes "unavailable" (DESIGN.md "Liveness numbers", the seeds).
+//! Liveness: how silence becomes "unavailable".
 //!
 //! ```text
 //! socket traffic ─▶ Beat (in memory, per connection; any inbound byte counts)
@@ -23,7 +23,10 @@
 //! - Redis is optional at run time: every Redis call goes through [`redis_link::RedisLink`]
 //!   with a timeout, failures mark it down and reconnect with backoff, and after a reconnect
 //!   the writer rewrites every local resource ("repair"). Sessions never wait for Redis.
+//! - Wall-clock times (beats, expiry scores, last seen) come from one [`clock::Clock`] and
+//!   timers from `tokio::time`, so the decisions below can be tested on paused time.
 
+pub mod clock;
 pub mod keys;
 pub mod last_seen;
 pub mod metrics;
@@ -44,17 +47,8 @@ use crate::config::Config;
 use crate::jid::FullJid;
 use crate::server::Shared;
 
+pub use clock::Clock;
 pub use metrics::Metrics;
-
-/// Milliseconds since the Unix epoch: the unit of beat scores and last-seen times, shared
-/// by every node (keep node clocks synced; skew shifts detection by the same amount).
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s.max(0.0))
-}
 
 /// The `[liveness]` timings as durations.
 #[derive(Debug, Clone, Copy)]
@@ -78,12 +72,12 @@ impl Timings {
     pub fn from_config(c: &Config) -> Timings {
         let l = &c.liveness;
         Timings {
-            heartbeat: secs(l.heartbeat_interval),
-            ttl: secs(l.ttl),
-            grace: secs(l.grace),
-            sweep: secs(l.sweep_interval),
-            refresh: secs(l.redis_refresh),
-            flush: secs(l.last_seen_flush),
+            heartbeat: l.heartbeat_interval,
+            ttl: l.ttl,
+            grace: l.grace,
+            sweep: l.sweep_interval,
+            refresh: l.redis_refresh,
+            flush: l.last_seen_flush,
         }
     }
 
@@ -99,26 +93,34 @@ impl Timings {
 pub struct Beat {
     last: AtomicI64,
     metrics: Arc<Metrics>,
+    clock: Clock,
 }
 
 impl Beat {
-    /// A beat stamped now (a connection that just spoke).
-    pub fn new(metrics: Arc<Metrics>) -> Arc<Beat> {
+    /// A beat stamped now (a connection that just spoke); see [`Liveness::beat`].
+    fn new(metrics: Arc<Metrics>, clock: Clock) -> Arc<Beat> {
         Arc::new(Beat {
-            last: AtomicI64::new(now_ms()),
+            last: AtomicI64::new(clock.now_ms()),
             metrics,
+            clock,
         })
     }
 
     /// Records inbound traffic: the peer is alive now.
     pub fn touch(&self) {
-        self.last.fetch_max(now_ms(), Ordering::Relaxed);
+        self.last.fetch_max(self.clock.now_ms(), Ordering::Relaxed);
         self.metrics.heartbeats.fetch_add(1, Ordering::Relaxed);
     }
 
     /// When the peer last sent anything (ms since the epoch).
     pub fn last_ms(&self) -> i64 {
         self.last.load(Ordering::Relaxed)
+    }
+
+    /// Whether the peer has sent nothing for `d`: the one test behind keepalive pings (both
+    /// transports) and the local death fallback.
+    pub fn silent_for(&self, d: Duration) -> bool {
+        self.clock.now_ms() - self.last_ms() >= d.as_millis() as i64
     }
 }
 
@@ -148,7 +150,7 @@ impl Transport {
     pub fn tcp(shared: &Shared) -> Transport {
         Transport {
             kind: TransportKind::Tcp,
-            beat: Beat::new(shared.liveness.metrics.clone()),
+            beat: shared.liveness.beat(),
             secure: false,
         }
     }
@@ -190,6 +192,8 @@ struct Local {
 pub struct Liveness {
     /// The timings.
     pub timings: Timings,
+    /// Wall-clock time for beats, expiry scores and last seen.
+    pub clock: Clock,
     /// Counters for logs and /metrics.
     pub metrics: Arc<Metrics>,
     /// This node's identity, written as the value of resource keys.
@@ -212,12 +216,18 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    /// State for a validated config; nothing connects until [`start`].
+    /// State for a checked config on the system clock; nothing connects until [`start`].
     pub fn new(config: &Config) -> Liveness {
+        Liveness::with_clock(config, Clock::system())
+    }
+
+    /// State reading wall-clock time from `clock` (tests: [`Clock::tokio`]).
+    pub fn with_clock(config: &Config, clock: Clock) -> Liveness {
         let (tx, rx) = mpsc::channel(65_536);
         let metrics = Arc::new(Metrics::default());
         Liveness {
             timings: Timings::from_config(config),
+            clock,
             node_id: format!("node-{}", crate::c2s::new_id()),
             keys: keys::Keys::new(&config.redis.key_prefix, config.liveness.beat_shards),
             redis: redis_link::RedisLink::new(&config.redis, metrics.clone()),
@@ -230,6 +240,24 @@ impl Liveness {
             sweep_batch: config.liveness.sweep_batch,
             grace_tasks: TaskTracker::new(),
         }
+    }
+
+    /// A beat for a new connection, stamped now.
+    pub fn beat(&self) -> Arc<Beat> {
+        Beat::new(self.metrics.clone(), self.clock)
+    }
+
+    /// Until when Redis keeps what a beat at `beat_ms` wrote: the resource key and its
+    /// user's set expire T after the beat; the beat ZSET outlives any member by 2T more (and
+    /// is never moved before now + 3T) so the sweeper always finds stale members in it.
+    pub(crate) fn expiry_ms(&self, beat_ms: i64) -> (i64, i64) {
+        let ttl = self.timings.ttl_ms();
+        (beat_ms + ttl, self.clock.now_ms().max(beat_ms) + 3 * ttl)
+    }
+
+    /// Beats at or before this score are older than T: the sweeper takes them.
+    pub(crate) fn sweep_cutoff_ms(&self) -> i64 {
+        self.clock.now_ms() - self.timings.ttl_ms()
     }
 
     fn queue(&self, op: Op) {
@@ -321,13 +349,13 @@ impl Liveness {
         ended.insert(jid.to_string(), at_ms);
         if ended.len() > 4096 {
             // Only leftovers younger than 3T can still be swept; forget older ends.
-            let horizon = now_ms() - 3 * self.timings.ttl_ms();
+            let horizon = self.clock.now_ms() - 3 * self.timings.ttl_ms();
             ended.retain(|_, at| *at >= horizon);
         }
         drop(ended);
         self.last_seen.push(crate::store::LastSeen {
             jid: jid.to_bare().to_string(),
-            at: chrono::DateTime::from_timestamp_millis(at_ms).unwrap_or_else(chrono::Utc::now),
+            at: clock::to_datetime(at_ms),
             status: None,
         });
     }
@@ -366,7 +394,7 @@ impl LiveSession {
 
     /// Whether the peer has been silent for `d`.
     pub fn silent_for(&self, d: Duration) -> bool {
-        now_ms() - self.beat.last_ms() >= d.as_millis() as i64
+        self.beat.silent_for(d)
     }
 
     /// Local fallback when no sweeper acted (Redis down): silent for T plus two sweeps.
@@ -407,7 +435,7 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
         l.finished(&live.jid, live.id, at);
         return;
     }
-    let closed = now_ms();
+    let closed = l.clock.now_ms();
     l.metrics.grace_started.fetch_add(1, Ordering::Relaxed);
     l.mark_grace(&live.jid, live.id);
     // The close time is the final beat: the sweeper leaves the resource alone during G.
@@ -485,7 +513,7 @@ impl Liveness {
             return SweptLocal::InGrace;
         }
         let beat = l.beat.last_ms();
-        if beat > score && now_ms() - beat < self.timings.ttl_ms() {
+        if beat > score && !l.beat.silent_for(self.timings.ttl) {
             return SweptLocal::Alive(beat);
         }
         let _ = l
@@ -502,7 +530,7 @@ impl Liveness {
             .recently_ended
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let horizon = now_ms() - 3 * self.timings.ttl_ms();
+        let horizon = self.clock.now_ms() - 3 * self.timings.ttl_ms();
         map.retain(|_, at| *at >= horizon);
         map.get(jid).is_some_and(|&at| at >= score)
     }
@@ -519,5 +547,244 @@ impl Liveness {
     pub(crate) async fn wait_grace(&self, bound: Duration) {
         self.grace_tasks.close();
         let _ = tokio::time::timeout(bound, self.grace_tasks.wait()).await;
+    }
+}
+
+/// The grace, TTL, sweep and refresh decisions on paused tokio time, with the wall clock
+/// following it ([`Clock::tokio`]): no Redis, no sockets, nothing waits for real time.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        let mut c = Config::default();
+        c.liveness.heartbeat_interval = Duration::from_millis(400);
+        c.liveness.ttl = Duration::from_secs(2);
+        c.liveness.grace = Duration::from_millis(600);
+        c.liveness.sweep_interval = Duration::from_millis(200);
+        c.liveness.redis_refresh = Duration::from_millis(600);
+        c.validate().expect("valid");
+        c
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn jid(s: &str) -> FullJid {
+        FullJid::new(s).unwrap()
+    }
+
+    /// Everything queued for Redis so far.
+    fn drain(rx: &mut mpsc::Receiver<Op>) -> Vec<Op> {
+        let mut out = Vec::new();
+        while let Ok(op) = rx.try_recv() {
+            out.push(op);
+        }
+        out
+    }
+
+    fn setup() -> (Liveness, mpsc::Receiver<Op>) {
+        let live = Liveness::with_clock(&config(), Clock::tokio());
+        let rx = live.ops_rx.lock().unwrap().take().unwrap();
+        (live, rx)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_chatty_session_is_written_to_redis_once_per_refresh_with_its_newest_beat() {
+        let (live, mut rx) = setup();
+        let j = jid("a@x/r");
+        let beat = live.beat();
+        let mut s = live.bind(&j, 1, beat.clone());
+        let bound = drain(&mut rx);
+        assert!(
+            matches!(&bound[..], [Op::Refresh { beat_ms, .. }] if *beat_ms == live.clock.now_ms()),
+            "the bind writes its first beat at once: {bound:?}"
+        );
+        // Traffic every 50 ms for 3 s, the refresh tick every 600 ms (as c2s runs it).
+        let refresh = live.timings.refresh;
+        let mut writes = Vec::new();
+        let mut since_tick = Duration::ZERO;
+        for _ in 0..60 {
+            tokio::time::advance(ms(50)).await;
+            beat.touch();
+            since_tick += ms(50);
+            if since_tick >= refresh {
+                since_tick = Duration::ZERO;
+                s.refresh(&live);
+                writes.extend(drain(&mut rx));
+            }
+        }
+        assert_eq!(writes.len(), 5, "3 s / 600 ms refresh ticks: {writes:?}");
+        for (i, op) in writes.iter().enumerate() {
+            let Op::Refresh { beat_ms, .. } = op else {
+                panic!("{op:?}")
+            };
+            // Each write carries the newest beat, the one of its own tick.
+            assert_eq!(
+                *beat_ms,
+                beat.last_ms() - 600 * (4 - i as i64),
+                "{writes:?}"
+            );
+        }
+        assert_eq!(live.metrics.heartbeats.load(Ordering::Relaxed), 60);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_session_is_not_rewritten_and_refresh_never_writes_twice_within_the_interval() {
+        let (live, mut rx) = setup();
+        let beat = live.beat();
+        let mut s = live.bind(&jid("a@x/r"), 1, beat.clone());
+        drain(&mut rx);
+        tokio::time::advance(ms(600)).await;
+        s.refresh(&live);
+        assert!(drain(&mut rx).is_empty(), "no newer beat, no write");
+        beat.touch();
+        tokio::time::advance(ms(100)).await;
+        s.refresh(&live);
+        assert_eq!(drain(&mut rx).len(), 1, "a newer beat is written");
+        beat.touch();
+        // 90% of the interval is the earliest next write (ticks may come a little early).
+        tokio::time::advance(ms(530)).await;
+        s.refresh(&live);
+        assert!(drain(&mut rx).is_empty(), "written 530 ms ago: too soon");
+        tokio::time::advance(ms(10)).await;
+        s.refresh(&live);
+        assert_eq!(drain(&mut rx).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silence_means_a_ping_after_h_and_a_local_death_only_after_t_plus_two_sweeps() {
+        let (live, _rx) = setup();
+        let beat = live.beat();
+        let s = live.bind(&jid("a@x/r"), 1, beat.clone());
+        tokio::time::advance(ms(399)).await;
+        assert!(!beat.silent_for(live.timings.heartbeat));
+        tokio::time::advance(ms(1)).await;
+        assert!(
+            beat.silent_for(live.timings.heartbeat),
+            "H of silence: ping"
+        );
+        // T + 2 sweeps = 2.4 s after the last beat.
+        tokio::time::advance(ms(1999)).await;
+        assert!(!s.locally_dead(&live));
+        tokio::time::advance(ms(1)).await;
+        assert!(s.locally_dead(&live));
+        beat.touch();
+        assert!(!s.locally_dead(&live), "traffic revives it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn redis_keys_expire_t_after_the_beat_and_the_sweeper_takes_beats_older_than_t() {
+        let (live, _rx) = setup();
+        let beat = live.beat();
+        let b = beat.last_ms();
+        let (key, zset) = live.expiry_ms(b);
+        assert_eq!(key, b + 2000, "resource key: beat + T");
+        assert_eq!(zset, b + 6000, "beat ZSET: now + 3T");
+        // A refresh written late still expires T after the beat; the ZSET's own expiry
+        // stays 3T ahead of now.
+        tokio::time::advance(ms(500)).await;
+        assert_eq!(live.expiry_ms(b), (b + 2000, b + 500 + 6000));
+        // The sweep cutoff: a beat is stale once it is T old, not before.
+        tokio::time::advance(ms(1499)).await;
+        assert!(b > live.sweep_cutoff_ms(), "1999 ms old: not swept");
+        tokio::time::advance(ms(1)).await;
+        assert!(b <= live.sweep_cutoff_ms(), "T old: swept");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweeper_ends_a_silent_local_session_at_its_last_beat_but_spares_a_live_one() {
+        let (live, mut rx) = setup();
+        let j = jid("a@x/r");
+        let beat = live.beat();
+        let s = live.bind(&j, 1, beat.clone());
+        let first = beat.last_ms();
+        // The beat in Redis is old, but the client spoke since (a write was lost): rewrite.
+        tokio::time::advance(ms(1500)).await;
+        beat.touch();
+        let newer = beat.last_ms();
+        assert!(matches!(
+            live.swept_local(j.as_str(), first),
+            SweptLocal::Alive(b) if b == newer
+        ));
+        assert!(!s.end.is_cancelled() && s.dead_at().is_none());
+        // Silent for T since that beat: ended, dead at the last beat, not at detection.
+        tokio::time::advance(ms(2000)).await;
+        assert!(matches!(
+            live.swept_local(j.as_str(), newer),
+            SweptLocal::Ended
+        ));
+        assert!(s.end.is_cancelled());
+        assert_eq!(s.dead_at(), Some(newer));
+        // The session ends as a silent death: its keys go, last seen is the last beat.
+        drain(&mut rx);
+        live.finished(&j, 1, s.dead_at().unwrap());
+        assert!(matches!(&drain(&mut rx)[..], [Op::Remove { .. }]));
+        assert_eq!(
+            live.last_seen.get("a@x").map(|e| e.at.timestamp_millis()),
+            Some(newer)
+        );
+        assert!(matches!(
+            live.swept_local(j.as_str(), newer),
+            SweptLocal::NotLocal
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resource_in_grace_is_left_to_its_grace_task_and_a_reconnect_takes_it_over() {
+        let (live, mut rx) = setup();
+        let j = jid("a@x/r");
+        let _old = live.bind(&j, 1, live.beat());
+        live.mark_grace(&j, 1);
+        tokio::time::advance(ms(2500)).await;
+        assert!(
+            matches!(live.swept_local(j.as_str(), 0), SweptLocal::InGrace),
+            "the sweeper leaves a closed session in its grace period alone"
+        );
+        // The same resource binds again within G: counted, and when the old session's
+        // grace ends it neither removes the new session's keys nor stays tracked.
+        tokio::time::advance(live.timings.grace / 2).await;
+        let _new = live.bind(&j, 2, live.beat());
+        assert_eq!(live.metrics.grace_resumed.load(Ordering::Relaxed), 1);
+        drain(&mut rx);
+        assert!(live.forget(&j, 1), "the new session holds the resource");
+        assert!(drain(&mut rx).is_empty());
+        assert!(live.is_tracked(&j));
+        // Without a reconnect the grace task finishes it: keys removed, last seen at the
+        // close time.
+        let k = jid("b@x/r");
+        let _b = live.bind(&k, 3, live.beat());
+        let closed = live.clock.now_ms();
+        live.mark_grace(&k, 3);
+        tokio::time::advance(live.timings.grace).await;
+        drain(&mut rx);
+        live.finished(&k, 3, closed);
+        assert!(matches!(&drain(&mut rx)[..], [Op::Remove { jid }] if *jid == k));
+        assert!(!live.is_tracked(&k));
+        assert_eq!(
+            live.last_seen.get("b@x").map(|e| e.at.timestamp_millis()),
+            Some(closed)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leftover_beat_of_a_session_ended_here_is_not_announced_again_for_3t() {
+        let (live, _rx) = setup();
+        let j = jid("a@x/r");
+        let _s = live.bind(&j, 1, live.beat());
+        let score = live.clock.now_ms();
+        tokio::time::advance(ms(100)).await;
+        live.finished(&j, 1, live.clock.now_ms());
+        assert!(live.ended_here_after(j.as_str(), score));
+        assert!(
+            !live.ended_here_after(j.as_str(), live.clock.now_ms() + 1),
+            "a beat newer than the end is another session's"
+        );
+        // Entries older than 3T are forgotten: no leftover can be that old.
+        tokio::time::advance(ms(6000)).await;
+        assert!(live.ended_here_after(j.as_str(), score));
+        tokio::time::advance(ms(101)).await;
+        assert!(!live.ended_here_after(j.as_str(), score));
     }
 }

@@ -86,8 +86,8 @@ impl RedisLink {
                 next_attempt: Instant::now(),
                 backoff: BACKOFF_START,
             }),
-            timeout: Duration::from_secs_f64(config.timeout),
-            reconnect_max: Duration::from_secs_f64(config.reconnect_max),
+            timeout: config.timeout,
+            reconnect_max: config.reconnect_max,
             up: AtomicBool::new(false),
             repair: AtomicBool::new(false),
             metrics,
@@ -171,11 +171,10 @@ impl RedisLink {
 
 fn add_op(pipe: &mut redis::Pipeline, shared: &Shared, op: &Op) {
     let l = &shared.liveness;
-    let ttl = l.timings.ttl.as_millis() as i64;
     match op {
         Op::Refresh { jid, beat_ms } => {
             let bare = jid.to_bare().to_string();
-            let expire = beat_ms + ttl;
+            let (expire, beats_expire) = l.expiry_ms(*beat_ms);
             pipe.cmd("EVAL")
                 .arg(REFRESH_USER)
                 .arg(2)
@@ -185,14 +184,13 @@ fn add_op(pipe: &mut redis::Pipeline, shared: &Shared, op: &Op) {
                 .arg(expire)
                 .arg(jid.resource().as_str())
                 .ignore();
-            // The ZSET outlives any member by 2T so the sweeper always finds stale ones.
             pipe.cmd("EVAL")
                 .arg(BEAT)
                 .arg(1)
                 .arg(l.keys.beats_for(&bare))
                 .arg(l.keys.member(&l.node_id, jid))
                 .arg(*beat_ms)
-                .arg(super::now_ms().max(*beat_ms) + 3 * ttl)
+                .arg(beats_expire)
                 .ignore();
         }
         Op::Remove { jid } => {

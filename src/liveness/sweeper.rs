@@ -18,7 +18,7 @@ use redis::aio::MultiplexedConnection;
 
 use std::time::Duration;
 
-use super::{keys, now_ms, Op, SweptLocal};
+use super::{keys, Op, SweptLocal};
 use crate::jid::FullJid;
 use crate::server::Shared;
 use crate::xml::{Element, NS_CLIENT};
@@ -87,7 +87,7 @@ pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
         return 0;
     };
     live.metrics.sweeps.fetch_add(1, Ordering::Relaxed);
-    let cutoff = now_ms() - live.timings.ttl.as_millis() as i64;
+    let cutoff = live.sweep_cutoff_ms();
     let batch = live.sweep_batch();
     let mut total = 0;
     for shard in 0..live.keys.shards {
@@ -160,7 +160,7 @@ pub async fn listen(shared: Arc<Shared>) {
     };
     let channel = live.keys.node_channel(&live.node_id);
     let mut backoff = Duration::from_millis(100);
-    let max = Duration::from_secs_f64(shared.config.redis.reconnect_max);
+    let max = shared.config.redis.reconnect_max;
     loop {
         let connected = tokio::time::timeout(live.redis.timeout() * 2, async {
             let mut ps = client.get_async_pubsub().await?;

@@ -16,17 +16,14 @@ use rustls::client::danger::ServerCertVerifier;
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
-/// Certificate authorities trusted for peers, from `[s2s] ca_file`; `None` when empty or
-/// unreadable (then only `allow_self_signed` domains can verify).
-pub fn load_roots(ca_file: &str) -> Option<Arc<WebPkiServerVerifier>> {
+/// Certificate authorities trusted for peers, from `[s2s] ca_file`; `None` when unreadable
+/// (then, as without a `ca_file`, only `allow_self_signed` domains can verify).
+pub fn load_roots(ca_file: &std::path::Path) -> Option<Arc<WebPkiServerVerifier>> {
     use rustls_pki_types::pem::PemObject;
-    if ca_file.is_empty() {
-        return None;
-    }
     let certs = match CertificateDer::pem_file_iter(ca_file) {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!(%ca_file, error = %e, "[s2s] ca_file unreadable; no peer certificate will verify by CA");
+            tracing::warn!(ca_file = %ca_file.display(), error = %e, "[s2s] ca_file unreadable; no peer certificate will verify by CA");
             return None;
         }
     };
@@ -37,7 +34,7 @@ pub fn load_roots(ca_file: &str) -> Option<Arc<WebPkiServerVerifier>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
         .build()
-        .map_err(|e| tracing::warn!(%ca_file, error = %e, "[s2s] ca_file has no usable root"))
+        .map_err(|e| tracing::warn!(ca_file = %ca_file.display(), error = %e, "[s2s] ca_file has no usable root"))
         .ok()
 }
 

@@ -39,19 +39,19 @@ impl std::fmt::Debug for Secret {
 }
 
 impl Secret {
-    /// From the configured secret; an empty one is replaced by random bytes (single node).
+    /// From the configured secret.
     pub fn new(configured: &str) -> Secret {
-        let raw = if configured.is_empty() {
-            use rand::RngCore;
-            let mut b = [0u8; 32];
-            rand::thread_rng().fill_bytes(&mut b);
-            hex(&b)
-        } else {
-            configured.to_owned()
-        };
         Secret {
-            hmac_key: hex(&Sha256::digest(raw.as_bytes())),
+            hmac_key: hex(&Sha256::digest(configured.as_bytes())),
         }
+    }
+
+    /// From random bytes, when none is configured (single node).
+    pub fn random() -> Secret {
+        use rand::RngCore;
+        let mut b = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut b);
+        Secret::new(&hex(&b))
     }
 
     /// The key the originating server `originating` sends to `receiving` on the stream
@@ -121,7 +121,7 @@ pub async fn verify_with_authoritative(
     stream_id: String,
     key: String,
 ) -> bool {
-    let timeout = std::time::Duration::from_secs(shared.config.s2s.connect_timeout);
+    let timeout = shared.config.s2s.connect_timeout;
     let check = async {
         let mut conn = crate::s2s::outbound::open_secure(&shared, &receiving, &originating)
             .await

@@ -131,8 +131,7 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct
         max_stanza_size: shared.config.limits.max_stanza_size,
         max_depth: shared.config.limits.max_depth,
     };
-    let deadline =
-        tokio::time::Instant::now() + Duration::from_secs(shared.config.limits.negotiation_timeout);
+    let deadline = tokio::time::Instant::now() + shared.config.limits.negotiation_timeout;
     let mut certs = PeerCerts::new();
     let io: BoxIo = if direct_tls {
         let acceptor = tokio_rustls::TlsAcceptor::from(shared.s2s_tls.clone());

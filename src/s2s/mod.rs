@@ -57,7 +57,6 @@ pub mod stream;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -188,12 +187,16 @@ impl S2s {
             shared: OnceLock::new(),
             links: Mutex::new(HashMap::new()),
             next_link: AtomicU64::new(1),
-            secret: dialback::Secret::new(&config.s2s.secret),
+            secret: config
+                .s2s
+                .secret
+                .as_deref()
+                .map_or_else(dialback::Secret::random, dialback::Secret::new),
             resolver,
             presence: Mutex::new(RemotePresence::default()),
             severed: AtomicBool::new(false),
             cut: tokio_util::sync::CancellationToken::new(),
-            roots: cert::load_roots(&config.s2s.ca_file),
+            roots: config.s2s.ca_file.as_deref().and_then(cert::load_roots),
             identity,
             auth: AuthCounters::default(),
         }
@@ -394,7 +397,7 @@ impl S2s {
             g
         };
         tracing::info!(%remote, "federation link lost");
-        let grace = Duration::from_secs(shared.config.s2s.stale_grace);
+        let grace = shared.config.s2s.stale_grace;
         let remote_owned = remote.to_owned();
         let weak = Arc::downgrade(&shared);
         tokio::spawn(async move {

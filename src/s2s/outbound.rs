@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::c2s::BoxIo;
+use crate::config::Nameserver;
 use crate::error::StanzaError;
 use crate::server::Shared;
 use crate::xml::reader::ReaderLimits;
@@ -69,30 +70,28 @@ pub struct Secured {
 }
 
 /// Builds the resolver for `[s2s] nameserver`.
-pub fn build_resolver(nameserver: &str) -> Option<hickory_resolver::TokioResolver> {
+pub fn build_resolver(nameserver: &Nameserver) -> Option<hickory_resolver::TokioResolver> {
     use hickory_resolver::config::{NameServerConfig, ResolverConfig};
     use hickory_resolver::net::runtime::TokioRuntimeProvider;
-    if nameserver == "none" {
-        return None;
-    }
-    let builder = if nameserver.is_empty() {
-        match hickory_resolver::TokioResolver::builder_tokio() {
+    let builder = match *nameserver {
+        Nameserver::Disabled => return None,
+        Nameserver::System => match hickory_resolver::TokioResolver::builder_tokio() {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "no system DNS configuration; s2s uses static routes only");
                 return None;
             }
+        },
+        Nameserver::Server(addr) => {
+            let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
+            for c in &mut ns.connections {
+                c.port = addr.port();
+            }
+            hickory_resolver::TokioResolver::builder_with_config(
+                ResolverConfig::from_name_servers(vec![ns]),
+                TokioRuntimeProvider::default(),
+            )
         }
-    } else {
-        let addr: SocketAddr = nameserver.parse().ok()?;
-        let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
-        for c in &mut ns.connections {
-            c.port = addr.port();
-        }
-        hickory_resolver::TokioResolver::builder_with_config(
-            ResolverConfig::from_name_servers(vec![ns]),
-            TokioRuntimeProvider::default(),
-        )
     };
     builder.build().ok()
 }
@@ -111,14 +110,11 @@ pub struct Candidate {
 /// Where to connect for `domain`, in order.
 pub async fn resolve(shared: &Shared, domain: &str) -> Vec<Candidate> {
     if let Some(route) = shared.config.s2s.routes.get(domain) {
-        return crate::config::parse_route(route)
-            .map(|(host, port, direct_tls)| Candidate {
-                host,
-                port,
-                direct_tls,
-            })
-            .into_iter()
-            .collect();
+        return vec![Candidate {
+            host: route.host.clone(),
+            port: route.port,
+            direct_tls: route.direct_tls,
+        }];
     }
     let Some(resolver) = &shared.s2s.resolver else {
         return Vec::new();
@@ -172,14 +168,7 @@ async fn addresses(shared: &Shared, c: &Candidate) -> Vec<SocketAddr> {
         },
         // No DNS configured: a static route naming a host is looked up by the system
         // (e.g. /etc/hosts); the operator chose that name.
-        None if shared
-            .config
-            .s2s
-            .routes
-            .values()
-            .filter_map(|r| crate::config::parse_route(r))
-            .any(|(host, _, _)| host == c.host) =>
-        {
+        None if shared.config.s2s.routes.values().any(|r| r.host == c.host) => {
             tokio::net::lookup_host((c.host.as_str(), c.port))
                 .await
                 .map(|a| a.collect())
@@ -524,11 +513,8 @@ pub async fn run(
 ) {
     let (local, remote) = key.clone();
     let cfg = shared.config.s2s.clone();
-    let idle = Duration::from_secs(cfg.idle_timeout);
-    let (min_delay, max_delay) = (
-        Duration::from_millis(cfg.reconnect_min_ms),
-        Duration::from_millis(cfg.reconnect_max_ms),
-    );
+    let idle = cfg.idle_timeout;
+    let (min_delay, max_delay) = (cfg.reconnect_min_ms, cfg.reconnect_max_ms);
     // Consecutive failed attempts; the wait before the next one grows with it.
     let mut failures: u32 = 0;
     let mut queue: Vec<Element> = Vec::new();
@@ -552,7 +538,7 @@ pub async fn run(
             _ = shared.shutdown.cancelled() => break,
             _ = cut.cancelled() => break,
             r = tokio::time::timeout(
-                Duration::from_secs(cfg.connect_timeout),
+                cfg.connect_timeout,
                 connect(&shared, &local, &remote),
             ) => r,
         };

@@ -35,12 +35,12 @@ pub fn redis_url() -> String {
 /// Liveness timings scaled down for tests: H = 0.4 s, T = 2 s, G = 0.6 s, sweeps every
 /// 0.2 s, Redis refresh every 0.6 s, last-seen flush every 0.2 s.
 pub fn fast_liveness(c: &mut Config) {
-    c.liveness.heartbeat_interval = 0.4;
-    c.liveness.ttl = 2.0;
-    c.liveness.grace = 0.6;
-    c.liveness.sweep_interval = 0.2;
-    c.liveness.redis_refresh = 0.6;
-    c.liveness.last_seen_flush = 0.2;
+    c.liveness.heartbeat_interval = Duration::from_millis(400);
+    c.liveness.ttl = Duration::from_secs(2);
+    c.liveness.grace = Duration::from_millis(600);
+    c.liveness.sweep_interval = Duration::from_millis(200);
+    c.liveness.redis_refresh = Duration::from_millis(600);
+    c.liveness.last_seen_flush = Duration::from_millis(200);
     c.liveness.beat_shards = 2;
 }
 
@@ -113,10 +113,10 @@ impl TestServer {
         config.s2s.bind = "127.0.0.1".parse().unwrap();
         config.s2s.port = 0;
         config.s2s.direct_tls_port = 0;
-        config.s2s.nameserver = "none".into();
+        config.s2s.nameserver = presenced::config::Nameserver::Disabled;
         tweak(&mut config);
-        config.validate().expect("test config is valid");
-        let running = server::start(config.clone()).await.expect("server starts");
+        let checked = config.clone().check().expect("test config is valid");
+        let running = server::start(checked).await.expect("server starts");
         let cert = certs.join(format!("selfsigned-{domain}.pem"));
         TestServer {
             addr: running.c2s_addr.expect("c2s listener"),

@@ -85,11 +85,11 @@ async fn load_generator_split_over_two_processes_merges_their_counts() {
         // Idle clients are pinged after 1 s of silence and their answers refresh Redis at
         // most every 0.5 s, so the window at rest sees liveness writes; T = 8 s leaves
         // slow (loaded, debug-built) clients time to answer.
-        c.liveness.heartbeat_interval = 1.0;
-        c.liveness.ttl = 8.0;
-        c.liveness.grace = 1.0;
-        c.liveness.redis_refresh = 0.5;
-        c.liveness.last_seen_flush = 0.2;
+        c.liveness.heartbeat_interval = Duration::from_secs(1);
+        c.liveness.ttl = Duration::from_secs(8);
+        c.liveness.grace = Duration::from_secs(1);
+        c.liveness.redis_refresh = Duration::from_millis(500);
+        c.liveness.last_seen_flush = Duration::from_millis(200);
     })
     .await;
     let bench = env!("CARGO_BIN_EXE_presenced-bench");
