@@ -730,7 +730,10 @@ impl Conn {
         }
         let handle = reg.handle;
         tracing::info!(%peer, %jid, kind = ?transport.kind, "session bound");
-        shared.metrics.login(transport.kind);
+        match transport.kind {
+            TransportKind::Tcp => shared.metrics.login_tcp(),
+            TransportKind::WebSocket => shared.metrics.login_websocket(),
+        }
         let writer_task = tokio::spawn(write_loop(writer, reg.rx, handle.kill.clone()));
         let mut live = shared
             .liveness

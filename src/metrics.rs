@@ -15,7 +15,7 @@
 //! shows (the number of bound sessions): counters move on a client's own acts or on decisions
 //! that do not depend on whether the other party is online.
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -23,9 +23,6 @@ use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-
-use crate::liveness::TransportKind;
-use crate::server::Shared;
 
 /// The Content-Type of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -124,18 +121,20 @@ impl Metrics {
     }
 
     /// Lets the registry read the running server's own figures at scrape time (called once by
-    /// [`crate::server::start`]). A weak reference: the server owns its metrics, not the
-    /// other way round.
-    pub fn attach(&self, shared: &Arc<Shared>) {
-        let _ = self.node.shared.set(Arc::downgrade(shared));
+    /// [`crate::server::start`]). The server hands in the reader, so this module knows
+    /// nothing of the server's state and sits below everything that counts.
+    pub fn attach(&self, read: NodeFigures) {
+        let _ = self.node.read.set(read);
     }
 
-    /// A client session was bound.
-    pub fn login(&self, transport: TransportKind) {
-        match transport {
-            TransportKind::Tcp => self.logins_tcp.inc(),
-            TransportKind::WebSocket => self.logins_websocket.inc(),
-        };
+    /// A client session was bound over TCP (STARTTLS or direct TLS).
+    pub fn login_tcp(&self) {
+        self.logins_tcp.inc();
+    }
+
+    /// A client session was bound over WebSocket (RFC 7395).
+    pub fn login_websocket(&self) {
+        self.logins_websocket.inc();
     }
 
     /// A SASL attempt failed.
@@ -163,10 +162,15 @@ impl Metrics {
     }
 }
 
+/// Writes, at scrape time, the figures whose owners keep them as plain state (the server's
+/// sessions, liveness counters, federation counts): given by [`Metrics::attach`].
+pub type NodeFigures =
+    Box<dyn Fn(&mut DescriptorEncoder) -> Result<(), std::fmt::Error> + Send + Sync>;
+
 /// Reads, at scrape time, the figures whose owners keep them as plain state.
 #[derive(Default)]
 struct NodeCollector {
-    shared: OnceLock<Weak<Shared>>,
+    read: OnceLock<NodeFigures>,
 }
 
 impl std::fmt::Debug for NodeCollector {
@@ -177,34 +181,10 @@ impl std::fmt::Debug for NodeCollector {
 
 impl Collector for NodeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(shared) = self.shared.get().and_then(Weak::upgrade) else {
-            return Ok(());
-        };
-        shared.liveness.metrics.encode(&mut encoder)?;
-        gauge(
-            &mut encoder,
-            "sessions",
-            "Bound client sessions on this node.",
-            shared.sessions.count() as i64,
-        )?;
-        let n = shared.s2s.auth_counts();
-        let counter = ConstCounter::new(0u64);
-        let mut family = encoder.encode_descriptor(
-            "s2s_authenticated",
-            "Federation streams authenticated, by method and direction.",
-            None,
-            counter.metric_type(),
-        )?;
-        for (method, direction, v) in [
-            ("external", "in", n.external_in),
-            ("external", "out", n.external_out),
-            ("dialback", "in", n.dialback_in),
-            ("dialback", "out", n.dialback_out),
-        ] {
-            let labels = [("method", method), ("direction", direction)];
-            ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+        match self.read.get() {
+            Some(read) => read(&mut encoder),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -237,9 +217,9 @@ mod tests {
     #[test]
     fn counters_render_with_their_prefix_suffix_and_labels() {
         let m = Metrics::new();
-        m.login(TransportKind::Tcp);
-        m.login(TransportKind::Tcp);
-        m.login(TransportKind::WebSocket);
+        m.login_tcp();
+        m.login_tcp();
+        m.login_websocket();
         m.auth_failure();
         m.message_routed();
         m.dropped(DropReason::BlockedBySender);

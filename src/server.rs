@@ -149,7 +149,13 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         metrics: crate::metrics::Metrics::new(),
     });
     shared.s2s.attach(&shared);
-    shared.metrics.attach(&shared);
+    let weak = Arc::downgrade(&shared);
+    shared
+        .metrics
+        .attach(Box::new(move |encoder| match weak.upgrade() {
+            Some(shared) => node_figures(&shared, encoder),
+            None => Ok(()),
+        }));
     // Block-list and settings changes made anywhere withdraw presence already shown here.
     crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();
@@ -198,6 +204,41 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         shared,
         tracker,
     })
+}
+
+/// The figures /metrics reads from the running node at scrape time (a weak reference in
+/// the registry: the server owns its metrics, not the other way round).
+fn node_figures(
+    shared: &Shared,
+    encoder: &mut prometheus_client::encoding::DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::encoding::EncodeMetric;
+    use prometheus_client::metrics::counter::ConstCounter;
+    shared.liveness.metrics.encode(encoder)?;
+    crate::metrics::gauge(
+        encoder,
+        "sessions",
+        "Bound client sessions on this node.",
+        shared.sessions.count() as i64,
+    )?;
+    let n = shared.s2s.auth_counts();
+    let counter = ConstCounter::new(0u64);
+    let mut family = encoder.encode_descriptor(
+        "s2s_authenticated",
+        "Federation streams authenticated, by method and direction.",
+        None,
+        counter.metric_type(),
+    )?;
+    for (method, direction, v) in [
+        ("external", "in", n.external_in),
+        ("external", "out", n.external_out),
+        ("dialback", "in", n.dialback_in),
+        ("dialback", "out", n.dialback_out),
+    ] {
+        let labels = [("method", method), ("direction", direction)];
+        ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// Runs until Ctrl-C or SIGTERM.
