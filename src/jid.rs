@@ -34,6 +34,26 @@ mod tests {
     }
 
     #[test]
+    fn a_trailing_dot_in_the_domainpart_is_removed() {
+        // RFC 7622 §3.2: "a.example." and "a.example" are the same domain.
+        for (input, want) in [
+            ("mallory@sec.example.", "mallory@sec.example"),
+            ("Mallory@Sec.Example.", "mallory@sec.example"),
+            ("sec.example.", "sec.example"),
+            ("mallory@sec.example./phone.", "mallory@sec.example/phone."),
+            ("sec.example./res@x.", "sec.example/res@x."),
+            ("mallory@sec.example", "mallory@sec.example"),
+        ] {
+            let j = parse_opt(Some(input)).unwrap().unwrap();
+            assert_eq!(j.as_str(), want, "{input}");
+            assert_eq!(j.domain().as_str(), "sec.example", "{input}");
+        }
+        for bad in ["mallory@.", "mallory@sec.example..", "."] {
+            assert!(parse_opt(Some(bad)).unwrap().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn malformed_jids_are_rejected() {
         for bad in ["a@b@c", "@a.example", "a@", "a b@c.example", ""] {
             assert!(Jid::new(bad).is_err(), "{bad}");
