@@ -24,7 +24,6 @@
 
 use crate::c2s::{iq_result, Session};
 use crate::error::StanzaError;
-use crate::jid::Jid;
 use crate::server::Shared;
 use crate::store::StoreError;
 use crate::xml::{Element, Node, NS_CLIENT};
@@ -120,7 +119,7 @@ fn items(payload: &Element) -> Result<Vec<String>, StanzaError> {
         let Some(j) = item.get_attr("jid") else {
             return Err(StanzaError::bad_request().with_text("item without jid"));
         };
-        let jid = Jid::new(j).map_err(|_| StanzaError::jid_malformed())?;
+        let jid = crate::jid::parse(j).map_err(|_| StanzaError::jid_malformed())?;
         let s = jid.to_string();
         if !out.contains(&s) {
             out.push(s);
@@ -132,6 +131,9 @@ fn items(payload: &Element) -> Result<Vec<String>, StanzaError> {
 fn failed(e: StoreError) -> StanzaError {
     match e {
         StoreError::Constraint(c) => StanzaError::jid_malformed().with_text(c),
+        // XEP-0191 defines no error for a full list; not-acceptable (RFC 6120 §8.3.3.9) is
+        // the request not meeting a criterion of this server, and nothing was added.
+        StoreError::BlocklistFull => StanzaError::not_acceptable().with_text("block list is full"),
         other => {
             tracing::error!(error = %other, "block list store failure");
             StanzaError::internal_server_error()

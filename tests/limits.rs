@@ -175,6 +175,7 @@ async fn subscriptions_cannot_grow_a_roster_beyond_max_roster_items() {
     // An inbound request needs no item (it waits in the pending table), so it still
     // reaches alice; approving it would create an item, which is refused the same way.
     let mut carol = ts.login("carol", "r").await;
+    carol.presence(None, None).await;
     carol
         .send(&presence_to("subscribe", &ts.jid("alice")))
         .await;
@@ -436,5 +437,125 @@ async fn a_trailing_dot_in_a_blocked_domain_is_removed_so_the_block_applies() {
         items.iter().map(|i| i.contact.as_str()).collect::<Vec<_>>(),
         [ts.jid("bob")]
     );
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The store's one check, and items stored before the limits
+
+#[tokio::test]
+async fn concurrent_writes_cannot_pass_the_roster_limit_together() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    let store = ts.shared().store.clone();
+    let mut limits = store.limits();
+    limits.max_roster_items = 5;
+    store.set_limits(limits);
+    let alice = ts.jid("alice");
+    let writes = (0..20).map(|i| {
+        let (store, alice) = (store.clone(), alice.clone());
+        tokio::spawn(async move {
+            let item = presenced::store::RosterItem::new(format!("c{i}@x.example"));
+            // Half through each entry point: a roster set and a subscription change.
+            if i % 2 == 0 {
+                store.upsert_roster_item(&alice, &item).await.map(|_| ())
+            } else {
+                store
+                    .apply_subscription_change(&[(alice, item)])
+                    .await
+                    .map(|_| ())
+            }
+        })
+    });
+    let mut ok = 0;
+    for w in writes.collect::<Vec<_>>() {
+        match w.await.unwrap() {
+            Ok(()) => ok += 1,
+            Err(presenced::store::StoreError::RosterFull) => {}
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!(ok, 5);
+    assert_eq!(store.roster(&alice).await.unwrap().1.len(), 5);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn a_subscription_change_refused_for_one_side_changes_neither() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    let store = ts.shared().store.clone();
+    let mut limits = store.limits();
+    limits.max_roster_items = 1;
+    store.set_limits(limits);
+    let (alice, bob) = (ts.jid("alice"), ts.jid("bob"));
+    store
+        .upsert_roster_item(&bob, &presenced::store::RosterItem::new("x@x.example"))
+        .await
+        .unwrap();
+    let mut a = presenced::store::RosterItem::new(bob.clone());
+    a.subscription = presenced::store::Subscription::To;
+    let mut b = presenced::store::RosterItem::new(alice.clone());
+    b.subscription = presenced::store::Subscription::From;
+    let r = store
+        .apply_subscription_change(&[(alice.clone(), a), (bob.clone(), b)])
+        .await;
+    assert!(
+        matches!(r, Err(presenced::store::StoreError::RosterFull)),
+        "{r:?}"
+    );
+    assert!(store.roster(&alice).await.unwrap().1.is_empty());
+    assert_eq!(store.roster(&bob).await.unwrap().1.len(), 1);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn an_item_stored_before_the_limits_is_served_cut_to_them() {
+    let ts = TestServer::start(|_| {}).await;
+    let d = presenced::config::LimitsConfig::default();
+    ts.user("alice").await;
+    let alice = ts.jid("alice");
+    let bob = ts.jid("bob");
+    // As an older server stored it: thousands of groups, long names.
+    let groups: Vec<String> = (0..5000)
+        .map(|i| format!("{i:05}{}", "g".repeat(300)))
+        .collect();
+    sqlx::query("INSERT INTO roster_items (owner, contact, name, groups) VALUES ($1, $2, $3, $4)")
+        .bind(&alice)
+        .bind(&bob)
+        .bind("n".repeat(1000))
+        .bind(&groups)
+        .execute(ts.shared().store.pool())
+        .await
+        .unwrap();
+    let mut c = ts.login("alice", "r").await;
+    let r = c.iq("get", None, Element::new("query", NS_ROSTER)).await;
+    let items: Vec<&Element> = r
+        .get_child("query", NS_ROSTER)
+        .unwrap()
+        .elements()
+        .collect();
+    assert_eq!(items.len(), 1, "{r}");
+    let served: Vec<String> = items[0].elements().map(|g| g.text_content()).collect();
+    assert_eq!(served.len(), d.max_roster_groups);
+    for (g, want) in served.iter().zip(&groups) {
+        assert_eq!(g.chars().count(), d.max_roster_group_length);
+        assert!(want.starts_with(g.as_str()));
+    }
+    assert_eq!(
+        items[0].get_attr("name").map(|n| n.chars().count()),
+        Some(d.max_roster_name_length)
+    );
+    // The next change of the item stores it cut, so it converges to the limits.
+    c.send(&presence_to("subscribe", &bob)).await;
+    barrier(&ts, &mut c).await;
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(groups) FROM roster_items WHERE owner = $1")
+            .bind(&alice)
+            .fetch_all(ts.shared().store.pool())
+            .await
+            .unwrap();
+    assert_eq!(stored, served);
     ts.stop().await;
 }
