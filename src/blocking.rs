@@ -69,7 +69,12 @@ async fn handle_inner(
                 // §3.3: a block with no items is bad-request.
                 return Err(StanzaError::bad_request().with_text("block needs at least one item"));
             }
-            let added = shared.store.block(&owner, &jids).await.map_err(failed)?;
+            let added = shared.store.block(&owner, &jids).await.map_err(|e| {
+                if matches!(e, StoreError::BlocklistFull) {
+                    tracing::info!(peer = %session.peer, user = %owner, "block refused: list is full");
+                }
+                failed(e)
+            })?;
             // The result first, then withdrawal and the push (§3.3).
             session.deliver(iq_result(iq));
             crate::presence::gate::reconcile_user(&shared, &owner).await;
