@@ -24,7 +24,6 @@
 
 use crate::c2s::{iq_result, Session};
 use crate::error::StanzaError;
-use crate::jid::Jid;
 use crate::server::Shared;
 use crate::store::StoreError;
 use crate::xml::{Element, Node, NS_CLIENT};
@@ -70,7 +69,12 @@ async fn handle_inner(
                 // §3.3: a block with no items is bad-request.
                 return Err(StanzaError::bad_request().with_text("block needs at least one item"));
             }
-            let added = shared.store.block(&owner, &jids).await.map_err(failed)?;
+            let added = shared.store.block(&owner, &jids).await.map_err(|e| {
+                if matches!(e, StoreError::BlocklistFull) {
+                    tracing::info!(peer = %session.peer, user = %owner, "block refused: list is full");
+                }
+                failed(e)
+            })?;
             // The result first, then withdrawal and the push (§3.3).
             session.deliver(iq_result(iq));
             crate::presence::gate::reconcile_user(&shared, &owner).await;
@@ -120,7 +124,7 @@ fn items(payload: &Element) -> Result<Vec<String>, StanzaError> {
         let Some(j) = item.get_attr("jid") else {
             return Err(StanzaError::bad_request().with_text("item without jid"));
         };
-        let jid = Jid::new(j).map_err(|_| StanzaError::jid_malformed())?;
+        let jid = crate::jid::parse(j).map_err(|_| StanzaError::jid_malformed())?;
         let s = jid.to_string();
         if !out.contains(&s) {
             out.push(s);
@@ -132,6 +136,9 @@ fn items(payload: &Element) -> Result<Vec<String>, StanzaError> {
 fn failed(e: StoreError) -> StanzaError {
     match e {
         StoreError::Constraint(c) => StanzaError::jid_malformed().with_text(c),
+        // XEP-0191 defines no error for a full list; not-acceptable (RFC 6120 §8.3.3.9) is
+        // the request not meeting a criterion of this server, and nothing was added.
+        StoreError::BlocklistFull => StanzaError::not_acceptable().with_text("block list is full"),
         other => {
             tracing::error!(error = %other, "block list store failure");
             StanzaError::internal_server_error()

@@ -659,6 +659,16 @@ impl Conn {
         }
     }
 
+    /// Whether binding `jid` would exceed `max_resources_per_account`. Taking over a
+    /// resource already bound (RFC 6120 §7.7.2.1: the older session is replaced) adds none.
+    /// Two binds of the same account at the same instant may both pass; the overshoot is
+    /// bounded by the connections negotiating at once.
+    fn resources_exhausted(&self, jid: &FullJid) -> bool {
+        let bound = self.shared.sessions.of_user(&jid.to_bare());
+        bound.len() >= self.shared.config.limits.max_resources_per_account
+            && !bound.iter().any(|s| &s.jid == jid)
+    }
+
     /// RFC 6120 §7: resource binding. Also answers the legacy session iq (RFC 3921 §3).
     async fn bind(&mut self) -> Result<FullJid, Fail> {
         loop {
@@ -683,6 +693,18 @@ impl Conn {
             let domain = self.domain.clone().unwrap_or_default();
             let user = self.user.clone().unwrap_or_default();
             match FullJid::new(&format!("{user}@{domain}/{resource}")) {
+                Ok(jid) if self.resources_exhausted(&jid) => {
+                    // RFC 6120 §7.6.2.1 (server-generated resource) and §7.7.2.2 (client-
+                    // submitted): the account has reached its limit of connected resources.
+                    // The stream stays open; the client may bind once one has gone.
+                    tracing::info!(peer = %self.peer, %jid, "bind refused: too many resources");
+                    if let Some(r) = StanzaError::resource_constraint()
+                        .with_text("too many resources bound to this account")
+                        .reply_to(&el)
+                    {
+                        self.write_el(&r).await?;
+                    }
+                }
                 Ok(jid) => {
                     let reply = iq_result(&el).child(
                         Element::new("bind", x::NS_BIND)

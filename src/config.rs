@@ -326,8 +326,26 @@ pub struct LimitsConfig {
     /// Simultaneous client connections, c2s and HTTP/WebSocket together; more get
     /// resource-constraint (HTTP: 503).
     pub max_connections: usize,
-    /// Roster items per user; a roster set beyond it gets not-allowed.
+    /// Roster items per user. Every write that would create one more (roster set,
+    /// outbound subscribe, approving a request) is refused with not-allowed.
     pub max_roster_items: i64,
+    /// Groups one roster item may carry (not-acceptable beyond, as RFC 6121 §2.3.3 answers
+    /// the other size limits of a roster set).
+    pub max_roster_groups: usize,
+    /// Characters in one group name (RFC 6121 §2.3.3: not-acceptable beyond).
+    pub max_roster_group_length: usize,
+    /// Characters in a roster item's name (RFC 6121 §2.3.3: not-acceptable beyond).
+    pub max_roster_name_length: usize,
+    /// Inbound subscription requests kept for one user until answered (RFC 6121 §3.1.3);
+    /// one beyond it is not kept.
+    pub max_pending_subscriptions: usize,
+    /// Characters of the status (and XEP-0172 nick) a kept subscription request retains.
+    pub max_subscription_status_length: usize,
+    /// Resources bound at once to one account (resource-constraint beyond, RFC 6120
+    /// §7.6.2.1 / §7.7.2.2).
+    pub max_resources_per_account: usize,
+    /// Entries in one block list (XEP-0191); a block beyond it gets not-acceptable.
+    pub max_blocklist_items: usize,
     /// Stanzas queued for one session before it is treated as stalled and disconnected.
     pub session_queue: usize,
     /// Stanzas per second a client may send on average (policy-violation beyond the burst).
@@ -347,6 +365,13 @@ impl Default for LimitsConfig {
             connections_per_ip_per_minute: 120,
             max_connections: 18_000,
             max_roster_items: 1000,
+            max_roster_groups: 32,
+            max_roster_group_length: 256,
+            max_roster_name_length: 256,
+            max_pending_subscriptions: 100,
+            max_subscription_status_length: 256,
+            max_resources_per_account: 16,
+            max_blocklist_items: 1000,
             session_queue: 1024,
             stanzas_per_second: 50,
             stanza_burst: 200,
@@ -730,6 +755,27 @@ impl Config {
         if l.stanzas_per_second == 0 || l.max_auth_failures == 0 || l.max_roster_items <= 0 {
             return bad("[limits] rates and counts must be positive");
         }
+        let counts = [
+            ("max_roster_groups", l.max_roster_groups),
+            ("max_roster_group_length", l.max_roster_group_length),
+            ("max_roster_name_length", l.max_roster_name_length),
+            ("max_pending_subscriptions", l.max_pending_subscriptions),
+            (
+                "max_subscription_status_length",
+                l.max_subscription_status_length,
+            ),
+            ("max_resources_per_account", l.max_resources_per_account),
+            ("max_blocklist_items", l.max_blocklist_items),
+        ];
+        for (name, v) in counts {
+            // The store compares them with PostgreSQL integers.
+            if v == 0 || v > i32::MAX as usize {
+                return bad(&format!(
+                    "[limits] {name} must be between 1 and {}",
+                    i32::MAX
+                ));
+            }
+        }
         self.validate_liveness()?;
         let s = &self.s2s;
         if s.queue_size == 0 || s.connect_timeout.is_zero() || s.idle_timeout.is_zero() {
@@ -834,6 +880,31 @@ mod tests {
         assert_eq!(c.liveness, d.liveness);
         assert_eq!(c.redis.reconnect_max, d.redis.reconnect_max);
         assert_eq!(c.database.gate_cache_secs, d.database.gate_cache_secs);
+        let (cl, dl) = (&c.limits, &d.limits);
+        assert_eq!(cl.max_roster_items, dl.max_roster_items);
+        assert_eq!(cl.max_roster_groups, dl.max_roster_groups);
+        assert_eq!(cl.max_roster_group_length, dl.max_roster_group_length);
+        assert_eq!(cl.max_roster_name_length, dl.max_roster_name_length);
+        assert_eq!(cl.max_pending_subscriptions, dl.max_pending_subscriptions);
+        assert_eq!(
+            cl.max_subscription_status_length,
+            dl.max_subscription_status_length
+        );
+        assert_eq!(cl.max_resources_per_account, dl.max_resources_per_account);
+        assert_eq!(cl.max_blocklist_items, dl.max_blocklist_items);
+    }
+
+    #[test]
+    fn per_account_limits_must_be_positive() {
+        let mut c = Config::default();
+        c.limits.max_roster_groups = 0;
+        assert!(c.validate().is_err());
+        let mut c = Config::default();
+        c.limits.max_resources_per_account = 0;
+        assert!(c.validate().is_err());
+        let mut c = Config::default();
+        c.limits.max_pending_subscriptions = usize::MAX;
+        assert!(c.validate().is_err());
     }
 
     #[test]

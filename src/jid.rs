@@ -4,12 +4,37 @@
 //! (nodeprep lower-cases the localpart, nameprep the domain); everything after the edge
 //! compares the normalised strings. This module adds the few helpers the server needs.
 
+use std::borrow::Cow;
+
 pub use jid::{BareJid, Error as JidError, FullJid, Jid};
+
+/// Parses and normalises a JID received from outside: the `jid` crate's preparation plus
+/// RFC 7622 §3.2, "a trailing dot in the domainpart is removed before comparison". The
+/// crate accepts such a domain but keeps the dot in the string it compares, so
+/// `mallory@sec.example.` would be a different JID from `mallory@sec.example` (and a
+/// block of it would block nobody). Only one dot is the root label: a domainpart that
+/// still ends with one after it is removed has an empty label and is malformed.
+pub fn parse(s: &str) -> Result<Jid, JidError> {
+    Jid::new(&without_root_dot(s)?)
+}
+
+/// `s` without the trailing dot of its domainpart, if it has one.
+fn without_root_dot(s: &str) -> Result<Cow<'_, str>, JidError> {
+    // The domainpart ends at the first '/' (a resource may contain '@', '/' and dots).
+    let end = s.find('/').unwrap_or(s.len());
+    let Some(bare) = s[..end].strip_suffix('.') else {
+        return Ok(Cow::Borrowed(s));
+    };
+    if bare.ends_with('.') {
+        return Err(JidError::Idna);
+    }
+    Ok(Cow::Owned(format!("{bare}{}", &s[end..])))
+}
 
 /// Parses a JID from an attribute value; `None` when absent, `Some(Err)` when malformed
 /// (RFC 6120 §8.3.3.8: a malformed address gets jid-malformed).
 pub fn parse_opt(value: Option<&str>) -> Option<Result<Jid, JidError>> {
-    value.map(Jid::new)
+    value.map(parse)
 }
 
 /// The localpart of a JID as a plain string ("" for a domain JID).
@@ -31,6 +56,26 @@ mod tests {
         let j = Jid::new("Alice@A.Example/Phone").unwrap();
         assert_eq!(j.as_str(), "alice@a.example/Phone");
         assert_eq!(node_str(&j), "alice");
+    }
+
+    #[test]
+    fn a_trailing_dot_in_the_domainpart_is_removed() {
+        // RFC 7622 §3.2: "a.example." and "a.example" are the same domain.
+        for (input, want) in [
+            ("mallory@sec.example.", "mallory@sec.example"),
+            ("Mallory@Sec.Example.", "mallory@sec.example"),
+            ("sec.example.", "sec.example"),
+            ("mallory@sec.example./phone.", "mallory@sec.example/phone."),
+            ("sec.example./res@x.", "sec.example/res@x."),
+            ("mallory@sec.example", "mallory@sec.example"),
+        ] {
+            let j = parse_opt(Some(input)).unwrap().unwrap();
+            assert_eq!(j.as_str(), want, "{input}");
+            assert_eq!(j.domain().as_str(), "sec.example", "{input}");
+        }
+        for bad in ["mallory@.", "mallory@sec.example..", "."] {
+            assert!(parse_opt(Some(bad)).unwrap().is_err(), "{bad}");
+        }
     }
 
     #[test]

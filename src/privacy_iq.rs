@@ -35,7 +35,6 @@ use std::collections::BTreeSet;
 
 use crate::c2s::{iq_result, Session};
 use crate::error::StanzaError;
-use crate::jid::Jid;
 use crate::presence::privacy::{PrivacySettings, Visibility};
 use crate::store::StoreError;
 use crate::xml::Element;
@@ -162,7 +161,7 @@ fn parse_visibility(el: &Element, max_exceptions: usize) -> Result<Visibility, S
                 let Some(j) = e.get_attr("jid") else {
                     return Err(StanzaError::bad_request().with_text("<except/> without jid"));
                 };
-                let jid = Jid::new(j).map_err(|_| StanzaError::jid_malformed())?;
+                let jid = crate::jid::parse(j).map_err(|_| StanzaError::jid_malformed())?;
                 if jid.resource().is_some() {
                     return Err(StanzaError::bad_request().with_text("exceptions are bare JIDs"));
                 }

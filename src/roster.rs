@@ -3,14 +3,11 @@
 
 use crate::c2s::{iq_result, Session};
 use crate::error::StanzaError;
-use crate::jid::{BareJid, Jid};
+use crate::jid::BareJid;
 use crate::server::Shared;
 use crate::sessions::SessionHandle;
 use crate::store::{RosterChange, RosterItem, StoreError};
 use crate::xml::{Element, NS_CLIENT, NS_ROSTER};
-
-/// Longest item name and group name accepted (RFC 6121 §2.3.3 lets servers limit them).
-const MAX_NAME_LEN: usize = 1023;
 
 /// `<item/>` for a roster result or push (RFC 6121 §2.1.2).
 pub fn item_element(item: &RosterItem) -> Element {
@@ -77,9 +74,14 @@ pub fn push_removed(shared: &Shared, owner: &str, version: i64, contact: &str) {
     push(shared, owner, version, item);
 }
 
-fn store_failed(e: StoreError) -> StanzaError {
+/// The stanza error for a roster write the store refused; subscription paths that create
+/// items answer a full roster with it too ([`subscription_refused`]).
+pub(crate) fn store_failed(e: StoreError) -> StanzaError {
     match e {
         StoreError::Constraint(c) => StanzaError::bad_request().with_text(c),
+        // The roster size limit is a policy of this server, the same for every way an item
+        // is created; not-allowed (cancel) says retrying will not help.
+        StoreError::RosterFull => StanzaError::not_allowed().with_text("roster is full"),
         other => {
             tracing::error!(error = %other, "roster store failure");
             StanzaError::internal_server_error()
@@ -164,7 +166,7 @@ async fn set(
     let Some(jid) = item.get_attr("jid") else {
         return Err(StanzaError::bad_request().with_text("item without jid"));
     };
-    let contact = match Jid::new(jid) {
+    let contact = match crate::jid::parse(jid) {
         Ok(j) if j.resource().is_none() => j,
         Ok(_) => return Err(StanzaError::bad_request().with_text("roster items are bare JIDs")),
         Err(_) => return Err(StanzaError::jid_malformed()),
@@ -185,23 +187,9 @@ async fn set(
         return Err(StanzaError::bad_request()
             .with_text("'ask' is managed by the server (RFC 6121 §2.1.2.2)"));
     }
-    let name = item.get_attr("name").map(str::to_owned);
-    if name.as_ref().is_some_and(|n| n.len() > MAX_NAME_LEN) {
-        return Err(StanzaError::not_acceptable().with_text("name too long"));
-    }
-    let mut groups: Vec<String> = Vec::new();
-    for g in item.elements().filter(|e| e.is("group", NS_ROSTER)) {
-        let g = g.text_content();
-        if g.is_empty() || g.len() > MAX_NAME_LEN {
-            // RFC 6121 §2.3.3: empty group names are not-acceptable.
-            return Err(StanzaError::not_acceptable().with_text("empty or overlong group name"));
-        }
-        if groups.contains(&g) {
-            // RFC 6121 §2.3.3: duplicate groups are bad-request.
-            return Err(StanzaError::bad_request().with_text("duplicate group"));
-        }
-        groups.push(g);
-    }
+    let (name, groups) = name_and_groups(item, &session.shared.config.limits).inspect_err(|e| {
+        tracing::info!(peer = %session.peer, user = %owner, error = ?e, "roster set refused");
+    })?;
     let shared = session.shared.clone();
     let _lock = shared.roster_locks.lock(&[owner.as_str()]).await;
     let store = &shared.store;
@@ -209,15 +197,7 @@ async fn set(
         .roster_item(owner.as_str(), contact.as_str())
         .await
         .map_err(store_failed)?;
-    if existing.is_none() {
-        let count = store
-            .roster_count(owner.as_str())
-            .await
-            .map_err(store_failed)?;
-        if count >= shared.config.limits.max_roster_items {
-            return Err(StanzaError::not_allowed().with_text("roster is full"));
-        }
-    }
+    // A new item beyond max_roster_items is refused by the store write itself.
     let mut new = existing.unwrap_or_else(|| RosterItem::new(contact.as_str()));
     new.name = name;
     new.groups = groups;
@@ -227,6 +207,75 @@ async fn set(
         .map_err(store_failed)?;
     push_item(&shared, owner.as_str(), version, &new);
     Ok(Some(iq_result(iq)))
+}
+
+/// The name and groups of a roster-set item, within the per-item limits of `[limits]`.
+///
+/// RFC 6121 §2.3.3 answers a 'name' or a group longer than a server-configured limit, and
+/// an empty group, with not-acceptable (type modify), and duplicate groups with
+/// bad-request. It sets no bound on the number of groups; one item with thousands of them
+/// costs every roster get, so that count is a server-configured limit too and gets the
+/// same not-acceptable as the lengths. Lengths are in characters.
+fn name_and_groups(
+    item: &Element,
+    limits: &crate::config::LimitsConfig,
+) -> Result<(Option<String>, Vec<String>), StanzaError> {
+    let name = item.get_attr("name").map(str::to_owned);
+    if name
+        .as_ref()
+        .is_some_and(|n| n.chars().count() > limits.max_roster_name_length)
+    {
+        return Err(StanzaError::not_acceptable().with_text(format!(
+            "an item name has at most {} characters",
+            limits.max_roster_name_length
+        )));
+    }
+    let mut groups: Vec<String> = Vec::new();
+    for g in item.elements().filter(|e| e.is("group", NS_ROSTER)) {
+        if groups.len() == limits.max_roster_groups {
+            return Err(StanzaError::not_acceptable().with_text(format!(
+                "an item is in at most {} groups",
+                limits.max_roster_groups
+            )));
+        }
+        let g = g.text_content();
+        if g.is_empty() {
+            return Err(StanzaError::not_acceptable().with_text("empty group name"));
+        }
+        if g.chars().count() > limits.max_roster_group_length {
+            return Err(StanzaError::not_acceptable().with_text(format!(
+                "a group name has at most {} characters",
+                limits.max_roster_group_length
+            )));
+        }
+        if groups.contains(&g) {
+            return Err(StanzaError::bad_request().with_text("duplicate group"));
+        }
+        groups.push(g);
+    }
+    Ok((name, groups))
+}
+
+/// A subscription stanza from the user that the store refused: logged, and a full roster
+/// is answered to the user's session with a presence error from the contact (RFC 6120
+/// §8.3: an error stanza in reply to the stanza that caused it), the same not-allowed a
+/// roster set gets. `contact` is the bare JID the stanza was addressed to.
+pub fn subscription_refused(session: &Session, contact: &str, kind: &str, e: &StoreError) {
+    if !matches!(e, StoreError::RosterFull) {
+        tracing::warn!(user = %session.jid(), %contact, kind, error = %e, "subscription change failed");
+        return;
+    }
+    tracing::info!(
+        peer = %session.peer, user = %session.jid(), %contact, kind,
+        "subscription refused: roster is full"
+    );
+    let stanza = Element::new("presence", NS_CLIENT)
+        .attr("type", kind)
+        .attr("from", session.jid().to_string())
+        .attr("to", contact);
+    if let Some(reply) = store_failed(StoreError::RosterFull).reply_to(&stanza) {
+        session.handle.send(reply);
+    }
 }
 
 /// RFC 6121 §2.5: removal cancels subscriptions in both directions on the user's behalf.

@@ -54,7 +54,7 @@ pub fn classify(shared: &crate::server::Shared, to: Option<&str>) -> Result<Targ
     let Some(to) = to else {
         return Ok(Target::OwnAccount);
     };
-    let jid = Jid::new(to).map_err(|_| StanzaError::jid_malformed())?;
+    let jid = crate::jid::parse(to).map_err(|_| StanzaError::jid_malformed())?;
     if !shared.config.serves(jid.domain().as_str()) {
         return Ok(Target::Remote(jid));
     }

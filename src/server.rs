@@ -131,6 +131,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let store = Store::connect(&config.database.url, config.database.max_connections).await?;
     store.migrate(&config.database.migrations).await?;
     store.set_audience_cache_ttl(config.database.gate_cache_secs);
+    store.set_limits(crate::store::StoreLimits::from_config(&config.limits));
     let tls = crate::tls::server_config(&config)?;
     let s2s_tls = crate::tls::s2s_server_config(&config)?;
     let liveness = crate::liveness::Liveness::new(&config);

@@ -780,11 +780,30 @@ async fn pending_subscriptions_are_kept_once_per_sender() {
         .add_pending_subscription(&owner, "carol@y.example", carol)
         .await
         .unwrap());
+    // Kept as a subscribe with its status (the first request's, not the repeat's).
+    let kept: Vec<(String, Option<String>, Option<String>)> = store
+        .pending_subscriptions(&owner)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(from, xml)| {
+            let p = presenced::xml::parse_element(&xml).expect("stored stanza parses");
+            let status = p
+                .get_child("status", presenced::xml::NS_CLIENT)
+                .map(|s| s.text_content());
+            (from, p.get_attr("type").map(str::to_owned), status)
+        })
+        .collect();
+    let subscribe = Some("subscribe".to_owned());
     assert_eq!(
-        store.pending_subscriptions(&owner).await.unwrap(),
+        kept,
         vec![
-            ("bob@x.example".to_owned(), first.to_owned()),
-            ("carol@y.example".to_owned(), carol.to_owned())
+            (
+                "bob@x.example".to_owned(),
+                subscribe.clone(),
+                Some("hi".to_owned())
+            ),
+            ("carol@y.example".to_owned(), subscribe, None)
         ]
     );
     assert!(store

@@ -415,8 +415,10 @@ pub(crate) async fn load_side(
     let item = shared.store.roster_item(owner, contact).await?;
     let mut state = item.as_ref().map(|i| i.sub_state()).unwrap_or_default();
     if !state.pending_in {
-        let pending = shared.store.pending_subscriptions(owner).await?;
-        state.pending_in = pending.iter().any(|(from, _)| from == contact);
+        state.pending_in = shared
+            .store
+            .has_pending_subscription(owner, contact)
+            .await?;
     }
     Ok((item, state.normalized()))
 }
@@ -471,7 +473,7 @@ pub async fn outbound_subscription(
     if let Err(e) =
         apply_subscription(&shared, session.jid(), contact, kind, stanza, push_user).await
     {
-        tracing::warn!(user = %session.jid(), %contact, error = %e, "subscription change failed");
+        crate::roster::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
     }
 }
 

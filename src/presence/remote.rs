@@ -40,7 +40,7 @@ pub async fn outbound_subscription(
     let shared = session.shared.clone();
     let user = session.jid().to_bare();
     if let Err(e) = outbound(&shared, user.as_str(), contact.as_str(), kind, stanza).await {
-        tracing::warn!(%user, %contact, error = %e, "remote subscription change failed");
+        crate::roster::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
     }
 }
 

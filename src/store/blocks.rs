@@ -49,12 +49,35 @@ impl Store {
     /// Adds `jids` to `owner`'s block list and returns those that were not on it yet
     /// (sorted), which are the ones to announce in the XEP-0191 §3.3 block push.
     /// A JID the schema refuses fails the whole call with [`StoreError::Constraint`];
-    /// an owner that is no account gives [`StoreError::NoSuchAccount`].
+    /// an owner that is no account gives [`StoreError::NoSuchAccount`]; a list that would
+    /// hold more than `max_blocklist_items` entries gives [`StoreError::BlocklistFull`]
+    /// and nothing is added.
     pub async fn block(&self, owner: &str, jids: &[String]) -> Result<Vec<String>, StoreError> {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_naming(owner.to_owned());
         if jids.is_empty() {
             return Ok(Vec::new());
+        }
+        let max = i64::try_from(self.limits().max_blocklist_items).unwrap_or(i64::MAX);
+        let mut tx = self.pool.begin().await?;
+        // The owner's version row serialises writers of the same owner, so the count
+        // cannot change between the check and the insert.
+        sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+        let after: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM blocklist WHERE owner = $1)
+                  + (SELECT count(DISTINCT b) FROM unnest($2::text[]) AS b
+                     WHERE NOT EXISTS (SELECT 1 FROM blocklist
+                                       WHERE owner = $1 AND blocked = b))",
+        )
+        .bind(owner)
+        .bind(jids)
+        .fetch_one(&mut *tx)
+        .await?;
+        if after > max {
+            return Err(StoreError::BlocklistFull);
         }
         let mut added: Vec<String> = sqlx::query_scalar(
             "INSERT INTO blocklist (owner, blocked)
@@ -64,8 +87,9 @@ impl Store {
         )
         .bind(owner)
         .bind(jids)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         added.sort();
         Ok(added)
     }

@@ -38,6 +38,51 @@ pub struct Store {
     /// The privacy gate's broadcast inputs between presence changes (off until
     /// [`Store::set_audience_cache_ttl`]); shared by clones.
     audience: std::sync::Arc<audience_cache::AudienceCache>,
+    /// What one account may store ([`Store::set_limits`]); shared by clones.
+    limits: std::sync::Arc<std::sync::RwLock<StoreLimits>>,
+}
+
+/// The `[limits]` numbers the store enforces itself, so that every path that writes a
+/// roster item, a waiting subscription request or a block-list entry shares one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Items per roster: a write that would add one more fails with
+    /// [`StoreError::RosterFull`].
+    pub max_roster_items: i64,
+    /// Groups served per item (items stored before the limit are served cut to it).
+    pub max_roster_groups: usize,
+    /// Characters served per group name.
+    pub max_roster_group_length: usize,
+    /// Characters served per item name.
+    pub max_roster_name_length: usize,
+    /// Waiting inbound subscription requests per user.
+    pub max_pending_subscriptions: usize,
+    /// Characters of status and nick a waiting request keeps.
+    pub max_subscription_status_length: usize,
+    /// Entries per block list: a block that would exceed it fails with
+    /// [`StoreError::BlocklistFull`].
+    pub max_blocklist_items: usize,
+}
+
+impl StoreLimits {
+    /// The store's share of `[limits]`.
+    pub fn from_config(l: &crate::config::LimitsConfig) -> StoreLimits {
+        StoreLimits {
+            max_roster_items: l.max_roster_items,
+            max_roster_groups: l.max_roster_groups,
+            max_roster_group_length: l.max_roster_group_length,
+            max_roster_name_length: l.max_roster_name_length,
+            max_pending_subscriptions: l.max_pending_subscriptions,
+            max_subscription_status_length: l.max_subscription_status_length,
+            max_blocklist_items: l.max_blocklist_items,
+        }
+    }
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        StoreLimits::from_config(&crate::config::LimitsConfig::default())
+    }
 }
 
 /// Why a store operation failed. Constraint-type failures are separate variants so the
@@ -71,6 +116,12 @@ pub enum StoreError {
     /// A value read back is not one the schema allows; someone bypassed the constraints.
     #[error("corrupt stored value: {0}")]
     Corrupt(String),
+    /// The write would add a roster item beyond [`StoreLimits::max_roster_items`].
+    #[error("roster is full")]
+    RosterFull,
+    /// The write would add block-list entries beyond [`StoreLimits::max_blocklist_items`].
+    #[error("block list is full")]
+    BlocklistFull,
     /// The blocking task that derives credentials panicked or was cancelled.
     #[error("credential derivation task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -188,7 +239,20 @@ impl Store {
         Store {
             pool,
             audience: Default::default(),
+            limits: Default::default(),
         }
+    }
+
+    /// Sets what one account may store (the defaults of `[limits]` until called).
+    pub fn set_limits(&self, limits: StoreLimits) {
+        if let Ok(mut l) = self.limits.write() {
+            *l = limits;
+        }
+    }
+
+    /// What one account may store.
+    pub fn limits(&self) -> StoreLimits {
+        self.limits.read().map(|l| *l).unwrap_or_default()
     }
 
     /// The pool, for components that need their own queries or LISTEN (the

@@ -1,40 +1,142 @@
 //! Inbound subscription requests for users who were offline (RFC 6121 §3.1.3: the server
 //! must deliver them when the user next becomes available), table
 //! `pending_subscriptions`.
+//!
+//! Bounded per user: at most `max_pending_subscriptions` wait, and each keeps only what
+//! §3.1.3 delivers and a client shows to decide, its type, one status and the XEP-0172
+//! nick, each cut to `max_subscription_status_length` characters ([`stored_request`]).
+//! A request beyond the count is not kept and nobody is told: an error to the sender would
+//! tell a stranger that the account exists (RFC 6121 §8.5.1 answers requests to
+//! non-existent accounts with silence) and how many requests wait. The sender's own item
+//! keeps its pending request, which RFC 6121 allows to stay unanswered, and a resource of
+//! the user that is online at that moment still gets it delivered.
 
+use super::roster::truncate_chars;
 use super::{Store, StoreError};
+use crate::xml::{Element, NS_CLIENT};
+
+/// XEP-0172 user nickname, the one extension a waiting request keeps.
+const NS_NICK: &str = "http://jabber.org/protocol/nick";
+
+/// The part of a subscription request stanza that is kept while it waits: `from`, `to`,
+/// type subscribe, the first `<status/>` and the XEP-0172 `<nick/>`, texts cut to
+/// `max_text` characters. Anything else (other languages' statuses, priority, unknown
+/// extensions) is dropped: only these are shown to the user deciding.
+pub fn stored_request(xml: &str, max_text: usize) -> String {
+    let mut kept = Element::new("presence", NS_CLIENT).attr("type", "subscribe");
+    let Some(el) = crate::xml::parse_element(xml) else {
+        return kept.to_xml();
+    };
+    for a in ["from", "to"] {
+        if let Some(v) = el.get_attr(a) {
+            kept.set_attr(a, v);
+        }
+    }
+    let mut text_child = |child: Option<&Element>, name: &str, ns: &str| {
+        let mut text = child.map(Element::text_content).unwrap_or_default();
+        truncate_chars(&mut text, max_text);
+        if !text.is_empty() {
+            kept.children
+                .push(crate::xml::Node::Element(Element::new(name, ns).text(text)));
+        }
+    };
+    // A status is in the stanza's own namespace (jabber:client, or jabber:server when the
+    // request came over federation); it is delivered to a client.
+    text_child(
+        el.elements().find(|c| c.name == "status" && c.ns == el.ns),
+        "status",
+        NS_CLIENT,
+    );
+    text_child(el.get_child("nick", NS_NICK), "nick", NS_NICK);
+    kept.to_xml()
+}
 
 impl Store {
-    /// Keeps the request stanza from `from` (a bare JID) for `owner`. Returns false, and
-    /// keeps the first one, if a request from `from` is already waiting.
+    /// Keeps the request stanza from `from` (a bare JID) for `owner`, cut to what
+    /// [`stored_request`] keeps. Returns false, keeping nothing new, if a request from
+    /// `from` is already waiting (the first one stays) or `owner` already has
+    /// `max_pending_subscriptions` waiting.
     pub async fn add_pending_subscription(
         &self,
         owner: &str,
         from: &str,
         stanza_xml: &str,
     ) -> Result<bool, StoreError> {
+        let limits = self.limits();
+        let stanza = stored_request(stanza_xml, limits.max_subscription_status_length);
+        let max = i64::try_from(limits.max_pending_subscriptions).unwrap_or(i64::MAX);
+        let mut tx = self.pool.begin().await?;
+        // The owner's version row serialises writers of the same owner, so the count
+        // below cannot change before the insert.
+        sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
         let result = sqlx::query(
-            "INSERT INTO pending_subscriptions (owner, sender, stanza) VALUES ($1, $2, $3)
+            "INSERT INTO pending_subscriptions (owner, sender, stanza)
+             SELECT $1, $2, $3
+             WHERE (SELECT count(*) FROM pending_subscriptions WHERE owner = $1) < $4
              ON CONFLICT (owner, sender) DO NOTHING",
         )
         .bind(owner)
         .bind(from)
-        .bind(stanza_xml)
-        .execute(&self.pool)
+        .bind(&stanza)
+        .bind(max)
+        .execute(&mut *tx)
         .await?;
-        Ok(result.rows_affected() == 1)
+        let added = result.rows_affected() == 1;
+        if !added && !self.has_pending_in(&mut tx, owner, from).await? {
+            tracing::info!(
+                user = owner,
+                sender = from,
+                max,
+                "subscription request not kept: too many waiting"
+            );
+        }
+        tx.commit().await?;
+        Ok(added)
     }
 
-    /// Requests waiting for `owner`, oldest first, as (from, stanza_xml).
+    async fn has_pending_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        owner: &str,
+        from: &str,
+    ) -> Result<bool, StoreError> {
+        let found: Option<i32> = sqlx::query_scalar(
+            "SELECT 1 FROM pending_subscriptions WHERE owner = $1 AND sender = $2",
+        )
+        .bind(owner)
+        .bind(from)
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(found.is_some())
+    }
+
+    /// Whether a request from `from` waits for `owner`.
+    pub async fn has_pending_subscription(
+        &self,
+        owner: &str,
+        from: &str,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        self.has_pending_in(&mut conn, owner, from).await
+    }
+
+    /// Requests waiting for `owner`, oldest first, as (from, stanza_xml); at most
+    /// `max_pending_subscriptions` of them (more can only be left from before that limit
+    /// existed; they come in turn as the older ones are answered).
     pub async fn pending_subscriptions(
         &self,
         owner: &str,
     ) -> Result<Vec<(String, String)>, StoreError> {
+        let max = i64::try_from(self.limits().max_pending_subscriptions).unwrap_or(i64::MAX);
         let rows = sqlx::query_as(
             "SELECT sender, stanza FROM pending_subscriptions
-             WHERE owner = $1 ORDER BY received_at, sender",
+             WHERE owner = $1 ORDER BY received_at, sender LIMIT $2",
         )
         .bind(owner)
+        .bind(max)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)
@@ -54,5 +156,45 @@ impl Store {
                 .execute(&self.pool)
                 .await?;
         Ok(result.rows_affected() > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_request_keeps_type_one_status_and_the_nick_cut_to_length() {
+        let xml = "<presence xmlns='jabber:server' type='subscribe' from='a@b.example' \
+                   to='c@d.example' id='x'><status>héllo wörld</status><status xml:lang='de'>\
+                   zwei</status><nick xmlns='http://jabber.org/protocol/nick'>ñickname</nick>\
+                   <x xmlns='urn:example'>big</x><priority>3</priority></presence>";
+        let kept = crate::xml::parse_element(&stored_request(xml, 5)).unwrap();
+        assert_eq!(kept.ns, NS_CLIENT);
+        assert_eq!(kept.get_attr("type"), Some("subscribe"));
+        assert_eq!(kept.get_attr("from"), Some("a@b.example"));
+        assert_eq!(kept.get_attr("to"), Some("c@d.example"));
+        let kids: Vec<(String, String)> = kept
+            .elements()
+            .map(|c| (c.name.clone(), c.text_content()))
+            .collect();
+        assert_eq!(
+            kids,
+            [
+                ("status".to_owned(), "héllo".to_owned()),
+                ("nick".to_owned(), "ñickn".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_request_without_status_or_unparseable_keeps_only_its_type() {
+        let bare = stored_request("<presence type='subscribe'/>", 10);
+        assert_eq!(
+            crate::xml::parse_element(&bare).unwrap().elements().count(),
+            0
+        );
+        let junk = crate::xml::parse_element(&stored_request("<presence", 10)).unwrap();
+        assert_eq!(junk.get_attr("type"), Some("subscribe"));
     }
 }

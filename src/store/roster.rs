@@ -3,24 +3,36 @@
 //!
 //! Versions and tombstones are maintained by triggers in the schema; the methods here
 //! read the version the trigger produced in the same transaction as the change.
+//!
+//! Size: every write that creates an item goes through [`upsert`], which refuses one
+//! beyond `max_roster_items`, so a roster set, an outbound subscribe and an approval share
+//! one check. The size of one item is checked where a client supplies it (the roster set,
+//! `crate::roster`); items stored before those limits existed are served cut to them (the
+//! first `max_roster_groups` groups, names cut to their length), so what one roster get
+//! costs stays bounded, and the next change of such an item stores it cut.
 
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::{RosterChange, RosterItem, Store, StoreError, Subscription};
+use super::{RosterChange, RosterItem, Store, StoreError, StoreLimits, Subscription};
 
-/// Columns [`item_from_row`] reads.
-const ITEM_COLUMNS: &str = "contact, name, groups, subscription, ask, pending_in, preapproved";
-/// [`ITEM_COLUMNS`] of the table aliased `ri`.
-const ITEM_COLUMNS_RI: &str =
-    "ri.contact, ri.name, ri.groups, ri.subscription, ri.ask, ri.pending_in, ri.preapproved";
+/// The columns [`item_from_row`] reads, of the table aliased `ri`. Only the first
+/// `max_roster_groups` groups leave the database: an item stored before that limit existed
+/// may hold thousands.
+fn item_columns(limits: &StoreLimits) -> String {
+    format!(
+        "ri.contact, ri.name, (ri.groups)[1:{}] AS groups, ri.subscription, ri.ask, \
+         ri.pending_in, ri.preapproved",
+        limits.max_roster_groups
+    )
+}
 
-fn item_from_row(row: &PgRow) -> Result<RosterItem, StoreError> {
+fn item_from_row(row: &PgRow, limits: &StoreLimits) -> Result<RosterItem, StoreError> {
     let subscription: String = row.try_get("subscription")?;
     let ask: Option<String> = row.try_get("ask")?;
-    Ok(RosterItem {
+    let mut item = RosterItem {
         contact: row.try_get("contact")?,
         name: row.try_get("name")?,
         groups: row.try_get("groups")?,
@@ -30,19 +42,60 @@ fn item_from_row(row: &PgRow) -> Result<RosterItem, StoreError> {
         pending_out: ask.is_some(),
         pending_in: row.try_get("pending_in")?,
         preapproved: row.try_get("preapproved")?,
-    })
+    };
+    item.clamp_to(limits);
+    Ok(item)
+}
+
+/// `s` cut to at most `max` characters.
+pub(crate) fn truncate_chars(s: &mut String, max: usize) {
+    if let Some((at, _)) = s.char_indices().nth(max) {
+        s.truncate(at);
+    }
+}
+
+impl RosterItem {
+    /// Cuts an item to the per-item limits: at most `max_roster_groups` groups, each name
+    /// cut to its length (a cut that makes two groups equal keeps one, RFC 6121 §2.1.2.3
+    /// groups being distinct).
+    pub fn clamp_to(&mut self, limits: &StoreLimits) {
+        if let Some(name) = &mut self.name {
+            truncate_chars(name, limits.max_roster_name_length);
+        }
+        self.groups.truncate(limits.max_roster_groups);
+        let mut kept: Vec<String> = Vec::with_capacity(self.groups.len());
+        for mut g in std::mem::take(&mut self.groups) {
+            truncate_chars(&mut g, limits.max_roster_group_length);
+            if !kept.contains(&g) {
+                kept.push(g);
+            }
+        }
+        self.groups = kept;
+    }
 }
 
 /// Inserts or replaces one item; returns the owner's roster version after the change.
+/// Must run inside a transaction: it locks the owner's version row first, so the count it
+/// checks cannot change before the insert (a concurrent write of the same owner waits).
+/// Fails with [`StoreError::RosterFull`] when the item is new and the roster already holds
+/// `max_items`.
 async fn upsert(
     conn: &mut sqlx::PgConnection,
     owner: &str,
     item: &RosterItem,
+    max_items: i64,
 ) -> Result<i64, StoreError> {
-    let version: i64 = sqlx::query_scalar(
+    // The same row the version trigger updates, so this adds no new lock order.
+    sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
+        .bind(owner)
+        .execute(&mut *conn)
+        .await?;
+    let version: Option<i64> = sqlx::query_scalar(
         "INSERT INTO roster_items
              (owner, contact, name, groups, subscription, ask, pending_in, preapproved)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8
+         WHERE EXISTS (SELECT 1 FROM roster_items WHERE owner = $1 AND contact = $2)
+            OR (SELECT count(*) FROM roster_items WHERE owner = $1) < $9
          ON CONFLICT (owner, contact) DO UPDATE
              SET name = EXCLUDED.name, groups = EXCLUDED.groups,
                  subscription = EXCLUDED.subscription, ask = EXCLUDED.ask,
@@ -57,9 +110,10 @@ async fn upsert(
     .bind(item.pending_out.then_some("subscribe"))
     .bind(item.pending_in)
     .bind(item.preapproved)
-    .fetch_one(&mut *conn)
+    .bind(max_items)
+    .fetch_optional(&mut *conn)
     .await?;
-    Ok(version)
+    version.ok_or(StoreError::RosterFull)
 }
 
 /// Starts a read-only transaction that sees one snapshot, so a version and the items
@@ -80,12 +134,14 @@ impl Store {
         // transaction: this is read at every login and was five round trips (begin, set
         // isolation, two selects, commit). The outer join yields one row with NULL item
         // columns for an empty roster.
+        let limits = self.limits();
         let rows = sqlx::query(&format!(
-            "SELECT v.roster_version, {ITEM_COLUMNS_RI}
+            "SELECT v.roster_version, {}
              FROM (SELECT coalesce((SELECT version FROM roster_versions WHERE owner = $1), 0)
                           AS roster_version) v
              LEFT JOIN roster_items ri ON ri.owner = $1
-             ORDER BY ri.contact"
+             ORDER BY ri.contact",
+            item_columns(&limits)
         ))
         .bind(owner)
         .fetch_all(&self.pool)
@@ -98,7 +154,7 @@ impl Store {
         for row in &rows {
             let contact: Option<String> = row.try_get("contact")?;
             if contact.is_some() {
-                items.push(item_from_row(row)?);
+                items.push(item_from_row(row, &limits)?);
             }
         }
         Ok((version, items))
@@ -125,9 +181,11 @@ impl Store {
         if version < floor || version > current {
             return Ok(None);
         }
+        let limits = self.limits();
         let rows = sqlx::query(&format!(
-            "SELECT {ITEM_COLUMNS}, version FROM roster_items
-             WHERE owner = $1 AND version > $2"
+            "SELECT {}, ri.version FROM roster_items ri
+             WHERE ri.owner = $1 AND ri.version > $2",
+            item_columns(&limits)
         ))
         .bind(owner)
         .bind(version)
@@ -145,7 +203,7 @@ impl Store {
         let mut changes: Vec<(i64, RosterChange)> = Vec::with_capacity(rows.len() + removed.len());
         for row in &rows {
             let v: i64 = row.try_get("version")?;
-            changes.push((v, RosterChange::Upsert(item_from_row(row)?)));
+            changes.push((v, RosterChange::Upsert(item_from_row(row, &limits)?)));
         }
         changes.extend(
             removed
@@ -165,14 +223,16 @@ impl Store {
         owner: &str,
         contact: &str,
     ) -> Result<Option<RosterItem>, StoreError> {
+        let limits = self.limits();
         let row = sqlx::query(&format!(
-            "SELECT {ITEM_COLUMNS} FROM roster_items WHERE owner = $1 AND contact = $2"
+            "SELECT {} FROM roster_items ri WHERE ri.owner = $1 AND ri.contact = $2",
+            item_columns(&limits)
         ))
         .bind(owner)
         .bind(contact)
         .fetch_optional(&self.pool)
         .await?;
-        row.as_ref().map(item_from_row).transpose()
+        row.map(|r| item_from_row(&r, &limits)).transpose()
     }
 
     /// Number of items, so the caller can enforce the configured roster size limit.
@@ -185,8 +245,9 @@ impl Store {
     }
 
     /// Adds or replaces an item and returns the new roster version. Fails with
-    /// [`StoreError::NoSuchAccount`] for a non-local owner and [`StoreError::Constraint`]
-    /// for a state RFC 6121 Appendix A does not have.
+    /// [`StoreError::NoSuchAccount`] for a non-local owner, [`StoreError::Constraint`]
+    /// for a state RFC 6121 Appendix A does not have and [`StoreError::RosterFull`] for a
+    /// new item beyond `max_roster_items`.
     pub async fn upsert_roster_item(
         &self,
         owner: &str,
@@ -194,8 +255,11 @@ impl Store {
     ) -> Result<i64, StoreError> {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_owners([owner]);
-        let mut conn = self.pool.acquire().await?;
-        upsert(&mut conn, owner, item).await
+        let max_items = self.limits().max_roster_items;
+        let mut tx = self.pool.begin().await?;
+        let version = upsert(&mut tx, owner, item, max_items).await?;
+        tx.commit().await?;
+        Ok(version)
     }
 
     /// Removes an item, leaving a tombstone; returns the new roster version, or None if
@@ -251,7 +315,8 @@ impl Store {
     /// Upserts several items, possibly of several owners, in ONE transaction: for a
     /// subscription between two local users both sides change together or not at all.
     /// Returns each distinct owner (in order of first appearance) with its roster version
-    /// after all of its changes.
+    /// after all of its changes. A change that would add an item to a full roster fails
+    /// the whole call with [`StoreError::RosterFull`], so neither side changes.
     pub async fn apply_subscription_change(
         &self,
         changes: &[(String, RosterItem)],
@@ -263,11 +328,12 @@ impl Store {
         let mut order: Vec<usize> = (0..changes.len()).collect();
         order.sort_by(|&a, &b| changes[a].0.cmp(&changes[b].0));
 
+        let max_items = self.limits().max_roster_items;
         let mut versions: Vec<Option<i64>> = vec![None; changes.len()];
         let mut tx = self.pool.begin().await?;
         for &i in &order {
             let (owner, item) = &changes[i];
-            versions[i] = Some(upsert(&mut tx, owner, item).await?);
+            versions[i] = Some(upsert(&mut tx, owner, item, max_items).await?);
         }
         tx.commit().await?;
 

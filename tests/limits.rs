@@ -1,0 +1,561 @@
+//! What one account may store and hold, against the real server and PostgreSQL: roster
+//! item size (RFC 6121 §2.3.3), roster size on every path that creates an item, stored
+//! inbound subscription requests (RFC 6121 §3.1.3), resources per account (RFC 6120
+//! §7.6.2.1 / §7.7.2.2), block-list size (XEP-0191) and trailing-dot JIDs (RFC 7622 §3.2).
+
+mod common;
+
+use common::*;
+use presenced::xml::{parse_element, Element, NS_CLIENT};
+
+const NS_ROSTER: &str = "jabber:iq:roster";
+const NS_BLOCKING: &str = "urn:xmpp:blocking";
+const NS_NICK: &str = "http://jabber.org/protocol/nick";
+
+fn el(xml: &str) -> Element {
+    parse_element(xml).unwrap_or_else(|| panic!("test XML parses: {xml}"))
+}
+
+fn error_type(reply: &Element) -> String {
+    reply
+        .get_child("error", NS_CLIENT)
+        .and_then(|e| e.get_attr("type"))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn assert_error(reply: &Element, condition: &str, ty: &str, what: &str) {
+    assert_eq!(reply.get_attr("type"), Some("error"), "{what}: {reply}");
+    assert_eq!(stanza_error(reply), condition, "{what}: {reply}");
+    assert_eq!(error_type(reply), ty, "{what}: {reply}");
+}
+
+fn assert_result(reply: &Element, what: &str) {
+    assert_eq!(reply.get_attr("type"), Some("result"), "{what}: {reply}");
+}
+
+/// A ping to the server and its answer: whatever the server routed to this client before
+/// handling the ping is in the backlog afterwards (one task per session, one FIFO queue).
+async fn barrier(ts: &TestServer, c: &mut Client) {
+    let r = c
+        .iq(
+            "get",
+            Some(&ts.domain),
+            Element::new("ping", "urn:xmpp:ping"),
+        )
+        .await;
+    assert_result(&r, "ping");
+}
+
+fn roster_item(jid: &str, name: Option<&str>, groups: &[String]) -> Element {
+    let mut i = Element::new("item", NS_ROSTER).attr("jid", jid);
+    if let Some(n) = name {
+        i.set_attr("name", n);
+    }
+    for g in groups {
+        i = i.child(Element::new("group", NS_ROSTER).text(g.clone()));
+    }
+    i
+}
+
+async fn roster_set(c: &mut Client, item: Element) -> Element {
+    c.iq("set", None, Element::new("query", NS_ROSTER).child(item))
+        .await
+}
+
+async fn roster_count(ts: &TestServer, owner: &str) -> usize {
+    ts.shared()
+        .store
+        .roster(&ts.jid(owner))
+        .await
+        .unwrap()
+        .1
+        .len()
+}
+
+// ---------------------------------------------------------------------------------------
+// Roster item size (RFC 6121 §2.3.3)
+
+#[tokio::test]
+async fn roster_items_beyond_the_group_count_or_name_lengths_are_not_acceptable() {
+    let ts = TestServer::start(|_| {}).await;
+    let d = presenced::config::LimitsConfig::default();
+    ts.user("alice").await;
+    let mut c = ts.login("alice", "r").await;
+    let bob = ts.jid("bob");
+    let groups = |n: usize, len: usize| -> Vec<String> {
+        (0..n)
+            .map(|i| format!("{i:04}{}", "é".repeat(len - 4)))
+            .collect()
+    };
+    // Positive control: exactly at every limit (lengths in characters, not bytes).
+    let at_limit = roster_item(
+        &bob,
+        Some(&"ñ".repeat(d.max_roster_name_length)),
+        &groups(d.max_roster_groups, d.max_roster_group_length),
+    );
+    assert_result(&roster_set(&mut c, at_limit).await, "every limit reached");
+    let over: Vec<(&str, Element)> = vec![
+        (
+            "one group too many",
+            roster_item(&bob, None, &groups(d.max_roster_groups + 1, 8)),
+        ),
+        (
+            "group name one character too long",
+            roster_item(&bob, None, &groups(1, d.max_roster_group_length + 1)),
+        ),
+        (
+            "item name one character too long",
+            roster_item(&bob, Some(&"n".repeat(d.max_roster_name_length + 1)), &[]),
+        ),
+    ];
+    for (what, item) in over {
+        // RFC 6121 §2.3.3: a name or group beyond a server-configured limit is
+        // not-acceptable (type modify); the count of groups is bounded the same way.
+        assert_error(
+            &roster_set(&mut c, item).await,
+            "not-acceptable",
+            "modify",
+            what,
+        );
+    }
+    // The refused sets changed nothing: the stored item is still the one at the limits.
+    let (_, items) = ts.shared().store.roster(&ts.jid("alice")).await.unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].groups.len(), d.max_roster_groups);
+    assert_eq!(
+        items[0].name.as_deref().map(|n| n.chars().count()),
+        Some(d.max_roster_name_length)
+    );
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Roster size on every path that creates an item
+
+fn is_presence_error(e: &Element, from: &str, condition: &str) -> bool {
+    e.name == "presence"
+        && e.get_attr("type") == Some("error")
+        && e.get_attr("from") == Some(from)
+        && stanza_error(e) == condition
+}
+
+#[tokio::test]
+async fn subscriptions_cannot_grow_a_roster_beyond_max_roster_items() {
+    let ts = TestServer::start(|c| {
+        c.limits.max_roster_items = 3;
+        // Remote contacts bounce at once instead of asking DNS.
+        c.s2s.nameserver = presenced::config::Nameserver::Disabled;
+    })
+    .await;
+    ts.user("alice").await;
+    ts.user("carol").await;
+    let mut alice = ts.login("alice", "r").await;
+    alice.presence(None, None).await;
+    // Three outbound requests to contacts without accounts each create an item (RFC 6121
+    // §3.1.2: the user's item gets ask='subscribe' whatever the contact's server does).
+    for n in ["b1", "b2", "b3"] {
+        alice.send(&presence_to("subscribe", &ts.jid(n))).await;
+    }
+    barrier(&ts, &mut alice).await;
+    assert_eq!(roster_count(&ts, "alice").await, 3, "positive control");
+
+    // A fourth, local or remote, is refused and creates nothing.
+    let local = ts.jid("b4");
+    let remote = "b5@remote.invalid".to_owned();
+    for contact in [&local, &remote] {
+        alice.send(&presence_to("subscribe", contact)).await;
+        let e = alice
+            .expect(|e| is_presence_error(e, contact, "not-allowed"))
+            .await;
+        assert_eq!(error_type(&e), "cancel", "{e}");
+    }
+    assert_eq!(roster_count(&ts, "alice").await, 3);
+
+    // An inbound request needs no item (it waits in the pending table), so it still
+    // reaches alice; approving it would create an item, which is refused the same way.
+    let mut carol = ts.login("carol", "r").await;
+    carol.presence(None, None).await;
+    carol
+        .send(&presence_to("subscribe", &ts.jid("alice")))
+        .await;
+    alice
+        .expect(|e| is_presence(e, &ts.jid("carol"), Some("subscribe")))
+        .await;
+    alice
+        .send(&presence_to("subscribed", &ts.jid("carol")))
+        .await;
+    alice
+        .expect(|e| is_presence_error(e, &ts.jid("carol"), "not-allowed"))
+        .await;
+    assert_eq!(roster_count(&ts, "alice").await, 3);
+    // Carol's request is still waiting for an answer alice can give once she has room.
+    let pending = ts
+        .shared()
+        .store
+        .pending_subscriptions(&ts.jid("alice"))
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+
+    // Room again: the same approval goes through.
+    let r = roster_set(
+        &mut alice,
+        roster_item(&ts.jid("b1"), None, &[]).attr("subscription", "remove"),
+    )
+    .await;
+    assert_result(&r, "remove b1");
+    alice
+        .send(&presence_to("subscribed", &ts.jid("carol")))
+        .await;
+    carol
+        .expect(|e| is_presence(e, &ts.jid("alice"), Some("subscribed")))
+        .await;
+    assert_eq!(roster_count(&ts, "alice").await, 3);
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Stored inbound subscription requests (RFC 6121 §3.1.3)
+
+#[tokio::test]
+async fn stored_subscription_requests_are_bounded_per_user_and_stripped() {
+    let ts = TestServer::start(|_| {}).await;
+    let d = presenced::config::LimitsConfig::default();
+    ts.user("alice").await;
+    let store = &ts.shared().store;
+    let alice = ts.jid("alice");
+    let status = "s".repeat(20_000);
+    let nick = "n".repeat(20_000);
+    let big = |from: &str| {
+        format!(
+            "<presence xmlns='jabber:client' type='subscribe' from='{from}' to='{alice}' id='x1'>\
+             <status>{status}</status><status xml:lang='de'>zwei</status>\
+             <nick xmlns='{NS_NICK}'>{nick}</nick>\
+             <junk xmlns='urn:example:junk'>{status}</junk><priority>5</priority></presence>"
+        )
+    };
+    for i in 0..d.max_pending_subscriptions {
+        let from = format!("s{i}@remote.example");
+        assert!(
+            store
+                .add_pending_subscription(&alice, &from, &big(&from))
+                .await
+                .unwrap(),
+            "request {i} within the limit is kept"
+        );
+    }
+    let from = "over@remote.example";
+    assert!(
+        !store
+            .add_pending_subscription(&alice, from, &big(from))
+            .await
+            .unwrap(),
+        "the request beyond the limit is not kept"
+    );
+    let pending = store.pending_subscriptions(&alice).await.unwrap();
+    assert_eq!(pending.len(), d.max_pending_subscriptions);
+    assert!(pending.iter().all(|(f, _)| f != from));
+    // What is kept is what RFC 6121 §3.1.3 delivers: the type, one status cut to the
+    // configured length, and the XEP-0172 nick, cut the same way; nothing else.
+    for (sender, xml) in &pending {
+        let p = el(xml);
+        assert_eq!(p.name, "presence");
+        assert_eq!(p.get_attr("type"), Some("subscribe"), "{xml}");
+        let kids: Vec<String> = p.elements().map(|c| c.name.clone()).collect();
+        assert_eq!(kids, ["status", "nick"], "{sender}: {kids:?}");
+        let s = p.get_child("status", NS_CLIENT).unwrap().text_content();
+        assert_eq!(s.chars().count(), d.max_subscription_status_length);
+        let n = p.get_child("nick", NS_NICK).unwrap().text_content();
+        assert_eq!(n.chars().count(), d.max_subscription_status_length);
+        assert!(
+            xml.len() < 3 * d.max_subscription_status_length + 300,
+            "{}",
+            xml.len()
+        );
+    }
+    // Answering one makes room for another.
+    assert!(store
+        .remove_pending_subscription(&alice, "s0@remote.example")
+        .await
+        .unwrap());
+    assert!(store
+        .add_pending_subscription(&alice, from, &big(from))
+        .await
+        .unwrap());
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Resources per account (RFC 6120 §7.6.2.1, §7.7.2.2)
+
+/// Connects and authenticates `name`, stopping before resource binding.
+async fn authenticated(ts: &TestServer, name: &str) -> Client {
+    let mut c = Client::tcp(ts).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(ts).await;
+    let ok = c.auth_plain(name, "pw").await;
+    assert_eq!(ok.name, "success", "{ok}");
+    c.restart_stream();
+    c.open(&ts.domain).await.expect("stream after SASL");
+    c
+}
+
+#[tokio::test]
+async fn binding_beyond_the_resources_per_account_is_a_resource_constraint() {
+    let ts = TestServer::start(|_| {}).await;
+    let max = presenced::config::LimitsConfig::default().max_resources_per_account;
+    ts.user("alice").await;
+    let mut sessions = Vec::new();
+    for i in 0..max {
+        sessions.push(ts.login("alice", &format!("r{i}")).await);
+    }
+    for (what, resource) in [("client-chosen", "one-more"), ("server-generated", "")] {
+        let mut c = authenticated(&ts, "alice").await;
+        let err = c.bind(resource).await.expect_err(what);
+        // RFC 6120 §7.6.2.1 (server-generated) and §7.7.2.2 (client-submitted): the
+        // account has reached its limit of connected resources.
+        assert_error(&err, "resource-constraint", "wait", what);
+    }
+    // Re-binding a resource already in use replaces it (RFC 6120 §7.7.2.1) and does not
+    // add one, so it is allowed at the limit.
+    let mut c = authenticated(&ts, "alice").await;
+    c.bind("r0")
+        .await
+        .expect("a resource in use may be taken over");
+    // Another account is not affected.
+    ts.user("bob").await;
+    ts.login("bob", "r").await;
+    drop(sessions);
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Block-list size (XEP-0191) and trailing dots (RFC 7622 §3.2)
+
+async fn block(c: &mut Client, jids: &[String]) -> Element {
+    let items: String = jids.iter().map(|j| format!("<item jid='{j}'/>")).collect();
+    c.iq(
+        "set",
+        None,
+        el(&format!("<block xmlns='{NS_BLOCKING}'>{items}</block>")),
+    )
+    .await
+}
+
+async fn blocklist(c: &mut Client) -> Vec<String> {
+    let r = c
+        .iq(
+            "get",
+            None,
+            el(&format!("<blocklist xmlns='{NS_BLOCKING}'/>")),
+        )
+        .await;
+    r.get_child("blocklist", NS_BLOCKING)
+        .expect("blocklist")
+        .elements()
+        .filter_map(|i| i.get_attr("jid").map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_block_list_cannot_grow_beyond_max_blocklist_items() {
+    let ts = TestServer::start(|_| {}).await;
+    let max = presenced::config::LimitsConfig::default().max_blocklist_items;
+    ts.user("alice").await;
+    let mut c = ts.login("alice", "r").await;
+    let jids: Vec<String> = (0..max).map(|i| format!("u{i}@spam.example")).collect();
+    assert_result(&block(&mut c, &jids[..max - 1]).await, "below the limit");
+    assert_result(&block(&mut c, &jids[max - 1..]).await, "up to the limit");
+    // One more is refused, whole, and changes nothing.
+    let r = block(
+        &mut c,
+        &["one@more.example".to_owned(), "two@more.example".to_owned()],
+    )
+    .await;
+    assert_error(&r, "not-acceptable", "modify", "beyond the limit");
+    // Blocking an entry already on the list does not grow it.
+    assert_result(&block(&mut c, &jids[..1]).await, "already blocked");
+    let list = blocklist(&mut c).await;
+    assert_eq!(list.len(), max);
+    assert!(!list.iter().any(|j| j.ends_with("more.example")));
+    ts.stop().await;
+}
+
+fn is_message_from(e: &Element, jid: &str) -> bool {
+    e.name == "message"
+        && e.get_attr("from")
+            .is_some_and(|f| f.starts_with(&format!("{jid}/")))
+}
+
+fn chat(to: &str, body: &str) -> Element {
+    Element::new("message", NS_CLIENT)
+        .attr("type", "chat")
+        .attr("to", to)
+        .child(Element::new("body", NS_CLIENT).text(body))
+}
+
+#[tokio::test]
+async fn a_trailing_dot_in_a_blocked_domain_is_removed_so_the_block_applies() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("mallory").await;
+    let mut alice = ts.login("alice", "r").await;
+    alice.presence(None, None).await;
+    let mut mallory = ts.login("mallory", "r").await;
+    // Positive control: before the block, mallory's message arrives.
+    mallory.send(&chat(&ts.jid("alice"), "before")).await;
+    alice
+        .expect(|e| is_message_from(e, &ts.jid("mallory")))
+        .await;
+
+    // RFC 7622 §3.2: a trailing dot in the domainpart is removed before comparison.
+    let dotted = format!("{}.", ts.jid("mallory"));
+    assert_result(&block(&mut alice, &[dotted]).await, "block");
+    assert_eq!(blocklist(&mut alice).await, [ts.jid("mallory")]);
+    barrier(&ts, &mut alice).await;
+    mallory.send(&chat(&ts.jid("alice"), "after")).await;
+    // Mallory's stanzas are handled in order: once the ping is answered, the message has
+    // been routed (or refused).
+    barrier(&ts, &mut mallory).await;
+    barrier(&ts, &mut alice).await;
+    alice
+        .expect_none(
+            |e| is_message_from(e, &ts.jid("mallory")),
+            std::time::Duration::from_millis(300),
+        )
+        .await;
+    // A roster item for a dotted JID is stored under the normalised one.
+    let r = roster_set(
+        &mut alice,
+        roster_item(&format!("{}.", ts.jid("bob")), None, &[]),
+    )
+    .await;
+    assert_result(&r, "roster set");
+    let (_, items) = ts.shared().store.roster(&ts.jid("alice")).await.unwrap();
+    assert_eq!(
+        items.iter().map(|i| i.contact.as_str()).collect::<Vec<_>>(),
+        [ts.jid("bob")]
+    );
+    ts.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The store's one check, and items stored before the limits
+
+#[tokio::test]
+async fn concurrent_writes_cannot_pass_the_roster_limit_together() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    let store = ts.shared().store.clone();
+    let mut limits = store.limits();
+    limits.max_roster_items = 5;
+    store.set_limits(limits);
+    let alice = ts.jid("alice");
+    let writes = (0..20).map(|i| {
+        let (store, alice) = (store.clone(), alice.clone());
+        tokio::spawn(async move {
+            let item = presenced::store::RosterItem::new(format!("c{i}@x.example"));
+            // Half through each entry point: a roster set and a subscription change.
+            if i % 2 == 0 {
+                store.upsert_roster_item(&alice, &item).await.map(|_| ())
+            } else {
+                store
+                    .apply_subscription_change(&[(alice, item)])
+                    .await
+                    .map(|_| ())
+            }
+        })
+    });
+    let mut ok = 0;
+    for w in writes.collect::<Vec<_>>() {
+        match w.await.unwrap() {
+            Ok(()) => ok += 1,
+            Err(presenced::store::StoreError::RosterFull) => {}
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!(ok, 5);
+    assert_eq!(store.roster(&alice).await.unwrap().1.len(), 5);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn a_subscription_change_refused_for_one_side_changes_neither() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    let store = ts.shared().store.clone();
+    let mut limits = store.limits();
+    limits.max_roster_items = 1;
+    store.set_limits(limits);
+    let (alice, bob) = (ts.jid("alice"), ts.jid("bob"));
+    store
+        .upsert_roster_item(&bob, &presenced::store::RosterItem::new("x@x.example"))
+        .await
+        .unwrap();
+    let mut a = presenced::store::RosterItem::new(bob.clone());
+    a.subscription = presenced::store::Subscription::To;
+    let mut b = presenced::store::RosterItem::new(alice.clone());
+    b.subscription = presenced::store::Subscription::From;
+    let r = store
+        .apply_subscription_change(&[(alice.clone(), a), (bob.clone(), b)])
+        .await;
+    assert!(
+        matches!(r, Err(presenced::store::StoreError::RosterFull)),
+        "{r:?}"
+    );
+    assert!(store.roster(&alice).await.unwrap().1.is_empty());
+    assert_eq!(store.roster(&bob).await.unwrap().1.len(), 1);
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn an_item_stored_before_the_limits_is_served_cut_to_them() {
+    let ts = TestServer::start(|_| {}).await;
+    let d = presenced::config::LimitsConfig::default();
+    ts.user("alice").await;
+    let alice = ts.jid("alice");
+    let bob = ts.jid("bob");
+    // As an older server stored it: thousands of groups, long names.
+    let groups: Vec<String> = (0..5000)
+        .map(|i| format!("{i:05}{}", "g".repeat(300)))
+        .collect();
+    sqlx::query("INSERT INTO roster_items (owner, contact, name, groups) VALUES ($1, $2, $3, $4)")
+        .bind(&alice)
+        .bind(&bob)
+        .bind("n".repeat(1000))
+        .bind(&groups)
+        .execute(ts.shared().store.pool())
+        .await
+        .unwrap();
+    let mut c = ts.login("alice", "r").await;
+    let r = c.iq("get", None, Element::new("query", NS_ROSTER)).await;
+    let items: Vec<&Element> = r
+        .get_child("query", NS_ROSTER)
+        .unwrap()
+        .elements()
+        .collect();
+    assert_eq!(items.len(), 1, "{r}");
+    let served: Vec<String> = items[0].elements().map(|g| g.text_content()).collect();
+    assert_eq!(served.len(), d.max_roster_groups);
+    for (g, want) in served.iter().zip(&groups) {
+        assert_eq!(g.chars().count(), d.max_roster_group_length);
+        assert!(want.starts_with(g.as_str()));
+    }
+    assert_eq!(
+        items[0].get_attr("name").map(|n| n.chars().count()),
+        Some(d.max_roster_name_length)
+    );
+    // The next change of the item stores it cut, so it converges to the limits.
+    c.send(&presence_to("subscribe", &bob)).await;
+    barrier(&ts, &mut c).await;
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(groups) FROM roster_items WHERE owner = $1")
+            .bind(&alice)
+            .fetch_all(ts.shared().store.pool())
+            .await
+            .unwrap();
+    assert_eq!(stored, served);
+    ts.stop().await;
+}
