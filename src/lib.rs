@@ -15,6 +15,7 @@
 pub mod blocking;
 pub mod c2s;
 pub mod config;
+pub(crate) mod delivery;
 pub mod error;
 pub mod http;
 pub mod invisible;

@@ -26,7 +26,8 @@ use crate::store::StoreError;
 use crate::xml::Element;
 
 use super::subscription::{self, SubKind, SubState};
-use super::{available, deliver_to_available, load_side, presence, updated_item};
+use super::{load_side, presence, updated_item};
+use crate::delivery::{to_available, unavailable_from_shown};
 
 /// The local user sends a subscription stanza to a contact on another server (RFC 6121
 /// §3.1.2, §3.2.2, §3.3.2, §3.4): the user's item follows Appendix A.2 and the stanza is
@@ -58,13 +59,9 @@ async fn outbound(
     stanza.set_attr("to", contact);
     store_and_push(shared, user, contact, item, state, out.state, false).await?;
     if out.send_unavailable {
-        // §3.2.2: unavailable from each resource before the unsubscribed.
-        for s in available(shared, user) {
-            let _ = route_remote(
-                shared,
-                presence(Some("unavailable"), s.jid.as_str(), contact),
-            );
-        }
+        // §3.2.2: unavailable from each resource the contact was shown, before the
+        // unsubscribed.
+        unavailable_from_shown(shared, user, contact);
     }
     if out.route {
         if let Err(e) = route_remote(shared, stanza.clone()) {
@@ -85,10 +82,7 @@ pub fn roster_removed(session: &Session, contact: &BareJid, state: SubState) {
     let user = session.jid().to_bare();
     for kind in subscription::roster_remove(state) {
         if kind == SubKind::Unsubscribed && state.contact_sees_user() {
-            for s in available(shared, user.as_str()) {
-                let p = presence(Some("unavailable"), s.jid.as_str(), contact.as_str());
-                let _ = route_remote(shared, p);
-            }
+            unavailable_from_shown(shared, user.as_str(), contact.as_str());
         }
         let p = presence(Some(kind.as_str()), user.as_str(), contact.as_str());
         let _ = route_remote(shared, p);
@@ -159,7 +153,7 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
         }
         Some("error") => {
             if to.resource().is_some() {
-                crate::s2s::deliver_presence_locally(shared, to.as_str(), el);
+                crate::delivery::to_local(shared, to.as_str(), el);
             }
         }
         Some(_) => {}
@@ -197,7 +191,7 @@ async fn inbound_subscription(
             .await?;
     }
     if inb.deliver {
-        deliver_to_available(shared, user, &stanza);
+        to_available(shared, user, &stanza);
     }
     if let Some(reply) = inb.auto_reply {
         let _ = route_remote(shared, presence(Some(reply.as_str()), user, contact));
@@ -206,13 +200,9 @@ async fn inbound_subscription(
         send_current_presence(shared, user, contact).await;
     }
     if inb.send_unavailable {
-        // §3.3.3: the contact stops receiving the user's presence.
-        for s in available(shared, user) {
-            let _ = route_remote(
-                shared,
-                presence(Some("unavailable"), s.jid.as_str(), contact),
-            );
-        }
+        // §3.3.3: the contact stops receiving the user's presence (from the resources it
+        // was shown).
+        unavailable_from_shown(shared, user, contact);
     }
     if kind == SubKind::Unsubscribed && inb.deliver {
         // §3.2.3: the user no longer sees the contact; forget what we showed.
@@ -266,7 +256,7 @@ async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_
     if !subscribed {
         return;
     }
-    if deliver_to_available(shared, user, &el) > 0 || !is_available {
+    if to_available(shared, user, &el) > 0 || !is_available {
         track(shared, from.as_str(), user, is_available);
     }
 }
