@@ -516,29 +516,51 @@ async fn apply_subscription(
         // §3.1.5: after approving, the contact gets the user's current presence.
         send_current_presence(shared, user.as_str(), contact.as_str()).await;
     }
-    // Roster pushes (RFC 6121 §2.1.6) with the versions the transaction produced.
+    // Roster pushes (RFC 6121 §2.1.6) with the versions the transaction produced, where
+    // the subscription table says the client can see the change. The user's side moved
+    // through the outbound row and, after an automatic answer, the inbound one.
+    let user_push = push_user
+        && (out.push
+            || c_effects
+                .as_ref()
+                .and_then(|(_, _, _, auto)| auto.as_ref())
+                .is_some_and(|(_, back)| back.push));
+    let contact_push = c_effects.as_ref().is_some_and(|(_, _, inb, _)| inb.push);
     for (owner, version) in &versions {
-        let item = if owner == user.as_str() {
-            &u_write
+        let (item, push) = if owner == user.as_str() {
+            (&u_write, user_push)
         } else {
-            &c_write
+            (&c_write, contact_push)
         };
         if let Some(item) = item {
-            if owner == user.as_str() && !push_user {
-                // The item is about to be removed and that removal is pushed instead; the
-                // sessions still count as having seen this version, or the roster listener
-                // would replay it as a change made elsewhere.
-                for s in shared.sessions.of_user_str(owner) {
-                    if s.read(|p| p.roster_ver).is_some() {
-                        crate::roster::note_version(&s, *version);
-                    }
-                }
-                continue;
-            }
-            crate::roster::push_item(shared, owner, *version, item);
+            // With push_user false the item is about to be removed and that removal is
+            // pushed instead.
+            push_or_note(shared, owner, *version, item, push);
         }
     }
     Ok(())
+}
+
+/// Pushes a written roster item to its owner's interested resources when `push` (the
+/// subscription table's decision: the change is one a client can see, RFC 6121 §2.1.6);
+/// otherwise the sessions still count as having seen this version, or the roster
+/// listener would replay it as a change made elsewhere.
+pub(crate) fn push_or_note(
+    shared: &Shared,
+    owner: &str,
+    version: i64,
+    item: &RosterItem,
+    push: bool,
+) {
+    if push {
+        crate::roster::push_item(shared, owner, version, item);
+        return;
+    }
+    for s in shared.sessions.of_user_str(owner) {
+        if s.read(|p| p.roster_ver).is_some() {
+            crate::roster::note_version(&s, version);
+        }
+    }
 }
 
 /// Sends the current presence of every visible resource of `from_user` to the available

@@ -40,6 +40,11 @@ pub async fn outbound_subscription(
 ) {
     let shared = session.shared.clone();
     let user = session.jid().to_bare();
+    // The same locks as for a local contact: one change of this pair at a time.
+    let _locks = shared
+        .roster_locks
+        .lock(&[user.as_str(), contact.as_str()])
+        .await;
     if let Err(e) = outbound(&shared, user.as_str(), contact.as_str(), kind, stanza).await {
         tracing::warn!(%user, %contact, error = %e, "remote subscription change failed");
     }
@@ -57,7 +62,12 @@ async fn outbound(
     // RFC 6121 §3.1.2: subscription stanzas travel between bare JIDs.
     stanza.set_attr("from", user);
     stanza.set_attr("to", contact);
-    store_and_push(shared, user, contact, item, state, out.state, false).await?;
+    let step = Step {
+        old: state,
+        new: out.state,
+        push: out.push,
+    };
+    store_and_push(shared, user, contact, item, step, false).await?;
     if out.send_unavailable {
         // §3.2.2: unavailable from each resource the contact was shown, before the
         // unsubscribed.
@@ -89,15 +99,22 @@ pub fn roster_removed(session: &Session, contact: &BareJid, state: SubState) {
     }
 }
 
+/// One row of the subscription table applied to the user's item.
+struct Step {
+    old: SubState,
+    new: SubState,
+    /// The table's decision: the change is one a client can see (RFC 6121 §2.1.6).
+    push: bool,
+}
+
 /// Stores the user's item if the transition changed it, keeps the pending-request table in
-/// step, and pushes the item to the user's interested resources.
+/// step, and pushes the item to the user's interested resources if the table said so.
 async fn store_and_push(
     shared: &Shared,
     user: &str,
     contact: &str,
     item: Option<crate::store::RosterItem>,
-    old: SubState,
-    new: SubState,
+    Step { old, new, push }: Step,
     pending_added: bool,
 ) -> Result<(), StoreError> {
     let write = updated_item(item, contact, new);
@@ -107,7 +124,7 @@ async fn store_and_push(
             .apply_subscription_change(&[(user.to_owned(), i.clone())])
             .await?;
         for (owner, version) in versions {
-            crate::roster::push_item(shared, &owner, version, i);
+            super::push_or_note(shared, &owner, version, i, push);
         }
     }
     if old.pending_in && !new.pending_in && !pending_added {
@@ -147,6 +164,7 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
             };
             let contact = bare_of(from.as_str()).to_owned();
             let user = bare_of(to.as_str()).to_owned();
+            let _locks = shared.roster_locks.lock(&[&user, &contact]).await;
             if let Err(e) = inbound_subscription(shared, &user, &contact, kind, el).await {
                 tracing::warn!(%user, %contact, error = %e, "inbound remote subscription failed");
             }
@@ -182,7 +200,12 @@ async fn inbound_subscription(
     stanza.set_attr("from", contact);
     stanza.set_attr("to", user);
     let pending_added = inb.state.pending_in && kind == SubKind::Subscribe && !state.pending_in;
-    store_and_push(shared, user, contact, item, state, inb.state, pending_added).await?;
+    let step = Step {
+        old: state,
+        new: inb.state,
+        push: inb.push,
+    };
+    store_and_push(shared, user, contact, item, step, pending_added).await?;
     if pending_added {
         // §3.1.3: kept until the user answers, and shown again at each login.
         shared
