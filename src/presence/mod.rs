@@ -116,9 +116,7 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
         },
         Some("error") => {
             if let Target::LocalFull(f) = target {
-                if let Some(s) = session.shared.sessions.get(&f) {
-                    s.send(el);
-                }
+                crate::delivery::to_session(&session.shared, &f, el);
             }
         }
         Some(_) => {

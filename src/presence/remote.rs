@@ -260,10 +260,8 @@ async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_
         let Ok(full) = to.clone().try_into_full() else {
             return;
         };
-        if let Some(s) = shared.sessions.get(&full) {
-            if s.send(el) {
-                track(shared, from.as_str(), full.as_str(), is_available);
-            }
+        if crate::delivery::to_session(shared, &full, el) {
+            track(shared, from.as_str(), full.as_str(), is_available);
         }
         return;
     }
