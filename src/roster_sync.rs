@@ -122,9 +122,14 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
 /// those that gained it ([`crate::presence::gate::reconcile_user`]). They follow the
 /// stored rosters, not the versions a client fetched: a client that never asked for its
 /// roster sees its contacts' presence come and go all the same.
+///
+/// Under the owner's roster lock, like every subscription change: a change this node made
+/// itself has delivered its stanzas in RFC 6121 order (e.g. `subscribed` before the
+/// presence that follows it, §3.1.5) before this re-decides, and then finds nothing to do.
 async fn sync_presence(shared: &Shared, owner: &str) {
     if shared.sessions.of_user_str(owner).is_empty() {
         return;
     }
+    let _lock = shared.roster_locks.lock(&[owner]).await;
     crate::presence::gate::reconcile_user(shared, owner).await;
 }
