@@ -22,7 +22,7 @@
 
 use crate::c2s::{iq_result, Session};
 use crate::error::StanzaError;
-use crate::xml::{Element, NS_CLIENT};
+use crate::xml::Element;
 
 /// The XEP-0186 namespace.
 pub const NS_INVISIBLE: &str = "urn:xmpp:invisible:0";
@@ -47,11 +47,8 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
                 shared.privacy.set_invisible(id, &me, true, probe);
                 // Withdraw what this resource had shown (subscribers and directed).
                 for (viewer, _) in shared.privacy.take_revealed(id) {
-                    let p = Element::new("presence", NS_CLIENT)
-                        .attr("type", "unavailable")
-                        .attr("from", me.clone())
-                        .attr("to", viewer.clone());
-                    crate::presence::gate::deliver_presence(&shared, &viewer, p);
+                    let p = crate::delivery::unavailable(&me, &viewer);
+                    crate::delivery::presence_to(&shared, &viewer, p);
                 }
             }
             session.presence.directed.clear();

@@ -6,8 +6,13 @@
 //! socket ─▶ tls (rustls) ─▶ xml::reader (quick-xml, incremental, bounded)
 //!        ─▶ c2s negotiation (STARTTLS → SASL → bind) ─▶ stanza checks
 //!        ─▶ router ─┬▶ local handlers (roster, presence, disco, ping)
-//!                   └▶ sessions (bounded mpsc to the task that owns the socket)
+//!                   └▶ delivery (blocks, privacy gate) ─▶ sessions (bounded mpsc to the
+//!                      task that owns the socket)
 //! ```
+//!
+//! Stanzas from other servers, the liveness sweeper's announcements and the presence
+//! consequences of roster changes made in SQL reach sessions through the same `delivery`
+//! module.
 //!
 //! Pure decision code (the RFC 6121 subscription table in [`presence::subscription`],
 //! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
@@ -15,6 +20,7 @@
 pub mod blocking;
 pub mod c2s;
 pub mod config;
+pub(crate) mod delivery;
 pub mod error;
 pub mod http;
 pub mod invisible;

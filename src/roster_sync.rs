@@ -5,17 +5,20 @@
 //! (migrations/0002). Each session remembers the newest roster version it was sent
 //! ([`crate::sessions::PresenceInfo::roster_ver`]); a notification newer than that means the
 //! session missed a change, so it gets the roster pushes (RFC 6121 §2.1.6) for exactly the
-//! changes since its version, and the presence a client-made change would have produced:
-//! a contact that became visible (`to`/`both`) sends its current presence, one that stopped
-//! being visible sends unavailable (RFC 6121 §3.2.2 / §3.3.3). Changes this node pushed
-//! itself are already at the session's version and are skipped.
+//! changes since its version. Changes this node pushed itself are already at the session's
+//! version and are skipped.
+//!
+//! The presence a client-made change would have produced follows whatever the client
+//! fetched: a contact that became visible (`to`/`both`) sends its current presence, one
+//! that stopped being visible sends unavailable from each resource the user was shown
+//! (RFC 6121 §3.2.2 / §3.3.3), as the privacy gate re-decides for the owner.
 
 use std::sync::Arc;
 
 use crate::server::Shared;
 use crate::store::notify::{self, parse_roster_notification, ROSTER_CHANNEL};
 use crate::store::RosterChange;
-use crate::xml::{Element, NS_CLIENT};
+use crate::xml::Element;
 
 /// Listens for roster notifications until shutdown.
 pub async fn run(shared: Arc<Shared>) {
@@ -42,6 +45,7 @@ pub async fn run(shared: Arc<Shared>) {
             shared.store.forget_all_audiences();
             for owner in shared.sessions.users() {
                 sync_user(&shared, &owner, i64::MAX).await;
+                sync_presence(&shared, &owner).await;
             }
             continue;
         }
@@ -52,6 +56,7 @@ pub async fn run(shared: Arc<Shared>) {
             // handled apart (the contact's first).
             shared.store.forget_audiences_naming(&owner);
             sync_user(&shared, &owner, version).await;
+            sync_presence(&shared, &owner).await;
         }
     }
 }
@@ -110,35 +115,21 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
             crate::roster::push_to(s, current, item);
         }
     }
-    for change in &changes {
-        let (contact, sees) = match change {
-            RosterChange::Upsert(i) => (i.contact.as_str(), i.subscription.has_to()),
-            RosterChange::Removed(c) => (c.as_str(), false),
-        };
-        if !sees {
-            // From the bare JID: says "not visible any more" without revealing whether
-            // any resource of the contact is online.
-            for s in sessions.iter().filter(|s| s.is_available()) {
-                let p = Element::new("presence", NS_CLIENT)
-                    .attr("type", "unavailable")
-                    .attr("from", contact)
-                    .attr("to", s.jid.to_string());
-                s.send(p);
-            }
-            continue;
-        }
-        if !shared.config.serves(crate::presence::domain_of(contact)) {
-            continue;
-        }
-        for c in shared.sessions.of_user_str(contact) {
-            let Some(last) = c.presence().last else {
-                continue;
-            };
-            for s in sessions.iter().filter(|s| s.is_available()) {
-                let mut p = last.clone();
-                p.set_attr("to", s.jid.to_string());
-                s.send(p);
-            }
-        }
+}
+
+/// The presence consequences of a roster change made outside this node: withdrawn from
+/// each viewer that lost permission, from the resources it was shown, and granted to
+/// those that gained it ([`crate::presence::gate::reconcile_user`]). They follow the
+/// stored rosters, not the versions a client fetched: a client that never asked for its
+/// roster sees its contacts' presence come and go all the same.
+///
+/// Under the owner's roster lock, like every subscription change: a change this node made
+/// itself has delivered its stanzas in RFC 6121 order (e.g. `subscribed` before the
+/// presence that follows it, §3.1.5) before this re-decides, and then finds nothing to do.
+async fn sync_presence(shared: &Shared, owner: &str) {
+    if shared.sessions.of_user_str(owner).is_empty() {
+        return;
     }
+    let _lock = shared.roster_locks.lock(&[owner]).await;
+    crate::presence::gate::reconcile_user(shared, owner).await;
 }

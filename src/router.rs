@@ -31,7 +31,6 @@
 use crate::c2s::{iq_result, Session};
 use crate::error::StanzaError;
 use crate::jid::{BareJid, Jid};
-use crate::sessions::message_targets;
 use crate::xml::{self as x, Element};
 
 /// Where a `to` address points, as seen from this server.
@@ -75,10 +74,10 @@ pub fn remote(session: &Session, el: Element) {
     }
 }
 
+/// The one bounce ([`crate::delivery::bounce`]): the session's stanzas carry its full JID
+/// as `from`, so the reply comes back to it.
 fn bounce(session: &Session, el: &Element, err: StanzaError) {
-    if let Some(reply) = err.reply_to(el) {
-        session.deliver(reply);
-    }
+    crate::delivery::bounce(&session.shared, el, err);
 }
 
 /// Routes one stanza whose `from` has been stamped by the session.
@@ -94,29 +93,17 @@ pub async fn from_client(session: &mut Session, el: Element) {
     }
 }
 
-/// Whether `bare` is an account here. A store failure counts as "no" (and is logged) so a
-/// database outage degrades to errors for offline users, never a stalled session.
+/// Whether `bare` is an account here (see [`crate::delivery::account_exists`]).
 pub async fn account_exists(session: &Session, bare: &BareJid) -> bool {
-    let node = bare.node().map(|n| n.as_str()).unwrap_or("");
-    match session
-        .shared
-        .store
-        .account_exists(node, bare.domain().as_str())
-        .await
-    {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::warn!(error = %e, "account lookup failed");
-            false
-        }
-    }
+    crate::delivery::account_exists(&session.shared, bare).await
 }
 
-/// XEP-0191 §3.5 and the privacy gate for a message or iq to `target`. Returns the
-/// stanza to route (possibly with presence-revealing signals removed), or `None` when it
-/// was answered or dropped here.
+/// XEP-0191 §3.5 on the sender's side, and the side-channel filter, for a message or iq
+/// to `target`. Returns the stanza to route (possibly with presence-revealing signals
+/// removed), or `None` when it was answered or dropped here. The recipient's side (its
+/// block list, the privacy gate) is [`crate::delivery`]'s, as for stanzas from anywhere.
 async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Option<Element> {
-    use crate::blocking::{inbound_from_blocked, outbound_to_blocked, Verdict};
+    use crate::blocking::{outbound_to_blocked, Verdict};
     use crate::metrics::DropReason;
     let shared = &session.shared;
     let me = session.jid().as_str();
@@ -131,20 +118,13 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
         // Own account, own resources, the server: no other party's privacy is involved.
         return Some(el);
     };
-    // The sender's own block list first (XEP-0191 §3.6: the sender is told), then the
-    // recipient's (§3.5: answered as if the recipient were absent). Only the first is
-    // counted: the figure is public, and a count of the second would tell a sender that
-    // the recipient blocks it, which the answer itself hides.
-    let verdict = match outbound_to_blocked(shared, me, &recipient, &el).await {
-        Verdict::Pass if !matches!(target, Target::Remote(_)) => {
-            inbound_from_blocked(shared, me, &recipient, &el).await
-        }
-        Verdict::Pass => Verdict::Pass,
-        v => {
-            shared.metrics.dropped(DropReason::BlockedBySender);
-            v
-        }
-    };
+    // The sender's own block list (XEP-0191 §3.6: the sender is told, so the public
+    // figure may count it). The recipient's list is delivery's and is not counted: it is
+    // answered as if the recipient were absent, and a count would say otherwise.
+    let verdict = outbound_to_blocked(shared, me, &recipient, &el).await;
+    if !matches!(verdict, Verdict::Pass) {
+        shared.metrics.dropped(DropReason::BlockedBySender);
+    }
     match verdict {
         Verdict::Pass => {}
         Verdict::Drop => return None,
@@ -173,7 +153,6 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
 }
 
 async fn message(session: &mut Session, el: Element, target: Target) {
-    let kind = el.get_attr("type").unwrap_or("normal").to_owned();
     if !matches!(target, Target::LocalDomain) {
         // Counted before the recipient's block list and sessions are looked at: the figure
         // is public and must not tell a sender whether it is blocked or the recipient online.
@@ -182,89 +161,18 @@ async fn message(session: &mut Session, el: Element, target: Target) {
     let Some(el) = privacy_checks(session, el, &target).await else {
         return;
     };
-    match target {
-        Target::Remote(_) => remote(session, el),
+    let to = match target {
+        Target::Remote(_) => return remote(session, el),
         Target::LocalDomain => {
             // Messages to the server itself have no handler; RFC 6120 §10.3.1 lets us drop
             // them, but an error tells the client why nothing happened.
-            bounce(session, &el, StanzaError::service_unavailable())
+            return bounce(session, &el, StanzaError::service_unavailable());
         }
-        Target::LocalFull(full) => match session.shared.sessions.get(&full) {
-            Some(s) => {
-                s.send(el);
-            }
-            // RFC 6121 §8.5.3.2.1: a full JID with no session is treated as the bare JID.
-            None => to_bare(session, el, &full.to_bare(), &kind).await,
-        },
-        Target::LocalBare(bare) => to_bare(session, el, &bare, &kind).await,
-        Target::OwnAccount => {
-            let own = session.jid().to_bare();
-            to_bare(session, el, &own, &kind).await
-        }
-    }
-}
-
-/// RFC 6121 §8.5.2: a message to a bare JID.
-async fn to_bare(session: &mut Session, el: Element, bare: &BareJid, kind: &str) {
-    if matches!(kind, "normal" | "chat")
-        && message_targets(&session.shared.sessions.of_user(bare)).is_empty()
-        && !account_exists(session, bare).await
-    {
-        // RFC 6121 §8.5.1: no such account.
-        return bounce(session, &el, StanzaError::service_unavailable());
-    }
-    let copy = el.clone();
-    if let Some(err) = deliver_to_bare(&session.shared, el, bare, kind) {
-        bounce(session, &copy, err);
-    }
-}
-
-/// RFC 6121 §8.5.2: delivers a message to a local bare JID, wherever it came from (a local
-/// session or a remote server). Returns the error to bounce to the sender, if any.
-pub fn deliver_to_bare(
-    shared: &crate::server::Shared,
-    el: Element,
-    bare: &BareJid,
-    kind: &str,
-) -> Option<StanzaError> {
-    if kind == "error" {
-        // Never answer an error; with no resource to take it, it is dropped (§8.5.2.2.1).
-        if let Some(s) = message_targets(&shared.sessions.of_user(bare)).first() {
-            s.send(el);
-        }
-        return None;
-    }
-    if kind == "groupchat" {
-        // §8.5.2.1.1: groupchat to a bare JID of a user is service-unavailable.
-        return Some(StanzaError::service_unavailable());
-    }
-    let sessions = shared.sessions.of_user(bare);
-    let targets = message_targets(&sessions);
-    if targets.is_empty() {
-        // No offline storage. §8.5.2.2.1 lets the server ignore the message silently, and
-        // it must: an error only when offline would tell anyone the user's status (issue
-        // 6). A caller that can tell a non-existent account answers §8.5.1 itself.
-        return None;
-    }
-    if kind == "headline" {
-        // §8.5.2.1.1: headlines go to every non-negative resource.
-        for s in sessions
-            .iter()
-            .filter(|s| s.read(|p| p.available && p.priority >= 0))
-        {
-            s.send(el.clone());
-        }
-        return None;
-    }
-    let n = targets.len();
-    for (i, s) in targets.into_iter().enumerate() {
-        if i + 1 == n {
-            s.send(el);
-            break;
-        }
-        s.send(el.clone());
-    }
-    None
+        Target::LocalFull(full) => Jid::from(full),
+        Target::LocalBare(bare) => Jid::from(bare),
+        Target::OwnAccount => Jid::from(session.jid().to_bare()),
+    };
+    crate::delivery::message(&session.shared, session.jid().as_str(), to, el).await;
 }
 
 async fn iq(session: &mut Session, el: Element, target: Target) {
@@ -280,41 +188,26 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
         // RFC 6120 §8.2.3 item 6: a request has exactly one payload.
         return bounce(session, &el, StanzaError::bad_request());
     }
-    let own = session.jid().to_bare();
     let Some(el) = privacy_checks(session, el, &target).await else {
         return;
     };
     match target {
         Target::Remote(_) => remote(session, el),
-        Target::LocalFull(full) => match session.shared.sessions.get(&full) {
-            Some(s) if !is_request || full.to_bare() == own => {
-                s.send(el);
+        Target::LocalFull(full) => {
+            let shared = session.shared.clone();
+            let me = session.jid().as_str();
+            let to_other = full.to_bare() != session.jid().to_bare();
+            let outcome = crate::delivery::iq(&shared, me, &full, el).await;
+            if is_request && to_other && outcome == crate::delivery::Outcome::Delivered {
+                // The requester disclosed itself to this resource by its own act.
+                shared.privacy.reveal(
+                    session.handle.id,
+                    me,
+                    full.as_str(),
+                    crate::presence::privacy::Relation::DirectedPresence,
+                );
             }
-            Some(s) => {
-                // Issue 6: a request reaches a resource only if the sender may know it is
-                // online; otherwise the answer is the one an offline resource gives.
-                if crate::presence::gate::may_reach_resource(
-                    &session.shared,
-                    session.jid().as_str(),
-                    &s,
-                )
-                .await
-                {
-                    // The requester disclosed itself to this resource by its own act.
-                    session.shared.privacy.reveal(
-                        session.handle.id,
-                        session.jid().as_str(),
-                        full.as_str(),
-                        crate::presence::privacy::Relation::DirectedPresence,
-                    );
-                    s.send(el);
-                } else {
-                    bounce(session, &el, StanzaError::service_unavailable());
-                }
-            }
-            None if is_request => bounce(session, &el, StanzaError::service_unavailable()),
-            None => {}
-        },
+        }
         _ if !is_request => {
             // Results and errors for the server (roster push acknowledgements, ping
             // answers) need no further handling.
@@ -323,6 +216,15 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
         Target::LocalBare(bare) if bare.as_str() == session.jid().to_bare().as_str() => {
             own_account_iq(session, el).await
         }
+        Target::LocalBare(bare)
+            if crate::delivery::admit_from(
+                &session.shared,
+                session.jid().as_str(),
+                bare.as_str(),
+                &el,
+            )
+            .await
+                != crate::blocking::Verdict::Pass => {}
         Target::LocalBare(bare)
             if ty == "get"
                 && el

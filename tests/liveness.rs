@@ -781,3 +781,125 @@ async fn flush_rounds(ts: &TestServer, n: u64) {
         tokio::time::sleep(secs(0.01)).await;
     }
 }
+
+/// Plants the beat of `name/res` held by a node that no longer exists, older than T.
+async fn plant_crashed_beat(ts: &TestServer, name: &str, res: &str) -> i64 {
+    let bare = ts.jid(name);
+    let full = presenced::jid::FullJid::new(&format!("{bare}/{res}")).unwrap();
+    let keys = &ts.shared().liveness.keys;
+    let last_beat =
+        ts.shared().liveness.clock.now_ms() - ts.config.liveness.ttl.as_millis() as i64 - 500;
+    let mut r = ts.redis().await;
+    let _: () = redis::cmd("ZADD")
+        .arg(keys.beats_for(&bare))
+        .arg(last_beat)
+        .arg(keys.member("node-crashed", &full))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(keys.beats_for(&bare))
+        .arg(60_000)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    last_beat
+}
+
+/// A ping answered by the server: everything routed to `c` before it is in the backlog.
+async fn barrier(c: &mut Client) {
+    last_words(c).await;
+}
+
+#[tokio::test]
+async fn orphan_announcement_reaches_only_viewers_the_gate_admits() {
+    // The sweeper is driven by hand, so each sweep is known to have finished.
+    let ts = TestServer::start(|c| {
+        fast_liveness(c);
+        c.liveness.sweeper = false;
+    })
+    .await;
+    for u in ["alice", "bob", "carol", "dave"] {
+        ts.user(u).await;
+    }
+    for v in ["bob", "carol", "dave"] {
+        ts.make_mutual("alice", v).await;
+    }
+    let alice = ts.jid("alice");
+    let store = &ts.shared().store;
+    store
+        .block(&alice, std::slice::from_ref(&ts.jid("carol")))
+        .await
+        .unwrap();
+    let except: std::collections::BTreeSet<_> =
+        [::jid::BareJid::new(&ts.jid("dave")).unwrap()].into();
+    let settings = presenced::presence::privacy::PrivacySettings {
+        online: presenced::presence::privacy::Visibility::ContactsExcept(except),
+        ..Default::default()
+    };
+    store.set_privacy_settings(&alice, &settings).await.unwrap();
+    let mut bob = online(&ts, "bob", "pc").await;
+    let mut carol = online(&ts, "carol", "pc").await;
+    let mut dave = online(&ts, "dave", "pc").await;
+    plant_crashed_beat(&ts, "alice", "phone").await;
+    let swept = presenced::liveness::sweeper::sweep_all(ts.shared()).await;
+    assert!(swept >= 1, "the planted beat was not swept");
+    let full = c_jid(&ts, "alice", "phone");
+    // Control: the permitted subscriber is told.
+    bob.watch(&|e| is_presence(e, &full, Some("unavailable")), secs(2.0))
+        .await
+        .expect("bob is told");
+    for (who, c) in [
+        ("carol (blocked)", &mut carol),
+        ("dave (hidden)", &mut dave),
+    ] {
+        barrier(c).await;
+        assert!(
+            !c.backlog
+                .iter()
+                .any(|e| e.get_attr("from") == Some(full.as_str())),
+            "{who} learnt that alice had been online: {:#?}",
+            c.backlog
+        );
+    }
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn orphan_of_a_resource_that_reconnected_is_not_announced() {
+    let ts = TestServer::start(|c| {
+        fast_liveness(c);
+        c.liveness.sweeper = false;
+    })
+    .await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    // alice/phone is back, on this node, before the dead node's beat is swept.
+    let mut alice = online(&ts, "alice", "phone").await;
+    let full = c_jid(&ts, "alice", "phone");
+    bob.watch(&|e| is_presence(e, &full, None), secs(2.0))
+        .await
+        .expect("bob sees alice/phone online");
+    plant_crashed_beat(&ts, "alice", "phone").await;
+    let swept = presenced::liveness::sweeper::sweep_all(ts.shared()).await;
+    assert!(swept >= 1, "the planted beat was not swept");
+    barrier(&mut bob).await;
+    barrier(&mut alice).await;
+    assert!(
+        !bob.backlog
+            .iter()
+            .any(|e| is_presence(e, &full, Some("unavailable"))),
+        "a live resource was announced unavailable: {:#?}",
+        bob.backlog
+    );
+    assert!(
+        !alice
+            .backlog
+            .iter()
+            .any(|e| is_presence(e, &full, Some("unavailable"))),
+        "alice's own live resource was announced unavailable to her"
+    );
+    ts.stop().await;
+}

@@ -687,6 +687,9 @@ async fn attack(scenario: Scenario, subject_online: bool) -> Vec<String> {
         ),
         format!("<message id='m3' to='{full}'><composing xmlns='{NS_CHATSTATES}'/></message>"),
         format!("<message type='chat' id='m4' to='{sub}/nosuch'><body>?</body></message>"),
+        // RFC 6121 §8.5.3.2.1: groupchat to a full JID without a session is an error; to a
+        // viewer who may not see the subject, an online resource must answer the same.
+        format!("<message type='groupchat' id='m5' to='{full}'><body>g</body></message>"),
         format!("<iq type='get' id='i1' to='{full}'><query xmlns='http://jabber.org/protocol/disco#info'/></iq>"),
         format!("<iq type='get' id='i2' to='{full}'><ping xmlns='urn:xmpp:ping'/></iq>"),
         format!("<iq type='get' id='i3' to='{sub}'><query xmlns='http://jabber.org/protocol/disco#items'/></iq>"),

@@ -155,3 +155,87 @@ async fn operator_migration_file_takes_effect_on_presenced_migrate() {
 fn rand_u32() -> u32 {
     u32::from_str_radix(&unique()[..8], 16).unwrap_or(7)
 }
+
+/// Logs in and sends initial presence without ever asking for the roster.
+async fn online_without_roster(ts: &TestServer, name: &str) -> Client {
+    let mut c = ts.login(name, "r").await;
+    c.presence(None, None).await;
+    let me = ts.jid(name);
+    c.expect(|e| is_presence(e, &me, None)).await;
+    c
+}
+
+#[tokio::test]
+async fn sql_unpair_withdraws_presence_even_from_clients_that_never_fetched_the_roster() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    let (a, b) = (ts.jid("alice"), ts.jid("bob"));
+    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
+        .bind(&a)
+        .bind(&b)
+        .execute(ts.shared().store.pool())
+        .await
+        .unwrap();
+    // Neither client asks for its roster (RFC 6121 §2.1.6: no pushes for them).
+    let mut alice = online_without_roster(&ts, "alice").await;
+    let mut bob = online_without_roster(&ts, "bob").await;
+    // Control: they see each other.
+    alice
+        .expect(|e| is_presence(e, &format!("{b}/r"), None))
+        .await;
+    bob.expect(|e| is_presence(e, &format!("{a}/r"), None))
+        .await;
+    sqlx::query("SELECT presenced_roster_unpair($1, $2)")
+        .bind(&a)
+        .bind(&b)
+        .execute(ts.shared().store.pool())
+        .await
+        .unwrap();
+    alice
+        .expect(|e| is_presence(e, &b, Some("unavailable")))
+        .await;
+    bob.expect(|e| is_presence(e, &a, Some("unavailable")))
+        .await;
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn a_change_of_the_pending_request_alone_is_stored_but_not_pushed() {
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob", "carol"] {
+        ts.user(u).await;
+    }
+    let (a, c) = (ts.jid("alice"), ts.jid("carol"));
+    let mut alice = online_without_roster(&ts, "alice").await;
+    let mut bob = online(&ts, "bob").await;
+    // bob keeps alice on his roster without any subscription.
+    let set = presenced::xml::Element::new("query", NS_ROSTER)
+        .child(presenced::xml::Element::new("item", NS_ROSTER).attr("jid", a.clone()));
+    let r = bob.iq("set", None, set).await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    bob.expect(roster_push_for(&a, "none")).await;
+    // alice asks: bob's item only gains a pending inbound request, which a roster item
+    // does not show (RFC 6121 §2.1.2.5 ask is outbound only): the request is delivered,
+    // no push follows (RFC 6121 Appendix A.3.1).
+    alice.send(&presence_to("subscribe", &ts.jid("bob"))).await;
+    bob.expect(|e| is_presence(e, &a, Some("subscribe"))).await;
+    // Barrier: a later change of bob's roster made elsewhere reaches bob by the same
+    // notification path that would replay an unpushed version, after it.
+    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
+        .bind(ts.jid("bob"))
+        .bind(&c)
+        .execute(ts.shared().store.pool())
+        .await
+        .unwrap();
+    bob.expect(roster_push_for(&c, "both")).await;
+    assert!(
+        !bob.backlog.iter().any(|e| e.name == "iq"
+            && e.get_child("query", NS_ROSTER)
+                .and_then(|q| q.get_child("item", NS_ROSTER))
+                .is_some_and(|i| i.get_attr("jid") == Some(a.as_str()))),
+        "a pending-in-only change was pushed: {:#?}",
+        bob.backlog
+    );
+    ts.stop().await;
+}

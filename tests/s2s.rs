@@ -870,3 +870,161 @@ async fn external_works_over_the_direct_tls_listener_too() {
     p.a.stop().await;
     p.b.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// Privacy of stanzas arriving over federation: the same delivery rules as local ones.
+
+const NS_INVISIBLE: &str = "urn:xmpp:invisible:0";
+
+fn chat(to: &str, body: &str) -> Element {
+    Element::new("message", NS_CLIENT)
+        .attr("to", to)
+        .attr("type", "chat")
+        .attr("id", unique())
+        .child(Element::new("body", NS_CLIENT).text(body))
+}
+
+fn disco_iq(to: &str, id: &str) -> Element {
+    Element::new("iq", NS_CLIENT)
+        .attr("to", to)
+        .attr("type", "get")
+        .attr("id", id)
+        .child(Element::new(
+            "query",
+            "http://jabber.org/protocol/disco#info",
+        ))
+}
+
+fn has_body(e: &Element, body: &str) -> bool {
+    e.name == "message"
+        && e.get_child("body", NS_CLIENT)
+            .is_some_and(|b| b.text_content() == body)
+}
+
+/// carol@b, online, with no relation to anyone: her stanzas travel the same b→a stream as
+/// bob's, after them, so one of hers arriving at alice proves bob's were processed.
+async fn carol_on_b(p: &Pair) -> Client {
+    p.b.user("carol").await;
+    let carol_jid = p.b.jid("carol");
+    let mut carol = p.b.login("carol", "r").await;
+    carol.presence(None, None).await;
+    carol.expect(|e| is_presence(e, &carol_jid, None)).await;
+    carol
+}
+
+#[tokio::test]
+async fn blocked_remote_user_can_neither_message_nor_iq_the_blocker() {
+    let p = pair().await;
+    let (mut alice, mut bob) = mutual(&p).await;
+    let mut carol = carol_on_b(&p).await;
+    let alice_jid = p.a.jid("alice");
+    let alice_full = format!("{alice_jid}/home");
+    let bob_jid = p.b.jid("bob");
+    // Control: before the block, bob's message and iq reach alice.
+    bob.send(&chat(&alice_jid, "before")).await;
+    alice.expect(|e| has_body(e, "before")).await;
+    bob.send(&disco_iq(&alice_full, "q0")).await;
+    alice
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("q0"))
+        .await;
+
+    p.a.shared()
+        .store
+        .block(&alice_jid, std::slice::from_ref(&bob_jid))
+        .await
+        .unwrap();
+    bob.send(&chat(&alice_jid, "to bare")).await;
+    bob.send(&chat(&alice_full, "to full")).await;
+    bob.send(&disco_iq(&alice_full, "q1")).await;
+    // XEP-0191 §3.3: the iq is answered as by an offline resource.
+    let err = bob
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("q1"))
+        .await;
+    assert_eq!(err.get_attr("type"), Some("error"), "{err}");
+    assert_eq!(stanza_error(&err), "service-unavailable", "{err}");
+    // Barrier: carol's message follows bob's stanzas on the same stream.
+    carol.send(&chat(&alice_jid, "barrier")).await;
+    alice.expect(|e| has_body(e, "barrier")).await;
+    let leaked: Vec<_> = alice
+        .backlog
+        .iter()
+        .filter(|e| e.get_attr("from").is_some_and(|f| f.starts_with(&bob_jid)))
+        .filter(|e| e.name != "presence")
+        .map(|e| e.to_xml())
+        .collect();
+    assert!(leaked.is_empty(), "blocked bob reached alice: {leaked:#?}");
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn remote_strangers_iq_to_a_full_jid_is_answered_as_offline() {
+    let p = pair().await;
+    let (mut alice, mut bob) = mutual(&p).await;
+    let mut carol = carol_on_b(&p).await;
+    let alice_jid = p.a.jid("alice");
+    let alice_full = format!("{alice_jid}/home");
+    // Control: a subscriber's iq reaches the resource it may see.
+    bob.send(&disco_iq(&alice_full, "ok")).await;
+    alice
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("ok"))
+        .await;
+    // carol has no subscription: the same answer as for a resource that does not exist.
+    carol.send(&disco_iq(&alice_full, "s1")).await;
+    let online = carol
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("s1"))
+        .await;
+    carol
+        .send(&disco_iq(&format!("{alice_jid}/nosuch"), "s2"))
+        .await;
+    let offline = carol
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("s2"))
+        .await;
+    assert_eq!(stanza_error(&online), "service-unavailable", "{online}");
+    assert_eq!(stanza_error(&offline), stanza_error(&online));
+    // Barrier on the same stream, then nothing of carol's iq may have reached alice.
+    carol.send(&chat(&alice_jid, "barrier")).await;
+    alice.expect(|e| has_body(e, "barrier")).await;
+    assert!(
+        !alice.backlog.iter().any(|e| e.name == "iq"),
+        "a stranger's iq reached alice: {:#?}",
+        alice.backlog
+    );
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+#[tokio::test]
+async fn revoking_a_remote_subscriber_does_not_reveal_an_invisible_resource() {
+    let p = pair().await;
+    let (mut alice, mut bob) = mutual(&p).await;
+    let alice_jid = p.a.jid("alice");
+    let bob_jid = p.b.jid("bob");
+    // A second resource of alice, invisible (XEP-0186) before its initial presence.
+    let mut ghost = p.a.login("alice", "ghost").await;
+    let r = ghost
+        .iq("set", None, Element::new("invisible", NS_INVISIBLE))
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    ghost.presence(None, None).await;
+    ghost
+        .expect(|e| is_presence(e, &format!("{alice_jid}/ghost"), None))
+        .await;
+    // alice revokes bob's subscription (RFC 6121 §3.2.2): her server withdraws the
+    // presence bob was shown, from alice/home only, before the unsubscribed.
+    alice.send(&presence_to("unsubscribed", &bob_jid)).await;
+    bob.expect(|e| is_presence(e, &format!("{alice_jid}/home"), Some("unavailable")))
+        .await;
+    // Barrier: the unsubscribed follows the unavailable stanzas on the a→b stream.
+    bob.expect(|e| is_presence(e, &alice_jid, Some("unsubscribed")))
+        .await;
+    assert!(
+        !bob.backlog.iter().any(|e| e
+            .get_attr("from")
+            .is_some_and(|f| f == format!("{alice_jid}/ghost"))),
+        "the invisible resource was revealed: {:#?}",
+        bob.backlog
+    );
+    p.a.stop().await;
+    p.b.stop().await;
+}

@@ -21,7 +21,6 @@ use std::time::Duration;
 use super::{keys, Op, SweptLocal};
 use crate::jid::FullJid;
 use crate::server::Shared;
-use crate::xml::{Element, NS_CLIENT};
 
 /// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size.
 /// Returns member, score, member, score, ... and removes them.
@@ -143,7 +142,7 @@ async fn handle_member(
         Ok(_) => {
             // Nobody listens for that node: it is gone, and so is the session.
             if let Ok(j) = FullJid::new(jid) {
-                announce_orphan(shared, &j, score).await;
+                announce_orphan(shared, conn, node, &j, score).await;
             }
         }
         Err(e) => live.redis.failed(&e).await,
@@ -217,7 +216,9 @@ async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
                 return;
             }
             if let Ok(j) = FullJid::new(jid) {
-                announce_orphan(shared, &j, score).await;
+                if let Some(mut conn) = live.redis.conn().await {
+                    announce_orphan(shared, &mut conn, &live.node_id, &j, score).await;
+                }
             }
         }
     }
@@ -226,41 +227,40 @@ async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
 /// A stale resource with no session on this node (its node crashed): tell the user's local
 /// contacts and resources that it is unavailable, and record its last beat as last seen.
 /// RFC 6121 §4.5.2: the server generates the unavailable when the client could not.
-async fn announce_orphan(shared: &Arc<Shared>, jid: &FullJid, score: i64) {
-    let bare = jid.to_bare().to_string();
+///
+/// Nothing is said when the same resource is back, here or on a live node (its resource
+/// key names another node than `node`, the dead one): it is online, and an unavailable
+/// would contradict what its contacts were just shown. Who receives the unavailable is
+/// [`crate::delivery::unavailable_of_lost`]'s decision.
+async fn announce_orphan(
+    shared: &Arc<Shared>,
+    conn: &mut MultiplexedConnection,
+    node: &str,
+    jid: &FullJid,
+    score: i64,
+) {
+    if shared.sessions.get(jid).is_some() {
+        tracing::debug!(%jid, "sweeper: stale beat of a resource that is back here");
+        return;
+    }
+    let holder: redis::RedisResult<Option<String>> = redis::cmd("GET")
+        .arg(shared.liveness.keys.resource(jid))
+        .query_async(conn)
+        .await;
+    match holder {
+        Ok(Some(n)) if n != node => {
+            tracing::debug!(%jid, holder = %n, "sweeper: stale beat of a resource back on a live node");
+            return;
+        }
+        Ok(_) => {}
+        // Unknown: announcing is what the resource's own node would have done.
+        Err(e) => shared.liveness.redis.failed(&e).await,
+    }
     tracing::info!(%jid, last_beat = score, "sweeper: resource of no live node");
-    let unavailable = |to: &str| {
-        Element::new("presence", NS_CLIENT)
-            .attr("type", "unavailable")
-            .attr("from", jid.to_string())
-            .attr("to", to)
-    };
-    match shared.store.roster(&bare).await {
-        Ok((_, items)) => {
-            for item in items.iter().filter(|i| {
-                i.subscription.has_from() && shared.config.serves(item_domain(&i.contact))
-            }) {
-                for s in shared.sessions.of_user_str(&item.contact) {
-                    if s.is_available() {
-                        s.send(unavailable(&item.contact));
-                    }
-                }
-            }
-        }
-        Err(e) => tracing::warn!(%jid, error = %e, "orphan: roster unavailable"),
-    }
-    for s in shared.sessions.of_user_str(&bare) {
-        if s.is_available() {
-            s.send(unavailable(s.jid.as_str()));
-        }
-    }
+    crate::delivery::unavailable_of_lost(shared, jid).await;
     shared.liveness.last_seen.push(crate::store::LastSeen {
-        jid: bare,
+        jid: jid.to_bare().to_string(),
         at: chrono::DateTime::from_timestamp_millis(score).unwrap_or_else(chrono::Utc::now),
         status: None,
     });
-}
-
-fn item_domain(bare: &str) -> &str {
-    bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
 }

@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use super::privacy::{self, Blocks, Party, PrivacySettings, Relation, Signal};
 use super::subscription::{SubState, Subscription};
+use crate::delivery::unavailable;
 use crate::server::Shared;
 use crate::store::blocks::match_candidates;
 use crate::store::gate_inputs::AudienceInputs;
@@ -681,23 +682,6 @@ fn visible_sessions(shared: &Shared, subject: &str) -> Vec<crate::sessions::Sess
         .collect()
 }
 
-fn unavailable(from: &str, to: &str) -> Element {
-    Element::new("presence", NS_CLIENT)
-        .attr("type", "unavailable")
-        .attr("from", from)
-        .attr("to", to)
-}
-
-/// Delivers a presence to `to` (a bare JID: its available resources; a full JID: that
-/// session; a remote JID: federation).
-pub(crate) fn deliver_presence(shared: &Shared, to: &str, el: Element) {
-    if !is_local(shared, to) {
-        let _ = crate::s2s::route_remote(shared, el);
-        return;
-    }
-    super::deliver_directed(shared, to, el);
-}
-
 /// Withdraws and grants, after `user`'s permissions (settings, block list) or invisibility
 /// changed, what their sessions' presence shows, and what is shown to them:
 ///
@@ -768,7 +752,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
                 _ => !blocked_either(shared, &viewer, &me).await,
             };
             if !keep && shared.privacy.forget(s.id, &viewer) {
-                deliver_presence(shared, &viewer, unavailable(&me, &viewer));
+                crate::delivery::presence_to(shared, &viewer, unavailable(&me, &viewer));
             }
         }
         let info = s.presence();
@@ -785,7 +769,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
                 .reveal(s.id, &me, &viewer, Relation::Subscriber);
             let mut p = last.clone();
             p.set_attr("to", viewer.clone());
-            deliver_presence(shared, &viewer, p);
+            crate::delivery::presence_to(shared, &viewer, p);
         }
     }
 }

@@ -23,7 +23,6 @@ use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid};
 use crate::router::Target;
 use crate::server::Shared;
-use crate::sessions::SessionHandle;
 use crate::store::RosterItem;
 use crate::xml::{Addressed, Element, NS_CLIENT};
 
@@ -45,41 +44,6 @@ pub(crate) fn presence(ty: Option<&str>, from: &str, to: &str) -> Element {
         p.set_attr("type", t);
     }
     p
-}
-
-/// Available sessions of a local user (those that sent initial presence, RFC 6121 §4.2).
-pub(crate) fn available(shared: &Shared, bare: &str) -> Vec<SessionHandle> {
-    shared
-        .sessions
-        .of_user_str(bare)
-        .into_iter()
-        .filter(|s| s.is_available())
-        .collect()
-}
-
-/// Delivers `el` to every available resource of local user `bare` (RFC 6121 §4.2.3, §3.1.3).
-/// Returns how many sessions got it.
-pub(crate) fn deliver_to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
-    deliver_xml_to_available(shared, bare, || el.to_xml())
-}
-
-/// Delivers a serialised stanza to every available resource of local user `bare`: `xml` runs
-/// at most once, only if some resource is available, and its bytes are shared by all of
-/// them (the fan-out hot path: no handle copies, no element clone per resource).
-pub(crate) fn deliver_xml_to_available(
-    shared: &Shared,
-    bare: &str,
-    xml: impl FnOnce() -> String,
-) -> usize {
-    let bytes = std::cell::LazyCell::new(|| Arc::new(xml()));
-    let mut reached = 0;
-    shared.sessions.for_each_of(bare, |s| {
-        if s.is_available() {
-            s.send_xml(Arc::clone(&bytes));
-            reached += 1;
-        }
-    });
-    reached
 }
 
 /// Handles a presence stanza from the session's own client.
@@ -152,9 +116,7 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
         },
         Some("error") => {
             if let Target::LocalFull(f) = target {
-                if let Some(s) = session.shared.sessions.get(&f) {
-                    s.send(el);
-                }
+                crate::delivery::to_session(&session.shared, &f, el);
             }
         }
         Some(_) => {
@@ -223,7 +185,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
                 p.set_attr("to", contact.clone());
                 crate::s2s::route_remote(&shared, p).is_ok()
             } else {
-                deliver_xml_to_available(&shared, &contact, || once.to(&contact)) > 0
+                crate::delivery::xml_to_available(&shared, &contact, || once.to(&contact)) > 0
             };
             // Remember who saw this resource online, so a lost permission withdraws it
             // from exactly them (the subject lock makes this atomic with the delivery).
@@ -254,11 +216,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             }
             let mut p = el.clone();
             p.set_attr("to", to.clone());
-            if shared.config.serves(domain_of(bare_of(&to))) {
-                deliver_directed(&shared, &to, p);
-            } else {
-                let _ = crate::s2s::route_remote(&shared, p);
-            }
+            crate::delivery::presence_to(&shared, &to, p);
         }
         return;
     }
@@ -313,10 +271,6 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     }
 }
 
-fn bare_of(jid: &str) -> &str {
-    jid.split_once('/').map(|(b, _)| b).unwrap_or(jid)
-}
-
 /// The domain of a bare JID string.
 pub fn domain_of(bare: &str) -> &str {
     bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
@@ -356,23 +310,6 @@ pub async fn last_seen(shared: &Shared, bare: &str) -> Option<chrono::DateTime<c
         .map(|l| l.at)
 }
 
-/// Delivers `el` to a full JID's session or a bare JID's available resources (local).
-pub(crate) fn deliver_directed(shared: &Shared, to: &str, el: Element) {
-    match crate::jid::Jid::new(to) {
-        Ok(j) if j.resource().is_some() => {
-            if let Ok(full) = j.try_into_full() {
-                if let Some(s) = shared.sessions.get(&full) {
-                    s.send(el);
-                }
-            }
-        }
-        Ok(j) => {
-            deliver_to_available(shared, j.as_str(), &el);
-        }
-        Err(_) => {}
-    }
-}
-
 /// Directed presence (RFC 6121 §4.6): delivered to the one recipient and remembered, so the
 /// user's unavailable reaches it too.
 async fn directed(session: &mut Session, mut el: Element, is_available: bool) {
@@ -402,7 +339,7 @@ async fn directed(session: &mut Session, mut el: Element, is_available: bool) {
         session.presence.directed.remove(&to);
         shared.privacy.forget(id, &to);
     }
-    deliver_directed(&shared, &to, el);
+    crate::delivery::to_local(&shared, &to, el);
 }
 
 /// Loads one side's item and Appendix A state; the pending inbound request lives in the
@@ -553,24 +490,17 @@ async fn apply_subscription(
     // Side effects, in the order RFC 6121 gives them.
     if out.send_unavailable && contact_exists {
         // §3.2.2: unavailable from each of the user's resources before the unsubscribed,
-        // but only from those the contact was shown: an unavailable from a resource the
-        // contact never saw would reveal it was online.
-        for s in available(shared, user.as_str()) {
-            if !shared.privacy.forget(s.id, contact.as_str()) {
-                continue;
-            }
-            let p = presence(Some("unavailable"), s.jid.as_str(), contact.as_str());
-            deliver_to_available(shared, contact.as_str(), &p);
-        }
+        // but only from those the contact was shown.
+        crate::delivery::unavailable_from_shown(shared, user.as_str(), contact.as_str());
     }
     if let Some((_, _, inb, auto)) = &c_effects {
         if inb.deliver {
-            deliver_to_available(shared, contact.as_str(), &stanza);
+            crate::delivery::to_available(shared, contact.as_str(), &stanza);
         }
         if let Some((reply, back)) = auto {
             if back.deliver {
                 let p = presence(Some(reply.as_str()), contact.as_str(), user.as_str());
-                deliver_to_available(shared, user.as_str(), &p);
+                crate::delivery::to_available(shared, user.as_str(), &p);
             }
         }
         if inb.send_presence {
@@ -579,49 +509,65 @@ async fn apply_subscription(
         }
         if inb.send_unavailable {
             // §3.3.3: the user no longer sees the contact (only resources it was shown).
-            for s in available(shared, contact.as_str()) {
-                if !shared.privacy.forget(s.id, user.as_str()) {
-                    continue;
-                }
-                let p = presence(Some("unavailable"), s.jid.as_str(), user.as_str());
-                deliver_to_available(shared, user.as_str(), &p);
-            }
+            crate::delivery::unavailable_from_shown(shared, contact.as_str(), user.as_str());
         }
     }
     if out.send_presence && contact_exists {
         // §3.1.5: after approving, the contact gets the user's current presence.
         send_current_presence(shared, user.as_str(), contact.as_str()).await;
     }
-    // Roster pushes (RFC 6121 §2.1.6) with the versions the transaction produced.
+    // Roster pushes (RFC 6121 §2.1.6) with the versions the transaction produced, where
+    // the subscription table says the client can see the change. The user's side moved
+    // through the outbound row and, after an automatic answer, the inbound one.
+    let user_push = push_user
+        && (out.push
+            || c_effects
+                .as_ref()
+                .and_then(|(_, _, _, auto)| auto.as_ref())
+                .is_some_and(|(_, back)| back.push));
+    let contact_push = c_effects.as_ref().is_some_and(|(_, _, inb, _)| inb.push);
     for (owner, version) in &versions {
-        let item = if owner == user.as_str() {
-            &u_write
+        let (item, push) = if owner == user.as_str() {
+            (&u_write, user_push)
         } else {
-            &c_write
+            (&c_write, contact_push)
         };
         if let Some(item) = item {
-            if owner == user.as_str() && !push_user {
-                // The item is about to be removed and that removal is pushed instead; the
-                // sessions still count as having seen this version, or the roster listener
-                // would replay it as a change made elsewhere.
-                for s in shared.sessions.of_user_str(owner) {
-                    if s.read(|p| p.roster_ver).is_some() {
-                        crate::roster::note_version(&s, *version);
-                    }
-                }
-                continue;
-            }
-            crate::roster::push_item(shared, owner, *version, item);
+            // With push_user false the item is about to be removed and that removal is
+            // pushed instead.
+            push_or_note(shared, owner, *version, item, push);
         }
     }
     Ok(())
+}
+
+/// Pushes a written roster item to its owner's interested resources when `push` (the
+/// subscription table's decision: the change is one a client can see, RFC 6121 §2.1.6);
+/// otherwise the sessions still count as having seen this version, or the roster
+/// listener would replay it as a change made elsewhere.
+pub(crate) fn push_or_note(
+    shared: &Shared,
+    owner: &str,
+    version: i64,
+    item: &RosterItem,
+    push: bool,
+) {
+    if push {
+        crate::roster::push_item(shared, owner, version, item);
+        return;
+    }
+    for s in shared.sessions.of_user_str(owner) {
+        if s.read(|p| p.roster_ver).is_some() {
+            crate::roster::note_version(&s, version);
+        }
+    }
 }
 
 /// Sends the current presence of every visible resource of `from_user` to the available
 /// resources of `to_user` (both local), if the privacy gate lets `to_user` see it.
 async fn send_current_presence(shared: &Shared, from_user: &str, to_user: &str) {
     gate::current_presence(shared, from_user, to_user, |p| {
-        deliver_to_available(shared, to_user, &p);
+        crate::delivery::to_available(shared, to_user, &p);
     })
     .await;
 }

@@ -26,7 +26,8 @@ use crate::store::StoreError;
 use crate::xml::Element;
 
 use super::subscription::{self, SubKind, SubState};
-use super::{available, deliver_to_available, load_side, presence, updated_item};
+use super::{load_side, presence, updated_item};
+use crate::delivery::{to_available, unavailable_from_shown};
 
 /// The local user sends a subscription stanza to a contact on another server (RFC 6121
 /// §3.1.2, §3.2.2, §3.3.2, §3.4): the user's item follows Appendix A.2 and the stanza is
@@ -39,6 +40,11 @@ pub async fn outbound_subscription(
 ) {
     let shared = session.shared.clone();
     let user = session.jid().to_bare();
+    // The same locks as for a local contact: one change of this pair at a time.
+    let _locks = shared
+        .roster_locks
+        .lock(&[user.as_str(), contact.as_str()])
+        .await;
     if let Err(e) = outbound(&shared, user.as_str(), contact.as_str(), kind, stanza).await {
         crate::roster::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
     }
@@ -56,15 +62,16 @@ async fn outbound(
     // RFC 6121 §3.1.2: subscription stanzas travel between bare JIDs.
     stanza.set_attr("from", user);
     stanza.set_attr("to", contact);
-    store_and_push(shared, user, contact, item, state, out.state, false).await?;
+    let step = Step {
+        old: state,
+        new: out.state,
+        push: out.push,
+    };
+    store_and_push(shared, user, contact, item, step, false).await?;
     if out.send_unavailable {
-        // §3.2.2: unavailable from each resource before the unsubscribed.
-        for s in available(shared, user) {
-            let _ = route_remote(
-                shared,
-                presence(Some("unavailable"), s.jid.as_str(), contact),
-            );
-        }
+        // §3.2.2: unavailable from each resource the contact was shown, before the
+        // unsubscribed.
+        unavailable_from_shown(shared, user, contact);
     }
     if out.route {
         if let Err(e) = route_remote(shared, stanza.clone()) {
@@ -85,25 +92,29 @@ pub fn roster_removed(session: &Session, contact: &BareJid, state: SubState) {
     let user = session.jid().to_bare();
     for kind in subscription::roster_remove(state) {
         if kind == SubKind::Unsubscribed && state.contact_sees_user() {
-            for s in available(shared, user.as_str()) {
-                let p = presence(Some("unavailable"), s.jid.as_str(), contact.as_str());
-                let _ = route_remote(shared, p);
-            }
+            unavailable_from_shown(shared, user.as_str(), contact.as_str());
         }
         let p = presence(Some(kind.as_str()), user.as_str(), contact.as_str());
         let _ = route_remote(shared, p);
     }
 }
 
+/// One row of the subscription table applied to the user's item.
+struct Step {
+    old: SubState,
+    new: SubState,
+    /// The table's decision: the change is one a client can see (RFC 6121 §2.1.6).
+    push: bool,
+}
+
 /// Stores the user's item if the transition changed it, keeps the pending-request table in
-/// step, and pushes the item to the user's interested resources.
+/// step, and pushes the item to the user's interested resources if the table said so.
 async fn store_and_push(
     shared: &Shared,
     user: &str,
     contact: &str,
     item: Option<crate::store::RosterItem>,
-    old: SubState,
-    new: SubState,
+    Step { old, new, push }: Step,
     pending_added: bool,
 ) -> Result<(), StoreError> {
     let write = updated_item(item, contact, new);
@@ -113,7 +124,7 @@ async fn store_and_push(
             .apply_subscription_change(&[(user.to_owned(), i.clone())])
             .await?;
         for (owner, version) in versions {
-            crate::roster::push_item(shared, &owner, version, i);
+            super::push_or_note(shared, &owner, version, i, push);
         }
     }
     if old.pending_in && !new.pending_in && !pending_added {
@@ -153,13 +164,14 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
             };
             let contact = bare_of(from.as_str()).to_owned();
             let user = bare_of(to.as_str()).to_owned();
+            let _locks = shared.roster_locks.lock(&[&user, &contact]).await;
             if let Err(e) = inbound_subscription(shared, &user, &contact, kind, el).await {
                 tracing::warn!(%user, %contact, error = %e, "inbound remote subscription failed");
             }
         }
         Some("error") => {
             if to.resource().is_some() {
-                crate::s2s::deliver_presence_locally(shared, to.as_str(), el);
+                crate::delivery::to_local(shared, to.as_str(), el);
             }
         }
         Some(_) => {}
@@ -188,7 +200,12 @@ async fn inbound_subscription(
     stanza.set_attr("from", contact);
     stanza.set_attr("to", user);
     let pending_added = inb.state.pending_in && kind == SubKind::Subscribe && !state.pending_in;
-    store_and_push(shared, user, contact, item, state, inb.state, pending_added).await?;
+    let step = Step {
+        old: state,
+        new: inb.state,
+        push: inb.push,
+    };
+    store_and_push(shared, user, contact, item, step, pending_added).await?;
     if pending_added {
         // §3.1.3: kept until the user answers, and shown again at each login.
         shared
@@ -197,7 +214,7 @@ async fn inbound_subscription(
             .await?;
     }
     if inb.deliver {
-        deliver_to_available(shared, user, &stanza);
+        to_available(shared, user, &stanza);
     }
     if let Some(reply) = inb.auto_reply {
         let _ = route_remote(shared, presence(Some(reply.as_str()), user, contact));
@@ -206,13 +223,9 @@ async fn inbound_subscription(
         send_current_presence(shared, user, contact).await;
     }
     if inb.send_unavailable {
-        // §3.3.3: the contact stops receiving the user's presence.
-        for s in available(shared, user) {
-            let _ = route_remote(
-                shared,
-                presence(Some("unavailable"), s.jid.as_str(), contact),
-            );
-        }
+        // §3.3.3: the contact stops receiving the user's presence (from the resources it
+        // was shown).
+        unavailable_from_shown(shared, user, contact);
     }
     if kind == SubKind::Unsubscribed && inb.deliver {
         // §3.2.3: the user no longer sees the contact; forget what we showed.
@@ -247,10 +260,8 @@ async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_
         let Ok(full) = to.clone().try_into_full() else {
             return;
         };
-        if let Some(s) = shared.sessions.get(&full) {
-            if s.send(el) {
-                track(shared, from.as_str(), full.as_str(), is_available);
-            }
+        if crate::delivery::to_session(shared, &full, el) {
+            track(shared, from.as_str(), full.as_str(), is_available);
         }
         return;
     }
@@ -266,7 +277,7 @@ async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_
     if !subscribed {
         return;
     }
-    if deliver_to_available(shared, user, &el) > 0 || !is_available {
+    if to_available(shared, user, &el) > 0 || !is_available {
         track(shared, from.as_str(), user, is_available);
     }
 }

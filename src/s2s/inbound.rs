@@ -684,48 +684,50 @@ async fn on_verify(shared: &Shared, el: &Element, out: &mpsc::Sender<Out>) {
 }
 
 /// A message from a remote server to a local user (RFC 6121 §8.5), delivered as a local
-/// one would be; an error goes back over federation.
-pub(crate) fn message(shared: &Shared, el: Element) {
-    let Some(to) = el.get_attr("to").and_then(|t| Jid::new(t).ok()) else {
+/// one is ([`crate::delivery::message`]: the recipient's block list and the privacy gate
+/// apply); an error goes back over federation.
+pub(crate) async fn message(shared: &Shared, el: Element) {
+    let (Some(from), Some(to)) = (
+        el.get_attr("from").map(str::to_owned),
+        el.get_attr("to").and_then(|t| Jid::new(t).ok()),
+    ) else {
         return;
     };
-    let kind = el.get_attr("type").unwrap_or("normal").to_owned();
-    let err = match to.try_into_full() {
-        Ok(full) => match shared.sessions.get(&full) {
-            Some(s) => {
-                s.send(el);
-                return;
-            }
-            None => crate::router::deliver_to_bare(shared, el.clone(), &full.to_bare(), &kind),
-        },
-        Err(bare) if bare.node().is_none() => Some(StanzaError::service_unavailable()),
-        Err(bare) => crate::router::deliver_to_bare(shared, el.clone(), &bare, &kind),
-    };
-    if let Some(e) = err {
-        if let Some(reply) = e.reply_to(&el) {
-            let _ = super::route_remote(shared, reply);
-        }
+    if to.node().is_none() {
+        // No handler for messages to the server itself (RFC 6120 §10.3.1).
+        crate::delivery::bounce(shared, &el, StanzaError::service_unavailable());
+        return;
     }
+    crate::delivery::message(shared, &from, to, el).await;
 }
 
-/// An iq from a remote server (RFC 6120 §10.5): to an online full JID it is delivered;
-/// the server answers ping (XEP-0199) itself; every other request gets
+/// An iq from a remote server (RFC 6120 §10.5): to a local full JID it goes through
+/// [`crate::delivery::iq`] (block list, privacy gate, the offline answer otherwise); the
+/// server answers ping (XEP-0199) to a bare JID itself; every other request gets
 /// service-unavailable so the requester is never left waiting.
 pub(crate) async fn iq(shared: &Shared, el: Element) {
     let ty = el.get_attr("type").unwrap_or("");
     let is_request = matches!(ty, "get" | "set");
-    let Some(to) = el.get_attr("to").and_then(|t| Jid::new(t).ok()) else {
+    let (Some(from), Some(to)) = (
+        el.get_attr("from").map(str::to_owned),
+        el.get_attr("to").and_then(|t| Jid::new(t).ok()),
+    ) else {
         return;
     };
-    if to.resource().is_some() {
-        if let Ok(full) = to.clone().try_into_full() {
-            if let Some(s) = shared.sessions.get(&full) {
-                s.send(el);
-                return;
-            }
+    let to = match to.try_into_full() {
+        Ok(full) => {
+            crate::delivery::iq(shared, &from, &full, el).await;
+            return;
         }
-    }
+        Err(bare) => bare,
+    };
     if !is_request {
+        return;
+    }
+    if to.node().is_some()
+        && crate::delivery::admit_from(shared, &from, to.as_str(), &el).await
+            != crate::blocking::Verdict::Pass
+    {
         return;
     }
     let ping = el
@@ -733,7 +735,7 @@ pub(crate) async fn iq(shared: &Shared, el: Element) {
         .next()
         .is_some_and(|p| p.is("ping", crate::xml::NS_PING))
         && ty == "get";
-    let reply = if ping && to.resource().is_none() {
+    let reply = if ping {
         crate::c2s::iq_result(&el)
     } else {
         match StanzaError::service_unavailable().reply_to(&el) {

@@ -444,7 +444,7 @@ impl S2s {
                             .text(format!("Connection to {remote} lost")),
                     )
                     .child(Element::new("link-lost", NS_STALE).attr("domain", remote));
-                deliver_presence_locally(shared, &local, p);
+                crate::delivery::to_local(shared, &local, p);
             }
         }
     }
@@ -540,45 +540,7 @@ pub(crate) fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
             return;
         }
     }
-    let Some(reply) = err.reply_to(el) else {
-        return;
-    };
-    let Some(to) = reply.get_attr("to").map(str::to_owned) else {
-        return;
-    };
-    match reply.name.as_str() {
-        "presence" => deliver_presence_locally(shared, &to, reply),
-        _ => {
-            if let Ok(j) = crate::jid::Jid::new(&to) {
-                match j.try_into_full() {
-                    Ok(full) => {
-                        if let Some(s) = shared.sessions.get(&full) {
-                            s.send(reply);
-                        }
-                    }
-                    Err(bare) => {
-                        let _ = crate::router::deliver_to_bare(shared, reply, &bare, "error");
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Delivers a presence stanza to a local full JID's session, or to every available
-/// resource of a local bare JID.
-pub(crate) fn deliver_presence_locally(shared: &Shared, to: &str, el: Element) {
-    match crate::jid::Jid::new(to).map(|j| j.try_into_full()) {
-        Ok(Ok(full)) => {
-            if let Some(s) = shared.sessions.get(&full) {
-                s.send(el);
-            }
-        }
-        Ok(Err(bare)) => {
-            crate::presence::deliver_to_available(shared, bare.as_str(), &el);
-        }
-        Err(_) => {}
-    }
+    crate::delivery::bounce(shared, el, err);
 }
 
 /// An authenticated inbound stanza, already checked for addressing: hands it to presence,
@@ -586,7 +548,7 @@ pub(crate) fn deliver_presence_locally(shared: &Shared, to: &str, el: Element) {
 pub(crate) async fn deliver_inbound(shared: &Arc<Shared>, el: Element) {
     match el.name.as_str() {
         "presence" => crate::presence::remote::inbound(shared, el).await,
-        "message" => inbound::message(shared, el),
+        "message" => inbound::message(shared, el).await,
         _ => inbound::iq(shared, el).await,
     }
 }

@@ -1,0 +1,346 @@
+//! Local delivery: the one way a stanza reaches sessions on this node, whatever produced it
+//! (a local client over TCP or WebSocket, a remote server, the liveness sweeper, a roster
+//! change made in SQL).
+//!
+//! Decisions are not made here but asked of the modules that own them: XEP-0191 blocks of
+//! [`crate::blocking`] and the privacy gate of [`crate::presence::gate`]. What lives here is
+//! where those questions are asked, so that no producer can skip them:
+//!
+//! - [`message`] and [`iq`]: a message or iq from anyone (local full JID or remote JID) to
+//!   a local user, RFC 6121 §8.5 and RFC 6120 §10.5, with the recipient's block list and,
+//!   for anything a client answers by itself, [`gate::may_reach_resource`];
+//! - [`message_to_bare`]: RFC 6121 §8.5.2 (which resources take a message to a bare JID);
+//! - [`to_available`] / [`xml_to_available`] / [`to_session`] / [`to_local`]: the transport
+//!   of stanzas whose admission the caller already decided (presence the gate admitted,
+//!   roster pushes, answers to a session's own request);
+//! - [`bounce`]: the error reply to a stanza's sender, local or remote;
+//! - [`unavailable_from_shown`]: the unavailable of each resource a viewer was shown.
+//!
+//! Nothing here knows the transport's session type: callers pass [`Shared`] and JIDs.
+
+use std::sync::Arc;
+
+use crate::blocking::{inbound_from_blocked, Verdict};
+use crate::error::StanzaError;
+use crate::jid::{BareJid, FullJid, Jid};
+use crate::presence::gate;
+use crate::server::Shared;
+use crate::sessions::message_targets;
+use crate::xml::{Element, NS_CLIENT};
+
+/// What became of a message or iq handed to [`message`] or [`iq`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// A session took it.
+    Delivered,
+    /// Nothing took it and nothing is answered (RFC 6121 §8.5.2.2.1, XEP-0191 §3.3).
+    Dropped,
+    /// The sender was answered with an error ([`bounce`]).
+    Bounced,
+}
+
+/// Queues a stanza on the session bound to `full`, if there is one. The caller decided
+/// that the stanza may reach it.
+pub(crate) fn to_session(shared: &Shared, full: &FullJid, el: Element) -> bool {
+    shared.sessions.get(full).is_some_and(|s| s.send(el))
+}
+
+/// Delivers `el` to every available resource of local user `bare` (RFC 6121 §4.2.3,
+/// §3.1.3). Returns how many sessions got it.
+pub(crate) fn to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
+    xml_to_available(shared, bare, || el.to_xml())
+}
+
+/// Delivers a serialised stanza to every available resource of local user `bare`: `xml` runs
+/// at most once, only if some resource is available, and its bytes are shared by all of
+/// them (the fan-out hot path: no handle copies, no element clone per resource, one read
+/// lock on the registry).
+pub(crate) fn xml_to_available(shared: &Shared, bare: &str, xml: impl FnOnce() -> String) -> usize {
+    let bytes = std::cell::LazyCell::new(|| Arc::new(xml()));
+    let mut reached = 0;
+    shared.sessions.for_each_of(bare, |s| {
+        if s.is_available() {
+            s.send_xml(Arc::clone(&bytes));
+            reached += 1;
+        }
+    });
+    reached
+}
+
+/// Delivers `el` to a local JID: a full JID's session, or a bare JID's available
+/// resources.
+pub(crate) fn to_local(shared: &Shared, to: &str, el: Element) {
+    match Jid::new(to).map(Jid::try_into_full) {
+        Ok(Ok(full)) => {
+            to_session(shared, &full, el);
+        }
+        Ok(Err(bare)) => {
+            to_available(shared, bare.as_str(), &el);
+        }
+        Err(_) => {}
+    }
+}
+
+/// Whether `jid` is an account on a domain this server hosts.
+fn is_local(shared: &Shared, jid: &str) -> bool {
+    let bare = gate::bare_of(jid);
+    bare.contains('@') && shared.config.serves(crate::presence::domain_of(bare))
+}
+
+/// Sends a presence the caller's decision admitted to `to`: locally as [`to_local`], to
+/// another domain over federation.
+pub(crate) fn presence_to(shared: &Shared, to: &str, el: Element) {
+    if is_local(shared, to) {
+        to_local(shared, to, el);
+    } else {
+        let _ = crate::s2s::route_remote(shared, el);
+    }
+}
+
+/// Answers `el` with `err` (RFC 6120 §8.3.1), wherever its sender is: a local session, a
+/// local user's resources, or a remote server. Nothing answers an error.
+pub(crate) fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
+    let Some(reply) = err.reply_to(el) else {
+        return;
+    };
+    let Some(to) = reply.get_attr("to").and_then(|t| Jid::new(t).ok()) else {
+        return;
+    };
+    if !shared.config.serves(to.domain().as_str()) {
+        let _ = crate::s2s::route_remote(shared, reply);
+        return;
+    }
+    match (reply.name.as_str(), to.try_into_full()) {
+        (_, Ok(full)) => {
+            to_session(shared, &full, reply);
+        }
+        ("presence", Err(bare)) => {
+            to_available(shared, bare.as_str(), &reply);
+        }
+        (_, Err(bare)) => {
+            message_to_bare(shared, reply, &bare, "error");
+        }
+    }
+}
+
+/// XEP-0191 §3.3 on the recipient's side: whether local user `recipient` blocks `sender`.
+/// `Pass` routes on; a rejected stanza has been answered already. One question for every
+/// producer (c2s, s2s), asked before anything reaches the recipient.
+pub(crate) async fn admit_from(
+    shared: &Shared,
+    sender: &str,
+    recipient: &str,
+    el: &Element,
+) -> Verdict {
+    if gate::bare_of(sender) == gate::bare_of(recipient) {
+        // A user's own resources: nobody else's block list is involved.
+        return Verdict::Pass;
+    }
+    match inbound_from_blocked(shared, sender, recipient, el).await {
+        Verdict::Reject(reply) => {
+            answer(shared, reply);
+            Verdict::Drop
+        }
+        v => v,
+    }
+}
+
+/// Sends a reply built elsewhere (already addressed) back to its recipient.
+fn answer(shared: &Shared, reply: Element) {
+    match reply.get_attr("to").map(str::to_owned) {
+        Some(to) if is_local(shared, &to) => to_local(shared, &to, reply),
+        Some(_) => {
+            let _ = crate::s2s::route_remote(shared, reply);
+        }
+        None => {}
+    }
+}
+
+/// Whether `bare` is an account here. A store failure counts as "no" (and is logged) so a
+/// database outage degrades to errors for offline users, never a stalled session.
+pub(crate) async fn account_exists(shared: &Shared, bare: &BareJid) -> bool {
+    let node = bare.node().map(|n| n.as_str()).unwrap_or("");
+    match shared
+        .store
+        .account_exists(node, bare.domain().as_str())
+        .await
+    {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "account lookup failed");
+            false
+        }
+    }
+}
+
+/// A message from `sender` (a local full JID or a remote JID; its `from` is stamped) to
+/// local user JID `to` (RFC 6121 §8.5), after the recipient's block list.
+///
+/// A `groupchat` message to a full JID is delivered only where the sender may know the
+/// resource is online ([`gate::may_reach_resource`]); everyone else gets the
+/// `service-unavailable` of a resource that does not exist (§8.5.3.2.1), online or not,
+/// so the answer never tells them apart.
+pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element) -> Outcome {
+    if admit_from(shared, sender, to.as_str(), &el).await != Verdict::Pass {
+        return Outcome::Dropped;
+    }
+    let kind = el.get_attr("type").unwrap_or("normal").to_owned();
+    let bare = match to.try_into_full() {
+        Ok(full) => match shared.sessions.get(&full) {
+            Some(s) if kind != "groupchat" => {
+                s.send(el);
+                return Outcome::Delivered;
+            }
+            Some(s) if gate::may_reach_resource(shared, sender, &s).await => {
+                s.send(el);
+                return Outcome::Delivered;
+            }
+            Some(_) => {
+                bounce(shared, &el, StanzaError::service_unavailable());
+                return Outcome::Bounced;
+            }
+            // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
+            None => full.to_bare(),
+        },
+        Err(bare) => bare,
+    };
+    if matches!(kind.as_str(), "normal" | "chat")
+        && message_targets(&shared.sessions.of_user(&bare)).is_empty()
+        && !account_exists(shared, &bare).await
+    {
+        // RFC 6121 §8.5.1: no such account.
+        bounce(shared, &el, StanzaError::service_unavailable());
+        return Outcome::Bounced;
+    }
+    let copy = el.clone();
+    match message_to_bare(shared, el, &bare, &kind) {
+        Some(err) => {
+            bounce(shared, &copy, err);
+            Outcome::Bounced
+        }
+        None => Outcome::Delivered,
+    }
+}
+
+/// RFC 6121 §8.5.2: delivers a message to a local bare JID. Returns the error to bounce
+/// to the sender, if any.
+pub(crate) fn message_to_bare(
+    shared: &Shared,
+    el: Element,
+    bare: &BareJid,
+    kind: &str,
+) -> Option<StanzaError> {
+    if kind == "error" {
+        // Never answer an error; with no resource to take it, it is dropped (§8.5.2.2.1).
+        if let Some(s) = message_targets(&shared.sessions.of_user(bare)).first() {
+            s.send(el);
+        }
+        return None;
+    }
+    if kind == "groupchat" {
+        // §8.5.2.1.1: groupchat to a bare JID of a user is service-unavailable.
+        return Some(StanzaError::service_unavailable());
+    }
+    let sessions = shared.sessions.of_user(bare);
+    let targets = message_targets(&sessions);
+    if targets.is_empty() {
+        // No offline storage. §8.5.2.2.1 lets the server ignore the message silently, and
+        // it must: an error only when offline would tell anyone the user's status. A
+        // non-existent account is answered by the caller (§8.5.1).
+        return None;
+    }
+    if kind == "headline" {
+        // §8.5.2.1.1: headlines go to every non-negative resource.
+        for s in sessions
+            .iter()
+            .filter(|s| s.read(|p| p.available && p.priority >= 0))
+        {
+            s.send(el.clone());
+        }
+        return None;
+    }
+    let n = targets.len();
+    for (i, s) in targets.into_iter().enumerate() {
+        if i + 1 == n {
+            s.send(el);
+            break;
+        }
+        s.send(el.clone());
+    }
+    None
+}
+
+/// An iq from `sender` (a local full JID or a remote JID; `from` stamped) to local full
+/// JID `to`, after the recipient's block list (RFC 6120 §10.5.4). A request reaches the
+/// resource only if the sender may know it is online ([`gate::may_reach_resource`]) or it
+/// is the sender's own account; otherwise, and when there is no such session, the sender
+/// gets the `service-unavailable` an offline resource gives. Results and errors reach the
+/// session if there is one.
+pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element) -> Outcome {
+    if admit_from(shared, sender, to.as_str(), &el).await != Verdict::Pass {
+        return Outcome::Dropped;
+    }
+    let is_request = matches!(el.get_attr("type"), Some("get" | "set"));
+    let own = gate::bare_of(sender) == to.to_bare().as_str();
+    match shared.sessions.get(to) {
+        Some(s) if !is_request || own => {
+            s.send(el);
+            Outcome::Delivered
+        }
+        Some(s) if gate::may_reach_resource(shared, sender, &s).await => {
+            s.send(el);
+            Outcome::Delivered
+        }
+        _ if is_request => {
+            bounce(shared, &el, StanzaError::service_unavailable());
+            Outcome::Bounced
+        }
+        _ => Outcome::Dropped,
+    }
+}
+
+/// `<presence type='unavailable'/>` from `from` to `to`.
+pub(crate) fn unavailable(from: &str, to: &str) -> Element {
+    Element::new("presence", NS_CLIENT)
+        .attr("type", "unavailable")
+        .attr("from", from)
+        .attr("to", to)
+}
+
+/// Sends `viewer` (local or remote, bare or full) an unavailable from each available
+/// resource of local user `subject` that it had been shown, and forgets that it was
+/// shown (RFC 6121 §3.2.2, §3.3.3, XEP-0191 §3.3). A resource the viewer was not shown (an
+/// invisible one, one hidden by the settings or a block) sends nothing: an unavailable
+/// from a full JID would itself reveal that the resource was online.
+pub(crate) fn unavailable_from_shown(shared: &Shared, subject: &str, viewer: &str) {
+    for s in shared.sessions.of_user_str(subject) {
+        if !s.is_available() || !shared.privacy.forget(s.id, viewer) {
+            continue;
+        }
+        presence_to(shared, viewer, unavailable(s.jid.as_str(), viewer));
+    }
+}
+
+/// The unavailable of resource `jid`, whose session died with its node (RFC 6121 §4.5.2),
+/// to the user's other resources and to the local contacts that may see it now.
+///
+/// What the session had been shown to died with the node; the viewers the privacy gate
+/// admits now ([`gate::online_audience`]: approved subscribers that no block, setting or
+/// lost subscription excludes) stand in for it, so a blocked or hidden contact learns
+/// nothing. Remote contacts are told by their own server when the federation link breaks.
+pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
+    let bare = jid.to_bare();
+    {
+        let _guard = shared.privacy.lock_subject(bare.as_str()).await;
+        for contact in gate::online_audience(shared, jid.as_str()).await {
+            if is_local(shared, &contact) {
+                to_available(shared, &contact, &unavailable(jid.as_str(), &contact));
+            }
+        }
+    }
+    shared.sessions.for_each_of(bare.as_str(), |s| {
+        if s.is_available() {
+            s.send(unavailable(jid.as_str(), s.jid.as_str()));
+        }
+    });
+}
