@@ -30,7 +30,7 @@ FIGURES = [
      "CPU s per 1,000 deliveries, server + its PostgreSQL and Redis", False),
 ]
 PEERS = ["prosody", "ejabberd"]
-# Figures only presenced has (issue 7: writes at rest); the peers' cells say n/a.
+# Figures only presenced has (writes at rest); the peers' cells say n/a.
 PRESENCED_ONLY = [
     ("redis_writes_per_session_per_min", "Redis writes/session/min at rest (server counter)"),
     ("redis_write_cmds_per_session_per_min",

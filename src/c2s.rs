@@ -105,7 +105,7 @@ pub async fn serve_transport(
 ) {
     // Negotiation (TLS handshake, SASL, its timers and error paths) is large and short-lived
     // state. Boxed, it is freed once the resource is bound; inline, it would size this
-    // connection's task for the whole life of an idle session (issue 7).
+    // connection's task for the whole life of an idle session (BENCHMARKS.md, memory per session).
     let negotiated = Box::pin(negotiate(shared, io, peer, direct_tls, transport.secure)).await;
     if let Some((conn, bound)) = negotiated {
         conn.run_session(bound, transport).await;
@@ -733,7 +733,7 @@ impl Conn {
     /// Reading happens in this task: [`StreamReader::next`] is not cancel-safe, so its
     /// future is kept pinned across `select!` iterations and only replaced once it has
     /// produced an event; a timer or token firing never drops a half-read stanza. One task
-    /// fewer and no event channel per session is what an idle session saves (issue 7).
+    /// fewer and no event channel per session is what an idle session saves (BENCHMARKS.md).
     async fn run_session(self, jid: FullJid, transport: Transport) {
         let Conn {
             shared,

@@ -1,5 +1,5 @@
 //! The visibility-settings iq of this server, namespace `urn:presenced:privacy:0`: how a
-//! client reads and changes who may see its user's online status and last seen (issue 6).
+//! client reads and changes who may see its user's online status and last seen (README, "Privacy").
 //! Advertised as a server feature in disco#info.
 //!
 //! ```xml

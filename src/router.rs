@@ -13,7 +13,7 @@
 //!
 //! Presence goes to [`crate::presence`], which applies RFC 6121 §3–§4.
 //!
-//! Privacy (issue 6) changes three rows, so that nothing a viewer can provoke tells a
+//! Privacy (README, "Privacy") changes three rows, so that nothing a viewer can provoke tells a
 //! user's online state apart from offline:
 //!
 //! * a chat or normal message to an existing account with no resource to take it is
@@ -327,7 +327,7 @@ fn server_iq(session: &Session, el: &Element) -> Element {
                 x::NS_ROSTER,
                 x::NS_ROSTER_VER,
                 x::NS_PREAPPROVAL,
-                // Issue 6: XEP-0191, XEP-0186 and this server's visibility settings.
+                // XEP-0191, XEP-0186 and this server's visibility settings.
                 crate::blocking::NS_BLOCKING,
                 crate::invisible::NS_INVISIBLE,
                 crate::privacy_iq::NS_PRIVACY,

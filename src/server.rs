@@ -41,7 +41,7 @@ pub struct Shared {
     /// [`crate::roster_sync`], so a NOTIFY never overtakes the push this node is about to
     /// send (which would push twice and send presence for a change already handled).
     pub roster_locks: RosterLocks,
-    /// Per-session privacy state (invisibility, who was shown presence), issue 6.
+    /// Per-session privacy state (invisibility, who was shown presence).
     pub privacy: crate::presence::gate::Registry,
     /// Federation: outgoing links, dialback secret, remote presence state.
     pub s2s: crate::s2s::S2s,

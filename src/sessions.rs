@@ -21,7 +21,7 @@ use crate::xml::Element;
 pub enum Outbound {
     /// A stanza to write to the client as it is. Boxed, like the error below, to keep this
     /// type one pointer wide: the mailbox allocates its slots 32 at a time per session, so
-    /// an inline 100-byte element would cost every idle session kilobytes (issue 7).
+    /// an inline 100-byte element would cost every idle session kilobytes (RSS per idle session is a benchmark figure, BENCHMARKS.md).
     Stanza(Box<Element>),
     /// A stanza already serialised, shared by every resource that receives the same bytes
     /// (a presence broadcast to a contact's sessions): one `Arc`, no deep clone per copy.

@@ -1,4 +1,4 @@
-//! Client-to-server core (issue 2) against the real server, PostgreSQL and TLS.
+//! Client-to-server core against the real server, PostgreSQL and TLS.
 //!
 //! Every test starts its own server on its own domain, so they run in parallel. Tests that
 //! feed the server bad input end with [`assert_still_serving`]: two fresh users on the same

@@ -1147,7 +1147,7 @@ async fn server() -> TestServer {
         // The property sends a few stanzas per step; the rate limit has its own tests.
         c.limits.stanzas_per_second = 10_000;
         c.limits.stanza_burst = 10_000;
-        // The grace period (issue 4) has its own tests; here a logout is announced at once.
+        // The grace period has its own tests; here a logout is announced at once.
         c.liveness.grace = std::time::Duration::ZERO;
     })
     .await

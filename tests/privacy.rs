@@ -1,4 +1,4 @@
-//! Privacy on every path (issue 6) against the real server, PostgreSQL and TLS:
+//! Privacy on every path against the real server, PostgreSQL and TLS:
 //! XEP-0191 blocking, XEP-0186 invisibility, the visibility-settings iq, the adversarial
 //! suite (a viewer who may not know tries every way to tell online from offline) and a
 //! property test over random permission changes.

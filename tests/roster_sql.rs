@@ -1,4 +1,4 @@
-//! Rosters managed by operators in SQL (issue 3): the documented SQL functions keep both
+//! Rosters managed by operators in SQL: the documented SQL functions keep both
 //! sides consistent, and users online when the change lands get the roster push and the
 //! presence a client-made change would have produced.
 

@@ -1,4 +1,4 @@
-//! Federation (issue 5): two instances of the server, each with its own domain on its own
+//! Federation: two instances of the server, each with its own domain on its own
 //! loopback address, joined by static routes, authenticating each other with dialback or,
 //! given certificates from a test CA, with SASL EXTERNAL (XEP-0178).
 
@@ -57,7 +57,7 @@ fn s2s_config(
     c.s2s.reconnect_min_ms = Duration::from_millis(100);
     c.s2s.reconnect_max_ms = Duration::from_millis(400);
     c.s2s.connect_timeout = Duration::from_secs(5);
-    // A closed stream is announced after the grace period (issue 4, default 10 s); these
+    // A closed stream is announced after the grace period (default 10 s); these
     // tests watch logouts cross the link, so they run with a short one.
     c.liveness.grace = Duration::from_millis(300);
 }

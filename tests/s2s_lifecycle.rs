@@ -1,4 +1,4 @@
-//! Federation link lifecycle (issue 5): idle close and reopen, reconnect back-off with
+//! Federation link lifecycle: idle close and reopen, reconnect back-off with
 //! jitter, the bounded queue and its bounces (RFC 6120 §8.3.3.16/17), direct TLS server
 //! streams (XEP-0368), and a silent client death seen across domains.
 //!

@@ -1,5 +1,5 @@
 //! Memory held per idle client session, measured on the heap with a counting global
-//! allocator (issue 7: RSS per idle TLS session is one of the benchmark's figures).
+//! allocator (RSS per idle TLS session is one of the benchmark's figures).
 //!
 //! The server runs in this process; the clients run in a child process (this same test
 //! binary, started with `--exact client_fleet --ignored`), so the count holds only the

@@ -1,4 +1,4 @@
-//! Redis key names (DESIGN.md "Redis"). The bare JID is the hash tag, so all keys of one
+//! Redis key names (ARCHITECTURE.md, "Redis"). The bare JID is the hash tag, so all keys of one
 //! user live in one Redis Cluster slot and one Lua script may touch them together.
 //!
 //! ```text

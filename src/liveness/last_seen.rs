@@ -157,9 +157,10 @@ pub async fn when(shared: &Shared, bare: &str) -> Option<LastSeen> {
 /// THE permission check for last activity: may `viewer` learn when `subject` was last
 /// online? XEP-0012 §3: only an entity authorised to see the user's presence, normally via
 /// a subscription (the subject's roster item for the viewer says `from` or `both`). The
-/// user may always ask about their own account. A later privacy pass adds its rule here.
+/// user may always ask about their own account. The privacy gate adds the `last-seen`
+/// setting, blocks and reciprocity (README, "Privacy").
 pub async fn may_see_last_activity(shared: &Shared, viewer: &BareJid, subject: &BareJid) -> bool {
-    // Issue 6: settings, blocks and reciprocity, read fresh (subscription included).
+    // Settings, blocks and reciprocity, read fresh (subscription included).
     crate::presence::gate::may_see_last_seen(shared, viewer.as_str(), subject.as_str()).await
 }
 

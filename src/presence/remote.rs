@@ -136,7 +136,7 @@ async fn store_and_push(
     Ok(())
 }
 
-/// The user's current presence, to a remote contact, through the privacy gate (issue 6).
+/// The user's current presence, to a remote contact, through the privacy gate.
 async fn send_current_presence(shared: &Shared, user: &str, contact: &str) {
     crate::presence::gate::current_presence(shared, user, contact, |p| {
         let _ = route_remote(shared, p);
@@ -239,8 +239,8 @@ async fn inbound_subscription(
 async fn probe(shared: &Shared, prober: &Jid, user: &Jid) {
     let Some(_) = user.node() else { return };
     let user = bare_of(user.as_str());
-    // The same gate as local probes: approved subscription, blocks, settings, invisibility
-    // (issue 6); the answer goes back over federation.
+    // The same gate as local probes (approved subscription, blocks, settings,
+    // invisibility); the answer goes back over federation.
     crate::presence::gate::probe_answer(shared, bare_of(prober.as_str()), user, |p| {
         let _ = route_remote(shared, p);
     })

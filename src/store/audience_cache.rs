@@ -1,6 +1,6 @@
 //! The privacy gate's broadcast inputs ([`AudienceInputs`]), kept between broadcasts of a
 //! user who changes presence while online, so a presence change is not a database round
-//! trip (issue 7: that read was two thirds of the CPU, server plus PostgreSQL, of every
+//! trip (BENCHMARKS.md: that read was two thirds of the CPU, server plus PostgreSQL, of every
 //! delivered presence).
 //!
 //! Correctness rests on invalidation, not on expiry:

@@ -1,4 +1,4 @@
-//! Presence and last-seen visibility settings (issue 6), table `privacy_settings`.
+//! Presence and last-seen visibility settings (README, "Privacy"), table `privacy_settings`.
 //!
 //! Stores the [`PrivacySettings`] that `presence::privacy::may_see` reads. An account
 //! with no row has the defaults (both signals visible to approved subscribers), so

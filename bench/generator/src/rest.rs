@@ -1,4 +1,4 @@
-//! Write rates at rest (issue 7, presenced only): how many Redis and PostgreSQL writes the
+//! Write rates at rest (presenced only): how many Redis and PostgreSQL writes the
 //! server makes per connected session per minute while N sessions sit idle.
 //!
 //! Three sources are read at the start and the end of the idle window and their deltas
