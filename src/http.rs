@@ -173,7 +173,11 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
     }
 }
 
-/// The advertised WebSocket URL: the configured one, or derived from the request's Host.
+/// The advertised WebSocket URL: the configured one, or derived from the request's Host
+/// when that names a domain served here (with the port the client used); otherwise the
+/// first served domain. Any other Host is never echoed: the document tells a web client
+/// where to log in, and a shared cache could serve a copy naming a stranger's host to
+/// everyone.
 fn websocket_url(shared: &Shared, host: Option<&str>) -> String {
     let c = &shared.config.http;
     if let Some(url) = &c.websocket_url {
@@ -181,8 +185,12 @@ fn websocket_url(shared: &Shared, host: Option<&str>) -> String {
     }
     let host = host
         .filter(|h| {
-            h.chars()
-                .all(|ch| ch.is_ascii_alphanumeric() || ".-:[]".contains(ch))
+            let (name, port) = match h.rsplit_once(':') {
+                Some((n, p)) => (n, Some(p)),
+                None => (*h, None),
+            };
+            let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+            port.is_none_or(|p| p.parse::<u16>().is_ok()) && shared.config.serves(&name)
         })
         .map(str::to_owned)
         .unwrap_or_else(|| shared.config.domains[0].clone());

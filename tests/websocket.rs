@@ -272,18 +272,32 @@ async fn host_meta_advertises_the_websocket_endpoint() {
             "\"rel\":\"urn:xmpp:alt-connections:websocket\"",
         ),
     ] {
-        let mut s = TcpStream::connect(ts.http_addr()).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: chat.example\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let mut body = String::new();
-        tokio::time::timeout(WAIT, s.read_to_string(&mut body))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-        assert!(body.contains(needle), "{body}");
-        assert!(body.contains("ws://chat.example/xmpp-websocket"), "{body}");
+        // A Host naming a served domain (with the port the client used) is kept; any other
+        // Host is not echoed into the document, which a shared cache could hand to others
+        // as the place to send their passwords.
+        let served = format!("{}:5443", ts.domain.to_uppercase());
+        for (host, advertised) in [
+            (served.as_str(), format!("ws://{served}/xmpp-websocket")),
+            ("evil.example", format!("ws://{}/xmpp-websocket", ts.domain)),
+            (
+                "evil.example:5443",
+                format!("ws://{}/xmpp-websocket", ts.domain),
+            ),
+        ] {
+            let mut s = TcpStream::connect(ts.http_addr()).await.unwrap();
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut body = String::new();
+            tokio::time::timeout(WAIT, s.read_to_string(&mut body))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+            assert!(body.contains(needle), "{body}");
+            assert!(body.contains(&advertised), "Host {host}: {body}");
+            assert!(!body.contains("evil"), "Host {host} echoed: {body}");
+        }
     }
     ts.stop().await;
 }
