@@ -1419,6 +1419,13 @@ mod tests {
             ..ReaderLimits::default()
         };
         let dflt = ReaderLimits::default();
+        let costly = ReaderLimits {
+            max_stanza_nodes: 5,
+            // The header has four.
+            max_attributes: 4,
+            max_namespace_declarations: 4,
+            ..dflt
+        };
         // (document, limits, framed, events expected, condition expected). The expected values
         // make sure each document reaches the path it is here for, not an early error.
         type Case = (Vec<u8>, ReaderLimits, bool, usize, Option<&'static str>);
@@ -1500,6 +1507,42 @@ mod tests {
                 false,
                 1,
                 Some("policy-violation"),
+            ),
+            (
+                format!("{HEADER}<a/><message><b/><c/><d/><e/><f/></message>").into_bytes(),
+                costly,
+                false,
+                2,
+                Some("policy-violation"),
+            ),
+            (
+                format!("{HEADER}<message a='1' b='2' c='3' d='4' e='5'/>").into_bytes(),
+                costly,
+                false,
+                1,
+                Some("policy-violation"),
+            ),
+            (
+                format!("{HEADER}<message xmlns:x='urn:x'><b xmlns:y='urn:y' xmlns:z='urn:z'/>")
+                    .into_bytes(),
+                costly,
+                false,
+                1,
+                Some("policy-violation"),
+            ),
+            (
+                [HEADER.as_bytes(), b"<message><body>a\x01b</body></message>"].concat(),
+                dflt,
+                false,
+                1,
+                Some("not-well-formed"),
+            ),
+            (
+                format!("{HEADER}<message id='&#xFFFF;'/>").into_bytes(),
+                dflt,
+                false,
+                1,
+                Some("not-well-formed"),
             ),
             (
                 b"<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='a.example' version='1.0'/>\
