@@ -786,6 +786,27 @@ mod tests {
     }
 
     #[test]
+    fn stanza_cost_limits_are_validated() {
+        let bad: [fn(&mut LimitsConfig); 4] = [
+            |l| l.max_stanza_nodes_unauthenticated = 10,
+            |l| l.max_stanza_nodes = l.max_stanza_nodes_unauthenticated - 1,
+            |l| l.max_attributes = 8,
+            |l| l.max_namespace_declarations = 2,
+        ];
+        for tweak in bad {
+            let mut c = Config::default();
+            tweak(&mut c.limits);
+            assert!(c.validate().is_err(), "{:?}", c.limits);
+        }
+        let mut c = Config::default();
+        c.limits.max_stanza_nodes_unauthenticated = 32;
+        c.limits.max_stanza_nodes = 32;
+        c.limits.max_attributes = 16;
+        c.limits.max_namespace_declarations = 8;
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
     fn tiny_stanza_limit_is_invalid() {
         let mut c = Config::default();
         c.limits.max_stanza_size = 100;
