@@ -60,8 +60,14 @@ impl From<std::io::Error> for Fail {
 /// room for it (async-fn arguments are stored next to the locals they are moved into).
 type Reader = Box<StreamReader<ReadHalf<BoxIo>>>;
 
-fn new_reader(io: ReadHalf<BoxIo>, shared: &Shared) -> Reader {
-    Box::new(StreamReader::new(io, limits(shared)))
+/// A reader with the limits for the stream's state: before SASL success the stanza cost
+/// limit is the small one (the stream restarts after authentication, RFC 6120 §6.4.6, and
+/// so gets a new reader with the larger limit).
+fn new_reader(io: ReadHalf<BoxIo>, shared: &Shared, authenticated: bool) -> Reader {
+    Box::new(StreamReader::new(
+        io,
+        ReaderLimits::for_peer(&shared.config.limits, authenticated),
+    ))
 }
 
 /// A connection during negotiation.
@@ -79,13 +85,6 @@ struct Conn {
     domain: Option<String>,
     /// The authenticated account's localpart.
     user: Option<String>,
-}
-
-fn limits(shared: &Shared) -> ReaderLimits {
-    ReaderLimits {
-        max_stanza_size: shared.config.limits.max_stanza_size,
-        max_depth: shared.config.limits.max_depth,
-    }
 }
 
 /// Serves one client TCP connection from accept to close.
@@ -142,7 +141,7 @@ async fn negotiate(
     };
     let (r, w) = tokio::io::split(io);
     let mut conn = Conn {
-        reader: new_reader(r, &shared),
+        reader: new_reader(r, &shared, false),
         shared,
         writer: w,
         peer,
@@ -354,8 +353,10 @@ impl Conn {
 
     /// A fresh parser for a restarted stream (RFC 6120 §4.3.3).
     fn restart(&mut self) {
-        let reader = std::mem::replace(&mut self.reader, new_reader(empty_half(), &self.shared));
-        self.reader = new_reader((*reader).into_inner(), &self.shared);
+        let authenticated = self.user.is_some();
+        let empty = new_reader(empty_half(), &self.shared, authenticated);
+        let reader = std::mem::replace(&mut self.reader, empty);
+        self.reader = new_reader((*reader).into_inner(), &self.shared, authenticated);
     }
 
     /// RFC 6120 §5.4: wait for `<starttls/>`, answer `<proceed/>`, handshake.
@@ -378,7 +379,8 @@ impl Conn {
             )));
         }
         self.write_el(&Element::new("proceed", x::NS_TLS)).await?;
-        let reader = std::mem::replace(&mut self.reader, new_reader(empty_half(), &self.shared));
+        let empty = new_reader(empty_half(), &self.shared, false);
+        let reader = std::mem::replace(&mut self.reader, empty);
         let writer = std::mem::replace(&mut self.writer, tokio::io::split(empty_io()).1);
         let plain = (*reader).into_inner().unsplit(writer);
         let acceptor = tokio_rustls::TlsAcceptor::from(self.shared.tls.clone());
@@ -391,7 +393,7 @@ impl Conn {
             }
         };
         let (r, w) = tokio::io::split(Box::new(tls) as BoxIo);
-        self.reader = new_reader(r, &self.shared);
+        self.reader = new_reader(r, &self.shared, false);
         self.writer = w;
         self.secure = true;
         Ok(())

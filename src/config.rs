@@ -315,6 +315,16 @@ pub struct LimitsConfig {
     pub max_stanza_size: usize,
     /// Deepest element nesting in a stanza (policy-violation).
     pub max_depth: usize,
+    /// Elements plus attributes (namespace declarations included) in one stanza of an
+    /// authenticated stream (policy-violation): memory grows with these, not with bytes.
+    pub max_stanza_nodes: usize,
+    /// The same before authentication (c2s before SASL success, s2s before dialback or
+    /// SASL EXTERNAL), where negotiation needs only a few small elements.
+    pub max_stanza_nodes_unauthenticated: usize,
+    /// Attributes on one element, namespace declarations included (policy-violation).
+    pub max_attributes: usize,
+    /// Namespace declarations in scope at once, stream header included (policy-violation).
+    pub max_namespace_declarations: usize,
     /// Time from TCP accept to a bound resource, in seconds (connection-timeout, RFC 6120
     /// §4.9.3.4).
     #[serde(with = "secs")]
@@ -361,6 +371,10 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_stanza_size: 256 * 1024,
             max_depth: 64,
+            max_stanza_nodes: 10_000,
+            max_stanza_nodes_unauthenticated: 200,
+            max_attributes: 64,
+            max_namespace_declarations: 64,
             negotiation_timeout: Duration::from_secs(30),
             connections_per_ip_per_minute: 120,
             max_connections: 18_000,
@@ -776,6 +790,16 @@ impl Config {
                 ));
             }
         }
+        // Enough for negotiation (a SASL exchange, a registration form), a stream header's
+        // attributes and namespace declarations, and a nested extension payload.
+        if l.max_stanza_nodes_unauthenticated < 32
+            || l.max_stanza_nodes < l.max_stanza_nodes_unauthenticated
+        {
+            return bad("[limits] 32 <= max_stanza_nodes_unauthenticated <= max_stanza_nodes");
+        }
+        if l.max_attributes < 16 || l.max_namespace_declarations < 8 {
+            return bad("[limits] max_attributes >= 16, max_namespace_declarations >= 8");
+        }
         self.validate_liveness()?;
         let s = &self.s2s;
         if s.queue_size == 0 || s.connect_timeout.is_zero() || s.idle_timeout.is_zero() {
@@ -862,6 +886,16 @@ mod tests {
         let d = Config::default();
         assert_eq!(c.limits.max_stanza_size, d.limits.max_stanza_size);
         assert_eq!(c.limits.negotiation_timeout, d.limits.negotiation_timeout);
+        assert_eq!(c.limits.max_stanza_nodes, d.limits.max_stanza_nodes);
+        assert_eq!(
+            c.limits.max_stanza_nodes_unauthenticated,
+            d.limits.max_stanza_nodes_unauthenticated
+        );
+        assert_eq!(c.limits.max_attributes, d.limits.max_attributes);
+        assert_eq!(
+            c.limits.max_namespace_declarations,
+            d.limits.max_namespace_declarations
+        );
         assert_eq!(c.c2s.port, d.c2s.port);
         assert_eq!(c.auth.scram_iterations, d.auth.scram_iterations);
         assert_eq!(c.liveness.ttl, d.liveness.ttl);
@@ -1048,6 +1082,27 @@ mod tests {
         c.validate().expect("valid");
         assert_eq!(c.liveness.heartbeat_interval, Duration::from_millis(200));
         assert_eq!(c.liveness.ttl, Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn stanza_cost_limits_are_validated() {
+        let bad: [fn(&mut LimitsConfig); 4] = [
+            |l| l.max_stanza_nodes_unauthenticated = 10,
+            |l| l.max_stanza_nodes = l.max_stanza_nodes_unauthenticated - 1,
+            |l| l.max_attributes = 8,
+            |l| l.max_namespace_declarations = 2,
+        ];
+        for tweak in bad {
+            let mut c = Config::default();
+            tweak(&mut c.limits);
+            assert!(c.validate().is_err(), "{:?}", c.limits);
+        }
+        let mut c = Config::default();
+        c.limits.max_stanza_nodes_unauthenticated = 32;
+        c.limits.max_stanza_nodes = 32;
+        c.limits.max_attributes = 16;
+        c.limits.max_namespace_declarations = 8;
+        assert!(c.validate().is_ok());
     }
 
     #[test]

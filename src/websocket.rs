@@ -2,7 +2,8 @@
 //!
 //! Framing is tokio-tungstenite's; this module only translates. Inbound, each text message is
 //! one element (RFC 7395 §3.3.3): `<open/>` becomes a stream header, `<close/>` becomes
-//! `</stream:stream>`, anything else is passed on as the stanza it is. Outbound, the bytes
+//! `</stream:stream>`, anything else is passed on as the stanza it is; a message that is not
+//! exactly one element closes the stream with the error the stream reader would give. Outbound, the bytes
 //! c2s writes are parsed back into elements with the server's own stream reader, and each is
 //! sent as one message: the stream header as `<open/>` (§3.3.2), `</stream:stream>` as
 //! `<close/>` (§3.6), stream-level elements with their `stream:` prefix declared (§3.3.3).
@@ -13,6 +14,7 @@
 //! every message count as heartbeats ([`crate::liveness::Beat`]).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures_util::{SinkExt, StreamExt};
@@ -27,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::c2s::BoxIo;
 use crate::liveness::{Transport, TransportKind};
 use crate::server::Shared;
-use crate::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
+use crate::xml::reader::{parse_chunks, ReaderLimits, StreamEvent, StreamReader, XmlError};
 use crate::xml::{self as x, escape, Element};
 
 /// RFC 7395 §3.3.1 framing namespace.
@@ -100,12 +102,20 @@ where
     let done = CancellationToken::new();
     let (out_tx, mut out_rx) = mpsc::channel::<Message>(64);
 
-    // c2s output → messages.
-    let limits = ReaderLimits {
-        max_stanza_size: shared.config.limits.max_stanza_size.saturating_mul(4),
-        max_depth: shared.config.limits.max_depth.saturating_add(4),
-    };
-    let parser = tokio::spawn(outbound(from_c2s, limits, out_tx.clone(), done.clone()));
+    // c2s output → messages. This parses what the server itself wrote (a roster result may
+    // hold thousands of elements), so only size and depth are bounded.
+    let limits = ReaderLimits::trusted(
+        shared.config.limits.max_stanza_size.saturating_mul(4),
+        shared.config.limits.max_depth.saturating_add(4),
+    );
+    let opened = Arc::new(AtomicBool::new(false));
+    let parser = tokio::spawn(outbound(
+        from_c2s,
+        limits,
+        out_tx.clone(),
+        done.clone(),
+        opened.clone(),
+    ));
     // Messages → socket.
     let writer_done = done.clone();
     let writer = tokio::spawn(async move {
@@ -163,7 +173,15 @@ where
             Some(Ok(Message::Frame(_))) => continue,
             Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
         };
-        let bytes = inbound(&text);
+        // The larger (authenticated) cost limit: c2s parses the result again with the limit
+        // for the stream's state, so this only bounds what one message may cost here.
+        let bytes = match inbound(&text, ReaderLimits::for_peer(&shared.config.limits, true)) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                fail(&shared, &out_tx, &opened, peer, &e).await;
+                break;
+            }
+        };
         if to_c2s.write_all(bytes.as_bytes()).await.is_err() {
             break;
         }
@@ -177,10 +195,74 @@ where
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
 }
 
+/// Closes the stream for a message the adapter could not translate: our `<open/>` first if
+/// c2s has not answered one yet (RFC 6120 §4.9.1.1), the stream error, `<close/>` (RFC 7395
+/// §3.6) and the WebSocket close. The c2s side then sees its input end.
+async fn fail(
+    shared: &Shared,
+    out: &mpsc::Sender<Message>,
+    opened: &AtomicBool,
+    peer: SocketAddr,
+    e: &XmlError,
+) {
+    tracing::info!(%peer, error = %e, "closing WebSocket stream with error");
+    let Some(err) = e.stream_error() else {
+        return;
+    };
+    let mut msgs = Vec::new();
+    if !opened.load(Ordering::Acquire) {
+        msgs.push(format!(
+            "<open xmlns='{NS_FRAMING}' from='{}' id='{}' version='1.0'/>",
+            escape(&shared.config.domains[0]),
+            crate::c2s::new_id()
+        ));
+    }
+    let el = x::parse_element(&err.to_xml()).unwrap_or_else(|| Element::new("error", x::NS_STREAM));
+    msgs.push(outbound_element(&el));
+    msgs.push(format!("<close xmlns='{NS_FRAMING}'/>"));
+    for m in msgs {
+        if out.send(Message::Text(m.into())).await.is_err() {
+            return;
+        }
+    }
+    let _ = out.send(Message::Close(None)).await;
+}
+
 /// Translates one inbound message into the bytes of a classic stream.
-pub fn inbound(text: &str) -> String {
-    match x::parse_element(text) {
-        Some(el) if el.is("open", NS_FRAMING) => {
+///
+/// RFC 7395 §3.3.3: every message holds exactly one complete element. A message with two
+/// (or none, or half of one) is not a well-formed document of its own (XML 1.0 §2.1: one
+/// root element), so it is refused as `not-well-formed` rather than split or dropped;
+/// other faults get the condition the stream reader gives them on TCP.
+pub fn inbound(text: &str, limits: ReaderLimits) -> Result<String, XmlError> {
+    let wrapped = format!(
+        "<stream:stream xmlns='{}' xmlns:stream='{}'>{text}</stream:stream>",
+        x::NS_CLIENT,
+        x::NS_STREAM
+    );
+    let (events, err) = parse_chunks(&[wrapped.as_bytes()], limits, false);
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let mut elements = events.into_iter().filter_map(|e| match e {
+        StreamEvent::Stanza(el) => Some(el),
+        _ => None,
+    });
+    let el = match (elements.next(), elements.next()) {
+        (Some(el), None) => el,
+        // Whitespace alone: a keepalive, as between stanzas on TCP.
+        (None, _) if text.chars().all(|c| matches!(c, ' ' | '\t' | '\r' | '\n')) => {
+            return Ok(text.to_owned())
+        }
+        (None, _) => return Err(XmlError::NotWellFormed("no element in the message".into())),
+        (Some(_), Some(_)) => {
+            return Err(XmlError::NotWellFormed(
+                "more than one element in one WebSocket message (RFC 7395 §3.3.3)".into(),
+            ))
+        }
+    };
+    Ok(match el {
+        el if el.is("open", NS_FRAMING) => {
             // RFC 7395 §3.3.2: <open/> takes the place of the stream header.
             let mut h = format!(
                 "<?xml version='1.0'?><stream:stream xmlns='{}' xmlns:stream='{}'",
@@ -196,12 +278,9 @@ pub fn inbound(text: &str) -> String {
             h
         }
         // RFC 7395 §3.6: <close/> ends the stream.
-        Some(el) if el.is("close", NS_FRAMING) => "</stream:stream>".to_owned(),
-        Some(el) => el.to_xml(),
-        // Not one well-formed element: hand it on, the stream reader answers with
-        // not-well-formed (RFC 7395 §3.3.3).
-        None => text.to_owned(),
-    }
+        el if el.is("close", NS_FRAMING) => "</stream:stream>".to_owned(),
+        el => el.to_xml(),
+    })
 }
 
 /// Serialises one element the server wrote as a self-contained WebSocket message.
@@ -233,6 +312,7 @@ async fn outbound(
     limits: ReaderLimits,
     tx: mpsc::Sender<Message>,
     done: CancellationToken,
+    opened: Arc<AtomicBool>,
 ) {
     let mut reader = StreamReader::new(from_c2s, limits);
     loop {
@@ -249,6 +329,7 @@ async fn outbound(
                     }
                 }
                 o.push_str("/>");
+                opened.store(true, Ordering::Release);
                 o
             }
             Ok(StreamEvent::Stanza(el)) => {
@@ -290,11 +371,17 @@ mod tests {
     fn open_becomes_a_stream_header_and_close_its_end() {
         let h = inbound(
             "<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='example.org' version='1.0'/>",
-        );
+            ReaderLimits::default(),
+        )
+        .unwrap();
         assert!(h.starts_with("<?xml version='1.0'?><stream:stream xmlns='jabber:client'"));
         assert!(h.contains(" to='example.org'") && h.contains(" version='1.0'"));
         assert_eq!(
-            inbound("<close xmlns='urn:ietf:params:xml:ns:xmpp-framing'/>"),
+            inbound(
+                "<close xmlns='urn:ietf:params:xml:ns:xmpp-framing'/>",
+                ReaderLimits::default()
+            )
+            .unwrap(),
             "</stream:stream>"
         );
     }
@@ -302,7 +389,10 @@ mod tests {
     #[test]
     fn stanzas_pass_through_and_go_out_with_their_namespace() {
         let m = "<message xmlns='jabber:client' to='a@b'><body>hi</body></message>";
-        assert_eq!(inbound(m), "<message to='a@b'><body>hi</body></message>");
+        assert_eq!(
+            inbound(m, ReaderLimits::default()).unwrap(),
+            "<message to='a@b'><body>hi</body></message>"
+        );
         let el = x::parse_element(m).unwrap();
         assert_eq!(
             outbound_element(&el),

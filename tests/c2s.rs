@@ -1246,6 +1246,134 @@ async fn oversize_data_before_authentication_gets_policy_violation() {
     ts.stop().await;
 }
 
+/// XML 1.0 §2.2 / RFC 6120 §11: a character outside the Char production (here U+0001, raw
+/// and as a character reference) is not-well-formed for the sender. It is never relayed: a
+/// recipient's parser would fail on it and disconnect the recipient.
+#[tokio::test]
+async fn forbidden_character_in_a_message_gets_not_well_formed_and_reaches_nobody() {
+    let ts = TestServer::start(|_| {}).await;
+    for (i, bad) in ["a\u{1}b", "a&#1;b"].into_iter().enumerate() {
+        let (mallory, bob, carol) = (
+            format!("mallory{i}{}", unique()),
+            format!("bob{i}{}", unique()),
+            format!("carol{i}{}", unique()),
+        );
+        for u in [&mallory, &bob, &carol] {
+            ts.user(u).await;
+        }
+        let mut bob = ts.login(&bob, "r").await;
+        go_online(&mut bob, 0).await;
+        let mut mallory = ts.login(&mallory, "r").await;
+        let mut carol = ts.login(&carol, "r").await;
+        mallory
+            .send_raw(&format!(
+                "<message to='{}' type='chat'><body>{bad}</body></message>",
+                bob.jid
+            ))
+            .await;
+        assert_stream_error(mallory.expect_stream_end().await, "not-well-formed");
+        // Positive control and barrier: carol's message, sent after mallory's stream ended,
+        // is the first message bob gets, and bob's stream is still up to get it.
+        assert_no_message_before_marker(&mut carol, &mut bob).await;
+    }
+    assert_still_serving(&ts).await;
+    ts.stop().await;
+}
+
+/// The memory attack: an unfinished stanza of many empty elements, well under the byte
+/// limit. Before authentication the small element count ends it with policy-violation
+/// (RFC 6120 §4.9.3.14), after authentication the larger one; a stanza under the larger
+/// limit is served after authentication.
+#[tokio::test]
+async fn many_elements_in_one_stanza_get_policy_violation_with_a_smaller_limit_before_authentication(
+) {
+    let ts = TestServer::start(|c| {
+        c.limits.max_stanza_nodes_unauthenticated = 200;
+        c.limits.max_stanza_nodes = 5_000;
+    })
+    .await;
+    // Before TLS, and after STARTTLS before SASL: 1,000 elements, 4 KB.
+    let unfinished = format!("<iq type='get' id='x'>{}", "<a/>".repeat(1_000));
+    let (_, end) = raw_exchange(
+        &ts,
+        &format!(
+            "{}{unfinished}",
+            header(&ts.domain, x::NS_STREAM, NS_CLIENT)
+        ),
+    )
+    .await;
+    assert_stream_error(end, "policy-violation");
+    let mut c = Client::tcp(&ts).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(&ts).await;
+    c.send_raw(&unfinished).await;
+    assert_stream_error(c.expect_stream_end().await, "policy-violation");
+
+    // After authentication the same 1,000 elements are a stanza like any other...
+    let (alice, bob) = (format!("alice{}", unique()), format!("bob{}", unique()));
+    ts.user(&alice).await;
+    ts.user(&bob).await;
+    let mut bob = ts.login(&bob, "r").await;
+    go_online(&mut bob, 0).await;
+    let mut alice = ts.login(&alice, "r").await;
+    alice
+        .send_raw(&format!(
+            "<message to='{}' type='chat'><body>many</body><x xmlns='urn:example:x'>{}</x></message>",
+            bob.jid,
+            "<a/>".repeat(1_000)
+        ))
+        .await;
+    let got = bob.expect(is_message).await;
+    assert_eq!(body(&got), "many");
+    assert_eq!(
+        got.get_child("x", "urn:example:x")
+            .map(|x| x.elements().count()),
+        Some(1_000)
+    );
+    // ...and 6,000 exceed the authenticated limit.
+    alice
+        .send_raw(&format!(
+            "<message to='{}'>{}",
+            bob.jid,
+            "<a/>".repeat(6_000)
+        ))
+        .await;
+    assert_stream_error(alice.expect_stream_end().await, "policy-violation");
+    assert_still_serving(&ts).await;
+    ts.stop().await;
+}
+
+/// Attributes are counted per element (each is compared with its siblings for duplicates)
+/// and namespace declarations in scope (each prefix lookup walks them): 22,000 attributes
+/// or 15,000 declarations on a stream header, or 22,000 attributes on a stanza, end the
+/// stream with policy-violation before any of it is stored.
+#[tokio::test]
+async fn too_many_attributes_or_namespace_declarations_get_policy_violation() {
+    let ts = TestServer::start(|_| {}).await;
+    let attrs: String = (0..22_000).map(|i| format!(" a{i}=''")).collect();
+    let decls: String = (0..15_000).map(|i| format!(" xmlns:n{i}='u'")).collect();
+    for extra in [&attrs, &decls] {
+        // Under the byte limit: only the new counts can refuse it.
+        assert!(extra.len() < ts.config.limits.max_stanza_size - 200);
+        let started = Instant::now();
+        let (_, end) = raw_exchange(
+            &ts,
+            &format!(
+                "<stream:stream xmlns='jabber:client' xmlns:stream='{}' to='{}' version='1.0'{extra}>",
+                x::NS_STREAM,
+                ts.domain
+            ),
+        )
+        .await;
+        assert_stream_error(end, "policy-violation");
+        eprintln!("stream header refused in {:?}", started.elapsed());
+    }
+    let end = bound_client_sends(&ts, &format!("<message{attrs}/>")).await;
+    assert_stream_error(end, "policy-violation");
+    assert_still_serving(&ts).await;
+    ts.stop().await;
+}
+
 #[tokio::test]
 async fn nesting_deeper_than_max_depth_gets_policy_violation() {
     let ts = TestServer::start(|c| c.limits.max_depth = 16).await;

@@ -458,6 +458,77 @@ async fn spoofed_from_domain_over_an_authenticated_stream_is_rejected() {
     p.b.stop().await;
 }
 
+/// Server streams get the reader's rules too: before dialback the small stanza cost limit
+/// (policy-violation), after it the larger one; a forbidden character (XML 1.0 §2.2) is
+/// not-well-formed and is not relayed to the local user.
+#[tokio::test]
+async fn s2s_stanza_cost_limit_grows_with_dialback_and_forbidden_characters_are_not_well_formed() {
+    let p = pair_with(|c, _, _| c.limits.max_stanza_nodes_unauthenticated = 200).await;
+    p.a.user("alice").await;
+    p.a.user("carol").await;
+    let alice_jid = p.a.jid("alice");
+    let mut alice = p.a.login("alice", "r").await;
+    alice.presence(None, None).await;
+    let mut carol = p.a.login("carol", "r").await;
+    let many = |body: &str| {
+        format!(
+            "<message from='bob@{}/x' to='{alice_jid}' type='chat'><body>{body}</body>\
+             <x xmlns='urn:example:x'>{}</x></message>",
+            p.b_domain,
+            "<a/>".repeat(1_000)
+        )
+    };
+
+    // Unauthenticated: 1,000 elements end the stream before the stanza is even complete.
+    let mut raw = RawS2s::connect(p.a.s2s_addr(), &p.a, &p.b_domain).await;
+    let unfinished = many("early");
+    raw.send(&unfinished[..unfinished.len() - "</x></message>".len()])
+        .await;
+    assert_eq!(
+        raw.next_element().await.err().as_deref(),
+        Some("policy-violation")
+    );
+
+    // After dialback the same stanza is delivered.
+    let mut raw = RawS2s::connect(p.a.s2s_addr(), &p.a, &p.b_domain).await;
+    let key = Secret::new(SECRET_B).key(&p.a_domain, &p.b_domain, &raw.stream_id);
+    assert_eq!(raw.dialback(&p.b_domain, &p.a_domain, &key).await, "valid");
+    raw.send(&many("late")).await;
+    let got = alice.expect(|e| e.name == "message").await;
+    assert_eq!(
+        got.get_child("body", NS_CLIENT).map(|b| b.text_content()),
+        Some("late".into())
+    );
+
+    // A control character: not-well-formed for the peer server, nothing for alice.
+    raw.send(&format!(
+        "<message from='bob@{}/x' to='{alice_jid}' type='chat'><body>a\u{1}b</body></message>",
+        p.b_domain
+    ))
+    .await;
+    assert_eq!(
+        raw.next_element().await.err().as_deref(),
+        Some("not-well-formed")
+    );
+    // Positive control and barrier: carol's message after that is alice's next message.
+    carol
+        .send(
+            &Element::new("message", NS_CLIENT)
+                .attr("to", alice_jid.as_str())
+                .attr("type", "chat")
+                .child(Element::new("body", NS_CLIENT).text("marker")),
+        )
+        .await;
+    let got = alice.expect(|e| e.name == "message").await;
+    assert_eq!(
+        got.get_child("body", NS_CLIENT).map(|b| b.text_content()),
+        Some("marker".into()),
+        "{got}"
+    );
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
 #[tokio::test]
 async fn dialback_key_that_does_not_verify_is_refused() {
     let p = pair().await;

@@ -592,3 +592,106 @@ async fn metrics_count_logins_by_transport_auth_failures_messages_and_policy_dro
     alice.close().await;
     ts.stop().await;
 }
+
+/// The first message `bob` gets must be a marker `carol` sends now: whatever was sent to bob
+/// before (and would have been routed before it) did not reach him, and his stream is up.
+async fn next_message_is_a_fresh_marker(carol: &mut Client, bob: &mut Client) {
+    let marker = format!("marker-{}", unique());
+    carol
+        .send(
+            &parse_element(&format!(
+                "<message to='{}' type='chat'><body>{marker}</body></message>",
+                bob.jid
+            ))
+            .unwrap(),
+        )
+        .await;
+    let got = bob.expect(|e| e.name == "message").await;
+    assert_eq!(
+        got.get_child("body", presenced::xml::NS_CLIENT)
+            .map(|b| b.text_content()),
+        Some(marker),
+        "{got}"
+    );
+}
+
+/// Reads until the stream error and returns its condition; then `<close/>` must follow.
+async fn stream_error_then_close(c: &mut Ws) -> String {
+    let err = c
+        .recv_until(|e| e.is("error", presenced::xml::NS_STREAM))
+        .await;
+    let close = c.recv().await;
+    assert!(close.is("close", FRAMING), "{close}");
+    condition(&err)
+}
+
+/// RFC 7395 §3.3.3: one element per message. Two in one message are a stream error for the
+/// sender (not-well-formed: the message is not a document with one root), and neither is
+/// delivered — before, the first was delivered and the second silently dropped.
+#[tokio::test]
+async fn two_elements_in_one_websocket_message_get_a_stream_error_and_neither_is_delivered() {
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob", "carol"] {
+        ts.user(u).await;
+    }
+    let mut bob = ts.login("bob", "pc").await;
+    bob.presence(None, None).await;
+    let mut carol = ts.login("carol", "pc").await;
+    let mut alice = Ws::login(&ts, "alice", "web").await;
+    // Positive control: one message per WebSocket message is delivered.
+    let bob_jid = bob.jid.clone();
+    let one = |b: &str| {
+        format!(
+            "<message xmlns='jabber:client' to='{bob_jid}' type='chat'><body>{b}</body></message>"
+        )
+    };
+    alice.send(&one("single")).await;
+    let got = bob.expect(|e| e.name == "message").await;
+    assert_eq!(
+        got.get_child("body", presenced::xml::NS_CLIENT)
+            .map(|b| b.text_content()),
+        Some("single".into())
+    );
+    alice
+        .send(&format!("{}{}", one("first"), one("second")))
+        .await;
+    assert_eq!(stream_error_then_close(&mut alice).await, "not-well-formed");
+    next_message_is_a_fresh_marker(&mut carol, &mut bob).await;
+    ts.stop().await;
+}
+
+/// The reader's rules hold on WebSocket too: a forbidden character is not-well-formed and
+/// is not relayed; many elements before authentication get policy-violation.
+#[tokio::test]
+async fn websocket_forbidden_character_and_costly_stanza_before_authentication_end_the_stream() {
+    let ts = TestServer::start(|c| c.limits.max_stanza_nodes_unauthenticated = 200).await;
+    for u in ["alice", "bob", "carol"] {
+        ts.user(u).await;
+    }
+    let mut bob = ts.login("bob", "pc").await;
+    bob.presence(None, None).await;
+    let mut carol = ts.login("carol", "pc").await;
+    let mut alice = Ws::login(&ts, "alice", "web").await;
+    alice
+        .send(&format!(
+            "<message xmlns='jabber:client' to='{}' type='chat'><body>a\u{1}b</body></message>",
+            bob.jid
+        ))
+        .await;
+    assert_eq!(stream_error_then_close(&mut alice).await, "not-well-formed");
+    next_message_is_a_fresh_marker(&mut carol, &mut bob).await;
+
+    let mut mallory = Ws::connect(&ts).await;
+    mallory.open(&ts.domain).await;
+    mallory
+        .send(&format!(
+            "<iq xmlns='jabber:client' type='get' id='x'><query xmlns='urn:example:q'>{}</query></iq>",
+            "<a/>".repeat(1_000)
+        ))
+        .await;
+    assert_eq!(
+        stream_error_then_close(&mut mallory).await,
+        "policy-violation"
+    );
+    ts.stop().await;
+}

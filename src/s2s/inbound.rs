@@ -19,6 +19,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -127,10 +128,7 @@ fn peer_certs(conn: &rustls::ServerConnection) -> PeerCerts {
 
 /// Serves one inbound server connection.
 pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct_tls: bool) {
-    let limits = ReaderLimits {
-        max_stanza_size: shared.config.limits.max_stanza_size,
-        max_depth: shared.config.limits.max_depth,
-    };
+    let limits = ReaderLimits::for_peer(&shared.config.limits, false);
     let deadline = tokio::time::Instant::now() + shared.config.limits.negotiation_timeout;
     let mut certs = PeerCerts::new();
     let io: BoxIo = if direct_tls {
@@ -388,10 +386,7 @@ async fn negotiate(
         {
             return Err(None);
         }
-        let limits = ReaderLimits {
-            max_stanza_size: shared.config.limits.max_stanza_size,
-            max_depth: shared.config.limits.max_depth,
-        };
+        let limits = ReaderLimits::for_peer(&shared.config.limits, false);
         let acceptor = tokio_rustls::TlsAcceptor::from(shared.s2s_tls.clone());
         match acceptor.accept(stream.into_io()).await {
             Ok(tls) => {
@@ -422,6 +417,12 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
         mut pending,
     } = n;
     let (mut reader, mut writer) = stream.split();
+    // Dialback authenticates without a stream restart, in a task of its own: the stanza
+    // cost limit is raised through this, read by the reader at every stanza start.
+    let node_limit = Arc::new(AtomicUsize::new(
+        ReaderLimits::for_peer(&shared.config.limits, external.is_some()).max_stanza_nodes,
+    ));
+    reader.share_node_limit(node_limit.clone());
     let (out_tx, mut out_rx) = mpsc::channel::<Out>(64);
     let writer_task = tokio::spawn(async move {
         while let Some(m) = out_rx.recv().await {
@@ -485,7 +486,8 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
             Err(e) => break e.stream_error(),
         };
         if el.is("result", NS_DIALBACK) {
-            if let Err(e) = on_result(&shared, &el, &stream_id, &authed, &out_tx, peer).await {
+            let auth = (&authed, &node_limit);
+            if let Err(e) = on_result(&shared, &el, &stream_id, auth, &out_tx, peer).await {
                 break Some(e);
             }
             continue;
@@ -588,7 +590,7 @@ async fn on_result(
     shared: &Arc<Shared>,
     el: &Element,
     stream_id: &str,
-    authed: &Authenticated,
+    (authed, node_limit): (&Authenticated, &Arc<AtomicUsize>),
     out: &mpsc::Sender<Out>,
     peer: SocketAddr,
 ) -> Result<(), StreamError> {
@@ -626,9 +628,10 @@ async fn on_result(
         return Ok(());
     }
     let key = el.text_content();
-    let (shared, authed, out, stream_id) = (
+    let (shared, authed, node_limit, out, stream_id) = (
         shared.clone(),
         authed.clone(),
+        node_limit.clone(),
         out.clone(),
         stream_id.to_owned(),
     );
@@ -646,6 +649,9 @@ async fn on_result(
             if let Ok(mut a) = authed.lock() {
                 a.insert((from.clone(), to.clone()));
             }
+            // Before the peer learns it may send stanzas.
+            let limits = ReaderLimits::for_peer(&shared.config.limits, true);
+            node_limit.store(limits.max_stanza_nodes, Ordering::Release);
         }
         let reply = dialback::element("result", &to, &from, None, Some(ty), None);
         let _ = out.send(Out::Raw(reply)).await;

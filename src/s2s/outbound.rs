@@ -251,11 +251,12 @@ fn client_tls(
     Ok((Arc::new(config), verified))
 }
 
+/// Limits for what the receiving server sends back on a stream we opened. It carries only
+/// negotiation (features, TLS, SASL, dialback results and verifies) and stream errors,
+/// never stanzas (RFC 6120 §4.1: a stream is unidirectional), so the small pre-authentication
+/// cost limit holds for its whole life.
 fn limits(shared: &Shared) -> ReaderLimits {
-    ReaderLimits {
-        max_stanza_size: shared.config.limits.max_stanza_size,
-        max_depth: shared.config.limits.max_depth,
-    }
+    ReaderLimits::for_peer(&shared.config.limits, false)
 }
 
 /// Sends our header and reads the peer's header and features.

@@ -10,6 +10,8 @@
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use quick_xml::events::{BytesStart, Event};
@@ -68,6 +70,16 @@ pub enum XmlError {
     /// Elements nested deeper than the configured limit (policy-violation).
     #[error("elements nested deeper than {0}")]
     TooDeep(usize),
+    /// More elements and attributes in one stanza than the configured limit
+    /// (policy-violation): what a stanza costs in memory grows with its nodes, not its bytes.
+    #[error("more than {0} elements and attributes in one stanza")]
+    TooManyNodes(usize),
+    /// More attributes on one element than the configured limit (policy-violation).
+    #[error("more than {0} attributes on one element")]
+    TooManyAttributes(usize),
+    /// More namespace declarations in scope than the configured limit (policy-violation).
+    #[error("more than {0} namespace declarations in scope")]
+    TooManyNamespaces(usize),
     /// Bytes that are not UTF-8 (RFC 6120 §11.6, unsupported-encoding).
     #[error("input is not UTF-8")]
     Encoding,
@@ -95,7 +107,12 @@ impl XmlError {
         match self {
             XmlError::NotWellFormed(_) => Some("not-well-formed"),
             XmlError::Restricted(_) => Some("restricted-xml"),
-            XmlError::TooBig(_) | XmlError::TooDeep(_) => Some("policy-violation"),
+            // RFC 6120 §4.9.3.14: a local service policy (here a size or cost limit).
+            XmlError::TooBig(_)
+            | XmlError::TooDeep(_)
+            | XmlError::TooManyNodes(_)
+            | XmlError::TooManyAttributes(_)
+            | XmlError::TooManyNamespaces(_) => Some("policy-violation"),
             XmlError::Encoding => Some("unsupported-encoding"),
             XmlError::TextAtStreamLevel => Some("bad-format"),
             XmlError::Eof | XmlError::Io(_) => None,
@@ -103,21 +120,84 @@ impl XmlError {
     }
 }
 
-/// Size limits applied while parsing.
+/// Size and cost limits applied while parsing.
+///
+/// Bytes alone do not bound what a stanza costs: an empty element is four bytes on the wire
+/// and a few hundred in memory, and every attribute is checked against its siblings for
+/// duplicates (quadratic in their number). So elements and attributes are counted too, and
+/// each limit is checked before the thing it counts is stored.
 #[derive(Debug, Clone, Copy)]
 pub struct ReaderLimits {
     /// Largest stanza in bytes, as it appears on the wire.
     pub max_stanza_size: usize,
     /// Deepest element nesting inside a stanza.
     pub max_depth: usize,
+    /// Elements plus attributes (namespace declarations included) in one stanza.
+    pub max_stanza_nodes: usize,
+    /// Attributes on one element, namespace declarations included (the stream header too).
+    pub max_attributes: usize,
+    /// Namespace declarations in scope at once: the stream header's and those of the
+    /// elements open around the current one. Every prefix lookup walks them.
+    pub max_namespace_declarations: usize,
 }
 
 impl Default for ReaderLimits {
     fn default() -> Self {
+        ReaderLimits::for_peer(&crate::config::LimitsConfig::default(), true)
+    }
+}
+
+impl ReaderLimits {
+    /// The limits for a peer's stream, from `[limits]`. Before authentication a stream gets
+    /// the much smaller stanza cost limit: negotiation needs a handful of small elements,
+    /// and an unauthenticated peer must not be able to make the server hold megabytes.
+    pub fn for_peer(l: &crate::config::LimitsConfig, authenticated: bool) -> Self {
         ReaderLimits {
-            max_stanza_size: 256 * 1024,
-            max_depth: 64,
+            max_stanza_size: l.max_stanza_size,
+            max_depth: l.max_depth,
+            max_stanza_nodes: if authenticated {
+                l.max_stanza_nodes
+            } else {
+                l.max_stanza_nodes_unauthenticated
+            },
+            max_attributes: l.max_attributes,
+            max_namespace_declarations: l.max_namespace_declarations,
         }
+    }
+
+    /// No cost limits beyond size and depth: for XML the server wrote itself.
+    pub fn trusted(max_stanza_size: usize, max_depth: usize) -> Self {
+        ReaderLimits {
+            max_stanza_size,
+            max_depth,
+            max_stanza_nodes: usize::MAX,
+            max_attributes: usize::MAX,
+            max_namespace_declarations: usize::MAX,
+        }
+    }
+}
+
+/// XML 1.0 §2.2 (production [2] Char), required by RFC 6120 §11: of the characters below
+/// U+0020 only tab, line feed and carriage return are allowed, and U+FFFE and U+FFFF never
+/// (surrogates cannot occur in a `str`). The check runs on unescaped text, so a character
+/// reference to a forbidden character (`&#1;`) is refused too (well-formedness constraint
+/// "Legal Character", XML 1.0 §4.1). One pass over the bytes, no allocation.
+fn check_chars(s: &str) -> Result<(), XmlError> {
+    let b = s.as_bytes();
+    let bad = b.iter().enumerate().find_map(|(i, &c)| match c {
+        b'\t' | b'\n' | b'\r' => None,
+        0..=0x1F => Some(u32::from(c)),
+        // U+FFFE and U+FFFF are EF BF BE and EF BF BF in UTF-8.
+        0xEF if b.get(i + 1) == Some(&0xBF) && matches!(b.get(i + 2), Some(0xBE | 0xBF)) => {
+            Some(if b[i + 2] == 0xBE { 0xFFFE } else { 0xFFFF })
+        }
+        _ => None,
+    });
+    match bad {
+        None => Ok(()),
+        Some(c) => Err(ill(format_args!(
+            "character U+{c:04X} is not allowed in XML (XML 1.0 §2.2)"
+        ))),
     }
 }
 
@@ -133,6 +213,8 @@ struct Opened {
     name: String,
     ns: String,
     attrs: Vec<(String, String)>,
+    /// Attributes as sent, namespace declarations included.
+    wire_attrs: usize,
 }
 
 /// Checks a name against XML Namespaces 1.0 §3: an NCName, or with `qualified` two NCNames
@@ -143,9 +225,10 @@ fn check_qname(name: &str, qualified: bool) -> Result<(), XmlError> {
         let Some(first) = chars.next() else {
             return false;
         };
-        let start_ok = first.is_alphabetic() || first == '_' || !first.is_ascii();
-        start_ok
-            && chars.all(|c| c.is_alphanumeric() || matches!(c, '-' | '.' | '_') || !c.is_ascii())
+        // Non-ASCII is let through, except what is not a Char at all (XML 1.0 §2.2).
+        let other = |c: char| !c.is_ascii() && !matches!(c, '\u{FFFE}' | '\u{FFFF}');
+        let start_ok = first.is_alphabetic() || first == '_' || other(first);
+        start_ok && chars.all(|c| c.is_alphanumeric() || matches!(c, '-' | '.' | '_') || other(c))
     }
     let ok = match name.split_once(':') {
         Some((p, l)) if qualified => ncname(p) && ncname(l),
@@ -178,6 +261,12 @@ pub struct Builder {
     started: bool,
     /// Whether `</stream:stream>` was read: nothing may follow it (XML 1.0 §2.1, one root).
     closed: bool,
+    /// Elements and attributes of the stanza under construction.
+    nodes: usize,
+    /// Namespace declarations over all of `scopes`.
+    decls: usize,
+    /// Where to read `max_stanza_nodes` at each stanza start, if it can change mid-stream.
+    node_limit: Option<Arc<AtomicUsize>>,
 }
 
 fn ill(e: impl std::fmt::Display) -> XmlError {
@@ -210,6 +299,9 @@ impl Builder {
             ready: VecDeque::new(),
             started: false,
             closed: false,
+            nodes: 0,
+            decls: 0,
+            node_limit: None,
         }
     }
 
@@ -261,14 +353,40 @@ impl Builder {
             .map(|(_, uri)| uri.as_str())
     }
 
+    /// Reads the stanza cost limit from `limit` at the start of every stanza.
+    pub fn share_node_limit(&mut self, limit: Arc<AtomicUsize>) {
+        self.node_limit = Some(limit);
+    }
+
+    fn pop_scope(&mut self) {
+        if let Some(s) = self.scopes.pop() {
+            self.decls -= s.decls.len();
+        }
+    }
+
     /// Pushes a scope for `start` and returns its (name, ns, attrs).
     fn open_element(&mut self, start: &BytesStart<'_>) -> Result<Opened, XmlError> {
         let mut scope = Scope::default();
         let mut attrs = Vec::new();
+        let mut wire_attrs = 0usize;
         for attr in start.attributes().with_checks(true) {
+            // Counted before quick-xml's duplicate check of the next one, which compares it
+            // with every earlier sibling.
+            wire_attrs += 1;
+            if wire_attrs > self.limits.max_attributes {
+                return Err(XmlError::TooManyAttributes(self.limits.max_attributes));
+            }
             let attr = attr.map_err(ill)?;
             let key = std::str::from_utf8(attr.key.as_ref()).map_err(|_| XmlError::Encoding)?;
             let value = attr.unescape_value().map_err(map_qx)?.into_owned();
+            check_chars(&value)?;
+            let declares = key == "xmlns" || key.starts_with("xmlns:");
+            if declares && self.decls + scope.decls.len() >= self.limits.max_namespace_declarations
+            {
+                return Err(XmlError::TooManyNamespaces(
+                    self.limits.max_namespace_declarations,
+                ));
+            }
             if key == "xmlns" {
                 scope.decls.push((String::new(), value));
             } else if let Some(p) = key.strip_prefix("xmlns:") {
@@ -283,6 +401,7 @@ impl Builder {
                 attrs.push((key.to_owned(), value));
             }
         }
+        self.decls += scope.decls.len();
         self.scopes.push(scope);
         let qname = std::str::from_utf8(start.name().as_ref())
             .map_err(|_| XmlError::Encoding)?
@@ -316,6 +435,7 @@ impl Builder {
             name: local.to_owned(),
             ns,
             attrs,
+            wire_attrs,
         })
     }
 
@@ -336,7 +456,12 @@ impl Builder {
             return Err(ill("element after the end of the stream"));
         }
         self.started = true;
-        let Opened { name, ns, attrs } = self.open_element(start)?;
+        let Opened {
+            name,
+            ns,
+            attrs,
+            wire_attrs,
+        } = self.open_element(start)?;
         if !self.opened && !self.framed {
             let default_ns = self
                 .scopes
@@ -351,7 +476,7 @@ impl Builder {
                 attrs,
             }));
             if empty {
-                self.scopes.pop();
+                self.pop_scope();
                 self.closed = true;
                 self.ready.push_back(StreamEvent::Close);
             }
@@ -359,6 +484,17 @@ impl Builder {
         }
         if self.stack.len() >= self.limits.max_depth {
             return Err(XmlError::TooDeep(self.limits.max_depth));
+        }
+        if self.stack.is_empty() {
+            self.nodes = 0;
+            if let Some(limit) = &self.node_limit {
+                self.limits.max_stanza_nodes = limit.load(Ordering::Acquire);
+            }
+        }
+        // A counter per element keeps this off the per-character path.
+        self.nodes = self.nodes.saturating_add(1 + wire_attrs);
+        if self.nodes > self.limits.max_stanza_nodes {
+            return Err(XmlError::TooManyNodes(self.limits.max_stanza_nodes));
         }
         let ns = self.canonical_ns(ns);
         let el = Element {
@@ -375,7 +511,7 @@ impl Builder {
     }
 
     fn end_element(&mut self) {
-        self.scopes.pop();
+        self.pop_scope();
         let Some(el) = self.stack.pop() else {
             return;
         };
@@ -426,7 +562,7 @@ impl Builder {
             Event::End(_) => {
                 if self.stack.is_empty() {
                     // quick-xml has checked the name matches; depth 0 means the stream ends.
-                    self.scopes.pop();
+                    self.pop_scope();
                     self.closed = true;
                     self.ready.push_back(StreamEvent::Close);
                 } else {
@@ -435,13 +571,14 @@ impl Builder {
                 Ok(())
             }
             Event::Text(t) => {
-                let s = t.unescape().map_err(map_qx)?.into_owned();
-                self.text(s)
+                let s = t.unescape().map_err(map_qx)?;
+                check_chars(&s)?;
+                self.text(s.into_owned())
             }
             Event::CData(c) => {
-                let s = std::str::from_utf8(&c)
-                    .map_err(|_| XmlError::Encoding)?
-                    .to_owned();
+                let s = std::str::from_utf8(&c).map_err(|_| XmlError::Encoding)?;
+                check_chars(s)?;
+                let s = s.to_owned();
                 if self.stack.is_empty() {
                     return Err(XmlError::TextAtStreamLevel);
                 }
@@ -683,6 +820,14 @@ impl<R: AsyncRead + Unpin> StreamReader<R> {
         }
     }
 
+    /// Reads the stanza cost limit (`max_stanza_nodes`) from `limit` at the start of every
+    /// stanza, so that another task can raise it: a server stream authenticated by dialback
+    /// (XEP-0220) carries stanzas on the stream it negotiated on, with no restart, and the
+    /// peer may send its first stanza while this reader is already waiting for it.
+    pub fn share_node_limit(&mut self, limit: Arc<AtomicUsize>) {
+        self.builder.share_node_limit(limit);
+    }
+
     /// Heap bytes held by the reader's own buffers (read-ahead, parse buffer, builder
     /// queues), for the memory tests.
     pub fn held_bytes(&self) -> usize {
@@ -904,6 +1049,7 @@ mod tests {
         let limits = ReaderLimits {
             max_stanza_size: 1000,
             max_depth: 8,
+            ..ReaderLimits::default()
         };
         let big = "x".repeat(5000);
         let doc = format!("{HEADER}<message><body>{big}</body></message>");
@@ -924,10 +1070,213 @@ mod tests {
         let limits = ReaderLimits {
             max_stanza_size: 100_000,
             max_depth: 8,
+            ..ReaderLimits::default()
         };
         let doc = format!("{HEADER}{}", "<a>".repeat(20));
         let (_, err) = parse_chunks(&[doc.as_bytes()], limits, false);
         assert!(matches!(err, Some(XmlError::TooDeep(8))));
+    }
+
+    /// XML 1.0 §2.2: every character outside the Char production, raw or as a character
+    /// reference, in text, in CDATA and in attribute values, is not well-formed.
+    #[test]
+    fn characters_outside_xml_char_are_not_well_formed() {
+        let mut forbidden: Vec<char> = (0u32..0x20)
+            .filter(|c| !matches!(c, 0x9 | 0xA | 0xD))
+            .map(|c| char::from_u32(c).unwrap())
+            .collect();
+        forbidden.extend(['\u{FFFE}', '\u{FFFF}']);
+        assert_eq!(forbidden.len(), 31);
+        for c in forbidden {
+            let n = u32::from(c);
+            let docs = [
+                format!("{HEADER}<message><body>a{c}b</body></message>"),
+                format!("{HEADER}<message><body><![CDATA[a{c}b]]></body></message>"),
+                format!("{HEADER}<message id='a{c}b'/>"),
+                format!("{HEADER}<message><body>a&#{n};b</body></message>"),
+                format!("{HEADER}<message id='&#x{n:X};'/>"),
+                format!(
+                    "<stream:stream xmlns:stream='{}' to='a{c}'>",
+                    crate::xml::NS_STREAM
+                ),
+            ];
+            for doc in docs {
+                assert_eq!(
+                    err_condition(&doc),
+                    Some("not-well-formed"),
+                    "U+{n:04X}: {doc:?}"
+                );
+            }
+        }
+        // Not a Char, so not a name character either.
+        assert_eq!(
+            err_condition(&format!("{HEADER}<a\u{FFFE}/>")),
+            Some("not-well-formed")
+        );
+    }
+
+    #[test]
+    fn allowed_characters_pass_raw_and_as_references() {
+        let allowed = "\t\n\r \u{7F}\u{85}\u{D7FF}\u{E000}\u{FFFD}\u{10000}\u{1F600}\u{10FFFF}";
+        let doc = format!(
+            "{HEADER}<message id='{allowed}'><body>{allowed}&#9;&#xA;&#xD;&#xFFFD;&#x10FFFF;\
+             <![CDATA[{allowed}]]></body></message>"
+        );
+        let m = first_stanza(&doc);
+        let id = m.get_attr("id").expect("id");
+        assert!(
+            id.ends_with("\u{FFFD}\u{10000}\u{1F600}\u{10FFFF}"),
+            "{id:?}"
+        );
+        let body = m.get_child("body", NS_CLIENT).unwrap().text_content();
+        assert_eq!(body, format!("{allowed}\t\n\r\u{FFFD}\u{10FFFF}{allowed}"));
+    }
+
+    fn limits_with(nodes: usize, attributes: usize, namespaces: usize) -> ReaderLimits {
+        ReaderLimits {
+            max_stanza_nodes: nodes,
+            max_attributes: attributes,
+            max_namespace_declarations: namespaces,
+            ..ReaderLimits::default()
+        }
+    }
+
+    /// An unfinished stanza of many empty children is refused once it holds more elements
+    /// than the limit: before the stanza ends, so its cost cannot grow past the limit.
+    #[test]
+    fn too_many_elements_in_one_stanza_is_policy_violation() {
+        let limits = limits_with(100, 64, 64);
+        // 99 children and the stanza: at the limit, accepted.
+        let ok = format!("{HEADER}<message>{}</message>", "<a/>".repeat(99));
+        let (evs, err) = parse_chunks(&[ok.as_bytes()], limits, false);
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(evs.len(), 2);
+        let unfinished = format!("{HEADER}<message>{}", "<a/>".repeat(100));
+        let (evs, err) = parse_chunks(&[unfinished.as_bytes()], limits, false);
+        assert_eq!(evs.len(), 1);
+        assert!(matches!(err, Some(XmlError::TooManyNodes(100))), "{err:?}");
+        assert_eq!(err.unwrap().condition(), Some("policy-violation"));
+        // The count is per stanza: many stanzas each under the limit are fine.
+        let many = format!(
+            "{HEADER}{}",
+            format!("<message>{}</message>", "<a/>".repeat(99)).repeat(5)
+        );
+        let (evs, err) = parse_chunks(&[many.as_bytes()], limits, false);
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(evs.len(), 6);
+    }
+
+    #[test]
+    fn attributes_count_toward_the_stanza_cost() {
+        let limits = limits_with(100, 64, 64);
+        let attrs: String = (0..50).map(|i| format!(" a{i}=''")).collect();
+        // Two elements of 50 attributes: 102 nodes.
+        let doc = format!("{HEADER}<message{attrs}><b{attrs}/></message>");
+        let (_, err) = parse_chunks(&[doc.as_bytes()], limits, false);
+        assert!(matches!(err, Some(XmlError::TooManyNodes(100))), "{err:?}");
+        let doc = format!("{HEADER}<message{attrs}><b/></message>");
+        let (_, err) = parse_chunks(&[doc.as_bytes()], limits, false);
+        assert!(err.is_none(), "{err:?}");
+    }
+
+    #[test]
+    fn too_many_attributes_on_one_element_is_policy_violation() {
+        let limits = limits_with(100_000, 64, 64);
+        let attrs = |n: usize| -> String { (0..n).map(|i| format!(" a{i}='v'")).collect() };
+        let ok = format!("{HEADER}<message{}/>", attrs(64));
+        assert!(parse_chunks(&[ok.as_bytes()], limits, false).1.is_none());
+        for doc in [
+            format!("{HEADER}<message{}/>", attrs(22_000)),
+            // The stream header too.
+            format!(
+                "<stream:stream xmlns='jabber:client' xmlns:stream='{}'{}>",
+                crate::xml::NS_STREAM,
+                attrs(65)
+            ),
+        ] {
+            let (_, err) = parse_chunks(&[doc.as_bytes()], limits, false);
+            assert!(
+                matches!(err, Some(XmlError::TooManyAttributes(64))),
+                "{err:?}"
+            );
+            assert_eq!(err.unwrap().condition(), Some("policy-violation"));
+        }
+    }
+
+    #[test]
+    fn too_many_namespace_declarations_in_scope_is_policy_violation() {
+        let limits = limits_with(100_000, 100_000, 16);
+        let decls =
+            |n: usize| -> String { (0..n).map(|i| format!(" xmlns:p{i}='urn:{i}'")).collect() };
+        // 14 on the header (plus xmlns and xmlns:stream): exactly 16, accepted.
+        let header = |n: usize| {
+            format!(
+                "<stream:stream xmlns='jabber:client' xmlns:stream='{}'{}>",
+                crate::xml::NS_STREAM,
+                decls(n)
+            )
+        };
+        let (evs, err) = parse_chunks(
+            &[format!("{}<message/>", header(14)).as_bytes()],
+            limits,
+            false,
+        );
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(evs.len(), 2);
+        // 15,000 on the header.
+        let (_, err) = parse_chunks(&[header(15_000).as_bytes()], limits, false);
+        assert!(
+            matches!(err, Some(XmlError::TooManyNamespaces(16))),
+            "{err:?}"
+        );
+        // In scope counts the header's and the open elements': 14 + 1 on a child is too many,
+        // but the same declaration on siblings (each leaving scope again) is not.
+        let doc = format!(
+            "{}<message><a xmlns:x='urn:x'/><b xmlns:y='urn:y'/></message>",
+            header(13)
+        );
+        assert!(parse_chunks(&[doc.as_bytes()], limits, false).1.is_none());
+        let doc = format!(
+            "{}<message xmlns:x='urn:x'><a xmlns:y='urn:y'/></message>",
+            header(13)
+        );
+        let (_, err) = parse_chunks(&[doc.as_bytes()], limits, false);
+        assert!(
+            matches!(err, Some(XmlError::TooManyNamespaces(16))),
+            "{err:?}"
+        );
+        assert_eq!(err.unwrap().condition(), Some("policy-violation"));
+    }
+
+    /// The stanza cost limit can change mid-stream (dialback authenticates without a
+    /// restart), also while the reader is already waiting for the next stanza.
+    #[tokio::test]
+    async fn async_reader_reads_a_shared_node_limit_at_every_stanza_start() {
+        use std::future::Future as _;
+        use tokio::io::AsyncWriteExt;
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let mut reader = StreamReader::new(server, limits_with(10, 64, 64));
+        let limit = Arc::new(AtomicUsize::new(10));
+        reader.share_node_limit(limit.clone());
+        let big = format!("<message>{}</message>", "<a/>".repeat(20));
+        client.write_all(HEADER.as_bytes()).await.unwrap();
+        assert!(matches!(reader.next().await.unwrap(), StreamEvent::Open(_)));
+        {
+            let mut next = std::pin::pin!(reader.next());
+            std::future::poll_fn(|cx| {
+                assert!(next.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+            // Raised while the read is pending, before the stanza arrives.
+            limit.store(100, Ordering::Release);
+            client.write_all(big.as_bytes()).await.unwrap();
+            assert!(matches!(next.await.unwrap(), StreamEvent::Stanza(_)));
+        }
+        limit.store(10, Ordering::Release);
+        client.write_all(big.as_bytes()).await.unwrap();
+        let err = reader.next().await.unwrap_err();
+        assert!(matches!(err, XmlError::TooManyNodes(10)), "{err:?}");
     }
 
     #[test]
@@ -952,6 +1301,7 @@ mod tests {
         let limits = ReaderLimits {
             max_stanza_size: 2048,
             max_depth: 8,
+            ..ReaderLimits::default()
         };
         let mut reader = StreamReader::new(server, limits);
         use tokio::io::AsyncWriteExt;
@@ -1066,8 +1416,16 @@ mod tests {
         let small = ReaderLimits {
             max_stanza_size: 64,
             max_depth: 3,
+            ..ReaderLimits::default()
         };
         let dflt = ReaderLimits::default();
+        let costly = ReaderLimits {
+            max_stanza_nodes: 5,
+            // The header has four.
+            max_attributes: 4,
+            max_namespace_declarations: 4,
+            ..dflt
+        };
         // (document, limits, framed, events expected, condition expected). The expected values
         // make sure each document reaches the path it is here for, not an early error.
         type Case = (Vec<u8>, ReaderLimits, bool, usize, Option<&'static str>);
@@ -1149,6 +1507,42 @@ mod tests {
                 false,
                 1,
                 Some("policy-violation"),
+            ),
+            (
+                format!("{HEADER}<a/><message><b/><c/><d/><e/><f/></message>").into_bytes(),
+                costly,
+                false,
+                2,
+                Some("policy-violation"),
+            ),
+            (
+                format!("{HEADER}<message a='1' b='2' c='3' d='4' e='5'/>").into_bytes(),
+                costly,
+                false,
+                1,
+                Some("policy-violation"),
+            ),
+            (
+                format!("{HEADER}<message xmlns:x='urn:x'><b xmlns:y='urn:y' xmlns:z='urn:z'/>")
+                    .into_bytes(),
+                costly,
+                false,
+                1,
+                Some("policy-violation"),
+            ),
+            (
+                [HEADER.as_bytes(), b"<message><body>a\x01b</body></message>"].concat(),
+                dflt,
+                false,
+                1,
+                Some("not-well-formed"),
+            ),
+            (
+                format!("{HEADER}<message id='&#xFFFF;'/>").into_bytes(),
+                dflt,
+                false,
+                1,
+                Some("not-well-formed"),
             ),
             (
                 b"<open xmlns='urn:ietf:params:xml:ns:xmpp-framing' to='a.example' version='1.0'/>\

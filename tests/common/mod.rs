@@ -279,10 +279,8 @@ pub struct Client {
 pub const WAIT: Duration = Duration::from_secs(5);
 
 fn limits() -> ReaderLimits {
-    ReaderLimits {
-        max_stanza_size: 1 << 20,
-        max_depth: 64,
-    }
+    // What the server writes: a roster result may hold thousands of elements.
+    ReaderLimits::trusted(1 << 20, 64)
 }
 
 /// What ended a read.
