@@ -274,6 +274,8 @@ pub struct ScramServer {
     hash: ScramHash,
     /// Iteration count announced to unknown users; should equal the one accounts use.
     unknown_user_iterations: u32,
+    /// Key for fake salts; None: a random per-process one (changes at restart).
+    fake_salt_secret: Option<Vec<u8>>,
     /// Server part of the nonce: random, or fixed by tests.
     server_nonce: String,
     /// Progress of the exchange.
@@ -293,6 +295,7 @@ impl ScramServer {
         ScramServer {
             hash,
             unknown_user_iterations: DEFAULT_ITERATIONS,
+            fake_salt_secret: None,
             server_nonce,
             state: State::Initial,
         }
@@ -302,6 +305,13 @@ impl ScramServer {
     /// created with so the answer does not reveal whether an account exists.
     pub fn with_unknown_user_iterations(mut self, iterations: u32) -> Self {
         self.unknown_user_iterations = iterations.max(1);
+        self
+    }
+
+    /// Sets the key fake salts of unknown users are derived from; pass one that persists
+    /// across restarts (the store's) so they stay stable as real salts do.
+    pub fn with_fake_salt_secret(mut self, secret: &[u8]) -> Self {
+        self.fake_salt_secret = Some(secret.to_vec());
         self
     }
 
@@ -372,25 +382,13 @@ impl ScramServer {
         out
     }
 
-    /// Credentials for a user that does not exist: a salt that is stable for the
-    /// username within this process, and random keys no proof can match.
+    /// Credentials for a user that does not exist (see [`fake_credentials`]).
     fn fake_credentials(&self, username: &str) -> StoredCredentials {
-        let mut data = Vec::with_capacity(username.len() + 16);
-        data.extend_from_slice(self.hash.mechanism().as_bytes());
-        data.push(0);
-        data.extend_from_slice(username.as_bytes());
-        let mut salt = ScramHash::Sha256.hmac(process_secret(), &data);
-        salt.truncate(SALT_LEN);
-        let mut stored_key = vec![0u8; self.hash.output_len()];
-        let mut server_key = vec![0u8; self.hash.output_len()];
-        rand::thread_rng().fill_bytes(&mut stored_key);
-        rand::thread_rng().fill_bytes(&mut server_key);
-        StoredCredentials {
-            salt,
-            iterations: self.unknown_user_iterations,
-            stored_key,
-            server_key,
-        }
+        let secret = match &self.fake_salt_secret {
+            Some(s) => s.as_slice(),
+            None => process_secret(),
+        };
+        fake_credentials(self.hash, username, secret, self.unknown_user_iterations)
     }
 
     /// Verifies client-final `c=...,r=...,p=...` (channel-binding echo, nonce, proof)
@@ -470,8 +468,37 @@ impl ScramServer {
     }
 }
 
-/// Secret mixed into fake salts; random per process, so salts of unknown users cannot
-/// be precomputed or compared across deployments.
+/// Credentials for a user that does not exist, so the server can answer exactly as for
+/// a real one: a salt derived with HMAC from `secret` and the username (the same at every
+/// start when the secret persists, different per user, unpredictable without the secret),
+/// the iteration count real accounts get, and random keys no proof or password can match.
+/// SCRAM announces them; PLAIN derives against them so an unknown user costs the same
+/// PBKDF2 work as a real one.
+pub fn fake_credentials(
+    hash: ScramHash,
+    username: &str,
+    secret: &[u8],
+    iterations: u32,
+) -> StoredCredentials {
+    let mut data = Vec::with_capacity(username.len() + 16);
+    data.extend_from_slice(hash.mechanism().as_bytes());
+    data.push(0);
+    data.extend_from_slice(username.as_bytes());
+    let mut salt = ScramHash::Sha256.hmac(secret, &data);
+    salt.truncate(SALT_LEN);
+    let mut stored_key = vec![0u8; hash.output_len()];
+    let mut server_key = vec![0u8; hash.output_len()];
+    rand::thread_rng().fill_bytes(&mut stored_key);
+    rand::thread_rng().fill_bytes(&mut server_key);
+    StoredCredentials {
+        salt,
+        iterations: iterations.max(1),
+        stored_key,
+        server_key,
+    }
+}
+
+/// Fallback secret for fake salts when the caller gives none: random per process.
 fn process_secret() -> &'static [u8] {
     static SECRET: OnceLock<[u8; 32]> = OnceLock::new();
     SECRET.get_or_init(|| {
