@@ -368,7 +368,10 @@ async fn unknown_users_get_a_scram_salt_stable_across_restarts_and_the_configure
     ts.stop().await;
     let ts = TestServer::start_with_domain(&domain, iterations).await;
     let again = scram_salt(&ts, "ghost").await;
-    assert_eq!(ghost, again, "same unknown user, same answer after a restart");
+    assert_eq!(
+        ghost, again,
+        "same unknown user, same answer after a restart"
+    );
     assert_ne!(ghost.0, other.0, "different users, different salts");
     assert_eq!(ghost.1, "4321", "unknown users get scram_iterations");
     assert_eq!(other.1, "4321");
