@@ -333,6 +333,54 @@ async fn repeated_failures_lock_the_account_without_a_password_check_until_the_d
     ts.stop().await;
 }
 
+/// Median time of a failed PLAIN attempt for an existing account (wrong password) and
+/// for an unknown one, interleaved on one stream so load drifts affect both alike.
+async fn plain_failure_medians(ts: &TestServer, samples: usize) -> (Duration, Duration) {
+    let mut c = Client::tcp(ts).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(ts).await;
+    let (mut existing, mut unknown) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        for (user, into) in [("alice", &mut existing), ("nobody", &mut unknown)] {
+            let started = Instant::now();
+            let answer = c.auth_plain(user, "wrong").await;
+            into.push(started.elapsed());
+            assert_eq!(condition(&answer), "not-authorized", "{answer}");
+        }
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    (median(&mut existing), median(&mut unknown))
+}
+
+#[tokio::test]
+async fn plain_costs_an_unknown_user_the_same_password_check_as_an_existing_one() {
+    // 100 pairs by default keep the suite quick; PLAIN_TIMING_SAMPLES=200 (or more) for a
+    // measurement to report.
+    let samples: usize = std::env::var("PLAIN_TIMING_SAMPLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let ts = TestServer::start(|c| {
+        c.limits.max_auth_failures = 2 * samples as u32 + 1;
+        c.limits.auth_backoff_failures = 2 * samples as u32 + 1;
+    })
+    .await;
+    ts.user("alice").await;
+    let (existing, unknown) = plain_failure_medians(&ts, samples).await;
+    println!("PLAIN failure, median of {samples}: existing {existing:?}, unknown {unknown:?}");
+    // Before, the unknown user skipped PBKDF2 and took about half as long; now the same
+    // derivation runs, so the medians agree within the noise of a shared machine.
+    let ratio = unknown.as_secs_f64() / existing.as_secs_f64();
+    assert!(
+        (0.8..1.25).contains(&ratio),
+        "existing {existing:?}, unknown {unknown:?}: ratio {ratio:.2}"
+    );
+    ts.stop().await;
+}
+
 /// The salt and iteration count a SCRAM-SHA-256 server-first gives `user`.
 async fn scram_salt(ts: &TestServer, user: &str) -> (String, String) {
     use base64::Engine as _;

@@ -185,7 +185,11 @@ mod tests {
         }
         // Within the window they do.
         b.failed("a@x", t);
-        assert_eq!(b.failed("a@x", t), Some(Duration::from_secs(1)));
+        b.failed("a@x", t + Duration::from_secs(59));
+        assert_eq!(
+            b.failed("a@x", t + Duration::from_secs(118)),
+            Some(Duration::from_secs(1))
+        );
     }
 
     #[test]

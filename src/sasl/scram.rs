@@ -853,6 +853,31 @@ mod tests {
     }
 
     #[test]
+    fn fake_credentials_follow_the_secret_and_the_iterations_and_match_no_password() {
+        let fake =
+            |user: &str, secret: &[u8]| fake_credentials(ScramHash::Sha256, user, secret, 12_345);
+        let a = fake("ghost", b"secret one");
+        assert_eq!(a.salt, fake("ghost", b"secret one").salt, "stable");
+        assert_ne!(a.salt, fake("other", b"secret one").salt, "per user");
+        assert_ne!(a.salt, fake("ghost", b"secret two").salt, "per secret");
+        assert_eq!(a.salt.len(), SALT_LEN);
+        assert_eq!(a.iterations, 12_345);
+        for pw in ["", "pw", "ghost"] {
+            assert!(!verify_plain(ScramHash::Sha256, &a, pw));
+        }
+        // A server given the secret announces the same salt.
+        let mut server = ScramServer::new(ScramHash::Sha256)
+            .with_unknown_user_iterations(12_345)
+            .with_fake_salt_secret(b"secret one");
+        server.client_first(b"n,,n=ghost,r=abc").unwrap();
+        let sf = String::from_utf8(server.server_first(None)).unwrap();
+        assert!(
+            sf.ends_with(&format!(",s={},i=12345", BASE64.encode(&a.salt))),
+            "{sf}"
+        );
+    }
+
+    #[test]
     fn malformed_client_first_is_rejected_with_the_right_error() {
         use ScramError::*;
         let cases: &[(&[u8], ScramError)] = &[
