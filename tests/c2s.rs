@@ -317,6 +317,12 @@ async fn repeated_failures_lock_the_account_without_a_password_check_until_the_d
     // The right password is refused too while the lock lasts.
     let (answer, _) = timed_plain(&ts, "alice", "right").await;
     assert_eq!(condition(&answer), "not-authorized", "{answer}");
+    // SCRAM is refused at client-first, before any challenge; bob still gets one.
+    for (user, locked) in [("alice", true), ("bob", false)] {
+        let answer = scram_first(&ts, user).await;
+        let want = if locked { "failure" } else { "challenge" };
+        assert!(answer.is(want, x::NS_SASL), "{user}: {answer}");
+    }
     assert!(
         locked_at.elapsed() < Duration::from_millis(1_500),
         "the checks above must run inside the lock; the machine is too slow for this test"
@@ -381,8 +387,8 @@ async fn plain_costs_an_unknown_user_the_same_password_check_as_an_existing_one(
     ts.stop().await;
 }
 
-/// The salt and iteration count a SCRAM-SHA-256 server-first gives `user`.
-async fn scram_salt(ts: &TestServer, user: &str) -> (String, String) {
+/// The server's answer to a SCRAM-SHA-256 client-first for `user` on a fresh stream.
+async fn scram_first(ts: &TestServer, user: &str) -> Element {
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut c = Client::tcp(ts).await;
@@ -393,7 +399,14 @@ async fn scram_salt(ts: &TestServer, user: &str) -> (String, String) {
         "<auth xmlns='urn:ietf:params:xml:ns:xmpp-sasl' mechanism='SCRAM-SHA-256'>{first}</auth>"
     ))
     .await;
-    let challenge = c.next_stanza(WAIT).await.expect("challenge");
+    c.next_stanza(WAIT).await.expect("SASL answer")
+}
+
+/// The salt and iteration count a SCRAM-SHA-256 server-first gives `user`.
+async fn scram_salt(ts: &TestServer, user: &str) -> (String, String) {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let challenge = scram_first(ts, user).await;
     assert!(challenge.is("challenge", x::NS_SASL), "{challenge}");
     let text = String::from_utf8(b64.decode(challenge.text_content()).unwrap()).unwrap();
     let field = |k: &str| {
