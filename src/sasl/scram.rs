@@ -10,9 +10,11 @@
 //!   `p=` fails and `y` is accepted (RFC 5802 §6: `y` is only an error when the server
 //!   does support channel binding).
 //! - An unknown user gets a server-first with a salt derived from the username and a
-//!   per-process secret, and the same iteration count real accounts use, so the
-//!   exchange looks the same as for an existing account until the proof fails
-//!   (RFC 5802 §9 leaves this to the server; not revealing accounts is our choice).
+//!   secret the caller keeps across restarts (the server stores it in the database), and
+//!   the iteration count real accounts use, so the exchange looks the same as for an
+//!   existing account, today and after a restart, until the proof fails (RFC 5802 §9
+//!   leaves this to the server; not revealing accounts is our choice). PLAIN derives
+//!   against the same [`fake_credentials`] so it costs the same work either way.
 //! - The username is returned decoded (`=2C`/`=3D`) but not otherwise prepared: the
 //!   caller turns it into a JID localpart with the JID rules (RFC 7622), which is what
 //!   it must match in the store.
