@@ -6,9 +6,12 @@
 //! not tell which accounts exist). Once `failures` of them fall within `window` of each
 //! other, the account is locked for `base`, doubling with each further failure up to
 //! `max`; while locked, attempts are refused without running the password check.
-//! The table is per node and holds at most `max_entries` accounts.
+//! The table is per node and holds at most `max_entries` accounts, each under a keyed
+//! 64-bit hash of its JID rather than the JID (up to 3 KB), so the bound is a few MB.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -66,25 +69,32 @@ impl Entry {
 #[derive(Debug)]
 pub struct AuthBackoff {
     policy: BackoffPolicy,
-    entries: Mutex<HashMap<String, Entry>>,
+    /// Random per process, so nobody can pick names that collide on purpose.
+    hasher: RandomState,
+    entries: Mutex<HashMap<u64, Entry>>,
 }
 
 impl AuthBackoff {
     pub fn new(policy: BackoffPolicy) -> Self {
         AuthBackoff {
             policy,
+            hasher: RandomState::new(),
             entries: Mutex::new(HashMap::new()),
         }
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+    fn key(&self, account: &str) -> u64 {
+        self.hasher.hash_one(account)
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether `account` is locked at `now`: if so the attempt must be refused without
     /// checking the password, and the remaining time is returned (for the log).
     pub fn locked(&self, account: &str, now: Instant) -> Option<Duration> {
-        let until = self.table().get(account)?.locked_until?;
+        let until = self.table().get(&self.key(account))?.locked_until?;
         (until > now).then(|| until - now)
     }
 
@@ -92,22 +102,26 @@ impl AuthBackoff {
     /// started, if any.
     pub fn failed(&self, account: &str, now: Instant) -> Option<Duration> {
         let policy = self.policy;
+        let key = self.key(account);
         let mut table = self.table();
-        if !table.contains_key(account) && table.len() >= policy.max_entries {
+        if !table.contains_key(&key) && table.len() >= policy.max_entries {
             table.retain(|_, e| !e.expired(&policy, now));
             if table.len() >= policy.max_entries {
-                // Still full of live entries: forget the one idle longest, so memory
-                // stays bounded even under a spray of distinct names.
-                if let Some(oldest) = table
+                // Still full of live entries (a spray of distinct names): forget an
+                // eighth at once, unlocked ones and those idle longest first, so memory
+                // stays bounded and the scan is paid once per many insertions.
+                let mut ages: Vec<(bool, Instant, u64)> = table
                     .iter()
-                    .min_by_key(|(_, e)| e.last_failure)
-                    .map(|(k, _)| k.clone())
-                {
-                    table.remove(&oldest);
+                    .map(|(k, e)| (e.locked_until.is_some_and(|t| t > now), e.last_failure, *k))
+                    .collect();
+                let drop = (policy.max_entries / 8).max(1).min(ages.len());
+                ages.select_nth_unstable(drop - 1);
+                for (_, _, k) in &ages[..drop] {
+                    table.remove(k);
                 }
             }
         }
-        let entry = table.entry(account.to_owned()).or_insert(Entry {
+        let entry = table.entry(key).or_insert(Entry {
             failures: 0,
             last_failure: now,
             locked_until: None,
@@ -126,7 +140,8 @@ impl AuthBackoff {
 
     /// A successful login forgets the account's failures.
     pub fn succeeded(&self, account: &str) {
-        self.table().remove(account);
+        let key = self.key(account);
+        self.table().remove(&key);
     }
 
     /// Accounts tracked now.
@@ -224,6 +239,9 @@ mod tests {
             b.failed(&format!("spray{i}@x"), t1 + Duration::from_millis(i));
             assert!(b.len() <= 4);
         }
-        assert!(b.len() <= 4);
+        assert!(
+            b.locked("locked@x", t1).is_some(),
+            "locked accounts are the last to go"
+        );
     }
 }
