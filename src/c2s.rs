@@ -499,8 +499,8 @@ impl Conn {
         hash: ScramHash,
         mut initial: Vec<u8>,
     ) -> Result<Result<String, &'static str>, Fail> {
-        // Unknown users get a salt and count as an account would (RFC 5802 §9 asks not
-        // to reveal whether a user exists).
+        // Unknown users get a salt and iteration count as an account would, so the answer
+        // does not reveal whether the user exists (RFC 5802 §9 leaves this to the server).
         let mut server = ScramServer::new(hash)
             .with_unknown_user_iterations(self.shared.config.auth.scram_iterations)
             .with_fake_salt_secret(&self.shared.fake_salt_secret);
@@ -518,8 +518,11 @@ impl Conn {
             Err(e) => return Ok(Err(e.condition())),
         };
         let account = self.account(&first.username);
-        if account.as_ref().is_some_and(|j| self.auth_locked(j)) {
-            return Ok(Err("not-authorized"));
+        if let Some(jid) = &account {
+            if self.auth_locked(jid) {
+                return Ok(Err("not-authorized"));
+            }
+            server.set_fake_salt_name(jid.as_str());
         }
         let creds = match &account {
             Some(jid) => self
@@ -627,7 +630,7 @@ impl Conn {
             None => (
                 scram::fake_credentials(
                     ScramHash::Sha256,
-                    &local,
+                    jid.as_str(),
                     &self.shared.fake_salt_secret,
                     self.shared.config.auth.scram_iterations,
                 ),

@@ -426,6 +426,12 @@ async fn unknown_users_get_a_scram_salt_stable_across_restarts_and_the_configure
     ts.user("alice").await;
     let ghost = scram_salt(&ts, "ghost").await;
     let other = scram_salt(&ts, "other").await;
+    // Spellings of one JID share a real account's salt, so they share a fake one too.
+    assert_eq!(
+        scram_salt(&ts, "Alice").await,
+        scram_salt(&ts, "alice").await
+    );
+    assert_eq!(scram_salt(&ts, "GHOST").await, ghost);
     ts.stop().await;
     let ts = TestServer::start_with_domain(&domain, iterations).await;
     let again = scram_salt(&ts, "ghost").await;

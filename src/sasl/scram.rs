@@ -278,6 +278,8 @@ pub struct ScramServer {
     unknown_user_iterations: u32,
     /// Key for fake salts; None: a random per-process one (changes at restart).
     fake_salt_secret: Option<Vec<u8>>,
+    /// Name the fake salt is derived from; None: the username as sent.
+    fake_salt_name: Option<String>,
     /// Server part of the nonce: random, or fixed by tests.
     server_nonce: String,
     /// Progress of the exchange.
@@ -298,6 +300,7 @@ impl ScramServer {
             hash,
             unknown_user_iterations: DEFAULT_ITERATIONS,
             fake_salt_secret: None,
+            fake_salt_name: None,
             server_nonce,
             state: State::Initial,
         }
@@ -315,6 +318,13 @@ impl ScramServer {
     pub fn with_fake_salt_secret(mut self, secret: &[u8]) -> Self {
         self.fake_salt_secret = Some(secret.to_vec());
         self
+    }
+
+    /// Derives a fake salt from `name` instead of the username as sent: pass the
+    /// normalised account name, so spellings that reach one real account (and its one
+    /// salt) also share one fake salt, and comparing them reveals nothing.
+    pub fn set_fake_salt_name(&mut self, name: &str) {
+        self.fake_salt_name = Some(name.to_owned());
     }
 
     /// Test constructor with a fixed server nonce, to replay the RFC example exchanges.
@@ -390,7 +400,8 @@ impl ScramServer {
             Some(s) => s.as_slice(),
             None => process_secret(),
         };
-        fake_credentials(self.hash, username, secret, self.unknown_user_iterations)
+        let name = self.fake_salt_name.as_deref().unwrap_or(username);
+        fake_credentials(self.hash, name, secret, self.unknown_user_iterations)
     }
 
     /// Verifies client-final `c=...,r=...,p=...` (channel-binding echo, nonce, proof)
