@@ -467,13 +467,45 @@ impl Conn {
         crate::jid::bare(username, domain).ok()
     }
 
+    /// Per-account back-off, the same for every mechanism: true if `jid` is locked after
+    /// repeated failures, and the attempt must be refused without a password check.
+    /// The refusal is RFC 6120 §6.5.10 not-authorized ("some generic authentication
+    /// failure ... the receiving entity does not wish to disclose specific information
+    /// about the cause"): §6.5.12 temporary-auth-failure is for an error within the
+    /// server, and would tell a guesser which answers to ignore.
+    fn auth_locked(&self, jid: &BareJid) -> bool {
+        let Some(left) = self
+            .shared
+            .auth_backoff
+            .locked(jid.as_str(), std::time::Instant::now())
+        else {
+            return false;
+        };
+        tracing::info!(peer = %self.peer, %jid, ?left, "SASL refused: account locked after failures");
+        true
+    }
+
+    /// Records the outcome of a password check for `jid` in the back-off table.
+    fn auth_checked(&self, jid: &BareJid, ok: bool) {
+        let backoff = &self.shared.auth_backoff;
+        if ok {
+            backoff.succeeded(jid.as_str());
+        } else if let Some(lock) = backoff.failed(jid.as_str(), std::time::Instant::now()) {
+            tracing::warn!(peer = %self.peer, %jid, ?lock, "SASL failures lock the account");
+        }
+    }
+
     /// SCRAM exchange (RFC 5802 §5). Returns the localpart or a SASL failure condition.
     async fn scram(
         &mut self,
         hash: ScramHash,
         mut initial: Vec<u8>,
     ) -> Result<Result<String, &'static str>, Fail> {
-        let mut server = ScramServer::new(hash);
+        // Unknown users get a salt and iteration count as an account would, so the answer
+        // does not reveal whether the user exists (RFC 5802 §9 leaves this to the server).
+        let mut server = ScramServer::new(hash)
+            .with_unknown_user_iterations(self.shared.config.auth.scram_iterations)
+            .with_fake_salt_secret(&self.shared.fake_salt_secret);
         if initial.is_empty() {
             // RFC 6120 §6.4.2: no initial response, so ask for it with an empty challenge.
             self.write_el(&Element::new("challenge", x::NS_SASL))
@@ -488,6 +520,12 @@ impl Conn {
             Err(e) => return Ok(Err(e.condition())),
         };
         let account = self.account(&first.username);
+        if let Some(jid) = &account {
+            if self.auth_locked(jid) {
+                return Ok(Err("not-authorized"));
+            }
+            server.set_fake_salt_name(jid.as_str());
+        }
         let creds = match &account {
             Some(jid) => self
                 .shared
@@ -518,7 +556,11 @@ impl Conn {
         let Some(response) = self.sasl_response().await? else {
             return Ok(Err("aborted"));
         };
-        match server.client_final(&response) {
+        let verdict = server.client_final(&response);
+        if let Some(jid) = &account {
+            self.auth_checked(jid, verdict.is_ok() && creds.is_some());
+        }
+        match verdict {
             Ok(server_final) if creds.is_some() => {
                 self.write_el(&Element::new("success", x::NS_SASL).text(B64.encode(server_final)))
                     .await?;
@@ -572,6 +614,9 @@ impl Conn {
         if !authz.is_empty() && authz != jid.as_str() {
             return Ok(Err("invalid-authzid"));
         }
+        if self.auth_locked(&jid) {
+            return Ok(Err("not-authorized"));
+        }
         let local = crate::jid::node_str(&Jid::from(jid.clone())).to_owned();
         let creds = self
             .shared
@@ -579,18 +624,30 @@ impl Conn {
             .scram_credentials(&local, jid.domain().as_str(), ScramHash::Sha256)
             .await
             .map_err(|_| Fail::Stream(StreamError::new("internal-server-error", "storage")))?;
-        let ok = match creds {
-            Some(c) => {
-                let pass = pass.to_owned();
-                // PBKDF2 is CPU-heavy: keep it off the async workers.
-                tokio::task::spawn_blocking(move || {
-                    scram::verify_plain(ScramHash::Sha256, &c, &pass)
-                })
-                .await
-                .unwrap_or(false)
-            }
-            None => false,
+        // An unknown user is checked against made-up credentials with the configured
+        // iterations, so both cost the same PBKDF2 work and the time taken does not tell
+        // whether the account exists.
+        let (creds, exists) = match creds {
+            Some(c) => (c, true),
+            None => (
+                scram::fake_credentials(
+                    ScramHash::Sha256,
+                    jid.as_str(),
+                    &self.shared.fake_salt_secret,
+                    self.shared.config.auth.scram_iterations,
+                ),
+                false,
+            ),
         };
+        let pass = pass.to_owned();
+        // PBKDF2 is CPU-heavy: keep it off the async workers.
+        let matched = tokio::task::spawn_blocking(move || {
+            scram::verify_plain(ScramHash::Sha256, &creds, &pass)
+        })
+        .await
+        .unwrap_or(false);
+        let ok = matched && exists;
+        self.auth_checked(&jid, ok);
         if !ok {
             return Ok(Err("not-authorized"));
         }

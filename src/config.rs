@@ -364,6 +364,16 @@ pub struct LimitsConfig {
     pub stanza_burst: u32,
     /// Failed SASL attempts on one stream before it is closed (RFC 6120 §6.4.5).
     pub max_auth_failures: u32,
+    /// Failed password checks for one account, over every stream, that lock it.
+    pub auth_backoff_failures: u32,
+    /// Milliseconds a failure counts towards the lock after the previous one.
+    pub auth_backoff_window_ms: u64,
+    /// Milliseconds of the first lock; each further failure doubles it.
+    pub auth_backoff_base_ms: u64,
+    /// Longest lock in milliseconds.
+    pub auth_backoff_max_ms: u64,
+    /// Accounts the back-off table tracks at once (per node).
+    pub auth_backoff_max_entries: usize,
 }
 
 impl Default for LimitsConfig {
@@ -390,6 +400,11 @@ impl Default for LimitsConfig {
             stanzas_per_second: 50,
             stanza_burst: 200,
             max_auth_failures: 3,
+            auth_backoff_failures: 5,
+            auth_backoff_window_ms: 15 * 60 * 1000,
+            auth_backoff_base_ms: 1000,
+            auth_backoff_max_ms: 5 * 60 * 1000,
+            auth_backoff_max_entries: 100_000,
         }
     }
 }
@@ -799,6 +814,14 @@ impl Config {
         }
         if l.max_attributes < 16 || l.max_namespace_declarations < 8 {
             return bad("[limits] max_attributes >= 16, max_namespace_declarations >= 8");
+        }
+        if l.auth_backoff_failures == 0
+            || l.auth_backoff_window_ms == 0
+            || l.auth_backoff_base_ms == 0
+            || l.auth_backoff_max_ms < l.auth_backoff_base_ms
+            || l.auth_backoff_max_entries == 0
+        {
+            return bad("[limits] auth_backoff_*: positive, base_ms <= max_ms");
         }
         self.validate_liveness()?;
         let s = &self.s2s;

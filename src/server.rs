@@ -47,6 +47,11 @@ pub struct Shared {
     pub s2s: crate::s2s::S2s,
     /// The Prometheus registry behind `/metrics` and the counters fed into it.
     pub metrics: crate::metrics::Metrics,
+    /// Failed SASL password checks per account, across this node's streams.
+    pub auth_backoff: crate::sasl::backoff::AuthBackoff,
+    /// Key of the fake SCRAM salts of unknown users; kept in the store so the salts are
+    /// the same after a restart and on every node, as a real account's are.
+    pub fake_salt_secret: Vec<u8>,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks
@@ -136,6 +141,10 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let s2s_tls = crate::tls::s2s_server_config(&config)?;
     let liveness = crate::liveness::Liveness::new(&config);
     let s2s = crate::s2s::S2s::new(&config, crate::tls::identity(&config)?);
+    let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
+    let auth_backoff = crate::sasl::backoff::AuthBackoff::new(
+        crate::sasl::backoff::BackoffPolicy::from_config(&config.limits),
+    );
     let shared = Arc::new(Shared {
         config,
         store,
@@ -148,6 +157,8 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         privacy: Default::default(),
         s2s,
         metrics: crate::metrics::Metrics::new(),
+        auth_backoff,
+        fake_salt_secret,
     });
     shared.s2s.attach(&shared);
     let weak = Arc::downgrade(&shared);

@@ -268,6 +268,183 @@ async fn wrong_password_gets_not_authorized_and_too_many_end_the_stream_with_pol
     ts.stop().await;
 }
 
+/// One PLAIN attempt on a fresh STARTTLS stream: the SASL answer and how long it took.
+async fn timed_plain(ts: &TestServer, user: &str, password: &str) -> (Element, Duration) {
+    let mut c = Client::tcp(ts).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(ts).await;
+    let started = Instant::now();
+    let answer = c.auth_plain(user, password).await;
+    (answer, started.elapsed())
+}
+
+#[tokio::test]
+async fn repeated_failures_lock_the_account_without_a_password_check_until_the_delay_ends() {
+    // Scaled down: 3 failures lock for 1.5 s (bounded at 3 s); a failure is remembered 10 s.
+    let ts = TestServer::start(|c| {
+        c.limits.auth_backoff_failures = 3;
+        c.limits.auth_backoff_window_ms = 10_000;
+        c.limits.auth_backoff_base_ms = 1_500;
+        c.limits.auth_backoff_max_ms = 3_000;
+    })
+    .await;
+    // A slow credential makes a password check measurable next to a refusal without one.
+    ts.running
+        .as_ref()
+        .unwrap()
+        .shared
+        .store
+        .create_account("alice", &ts.domain, "right", 50_000)
+        .await
+        .expect("create alice");
+    ts.user("bob").await;
+
+    // Each attempt on its own stream: the per-stream retry limit plays no part.
+    let mut checked = Duration::MAX;
+    for attempt in 1..=3 {
+        let (answer, took) = timed_plain(&ts, "alice", "wrong").await;
+        assert_eq!(condition(&answer), "not-authorized", "attempt {attempt}");
+        checked = checked.min(took);
+    }
+    let locked_at = Instant::now();
+    // RFC 6120 §6.5.10: refused as not-authorized, and without the PBKDF2 work.
+    let (answer, refused) = timed_plain(&ts, "alice", "wrong").await;
+    assert_eq!(condition(&answer), "not-authorized", "{answer}");
+    assert!(
+        refused * 4 < checked,
+        "a locked attempt took {refused:?}, a checked one at least {checked:?}"
+    );
+    // The right password is refused too while the lock lasts.
+    let (answer, _) = timed_plain(&ts, "alice", "right").await;
+    assert_eq!(condition(&answer), "not-authorized", "{answer}");
+    // SCRAM is refused at client-first, before any challenge; bob still gets one.
+    for (user, locked) in [("alice", true), ("bob", false)] {
+        let answer = scram_first(&ts, user).await;
+        let want = if locked { "failure" } else { "challenge" };
+        assert!(answer.is(want, x::NS_SASL), "{user}: {answer}");
+    }
+    assert!(
+        locked_at.elapsed() < Duration::from_millis(1_500),
+        "the checks above must run inside the lock; the machine is too slow for this test"
+    );
+    // Other accounts are not affected.
+    let (answer, _) = timed_plain(&ts, "bob", "pw").await;
+    assert!(answer.is("success", x::NS_SASL), "{answer}");
+
+    // Once the lock (1.5 s, at most 3 s) is over, the right password works.
+    tokio::time::sleep(Duration::from_millis(1_600).saturating_sub(locked_at.elapsed())).await;
+    let (answer, _) = timed_plain(&ts, "alice", "right").await;
+    assert!(answer.is("success", x::NS_SASL), "{answer}");
+    assert_still_serving(&ts).await;
+    ts.stop().await;
+}
+
+/// Median time of a failed PLAIN attempt for an existing account (wrong password) and
+/// for an unknown one, interleaved on one stream so load drifts affect both alike.
+async fn plain_failure_medians(ts: &TestServer, samples: usize) -> (Duration, Duration) {
+    let mut c = Client::tcp(ts).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(ts).await;
+    let (mut existing, mut unknown) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        for (user, into) in [("alice", &mut existing), ("nobody", &mut unknown)] {
+            let started = Instant::now();
+            let answer = c.auth_plain(user, "wrong").await;
+            into.push(started.elapsed());
+            assert_eq!(condition(&answer), "not-authorized", "{answer}");
+        }
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    (median(&mut existing), median(&mut unknown))
+}
+
+#[tokio::test]
+async fn plain_costs_an_unknown_user_the_same_password_check_as_an_existing_one() {
+    // 100 pairs by default keep the suite quick; PLAIN_TIMING_SAMPLES=200 (or more) for a
+    // measurement to report.
+    let samples: usize = std::env::var("PLAIN_TIMING_SAMPLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let ts = TestServer::start(|c| {
+        c.limits.max_auth_failures = 2 * samples as u32 + 1;
+        c.limits.auth_backoff_failures = 2 * samples as u32 + 1;
+    })
+    .await;
+    ts.user("alice").await;
+    let (existing, unknown) = plain_failure_medians(&ts, samples).await;
+    println!("PLAIN failure, median of {samples}: existing {existing:?}, unknown {unknown:?}");
+    // Before, the unknown user skipped PBKDF2 and took about half as long; now the same
+    // derivation runs, so the medians agree within the noise of a shared machine.
+    let ratio = unknown.as_secs_f64() / existing.as_secs_f64();
+    assert!(
+        (0.8..1.25).contains(&ratio),
+        "existing {existing:?}, unknown {unknown:?}: ratio {ratio:.2}"
+    );
+    ts.stop().await;
+}
+
+/// The server's answer to a SCRAM-SHA-256 client-first for `user` on a fresh stream.
+async fn scram_first(ts: &TestServer, user: &str) -> Element {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut c = Client::tcp(ts).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(ts).await;
+    let first = b64.encode(format!("n,,n={user},r=clientnonce"));
+    c.send_raw(&format!(
+        "<auth xmlns='urn:ietf:params:xml:ns:xmpp-sasl' mechanism='SCRAM-SHA-256'>{first}</auth>"
+    ))
+    .await;
+    c.next_stanza(WAIT).await.expect("SASL answer")
+}
+
+/// The salt and iteration count a SCRAM-SHA-256 server-first gives `user`.
+async fn scram_salt(ts: &TestServer, user: &str) -> (String, String) {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let challenge = scram_first(ts, user).await;
+    assert!(challenge.is("challenge", x::NS_SASL), "{challenge}");
+    let text = String::from_utf8(b64.decode(challenge.text_content()).unwrap()).unwrap();
+    let field = |k: &str| {
+        text.split(',')
+            .find_map(|a| a.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {text}"))
+            .to_owned()
+    };
+    (field("s="), field("i="))
+}
+
+#[tokio::test]
+async fn unknown_users_get_a_scram_salt_stable_across_restarts_and_the_configured_iterations() {
+    let domain = format!("t{}.example", unique());
+    let iterations = |c: &mut presenced::config::Config| c.auth.scram_iterations = 4321;
+    let ts = TestServer::start_with_domain(&domain, iterations).await;
+    ts.user("alice").await;
+    let ghost = scram_salt(&ts, "ghost").await;
+    let other = scram_salt(&ts, "other").await;
+    // Spellings of one JID share a real account's salt, so they share a fake one too.
+    assert_eq!(
+        scram_salt(&ts, "Alice").await,
+        scram_salt(&ts, "alice").await
+    );
+    assert_eq!(scram_salt(&ts, "GHOST").await, ghost);
+    ts.stop().await;
+    let ts = TestServer::start_with_domain(&domain, iterations).await;
+    let again = scram_salt(&ts, "ghost").await;
+    assert_eq!(
+        ghost, again,
+        "same unknown user, same answer after a restart"
+    );
+    assert_ne!(ghost.0, other.0, "different users, different salts");
+    assert_eq!(ghost.1, "4321", "unknown users get scram_iterations");
+    assert_eq!(other.1, "4321");
+    ts.stop().await;
+}
+
 #[tokio::test]
 async fn before_tls_only_required_starttls_is_offered_and_auth_gets_encryption_required() {
     let ts = TestServer::start(|_| {}).await;

@@ -162,6 +162,22 @@ async fn account_credentials_authenticate_through_scram_and_plain() {
 }
 
 #[tokio::test]
+async fn a_server_secret_is_created_once_and_returned_unchanged_afterwards() {
+    let name = format!("test-{}", domain());
+    let first = store().await.server_secret(&name).await.expect("secret");
+    assert!(first.len() >= 32, "{} bytes", first.len());
+    // Another connection pool, as after a restart or on another node.
+    let again = store().await.server_secret(&name).await.expect("secret");
+    assert_eq!(first, again);
+    let other = store()
+        .await
+        .server_secret(&format!("{name}-other"))
+        .await
+        .expect("secret");
+    assert_ne!(first, other, "each name has its own random secret");
+}
+
+#[tokio::test]
 async fn duplicate_or_invalid_accounts_are_refused() {
     let store = store().await;
     let d = domain();

@@ -3,4 +3,6 @@
 //!
 //! - [`scram`]: SCRAM-SHA-1 and SCRAM-SHA-256, plus [`scram::verify_plain`] so PLAIN
 //!   checks a password against the same stored SCRAM credentials.
+//! - [`backoff`]: per-account back-off after repeated failures, shared by every stream.
+pub mod backoff;
 pub mod scram;

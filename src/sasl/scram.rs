@@ -10,9 +10,11 @@
 //!   `p=` fails and `y` is accepted (RFC 5802 §6: `y` is only an error when the server
 //!   does support channel binding).
 //! - An unknown user gets a server-first with a salt derived from the username and a
-//!   per-process secret, and the same iteration count real accounts use, so the
-//!   exchange looks the same as for an existing account until the proof fails
-//!   (RFC 5802 §9 leaves this to the server; not revealing accounts is our choice).
+//!   secret the caller keeps across restarts (the server stores it in the database), and
+//!   the iteration count real accounts use, so the exchange looks the same as for an
+//!   existing account, today and after a restart, until the proof fails (RFC 5802 §9
+//!   leaves this to the server; not revealing accounts is our choice). PLAIN derives
+//!   against the same [`fake_credentials`] so it costs the same work either way.
 //! - The username is returned decoded (`=2C`/`=3D`) but not otherwise prepared: the
 //!   caller turns it into a JID localpart with the JID rules (RFC 7622), which is what
 //!   it must match in the store.
@@ -274,6 +276,10 @@ pub struct ScramServer {
     hash: ScramHash,
     /// Iteration count announced to unknown users; should equal the one accounts use.
     unknown_user_iterations: u32,
+    /// Key for fake salts; None: a random per-process one (changes at restart).
+    fake_salt_secret: Option<Vec<u8>>,
+    /// Name the fake salt is derived from; None: the username as sent.
+    fake_salt_name: Option<String>,
     /// Server part of the nonce: random, or fixed by tests.
     server_nonce: String,
     /// Progress of the exchange.
@@ -293,6 +299,8 @@ impl ScramServer {
         ScramServer {
             hash,
             unknown_user_iterations: DEFAULT_ITERATIONS,
+            fake_salt_secret: None,
+            fake_salt_name: None,
             server_nonce,
             state: State::Initial,
         }
@@ -303,6 +311,20 @@ impl ScramServer {
     pub fn with_unknown_user_iterations(mut self, iterations: u32) -> Self {
         self.unknown_user_iterations = iterations.max(1);
         self
+    }
+
+    /// Sets the key fake salts of unknown users are derived from; pass one that persists
+    /// across restarts (the store's) so they stay stable as real salts do.
+    pub fn with_fake_salt_secret(mut self, secret: &[u8]) -> Self {
+        self.fake_salt_secret = Some(secret.to_vec());
+        self
+    }
+
+    /// Derives a fake salt from `name` instead of the username as sent: pass the
+    /// normalised account name, so spellings that reach one real account (and its one
+    /// salt) also share one fake salt, and comparing them reveals nothing.
+    pub fn set_fake_salt_name(&mut self, name: &str) {
+        self.fake_salt_name = Some(name.to_owned());
     }
 
     /// Test constructor with a fixed server nonce, to replay the RFC example exchanges.
@@ -372,25 +394,14 @@ impl ScramServer {
         out
     }
 
-    /// Credentials for a user that does not exist: a salt that is stable for the
-    /// username within this process, and random keys no proof can match.
+    /// Credentials for a user that does not exist (see [`fake_credentials`]).
     fn fake_credentials(&self, username: &str) -> StoredCredentials {
-        let mut data = Vec::with_capacity(username.len() + 16);
-        data.extend_from_slice(self.hash.mechanism().as_bytes());
-        data.push(0);
-        data.extend_from_slice(username.as_bytes());
-        let mut salt = ScramHash::Sha256.hmac(process_secret(), &data);
-        salt.truncate(SALT_LEN);
-        let mut stored_key = vec![0u8; self.hash.output_len()];
-        let mut server_key = vec![0u8; self.hash.output_len()];
-        rand::thread_rng().fill_bytes(&mut stored_key);
-        rand::thread_rng().fill_bytes(&mut server_key);
-        StoredCredentials {
-            salt,
-            iterations: self.unknown_user_iterations,
-            stored_key,
-            server_key,
-        }
+        let secret = match &self.fake_salt_secret {
+            Some(s) => s.as_slice(),
+            None => process_secret(),
+        };
+        let name = self.fake_salt_name.as_deref().unwrap_or(username);
+        fake_credentials(self.hash, name, secret, self.unknown_user_iterations)
     }
 
     /// Verifies client-final `c=...,r=...,p=...` (channel-binding echo, nonce, proof)
@@ -470,8 +481,37 @@ impl ScramServer {
     }
 }
 
-/// Secret mixed into fake salts; random per process, so salts of unknown users cannot
-/// be precomputed or compared across deployments.
+/// Credentials for a user that does not exist, so the server can answer exactly as for
+/// a real one: a salt derived with HMAC from `secret` and the username (the same at every
+/// start when the secret persists, different per user, unpredictable without the secret),
+/// the iteration count real accounts get, and random keys no proof or password can match.
+/// SCRAM announces them; PLAIN derives against them so an unknown user costs the same
+/// PBKDF2 work as a real one.
+pub fn fake_credentials(
+    hash: ScramHash,
+    username: &str,
+    secret: &[u8],
+    iterations: u32,
+) -> StoredCredentials {
+    let mut data = Vec::with_capacity(username.len() + 16);
+    data.extend_from_slice(hash.mechanism().as_bytes());
+    data.push(0);
+    data.extend_from_slice(username.as_bytes());
+    let mut salt = ScramHash::Sha256.hmac(secret, &data);
+    salt.truncate(SALT_LEN);
+    let mut stored_key = vec![0u8; hash.output_len()];
+    let mut server_key = vec![0u8; hash.output_len()];
+    rand::thread_rng().fill_bytes(&mut stored_key);
+    rand::thread_rng().fill_bytes(&mut server_key);
+    StoredCredentials {
+        salt,
+        iterations: iterations.max(1),
+        stored_key,
+        server_key,
+    }
+}
+
+/// Fallback secret for fake salts when the caller gives none: random per process.
 fn process_secret() -> &'static [u8] {
     static SECRET: OnceLock<[u8; 32]> = OnceLock::new();
     SECRET.get_or_init(|| {
@@ -823,6 +863,31 @@ mod tests {
 
         let (_, result) = run(ScramHash::Sha1, None, "ghost", "anything", None);
         assert_eq!(result, Err(ScramError::InvalidProof));
+    }
+
+    #[test]
+    fn fake_credentials_follow_the_secret_and_the_iterations_and_match_no_password() {
+        let fake =
+            |user: &str, secret: &[u8]| fake_credentials(ScramHash::Sha256, user, secret, 12_345);
+        let a = fake("ghost", b"secret one");
+        assert_eq!(a.salt, fake("ghost", b"secret one").salt, "stable");
+        assert_ne!(a.salt, fake("other", b"secret one").salt, "per user");
+        assert_ne!(a.salt, fake("ghost", b"secret two").salt, "per secret");
+        assert_eq!(a.salt.len(), SALT_LEN);
+        assert_eq!(a.iterations, 12_345);
+        for pw in ["", "pw", "ghost"] {
+            assert!(!verify_plain(ScramHash::Sha256, &a, pw));
+        }
+        // A server given the secret announces the same salt.
+        let mut server = ScramServer::new(ScramHash::Sha256)
+            .with_unknown_user_iterations(12_345)
+            .with_fake_salt_secret(b"secret one");
+        server.client_first(b"n,,n=ghost,r=abc").unwrap();
+        let sf = String::from_utf8(server.server_first(None)).unwrap();
+        assert!(
+            sf.ends_with(&format!(",s={},i=12345", BASE64.encode(&a.salt))),
+            "{sf}"
+        );
     }
 
     #[test]

@@ -187,4 +187,25 @@ impl Store {
             server_key: row.try_get("server_key")?,
         }))
     }
+
+    /// The server secret called `name`, created (32 random bytes) the first time any node
+    /// asks and the same afterwards for every node and restart.
+    pub async fn server_secret(&self, name: &str) -> Result<Vec<u8>, StoreError> {
+        let mut fresh = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut fresh);
+        sqlx::query(
+            "INSERT INTO server_secrets (name, value) VALUES ($1, $2)
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .bind(&fresh[..])
+        .execute(&self.pool)
+        .await?;
+        // A separate statement, so it sees a row another node inserted concurrently.
+        let value: Vec<u8> = sqlx::query_scalar("SELECT value FROM server_secrets WHERE name = $1")
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(value)
+    }
 }
