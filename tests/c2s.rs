@@ -37,21 +37,6 @@ fn is_message(el: &Element) -> bool {
     el.name == "message"
 }
 
-/// The `type` attribute of the `<error/>` in an error stanza.
-fn error_type(el: &Element) -> String {
-    el.get_child("error", NS_CLIENT)
-        .and_then(|e| e.get_attr("type"))
-        .unwrap_or_default()
-        .to_owned()
-}
-
-/// Asserts `reply` is an error stanza with `condition` and error `ty`.
-fn assert_error(reply: &Element, condition: &str, ty: &str, what: &str) {
-    assert_eq!(reply.get_attr("type"), Some("error"), "{what}: {reply}");
-    assert_eq!(stanza_error(reply), condition, "{what}: {reply}");
-    assert_eq!(error_type(reply), ty, "{what}: {reply}");
-}
-
 /// Two fresh users log in from `source` and exchange a message: the server still serves.
 async fn assert_still_serving_from(ts: &TestServer, source: IpAddr) {
     let (a, b) = (format!("ok{}", unique()), format!("ok{}", unique()));

@@ -16,35 +16,8 @@ fn el(xml: &str) -> Element {
     parse_element(xml).unwrap_or_else(|| panic!("test XML parses: {xml}"))
 }
 
-fn error_type(reply: &Element) -> String {
-    reply
-        .get_child("error", NS_CLIENT)
-        .and_then(|e| e.get_attr("type"))
-        .unwrap_or_default()
-        .to_owned()
-}
-
-fn assert_error(reply: &Element, condition: &str, ty: &str, what: &str) {
-    assert_eq!(reply.get_attr("type"), Some("error"), "{what}: {reply}");
-    assert_eq!(stanza_error(reply), condition, "{what}: {reply}");
-    assert_eq!(error_type(reply), ty, "{what}: {reply}");
-}
-
 fn assert_result(reply: &Element, what: &str) {
     assert_eq!(reply.get_attr("type"), Some("result"), "{what}: {reply}");
-}
-
-/// A ping to the server and its answer: whatever the server routed to this client before
-/// handling the ping is in the backlog afterwards (one task per session, one FIFO queue).
-async fn barrier(ts: &TestServer, c: &mut Client) {
-    let r = c
-        .iq(
-            "get",
-            Some(&ts.domain),
-            Element::new("ping", "urn:xmpp:ping"),
-        )
-        .await;
-    assert_result(&r, "ping");
 }
 
 fn roster_item(jid: &str, name: Option<&str>, groups: &[String]) -> Element {

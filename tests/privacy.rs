@@ -42,20 +42,6 @@ async fn online(ts: &TestServer, name: &str, res: &str) -> Client {
     c
 }
 
-/// A ping to the server and its answer: everything the server had routed to this client
-/// before processing the ping is in the backlog afterwards (one task per session,
-/// stanzas handled in order, one FIFO mailbox).
-async fn barrier(ts: &TestServer, c: &mut Client) {
-    let r = c
-        .iq(
-            "get",
-            Some(&ts.domain),
-            Element::new("ping", "urn:xmpp:ping"),
-        )
-        .await;
-    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
-}
-
 async fn set_privacy(ts: &TestServer, c: &mut Client, inner: &str) {
     let r = c
         .iq(

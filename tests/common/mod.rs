@@ -830,3 +830,31 @@ impl Client {
         self.reader = StreamReader::new(reader.into_inner(), limits());
     }
 }
+
+/// The `type` attribute of the `<error/>` in an error stanza.
+pub fn error_type(el: &Element) -> String {
+    el.get_child("error", NS_CLIENT)
+        .and_then(|e| e.get_attr("type"))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Asserts `reply` is an error stanza with `condition` and error `ty`.
+pub fn assert_error(reply: &Element, condition: &str, ty: &str, what: &str) {
+    assert_eq!(reply.get_attr("type"), Some("error"), "{what}: {reply}");
+    assert_eq!(stanza_error(reply), condition, "{what}: {reply}");
+    assert_eq!(error_type(reply), ty, "{what}: {reply}");
+}
+
+/// A ping to the server and its answer: whatever the server routed to this client before
+/// handling the ping is in the backlog afterwards (one task per session, one FIFO queue).
+pub async fn barrier(ts: &TestServer, c: &mut Client) {
+    let r = c
+        .iq(
+            "get",
+            Some(&ts.domain),
+            Element::new("ping", "urn:xmpp:ping"),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+}
