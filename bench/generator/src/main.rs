@@ -302,6 +302,23 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
         return Ok(ExitCode::FAILURE);
     }
     if cli.smoke {
+        // A smoke run is small enough to demand everything: every user logged in and saw
+        // every contact, and every change of the fixed load reached each of its K watchers.
+        // One login and one delivery would pass the check above with most of the run lost.
+        let users = u64::from(report.users);
+        let want_delivered = report.fixed_sent * u64::from(report.contacts);
+        if report.logins_ok != users
+            || report.sessions_all_contacts_seen != users
+            || report.fixed_sent == 0
+            || report.fixed_delivered != want_delivered
+        {
+            eprintln!(
+                "smoke: FAIL: logins {}/{users}, sessions seeing all contacts {}/{users}, \
+                 fixed-load deliveries {}/{want_delivered}",
+                report.logins_ok, report.sessions_all_contacts_seen, report.fixed_delivered
+            );
+            return Ok(ExitCode::FAILURE);
+        }
         println!(
             "smoke: OK ({} logins, {total_delivered} deliveries)",
             report.logins_ok

@@ -154,6 +154,9 @@ async fn load_generator_split_over_two_processes_merges_their_counts() {
         n("redis_write_cmds_per_session_per_min") > 0.0,
         "{json}\n{err}"
     );
-    assert!(n("pg_xacts_per_session_per_min") >= 0.0, "{json}\n{err}");
+    // PostgreSQL at rest is reported (the figure the benchmark compares); its value is the
+    // benchmark's business, its presence and sanity the smoke test's.
+    let pg = n("pg_xacts_per_session_per_min");
+    assert!(pg.is_finite() && pg >= 0.0, "{json}\n{err}");
     ts.stop().await;
 }
