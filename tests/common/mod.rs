@@ -314,10 +314,19 @@ impl Client {
         }
     }
 
-    /// Writes raw bytes.
+    /// Writes raw bytes. A write the connection refuses fails the test: a check that went on
+    /// after its stanza was never sent would prove nothing. Tests that write into a stream
+    /// the server may already have closed use [`Client::try_send_raw`].
     pub async fn send_raw(&mut self, s: &str) {
-        let _ = self.writer.write_all(s.as_bytes()).await;
-        let _ = self.writer.flush().await;
+        if let Err(e) = self.try_send_raw(s).await {
+            panic!("{}: write failed: {e}", self.jid);
+        }
+    }
+
+    /// Writes raw bytes and says whether the connection took them.
+    pub async fn try_send_raw(&mut self, s: &str) -> std::io::Result<()> {
+        self.writer.write_all(s.as_bytes()).await?;
+        self.writer.flush().await
     }
 
     /// Writes a stanza.
