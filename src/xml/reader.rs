@@ -607,7 +607,7 @@ const READ_BUF: usize = 4096;
 /// freed, and allocated again when the peer is woken up by new data.
 ///
 /// An idle XMPP session spends nearly all its life waiting on this read; a fixed
-/// [`tokio::io::BufReader`] would hold its full capacity per session for nothing (issue 7,
+/// [`tokio::io::BufReader`] would hold its full capacity per session for nothing (BENCHMARKS.md,
 /// memory per idle session). One allocation per wake-up is the price, which is small next to
 /// the TLS record that woke us.
 pub struct IdleBuf<R> {
@@ -1355,7 +1355,7 @@ mod tests {
         }
     }
 
-    /// Issue 7: an idle session must not pay for read buffers. After a burst of stanzas
+    /// An idle session must not pay for read buffers (BENCHMARKS.md). After a burst of stanzas
     /// (one of them large) the reader, waiting on a silent peer, holds no read-ahead, no
     /// parse buffer and no queue capacity; the next stanza is read as before.
     #[tokio::test]
