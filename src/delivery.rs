@@ -25,7 +25,7 @@ use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid, Jid};
 use crate::presence::gate;
 use crate::server::Shared;
-use crate::sessions::message_targets;
+use crate::sessions::{message_targets, SessionHandle};
 use crate::xml::{Element, NS_CLIENT};
 
 /// What became of a message or iq handed to [`message`] or [`iq`].
@@ -118,7 +118,7 @@ pub(crate) fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
             to_available(shared, bare.as_str(), &reply);
         }
         (_, Err(bare)) => {
-            message_to_bare(shared, reply, &bare, "error");
+            message_to_bare(&shared.sessions.of_user(&bare), reply, "error");
         }
     }
 }
@@ -204,50 +204,41 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element)
         },
         Err(bare) => bare,
     };
+    if kind == "groupchat" {
+        // §8.5.2.1.1: groupchat to a bare JID of a user is service-unavailable.
+        bounce(shared, &el, StanzaError::service_unavailable());
+        return Outcome::Bounced;
+    }
+    // One look at the registry serves the existence check and the delivery.
+    let sessions = shared.sessions.of_user(&bare);
     if matches!(kind.as_str(), "normal" | "chat")
-        && message_targets(&shared.sessions.of_user(&bare)).is_empty()
+        && message_targets(&sessions).is_empty()
         && !account_exists(shared, &bare).await
     {
         // RFC 6121 §8.5.1: no such account.
         bounce(shared, &el, StanzaError::service_unavailable());
         return Outcome::Bounced;
     }
-    let copy = el.clone();
-    match message_to_bare(shared, el, &bare, &kind) {
-        Some(err) => {
-            bounce(shared, &copy, err);
-            Outcome::Bounced
-        }
-        None => Outcome::Delivered,
-    }
+    message_to_bare(&sessions, el, &kind);
+    Outcome::Delivered
 }
 
-/// RFC 6121 §8.5.2: delivers a message to a local bare JID. Returns the error to bounce
-/// to the sender, if any.
-pub(crate) fn message_to_bare(
-    shared: &Shared,
-    el: Element,
-    bare: &BareJid,
-    kind: &str,
-) -> Option<StanzaError> {
+/// RFC 6121 §8.5.2: delivers a message of type `kind` (not groupchat, which the caller
+/// answers) to the resources of a local bare JID, `sessions`.
+pub(crate) fn message_to_bare(sessions: &[SessionHandle], el: Element, kind: &str) {
     if kind == "error" {
         // Never answer an error; with no resource to take it, it is dropped (§8.5.2.2.1).
-        if let Some(s) = message_targets(&shared.sessions.of_user(bare)).first() {
+        if let Some(s) = message_targets(sessions).first() {
             s.send(el);
         }
-        return None;
+        return;
     }
-    if kind == "groupchat" {
-        // §8.5.2.1.1: groupchat to a bare JID of a user is service-unavailable.
-        return Some(StanzaError::service_unavailable());
-    }
-    let sessions = shared.sessions.of_user(bare);
-    let targets = message_targets(&sessions);
+    let targets = message_targets(sessions);
     if targets.is_empty() {
         // No offline storage. §8.5.2.2.1 lets the server ignore the message silently, and
         // it must: an error only when offline would tell anyone the user's status. A
         // non-existent account is answered by the caller (§8.5.1).
-        return None;
+        return;
     }
     if kind == "headline" {
         // §8.5.2.1.1: headlines go to every non-negative resource.
@@ -257,7 +248,7 @@ pub(crate) fn message_to_bare(
         {
             s.send(el.clone());
         }
-        return None;
+        return;
     }
     let n = targets.len();
     for (i, s) in targets.into_iter().enumerate() {
@@ -267,7 +258,6 @@ pub(crate) fn message_to_bare(
         }
         s.send(el.clone());
     }
-    None
 }
 
 /// An iq from `sender` (a local full JID or a remote JID; `from` stamped) to local full
