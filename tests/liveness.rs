@@ -400,21 +400,10 @@ async fn last_activity_is_forbidden_without_a_subscription() {
 
 #[tokio::test]
 async fn metrics_endpoint_serves_the_counters_in_prometheus_text() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ts = TestServer::start(fast_liveness).await;
     ts.user("alice").await;
     let alice = online(&ts, "alice", "phone").await;
-    let mut s = tokio::net::TcpStream::connect(ts.http_addr())
-        .await
-        .unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    tokio::time::timeout(WAIT, s.read_to_string(&mut body))
-        .await
-        .unwrap()
-        .unwrap();
+    let body = ts.http_get("/metrics", "x").await;
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     for name in [
         "presenced_redis_writes_total",
@@ -707,23 +696,8 @@ async fn resource_of_a_crashed_node_is_announced_by_the_sweeper_with_its_last_be
     let mut bob = online(&ts, "bob", "pc").await;
     // A beat left by a node that no longer exists: nobody listens on its channel.
     let bare = ts.jid("alice");
-    let full = presenced::jid::FullJid::new(&format!("{bare}/phone")).unwrap();
-    let keys = &ts.shared().liveness.keys;
-    let last_beat = ts.shared().liveness.clock.now_ms() - (l.ttl * 1000.0) as i64 - 500;
-    let mut r = ts.redis().await;
-    let _: () = redis::cmd("ZADD")
-        .arg(keys.beats_for(&bare))
-        .arg(last_beat)
-        .arg(keys.member("node-crashed", &full))
-        .query_async(&mut r)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(keys.beats_for(&bare))
-        .arg(60_000)
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let full = c_jid(&ts, "alice", "phone");
+    let last_beat = plant_crashed_beat(&ts, "alice", "phone").await;
     bob.watch(
         &|e| is_presence(e, full.as_str(), Some("unavailable")),
         secs(l.sweep_interval * 2.0 + 1.0),
@@ -806,11 +780,6 @@ async fn plant_crashed_beat(ts: &TestServer, name: &str, res: &str) -> i64 {
     last_beat
 }
 
-/// A ping answered by the server: everything routed to `c` before it is in the backlog.
-async fn barrier(c: &mut Client) {
-    last_words(c).await;
-}
-
 #[tokio::test]
 async fn orphan_announcement_reaches_only_viewers_the_gate_admits() {
     // The sweeper is driven by hand, so each sweep is known to have finished.
@@ -853,7 +822,7 @@ async fn orphan_announcement_reaches_only_viewers_the_gate_admits() {
         ("carol (blocked)", &mut carol),
         ("dave (hidden)", &mut dave),
     ] {
-        barrier(c).await;
+        barrier(&ts, c).await;
         assert!(
             !c.backlog
                 .iter()
@@ -885,8 +854,8 @@ async fn orphan_of_a_resource_that_reconnected_is_not_announced() {
     plant_crashed_beat(&ts, "alice", "phone").await;
     let swept = presenced::liveness::sweeper::sweep_all(ts.shared()).await;
     assert!(swept >= 1, "the planted beat was not swept");
-    barrier(&mut bob).await;
-    barrier(&mut alice).await;
+    barrier(&ts, &mut bob).await;
+    barrier(&ts, &mut alice).await;
     assert!(
         !bob.backlog
             .iter()

@@ -23,14 +23,27 @@ fn roster_push_for<'a>(
     }
 }
 
+/// Logs in, asks for the roster (so roster pushes follow, RFC 6121 §2.1.6) and sends
+/// initial presence.
 async fn online(ts: &TestServer, name: &str) -> Client {
+    online_fetching_roster(ts, name, true).await
+}
+
+/// Logs in and sends initial presence without ever asking for the roster.
+async fn online_without_roster(ts: &TestServer, name: &str) -> Client {
+    online_fetching_roster(ts, name, false).await
+}
+
+async fn online_fetching_roster(ts: &TestServer, name: &str, fetch: bool) -> Client {
     let mut c = ts.login(name, "r").await;
-    c.iq(
-        "get",
-        None,
-        presenced::xml::Element::new("query", NS_ROSTER),
-    )
-    .await;
+    if fetch {
+        c.iq(
+            "get",
+            None,
+            presenced::xml::Element::new("query", NS_ROSTER),
+        )
+        .await;
+    }
     c.presence(None, None).await;
     let me = ts.jid(name);
     c.expect(|e| is_presence(e, &me, None)).await;
@@ -156,27 +169,13 @@ fn rand_u32() -> u32 {
     u32::from_str_radix(&unique()[..8], 16).unwrap_or(7)
 }
 
-/// Logs in and sends initial presence without ever asking for the roster.
-async fn online_without_roster(ts: &TestServer, name: &str) -> Client {
-    let mut c = ts.login(name, "r").await;
-    c.presence(None, None).await;
-    let me = ts.jid(name);
-    c.expect(|e| is_presence(e, &me, None)).await;
-    c
-}
-
 #[tokio::test]
 async fn sql_unpair_withdraws_presence_even_from_clients_that_never_fetched_the_roster() {
     let ts = TestServer::start(|_| {}).await;
     ts.user("alice").await;
     ts.user("bob").await;
     let (a, b) = (ts.jid("alice"), ts.jid("bob"));
-    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
-        .bind(&a)
-        .bind(&b)
-        .execute(ts.shared().store.pool())
-        .await
-        .unwrap();
+    ts.make_mutual("alice", "bob").await;
     // Neither client asks for its roster (RFC 6121 §2.1.6: no pushes for them).
     let mut alice = online_without_roster(&ts, "alice").await;
     let mut bob = online_without_roster(&ts, "bob").await;
@@ -186,12 +185,7 @@ async fn sql_unpair_withdraws_presence_even_from_clients_that_never_fetched_the_
         .await;
     bob.expect(|e| is_presence(e, &format!("{a}/r"), None))
         .await;
-    sqlx::query("SELECT presenced_roster_unpair($1, $2)")
-        .bind(&a)
-        .bind(&b)
-        .execute(ts.shared().store.pool())
-        .await
-        .unwrap();
+    ts.unpair("alice", "bob").await;
     alice
         .expect(|e| is_presence(e, &b, Some("unavailable")))
         .await;
@@ -222,12 +216,7 @@ async fn a_change_of_the_pending_request_alone_is_stored_but_not_pushed() {
     bob.expect(|e| is_presence(e, &a, Some("subscribe"))).await;
     // Barrier: a later change of bob's roster made elsewhere reaches bob by the same
     // notification path that would replay an unpushed version, after it.
-    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
-        .bind(ts.jid("bob"))
-        .bind(&c)
-        .execute(ts.shared().store.pool())
-        .await
-        .unwrap();
+    ts.make_mutual("bob", "carol").await;
     bob.expect(roster_push_for(&c, "both")).await;
     assert!(
         !bob.backlog.iter().any(|e| e.name == "iq"

@@ -260,7 +260,6 @@ async fn user_stays_available_while_either_websocket_or_tcp_resource_lives() {
 
 #[tokio::test]
 async fn host_meta_advertises_the_websocket_endpoint() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ts = TestServer::start(fast_liveness).await;
     for (path, needle) in [
         (
@@ -284,15 +283,7 @@ async fn host_meta_advertises_the_websocket_endpoint() {
                 format!("ws://{}/xmpp-websocket", ts.domain),
             ),
         ] {
-            let mut s = TcpStream::connect(ts.http_addr()).await.unwrap();
-            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
-                .await
-                .unwrap();
-            let mut body = String::new();
-            tokio::time::timeout(WAIT, s.read_to_string(&mut body))
-                .await
-                .unwrap()
-                .unwrap();
+            let body = ts.http_get(path, host).await;
             assert!(body.starts_with("HTTP/1.1 200"), "{body}");
             assert!(body.contains(needle), "{body}");
             assert!(body.contains(&advertised), "Host {host}: {body}");

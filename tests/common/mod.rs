@@ -188,6 +188,16 @@ impl TestServer {
             .expect("make mutual");
     }
 
+    /// Removes `a` and `b` from each other's rosters with the SQL function operators use.
+    pub async fn unpair(&self, a: &str, b: &str) {
+        sqlx::query("SELECT presenced_roster_unpair($1, $2)")
+            .bind(self.jid(a))
+            .bind(self.jid(b))
+            .execute(self.shared().store.pool())
+            .await
+            .expect("unpair");
+    }
+
     /// The HTTP listener's address.
     pub fn http_addr(&self) -> std::net::SocketAddr {
         self.running
@@ -207,16 +217,7 @@ impl TestServer {
 
     /// `GET /metrics` over HTTP: every sample as `name{labels}` → value (comments skipped).
     pub async fn scrape_metrics(&self) -> std::collections::HashMap<String, f64> {
-        use tokio::io::AsyncReadExt;
-        let mut s = TcpStream::connect(self.http_addr()).await.expect("connect");
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .expect("request");
-        let mut text = String::new();
-        tokio::time::timeout(WAIT, s.read_to_string(&mut text))
-            .await
-            .expect("metrics within the wait")
-            .expect("metrics read");
+        let text = self.http_get("/metrics", "x").await;
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         body.lines()
@@ -226,6 +227,22 @@ impl TestServer {
                 Some((k.to_owned(), v.parse().ok()?))
             })
             .collect()
+    }
+
+    /// The whole response (status line, headers, body) to `GET path` with `Host: host` on
+    /// the HTTP listener, read until the server closes.
+    pub async fn http_get(&self, path: &str, host: &str) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut s = TcpStream::connect(self.http_addr()).await.expect("connect");
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+            .await
+            .expect("request");
+        let mut text = String::new();
+        tokio::time::timeout(WAIT, s.read_to_string(&mut text))
+            .await
+            .expect("answer within the wait")
+            .expect("answer read");
+        text
     }
 
     /// A liveness counter by name, read from the server's /metrics-backing counters.
