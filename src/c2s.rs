@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -28,12 +28,7 @@ use crate::sessions::{Outbound, SessionHandle};
 use crate::xml::reader::{ReaderLimits, StreamEvent, StreamReader, XmlError};
 use crate::xml::{self as x, Element};
 
-/// Anything a stream can run over: TCP, TLS over TCP, or a test duplex.
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
-
-/// A boxed transport, so STARTTLS can wrap whatever was there before.
-pub type BoxIo = Box<dyn Io>;
+pub use crate::tls::{BoxIo, Io};
 
 /// How a negotiation step ended early.
 enum Fail {
@@ -45,7 +40,7 @@ enum Fail {
 
 impl From<XmlError> for Fail {
     fn from(e: XmlError) -> Self {
-        e.stream_error().map_or(Fail::Gone, Fail::Stream)
+        StreamError::of_xml(&e).map_or(Fail::Gone, Fail::Stream)
     }
 }
 
@@ -909,7 +904,7 @@ impl Conn {
                 Ok(StreamEvent::Open(_)) => {
                     break Some(StreamError::new("not-well-formed", "second stream header"));
                 }
-                Err(e) => break e.stream_error(),
+                Err(e) => break StreamError::of_xml(&e),
             }
         };
         if live.end.is_cancelled() {
@@ -1071,10 +1066,7 @@ impl Session {
     }
 }
 
-/// An iq result addressed back to the requester.
-pub fn iq_result(iq: &Element) -> Element {
-    crate::error::reply_skeleton(iq, "result")
-}
+pub use crate::error::iq_result;
 
 fn decode_b64(text: &str) -> Option<Vec<u8>> {
     let t = text.trim();
@@ -1086,9 +1078,7 @@ fn decode_b64(text: &str) -> Option<Vec<u8>> {
 }
 
 /// A random identifier for stream ids and generated resources.
-pub fn new_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
-}
+pub use crate::xml::new_id;
 
 fn empty_io() -> BoxIo {
     Box::new(empty::EmptyDuplex)

@@ -84,7 +84,7 @@ pub(crate) fn to_local(shared: &Shared, to: &str, el: Element) {
 /// Whether `jid` is an account on a domain this server hosts.
 fn is_local(shared: &Shared, jid: &str) -> bool {
     let bare = gate::bare_of(jid);
-    bare.contains('@') && shared.config.serves(crate::presence::domain_of(bare))
+    bare.contains('@') && shared.config.serves(crate::jid::domain_of(bare))
 }
 
 /// Sends a presence the caller's decision admitted to `to`: locally as [`to_local`], to

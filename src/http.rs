@@ -15,8 +15,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
-use crate::c2s::BoxIo;
 use crate::server::{ListenerPolicy, Refusal, Shared, StartError};
+use crate::tls::BoxIo;
 
 /// Binds the listener (if enabled) and starts accepting. Returns the bound address.
 pub async fn start(

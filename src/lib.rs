@@ -14,7 +14,7 @@
 //! consequences of roster changes made in SQL reach sessions through the same `delivery`
 //! module.
 //!
-//! Pure decision code (the RFC 6121 subscription table in [`presence::subscription`],
+//! Pure decision code (the RFC 6121 subscription table in [`policy::subscription`],
 //! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
 
 pub mod blocking;
@@ -27,6 +27,7 @@ pub mod invisible;
 pub mod jid;
 pub mod liveness;
 pub mod metrics;
+pub mod policy;
 pub mod presence;
 pub mod privacy_iq;
 pub mod rate_limit;

@@ -1,8 +1,8 @@
 //! RFC 6121 §2 roster management: get (with XEP-0237 versioning), set, remove, and roster
 //! pushes to every interested resource of the owner. One store transaction per change.
 
-use crate::c2s::{iq_result, Session};
-use crate::error::StanzaError;
+use crate::c2s::Session;
+use crate::error::{iq_result, StanzaError};
 use crate::jid::BareJid;
 use crate::server::Shared;
 use crate::sessions::SessionHandle;
@@ -43,7 +43,7 @@ pub fn push(shared: &Shared, owner: &str, version: i64, item: Element) {
 pub fn push_to(session: &SessionHandle, version: i64, item: Element) {
     let iq = Element::new("iq", NS_CLIENT)
         .attr("type", "set")
-        .attr("id", format!("push{}", crate::c2s::new_id()))
+        .attr("id", format!("push{}", crate::xml::new_id()))
         .attr("to", session.jid.to_string())
         .child(
             Element::new("query", NS_ROSTER)
@@ -131,7 +131,7 @@ async fn get(
                     };
                     let iq = Element::new("iq", NS_CLIENT)
                         .attr("type", "set")
-                        .attr("id", format!("push{}", crate::c2s::new_id()))
+                        .attr("id", format!("push{}", crate::xml::new_id()))
                         .attr("to", session.jid().to_string())
                         .child(
                             Element::new("query", NS_ROSTER)

@@ -28,8 +28,8 @@
 //!   chat markers are stripped from messages of a sender the recipient may not see
 //!   online ([`crate::presence::gate::filter_signals`]).
 
-use crate::c2s::{iq_result, Session};
-use crate::error::StanzaError;
+use crate::c2s::Session;
+use crate::error::{iq_result, StanzaError};
 use crate::jid::{BareJid, Jid};
 use crate::xml::{self as x, Element};
 
@@ -135,10 +135,9 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
     }
     if el.name == "message" {
         let directed = shared.privacy.was_revealed(session.handle.id, &recipient)
-            || shared.privacy.was_revealed(
-                session.handle.id,
-                crate::presence::gate::bare_of(&recipient),
-            );
+            || shared
+                .privacy
+                .was_revealed(session.handle.id, crate::jid::bare_of(&recipient));
         return crate::presence::gate::filter_signals(
             shared,
             session.handle.id,
@@ -204,7 +203,7 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
                     session.handle.id,
                     me,
                     full.as_str(),
-                    crate::presence::privacy::Relation::DirectedPresence,
+                    crate::policy::privacy::Relation::DirectedPresence,
                 );
             }
         }

@@ -11,8 +11,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::c2s::{iq_result, Session};
-use crate::error::StanzaError;
+use crate::c2s::Session;
+use crate::error::{iq_result, StanzaError};
 use crate::jid::BareJid;
 use crate::server::Shared;
 use crate::store::LastSeen;

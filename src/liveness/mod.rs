@@ -228,7 +228,7 @@ impl Liveness {
         Liveness {
             timings: Timings::from_config(config),
             clock,
-            node_id: format!("node-{}", crate::c2s::new_id()),
+            node_id: format!("node-{}", crate::xml::new_id()),
             keys: keys::Keys::new(&config.redis.key_prefix, config.liveness.beat_shards),
             redis: redis_link::RedisLink::new(&config.redis, metrics.clone()),
             metrics,

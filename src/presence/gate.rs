@@ -1,4 +1,4 @@
-//! The privacy gate: loads what [`super::privacy::may_see`] needs and asks it, for every
+//! The privacy gate: loads what [`crate::policy::privacy::may_see`] needs and asks it, for every
 //! path that could reveal a user's online status or last seen.
 //!
 //! [`super::privacy`] is pure; this module does the reading. Every decision reads the
@@ -223,14 +223,8 @@ impl Drop for SubjectGuard<'_> {
 }
 
 /// `user@domain` of a JID string in any form.
-pub fn bare_of(jid: &str) -> &str {
-    jid.split_once('/').map(|(b, _)| b).unwrap_or(jid)
-}
-
-fn domain_of(jid: &str) -> &str {
-    let bare = bare_of(jid);
-    bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
-}
+pub use crate::jid::bare_of;
+use crate::jid::domain_of;
 
 /// Whether `jid` is an account on a domain this server hosts (as opposed to a remote
 /// user, whose settings and block list we cannot read).

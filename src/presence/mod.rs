@@ -11,9 +11,11 @@
 //! and anyone the user sent directed presence to. Nobody else.
 
 pub mod gate;
-pub mod privacy;
 pub mod remote;
-pub mod subscription;
+
+/// The pure decisions presence asks; they live in [`crate::policy`] so the store can use
+/// their types without importing presence.
+pub use crate::policy::{privacy, subscription};
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -271,10 +273,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     }
 }
 
-/// The domain of a bare JID string.
-pub fn domain_of(bare: &str) -> &str {
-    bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
-}
+pub use crate::jid::domain_of;
 
 /// Answers, on the contact's behalf, a probe from `prober` for local contact `contact`
 /// (RFC 6121 §4.3.2), through the privacy gate ([`gate::probe_answer`]).

@@ -19,8 +19,9 @@
 use std::sync::Arc;
 
 use crate::c2s::Session;
+use crate::jid::bare_of;
 use crate::jid::{BareJid, Jid};
-use crate::s2s::{bare_of, route_remote};
+use crate::s2s::route_remote;
 use crate::server::Shared;
 use crate::store::StoreError;
 use crate::xml::Element;

@@ -28,10 +28,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use crate::c2s::{new_id, BoxIo};
 use crate::error::{StanzaError, StreamError};
 use crate::jid::Jid;
 use crate::server::Shared;
+use crate::tls::BoxIo;
+use crate::xml::new_id;
 use crate::xml::reader::ReaderLimits;
 use crate::xml::{Element, NS_CLIENT, NS_SASL, NS_SERVER, NS_STREAM, NS_TLS};
 use rustls::pki_types::CertificateDer;
@@ -483,7 +484,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
             Ok(crate::xml::reader::StreamEvent::Open(_)) => {
                 break Some(StreamError::new("not-well-formed", "second stream header"))
             }
-            Err(e) => break e.stream_error(),
+            Err(e) => break StreamError::of_xml(&e),
         };
         if el.is("result", NS_DIALBACK) {
             let auth = (&authed, &node_limit);
@@ -742,7 +743,7 @@ pub(crate) async fn iq(shared: &Shared, el: Element) {
         .is_some_and(|p| p.is("ping", crate::xml::NS_PING))
         && ty == "get";
     let reply = if ping {
-        crate::c2s::iq_result(&el)
+        crate::error::iq_result(&el)
     } else {
         match StanzaError::service_unavailable().reply_to(&el) {
             Some(r) => r,

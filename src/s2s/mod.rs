@@ -482,16 +482,7 @@ impl S2s {
     }
 }
 
-/// The bare part of a JID string.
-pub fn bare_of(jid: &str) -> &str {
-    jid.split_once('/').map(|(b, _)| b).unwrap_or(jid)
-}
-
-/// The domain of a JID string.
-pub fn domain_of(jid: &str) -> &str {
-    let bare = bare_of(jid);
-    bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
-}
+pub use crate::jid::{bare_of, domain_of};
 
 /// Sends a stanza whose `to` is on a domain this server does not host. `from` is already
 /// stamped with a local JID. `Err` is the stanza error to bounce to the sender now

@@ -16,10 +16,10 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use crate::c2s::BoxIo;
 use crate::config::Nameserver;
 use crate::error::StanzaError;
 use crate::server::Shared;
+use crate::tls::BoxIo;
 use crate::xml::reader::ReaderLimits;
 use crate::xml::{Element, NS_SASL, NS_TLS};
 
