@@ -22,9 +22,9 @@
 //! offline"; here an offline user's messages are dropped silently — see
 //! [`crate::router`] — so dropping is what appearing offline means on this server.)
 
-use crate::c2s::Session;
 use crate::error::{iq_result, StanzaError};
-use crate::server::Shared;
+use crate::node::session::Session;
+use crate::node::Shared;
 use crate::store::StoreError;
 use crate::xml::{Element, Node, NS_CLIENT};
 

@@ -20,8 +20,8 @@
 //! shows the session's last presence, if it sent one, to everyone the privacy settings
 //! admit, as a broadcast would.
 
-use crate::c2s::Session;
 use crate::error::{iq_result, StanzaError};
+use crate::node::session::Session;
 use crate::xml::Element;
 
 /// The XEP-0186 namespace.
@@ -44,8 +44,8 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
                 shared.privacy.set_invisible(id, &me, true, probe);
                 // Withdraw what this resource had shown (subscribers and directed).
                 for (viewer, _) in shared.privacy.take_revealed(id) {
-                    let p = crate::delivery::unavailable(&me, &viewer);
-                    crate::delivery::presence_to(&shared, &viewer, p);
+                    let p = crate::node::send::unavailable(&me, &viewer);
+                    crate::node::send::presence_to(&shared, &viewer, p);
                 }
             }
             session.presence.directed.clear();

@@ -33,8 +33,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::c2s::Session;
 use crate::error::{iq_result, StanzaError};
+use crate::node::session::Session;
 use crate::policy::privacy::{PrivacySettings, Visibility};
 use crate::store::StoreError;
 use crate::xml::Element;

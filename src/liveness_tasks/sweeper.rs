@@ -18,9 +18,9 @@ use redis::aio::MultiplexedConnection;
 
 use std::time::Duration;
 
-use super::{keys, Op, SweptLocal};
 use crate::jid::FullJid;
-use crate::server::Shared;
+use crate::liveness::{keys, Op, SweptLocal};
+use crate::node::Shared;
 
 /// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size.
 /// Returns member, score, member, score, ... and removes them.
