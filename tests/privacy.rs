@@ -1233,3 +1233,58 @@ async fn a_stored_subscription_request_from_an_entity_blocked_since_is_not_deliv
         .await;
     ts.stop().await;
 }
+
+/// Round trip of one iq ping from `v` to `to`, in microseconds; the answer must be an error.
+async fn iq_rtt_us(v: &mut common::Client, to: &str) -> f64 {
+    let t = std::time::Instant::now();
+    let r = v
+        .iq("get", Some(to), el("<ping xmlns='urn:xmpp:ping'/>"))
+        .await;
+    let us = t.elapsed().as_secs_f64() * 1e6;
+    assert_eq!(r.get_attr("type"), Some("error"), "{}", r.to_xml());
+    us
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Timing: a stranger's iq to a full JID is answered in the same time whether the resource is
+/// online or not (the decision is taken in both cases). A measurement on a quiet machine,
+/// not a CI check: run with `cargo test --test privacy -- --ignored --nocapture timing`.
+/// Online and offline pings alternate one by one, so the machine's load hits both alike;
+/// the figure is the median of 300 of each, per round, over three rounds.
+#[tokio::test]
+#[ignore = "timing measurement; run by hand on a quiet machine"]
+async fn timing_stranger_iq_online_and_offline_take_the_same_time() {
+    let ts = TestServer::start(|c| {
+        // 1,800 pings back to back: above the default flood limit.
+        c.limits.stanzas_per_second = 100_000;
+        c.limits.stanza_burst = 100_000;
+    })
+    .await;
+    ts.user("sub").await;
+    ts.user("viewer").await;
+    let sub = ts.jid("sub");
+    let mut v = ts.login("viewer", "pc").await;
+    let mut s = ts.login("sub", "phone").await;
+    s.presence(None, None).await;
+    barrier(&ts, &mut s).await;
+    let (on_jid, off_jid) = (format!("{sub}/phone"), format!("{sub}/gone"));
+    let mut ratios = Vec::new();
+    for round in 0..3 {
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        for _ in 0..300 {
+            on.push(iq_rtt_us(&mut v, &on_jid).await);
+            off.push(iq_rtt_us(&mut v, &off_jid).await);
+        }
+        let (on, off) = (median(on), median(off));
+        println!("round {round}: median iq rtt online {on:.0} µs, offline {off:.0} µs");
+        ratios.push(on / off);
+    }
+    let ratio = median(ratios.clone());
+    println!("online/offline ratios {ratios:.3?}; median {ratio:.3}");
+    assert!((ratio - 1.0).abs() < 0.10, "ratio {ratio:.3}");
+    ts.stop().await;
+}
