@@ -8,7 +8,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
-use presenced::presence::privacy::{self, Blocks, Party, PrivacySettings, Relation, Visibility};
+use presenced::presence::privacy::{PrivacySettings, Visibility};
 use presenced::xml::{parse_element, Element, NS_CLIENT};
 
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
@@ -830,6 +830,30 @@ mod model {
         Relogin(usize),
     }
 
+    /// The oracle, written out from the rules README.md states for online status and
+    /// independent of the server's `privacy` module (which the test must not grade itself
+    /// with): every user here is every other's mutual contact, so the viewer `v` sees the
+    /// subject `s` online exactly when `s` is not invisible (XEP-0186), neither has blocked
+    /// the other (XEP-0191; a block hides presence both ways), and `s`'s online setting
+    /// admits `v` (`subscribers`: every subscriber; `nobody`: none; `contacts_except`:
+    /// every subscriber but the one named).
+    pub fn may_see_online(
+        blocks: &std::collections::BTreeSet<(usize, usize)>,
+        online: &[Mode],
+        invisible: &[bool],
+        v: usize,
+        s: usize,
+    ) -> bool {
+        if invisible[s] || blocks.contains(&(s, v)) || blocks.contains(&(v, s)) {
+            return false;
+        }
+        match online[s] {
+            Mode::Subscribers => true,
+            Mode::Nobody => false,
+            Mode::Except(x) => x != v,
+        }
+    }
+
     pub fn op() -> impl Strategy<Value = Op> {
         let u = 0..USERS.len();
         let mode = prop_oneof![
@@ -876,10 +900,6 @@ async fn run_model(ops: Vec<model::Op>) {
         }
     }
     let jids: Vec<String> = USERS.iter().map(|u| ts.jid(u)).collect();
-    let bare: Vec<::jid::BareJid> = jids
-        .iter()
-        .map(|j| ::jid::BareJid::new(j).unwrap())
-        .collect();
     let mut clients = Vec::new();
     for u in USERS {
         let mut c = ts.login(u, "r").await;
@@ -889,33 +909,17 @@ async fn run_model(ops: Vec<model::Op>) {
         clients.push(c);
     }
     let mut blocks: BTreeSet<(usize, usize)> = BTreeSet::new();
-    let mut settings: Vec<PrivacySettings> = vec![PrivacySettings::default(); n];
+    let mut online: Vec<Mode> = vec![Mode::Subscribers; n];
     let mut invisible = vec![false; n];
     let mut status: Vec<String> = vec!["init".to_owned(); n];
     let mut belief: BTreeMap<(usize, usize), Belief> = BTreeMap::new();
 
-    let permitted = |blocks: &BTreeSet<(usize, usize)>,
-                     settings: &[PrivacySettings],
-                     invisible: &[bool],
-                     v: usize,
-                     s: usize| {
-        !invisible[s]
-            && privacy::may_see_online(
-                Party {
-                    jid: &bare[v],
-                    settings: &settings[v],
-                },
-                Party {
-                    jid: &bare[s],
-                    settings: &settings[s],
-                },
-                Relation::Subscriber,
-                Blocks {
-                    by_subject: blocks.contains(&(s, v)),
-                    by_viewer: blocks.contains(&(v, s)),
-                },
-            )
-    };
+    let permitted =
+        |blocks: &BTreeSet<(usize, usize)>,
+         online: &[Mode],
+         invisible: &[bool],
+         v: usize,
+         s: usize| model::may_see_online(blocks, online, invisible, v, s);
 
     for (step, op) in std::iter::once(None)
         .chain(ops.into_iter().map(Some))
@@ -938,22 +942,16 @@ async fn run_model(ops: Vec<model::Op>) {
                     }
                 }
                 Op::Online(a, m) => {
-                    let (xml, vis) = match m {
-                        Mode::Subscribers => (
-                            "<online mode='subscribers'/>".to_owned(),
-                            Visibility::Subscribers,
-                        ),
-                        Mode::Nobody => ("<online mode='nobody'/>".to_owned(), Visibility::Nobody),
-                        Mode::Except(x) => (
-                            format!(
-                                "<online mode='contacts_except'><except jid='{}'/></online>",
-                                jids[x]
-                            ),
-                            Visibility::ContactsExcept([bare[x].clone()].into()),
+                    let xml = match m {
+                        Mode::Subscribers => "<online mode='subscribers'/>".to_owned(),
+                        Mode::Nobody => "<online mode='nobody'/>".to_owned(),
+                        Mode::Except(x) => format!(
+                            "<online mode='contacts_except'><except jid='{}'/></online>",
+                            jids[x]
                         ),
                     };
                     set_privacy(&ts, &mut clients[a], &xml).await;
-                    settings[a].online = vis;
+                    online[a] = m;
                 }
                 Op::Update(a) => {
                     let token = format!("s{step}");
@@ -1030,7 +1028,7 @@ async fn run_model(ops: Vec<model::Op>) {
                 if s == v {
                     continue;
                 }
-                let allowed = permitted(&blocks, &settings, &invisible, v, s);
+                let allowed = permitted(&blocks, &online, &invisible, v, s);
                 match (e.name.as_str(), e.get_attr("type")) {
                     ("presence", None) => {
                         assert!(
@@ -1067,7 +1065,7 @@ async fn run_model(ops: Vec<model::Op>) {
                     continue;
                 }
                 let b = belief.get(&(v, s)).cloned().unwrap_or(Belief::Unknown);
-                if permitted(&blocks, &settings, &invisible, v, s) {
+                if permitted(&blocks, &online, &invisible, v, s) {
                     assert_eq!(
                         b,
                         Belief::Online(status[s].clone()),
@@ -1087,7 +1085,7 @@ async fn run_model(ops: Vec<model::Op>) {
         }
         if let Some((a, b)) = chat_state {
             assert!(
-                !permitted(&blocks, &settings, &invisible, b, a),
+                !permitted(&blocks, &online, &invisible, b, a),
                 "step {step}: a permitted chat state from {} to {} was not relayed",
                 USERS[a],
                 USERS[b]
@@ -1101,6 +1099,9 @@ proptest::proptest! {
     #![proptest_config(proptest::test_runner::Config {
         cases: std::env::var("PRIVACY_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12),
         max_shrink_iters: 64,
+        // A fixed seed: a failure in CI reproduces with the same command; the seed is
+        // printed with every case so a failure report names it.
+        rng_seed: proptest::test_runner::RngSeed::Fixed(privacy_seed()),
         .. proptest::test_runner::Config::default()
     })]
 
@@ -1113,8 +1114,17 @@ proptest::proptest! {
             .enable_all()
             .build()
             .unwrap();
+        eprintln!("PRIVACY_PROPTEST_SEED={}", privacy_seed());
         rt.block_on(run_model(ops));
     }
+}
+
+/// The property's seed: `PRIVACY_PROPTEST_SEED`, else a fixed default.
+fn privacy_seed() -> u64 {
+    std::env::var("PRIVACY_PROPTEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed_0001)
 }
 
 // ---------------------------------------------------------------------------------------
