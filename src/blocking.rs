@@ -20,7 +20,7 @@
 //! say nothing about the user's status. (XEP-0191 §3.3 defers to XEP-0016, which lets a
 //! server bounce a blocked message with `service-unavailable` "so the user appears
 //! offline"; here an offline user's messages are dropped silently — see
-//! [`crate::router`] — so dropping is what appearing offline means on this server.)
+//! the router — so dropping is what appearing offline means on this server.)
 
 use crate::error::{iq_result, StanzaError};
 use crate::node::session::Session;

@@ -1,7 +1,7 @@
 //! RFC 6121 §2 roster management: get (with XEP-0237 versioning), set, remove, and roster
 //! pushes to every interested resource of the owner. One store transaction per change.
 
-pub use crate::roster_push::{item_element, push, push_item, push_removed, push_to};
+pub use crate::roster_push::{item_element, push_item, push_removed};
 pub(crate) use crate::roster_push::{note_version, store_failed};
 
 use crate::error::{iq_result, StanzaError};

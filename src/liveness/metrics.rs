@@ -1,5 +1,5 @@
 //! Liveness counters: what the design promises (writes proportional to changes, not beats)
-//! made visible, in the logs and at /metrics (through the node's registry, [`crate::metrics`]).
+//! made visible, in the logs and at /metrics (through the node's registry, `metrics`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -44,7 +44,7 @@ pub(crate) fn get(c: &AtomicU64) -> u64 {
 }
 
 impl Metrics {
-    /// Adds these counters to a scrape of the node's registry ([`crate::metrics`]).
+    /// Adds these counters to a scrape of the node's registry (`metrics`).
     pub fn encode(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for (name, help, c) in [
             (

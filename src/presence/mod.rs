@@ -13,7 +13,7 @@
 pub mod gate;
 pub mod remote;
 
-/// The pure decisions presence asks; they live in [`crate::policy`] so the store can use
+/// The pure decisions presence asks; they live in `policy` so the store can use
 /// their types without importing presence.
 pub use crate::node::session::SessionPresence;
 pub use crate::policy::{privacy, subscription};
