@@ -44,6 +44,11 @@ pub fn fast_liveness(c: &mut Config) {
     c.liveness.beat_shards = 2;
 }
 
+/// No `[redis] url`: liveness runs in process (a single node without Redis).
+pub fn without_redis(c: &mut Config) {
+    c.redis.url = String::new();
+}
+
 /// The repository's root: this harness is also compiled into the load generator's package
 /// (bench/generator), whose manifest directory is below it.
 pub fn repo_root() -> PathBuf {
