@@ -983,18 +983,8 @@ async fn without_redis_slixmpp_contacts_see_each_other_and_a_silent_death_within
     ts.add_user("alice", "pa").await;
     ts.add_user("bob", "pb").await;
     let wait = l.ttl + l.sweep_interval + 5.0;
-    let args: Vec<String> = [
-        ts.addr.ip().to_string(),
-        ts.addr.port().to_string(),
-        ts.domain.clone(),
-        ts.cert.display().to_string(),
-        "alice".into(),
-        "pa".into(),
-        "bob".into(),
-        "pb".into(),
-        wait.to_string(),
-    ]
-    .into();
+    let wait_arg = wait.to_string();
+    let args = client_script_args(&ts, &["alice", "pa", "bob", "pb", &wait_arg]);
     let out = run_client_script("silent.py", &args, secs(wait + 40.0)).await;
     assert_eq!(out.code, Some(0), "silent.py failed: {out:?}");
     assert_eq!(out.get("alice_sub").as_deref(), Some("both"), "{out:?}");

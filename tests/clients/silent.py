@@ -18,78 +18,37 @@ USER2 got and the seconds from USER1's last words to it; exits 0. On any failure
 import asyncio
 import json
 import sys
-from pathlib import Path
 
-import slixmpp
+from peers import Peer, mutual_and_online
 
 TIMEOUT = 10
 
 
-class Peer(slixmpp.ClientXMPP):
+class Silent(Peer):
     def __init__(self, jid, password, cafile):
-        super().__init__(jid, password)
-        self.ca_certs = Path(cafile)
-        self.enable_direct_tls = False
-        self.enable_starttls = True
-        self.enable_plaintext = False
+        super().__init__(jid, password, cafile)
         # Only the server's pings (answered by XEP-0199) keep this client alive: a
         # whitespace keepalive of its own would be traffic after it "died".
         self.whitespace_keepalive = False
         self.register_plugin("xep_0199")
-        self.roster.auto_authorize = True
-        self.roster.auto_subscribe = True
-        loop = asyncio.get_event_loop()
-        self.started = loop.create_future()
         self.offline = asyncio.Queue()
-        self.add_event_handler("session_start", self.on_start)
-        self.add_event_handler("failed_auth", self.on_fail)
         self.add_event_handler("presence_unavailable", self.on_unavailable)
-
-    async def on_start(self, _event):
-        await self.get_roster(timeout=TIMEOUT)
-        self.send_presence()
-        if not self.started.done():
-            self.started.set_result(True)
-
-    def on_fail(self, stanza):
-        if not self.started.done():
-            self.started.set_exception(RuntimeError(f"auth failed: {stanza['condition']}"))
 
     def on_unavailable(self, presence):
         self.offline.put_nowait((asyncio.get_event_loop().time(), str(presence["from"])))
 
-    def item(self, jid):
-        return self.client_roster[jid]
-
-
-async def until(what, predicate, limit=TIMEOUT):
-    """Waits for a condition the clients update from server stanzas, failing after limit."""
-    loop = asyncio.get_event_loop()
-    deadline = loop.time() + limit
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.02)
-
 
 async def scenario(argv):
     host, port, domain, cafile, u1, p1, u2, p2, wait = argv[1:10]
-    alice = Peer(f"{u1}@{domain}", p1, cafile)
-    bob = Peer(f"{u2}@{domain}", p2, cafile)
+    alice = Silent(f"{u1}@{domain}", p1, cafile)
+    bob = Silent(f"{u2}@{domain}", p2, cafile)
     bob_jid, alice_jid = f"{u2}@{domain}", f"{u1}@{domain}"
     for peer in (alice, bob):
         peer.connect(host, int(port))
     try:
         await asyncio.wait_for(asyncio.gather(alice.started, bob.started), TIMEOUT)
         alice.send_presence(pto=bob_jid, ptype="subscribe")
-        await until("alice's item for bob reaches 'both'",
-                    lambda: bob_jid in alice.client_roster
-                    and alice.item(bob_jid)["subscription"] == "both")
-        await until("bob's item for alice reaches 'both'",
-                    lambda: alice_jid in bob.client_roster
-                    and bob.item(alice_jid)["subscription"] == "both")
-        await until("alice sees bob online", lambda: len(alice.item(bob_jid).resources) > 0)
-        await until("bob sees alice online", lambda: len(bob.item(alice_jid).resources) > 0)
+        await mutual_and_online(alice, alice_jid, bob, bob_jid)
         alice_full = str(alice.boundjid.full)
         # Last words: a ping answered by the server, so its record of alice's last beat
         # is no earlier than `silent_since`.

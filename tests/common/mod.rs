@@ -753,6 +753,19 @@ impl ScriptOutput {
     }
 }
 
+/// Arguments of the two-user client scripts (scenario.py, silent.py): the server's STARTTLS
+/// address, its domain and the certificate to verify, then `rest`.
+pub fn client_script_args(ts: &TestServer, rest: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        ts.addr.ip().to_string(),
+        ts.addr.port().to_string(),
+        ts.domain.clone(),
+        ts.cert.display().to_string(),
+    ];
+    args.extend(rest.iter().map(|s| s.to_string()));
+    args
+}
+
 /// Runs `tests/clients/<script>` with the system Python (`PYTHON` overrides `python3`),
 /// killing it after `limit`. A script that overruns fails the test with its stderr.
 pub async fn run_client_script(script: &str, args: &[String], limit: Duration) -> ScriptOutput {
