@@ -523,6 +523,13 @@ pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
         Backend::InProcess(_) => "no [redis] url: resource state in process (single node)",
     };
     tracing::info!(backend = backend.name(), "liveness: {mode}");
+    if matches!(backend, Backend::InProcess(_)) && !shared.config.liveness.sweeper {
+        // No other node can sweep for this one: only each session's own fallback is left.
+        tracing::warn!(
+            "liveness: sweeper = false without Redis: silent deaths are found only after \
+             ttl + 2 sweep intervals, at a refresh tick"
+        );
+    }
     if let Some(rx) = rx {
         let s = shared.clone();
         tracker.spawn(async move {
