@@ -306,7 +306,9 @@ impl Liveness {
     fn queue(&self, op: Op) {
         if self.ops.try_send(op).is_err() {
             // The writer is behind or Redis is down for long: the repair rewrites everything
-            // once it is back, so dropping here loses nothing that matters.
+            // once it is back, a beating session's next refresh rewrites its entry (either
+            // backend), and the sweep rewrites an entry it finds behind a live beat, so
+            // dropping here loses nothing that matters.
             self.metrics.redis_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
