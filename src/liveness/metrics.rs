@@ -10,6 +10,12 @@ use prometheus_client::encoding::DescriptorEncoder;
 pub struct Metrics {
     /// Resource writes that reached Redis (refreshes and removals; one per resource).
     pub redis_writes: AtomicU64,
+    /// Resource writes applied by the backend, Redis or in process (so the downsampling
+    /// is visible, and testable, in both modes).
+    pub liveness_writes: AtomicU64,
+    /// Liveness runs without Redis ([`super::Backend::InProcess`]): the Redis gauge is
+    /// then not exported, since "down" would be a false alarm.
+    pub in_process: AtomicBool,
     /// Redis commands or queued writes that failed or were dropped.
     pub redis_errors: AtomicU64,
     /// Whether the last Redis command succeeded.
@@ -51,6 +57,11 @@ impl Metrics {
                 "redis_writes",
                 "Resource liveness writes to Redis.",
                 &self.redis_writes,
+            ),
+            (
+                "liveness_writes",
+                "Resource liveness writes applied (Redis or in process).",
+                &self.liveness_writes,
             ),
             (
                 "redis_errors",
@@ -105,6 +116,9 @@ impl Metrics {
             ),
         ] {
             crate::metrics::counter(e, name, help, get(c))?;
+        }
+        if self.in_process.load(Ordering::Relaxed) {
+            return Ok(());
         }
         crate::metrics::gauge(
             e,

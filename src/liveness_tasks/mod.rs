@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use crate::liveness::{LiveSession, Op};
+use crate::liveness::{Backend, LiveSession, Op};
 use crate::node::session::Session;
 use crate::node::Shared;
 
@@ -65,8 +65,32 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
 
 /// Starts the writer, the sweeper, the last-seen batcher and the counter log.
 pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
-    if let Some(rx) = shared.liveness.take_ops_rx() {
-        tracker.spawn(writer(shared.clone(), rx));
+    let rx = shared.liveness.take_ops_rx();
+    // The mode, stated once per start: the README's mode table names this line.
+    let backend = &shared.liveness.backend;
+    let mode = match backend {
+        Backend::Redis(_) => "resource state in Redis (any number of nodes)",
+        Backend::InProcess(_) => "no [redis] url: resource state in process (single node)",
+    };
+    tracing::info!(backend = backend.name(), "liveness: {mode}");
+    if matches!(backend, Backend::InProcess(_)) && !shared.config.liveness.sweeper {
+        // No other node can sweep for this one: only each session's own fallback is left.
+        tracing::warn!(
+            "liveness: sweeper = false without Redis: silent deaths are found only after \
+             ttl + 2 sweep intervals, at a refresh tick"
+        );
+    }
+    if let Some(rx) = rx {
+        let s = shared.clone();
+        tracker.spawn(async move {
+            match &s.liveness.backend {
+                Backend::Redis(_) => writer(s.clone(), rx).await,
+                Backend::InProcess(table) => {
+                    crate::liveness::in_process::writer(&s.liveness, table, rx, s.shutdown.clone())
+                        .await
+                }
+            }
+        });
     }
     tracker.spawn(sweeper::run(shared.clone()));
     tracker.spawn(sweeper::listen(shared.clone()));
@@ -79,6 +103,9 @@ pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
 /// the reconnect rewrites the live state, and stale beats of ended sessions are ignored by
 /// the sweeper (`Liveness::ended_here_after`).
 pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
+    let Some(link) = shared.liveness.redis() else {
+        return;
+    };
     let mut batch = Vec::with_capacity(256);
     let mut repair_tick = tokio::time::interval(Duration::from_millis(250));
     repair_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -92,23 +119,23 @@ pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
             _ = repair_tick.tick() => {
                 // Reconnect while there is nothing to write, so the repair does not wait for
                 // the next session event.
-                if !shared.liveness.redis.is_up() {
-                    let _ = shared.liveness.redis.conn().await;
+                if !link.is_up() {
+                    let _ = link.conn().await;
                 }
             }
             _ = shared.shutdown.cancelled() => return,
         }
         let live = &shared.liveness;
-        let Some(mut conn) = live.redis.conn().await else {
+        let Some(mut conn) = link.conn().await else {
             if !batch.is_empty() {
                 live.metrics
                     .redis_errors
-                    .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
             }
             batch.clear();
             continue;
         };
-        if live.redis.take_repair() {
+        if link.take_repair() {
             let repair = crate::liveness::ops_for_repair(live);
             if !repair.is_empty() {
                 tracing::info!(
@@ -128,11 +155,12 @@ pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
         let res: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
         match res {
             Ok(()) => {
-                live.metrics
-                    .redis_writes
-                    .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                let n = batch.len() as u64;
+                let m = &live.metrics;
+                m.redis_writes.fetch_add(n, Ordering::Relaxed);
+                m.liveness_writes.fetch_add(n, Ordering::Relaxed);
             }
-            Err(e) => live.redis.failed(&e).await,
+            Err(e) => link.failed(&e).await,
         }
         batch.clear();
     }
@@ -153,6 +181,7 @@ pub async fn log_loop(shared: Arc<Shared>) {
         }
         let m = &shared.liveness.metrics;
         tracing::info!(
+            liveness_writes = crate::liveness::metrics::get(&m.liveness_writes),
             redis_writes = crate::liveness::metrics::get(&m.redis_writes),
             redis_errors = crate::liveness::metrics::get(&m.redis_errors),
             pg_writes = crate::liveness::metrics::get(&m.pg_writes),
