@@ -53,9 +53,7 @@ async fn handle_inner(
     match (iq.get_attr("type"), payload.name.as_str()) {
         (Some("get"), "blocklist") => {
             // §3.2: a resource that retrieved the list gets the pushes.
-            shared
-                .privacy
-                .set_blocklist_interested(session.handle.id, session.jid().as_str());
+            session.handle.write(|p| p.blocklist_interested = true);
             let list = shared.store.blocklist(&owner).await.map_err(failed)?;
             let mut el = Element::new("blocklist", NS_BLOCKING);
             for j in list {
@@ -112,9 +110,8 @@ async fn handle_inner(
 fn withdraw_directed(session: &mut Session, blocked: &str) {
     let candidates = |to: &str| crate::store::blocks::match_candidates(to);
     session
-        .presence
-        .directed
-        .retain(|to| !candidates(to).iter().any(|c| c == blocked));
+        .handle
+        .write(|p| p.retain_directed(|to| !candidates(to).iter().any(|c| c == blocked)));
 }
 
 /// The normalised JIDs of the `<item jid='…'/>` children (RFC 7622 normalisation).
@@ -154,7 +151,7 @@ fn push(shared: &Shared, owner: &str, what: &str, jids: &[String]) {
         payload = payload.child(Element::new("item", NS_BLOCKING).attr("jid", j.clone()));
     }
     for s in shared.sessions.of_user_str(owner) {
-        if !shared.privacy.blocklist_interested(s.id) {
+        if !s.read(|p| p.blocklist_interested) {
             continue;
         }
         let iq = Element::new("iq", NS_CLIENT)

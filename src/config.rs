@@ -357,6 +357,13 @@ pub struct LimitsConfig {
     pub max_resources_per_account: usize,
     /// Entries in one block list (XEP-0191); a block beyond it gets not-acceptable.
     pub max_blocklist_items: usize,
+    /// Targets of directed available presence one session tracks (RFC 6121 §4.6); directed
+    /// presence to one more is refused with resource-constraint and not delivered.
+    pub max_directed_presences: usize,
+    /// Viewers one session records as shown its presence (roster contacts, directed
+    /// presence and iq targets); a viewer beyond it is not shown the presence, since it
+    /// could not be withdrawn later. At least `max_roster_items`, so a full roster fits.
+    pub max_revealed_per_session: usize,
     /// Stanzas queued for one session before it is treated as stalled and disconnected.
     pub session_queue: usize,
     /// Stanzas per second a client may send on average (policy-violation beyond the burst).
@@ -397,6 +404,8 @@ impl Default for LimitsConfig {
             max_subscription_status_length: 256,
             max_resources_per_account: 16,
             max_blocklist_items: 1000,
+            max_directed_presences: 1000,
+            max_revealed_per_session: 5000,
             session_queue: 1024,
             stanzas_per_second: 50,
             stanza_burst: 200,
@@ -796,6 +805,8 @@ impl Config {
             ),
             ("max_resources_per_account", l.max_resources_per_account),
             ("max_blocklist_items", l.max_blocklist_items),
+            ("max_directed_presences", l.max_directed_presences),
+            ("max_revealed_per_session", l.max_revealed_per_session),
         ];
         for (name, v) in counts {
             // The store compares them with PostgreSQL integers.
@@ -805,6 +816,10 @@ impl Config {
                     i32::MAX
                 ));
             }
+        }
+        if (l.max_revealed_per_session as i64) < l.max_roster_items {
+            // A broadcast to a full roster must be able to record every contact it reaches.
+            return bad("[limits] max_revealed_per_session must be at least max_roster_items");
         }
         // Enough for negotiation (a SASL exchange, a registration form), a stream header's
         // attributes and namespace declarations, and a nested extension payload.
@@ -955,6 +970,8 @@ mod tests {
         );
         assert_eq!(cl.max_resources_per_account, dl.max_resources_per_account);
         assert_eq!(cl.max_blocklist_items, dl.max_blocklist_items);
+        assert_eq!(cl.max_directed_presences, dl.max_directed_presences);
+        assert_eq!(cl.max_revealed_per_session, dl.max_revealed_per_session);
     }
 
     #[test]
@@ -967,6 +984,12 @@ mod tests {
         assert!(c.validate().is_err());
         let mut c = Config::default();
         c.limits.max_pending_subscriptions = usize::MAX;
+        assert!(c.validate().is_err());
+        let mut c = Config::default();
+        c.limits.max_directed_presences = 0;
+        assert!(c.validate().is_err());
+        let mut c = Config::default();
+        c.limits.max_revealed_per_session = c.limits.max_roster_items as usize - 1;
         assert!(c.validate().is_err());
     }
 

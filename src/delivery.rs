@@ -179,7 +179,7 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
 pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
     let bare = jid.to_bare();
     {
-        let _guard = shared.privacy.lock_subject(bare.as_str()).await;
+        let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
         for contact in gate::online_audience(shared, jid.as_str()).await {
             if is_local(shared, &contact) {
                 to_available(shared, &contact, &unavailable(jid.as_str(), &contact));

@@ -34,25 +34,35 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
         return error(iq, StanzaError::bad_request());
     }
     let shared = session.shared.clone();
-    let id = session.handle.id;
     let me = session.jid().to_string();
     match payload.name.as_str() {
         "invisible" => {
             let probe = matches!(payload.get_attr("probe"), Some("true") | Some("1"));
             {
-                let _guard = shared.privacy.lock_subject(crate::jid::bare_of(&me)).await;
-                shared.privacy.set_invisible(id, &me, true, probe);
-                // Withdraw what this resource had shown (subscribers and directed).
-                for (viewer, _) in shared.privacy.take_revealed(id) {
+                let _guard = shared
+                    .subject_locks
+                    .lock_subject(crate::jid::bare_of(&me))
+                    .await;
+                // Withdraw what this resource had shown (subscribers and directed); the
+                // directed set goes with it, so its later unavailable repeats nothing.
+                let revealed = session.handle.write(|p| {
+                    p.invisible = true;
+                    p.probe_remote = probe;
+                    p.take_directed();
+                    p.take_revealed()
+                });
+                for (viewer, _) in revealed {
                     let p = crate::node::send::unavailable(&me, &viewer);
                     crate::node::send::presence_to(&shared, &viewer, p);
                 }
             }
-            session.presence.directed.clear();
             iq_result(iq)
         }
         "visible" => {
-            shared.privacy.set_invisible(id, &me, false, false);
+            session.handle.write(|p| {
+                p.invisible = false;
+                p.probe_remote = false;
+            });
             crate::presence::gate::reconcile_subject(&shared, crate::jid::bare_of(&me)).await;
             iq_result(iq)
         }

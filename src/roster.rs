@@ -30,10 +30,8 @@ async fn get(
     query: &Element,
 ) -> Result<Option<Element>, StanzaError> {
     let owner = session.jid().to_bare().to_string();
-    if let Ok(mut p) = session.handle.info.lock() {
-        // RFC 6121 §2.1.6: a resource that requested the roster is "interested".
-        p.interested = true;
-    }
+    // RFC 6121 §2.1.6: a resource that requested the roster is "interested".
+    session.handle.write(|p| p.interested = true);
     let store = &session.shared.store;
     if let Some(ver) = query.get_attr("ver") {
         // XEP-0237 §2.3: with a known version, answer empty and push only the changes.

@@ -56,9 +56,7 @@ pub fn push_to(session: &SessionHandle, version: i64, item: Element) {
 
 /// Records that `session` has seen roster version `version`.
 pub(crate) fn note_version(session: &SessionHandle, version: i64) {
-    if let Ok(mut p) = session.info.lock() {
-        p.roster_ver = Some(p.roster_ver.map_or(version, |v| v.max(version)));
-    }
+    session.write(|p| p.roster_ver = Some(p.roster_ver.map_or(version, |v| v.max(version))));
 }
 
 /// Push for an item that changed.

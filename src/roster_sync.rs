@@ -3,7 +3,7 @@
 //!
 //! Every roster change fires `NOTIFY presenced_roster, '<version> <owner>'` from a trigger
 //! (migrations/0002). Each session remembers the newest roster version it was sent
-//! ([`crate::sessions::PresenceInfo::roster_ver`]); a notification newer than that means the
+//! ([`crate::sessions::SessionState::roster_ver`]); a notification newer than that means the
 //! session missed a change, so it gets the roster pushes (RFC 6121 §2.1.6) for exactly the
 //! changes since its version. Changes this node pushed itself are already at the session's
 //! version and are skipped.

@@ -103,13 +103,11 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
         }
     }
     if el.name == "message" {
-        let directed = shared.privacy.was_revealed(session.handle.id, &recipient)
-            || shared
-                .privacy
-                .was_revealed(session.handle.id, crate::jid::bare_of(&recipient));
+        let directed = session.handle.was_revealed(&recipient)
+            || session.handle.was_revealed(crate::jid::bare_of(&recipient));
         return crate::presence::gate::filter_signals(
             shared,
-            session.handle.id,
+            &session.handle,
             me,
             &recipient,
             directed,
@@ -167,10 +165,10 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
             let to_other = full.to_bare() != session.jid().to_bare();
             let outcome = crate::delivery::iq(&shared, me, &full, el).await;
             if is_request && to_other && outcome == crate::delivery::Outcome::Delivered {
-                // The requester disclosed itself to this resource by its own act.
-                shared.privacy.reveal(
-                    session.handle.id,
-                    me,
+                // The requester disclosed itself to this resource by its own act. With the
+                // session's set full it is not recorded, and the resource's own requests
+                // back take the gate's decision like anyone's (fails closed).
+                session.handle.reveal(
                     full.as_str(),
                     crate::policy::privacy::Relation::DirectedPresence,
                 );

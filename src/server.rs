@@ -64,16 +64,20 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let auth_backoff = crate::sasl::backoff::AuthBackoff::new(
         crate::sasl::backoff::BackoffPolicy::from_config(&config.limits),
     );
+    let sessions = Sessions::new(crate::sessions::StateLimits {
+        max_directed: config.limits.max_directed_presences,
+        max_revealed: config.limits.max_revealed_per_session,
+    });
     let shared = Arc::new(Shared {
         config,
         store,
-        sessions: Sessions::default(),
+        sessions,
         tls,
         s2s_tls,
         shutdown: CancellationToken::new(),
         liveness,
         roster_locks: RosterLocks::default(),
-        privacy: Default::default(),
+        subject_locks: Default::default(),
         s2s,
         metrics: crate::metrics::Metrics::new(),
         auth_backoff,

@@ -5,7 +5,7 @@
 //! mailbox ([`Outbound`]). The registry lock is held only to look up or change entries, never
 //! across an await or a socket write.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StreamError;
-use crate::jid::{BareJid, FullJid};
+use crate::jid::{bare_of, BareJid, FullJid};
+use crate::policy::privacy::Relation;
 use crate::xml::Element;
 
 /// What can be sent to a session task.
@@ -36,9 +37,32 @@ pub enum Outbound {
     Finish,
 }
 
-/// What other tasks may read about a session: its presence as last broadcast.
-#[derive(Debug, Default, Clone)]
-pub struct PresenceInfo {
+/// Bounds of the per-session sets ([`SessionState`]); from `[limits]`.
+#[derive(Debug, Clone, Copy)]
+pub struct StateLimits {
+    /// Targets of directed available presence one session tracks (RFC 6121 §4.6).
+    pub max_directed: usize,
+    /// Viewers one session records as shown its presence.
+    pub max_revealed: usize,
+}
+
+impl Default for StateLimits {
+    fn default() -> Self {
+        StateLimits {
+            max_directed: 1000,
+            max_revealed: 5000,
+        }
+    }
+}
+
+/// Everything other tasks need to know about one session, in one place behind its handle:
+/// its presence as last broadcast, its roster interest, its privacy state, and whom its
+/// presence reached. Written by the session task and by whoever holds the subject lock
+/// (`node::visibility::SubjectLocks::lock_subject`) for the session's user; the decisions about
+/// it are the gate's (`presence::gate`), this only remembers. It lives exactly as long as
+/// the session: nothing about it is kept in a node-wide map.
+#[derive(Debug, Default)]
+pub struct SessionState {
     /// Whether initial presence was sent and no unavailable since (RFC 6121 §4.2).
     pub available: bool,
     /// Priority of the last available presence (RFC 6121 §4.7.2.3), -128..=127.
@@ -50,6 +74,117 @@ pub struct PresenceInfo {
     /// The newest roster version this session was sent (result or push), so changes made
     /// outside this node can be pushed exactly once (`roster_sync`).
     pub roster_ver: Option<i64>,
+    /// XEP-0186 invisible: no broadcast, probes answered as unavailable.
+    pub invisible: bool,
+    /// While invisible, whether probes still go to remote contacts (XEP-0186 `probe`).
+    pub probe_remote: bool,
+    /// The session retrieved its block list, so it gets block/unblock pushes
+    /// (XEP-0191 §3.3: pushes go to resources that requested the list).
+    pub blocklist_interested: bool,
+    /// Viewer JID (bare for a roster contact, as addressed for directed presence) → how
+    /// the viewer came to see this resource. At most `limits.max_revealed` entries.
+    revealed: HashMap<String, Relation>,
+    /// JIDs this session sent directed available presence to and that must get its
+    /// unavailable (RFC 6121 §4.6.3). At most `limits.max_directed` entries.
+    directed: BTreeSet<String>,
+    limits: StateLimits,
+}
+
+impl SessionState {
+    fn new(limits: StateLimits) -> Self {
+        SessionState {
+            limits,
+            ..Default::default()
+        }
+    }
+
+    /// Whether `viewer` may be recorded as shown (it is already, or there is room): a
+    /// presence is delivered only to a viewer it can be withdrawn from later.
+    pub fn can_reveal(&self, viewer: &str) -> bool {
+        self.revealed.contains_key(viewer) || self.revealed.len() < self.limits.max_revealed
+    }
+
+    /// Records that this session's available presence reached `viewer`; false, recording
+    /// nothing, when the set is full and `viewer` is new.
+    pub fn reveal(&mut self, viewer: &str, relation: Relation) -> bool {
+        if !self.can_reveal(viewer) {
+            return false;
+        }
+        // A subscriber relation is not downgraded by a later directed presence.
+        let slot = self.revealed.entry(viewer.to_owned()).or_insert(relation);
+        if relation == Relation::Subscriber {
+            *slot = relation;
+        }
+        true
+    }
+
+    /// Forgets that this session was shown to `viewer`; true if it had been.
+    pub fn forget(&mut self, viewer: &str) -> bool {
+        self.revealed.remove(viewer).is_some()
+    }
+
+    /// How this session came to be shown to `viewer`, if it was.
+    pub fn revealed_relation(&self, viewer: &str) -> Option<Relation> {
+        self.revealed.get(viewer).copied()
+    }
+
+    /// The viewers this session was shown to, and how.
+    pub fn revealed(&self) -> impl Iterator<Item = (&str, Relation)> {
+        self.revealed.iter().map(|(k, v)| (k.as_str(), *v))
+    }
+
+    /// Takes (and clears) the set of viewers this session was shown to.
+    pub fn take_revealed(&mut self) -> HashMap<String, Relation> {
+        std::mem::take(&mut self.revealed)
+    }
+
+    /// Tracks `to` as a directed-presence recipient; false, tracking nothing, when the set
+    /// is full and `to` is new.
+    pub fn add_directed(&mut self, to: &str) -> bool {
+        if self.directed.contains(to) {
+            return true;
+        }
+        if self.directed.len() >= self.limits.max_directed {
+            return false;
+        }
+        self.directed.insert(to.to_owned())
+    }
+
+    /// Stops tracking `to` (it got unavailable, or no longer may).
+    pub fn remove_directed(&mut self, to: &str) {
+        self.directed.remove(to);
+    }
+
+    /// How many directed-presence recipients are tracked.
+    pub fn directed_len(&self) -> usize {
+        self.directed.len()
+    }
+
+    /// Whether any directed-presence recipient is tracked.
+    pub fn has_directed(&self) -> bool {
+        !self.directed.is_empty()
+    }
+
+    /// Takes (and clears) the directed-presence recipients.
+    pub fn take_directed(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.directed)
+    }
+
+    /// Keeps only the directed-presence recipients `keep` accepts.
+    pub fn retain_directed(&mut self, keep: impl FnMut(&String) -> bool) {
+        self.directed.retain(keep);
+    }
+
+    /// Entries held in the bounded sets (directed recipients and viewers shown).
+    pub fn tracked(&self) -> usize {
+        self.directed.len() + self.revealed.len()
+    }
+
+    /// Drops everything the session remembers about others (it ended).
+    pub fn clear(&mut self) {
+        self.revealed = HashMap::new();
+        self.directed = BTreeSet::new();
+    }
 }
 
 /// One connected resource.
@@ -63,8 +198,8 @@ pub struct SessionHandle {
     tx: mpsc::Sender<Outbound>,
     /// Cancelled to end the session at once (stalled mailbox, shutdown).
     pub kill: CancellationToken,
-    /// Presence state, written by the session task, read by routers and probe answers.
-    pub info: Arc<Mutex<PresenceInfo>>,
+    /// The session's state ([`SessionState`]), shared with every task that reads it.
+    state: Arc<Mutex<SessionState>>,
 }
 
 impl SessionHandle {
@@ -110,24 +245,60 @@ impl SessionHandle {
         }
     }
 
-    /// A copy of the presence state, last presence stanza included. Fan-out paths that only
-    /// need a flag use [`SessionHandle::read`] or [`SessionHandle::is_available`] instead,
-    /// so no stanza is cloned per recipient.
-    pub fn presence(&self) -> PresenceInfo {
-        self.read(PresenceInfo::clone)
+    /// The last available presence as broadcast (a copy), if the session is available.
+    pub fn last_presence(&self) -> Option<Element> {
+        self.read(|p| p.last.clone())
     }
 
-    /// Reads the presence state under its lock without copying it.
-    pub fn read<T>(&self, f: impl FnOnce(&PresenceInfo) -> T) -> T {
-        match self.info.lock() {
+    /// Reads the state under its lock without copying it. `f` must not block.
+    pub fn read<T>(&self, f: impl FnOnce(&SessionState) -> T) -> T {
+        match self.state.lock() {
             Ok(p) => f(&p),
             Err(poisoned) => f(&poisoned.into_inner()),
+        }
+    }
+
+    /// Changes the state under its lock. `f` must not block.
+    pub fn write<T>(&self, f: impl FnOnce(&mut SessionState) -> T) -> T {
+        match self.state.lock() {
+            Ok(mut p) => f(&mut p),
+            Err(poisoned) => f(&mut poisoned.into_inner()),
         }
     }
 
     /// Whether this resource has sent initial presence and no unavailable since.
     pub fn is_available(&self) -> bool {
         self.read(|p| p.available)
+    }
+
+    /// Whether this session is invisible (XEP-0186).
+    pub fn is_invisible(&self) -> bool {
+        self.read(|p| p.invisible)
+    }
+
+    /// See [`SessionState::reveal`].
+    pub fn reveal(&self, viewer: &str, relation: Relation) -> bool {
+        self.write(|p| p.reveal(viewer, relation))
+    }
+
+    /// See [`SessionState::forget`].
+    pub fn forget(&self, viewer: &str) -> bool {
+        self.write(|p| p.forget(viewer))
+    }
+
+    /// See [`SessionState::revealed_relation`].
+    pub fn revealed_relation(&self, viewer: &str) -> Option<Relation> {
+        self.read(|p| p.revealed_relation(viewer))
+    }
+
+    /// Whether this session's presence reached `viewer`.
+    pub fn was_revealed(&self, viewer: &str) -> bool {
+        self.revealed_relation(viewer).is_some()
+    }
+
+    /// The viewers this session was shown to, and how (a copy).
+    pub fn revealed(&self) -> Vec<(String, Relation)> {
+        self.read(|p| p.revealed().map(|(k, v)| (k.to_owned(), v)).collect())
     }
 }
 
@@ -136,6 +307,7 @@ impl SessionHandle {
 pub struct Sessions {
     by_user: RwLock<HashMap<String, Vec<SessionHandle>>>,
     next_id: AtomicU64,
+    limits: StateLimits,
 }
 
 /// A new session's handle plus the receiving end of its mailbox.
@@ -149,6 +321,14 @@ pub struct Registered {
 }
 
 impl Sessions {
+    /// An empty registry whose sessions' sets are bounded by `limits`.
+    pub fn new(limits: StateLimits) -> Self {
+        Sessions {
+            limits,
+            ..Default::default()
+        }
+    }
+
     /// Registers a bound resource. An older session with the same full JID is asked to close
     /// with the `conflict` stream error (RFC 6120 §7.7.2.2, the "override" policy).
     pub fn register(&self, jid: FullJid, queue: usize, parent: &CancellationToken) -> Registered {
@@ -158,7 +338,7 @@ impl Sessions {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             tx,
             kill: parent.child_token(),
-            info: Arc::default(),
+            state: Arc::new(Mutex::new(SessionState::new(self.limits))),
         };
         let bare = jid.to_bare().to_string();
         let mut map = self.by_user.write().unwrap_or_else(|e| e.into_inner());
@@ -236,6 +416,28 @@ impl Sessions {
         map.values().map(Vec::len).sum()
     }
 
+    /// Bare JIDs of users whose sessions have revealed presence to `viewer_bare` (or to
+    /// one of its full JIDs).
+    pub fn subjects_revealed_to(&self, viewer_bare: &str) -> HashSet<String> {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .filter(|(_, list)| {
+                list.iter()
+                    .any(|h| h.read(|p| p.revealed().any(|(v, _)| bare_of(v) == viewer_bare)))
+            })
+            .map(|(user, _)| user.clone())
+            .collect()
+    }
+
+    /// Entries held in every registered session's bounded sets.
+    pub fn tracked(&self) -> usize {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        map.values()
+            .flatten()
+            .map(|h| h.read(SessionState::tracked))
+            .sum()
+    }
+
     /// Ends every session (shutdown).
     pub fn close_all(&self, error: StreamError) {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
@@ -306,11 +508,10 @@ mod tests {
             ("d", 9, false),
         ] {
             let reg = s.register(full(&format!("u@x/{r}")), 4, &root);
-            {
-                let mut p = reg.handle.info.lock().unwrap();
+            reg.handle.write(|p| {
                 p.available = avail;
                 p.priority = prio;
-            }
+            });
             handles.push(reg.handle);
         }
         let chosen: Vec<&str> = message_targets(&handles)
@@ -319,7 +520,7 @@ mod tests {
             .collect();
         assert_eq!(chosen, ["b", "c"]);
         for h in &handles {
-            h.info.lock().unwrap().priority = -1;
+            h.write(|p| p.priority = -1);
         }
         assert!(message_targets(&handles).is_empty());
     }
@@ -336,5 +537,34 @@ mod tests {
             .handle
             .send(Element::new("message", crate::xml::NS_CLIENT)));
         assert!(reg.handle.kill.is_cancelled());
+    }
+
+    #[test]
+    fn the_revealed_and_directed_sets_stop_at_their_bounds() {
+        let mut st = SessionState::new(StateLimits {
+            max_directed: 2,
+            max_revealed: 2,
+        });
+        assert!(st.reveal("a@x", Relation::DirectedPresence));
+        assert!(st.reveal("b@x", Relation::Subscriber));
+        // Full: a new viewer is refused, a known one is still updated (never downgraded).
+        assert!(!st.can_reveal("c@x"));
+        assert!(!st.reveal("c@x", Relation::Subscriber));
+        assert!(st.reveal("a@x", Relation::Subscriber));
+        assert!(st.reveal("b@x", Relation::DirectedPresence));
+        assert_eq!(st.revealed_relation("a@x"), Some(Relation::Subscriber));
+        assert_eq!(st.revealed_relation("b@x"), Some(Relation::Subscriber));
+        assert_eq!(st.revealed_relation("c@x"), None);
+        assert!(st.forget("a@x"));
+        assert!(st.reveal("c@x", Relation::Subscriber));
+
+        assert!(st.add_directed("p@x/r"));
+        assert!(st.add_directed("q@x/r"));
+        assert!(!st.add_directed("r@x/r"));
+        assert!(st.add_directed("p@x/r"));
+        assert_eq!(st.directed_len(), 2);
+        assert_eq!(st.tracked(), 4);
+        st.clear();
+        assert_eq!(st.tracked(), 0);
     }
 }

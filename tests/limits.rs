@@ -532,3 +532,122 @@ async fn an_item_stored_before_the_limits_is_served_cut_to_them() {
     assert_eq!(stored, served);
     ts.stop().await;
 }
+
+fn is_unavailable_from(e: &Element, full: &str) -> bool {
+    e.name == "presence"
+        && e.get_attr("type") == Some("unavailable")
+        && e.get_attr("from") == Some(full)
+}
+
+#[tokio::test]
+async fn directed_presence_beyond_max_directed_presences_is_refused_and_logout_reaches_every_tracked_target(
+) {
+    let ts = TestServer::start(|c| {
+        fast_liveness(c);
+        c.limits.max_directed_presences = 3;
+    })
+    .await;
+    // "aaron" sorts before the tracked targets, so when the last of them has its
+    // unavailable, an unavailable to aaron would already have been queued.
+    for u in ["alice", "aaron", "bob", "carol", "dave"] {
+        ts.user(u).await;
+    }
+    let mut alice = ts.login("alice", "r").await;
+    alice.presence(None, None).await;
+    let alice_full = format!("{}/r", ts.jid("alice"));
+    let mut targets = Vec::new();
+    for u in ["bob", "carol", "dave"] {
+        let mut c = ts.login(u, "r").await;
+        c.presence(None, None).await;
+        alice.presence(None, Some(&ts.jid(u))).await;
+        c.expect(|e| is_presence(e, &alice_full, None)).await;
+        targets.push(c);
+    }
+    let mut aaron = ts.login("aaron", "r").await;
+    aaron.presence(None, None).await;
+    let own = format!("{}/r", ts.jid("aaron"));
+    aaron.expect(|e| is_presence(e, &own, None)).await;
+    // The fourth target is one too many: refused to the sender, not delivered.
+    alice.presence(None, Some(&ts.jid("aaron"))).await;
+    let err = alice
+        .expect(|e| e.name == "presence" && e.get_attr("type") == Some("error"))
+        .await;
+    assert_error(
+        &err,
+        "resource-constraint",
+        "wait",
+        "fourth directed presence",
+    );
+    assert_eq!(err.get_attr("from"), Some(ts.jid("aaron").as_str()));
+    // Barrier: a message alice sends after the refused presence reaches aaron first.
+    alice.send(&chat(&ts.jid("aaron"), "after")).await;
+    let from_alice = |e: &Element| {
+        e.get_attr("from")
+            .is_some_and(|f| f.starts_with(&ts.jid("alice")))
+    };
+    let first = aaron
+        .watch(&from_alice, WAIT)
+        .await
+        .expect("aaron gets the message");
+    assert!(is_message_from(&first, &ts.jid("alice")), "{first}");
+    // The set stays at the bound, each tracked target shown once.
+    let h = ts.shared().sessions.of_user_str(&ts.jid("alice"))[0].clone();
+    assert_eq!(h.read(|p| (p.directed_len(), p.tracked())), (3, 6));
+
+    alice.close().await;
+    for c in &mut targets {
+        c.expect(|e| is_unavailable_from(e, &alice_full)).await;
+    }
+    // Barrier: dave got the last tracked unavailable, then tells aaron.
+    let dave = targets.last_mut().unwrap();
+    dave.send(&chat(&ts.jid("aaron"), "done")).await;
+    let alice_or_dave = |e: &Element| from_alice(e) || is_message_from(e, &ts.jid("dave"));
+    let next = aaron
+        .watch(&alice_or_dave, WAIT)
+        .await
+        .expect("aaron gets dave's message");
+    assert!(is_message_from(&next, &ts.jid("dave")), "{next}");
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn directed_presence_to_900_remote_domains_leaves_nothing_after_logout() {
+    let ts = TestServer::start(|c| {
+        fast_liveness(c);
+        // The remote domains are never contacted: only the session's bookkeeping is measured.
+        c.s2s.enabled = false;
+        c.limits.stanza_burst = 2000;
+    })
+    .await;
+    ts.user("alice").await;
+    let mut alice = ts.login("alice", "r").await;
+    alice.presence(None, None).await;
+    for i in 0..900 {
+        alice
+            .presence(None, Some(&format!("u@d{i}.remote.example")))
+            .await;
+    }
+    barrier(&ts, &mut alice).await;
+    let h = ts.shared().sessions.of_user_str(&ts.jid("alice"))[0].clone();
+    assert_eq!(h.read(|p| p.tracked()), 900);
+    assert_eq!(ts.shared().sessions.tracked(), 900);
+    alice.close().await;
+    // The session ends after the grace period (0.6 s here); its state is emptied then,
+    // even though this test still holds a copy of its handle.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while h.read(|p| p.tracked()) != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "session state still holds {} entries",
+            h.read(|p| p.tracked())
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(ts
+        .shared()
+        .sessions
+        .of_user_str(&ts.jid("alice"))
+        .is_empty());
+    assert_eq!(ts.shared().sessions.tracked(), 0);
+    ts.stop().await;
+}

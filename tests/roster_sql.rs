@@ -228,3 +228,51 @@ async fn a_change_of_the_pending_request_alone_is_stored_but_not_pushed() {
     );
     ts.stop().await;
 }
+
+/// Logs in, asks for the roster with a version (XEP-0237) when `versioned`, and sends
+/// initial presence.
+async fn online_versioned(ts: &TestServer, name: &str, versioned: bool) -> Client {
+    let mut c = ts.login(name, "r").await;
+    if versioned {
+        let q = presenced::xml::Element::new("query", NS_ROSTER).attr("ver", "");
+        let r = c.iq("get", None, q).await;
+        assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    }
+    c.presence(None, None).await;
+    let me = ts.jid(name);
+    c.expect(|e| is_presence(e, &me, None)).await;
+    c
+}
+
+#[tokio::test]
+async fn sql_unpair_sends_both_users_each_others_unavailable_whatever_roster_they_fetched() {
+    let ts = TestServer::start(|_| {}).await;
+    // Both versioned, and one versioned with one that never asked.
+    for (n, (av, bv)) in [(true, true), (true, false)].into_iter().enumerate() {
+        let (an, bn) = (format!("alice{n}"), format!("bob{n}"));
+        ts.user(&an).await;
+        ts.user(&bn).await;
+        let (a, b) = (ts.jid(&an), ts.jid(&bn));
+        ts.make_mutual(&an, &bn).await;
+        let mut alice = online_versioned(&ts, &an, av).await;
+        let mut bob = online_versioned(&ts, &bn, bv).await;
+        alice
+            .expect(|e| is_presence(e, &format!("{b}/r"), None))
+            .await;
+        bob.expect(|e| is_presence(e, &format!("{a}/r"), None))
+            .await;
+        ts.unpair(&an, &bn).await;
+        alice
+            .expect(|e| is_presence(e, &format!("{b}/r"), Some("unavailable")))
+            .await;
+        bob.expect(|e| is_presence(e, &format!("{a}/r"), Some("unavailable")))
+            .await;
+        if av {
+            alice.expect(roster_push_for(&b, "remove")).await;
+        }
+        if bv {
+            bob.expect(roster_push_for(&a, "remove")).await;
+        }
+    }
+    ts.stop().await;
+}

@@ -40,8 +40,8 @@ pub struct Shared {
     /// the roster NOTIFY listener, so a NOTIFY never overtakes the push this node is about to
     /// send (which would push twice and send presence for a change already handled).
     pub roster_locks: RosterLocks,
-    /// Per-session privacy state (invisibility, who was shown presence).
-    pub privacy: visibility::Registry,
+    /// The per-subject presence locks (each session's own state is behind its handle).
+    pub subject_locks: visibility::SubjectLocks,
     /// Federation: outgoing links, dialback secret, remote presence state.
     pub s2s: federation::S2s,
     /// The Prometheus registry behind `/metrics` and the counters fed into it.

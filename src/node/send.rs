@@ -159,7 +159,7 @@ pub(crate) fn unavailable(from: &str, to: &str) -> Element {
 /// from a full JID would itself reveal that the resource was online.
 pub(crate) fn unavailable_from_shown(shared: &Shared, subject: &str, viewer: &str) {
     for s in shared.sessions.of_user_str(subject) {
-        if !s.is_available() || !shared.privacy.forget(s.id, viewer) {
+        if !s.is_available() || !s.forget(viewer) {
             continue;
         }
         presence_to(shared, viewer, unavailable(s.jid.as_str(), viewer));

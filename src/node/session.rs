@@ -3,7 +3,6 @@
 //! lends it to the router and the services, which therefore need nothing from the
 //! transport.
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -22,8 +21,6 @@ pub struct Session {
     pub handle: SessionHandle,
     /// Remote address, for logs.
     pub peer: SocketAddr,
-    /// Presence bookkeeping owned by the session (directed presence recipients, RFC 6121 §4.6).
-    pub presence: SessionPresence,
 }
 
 impl Session {
@@ -32,7 +29,6 @@ impl Session {
             shared,
             handle,
             peer,
-            presence: Default::default(),
         }
     }
 
@@ -45,14 +41,6 @@ impl Session {
     pub fn deliver(&self, el: Element) {
         self.handle.send(el);
     }
-}
-
-/// Presence bookkeeping owned by one session task.
-#[derive(Debug, Default)]
-pub struct SessionPresence {
-    /// JIDs this session sent directed available presence to and that must get its
-    /// unavailable (RFC 6121 §4.6.3).
-    pub directed: BTreeSet<String>,
 }
 
 /// Where a `to` address points, as seen from this server.

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use super::privacy::{self, Blocks, Party, PrivacySettings, Relation, Signal};
 use super::subscription::{SubState, Subscription};
 use crate::node::send::unavailable;
-pub use crate::node::visibility::{Registry, SubjectGuard};
+pub use crate::node::visibility::{SubjectGuard, SubjectLocks};
 use crate::node::Shared;
 use crate::store::blocks::match_candidates;
 use crate::store::gate_inputs::AudienceInputs;
@@ -226,7 +226,7 @@ pub async fn visible_to(shared: &Shared, viewer: &str, subject: &str) -> bool {
         .sessions
         .of_user_str(bare_of(subject))
         .iter()
-        .any(|s| s.is_available() && !shared.privacy.is_invisible(s.id));
+        .any(|s| s.is_available() && !s.is_invisible());
     permitted && any_visible
 }
 
@@ -347,7 +347,7 @@ pub async fn probe_answers(
     subjects.dedup();
     let mut guards = Vec::with_capacity(subjects.len());
     for s in &subjects {
-        guards.push(shared.privacy.lock_subject(s).await);
+        guards.push(shared.subject_locks.lock_subject(s).await);
     }
     let rows = match shared
         .store
@@ -390,10 +390,10 @@ pub async fn probe_answers(
         let mut sent = false;
         if decide_with(Signal::Online, online) {
             for s in visible_sessions(shared, &row.subject) {
-                if let Some(mut last) = s.presence().last {
-                    shared
-                        .privacy
-                        .reveal(s.id, s.jid.as_str(), prober_bare, Relation::Subscriber);
+                if let Some(mut last) = s.last_presence() {
+                    if !s.reveal(prober_bare, Relation::Subscriber) {
+                        continue;
+                    }
                     last.set_attr("to", prober);
                     deliver(last);
                     sent = true;
@@ -454,20 +454,20 @@ pub async fn current_presence(
     viewer: &str,
     mut deliver: impl FnMut(Element),
 ) {
-    let _guard = shared.privacy.lock_subject(subject).await;
+    let _guard = shared.subject_locks.lock_subject(subject).await;
     if !may_see_online(shared, viewer, subject, false).await {
         return;
     }
     for s in visible_sessions(shared, subject) {
         // Shown already as to a subscriber (a reconciliation after the same roster change
         // got here first): every update since reached the viewer, so it has this presence.
-        if shared.privacy.revealed_relation(s.id, viewer) == Some(Relation::Subscriber) {
+        if s.revealed_relation(viewer) == Some(Relation::Subscriber) {
             continue;
         }
-        if let Some(mut last) = s.presence().last {
-            shared
-                .privacy
-                .reveal(s.id, s.jid.as_str(), viewer, Relation::Subscriber);
+        if let Some(mut last) = s.last_presence() {
+            if !s.reveal(viewer, Relation::Subscriber) {
+                continue;
+            }
             last.set_attr("to", viewer);
             deliver(last);
         }
@@ -506,7 +506,7 @@ fn visible_sessions(shared: &Shared, subject: &str) -> Vec<crate::sessions::Sess
         .sessions
         .of_user_str(subject)
         .into_iter()
-        .filter(|s| s.is_available() && !shared.privacy.is_invisible(s.id))
+        .filter(|s| s.is_available() && !s.is_invisible())
         .collect()
 }
 
@@ -524,7 +524,7 @@ fn visible_sessions(shared: &Shared, subject: &str) -> Vec<crate::sessions::Sess
 pub async fn reconcile_user(shared: &Shared, user: &str) {
     let user = bare_of(user).to_owned();
     reconcile_subject(shared, &user).await;
-    let mut subjects = shared.privacy.subjects_revealed_to(&user);
+    let mut subjects = shared.sessions.subjects_revealed_to(&user);
     if shared
         .sessions
         .of_user_str(&user)
@@ -547,7 +547,7 @@ pub async fn reconcile_user(shared: &Shared, user: &str) {
 
 /// Re-checks everything after the LISTEN connection was lost (notifications may be gone).
 pub async fn reconcile_all(shared: &Shared) {
-    for s in shared.privacy.all_subjects() {
+    for s in shared.sessions.users() {
         reconcile_user(shared, &s).await;
     }
 }
@@ -558,16 +558,16 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
     if sessions.is_empty() {
         return;
     }
-    let _guard = shared.privacy.lock_subject(subject).await;
+    let _guard = shared.subject_locks.lock_subject(subject).await;
     for s in sessions {
         let me = s.jid.to_string();
-        let invisible = shared.privacy.is_invisible(s.id);
+        let invisible = s.is_invisible();
         let audience = if invisible {
             HashSet::new()
         } else {
             online_audience(shared, &me).await
         };
-        let revealed = shared.privacy.revealed(s.id);
+        let revealed = s.revealed();
         for (viewer, relation) in revealed {
             let keep = match relation {
                 Relation::Subscriber => audience.contains(&viewer),
@@ -575,22 +575,22 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
                 // (invisibility does not: XEP-0186 keeps directed presence working).
                 _ => !blocked_either(shared, &viewer, &me).await,
             };
-            if !keep && shared.privacy.forget(s.id, &viewer) {
+            if !keep && s.forget(&viewer) {
                 crate::node::send::presence_to(shared, &viewer, unavailable(&me, &viewer));
             }
         }
-        let info = s.presence();
-        if invisible || !info.available {
+        let (available, last) = s.read(|p| (p.available, p.last.clone()));
+        if invisible || !available {
             continue;
         }
-        let Some(last) = info.last else { continue };
+        let Some(last) = last else { continue };
         for viewer in audience {
-            if shared.privacy.was_revealed(s.id, &viewer) {
+            if s.was_revealed(&viewer) {
                 continue;
             }
-            shared
-                .privacy
-                .reveal(s.id, &me, &viewer, Relation::Subscriber);
+            if !s.reveal(&viewer, Relation::Subscriber) {
+                continue;
+            }
             let mut p = last.clone();
             p.set_attr("to", viewer.clone());
             crate::node::send::presence_to(shared, &viewer, p);
@@ -666,7 +666,7 @@ fn is_content(child: &Element) -> bool {
         || is_presence_signal(child))
 }
 
-/// The side-channel filter for a message from local session `sender_id` (`sender`, full
+/// The side-channel filter for a message from local session `sender_session` (`sender`, full
 /// JID) to `recipient`. Chat states, receipts and markers reveal that the sender is online
 /// at that moment, so they are relayed only when the recipient may see the sender online
 /// (the privacy gate, and the session is not invisible) or the session revealed itself to
@@ -676,7 +676,7 @@ fn is_content(child: &Element) -> bool {
 /// that carry such a signal. Fails closed.
 pub async fn filter_signals(
     shared: &Shared,
-    sender_id: u64,
+    sender_session: &crate::sessions::SessionHandle,
     sender: &str,
     recipient: &str,
     directed: bool,
@@ -686,7 +686,7 @@ pub async fn filter_signals(
         return Some(el);
     }
     let allowed = directed
-        || (!shared.privacy.is_invisible(sender_id)
+        || (!sender_session.is_invisible()
             && may_see_online(shared, recipient, sender, false).await);
     if allowed {
         return Some(el);
@@ -727,13 +727,13 @@ pub async fn may_reach(
         may_see_online(shared, sender, full, false).await;
         return false;
     };
-    let own_act = [sender, bare_of(sender)].iter().any(|v| {
-        shared.privacy.revealed_relation(target.id, v) == Some(Relation::DirectedPresence)
-    });
+    let own_act = [sender, bare_of(sender)]
+        .iter()
+        .any(|v| target.revealed_relation(v) == Some(Relation::DirectedPresence));
     if own_act {
         return !blocked_either(shared, sender, target.jid.as_str()).await;
     }
-    !shared.privacy.is_invisible(target.id)
+    !target.is_invisible()
         && target.is_available()
         && may_see_online(shared, sender, target.jid.as_str(), false).await
 }

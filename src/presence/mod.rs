@@ -15,7 +15,6 @@ pub mod remote;
 
 /// The pure decisions presence asks; they live in `policy` so the store can use
 /// their types without importing presence.
-pub use crate::node::session::SessionPresence;
 pub use crate::policy::{privacy, subscription};
 
 use std::collections::BTreeSet;
@@ -55,9 +54,11 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
                 Target::LocalDomain => {}
                 Target::Remote(j) => {
                     if is_available {
-                        session.presence.directed.insert(j.to_string());
+                        if !track_directed(session, j.as_str(), &el) {
+                            return;
+                        }
                     } else {
-                        session.presence.directed.remove(j.as_str());
+                        session.handle.write(|p| p.remove_directed(j.as_str()));
                     }
                     let _ = crate::node::route_remote(&session.shared, el);
                 }
@@ -138,21 +139,21 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     el.set_attr("from", me.to_string());
     let was_available = session.handle.is_available();
     let record = |el: &Element| {
-        if let Ok(mut info) = session.handle.info.lock() {
+        session.handle.write(|info| {
             info.available = is_available;
             info.priority = if is_available { priority_of(el) } else { 0 };
             info.last = is_available.then(|| el.clone());
-        }
+        })
     };
-    if !is_available && !was_available && session.presence.directed.is_empty() {
+    if !is_available && !was_available && !session.handle.read(|p| p.has_directed()) {
         record(&el);
         return;
     }
-    let invisible = shared.privacy.is_invisible(session.handle.id);
+    let invisible = session.handle.is_invisible();
     // Serialised once; each local copy (contacts' and own resources') differs only in 'to'.
     let once = Addressed::new(&el);
     let inputs = {
-        let _guard = shared.privacy.lock_subject(bare.as_str()).await;
+        let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
         // The new state is recorded under the subject lock: a reconciliation holding the
         // lock must see the old state (and leave this resource to us) or the new one with
         // its broadcast done (and its viewers marked revealed), never the new state before
@@ -174,14 +175,20 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         if !is_available {
             // Everyone who was shown this resource online learns it went away, even if
             // a change of permissions has not withdrawn it from them yet.
-            for (viewer, rel) in shared.privacy.take_revealed(session.handle.id) {
+            for (viewer, rel) in session.handle.write(|p| p.take_revealed()) {
                 if rel == privacy::Relation::Subscriber {
                     recipients.insert(viewer);
                 }
             }
         }
         for contact in recipients {
-            session.presence.directed.remove(&contact);
+            session.handle.write(|p| p.remove_directed(&contact));
+            // A viewer the session's bounded set cannot record is not shown the presence:
+            // it could not be withdrawn from it later.
+            if is_available && !session.handle.read(|p| p.can_reveal(&contact)) {
+                tracing::warn!(jid = %me, viewer = %contact, "revealed set full; presence not sent");
+                continue;
+            }
             let reached = if !shared.config.serves(domain_of(&contact)) {
                 // One stanza per remote contact; s2s sends them over that domain's one stream.
                 let mut p = el.clone();
@@ -193,12 +200,9 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             // Remember who saw this resource online, so a lost permission withdraws it
             // from exactly them (the subject lock makes this atomic with the delivery).
             if is_available && reached {
-                shared.privacy.reveal(
-                    session.handle.id,
-                    me.as_str(),
-                    &contact,
-                    privacy::Relation::Subscriber,
-                );
+                session
+                    .handle
+                    .reveal(&contact, privacy::Relation::Subscriber);
             }
         }
         inputs
@@ -213,7 +217,8 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     if !is_available {
         // §4.6.3: everyone who got directed presence gets the unavailable too, except a
         // party blocked since (XEP-0191: it already got its unavailable, nothing more).
-        for to in std::mem::take(&mut session.presence.directed) {
+        let directed = session.handle.write(|p| p.take_directed());
+        for to in directed {
             if gate::blocked_either(&shared, &to, me.as_str()).await {
                 continue;
             }
@@ -232,7 +237,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     for item in inputs.roster.iter().filter(|i| i.subscription.has_to()) {
         if shared.config.serves(domain_of(&item.contact)) {
             local.push(item.contact.clone());
-        } else if !invisible || shared.privacy.probes_remote(session.handle.id) {
+        } else if !invisible || session.handle.read(|p| p.probe_remote) {
             // A probe tells the remote server the user is online; an invisible session
             // sends one only if it asked to (XEP-0186 `probe='true'`).
             // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
@@ -246,7 +251,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         if s.id == session.handle.id {
             continue;
         }
-        if let Some(mut last) = s.presence().last {
+        if let Some(mut last) = s.last_presence() {
             last.set_attr("to", me.to_string());
             session.deliver(last);
         }
@@ -322,24 +327,47 @@ async fn directed(session: &mut Session, mut el: Element, is_available: bool) {
     if gate::blocked_either(&shared, &to, session.jid().as_str()).await {
         return;
     }
-    let id = session.handle.id;
     if is_available {
         // An invisible session may still send directed presence (XEP-0186 §3.1); it
         // gets the matching unavailable later, like any other.
-        if session.handle.is_available() || shared.privacy.is_invisible(id) {
-            session.presence.directed.insert(to.clone());
+        let (available, invisible) = session.handle.read(|p| (p.available, p.invisible));
+        if (available || invisible) && !track_directed(session, &to, &el) {
+            return;
         }
-        shared.privacy.reveal(
-            id,
-            session.jid().as_str(),
-            &to,
-            privacy::Relation::DirectedPresence,
-        );
+        if !session
+            .handle
+            .reveal(&to, privacy::Relation::DirectedPresence)
+        {
+            session.handle.write(|p| p.remove_directed(&to));
+            refuse_directed(session, &el, "revealed set full");
+            return;
+        }
     } else {
-        session.presence.directed.remove(&to);
-        shared.privacy.forget(id, &to);
+        session.handle.write(|p| {
+            p.remove_directed(&to);
+            p.forget(&to);
+        });
     }
     crate::node::send::to_local(&shared, &to, el);
+}
+
+/// Tracks `to` as a directed-presence recipient of the session, or refuses the presence
+/// when the session's set is full (`max_directed_presences`): a target that cannot be
+/// tracked would never get the unavailable RFC 6121 §4.6.3 promises it, so it is not sent
+/// the available either, and the client gets `resource-constraint` (RFC 6120 §8.3.3.18).
+fn track_directed(session: &Session, to: &str, el: &Element) -> bool {
+    if session.handle.write(|p| p.add_directed(to)) {
+        return true;
+    }
+    refuse_directed(session, el, "directed presence set full");
+    false
+}
+
+fn refuse_directed(session: &Session, el: &Element, why: &str) {
+    tracing::warn!(peer = %session.peer, jid = %session.jid(), to = ?el.get_attr("to"), "{why}; directed presence refused");
+    if let Some(reply) = StanzaError::resource_constraint().reply_to(el) {
+        session.deliver(reply);
+    }
 }
 
 /// Loads one side's item and Appendix A state; the pending inbound request lives in the
@@ -594,12 +622,14 @@ pub async fn roster_removed(session: &mut Session, item: &RosterItem) {
 /// Called when a session ends: an available session's contacts get unavailable
 /// (RFC 6121 §4.5.2: the server does this when the client did not).
 pub async fn session_ended(session: &mut Session) {
-    let available = session.handle.is_available();
-    if available || !session.presence.directed.is_empty() {
+    let (available, directed) = session.handle.read(|p| (p.available, p.has_directed()));
+    if available || directed {
         let p = Element::new("presence", NS_CLIENT).attr("type", "unavailable");
         broadcast(session, p, false).await;
     }
-    session.shared.privacy.remove(session.handle.id);
+    // Nothing the session remembers about others outlives it, even while a copy of its
+    // handle is still held somewhere.
+    session.handle.write(|p| p.clear());
     let jid = session.jid();
     session
         .shared
