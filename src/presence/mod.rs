@@ -10,6 +10,7 @@
 //! so a stale or one-sided row never leaks presence), the user's own available resources,
 //! and anyone the user sent directed presence to. Nobody else.
 
+pub(crate) mod executor;
 pub mod gate;
 pub mod remote;
 
@@ -450,6 +451,7 @@ async fn apply_subscription(
     mut stanza: Element,
     push_user: bool,
 ) -> Result<(), crate::store::StoreError> {
+    use executor::{Effect, Plan, Side};
     let user = user_full.to_bare();
     let (u_item, u_state) = load_side(shared, user.as_str(), contact.as_str()).await?;
     let out = subscription::outbound(u_state, kind);
@@ -461,112 +463,90 @@ async fn apply_subscription(
     // RFC 6121 §3.1.2: stamp bare JIDs on both ends.
     stanza.set_attr("from", user.to_string());
     stanza.set_attr("to", contact.to_string());
+    let (u, c) = (user.to_string(), contact.to_string());
 
-    let mut writes: Vec<(String, RosterItem)> = Vec::new();
+    let mut plan = Plan::default();
+    // §3.2.2: unavailable from each of the user's resources before the unsubscribed, but
+    // only from those the contact was shown.
+    if out.send_unavailable && contact_exists {
+        plan.effects.push(Effect::UnavailableFromShown {
+            subject: u.clone(),
+            viewer: c.clone(),
+        });
+    }
     let mut u_final = out.state;
-    let mut c_effects = None;
+    // The user's side moved through the outbound row and, after an automatic answer, the
+    // inbound one; with push_user false the item is about to be removed and that removal
+    // is pushed instead.
+    let mut user_push = out.push;
+    // RFC 6121 §8.5.1: a subscription stanza to an account that does not exist is silently
+    // ignored; the user's own side keeps its pending request.
     if out.route && contact_exists {
         let (c_item, c_state) = load_side(shared, contact.as_str(), user.as_str()).await?;
         let inb = subscription::inbound(c_state, kind);
+        let keep = (inb.state.pending_in && kind == SubKind::Subscribe).then(|| stanza.to_xml());
+        if inb.deliver {
+            plan.effects.push(Effect::ToAvailable {
+                user: c.clone(),
+                stanza: stanza.clone(),
+            });
+        }
         if let Some(reply) = inb.auto_reply {
             // The contact's server answers on the contact's behalf (e.g. pre-approval).
             let back = subscription::inbound(u_final, reply);
             u_final = back.state;
-            c_effects = Some((c_item, c_state, inb, Some((reply, back))));
-        } else {
-            c_effects = Some((c_item, c_state, inb, None));
-        }
-    }
-    // RFC 6121 §8.5.1: a subscription stanza to an account that does not exist is silently
-    // ignored; the user's own side keeps its pending request.
-    let u_write = updated_item(u_item.clone(), contact.as_str(), u_final);
-    if let Some(i) = &u_write {
-        writes.push((user.to_string(), i.clone()));
-    }
-    let c_write = c_effects
-        .as_ref()
-        .and_then(|(c_item, _, inb, _)| updated_item(c_item.clone(), user.as_str(), inb.state));
-    if let Some(i) = &c_write {
-        writes.push((contact.to_string(), i.clone()));
-    }
-    let versions = if writes.is_empty() {
-        Vec::new()
-    } else {
-        shared.store.apply_subscription_change(&writes).await?
-    };
-    // The pending table follows the inbound-request flag of each side.
-    if u_state.pending_in && !u_final.pending_in {
-        shared
-            .store
-            .remove_pending_subscription(user.as_str(), contact.as_str())
-            .await?;
-    }
-    if let Some((_, c_state, inb, _)) = &c_effects {
-        if inb.state.pending_in && kind == SubKind::Subscribe {
-            shared
-                .store
-                .add_pending_subscription(contact.as_str(), user.as_str(), &stanza.to_xml())
-                .await?;
-        } else if c_state.pending_in && !inb.state.pending_in {
-            shared
-                .store
-                .remove_pending_subscription(contact.as_str(), user.as_str())
-                .await?;
-        }
-    }
-
-    // Side effects, in the order RFC 6121 gives them.
-    if out.send_unavailable && contact_exists {
-        // §3.2.2: unavailable from each of the user's resources before the unsubscribed,
-        // but only from those the contact was shown.
-        crate::node::send::unavailable_from_shown(shared, user.as_str(), contact.as_str());
-    }
-    if let Some((_, _, inb, auto)) = &c_effects {
-        if inb.deliver {
-            crate::node::send::to_available(shared, contact.as_str(), &stanza);
-        }
-        if let Some((reply, back)) = auto {
+            user_push |= back.push;
             if back.deliver {
-                let p = presence(Some(reply.as_str()), contact.as_str(), user.as_str());
-                crate::node::send::to_available(shared, user.as_str(), &p);
+                plan.effects.push(Effect::ToAvailable {
+                    user: u.clone(),
+                    stanza: presence(Some(reply.as_str()), &c, &u),
+                });
             }
         }
         if inb.send_presence {
             // §3.1.5 / §4.3.2: the contact's current presence goes to the new subscriber.
-            send_current_presence(shared, contact.as_str(), user.as_str()).await;
+            plan.effects.push(Effect::CurrentPresence {
+                subject: c.clone(),
+                viewer: u.clone(),
+            });
         }
         if inb.send_unavailable {
             // §3.3.3: the user no longer sees the contact (only resources it was shown).
-            crate::node::send::unavailable_from_shown(shared, contact.as_str(), user.as_str());
+            plan.effects.push(Effect::UnavailableFromShown {
+                subject: c.clone(),
+                viewer: u.clone(),
+            });
         }
+        plan.sides.push(Side {
+            owner: c.clone(),
+            contact: u.clone(),
+            item: c_item,
+            old: c_state,
+            new: inb.state,
+            push: inb.push,
+            keep_request: keep,
+        });
     }
     if out.send_presence && contact_exists {
         // §3.1.5: after approving, the contact gets the user's current presence.
-        send_current_presence(shared, user.as_str(), contact.as_str()).await;
+        plan.effects.push(Effect::CurrentPresence {
+            subject: u.clone(),
+            viewer: c.clone(),
+        });
     }
-    // Roster pushes (RFC 6121 §2.1.6) with the versions the transaction produced, where
-    // the subscription table says the client can see the change. The user's side moved
-    // through the outbound row and, after an automatic answer, the inbound one.
-    let user_push = push_user
-        && (out.push
-            || c_effects
-                .as_ref()
-                .and_then(|(_, _, _, auto)| auto.as_ref())
-                .is_some_and(|(_, back)| back.push));
-    let contact_push = c_effects.as_ref().is_some_and(|(_, _, inb, _)| inb.push);
-    for (owner, version) in &versions {
-        let (item, push) = if owner == user.as_str() {
-            (&u_write, user_push)
-        } else {
-            (&c_write, contact_push)
-        };
-        if let Some(item) = item {
-            // With push_user false the item is about to be removed and that removal is
-            // pushed instead.
-            push_or_note(shared, owner, *version, item, push);
-        }
-    }
-    Ok(())
+    plan.sides.insert(
+        0,
+        Side {
+            owner: u,
+            contact: c,
+            item: u_item,
+            old: u_state,
+            new: u_final,
+            push: push_user && user_push,
+            keep_request: None,
+        },
+    );
+    executor::apply(shared, plan).await
 }
 
 /// Pushes a written roster item to its owner's interested resources when `push` (the
@@ -591,22 +571,13 @@ pub(crate) fn push_or_note(
     }
 }
 
-/// Sends the current presence of every visible resource of `from_user` to the available
-/// resources of `to_user` (both local), if the privacy gate lets `to_user` see it.
-async fn send_current_presence(shared: &Shared, from_user: &str, to_user: &str) {
-    gate::current_presence(shared, from_user, to_user, |p| {
-        crate::node::send::to_available(shared, to_user, &p);
-    })
-    .await;
-}
-
 /// RFC 6121 §2.5.2: removing a roster item cancels and revokes subscriptions first.
 pub async fn roster_removed(session: &mut Session, item: &RosterItem) {
     let Ok(contact) = BareJid::new(&item.contact) else {
         return;
     };
     if !session.shared.config.serves(contact.domain().as_str()) {
-        remote::roster_removed(session, &contact, item.sub_state());
+        remote::roster_removed(session, &contact, item.sub_state()).await;
         return;
     }
     for kind in subscription::roster_remove(item.sub_state()) {

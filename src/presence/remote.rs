@@ -26,9 +26,10 @@ use crate::node::Shared;
 use crate::store::StoreError;
 use crate::xml::Element;
 
+use super::executor::{self, Effect, Plan, Side};
 use super::subscription::{self, SubKind, SubState};
-use super::{load_side, presence, updated_item};
-use crate::node::send::{to_available, unavailable_from_shown};
+use super::{load_side, presence};
+use crate::node::send::to_available;
 
 /// The local user sends a subscription stanza to a contact on another server (RFC 6121
 /// §3.1.2, §3.2.2, §3.3.2, §3.4): the user's item follows Appendix A.2 and the stanza is
@@ -63,86 +64,61 @@ async fn outbound(
     // RFC 6121 §3.1.2: subscription stanzas travel between bare JIDs.
     stanza.set_attr("from", user);
     stanza.set_attr("to", contact);
-    let step = Step {
+    let mut plan = Plan::default();
+    plan.sides.push(Side {
+        owner: user.to_owned(),
+        contact: contact.to_owned(),
+        item,
         old: state,
         new: out.state,
         push: out.push,
-    };
-    store_and_push(shared, user, contact, item, step, false).await?;
+        keep_request: None,
+    });
     if out.send_unavailable {
         // §3.2.2: unavailable from each resource the contact was shown, before the
         // unsubscribed.
-        unavailable_from_shown(shared, user, contact);
+        plan.effects.push(Effect::UnavailableFromShown {
+            subject: user.to_owned(),
+            viewer: contact.to_owned(),
+        });
     }
     if out.route {
-        if let Err(e) = route_remote(shared, stanza.clone()) {
-            crate::node::send::bounce_unroutable(shared, &stanza, e);
-        }
+        plan.effects.push(Effect::Route {
+            stanza,
+            bounce: true,
+        });
     }
     if out.send_presence {
         // §3.1.5: the new subscriber gets the user's current presence.
-        send_current_presence(shared, user, contact).await;
+        plan.effects.push(Effect::CurrentPresence {
+            subject: user.to_owned(),
+            viewer: contact.to_owned(),
+        });
     }
-    Ok(())
+    executor::apply(shared, plan).await
 }
 
 /// The local user removed a roster item for a remote contact (RFC 6121 §2.5.2): cancel and
-/// revoke on the contact's server.
-pub fn roster_removed(session: &Session, contact: &BareJid, state: SubState) {
+/// revoke on the contact's server. The item itself is removed by the roster set.
+pub async fn roster_removed(session: &Session, contact: &BareJid, state: SubState) {
     let shared = &session.shared;
     let user = session.jid().to_bare();
+    let mut plan = Plan::default();
     for kind in subscription::roster_remove(state) {
         if kind == SubKind::Unsubscribed && state.contact_sees_user() {
-            unavailable_from_shown(shared, user.as_str(), contact.as_str());
+            plan.effects.push(Effect::UnavailableFromShown {
+                subject: user.to_string(),
+                viewer: contact.to_string(),
+            });
         }
-        let p = presence(Some(kind.as_str()), user.as_str(), contact.as_str());
-        let _ = route_remote(shared, p);
+        plan.effects.push(Effect::Route {
+            stanza: presence(Some(kind.as_str()), user.as_str(), contact.as_str()),
+            bounce: false,
+        });
     }
-}
-
-/// One row of the subscription table applied to the user's item.
-struct Step {
-    old: SubState,
-    new: SubState,
-    /// The table's decision: the change is one a client can see (RFC 6121 §2.1.6).
-    push: bool,
-}
-
-/// Stores the user's item if the transition changed it, keeps the pending-request table in
-/// step, and pushes the item to the user's interested resources if the table said so.
-async fn store_and_push(
-    shared: &Shared,
-    user: &str,
-    contact: &str,
-    item: Option<crate::store::RosterItem>,
-    Step { old, new, push }: Step,
-    pending_added: bool,
-) -> Result<(), StoreError> {
-    let write = updated_item(item, contact, new);
-    if let Some(i) = &write {
-        let versions = shared
-            .store
-            .apply_subscription_change(&[(user.to_owned(), i.clone())])
-            .await?;
-        for (owner, version) in versions {
-            super::push_or_note(shared, &owner, version, i, push);
-        }
+    if let Err(e) = executor::apply(shared, plan).await {
+        tracing::warn!(%user, %contact, error = %e, "roster removal: cancel and revoke failed");
     }
-    if old.pending_in && !new.pending_in && !pending_added {
-        shared
-            .store
-            .remove_pending_subscription(user, contact)
-            .await?;
-    }
-    Ok(())
-}
-
-/// The user's current presence, to a remote contact, through the privacy gate.
-async fn send_current_presence(shared: &Shared, user: &str, contact: &str) {
-    crate::presence::gate::current_presence(shared, user, contact, |p| {
-        let _ = route_remote(shared, p);
-    })
-    .await;
 }
 
 /// A presence stanza from an authenticated remote server (its `from` domain was checked
@@ -200,39 +176,51 @@ async fn inbound_subscription(
     let inb = subscription::inbound(state, kind);
     stanza.set_attr("from", contact);
     stanza.set_attr("to", user);
-    let pending_added = inb.state.pending_in && kind == SubKind::Subscribe && !state.pending_in;
-    let step = Step {
+    let mut plan = Plan::default();
+    plan.sides.push(Side {
+        owner: user.to_owned(),
+        contact: contact.to_owned(),
+        item,
         old: state,
         new: inb.state,
         push: inb.push,
-    };
-    store_and_push(shared, user, contact, item, step, pending_added).await?;
-    if pending_added {
         // §3.1.3: kept until the user answers, and shown again at each login.
-        shared
-            .store
-            .add_pending_subscription(user, contact, &stanza.to_xml())
-            .await?;
-    }
+        keep_request: (inb.state.pending_in && kind == SubKind::Subscribe).then(|| stanza.to_xml()),
+    });
     if inb.deliver {
-        to_available(shared, user, &stanza);
+        plan.effects.push(Effect::ToAvailable {
+            user: user.to_owned(),
+            stanza,
+        });
     }
     if let Some(reply) = inb.auto_reply {
-        let _ = route_remote(shared, presence(Some(reply.as_str()), user, contact));
+        plan.effects.push(Effect::Route {
+            stanza: presence(Some(reply.as_str()), user, contact),
+            bounce: false,
+        });
     }
     if inb.send_presence {
-        send_current_presence(shared, user, contact).await;
+        plan.effects.push(Effect::CurrentPresence {
+            subject: user.to_owned(),
+            viewer: contact.to_owned(),
+        });
     }
     if inb.send_unavailable {
         // §3.3.3: the contact stops receiving the user's presence (from the resources it
         // was shown).
-        unavailable_from_shown(shared, user, contact);
+        plan.effects.push(Effect::UnavailableFromShown {
+            subject: user.to_owned(),
+            viewer: contact.to_owned(),
+        });
     }
     if kind == SubKind::Unsubscribed && inb.deliver {
         // §3.2.3: the user no longer sees the contact; forget what we showed.
-        shared.s2s.saw_unavailable(contact, user);
+        plan.effects.push(Effect::RemoteWithdrawn {
+            remote: contact.to_owned(),
+            local: user.to_owned(),
+        });
     }
-    Ok(())
+    executor::apply(shared, plan).await
 }
 
 /// RFC 6121 §4.3.2: a remote server probes a local user for its user `prober`. Only an

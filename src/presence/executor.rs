@@ -1,0 +1,143 @@
+//! The one executor of subscription changes (RFC 6121 §3): whichever path a subscription
+//! stanza takes — a local user to a local contact, a local user to a remote contact, a
+//! remote contact to a local user, or the cancel and revoke of a roster removal — the
+//! caller loads the state, asks the pure table ([`subscription::outbound`] /
+//! [`subscription::inbound`]) and writes down what it said as a [`Plan`]; [`apply`] carries
+//! the plan out the same way for all of them.
+//!
+//! The order is RFC 6121's: the roster items are written in one transaction and the pending
+//! request table follows each side's inbound-request flag (§3.1.3); the roster pushes go
+//! next, "before locally delivering or remotely routing" the stanza (§3.1.2, §3.1.5,
+//! §3.2.2), each to the interested resources of its owner only when the table says the
+//! change is one a client can see (§2.1.6); then the stanzas and the presence the table
+//! asked for, in the order the caller listed them.
+//!
+//! The caller holds the roster locks of both users ([`crate::node::RosterLocks`]) for the
+//! whole load, decide and apply, so the roster listener never sees a change half pushed.
+
+use crate::node::send::{bounce_unroutable, to_available, unavailable_from_shown};
+use crate::node::{route_remote, Shared};
+use crate::store::{RosterItem, StoreError};
+use crate::xml::Element;
+
+use super::subscription::SubState;
+use super::{domain_of, push_or_note, updated_item};
+
+/// One owner's roster item moved through the table.
+pub(crate) struct Side {
+    /// The owner (a local bare JID).
+    pub owner: String,
+    /// The contact the item is about.
+    pub contact: String,
+    /// The item as loaded (none when the owner has no item for the contact).
+    pub item: Option<RosterItem>,
+    /// The state loaded, pending inbound request included.
+    pub old: SubState,
+    /// The state the table gave.
+    pub new: SubState,
+    /// The table's push decision for this owner.
+    pub push: bool,
+    /// The subscription request to keep for the owner until answered (§3.1.3), when this
+    /// change leaves one waiting.
+    pub keep_request: Option<String>,
+}
+
+/// Something the table asked to send, in the order it is listed.
+pub(crate) enum Effect {
+    /// A stanza to a local user's available resources.
+    ToAvailable { user: String, stanza: Element },
+    /// A stanza for another server. A failure is bounced to its local sender when
+    /// `bounce` (the user's own stanza), dropped otherwise (an answer the server made).
+    Route { stanza: Element, bounce: bool },
+    /// The current presence of local `subject` to `viewer`, local or remote, through the
+    /// gate (§3.1.5).
+    CurrentPresence { subject: String, viewer: String },
+    /// Unavailable from each resource of local `subject` that `viewer` was shown
+    /// (§3.2.2, §3.3.3).
+    UnavailableFromShown { subject: String, viewer: String },
+    /// Remote `remote`'s presence is no longer shown to local `local` (§3.2.3).
+    RemoteWithdrawn { remote: String, local: String },
+}
+
+/// What one subscription stanza does: the items to write and what to send.
+#[derive(Default)]
+pub(crate) struct Plan {
+    pub sides: Vec<Side>,
+    pub effects: Vec<Effect>,
+}
+
+/// Carries out `plan` (see the module documentation for the order). The caller holds the
+/// roster locks of every owner in it.
+pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError> {
+    let written: Vec<Option<RosterItem>> = plan
+        .sides
+        .iter()
+        .map(|s| updated_item(s.item.clone(), &s.contact, s.new))
+        .collect();
+    let writes: Vec<(String, RosterItem)> = plan
+        .sides
+        .iter()
+        .zip(&written)
+        .filter_map(|(s, w)| w.clone().map(|i| (s.owner.clone(), i)))
+        .collect();
+    let versions = if writes.is_empty() {
+        Vec::new()
+    } else {
+        shared.store.apply_subscription_change(&writes).await?
+    };
+    for side in &plan.sides {
+        if let Some(xml) = &side.keep_request {
+            shared
+                .store
+                .add_pending_subscription(&side.owner, &side.contact, xml)
+                .await?;
+        } else if side.old.pending_in && !side.new.pending_in {
+            shared
+                .store
+                .remove_pending_subscription(&side.owner, &side.contact)
+                .await?;
+        }
+    }
+    for (owner, version) in &versions {
+        let found = plan
+            .sides
+            .iter()
+            .zip(&written)
+            .find(|(s, w)| &s.owner == owner && w.is_some());
+        if let Some((side, Some(item))) = found {
+            push_or_note(shared, owner, *version, item, side.push);
+        }
+    }
+    for effect in plan.effects {
+        match effect {
+            Effect::ToAvailable { user, stanza } => {
+                to_available(shared, &user, &stanza);
+            }
+            Effect::Route { stanza, bounce } => {
+                if let Err(e) = route_remote(shared, stanza.clone()) {
+                    if bounce {
+                        bounce_unroutable(shared, &stanza, e);
+                    }
+                }
+            }
+            Effect::CurrentPresence { subject, viewer } => {
+                let local = shared.config.serves(domain_of(&viewer));
+                super::gate::current_presence(shared, &subject, &viewer, |p| {
+                    if local {
+                        to_available(shared, &viewer, &p);
+                    } else {
+                        let _ = route_remote(shared, p);
+                    }
+                })
+                .await;
+            }
+            Effect::UnavailableFromShown { subject, viewer } => {
+                unavailable_from_shown(shared, &subject, &viewer);
+            }
+            Effect::RemoteWithdrawn { remote, local } => {
+                shared.s2s.saw_unavailable(&remote, &local);
+            }
+        }
+    }
+    Ok(())
+}
