@@ -111,13 +111,17 @@ async fn operator_migration_file_takes_effect_on_presenced_migrate() {
     }
     let mut ann = online(&ts, "ann").await;
     let mut cid = online(&ts, "cid").await;
-    // An operator's migrations directory: the shipped files plus their own team file.
+    // An operator's migrations directory as older deployments kept it: copies of the
+    // shipped PostgreSQL files (which the built-in schema already applied) plus their own
+    // team file.
     let dir = std::env::temp_dir().join(format!("presenced-ops-{}", unique()));
     std::fs::create_dir_all(&dir).unwrap();
     let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
     for f in std::fs::read_dir(&shipped).unwrap() {
         let f = f.unwrap();
-        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+        if f.path().is_file() {
+            std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+        }
     }
     let version = 1_000_000_000u64 + (rand_u32() as u64);
     std::fs::write(

@@ -22,7 +22,7 @@
 use chrono::{DateTime, Utc};
 
 use super::privacy::from_columns;
-use super::{Store, StoreError, Subscription};
+use super::{pg_or_sqlite, Store, StoreError, Subscription};
 use crate::presence::privacy::PrivacySettings;
 
 /// One roster item of a subject, with the blocks between the subject and that contact.
@@ -73,7 +73,7 @@ type SettingsColumns = (
     Option<Vec<String>>,
 );
 
-fn settings_from(cols: SettingsColumns) -> Result<PrivacySettings, StoreError> {
+pub(super) fn settings_from(cols: SettingsColumns) -> Result<PrivacySettings, StoreError> {
     match cols {
         (Some(online), online_except, Some(last_seen), last_seen_except) => Ok(PrivacySettings {
             online: from_columns(&online, online_except.unwrap_or_default())?,
@@ -83,7 +83,7 @@ fn settings_from(cols: SettingsColumns) -> Result<PrivacySettings, StoreError> {
     }
 }
 
-fn subscription_from(s: &str) -> Result<Subscription, StoreError> {
+pub(super) fn subscription_from(s: &str) -> Result<Subscription, StoreError> {
     Subscription::parse(s)
         .ok()
         .ok_or_else(|| StoreError::Corrupt(format!("subscription {s:?}")))
@@ -99,6 +99,7 @@ impl Store {
         subject: &str,
         subject_forms: &[String],
     ) -> Result<AudienceInputs, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.audience_inputs(subject, subject_forms));
         type Row = (
             Option<String>,
             Option<Vec<String>>,
@@ -133,7 +134,7 @@ impl Store {
         )
         .bind(subject)
         .bind(subject_forms)
-        .fetch_one(&self.pool)
+        .fetch_one(pool)
         .await?;
         let (online, online_except, last_seen, last_seen_except, contacts, subs, by_c, by_s) = row;
         let settings = settings_from((online, online_except, last_seen, last_seen_except))?;
@@ -185,6 +186,7 @@ impl Store {
         if subjects.is_empty() {
             return Ok(Vec::new());
         }
+        let pool = pg_or_sqlite!(self, |db| db.probe_inputs(prober, prober_forms, subjects));
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT s.subject, ri.subscription,
                     ps.online, ps.online_except, ps.last_seen, ps.last_seen_except,
@@ -204,7 +206,7 @@ impl Store {
         .bind(prober)
         .bind(prober_forms)
         .bind(subjects)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         rows.into_iter()
             .map(

@@ -12,7 +12,7 @@
 //! the user that is online at that moment still gets it delivered.
 
 use super::roster::truncate_chars;
-use super::{Store, StoreError};
+use super::{pg_or_sqlite, Store, StoreError};
 use crate::xml::{Element, NS_CLIENT};
 
 /// XEP-0172 user nickname, the one extension a waiting request keeps.
@@ -65,7 +65,9 @@ impl Store {
         let limits = self.limits();
         let stanza = stored_request(stanza_xml, limits.max_subscription_status_length);
         let max = i64::try_from(limits.max_pending_subscriptions).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await?;
+        let pool = pg_or_sqlite!(self, |db| db
+            .add_pending_subscription(owner, from, &stanza, max));
+        let mut tx = pool.begin().await?;
         // The owner's version row serialises writers of the same owner, so the count
         // below cannot change before the insert.
         sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
@@ -119,7 +121,8 @@ impl Store {
         owner: &str,
         from: &str,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let pool = pg_or_sqlite!(self, |db| db.has_pending_subscription(owner, from));
+        let mut conn = pool.acquire().await?;
         self.has_pending_in(&mut conn, owner, from).await
     }
 
@@ -131,13 +134,14 @@ impl Store {
         owner: &str,
     ) -> Result<Vec<(String, String)>, StoreError> {
         let max = i64::try_from(self.limits().max_pending_subscriptions).unwrap_or(i64::MAX);
+        let pool = pg_or_sqlite!(self, |db| db.pending_subscriptions(owner, max));
         let rows = sqlx::query_as(
             "SELECT sender, stanza FROM pending_subscriptions
              WHERE owner = $1 ORDER BY received_at, sender LIMIT $2",
         )
         .bind(owner)
         .bind(max)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         Ok(rows)
     }
@@ -149,11 +153,12 @@ impl Store {
         owner: &str,
         from: &str,
     ) -> Result<bool, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.remove_pending_subscription(owner, from));
         let result =
             sqlx::query("DELETE FROM pending_subscriptions WHERE owner = $1 AND sender = $2")
                 .bind(owner)
                 .bind(from)
-                .execute(&self.pool)
+                .execute(pool)
                 .await?;
         Ok(result.rows_affected() > 0)
     }
