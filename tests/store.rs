@@ -3,7 +3,6 @@
 //! fresh SQLite file (module `sqlite`). Every test works on its own random domain, so
 //! tests run in parallel and leave other data alone.
 
-use std::path::Path;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -17,86 +16,10 @@ use sha2::{Digest, Sha256};
 /// Iterations for test accounts: RFC 7677's minimum, as a deployment would use.
 const ITERATIONS: u32 = 4096;
 
-/// The database a test runs on; [`Db::open`] may be called again for another handle on
-/// the same data (as after a restart).
-enum Db {
-    Postgres(String),
-    Sqlite(std::path::PathBuf),
-}
-
-impl Db {
-    fn postgres() -> Db {
-        Db::Postgres(
-            std::env::var("DATABASE_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
-        )
-    }
-
-    /// A file of its own under the temporary directory.
-    fn sqlite() -> Db {
-        let dir = std::env::temp_dir().join("sqlite-presenced-store-tests");
-        std::fs::create_dir_all(&dir).expect("temporary directory");
-        Db::Sqlite(dir.join(format!("{}.db", uuid::Uuid::new_v4().simple())))
-    }
-
-    fn url(&self) -> String {
-        match self {
-            Db::Postgres(url) => url.clone(),
-            Db::Sqlite(path) => format!("sqlite://{}", path.display()),
-        }
-    }
-
-    async fn open(&self) -> Store {
-        let store = Store::connect(&self.url(), 4)
-            .await
-            .expect("connect to the store");
-        // No operator migrations: the schema is the one compiled in.
-        store
-            .migrate(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/no-such-dir"))
-            .await
-            .expect("migrations apply");
-        store
-    }
-}
-
-/// Runs `sql` in the store's own dialect (`pg` or `lite`) with text `binds`, as an
-/// operator's SQL would.
-async fn exec(store: &Store, pg: &str, lite: &str, binds: &[&str]) -> Result<u64, sqlx::Error> {
-    match store.sqlite_pool() {
-        None => {
-            let mut q = sqlx::query(pg);
-            for b in binds {
-                q = q.bind(*b);
-            }
-            Ok(q.execute(store.pool()).await?.rows_affected())
-        }
-        Some(pool) => {
-            let mut q = sqlx::query(lite);
-            for b in binds {
-                q = q.bind(*b);
-            }
-            Ok(q.execute(pool).await?.rows_affected())
-        }
-    }
-}
-
-/// Each test body, once per store.
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod postgres {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(super::Db::postgres()).await
-            })*
-        }
-        mod sqlite {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(super::Db::sqlite()).await
-            })*
-        }
-    };
-}
+#[path = "common/stores.rs"]
+#[macro_use]
+mod stores;
+use stores::{exec, Db};
 
 on_both_stores!(
     account_credentials_authenticate_through_scram_and_plain,
