@@ -130,15 +130,18 @@ impl Default for TlsConfig {
     }
 }
 
-/// `[database]`: PostgreSQL, the durable store.
+/// `[database]`: the durable store, PostgreSQL or an SQLite file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
-    /// Connection URL; `DATABASE_URL` overrides it.
+    /// Connection URL; `DATABASE_URL` overrides it. `sqlite://path` is an SQLite file
+    /// (created on first start; a relative path in the file is relative to the file),
+    /// `postgres://...` a PostgreSQL database.
     pub url: String,
-    /// Pool size.
+    /// Pool size (SQLite: readers; it always has one writer).
     pub max_connections: u32,
-    /// Directory of SQL migrations applied at start and by `presenced migrate`.
+    /// The operator's own SQL migrations (numbered from 1000), applied after the schema
+    /// built into the binary, at start and by `presenced migrate`. May be absent.
     pub migrations: PathBuf,
     /// Longest time (seconds in the file) the privacy gate's broadcast inputs (roster,
     /// settings, blocks) of a user who changes presence are reused without a database read;
@@ -148,12 +151,22 @@ pub struct DatabaseConfig {
     pub gate_cache_secs: Duration,
 }
 
+/// The file a `sqlite://path` (or `sqlite:path`) database URL names, or None for any
+/// other URL. A query string (`?mode=...`) is not part of the path.
+pub fn sqlite_path(url: &str) -> Option<PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split_once('?').map_or(rest, |(p, _)| p);
+    Some(PathBuf::from(path))
+}
+
 impl Default for DatabaseConfig {
     fn default() -> Self {
         DatabaseConfig {
             url: "postgres://postgres@127.0.0.1:5432/presenced".into(),
             max_connections: 16,
-            migrations: PathBuf::from("migrations"),
+            migrations: PathBuf::from("migrations.d"),
             gate_cache_secs: Duration::from_secs(30),
         }
     }
@@ -698,12 +711,13 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        config.apply_env(|k| std::env::var(k).ok());
         config.normalize_domains();
-        // Relative paths in the file are relative to the file, so `--config` works from anywhere.
+        // Relative paths in the file are relative to the file, so `--config` works from
+        // anywhere; those from the environment, applied after, to the working directory.
         if let Some(dir) = path.parent() {
             config.resolve_paths(dir);
         }
+        config.apply_env(|k| std::env::var(k).ok());
         config.check()
     }
 
@@ -748,6 +762,15 @@ impl Config {
         };
         fix(&mut self.database.migrations);
         fix(&mut self.tls.certs_dir);
+        if let Some(file) = sqlite_path(&self.database.url) {
+            if file.is_relative() && !file.as_os_str().is_empty() {
+                let query = self.database.url.split_once('?').map(|(_, q)| q.to_owned());
+                self.database.url = format!("sqlite://{}", dir.join(file).display());
+                if let Some(q) = query {
+                    self.database.url = format!("{}?{q}", self.database.url);
+                }
+            }
+        }
         for p in [&mut self.s2s.ca_file, &mut self.tls.cert, &mut self.tls.key]
             .into_iter()
             .flatten()
@@ -759,6 +782,9 @@ impl Config {
     /// Checks ranges and consistency.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        if sqlite_path(&self.database.url).is_some_and(|p| p.as_os_str().is_empty()) {
+            return bad("[database] url: sqlite:// needs a file, e.g. sqlite://presenced.db");
+        }
         if self.domains.is_empty() {
             return bad("`domains` must name at least one domain");
         }

@@ -635,16 +635,6 @@ impl CapturedLog {
 }
 
 /// `url()` pointing at database `db` instead.
-fn url_for_db(db: &str) -> String {
-    let u = url();
-    let (base, query) = match u.split_once('?') {
-        Some((b, q)) => (b.to_owned(), format!("?{q}")),
-        None => (u.clone(), String::new()),
-    };
-    let (server, _) = base.rsplit_once('/').expect("DATABASE_URL has a database");
-    format!("{server}/{db}{query}")
-}
-
 #[tokio::test]
 async fn listener_retries_failed_reconnects_until_the_database_is_back() {
     // The default tokio test runtime runs the listener task on this thread, so a
@@ -671,7 +661,7 @@ async fn listener_retries_failed_reconnects_until_the_database_is_back() {
         ..notify::ListenOptions::default()
     };
     let mut rx = notify::listen_with(
-        &with_app_name(&url_for_db(&db), &name),
+        &with_app_name(&stores::postgres_url_for(&db), &name),
         &[ROSTER_CHANNEL],
         options,
     )
@@ -707,7 +697,9 @@ async fn listener_retries_failed_reconnects_until_the_database_is_back() {
         .expect("resync marker once the database accepts connections again")
         .expect("listener task alive");
     assert!(marker.is_resync(), "{marker:?}");
-    let mut conn = sqlx::PgConnection::connect(&url_for_db(&db)).await.unwrap();
+    let mut conn = sqlx::PgConnection::connect(&stores::postgres_url_for(&db))
+        .await
+        .unwrap();
     sqlx::query("SELECT pg_notify($1, '7 zed@z.example')")
         .bind(ROSTER_CHANNEL)
         .execute(&mut conn)

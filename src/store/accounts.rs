@@ -87,7 +87,18 @@ impl Store {
         iterations: u32,
     ) -> Result<(), StoreError> {
         let creds = derive_all(password, iterations).await?;
-        let pool = pg_or_sqlite!(self, |db| db.create_account(username, domain, &creds));
+        self.import_account(username, domain, &creds).await
+    }
+
+    /// Creates an account with credentials derived elsewhere (another store's, when
+    /// copying); the errors of [`Store::create_account`].
+    pub async fn import_account(
+        &self,
+        username: &str,
+        domain: &str,
+        creds: &[(ScramHash, StoredCredentials)],
+    ) -> Result<(), StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.create_account(username, domain, creds));
         let mut tx = pool.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO accounts (username, domain) VALUES ($1, $2)
@@ -102,7 +113,7 @@ impl Store {
             return Err(StoreError::AccountExists);
         };
         let id: i64 = row.try_get("id")?;
-        put_credentials(&mut tx, id, &creds).await?;
+        put_credentials(&mut tx, id, creds).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -193,18 +204,54 @@ impl Store {
         }))
     }
 
+    /// Every account as (username, domain), ordered by domain and username.
+    pub async fn accounts(&self) -> Result<Vec<(String, String)>, StoreError> {
+        const SQL: &str = "SELECT username, domain FROM accounts ORDER BY domain, username";
+        let pool = pg_or_sqlite!(self, |db| async {
+            Ok(sqlx::query_as(SQL).fetch_all(db.reader()).await?)
+        });
+        Ok(sqlx::query_as(SQL).fetch_all(pool).await?)
+    }
+
+    /// Every server secret as (name, value).
+    pub async fn server_secrets(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        const SQL: &str = "SELECT name, value FROM server_secrets ORDER BY name";
+        let pool = pg_or_sqlite!(self, |db| async {
+            Ok(sqlx::query_as(SQL).fetch_all(db.reader()).await?)
+        });
+        Ok(sqlx::query_as(SQL).fetch_all(pool).await?)
+    }
+
+    /// Stores the secret `name` with `value` unless one of that name exists; returns the
+    /// value kept.
+    pub async fn import_server_secret(
+        &self,
+        name: &str,
+        value: &[u8],
+    ) -> Result<Vec<u8>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.server_secret(name, value));
+        put_secret(pool, name, value).await
+    }
+
     /// The server secret called `name`, created (32 random bytes) the first time any node
     /// asks and the same afterwards for every node and restart.
     pub async fn server_secret(&self, name: &str) -> Result<Vec<u8>, StoreError> {
         let mut fresh = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut fresh);
         let pool = pg_or_sqlite!(self, |db| db.server_secret(name, &fresh));
+        put_secret(pool, name, &fresh).await
+    }
+}
+
+/// Inserts `value` as the secret `name` unless it exists; returns the value kept.
+async fn put_secret(pool: &sqlx::PgPool, name: &str, value: &[u8]) -> Result<Vec<u8>, StoreError> {
+    {
         sqlx::query(
             "INSERT INTO server_secrets (name, value) VALUES ($1, $2)
              ON CONFLICT (name) DO NOTHING",
         )
         .bind(name)
-        .bind(&fresh[..])
+        .bind(value)
         .execute(pool)
         .await?;
         // A separate statement, so it sees a row another node inserted concurrently.

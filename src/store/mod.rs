@@ -23,6 +23,7 @@
 mod accounts;
 pub mod audience_cache;
 pub mod blocks;
+pub mod copy;
 pub mod gate_inputs;
 pub mod last_seen;
 pub mod notify;
@@ -47,6 +48,70 @@ pub struct Store {
     audience: std::sync::Arc<audience_cache::AudienceCache>,
     /// What one account may store ([`Store::set_limits`]); shared by clones.
     limits: std::sync::Arc<std::sync::RwLock<StoreLimits>>,
+}
+
+/// Which store `url` names and whether it can be used, without creating or changing
+/// anything (for `presenced check-config`): the description ("PostgreSQL at
+/// host:port, database d" or "SQLite file path") and Ok with what was found, or Err
+/// with why it cannot be reached.
+pub async fn probe(url: &str) -> (String, Result<String, String>) {
+    use sqlx::migrate::MigrateDatabase;
+    use std::str::FromStr;
+    if let Some(path) = sqlite::path_of(url) {
+        let what = format!("SQLite file {}", path.display());
+        if !path.exists() {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+                _ => PathBuf::from("."),
+            };
+            let found = match std::fs::metadata(&dir) {
+                Ok(m) if m.is_dir() && !m.permissions().readonly() => {
+                    Ok("not there yet; created on first start".to_owned())
+                }
+                Ok(m) if m.is_dir() => Err(format!("directory {} is read-only", dir.display())),
+                Ok(_) => Err(format!("{} is not a directory", dir.display())),
+                Err(e) => Err(format!("directory {}: {e}", dir.display())),
+            };
+            return (what, found);
+        }
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .read_only(true);
+        let found = async {
+            use sqlx::Connection;
+            let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+            sqlx::query("SELECT count(*) FROM sqlite_master")
+                .execute(&mut conn)
+                .await?;
+            conn.close().await
+        }
+        .await;
+        let found = found
+            .map(|()| "exists and is an SQLite database".to_owned())
+            .map_err(|e| e.to_string());
+        return (what, found);
+    }
+    let what = match sqlx::postgres::PgConnectOptions::from_str(url) {
+        Ok(o) => format!(
+            "PostgreSQL at {}:{}, database {}",
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap_or("(default)")
+        ),
+        Err(e) => return (format!("PostgreSQL URL {url:?}"), Err(e.to_string())),
+    };
+    let exists = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        sqlx::Postgres::database_exists(url),
+    )
+    .await;
+    let found = match exists {
+        Ok(Ok(true)) => Ok("reachable; the database exists".to_owned()),
+        Ok(Ok(false)) => Ok("reachable; the database is created on first start".to_owned()),
+        Ok(Err(e)) => Err(format!("cannot reach it: {e}")),
+        Err(_) => Err("cannot reach it: no answer within 5 s".to_owned()),
+    };
+    (what, found)
 }
 
 /// Operators' migration files are numbered from here; the server's own use the numbers

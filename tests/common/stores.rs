@@ -50,6 +50,19 @@ impl Db {
     }
 }
 
+/// The URL of database `db` on the PostgreSQL server of `DATABASE_URL`.
+pub fn postgres_url_for(db: &str) -> String {
+    let Db::Postgres(u) = Db::postgres() else {
+        unreachable!("Db::postgres is PostgreSQL")
+    };
+    let (base, query) = match u.split_once('?') {
+        Some((b, q)) => (b.to_owned(), format!("?{q}")),
+        None => (u.clone(), String::new()),
+    };
+    let (server, _) = base.rsplit_once('/').expect("DATABASE_URL has a database");
+    format!("{server}/{db}{query}")
+}
+
 /// Runs `sql` in the store's own dialect (`pg` or `lite`) with text `binds`, as an
 /// operator's SQL would.
 pub async fn exec(store: &Store, pg: &str, lite: &str, binds: &[&str]) -> Result<u64, sqlx::Error> {

@@ -50,15 +50,7 @@ pub struct Pools {
     pub(super) path: PathBuf,
 }
 
-/// The file a `sqlite://` (or `sqlite:`) URL names, or None for any other URL. A query
-/// string (`?mode=...`) is not part of the path.
-pub fn path_of(url: &str) -> Option<PathBuf> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))?;
-    let path = rest.split_once('?').map_or(rest, |(p, _)| p);
-    Some(PathBuf::from(path))
-}
+pub use crate::config::sqlite_path as path_of;
 
 /// Connection options shared by both pools.
 fn options(path: &Path) -> SqliteConnectOptions {
