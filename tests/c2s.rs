@@ -1751,7 +1751,8 @@ impl Cli {
         let dir = std::env::temp_dir().join(format!("presenced-cli-{}", unique()));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("presenced.toml");
-        let migrations = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        // The schema is built in; no operator migrations.
+        let migrations = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations.d");
         std::fs::write(
             &config,
             format!(
@@ -1785,6 +1786,8 @@ async fn run_presenced(config: &std::path::Path, args: &[&str]) -> std::process:
         .arg(config)
         .args(args)
         .stdin(std::process::Stdio::null())
+        // Each config names its store; the environment must not override it.
+        .env_remove("DATABASE_URL")
         .kill_on_drop(true)
         .output();
     tokio::time::timeout(Duration::from_secs(30), cmd)

@@ -124,3 +124,18 @@ async fn a_write_blocked_by_another_process_fails_by_name_and_nothing_committed_
     let reopened = open(&path).await.unwrap();
     assert_eq!(reopened.blocklist(alice).await.unwrap().len(), 3);
 }
+
+#[tokio::test]
+async fn servers_starting_together_on_a_new_file_apply_the_schema_once() {
+    let path = scratch("together.db");
+    let opened = futures_util::future::join_all((0..6).map(|_| open(&path))).await;
+    for r in opened {
+        r.expect("every start succeeds");
+    }
+    let store = open(&path).await.unwrap();
+    store
+        .create_account("a", "t.example", "pw", 1)
+        .await
+        .unwrap();
+    assert!(store.account_exists("a", "t.example").await.unwrap());
+}

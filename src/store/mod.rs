@@ -484,18 +484,24 @@ impl Store {
                 }
             }
             Backend::Sqlite(db) => {
+                // sqlx takes no lock on SQLite: two servers starting on a new file would
+                // both find nothing applied. The write lock, held from the first statement
+                // to the end, makes the second wait and then find everything applied
+                // (each migration runs in a savepoint inside it).
                 let run = async {
-                    builtin.run(&db.write).await?;
+                    let mut tx = db.begin_write().await?;
+                    builtin.run(&mut *tx).await?;
                     if let Some(own) = own {
-                        own.run(&db.write).await?;
+                        own.run(&mut *tx).await?;
                     }
+                    tx.commit().await?;
                     Ok::<(), StoreError>(())
                 };
                 run.await.map_err(|e| match e {
                     StoreError::Migrate(sqlx::migrate::MigrateError::Execute(inner)) => {
                         db.name_file(StoreError::Database(inner))
                     }
-                    other => other,
+                    other => db.name_file(other),
                 })?;
             }
         }
