@@ -149,6 +149,14 @@ pub struct DatabaseConfig {
     /// on every change.
     #[serde(with = "secs")]
     pub gate_cache_secs: Duration,
+    /// SQLite: how long a statement waits for another process's lock on the file (an
+    /// operator's shell mid-transaction) before it fails with an error naming the file.
+    #[serde(with = "secs")]
+    pub sqlite_busy_timeout: Duration,
+    /// SQLite: how often the server reads `presenced_changes`, the table through which
+    /// changes made outside it (the sqlite3 shell, a migration) reach online users.
+    #[serde(with = "secs")]
+    pub change_poll_interval: Duration,
 }
 
 /// The file a `sqlite://path` (or `sqlite:path`) database URL names, or None for any
@@ -168,6 +176,8 @@ impl Default for DatabaseConfig {
             max_connections: 16,
             migrations: PathBuf::from("migrations.d"),
             gate_cache_secs: Duration::from_secs(30),
+            sqlite_busy_timeout: Duration::from_secs(5),
+            change_poll_interval: Duration::from_millis(250),
         }
     }
 }
@@ -864,6 +874,18 @@ impl Config {
         if self.auth.scram_iterations < 4096 {
             return bad("[auth] scram_iterations must be at least 4096 (RFC 7677 §4)");
         }
+        let db = &self.database;
+        if db.sqlite_busy_timeout < Duration::from_millis(1)
+            || db.sqlite_busy_timeout > Duration::from_secs(600)
+        {
+            return bad("[database] sqlite_busy_timeout must be between 0.001 and 600 seconds");
+        }
+        // Changes made in SQL must reach online users within a second.
+        if db.change_poll_interval < Duration::from_millis(10)
+            || db.change_poll_interval > Duration::from_secs(1)
+        {
+            return bad("[database] change_poll_interval must be between 0.01 and 1 seconds");
+        }
         if self.database.gate_cache_secs > Duration::from_secs(86_400) {
             return bad("[database] gate_cache_secs must be between 0 and 86400");
         }
@@ -969,6 +991,18 @@ mod tests {
         assert_eq!(c.liveness, d.liveness);
         assert_eq!(c.redis.reconnect_max, d.redis.reconnect_max);
         assert_eq!(c.database.gate_cache_secs, d.database.gate_cache_secs);
+        assert_eq!(
+            c.database.sqlite_busy_timeout,
+            d.database.sqlite_busy_timeout
+        );
+        assert_eq!(
+            c.database.change_poll_interval,
+            d.database.change_poll_interval
+        );
+        assert_eq!(
+            c.database.migrations.file_name(),
+            d.database.migrations.file_name()
+        );
         let (cl, dl) = (&c.limits, &d.limits);
         assert_eq!(cl.max_roster_items, dl.max_roster_items);
         assert_eq!(cl.max_roster_groups, dl.max_roster_groups);
@@ -1182,6 +1216,36 @@ mod tests {
         let mut c = Config::default();
         c.limits.max_stanza_size = 100;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn sqlite_waits_and_change_polling_are_bounded() {
+        let mut c = Config::default();
+        c.validate().expect("defaults are valid");
+        for (busy, poll, ok) in [
+            (0.001, 0.01, true),
+            (600.0, 1.0, true),
+            (0.0, 0.25, false),
+            (601.0, 0.25, false),
+            (5.0, 0.0, false),
+            (5.0, 1.5, false),
+        ] {
+            c.database.sqlite_busy_timeout = Duration::from_secs_f64(busy);
+            c.database.change_poll_interval = Duration::from_secs_f64(poll);
+            assert_eq!(c.validate().is_ok(), ok, "busy {busy} poll {poll}");
+        }
+        let c = Config::parse("[database]\nurl = \"sqlite://\"").unwrap();
+        assert!(c.validate().is_err(), "sqlite:// without a file");
+    }
+
+    #[test]
+    fn a_relative_sqlite_file_is_relative_to_the_config_file() {
+        let mut c = Config::parse("[database]\nurl = \"sqlite://data/p.db?mode=rwc\"").unwrap();
+        c.resolve_paths(Path::new("/etc/presenced"));
+        assert_eq!(c.database.url, "sqlite:///etc/presenced/data/p.db?mode=rwc");
+        let mut c = Config::parse("[database]\nurl = \"sqlite:///var/p.db\"").unwrap();
+        c.resolve_paths(Path::new("/etc/presenced"));
+        assert_eq!(c.database.url, "sqlite:///var/p.db");
     }
 
     #[test]

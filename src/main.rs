@@ -188,9 +188,12 @@ async fn run(command: Command, config: CheckedConfig) -> Result<(), String> {
 }
 
 async fn connect(config: &Config) -> Result<Store, String> {
-    let store = Store::connect(&config.database.url, 2)
-        .await
-        .map_err(|e| format!("database: {e}"))?;
+    let store = Store::open(&presenced::config::DatabaseConfig {
+        max_connections: 2,
+        ..config.database.clone()
+    })
+    .await
+    .map_err(|e| format!("database: {e}"))?;
     store
         .migrate(&config.database.migrations)
         .await

@@ -340,8 +340,21 @@ impl Store {
     /// database is created first if the server has none of that name (a fresh machine
     /// has only the default databases; this saves operators a manual `createdb`).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        let defaults = crate::config::DatabaseConfig::default();
+        Store::open(&crate::config::DatabaseConfig {
+            url: url.to_owned(),
+            max_connections,
+            ..defaults
+        })
+        .await
+    }
+
+    /// [`Store::connect`] with every `[database]` setting that concerns the connection.
+    pub async fn open(config: &crate::config::DatabaseConfig) -> Result<Store, StoreError> {
+        let (url, max_connections) = (config.url.as_str(), config.max_connections);
         if let Some(path) = sqlite::path_of(url) {
-            let pools = sqlite::Pools::open(&path, max_connections).await?;
+            let pools =
+                sqlite::Pools::open(&path, max_connections, config.sqlite_busy_timeout).await?;
             return Ok(Store::with_backend(Backend::Sqlite(pools)));
         }
         use sqlx::migrate::MigrateDatabase;

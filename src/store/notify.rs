@@ -75,6 +75,8 @@ pub struct ListenOptions {
     pub backoff_max: Duration,
     /// SQLite: how often `presenced_changes` is read.
     pub poll_interval: Duration,
+    /// SQLite: how long the poller waits for another process's lock.
+    pub busy_timeout: Duration,
     /// SQLite: how long a row of `presenced_changes` is kept for a slow reader.
     pub keep_changes: Duration,
 }
@@ -86,7 +88,19 @@ impl Default for ListenOptions {
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             poll_interval: Duration::from_millis(250),
+            busy_timeout: Duration::from_secs(5),
             keep_changes: Duration::from_secs(600),
+        }
+    }
+}
+
+impl ListenOptions {
+    /// The defaults with the `[database]` settings that concern listening.
+    pub fn from_config(db: &crate::config::DatabaseConfig) -> ListenOptions {
+        ListenOptions {
+            poll_interval: db.change_poll_interval,
+            busy_timeout: db.sqlite_busy_timeout,
+            ..ListenOptions::default()
         }
     }
 }
@@ -217,7 +231,7 @@ mod poll {
         channels: Vec<String>,
         options: ListenOptions,
     ) -> Result<mpsc::Receiver<Notification>, StoreError> {
-        let db = Pools::open(path, 1).await?;
+        let db = Pools::open(path, 1, options.busy_timeout).await?;
         let last = newest(&db).await.map_err(|e| db.name_file(e))?;
         let (tx, rx) = mpsc::channel(options.queue.max(1));
         tokio::spawn(run(db, last, channels, options, tx));

@@ -34,11 +34,6 @@ use sqlx::sqlite::{
 
 use super::StoreError;
 
-/// How long a statement waits for another process's lock on the file (an operator's
-/// sqlite3 shell in the middle of a transaction) before it fails with
-/// [`StoreError::File`].
-pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// The two pools on one SQLite file.
 #[derive(Clone, Debug)]
 pub struct Pools {
@@ -48,29 +43,38 @@ pub struct Pools {
     pub(super) write: SqlitePool,
     /// The file, for error messages.
     pub(super) path: PathBuf,
+    /// How long a statement waits for another process's lock (`[database]
+    /// sqlite_busy_timeout`).
+    busy_timeout: Duration,
 }
 
 pub use crate::config::sqlite_path as path_of;
 
 /// Connection options shared by both pools.
-fn options(path: &Path) -> SqliteConnectOptions {
+fn options(path: &Path, busy_timeout: Duration) -> SqliteConnectOptions {
     SqliteConnectOptions::new()
         .filename(path)
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
         .foreign_keys(true)
-        .busy_timeout(BUSY_TIMEOUT)
+        .busy_timeout(busy_timeout)
 }
 
 impl Pools {
     /// Opens (creating it if missing) the file at `path` with one writer and up to
-    /// `max_connections` readers, and checks it is an SQLite database.
-    pub async fn open(path: &Path, max_connections: u32) -> Result<Pools, StoreError> {
-        let named = |e: sqlx::Error| file_error(path, &e).unwrap_or(StoreError::Database(e));
+    /// `max_connections` readers, and checks it is an SQLite database. A statement waits
+    /// up to `busy_timeout` for another process's lock.
+    pub async fn open(
+        path: &Path,
+        max_connections: u32,
+        busy_timeout: Duration,
+    ) -> Result<Pools, StoreError> {
+        let named =
+            |e: sqlx::Error| file_error(path, busy_timeout, &e).unwrap_or(StoreError::Database(e));
         let write = SqlitePoolOptions::new()
             .max_connections(1)
-            .connect_with(options(path))
+            .connect_with(options(path, busy_timeout))
             .await
             .map_err(named)?;
         // Opening succeeds on a file that is no database; the first read of the schema
@@ -81,13 +85,14 @@ impl Pools {
             .map_err(named)?;
         let read = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
-            .connect_with(options(path))
+            .connect_with(options(path, busy_timeout))
             .await
             .map_err(named)?;
         Ok(Pools {
             read,
             write,
             path: path.to_owned(),
+            busy_timeout,
         })
     }
 
@@ -112,9 +117,8 @@ impl Pools {
     /// `e` as [`StoreError::File`] when it is about the file rather than the data.
     pub(super) fn name_file(&self, e: StoreError) -> StoreError {
         match e {
-            StoreError::Database(inner) => {
-                file_error(&self.path, &inner).unwrap_or(StoreError::Database(inner))
-            }
+            StoreError::Database(inner) => file_error(&self.path, self.busy_timeout, &inner)
+                .unwrap_or(StoreError::Database(inner)),
             other => other,
         }
     }
@@ -122,15 +126,15 @@ impl Pools {
 
 /// SQLite result codes that mean the file, not the query, is the problem, with what to
 /// tell the operator.
-fn file_error(path: &Path, e: &sqlx::Error) -> Option<StoreError> {
+fn file_error(path: &Path, busy_timeout: Duration, e: &sqlx::Error) -> Option<StoreError> {
     let reason = match e {
         sqlx::Error::Database(db) => {
             // The primary result code is the low byte of the extended one.
             let code = db.code()?.parse::<i32>().ok()? & 0xff;
             match code {
                 5 | 6 => format!(
-                    "locked by another process for more than {} s ({db})",
-                    BUSY_TIMEOUT.as_secs()
+                    "locked by another process for more than {:?} ({db})",
+                    busy_timeout
                 ),
                 8 => format!("cannot be written: the file or its directory is read-only ({db})"),
                 10 => format!("input/output error ({db})"),
