@@ -726,14 +726,7 @@ async fn operator_sql_keeps_versions_and_notifies(db: Db) {
         .await
         .unwrap();
 
-    exec(
-        &store,
-        "SELECT presenced_roster_make_mutual($1, $2)",
-        "INSERT INTO presenced_roster_make_mutual (a, b) VALUES (?1, ?2)",
-        &[&alice, &bob],
-    )
-    .await
-    .unwrap();
+    stores::make_mutual(&store, &alice, &bob).await.unwrap();
     let both = |c: &str| RosterItem {
         subscription: Subscription::Both,
         ..item(c)

@@ -479,14 +479,7 @@ async fn roster_change_made_in_sql_reaches_the_listener_with_its_owner_and_versi
     let mut rx = notify::listen(&db.url(), &[ROSTER_CHANNEL]).await.unwrap();
 
     // What an operator would run in a migration.
-    exec(
-        &store,
-        "SELECT presenced_roster_make_mutual($1, $2)",
-        "INSERT INTO presenced_roster_make_mutual (a, b) VALUES (?1, ?2)",
-        &[&alice, &bob],
-    )
-    .await
-    .unwrap();
+    stores::make_mutual(&store, &alice, &bob).await.unwrap();
 
     for owner in [&alice, &bob] {
         let (version, _) = store.roster(owner).await.unwrap();

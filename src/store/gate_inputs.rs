@@ -38,6 +38,23 @@ pub struct AudienceContact {
     pub blocked_by_subject: bool,
 }
 
+impl AudienceContact {
+    /// One contact as read: its subscription is the stored text.
+    pub(super) fn from_columns(
+        contact: String,
+        subscription: &str,
+        blocks_subject: bool,
+        blocked_by_subject: bool,
+    ) -> Result<AudienceContact, StoreError> {
+        Ok(AudienceContact {
+            contact,
+            subscription: subscription_from(subscription)?,
+            blocks_subject,
+            blocked_by_subject,
+        })
+    }
+}
+
 /// Everything a subject's broadcast decision needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AudienceInputs {
@@ -151,12 +168,7 @@ impl Store {
             .zip(subs)
             .zip(by_c.into_iter().zip(by_s))
             .map(|((contact, sub), (blocks_subject, blocked_by_subject))| {
-                Ok(AudienceContact {
-                    contact,
-                    subscription: subscription_from(&sub)?,
-                    blocks_subject,
-                    blocked_by_subject,
-                })
+                AudienceContact::from_columns(contact, &sub, blocks_subject, blocked_by_subject)
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(AudienceInputs { settings, roster })

@@ -51,6 +51,16 @@ pub fn stored_request(xml: &str, max_text: usize) -> String {
     kept.to_xml()
 }
 
+/// Says that a request was refused for the count (not because one from `from` waits).
+pub(super) fn log_not_kept(owner: &str, from: &str, max: i64) {
+    tracing::info!(
+        user = owner,
+        sender = from,
+        max,
+        "subscription request not kept: too many waiting"
+    );
+}
+
 impl Store {
     /// Keeps the request stanza from `from` (a bare JID) for `owner`, cut to what
     /// [`stored_request`] keeps. Returns false, keeping nothing new, if a request from
@@ -88,12 +98,7 @@ impl Store {
         .await?;
         let added = result.rows_affected() == 1;
         if !added && !self.has_pending_in(&mut tx, owner, from).await? {
-            tracing::info!(
-                user = owner,
-                sender = from,
-                max,
-                "subscription request not kept: too many waiting"
-            );
+            log_not_kept(owner, from, max);
         }
         tx.commit().await?;
         Ok(added)

@@ -30,12 +30,30 @@ fn item_columns(limits: &StoreLimits) -> String {
 }
 
 fn item_from_row(row: &PgRow, limits: &StoreLimits) -> Result<RosterItem, StoreError> {
+    let groups: Vec<String> = row.try_get("groups")?;
+    item_from_columns(row, groups, limits)
+}
+
+/// An item from the columns both backends name alike (`groups` is decoded by the caller,
+/// its column type being the dialect's), cut to the limits.
+pub(super) fn item_from_columns<'r, R>(
+    row: &'r R,
+    groups: Vec<String>,
+    limits: &StoreLimits,
+) -> Result<RosterItem, StoreError>
+where
+    R: Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
     let subscription: String = row.try_get("subscription")?;
     let ask: Option<String> = row.try_get("ask")?;
     let mut item = RosterItem {
         contact: row.try_get("contact")?,
         name: row.try_get("name")?,
-        groups: row.try_get("groups")?,
+        groups,
         subscription: Subscription::parse(&subscription)
             .ok()
             .ok_or_else(|| StoreError::Corrupt(format!("subscription {subscription:?}")))?,
@@ -45,6 +63,27 @@ fn item_from_row(row: &PgRow, limits: &StoreLimits) -> Result<RosterItem, StoreE
     };
     item.clamp_to(limits);
     Ok(item)
+}
+
+/// Items changed and removed since a version, each with its version, as the changes
+/// XEP-0237 §2.4 pushes: oldest first.
+pub(super) fn in_version_order(
+    changed: Vec<(i64, RosterItem)>,
+    removed: Vec<(String, i64)>,
+) -> Vec<RosterChange> {
+    let mut changes: Vec<(i64, RosterChange)> = Vec::with_capacity(changed.len() + removed.len());
+    changes.extend(
+        changed
+            .into_iter()
+            .map(|(v, i)| (v, RosterChange::Upsert(i))),
+    );
+    changes.extend(
+        removed
+            .into_iter()
+            .map(|(contact, v)| (v, RosterChange::Removed(contact))),
+    );
+    changes.sort_by_key(|(v, _)| *v);
+    changes.into_iter().map(|(_, c)| c).collect()
 }
 
 /// `s` cut to at most `max` characters.
@@ -203,22 +242,11 @@ impl Store {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-
-        let mut changes: Vec<(i64, RosterChange)> = Vec::with_capacity(rows.len() + removed.len());
-        for row in &rows {
-            let v: i64 = row.try_get("version")?;
-            changes.push((v, RosterChange::Upsert(item_from_row(row, &limits)?)));
-        }
-        changes.extend(
-            removed
-                .into_iter()
-                .map(|(contact, v)| (v, RosterChange::Removed(contact))),
-        );
-        changes.sort_by_key(|(v, _)| *v);
-        Ok(Some((
-            current,
-            changes.into_iter().map(|(_, c)| c).collect(),
-        )))
+        let changed = rows
+            .iter()
+            .map(|row| Ok((row.try_get("version")?, item_from_row(row, &limits)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(Some((current, in_version_order(changed, removed))))
     }
 
     /// One item of `owner`'s roster, if present.

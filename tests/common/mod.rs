@@ -194,13 +194,9 @@ impl TestServer {
 
     /// Makes two local users mutual contacts (subscription both), as an operator would.
     pub async fn make_mutual(&self, a: &str, b: &str) {
-        self.sql(
-            "SELECT presenced_roster_make_mutual($1, $2)",
-            "INSERT INTO presenced_roster_make_mutual (a, b) VALUES (?1, ?2)",
-            &[&self.jid(a), &self.jid(b)],
-        )
-        .await
-        .expect("make mutual");
+        stores::make_mutual(&self.shared().store, &self.jid(a), &self.jid(b))
+            .await
+            .expect("make mutual");
     }
 
     /// Runs an operator's SQL on the server's store, `pg` or `lite` by its dialect.

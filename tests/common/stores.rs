@@ -63,6 +63,17 @@ pub fn postgres_url_for(db: &str) -> String {
     format!("{server}/{db}{query}")
 }
 
+/// Makes `a` and `b` (bare JIDs) mutual contacts with the operators' SQL operation.
+pub async fn make_mutual(store: &Store, a: &str, b: &str) -> Result<u64, sqlx::Error> {
+    exec(
+        store,
+        "SELECT presenced_roster_make_mutual($1, $2)",
+        "INSERT INTO presenced_roster_make_mutual (a, b) VALUES (?1, ?2)",
+        &[a, b],
+    )
+    .await
+}
+
 /// Runs `sql` in the store's own dialect (`pg` or `lite`) with text `binds`, as an
 /// operator's SQL would.
 pub async fn exec(store: &Store, pg: &str, lite: &str, binds: &[&str]) -> Result<u64, sqlx::Error> {

@@ -186,12 +186,7 @@ impl Pools {
             .fetch_one(&mut *tx)
             .await?;
             if !waiting {
-                tracing::info!(
-                    user = owner,
-                    sender = from,
-                    max,
-                    "subscription request not kept: too many waiting"
-                );
+                crate::store::pending::log_not_kept(owner, from, max);
             }
         }
         tx.commit().await?;
@@ -332,12 +327,7 @@ impl Pools {
         let roster = rows
             .into_iter()
             .map(|(contact, sub, blocks_subject, blocked_by_subject)| {
-                Ok(AudienceContact {
-                    contact,
-                    subscription: subscription_from(&sub)?,
-                    blocks_subject,
-                    blocked_by_subject,
-                })
+                AudienceContact::from_columns(contact, &sub, blocks_subject, blocked_by_subject)
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(AudienceInputs { settings, roster })

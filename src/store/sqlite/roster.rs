@@ -7,28 +7,15 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use super::{json_list, parse_list, Pools};
-use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits, Subscription};
+use crate::store::roster::{in_version_order, item_from_columns};
+use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits};
 
 const ITEM_COLUMNS: &str =
     "ri.contact, ri.name, ri.groups, ri.subscription, ri.ask, ri.pending_in, ri.preapproved";
 
 fn item_from_row(row: &SqliteRow, limits: &StoreLimits) -> Result<RosterItem, StoreError> {
-    let subscription: String = row.try_get("subscription")?;
-    let ask: Option<String> = row.try_get("ask")?;
     let groups: String = row.try_get("groups")?;
-    let mut item = RosterItem {
-        contact: row.try_get("contact")?,
-        name: row.try_get("name")?,
-        groups: parse_list(&groups, "roster groups")?,
-        subscription: Subscription::parse(&subscription)
-            .ok()
-            .ok_or_else(|| StoreError::Corrupt(format!("subscription {subscription:?}")))?,
-        pending_out: ask.is_some(),
-        pending_in: row.try_get("pending_in")?,
-        preapproved: row.try_get("preapproved")?,
-    };
-    item.clamp_to(limits);
-    Ok(item)
+    item_from_columns(row, parse_list(&groups, "roster groups")?, limits)
 }
 
 /// Inserts or replaces one item inside a write transaction (which holds the file's write
@@ -136,21 +123,11 @@ impl Pools {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        let mut changes: Vec<(i64, RosterChange)> = Vec::with_capacity(rows.len() + removed.len());
-        for row in &rows {
-            let v: i64 = row.try_get("version")?;
-            changes.push((v, RosterChange::Upsert(item_from_row(row, limits)?)));
-        }
-        changes.extend(
-            removed
-                .into_iter()
-                .map(|(contact, v)| (v, RosterChange::Removed(contact))),
-        );
-        changes.sort_by_key(|(v, _)| *v);
-        Ok(Some((
-            current,
-            changes.into_iter().map(|(_, c)| c).collect(),
-        )))
+        let changed = rows
+            .iter()
+            .map(|row| Ok((row.try_get("version")?, item_from_row(row, limits)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(Some((current, in_version_order(changed, removed))))
     }
 
     pub(in crate::store) async fn roster_item(
