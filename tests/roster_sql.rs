@@ -233,3 +233,46 @@ async fn a_change_of_the_pending_request_alone_is_stored_but_not_pushed() {
     );
     ts.stop().await;
 }
+
+#[tokio::test]
+async fn a_change_made_by_another_connection_to_the_sqlite_file_reaches_online_users() {
+    // Whatever PRESENCED_TEST_STORE says: this is about the SQLite change log.
+    let file = common::stores::Db::sqlite().url();
+    let url = file.clone();
+    let ts = TestServer::start(move |c| c.database.url = url).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    let mut alice = online(&ts, "alice").await;
+    let mut bob = online(&ts, "bob").await;
+    let (a, b) = (ts.jid("alice"), ts.jid("bob"));
+    // As the sqlite3 shell would: its own connection, no server code involved.
+    use sqlx::Connection as _;
+    let mut shell = sqlx::SqliteConnection::connect(&file).await.unwrap();
+    let started = std::time::Instant::now();
+    sqlx::query("INSERT INTO presenced_roster_make_mutual (a, b) VALUES (?1, ?2)")
+        .bind(&a)
+        .bind(&b)
+        .execute(&mut shell)
+        .await
+        .unwrap();
+    alice.expect(roster_push_for(&b, "both")).await;
+    bob.expect(roster_push_for(&a, "both")).await;
+    alice
+        .expect(|e| is_presence(e, &format!("{b}/r"), None))
+        .await;
+    // The change log is read every change_poll_interval (0.25 s by default); the rest is
+    // the push itself, on a machine shared with other builds.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    sqlx::query("INSERT INTO presenced_roster_unpair (a, b) VALUES (?1, ?2)")
+        .bind(&a)
+        .bind(&b)
+        .execute(&mut shell)
+        .await
+        .unwrap();
+    alice.expect(roster_push_for(&b, "remove")).await;
+    bob.expect(|e| is_presence(e, &format!("{a}/r"), Some("unavailable")))
+        .await;
+    shell.close().await.unwrap();
+    ts.stop().await;
+}
