@@ -711,3 +711,40 @@ async fn listener_retries_failed_reconnects_until_the_database_is_back() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn the_sqlite_poller_says_to_resync_when_changes_it_had_not_read_were_deleted() {
+    let db = Db::sqlite();
+    let store = db.open().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    let mut rx = notify::listen(&db.url(), &[BLOCK_CHANNEL]).await.unwrap();
+    // In one transaction, so the poller sees it whole: a change it will never read (as if
+    // pruned while it was behind), then one it can.
+    let lite = store.sqlite_pool().expect("an SQLite store");
+    let mut tx = lite.begin().await.unwrap();
+    for q in [
+        "INSERT INTO presenced_changes (channel, payload) VALUES ('presenced_block', 'lost@x')",
+        "DELETE FROM presenced_changes WHERE payload = 'lost@x'",
+        "INSERT INTO presenced_changes (channel, payload) VALUES ('presenced_block', ?1)",
+    ] {
+        sqlx::query(q).bind(&alice).execute(&mut *tx).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let first = tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(first.is_resync(), "{first:?}");
+    let next = tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        next,
+        Notification {
+            channel: BLOCK_CHANNEL.to_owned(),
+            payload: alice
+        }
+    );
+}
