@@ -144,7 +144,7 @@ impl Store {
 
     /// Whether `owner` blocks `candidate` (a normalised full, bare or domain JID), by the
     /// XEP-0016 §2.1 matching rules of [`match_candidates`]. Asked in both directions it
-    /// gives the two flags of `presence::privacy::Blocks`.
+    /// gives the two flags of `policy::privacy::Blocks`.
     pub async fn is_blocked(&self, owner: &str, candidate: &str) -> Result<bool, StoreError> {
         let forms = match_candidates(candidate);
         let pool = pg_or_sqlite!(self, |db| db.is_blocked(owner, &forms));

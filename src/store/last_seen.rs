@@ -59,7 +59,7 @@ impl Store {
     }
 
     /// When `jid` was last online, or `None` if it never ended a session (or is not an
-    /// account). The caller decides with `presence::privacy` whether the asker may know.
+    /// account). The caller decides with `policy::privacy` whether the asker may know.
     pub async fn last_seen(&self, jid: &str) -> Result<Option<LastSeen>, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.last_seen(jid));
         let row: Option<(String, DateTime<Utc>, Option<String>)> =

@@ -4,7 +4,7 @@
 //! expanded with `json_each`, where PostgreSQL takes a `text[]`.
 
 use super::{json_list, parse_list, parse_time, time_text, Pools};
-use crate::presence::privacy::PrivacySettings;
+use crate::policy::privacy::PrivacySettings;
 use crate::store::gate_inputs::{
     settings_from, subscription_from, AudienceContact, AudienceInputs, ProbeSubject,
 };
