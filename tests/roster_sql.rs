@@ -35,14 +35,20 @@ async fn online_without_roster(ts: &TestServer, name: &str) -> Client {
 }
 
 async fn online_fetching_roster(ts: &TestServer, name: &str, fetch: bool) -> Client {
+    let query = presenced::xml::Element::new("query", NS_ROSTER);
+    online_with_roster_query(ts, name, fetch.then_some(query)).await
+}
+
+/// Logs in, sends `query` as a roster get if there is one, and sends initial presence.
+async fn online_with_roster_query(
+    ts: &TestServer,
+    name: &str,
+    query: Option<presenced::xml::Element>,
+) -> Client {
     let mut c = ts.login(name, "r").await;
-    if fetch {
-        c.iq(
-            "get",
-            None,
-            presenced::xml::Element::new("query", NS_ROSTER),
-        )
-        .await;
+    if let Some(q) = query {
+        let r = c.iq("get", None, q).await;
+        assert_eq!(r.get_attr("type"), Some("result"), "{r}");
     }
     c.presence(None, None).await;
     let me = ts.jid(name);
@@ -237,16 +243,8 @@ async fn a_change_of_the_pending_request_alone_is_stored_but_not_pushed() {
 /// Logs in, asks for the roster with a version (XEP-0237) when `versioned`, and sends
 /// initial presence.
 async fn online_versioned(ts: &TestServer, name: &str, versioned: bool) -> Client {
-    let mut c = ts.login(name, "r").await;
-    if versioned {
-        let q = presenced::xml::Element::new("query", NS_ROSTER).attr("ver", "");
-        let r = c.iq("get", None, q).await;
-        assert_eq!(r.get_attr("type"), Some("result"), "{r}");
-    }
-    c.presence(None, None).await;
-    let me = ts.jid(name);
-    c.expect(|e| is_presence(e, &me, None)).await;
-    c
+    let query = presenced::xml::Element::new("query", NS_ROSTER).attr("ver", "");
+    online_with_roster_query(ts, name, versioned.then_some(query)).await
 }
 
 #[tokio::test]
