@@ -1529,7 +1529,7 @@ async fn listener_barrier(ts: &TestServer, c: &mut Client, owner: &str) -> Vec<E
 /// calls `outbound_subscription(.., push_user = false)`, so the remover's intermediate
 /// roster version is written but never pushed and the session's recorded version stays
 /// behind; the NOTIFY for that version then looks like a change made outside this node
-/// and `roster_sync::sync_user` replays it, with unavailable because the item has no `to`.
+/// and `presence::executor::apply_external` replays it, with unavailable because the item has no `to`.
 #[tokio::test]
 async fn removing_an_unapproved_contact_sends_the_remover_no_presence_from_it() {
     let ts = server().await;

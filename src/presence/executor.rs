@@ -12,12 +12,16 @@
 //! change is one a client can see (§2.1.6); then the stanzas and the presence the table
 //! asked for, in the order the caller listed them.
 //!
+//! A roster changed in SQL or on another node arrives as an owner and a version, with no
+//! stanza for the table to read; [`apply_external`] replays the changed items to each
+//! session from the version it last saw and has the gate re-decide the presence.
+//!
 //! The caller holds the roster locks of both users ([`crate::node::RosterLocks`]) for the
 //! whole load, decide and apply, so the roster listener never sees a change half pushed.
 
 use crate::node::send::{bounce_unroutable, to_available, unavailable_from_shown};
 use crate::node::{route_remote, Shared};
-use crate::store::{RosterItem, StoreError};
+use crate::store::{RosterChange, RosterItem, StoreError};
 use crate::xml::Element;
 
 use super::subscription::SubState;
@@ -140,4 +144,85 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
         }
     }
     Ok(())
+}
+
+/// A roster change made outside this node (an operator's SQL, the `presenced_roster_*`
+/// functions, another node), known only by its owner and version: there is no stanza for
+/// the table to read. Each session of `owner` gets the pushes of exactly the changes since
+/// the version it last saw (up to `version`, or the current one for `i64::MAX`), and the
+/// gate re-decides the presence that follows; both under the owner's roster lock, like
+/// every change [`apply`] makes, so a change this node made itself has delivered its
+/// stanzas in RFC 6121 order (e.g. `subscribed` before the presence that follows it,
+/// §3.1.5) before this looks, and then finds nothing to do.
+pub(crate) async fn apply_external(shared: &Shared, owner: &str, version: i64) {
+    let _lock = shared.roster_locks.lock(&[owner]).await;
+    replay_pushes(shared, owner, version).await;
+    presence_after_external(shared, owner).await;
+}
+
+/// Brings every session of `owner` up to `version` (or to the current version for
+/// `i64::MAX`). The caller holds the owner's roster lock.
+async fn replay_pushes(shared: &Shared, owner: &str, version: i64) {
+    let sessions = shared.sessions.of_user_str(owner);
+    // The oldest version any session of the user has seen; presence effects are computed
+    // once per user from there.
+    let Some(seen) = sessions
+        .iter()
+        .filter_map(|s| s.read(|p| p.roster_ver))
+        .min()
+    else {
+        return;
+    };
+    if seen >= version {
+        return;
+    }
+    let (current, changes) = match shared.store.roster_since(owner, seen).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(owner, error = %e, "roster sync failed");
+            return;
+        }
+    };
+    if changes.is_empty() {
+        return;
+    }
+    tracing::info!(
+        owner,
+        changes = changes.len(),
+        version = current,
+        seen,
+        notified = version,
+        "pushing roster changes made outside this node"
+    );
+    tracing::debug!(owner, ?changes, "roster changes");
+    for s in &sessions {
+        let Some(ver) = s.read(|p| p.roster_ver) else {
+            continue;
+        };
+        if ver >= current {
+            continue;
+        }
+        for change in &changes {
+            let item = match change {
+                RosterChange::Upsert(i) => crate::roster_push::item_element(i),
+                RosterChange::Removed(c) => Element::new("item", crate::xml::NS_ROSTER)
+                    .attr("jid", c.clone())
+                    .attr("subscription", "remove"),
+            };
+            crate::roster_push::push_to(s, current, item);
+        }
+    }
+}
+
+/// The presence consequences of a roster change made outside this node: withdrawn from
+/// each viewer that lost permission, from the resources it was shown, and granted to
+/// those that gained it ([`super::gate::reconcile_user`]). They follow the stored rosters,
+/// not the versions a client fetched: a client that never asked for its roster sees its
+/// contacts' presence come and go all the same. The caller holds the owner's roster lock.
+async fn presence_after_external(shared: &Shared, owner: &str) {
+    if shared.sessions.of_user_str(owner).is_empty() {
+        return;
+    }
+    super::gate::reconcile_user(shared, owner).await;
 }
