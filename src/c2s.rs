@@ -810,6 +810,9 @@ impl Conn {
             tracing::info!(%peer, %jid, "resource conflict: older session replaced");
         }
         let handle = reg.handle;
+        // The resource is this node's cluster-wide now: a session of the same full JID on
+        // another node is ended there, as a local one was just above.
+        shared.cluster.claim(&jid);
         tracing::info!(%peer, %jid, kind = ?transport.kind, "session bound");
         match transport.kind {
             TransportKind::Tcp => shared.metrics.login_tcp(),
@@ -922,6 +925,10 @@ impl Conn {
             handle.close(err);
         }
         shared.sessions.unregister(&handle);
+        if shared.sessions.get(&jid).is_none() {
+            // Not taken over by a newer session here (that one holds the entry now).
+            shared.cluster.release(&jid);
+        }
         // Let the writer flush what is queued (bounded by the mailbox), then stop it. A
         // silent peer is not waited for: its contacts must hear about it now.
         let flush = if live.dead_at().is_some() {

@@ -17,15 +17,23 @@
 //! - [`unavailable_from_shown`]: the unavailable of each resource a viewer was shown.
 //!
 //! Nothing here knows the transport's session type: callers pass [`Shared`] and JIDs.
+//!
+//! Other nodes of the cluster ([`crate::cluster`]): every transport function here also
+//! reaches the recipient's sessions on other nodes, after the decision was taken here, on
+//! the node that produced the stanza. [`message`] and [`iq`] read the directory to find a
+//! full JID or the RFC 6121 §8.5.2 targets of a bare JID wherever they are; a presence
+//! broadcast is sent once per node ([`fan_out`]); [`from_node`] is where what another node
+//! sent is handed to the sessions here, and decides nothing again.
 
 use std::sync::Arc;
 
 use crate::blocking::{inbound_from_blocked, Verdict};
+use crate::cluster::{Envelope, Holder, Kind};
 use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid, Jid};
 use crate::presence::gate;
 use crate::server::Shared;
-use crate::sessions::{message_targets, SessionHandle};
+use crate::sessions::SessionHandle;
 use crate::xml::{Element, NS_CLIENT};
 
 /// What became of a message or iq handed to [`message`] or [`iq`].
@@ -41,17 +49,91 @@ pub(crate) enum Outcome {
 
 /// Queues a stanza on the session bound to `full`, if there is one. The caller decided
 /// that the stanza may reach it.
+/// On another node, it is sent there; `false` then means "not here".
 pub(crate) fn to_session(shared: &Shared, full: &FullJid, el: Element) -> bool {
-    shared.sessions.get(full).is_some_and(|s| s.send(el))
+    if let Some(s) = shared.sessions.get(full) {
+        return s.send(el);
+    }
+    shared
+        .cluster
+        .forward(vec![full.to_string()], Arc::new(el.to_xml()), Kind::Deliver);
+    false
 }
 
 /// Delivers `el` to every available resource of local user `bare` (RFC 6121 §4.2.3,
 /// §3.1.3). Returns how many sessions got it.
+/// Resources on other nodes get it too; the count is of this node's.
 pub(crate) fn to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
-    xml_to_available(shared, bare, || el.to_xml())
+    let xml = std::cell::LazyCell::new(|| Arc::new(el.to_xml()));
+    let n = xml_to_available(shared, bare, || xml.to_string());
+    if shared.cluster.has_peers() {
+        shared
+            .cluster
+            .forward(vec![bare.to_owned()], Arc::clone(&xml), Kind::Deliver);
+    }
+    n
 }
 
-/// Delivers a serialised stanza to every available resource of local user `bare`: `xml` runs
+/// Sends a presence broadcast, serialised once without `to` (`once`), to the available
+/// resources of `recipients` (local bare JIDs) on other nodes: one message per node that
+/// holds any of them, each copy addressed to its recipient there. Returns the recipients
+/// that have sessions on another node.
+pub(crate) async fn fan_out(
+    shared: &Shared,
+    once: &crate::xml::Addressed,
+    recipients: Vec<String>,
+) -> std::collections::HashSet<String> {
+    if !shared.cluster.has_peers() || recipients.is_empty() {
+        return Default::default();
+    }
+    let xml = Arc::new(once.unaddressed().to_owned());
+    shared
+        .cluster
+        .forward_reaching(recipients, xml, Kind::Address)
+        .await
+}
+
+/// What another node sent this one ([`crate::cluster::listen`]): the sending node took
+/// every decision, so this only hands the stanza to the sessions here. A full JID gets its
+/// session, a bare JID its available sessions; a `kick` ends the session bound to that full
+/// JID, which a newer session on another node took over (RFC 6120 §7.7.2.2).
+pub(crate) fn from_node(shared: &Shared, env: Envelope) {
+    let addressed = (env.kind == Kind::Address)
+        .then(|| crate::xml::Addressed::from_unaddressed(env.xml.to_string()));
+    for to in &env.to {
+        let Ok(jid) = Jid::new(to) else {
+            tracing::warn!(%to, "cluster: malformed recipient dropped");
+            continue;
+        };
+        let bytes = match &addressed {
+            Some(a) => Arc::new(a.to(to)),
+            None => Arc::clone(&env.xml),
+        };
+        match (env.kind, jid.try_into_full()) {
+            (Kind::Kick, Ok(full)) => {
+                if let Some(s) = shared.sessions.get(&full) {
+                    tracing::info!(jid = %full, "resource bound on another node; closing here");
+                    s.close(crate::error::StreamError::new(
+                        "conflict",
+                        "Replaced by a new session with the same resource",
+                    ));
+                }
+            }
+            (Kind::Kick | Kind::Join, _) => {}
+            (_, Ok(full)) => {
+                if let Some(s) = shared.sessions.get(&full) {
+                    s.send_xml(bytes);
+                }
+            }
+            (_, Err(bare)) => {
+                xml_to_available(shared, bare.as_str(), || bytes.to_string());
+            }
+        }
+    }
+}
+
+/// Delivers a serialised stanza to every available resource of local user `bare` on this
+/// node: `xml` runs
 /// at most once, only if some resource is available, and its bytes are shared by all of
 /// them (the fan-out hot path: no handle copies, no element clone per resource, one read
 /// lock on the registry).
@@ -199,8 +281,23 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element)
                 bounce(shared, &el, StanzaError::service_unavailable());
                 return Outcome::Bounced;
             }
-            // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
-            None => full.to_bare(),
+            None => match shared.cluster.holder_of(&full).await {
+                // Bound on another node: the same rules, with what the directory says.
+                Some(h)
+                    if kind != "groupchat" || gate::may_reach_holder(shared, sender, &h).await =>
+                {
+                    shared
+                        .cluster
+                        .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
+                    return Outcome::Delivered;
+                }
+                Some(_) => {
+                    bounce(shared, &el, StanzaError::service_unavailable());
+                    return Outcome::Bounced;
+                }
+                // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
+                None => full.to_bare(),
+            },
         },
         Err(bare) => bare,
     };
@@ -209,54 +306,116 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element)
         bounce(shared, &el, StanzaError::service_unavailable());
         return Outcome::Bounced;
     }
-    // One look at the registry serves the existence check and the delivery.
+    // One look at the registry (and, with other nodes, the directory) serves the
+    // existence check and the delivery.
     let sessions = shared.sessions.of_user(&bare);
+    let remote = shared
+        .cluster
+        .holders(&[bare.as_str()])
+        .await
+        .remove(bare.as_str())
+        .unwrap_or_default();
     if matches!(kind.as_str(), "normal" | "chat")
-        && message_targets(&sessions).is_empty()
+        && targets_everywhere(&sessions, &remote, &kind).is_none()
         && !account_exists(shared, &bare).await
     {
         // RFC 6121 §8.5.1: no such account.
         bounce(shared, &el, StanzaError::service_unavailable());
         return Outcome::Bounced;
     }
-    message_to_bare(&sessions, el, &kind);
+    message_to_bare_everywhere(shared, &sessions, &remote, el, &kind);
     Outcome::Delivered
 }
 
-/// RFC 6121 §8.5.2: delivers a message of type `kind` (not groupchat, which the caller
-/// answers) to the resources of a local bare JID, `sessions`.
-pub(crate) fn message_to_bare(sessions: &[SessionHandle], el: Element, kind: &str) {
-    if kind == "error" {
-        // Never answer an error; with no resource to take it, it is dropped (§8.5.2.2.1).
-        if let Some(s) = message_targets(sessions).first() {
-            s.send(el);
-        }
-        return;
-    }
-    let targets = message_targets(sessions);
-    if targets.is_empty() {
-        // No offline storage. §8.5.2.2.1 lets the server ignore the message silently, and
-        // it must: an error only when offline would tell anyone the user's status. A
-        // non-existent account is answered by the caller (§8.5.1).
-        return;
-    }
-    if kind == "headline" {
+/// RFC 6121 §8.5.2 over the resources of one user on every node: this node's `local`
+/// sessions and other nodes' `remote` ones. `None` when no resource takes the message.
+fn targets_everywhere<'a>(
+    local: &'a [SessionHandle],
+    remote: &'a [Holder],
+    kind: &str,
+) -> Option<(Vec<&'a SessionHandle>, Vec<&'a Holder>)> {
+    let local_prio = local
+        .iter()
+        .map(|s| s.read(|p| p.available.then_some(p.priority)));
+    let remote_prio = remote
+        .iter()
+        .map(|h| h.entry.available.then_some(h.entry.priority));
+    let chosen = if kind == "headline" {
         // §8.5.2.1.1: headlines go to every non-negative resource.
-        for s in sessions
-            .iter()
-            .filter(|s| s.read(|p| p.available && p.priority >= 0))
-        {
+        let all: Vec<bool> = local_prio
+            .chain(remote_prio)
+            .map(|p| p.is_some_and(|p| p >= 0))
+            .collect();
+        all
+    } else {
+        crate::sessions::highest_priority(local_prio.chain(remote_prio))
+    };
+    if !chosen.iter().any(|&c| c) {
+        return None;
+    }
+    let (l, r) = chosen.split_at(local.len());
+    let mut locals: Vec<&SessionHandle> = local
+        .iter()
+        .zip(l)
+        .filter(|(_, &c)| c)
+        .map(|(s, _)| s)
+        .collect();
+    let mut remotes: Vec<&Holder> = remote
+        .iter()
+        .zip(r)
+        .filter(|(_, &c)| c)
+        .map(|(h, _)| h)
+        .collect();
+    if kind == "error" {
+        // Never answer an error; one resource takes it (§8.5.2.2.1), this node's first.
+        if locals.is_empty() {
+            remotes.truncate(1);
+        } else {
+            locals.truncate(1);
+            remotes.clear();
+        }
+    }
+    Some((locals, remotes))
+}
+
+/// RFC 6121 §8.5.2: delivers a message of type `kind` (not groupchat, which the caller
+/// answers) to the resources of a local bare JID: `sessions` here, `remote` on other
+/// nodes (sent there as one message per node, addressed to the bare JID as it came).
+fn message_to_bare_everywhere(
+    shared: &Shared,
+    sessions: &[SessionHandle],
+    remote: &[Holder],
+    el: Element,
+    kind: &str,
+) {
+    // No target: no offline storage. §8.5.2.2.1 lets the server ignore the message
+    // silently, and it must: an error only when offline would tell anyone the user's
+    // status. A non-existent account is answered by the caller (§8.5.1).
+    let Some((locals, remotes)) = targets_everywhere(sessions, remote, kind) else {
+        return;
+    };
+    let mut per_node: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for h in remotes {
+        per_node.entry(h.node()).or_default().push(h.jid.clone());
+    }
+    if !per_node.is_empty() {
+        let xml = Arc::new(el.to_xml());
+        for (node, to) in per_node {
+            shared.cluster.send(node, to, Arc::clone(&xml));
+        }
+    }
+    for s in locals {
+        s.send(el.clone());
+    }
+}
+
+/// [`message_to_bare_everywhere`] with this node's sessions only (an error reply to a
+/// local user's bare JID, which needs no directory read).
+pub(crate) fn message_to_bare(sessions: &[SessionHandle], el: Element, kind: &str) {
+    if let Some((locals, _)) = targets_everywhere(sessions, &[], kind) {
+        for s in locals {
             s.send(el.clone());
         }
-        return;
-    }
-    let n = targets.len();
-    for (i, s) in targets.into_iter().enumerate() {
-        if i + 1 == n {
-            s.send(el);
-            break;
-        }
-        s.send(el.clone());
     }
 }
 
@@ -272,13 +431,27 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
     }
     let is_request = matches!(el.get_attr("type"), Some("get" | "set"));
     let own = gate::bare_of(sender) == to.to_bare().as_str();
-    match shared.sessions.get(to) {
-        Some(s) if !is_request || own => {
+    let local = shared.sessions.get(to);
+    let remote = match local {
+        Some(_) => None,
+        None => shared.cluster.holder_of(to).await,
+    };
+    match (local, remote) {
+        (Some(s), _) if !is_request || own => {
             s.send(el);
             Outcome::Delivered
         }
-        Some(s) if gate::may_reach_resource(shared, sender, &s).await => {
+        (Some(s), _) if gate::may_reach_resource(shared, sender, &s).await => {
             s.send(el);
+            Outcome::Delivered
+        }
+        // Bound on another node: the same rules, with what the directory says.
+        (None, Some(h))
+            if !is_request || own || gate::may_reach_holder(shared, sender, &h).await =>
+        {
+            shared
+                .cluster
+                .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
             Outcome::Delivered
         }
         _ if is_request => {
@@ -317,9 +490,11 @@ pub(crate) fn unavailable_from_shown(shared: &Shared, subject: &str, viewer: &st
 /// What the session had been shown to died with the node; the viewers the privacy gate
 /// admits now ([`gate::online_audience`]: approved subscribers that no block, setting or
 /// lost subscription excludes) stand in for it, so a blocked or hidden contact learns
-/// nothing. Remote contacts are told by their own server when the federation link breaks.
+/// nothing; contacts on other nodes of the cluster get it there. Remote contacts are told by their own server when the federation link breaks.
 pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
     let bare = jid.to_bare();
+    // Its directory entry goes too, once its node is no longer live.
+    shared.cluster.forget_if_dead(jid);
     {
         let _guard = shared.privacy.lock_subject(bare.as_str()).await;
         for contact in gate::online_audience(shared, jid.as_str()).await {

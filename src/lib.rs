@@ -19,6 +19,7 @@
 
 pub mod blocking;
 pub mod c2s;
+pub mod cluster;
 pub mod config;
 pub(crate) mod delivery;
 pub mod error;

@@ -35,6 +35,9 @@ pub struct Shared {
     pub s2s_tls: Arc<rustls::ServerConfig>,
     /// Cancelled on shutdown; every session's token is a child.
     pub shutdown: CancellationToken,
+    /// The other nodes on the same database and Redis prefix: the session directory and
+    /// this node's channel.
+    pub cluster: crate::cluster::Cluster,
     /// Heartbeats, Redis liveness keys, the sweeper, grace periods, last seen, counters.
     pub liveness: crate::liveness::Liveness,
     /// Serialises "write a roster change, then push it" per user against
@@ -140,6 +143,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let tls = crate::tls::server_config(&config)?;
     let s2s_tls = crate::tls::s2s_server_config(&config)?;
     let liveness = crate::liveness::Liveness::new(&config);
+    let cluster = crate::cluster::Cluster::new(&config);
     let s2s = crate::s2s::S2s::new(&config, crate::tls::identity(&config)?);
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
     let auth_backoff = crate::sasl::backoff::AuthBackoff::new(
@@ -152,6 +156,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         tls,
         s2s_tls,
         shutdown: CancellationToken::new(),
+        cluster,
         liveness,
         roster_locks: RosterLocks::default(),
         privacy: Default::default(),
@@ -171,6 +176,10 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     // Block-list and settings changes made anywhere withdraw presence already shown here.
     crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();
+    // Know the other nodes before the first client binds (what arrives on this node's
+    // channel is received with the liveness tasks).
+    shared.cluster.heartbeat(false).await;
+    shared.cluster.start(&tracker, shared.shutdown.clone());
     tracker.spawn(crate::roster_sync::run(shared.clone()));
     crate::liveness::start(&shared, &tracker);
     // One admission policy for every client-facing listener (s2s has its own limits).

@@ -228,7 +228,7 @@ impl Liveness {
         Liveness {
             timings: Timings::from_config(config),
             clock,
-            node_id: format!("node-{}", crate::c2s::new_id()),
+            node_id: config.cluster.node().to_owned(),
             keys: keys::Keys::new(&config.redis.key_prefix, config.liveness.beat_shards),
             redis: redis_link::RedisLink::new(&config.redis, metrics.clone()),
             metrics,
@@ -451,10 +451,12 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
             _ = tokio::time::sleep(grace) => {}
             _ = shared.shutdown.cancelled() => {}
         }
+        // Back here, or bound again on another node of the cluster (the directory).
         let back = shared
             .sessions
             .get(&live.jid)
-            .is_some_and(|s| s.is_available());
+            .is_some_and(|s| s.is_available())
+            || shared.cluster.holder_of(&live.jid).await.is_some();
         if back {
             tracing::debug!(jid = %live.jid, "resource came back within the grace period");
             shared.liveness.forget(&live.jid, live.id);
@@ -465,7 +467,8 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
     });
 }
 
-/// Starts the writer, the sweeper, the last-seen batcher and the counter log.
+/// Starts the writer, the sweeper, the last-seen batcher, the counter log and the
+/// receiver of this node's cluster channel.
 pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
     let rx = shared
         .liveness
@@ -478,6 +481,14 @@ pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
     }
     tracker.spawn(sweeper::run(shared.clone()));
     tracker.spawn(sweeper::listen(shared.clone()));
+    // Stanzas other nodes of the cluster send this one, handed to the delivery module.
+    let receiver = shared.clone();
+    tracker.spawn(crate::cluster::listen(
+        shared.cluster.clone(),
+        shared.shutdown.clone(),
+        shared.config.redis.reconnect_max,
+        move |env| crate::delivery::from_node(&receiver, env),
+    ));
     tracker.spawn(last_seen::run(shared.clone()));
     tracker.spawn(metrics::log_loop(shared.clone()));
 }

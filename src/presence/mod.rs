@@ -151,7 +151,9 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         return;
     }
     let invisible = shared.privacy.is_invisible(session.handle.id);
-    // Serialised once; each local copy (contacts' and own resources') differs only in 'to'.
+    to_directory(&shared, &session.handle);
+    // Serialised once; each copy (contacts' and own resources', here and on other nodes)
+    // differs only in 'to'.
     let once = Addressed::new(&el);
     let inputs = {
         let _guard = shared.privacy.lock_subject(bare.as_str()).await;
@@ -177,23 +179,34 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
                 }
             }
         }
+        // Local contacts' sessions on other nodes, and the user's own there (§4.2.2).
+        let mut elsewhere = vec![bare.to_string()];
+        let mut reached = Vec::new();
         for contact in recipients {
             session.presence.directed.remove(&contact);
-            let reached = if !shared.config.serves(domain_of(&contact)) {
+            let here = if !shared.config.serves(domain_of(&contact)) {
                 // One stanza per remote contact; s2s sends them over that domain's one stream.
                 let mut p = el.clone();
                 p.set_attr("to", contact.clone());
                 crate::s2s::route_remote(&shared, p).is_ok()
             } else {
+                elsewhere.push(contact.clone());
                 crate::delivery::xml_to_available(&shared, &contact, || once.to(&contact)) > 0
             };
-            // Remember who saw this resource online, so a lost permission withdraws it
-            // from exactly them (the subject lock makes this atomic with the delivery).
-            if is_available && reached {
+            if here {
+                reached.push(contact);
+            }
+        }
+        // One message per other node that holds any of them.
+        reached.extend(crate::delivery::fan_out(&shared, &once, elsewhere).await);
+        // Remember who saw this resource online, so a lost permission withdraws it from
+        // exactly them (the subject lock makes this atomic with the delivery).
+        if is_available {
+            for contact in reached.iter().filter(|c| **c != bare.as_str()) {
                 shared.privacy.reveal(
                     session.handle.id,
                     me.as_str(),
-                    &contact,
+                    contact,
                     privacy::Relation::Subscriber,
                 );
             }
@@ -269,6 +282,33 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         }
         Err(e) => tracing::warn!(user = %bare, error = %e, "pending subscriptions unavailable"),
     }
+}
+
+/// Writes what the cluster directory says about this session (availability, priority,
+/// and the presence probes on other nodes are answered with, only while it is visible,
+/// XEP-0186) from its current state: after every broadcast and visibility change.
+pub(crate) fn to_directory(shared: &Shared, handle: &crate::sessions::SessionHandle) {
+    let invisible = shared.privacy.is_invisible(handle.id);
+    let (available, priority, shown) = handle.read(|p| {
+        let shown = p
+            .last
+            .as_ref()
+            .filter(|_| p.available && !invisible)
+            .map(|l| {
+                let mut l = l.clone();
+                l.remove_attr("to");
+                l.to_xml()
+            });
+        (p.available, p.priority, shown)
+    });
+    let visible = !invisible;
+    shared.cluster.update(
+        &handle.jid,
+        available,
+        priority,
+        visible.then_some(shown).flatten(),
+        visible,
+    );
 }
 
 /// The domain of a bare JID string.

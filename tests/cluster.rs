@@ -1,0 +1,383 @@
+//! Several nodes on one PostgreSQL database and one Redis key prefix: every cross-node path
+//! between alice on node 1 and bob on node 2, with real servers, sockets, TLS, PostgreSQL
+//! and Redis. The SIGKILL test runs node 2 as a child process of the built binary.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use presenced::config::Config;
+use presenced::xml::{parse_element, Element, NS_CLIENT};
+
+const NS_BLOCKING: &str = "urn:xmpp:blocking";
+const NS_INVISIBLE: &str = "urn:xmpp:invisible:0";
+
+fn el(s: &str) -> Element {
+    parse_element(s).expect("test XML")
+}
+
+/// Two nodes of one cluster: same domain, database and Redis prefix, distinct node ids.
+async fn two_nodes(tweak: fn(&mut Config)) -> (TestServer, TestServer) {
+    let domain = format!("c{}.example", unique());
+    let n1 = TestServer::start_with_domain(&domain, |c| {
+        fast_liveness(c);
+        c.cluster.node_id = Some(format!("n1-{}", unique()));
+        tweak(c);
+    })
+    .await;
+    let n2 = TestServer::start_with_domain(&domain, |c| {
+        fast_liveness(c);
+        c.cluster.node_id = Some(format!("n2-{}", unique()));
+        tweak(c);
+    })
+    .await;
+    see_each_other(&[&n1, &n2]).await;
+    (n1, n2)
+}
+
+/// Waits (bounded) until every node lists every other as live.
+async fn see_each_other(nodes: &[&TestServer]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for n in nodes {
+        while n.shared().cluster.peers().len() < nodes.len() - 1 {
+            assert!(Instant::now() < deadline, "nodes did not see each other");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Waits (bounded) until the directory, as `node` reads it, holds `jid` on another node
+/// (and, if `available`, with initial presence sent).
+async fn in_directory(node: &TestServer, jid: &str, available: bool) {
+    let full = presenced::jid::FullJid::new(jid).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(h) = node.shared().cluster.holder_of(&full).await {
+            if h.entry.available || !available {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{jid} not in the directory");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn online(node: &TestServer, name: &str, res: &str) -> Client {
+    let mut c = node.login(name, res).await;
+    c.presence(None, None).await;
+    c.expect(|e| is_presence(e, &format!("{}/{res}", node.jid(name)), None))
+        .await;
+    c
+}
+
+fn message(to: &str, body: &str) -> Element {
+    Element::new("message", NS_CLIENT)
+        .attr("to", to)
+        .attr("type", "chat")
+        .child(Element::new("body", NS_CLIENT).text(body))
+}
+
+fn has_body(e: &Element, body: &str) -> bool {
+    e.name == "message"
+        && e.get_child("body", NS_CLIENT)
+            .is_some_and(|b| b.text_content() == body)
+}
+
+#[tokio::test]
+async fn subscription_presence_probes_messages_and_iq_cross_nodes() {
+    let (n1, n2) = two_nodes(|_| {}).await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    let (alice_bare, bob_bare) = (n1.jid("alice"), n1.jid("bob"));
+    let alice_full = format!("{alice_bare}/a");
+    let bob_full = format!("{bob_bare}/b");
+    let mut alice = online(&n1, "alice", "a").await;
+    let mut bob = online(&n2, "bob", "b").await;
+    for c in [&mut alice, &mut bob] {
+        let r = c
+            .iq("get", None, Element::new("query", "jabber:iq:roster"))
+            .await;
+        assert_eq!(r.get_attr("type"), Some("result"));
+    }
+    in_directory(&n1, &bob_full, true).await;
+    in_directory(&n2, &alice_full, true).await;
+
+    // RFC 6121 §3.1 across nodes, both ways: request, approval, the approver's presence.
+    subscribe_mutually(&mut alice, &alice_bare, &mut bob, &bob_bare).await;
+
+    // Presence both ways (the roster pushes of each side's approval came from its own
+    // node, after the other node's change, through PostgreSQL's notification).
+    for (c, contact) in [(&mut alice, &bob_bare), (&mut bob, &alice_bare)] {
+        c.expect(|e| {
+            e.name == "iq"
+                && e.get_attr("type") == Some("set")
+                && e.to_xml().contains(&format!("jid='{contact}'"))
+                && e.to_xml().contains("subscription='both'")
+        })
+        .await;
+    }
+    // Presence both ways.
+    let mut p = Element::new("presence", NS_CLIENT)
+        .child(Element::new("status", NS_CLIENT).text("from node 1"));
+    alice.send(&p).await;
+    let got = bob
+        .expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains("from node 1"))
+        .await;
+    assert_eq!(got.get_attr("to"), Some(bob_bare.as_str()));
+    p = Element::new("presence", NS_CLIENT)
+        .child(Element::new("status", NS_CLIENT).text("from node 2"));
+    bob.send(&p).await;
+    alice
+        .expect(|e| is_presence(e, &bob_full, None) && e.to_xml().contains("from node 2"))
+        .await;
+
+    // Messages to the bare and the full JID, and an iq to the full JID and its answer.
+    alice.send(&message(&bob_bare, "to bare")).await;
+    let m = bob.expect(|e| has_body(e, "to bare")).await;
+    assert_eq!(m.get_attr("from"), Some(alice_full.as_str()));
+    alice.send(&message(&bob_full, "to full")).await;
+    bob.expect(|e| has_body(e, "to full")).await;
+    let iq = Element::new("iq", NS_CLIENT)
+        .attr("type", "get")
+        .attr("id", "v1")
+        .attr("to", bob_full.clone())
+        .child(Element::new("query", "jabber:iq:version"));
+    alice.send(&iq).await;
+    let req = bob
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("v1"))
+        .await;
+    assert_eq!(req.get_attr("from"), Some(alice_full.as_str()));
+    let answer = Element::new("iq", NS_CLIENT)
+        .attr("type", "result")
+        .attr("id", "v1")
+        .attr("to", alice_full.clone());
+    bob.send(&answer).await;
+    alice
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("v1"))
+        .await;
+
+    // Unavailable on logout reaches the other node; the probe of a new login is answered
+    // with the presence of a resource on the other node.
+    alice.presence(Some("unavailable"), None).await;
+    bob.expect(|e| is_presence(e, &alice_full, Some("unavailable")))
+        .await;
+    alice.close().await;
+    let mut alice = n1.login("alice", "a2").await;
+    alice.presence(None, None).await;
+    let answer = alice.expect(|e| is_presence(e, &bob_full, None)).await;
+    assert!(answer.to_xml().contains("from node 2"), "{answer}");
+    bob.expect(|e| is_presence(e, &format!("{alice_bare}/a2"), None))
+        .await;
+
+    // RFC 6121 §8.5.2.1.1 across nodes: the highest priority wins wherever it is.
+    let mut bob_low = n1.login("bob", "low").await;
+    bob_low
+        .send(&el(&format!(
+            "<presence xmlns='{NS_CLIENT}'><priority>1</priority></presence>"
+        )))
+        .await;
+    bob.send(&el(&format!(
+        "<presence xmlns='{NS_CLIENT}'><priority>5</priority></presence>"
+    )))
+    .await;
+    alice
+        .expect(|e| is_presence(e, &bob_full, None) && e.to_xml().contains("<priority>5"))
+        .await;
+    alice.send(&message(&bob_bare, "highest")).await;
+    bob.expect(|e| has_body(e, "highest")).await;
+    bob_low
+        .expect_none(|e| has_body(e, "highest"), Duration::from_millis(500))
+        .await;
+    n1.stop().await;
+    n2.stop().await;
+}
+
+#[tokio::test]
+async fn blocks_and_invisibility_hold_across_nodes() {
+    let (n1, n2) = two_nodes(|_| {}).await;
+    for u in ["alice", "bob", "carol"] {
+        n1.user(u).await;
+    }
+    n1.make_mutual("alice", "bob").await;
+    n1.make_mutual("alice", "carol").await;
+    let (alice_bare, bob_bare, carol_bare) = (n1.jid("alice"), n1.jid("bob"), n1.jid("carol"));
+    let mut alice = online(&n1, "alice", "a").await;
+    let mut bob = online(&n2, "bob", "b").await;
+    alice.expect(|e| is_presence(e, &bob_bare, None)).await;
+    in_directory(&n1, &format!("{bob_bare}/b"), true).await;
+
+    // Bob blocks alice on node 2: her messages from node 1 are not delivered.
+    let r = bob
+        .iq(
+            "set",
+            None,
+            el(&format!(
+                "<block xmlns='{NS_BLOCKING}'><item jid='{alice_bare}'/></block>"
+            )),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"));
+    alice.send(&message(&bob_bare, "blocked")).await;
+    alice
+        .send(&message(&format!("{bob_bare}/b"), "blocked full"))
+        .await;
+    bob.expect_none(
+        |e| e.name == "message" && e.to_xml().contains("blocked"),
+        Duration::from_millis(800),
+    )
+    .await;
+
+    // Carol goes invisible on node 2 before her initial presence: alice on node 1 sees
+    // nothing, and a probe from a new login of alice is answered as offline.
+    let mut carol = n2.login("carol", "c").await;
+    let r = carol
+        .iq(
+            "set",
+            None,
+            el(&format!("<invisible xmlns='{NS_INVISIBLE}'/>")),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"));
+    carol.presence(None, None).await;
+    in_directory(&n1, &format!("{carol_bare}/c"), true).await;
+    alice
+        .expect_none(
+            |e| is_presence(e, &carol_bare, None),
+            Duration::from_millis(800),
+        )
+        .await;
+    let mut alice2 = n1.login("alice", "a2").await;
+    alice2.presence(None, None).await;
+    let answer = alice2
+        .expect(|e| {
+            e.name == "presence"
+                && e.get_attr("from")
+                    .is_some_and(|f| f.starts_with(&carol_bare))
+        })
+        .await;
+    assert_eq!(answer.get_attr("type"), Some("unavailable"), "{answer}");
+    assert_eq!(answer.get_attr("from"), Some(carol_bare.as_str()));
+    // An iq to the invisible resource gets what an offline one gives.
+    let iq = alice2
+        .iq(
+            "get",
+            Some(&format!("{carol_bare}/c")),
+            Element::new("query", "jabber:iq:version"),
+        )
+        .await;
+    assert_eq!(stanza_error(&iq), "service-unavailable");
+    n1.stop().await;
+    n2.stop().await;
+}
+
+#[tokio::test]
+async fn binding_a_resource_held_on_another_node_replaces_it_there() {
+    let (n1, n2) = two_nodes(|_| {}).await;
+    n1.user("alice").await;
+    let full = format!("{}/same", n1.jid("alice"));
+    let mut first = online(&n1, "alice", "same").await;
+    in_directory(&n2, &full, true).await;
+    let _second = online(&n2, "alice", "same").await;
+    // RFC 6120 §7.7.2.2: the older session ends with the conflict stream error.
+    let end = first.expect_stream_end().await;
+    assert!(
+        matches!(&end, Ended::StreamError(c) if c == "conflict"),
+        "{end:?}"
+    );
+    in_directory(&n1, &full, false).await;
+    n1.stop().await;
+    n2.stop().await;
+}
+
+#[tokio::test]
+async fn a_reconnect_within_grace_on_the_other_node_announces_nothing() {
+    // G long enough for a reconnect in a debug build, T long enough that the new session,
+    // which this test does not keep alive, outlives the window.
+    let (n1, n2) = two_nodes(|c| {
+        c.liveness.grace = Duration::from_millis(1500);
+        c.liveness.ttl = Duration::from_secs(4);
+    })
+    .await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    n1.make_mutual("alice", "bob").await;
+    let alice_full = format!("{}/phone", n1.jid("alice"));
+    let mut bob = online(&n1, "bob", "b").await;
+    let alice = online(&n2, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    // The connection drops on node 2 (no unavailable sent) and the client is back on
+    // node 1 with the same resource before G is over.
+    let dropped = Instant::now();
+    drop(alice);
+    let _alice = online(&n1, "alice", "phone").await;
+    let grace = n2.config.liveness.grace;
+    assert!(
+        dropped.elapsed() < grace,
+        "the reconnect took longer than G"
+    );
+    bob.watch_none(
+        |e| is_presence(e, &alice_full, Some("unavailable")),
+        grace + Duration::from_secs(1),
+    )
+    .await;
+    assert!(
+        n2.shared()
+            .liveness
+            .metrics
+            .grace_started
+            .load(Ordering::Relaxed)
+            >= 1
+    );
+    n1.stop().await;
+    n2.stop().await;
+}
+
+#[tokio::test]
+async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients() {
+    let (n1, n2) = two_nodes(|_| {}).await;
+    n1.user("alice").await;
+    let mut viewers = Vec::new();
+    for i in 0..10 {
+        let name = format!("v{i}");
+        n1.user(&name).await;
+        n1.make_mutual("alice", &name).await;
+        viewers.push(online(&n2, &name, "r").await);
+    }
+    let mut alice = online(&n1, "alice", "a").await;
+    let alice_full = format!("{}/a", n1.jid("alice"));
+    for v in &mut viewers {
+        v.expect(|e| is_presence(e, &alice_full, None)).await;
+    }
+    // The login's probes are answered from the directory (ten reads) before this counts.
+    for i in 0..10 {
+        let from = format!("{}/r", n1.jid(&format!("v{i}")));
+        alice.expect(|e| is_presence(e, &from, None)).await;
+    }
+    let c = n1.shared().cluster.counters();
+    let (pub0, look0) = (
+        c.published.load(Ordering::Relaxed),
+        c.lookups.load(Ordering::Relaxed),
+    );
+    alice
+        .send(&el(&format!(
+            "<presence xmlns='{NS_CLIENT}'><show>away</show></presence>"
+        )))
+        .await;
+    for v in &mut viewers {
+        v.expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains("away"))
+            .await;
+    }
+    let published = c.published.load(Ordering::Relaxed) - pub0;
+    let lookups = c.lookups.load(Ordering::Relaxed) - look0;
+    println!("cluster: presence change to 10 recipients on one other node: {published} PUBLISH, {lookups} directory reads");
+    assert_eq!(
+        published, 1,
+        "one message for the one node holding recipients"
+    );
+    // The ten contacts and the user's own bare JID, read in one pipeline.
+    assert_eq!(lookups, 11);
+    n1.stop().await;
+    n2.stop().await;
+}
