@@ -381,3 +381,250 @@ async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients()
     n1.stop().await;
     n2.stop().await;
 }
+
+/// Node 2 as a child process of the built binary, on the cluster of `n1` (same domain,
+/// database, Redis prefix, certificate), named `node_id`.
+struct ChildNode {
+    child: tokio::process::Child,
+    server: TestServer,
+}
+
+async fn child_node(n1: &TestServer, node_id: &str, port: u16) -> ChildNode {
+    let dir = std::env::temp_dir().join(format!("presenced-cluster-{}", unique()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = &n1.config;
+    let l = &c.liveness;
+    let toml = format!(
+        r#"domains = ["{domain}"]
+[c2s]
+bind = "127.0.0.1"
+port = {port}
+direct_tls = false
+[tls]
+certs_dir = "{certs}"
+[database]
+url = "{db}"
+max_connections = 4
+migrations = "{migrations}"
+[redis]
+url = "{redis}"
+key_prefix = "{prefix}"
+[liveness]
+heartbeat_interval = {h}
+ttl = {t}
+grace = {g}
+sweep_interval = {sweep}
+redis_refresh = {refresh}
+last_seen_flush = 0.2
+beat_shards = {shards}
+[http]
+enabled = false
+[s2s]
+enabled = false
+[cluster]
+node_id = "{node_id}"
+"#,
+        domain = n1.domain,
+        certs = c.tls.certs_dir.display(),
+        db = c.database.url,
+        migrations = c.database.migrations.display(),
+        redis = c.redis.url,
+        prefix = c.redis.key_prefix,
+        h = l.heartbeat_interval.as_secs_f64(),
+        t = l.ttl.as_secs_f64(),
+        g = l.grace.as_secs_f64(),
+        sweep = l.sweep_interval.as_secs_f64(),
+        refresh = l.redis_refresh.as_secs_f64(),
+        shards = l.beat_shards,
+    );
+    let path = dir.join("node2.toml");
+    std::fs::write(&path, toml).unwrap();
+    let log = std::fs::File::create(dir.join("node2.log")).unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_presenced"))
+        .arg("--config")
+        .arg(&path)
+        .arg("serve")
+        .env_remove("DATABASE_URL")
+        .env_remove("REDIS_URL")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start node 2");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "node 2 did not start: see {}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // n1 must know the child is live before anything crosses.
+    while !n1
+        .shared()
+        .cluster
+        .peers()
+        .iter()
+        .any(|p| p.starts_with(&format!("{node_id}#")))
+    {
+        assert!(Instant::now() < deadline, "node 1 does not see node 2");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut config = n1.config.clone();
+    config.cluster.node_id = Some(node_id.to_owned());
+    ChildNode {
+        child,
+        server: TestServer {
+            running: None,
+            domain: n1.domain.clone(),
+            addr,
+            direct_addr: addr,
+            cert: n1.cert.clone(),
+            config,
+        },
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn node_one(tweak: fn(&mut Config)) -> TestServer {
+    let domain = format!("k{}.example", unique());
+    TestServer::start_with_domain(&domain, |c| {
+        fast_liveness(c);
+        c.cluster.node_id = Some(format!("n1-{}", unique()));
+        tweak(c);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn sigkill_of_a_node_announces_its_users_to_viewers_on_another_node_within_t() {
+    let n1 = node_one(|_| {}).await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    n1.user("carol").await;
+    n1.make_mutual("alice", "bob").await;
+    // Carol may not see alice online (a block): she must learn nothing of the crash.
+    n1.make_mutual("alice", "carol").await;
+    let node_id = format!("n2-{}", unique());
+    let mut n2 = child_node(&n1, &node_id, free_port()).await;
+    let alice_full = format!("{}/phone", n1.jid("alice"));
+    let mut bob = online(&n1, "bob", "b").await;
+    let mut carol = online(&n1, "carol", "c").await;
+    let r = carol
+        .iq(
+            "set",
+            None,
+            el(&format!(
+                "<block xmlns='{NS_BLOCKING}'><item jid='{}'/></block>",
+                n1.jid("alice")
+            )),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"));
+    let mut alice = online(&n2.server, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    // The client's last traffic, then the node dies without a word.
+    alice.presence(None, None).await;
+    alice.expect(|e| is_presence(e, &alice_full, None)).await;
+    n2.child.kill().await.expect("SIGKILL node 2");
+    let killed = Instant::now();
+    let l = &n1.config.liveness;
+    // Silent death: between T − H − refresh (the last beat Redis has may be one refresh
+    // older than the last traffic) and T plus one sweep after it, with a second of slack
+    // for a debug build on a shared machine.
+    let upper = l.ttl + l.sweep_interval + Duration::from_secs(1);
+    let bob_sees = async {
+        let got = bob
+            .watch(
+                &|e| is_presence(e, &alice_full, Some("unavailable")),
+                upper + Duration::from_secs(2),
+            )
+            .await
+            .expect("alice announced unavailable to bob on node 1");
+        (got, killed.elapsed())
+    };
+    // Meanwhile (both answering the server's pings), carol hears nothing of it.
+    let carol_hears_nothing = carol.watch_none(
+        |e| e.get_attr("from") == Some(alice_full.as_str()),
+        upper + Duration::from_millis(300),
+    );
+    let ((got, after), ()) = tokio::join!(bob_sees, carol_hears_nothing);
+    println!(
+        "cluster: SIGKILL of node 2 -> unavailable on node 1 after {after:?} (T {:?}, H {:?}, sweep {:?})",
+        l.ttl, l.heartbeat_interval, l.sweep_interval
+    );
+    assert_eq!(got.get_attr("to"), Some(n1.jid("bob").as_str()));
+    assert!(
+        after >= l.ttl - l.heartbeat_interval - l.redis_refresh,
+        "announced too early: {after:?}"
+    );
+    assert!(after <= upper, "announced after {after:?}, bound {upper:?}");
+    // The directory forgets the dead node's session.
+    let full = presenced::jid::FullJid::new(&alice_full).unwrap();
+    let deadline = Instant::now() + l.ttl;
+    while n1.shared().cluster.holder_of(&full).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "directory still names the dead node"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    n1.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_restarted_under_the_same_id_produces_no_false_offline() {
+    // T long enough for a restart of the binary and a reconnect within it.
+    let n1 = node_one(|c| c.liveness.ttl = Duration::from_secs(6)).await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    n1.make_mutual("alice", "bob").await;
+    let node_id = format!("n2-{}", unique());
+    let port = free_port();
+    let mut n2 = child_node(&n1, &node_id, port).await;
+    let alice_full = format!("{}/phone", n1.jid("alice"));
+    let mut bob = online(&n1, "bob", "b").await;
+    let alice = online(&n2.server, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    n2.child.kill().await.expect("SIGKILL node 2");
+    drop(alice);
+    let killed = Instant::now();
+    // The same node id comes back on the same port; the client reconnects there.
+    let n2b = child_node(&n1, &node_id, port).await;
+    let mut alice = online(&n2b.server, "alice", "phone").await;
+    assert!(
+        killed.elapsed() < n1.config.liveness.ttl,
+        "restart took longer than T"
+    );
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    // Past the dead run's T plus sweeps: never an unavailable for the resource.
+    let l = &n1.config.liveness;
+    let until = killed + l.ttl + l.sweep_interval * 2 + Duration::from_secs(1);
+    while Instant::now() < until {
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(300));
+        alice.idle_answering_pings(left).await;
+        bob.watch_none(
+            |e| is_presence(e, &alice_full, Some("unavailable")),
+            Duration::from_millis(1),
+        )
+        .await;
+    }
+    bob.watch_none(
+        |e| is_presence(e, &alice_full, Some("unavailable")),
+        Duration::from_millis(200),
+    )
+    .await;
+    drop(n2b);
+    n1.stop().await;
+}

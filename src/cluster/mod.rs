@@ -672,7 +672,10 @@ impl Cluster {
                 continue;
             }
             let live = self.is_live(&old.instance);
-            if !forget && live {
+            // A previous run of this node (restarted under the same id) holds nothing any
+            // more: its entry was simply overwritten, and a kick would reach this run.
+            let previous_run = old.node() == self.inner.node;
+            if !forget && live && !previous_run {
                 // The resource was bound on a live node: end that session there.
                 let env = Envelope {
                     kind: Kind::Kick,
