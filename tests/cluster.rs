@@ -334,6 +334,28 @@ async fn a_reconnect_within_grace_on_the_other_node_announces_nothing() {
     n2.stop().await;
 }
 
+/// `INFO commandstats`: calls per command.
+async fn commandstats(node: &TestServer) -> std::collections::HashMap<String, u64> {
+    let mut r = node.redis().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients() {
     let (n1, n2) = two_nodes(|_| {}).await;
@@ -355,6 +377,7 @@ async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients()
         let from = format!("{}/r", n1.jid(&format!("v{i}")));
         alice.expect(|e| is_presence(e, &from, None)).await;
     }
+    let before = commandstats(&n1).await;
     let c = n1.shared().cluster.counters();
     let (pub0, look0) = (
         c.published.load(Ordering::Relaxed),
@@ -369,6 +392,16 @@ async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients()
         v.expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains("away"))
             .await;
     }
+    let after = commandstats(&n1).await;
+    // Every command Redis ran meanwhile, from both nodes and anything else on this Redis
+    // (run with a private REDIS_URL for a clean figure; periodic heartbeats may add one).
+    let mut delta: Vec<(String, u64)> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d > 0)
+        .collect();
+    delta.sort();
+    println!("cluster: Redis commands during the change: {delta:?}");
     let published = c.published.load(Ordering::Relaxed) - pub0;
     let lookups = c.lookups.load(Ordering::Relaxed) - look0;
     println!("cluster: presence change to 10 recipients on one other node: {published} PUBLISH, {lookups} directory reads");
