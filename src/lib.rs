@@ -30,6 +30,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod presence;
 pub mod privacy_iq;
+pub mod pubsub;
 pub mod rate_limit;
 pub mod roster;
 pub mod roster_sync;

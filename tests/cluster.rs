@@ -520,14 +520,6 @@ node_id = "{node_id}"
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn node_one(tweak: fn(&mut Config)) -> TestServer {
     let domain = format!("k{}.example", unique());
     TestServer::start_with_domain(&domain, |c| {

@@ -452,14 +452,6 @@ impl OwnRedis {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn pttl(port: u16, key: &str) -> i64 {
     let c = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
     let mut c = c.get_multiplexed_async_connection().await.unwrap();

@@ -754,53 +754,37 @@ pub async fn listen(
     cluster: Cluster,
     shutdown: CancellationToken,
     reconnect_max: Duration,
-    mut deliver: impl FnMut(Envelope),
+    deliver: impl Fn(Envelope),
 ) {
-    use futures_util::StreamExt;
     let Some(client) = cluster.inner.client.clone() else {
         return;
     };
     let channel = cluster.inner.keys.channel(&cluster.inner.node);
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        let connected = tokio::time::timeout(cluster.inner.timeout * 2, async {
-            let mut ps = client.get_async_pubsub().await?;
-            ps.subscribe(&channel).await?;
-            Ok::<_, redis::RedisError>(ps)
-        })
-        .await;
-        if let Ok(Ok(mut ps)) = connected {
-            backoff = Duration::from_millis(100);
-            let mut messages = ps.on_message();
-            loop {
-                let msg = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    m = messages.next() => m,
-                };
-                let Some(msg) = msg else { break };
-                let Ok(text) = msg.get_payload::<String>() else {
-                    continue;
-                };
-                let Some(env) = Envelope::decode(&text) else {
-                    tracing::warn!(channel = %channel, bytes = text.len(), "cluster: malformed message dropped");
-                    continue;
-                };
-                cluster
-                    .inner
-                    .counters
-                    .received
-                    .fetch_add(1, Ordering::Relaxed);
-                if env.kind == Kind::Join {
-                    cluster.heartbeat(false).await;
-                    continue;
-                }
-                deliver(env);
+    let timeout = cluster.inner.timeout;
+    let deliver = &deliver;
+    let cluster = &cluster;
+    crate::pubsub::subscribe(
+        client,
+        channel,
+        timeout,
+        reconnect_max,
+        shutdown,
+        |text| async move {
+            let Some(env) = Envelope::decode(&text) else {
+                tracing::warn!(bytes = text.len(), "cluster: malformed message dropped");
+                return;
+            };
+            cluster
+                .inner
+                .counters
+                .received
+                .fetch_add(1, Ordering::Relaxed);
+            if env.kind == Kind::Join {
+                cluster.heartbeat(false).await;
+                return;
             }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.cancelled() => return,
-        }
-        backoff = (backoff * 2).min(reconnect_max);
-    }
+            deliver(env);
+        },
+    )
+    .await;
 }

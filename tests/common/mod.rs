@@ -55,6 +55,16 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// A loopback port free at the time of the call (for a server that must come back on the
+/// same port, or a child process told its port up front).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A short random token for unique names.
 pub fn unique() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
