@@ -1226,3 +1226,28 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    #[test]
+    fn the_node_id_defaults_to_host_and_port_and_is_checked() {
+        let mut c = Config::default();
+        c.c2s.port = 5222;
+        let checked = c.clone().check().expect("valid");
+        let id = checked.cluster.node().to_owned();
+        assert!(id.ends_with("-5222"), "{id}");
+        assert_eq!(c.clone().check().unwrap().cluster.node(), id, "stable");
+        for bad in ["has space", "", &"x".repeat(65), "a/b"] {
+            let mut c = Config::default();
+            c.cluster.node_id = Some(bad.to_owned());
+            assert!(c.validate().is_err(), "{bad:?}");
+        }
+        let parsed = Config::parse("[cluster]\nnode_id = \"\"\n").unwrap();
+        assert_eq!(parsed.cluster.node_id, None, "empty means derived");
+        let mut c = Config::default();
+        c.cluster.max_recipients_per_message = 0;
+        assert!(c.validate().is_err());
+    }
+}

@@ -788,3 +788,46 @@ pub async fn listen(
     )
     .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(jid: &str, instance: &str) -> Holder {
+        let mut entry = Entry::bound(instance);
+        entry.available = true;
+        Holder {
+            jid: jid.into(),
+            entry,
+        }
+    }
+
+    #[test]
+    fn recipients_are_grouped_into_one_message_per_node_holding_them() {
+        let mut holders = HashMap::new();
+        holders.insert(
+            "a@x".to_owned(),
+            vec![holder("a@x/1", "n2#p"), holder("a@x/2", "n3#q")],
+        );
+        holders.insert("b@x".to_owned(), vec![holder("b@x/1", "n2#p")]);
+        let to: Vec<String> = ["a@x", "b@x", "b@x/other", "b@x/1", "c@x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (per_node, reached) = route(&to, &holders);
+        assert_eq!(
+            per_node,
+            vec![
+                (
+                    "n2".to_owned(),
+                    vec!["a@x".to_owned(), "b@x".to_owned(), "b@x/1".to_owned()]
+                ),
+                ("n3".to_owned(), vec!["a@x".to_owned()]),
+            ]
+        );
+        // A full JID bound nowhere and a user with no session elsewhere reach nothing.
+        let mut reached: Vec<String> = reached.into_iter().collect();
+        reached.sort();
+        assert_eq!(reached, ["a@x", "b@x", "b@x/1"]);
+    }
+}
