@@ -653,3 +653,118 @@ async fn a_node_restarted_under_the_same_id_produces_no_false_offline() {
     drop(n2b);
     n1.stop().await;
 }
+
+/// Waits up to `bound` for `watcher` to get a stanza matching `pred` while `other` keeps
+/// answering the server's pings (both stay alive past T).
+async fn watch_keeping_alive(
+    watcher: &mut Client,
+    pred: &impl Fn(&Element) -> bool,
+    other: &mut Client,
+    bound: Duration,
+) -> Option<Element> {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        match watcher.watch(pred, Duration::from_millis(100)).await {
+            Ok(e) => return Some(e),
+            Err(Ended::Timeout) => other.idle_answering_pings(Duration::from_millis(100)).await,
+            Err(e) => panic!("stream ended while watching: {e:?}"),
+        }
+    }
+    None
+}
+
+/// A TCP proxy in front of Redis that the test can cut and restore: one node's view of
+/// Redis, so that node alone is partitioned.
+struct RedisCut {
+    addr: std::net::SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl RedisCut {
+    async fn start(upstream: &str) -> RedisCut {
+        let upstream: std::net::SocketAddr = upstream
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .parse()
+            .expect("REDIS_URL as redis://ip:port");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (open, _) = tokio::sync::watch::channel(true);
+        let gate = open.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut rx = gate.subscribe();
+                if !*rx.borrow() {
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = rx.wait_for(|open| !*open) => {}
+                    }
+                });
+            }
+        });
+        RedisCut { addr, open }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    fn set(&self, open: bool) {
+        self.open.send_replace(open);
+    }
+}
+
+#[tokio::test]
+async fn a_node_cut_off_from_redis_is_announced_after_t_and_shown_again_when_it_returns() {
+    let cut = RedisCut::start(&redis_url()).await;
+    let domain = format!("p{}.example", unique());
+    let tweak = |c: &mut Config| {
+        fast_liveness(c);
+        c.redis.reconnect_max = Duration::from_millis(300);
+        c.redis.timeout = Duration::from_millis(300);
+    };
+    let n1 = TestServer::start_with_domain(&domain, |c| {
+        tweak(c);
+        c.cluster.node_id = Some(format!("n1-{}", unique()));
+    })
+    .await;
+    let proxied = cut.url();
+    let n2 = TestServer::start_with_domain(&domain, |c| {
+        tweak(c);
+        c.redis.url = proxied;
+        c.cluster.node_id = Some(format!("n2-{}", unique()));
+    })
+    .await;
+    see_each_other(&[&n1, &n2]).await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    n1.make_mutual("alice", "bob").await;
+    let alice_full = format!("{}/phone", n1.jid("alice"));
+    let mut bob = online(&n1, "bob", "b").await;
+    let mut alice = online(&n2, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+
+    // Node 2 loses Redis; alice stays connected to it (and answers its pings).
+    cut.set(false);
+    let l = &n1.config.liveness;
+    let bound = l.ttl + l.sweep_interval + Duration::from_secs(2);
+    let unavailable = |e: &Element| is_presence(e, &alice_full, Some("unavailable"));
+    watch_keeping_alive(&mut bob, &unavailable, &mut alice, bound)
+        .await
+        .expect("the rest of the cluster announces node 2's users after T");
+
+    // Redis is back for node 2: bob sees alice again without her doing anything.
+    cut.set(true);
+    let available = |e: &Element| is_presence(e, &alice_full, None);
+    watch_keeping_alive(&mut bob, &available, &mut alice, Duration::from_secs(5))
+        .await
+        .expect("alice shown again once node 2 is back");
+    n1.stop().await;
+    n2.stop().await;
+}

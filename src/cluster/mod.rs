@@ -106,6 +106,8 @@ struct Inner {
     ops: mpsc::Sender<Op>,
     ops_rx: Mutex<Option<mpsc::Receiver<Op>>>,
     counters: Counters,
+    /// Notified when this instance is back in Redis after being cut off from it.
+    rejoined: tokio::sync::Notify,
 }
 
 /// The cluster state of one node. Cheap to clone.
@@ -136,6 +138,7 @@ impl Cluster {
                 ops: tx,
                 ops_rx: Mutex::new(Some(rx)),
                 counters: Counters::default(),
+                rejoined: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -153,6 +156,13 @@ impl Cluster {
     /// The counters.
     pub fn counters(&self) -> &Counters {
         &self.inner.counters
+    }
+
+    /// Waits until this node reaches Redis again after having lost it (not its first
+    /// connection). Meanwhile the other nodes may have declared its sessions dead and told
+    /// their contacts; the caller shows them again.
+    pub async fn rejoined(&self) {
+        self.inner.rejoined.notified().await
     }
 
     /// The other live instances, as of the last heartbeat.
@@ -474,6 +484,7 @@ impl Cluster {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut n: u64 = 0;
         let mut was_up = false;
+        let mut ever_up = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -495,6 +506,11 @@ impl Cluster {
                         },
                     ));
                 }
+                if ever_up {
+                    tracing::info!("cluster: Redis is back; showing this node's sessions again");
+                    self.inner.rejoined.notify_waiters();
+                }
+                ever_up = true;
             }
             was_up = up;
         }

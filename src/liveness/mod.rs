@@ -489,6 +489,16 @@ pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
         shared.config.redis.reconnect_max,
         move |env| crate::delivery::from_node(&receiver, env),
     ));
+    let rejoin = shared.clone();
+    tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = rejoin.cluster.rejoined() => {}
+                _ = rejoin.shutdown.cancelled() => return,
+            }
+            crate::presence::show_again_to_other_nodes(&rejoin).await;
+        }
+    });
     tracker.spawn(last_seen::run(shared.clone()));
     tracker.spawn(metrics::log_loop(shared.clone()));
 }

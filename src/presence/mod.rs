@@ -311,6 +311,36 @@ pub(crate) fn to_directory(shared: &Shared, handle: &crate::sessions::SessionHan
     );
 }
 
+/// After this node was cut off from Redis, the other nodes may have announced its users
+/// unavailable (their sweepers found no beats): each visible, available session here shows
+/// its current presence again, through the gate as a broadcast would, to its contacts on
+/// the other nodes (one message per node and session). Contacts on this node never lost it.
+pub async fn show_again_to_other_nodes(shared: &Shared) {
+    for user in shared.sessions.users() {
+        for s in shared.sessions.of_user_str(&user) {
+            let Some(last) = s.presence().last.filter(|_| s.is_available()) else {
+                continue;
+            };
+            if shared.privacy.is_invisible(s.id) {
+                continue;
+            }
+            to_directory(shared, &s);
+            let _guard = shared.privacy.lock_subject(&user).await;
+            let audience: Vec<String> = gate::online_audience(shared, s.jid.as_str())
+                .await
+                .into_iter()
+                .filter(|c| shared.config.serves(domain_of(c)))
+                .collect();
+            let once = Addressed::new(&last);
+            for viewer in crate::delivery::fan_out(shared, &once, audience).await {
+                shared
+                    .privacy
+                    .reveal(s.id, s.jid.as_str(), &viewer, privacy::Relation::Subscriber);
+            }
+        }
+    }
+}
+
 /// The domain of a bare JID string.
 pub fn domain_of(bare: &str) -> &str {
     bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
