@@ -768,3 +768,21 @@ async fn a_node_cut_off_from_redis_is_announced_after_t_and_shown_again_when_it_
     n1.stop().await;
     n2.stop().await;
 }
+
+#[tokio::test]
+async fn resources_bound_on_other_nodes_count_against_the_per_account_limit() {
+    let (n1, n2) = two_nodes(|c| c.limits.max_resources_per_account = 2).await;
+    n1.user("alice").await;
+    let _one = online(&n1, "alice", "one").await;
+    let _two = online(&n2, "alice", "two").await;
+    in_directory(&n1, &format!("{}/two", n1.jid("alice")), false).await;
+    // A third resource on node 1, which holds only one itself: RFC 6120 §7.7.2.2.
+    let mut c = Client::authenticated(&n1, "alice").await;
+    let err = c.bind("three").await.expect_err("third resource refused");
+    assert_eq!(stanza_error(&err), "resource-constraint", "{err}");
+    // Taking over a resource bound on the other node adds none, and is allowed.
+    let mut c = Client::authenticated(&n1, "alice").await;
+    c.bind("two").await.expect("take-over allowed");
+    n1.stop().await;
+    n2.stop().await;
+}

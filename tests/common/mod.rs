@@ -463,6 +463,18 @@ impl Client {
         Ok(jid)
     }
 
+    /// Connects and authenticates `name` (password "pw"), stopping before resource binding.
+    pub async fn authenticated(server: &TestServer, name: &str) -> Client {
+        let mut c = Client::tcp(server).await;
+        c.open(&server.domain).await.expect("stream");
+        let mut c = c.starttls(server).await;
+        let ok = c.auth_plain(name, "pw").await;
+        assert_eq!(ok.name, "success", "{ok}");
+        c.restart_stream();
+        c.open(&server.domain).await.expect("stream after SASL");
+        c
+    }
+
     /// Connects, STARTTLS, PLAIN, restart and bind.
     pub async fn login(server: &TestServer, user: &str, password: &str, resource: &str) -> Client {
         let mut c = Client::tcp(server).await;
