@@ -178,6 +178,10 @@ async fn subscription_presence_probes_messages_and_iq_cross_nodes() {
             "<presence xmlns='{NS_CLIENT}'><priority>1</priority></presence>"
         )))
         .await;
+    // A new resource learns the presence of the user's resource on the other node.
+    bob_low
+        .expect(|e| is_presence(e, &bob_full, None) && e.to_xml().contains("from node 2"))
+        .await;
     bob.send(&el(&format!(
         "<presence xmlns='{NS_CLIENT}'><priority>5</priority></presence>"
     )))

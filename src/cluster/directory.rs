@@ -26,8 +26,8 @@ pub struct Entry {
     pub priority: i8,
     /// Not invisible (XEP-0186).
     pub visible: bool,
-    /// The last available presence as broadcast, when available and visible: what a probe
-    /// answer from another node shows (RFC 6121 §4.3.2).
+    /// The last available presence as broadcast, while available: what another node shows
+    /// the user's other resources and, if `visible`, a probe answer (RFC 6121 §4.3.2).
     pub presence: Option<String>,
 }
 

@@ -261,6 +261,16 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             session.deliver(last);
         }
     }
+    // And of those on other nodes, invisible ones included (the directory keeps their
+    // presence; only other users' probe answers leave it out).
+    let elsewhere = shared.cluster.holders(&[bare.as_str()]).await;
+    for h in elsewhere.into_values().flatten() {
+        let last = h.entry.presence.as_deref().filter(|_| h.entry.available);
+        if let Some(mut last) = last.and_then(crate::xml::parse_element) {
+            last.set_attr("to", me.to_string());
+            session.deliver(last);
+        }
+    }
     // §3.1.3: subscription requests that waited for the user to come online.
     match shared.store.pending_subscriptions(bare.as_str()).await {
         Ok(pending) => {
@@ -285,30 +295,22 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
 }
 
 /// Writes what the cluster directory says about this session (availability, priority,
-/// and the presence probes on other nodes are answered with, only while it is visible,
-/// XEP-0186) from its current state: after every broadcast and visibility change.
+/// visibility, and its last available presence, which other nodes show to the user's own
+/// resources and, only while visible (XEP-0186), in probe answers) from its current state:
+/// after every broadcast and visibility change.
 pub(crate) fn to_directory(shared: &Shared, handle: &crate::sessions::SessionHandle) {
     let invisible = shared.privacy.is_invisible(handle.id);
     let (available, priority, shown) = handle.read(|p| {
-        let shown = p
-            .last
-            .as_ref()
-            .filter(|_| p.available && !invisible)
-            .map(|l| {
-                let mut l = l.clone();
-                l.remove_attr("to");
-                l.to_xml()
-            });
+        let shown = p.last.as_ref().filter(|_| p.available).map(|l| {
+            let mut l = l.clone();
+            l.remove_attr("to");
+            l.to_xml()
+        });
         (p.available, p.priority, shown)
     });
-    let visible = !invisible;
-    shared.cluster.update(
-        &handle.jid,
-        available,
-        priority,
-        visible.then_some(shown).flatten(),
-        visible,
-    );
+    shared
+        .cluster
+        .update(&handle.jid, available, priority, shown, !invisible);
 }
 
 /// After this node was cut off from Redis, the other nodes may have announced its users
