@@ -753,9 +753,14 @@ async fn a_node_cut_off_from_redis_is_announced_after_t_and_shown_again_when_it_
     let mut bob = online(&n1, "bob", "b").await;
     let mut alice = online(&n2, "alice", "phone").await;
     bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    let tab_full = format!("{}/tab", n1.jid("alice"));
+    let tab = online(&n2, "alice", "tab").await;
+    in_directory(&n1, &tab_full, true).await;
 
-    // Node 2 loses Redis; alice stays connected to it (and answers its pings).
+    // Node 2 loses Redis; alice stays connected to it (and answers its pings), her tab
+    // closes meanwhile.
     cut.set(false);
+    tab.close().await;
     let l = &n1.config.liveness;
     let bound = l.ttl + l.sweep_interval + Duration::from_secs(2);
     let unavailable = |e: &Element| is_presence(e, &alice_full, Some("unavailable"));
@@ -769,6 +774,16 @@ async fn a_node_cut_off_from_redis_is_announced_after_t_and_shown_again_when_it_
     watch_keeping_alive(&mut bob, &available, &mut alice, Duration::from_secs(5))
         .await
         .expect("alice shown again once node 2 is back");
+    // The directory forgets the tab that ended while node 2 could not write it.
+    let tab = presenced::jid::FullJid::new(&tab_full).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while n1.shared().cluster.holder_of(&tab).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the ended tab is still in the directory"
+        );
+        alice.idle_answering_pings(Duration::from_millis(50)).await;
+    }
     n1.stop().await;
     n2.stop().await;
 }
@@ -787,6 +802,29 @@ async fn resources_bound_on_other_nodes_count_against_the_per_account_limit() {
     // Taking over a resource bound on the other node adds none, and is allowed.
     let mut c = Client::authenticated(&n1, "alice").await;
     c.bind("two").await.expect("take-over allowed");
+    // A session that ends while available (its unavailable goes out after G) leaves the
+    // directory for good: the broadcast at the end of its grace period does not write it
+    // back.
+    drop(c);
+    let one = presenced::jid::FullJid::new(&format!("{}/one", n1.jid("alice"))).unwrap();
+    drop(_one);
+    let deadline = Instant::now() + n1.config.liveness.grace + Duration::from_secs(3);
+    while n1.shared().liveness.is_tracked(&one) {
+        assert!(
+            Instant::now() < deadline,
+            "grace period of alice/one never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let view = n2
+        .shared()
+        .cluster
+        .holders(&[n1.jid("alice").as_str()])
+        .await;
+    assert!(
+        view.values().flatten().all(|h| h.jid != one.as_str()),
+        "{view:?}"
+    );
     n1.stop().await;
     n2.stop().await;
 }

@@ -108,6 +108,8 @@ struct Inner {
     counters: Counters,
     /// Notified when this instance is back in Redis after being cut off from it.
     rejoined: tokio::sync::Notify,
+    /// Releases that could not be written (Redis down), written again when it returns.
+    unreleased: Mutex<Vec<FullJid>>,
 }
 
 /// The cluster state of one node. Cheap to clone.
@@ -139,6 +141,7 @@ impl Cluster {
                 ops_rx: Mutex::new(Some(rx)),
                 counters: Counters::default(),
                 rejoined: tokio::sync::Notify::new(),
+                unreleased: Mutex::default(),
             }),
         }
     }
@@ -209,7 +212,8 @@ impl Cluster {
     }
 
     /// The resource's presence changed (availability, priority, visibility, or the stanza
-    /// shown to probes).
+    /// shown to probes). Ignored once the session was released: the unavailable broadcast
+    /// at the end of a grace period must not bring a finished session back.
     pub fn update(
         &self,
         jid: &FullJid,
@@ -225,7 +229,13 @@ impl Cluster {
             visible,
             presence,
         };
-        self.remember(jid, &entry);
+        {
+            let mut local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
+            match local.get_mut(jid.as_str()) {
+                Some(held) => held.1 = entry.clone(),
+                None => return,
+            }
+        }
         self.queue(Op::Update(jid.clone(), entry));
     }
 
@@ -396,6 +406,17 @@ impl Cluster {
         self.inner.counters.errors.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(error = %e, "cluster: Redis command failed");
         *self.inner.conn.lock().await = None;
+        self.alone();
+    }
+
+    /// Without Redis no other node can be reached: until the next heartbeat succeeds,
+    /// nothing waits for a directory read or a publish.
+    fn alone(&self) {
+        self.inner
+            .peers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     fn expire_at(&self, now_ms: i64) -> i64 {
@@ -422,6 +443,7 @@ impl Cluster {
     /// answered. Public so a starting node (and tests) can know its peers at once.
     pub async fn heartbeat(&self, extend: bool) -> bool {
         let Some(mut conn) = self.conn().await else {
+            self.alone();
             return false;
         };
         let now = chrono::Utc::now().timestamp_millis();
@@ -524,13 +546,40 @@ impl Cluster {
         }
     }
 
+    /// Writes this node's entries again, and the releases that were lost meanwhile.
     fn rewrite_local(&self) {
-        let all: Vec<(FullJid, Entry)> = {
+        let (all, gone): (Vec<(FullJid, Entry)>, Vec<FullJid>) = {
             let local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
-            local.values().cloned().collect()
+            let mut unreleased = self
+                .inner
+                .unreleased
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let gone = std::mem::take(&mut *unreleased)
+                .into_iter()
+                .filter(|j| !local.contains_key(j.as_str()))
+                .collect();
+            (local.values().cloned().collect(), gone)
         };
         for (jid, entry) in all {
             self.queue(Op::Update(jid, entry));
+        }
+        for jid in gone {
+            self.queue(Op::Release(jid));
+        }
+    }
+
+    /// Keeps the releases of a batch that could not be written, for [`Self::rewrite_local`].
+    fn keep_unreleased(&self, ops: &[Op]) {
+        let mut unreleased = self
+            .inner
+            .unreleased
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for op in ops {
+            if let Op::Release(j) = op {
+                unreleased.push(j.clone());
+            }
         }
     }
 
@@ -546,11 +595,25 @@ impl Cluster {
                     .counters
                     .errors
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                self.keep_unreleased(&batch);
                 batch.clear();
                 continue;
             };
-            if let Err(e) = self.apply(&mut conn, std::mem::take(&mut batch)).await {
-                self.failed(&e).await;
+            // Claims and updates lost to a failure are rewritten from the local map when
+            // Redis is back; releases are kept for then.
+            self.keep_unreleased(&batch);
+            let releases = batch.iter().filter(|o| matches!(o, Op::Release(_))).count();
+            match self.apply(&mut conn, std::mem::take(&mut batch)).await {
+                Ok(()) => {
+                    let mut unreleased = self
+                        .inner
+                        .unreleased
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    let keep = unreleased.len().saturating_sub(releases);
+                    unreleased.truncate(keep);
+                }
+                Err(e) => self.failed(&e).await,
             }
         }
     }
