@@ -263,6 +263,19 @@ async fn blocks_and_invisibility_hold_across_nodes() {
         .await;
     assert_eq!(answer.get_attr("type"), Some("unavailable"), "{answer}");
     assert_eq!(answer.get_attr("from"), Some(carol_bare.as_str()));
+    // Directed presence (RFC 6121 §4.6) to a stranger on the other node reaches it, and
+    // so does the unavailable that ends it.
+    n1.user("dave").await;
+    let dave_bare = n1.jid("dave");
+    let mut dave = online(&n2, "dave", "d").await;
+    in_directory(&n1, &format!("{dave_bare}/d"), true).await;
+    alice2.presence(None, Some(&dave_bare)).await;
+    dave.expect(|e| is_presence(e, &format!("{alice_bare}/a2"), None))
+        .await;
+    alice2.presence(Some("unavailable"), None).await;
+    dave.expect(|e| is_presence(e, &format!("{alice_bare}/a2"), Some("unavailable")))
+        .await;
+    alice2.presence(None, None).await;
     // An iq to the invisible resource gets what an offline one gives.
     let iq = alice2
         .iq(
