@@ -273,27 +273,36 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element)
                 s.send(el);
                 return Outcome::Delivered;
             }
-            Some(s) if gate::may_reach_resource(shared, sender, &s).await => {
-                s.send(el);
-                return Outcome::Delivered;
-            }
-            Some(_) => {
+            session if kind == "groupchat" => {
+                // Decided the same way whether the resource is online or not (timing), and
+                // for a resource on another node with what the directory says.
+                let elsewhere = match &session {
+                    Some(_) => None,
+                    None => shared.cluster.holder_of(&full).await,
+                };
+                if let Some(h) = elsewhere {
+                    if gate::may_reach_holder(shared, sender, &h).await {
+                        shared
+                            .cluster
+                            .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
+                        return Outcome::Delivered;
+                    }
+                } else if gate::may_reach(shared, sender, full.as_str(), session.as_ref()).await {
+                    if let Some(s) = session {
+                        s.send(el);
+                        return Outcome::Delivered;
+                    }
+                }
                 bounce(shared, &el, StanzaError::service_unavailable());
                 return Outcome::Bounced;
             }
-            None => match shared.cluster.holder_of(&full).await {
-                // Bound on another node: the same rules, with what the directory says.
-                Some(h)
-                    if kind != "groupchat" || gate::may_reach_holder(shared, sender, &h).await =>
-                {
+            _ => match shared.cluster.holder_of(&full).await {
+                // Bound on another node.
+                Some(h) => {
                     shared
                         .cluster
                         .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
                     return Outcome::Delivered;
-                }
-                Some(_) => {
-                    bounce(shared, &el, StanzaError::service_unavailable());
-                    return Outcome::Bounced;
                 }
                 // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
                 None => full.to_bare(),
@@ -431,34 +440,42 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
     }
     let is_request = matches!(el.get_attr("type"), Some("get" | "set"));
     let own = gate::bare_of(sender) == to.to_bare().as_str();
-    let local = shared.sessions.get(to);
-    let remote = match local {
-        Some(_) => None,
-        None => shared.cluster.holder_of(to).await,
-    };
-    match (local, remote) {
-        (Some(s), _) if !is_request || own => {
+    let session = shared.sessions.get(to);
+    if session.is_none() {
+        if let Some(h) = shared.cluster.holder_of(to).await {
+            // Bound on another node: the same rules, with what the directory says.
+            if !is_request || own || gate::may_reach_holder(shared, sender, &h).await {
+                shared
+                    .cluster
+                    .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
+                return Outcome::Delivered;
+            }
+            bounce(shared, &el, StanzaError::service_unavailable());
+            return Outcome::Bounced;
+        }
+    }
+    match session {
+        Some(s) if !is_request || own => {
             s.send(el);
             Outcome::Delivered
         }
-        (Some(s), _) if gate::may_reach_resource(shared, sender, &s).await => {
-            s.send(el);
-            Outcome::Delivered
-        }
-        // Bound on another node: the same rules, with what the directory says.
-        (None, Some(h))
-            if !is_request || own || gate::may_reach_holder(shared, sender, &h).await =>
-        {
-            shared
-                .cluster
-                .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
-            Outcome::Delivered
-        }
-        _ if is_request => {
+        None if !is_request => Outcome::Dropped,
+        None if own => {
             bounce(shared, &el, StanzaError::service_unavailable());
             Outcome::Bounced
         }
-        _ => Outcome::Dropped,
+        // A request from anyone else takes the same decision whether the resource is online
+        // or not, so neither the answer nor its timing tells them apart.
+        session => {
+            if gate::may_reach(shared, sender, to.as_str(), session.as_ref()).await {
+                if let Some(s) = session {
+                    s.send(el);
+                    return Outcome::Delivered;
+                }
+            }
+            bounce(shared, &el, StanzaError::service_unavailable());
+            Outcome::Bounced
+        }
     }
 }
 

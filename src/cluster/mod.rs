@@ -124,7 +124,11 @@ impl Cluster {
         let node = config.cluster.node().to_owned();
         let instance = format!("{node}#{:016x}", rand::random::<u64>());
         let (tx, rx) = mpsc::channel(65_536);
-        let client = redis::Client::open(config.redis.url.as_str()).ok();
+        // Without Redis (`[redis] url = ""`, the in-process liveness of a single node) there
+        // is no cluster: nothing is queued or written.
+        let client = Some(config.redis.url.as_str())
+            .filter(|u| !u.is_empty())
+            .and_then(|u| redis::Client::open(u).ok());
         Cluster {
             inner: Arc::new(Inner {
                 node,
@@ -197,6 +201,9 @@ impl Cluster {
     }
 
     fn queue(&self, op: Op) {
+        if self.inner.client.is_none() {
+            return;
+        }
         if self.inner.ops.try_send(op).is_err() {
             self.inner.counters.errors.fetch_add(1, Ordering::Relaxed);
         }

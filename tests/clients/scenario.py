@@ -14,61 +14,25 @@ prints {"error": ...} and exits 1.
 import asyncio
 import json
 import sys
-from pathlib import Path
 
-import slixmpp
-
-TIMEOUT = 25
+from peers import Peer, mutual_and_online, until
 
 
-class Peer(slixmpp.ClientXMPP):
+class Chatter(Peer):
     def __init__(self, jid, password, cafile):
-        super().__init__(jid, password)
-        self.ca_certs = Path(cafile)
-        self.enable_direct_tls = False
-        self.enable_starttls = True
-        self.enable_plaintext = False
-        self.roster.auto_authorize = True
-        self.roster.auto_subscribe = True
-        loop = asyncio.get_event_loop()
-        self.started = loop.create_future()
+        super().__init__(jid, password, cafile)
         self.inbox = asyncio.Queue()
-        self.add_event_handler("session_start", self.on_start)
-        self.add_event_handler("failed_auth", self.on_fail)
         self.add_event_handler("message", self.on_message)
-
-    async def on_start(self, _event):
-        await self.get_roster(timeout=10)
-        self.send_presence()
-        if not self.started.done():
-            self.started.set_result(True)
-
-    def on_fail(self, stanza):
-        if not self.started.done():
-            self.started.set_exception(RuntimeError(f"auth failed: {stanza['condition']}"))
 
     def on_message(self, msg):
         if msg["type"] in ("chat", "normal"):
             self.inbox.put_nowait(msg)
 
-    def item(self, jid):
-        return self.client_roster[jid]
-
-
-async def until(what, predicate, limit=10.0):
-    """Waits for a condition the clients update from server stanzas, failing after limit."""
-    loop = asyncio.get_event_loop()
-    deadline = loop.time() + limit
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.02)
-
 
 async def scenario(argv):
     host, port, domain, cafile, u1, p1, u2, p2 = argv[1:9]
-    alice = Peer(f"{u1}@{domain}", p1, cafile)
-    bob = Peer(f"{u2}@{domain}", p2, cafile)
+    alice = Chatter(f"{u1}@{domain}", p1, cafile)
+    bob = Chatter(f"{u2}@{domain}", p2, cafile)
     bob_jid, alice_jid = f"{u2}@{domain}", f"{u1}@{domain}"
     for peer in (alice, bob):
         peer.connect(host, int(port))
@@ -78,13 +42,7 @@ async def scenario(argv):
         await until("alice's roster shows the new item",
                     lambda: bob_jid in alice.client_roster and alice.item(bob_jid)["name"] == "Bob")
         alice.send_presence(pto=bob_jid, ptype="subscribe")
-        await until("alice's item for bob reaches 'both'",
-                    lambda: alice.item(bob_jid)["subscription"] == "both")
-        await until("bob's item for alice reaches 'both'",
-                    lambda: alice_jid in bob.client_roster
-                    and bob.item(alice_jid)["subscription"] == "both")
-        await until("alice sees bob online", lambda: len(alice.item(bob_jid).resources) > 0)
-        await until("bob sees alice online", lambda: len(bob.item(alice_jid).resources) > 0)
+        await mutual_and_online(alice, alice_jid, bob, bob_jid)
         alice.send_message(mto=bob_jid, mbody="hello bob", mtype="chat")
         got = await asyncio.wait_for(bob.inbox.get(), 10)
         bob.send_message(mto=got["from"], mbody="hello alice", mtype="chat")
