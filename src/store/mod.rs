@@ -143,8 +143,8 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
-use crate::presence::subscription::SubState;
-pub use crate::presence::subscription::Subscription;
+use crate::policy::subscription::SubState;
+pub use crate::policy::subscription::Subscription;
 pub use last_seen::LastSeen;
 
 /// One roster item (RFC 6121 §2.1.2) plus the server-side flags of Appendix A.
