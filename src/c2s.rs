@@ -715,12 +715,26 @@ impl Conn {
 
     /// Whether binding `jid` would exceed `max_resources_per_account`. Taking over a
     /// resource already bound (RFC 6120 §7.7.2.1: the older session is replaced) adds none.
-    /// Two binds of the same account at the same instant may both pass; the overshoot is
-    /// bounded by the connections negotiating at once.
-    fn resources_exhausted(&self, jid: &FullJid) -> bool {
-        let bound = self.shared.sessions.of_user(&jid.to_bare());
-        bound.len() >= self.shared.config.limits.max_resources_per_account
-            && !bound.iter().any(|s| &s.jid == jid)
+    /// Resources bound on other nodes of the cluster count too (the directory). Two binds
+    /// of the same account at the same instant may both pass; the overshoot is bounded by
+    /// the connections negotiating at once.
+    async fn resources_exhausted(shared: &Shared, jid: &FullJid) -> bool {
+        let bare = jid.to_bare();
+        let mut bound: Vec<String> = shared
+            .sessions
+            .of_user(&bare)
+            .into_iter()
+            .map(|s| s.jid.to_string())
+            .collect();
+        let max = shared.config.limits.max_resources_per_account;
+        if bound.len() < max {
+            // Only read the directory when this node's sessions alone leave room.
+            let elsewhere = shared.cluster.holders(&[bare.as_str()]).await;
+            bound.extend(elsewhere.into_values().flatten().map(|h| h.jid));
+            bound.sort();
+            bound.dedup();
+        }
+        bound.len() >= max && !bound.iter().any(|b| b == jid.as_str())
     }
 
     /// RFC 6120 §7: resource binding. Also answers the legacy session iq (RFC 3921 §3).
@@ -746,8 +760,14 @@ impl Conn {
             let resource = requested.unwrap_or_else(new_id);
             let domain = self.domain.clone().unwrap_or_default();
             let user = self.user.clone().unwrap_or_default();
-            match FullJid::new(&format!("{user}@{domain}/{resource}")) {
-                Ok(jid) if self.resources_exhausted(&jid) => {
+            let jid = FullJid::new(&format!("{user}@{domain}/{resource}"));
+            let shared = self.shared.clone();
+            let exhausted = match &jid {
+                Ok(j) => Self::resources_exhausted(&shared, j).await,
+                Err(_) => false,
+            };
+            match jid {
+                Ok(jid) if exhausted => {
                     // RFC 6120 §7.6.2.1 (server-generated resource) and §7.7.2.2 (client-
                     // submitted): the account has reached its limit of connected resources.
                     // The stream stays open; the client may bind once one has gone.
@@ -805,6 +825,9 @@ impl Conn {
             tracing::info!(%peer, %jid, "resource conflict: older session replaced");
         }
         let handle = reg.handle;
+        // The resource is this node's cluster-wide now: a session of the same full JID on
+        // another node is ended there, as a local one was just above.
+        shared.cluster.claim(&jid);
         tracing::info!(%peer, %jid, kind = ?transport.kind, "session bound");
         match transport.kind {
             TransportKind::Tcp => shared.metrics.login_tcp(),
@@ -917,6 +940,10 @@ impl Conn {
             handle.close(err);
         }
         shared.sessions.unregister(&handle);
+        if shared.sessions.get(&jid).is_none() {
+            // Not taken over by a newer session here (that one holds the entry now).
+            shared.cluster.release(&jid);
+        }
         // Let the writer flush what is queued (bounded by the mailbox), then stop it. A
         // silent peer is not waited for: its contacts must hear about it now.
         let flush = if live.dead_at().is_some() {

@@ -61,6 +61,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// Federation with other servers.
     pub s2s: S2sConfig,
+    /// This node's identity among the nodes sharing one database and one Redis key prefix.
+    pub cluster: ClusterConfig,
 }
 
 impl Default for Config {
@@ -76,8 +78,66 @@ impl Default for Config {
             liveness: LivenessConfig::default(),
             http: HttpConfig::default(),
             s2s: S2sConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
+}
+
+/// `[cluster]`: nodes that share one PostgreSQL database and one Redis key prefix are one
+/// cluster; nothing else is configured. Only the node's name can be chosen here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// The node's name in Redis (its sessions' directory entries, its pub/sub channel, the
+    /// beats it writes). Unset: `<host name>-<c2s port>`, stable across restarts, so a
+    /// restarted node takes back what it held. Letters, digits, `.`, `_` and `-`, at most
+    /// 64 characters; two running nodes must never share one.
+    #[serde(deserialize_with = "unset_if_empty::deserialize")]
+    pub node_id: Option<String>,
+    /// Most recipients one cross-node message may carry; a broadcast to more recipients on
+    /// one node is split into several messages.
+    pub max_recipients_per_message: usize,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            node_id: None,
+            max_recipients_per_message: 1000,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The default node id: the host name and the c2s port. An ephemeral port (0, tests)
+    /// gets a random suffix instead, since several such nodes may share a host.
+    fn derived_node_id(port: u16) -> String {
+        let host = ["/proc/sys/kernel/hostname", "/etc/hostname"]
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        let host: String = host
+            .chars()
+            .map(|c| if valid_node_char(c) { c } else { '-' })
+            .take(48)
+            .collect();
+        if port == 0 {
+            format!("{host}-{:08x}", rand::random::<u32>())
+        } else {
+            format!("{host}-{port}")
+        }
+    }
+
+    /// The node id (set by [`Config::check`] when the file leaves it unset).
+    pub fn node(&self) -> &str {
+        self.node_id.as_deref().unwrap_or("node")
+    }
+}
+
+fn valid_node_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
 }
 
 /// `[c2s]`: where clients connect.
@@ -742,7 +802,10 @@ impl Config {
     }
 
     /// Validates and seals: the checked configuration the server runs with.
-    pub fn check(self) -> Result<CheckedConfig, ConfigError> {
+    pub fn check(mut self) -> Result<CheckedConfig, ConfigError> {
+        if self.cluster.node_id.is_none() {
+            self.cluster.node_id = Some(ClusterConfig::derived_node_id(self.c2s.port));
+        }
         self.validate()?;
         Ok(CheckedConfig(self))
     }
@@ -951,6 +1014,16 @@ impl Config {
         }
         if r.timeout.is_zero() || r.reconnect_max < Duration::from_millis(100) {
             return bad("[redis] timeout > 0 and reconnect_max >= 0.1 seconds".into());
+        }
+        if let Some(id) = &self.cluster.node_id {
+            if id.is_empty() || id.len() > 64 || !id.chars().all(valid_node_char) {
+                return bad(format!(
+                    "[cluster] node_id `{id}`: 1 to 64 letters, digits, '.', '_' or '-'"
+                ));
+            }
+        }
+        if self.cluster.max_recipients_per_message == 0 {
+            return bad("[cluster] max_recipients_per_message must be positive".into());
         }
         if !self.http.websocket_path.starts_with('/') || self.http.max_request_head < 512 {
             return bad(
@@ -1287,5 +1360,30 @@ mod tests {
                 "{bad} accepted"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    #[test]
+    fn the_node_id_defaults_to_host_and_port_and_is_checked() {
+        let mut c = Config::default();
+        c.c2s.port = 5222;
+        let checked = c.clone().check().expect("valid");
+        let id = checked.cluster.node().to_owned();
+        assert!(id.ends_with("-5222"), "{id}");
+        assert_eq!(c.clone().check().unwrap().cluster.node(), id, "stable");
+        for bad in ["has space", "", &"x".repeat(65), "a/b"] {
+            let mut c = Config::default();
+            c.cluster.node_id = Some(bad.to_owned());
+            assert!(c.validate().is_err(), "{bad:?}");
+        }
+        let parsed = Config::parse("[cluster]\nnode_id = \"\"\n").unwrap();
+        assert_eq!(parsed.cluster.node_id, None, "empty means derived");
+        let mut c = Config::default();
+        c.cluster.max_recipients_per_message = 0;
+        assert!(c.validate().is_err());
     }
 }

@@ -17,16 +17,26 @@
 //! - [`unavailable_from_shown`]: the unavailable of each resource a viewer was shown.
 //!
 //! Nothing here knows the transport's session type: callers pass [`Shared`] and JIDs.
+//!
+//! Other nodes of the cluster ([`crate::cluster`]): every transport function here also
+//! reaches the recipient's sessions on other nodes, after the decision was taken here, on
+//! the node that produced the stanza. [`message`] and [`iq`] read the directory to find a
+//! full JID or the RFC 6121 §8.5.2 targets of a bare JID wherever they are; a presence
+//! broadcast is sent once per node ([`fan_out`]); [`from_node`] is where what another node
+//! sent is handed to the sessions here, and decides nothing again.
 
 use crate::blocking::{inbound_from_blocked, Verdict};
+use crate::cluster::{Envelope, Kind};
 use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid, Jid};
-use crate::node::send::{answer, is_local};
-pub(crate) use crate::node::send::{bounce, message_to_bare, to_available, to_local, unavailable};
+use crate::node::send::{
+    answer, is_local, message_to_bare_everywhere, targets_everywhere, xml_to_available,
+};
+pub(crate) use crate::node::send::{bounce, to_available, to_local, unavailable};
 use crate::node::Shared;
 use crate::presence::gate;
-use crate::sessions::message_targets;
 use crate::xml::Element;
+use std::sync::Arc;
 
 /// What became of a message or iq handed to [`message`] or [`iq`].
 #[derive(Debug, PartialEq, Eq)]
@@ -37,6 +47,45 @@ pub(crate) enum Outcome {
     Dropped,
     /// The sender was answered with an error ([`bounce`]).
     Bounced,
+}
+
+/// What another node sent this one ([`crate::cluster::listen`]): the sending node took
+/// every decision, so this only hands the stanza to the sessions here. A full JID gets its
+/// session, a bare JID its available sessions; a `kick` ends the session bound to that full
+/// JID, which a newer session on another node took over (RFC 6120 §7.7.2.2).
+pub(crate) fn from_node(shared: &Shared, env: Envelope) {
+    let addressed = (env.kind == Kind::Address)
+        .then(|| crate::xml::Addressed::from_unaddressed(env.xml.to_string()));
+    for to in &env.to {
+        let Ok(jid) = Jid::new(to) else {
+            tracing::warn!(%to, "cluster: malformed recipient dropped");
+            continue;
+        };
+        let bytes = match &addressed {
+            Some(a) => Arc::new(a.to(to)),
+            None => Arc::clone(&env.xml),
+        };
+        match (env.kind, jid.try_into_full()) {
+            (Kind::Kick, Ok(full)) => {
+                if let Some(s) = shared.sessions.get(&full) {
+                    tracing::info!(jid = %full, "resource bound on another node; closing here");
+                    s.close(crate::error::StreamError::new(
+                        "conflict",
+                        "Replaced by a new session with the same resource",
+                    ));
+                }
+            }
+            (Kind::Kick | Kind::Join, _) => {}
+            (_, Ok(full)) => {
+                if let Some(s) = shared.sessions.get(&full) {
+                    s.send_xml(bytes);
+                }
+            }
+            (_, Err(bare)) => {
+                xml_to_available(shared, bare.as_str(), || bytes.to_string());
+            }
+        }
+    }
 }
 
 /// XEP-0191 §3.3 on the recipient's side: whether local user `recipient` blocks `sender`.
@@ -97,8 +146,20 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element)
                 return Outcome::Delivered;
             }
             session if kind == "groupchat" => {
-                // Decided the same way whether the resource is online or not (timing).
-                if gate::may_reach(shared, sender, full.as_str(), session.as_ref()).await {
+                // Decided the same way whether the resource is online or not (timing), and
+                // for a resource on another node with what the directory says.
+                let elsewhere = match &session {
+                    Some(_) => None,
+                    None => shared.cluster.holder_of(&full).await,
+                };
+                if let Some(h) = elsewhere {
+                    if gate::may_reach_holder(shared, sender, &h).await {
+                        shared
+                            .cluster
+                            .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
+                        return Outcome::Delivered;
+                    }
+                } else if gate::may_reach(shared, sender, full.as_str(), session.as_ref()).await {
                     if let Some(s) = session {
                         s.send(el);
                         return Outcome::Delivered;
@@ -107,8 +168,17 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element)
                 bounce(shared, &el, StanzaError::service_unavailable());
                 return Outcome::Bounced;
             }
-            // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
-            _ => full.to_bare(),
+            _ => match shared.cluster.holder_of(&full).await {
+                // Bound on another node.
+                Some(h) => {
+                    shared
+                        .cluster
+                        .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
+                    return Outcome::Delivered;
+                }
+                // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
+                None => full.to_bare(),
+            },
         },
         Err(bare) => bare,
     };
@@ -117,17 +187,24 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element)
         bounce(shared, &el, StanzaError::service_unavailable());
         return Outcome::Bounced;
     }
-    // One look at the registry serves the existence check and the delivery.
+    // One look at the registry (and, with other nodes, the directory) serves the
+    // existence check and the delivery.
     let sessions = shared.sessions.of_user(&bare);
+    let remote = shared
+        .cluster
+        .holders(&[bare.as_str()])
+        .await
+        .remove(bare.as_str())
+        .unwrap_or_default();
     if matches!(kind.as_str(), "normal" | "chat")
-        && message_targets(&sessions).is_empty()
+        && targets_everywhere(&sessions, &remote, &kind).is_none()
         && !account_exists(shared, &bare).await
     {
         // RFC 6121 §8.5.1: no such account.
         bounce(shared, &el, StanzaError::service_unavailable());
         return Outcome::Bounced;
     }
-    message_to_bare(&sessions, el, &kind);
+    message_to_bare_everywhere(shared, &sessions, &remote, el, &kind);
     Outcome::Delivered
 }
 
@@ -144,6 +221,19 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
     let is_request = matches!(el.get_attr("type"), Some("get" | "set"));
     let own = gate::bare_of(sender) == to.to_bare().as_str();
     let session = shared.sessions.get(to);
+    if session.is_none() {
+        if let Some(h) = shared.cluster.holder_of(to).await {
+            // Bound on another node: the same rules, with what the directory says.
+            if !is_request || own || gate::may_reach_holder(shared, sender, &h).await {
+                shared
+                    .cluster
+                    .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
+                return Outcome::Delivered;
+            }
+            bounce(shared, &el, StanzaError::service_unavailable());
+            return Outcome::Bounced;
+        }
+    }
     match session {
         Some(s) if !is_request || own => {
             s.send(el);
@@ -175,9 +265,11 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
 /// What the session had been shown to died with the node; the viewers the privacy gate
 /// admits now ([`gate::online_audience`]: approved subscribers that no block, setting or
 /// lost subscription excludes) stand in for it, so a blocked or hidden contact learns
-/// nothing. Remote contacts are told by their own server when the federation link breaks.
+/// nothing; contacts on other nodes of the cluster get it there. Remote contacts are told by their own server when the federation link breaks.
 pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
     let bare = jid.to_bare();
+    // Its directory entry goes too, once its node is no longer live.
+    shared.cluster.forget_if_dead(jid);
     {
         let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
         for contact in gate::online_audience(shared, jid.as_str()).await {

@@ -51,6 +51,7 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
                     p.take_directed();
                     p.take_revealed()
                 });
+                crate::presence::to_directory(&shared, &session.handle);
                 for (viewer, _) in revealed {
                     let p = crate::node::send::unavailable(&me, &viewer);
                     crate::node::send::presence_to(&shared, &viewer, p);
@@ -63,6 +64,7 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
                 p.invisible = false;
                 p.probe_remote = false;
             });
+            crate::presence::to_directory(&shared, &session.handle);
             crate::presence::gate::reconcile_subject(&shared, crate::jid::bare_of(&me)).await;
             iq_result(iq)
         }

@@ -19,6 +19,7 @@
 
 pub mod blocking;
 pub mod c2s;
+pub mod cluster;
 pub mod config;
 pub(crate) mod delivery;
 pub(crate) mod error;
@@ -32,6 +33,7 @@ pub(crate) mod node;
 pub(crate) mod policy;
 pub mod presence;
 pub(crate) mod privacy_iq;
+pub mod pubsub;
 pub(crate) mod rate_limit;
 pub(crate) mod roster;
 pub(crate) mod roster_push;

@@ -59,6 +59,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let tls = crate::tls::server_config(&config)?;
     let s2s_tls = crate::tls::s2s_server_config(&config)?;
     let liveness = crate::liveness::Liveness::new(&config);
+    let cluster = crate::cluster::Cluster::new(&config);
     let s2s = crate::s2s::new_state(&config, crate::tls::identity(&config)?);
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
     let auth_backoff = crate::sasl::backoff::AuthBackoff::new(
@@ -75,6 +76,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         tls,
         s2s_tls,
         shutdown: CancellationToken::new(),
+        cluster,
         liveness,
         roster_locks: RosterLocks::default(),
         subject_locks: Default::default(),
@@ -94,6 +96,10 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     // Block-list and settings changes made anywhere withdraw presence already shown here.
     crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();
+    // Know the other nodes before the first client binds (what arrives on this node's
+    // channel is received with the liveness tasks).
+    shared.cluster.heartbeat(false).await;
+    shared.cluster.start(&tracker, shared.shutdown.clone());
     tracker.spawn(crate::roster_sync::run(shared.clone()));
     crate::liveness_tasks::start(&shared, &tracker);
     // One admission policy for every client-facing listener (s2s has its own limits).

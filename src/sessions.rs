@@ -104,6 +104,11 @@ impl SessionState {
         self.revealed.contains_key(viewer) || self.revealed.len() < self.limits.max_revealed
     }
 
+    /// How many more new viewers can be recorded.
+    pub fn room(&self) -> usize {
+        self.limits.max_revealed.saturating_sub(self.revealed.len())
+    }
+
     /// Records that this session's available presence reached `viewer`; false, recording
     /// nothing, when the set is full and `viewer` is new.
     pub fn reveal(&mut self, viewer: &str, relation: Relation) -> bool {
@@ -450,21 +455,27 @@ impl Sessions {
 /// Chooses the resources a message to a bare JID goes to (RFC 6121 §8.5.2.1.1): the available
 /// resources with the highest non-negative priority, all of them if several tie.
 pub fn message_targets(sessions: &[SessionHandle]) -> Vec<&SessionHandle> {
-    // Only (index, priority) is read: no presence stanza is copied per candidate.
-    let eligible: Vec<(usize, i8)> = sessions
+    // Only the priority is read: no presence stanza is copied per candidate.
+    let chosen = highest_priority(
+        sessions
+            .iter()
+            .map(|s| s.read(|p| p.available.then_some(p.priority))),
+    );
+    sessions
         .iter()
-        .enumerate()
-        .filter_map(|(i, s)| {
-            s.read(|p| (p.available && p.priority >= 0).then_some((i, p.priority)))
-        })
-        .collect();
-    let Some(best) = eligible.iter().map(|&(_, prio)| prio).max() else {
-        return Vec::new();
-    };
-    eligible
+        .zip(chosen)
+        .filter_map(|(s, c)| c.then_some(s))
+        .collect()
+}
+
+/// The rule of [`message_targets`] over any resources, wherever they are: given each one's
+/// priority if it is available (`None` if not), which ones take the message.
+pub fn highest_priority(priorities: impl Iterator<Item = Option<i8>>) -> Vec<bool> {
+    let prios: Vec<Option<i8>> = priorities.collect();
+    let best = prios.iter().flatten().copied().filter(|&p| p >= 0).max();
+    prios
         .into_iter()
-        .filter(|&(_, prio)| prio == best)
-        .map(|(i, _)| &sessions[i])
+        .map(|p| best.is_some() && p == best)
         .collect()
 }
 
