@@ -356,6 +356,12 @@ pub struct LimitsConfig {
     pub max_resources_per_account: usize,
     /// Entries in one block list (XEP-0191); a block beyond it gets not-acceptable.
     pub max_blocklist_items: usize,
+    /// Messages kept for one user who has no available resource (XEP-0160); a chat or
+    /// normal message beyond it is answered with service-unavailable (RFC 6121 §8.5.2.2.1).
+    pub max_offline_messages: usize,
+    /// Presence stanzas held for one session while its client says it is inactive
+    /// (XEP-0352), one per contact resource; one more flushes everything held.
+    pub max_csi_held_presences: usize,
     /// Stanzas queued for one session before it is treated as stalled and disconnected.
     pub session_queue: usize,
     /// Stanzas per second a client may send on average (policy-violation beyond the burst).
@@ -396,6 +402,8 @@ impl Default for LimitsConfig {
             max_subscription_status_length: 256,
             max_resources_per_account: 16,
             max_blocklist_items: 1000,
+            max_offline_messages: 100,
+            max_csi_held_presences: 500,
             session_queue: 1024,
             stanzas_per_second: 50,
             stanza_burst: 200,
@@ -795,6 +803,8 @@ impl Config {
             ),
             ("max_resources_per_account", l.max_resources_per_account),
             ("max_blocklist_items", l.max_blocklist_items),
+            ("max_offline_messages", l.max_offline_messages),
+            ("max_csi_held_presences", l.max_csi_held_presences),
         ];
         for (name, v) in counts {
             // The store compares them with PostgreSQL integers.
@@ -949,6 +959,8 @@ mod tests {
         );
         assert_eq!(cl.max_resources_per_account, dl.max_resources_per_account);
         assert_eq!(cl.max_blocklist_items, dl.max_blocklist_items);
+        assert_eq!(cl.max_offline_messages, dl.max_offline_messages);
+        assert_eq!(cl.max_csi_held_presences, dl.max_csi_held_presences);
     }
 
     #[test]

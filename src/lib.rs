@@ -19,6 +19,7 @@
 
 pub mod blocking;
 pub mod c2s;
+pub mod carbons;
 pub mod config;
 pub(crate) mod delivery;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod invisible;
 pub mod jid;
 pub mod liveness;
 pub mod metrics;
+pub mod offline;
 pub mod presence;
 pub mod privacy_iq;
 pub mod rate_limit;

@@ -161,6 +161,10 @@ async fn message(session: &mut Session, el: Element, target: Target) {
     let Some(el) = privacy_checks(session, el, &target).await else {
         return;
     };
+    if !matches!(target, Target::LocalDomain) {
+        // XEP-0280 §7: the user's other resources see what this one sent.
+        crate::delivery::sent_copies(&session.shared, &session.handle, el.get_attr("to"), &el);
+    }
     let to = match target {
         Target::Remote(_) => return remote(session, el),
         Target::LocalDomain => {
@@ -264,6 +268,8 @@ async fn own_account_iq(session: &mut Session, el: Element) {
         crate::blocking::handle(session, &el, &payload).await
     } else if payload.ns == crate::privacy_iq::NS_PRIVACY {
         Some(crate::privacy_iq::handle(session, &el, &payload).await)
+    } else if payload.ns == crate::carbons::NS_CARBONS {
+        Some(crate::carbons::handle_iq(&session.handle, &el, &payload))
     } else if payload.ns == crate::invisible::NS_INVISIBLE {
         Some(crate::invisible::handle(session, &el, &payload).await)
     } else {
@@ -331,6 +337,10 @@ fn server_iq(session: &Session, el: &Element) -> Element {
                 crate::blocking::NS_BLOCKING,
                 crate::invisible::NS_INVISIBLE,
                 crate::privacy_iq::NS_PRIVACY,
+                // XEP-0280 §2: clients look for carbons here before enabling them.
+                crate::carbons::NS_CARBONS,
+                // XEP-0160 §4: offline storage is announced as 'msgoffline'.
+                crate::offline::FEATURE,
                 // XEP-0012 §6: clients look for last activity in disco before asking.
                 crate::liveness::last_seen::NS_LAST,
             ];

@@ -50,6 +50,8 @@ pub struct PresenceInfo {
     /// The newest roster version this session was sent (result or push), so changes made
     /// outside this node can be pushed exactly once ([`crate::roster_sync`]).
     pub roster_ver: Option<i64>,
+    /// Whether this resource enabled XEP-0280 carbons ([`crate::carbons`]).
+    pub carbons: bool,
 }
 
 /// One connected resource.

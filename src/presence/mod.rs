@@ -269,6 +269,8 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         }
         Err(e) => tracing::warn!(user = %bare, error = %e, "pending subscriptions unavailable"),
     }
+    // XEP-0160: messages kept while the user had no available resource.
+    crate::delivery::offline_messages(&shared, &session.handle).await;
 }
 
 /// The domain of a bare JID string.

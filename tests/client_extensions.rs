@@ -1,0 +1,412 @@
+//! What stock clients expect beyond RFC 6121, against the real server, PostgreSQL and TLS:
+//! XEP-0280 message carbons, XEP-0160 offline messages (with XEP-0203 delay stamps) and
+//! XEP-0352 client state indication. The same features driven by slixmpp's own plugins
+//! are in `slixmpp_plugins_*` at the end.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use presenced::xml::{parse_element, Element, NS_CLIENT};
+
+const NS_CARBONS: &str = "urn:xmpp:carbons:2";
+const NS_FORWARD: &str = "urn:xmpp:forward:0";
+const NS_DELAY: &str = "urn:xmpp:delay";
+const NS_BLOCKING: &str = "urn:xmpp:blocking";
+const NS_CHATSTATES: &str = "http://jabber.org/protocol/chatstates";
+const NS_DISCO_INFO: &str = "http://jabber.org/protocol/disco#info";
+
+/// How long a negative expectation watches.
+const QUIET: Duration = Duration::from_millis(400);
+
+fn el(xml: &str) -> Element {
+    parse_element(xml).unwrap_or_else(|| panic!("test XML parses: {xml}"))
+}
+
+/// Logs in and sends initial presence (with `priority` if given), waiting for the echo.
+async fn online(ts: &TestServer, name: &str, res: &str, priority: Option<i8>) -> Client {
+    let mut c = ts.login(name, res).await;
+    send_presence(&mut c, priority).await;
+    let me = format!("{}/{res}", ts.jid(name));
+    c.expect(|e| is_presence(e, &me, None)).await;
+    c
+}
+
+async fn send_presence(c: &mut Client, priority: Option<i8>) {
+    let mut p = Element::new("presence", NS_CLIENT);
+    if let Some(prio) = priority {
+        p = p.child(Element::new("priority", NS_CLIENT).text(prio.to_string()));
+    }
+    c.send(&p).await;
+}
+
+/// A chat message to `to` with `body` and extra child XML.
+fn chat(to: &str, body: &str, extra: &str) -> Element {
+    el(&format!(
+        "<message xmlns='jabber:client' type='chat' to='{to}'><body>{body}</body>{extra}</message>"
+    ))
+}
+
+fn body_of(e: &Element) -> String {
+    e.get_child("body", NS_CLIENT)
+        .map(Element::text_content)
+        .unwrap_or_default()
+}
+
+/// The message a carbon copy of `kind` (`sent` / `received`) carries, if `e` is one.
+fn carbon<'a>(e: &'a Element, kind: &str) -> Option<&'a Element> {
+    e.get_child(kind, NS_CARBONS)?
+        .get_child("forwarded", NS_FORWARD)?
+        .get_child("message", NS_CLIENT)
+}
+
+fn is_carbon(e: &Element) -> bool {
+    e.name == "message"
+        && (e.get_child("sent", NS_CARBONS).is_some()
+            || e.get_child("received", NS_CARBONS).is_some())
+}
+
+fn is_body(e: &Element, body: &str) -> bool {
+    e.name == "message" && body_of(e) == body
+}
+
+async fn carbons(c: &mut Client, on: bool) {
+    let what = if on { "enable" } else { "disable" };
+    let r = c.iq("set", None, Element::new(what, NS_CARBONS)).await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{what}: {r}");
+}
+
+async fn server_features(ts: &TestServer, c: &mut Client) -> Vec<String> {
+    let r = c
+        .iq(
+            "get",
+            Some(&ts.domain),
+            Element::new("query", NS_DISCO_INFO),
+        )
+        .await;
+    r.get_child("query", NS_DISCO_INFO)
+        .expect("disco#info result")
+        .elements()
+        .filter(|f| f.name == "feature")
+        .filter_map(|f| f.get_attr("var").map(str::to_owned))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// XEP-0280 message carbons
+
+#[tokio::test]
+async fn carbons_copy_received_and_sent_messages_to_enabled_resources_only() {
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob"] {
+        ts.user(u).await;
+    }
+    ts.make_mutual("alice", "bob").await;
+    let alice = ts.jid("alice");
+    let bob_bare = ts.jid("bob");
+    let mut phone = online(&ts, "alice", "phone", None).await;
+    let mut pc = online(&ts, "alice", "pc", None).await;
+    let mut bob = online(&ts, "bob", "desk", None).await;
+    assert!(server_features(&ts, &mut pc)
+        .await
+        .iter()
+        .any(|f| f == NS_CARBONS));
+    carbons(&mut pc, true).await;
+    // Enabling twice is answered with a result again (XEP-0280 §9.1).
+    carbons(&mut pc, true).await;
+
+    // Received (§6): bob writes to the phone; the pc gets a copy from alice's bare JID.
+    let phone_jid = format!("{alice}/phone");
+    bob.send(&chat(&phone_jid, "to the phone", "")).await;
+    let orig = phone.expect(|e| is_body(e, "to the phone")).await;
+    assert!(!is_carbon(&orig), "{orig}");
+    let copy = pc.expect(is_carbon).await;
+    assert_eq!(copy.get_attr("from"), Some(alice.as_str()), "{copy}");
+    assert_eq!(copy.get_attr("to"), Some(format!("{alice}/pc").as_str()));
+    assert_eq!(copy.get_attr("type"), Some("chat"));
+    let inner = carbon(&copy, "received").expect("a received copy");
+    assert_eq!(body_of(inner), "to the phone");
+    assert_eq!(inner.get_attr("to"), Some(phone_jid.as_str()));
+    assert_eq!(
+        inner.get_attr("from"),
+        Some(format!("{bob_bare}/desk").as_str())
+    );
+
+    // Sent (§7): the phone (carbons off) writes; the pc gets a sent copy, bob the original.
+    phone.send(&chat(&bob_bare, "from the phone", "")).await;
+    bob.expect(|e| is_body(e, "from the phone")).await;
+    let copy = pc.expect(is_carbon).await;
+    let inner = carbon(&copy, "sent").expect("a sent copy");
+    assert_eq!(body_of(inner), "from the phone");
+    assert_eq!(inner.get_attr("from"), Some(phone_jid.as_str()));
+
+    // The pc writes; the phone has carbons off and sees nothing, the pc no copy of itself.
+    pc.send(&chat(&bob_bare, "from the pc", "")).await;
+    bob.expect(|e| is_body(e, "from the pc")).await;
+    barrier(&ts, &mut pc).await;
+    barrier(&ts, &mut phone).await;
+    phone.expect_none(is_carbon, QUIET).await;
+    pc.expect_none(is_carbon, Duration::ZERO).await;
+
+    // A bare-JID message under RFC 6121 §8.5.2.1.1 reaches both (equal priority): no copy.
+    bob.send(&chat(&alice, "to both", "")).await;
+    phone.expect(|e| is_body(e, "to both")).await;
+    pc.expect(|e| is_body(e, "to both")).await;
+    // With the phone at a higher priority only it takes the original; the pc a copy.
+    send_presence(&mut phone, Some(5)).await;
+    pc.expect(|e| is_presence(e, &phone_jid, None)).await;
+    bob.expect(|e| is_presence(e, &phone_jid, None)).await;
+    bob.send(&chat(&alice, "to the best", "")).await;
+    phone.expect(|e| is_body(e, "to the best")).await;
+    let copy = pc.expect(is_carbon).await;
+    assert_eq!(
+        carbon(&copy, "received").map(body_of).as_deref(),
+        Some("to the best")
+    );
+    pc.expect_none(|e| is_body(e, "to the best"), QUIET).await;
+
+    // Disabled, the pc gets nothing more.
+    carbons(&mut pc, false).await;
+    bob.send(&chat(&phone_jid, "after disable", "")).await;
+    phone.expect(|e| is_body(e, "after disable")).await;
+    barrier(&ts, &mut pc).await;
+    pc.expect_none(is_carbon, QUIET).await;
+}
+
+#[tokio::test]
+async fn private_no_copy_and_bodyless_normal_messages_are_not_copied() {
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob"] {
+        ts.user(u).await;
+    }
+    ts.make_mutual("alice", "bob").await;
+    let alice = ts.jid("alice");
+    let bob_bare = ts.jid("bob");
+    let mut phone = online(&ts, "alice", "phone", None).await;
+    let mut pc = online(&ts, "alice", "pc", None).await;
+    let mut bob = online(&ts, "bob", "desk", None).await;
+    carbons(&mut pc, true).await;
+    carbons(&mut phone, true).await;
+    let private = format!("<private xmlns='{NS_CARBONS}'/>");
+    let no_copy = "<no-copy xmlns='urn:xmpp:hints'/>";
+
+    // Sent with <private/> (§8): no copy, and the recipient gets it without <private/>.
+    phone.send(&chat(&bob_bare, "secret out", &private)).await;
+    let got = bob.expect(|e| is_body(e, "secret out")).await;
+    assert!(got.get_child("private", NS_CARBONS).is_none(), "{got}");
+    phone.send(&chat(&bob_bare, "hint out", no_copy)).await;
+    bob.expect(|e| is_body(e, "hint out")).await;
+    // Received with <private/> or <no-copy/>: only the addressed resource has it.
+    let phone_jid = format!("{alice}/phone");
+    bob.send(&chat(&phone_jid, "secret in", &private)).await;
+    let got = phone.expect(|e| is_body(e, "secret in")).await;
+    assert!(got.get_child("private", NS_CARBONS).is_none(), "{got}");
+    bob.send(&chat(&phone_jid, "hint in", no_copy)).await;
+    phone.expect(|e| is_body(e, "hint in")).await;
+    // A normal message without a body (here a chat state) is not copied; with one it is.
+    bob.send(&el(&format!(
+        "<message xmlns='jabber:client' to='{phone_jid}'><active xmlns='{NS_CHATSTATES}'/></message>"
+    )))
+    .await;
+    phone
+        .expect(|e| e.get_child("active", NS_CHATSTATES).is_some())
+        .await;
+    // Something that is copied, so the pc's queue is known to be past everything above.
+    bob.send(&chat(&phone_jid, "marker", "")).await;
+    let copy = pc.expect(is_carbon).await;
+    assert_eq!(
+        carbon(&copy, "received").map(body_of).as_deref(),
+        Some("marker"),
+        "the first copy the pc sees is the one after the private, hinted and bodyless messages"
+    );
+    barrier(&ts, &mut bob).await;
+    bob.expect_none(is_carbon, Duration::ZERO).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// XEP-0160 offline messages
+
+async fn offline_count(ts: &TestServer, owner: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = $1")
+        .bind(owner)
+        .fetch_one(ts.shared().store.pool())
+        .await
+        .expect("count offline messages")
+}
+
+#[tokio::test]
+async fn a_message_to_an_offline_user_is_kept_and_delivered_with_a_delay_at_next_login() {
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob"] {
+        ts.user(u).await;
+    }
+    ts.make_mutual("alice", "bob").await;
+    let alice = ts.jid("alice");
+    let mut bob = online(&ts, "bob", "desk", None).await;
+    let features = server_features(&ts, &mut bob).await;
+    assert!(features.iter().any(|f| f == "msgoffline"), "{features:?}");
+
+    let before = chrono::Utc::now() - chrono::Duration::seconds(1);
+    bob.send(&chat(&alice, "while you were out", "")).await;
+    // A full JID of a resource that is not there is the bare JID (RFC 6121 §8.5.3.2.1).
+    bob.send(&el(&format!(
+        "<message xmlns='jabber:client' to='{alice}/gone'><body>second</body></message>"
+    )))
+    .await;
+    // Not kept: a chat state alone, groupchat (answered service-unavailable), headline.
+    bob.send(&el(&format!(
+        "<message xmlns='jabber:client' type='chat' to='{alice}'><composing xmlns='{NS_CHATSTATES}'/></message>"
+    )))
+    .await;
+    let gc = el(&format!(
+        "<message xmlns='jabber:client' type='groupchat' id='gc1' to='{alice}'><body>room</body></message>"
+    ));
+    bob.send(&gc).await;
+    let err = bob
+        .expect(|e| e.name == "message" && e.get_attr("id") == Some("gc1"))
+        .await;
+    assert_error(
+        &err,
+        "service-unavailable",
+        "cancel",
+        "groupchat to a bare JID",
+    );
+    bob.send(&el(&format!(
+        "<message xmlns='jabber:client' type='headline' to='{alice}'><body>news</body></message>"
+    )))
+    .await;
+    barrier(&ts, &mut bob).await;
+    // Nothing kept was answered with an error.
+    bob.expect_none(|e| e.get_attr("type") == Some("error"), QUIET)
+        .await;
+    assert_eq!(offline_count(&ts, &alice).await, 2);
+
+    // Binding alone delivers nothing; the initial presence does, oldest first, stamped.
+    let mut a = ts.login("alice", "phone").await;
+    barrier(&ts, &mut a).await;
+    a.expect_none(|e| e.name == "message", Duration::ZERO).await;
+    send_presence(&mut a, None).await;
+    let first = a.expect(|e| e.name == "message").await;
+    let second = a.expect(|e| e.name == "message").await;
+    assert_eq!(body_of(&first), "while you were out");
+    assert_eq!(body_of(&second), "second");
+    assert_eq!(
+        first.get_attr("from"),
+        Some(format!("{}/desk", ts.jid("bob")).as_str())
+    );
+    for m in [&first, &second] {
+        let delay = m.get_child("delay", NS_DELAY).expect("XEP-0203 delay");
+        assert_eq!(delay.get_attr("from"), Some(ts.domain.as_str()), "{m}");
+        let stamp = chrono::DateTime::parse_from_rfc3339(delay.get_attr("stamp").unwrap())
+            .expect("XEP-0082 stamp");
+        assert!(stamp >= before && stamp <= chrono::Utc::now(), "{m}");
+    }
+    barrier(&ts, &mut a).await;
+    a.expect_none(|e| e.name == "message", Duration::ZERO).await;
+    assert_eq!(offline_count(&ts, &alice).await, 0);
+
+    // Handed out once: a second resource coming online gets nothing more.
+    let mut b = online(&ts, "alice", "pc", None).await;
+    barrier(&ts, &mut b).await;
+    b.expect_none(|e| e.name == "message", Duration::ZERO).await;
+}
+
+#[tokio::test]
+async fn a_full_offline_store_answers_service_unavailable_and_keeps_nothing_more() {
+    let ts = TestServer::start(|c| c.limits.max_offline_messages = 2).await;
+    for u in ["alice", "bob"] {
+        ts.user(u).await;
+    }
+    let alice = ts.jid("alice");
+    let mut bob = online(&ts, "bob", "desk", None).await;
+    for i in 0..3 {
+        let m = el(&format!(
+            "<message xmlns='jabber:client' type='chat' id='m{i}' to='{alice}'><body>n{i}</body></message>"
+        ));
+        bob.send(&m).await;
+    }
+    let err = bob
+        .expect(|e| e.name == "message" && e.get_attr("type") == Some("error"))
+        .await;
+    assert_eq!(err.get_attr("id"), Some("m2"), "{err}");
+    assert_error(
+        &err,
+        "service-unavailable",
+        "cancel",
+        "third message, quota 2",
+    );
+    barrier(&ts, &mut bob).await;
+    bob.expect_none(|e| e.get_attr("type") == Some("error"), Duration::ZERO)
+        .await;
+    assert_eq!(offline_count(&ts, &alice).await, 2);
+    let mut a = online(&ts, "alice", "phone", None).await;
+    for want in ["n0", "n1"] {
+        let m = a.expect(|e| e.name == "message").await;
+        assert_eq!(body_of(&m), want);
+    }
+}
+
+#[tokio::test]
+async fn messages_from_a_blocked_sender_are_never_kept_nor_handed_out() {
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob", "mallory"] {
+        ts.user(u).await;
+    }
+    let alice = ts.jid("alice");
+    let mallory = ts.jid("mallory");
+    // Alice blocks mallory, then goes offline.
+    let mut a = online(&ts, "alice", "phone", None).await;
+    let r = a
+        .iq(
+            "set",
+            None,
+            el(&format!(
+                "<block xmlns='{NS_BLOCKING}'><item jid='{mallory}'/></block>"
+            )),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    a.close().await;
+    let mut m = online(&ts, "mallory", "x", None).await;
+    let mut bob = online(&ts, "bob", "desk", None).await;
+    // Alice's session is gone once the registry no longer lists it.
+    let shared = ts.shared().clone();
+    let alice_bare = presenced::jid::BareJid::new(&alice).unwrap();
+    for _ in 0..200 {
+        if shared.sessions.of_user(&alice_bare).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(shared.sessions.of_user(&alice_bare).is_empty());
+    m.send(&chat(&alice, "from mallory", "")).await;
+    barrier(&ts, &mut m).await;
+    // XEP-0191 §3.3: dropped, no error that would tell mallory anything.
+    m.expect_none(|e| e.name == "message", QUIET).await;
+    assert_eq!(offline_count(&ts, &alice).await, 0);
+
+    // Kept before a block, not handed out after it.
+    bob.send(&chat(&alice, "from bob", "")).await;
+    barrier(&ts, &mut bob).await;
+    assert_eq!(offline_count(&ts, &alice).await, 1);
+    // Alice binds (no presence yet, so nothing is handed out), blocks bob, then comes online.
+    let mut a = ts.login("alice", "pc").await;
+    let r = a
+        .iq(
+            "set",
+            None,
+            el(&format!(
+                "<block xmlns='{NS_BLOCKING}'><item jid='{}'/></block>",
+                ts.jid("bob")
+            )),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    send_presence(&mut a, None).await;
+    a.expect(|e| is_presence(e, &format!("{alice}/pc"), None))
+        .await;
+    barrier(&ts, &mut a).await;
+    a.expect_none(|e| e.name == "message", QUIET).await;
+    assert_eq!(offline_count(&ts, &alice).await, 0);
+}
