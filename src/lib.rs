@@ -21,6 +21,7 @@ pub mod blocking;
 pub mod c2s;
 pub mod carbons;
 pub mod config;
+pub mod csi;
 pub(crate) mod delivery;
 pub mod error;
 pub mod http;

@@ -34,6 +34,9 @@ pub enum Outbound {
     End,
     /// Stop the writer once everything queued before this is written.
     Finish,
+    /// The client said it is active (`true`) or inactive (XEP-0352): what follows is
+    /// written or held by [`crate::csi::Filter`]. Never written itself.
+    ClientState(bool),
 }
 
 /// What other tasks may read about a session: its presence as last broadcast.
@@ -98,6 +101,12 @@ impl SessionHandle {
         if self.tx.try_send(Outbound::Close(Box::new(error))).is_err() {
             self.kill.cancel();
         }
+    }
+
+    /// Records the client's XEP-0352 state in the mailbox, between the stanzas queued
+    /// before and after it; the same rules as [`Self::send`].
+    pub fn set_client_state(&self, active: bool) -> bool {
+        self.push(Outbound::ClientState(active))
     }
 
     /// Asks the session to close its stream cleanly.

@@ -410,3 +410,125 @@ async fn messages_from_a_blocked_sender_are_never_kept_nor_handed_out() {
     a.expect_none(|e| e.name == "message", QUIET).await;
     assert_eq!(offline_count(&ts, &alice).await, 0);
 }
+
+// ---------------------------------------------------------------------------------------
+// XEP-0352 client state indication
+
+const NS_CSI: &str = "urn:xmpp:csi:0";
+
+async fn show(ts: &TestServer, c: &mut Client, show: &str) {
+    c.send(&el(&format!(
+        "<presence xmlns='jabber:client'><show>{show}</show></presence>"
+    )))
+    .await;
+    // The broadcast is queued for every contact before this answer is.
+    barrier(ts, c).await;
+}
+
+fn show_of(e: &Element) -> Option<String> {
+    e.get_child("show", NS_CLIENT).map(Element::text_content)
+}
+
+#[tokio::test]
+async fn an_inactive_client_gets_only_the_latest_presence_per_contact_and_messages_at_once() {
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob", "carol"] {
+        ts.user(u).await;
+    }
+    ts.make_mutual("alice", "bob").await;
+    ts.make_mutual("alice", "carol").await;
+    let mut alice = online(&ts, "alice", "phone", None).await;
+    let features = alice.features.clone().expect("stream features after SASL");
+    assert!(features.get_child("csi", NS_CSI).is_some(), "{features}");
+    let mut bob = online(&ts, "bob", "b", None).await;
+    let mut carol = online(&ts, "carol", "c", None).await;
+    let bob_jid = format!("{}/b", ts.jid("bob"));
+    let carol_jid = format!("{}/c", ts.jid("carol"));
+    alice.expect(|e| is_presence(e, &bob_jid, None)).await;
+    alice.expect(|e| is_presence(e, &carol_jid, None)).await;
+    barrier(&ts, &mut alice).await;
+    alice.backlog.clear();
+
+    alice
+        .send_raw(&format!("<inactive xmlns='{NS_CSI}'/>"))
+        .await;
+    show(&ts, &mut bob, "away").await;
+    show(&ts, &mut carol, "dnd").await;
+    show(&ts, &mut bob, "xa").await;
+    // The ping's answer (an iq) passes; the presence queued before it is held.
+    barrier(&ts, &mut alice).await;
+    alice
+        .expect_none(|e| e.name == "presence", Duration::ZERO)
+        .await;
+
+    // A message flushes what is held first, in the order of the latest updates (carol's,
+    // then bob's second; his first is gone), then the message.
+    carol.send(&chat(&ts.jid("alice"), "wake up", "")).await;
+    let first = alice.next_stanza(WAIT).await.expect("held presence");
+    let second = alice.next_stanza(WAIT).await.expect("held presence");
+    let third = alice.next_stanza(WAIT).await.expect("the message");
+    assert!(is_presence(&first, &carol_jid, None), "{first}");
+    assert_eq!(show_of(&first).as_deref(), Some("dnd"));
+    assert!(is_presence(&second, &bob_jid, None), "{second}");
+    assert_eq!(
+        show_of(&second).as_deref(),
+        Some("xa"),
+        "only the latest: {second}"
+    );
+    assert!(is_body(&third, "wake up"), "{third}");
+
+    // Still inactive: held again until the client says it is active.
+    show(&ts, &mut bob, "chat").await;
+    barrier(&ts, &mut alice).await;
+    alice
+        .expect_none(|e| e.name == "presence", Duration::ZERO)
+        .await;
+    alice.send_raw(&format!("<active xmlns='{NS_CSI}'/>")).await;
+    let p = alice.expect(|e| is_presence(e, &bob_jid, None)).await;
+    assert_eq!(show_of(&p).as_deref(), Some("chat"));
+    // Active again: presence comes as it happens.
+    show(&ts, &mut carol, "away").await;
+    let p = alice.expect(|e| is_presence(e, &carol_jid, None)).await;
+    assert_eq!(show_of(&p).as_deref(), Some("away"));
+}
+
+#[tokio::test]
+async fn an_inactive_client_holds_at_most_the_configured_number_of_presences() {
+    let ts = TestServer::start(|c| c.limits.max_csi_held_presences = 2).await;
+    let names = ["alice", "u0", "u1", "u2"];
+    for u in names {
+        ts.user(u).await;
+    }
+    for u in &names[1..] {
+        ts.make_mutual("alice", u).await;
+    }
+    let mut alice = online(&ts, "alice", "phone", None).await;
+    let mut others = Vec::new();
+    for u in &names[1..] {
+        let c = online(&ts, u, "r", None).await;
+        alice
+            .expect(|e| is_presence(e, &format!("{}/r", ts.jid(u)), None))
+            .await;
+        others.push(c);
+    }
+    barrier(&ts, &mut alice).await;
+    alice.backlog.clear();
+    alice
+        .send_raw(&format!("<inactive xmlns='{NS_CSI}'/>"))
+        .await;
+    for c in others.iter_mut().take(2) {
+        show(&ts, c, "away").await;
+    }
+    barrier(&ts, &mut alice).await;
+    alice
+        .expect_none(|e| e.name == "presence", Duration::ZERO)
+        .await;
+    // The third contact's change is one more than the limit: all three are written.
+    show(&ts, &mut others[2], "away").await;
+    for u in &names[1..] {
+        let p = alice
+            .expect(|e| is_presence(e, &format!("{}/r", ts.jid(u)), None))
+            .await;
+        assert_eq!(show_of(&p).as_deref(), Some("away"), "{p}");
+    }
+}
