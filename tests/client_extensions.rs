@@ -532,3 +532,52 @@ async fn an_inactive_client_holds_at_most_the_configured_number_of_presences() {
         assert_eq!(show_of(&p).as_deref(), Some("away"), "{p}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The same features driven by slixmpp's own plugins (xep_0280, xep_0352, xep_0203).
+
+#[tokio::test]
+async fn slixmpp_plugins_see_carbons_csi_and_offline_delay() {
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob", "carol"] {
+        ts.user(u).await;
+    }
+    ts.make_mutual("alice", "bob").await;
+    let args: Vec<String> = [
+        ts.addr.ip().to_string(),
+        ts.addr.port().to_string(),
+        ts.domain.clone(),
+        ts.cert.display().to_string(),
+        "alice".into(),
+        "bob".into(),
+        "carol".into(),
+        "pw".into(),
+    ]
+    .into();
+    let out = run_client_script("extensions.py", &args, Duration::from_secs(60)).await;
+    assert_eq!(out.code, Some(0), "extensions.py failed: {out:?}");
+    let alice = ts.jid("alice");
+    let expect = [
+        ("carbons_advertised", "true".to_owned()),
+        ("msgoffline_advertised", "true".to_owned()),
+        ("phone_got", "to the phone".to_owned()),
+        ("received_body", "to the phone".to_owned()),
+        ("received_to", format!("{alice}/phone")),
+        ("sent_body", "from the phone".to_owned()),
+        ("sent_from", format!("{alice}/phone")),
+        ("csi_offered", "true".to_owned()),
+        // Without XEP-0352 the phone would have seen "away,xa".
+        ("csi_shows_before_message", "xa".to_owned()),
+        ("csi_message", "wake up".to_owned()),
+        ("offline_body", "while you were out".to_owned()),
+        ("offline_delay_from", ts.domain.clone()),
+        ("offline_delay_stamped", "true".to_owned()),
+    ];
+    for (key, want) in expect {
+        assert_eq!(
+            out.get(key).as_deref(),
+            Some(want.as_str()),
+            "{key}: {out:?}"
+        );
+    }
+}
