@@ -979,12 +979,14 @@ async fn write_loop(
         let mut next = Some(first);
         while let Some(msg) = next.take() {
             match msg {
-                item @ (Outbound::Stanza(_) | Outbound::Xml(_) | Outbound::ClientState(_)) => csi
-                    .pass(item, |out| match out {
-                        Outbound::Stanza(el) => el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT),
-                        Outbound::Xml(xml) => buf.push_str(&xml),
-                        _ => {}
-                    }),
+                item @ (Outbound::Stanza(_)
+                | Outbound::Xml(_)
+                | Outbound::ClientState(_)
+                | Outbound::Interest(_)) => csi.pass(item, |out| match out {
+                    Outbound::Stanza(el) => el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT),
+                    Outbound::Xml(xml) => buf.push_str(&xml),
+                    _ => {}
+                }),
                 Outbound::Close(err) => {
                     buf.push_str(&err.to_xml());
                     buf.push_str("</stream:stream>");

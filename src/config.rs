@@ -362,6 +362,13 @@ pub struct LimitsConfig {
     /// Presence stanzas held for one session while its client says it is inactive
     /// (XEP-0352), one per contact resource; one more flushes everything held.
     pub max_csi_held_presences: usize,
+    /// Contacts one session may name in its interest list (`urn:presenced:interest:0`),
+    /// whose presence passes at once while the client is inactive; more get not-acceptable.
+    pub max_interest_items: usize,
+    /// Seconds an interest list lasts without being set again; after that the session's
+    /// presence is held as if it had none.
+    #[serde(with = "secs")]
+    pub interest_ttl: Duration,
     /// Stanzas queued for one session before it is treated as stalled and disconnected.
     pub session_queue: usize,
     /// Stanzas per second a client may send on average (policy-violation beyond the burst).
@@ -404,6 +411,8 @@ impl Default for LimitsConfig {
             max_blocklist_items: 1000,
             max_offline_messages: 100,
             max_csi_held_presences: 500,
+            max_interest_items: 500,
+            interest_ttl: Duration::from_secs(300),
             session_queue: 1024,
             stanzas_per_second: 50,
             stanza_burst: 200,
@@ -789,6 +798,9 @@ impl Config {
         if l.max_depth < 4 || l.negotiation_timeout.is_zero() || l.session_queue == 0 {
             return bad("[limits] max_depth >= 4, negotiation_timeout > 0, session_queue > 0");
         }
+        if l.interest_ttl.is_zero() {
+            return bad("[limits] interest_ttl must be positive");
+        }
         if l.stanzas_per_second == 0 || l.max_auth_failures == 0 || l.max_roster_items <= 0 {
             return bad("[limits] rates and counts must be positive");
         }
@@ -805,6 +817,7 @@ impl Config {
             ("max_blocklist_items", l.max_blocklist_items),
             ("max_offline_messages", l.max_offline_messages),
             ("max_csi_held_presences", l.max_csi_held_presences),
+            ("max_interest_items", l.max_interest_items),
         ];
         for (name, v) in counts {
             // The store compares them with PostgreSQL integers.
@@ -961,6 +974,8 @@ mod tests {
         assert_eq!(cl.max_blocklist_items, dl.max_blocklist_items);
         assert_eq!(cl.max_offline_messages, dl.max_offline_messages);
         assert_eq!(cl.max_csi_held_presences, dl.max_csi_held_presences);
+        assert_eq!(cl.max_interest_items, dl.max_interest_items);
+        assert_eq!(cl.interest_ttl, dl.interest_ttl);
     }
 
     #[test]

@@ -16,6 +16,9 @@
 //!   the order they happened;
 //! - an iq is written at once and leaves the held presence held (answers and pings are
 //!   not news for the user);
+//! - a presence from a contact the client named in its interest list (`crate::interest`)
+//!   is written at once, replacing anything held from the same resource; the list lapses
+//!   `[limits] interest_ttl` after it was last set;
 //! - more than `[limits] max_csi_held_presences` held flushes them all, which bounds what
 //!   a session holds; so does `<active/>`, which writes them in the order of their latest
 //!   update.
@@ -86,6 +89,13 @@ fn classify(item: &Outbound) -> Class {
 pub struct Filter {
     max_held: usize,
     held: Option<Box<Held>>,
+    /// The client's interest list, if it set one (`crate::interest`).
+    interest: Option<std::sync::Arc<crate::sessions::InterestList>>,
+}
+
+/// The bare part of a JID string.
+fn bare_of(jid: &str) -> &str {
+    jid.split_once('/').map_or(jid, |(bare, _)| bare)
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +113,7 @@ impl Filter {
         Filter {
             max_held,
             held: None,
+            interest: None,
         }
     }
 
@@ -112,8 +123,13 @@ impl Filter {
     }
 
     /// Takes one outgoing item and calls `write` with what goes on the wire now, in order.
-    /// [`Outbound::ClientState`] switches the filter and is never written.
+    /// [`Outbound::ClientState`] switches the filter and [`Outbound::Interest`] replaces
+    /// its interest list; neither is written.
     pub fn pass(&mut self, item: Outbound, mut write: impl FnMut(Outbound)) {
+        if let Outbound::Interest(list) = item {
+            self.interest = (!list.contacts.is_empty()).then_some(list);
+            return;
+        }
         if let Outbound::ClientState(active) = item {
             if active {
                 self.flush(&mut write);
@@ -132,6 +148,15 @@ impl Filter {
                 self.flush(&mut write);
                 write(item);
             }
+            Class::Hold(sender) if self.interested(&sender) => {
+                // Shown now; an older held presence of the same resource is superseded.
+                if let Some(held) = self.held.as_deref_mut() {
+                    if let Some(older) = held.by_sender.remove(&sender) {
+                        held.order.remove(&older);
+                    }
+                }
+                write(item);
+            }
             Class::Hold(sender) => {
                 let held = self.held.get_or_insert_with(Box::default);
                 let seq = held.next;
@@ -145,6 +170,13 @@ impl Filter {
                 }
             }
         }
+    }
+
+    /// Whether the client's unexpired interest list names the contact of full JID `sender`.
+    fn interested(&self, sender: &str) -> bool {
+        self.interest.as_ref().is_some_and(|list| {
+            tokio::time::Instant::now() < list.expires && list.contacts.contains(bare_of(sender))
+        })
     }
 
     /// Writes everything held, oldest update first.
@@ -258,6 +290,43 @@ mod tests {
         assert!(run(&mut f, items).is_empty());
         assert_eq!(run(&mut f, vec![stanza(&ps[2])]), ps);
         assert!(f.inactive(), "still inactive after the flush");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn listed_contacts_pass_while_the_list_lasts_and_supersede_what_is_held() {
+        use std::time::Duration;
+        let mut f = Filter::new(10);
+        let list = |jids: &[&str], ttl: u64| {
+            Outbound::Interest(Arc::new(crate::sessions::InterestList {
+                contacts: jids.iter().map(|j| j.to_string()).collect(),
+                expires: tokio::time::Instant::now() + Duration::from_secs(ttl),
+            }))
+        };
+        let a1 = presence("a@x/1", "away");
+        let a2 = presence("a@x/1", "xa");
+        let b1 = presence("b@x/1", "dnd");
+        // a@x/1 is held before the list names a@x; its next presence replaces it.
+        let out = run(
+            &mut f,
+            vec![
+                Outbound::ClientState(false),
+                stanza(&a1),
+                list(&["a@x"], 300),
+                stanza(&a2),
+                stanza(&b1),
+            ],
+        );
+        assert_eq!(out, std::slice::from_ref(&a2));
+        assert_eq!(run(&mut f, vec![Outbound::ClientState(true)]), [b1]);
+        // The list lapses after its time: a@x is held like anyone else.
+        tokio::time::advance(Duration::from_secs(301)).await;
+        let out = run(&mut f, vec![Outbound::ClientState(false), stanza(&a2)]);
+        assert!(out.is_empty(), "{out:?}");
+        // Setting it again (here: empty, which clears it) replaces it.
+        let out = run(&mut f, vec![list(&["a@x"], 300), stanza(&a1)]);
+        assert_eq!(out, std::slice::from_ref(&a1));
+        let out = run(&mut f, vec![list(&[], 300), stanza(&a2)]);
+        assert!(out.is_empty(), "{out:?}");
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod csi;
 pub(crate) mod delivery;
 pub mod error;
 pub mod http;
+pub mod interest;
 pub mod invisible;
 pub mod jid;
 pub mod liveness;

@@ -270,6 +270,15 @@ async fn own_account_iq(session: &mut Session, el: Element) {
         Some(crate::privacy_iq::handle(session, &el, &payload).await)
     } else if payload.ns == crate::carbons::NS_CARBONS {
         Some(crate::carbons::handle_iq(&session.handle, &el, &payload))
+    } else if payload.ns == crate::interest::NS_INTEREST {
+        let limits = &session.shared.config.limits;
+        Some(crate::interest::handle_iq(
+            &session.handle,
+            &el,
+            &payload,
+            limits.max_interest_items,
+            limits.interest_ttl,
+        ))
     } else if payload.ns == crate::invisible::NS_INVISIBLE {
         Some(crate::invisible::handle(session, &el, &payload).await)
     } else {
@@ -339,6 +348,8 @@ fn server_iq(session: &Session, el: &Element) -> Element {
                 crate::privacy_iq::NS_PRIVACY,
                 // XEP-0280 §2: clients look for carbons here before enabling them.
                 crate::carbons::NS_CARBONS,
+                // This server's interest lists for inactive clients.
+                crate::interest::NS_INTEREST,
                 // XEP-0160 §4: offline storage is announced as 'msgoffline'.
                 crate::offline::FEATURE,
                 // XEP-0012 §6: clients look for last activity in disco before asking.

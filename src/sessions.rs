@@ -37,6 +37,19 @@ pub enum Outbound {
     /// The client said it is active (`true`) or inactive (XEP-0352): what follows is
     /// written or held by [`crate::csi::Filter`]. Never written itself.
     ClientState(bool),
+    /// The contacts whose presence passes [`crate::csi::Filter`] at once, replacing any
+    /// earlier list. Never written itself.
+    Interest(Arc<InterestList>),
+}
+
+/// A session's interest list (`urn:presenced:interest:0`): bare JIDs of contacts whose
+/// presence the client shows now, valid until `expires`.
+#[derive(Debug, Clone)]
+pub struct InterestList {
+    /// Normalised bare JIDs.
+    pub contacts: std::collections::HashSet<String>,
+    /// After this the list counts as empty.
+    pub expires: tokio::time::Instant,
 }
 
 /// What other tasks may read about a session: its presence as last broadcast.
@@ -107,6 +120,12 @@ impl SessionHandle {
     /// before and after it; the same rules as [`Self::send`].
     pub fn set_client_state(&self, active: bool) -> bool {
         self.push(Outbound::ClientState(active))
+    }
+
+    /// Replaces the session's interest list, in order with the stanzas queued around it;
+    /// the same rules as [`Self::send`].
+    pub fn set_interest(&self, list: InterestList) -> bool {
+        self.push(Outbound::Interest(Arc::new(list)))
     }
 
     /// Asks the session to close its stream cleanly.

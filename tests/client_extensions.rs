@@ -533,6 +533,85 @@ async fn an_inactive_client_holds_at_most_the_configured_number_of_presences() {
     }
 }
 
+const NS_INTEREST: &str = "urn:presenced:interest:0";
+
+fn interest(jids: &[String]) -> Element {
+    let items: String = jids.iter().map(|j| format!("<item jid='{j}'/>")).collect();
+    el(&format!(
+        "<interest xmlns='{NS_INTEREST}'>{items}</interest>"
+    ))
+}
+
+#[tokio::test]
+async fn an_interest_list_lets_named_contacts_presence_through_while_inactive() {
+    let ts = TestServer::start(|c| c.limits.max_interest_items = 2).await;
+    for u in ["alice", "bob", "carol"] {
+        ts.user(u).await;
+    }
+    ts.make_mutual("alice", "bob").await;
+    ts.make_mutual("alice", "carol").await;
+    let mut alice = online(&ts, "alice", "phone", None).await;
+    assert!(server_features(&ts, &mut alice)
+        .await
+        .iter()
+        .any(|f| f == NS_INTEREST));
+    let mut bob = online(&ts, "bob", "b", None).await;
+    let mut carol = online(&ts, "carol", "c", None).await;
+    let bob_jid = format!("{}/b", ts.jid("bob"));
+    let carol_jid = format!("{}/c", ts.jid("carol"));
+    alice.expect(|e| is_presence(e, &bob_jid, None)).await;
+    alice.expect(|e| is_presence(e, &carol_jid, None)).await;
+    barrier(&ts, &mut alice).await;
+    alice.backlog.clear();
+
+    // Errors: too many items, a full JID, a malformed JID, a get.
+    let three = [ts.jid("bob"), ts.jid("carol"), ts.jid("dave")];
+    let r = alice.iq("set", None, interest(&three)).await;
+    assert_error(&r, "not-acceptable", "modify", "three items, limit two");
+    let r = alice
+        .iq("set", None, interest(std::slice::from_ref(&bob_jid)))
+        .await;
+    assert_error(&r, "bad-request", "modify", "a full JID");
+    let r = alice.iq("set", None, interest(&["@@".to_owned()])).await;
+    assert_error(&r, "jid-malformed", "modify", "a malformed JID");
+    let r = alice.iq("get", None, interest(&[])).await;
+    assert_error(&r, "bad-request", "modify", "a get");
+
+    // Inactive, interested in bob: his change comes at once, carol's is held.
+    let r = alice.iq("set", None, interest(&[ts.jid("bob")])).await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    alice
+        .send_raw(&format!("<inactive xmlns='{NS_CSI}'/>"))
+        .await;
+    show(&ts, &mut carol, "dnd").await;
+    show(&ts, &mut bob, "away").await;
+    let p = alice.expect(|e| e.name == "presence").await;
+    assert!(
+        is_presence(&p, &bob_jid, None),
+        "bob's, not carol's held one: {p}"
+    );
+    assert_eq!(show_of(&p).as_deref(), Some("away"));
+    barrier(&ts, &mut alice).await;
+    alice
+        .expect_none(|e| e.name == "presence", Duration::ZERO)
+        .await;
+
+    // An empty list clears it: bob's next change is held too, and both come on <active/>.
+    let r = alice.iq("set", None, interest(&[])).await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    show(&ts, &mut bob, "xa").await;
+    barrier(&ts, &mut alice).await;
+    alice
+        .expect_none(|e| e.name == "presence", Duration::ZERO)
+        .await;
+    alice.send_raw(&format!("<active xmlns='{NS_CSI}'/>")).await;
+    let p = alice.expect(|e| e.name == "presence").await;
+    assert!(is_presence(&p, &carol_jid, None), "{p}");
+    let p = alice.expect(|e| e.name == "presence").await;
+    assert!(is_presence(&p, &bob_jid, None), "{p}");
+    assert_eq!(show_of(&p).as_deref(), Some("xa"));
+}
+
 // ---------------------------------------------------------------------------------------
 // The same features driven by slixmpp's own plugins (xep_0280, xep_0352, xep_0203).
 
