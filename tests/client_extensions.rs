@@ -96,18 +96,24 @@ async fn server_features(ts: &TestServer, c: &mut Client) -> Vec<String> {
 // ---------------------------------------------------------------------------------------
 // XEP-0280 message carbons
 
-#[tokio::test]
-async fn carbons_copy_received_and_sent_messages_to_enabled_resources_only() {
-    let ts = TestServer::start(|_| {}).await;
+/// Mutual contacts alice (resources phone and pc) and bob (desk), all online.
+async fn alice_twice_and_bob(ts: &TestServer) -> (Client, Client, Client) {
     for u in ["alice", "bob"] {
         ts.user(u).await;
     }
     ts.make_mutual("alice", "bob").await;
+    let phone = online(ts, "alice", "phone", None).await;
+    let pc = online(ts, "alice", "pc", None).await;
+    let bob = online(ts, "bob", "desk", None).await;
+    (phone, pc, bob)
+}
+
+#[tokio::test]
+async fn carbons_copy_received_and_sent_messages_to_enabled_resources_only() {
+    let ts = TestServer::start(|_| {}).await;
+    let (mut phone, mut pc, mut bob) = alice_twice_and_bob(&ts).await;
     let alice = ts.jid("alice");
     let bob_bare = ts.jid("bob");
-    let mut phone = online(&ts, "alice", "phone", None).await;
-    let mut pc = online(&ts, "alice", "pc", None).await;
-    let mut bob = online(&ts, "bob", "desk", None).await;
     assert!(server_features(&ts, &mut pc)
         .await
         .iter()
@@ -177,15 +183,9 @@ async fn carbons_copy_received_and_sent_messages_to_enabled_resources_only() {
 #[tokio::test]
 async fn private_no_copy_and_bodyless_normal_messages_are_not_copied() {
     let ts = TestServer::start(|_| {}).await;
-    for u in ["alice", "bob"] {
-        ts.user(u).await;
-    }
-    ts.make_mutual("alice", "bob").await;
+    let (mut phone, mut pc, mut bob) = alice_twice_and_bob(&ts).await;
     let alice = ts.jid("alice");
     let bob_bare = ts.jid("bob");
-    let mut phone = online(&ts, "alice", "phone", None).await;
-    let mut pc = online(&ts, "alice", "pc", None).await;
-    let mut bob = online(&ts, "bob", "desk", None).await;
     carbons(&mut pc, true).await;
     carbons(&mut phone, true).await;
     let private = format!("<private xmlns='{NS_CARBONS}'/>");
