@@ -801,6 +801,11 @@ impl Config {
         if l.interest_ttl.is_zero() {
             return bad("[limits] interest_ttl must be positive");
         }
+        if l.max_offline_messages >= l.session_queue {
+            // All of a user's kept messages are queued at once at login; a mailbox that
+            // cannot take them ends the session and loses them.
+            return bad("[limits] max_offline_messages must be less than session_queue");
+        }
         if l.stanzas_per_second == 0 || l.max_auth_failures == 0 || l.max_roster_items <= 0 {
             return bad("[limits] rates and counts must be positive");
         }
@@ -989,6 +994,22 @@ mod tests {
         let mut c = Config::default();
         c.limits.max_pending_subscriptions = usize::MAX;
         assert!(c.validate().is_err());
+        for zero in [
+            |l: &mut LimitsConfig| l.max_offline_messages = 0,
+            |l: &mut LimitsConfig| l.max_csi_held_presences = 0,
+            |l: &mut LimitsConfig| l.max_interest_items = 0,
+            |l: &mut LimitsConfig| l.interest_ttl = Duration::ZERO,
+        ] {
+            let mut c = Config::default();
+            zero(&mut c.limits);
+            assert!(c.validate().is_err());
+        }
+        // Kept messages are queued together at login: they must fit the session's mailbox.
+        let mut c = Config::default();
+        c.limits.max_offline_messages = c.limits.session_queue;
+        assert!(c.validate().is_err());
+        c.limits.max_offline_messages = c.limits.session_queue - 1;
+        assert!(c.validate().is_ok());
     }
 
     #[test]

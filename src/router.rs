@@ -16,10 +16,11 @@
 //! Privacy (README, "Privacy") changes three rows, so that nothing a viewer can provoke tells a
 //! user's online state apart from offline:
 //!
-//! * a chat or normal message to an existing account with no resource to take it is
-//!   dropped silently (RFC 6121 §8.5.2.2.1 allows it) instead of `service-unavailable`,
-//!   because an error only when offline is an online detector (an invisible session, or a
-//!   hidden one, still takes messages);
+//! * a chat or normal message to an existing account with no resource to take it is kept
+//!   for the user's next login (XEP-0160, [`crate::offline`]) or, with nothing worth
+//!   keeping, dropped silently (RFC 6121 §8.5.2.2.1 allows both), never answered with
+//!   `service-unavailable` while the store has room, because an error only when offline
+//!   is an online detector (an invisible session, or a hidden one, still takes messages);
 //! * an iq request to an online full JID is delivered only if the sender may see that
 //!   resource online (privacy gate, not invisible) or the resource revealed itself to the
 //!   sender (directed presence, or an iq request it sent there); otherwise it gets the
