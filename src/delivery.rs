@@ -210,16 +210,19 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
                 s.send(el);
                 return Outcome::Delivered;
             }
-            Some(s) if gate::may_reach_resource(shared, sender, &s).await => {
-                s.send(el);
-                return Outcome::Delivered;
-            }
-            Some(_) => {
+            session if kind == "groupchat" => {
+                // Decided the same way whether the resource is online or not (timing).
+                if gate::may_reach(shared, sender, full.as_str(), session.as_ref()).await {
+                    if let Some(s) = session {
+                        s.send(el);
+                        return Outcome::Delivered;
+                    }
+                }
                 bounce(shared, &el, StanzaError::service_unavailable());
                 return Outcome::Bounced;
             }
             // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
-            None => full.to_bare(),
+            _ => full.to_bare(),
         },
         Err(bare) => bare,
     };
@@ -390,20 +393,29 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
     }
     let is_request = matches!(el.get_attr("type"), Some("get" | "set"));
     let own = gate::bare_of(sender) == to.to_bare().as_str();
-    match shared.sessions.get(to) {
+    let session = shared.sessions.get(to);
+    match session {
         Some(s) if !is_request || own => {
             s.send(el);
             Outcome::Delivered
         }
-        Some(s) if gate::may_reach_resource(shared, sender, &s).await => {
-            s.send(el);
-            Outcome::Delivered
-        }
-        _ if is_request => {
+        None if !is_request => Outcome::Dropped,
+        None if own => {
             bounce(shared, &el, StanzaError::service_unavailable());
             Outcome::Bounced
         }
-        _ => Outcome::Dropped,
+        // A request from anyone else takes the same decision whether the resource is online
+        // or not, so neither the answer nor its timing tells them apart.
+        session => {
+            if gate::may_reach(shared, sender, to.as_str(), session.as_ref()).await {
+                if let Some(s) = session {
+                    s.send(el);
+                    return Outcome::Delivered;
+                }
+            }
+            bounce(shared, &el, StanzaError::service_unavailable());
+            Outcome::Bounced
+        }
     }
 }
 

@@ -8,7 +8,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
-use presenced::presence::privacy::{self, Blocks, Party, PrivacySettings, Relation, Visibility};
+use presenced::presence::privacy::{PrivacySettings, Visibility};
 use presenced::xml::{parse_element, Element, NS_CLIENT};
 
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
@@ -830,6 +830,30 @@ mod model {
         Relogin(usize),
     }
 
+    /// The oracle, written out from the rules README.md states for online status and
+    /// independent of the server's `privacy` module (which the test must not grade itself
+    /// with): every user here is every other's mutual contact, so the viewer `v` sees the
+    /// subject `s` online exactly when `s` is not invisible (XEP-0186), neither has blocked
+    /// the other (XEP-0191; a block hides presence both ways), and `s`'s online setting
+    /// admits `v` (`subscribers`: every subscriber; `nobody`: none; `contacts_except`:
+    /// every subscriber but the one named).
+    pub fn may_see_online(
+        blocks: &std::collections::BTreeSet<(usize, usize)>,
+        online: &[Mode],
+        invisible: &[bool],
+        v: usize,
+        s: usize,
+    ) -> bool {
+        if invisible[s] || blocks.contains(&(s, v)) || blocks.contains(&(v, s)) {
+            return false;
+        }
+        match online[s] {
+            Mode::Subscribers => true,
+            Mode::Nobody => false,
+            Mode::Except(x) => x != v,
+        }
+    }
+
     pub fn op() -> impl Strategy<Value = Op> {
         let u = 0..USERS.len();
         let mode = prop_oneof![
@@ -876,10 +900,6 @@ async fn run_model(ops: Vec<model::Op>) {
         }
     }
     let jids: Vec<String> = USERS.iter().map(|u| ts.jid(u)).collect();
-    let bare: Vec<::jid::BareJid> = jids
-        .iter()
-        .map(|j| ::jid::BareJid::new(j).unwrap())
-        .collect();
     let mut clients = Vec::new();
     for u in USERS {
         let mut c = ts.login(u, "r").await;
@@ -889,33 +909,17 @@ async fn run_model(ops: Vec<model::Op>) {
         clients.push(c);
     }
     let mut blocks: BTreeSet<(usize, usize)> = BTreeSet::new();
-    let mut settings: Vec<PrivacySettings> = vec![PrivacySettings::default(); n];
+    let mut online: Vec<Mode> = vec![Mode::Subscribers; n];
     let mut invisible = vec![false; n];
     let mut status: Vec<String> = vec!["init".to_owned(); n];
     let mut belief: BTreeMap<(usize, usize), Belief> = BTreeMap::new();
 
-    let permitted = |blocks: &BTreeSet<(usize, usize)>,
-                     settings: &[PrivacySettings],
-                     invisible: &[bool],
-                     v: usize,
-                     s: usize| {
-        !invisible[s]
-            && privacy::may_see_online(
-                Party {
-                    jid: &bare[v],
-                    settings: &settings[v],
-                },
-                Party {
-                    jid: &bare[s],
-                    settings: &settings[s],
-                },
-                Relation::Subscriber,
-                Blocks {
-                    by_subject: blocks.contains(&(s, v)),
-                    by_viewer: blocks.contains(&(v, s)),
-                },
-            )
-    };
+    let permitted =
+        |blocks: &BTreeSet<(usize, usize)>,
+         online: &[Mode],
+         invisible: &[bool],
+         v: usize,
+         s: usize| model::may_see_online(blocks, online, invisible, v, s);
 
     for (step, op) in std::iter::once(None)
         .chain(ops.into_iter().map(Some))
@@ -938,22 +942,16 @@ async fn run_model(ops: Vec<model::Op>) {
                     }
                 }
                 Op::Online(a, m) => {
-                    let (xml, vis) = match m {
-                        Mode::Subscribers => (
-                            "<online mode='subscribers'/>".to_owned(),
-                            Visibility::Subscribers,
-                        ),
-                        Mode::Nobody => ("<online mode='nobody'/>".to_owned(), Visibility::Nobody),
-                        Mode::Except(x) => (
-                            format!(
-                                "<online mode='contacts_except'><except jid='{}'/></online>",
-                                jids[x]
-                            ),
-                            Visibility::ContactsExcept([bare[x].clone()].into()),
+                    let xml = match m {
+                        Mode::Subscribers => "<online mode='subscribers'/>".to_owned(),
+                        Mode::Nobody => "<online mode='nobody'/>".to_owned(),
+                        Mode::Except(x) => format!(
+                            "<online mode='contacts_except'><except jid='{}'/></online>",
+                            jids[x]
                         ),
                     };
                     set_privacy(&ts, &mut clients[a], &xml).await;
-                    settings[a].online = vis;
+                    online[a] = m;
                 }
                 Op::Update(a) => {
                     let token = format!("s{step}");
@@ -1030,7 +1028,7 @@ async fn run_model(ops: Vec<model::Op>) {
                 if s == v {
                     continue;
                 }
-                let allowed = permitted(&blocks, &settings, &invisible, v, s);
+                let allowed = permitted(&blocks, &online, &invisible, v, s);
                 match (e.name.as_str(), e.get_attr("type")) {
                     ("presence", None) => {
                         assert!(
@@ -1067,7 +1065,7 @@ async fn run_model(ops: Vec<model::Op>) {
                     continue;
                 }
                 let b = belief.get(&(v, s)).cloned().unwrap_or(Belief::Unknown);
-                if permitted(&blocks, &settings, &invisible, v, s) {
+                if permitted(&blocks, &online, &invisible, v, s) {
                     assert_eq!(
                         b,
                         Belief::Online(status[s].clone()),
@@ -1087,7 +1085,7 @@ async fn run_model(ops: Vec<model::Op>) {
         }
         if let Some((a, b)) = chat_state {
             assert!(
-                !permitted(&blocks, &settings, &invisible, b, a),
+                !permitted(&blocks, &online, &invisible, b, a),
                 "step {step}: a permitted chat state from {} to {} was not relayed",
                 USERS[a],
                 USERS[b]
@@ -1101,6 +1099,9 @@ proptest::proptest! {
     #![proptest_config(proptest::test_runner::Config {
         cases: std::env::var("PRIVACY_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12),
         max_shrink_iters: 64,
+        // A fixed seed: a failure in CI reproduces with the same command; the seed is
+        // printed with every case so a failure report names it.
+        rng_seed: proptest::test_runner::RngSeed::Fixed(privacy_seed()),
         .. proptest::test_runner::Config::default()
     })]
 
@@ -1113,8 +1114,17 @@ proptest::proptest! {
             .enable_all()
             .build()
             .unwrap();
+        eprintln!("PRIVACY_PROPTEST_SEED={}", privacy_seed());
         rt.block_on(run_model(ops));
     }
+}
+
+/// The property's seed: `PRIVACY_PROPTEST_SEED`, else a fixed default.
+fn privacy_seed() -> u64 {
+    std::env::var("PRIVACY_PROPTEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed_0001)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1231,5 +1241,60 @@ async fn a_stored_subscription_request_from_an_entity_blocked_since_is_not_deliv
     alice
         .expect_none(|e| from_is(e, &ts.jid("mallory")), QUIET)
         .await;
+    ts.stop().await;
+}
+
+/// Round trip of one iq ping from `v` to `to`, in microseconds; the answer must be an error.
+async fn iq_rtt_us(v: &mut common::Client, to: &str) -> f64 {
+    let t = std::time::Instant::now();
+    let r = v
+        .iq("get", Some(to), el("<ping xmlns='urn:xmpp:ping'/>"))
+        .await;
+    let us = t.elapsed().as_secs_f64() * 1e6;
+    assert_eq!(r.get_attr("type"), Some("error"), "{}", r.to_xml());
+    us
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Timing: a stranger's iq to a full JID is answered in the same time whether the resource is
+/// online or not (the decision is taken in both cases). A measurement on a quiet machine,
+/// not a CI check: run with `cargo test --test privacy -- --ignored --nocapture timing`.
+/// Online and offline pings alternate one by one, so the machine's load hits both alike;
+/// the figure is the median of 300 of each, per round, over three rounds.
+#[tokio::test]
+#[ignore = "timing measurement; run by hand on a quiet machine"]
+async fn timing_stranger_iq_online_and_offline_take_the_same_time() {
+    let ts = TestServer::start(|c| {
+        // 1,800 pings back to back: above the default flood limit.
+        c.limits.stanzas_per_second = 100_000;
+        c.limits.stanza_burst = 100_000;
+    })
+    .await;
+    ts.user("sub").await;
+    ts.user("viewer").await;
+    let sub = ts.jid("sub");
+    let mut v = ts.login("viewer", "pc").await;
+    let mut s = ts.login("sub", "phone").await;
+    s.presence(None, None).await;
+    barrier(&ts, &mut s).await;
+    let (on_jid, off_jid) = (format!("{sub}/phone"), format!("{sub}/gone"));
+    let mut ratios = Vec::new();
+    for round in 0..3 {
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        for _ in 0..300 {
+            on.push(iq_rtt_us(&mut v, &on_jid).await);
+            off.push(iq_rtt_us(&mut v, &off_jid).await);
+        }
+        let (on, off) = (median(on), median(off));
+        println!("round {round}: median iq rtt online {on:.0} µs, offline {off:.0} µs");
+        ratios.push(on / off);
+    }
+    let ratio = median(ratios.clone());
+    println!("online/offline ratios {ratios:.3?}; median {ratio:.3}");
+    assert!((ratio - 1.0).abs() < 0.10, "ratio {ratio:.3}");
     ts.stop().await;
 }

@@ -399,12 +399,15 @@ pub async fn may_see_online(shared: &Shared, viewer: &str, subject: &str, direct
 /// For answers such as XEP-0012 `seconds='0'`; anyone for whom this is false must get the
 /// answer an offline subject gives.
 pub async fn visible_to(shared: &Shared, viewer: &str, subject: &str) -> bool {
+    // The decision is taken whether the subject is online or not: a short cut on "offline"
+    // would answer faster, and the delay alone would tell the viewer which.
+    let permitted = may_see_online(shared, viewer, subject, false).await;
     let any_visible = shared
         .sessions
         .of_user_str(bare_of(subject))
         .iter()
         .any(|s| s.is_available() && !shared.privacy.is_invisible(s.id));
-    any_visible && may_see_online(shared, viewer, subject, false).await
+    permitted && any_visible
 }
 
 /// May `viewer` learn when `subject` was last seen (XEP-0012, delay stamps on
@@ -879,6 +882,23 @@ pub async fn may_reach_resource(
     sender: &str,
     target: &crate::sessions::SessionHandle,
 ) -> bool {
+    may_reach(shared, sender, target.jid.as_str(), Some(target)).await
+}
+
+/// [`may_reach_resource`] for a full JID that may have no session: `target` is its session
+/// if there is one. With none the answer is `false`, but the same decision is taken first,
+/// so a sender who may not know the resource is online cannot tell online from offline by
+/// how long the answer takes.
+pub async fn may_reach(
+    shared: &Shared,
+    sender: &str,
+    full: &str,
+    target: Option<&crate::sessions::SessionHandle>,
+) -> bool {
+    let Some(target) = target else {
+        may_see_online(shared, sender, full, false).await;
+        return false;
+    };
     let own_act = [sender, bare_of(sender)].iter().any(|v| {
         shared.privacy.revealed_relation(target.id, v) == Some(Relation::DirectedPresence)
     });

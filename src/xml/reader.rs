@@ -619,9 +619,12 @@ pub struct IdleBuf<R> {
     at_start: bool,
 }
 
-/// The UTF-8 byte order mark. XML 1.0 §4.3.3 lets an entity start with it; quick-xml drops
-/// it only when its three bytes arrive in one read, so [`IdleBuf`] (and [`parse_chunks`])
-/// drop it themselves, wherever the reads split it.
+/// The UTF-8 byte order mark. XML 1.0 §4.3.3 lets an entity start with one; a second is
+/// character data before the root. quick-xml drops a mark at its very start, but only when
+/// the first read holds all three bytes, so [`IdleBuf`] (and [`parse_chunks`]) make sure its
+/// first read does, wherever the transport split them. Dropping the mark here instead would
+/// hand quick-xml a second one at its start, which it would drop or not depending on the
+/// split.
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 impl<R> IdleBuf<R> {
@@ -687,9 +690,7 @@ impl<R: AsyncRead + Unpin> AsyncBufRead for IdleBuf<R> {
         while this.at_start {
             let have = &this.buf[this.pos..];
             if have.len() >= BOM.len() || !BOM.starts_with(have) {
-                if have.starts_with(BOM) {
-                    this.pos += BOM.len();
-                }
+                // quick-xml's first look now sees the whole mark, if there is one.
                 this.at_start = false;
                 break;
             }
@@ -855,9 +856,21 @@ pub fn parse_chunks(
         chunks: &'a [&'a [u8]],
         i: usize,
         off: usize,
+        /// Nothing read yet: the first read gathers a whole byte order mark (see [`BOM`]).
+        first: bool,
     }
     impl io::Read for Chunks<'_> {
         fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            if std::mem::take(&mut self.first) {
+                let (mut n, want) = (0, BOM.len().min(out.len()));
+                while n < want {
+                    match self.read(&mut out[n..want])? {
+                        0 => break,
+                        k => n += k,
+                    }
+                }
+                return Ok(n);
+            }
             while self.i < self.chunks.len() {
                 let c = &self.chunks[self.i][self.off..];
                 if c.is_empty() {
@@ -873,30 +886,12 @@ pub fn parse_chunks(
             Ok(0)
         }
     }
-    let mut src = Chunks {
+    let src = Chunks {
         chunks,
         i: 0,
         off: 0,
+        first: true,
     };
-    // The byte order mark, wherever the chunks split it (see [`BOM`]).
-    let head: Vec<u8> = chunks
-        .iter()
-        .flat_map(|c| c.iter())
-        .take(3)
-        .copied()
-        .collect();
-    if head == BOM {
-        let mut skip = BOM.len();
-        while skip > 0 {
-            let take = (chunks[src.i].len() - src.off).min(skip);
-            src.off += take;
-            skip -= take;
-            if src.off == chunks[src.i].len() {
-                src.i += 1;
-                src.off = 0;
-            }
-        }
-    }
     let mut reader = quick_xml::Reader::from_reader(io::BufReader::with_capacity(64, src));
     configure(&mut reader);
     let mut builder = if framed {
@@ -1353,6 +1348,37 @@ mod tests {
                 "split at {split}: {msg:?}"
             );
         }
+    }
+
+    /// XML 1.0 §4.3.3 allows one byte order mark at the start of the entity; a second U+FEFF
+    /// is character data before the root element. quick-xml drops a mark only at its very
+    /// start, so the reader must show it the whole first mark in one read and never a second
+    /// one there: then every split of the input gives the same events and the same error.
+    #[test]
+    fn a_second_byte_order_mark_is_text_before_the_root_at_every_split() {
+        let doc = format!("\u{feff}\u{feff}{HEADER}<message/>");
+        let (events, err) =
+            assert_same_at_every_split(doc.as_bytes(), ReaderLimits::default(), false);
+        assert!(events.is_empty(), "{events:?}");
+        assert!(err.is_some(), "a second mark must not be dropped silently");
+        // The fuzzer's minimal input: two marks and nothing else, read whole and byte by byte.
+        let bare = b"\xEF\xBB\xBF\xEF\xBB\xBF";
+        let whole = parse_chunks(&[bare], ReaderLimits::default(), false);
+        let bytes: Vec<&[u8]> = bare.chunks(1).collect();
+        let split = parse_chunks(&bytes, ReaderLimits::default(), false);
+        assert_eq!(format!("{whole:?}"), format!("{split:?}"));
+        // One mark still opens the stream, wherever it is split.
+        let one = format!("\u{feff}{HEADER}<message/>");
+        let (events, err) =
+            assert_same_at_every_split(one.as_bytes(), ReaderLimits::default(), false);
+        assert!(
+            err.is_none() || matches!(err, Some(XmlError::Eof)),
+            "{err:?}"
+        );
+        assert!(
+            matches!(events.first(), Some(StreamEvent::Open(_))),
+            "{events:?}"
+        );
     }
 
     /// An idle session must not pay for read buffers (BENCHMARKS.md). After a burst of stanzas
