@@ -1,5 +1,5 @@
 -- Messages kept for a user with no available resource (XEP-0160, RFC 6121 §8.5.2.2.1),
--- delivered with a XEP-0203 delay stamp at the user's next initial presence and deleted
+-- delivered with a XEP-0203 delay stamp when a resource next takes messages and deleted
 -- as they are handed out. How many one user may have waiting is `[limits]
 -- max_offline_messages`, checked by the store's one insert; a message's size is bounded
 -- by `max_stanza_size` before it gets here.

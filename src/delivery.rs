@@ -310,8 +310,9 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
 }
 
 /// XEP-0160: hands the messages kept for `session`'s user to it, stamped with when they
-/// were stored, at its initial presence with a non-negative priority (a negative one
-/// takes no messages, RFC 6121 §8.5.2.1.1). A message whose sender the user has blocked
+/// were stored, when it becomes a resource that takes messages: initial presence with a
+/// non-negative priority, or a negative priority raised (a negative one takes no
+/// messages, RFC 6121 §8.5.2.1.1). A message whose sender the user has blocked
 /// since is dropped: the same question [`admit_from`] asks of every delivery.
 pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
     if session.read(|p| p.priority < 0) {

@@ -313,6 +313,30 @@ async fn a_message_to_an_offline_user_is_kept_and_delivered_with_a_delay_at_next
 }
 
 #[tokio::test]
+async fn kept_messages_wait_for_a_resource_that_takes_messages() {
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob"] {
+        ts.user(u).await;
+    }
+    let alice = ts.jid("alice");
+    let mut bob = online(&ts, "bob", "desk", None).await;
+    // Alice's only resource has a negative priority: it takes no messages (RFC 6121
+    // §8.5.2.1.1), so the message is kept and not handed to it.
+    let mut a = online(&ts, "alice", "phone", Some(-1)).await;
+    bob.send(&chat(&alice, "kept", "")).await;
+    barrier(&ts, &mut bob).await;
+    assert_eq!(offline_count(&ts, &alice).await, 1);
+    barrier(&ts, &mut a).await;
+    a.expect_none(|e| e.name == "message", Duration::ZERO).await;
+    // Raising the priority makes it one that does.
+    send_presence(&mut a, Some(1)).await;
+    let m = a.expect(|e| e.name == "message").await;
+    assert_eq!(body_of(&m), "kept");
+    assert!(m.get_child("delay", NS_DELAY).is_some(), "{m}");
+    assert_eq!(offline_count(&ts, &alice).await, 0);
+}
+
+#[tokio::test]
 async fn a_full_offline_store_answers_service_unavailable_and_keeps_nothing_more() {
     let ts = TestServer::start(|c| c.limits.max_offline_messages = 2).await;
     for u in ["alice", "bob"] {

@@ -142,6 +142,8 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     el.remove_attr("to");
     el.set_attr("from", me.to_string());
     let was_available = session.handle.is_available();
+    // A resource whose priority was negative took no messages (RFC 6121 §8.5.2.1.1).
+    let took_no_messages = !was_available || session.handle.read(|p| p.priority < 0);
     if let Ok(mut info) = session.handle.info.lock() {
         info.available = is_available;
         info.priority = if is_available { priority_of(&el) } else { 0 };
@@ -221,6 +223,10 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         return;
     }
     if was_available {
+        if took_no_messages {
+            // XEP-0160: kept messages wait for a resource that takes messages.
+            crate::delivery::offline_messages(&shared, &session.handle).await;
+        }
         return;
     }
     // Initial presence: probe the contacts the user is subscribed to (§4.2.2, §4.3); the
