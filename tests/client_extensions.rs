@@ -453,25 +453,34 @@ fn show_of(e: &Element) -> Option<String> {
     e.get_child("show", NS_CLIENT).map(Element::text_content)
 }
 
+/// alice (resource phone) with her mutual contacts bob (b) and carol (c), all online, once
+/// alice has seen both and her backlog is empty.
+async fn alice_with_bob_and_carol(ts: &TestServer) -> (Client, Client, Client) {
+    ts.make_mutual("alice", "bob").await;
+    ts.make_mutual("alice", "carol").await;
+    let mut alice = online(ts, "alice", "phone", None).await;
+    let bob = online(ts, "bob", "b", None).await;
+    let carol = online(ts, "carol", "c", None).await;
+    for (u, r) in [("bob", "b"), ("carol", "c")] {
+        let jid = format!("{}/{r}", ts.jid(u));
+        alice.expect(|e| is_presence(e, &jid, None)).await;
+    }
+    barrier(ts, &mut alice).await;
+    alice.backlog.clear();
+    (alice, bob, carol)
+}
+
 #[tokio::test]
 async fn an_inactive_client_gets_only_the_latest_presence_per_contact_and_messages_at_once() {
     let ts = TestServer::start(|_| {}).await;
     for u in ["alice", "bob", "carol"] {
         ts.user(u).await;
     }
-    ts.make_mutual("alice", "bob").await;
-    ts.make_mutual("alice", "carol").await;
-    let mut alice = online(&ts, "alice", "phone", None).await;
+    let (mut alice, mut bob, mut carol) = alice_with_bob_and_carol(&ts).await;
     let features = alice.features.clone().expect("stream features after SASL");
     assert!(features.get_child("csi", NS_CSI).is_some(), "{features}");
-    let mut bob = online(&ts, "bob", "b", None).await;
-    let mut carol = online(&ts, "carol", "c", None).await;
     let bob_jid = format!("{}/b", ts.jid("bob"));
     let carol_jid = format!("{}/c", ts.jid("carol"));
-    alice.expect(|e| is_presence(e, &bob_jid, None)).await;
-    alice.expect(|e| is_presence(e, &carol_jid, None)).await;
-    barrier(&ts, &mut alice).await;
-    alice.backlog.clear();
 
     alice
         .send_raw(&format!("<inactive xmlns='{NS_CSI}'/>"))
@@ -572,21 +581,13 @@ async fn an_interest_list_lets_named_contacts_presence_through_while_inactive() 
     for u in ["alice", "bob", "carol"] {
         ts.user(u).await;
     }
-    ts.make_mutual("alice", "bob").await;
-    ts.make_mutual("alice", "carol").await;
-    let mut alice = online(&ts, "alice", "phone", None).await;
+    let (mut alice, mut bob, mut carol) = alice_with_bob_and_carol(&ts).await;
     assert!(server_features(&ts, &mut alice)
         .await
         .iter()
         .any(|f| f == NS_INTEREST));
-    let mut bob = online(&ts, "bob", "b", None).await;
-    let mut carol = online(&ts, "carol", "c", None).await;
     let bob_jid = format!("{}/b", ts.jid("bob"));
     let carol_jid = format!("{}/c", ts.jid("carol"));
-    alice.expect(|e| is_presence(e, &bob_jid, None)).await;
-    alice.expect(|e| is_presence(e, &carol_jid, None)).await;
-    barrier(&ts, &mut alice).await;
-    alice.backlog.clear();
 
     // Errors: too many items, a full JID, a malformed JID, a get.
     let three = [ts.jid("bob"), ts.jid("carol"), ts.jid("dave")];
@@ -646,17 +647,7 @@ async fn slixmpp_plugins_see_carbons_csi_and_offline_delay() {
         ts.user(u).await;
     }
     ts.make_mutual("alice", "bob").await;
-    let args: Vec<String> = [
-        ts.addr.ip().to_string(),
-        ts.addr.port().to_string(),
-        ts.domain.clone(),
-        ts.cert.display().to_string(),
-        "alice".into(),
-        "bob".into(),
-        "carol".into(),
-        "pw".into(),
-    ]
-    .into();
+    let args = ts.script_args(&["alice", "bob", "carol", "pw"]);
     let out = run_client_script("extensions.py", &args, Duration::from_secs(60)).await;
     assert_eq!(out.code, Some(0), "extensions.py failed: {out:?}");
     let alice = ts.jid("alice");

@@ -19,11 +19,10 @@ Prints one JSON line with what was seen and exits 0, or prints {"error": ...} an
 """
 
 import asyncio
-import json
-import sys
-from pathlib import Path
 
 import slixmpp
+
+from harness import main, report, starttls_only
 
 TIMEOUT = 10
 
@@ -31,10 +30,7 @@ TIMEOUT = 10
 class Peer(slixmpp.ClientXMPP):
     def __init__(self, jid, password, cafile):
         super().__init__(jid, password)
-        self.ca_certs = Path(cafile)
-        self.enable_direct_tls = False
-        self.enable_starttls = True
-        self.enable_plaintext = False
+        starttls_only(self, cafile)
         for plugin in ("xep_0030", "xep_0199", "xep_0203", "xep_0280", "xep_0352"):
             self.register_plugin(plugin)
         loop = asyncio.get_event_loop()
@@ -145,19 +141,8 @@ async def scenario(argv):
         result["alice"] = alice_bare
     except Exception as exc:
         result = {"error": repr(exc)}
-    for p in peers:
-        p.disconnect()
-    for p in peers:
-        try:
-            await asyncio.wait_for(p.disconnected, 5)
-        except Exception:
-            pass
-    print(json.dumps(result), flush=True)
-    return 1 if "error" in result else 0
+    return await report(peers, result)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 9:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    sys.exit(asyncio.run(scenario(sys.argv)))
+    main(__doc__, 8, scenario)

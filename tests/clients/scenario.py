@@ -12,11 +12,10 @@ prints {"error": ...} and exits 1.
 """
 
 import asyncio
-import json
-import sys
-from pathlib import Path
 
 import slixmpp
+
+from harness import main, report, starttls_only
 
 TIMEOUT = 25
 
@@ -24,10 +23,7 @@ TIMEOUT = 25
 class Peer(slixmpp.ClientXMPP):
     def __init__(self, jid, password, cafile):
         super().__init__(jid, password)
-        self.ca_certs = Path(cafile)
-        self.enable_direct_tls = False
-        self.enable_starttls = True
-        self.enable_plaintext = False
+        starttls_only(self, cafile)
         self.roster.auto_authorize = True
         self.roster.auto_subscribe = True
         loop = asyncio.get_event_loop()
@@ -103,19 +99,8 @@ async def scenario(argv):
         }
     except Exception as exc:
         result = {"error": repr(exc)}
-    for peer in (alice, bob):
-        peer.disconnect()
-    for peer in (alice, bob):
-        try:
-            await asyncio.wait_for(peer.disconnected, 5)
-        except Exception:
-            pass
-    print(json.dumps(result), flush=True)
-    return 1 if "error" in result else 0
+    return await report((alice, bob), result)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 9:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    sys.exit(asyncio.run(scenario(sys.argv)))
+    main(__doc__, 8, scenario)

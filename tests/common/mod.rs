@@ -128,6 +128,19 @@ impl TestServer {
         }
     }
 
+    /// Arguments of a client script that starts `HOST PORT DOMAIN CAFILE` (the STARTTLS
+    /// port and the certificate to verify), followed by `rest`.
+    pub fn script_args(&self, rest: &[&str]) -> Vec<String> {
+        let mut args = vec![
+            self.addr.ip().to_string(),
+            self.addr.port().to_string(),
+            self.domain.clone(),
+            self.cert.display().to_string(),
+        ];
+        args.extend(rest.iter().map(|s| s.to_string()));
+        args
+    }
+
     /// `name@domain`.
     pub fn jid(&self, name: &str) -> String {
         format!("{name}@{}", self.domain)
