@@ -20,38 +20,22 @@ Prints one JSON line with what was seen and exits 0, or prints {"error": ...} an
 
 import asyncio
 
-import slixmpp
-
-from harness import main, report, starttls_only
+import harness
+from harness import main, report
 
 TIMEOUT = 10
 
 
-class Peer(slixmpp.ClientXMPP):
+class Peer(harness.Peer):
     def __init__(self, jid, password, cafile):
-        super().__init__(jid, password)
-        starttls_only(self, cafile)
+        super().__init__(jid, password, cafile)
         for plugin in ("xep_0030", "xep_0199", "xep_0203", "xep_0280", "xep_0352"):
             self.register_plugin(plugin)
-        loop = asyncio.get_event_loop()
-        self.started = loop.create_future()
         self.events = asyncio.Queue()
-        self.add_event_handler("session_start", self.on_start)
-        self.add_event_handler("failed_auth", self.on_fail)
         self.add_event_handler("message", lambda m: self.events.put_nowait(("message", m)))
         self.add_event_handler("carbon_received", lambda m: self.events.put_nowait(("received", m)))
         self.add_event_handler("carbon_sent", lambda m: self.events.put_nowait(("sent", m)))
         self.add_event_handler("presence", lambda p: self.events.put_nowait(("presence", p)))
-
-    async def on_start(self, _event):
-        await self.get_roster(timeout=TIMEOUT)
-        self.send_presence()
-        if not self.started.done():
-            self.started.set_result(True)
-
-    def on_fail(self, stanza):
-        if not self.started.done():
-            self.started.set_exception(RuntimeError(f"auth failed: {stanza['condition']}"))
 
     async def next(self, kinds, what):
         """The next event of one of `kinds`, skipping others, within TIMEOUT."""

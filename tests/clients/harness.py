@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import slixmpp
+
 
 def starttls_only(client, cafile):
     """STARTTLS verified against CAFILE; no direct TLS, never plaintext."""
@@ -13,6 +15,28 @@ def starttls_only(client, cafile):
     client.enable_direct_tls = False
     client.enable_starttls = True
     client.enable_plaintext = False
+
+
+class Peer(slixmpp.ClientXMPP):
+    """A client that, once logged in, fetches its roster and goes online; `started`
+    completes then (or fails with the SASL condition)."""
+
+    def __init__(self, jid, password, cafile):
+        super().__init__(jid, password)
+        starttls_only(self, cafile)
+        self.started = asyncio.get_event_loop().create_future()
+        self.add_event_handler("session_start", self.on_start)
+        self.add_event_handler("failed_auth", self.on_fail)
+
+    async def on_start(self, _event):
+        await self.get_roster(timeout=10)
+        self.send_presence()
+        if not self.started.done():
+            self.started.set_result(True)
+
+    def on_fail(self, stanza):
+        if not self.started.done():
+            self.started.set_exception(RuntimeError(f"auth failed: {stanza['condition']}"))
 
 
 async def report(peers, result):

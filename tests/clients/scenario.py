@@ -13,35 +13,19 @@ prints {"error": ...} and exits 1.
 
 import asyncio
 
-import slixmpp
-
-from harness import main, report, starttls_only
+import harness
+from harness import main, report
 
 TIMEOUT = 25
 
 
-class Peer(slixmpp.ClientXMPP):
+class Peer(harness.Peer):
     def __init__(self, jid, password, cafile):
-        super().__init__(jid, password)
-        starttls_only(self, cafile)
+        super().__init__(jid, password, cafile)
         self.roster.auto_authorize = True
         self.roster.auto_subscribe = True
-        loop = asyncio.get_event_loop()
-        self.started = loop.create_future()
         self.inbox = asyncio.Queue()
-        self.add_event_handler("session_start", self.on_start)
-        self.add_event_handler("failed_auth", self.on_fail)
         self.add_event_handler("message", self.on_message)
-
-    async def on_start(self, _event):
-        await self.get_roster(timeout=10)
-        self.send_presence()
-        if not self.started.done():
-            self.started.set_result(True)
-
-    def on_fail(self, stanza):
-        if not self.started.done():
-            self.started.set_exception(RuntimeError(f"auth failed: {stanza['condition']}"))
 
     def on_message(self, msg):
         if msg["type"] in ("chat", "normal"):
