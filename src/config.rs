@@ -163,7 +163,8 @@ impl Default for DatabaseConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
-    /// Connection URL; `REDIS_URL` overrides it.
+    /// Connection URL; `REDIS_URL` overrides it. Empty (the default) runs liveness in
+    /// process: a single node without Redis.
     pub url: String,
     /// Prepended to every key this server writes, so several deployments (or test runs)
     /// can share one Redis without seeing each other's keys.
@@ -181,7 +182,7 @@ pub struct RedisConfig {
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
-            url: "redis://127.0.0.1:6379".into(),
+            url: String::new(),
             key_prefix: String::new(),
             timeout: Duration::from_secs(1),
             reconnect_max: Duration::from_secs(5),
@@ -908,6 +909,11 @@ impl Config {
             return bad("[liveness] sweep_batch must be 1..=5000 and beat_shards > 0".into());
         }
         let r = &self.redis;
+        if !r.url.is_empty() {
+            if let Err(e) = redis::Client::open(r.url.as_str()) {
+                return bad(format!("[redis] url is not a Redis URL: {e}"));
+            }
+        }
         if r.timeout.is_zero() || r.reconnect_max < Duration::from_millis(100) {
             return bad("[redis] timeout > 0 and reconnect_max >= 0.1 seconds".into());
         }
@@ -1130,6 +1136,23 @@ mod tests {
         c.apply_env(|k| (k == "DATABASE_URL").then(|| "postgres://x/y".to_owned()));
         assert_eq!(c.database.url, "postgres://x/y");
         assert_eq!(c.redis.url, RedisConfig::default().url);
+        // An empty REDIS_URL keeps the file's choice, like an absent one.
+        c.apply_env(|k| (k == "REDIS_URL").then(String::new));
+        assert_eq!(c.redis.url, "");
+        c.apply_env(|k| (k == "REDIS_URL").then(|| "redis://127.0.0.1:1".to_owned()));
+        assert_eq!(c.redis.url, "redis://127.0.0.1:1");
+    }
+
+    #[test]
+    fn redis_url_is_optional_and_checked_when_given() {
+        let c = Config::parse("[redis]\nkey_prefix = \"p:\"").expect("parses");
+        assert_eq!(c.redis.url, "", "absent: liveness runs in process");
+        c.validate().expect("valid without Redis");
+        let c = Config::parse("[redis]\nurl = \"redis://127.0.0.1:6379/2\"").unwrap();
+        c.validate().expect("a Redis URL is valid");
+        let c = Config::parse("[redis]\nurl = \"http://127.0.0.1:6379\"").unwrap();
+        let err = c.validate().expect_err("not a Redis URL").to_string();
+        assert!(err.contains("[redis] url"), "{err}");
     }
 
     #[test]

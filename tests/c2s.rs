@@ -186,7 +186,7 @@ async fn slixmpp_users_add_each_other_subscribe_with_auto_authorize_and_chat() {
     let ts = TestServer::start(|_| {}).await;
     ts.add_user("alice", "pa").await;
     ts.add_user("bob", "pb").await;
-    let args = ts.script_args(&["alice", "pa", "bob", "pb"]);
+    let args = client_script_args(&ts, &["alice", "pa", "bob", "pb"]);
     let out = run_client_script("scenario.py", &args, SCRIPT_LIMIT).await;
     assert_eq!(out.code, Some(0), "scenario failed: {out:?}");
     assert_eq!(out.get("alice_sub").as_deref(), Some("both"));

@@ -647,7 +647,7 @@ async fn slixmpp_plugins_see_carbons_csi_and_offline_delay() {
         ts.user(u).await;
     }
     ts.make_mutual("alice", "bob").await;
-    let args = ts.script_args(&["alice", "bob", "carol", "pw"]);
+    let args = client_script_args(&ts, &["alice", "bob", "carol", "pw"]);
     let out = run_client_script("extensions.py", &args, Duration::from_secs(60)).await;
     assert_eq!(out.code, Some(0), "extensions.py failed: {out:?}");
     let alice = ts.jid("alice");

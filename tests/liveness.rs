@@ -2,6 +2,11 @@
 //! timings (`fast_liveness`: H = 0.4 s, T = 2 s, G = 0.6 s, sweep 0.2 s, refresh 0.6 s).
 //! Every wait has an explicit bound derived from those numbers.
 //!
+//! The behaviours that do not depend on where the resource state lives (silent death within
+//! T plus one sweep, nothing announced for a reconnect within G, last seen written once, one
+//! write per refresh) run once per backend: on Redis and in process (no `[redis] url`).
+//! Cross-node handover, crashed nodes, key expiries and Redis outages are Redis's own.
+//!
 //! These tests keep real time: they run real sockets, PostgreSQL and Redis (which expires
 //! keys on its own clock), and on paused tokio time the runtime would jump to the next timer
 //! whenever it waits for them, firing timeouts early. The grace, TTL, sweep and refresh
@@ -54,6 +59,53 @@ fn c_jid(ts: &TestServer, name: &str, res: &str) -> String {
     format!("{}/{res}", ts.jid(name))
 }
 
+/// Where a test server keeps its liveness state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Backend {
+    Redis,
+    InProcess,
+}
+
+/// Fast liveness timings on `backend`.
+fn fast_on(backend: Backend) -> impl FnOnce(&mut presenced::config::Config) {
+    move |c| {
+        fast_liveness(c);
+        if backend == Backend::InProcess {
+            without_redis(c);
+        }
+    }
+}
+
+/// Starts a test server on `backend` and checks it runs there.
+async fn start_on(backend: Backend) -> TestServer {
+    let ts = TestServer::start(fast_on(backend)).await;
+    let on_redis = ts.shared().liveness.redis().is_some();
+    assert_eq!(on_redis, backend == Backend::Redis, "{backend:?}");
+    ts
+}
+
+/// Declares `$redis` and `$in_process` tests running `$body(backend)`.
+macro_rules! on_both_backends {
+    ($body:ident, $redis:ident, $in_process:ident) => {
+        #[tokio::test]
+        async fn $redis() {
+            $body(Backend::Redis).await
+        }
+        #[tokio::test]
+        async fn $in_process() {
+            $body(Backend::InProcess).await
+        }
+    };
+}
+
+/// The newest beat the in-process table holds for `full`.
+fn in_process_beat(ts: &TestServer, full: &str) -> Option<i64> {
+    match &ts.shared().liveness.backend {
+        presenced::liveness::Backend::InProcess(t) => t.beat_of(full),
+        presenced::liveness::Backend::Redis(_) => None,
+    }
+}
+
 /// Sends a ping to the server and waits for the answer; returns the instant just before
 /// sending, which bounds the server's record of this client's last beat from below.
 async fn last_words(c: &mut Client) -> Instant {
@@ -63,10 +115,10 @@ async fn last_words(c: &mut Client) -> Instant {
     before
 }
 
-#[tokio::test]
-async fn silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_last_seen_at_last_beat(
-) {
-    let ts = TestServer::start(fast_liveness).await;
+on_both_backends!(silent_client, silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_last_seen_at_last_beat, in_process_silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_last_seen_at_last_beat);
+
+async fn silent_client(backend: Backend) {
+    let ts = start_on(backend).await;
     let l = timings(&ts);
     ts.user("alice").await;
     ts.user("bob").await;
@@ -163,9 +215,14 @@ async fn silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_la
     ts.stop().await;
 }
 
-#[tokio::test]
-async fn reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through() {
-    let ts = TestServer::start(fast_liveness).await;
+on_both_backends!(
+    reconnect_within_grace,
+    reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through,
+    in_process_reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through
+);
+
+async fn reconnect_within_grace(backend: Backend) {
+    let ts = start_on(backend).await;
     let g = timings(&ts).grace;
     ts.user("alice").await;
     ts.user("bob").await;
@@ -224,9 +281,14 @@ async fn reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through
     ts.stop().await;
 }
 
-#[tokio::test]
-async fn clean_close_writes_last_seen_once_at_close_time() {
-    let ts = TestServer::start(fast_liveness).await;
+on_both_backends!(
+    clean_close,
+    clean_close_writes_last_seen_once_at_close_time,
+    in_process_clean_close_writes_last_seen_once_at_close_time
+);
+
+async fn clean_close(backend: Backend) {
+    let ts = start_on(backend).await;
     let l = timings(&ts);
     ts.user("alice").await;
     let alice = online(&ts, "alice", "phone").await;
@@ -245,36 +307,54 @@ async fn clean_close_writes_last_seen_once_at_close_time() {
     ts.stop().await;
 }
 
-#[tokio::test]
-async fn idle_resource_costs_at_most_one_redis_write_per_refresh_and_no_key_lacks_a_ttl() {
-    let ts = TestServer::start(fast_liveness).await;
+on_both_backends!(
+    idle_resource,
+    idle_resource_costs_at_most_one_redis_write_per_refresh_and_no_key_lacks_a_ttl,
+    in_process_idle_resource_costs_at_most_one_write_per_refresh_and_keeps_its_entry
+);
+
+async fn idle_resource(backend: Backend) {
+    let ts = start_on(backend).await;
     let l = timings(&ts);
     ts.user("alice").await;
     let mut alice = online(&ts, "alice", "phone").await;
-    let before = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed));
+    let before = ts.metric(|m| m.liveness_writes.load(Ordering::Relaxed));
     let beats_before = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed));
     // Idle for 3 T, answering the server's pings like a live client.
     let window = l.ttl * 3.0;
     let started = Instant::now();
     alice.idle_answering_pings(secs(window)).await;
-    let writes = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed)) - before;
+    let writes = ts.metric(|m| m.liveness_writes.load(Ordering::Relaxed)) - before;
     let beats = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed)) - beats_before;
     // One write per refresh interval of the time that actually passed (a loaded machine
     // can stretch the idle window), plus the one in flight at the start.
     let elapsed = started.elapsed().as_secs_f64();
     let bound = (elapsed / l.redis_refresh).ceil() as u64 + 1;
     eprintln!(
-        "measured: {writes} Redis writes, {beats} heartbeats in {elapsed:.2}s idle (bound {bound})"
+        "measured: {writes} {backend:?} writes, {beats} heartbeats in {elapsed:.2}s idle (bound {bound})"
     );
     assert!(
         writes <= bound,
-        "{writes} Redis writes in {elapsed:.2}s, bound {bound}"
+        "{writes} {backend:?} writes in {elapsed:.2}s, bound {bound}"
     );
     assert!(
         beats as f64 >= window / l.heartbeat_interval / 2.0,
         "only {beats} heartbeats: pings not answered?"
     );
-    // Still alive after 3 T: the downsampled refreshes kept the key.
+    // Still alive after 3 T: the downsampled refreshes kept the key (the entry).
+    if backend == Backend::InProcess {
+        let Some(beat) = in_process_beat(&ts, &alice.jid) else {
+            panic!("alice's entry is gone from the in-process table");
+        };
+        let age = ts.shared().liveness.clock.now_ms() - beat;
+        assert!(
+            age < (l.ttl * 1000.0) as i64,
+            "entry {age} ms old: would expire"
+        );
+        alice.close().await;
+        ts.stop().await;
+        return;
+    }
     let mut r = ts.redis().await;
     let key = format!(
         "{}presence:{{{}}}:res:phone",
@@ -398,15 +478,21 @@ async fn last_activity_is_forbidden_without_a_subscription() {
     ts.stop().await;
 }
 
-#[tokio::test]
-async fn metrics_endpoint_serves_the_counters_in_prometheus_text() {
-    let ts = TestServer::start(fast_liveness).await;
+on_both_backends!(
+    metrics_endpoint,
+    metrics_endpoint_serves_the_counters_in_prometheus_text,
+    in_process_metrics_endpoint_serves_the_counters_and_no_redis_gauge
+);
+
+async fn metrics_endpoint(backend: Backend) {
+    let ts = start_on(backend).await;
     ts.user("alice").await;
     let alice = online(&ts, "alice", "phone").await;
     let body = ts.http_get("/metrics", "x").await;
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     for name in [
         "presenced_redis_writes_total",
+        "presenced_liveness_writes_total",
         "presenced_pg_last_seen_writes_total",
         "presenced_heartbeats_total",
         "presenced_sweeps_total",
@@ -417,6 +503,12 @@ async fn metrics_endpoint_serves_the_counters_in_prometheus_text() {
         );
     }
     assert!(body.contains("\npresenced_sessions 1\n"), "{body}");
+    // "Redis down" would be a false alarm on a node that has no Redis.
+    assert_eq!(
+        body.contains("\npresenced_redis_up "),
+        backend == Backend::Redis,
+        "{body}"
+    );
     alice.close().await;
     ts.stop().await;
 }
@@ -716,13 +808,18 @@ async fn resource_of_a_crashed_node_is_announced_by_the_sweeper_with_its_last_be
     ts.stop().await;
 }
 
-#[tokio::test]
-async fn chatty_client_beats_often_but_redis_sees_one_write_per_refresh() {
-    let ts = TestServer::start(fast_liveness).await;
+on_both_backends!(
+    chatty_client,
+    chatty_client_beats_often_but_redis_sees_one_write_per_refresh,
+    in_process_chatty_client_beats_often_but_the_table_sees_one_write_per_refresh
+);
+
+async fn chatty_client(backend: Backend) {
+    let ts = start_on(backend).await;
     let l = timings(&ts);
     ts.user("alice").await;
     let mut alice = online(&ts, "alice", "phone").await;
-    let writes_before = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed));
+    let writes_before = ts.metric(|m| m.liveness_writes.load(Ordering::Relaxed));
     let beats_before = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed));
     // Traffic every 50 ms for 3 s: every stanza is a heartbeat.
     let window = 3.0;
@@ -732,13 +829,13 @@ async fn chatty_client_beats_often_but_redis_sees_one_write_per_refresh() {
         tokio::time::sleep(secs(0.05)).await;
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let writes = ts.metric(|m| m.redis_writes.load(Ordering::Relaxed)) - writes_before;
+    let writes = ts.metric(|m| m.liveness_writes.load(Ordering::Relaxed)) - writes_before;
     let beats = ts.metric(|m| m.heartbeats.load(Ordering::Relaxed)) - beats_before;
     let bound = (elapsed / l.redis_refresh).ceil() as u64 + 1;
-    eprintln!("measured: chatty client, {beats} heartbeats, {writes} Redis writes in {elapsed:.2}s (bound {bound})");
+    eprintln!("measured: chatty client, {beats} heartbeats, {writes} {backend:?} writes in {elapsed:.2}s (bound {bound})");
     assert!(beats >= 30, "{beats}");
     assert!(writes <= bound, "{writes} > {bound}");
-    assert!(writes >= 1, "the refresh never reached Redis");
+    assert!(writes >= 1, "the refresh never reached the backend");
     alice.close().await;
     ts.stop().await;
 }
@@ -870,5 +967,47 @@ async fn orphan_of_a_resource_that_reconnected_is_not_announced() {
             .any(|e| is_presence(e, &full, Some("unavailable"))),
         "alice's own live resource was announced unavailable to her"
     );
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn without_redis_slixmpp_contacts_see_each_other_and_a_silent_death_within_t_plus_a_sweep() {
+    // No Redis URL at all: the node runs liveness in process.
+    let ts = TestServer::start(|c| {
+        fast_liveness(c);
+        without_redis(c);
+    })
+    .await;
+    assert!(ts.shared().liveness.redis().is_none());
+    let l = timings(&ts);
+    ts.add_user("alice", "pa").await;
+    ts.add_user("bob", "pb").await;
+    let wait = l.ttl + l.sweep_interval + 5.0;
+    let wait_arg = wait.to_string();
+    let args = client_script_args(&ts, &["alice", "pa", "bob", "pb", &wait_arg]);
+    let out = run_client_script("silent.py", &args, secs(wait + 40.0)).await;
+    assert_eq!(out.code, Some(0), "silent.py failed: {out:?}");
+    assert_eq!(out.get("alice_sub").as_deref(), Some("both"), "{out:?}");
+    assert_eq!(out.get("bob_sub").as_deref(), Some("both"), "{out:?}");
+    assert_eq!(out.get("unavailable_from"), out.get("alice_full"));
+    assert_eq!(out.get("bob_sees_alice_resources").as_deref(), Some("0"));
+    let after: f64 = out
+        .get("after")
+        .and_then(|a| a.parse().ok())
+        .expect("after");
+    eprintln!("measured: in process, slixmpp saw the silent death {after:.3}s after the last beat");
+    // T after the last beat at the earliest (the sweep cutoff), one sweep later at the latest,
+    // plus 0.5 s for the client's own round trips and event loop.
+    assert!(
+        after >= l.ttl - l.heartbeat_interval,
+        "announced after {after}s"
+    );
+    assert!(
+        after <= l.ttl + l.sweep_interval + 0.5,
+        "announced after {after}s, later than T + one sweep"
+    );
+    // The in-process sweeper found it; the session ended as a silent death, once.
+    assert!(ts.metric(|m| m.swept.load(Ordering::Relaxed)) >= 1);
+    assert_eq!(ts.metric(|m| m.silent_deaths.load(Ordering::Relaxed)), 1);
     ts.stop().await;
 }

@@ -1,13 +1,136 @@
 #!/usr/bin/env bash
 # The test command of the README: installs what the tests need (Python clients), gives the
 # tests a fresh database, and runs every Rust test (unit, integration, property) plus the
-# conformance suite against this server. PostgreSQL and Redis must be running (.ci/run
-# starts them on a fresh machine).
+# conformance suite against this server.
+#
+# Services: PostgreSQL and Redis are the machine's when DATABASE_URL / REDIS_URL name them
+# or when something answers on 127.0.0.1:5432 / :6379 (.ci/run starts those on a fresh
+# machine). Otherwise this script starts private ones from the installed binaries (initdb +
+# pg_ctl, redis-server) in a temporary directory on loopback ports from
+# PRESENCED_PRIVATE_PORT_BASE (default 30201) up, installing the Debian packages first when
+# they are missing and it runs as root, and stops them when it exits.
+# PRESENCED_PRIVATE_SERVICES=1 starts private ones even when the machine's answer.
+#
+# Usage: tests/run.sh                 everything
+#        tests/run.sh ARGS...         only `cargo test ARGS...` (e.g. --test liveness in_process)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export PGHOST="${PGHOST:-127.0.0.1}"
 DB_NAME="${PRESENCED_TEST_DB:-presenced_test}"
+FORCE_PRIVATE="${PRESENCED_PRIVATE_SERVICES:-}"
+PORT_BASE="${PRESENCED_PRIVATE_PORT_BASE:-30201}"
+PRIVATE_DIR=""
+PRIVATE_PG=""
+PRIVATE_REDIS_PID=""
+PG_OS_USER=""
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# A loopback port from PORT_BASE up (ten tries) that nothing listens on.
+free_port() {
+  local p
+  for p in $(seq "$1" $(("$1" + 9))); do
+    if ! port_open "$p"; then echo "$p"; return 0; fi
+  done
+  echo "no free port in $1..$(("$1" + 9))" >&2
+  return 1
+}
+
+cleanup() {
+  if [ -n "$PRIVATE_PG" ]; then
+    as_pg_user pg_ctl -D "$PRIVATE_DIR/pg" -m fast -w stop >/dev/null 2>&1 || true
+  fi
+  if [ -n "$PRIVATE_REDIS_PID" ]; then
+    kill "$PRIVATE_REDIS_PID" 2>/dev/null || true
+    wait "$PRIVATE_REDIS_PID" 2>/dev/null || true
+  fi
+  if [ -n "$PRIVATE_DIR" ]; then rm -rf "$PRIVATE_DIR"; fi
+}
+trap cleanup EXIT
+
+# PostgreSQL refuses to run as root: a private cluster then belongs to the postgres user
+# (or nobody).
+as_pg_user() {
+  if [ -n "$PG_OS_USER" ]; then runuser -u "$PG_OS_USER" -- "$@"; else "$@"; fi
+}
+
+# The directory of initdb/pg_ctl: on PATH, or Debian's versioned one.
+pg_bindir() {
+  if command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; then
+    dirname "$(command -v initdb)"
+    return 0
+  fi
+  local d
+  d="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
+  [ -n "$d" ] && [ -x "$d/initdb" ] && echo "$d"
+}
+
+# Installs Debian packages that provide missing binaries, when that is allowed.
+install_packages() {
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "missing $* and not root with apt-get: install them, or set DATABASE_URL/REDIS_URL" >&2
+    return 1
+  fi
+  echo "installing $*"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+private_dir() {
+  if [ -z "$PRIVATE_DIR" ]; then
+    PRIVATE_DIR="$(mktemp -d /tmp/presenced-services.XXXXXX)"
+    chmod 755 "$PRIVATE_DIR"
+  fi
+}
+
+start_private_postgres() {
+  local bindir port
+  bindir="$(pg_bindir || true)"
+  if [ -z "$bindir" ]; then
+    install_packages postgresql postgresql-client
+    bindir="$(pg_bindir)"
+  fi
+  export PATH="$bindir:$PATH"
+  if [ "$(id -u)" = 0 ]; then
+    PG_OS_USER=postgres
+    id postgres >/dev/null 2>&1 || PG_OS_USER=nobody
+  fi
+  private_dir
+  port="$(free_port "$PORT_BASE")"
+  mkdir -p "$PRIVATE_DIR/pg" "$PRIVATE_DIR/pgsock"
+  if [ -n "$PG_OS_USER" ]; then chown "$PG_OS_USER" "$PRIVATE_DIR/pg" "$PRIVATE_DIR/pgsock"; fi
+  as_pg_user initdb -D "$PRIVATE_DIR/pg" -U postgres --auth=trust -E UTF8 --no-sync \
+    >"$PRIVATE_DIR/initdb.log"
+  PRIVATE_PG=1
+  as_pg_user pg_ctl -D "$PRIVATE_DIR/pg" -l "$PRIVATE_DIR/pg/server.log" -w -t 30 \
+    -o "-c listen_addresses=127.0.0.1 -p $port -k $PRIVATE_DIR/pgsock -c fsync=off -c max_connections=300" \
+    start >/dev/null
+  export PGPORT="$port"
+  export DATABASE_URL="postgres://postgres@127.0.0.1:${port}/${DB_NAME}"
+  echo "private PostgreSQL on 127.0.0.1:$port ($PRIVATE_DIR/pg)"
+}
+
+start_private_redis() {
+  local port
+  command -v redis-server >/dev/null 2>&1 || install_packages redis-server
+  private_dir
+  port="$(free_port $(("$PORT_BASE" + 1)))"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$PRIVATE_DIR" --logfile "$PRIVATE_DIR/redis.log" &
+  PRIVATE_REDIS_PID=$!
+  for _ in $(seq 100); do port_open "$port" && break; sleep 0.05; done
+  port_open "$port" || { echo "private redis-server did not start" >&2; exit 1; }
+  export REDIS_URL="redis://127.0.0.1:${port}"
+  echo "private Redis on 127.0.0.1:$port"
+}
+
+if [ -n "$FORCE_PRIVATE" ] || { [ -z "${DATABASE_URL:-}" ] && ! port_open 5432; }; then
+  start_private_postgres
+fi
+if [ -n "$FORCE_PRIVATE" ] || { [ -z "${REDIS_URL:-}" ] && ! port_open 6379; }; then
+  start_private_redis
+fi
+export PGHOST="${PGHOST:-127.0.0.1}"
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/${DB_NAME}}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 
@@ -18,6 +141,11 @@ python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements
 psql -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 -q \
   -c "DROP DATABASE IF EXISTS ${DB_NAME} WITH (FORCE)" \
   -c "CREATE DATABASE ${DB_NAME}"
+
+if [ "$#" -gt 0 ]; then
+  cargo test "$@"
+  exit
+fi
 
 cargo test --all-targets --no-fail-fast
 

@@ -13,6 +13,12 @@ use crate::server::Shared;
 pub struct Metrics {
     /// Resource writes that reached Redis (refreshes and removals; one per resource).
     pub redis_writes: AtomicU64,
+    /// Resource writes applied by the backend, Redis or in process (so the downsampling
+    /// is visible, and testable, in both modes).
+    pub liveness_writes: AtomicU64,
+    /// Liveness runs without Redis ([`super::Backend::InProcess`]): the Redis gauge is
+    /// then not exported, since "down" would be a false alarm.
+    pub in_process: AtomicBool,
     /// Redis commands or queued writes that failed or were dropped.
     pub redis_errors: AtomicU64,
     /// Whether the last Redis command succeeded.
@@ -54,6 +60,11 @@ impl Metrics {
                 "redis_writes",
                 "Resource liveness writes to Redis.",
                 &self.redis_writes,
+            ),
+            (
+                "liveness_writes",
+                "Resource liveness writes applied (Redis or in process).",
+                &self.liveness_writes,
             ),
             (
                 "redis_errors",
@@ -109,6 +120,9 @@ impl Metrics {
         ] {
             crate::metrics::counter(e, name, help, get(c))?;
         }
+        if self.in_process.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         crate::metrics::gauge(
             e,
             "redis_up",
@@ -133,6 +147,7 @@ pub async fn log_loop(shared: Arc<Shared>) {
         }
         let m = &shared.liveness.metrics;
         tracing::info!(
+            liveness_writes = get(&m.liveness_writes),
             redis_writes = get(&m.redis_writes),
             redis_errors = get(&m.redis_errors),
             pg_writes = get(&m.pg_writes),

@@ -23,10 +23,15 @@
 //! - Redis is optional at run time: every Redis call goes through [`redis_link::RedisLink`]
 //!   with a timeout, failures mark it down and reconnect with backoff, and after a reconnect
 //!   the writer rewrites every local resource ("repair"). Sessions never wait for Redis.
+//! - Without a `[redis] url` the same state lives in this process ([`Backend::InProcess`],
+//!   [`in_process`]): sessions, refresh, grace, sweeps and last seen run the same code on
+//!   the same timings, and only the writer and the sweep's source differ, so a single node
+//!   without Redis announces a silent death within the same bounds.
 //! - Wall-clock times (beats, expiry scores, last seen) come from one [`clock::Clock`] and
 //!   timers from `tokio::time`, so the decisions below can be tested on paused time.
 
 pub mod clock;
+pub mod in_process;
 pub mod keys;
 pub mod last_seen;
 pub mod metrics;
@@ -188,6 +193,36 @@ struct Local {
     in_grace: AtomicBool,
 }
 
+/// Where the per-resource TTL entries and the beat set live. Both keep the same semantics
+/// (expiry T after the newest beat, beats never moved back, a sweep takes each stale resource
+/// once, in batches), so the bounds on announcing a silent death are the same.
+pub enum Backend {
+    /// Redis, shared by every node of a cluster (may be down; see [`redis_link`]).
+    Redis(redis_link::RedisLink),
+    /// This process's memory: a single node without Redis (see [`in_process`]).
+    InProcess(in_process::Table),
+}
+
+impl Backend {
+    /// Redis when `[redis] url` is set, in process otherwise.
+    fn from_config(config: &Config, metrics: &Arc<Metrics>) -> Backend {
+        if config.redis.url.is_empty() {
+            metrics.in_process.store(true, Ordering::Relaxed);
+            Backend::InProcess(in_process::Table::default())
+        } else {
+            Backend::Redis(redis_link::RedisLink::new(&config.redis, metrics.clone()))
+        }
+    }
+
+    /// The backend's name, as the startup log states it (`backend=redis|in-process`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Redis(_) => "redis",
+            Backend::InProcess(_) => "in-process",
+        }
+    }
+}
+
 /// Liveness state of one node. Lives in [`Shared`]; its tasks are started by [`start`].
 pub struct Liveness {
     /// The timings.
@@ -200,8 +235,8 @@ pub struct Liveness {
     pub node_id: String,
     /// Key names.
     pub keys: keys::Keys,
-    /// The Redis connection (may be down).
-    pub redis: redis_link::RedisLink,
+    /// Where the resource state lives: Redis, or this process.
+    pub backend: Backend,
     ops: mpsc::Sender<Op>,
     ops_rx: Mutex<Option<mpsc::Receiver<Op>>>,
     local: Mutex<HashMap<String, Local>>,
@@ -230,7 +265,7 @@ impl Liveness {
             clock,
             node_id: format!("node-{}", crate::c2s::new_id()),
             keys: keys::Keys::new(&config.redis.key_prefix, config.liveness.beat_shards),
-            redis: redis_link::RedisLink::new(&config.redis, metrics.clone()),
+            backend: Backend::from_config(config, &metrics),
             metrics,
             ops: tx,
             ops_rx: Mutex::new(Some(rx)),
@@ -239,6 +274,14 @@ impl Liveness {
             last_seen: last_seen::Batcher::default(),
             sweep_batch: config.liveness.sweep_batch,
             grace_tasks: TaskTracker::new(),
+        }
+    }
+
+    /// The Redis link, when liveness runs on Redis.
+    pub fn redis(&self) -> Option<&redis_link::RedisLink> {
+        match &self.backend {
+            Backend::Redis(link) => Some(link),
+            Backend::InProcess(_) => None,
         }
     }
 
@@ -263,7 +306,9 @@ impl Liveness {
     fn queue(&self, op: Op) {
         if self.ops.try_send(op).is_err() {
             // The writer is behind or Redis is down for long: the repair rewrites everything
-            // once it is back, so dropping here loses nothing that matters.
+            // once it is back, a beating session's next refresh rewrites its entry (either
+            // backend), and the sweep rewrites an entry it finds behind a live beat, so
+            // dropping here loses nothing that matters.
             self.metrics.redis_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -473,8 +518,30 @@ pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take();
+    // The mode, stated once per start: the README's mode table names this line.
+    let backend = &shared.liveness.backend;
+    let mode = match backend {
+        Backend::Redis(_) => "resource state in Redis (any number of nodes)",
+        Backend::InProcess(_) => "no [redis] url: resource state in process (single node)",
+    };
+    tracing::info!(backend = backend.name(), "liveness: {mode}");
+    if matches!(backend, Backend::InProcess(_)) && !shared.config.liveness.sweeper {
+        // No other node can sweep for this one: only each session's own fallback is left.
+        tracing::warn!(
+            "liveness: sweeper = false without Redis: silent deaths are found only after \
+             ttl + 2 sweep intervals, at a refresh tick"
+        );
+    }
     if let Some(rx) = rx {
-        tracker.spawn(redis_link::writer(shared.clone(), rx));
+        let s = shared.clone();
+        tracker.spawn(async move {
+            match &s.liveness.backend {
+                Backend::Redis(_) => redis_link::writer(s.clone(), rx).await,
+                Backend::InProcess(table) => {
+                    in_process::writer(&s.liveness, table, rx, s.shutdown.clone()).await
+                }
+            }
+        });
     }
     tracker.spawn(sweeper::run(shared.clone()));
     tracker.spawn(sweeper::listen(shared.clone()));
@@ -766,6 +833,107 @@ mod tests {
             live.last_seen.get("b@x").map(|e| e.at.timestamp_millis()),
             Some(closed)
         );
+    }
+
+    /// The in-process table of `live` (the default config has no Redis url).
+    fn table(live: &Liveness) -> &in_process::Table {
+        match &live.backend {
+            Backend::InProcess(t) => t,
+            Backend::Redis(_) => panic!("no [redis] url: the backend is in process"),
+        }
+    }
+
+    /// What the in-process writer and sweeper do, one sweep period at a time: apply the
+    /// queued writes, then hand every entry older than T to the sweep decision.
+    fn sweep_in_process(live: &Liveness, rx: &mut mpsc::Receiver<Op>) -> Vec<SweptLocal> {
+        for op in drain(rx) {
+            table(live).apply(&op);
+        }
+        table(live)
+            .take_stale(live.sweep_cutoff_ms(), live.sweep_batch())
+            .into_iter()
+            .map(|(j, score)| live.swept_local(&j, score))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_process_a_silent_death_is_found_t_to_t_plus_one_sweep_after_the_last_beat() {
+        let (live, mut rx) = setup();
+        assert_eq!(live.backend.name(), "in-process");
+        assert!(live.redis().is_none());
+        let j = jid("a@x/r");
+        let beat = live.beat();
+        let mut s = live.bind(&j, 1, beat.clone());
+        // A live client for 3 T: traffic every H, refresh and sweep on their own periods.
+        // It is never taken, though its entry is rewritten only once per refresh.
+        let (h, sweep, refresh) = (ms(400), live.timings.sweep, live.timings.refresh);
+        let mut t = Duration::ZERO;
+        while t < live.timings.ttl * 3 {
+            tokio::time::advance(sweep).await;
+            t += sweep;
+            if t.as_millis() % h.as_millis() == 0 {
+                beat.touch();
+            }
+            if t.as_millis() % refresh.as_millis() == 0 {
+                s.refresh(&live);
+            }
+            assert!(sweep_in_process(&live, &mut rx).is_empty(), "live at {t:?}");
+        }
+        // Then silence. The sweep that runs once T has passed ends it, at its last beat.
+        let last = beat.last_ms();
+        let mut found = None;
+        for _ in 0..100 {
+            tokio::time::advance(sweep).await;
+            s.refresh(&live);
+            let got = sweep_in_process(&live, &mut rx);
+            if !got.is_empty() {
+                assert!(matches!(&got[..], [SweptLocal::Ended]));
+                found = Some(live.clock.now_ms() - last);
+                break;
+            }
+        }
+        let after = found.expect("the silent session was swept") as u128;
+        let (ttl, sweep) = (live.timings.ttl.as_millis(), sweep.as_millis());
+        assert!(
+            after >= ttl && after <= ttl + sweep,
+            "found {after} ms after"
+        );
+        assert!(s.end.is_cancelled());
+        assert_eq!(
+            s.dead_at(),
+            Some(last),
+            "dead at the last beat, not at detection"
+        );
+        live.finished(&j, 1, last);
+        sweep_in_process(&live, &mut rx);
+        assert!(table(&live).is_empty(), "the session end removed the entry");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_process_a_closed_session_in_grace_is_not_swept_and_its_close_is_its_last_beat() {
+        let (live, mut rx) = setup();
+        let j = jid("a@x/r");
+        let beat = live.beat();
+        let _s = live.bind(&j, 1, beat.clone());
+        // Silent for most of T, then closed: the close time is written as the final beat
+        // (as `session_over` queues it), so the entry outlives G.
+        tokio::time::advance(ms(1900)).await;
+        live.mark_grace(&j, 1);
+        live.queue(Op::Refresh {
+            jid: j.clone(),
+            beat_ms: live.clock.now_ms(),
+        });
+        let mut t = Duration::ZERO;
+        while t < live.timings.grace {
+            tokio::time::advance(live.timings.sweep).await;
+            t += live.timings.sweep;
+            assert!(sweep_in_process(&live, &mut rx).is_empty());
+        }
+        // Were it swept while in grace, the grace task would still own it.
+        assert!(matches!(
+            live.swept_local(j.as_str(), 0),
+            SweptLocal::InGrace
+        ));
     }
 
     #[tokio::test(start_paused = true)]

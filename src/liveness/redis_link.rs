@@ -215,6 +215,9 @@ fn add_op(pipe: &mut redis::Pipeline, shared: &Shared, op: &Op) {
 /// the reconnect rewrites the live state, and stale beats of ended sessions are ignored by
 /// the sweeper ([`super::Liveness::ended_here_after`]).
 pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
+    let Some(link) = shared.liveness.redis() else {
+        return;
+    };
     let mut batch = Vec::with_capacity(256);
     let mut repair_tick = tokio::time::interval(Duration::from_millis(250));
     repair_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -228,23 +231,23 @@ pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
             _ = repair_tick.tick() => {
                 // Reconnect while there is nothing to write, so the repair does not wait for
                 // the next session event.
-                if !shared.liveness.redis.is_up() {
-                    let _ = shared.liveness.redis.conn().await;
+                if !link.is_up() {
+                    let _ = link.conn().await;
                 }
             }
             _ = shared.shutdown.cancelled() => return,
         }
         let live = &shared.liveness;
-        let Some(mut conn) = live.redis.conn().await else {
+        let Some(mut conn) = link.conn().await else {
             if !batch.is_empty() {
                 live.metrics
                     .redis_errors
-                    .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
             }
             batch.clear();
             continue;
         };
-        if live.redis.take_repair() {
+        if link.take_repair() {
             let repair = super::ops_for_repair(live);
             if !repair.is_empty() {
                 tracing::info!(
@@ -264,11 +267,12 @@ pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
         let res: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
         match res {
             Ok(()) => {
-                live.metrics
-                    .redis_writes
-                    .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                let n = batch.len() as u64;
+                let m = &live.metrics;
+                m.redis_writes.fetch_add(n, Ordering::Relaxed);
+                m.liveness_writes.fetch_add(n, Ordering::Relaxed);
             }
-            Err(e) => live.redis.failed(&e).await,
+            Err(e) => link.failed(&e).await,
         }
         batch.clear();
     }

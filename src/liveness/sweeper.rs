@@ -10,6 +10,10 @@
 //! is really silent, owns the socket and ends the session, announcing through the normal
 //! presence path); when no node listens on that channel (the node crashed), the sweeper
 //! announces the resource unavailable itself.
+//!
+//! Without Redis the sweeper takes the same stale resources (beat at or before now − T, in
+//! batches of `sweep_batch`) from the in-process table, every one of them this node's, and
+//! hands each to the same decision ([`super::Liveness::swept_local`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,7 +22,8 @@ use redis::aio::MultiplexedConnection;
 
 use std::time::Duration;
 
-use super::{keys, Op, SweptLocal};
+use super::redis_link::RedisLink;
+use super::{in_process, keys, Backend, Op, SweptLocal};
 use crate::jid::FullJid;
 use crate::server::Shared;
 
@@ -79,10 +84,42 @@ pub async fn run(shared: Arc<Shared>) {
     }
 }
 
-/// One sweep over every shard. Public so tests can drive it without waiting for the timer.
+/// One sweep of the backend (every shard in Redis, the table in process). Public so tests
+/// can drive it without waiting for the timer.
 pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
+    match &shared.liveness.backend {
+        Backend::Redis(link) => sweep_redis(shared, link).await,
+        Backend::InProcess(table) => sweep_table(shared, table).await,
+    }
+}
+
+/// The in-process sweep: the same cutoff, batches and per-resource decision as in Redis.
+/// Every entry is this node's, so each goes to [`handle_stale`] directly.
+async fn sweep_table(shared: &Arc<Shared>, table: &in_process::Table) -> usize {
     let live = &shared.liveness;
-    let Some(mut conn) = live.redis.conn().await else {
+    live.metrics.sweeps.fetch_add(1, Ordering::Relaxed);
+    let cutoff = live.sweep_cutoff_ms();
+    let batch = live.sweep_batch();
+    let mut total = 0;
+    loop {
+        let got = table.take_stale(cutoff, batch);
+        let full = got.len() >= batch;
+        total += got.len();
+        live.metrics
+            .swept
+            .fetch_add(got.len() as u64, Ordering::Relaxed);
+        for (jid, score) in got {
+            handle_stale(shared, &jid, score).await;
+        }
+        if !full {
+            return total;
+        }
+    }
+}
+
+async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
+    let live = &shared.liveness;
+    let Some(mut conn) = link.conn().await else {
         return 0;
     };
     live.metrics.sweeps.fetch_add(1, Ordering::Relaxed);
@@ -95,7 +132,7 @@ pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
             let got = match sweep_once(&mut conn, &key, cutoff, batch).await {
                 Ok(g) => g,
                 Err(e) => {
-                    live.redis.failed(&e).await;
+                    link.failed(&e).await;
                     return total;
                 }
             };
@@ -105,7 +142,7 @@ pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
                 .swept
                 .fetch_add(got.len() as u64, Ordering::Relaxed);
             for (member, score) in got {
-                handle_member(shared, &mut conn, &member, score).await;
+                handle_member(shared, link, &mut conn, &member, score).await;
             }
             if !full {
                 break;
@@ -117,6 +154,7 @@ pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
 
 async fn handle_member(
     shared: &Arc<Shared>,
+    link: &RedisLink,
     conn: &mut MultiplexedConnection,
     member: &str,
     score: i64,
@@ -142,10 +180,10 @@ async fn handle_member(
         Ok(_) => {
             // Nobody listens for that node: it is gone, and so is the session.
             if let Ok(j) = FullJid::new(jid) {
-                announce_orphan(shared, conn, node, &j, score).await;
+                announce_orphan(shared, link, conn, node, &j, score).await;
             }
         }
-        Err(e) => live.redis.failed(&e).await,
+        Err(e) => link.failed(&e).await,
     }
 }
 
@@ -154,14 +192,17 @@ async fn handle_member(
 pub async fn listen(shared: Arc<Shared>) {
     use futures_util::StreamExt;
     let live = &shared.liveness;
-    let Some(client) = live.redis.client().cloned() else {
+    let Some(link) = live.redis() else {
+        return;
+    };
+    let Some(client) = link.client().cloned() else {
         return;
     };
     let channel = live.keys.node_channel(&live.node_id);
     let mut backoff = Duration::from_millis(100);
     let max = shared.config.redis.reconnect_max;
     loop {
-        let connected = tokio::time::timeout(live.redis.timeout() * 2, async {
+        let connected = tokio::time::timeout(link.timeout() * 2, async {
             let mut ps = client.get_async_pubsub().await?;
             ps.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(ps)
@@ -215,9 +256,15 @@ async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
             if live.ended_here_after(jid, score) {
                 return;
             }
+            // In process every entry was written by this node for a session it tracks, so
+            // an untracked one has no other node to belong to: its end was handled here.
+            let Some(link) = live.redis() else {
+                tracing::debug!(%jid, "sweeper: stale entry of a session no longer tracked");
+                return;
+            };
             if let Ok(j) = FullJid::new(jid) {
-                if let Some(mut conn) = live.redis.conn().await {
-                    announce_orphan(shared, &mut conn, &live.node_id, &j, score).await;
+                if let Some(mut conn) = link.conn().await {
+                    announce_orphan(shared, link, &mut conn, &live.node_id, &j, score).await;
                 }
             }
         }
@@ -234,6 +281,7 @@ async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
 /// [`crate::delivery::unavailable_of_lost`]'s decision.
 async fn announce_orphan(
     shared: &Arc<Shared>,
+    link: &RedisLink,
     conn: &mut MultiplexedConnection,
     node: &str,
     jid: &FullJid,
@@ -254,7 +302,7 @@ async fn announce_orphan(
         }
         Ok(_) => {}
         // Unknown: announcing is what the resource's own node would have done.
-        Err(e) => shared.liveness.redis.failed(&e).await,
+        Err(e) => link.failed(&e).await,
     }
     tracing::info!(%jid, last_beat = score, "sweeper: resource of no live node");
     crate::delivery::unavailable_of_lost(shared, jid).await;

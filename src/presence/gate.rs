@@ -639,6 +639,11 @@ pub async fn current_presence(
         return;
     }
     for s in visible_sessions(shared, subject) {
+        // Shown already as to a subscriber (a reconciliation after the same roster change
+        // got here first): every update since reached the viewer, so it has this presence.
+        if shared.privacy.revealed_relation(s.id, viewer) == Some(Relation::Subscriber) {
+            continue;
+        }
         if let Some(mut last) = s.presence().last {
             shared
                 .privacy

@@ -144,12 +144,15 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     let was_available = session.handle.is_available();
     // A resource whose priority was negative took no messages (RFC 6121 §8.5.2.1.1).
     let took_no_messages = !was_available || session.handle.read(|p| p.priority < 0);
-    if let Ok(mut info) = session.handle.info.lock() {
-        info.available = is_available;
-        info.priority = if is_available { priority_of(&el) } else { 0 };
-        info.last = is_available.then(|| el.clone());
-    }
+    let record = |el: &Element| {
+        if let Ok(mut info) = session.handle.info.lock() {
+            info.available = is_available;
+            info.priority = if is_available { priority_of(el) } else { 0 };
+            info.last = is_available.then(|| el.clone());
+        }
+    };
     if !is_available && !was_available && session.presence.directed.is_empty() {
+        record(&el);
         return;
     }
     let invisible = shared.privacy.is_invisible(session.handle.id);
@@ -157,6 +160,11 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     let once = Addressed::new(&el);
     let inputs = {
         let _guard = shared.privacy.lock_subject(bare.as_str()).await;
+        // The new state is recorded under the subject lock: a reconciliation holding the
+        // lock must see the old state (and leave this resource to us) or the new one with
+        // its broadcast done (and its viewers marked revealed), never the new state before
+        // the broadcast, or it would send this presence a second time.
+        record(&el);
         // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
         // §4.5.2), as the privacy gate says, in one read; an invisible session (XEP-0186)
         // shows itself to nobody.

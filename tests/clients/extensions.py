@@ -20,13 +20,15 @@ Prints one JSON line with what was seen and exits 0, or prints {"error": ...} an
 
 import asyncio
 
-import harness
-from harness import main, report
+import json
+import sys
+
+from peers import Peer as LoggedIn
 
 TIMEOUT = 10
 
 
-class Peer(harness.Peer):
+class Peer(LoggedIn):
     def __init__(self, jid, password, cafile):
         super().__init__(jid, password, cafile)
         for plugin in ("xep_0030", "xep_0199", "xep_0203", "xep_0280", "xep_0352"):
@@ -125,8 +127,19 @@ async def scenario(argv):
         result["alice"] = alice_bare
     except Exception as exc:
         result = {"error": repr(exc)}
-    return await report(peers, result)
+    for p in peers:
+        p.disconnect()
+    for p in peers:
+        try:
+            await asyncio.wait_for(p.disconnected, 5)
+        except Exception:
+            pass
+    print(json.dumps(result), flush=True)
+    return 1 if "error" in result else 0
 
 
 if __name__ == "__main__":
-    main(__doc__, 8, scenario)
+    if len(sys.argv) != 9:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    sys.exit(asyncio.run(scenario(sys.argv)))

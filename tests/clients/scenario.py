@@ -12,18 +12,15 @@ prints {"error": ...} and exits 1.
 """
 
 import asyncio
+import json
+import sys
 
-import harness
-from harness import main, report
-
-TIMEOUT = 25
+from peers import Peer, mutual_and_online, until
 
 
-class Peer(harness.Peer):
+class Chatter(Peer):
     def __init__(self, jid, password, cafile):
         super().__init__(jid, password, cafile)
-        self.roster.auto_authorize = True
-        self.roster.auto_subscribe = True
         self.inbox = asyncio.Queue()
         self.add_event_handler("message", self.on_message)
 
@@ -31,24 +28,11 @@ class Peer(harness.Peer):
         if msg["type"] in ("chat", "normal"):
             self.inbox.put_nowait(msg)
 
-    def item(self, jid):
-        return self.client_roster[jid]
-
-
-async def until(what, predicate, limit=10.0):
-    """Waits for a condition the clients update from server stanzas, failing after limit."""
-    loop = asyncio.get_event_loop()
-    deadline = loop.time() + limit
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.02)
-
 
 async def scenario(argv):
     host, port, domain, cafile, u1, p1, u2, p2 = argv[1:9]
-    alice = Peer(f"{u1}@{domain}", p1, cafile)
-    bob = Peer(f"{u2}@{domain}", p2, cafile)
+    alice = Chatter(f"{u1}@{domain}", p1, cafile)
+    bob = Chatter(f"{u2}@{domain}", p2, cafile)
     bob_jid, alice_jid = f"{u2}@{domain}", f"{u1}@{domain}"
     for peer in (alice, bob):
         peer.connect(host, int(port))
@@ -58,13 +42,7 @@ async def scenario(argv):
         await until("alice's roster shows the new item",
                     lambda: bob_jid in alice.client_roster and alice.item(bob_jid)["name"] == "Bob")
         alice.send_presence(pto=bob_jid, ptype="subscribe")
-        await until("alice's item for bob reaches 'both'",
-                    lambda: alice.item(bob_jid)["subscription"] == "both")
-        await until("bob's item for alice reaches 'both'",
-                    lambda: alice_jid in bob.client_roster
-                    and bob.item(alice_jid)["subscription"] == "both")
-        await until("alice sees bob online", lambda: len(alice.item(bob_jid).resources) > 0)
-        await until("bob sees alice online", lambda: len(bob.item(alice_jid).resources) > 0)
+        await mutual_and_online(alice, alice_jid, bob, bob_jid)
         alice.send_message(mto=bob_jid, mbody="hello bob", mtype="chat")
         got = await asyncio.wait_for(bob.inbox.get(), 10)
         bob.send_message(mto=got["from"], mbody="hello alice", mtype="chat")
@@ -83,8 +61,19 @@ async def scenario(argv):
         }
     except Exception as exc:
         result = {"error": repr(exc)}
-    return await report((alice, bob), result)
+    for peer in (alice, bob):
+        peer.disconnect()
+    for peer in (alice, bob):
+        try:
+            await asyncio.wait_for(peer.disconnected, 5)
+        except Exception:
+            pass
+    print(json.dumps(result), flush=True)
+    return 1 if "error" in result else 0
 
 
 if __name__ == "__main__":
-    main(__doc__, 8, scenario)
+    if len(sys.argv) != 9:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    sys.exit(asyncio.run(scenario(sys.argv)))

@@ -44,6 +44,11 @@ pub fn fast_liveness(c: &mut Config) {
     c.liveness.beat_shards = 2;
 }
 
+/// No `[redis] url`: liveness runs in process (a single node without Redis).
+pub fn without_redis(c: &mut Config) {
+    c.redis.url = String::new();
+}
+
 /// The repository's root: this harness is also compiled into the load generator's package
 /// (bench/generator), whose manifest directory is below it.
 pub fn repo_root() -> PathBuf {
@@ -126,19 +131,6 @@ impl TestServer {
             cert,
             config,
         }
-    }
-
-    /// Arguments of a client script that starts `HOST PORT DOMAIN CAFILE` (the STARTTLS
-    /// port and the certificate to verify), followed by `rest`.
-    pub fn script_args(&self, rest: &[&str]) -> Vec<String> {
-        let mut args = vec![
-            self.addr.ip().to_string(),
-            self.addr.port().to_string(),
-            self.domain.clone(),
-            self.cert.display().to_string(),
-        ];
-        args.extend(rest.iter().map(|s| s.to_string()));
-        args
     }
 
     /// `name@domain`.
@@ -759,6 +751,19 @@ impl ScriptOutput {
             Some(rest[..end].trim().to_owned())
         }
     }
+}
+
+/// Arguments of the two-user client scripts (scenario.py, silent.py): the server's STARTTLS
+/// address, its domain and the certificate to verify, then `rest`.
+pub fn client_script_args(ts: &TestServer, rest: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        ts.addr.ip().to_string(),
+        ts.addr.port().to_string(),
+        ts.domain.clone(),
+        ts.cert.display().to_string(),
+    ];
+    args.extend(rest.iter().map(|s| s.to_string()));
+    args
 }
 
 /// Runs `tests/clients/<script>` with the system Python (`PYTHON` overrides `python3`),
