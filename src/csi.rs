@@ -118,7 +118,8 @@ impl Filter {
     }
 
     /// Whether the client is inactive.
-    pub fn inactive(&self) -> bool {
+    #[cfg(test)]
+    fn inactive(&self) -> bool {
         self.held.is_some()
     }
 

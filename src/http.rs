@@ -15,8 +15,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
-use crate::c2s::BoxIo;
-use crate::server::{ListenerPolicy, Refusal, Shared, StartError};
+use crate::node::listen::{ListenerPolicy, Refusal, StartError};
+use crate::node::Shared;
+use crate::tls::BoxIo;
 
 /// Binds the listener (if enabled) and starts accepting. Returns the bound address.
 pub async fn start(
@@ -42,7 +43,7 @@ pub async fn start(
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, policy: Arc<ListenerPolicy>) {
     while let Some((stream, peer)) =
-        crate::server::next_connection(&listener, &shared.shutdown, "http").await
+        crate::node::listen::next_connection(&listener, &shared.shutdown, "http").await
     {
         let _ = stream.set_nodelay(true);
         let permit = match policy.admit(peer) {

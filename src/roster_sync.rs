@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::server::Shared;
+use crate::node::Shared;
 use crate::store::notify::{self, parse_roster_notification, ROSTER_CHANNEL};
 use crate::store::RosterChange;
 use crate::xml::Element;
@@ -107,12 +107,12 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
         }
         for change in &changes {
             let item = match change {
-                RosterChange::Upsert(i) => crate::roster::item_element(i),
+                RosterChange::Upsert(i) => crate::roster_push::item_element(i),
                 RosterChange::Removed(c) => Element::new("item", crate::xml::NS_ROSTER)
                     .attr("jid", c.clone())
                     .attr("subscription", "remove"),
             };
-            crate::roster::push_to(s, current, item);
+            crate::roster_push::push_to(s, current, item);
         }
     }
 }

@@ -140,7 +140,7 @@ impl Store {
 
     /// Whether `owner` blocks `candidate` (a normalised full, bare or domain JID), by the
     /// XEP-0016 §2.1 matching rules of [`match_candidates`]. Asked in both directions it
-    /// gives the two flags of `presence::privacy::Blocks`.
+    /// gives the two flags of `policy::privacy::Blocks`.
     pub async fn is_blocked(&self, owner: &str, candidate: &str) -> Result<bool, StoreError> {
         let forms = match_candidates(candidate);
         let blocked: bool = sqlx::query_scalar(

@@ -1,6 +1,6 @@
 //! The privacy gate's inputs for many decisions, each set read in ONE statement.
 //!
-//! `presence::gate` asks the pure `presence::privacy::may_see` for every viewer a presence
+//! `presence::gate` asks the pure `policy::privacy::may_see` for every viewer a presence
 //! could reach. Reading its inputs one decision at a time (settings, a roster item, two
 //! block lookups, the viewer's settings, last seen) cost about ten round trips per contact
 //! per login and eight per presence broadcast, and those round trips were most of the
@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 
 use super::privacy::from_columns;
 use super::{Store, StoreError, Subscription};
-use crate::presence::privacy::PrivacySettings;
+use crate::policy::privacy::PrivacySettings;
 
 /// One roster item of a subject, with the blocks between the subject and that contact.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -58,7 +58,7 @@ impl Store {
     }
 
     /// When `jid` was last online, or `None` if it never ended a session (or is not an
-    /// account). The caller decides with `presence::privacy` whether the asker may know.
+    /// account). The caller decides with `policy::privacy` whether the asker may know.
     pub async fn last_seen(&self, jid: &str) -> Result<Option<LastSeen>, StoreError> {
         let row: Option<(String, DateTime<Utc>, Option<String>)> =
             sqlx::query_as("SELECT jid, seen_at, status FROM last_activity WHERE jid = $1")

@@ -148,8 +148,8 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
-use crate::presence::subscription::SubState;
-pub use crate::presence::subscription::Subscription;
+use crate::policy::subscription::SubState;
+pub use crate::policy::subscription::Subscription;
 pub use last_seen::LastSeen;
 pub use offline::OfflineMessage;
 

@@ -1,6 +1,6 @@
 //! Presence and last-seen visibility settings (README, "Privacy"), table `privacy_settings`.
 //!
-//! Stores the [`PrivacySettings`] that `presence::privacy::may_see` reads. An account
+//! Stores the [`PrivacySettings`] that `policy::privacy::may_see` reads. An account
 //! with no row has the defaults (both signals visible to approved subscribers), so
 //! nothing is written until a user changes something. A trigger sends
 //! `NOTIFY presenced_privacy, '<owner>'` on every change so other nodes drop caches.
@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use ::jid::BareJid;
 
 use super::{Store, StoreError};
-use crate::presence::privacy::{PrivacySettings, Visibility};
+use crate::policy::privacy::{PrivacySettings, Visibility};
 
 /// Database form of one [`Visibility`]: the mode column and the exception list.
 fn to_columns(v: &Visibility) -> (&'static str, Vec<&str>) {
