@@ -39,8 +39,21 @@ enum Command {
     Serve,
     /// Apply the SQL migrations in [database] migrations and exit.
     Migrate,
-    /// Parse and validate the configuration, print the effective values, exit.
+    /// Parse and validate the configuration, print the effective values and whether the
+    /// store can be reached, exit.
     CheckConfig,
+    /// Copy every account, roster, waiting subscription request, block list, privacy
+    /// setting, last seen and server secret from one store to another (PostgreSQL or
+    /// SQLite, either way). The destination gets the schema first and must not hold any
+    /// of the source's accounts. Run it while no server uses either store.
+    CopyStore {
+        /// Source database URL (postgres://... or sqlite://path).
+        #[arg(long)]
+        from: String,
+        /// Destination database URL (created if missing).
+        #[arg(long)]
+        to: String,
+    },
     /// Manage accounts.
     User {
         #[command(subcommand)]
@@ -124,14 +137,47 @@ async fn run(command: Command, config: CheckedConfig) -> Result<(), String> {
                 if config.c2s.direct_tls { "on" } else { "off" },
                 config.c2s.direct_tls_port
             );
+            let (store, found) = presenced::store::probe(&config.database.url).await;
+            match found {
+                Ok(state) => println!("store: {store}: {state}"),
+                Err(e) => {
+                    println!("store: {store}: NOT USABLE: {e}");
+                    eprintln!("presenced: store {store}: {e}");
+                }
+            }
             println!("migrations: {}", config.database.migrations.display());
             println!("limits: {:?}", config.limits);
+            Ok(())
+        }
+        Command::CopyStore { from, to } => {
+            // The built-in schema only: the operator's files are for the configured store
+            // and its dialect, and the copy brings their data along.
+            let open = |url: String| async move {
+                let store = Store::connect(&url, 2)
+                    .await
+                    .map_err(|e| format!("{url}: {e}"))?;
+                store
+                    .migrate(std::path::Path::new(""))
+                    .await
+                    .map_err(|e| format!("{url}: migrations: {e}"))?;
+                Ok::<Store, String>(store)
+            };
+            let source = open(from.clone()).await?;
+            let destination = open(to.clone()).await?;
+            let n = presenced::store::copy::copy(&source, &destination)
+                .await
+                .map_err(|e| format!("copying {from} to {to}: {e}"))?;
+            println!(
+                "copied {} accounts, {} roster items, {} waiting subscription requests, \
+                 {} block-list entries, {} privacy settings, {} last-seen values, {} secrets",
+                n.accounts, n.roster_items, n.pending, n.blocks, n.privacy, n.last_seen, n.secrets
+            );
             Ok(())
         }
         Command::Migrate => {
             let store = connect(&config).await?;
             println!(
-                "migrations applied from {}",
+                "built-in schema applied, then migrations from {}",
                 config.database.migrations.display()
             );
             drop(store);
@@ -142,9 +188,12 @@ async fn run(command: Command, config: CheckedConfig) -> Result<(), String> {
 }
 
 async fn connect(config: &Config) -> Result<Store, String> {
-    let store = Store::connect(&config.database.url, 2)
-        .await
-        .map_err(|e| format!("database: {e}"))?;
+    let store = Store::open(&presenced::config::DatabaseConfig {
+        max_connections: 2,
+        ..config.database.clone()
+    })
+    .await
+    .map_err(|e| format!("database: {e}"))?;
     store
         .migrate(&config.database.migrations)
         .await

@@ -52,7 +52,7 @@ impl Running {
 
 /// Connects the stores, applies migrations, binds the listeners and starts accepting.
 pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
-    let store = Store::connect(&config.database.url, config.database.max_connections).await?;
+    let store = Store::open(&config.database).await?;
     store.migrate(&config.database.migrations).await?;
     store.set_audience_cache_ttl(config.database.gate_cache_secs);
     store.set_limits(crate::store::StoreLimits::from_config(&config.limits));

@@ -228,11 +228,22 @@ async fn private_no_copy_and_bodyless_normal_messages_are_not_copied() {
 // XEP-0160 offline messages
 
 async fn offline_count(ts: &TestServer, owner: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = $1")
-        .bind(owner)
-        .fetch_one(ts.shared().store.pool())
-        .await
-        .expect("count offline messages")
+    let store = &ts.shared().store;
+    let counted = match store.sqlite_pool() {
+        Some(file) => {
+            sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = ?1")
+                .bind(owner)
+                .fetch_one(file)
+                .await
+        }
+        None => {
+            sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = $1")
+                .bind(owner)
+                .fetch_one(store.pool())
+                .await
+        }
+    };
+    counted.expect("count offline messages")
 }
 
 #[tokio::test]

@@ -682,7 +682,7 @@ async fn postgres_outage_keeps_existing_sessions_routing_and_last_seen_waits() {
         .await
         .unwrap();
     // The database becomes unreachable: every query now fails at once.
-    ts.shared().store.pool().close().await;
+    ts.shared().store.close().await;
     let msg = |to: &str, body: &str| {
         presenced::xml::parse_element(&format!(
             "<message to='{to}' type='chat'><body>{body}</body></message>"

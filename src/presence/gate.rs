@@ -595,10 +595,12 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
 /// change, wherever it was made, reconciles its owner on this node; a lost connection
 /// reconciles everyone.
 pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
-    use crate::store::notify::{listen, BLOCK_CHANNEL, PRIVACY_CHANNEL};
-    let mut rx = listen(
-        &shared.config.database.url,
+    use crate::store::notify::{listen_with, ListenOptions, BLOCK_CHANNEL, PRIVACY_CHANNEL};
+    let db = &shared.config.database;
+    let mut rx = listen_with(
+        &db.url,
         &[BLOCK_CHANNEL, PRIVACY_CHANNEL],
+        ListenOptions::from_config(db),
     )
     .await?;
     let shutdown = shared.shutdown.clone();

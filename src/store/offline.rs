@@ -1,5 +1,5 @@
 //! Messages waiting for a user with no available resource (XEP-0160), table
-//! `offline_messages`.
+//! `offline_messages` (the SQLite twin: `sqlite/offline.rs`).
 //!
 //! Two operations, each one transaction: [`Store::store_offline_message`] keeps a message
 //! unless the owner already has `max_offline_messages` waiting, and
@@ -10,7 +10,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Store, StoreError};
+use super::{pg_or_sqlite, Store, StoreError};
 
 /// A message handed out of offline storage.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +36,9 @@ impl Store {
         stanza: &str,
     ) -> Result<bool, StoreError> {
         let max = i64::try_from(self.limits().max_offline_messages).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await?;
+        let pool = pg_or_sqlite!(self, |db| db
+            .store_offline_message(owner, sender, stanza, max));
+        let mut tx = pool.begin().await?;
         // Serialises writers for one owner so the count below cannot change before the
         // insert; an advisory lock, so nothing else about the account is held.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('offline:' || $1, 0))")
@@ -63,12 +65,13 @@ impl Store {
         &self,
         owner: &str,
     ) -> Result<Vec<OfflineMessage>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.take_offline_messages(owner));
         let mut rows: Vec<(i64, String, String, DateTime<Utc>)> = sqlx::query_as(
             "DELETE FROM offline_messages WHERE owner = $1
              RETURNING id, sender, stanza, stored_at",
         )
         .bind(owner)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         // RETURNING has no order of its own.
         rows.sort_unstable_by_key(|r| r.0);
