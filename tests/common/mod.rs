@@ -113,6 +113,9 @@ impl TestServer {
         config.tls.certs_dir = certs.clone();
         config.database.url = database_url();
         config.database.max_connections = 4;
+        // Every server of a test process shares one SQLite file and one writer at a time;
+        // on a loaded machine a start-up migration may wait longer than the default.
+        config.database.sqlite_busy_timeout = Duration::from_secs(60);
         // The schema is built in; no operator migrations.
         config.database.migrations = repo_root().join("migrations.d");
         // Tests hammer one address; the per-IP limit has its own test.
