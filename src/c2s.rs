@@ -321,7 +321,9 @@ impl Conn {
                         .child(Element::new("optional", x::NS_SESSION)),
                 )
                 .child(Element::new("ver", x::NS_ROSTER_VER))
-                .child(Element::new("sub", x::NS_PREAPPROVAL));
+                .child(Element::new("sub", x::NS_PREAPPROVAL))
+                // XEP-0352 §4: client state indication is offered after authentication.
+                .child(Element::new("csi", crate::csi::NS_CSI));
         }
         let mut out = String::new();
         // Written with the stream prefix, which is what every client expects.
@@ -833,7 +835,8 @@ impl Conn {
             TransportKind::Tcp => shared.metrics.login_tcp(),
             TransportKind::WebSocket => shared.metrics.login_websocket(),
         }
-        let writer_task = tokio::spawn(write_loop(writer, reg.rx, handle.kill.clone()));
+        let csi = crate::csi::Filter::new(shared.config.limits.max_csi_held_presences);
+        let writer_task = tokio::spawn(write_loop(writer, reg.rx, handle.kill.clone(), csi));
         let mut live = shared
             .liveness
             .bind(&jid, handle.id, transport.beat.clone());
@@ -977,10 +980,14 @@ async fn next_event(reader: Option<Reader>) -> (Reader, Result<StreamEvent, XmlE
 
 /// Drains a session's mailbox onto the socket, batching what is already queued into one
 /// write so a burst of presence costs one TLS record and one syscall, not one per stanza.
+///
+/// Stanzas pass the session's XEP-0352 filter ([`crate::csi::Filter`]) on the way, which
+/// holds presence while the client says it is inactive.
 async fn write_loop(
     mut writer: WriteHalf<BoxIo>,
     mut rx: mpsc::Receiver<Outbound>,
     kill: CancellationToken,
+    mut csi: crate::csi::Filter,
 ) {
     let mut buf = String::new();
     loop {
@@ -994,8 +1001,14 @@ async fn write_loop(
         let mut next = Some(first);
         while let Some(msg) = next.take() {
             match msg {
-                Outbound::Stanza(el) => el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT),
-                Outbound::Xml(xml) => buf.push_str(&xml),
+                item @ (Outbound::Stanza(_)
+                | Outbound::Xml(_)
+                | Outbound::ClientState(_)
+                | Outbound::Interest(_)) => csi.pass(item, |out| match out {
+                    Outbound::Stanza(el) => el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT),
+                    Outbound::Xml(xml) => buf.push_str(&xml),
+                    _ => {}
+                }),
                 Outbound::Close(err) => {
                     buf.push_str(&err.to_xml());
                     buf.push_str("</stream:stream>");
@@ -1038,6 +1051,12 @@ pub use crate::node::session::Session;
 
 /// Checks and stamps one stanza from the client (RFC 6120 §8.1.2.1), then routes it.
 async fn handle_stanza(session: &mut Session, mut el: Element) -> Result<(), StreamError> {
+    if let Some(active) = crate::csi::nonza(&el) {
+        // XEP-0352 §5: a nonza, not a stanza; it is never answered.
+        tracing::debug!(peer = %session.peer, jid = %session.jid(), active, "client state");
+        session.handle.set_client_state(active);
+        return Ok(());
+    }
     if el.ns != x::NS_CLIENT || !matches!(el.name.as_str(), "message" | "presence" | "iq") {
         // RFC 6120 §4.9.3.22.
         return Err(StreamError::new(

@@ -447,6 +447,19 @@ pub struct LimitsConfig {
     /// presence and iq targets); a viewer beyond it is not shown the presence, since it
     /// could not be withdrawn later. At least `max_roster_items`, so a full roster fits.
     pub max_revealed_per_session: usize,
+    /// Messages kept for one user who has no available resource (XEP-0160); a chat or
+    /// normal message beyond it is answered with service-unavailable (RFC 6121 §8.5.2.2.1).
+    pub max_offline_messages: usize,
+    /// Presence stanzas held for one session while its client says it is inactive
+    /// (XEP-0352), one per contact resource; one more flushes everything held.
+    pub max_csi_held_presences: usize,
+    /// Contacts one session may name in its interest list (`urn:presenced:interest:0`),
+    /// whose presence passes at once while the client is inactive; more get not-acceptable.
+    pub max_interest_items: usize,
+    /// Seconds an interest list lasts without being set again; after that the session's
+    /// presence is held as if it had none.
+    #[serde(with = "secs")]
+    pub interest_ttl: Duration,
     /// Stanzas queued for one session before it is treated as stalled and disconnected.
     pub session_queue: usize,
     /// Stanzas per second a client may send on average (policy-violation beyond the burst).
@@ -489,6 +502,10 @@ impl Default for LimitsConfig {
             max_blocklist_items: 1000,
             max_directed_presences: 1000,
             max_revealed_per_session: 5000,
+            max_offline_messages: 100,
+            max_csi_held_presences: 500,
+            max_interest_items: 500,
+            interest_ttl: Duration::from_secs(300),
             session_queue: 1024,
             stanzas_per_second: 50,
             stanza_burst: 200,
@@ -890,6 +907,14 @@ impl Config {
         if l.max_depth < 4 || l.negotiation_timeout.is_zero() || l.session_queue == 0 {
             return bad("[limits] max_depth >= 4, negotiation_timeout > 0, session_queue > 0");
         }
+        if l.interest_ttl.is_zero() {
+            return bad("[limits] interest_ttl must be positive");
+        }
+        if l.max_offline_messages >= l.session_queue {
+            // All of a user's kept messages are queued at once at login; a mailbox that
+            // cannot take them ends the session and loses them.
+            return bad("[limits] max_offline_messages must be less than session_queue");
+        }
         if l.stanzas_per_second == 0 || l.max_auth_failures == 0 || l.max_roster_items <= 0 {
             return bad("[limits] rates and counts must be positive");
         }
@@ -906,6 +931,9 @@ impl Config {
             ("max_blocklist_items", l.max_blocklist_items),
             ("max_directed_presences", l.max_directed_presences),
             ("max_revealed_per_session", l.max_revealed_per_session),
+            ("max_offline_messages", l.max_offline_messages),
+            ("max_csi_held_presences", l.max_csi_held_presences),
+            ("max_interest_items", l.max_interest_items),
         ];
         for (name, v) in counts {
             // The store compares them with PostgreSQL integers.
@@ -1105,6 +1133,10 @@ mod tests {
         assert_eq!(cl.max_blocklist_items, dl.max_blocklist_items);
         assert_eq!(cl.max_directed_presences, dl.max_directed_presences);
         assert_eq!(cl.max_revealed_per_session, dl.max_revealed_per_session);
+        assert_eq!(cl.max_offline_messages, dl.max_offline_messages);
+        assert_eq!(cl.max_csi_held_presences, dl.max_csi_held_presences);
+        assert_eq!(cl.max_interest_items, dl.max_interest_items);
+        assert_eq!(cl.interest_ttl, dl.interest_ttl);
     }
 
     #[test]
@@ -1124,6 +1156,22 @@ mod tests {
         let mut c = Config::default();
         c.limits.max_revealed_per_session = c.limits.max_roster_items as usize - 1;
         assert!(c.validate().is_err());
+        for zero in [
+            |l: &mut LimitsConfig| l.max_offline_messages = 0,
+            |l: &mut LimitsConfig| l.max_csi_held_presences = 0,
+            |l: &mut LimitsConfig| l.max_interest_items = 0,
+            |l: &mut LimitsConfig| l.interest_ttl = Duration::ZERO,
+        ] {
+            let mut c = Config::default();
+            zero(&mut c.limits);
+            assert!(c.validate().is_err());
+        }
+        // Kept messages are queued together at login: they must fit the session's mailbox.
+        let mut c = Config::default();
+        c.limits.max_offline_messages = c.limits.session_queue;
+        assert!(c.validate().is_err());
+        c.limits.max_offline_messages = c.limits.session_queue - 1;
+        assert!(c.validate().is_ok());
     }
 
     #[test]

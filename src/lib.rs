@@ -19,17 +19,21 @@
 
 pub mod blocking;
 pub mod c2s;
+pub(crate) mod carbons;
 pub mod cluster;
 pub mod config;
+pub(crate) mod csi;
 pub(crate) mod delivery;
 pub(crate) mod error;
 pub(crate) mod http;
+pub(crate) mod interest;
 pub(crate) mod invisible;
 pub mod jid;
 pub mod liveness;
 pub mod liveness_tasks;
 pub(crate) mod metrics;
 pub(crate) mod node;
+pub(crate) mod offline;
 pub(crate) mod policy;
 pub mod presence;
 pub(crate) mod privacy_iq;

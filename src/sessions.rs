@@ -35,6 +35,22 @@ pub enum Outbound {
     End,
     /// Stop the writer once everything queued before this is written.
     Finish,
+    /// The client said it is active (`true`) or inactive (XEP-0352): what follows is
+    /// written or held by [`crate::csi::Filter`]. Never written itself.
+    ClientState(bool),
+    /// The contacts whose presence passes [`crate::csi::Filter`] at once, replacing any
+    /// earlier list. Never written itself.
+    Interest(Arc<InterestList>),
+}
+
+/// A session's interest list (`urn:presenced:interest:0`): bare JIDs of contacts whose
+/// presence the client shows now, valid until `expires`.
+#[derive(Debug, Clone)]
+pub struct InterestList {
+    /// Normalised bare JIDs.
+    pub contacts: std::collections::HashSet<String>,
+    /// After this the list counts as empty.
+    pub expires: tokio::time::Instant,
 }
 
 /// Bounds of the per-session sets ([`SessionState`]); from `[limits]`.
@@ -74,6 +90,8 @@ pub struct SessionState {
     /// The newest roster version this session was sent (result or push), so changes made
     /// outside this node can be pushed exactly once (`roster_sync`).
     pub roster_ver: Option<i64>,
+    /// Whether this resource enabled XEP-0280 carbons ([`crate::carbons`]).
+    pub carbons: bool,
     /// XEP-0186 invisible: no broadcast, probes answered as unavailable.
     pub invisible: bool,
     /// While invisible, whether probes still go to remote contacts (XEP-0186 `probe`).
@@ -236,6 +254,18 @@ impl SessionHandle {
         if self.tx.try_send(Outbound::Close(Box::new(error))).is_err() {
             self.kill.cancel();
         }
+    }
+
+    /// Records the client's XEP-0352 state in the mailbox, between the stanzas queued
+    /// before and after it; the same rules as [`Self::send`].
+    pub fn set_client_state(&self, active: bool) -> bool {
+        self.push(Outbound::ClientState(active))
+    }
+
+    /// Replaces the session's interest list, in order with the stanzas queued around it;
+    /// the same rules as [`Self::send`].
+    pub fn set_interest(&self, list: InterestList) -> bool {
+        self.push(Outbound::Interest(Arc::new(list)))
     }
 
     /// Asks the session to close its stream cleanly.

@@ -199,18 +199,19 @@ pub(crate) fn targets_everywhere<'a>(
 /// RFC 6121 §8.5.2: delivers a message of type `kind` (not groupchat, which the caller
 /// answers) to the resources of a local bare JID: `sessions` here, `remote` on other
 /// nodes (sent there as one message per node, addressed to the bare JID as it came).
+/// Returns this node's sessions that took it (for XEP-0280 copies to the others).
 pub(crate) fn message_to_bare_everywhere(
     shared: &Shared,
     sessions: &[SessionHandle],
     remote: &[Holder],
     el: Element,
     kind: &str,
-) {
-    // No target: no offline storage. §8.5.2.2.1 lets the server ignore the message
-    // silently, and it must: an error only when offline would tell anyone the user's
-    // status. A non-existent account is answered by the caller (§8.5.1).
+) -> Vec<u64> {
+    // No target: the caller keeps a storable message for later (XEP-0160); otherwise
+    // §8.5.2.2.1 lets the server ignore it silently. A non-existent account is answered by
+    // the caller (§8.5.1).
     let Some((locals, remotes)) = targets_everywhere(sessions, remote, kind) else {
-        return;
+        return Vec::new();
     };
     let mut per_node: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
     for h in remotes {
@@ -222,19 +223,27 @@ pub(crate) fn message_to_bare_everywhere(
             shared.cluster.send(node, to, Arc::clone(&xml));
         }
     }
-    for s in locals {
-        s.send(el.clone());
-    }
+    locals
+        .into_iter()
+        .map(|s| {
+            s.send(el.clone());
+            s.id
+        })
+        .collect()
 }
 
 /// [`message_to_bare_everywhere`] with this node's sessions only (an error reply to a
 /// local user's bare JID, which needs no directory read).
-pub(crate) fn message_to_bare(sessions: &[SessionHandle], el: Element, kind: &str) {
+/// Returns the sessions that took it.
+pub(crate) fn message_to_bare(sessions: &[SessionHandle], el: Element, kind: &str) -> Vec<u64> {
+    let mut reached = Vec::new();
     if let Some((locals, _)) = targets_everywhere(sessions, &[], kind) {
         for s in locals {
             s.send(el.clone());
+            reached.push(s.id);
         }
     }
+    reached
 }
 
 /// `<presence type='unavailable'/>` from `from` to `to`.

@@ -505,14 +505,7 @@ pub async fn unavailable_stamped(shared: &Shared, subject: &str, to: &str) -> El
 
 /// Adds the XEP-0203 `<delay/>` saying when `subject` was last seen.
 fn stamp(p: Element, subject: &str, at: chrono::DateTime<chrono::Utc>) -> Element {
-    p.child(
-        Element::new("delay", crate::xml::NS_DELAY)
-            .attr("from", domain_of(subject))
-            .attr(
-                "stamp",
-                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            ),
-    )
+    p.child(crate::xml::delay(domain_of(subject), at))
 }
 
 /// Available sessions of local user `subject` that are not invisible (XEP-0186).

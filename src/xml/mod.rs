@@ -301,6 +301,15 @@ pub fn escape(s: &str) -> String {
     out
 }
 
+/// A XEP-0203 `<delay/>` from `from` (a JID, usually a domain) saying a stanza dates from
+/// `at`, stamped in the XEP-0082 DateTime profile (UTC, whole seconds).
+pub fn delay(from: &str, at: chrono::DateTime<chrono::Utc>) -> Element {
+    Element::new("delay", NS_DELAY).attr("from", from).attr(
+        "stamp",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
+}
+
 /// Parses one standalone element (e.g. a stanza stored as text). Namespace-less stanzas are
 /// read as `jabber:client`.
 pub fn parse_element(text: &str) -> Option<Element> {
