@@ -126,6 +126,9 @@ impl TestServer {
         // Every server of a test process shares one SQLite file and one writer at a time;
         // on a loaded machine a start-up migration may wait longer than the default.
         config.database.sqlite_busy_timeout = Duration::from_secs(60);
+        // The SQLite change log is polled; tests that wait for the roster listener (its
+        // barrier) should not wait a quarter of a second each time.
+        config.database.change_poll_interval = Duration::from_millis(25);
         // The schema is built in; no operator migrations.
         config.database.migrations = repo_root().join("migrations.d");
         // Tests hammer one address; the per-IP limit has its own test.
