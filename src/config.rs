@@ -61,6 +61,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// Federation with other servers.
     pub s2s: S2sConfig,
+    /// What is logged and how.
+    pub log: LogConfig,
 }
 
 impl Default for Config {
@@ -76,8 +78,39 @@ impl Default for Config {
             liveness: LivenessConfig::default(),
             http: HttpConfig::default(),
             s2s: S2sConfig::default(),
+            log: LogConfig::default(),
         }
     }
+}
+
+/// `[log]`: the log on standard error.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// tracing filter directives, e.g. `"info"` or `"info,presenced::s2s=debug"`.
+    /// `RUST_LOG`, when set, replaces it. Reloaded on SIGHUP.
+    pub level: String,
+    /// `text` (one human-readable line per event) or `json` (one object per line).
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".into(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+/// The shape of a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// `[c2s]`: where clients connect.
@@ -773,6 +806,9 @@ impl Config {
         }
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("[tls] cert and key must be given together");
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return bad(&format!("[log] level `{}`: {e}", self.log.level));
         }
         let l = &self.limits;
         if l.max_stanza_size < 10_000 {

@@ -20,12 +20,14 @@
 pub mod blocking;
 pub mod c2s;
 pub mod config;
+pub mod control;
 pub(crate) mod delivery;
 pub mod error;
 pub mod http;
 pub mod invisible;
 pub mod jid;
 pub mod liveness;
+pub mod logging;
 pub mod metrics;
 pub mod presence;
 pub mod privacy_iq;

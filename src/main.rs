@@ -22,6 +22,13 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[export_name = "_rjem_malloc_conf"]
 pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
+/// `println!` that stops quietly when standard output is closed (`presenced … | head`).
+macro_rules! out {
+    ($($t:tt)*) => { presenced::logging::println_safe(&format!($($t)*)) };
+}
+
+use presenced::logging::eprintln_safe;
+
 /// A federated XMPP server whose centre is presence.
 #[derive(Parser)]
 #[command(version, about)]
@@ -35,8 +42,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply migrations and serve clients until SIGINT/SIGTERM.
+    /// Apply migrations and serve clients until SIGTERM/SIGINT/SIGQUIT; SIGHUP reloads.
     Serve,
+    /// Make the server running with this --config reload it (sends it SIGHUP).
+    Reload,
     /// Apply the SQL migrations in [database] migrations and exit.
     Migrate,
     /// Parse and validate the configuration, print the effective values, exit.
@@ -75,62 +84,69 @@ enum UserAction {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
     let config = match Config::load(&cli.config) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("presenced: {e}");
+            eprintln_safe(&format!("presenced: {e}"));
             return ExitCode::from(2);
         }
     };
+    presenced::logging::init(&config.log);
+    if let Command::Reload = cli.command {
+        return match presenced::control::send_reload(&cli.config) {
+            Ok(pid) => {
+                out!("sent SIGHUP to pid {pid}; the server logs what it reloaded");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln_safe(&format!("presenced: {e}"));
+                ExitCode::FAILURE
+            }
+        };
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("presenced: cannot start the runtime: {e}");
+            eprintln_safe(&format!("presenced: cannot start the runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli.command, config)) {
+    match rt.block_on(run(cli.command, config, cli.config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("presenced: {msg}");
+            eprintln_safe(&format!("presenced: {msg}"));
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(command: Command, config: CheckedConfig) -> Result<(), String> {
+async fn run(command: Command, config: CheckedConfig, path: PathBuf) -> Result<(), String> {
     match command {
-        Command::Serve => presenced::server::run(config)
+        Command::Serve => presenced::control::run(config, path)
             .await
             .map_err(|e| e.to_string()),
+        Command::Reload => unreachable!("handled before the runtime starts"),
         Command::CheckConfig => {
-            println!("configuration OK");
-            println!("domains: {}", config.domains.join(", "));
-            println!(
+            out!("configuration OK");
+            out!("domains: {}", config.domains.join(", "));
+            out!(
                 "c2s: {}:{} (STARTTLS), direct TLS {} on port {}",
                 config.c2s.bind,
                 config.c2s.port,
                 if config.c2s.direct_tls { "on" } else { "off" },
                 config.c2s.direct_tls_port
             );
-            println!("migrations: {}", config.database.migrations.display());
-            println!("limits: {:?}", config.limits);
+            out!("migrations: {}", config.database.migrations.display());
+            out!("limits: {:?}", config.limits);
             Ok(())
         }
         Command::Migrate => {
             let store = connect(&config).await?;
-            println!(
+            out!(
                 "migrations applied from {}",
                 config.database.migrations.display()
             );
@@ -201,7 +217,7 @@ async fn user(action: UserAction, config: &Config) -> Result<(), String> {
             let store = connect(config).await?;
             match store.create_account(&node, &domain, &pw, iterations).await {
                 Ok(()) => {
-                    println!("created {node}@{domain}");
+                    out!("created {node}@{domain}");
                     Ok(())
                 }
                 Err(StoreError::AccountExists) => Err(format!("{node}@{domain} already exists")),
@@ -214,7 +230,7 @@ async fn user(action: UserAction, config: &Config) -> Result<(), String> {
             let store = connect(config).await?;
             match store.set_password(&node, &domain, &pw, iterations).await {
                 Ok(true) => {
-                    println!("password changed for {node}@{domain}");
+                    out!("password changed for {node}@{domain}");
                     Ok(())
                 }
                 Ok(false) => Err(format!("no account {node}@{domain}")),
@@ -226,7 +242,7 @@ async fn user(action: UserAction, config: &Config) -> Result<(), String> {
             let store = connect(config).await?;
             match store.delete_account(&node, &domain).await {
                 Ok(true) => {
-                    println!("deleted {node}@{domain}");
+                    out!("deleted {node}@{domain}");
                     Ok(())
                 }
                 Ok(false) => Err(format!("no account {node}@{domain}")),

@@ -100,6 +100,9 @@ pub enum StartError {
     /// Database.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// Installing a signal handler failed.
+    #[error("signal handlers: {0}")]
+    Signal(std::io::Error),
 }
 
 /// A started server: its bound addresses and a handle to stop it.
@@ -114,6 +117,8 @@ pub struct Running {
     pub s2s: crate::s2s::inbound::Listening,
     /// Shared state (tests inspect sessions through it).
     pub shared: Arc<Shared>,
+    /// The certificate every listener presents; a reload replaces it.
+    pub certificates: Arc<crate::tls::Certificates>,
     tracker: TaskTracker,
 }
 
@@ -137,8 +142,10 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     store.migrate(&config.database.migrations).await?;
     store.set_audience_cache_ttl(config.database.gate_cache_secs);
     store.set_limits(crate::store::StoreLimits::from_config(&config.limits));
-    let tls = crate::tls::server_config(&config)?;
-    let s2s_tls = crate::tls::s2s_server_config(&config)?;
+    let certificates = crate::tls::Certificates::load(&config)?;
+    let tls = crate::tls::c2s_server_config(&certificates).map_err(crate::tls::TlsError::from)?;
+    let s2s_tls =
+        crate::tls::s2s_server_config_with(&certificates).map_err(crate::tls::TlsError::from)?;
     let liveness = crate::liveness::Liveness::new(&config);
     let s2s = crate::s2s::S2s::new(&config, crate::tls::identity(&config)?);
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
@@ -214,6 +221,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         http_addr,
         s2s,
         shared,
+        certificates,
         tracker,
     })
 }
@@ -250,20 +258,6 @@ fn node_figures(
         let labels = [("method", method), ("direction", direction)];
         ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
     }
-    Ok(())
-}
-
-/// Runs until Ctrl-C or SIGTERM.
-pub async fn run(config: CheckedConfig) -> Result<(), StartError> {
-    let running = start(config).await?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| StartError::Bind(SocketAddr::from(([0, 0, 0, 0], 0)), e))?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
-    running.shutdown().await;
     Ok(())
 }
 

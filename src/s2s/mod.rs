@@ -118,11 +118,12 @@ pub struct S2s {
     cut: tokio_util::sync::CancellationToken,
     /// Roots from `[s2s] ca_file` that peers' certificates must chain to.
     pub roots: Option<Arc<rustls::client::WebPkiServerVerifier>>,
-    /// Our certificate chain and key, presented as TLS client on outgoing streams.
-    identity: (
+    /// Our certificate chain and key, presented as TLS client on outgoing streams;
+    /// replaced on reload ([`S2s::set_client_identity`]), read once per new stream.
+    identity: Mutex<(
         Vec<rustls_pki_types::CertificateDer<'static>>,
         rustls_pki_types::PrivateKeyDer<'static>,
-    ),
+    )>,
     /// How streams authenticated, for tests and metrics.
     auth: AuthCounters,
 }
@@ -197,7 +198,7 @@ impl S2s {
             severed: AtomicBool::new(false),
             cut: tokio_util::sync::CancellationToken::new(),
             roots: config.s2s.ca_file.as_deref().and_then(cert::load_roots),
-            identity,
+            identity: Mutex::new(identity),
             auth: AuthCounters::default(),
         }
     }
@@ -209,7 +210,20 @@ impl S2s {
         Vec<rustls_pki_types::CertificateDer<'static>>,
         rustls_pki_types::PrivateKeyDer<'static>,
     ) {
-        (self.identity.0.clone(), self.identity.1.clone_key())
+        let identity = self.identity.lock().unwrap_or_else(|p| p.into_inner());
+        (identity.0.clone(), identity.1.clone_key())
+    }
+
+    /// Replaces the certificate chain and key later outgoing streams present (a reloaded
+    /// certificate); streams already established keep theirs.
+    pub fn set_client_identity(
+        &self,
+        identity: (
+            Vec<rustls_pki_types::CertificateDer<'static>>,
+            rustls_pki_types::PrivateKeyDer<'static>,
+        ),
+    ) {
+        *self.identity.lock().unwrap_or_else(|p| p.into_inner()) = identity;
     }
 
     /// Counts a stream authenticated with `method`; `inbound` is the direction.
