@@ -160,11 +160,11 @@ async fn run(command: Command, config: CheckedConfig, path: PathBuf) -> Result<(
 async fn connect(config: &Config) -> Result<Store, String> {
     let store = Store::connect(&config.database.url, 2)
         .await
-        .map_err(|e| format!("database: {e}"))?;
+        .map_err(|e| e.to_string())?;
     store
         .migrate(&config.database.migrations)
         .await
-        .map_err(|e| format!("migrations: {e}"))?;
+        .map_err(|e| e.to_string())?;
     Ok(store)
 }
 

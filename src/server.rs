@@ -215,6 +215,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
             direct,
         ));
     }
+    banner(&shared, c2s_addr.or(direct_tls_addr));
     Ok(Running {
         c2s_addr,
         direct_tls_addr,
@@ -224,6 +225,27 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         certificates,
         tracker,
     })
+}
+
+/// The one line that says what started: version, this node, the stores and the liveness
+/// mode, so a log excerpt identifies the server without its configuration.
+fn banner(shared: &Shared, c2s: Option<SocketAddr>) {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned());
+    let port = c2s.map_or(0, |a| a.port());
+    let liveness = match shared.liveness.redis() {
+        Some(redis) => format!("redis {}", redis.target()),
+        None => shared.liveness.backend.name().to_owned(),
+    };
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        node = %format!("{host}:{port}"),
+        domains = %shared.config.domains.join(","),
+        database = %crate::store::database_target(&shared.config.database.url),
+        liveness = %liveness,
+        "presenced started"
+    );
 }
 
 /// The figures /metrics reads from the running node at scrape time (a weak reference in

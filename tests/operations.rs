@@ -137,12 +137,17 @@ impl Server {
             direct_tls: "0.0.0.0:0".parse().unwrap(),
         };
         let line = s
-            .wait_line(|l| l.contains("c2s listening") && l.contains("direct_tls=true"))
+            .wait_line(|l| {
+                l.contains("c2s listening")
+                    && (l.contains("direct_tls=true") || l.contains("\"direct_tls\":true"))
+            })
             .await;
+        // `addr=A` in text, `"addr":"A"` in JSON.
         let addr = line
             .split("addr=")
             .nth(1)
             .and_then(|r| r.split_whitespace().next())
+            .or_else(|| line.split("\"addr\":\"").nth(1)?.split('"').next())
             .expect("address in the listening line");
         s.direct_tls = addr.parse().expect("socket address");
         s
@@ -293,6 +298,21 @@ async fn add_user(setup: &Setup, name: &str, password: &str) {
         .run(&["user", "add", &jid, "--password-file", pw.to_str().unwrap()])
         .await;
     assert!(out.status.success(), "user add: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("already exists, skipping"),
+        "PostgreSQL notices stay out of the log: {stderr}"
+    );
+}
+
+/// A pipe whose reading end is already closed: every write to the other end fails with
+/// EPIPE, as when `presenced … | head -c1` has exited.
+fn closed_pipe() -> Stdio {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0i32; 2];
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    unsafe { libc::close(fds[0]) };
+    Stdio::from(unsafe { std::os::fd::OwnedFd::from_raw_fd(fds[1]) })
 }
 
 #[tokio::test]
@@ -367,4 +387,119 @@ async fn sighup_names_changes_that_need_a_restart_and_other_signals_do_not_kill(
     }
     let (status, _) = server.terminate().await;
     assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn a_closed_stdout_is_not_a_panic() {
+    let setup = Setup::new("");
+    for args in [&["check-config"][..], &["--help"], &["user", "--help"]] {
+        let out = tokio::time::timeout(
+            WAIT,
+            setup
+                .command(args)
+                .stdout(closed_pipe())
+                .stderr(Stdio::piped())
+                .output(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_ne!(out.status.code(), Some(101), "{args:?}: {stderr}");
+    }
+    // And through a real `head -c1`, the way an operator does it.
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -o pipefail; '{}' --config '{}' check-config 2>&1 | head -c1 >/dev/null",
+            env!("CARGO_BIN_EXE_presenced"),
+            setup.config().display()
+        ))
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[tokio::test]
+async fn sigterm_with_a_closed_log_pipe_still_stops_gracefully_and_writes_last_seen() {
+    let setup = Setup::new("");
+    add_user(&setup, "bob", "pw").await;
+    let mut server = Server::start(&setup).await;
+    let (mut bob, _) = Conn::connect(server.direct_tls, &setup.domain, &[&setup.presented()]).await;
+    bob.login(&setup.domain, "bob", "pw", "r").await;
+    bob.ping(&setup.domain, "p").await;
+    // Whatever read the log is gone.
+    server.lines.close();
+    while server.lines.recv().await.is_some() {}
+    let child_stderr_reader_gone = tokio::time::Instant::now();
+    server.signal(libc::SIGTERM);
+    let status = tokio::time::timeout(WAIT, server.child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .unwrap();
+    assert!(
+        status.success(),
+        "{status:?} after {:?}",
+        child_stderr_reader_gone.elapsed()
+    );
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    let seen: Option<(chrono::DateTime<chrono::Utc>,)> =
+        sqlx::query_as("SELECT seen_at FROM last_activity WHERE jid = $1")
+            .bind(format!("bob@{}", setup.domain))
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+    assert!(seen.is_some(), "last seen written at shutdown");
+}
+
+#[tokio::test]
+async fn connection_errors_name_their_target() {
+    let setup = Setup::new("");
+    let out = setup
+        .command(&["user", "del", &format!("x@{}", setup.domain)])
+        .env(
+            "DATABASE_URL",
+            "postgres://postgres:hunter2@127.0.0.1:1/nowhere",
+        )
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("127.0.0.1:1/nowhere"), "{stderr}");
+    assert!(
+        !stderr.contains("hunter2"),
+        "no password in errors: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn json_log_carries_one_banner_with_version_node_and_stores() {
+    let setup = Setup::new("[log]\nformat = \"json\"\n");
+    let mut server = Server::start(&setup).await;
+    let banner = server.wait_line(|l| l.contains("presenced started")).await;
+    assert!(banner.starts_with('{') && banner.ends_with('}'), "{banner}");
+    for field in [
+        "\"version\":\"",
+        "\"node\":\"",
+        "\"database\":\"",
+        "\"liveness\":\"in-process\"",
+    ] {
+        assert!(banner.contains(field), "{field} in {banner}");
+    }
+    let (status, log) = server.terminate().await;
+    assert!(status.success());
+    assert_eq!(
+        log.iter()
+            .filter(|l| l.contains("presenced started"))
+            .count(),
+        1
+    );
+    assert!(
+        log.iter().all(|l| l.starts_with('{')),
+        "every line is JSON: {log:?}"
+    );
 }

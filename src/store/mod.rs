@@ -85,6 +85,21 @@ impl Default for StoreLimits {
     }
 }
 
+/// Where a PostgreSQL URL points, for logs and errors: `host:port/database` (or the
+/// socket directory), without user or password.
+pub fn database_target(url: &str) -> String {
+    use std::str::FromStr;
+    match sqlx::postgres::PgConnectOptions::from_str(url) {
+        Ok(o) => format!(
+            "{}:{}/{}",
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap_or("")
+        ),
+        Err(_) => "(unparseable [database] url)".to_owned(),
+    }
+}
+
 /// Why a store operation failed. Constraint-type failures are separate variants so the
 /// caller can answer the client precisely (e.g. `bad-request` for a roster item the
 /// schema refuses) instead of `internal-server-error`.
@@ -93,9 +108,27 @@ pub enum StoreError {
     /// The database could not be reached or a query failed.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
+    /// Connecting to (or creating) the database failed; `target` says where it went.
+    #[error("database {target}: {source}")]
+    Connect {
+        /// `host:port/database`, never the password.
+        target: String,
+        /// The cause.
+        #[source]
+        source: sqlx::Error,
+    },
     /// Applying the migrations failed (bad file, or an applied one was edited).
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The migrations directory could not be read.
+    #[error("migrations {dir}: {source}")]
+    MigrationsDir {
+        /// The directory.
+        dir: String,
+        /// The cause.
+        #[source]
+        source: sqlx::migrate::MigrateError,
+    },
     /// create_account for a username that already exists on that domain.
     #[error("account already exists")]
     AccountExists,
@@ -218,19 +251,24 @@ impl Store {
     /// default databases; this saves operators a manual `createdb`).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
         use sqlx::migrate::MigrateDatabase;
-        if !sqlx::Postgres::database_exists(url).await? {
-            tracing::warn!("database does not exist; creating it");
+        let failed = |source| StoreError::Connect {
+            target: database_target(url),
+            source,
+        };
+        if !sqlx::Postgres::database_exists(url).await.map_err(failed)? {
+            tracing::warn!(database = %database_target(url), "database does not exist; creating it");
             if let Err(e) = sqlx::Postgres::create_database(url).await {
                 // Another process may have created it meanwhile.
-                if !sqlx::Postgres::database_exists(url).await? {
-                    return Err(e.into());
+                if !sqlx::Postgres::database_exists(url).await.map_err(failed)? {
+                    return Err(failed(e));
                 }
             }
         }
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .connect(url)
-            .await?;
+            .await
+            .map_err(failed)?;
         Ok(Store::from_pool(pool))
     }
 
@@ -264,7 +302,12 @@ impl Store {
     /// Applies the `*.sql` migrations found in `dir` that the database has not seen yet.
     /// sqlx holds an advisory lock meanwhile, so nodes starting together are safe.
     pub async fn migrate(&self, dir: &Path) -> Result<(), StoreError> {
-        let mut migrator = sqlx::migrate::Migrator::new(dir).await?;
+        let mut migrator = sqlx::migrate::Migrator::new(dir).await.map_err(|source| {
+            StoreError::MigrationsDir {
+                dir: dir.display().to_string(),
+                source,
+            }
+        })?;
         // A database migrated by a newer build (or holding an operator's retired file)
         // must not stop an older binary from starting: unknown applied versions are
         // tolerated, edited files are still refused by their checksums.
