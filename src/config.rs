@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +37,7 @@ pub enum ConfigError {
 }
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// The XMPP domains this server hosts (RFC 6120 §2.1). Streams to any other are refused
@@ -84,7 +84,7 @@ impl Default for Config {
 }
 
 /// `[log]`: the log on standard error.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// tracing filter directives, e.g. `"info"` or `"info,presenced::s2s=debug"`.
@@ -104,7 +104,7 @@ impl Default for LogConfig {
 }
 
 /// The shape of a log line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable.
@@ -114,7 +114,7 @@ pub enum LogFormat {
 }
 
 /// `[c2s]`: where clients connect.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct C2sConfig {
     /// Address both client listeners bind to.
@@ -139,7 +139,7 @@ impl Default for C2sConfig {
 }
 
 /// `[tls]`: certificates, one pair per domain or one pair for all.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
     /// PEM certificate chain. Unset (`""` in the file): a self-signed certificate is
@@ -164,7 +164,7 @@ impl Default for TlsConfig {
 }
 
 /// `[database]`: PostgreSQL, the durable store.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
     /// Connection URL; `DATABASE_URL` overrides it.
@@ -193,7 +193,7 @@ impl Default for DatabaseConfig {
 }
 
 /// `[redis]`: liveness and routing state.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
     /// Connection URL; `REDIS_URL` overrides it. Empty (the default) runs liveness in
@@ -225,7 +225,7 @@ impl Default for RedisConfig {
 
 /// `[liveness]`: how silence is turned into "unavailable". Times are written in seconds and
 /// may be fractional (tests scale them down); see [`crate::liveness`] for how they relate.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LivenessConfig {
     /// H: after this much inbound silence the server pings the client (XEP-0199 on TCP,
@@ -280,7 +280,7 @@ impl Default for LivenessConfig {
 }
 
 /// `[http]`: one HTTP(S) listener for RFC 7395 WebSocket, XEP-0156 discovery and metrics.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// Whether to listen at all.
@@ -320,7 +320,7 @@ impl Default for HttpConfig {
 }
 
 /// `[auth]`: SASL and registration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Offer SASL PLAIN (only ever after TLS, RFC 6120 §13.8).
@@ -342,7 +342,7 @@ impl Default for AuthConfig {
 }
 
 /// `[limits]`: what one client may cost. Each violation gets the RFC 6120 error named here.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
     /// Largest stanza in bytes (policy-violation, RFC 6120 §13.12).
@@ -444,7 +444,7 @@ impl Default for LimitsConfig {
 }
 
 /// `[s2s]`: federation (RFC 6120 server-to-server streams, XEP-0220 dialback, XEP-0178).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct S2sConfig {
     /// Whether to federate at all; off means every remote stanza bounces with
@@ -511,7 +511,7 @@ pub struct S2sConfig {
 }
 
 /// How much a remote domain must prove before its stanzas are accepted.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct S2sPolicy {
     /// Only SASL EXTERNAL with a verified certificate is accepted (XEP-0178); dialback is
@@ -596,6 +596,23 @@ impl FromStr for Route {
     }
 }
 
+impl std::fmt::Display for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.direct_tls { "xmpps://" } else { "" };
+        if self.host.contains(':') {
+            write!(f, "{scheme}[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{scheme}{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl Serialize for Route {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl<'de> Deserialize<'de> for Route {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Route, D::Error> {
         String::deserialize(d)?
@@ -626,6 +643,16 @@ impl FromStr for Nameserver {
             addr => addr.parse().map(Nameserver::Server).map_err(|_| {
                 format!("[s2s] nameserver must be \"\", \"none\" or ip:port, not `{addr}`")
             }),
+        }
+    }
+}
+
+impl Serialize for Nameserver {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Nameserver::System => s.serialize_str(""),
+            Nameserver::Disabled => s.serialize_str("none"),
+            Nameserver::Server(addr) => s.collect_str(addr),
         }
     }
 }
@@ -674,6 +701,10 @@ mod secs {
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         super::duration_from(d, 1.0)
     }
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
 }
 
 /// Serde for an optional setting written as a string, `""` meaning unset (the file format
@@ -689,6 +720,17 @@ mod unset_if_empty {
         let s = String::deserialize(d)?;
         Ok((!s.is_empty()).then(|| T::from(s)))
     }
+
+    pub fn serialize<S, T>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error>
+    where
+        S: serde::Serializer,
+        T: serde::Serialize,
+    {
+        match v {
+            Some(t) => t.serialize(s),
+            None => s.serialize_str(""),
+        }
+    }
 }
 
 /// Serde for a [`Duration`] written as milliseconds.
@@ -697,6 +739,10 @@ mod millis {
 
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         super::duration_from(d, 1e-3)
+    }
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1e3)
     }
 }
 

@@ -48,8 +48,13 @@ enum Command {
     Reload,
     /// Apply the SQL migrations in [database] migrations and exit.
     Migrate,
-    /// Parse and validate the configuration, print the effective values, exit.
-    CheckConfig,
+    /// Validate the configuration, check the files and certificate it names, print the
+    /// effective values. Exit status: 0 fine, 1 a check failed, 2 the file is invalid.
+    CheckConfig {
+        /// Also reach PostgreSQL and Redis and say what answered.
+        #[arg(long)]
+        connect: bool,
+    },
     /// Manage accounts.
     User {
         #[command(subcommand)]
@@ -130,19 +135,18 @@ async fn run(command: Command, config: CheckedConfig, path: PathBuf) -> Result<(
             .await
             .map_err(|e| e.to_string()),
         Command::Reload => unreachable!("handled before the runtime starts"),
-        Command::CheckConfig => {
-            out!("configuration OK");
-            out!("domains: {}", config.domains.join(", "));
-            out!(
-                "c2s: {}:{} (STARTTLS), direct TLS {} on port {}",
-                config.c2s.bind,
-                config.c2s.port,
-                if config.c2s.direct_tls { "on" } else { "off" },
-                config.c2s.direct_tls_port
-            );
-            out!("migrations: {}", config.database.migrations.display());
-            out!("limits: {:?}", config.limits);
-            Ok(())
+        Command::CheckConfig { connect } => {
+            use presenced::control::check;
+            let mut findings = check::files(&config).await;
+            if connect {
+                findings.extend(check::connect(&config).await);
+            }
+            let effective = check::effective(&config).map_err(|e| e.to_string())?;
+            out!("{}", check::render(&findings, &effective).trim_end());
+            match findings.iter().any(|f| f.level == check::Level::Fail) {
+                true => Err("check-config: a check failed (FAIL lines above)".into()),
+                false => Ok(()),
+            }
         }
         Command::Migrate => {
             let store = connect(&config).await?;

@@ -257,9 +257,7 @@ impl HandshakeSignatures {
 /// Paths of the development certificate for `domains` in `dir`, generating it when absent.
 /// The file name carries the domain list so a changed list gets a fresh certificate.
 pub fn ensure_self_signed(dir: &Path, domains: &[String]) -> Result<(String, String), TlsError> {
-    let stem = domains.join("+");
-    let cert = dir.join(format!("selfsigned-{stem}.pem"));
-    let key = dir.join(format!("selfsigned-{stem}.key"));
+    let (cert, key) = self_signed_paths(dir, domains);
     if cert.exists() && key.exists() {
         return Ok((path_str(&cert), path_str(&key)));
     }
@@ -279,6 +277,18 @@ pub fn ensure_self_signed(dir: &Path, domains: &[String]) -> Result<(String, Str
     write_private(&key, generated.key_pair.serialize_pem().as_bytes())
         .map_err(|e| TlsError::Write(path_str(&key), e))?;
     Ok((path_str(&cert), path_str(&key)))
+}
+
+/// Where the development certificate for `domains` lives in `dir` (certificate, key).
+pub fn self_signed_paths(
+    dir: &Path,
+    domains: &[String],
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let stem = domains.join("+");
+    (
+        dir.join(format!("selfsigned-{stem}.pem")),
+        dir.join(format!("selfsigned-{stem}.key")),
+    )
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -503,3 +503,100 @@ async fn json_log_carries_one_banner_with_version_node_and_stores() {
         "every line is JSON: {log:?}"
     );
 }
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test]
+async fn check_config_on_a_good_setup_reaches_the_stores_and_shows_every_table() {
+    let setup = Setup::new("");
+    let out = setup
+        .command(&["check-config", "--connect"])
+        .env(
+            "DATABASE_URL",
+            database_url().replace("postgres@", "postgres:pw@"),
+        )
+        .env("REDIS_URL", "redis://127.0.0.1:6379")
+        .output()
+        .await
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("key matches, names"), "{t}");
+    assert!(t.contains("PostgreSQL 127.0.0.1:5432/"), "{t}");
+    assert!(t.contains(": reached, version"), "{t}");
+    assert!(t.contains("Redis 127.0.0.1:6379: reached, version"), "{t}");
+    assert!(t.contains("postgres:***@"), "password elided: {t}");
+    assert!(!t.contains(":pw@"), "{t}");
+    for table in ["[c2s]", "[tls]", "[limits]", "[liveness]", "[s2s]", "[log]"] {
+        assert!(t.contains(table), "{table}: {t}");
+    }
+    assert!(!t.contains("Config {"), "no debug dump: {t}");
+}
+
+#[tokio::test]
+async fn check_config_fails_broken_files_and_unreachable_stores_with_their_names() {
+    // A migrations directory that does not exist.
+    let setup = Setup::new("");
+    let text_cfg = std::fs::read_to_string(setup.config()).unwrap();
+    let broken = text_cfg.replace(
+        &format!(
+            "migrations = \"{}",
+            Path::new(env!("CARGO_MANIFEST_DIR")).display()
+        ),
+        "migrations = \"/nonexistent",
+    );
+    std::fs::write(setup.config(), &broken).unwrap();
+    let out = setup.run(&["check-config"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("FAIL  [database] migrations /nonexistent"),
+        "{}",
+        text(&out)
+    );
+    std::fs::write(setup.config(), &text_cfg).unwrap();
+
+    // A certificate for another name.
+    let other = rcgen::generate_simple_self_signed(vec!["other.example".into()]).unwrap();
+    std::fs::write(setup.dir.join("cert.pem"), other.cert.pem()).unwrap();
+    std::fs::write(setup.dir.join("key.pem"), other.key_pair.serialize_pem()).unwrap();
+    let out = setup.run(&["check-config"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("does not name {}", setup.domain)),
+        "{}",
+        text(&out)
+    );
+
+    // A key that is not the certificate's.
+    setup.write_certificate();
+    std::fs::write(setup.dir.join("key.pem"), other.key_pair.serialize_pem()).unwrap();
+    let out = setup.run(&["check-config"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("FAIL  [tls]"), "{}", text(&out));
+    setup.write_certificate();
+    assert_eq!(setup.run(&["check-config"]).await.status.code(), Some(0));
+
+    // Unreachable stores: each named by where it was looked for.
+    let out = setup
+        .command(&["check-config", "--connect"])
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/nowhere")
+        .env("REDIS_URL", "redis://127.0.0.1:1")
+        .output()
+        .await
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("FAIL  PostgreSQL 127.0.0.1:1/nowhere"), "{t}");
+    assert!(t.contains("FAIL  Redis 127.0.0.1:1"), "{t}");
+
+    // A file that does not validate: 2, nothing else checked.
+    std::fs::write(setup.config(), "domains = []\n").unwrap();
+    let out = setup.run(&["check-config"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}

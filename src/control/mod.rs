@@ -11,6 +11,7 @@
 //! The handlers are installed before the server starts, so no signal that arrives during
 //! start-up (migrations, binding) takes the default action of killing the process.
 
+pub mod check;
 pub mod procs;
 pub mod reload;
 
