@@ -57,12 +57,14 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Heartbeats, TTLs, the sweeper, the grace period and last-seen batching.
     pub liveness: LivenessConfig,
-    /// The HTTP(S) listener: RFC 7395 WebSocket, XEP-0156 host-meta, /metrics.
+    /// The HTTP(S) listener: RFC 7395 WebSocket, XEP-0156 host-meta.
     pub http: HttpConfig,
     /// Federation with other servers.
     pub s2s: S2sConfig,
     /// What is logged and how.
     pub log: LogConfig,
+    /// The operators' side: metrics listener and admin socket.
+    pub admin: AdminConfig,
 }
 
 impl Default for Config {
@@ -79,6 +81,34 @@ impl Default for Config {
             http: HttpConfig::default(),
             s2s: S2sConfig::default(),
             log: LogConfig::default(),
+            admin: AdminConfig::default(),
+        }
+    }
+}
+
+/// `[admin]`: what only operators reach.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Serve `/metrics` on `bind:port` (a listener of its own, never a client port).
+    pub enabled: bool,
+    /// Address of the metrics listener; loopback unless a scraper elsewhere needs it.
+    pub bind: IpAddr,
+    /// Port of the metrics listener (0: the system picks one, logged at start).
+    pub port: u16,
+    /// Unix socket of the admin commands (`user list`, `session …`, `stats`), created
+    /// with mode 0600; empty: no admin socket.
+    #[serde(with = "unset_if_empty")]
+    pub socket: Option<PathBuf>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            enabled: true,
+            bind: IpAddr::from([127, 0, 0, 1]),
+            port: 5281,
+            socket: Some(PathBuf::from("presenced-admin.sock")),
         }
     }
 }
@@ -279,7 +309,7 @@ impl Default for LivenessConfig {
     }
 }
 
-/// `[http]`: one HTTP(S) listener for RFC 7395 WebSocket, XEP-0156 discovery and metrics.
+/// `[http]`: one HTTP(S) listener for RFC 7395 WebSocket and XEP-0156 discovery.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
@@ -298,9 +328,7 @@ pub struct HttpConfig {
     /// `wss://<domain>:<port><websocket_path>` from the request's Host.
     #[serde(with = "unset_if_empty")]
     pub websocket_url: Option<String>,
-    /// Serve Prometheus counters at /metrics.
-    pub metrics: bool,
-    /// Largest HTTP request head in bytes.
+    /// Largest HTTP request head in bytes (this listener and `[admin]`'s).
     pub max_request_head: usize,
 }
 
@@ -313,7 +341,6 @@ impl Default for HttpConfig {
             tls: true,
             websocket_path: "/xmpp-websocket".into(),
             websocket_url: None,
-            metrics: true,
             max_request_head: 8192,
         }
     }
@@ -828,9 +855,14 @@ impl Config {
         };
         fix(&mut self.database.migrations);
         fix(&mut self.tls.certs_dir);
-        for p in [&mut self.s2s.ca_file, &mut self.tls.cert, &mut self.tls.key]
-            .into_iter()
-            .flatten()
+        for p in [
+            &mut self.s2s.ca_file,
+            &mut self.tls.cert,
+            &mut self.tls.key,
+            &mut self.admin.socket,
+        ]
+        .into_iter()
+        .flatten()
         {
             fix(p);
         }
@@ -852,6 +884,21 @@ impl Config {
         }
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("[tls] cert and key must be given together");
+        }
+        if self.admin.enabled && self.admin.port != 0 {
+            let clients = [
+                (self.c2s.bind, self.c2s.port),
+                (self.c2s.bind, self.c2s.direct_tls_port),
+                (self.http.bind, self.http.port),
+            ];
+            if clients.iter().any(|&(bind, port)| {
+                port == self.admin.port
+                    && (bind == self.admin.bind
+                        || bind.is_unspecified()
+                        || self.admin.bind.is_unspecified())
+            }) {
+                return bad("[admin] port must differ from the client ports ([c2s], [http])");
+            }
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return bad(&format!("[log] level `{}`: {e}", self.log.level));

@@ -111,8 +111,10 @@ pub struct Running {
     pub c2s_addr: Option<SocketAddr>,
     /// Address of the direct TLS listener, if enabled.
     pub direct_tls_addr: Option<SocketAddr>,
-    /// Address of the HTTP(S) listener (WebSocket, host-meta, metrics), if enabled.
+    /// Address of the HTTP(S) listener (WebSocket, host-meta), if enabled.
     pub http_addr: Option<SocketAddr>,
+    /// Address of the operators' listener (`/metrics`), if enabled.
+    pub admin_addr: Option<SocketAddr>,
     /// Addresses of the s2s listeners, if federation is enabled.
     pub s2s: crate::s2s::inbound::Listening,
     /// Shared state (tests inspect sessions through it).
@@ -183,6 +185,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     // One admission policy for every client-facing listener (s2s has its own limits).
     let limits = Arc::new(ListenerPolicy::new(&shared.config));
     let http_addr = crate::http::start(&shared, &tracker, limits.clone()).await?;
+    let admin_addr = crate::http::start_admin(&shared, &tracker).await?;
     let s2s = crate::s2s::inbound::listen(&shared, &tracker).await?;
     let bind = shared.config.c2s.bind;
     let mut c2s_addr = None;
@@ -220,11 +223,23 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         c2s_addr,
         direct_tls_addr,
         http_addr,
+        admin_addr,
         s2s,
         shared,
         certificates,
         tracker,
     })
+}
+
+/// Bound sessions that are not invisible: the only session count any report shows.
+pub fn visible_sessions(shared: &Shared) -> usize {
+    let mut n = 0;
+    shared.sessions.for_each(|s| {
+        if !shared.privacy.is_invisible(s.id) {
+            n += 1;
+        }
+    });
+    n
 }
 
 /// The one line that says what started: version, this node, the stores and the liveness
@@ -257,11 +272,13 @@ fn node_figures(
     use prometheus_client::encoding::EncodeMetric;
     use prometheus_client::metrics::counter::ConstCounter;
     shared.liveness.metrics.encode(encoder)?;
+    // Invisible sessions (XEP-0186) are not counted: a count that rises when an invisible
+    // user logs in would tell whoever reads it what the user's contacts may not learn.
     crate::metrics::gauge(
         encoder,
         "sessions",
-        "Bound client sessions on this node.",
-        shared.sessions.count() as i64,
+        "Bound client sessions on this node, invisible ones not counted.",
+        visible_sessions(shared) as i64,
     )?;
     let n = shared.s2s.auth_counts();
     let counter = ConstCounter::new(0u64);

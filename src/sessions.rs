@@ -195,6 +195,12 @@ impl Sessions {
         }
     }
 
+    /// Calls `f` for every bound session, under the registry's read lock (keep `f` short).
+    pub fn for_each(&self, f: impl FnMut(&SessionHandle)) {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        map.values().flatten().for_each(f);
+    }
+
     /// The session bound to exactly this full JID.
     pub fn get(&self, jid: &FullJid) -> Option<SessionHandle> {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());

@@ -1298,3 +1298,51 @@ async fn timing_stranger_iq_online_and_offline_take_the_same_time() {
     assert!((ratio - 1.0).abs() < 0.10, "ratio {ratio:.3}");
     ts.stop().await;
 }
+
+#[tokio::test]
+async fn metrics_are_only_on_the_admin_listener_and_do_not_count_invisible_sessions() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    let _alice = online(&ts, "alice", "phone").await;
+    let sessions = |m: &std::collections::HashMap<String, f64>| m["presenced_sessions"];
+    assert_eq!(sessions(&ts.scrape_metrics().await), 1.0);
+
+    let mut bob = ts.login("bob", "laptop").await;
+    let r = bob
+        .iq(
+            "set",
+            None,
+            el(&format!("<invisible xmlns='{NS_INVISIBLE}'/>")),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"));
+    bob.presence(None, None).await;
+    assert_eq!(
+        sessions(&ts.scrape_metrics().await),
+        1.0,
+        "an invisible session is not counted"
+    );
+    let r = bob
+        .iq(
+            "set",
+            None,
+            el(&format!("<visible xmlns='{NS_INVISIBLE}'/>")),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"));
+    assert_eq!(sessions(&ts.scrape_metrics().await), 2.0);
+
+    // The client-facing listener has no /metrics; the admin one sends no CORS header.
+    let public = ts.http_get("/metrics", &ts.domain).await;
+    assert!(public.starts_with("HTTP/1.1 404"), "{public}");
+    let admin = ts.admin_get("/metrics").await;
+    assert!(admin.starts_with("HTTP/1.1 200"), "{admin}");
+    assert!(
+        !admin
+            .to_ascii_lowercase()
+            .contains("access-control-allow-origin"),
+        "{admin}"
+    );
+    ts.stop().await;
+}
