@@ -17,6 +17,7 @@
 //! Pure decision code (the RFC 6121 subscription table in [`presence::subscription`],
 //! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
 
+pub mod admin;
 pub mod blocking;
 pub mod c2s;
 pub mod config;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use presenced::admin::{ClientError, Request};
 use presenced::config::{CheckedConfig, Config};
 use presenced::jid::BareJid;
 use presenced::store::{Store, StoreError};
@@ -36,6 +37,9 @@ struct Cli {
     /// Configuration file (see presenced.example.toml).
     #[arg(long, short, global = true, default_value = "presenced.toml")]
     config: PathBuf,
+    /// Print the answer of an admin command (user list, session …, stats) as JSON.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -60,6 +64,30 @@ enum Command {
         #[command(subcommand)]
         action: UserAction,
     },
+    /// Sessions on the running server (over the admin socket).
+    Session {
+        #[command(subcommand)]
+        action: SessionAction,
+    },
+    /// Figures of the running server (over the admin socket).
+    Stats,
+}
+
+#[derive(Subcommand)]
+enum SessionAction {
+    /// Bound sessions: full JID, transport, IP, since; of one account or resource, or all.
+    List {
+        /// Bare JID (that account's sessions) or full JID (one resource).
+        jid: Option<String>,
+    },
+    /// End sessions with a stream error (policy-violation); contacts see them go offline.
+    Kick {
+        /// Bare JID (every resource) or full JID (one).
+        jid: String,
+        /// Text sent with the stream error.
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -81,7 +109,14 @@ enum UserAction {
         #[arg(long)]
         password_file: Option<PathBuf>,
     },
-    /// Delete an account and everything it owns.
+    /// Accounts, of one domain or all (over the admin socket).
+    List {
+        /// Only this domain.
+        #[arg(long)]
+        domain: Option<String>,
+    },
+    /// Delete an account and everything it owns; a running server first ends its
+    /// sessions with a stream error.
     Del {
         /// The account's bare JID.
         jid: String,
@@ -120,7 +155,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli.command, config, cli.config)) {
+    match rt.block_on(run(cli.command, config, cli.config, cli.json)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
             eprintln_safe(&format!("presenced: {msg}"));
@@ -129,7 +164,12 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command, config: CheckedConfig, path: PathBuf) -> Result<(), String> {
+async fn run(
+    command: Command,
+    config: CheckedConfig,
+    path: PathBuf,
+    json: bool,
+) -> Result<(), String> {
     match command {
         Command::Serve => presenced::control::run(config, path)
             .await
@@ -157,7 +197,17 @@ async fn run(command: Command, config: CheckedConfig, path: PathBuf) -> Result<(
             drop(store);
             Ok(())
         }
-        Command::User { action } => user(action, &config).await,
+        Command::User {
+            action: UserAction::List { domain },
+        } => admin(&config, Request::UserList { domain }, json).await,
+        Command::User { action } => user(action, &config, json).await,
+        Command::Session {
+            action: SessionAction::List { jid },
+        } => admin(&config, Request::SessionList { jid }, json).await,
+        Command::Session {
+            action: SessionAction::Kick { jid, reason },
+        } => admin(&config, Request::SessionKick { jid, reason }, json).await,
+        Command::Stats => admin(&config, Request::Stats, json).await,
     }
 }
 
@@ -212,7 +262,33 @@ fn read_password(file: Option<PathBuf>) -> Result<String, String> {
     Ok(pw)
 }
 
-async fn user(action: UserAction, config: &Config) -> Result<(), String> {
+/// One admin command against the running server, its answer printed.
+async fn admin(config: &Config, req: Request, json: bool) -> Result<(), String> {
+    let path = admin_socket(config)?;
+    let answer = presenced::admin::request(&path, &req)
+        .await
+        .map_err(|e| e.to_string())?;
+    print_answer(&req, &answer, json);
+    Ok(())
+}
+
+fn admin_socket(config: &Config) -> Result<PathBuf, String> {
+    config
+        .admin
+        .socket
+        .clone()
+        .ok_or_else(|| "[admin] socket is not set: no admin commands".to_owned())
+}
+
+fn print_answer(req: &Request, answer: &serde_json::Value, json: bool) {
+    if json {
+        out!("{answer}");
+    } else {
+        out!("{}", presenced::admin::render(req, answer).trim_end());
+    }
+}
+
+async fn user(action: UserAction, config: &Config, json: bool) -> Result<(), String> {
     let iterations = config.auth.scram_iterations;
     match action {
         UserAction::Add { jid, password_file } => {
@@ -241,8 +317,24 @@ async fn user(action: UserAction, config: &Config) -> Result<(), String> {
                 Err(e) => Err(e.to_string()),
             }
         }
+        UserAction::List { .. } => unreachable!("an admin command"),
         UserAction::Del { jid } => {
             let (node, domain) = account(&jid, config)?;
+            // A running server ends the account's sessions, then deletes it; without one
+            // there is no session to end and the row goes directly.
+            if let Ok(path) = admin_socket(config) {
+                let req = Request::UserDel {
+                    jid: format!("{node}@{domain}"),
+                };
+                match presenced::admin::request(&path, &req).await {
+                    Ok(answer) => {
+                        print_answer(&req, &answer, json);
+                        return Ok(());
+                    }
+                    Err(ClientError::Unreachable(_)) => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
             let store = connect(config).await?;
             match store.delete_account(&node, &domain).await {
                 Ok(true) => {

@@ -100,6 +100,9 @@ pub enum StartError {
     /// Database.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The admin socket could not be set up.
+    #[error("admin socket {0}")]
+    Admin(std::io::Error),
     /// Installing a signal handler failed.
     #[error("signal handlers: {0}")]
     Signal(std::io::Error),

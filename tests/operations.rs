@@ -55,6 +55,8 @@ migrations = "{migrations}"
 enabled = false
 [s2s]
 enabled = false
+[admin]
+port = 0
 {extra}
 "#,
             domain = setup.domain,
@@ -599,4 +601,114 @@ async fn check_config_fails_broken_files_and_unreachable_stores_with_their_names
     std::fs::write(setup.config(), "domains = []\n").unwrap();
     let out = setup.run(&["check-config"]).await;
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+async fn make_mutual(a: &str, b: &str) {
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
+        .bind(a)
+        .bind(b)
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn admin_commands_list_kick_and_delete_against_the_running_server() {
+    // [liveness] grace short: a kicked session is announced like any closed one.
+    let setup = Setup::new("[liveness]\ngrace = 0.2\n");
+    let d = setup.domain.clone();
+    add_user(&setup, "alice", "pw").await;
+    add_user(&setup, "bob", "pw").await;
+    make_mutual(&format!("alice@{d}"), &format!("bob@{d}")).await;
+    let mut server = Server::start(&setup).await;
+    server
+        .wait_line(|l| l.contains("admin socket listening"))
+        .await;
+    let sock = setup.dir.join("presenced-admin.sock");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "admin socket is private");
+    }
+    let trusted = setup.presented();
+    let (mut alice, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+    alice.login(&d, "alice", "pw", "a").await;
+    alice.send("<presence/>").await;
+    let (mut bob, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+    bob.login(&d, "bob", "pw", "b").await;
+    bob.send("<presence/>").await;
+    alice.until(&format!("from='bob@{d}/b'")).await;
+
+    let out = setup.run(&["user", "list", "--domain", &d]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("alice@{d}\nbob@{d}\n")
+    );
+
+    let out = setup.run(&["session", "list", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let bob_row = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["jid"] == format!("bob@{d}/b"))
+        .unwrap_or_else(|| panic!("bob in {list}"));
+    assert_eq!(bob_row["transport"], "tcp");
+    assert_eq!(bob_row["ip"], "127.0.0.1");
+    assert!(bob_row["since"].as_str().unwrap().ends_with('Z'));
+
+    let out = setup
+        .run(&[
+            "session",
+            "kick",
+            &format!("bob@{d}/b"),
+            "--reason",
+            "maintenance",
+        ])
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+    let end = bob.until("</stream:stream>").await;
+    assert!(
+        end.contains("policy-violation") && end.contains("maintenance"),
+        "{end}"
+    );
+    let gone = alice.until("type='unavailable'").await + &alice.until(">").await;
+    assert!(gone.contains(&format!("from='bob@{d}/b'")), "{gone}");
+
+    let out = setup.run(&["stats", "--json"]).await;
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["sessions"], 1, "{stats}");
+    assert_eq!(stats["users_online"], 1, "{stats}");
+
+    // user del ends bob's new session before the account goes.
+    let (mut bob, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+    bob.login(&d, "bob", "pw", "b2").await;
+    let out = setup.run(&["user", "del", &format!("bob@{d}")]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("1 session(s) ended"), "{}", text(&out));
+    let end = bob.until("</stream:stream>").await;
+    assert!(end.contains("not-authorized"), "{end}");
+    let out = setup.run(&["user", "list"]).await;
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(&format!("bob@{d}")));
+
+    let out = setup
+        .run(&["session", "kick", &format!("nobody@{d}")])
+        .await;
+    assert!(!out.status.success());
+    assert!(text(&out).contains("no session of"), "{}", text(&out));
+
+    let (status, _) = server.terminate().await;
+    assert!(status.success());
+    assert!(!sock.exists(), "the socket goes with the server");
+    // Without a server, admin commands say so and name the socket.
+    let out = setup.run(&["stats"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("presenced-admin.sock"),
+        "{}",
+        text(&out)
+    );
 }

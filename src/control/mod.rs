@@ -40,6 +40,10 @@ pub async fn run(config: CheckedConfig, config_path: PathBuf) -> Result<(), Star
             },
         }
     };
+    if let Err(e) = crate::admin::start(&running.shared).await {
+        running.shutdown().await;
+        return Err(StartError::Admin(e));
+    }
     loop {
         match signals.next().await {
             Sig::Stop(name) => {
