@@ -29,12 +29,7 @@ pub async fn start(
         return Ok(None);
     }
     let addr = SocketAddr::new(c.bind, c.port);
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| StartError::Bind(addr, e))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| StartError::Bind(addr, e))?;
+    let (listener, local) = crate::server::bind(addr).await?;
     tracing::info!(addr = %local, tls = c.tls, path = %c.websocket_path, "http listening");
     tracker.spawn(accept_loop(listener, shared.clone(), policy));
     Ok(Some(local))
@@ -77,12 +72,7 @@ pub async fn start_admin(
         return Ok(None);
     }
     let addr = SocketAddr::new(c.bind, c.port);
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| StartError::Bind(addr, e))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| StartError::Bind(addr, e))?;
+    let (listener, local) = crate::server::bind(addr).await?;
     tracing::info!(addr = %local, "admin http listening (/metrics)");
     let shared = shared.clone();
     tracker.spawn(async move {

@@ -201,12 +201,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
             continue;
         }
         let addr = SocketAddr::new(bind, port);
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| StartError::Bind(addr, e))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| StartError::Bind(addr, e))?;
+        let (listener, local) = self::bind(addr).await?;
         tracing::info!(addr = %local, direct_tls = direct, "c2s listening");
         if direct {
             direct_tls_addr = Some(local);
@@ -243,6 +238,18 @@ pub fn visible_sessions(shared: &Shared) -> usize {
         }
     });
     n
+}
+
+/// Binds a TCP listener; returns it with the address it got (port 0 picks one). The error
+/// names the address.
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| StartError::Bind(addr, e))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| StartError::Bind(addr, e))?;
+    Ok((listener, local))
 }
 
 /// The one line that says what started: version, this node, the stores and the liveness
