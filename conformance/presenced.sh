@@ -38,7 +38,8 @@ direct_tls = false
 certs_dir = "$RUN_DIR/certs"
 [database]
 url = "$DATABASE_URL"
-migrations = "$ROOT/migrations"
+# The schema is built into the binary; no operator migrations.
+migrations = "$RUN_DIR/migrations.d"
 [liveness]
 # The grace period holds back the unavailable of a closed or dropped stream (RFC 6121
 # §4.5.2 then still holds, later); the suite waits 3 s per expectation, so it runs with 1 s

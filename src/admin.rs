@@ -21,7 +21,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use crate::error::StreamError;
 use crate::jid::{BareJid, FullJid};
-use crate::server::Shared;
+use crate::node::Shared;
 use crate::sessions::SessionHandle;
 
 /// Longest request line read; every request is far shorter.

@@ -20,11 +20,11 @@
 //! say nothing about the user's status. (XEP-0191 §3.3 defers to XEP-0016, which lets a
 //! server bounce a blocked message with `service-unavailable` "so the user appears
 //! offline"; here an offline user's messages are dropped silently — see
-//! [`crate::router`] — so dropping is what appearing offline means on this server.)
+//! the router — so dropping is what appearing offline means on this server.)
 
-use crate::c2s::{iq_result, Session};
-use crate::error::StanzaError;
-use crate::server::Shared;
+use crate::error::{iq_result, StanzaError};
+use crate::node::session::Session;
+use crate::node::Shared;
 use crate::store::StoreError;
 use crate::xml::{Element, Node, NS_CLIENT};
 
@@ -159,7 +159,7 @@ fn push(shared: &Shared, owner: &str, what: &str, jids: &[String]) {
         }
         let iq = Element::new("iq", NS_CLIENT)
             .attr("type", "set")
-            .attr("id", format!("block{}", crate::c2s::new_id()))
+            .attr("id", format!("block{}", crate::xml::new_id()))
             .attr("to", s.jid.to_string())
             .child(payload.clone());
         s.send(iq);
@@ -200,7 +200,7 @@ pub fn blocked_error(el: &Element) -> Option<Element> {
 /// Store failures let the stanza through (chat never stalls on the database) and are
 /// logged.
 pub async fn outbound_to_blocked(shared: &Shared, sender: &str, to: &str, el: &Element) -> Verdict {
-    let owner = crate::presence::gate::bare_of(sender);
+    let owner = crate::jid::bare_of(sender);
     match shared.store.is_blocked(owner, to).await {
         Ok(false) => Verdict::Pass,
         Ok(true) if is_request(el) => match blocked_error(el) {
@@ -224,7 +224,7 @@ pub async fn inbound_from_blocked(
     recipient: &str,
     el: &Element,
 ) -> Verdict {
-    let owner = crate::presence::gate::bare_of(recipient);
+    let owner = crate::jid::bare_of(recipient);
     match shared.store.is_blocked(owner, sender).await {
         Ok(false) => Verdict::Pass,
         Ok(true) if el.name == "iq" && is_request(el) => {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,19 +21,14 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{StanzaError, StreamError};
 use crate::jid::{BareJid, FullJid, Jid};
 use crate::liveness::{Transport, TransportKind};
+use crate::node::Shared;
 use crate::router;
 use crate::sasl::scram::{self, ScramHash, ScramServer};
-use crate::server::Shared;
-use crate::sessions::{Outbound, SessionHandle};
+use crate::sessions::Outbound;
 use crate::xml::reader::{ReaderLimits, StreamEvent, StreamReader, XmlError};
 use crate::xml::{self as x, Element};
 
-/// Anything a stream can run over: TCP, TLS over TCP, or a test duplex.
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
-
-/// A boxed transport, so STARTTLS can wrap whatever was there before.
-pub type BoxIo = Box<dyn Io>;
+pub use crate::tls::{BoxIo, Io};
 
 /// How a negotiation step ended early.
 enum Fail {
@@ -45,7 +40,7 @@ enum Fail {
 
 impl From<XmlError> for Fail {
     fn from(e: XmlError) -> Self {
-        e.stream_error().map_or(Fail::Gone, Fail::Stream)
+        StreamError::of_xml(&e).map_or(Fail::Gone, Fail::Stream)
     }
 }
 
@@ -89,7 +84,7 @@ struct Conn {
 
 /// Serves one client TCP connection from accept to close.
 pub async fn serve(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr, direct_tls: bool) {
-    let transport = Transport::tcp(&shared);
+    let transport = Transport::tcp(&shared.liveness);
     serve_transport(shared, io, peer, direct_tls, transport).await
 }
 
@@ -904,7 +899,7 @@ impl Conn {
                     }
                     // Boxed: routing a stanza can be a deep future (store queries, fan-out);
                     // boxing keeps that state out of this long-lived future while idle.
-                    if let Err(err) = Box::pin(session.handle(el)).await {
+                    if let Err(err) = Box::pin(handle_stanza(&mut session, el)).await {
                         break Some(err);
                     }
                 }
@@ -917,7 +912,7 @@ impl Conn {
                 Ok(StreamEvent::Open(_)) => {
                     break Some(StreamError::new("not-well-formed", "second stream header"));
                 }
-                Err(e) => break e.stream_error(),
+                Err(e) => break StreamError::of_xml(&e),
             }
         };
         if live.end.is_cancelled() {
@@ -945,7 +940,7 @@ impl Conn {
         handle.kill.cancel();
         tracing::info!(%peer, %jid, "session ended");
         // Unavailable now (silent death) or after the grace period (close or drop).
-        Box::pin(crate::liveness::session_over(session, live)).await;
+        Box::pin(crate::liveness_tasks::session_over(session, live)).await;
     }
 }
 
@@ -1020,69 +1015,35 @@ async fn write_loop(
     kill.cancel();
 }
 
-/// State of a bound session, owned by its task.
-pub struct Session {
-    /// Server-wide state.
-    pub shared: Arc<Shared>,
-    /// This session's registry entry.
-    pub handle: SessionHandle,
-    /// Remote address, for logs.
-    pub peer: SocketAddr,
-    /// Presence bookkeeping owned by the session (directed presence recipients, RFC 6121 §4.6).
-    pub presence: crate::presence::SessionPresence,
-}
+pub use crate::node::session::Session;
 
-impl Session {
-    fn new(shared: Arc<Shared>, handle: SessionHandle, peer: SocketAddr) -> Self {
-        Session {
-            shared,
-            handle,
-            peer,
-            presence: Default::default(),
-        }
+/// Checks and stamps one stanza from the client (RFC 6120 §8.1.2.1), then routes it.
+async fn handle_stanza(session: &mut Session, mut el: Element) -> Result<(), StreamError> {
+    if el.ns != x::NS_CLIENT || !matches!(el.name.as_str(), "message" | "presence" | "iq") {
+        // RFC 6120 §4.9.3.22.
+        return Err(StreamError::new(
+            "unsupported-stanza-type",
+            format!("<{}/> in {} is not a stanza", el.name, el.ns),
+        ));
     }
-
-    /// The bound full JID.
-    pub fn jid(&self) -> &FullJid {
-        &self.handle.jid
-    }
-
-    /// Checks and stamps one stanza from the client (RFC 6120 §8.1.2.1), then routes it.
-    async fn handle(&mut self, mut el: Element) -> Result<(), StreamError> {
-        if el.ns != x::NS_CLIENT || !matches!(el.name.as_str(), "message" | "presence" | "iq") {
-            // RFC 6120 §4.9.3.22.
+    if let Some(from) = el.get_attr("from") {
+        // RFC 6120 §8.1.2.1: a from that is not this session's JID is an invalid-from.
+        let ok = Jid::new(from).is_ok_and(|j| {
+            j.as_str() == session.jid().as_str() || j.as_str() == session.jid().to_bare().as_str()
+        });
+        if !ok {
             return Err(StreamError::new(
-                "unsupported-stanza-type",
-                format!("<{}/> in {} is not a stanza", el.name, el.ns),
+                "invalid-from",
+                "the from address is not this session's",
             ));
         }
-        if let Some(from) = el.get_attr("from") {
-            // RFC 6120 §8.1.2.1: a from that is not this session's JID is an invalid-from.
-            let ok = Jid::new(from).is_ok_and(|j| {
-                j.as_str() == self.jid().as_str() || j.as_str() == self.jid().to_bare().as_str()
-            });
-            if !ok {
-                return Err(StreamError::new(
-                    "invalid-from",
-                    "the from address is not this session's",
-                ));
-            }
-        }
-        el.set_attr("from", self.jid().to_string());
-        router::from_client(self, el).await;
-        Ok(())
     }
-
-    /// Delivers a stanza to this session's own client.
-    pub fn deliver(&self, el: Element) {
-        self.handle.send(el);
-    }
+    el.set_attr("from", session.jid().to_string());
+    router::from_client(session, el).await;
+    Ok(())
 }
 
-/// An iq result addressed back to the requester.
-pub fn iq_result(iq: &Element) -> Element {
-    crate::error::reply_skeleton(iq, "result")
-}
+pub use crate::error::iq_result;
 
 fn decode_b64(text: &str) -> Option<Vec<u8>> {
     let t = text.trim();
@@ -1094,9 +1055,7 @@ fn decode_b64(text: &str) -> Option<Vec<u8>> {
 }
 
 /// A random identifier for stream ids and generated resources.
-pub fn new_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
-}
+pub use crate::xml::new_id;
 
 fn empty_io() -> BoxIo {
     Box::new(empty::EmptyDuplex)

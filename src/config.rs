@@ -193,15 +193,18 @@ impl Default for TlsConfig {
     }
 }
 
-/// `[database]`: PostgreSQL, the durable store.
+/// `[database]`: the durable store, PostgreSQL or an SQLite file.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
-    /// Connection URL; `DATABASE_URL` overrides it.
+    /// Connection URL; `DATABASE_URL` overrides it. `sqlite://path` is an SQLite file
+    /// (created on first start; a relative path in the file is relative to the file),
+    /// `postgres://...` a PostgreSQL database.
     pub url: String,
-    /// Pool size.
+    /// Pool size (SQLite: readers; it always has one writer).
     pub max_connections: u32,
-    /// Directory of SQL migrations applied at start and by `presenced migrate`.
+    /// The operator's own SQL migrations (numbered from 1000), applied after the schema
+    /// built into the binary, at start and by `presenced migrate`. May be absent.
     pub migrations: PathBuf,
     /// Longest time (seconds in the file) the privacy gate's broadcast inputs (roster,
     /// settings, blocks) of a user who changes presence are reused without a database read;
@@ -209,6 +212,24 @@ pub struct DatabaseConfig {
     /// on every change.
     #[serde(with = "secs")]
     pub gate_cache_secs: Duration,
+    /// SQLite: how long a statement waits for another process's lock on the file (an
+    /// operator's shell mid-transaction) before it fails with an error naming the file.
+    #[serde(with = "secs")]
+    pub sqlite_busy_timeout: Duration,
+    /// SQLite: how often the server reads `presenced_changes`, the table through which
+    /// changes made outside it (the sqlite3 shell, a migration) reach online users.
+    #[serde(with = "secs")]
+    pub change_poll_interval: Duration,
+}
+
+/// The file a `sqlite://path` (or `sqlite:path`) database URL names, or None for any
+/// other URL. A query string (`?mode=...`) is not part of the path.
+pub fn sqlite_path(url: &str) -> Option<PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split_once('?').map_or(rest, |(p, _)| p);
+    Some(PathBuf::from(path))
 }
 
 impl Default for DatabaseConfig {
@@ -216,8 +237,10 @@ impl Default for DatabaseConfig {
         DatabaseConfig {
             url: "postgres://postgres@127.0.0.1:5432/presenced".into(),
             max_connections: 16,
-            migrations: PathBuf::from("migrations"),
+            migrations: PathBuf::from("migrations.d"),
             gate_cache_secs: Duration::from_secs(30),
+            sqlite_busy_timeout: Duration::from_secs(5),
+            change_poll_interval: Duration::from_millis(250),
         }
     }
 }
@@ -805,12 +828,13 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        config.apply_env(|k| std::env::var(k).ok());
         config.normalize_domains();
-        // Relative paths in the file are relative to the file, so `--config` works from anywhere.
+        // Relative paths in the file are relative to the file, so `--config` works from
+        // anywhere; those from the environment, applied after, to the working directory.
         if let Some(dir) = path.parent() {
             config.resolve_paths(dir);
         }
+        config.apply_env(|k| std::env::var(k).ok());
         config.check()
     }
 
@@ -855,6 +879,15 @@ impl Config {
         };
         fix(&mut self.database.migrations);
         fix(&mut self.tls.certs_dir);
+        if let Some(file) = sqlite_path(&self.database.url) {
+            if file.is_relative() && !file.as_os_str().is_empty() {
+                let query = self.database.url.split_once('?').map(|(_, q)| q.to_owned());
+                self.database.url = format!("sqlite://{}", dir.join(file).display());
+                if let Some(q) = query {
+                    self.database.url = format!("{}?{q}", self.database.url);
+                }
+            }
+        }
         for p in [
             &mut self.s2s.ca_file,
             &mut self.tls.cert,
@@ -871,6 +904,9 @@ impl Config {
     /// Checks ranges and consistency.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        if sqlite_path(&self.database.url).is_some_and(|p| p.as_os_str().is_empty()) {
+            return bad("[database] url: sqlite:// needs a file, e.g. sqlite://presenced.db");
+        }
         if self.domains.is_empty() {
             return bad("`domains` must name at least one domain");
         }
@@ -966,6 +1002,18 @@ impl Config {
         }
         if self.auth.scram_iterations < 4096 {
             return bad("[auth] scram_iterations must be at least 4096 (RFC 7677 §4)");
+        }
+        let db = &self.database;
+        if db.sqlite_busy_timeout < Duration::from_millis(1)
+            || db.sqlite_busy_timeout > Duration::from_secs(600)
+        {
+            return bad("[database] sqlite_busy_timeout must be between 0.001 and 600 seconds");
+        }
+        // Changes made in SQL must reach online users within a second.
+        if db.change_poll_interval < Duration::from_millis(10)
+            || db.change_poll_interval > Duration::from_secs(1)
+        {
+            return bad("[database] change_poll_interval must be between 0.01 and 1 seconds");
         }
         if self.database.gate_cache_secs > Duration::from_secs(86_400) {
             return bad("[database] gate_cache_secs must be between 0 and 86400");
@@ -1072,6 +1120,18 @@ mod tests {
         assert_eq!(c.liveness, d.liveness);
         assert_eq!(c.redis.reconnect_max, d.redis.reconnect_max);
         assert_eq!(c.database.gate_cache_secs, d.database.gate_cache_secs);
+        assert_eq!(
+            c.database.sqlite_busy_timeout,
+            d.database.sqlite_busy_timeout
+        );
+        assert_eq!(
+            c.database.change_poll_interval,
+            d.database.change_poll_interval
+        );
+        assert_eq!(
+            c.database.migrations.file_name(),
+            d.database.migrations.file_name()
+        );
         let (cl, dl) = (&c.limits, &d.limits);
         assert_eq!(cl.max_roster_items, dl.max_roster_items);
         assert_eq!(cl.max_roster_groups, dl.max_roster_groups);
@@ -1285,6 +1345,36 @@ mod tests {
         let mut c = Config::default();
         c.limits.max_stanza_size = 100;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn sqlite_waits_and_change_polling_are_bounded() {
+        let mut c = Config::default();
+        c.validate().expect("defaults are valid");
+        for (busy, poll, ok) in [
+            (0.001, 0.01, true),
+            (600.0, 1.0, true),
+            (0.0, 0.25, false),
+            (601.0, 0.25, false),
+            (5.0, 0.0, false),
+            (5.0, 1.5, false),
+        ] {
+            c.database.sqlite_busy_timeout = Duration::from_secs_f64(busy);
+            c.database.change_poll_interval = Duration::from_secs_f64(poll);
+            assert_eq!(c.validate().is_ok(), ok, "busy {busy} poll {poll}");
+        }
+        let c = Config::parse("[database]\nurl = \"sqlite://\"").unwrap();
+        assert!(c.validate().is_err(), "sqlite:// without a file");
+    }
+
+    #[test]
+    fn a_relative_sqlite_file_is_relative_to_the_config_file() {
+        let mut c = Config::parse("[database]\nurl = \"sqlite://data/p.db?mode=rwc\"").unwrap();
+        c.resolve_paths(Path::new("/etc/presenced"));
+        assert_eq!(c.database.url, "sqlite:///etc/presenced/data/p.db?mode=rwc");
+        let mut c = Config::parse("[database]\nurl = \"sqlite:///var/p.db\"").unwrap();
+        c.resolve_paths(Path::new("/etc/presenced"));
+        assert_eq!(c.database.url, "sqlite:///var/p.db");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The two kinds of XMPP error: stream errors, which end the stream (RFC 6120 §4.9), and stanza
 //! errors, which answer one stanza (RFC 6120 §8.3).
 
+use crate::xml::reader::XmlError;
 use crate::xml::{Element, NS_STANZAS, NS_STREAM_ERRORS};
 
 /// A stream-level error (RFC 6120 §4.9.3). Sending one is always followed by closing the stream.
@@ -19,6 +20,14 @@ impl StreamError {
             condition,
             text: Some(text.into()),
         }
+    }
+
+    /// The stream error to close a stream with after `e`, carrying its description; `None`
+    /// when the transport is gone and nothing can be written. The reader only names the
+    /// condition ([`XmlError::condition`]), so the model's XML layer needs no error type.
+    pub fn of_xml(e: &XmlError) -> Option<Self> {
+        e.condition()
+            .map(|cond| StreamError::new(cond, e.to_string()))
     }
 
     /// `<stream:error>` as it goes on the wire.
@@ -177,6 +186,11 @@ impl StanzaError {
             .push(crate::xml::Node::Element(self.to_element()));
         Some(reply)
     }
+}
+
+/// An iq result addressed back to the requester (RFC 6120 §8.2.3).
+pub fn iq_result(iq: &Element) -> Element {
+    reply_skeleton(iq, "result")
 }
 
 /// An empty reply to `stanza` of type `ty`: same name and id, `to` and `from` swapped

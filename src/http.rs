@@ -15,8 +15,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
-use crate::c2s::BoxIo;
-use crate::server::{ListenerPolicy, Refusal, Shared, StartError};
+use crate::node::listen::{ListenerPolicy, Refusal, StartError};
+use crate::node::Shared;
+use crate::tls::BoxIo;
 
 /// Binds the listener (if enabled) and starts accepting. Returns the bound address.
 pub async fn start(
@@ -29,7 +30,7 @@ pub async fn start(
         return Ok(None);
     }
     let addr = SocketAddr::new(c.bind, c.port);
-    let (listener, local) = crate::server::bind(addr).await?;
+    let (listener, local) = crate::node::listen::bind(addr).await?;
     tracing::info!(addr = %local, tls = c.tls, path = %c.websocket_path, "http listening");
     tracker.spawn(accept_loop(listener, shared.clone(), policy));
     Ok(Some(local))
@@ -37,7 +38,7 @@ pub async fn start(
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, policy: Arc<ListenerPolicy>) {
     while let Some((stream, peer)) =
-        crate::server::next_connection(&listener, &shared.shutdown, "http").await
+        crate::node::listen::next_connection(&listener, &shared.shutdown, "http").await
     {
         let _ = stream.set_nodelay(true);
         let permit = match policy.admit(peer) {
@@ -72,12 +73,12 @@ pub async fn start_admin(
         return Ok(None);
     }
     let addr = SocketAddr::new(c.bind, c.port);
-    let (listener, local) = crate::server::bind(addr).await?;
+    let (listener, local) = crate::node::listen::bind(addr).await?;
     tracing::info!(addr = %local, "admin http listening (/metrics)");
     let shared = shared.clone();
     tracker.spawn(async move {
         while let Some((stream, peer)) =
-            crate::server::next_connection(&listener, &shared.shutdown, "admin").await
+            crate::node::listen::next_connection(&listener, &shared.shutdown, "admin").await
         {
             let shared = shared.clone();
             tokio::spawn(async move {

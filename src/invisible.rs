@@ -20,8 +20,8 @@
 //! shows the session's last presence, if it sent one, to everyone the privacy settings
 //! admit, as a broadcast would.
 
-use crate::c2s::{iq_result, Session};
-use crate::error::StanzaError;
+use crate::error::{iq_result, StanzaError};
+use crate::node::session::Session;
 use crate::xml::Element;
 
 /// The XEP-0186 namespace.
@@ -40,15 +40,12 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
         "invisible" => {
             let probe = matches!(payload.get_attr("probe"), Some("true") | Some("1"));
             {
-                let _guard = shared
-                    .privacy
-                    .lock_subject(crate::presence::gate::bare_of(&me))
-                    .await;
+                let _guard = shared.privacy.lock_subject(crate::jid::bare_of(&me)).await;
                 shared.privacy.set_invisible(id, &me, true, probe);
                 // Withdraw what this resource had shown (subscribers and directed).
                 for (viewer, _) in shared.privacy.take_revealed(id) {
-                    let p = crate::delivery::unavailable(&me, &viewer);
-                    crate::delivery::presence_to(&shared, &viewer, p);
+                    let p = crate::node::send::unavailable(&me, &viewer);
+                    crate::node::send::presence_to(&shared, &viewer, p);
                 }
             }
             session.presence.directed.clear();
@@ -56,8 +53,7 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
         }
         "visible" => {
             shared.privacy.set_invisible(id, &me, false, false);
-            crate::presence::gate::reconcile_subject(&shared, crate::presence::gate::bare_of(&me))
-                .await;
+            crate::presence::gate::reconcile_subject(&shared, crate::jid::bare_of(&me)).await;
             iq_result(iq)
         }
         _ => error(iq, StanzaError::bad_request()),

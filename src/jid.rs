@@ -8,6 +8,18 @@ use std::borrow::Cow;
 
 pub use jid::{BareJid, Error as JidError, FullJid, Jid};
 
+/// The bare part (`user@domain`) of a JID string in any form, unchecked: for strings
+/// that were validated when they entered the server.
+pub fn bare_of(jid: &str) -> &str {
+    jid.split_once('/').map(|(b, _)| b).unwrap_or(jid)
+}
+
+/// The domain of a JID string in any form, unchecked (see [`bare_of`]).
+pub fn domain_of(jid: &str) -> &str {
+    let bare = bare_of(jid);
+    bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
+}
+
 /// Parses and normalises a JID received from outside: the `jid` crate's preparation plus
 /// RFC 7622 §3.2, "a trailing dot in the domainpart is removed before comparison". The
 /// crate accepts such a domain but keeps the dot in the string it compares, so

@@ -14,7 +14,7 @@
 //! consequences of roster changes made in SQL reach sessions through the same `delivery`
 //! module.
 //!
-//! Pure decision code (the RFC 6121 subscription table in [`presence::subscription`],
+//! Pure decision code (the RFC 6121 subscription table in [`policy::subscription`],
 //! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
 
 pub mod admin;
@@ -23,24 +23,28 @@ pub mod c2s;
 pub mod config;
 pub mod control;
 pub(crate) mod delivery;
-pub mod error;
-pub mod http;
-pub mod invisible;
+pub(crate) mod error;
+pub(crate) mod http;
+pub(crate) mod invisible;
 pub mod jid;
 pub mod liveness;
+pub mod liveness_tasks;
 pub mod logging;
-pub mod metrics;
+pub(crate) mod metrics;
+pub(crate) mod node;
+pub(crate) mod policy;
 pub mod presence;
-pub mod privacy_iq;
-pub mod rate_limit;
-pub mod roster;
-pub mod roster_sync;
-pub mod router;
+pub(crate) mod privacy_iq;
+pub(crate) mod rate_limit;
+pub(crate) mod roster;
+pub(crate) mod roster_push;
+pub(crate) mod roster_sync;
+pub(crate) mod router;
 pub mod s2s;
 pub mod sasl;
 pub mod server;
 pub mod sessions;
 pub mod store;
 pub mod tls;
-pub mod websocket;
+pub(crate) mod websocket;
 pub mod xml;

@@ -55,9 +55,22 @@ enum Command {
     /// Validate the configuration, check the files and certificate it names, print the
     /// effective values. Exit status: 0 fine, 1 a check failed, 2 the file is invalid.
     CheckConfig {
-        /// Also reach PostgreSQL and Redis and say what answered.
+        /// Also reach PostgreSQL and Redis and say what answered; an unusable store is
+        /// then a failure rather than a warning.
         #[arg(long)]
         connect: bool,
+    },
+    /// Copy every account, roster, waiting subscription request, block list, privacy
+    /// setting, last seen and server secret from one store to another (PostgreSQL or
+    /// SQLite, either way). The destination gets the schema first and must not hold any
+    /// of the source's accounts. Run it while no server uses either store.
+    CopyStore {
+        /// Source database URL (postgres://... or sqlite://path).
+        #[arg(long)]
+        from: String,
+        /// Destination database URL (created if missing).
+        #[arg(long)]
+        to: String,
     },
     /// Manage accounts.
     User {
@@ -178,8 +191,11 @@ async fn run(
         Command::CheckConfig { connect } => {
             use presenced::control::check;
             let mut findings = check::files(&config).await;
+            let store = check::store(&config, connect).await;
+            let usable = store.level == check::Level::Ok;
+            findings.push(store);
             if connect {
-                findings.extend(check::connect(&config).await);
+                findings.extend(check::connect(&config, usable).await);
             }
             let effective = check::effective(&config).map_err(|e| e.to_string())?;
             out!("{}", check::render(&findings, &effective).trim_end());
@@ -188,10 +204,41 @@ async fn run(
                 false => Ok(()),
             }
         }
+        Command::CopyStore { from, to } => {
+            // The built-in schema only: the operator's files are for the configured store
+            // and its dialect, and the copy brings their data along.
+            let open = |url: String| async move {
+                let store = Store::connect(&url, 2)
+                    .await
+                    .map_err(|e| format!("{url}: {e}"))?;
+                store
+                    .migrate(std::path::Path::new(""))
+                    .await
+                    .map_err(|e| format!("{url}: migrations: {e}"))?;
+                Ok::<Store, String>(store)
+            };
+            let source = open(from.clone()).await?;
+            let destination = open(to.clone()).await?;
+            let n = presenced::store::copy::copy(&source, &destination)
+                .await
+                .map_err(|e| format!("copying {from} to {to}: {e}"))?;
+            out!(
+                "copied {} accounts, {} roster items, {} waiting subscription requests, \
+                 {} block-list entries, {} privacy settings, {} last-seen values, {} secrets",
+                n.accounts,
+                n.roster_items,
+                n.pending,
+                n.blocks,
+                n.privacy,
+                n.last_seen,
+                n.secrets
+            );
+            Ok(())
+        }
         Command::Migrate => {
             let store = connect(&config).await?;
             out!(
-                "migrations applied from {}",
+                "built-in schema applied, then migrations from {}",
                 config.database.migrations.display()
             );
             drop(store);
@@ -212,9 +259,12 @@ async fn run(
 }
 
 async fn connect(config: &Config) -> Result<Store, String> {
-    let store = Store::connect(&config.database.url, 2)
-        .await
-        .map_err(|e| e.to_string())?;
+    let store = Store::open(&presenced::config::DatabaseConfig {
+        max_connections: 2,
+        ..config.database.clone()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
     store
         .migrate(&config.database.migrations)
         .await

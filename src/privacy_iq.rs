@@ -33,9 +33,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::c2s::{iq_result, Session};
-use crate::error::StanzaError;
-use crate::presence::privacy::{PrivacySettings, Visibility};
+use crate::error::{iq_result, StanzaError};
+use crate::node::session::Session;
+use crate::policy::privacy::{PrivacySettings, Visibility};
 use crate::store::StoreError;
 use crate::xml::Element;
 

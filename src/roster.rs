@@ -1,93 +1,14 @@
 //! RFC 6121 §2 roster management: get (with XEP-0237 versioning), set, remove, and roster
 //! pushes to every interested resource of the owner. One store transaction per change.
 
-use crate::c2s::{iq_result, Session};
-use crate::error::StanzaError;
+pub use crate::roster_push::{item_element, push_item, push_removed};
+pub(crate) use crate::roster_push::{note_version, store_failed};
+
+use crate::error::{iq_result, StanzaError};
 use crate::jid::BareJid;
-use crate::server::Shared;
-use crate::sessions::SessionHandle;
-use crate::store::{RosterChange, RosterItem, StoreError};
+use crate::node::session::Session;
+use crate::store::{RosterChange, RosterItem};
 use crate::xml::{Element, NS_CLIENT, NS_ROSTER};
-
-/// `<item/>` for a roster result or push (RFC 6121 §2.1.2).
-pub fn item_element(item: &RosterItem) -> Element {
-    let mut e = Element::new("item", NS_ROSTER)
-        .attr("jid", item.contact.clone())
-        .attr("subscription", item.subscription.as_str());
-    if let Some(name) = &item.name {
-        e.set_attr("name", name.clone());
-    }
-    if let Some(ask) = item.sub_state().ask() {
-        e.set_attr("ask", ask);
-    }
-    if item.preapproved {
-        // RFC 6121 §3.4: approved='true' tells the client a pre-approval is in place.
-        e.set_attr("approved", "true");
-    }
-    for g in &item.groups {
-        e = e.child(Element::new("group", NS_ROSTER).text(g.clone()));
-    }
-    e
-}
-
-/// Sends a roster push (RFC 6121 §2.1.6) for `item` to every interested resource of `owner`.
-pub fn push(shared: &Shared, owner: &str, version: i64, item: Element) {
-    for s in shared.sessions.of_user_str(owner) {
-        if s.read(|p| p.interested) {
-            push_to(&s, version, item.clone());
-        }
-    }
-}
-
-/// Sends one roster push to one session and records the version it now has.
-pub fn push_to(session: &SessionHandle, version: i64, item: Element) {
-    let iq = Element::new("iq", NS_CLIENT)
-        .attr("type", "set")
-        .attr("id", format!("push{}", crate::c2s::new_id()))
-        .attr("to", session.jid.to_string())
-        .child(
-            Element::new("query", NS_ROSTER)
-                .attr("ver", version.to_string())
-                .child(item),
-        );
-    note_version(session, version);
-    session.send(iq);
-}
-
-/// Records that `session` has seen roster version `version`.
-pub(crate) fn note_version(session: &SessionHandle, version: i64) {
-    if let Ok(mut p) = session.info.lock() {
-        p.roster_ver = Some(p.roster_ver.map_or(version, |v| v.max(version)));
-    }
-}
-
-/// Push for an item that changed.
-pub fn push_item(shared: &Shared, owner: &str, version: i64, item: &RosterItem) {
-    push(shared, owner, version, item_element(item));
-}
-
-/// Push for an item that was removed (`subscription='remove'`, RFC 6121 §2.5.2).
-pub fn push_removed(shared: &Shared, owner: &str, version: i64, contact: &str) {
-    let item = Element::new("item", NS_ROSTER)
-        .attr("jid", contact)
-        .attr("subscription", "remove");
-    push(shared, owner, version, item);
-}
-
-/// The stanza error for a roster write the store refused; subscription paths that create
-/// items answer a full roster with it too ([`subscription_refused`]).
-pub(crate) fn store_failed(e: StoreError) -> StanzaError {
-    match e {
-        StoreError::Constraint(c) => StanzaError::bad_request().with_text(c),
-        // The roster size limit is a policy of this server, the same for every way an item
-        // is created; not-allowed (cancel) says retrying will not help.
-        StoreError::RosterFull => StanzaError::not_allowed().with_text("roster is full"),
-        other => {
-            tracing::error!(error = %other, "roster store failure");
-            StanzaError::internal_server_error()
-        }
-    }
-}
 
 /// Handles a `jabber:iq:roster` iq from the owner's own session. Returns the reply, or
 /// `None` when it was already sent (versioned get: result first, then the pushes).
@@ -131,7 +52,7 @@ async fn get(
                     };
                     let iq = Element::new("iq", NS_CLIENT)
                         .attr("type", "set")
-                        .attr("id", format!("push{}", crate::c2s::new_id()))
+                        .attr("id", format!("push{}", crate::xml::new_id()))
                         .attr("to", session.jid().to_string())
                         .child(
                             Element::new("query", NS_ROSTER)
@@ -254,28 +175,6 @@ fn name_and_groups(
         groups.push(g);
     }
     Ok((name, groups))
-}
-
-/// A subscription stanza from the user that the store refused: logged, and a full roster
-/// is answered to the user's session with a presence error from the contact (RFC 6120
-/// §8.3: an error stanza in reply to the stanza that caused it), the same not-allowed a
-/// roster set gets. `contact` is the bare JID the stanza was addressed to.
-pub fn subscription_refused(session: &Session, contact: &str, kind: &str, e: &StoreError) {
-    if !matches!(e, StoreError::RosterFull) {
-        tracing::warn!(user = %session.jid(), %contact, kind, error = %e, "subscription change failed");
-        return;
-    }
-    tracing::info!(
-        peer = %session.peer, user = %session.jid(), %contact, kind,
-        "subscription refused: roster is full"
-    );
-    let stanza = Element::new("presence", NS_CLIENT)
-        .attr("type", kind)
-        .attr("from", session.jid().to_string())
-        .attr("to", contact);
-    if let Some(reply) = store_failed(StoreError::RosterFull).reply_to(&stanza) {
-        session.handle.send(reply);
-    }
 }
 
 /// RFC 6121 §2.5: removal cancels subscriptions in both directions on the user's behalf.

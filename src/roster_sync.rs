@@ -2,7 +2,8 @@
 //! `presenced_roster_*` SQL functions, or another node — to the sessions on this node.
 //!
 //! Every roster change fires `NOTIFY presenced_roster, '<version> <owner>'` from a trigger
-//! (migrations/0002). Each session remembers the newest roster version it was sent
+//! (migrations/0002; on SQLite the trigger writes the same to `presenced_changes`, which
+//! `store::notify` polls). Each session remembers the newest roster version it was sent
 //! ([`crate::sessions::PresenceInfo::roster_ver`]); a notification newer than that means the
 //! session missed a change, so it gets the roster pushes (RFC 6121 §2.1.6) for exactly the
 //! changes since its version. Changes this node pushed itself are already at the session's
@@ -15,14 +16,16 @@
 
 use std::sync::Arc;
 
-use crate::server::Shared;
+use crate::node::Shared;
 use crate::store::notify::{self, parse_roster_notification, ROSTER_CHANNEL};
 use crate::store::RosterChange;
 use crate::xml::Element;
 
 /// Listens for roster notifications until shutdown.
 pub async fn run(shared: Arc<Shared>) {
-    let mut rx = match notify::listen(&shared.config.database.url, &[ROSTER_CHANNEL]).await {
+    let db = &shared.config.database;
+    let options = notify::ListenOptions::from_config(db);
+    let mut rx = match notify::listen_with(&db.url, &[ROSTER_CHANNEL], options).await {
         Ok(rx) => rx,
         Err(e) => {
             tracing::error!(error = %e, "cannot LISTEN for roster changes; SQL-made changes reach clients at their next login");
@@ -107,12 +110,12 @@ pub async fn sync_user(shared: &Shared, owner: &str, version: i64) {
         }
         for change in &changes {
             let item = match change {
-                RosterChange::Upsert(i) => crate::roster::item_element(i),
+                RosterChange::Upsert(i) => crate::roster_push::item_element(i),
                 RosterChange::Removed(c) => Element::new("item", crate::xml::NS_ROSTER)
                     .attr("jid", c.clone())
                     .attr("subscription", "remove"),
             };
-            crate::roster::push_to(s, current, item);
+            crate::roster_push::push_to(s, current, item);
         }
     }
 }

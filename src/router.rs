@@ -9,7 +9,7 @@
 //! | local full JID, online  | that session                         | that session                 |
 //! | local full JID, offline | as bare JID (chat/normal)            | service-unavailable          |
 //! | unknown local user      | service-unavailable                  | service-unavailable          |
-//! | other domain            | federation (`s2s::route_remote`)     | federation                   |
+//! | other domain            | federation (`node::route_remote`)    | federation                   |
 //!
 //! Presence goes to [`crate::presence`], which applies RFC 6121 §3–§4.
 //!
@@ -28,48 +28,17 @@
 //!   chat markers are stripped from messages of a sender the recipient may not see
 //!   online ([`crate::presence::gate::filter_signals`]).
 
-use crate::c2s::{iq_result, Session};
-use crate::error::StanzaError;
+use crate::error::{iq_result, StanzaError};
 use crate::jid::{BareJid, Jid};
+use crate::node::session::Session;
 use crate::xml::{self as x, Element};
 
-/// Where a `to` address points, as seen from this server.
-#[derive(Debug)]
-pub enum Target {
-    /// No `to`: the sender's own account (RFC 6120 §10.3).
-    OwnAccount,
-    /// A domain this server hosts.
-    LocalDomain,
-    /// An account (existing or not) on a local domain.
-    LocalBare(BareJid),
-    /// A resource of an account on a local domain.
-    LocalFull(crate::jid::FullJid),
-    /// Another domain.
-    Remote(Jid),
-}
-
-/// Classifies a `to` attribute. `Err` means jid-malformed (RFC 6120 §8.3.3.8).
-pub fn classify(shared: &crate::server::Shared, to: Option<&str>) -> Result<Target, StanzaError> {
-    let Some(to) = to else {
-        return Ok(Target::OwnAccount);
-    };
-    let jid = crate::jid::parse(to).map_err(|_| StanzaError::jid_malformed())?;
-    if !shared.config.serves(jid.domain().as_str()) {
-        return Ok(Target::Remote(jid));
-    }
-    if jid.node().is_none() {
-        return Ok(Target::LocalDomain);
-    }
-    match jid.try_into_full() {
-        Ok(full) => Ok(Target::LocalFull(full)),
-        Err(bare) => Ok(Target::LocalBare(bare)),
-    }
-}
+pub use crate::node::session::{classify, Target};
 
 /// Hands a stanza for another domain to federation; bounces it if that fails.
 pub fn remote(session: &Session, el: Element) {
     let copy = el.clone();
-    if let Err(e) = crate::s2s::route_remote(&session.shared, el) {
+    if let Err(e) = crate::node::route_remote(&session.shared, el) {
         bounce(session, &copy, e);
     }
 }
@@ -135,10 +104,9 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
     }
     if el.name == "message" {
         let directed = shared.privacy.was_revealed(session.handle.id, &recipient)
-            || shared.privacy.was_revealed(
-                session.handle.id,
-                crate::presence::gate::bare_of(&recipient),
-            );
+            || shared
+                .privacy
+                .was_revealed(session.handle.id, crate::jid::bare_of(&recipient));
         return crate::presence::gate::filter_signals(
             shared,
             session.handle.id,
@@ -204,7 +172,7 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
                     session.handle.id,
                     me,
                     full.as_str(),
-                    crate::presence::privacy::Relation::DirectedPresence,
+                    crate::policy::privacy::Relation::DirectedPresence,
                 );
             }
         }
@@ -233,7 +201,7 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
                     .is_some_and(|p| p.is("query", crate::liveness::last_seen::NS_LAST)) =>
         {
             // XEP-0012 last activity of a contact.
-            let reply = crate::liveness::last_seen::handle_iq(session, &el, &bare).await;
+            let reply = crate::liveness_tasks::last_seen::handle_iq(session, &el, &bare).await;
             session.deliver(reply);
         }
         Target::LocalBare(bare) => {

@@ -4,109 +4,22 @@
 //! ([`crate::c2s::serve`]), and a [`CancellationToken`] plus a [`TaskTracker`] end them all
 //! on shutdown.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::c2s::{self, BoxIo};
-use crate::config::{CheckedConfig, Config};
+use crate::c2s;
+use crate::config::CheckedConfig;
 use crate::error::StreamError;
+pub use crate::node::listen::{next_connection, ListenerPolicy, Refusal, StartError};
+pub use crate::node::{RosterLocks, Shared};
 use crate::sessions::Sessions;
 use crate::store::Store;
-
-/// State shared by every task of the server.
-pub struct Shared {
-    /// The checked configuration.
-    pub config: CheckedConfig,
-    /// PostgreSQL.
-    pub store: Store,
-    /// Sessions connected to this node.
-    pub sessions: Sessions,
-    /// TLS for STARTTLS and direct TLS.
-    pub tls: Arc<rustls::ServerConfig>,
-    /// TLS of the s2s listeners: like `tls`, and asks for the peer's certificate
-    /// (SASL EXTERNAL, XEP-0178).
-    pub s2s_tls: Arc<rustls::ServerConfig>,
-    /// Cancelled on shutdown; every session's token is a child.
-    pub shutdown: CancellationToken,
-    /// Heartbeats, Redis liveness keys, the sweeper, grace periods, last seen, counters.
-    pub liveness: crate::liveness::Liveness,
-    /// Serialises "write a roster change, then push it" per user against
-    /// [`crate::roster_sync`], so a NOTIFY never overtakes the push this node is about to
-    /// send (which would push twice and send presence for a change already handled).
-    pub roster_locks: RosterLocks,
-    /// Per-session privacy state (invisibility, who was shown presence).
-    pub privacy: crate::presence::gate::Registry,
-    /// Federation: outgoing links, dialback secret, remote presence state.
-    pub s2s: crate::s2s::S2s,
-    /// The Prometheus registry behind `/metrics` and the counters fed into it.
-    pub metrics: crate::metrics::Metrics,
-    /// Failed SASL password checks per account, across this node's streams.
-    pub auth_backoff: crate::sasl::backoff::AuthBackoff,
-    /// Key of the fake SCRAM salts of unknown users; kept in the store so the salts are
-    /// the same after a restart and on every node, as a real account's are.
-    pub fake_salt_secret: Vec<u8>,
-}
-
-/// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks
-/// are always taken in stripe order so two changes between the same pair cannot deadlock.
-pub struct RosterLocks {
-    stripes: Vec<tokio::sync::Mutex<()>>,
-}
-
-impl Default for RosterLocks {
-    fn default() -> Self {
-        RosterLocks {
-            stripes: (0..256).map(|_| tokio::sync::Mutex::new(())).collect(),
-        }
-    }
-}
-
-impl RosterLocks {
-    fn index(&self, bare: &str) -> usize {
-        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-        (BuildHasherDefault::<DefaultHasher>::default().hash_one(bare) as usize)
-            % self.stripes.len()
-    }
-
-    /// Locks the stripes of the given users (one or two), in order.
-    pub async fn lock(&self, users: &[&str]) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
-        let mut idx: Vec<usize> = users.iter().map(|u| self.index(u)).collect();
-        idx.sort_unstable();
-        idx.dedup();
-        let mut guards = Vec::with_capacity(idx.len());
-        for i in idx {
-            guards.push(self.stripes[i].lock().await);
-        }
-        guards
-    }
-}
-
-/// Why the server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// Binding a listener failed.
-    #[error("cannot listen on {0}: {1}")]
-    Bind(SocketAddr, std::io::Error),
-    /// Certificates.
-    #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
-    /// Database.
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-    /// The admin socket could not be set up.
-    #[error("admin socket {0}")]
-    Admin(std::io::Error),
-    /// Installing a signal handler failed.
-    #[error("signal handlers: {0}")]
-    Signal(std::io::Error),
-}
+use crate::tls::BoxIo;
 
 /// A started server: its bound addresses and a handle to stop it.
 pub struct Running {
@@ -143,7 +56,7 @@ impl Running {
 
 /// Connects the stores, applies migrations, binds the listeners and starts accepting.
 pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
-    let store = Store::connect(&config.database.url, config.database.max_connections).await?;
+    let store = Store::open(&config.database).await?;
     store.migrate(&config.database.migrations).await?;
     store.set_audience_cache_ttl(config.database.gate_cache_secs);
     store.set_limits(crate::store::StoreLimits::from_config(&config.limits));
@@ -152,7 +65,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let s2s_tls =
         crate::tls::s2s_server_config_with(&certificates).map_err(crate::tls::TlsError::from)?;
     let liveness = crate::liveness::Liveness::new(&config);
-    let s2s = crate::s2s::S2s::new(&config, crate::tls::identity(&config)?);
+    let s2s = crate::s2s::new_state(&config, crate::tls::identity(&config)?);
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
     let auth_backoff = crate::sasl::backoff::AuthBackoff::new(
         crate::sasl::backoff::BackoffPolicy::from_config(&config.limits),
@@ -172,7 +85,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         auth_backoff,
         fake_salt_secret,
     });
-    shared.s2s.attach(&shared);
+    crate::s2s::attach(&shared);
     let weak = Arc::downgrade(&shared);
     shared
         .metrics
@@ -184,7 +97,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();
     tracker.spawn(crate::roster_sync::run(shared.clone()));
-    crate::liveness::start(&shared, &tracker);
+    crate::liveness_tasks::start(&shared, &tracker);
     // One admission policy for every client-facing listener (s2s has its own limits).
     let limits = Arc::new(ListenerPolicy::new(&shared.config));
     let http_addr = crate::http::start(&shared, &tracker, limits.clone()).await?;
@@ -201,7 +114,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
             continue;
         }
         let addr = SocketAddr::new(bind, port);
-        let (listener, local) = self::bind(addr).await?;
+        let (listener, local) = crate::node::listen::bind(addr).await?;
         tracing::info!(addr = %local, direct_tls = direct, "c2s listening");
         if direct {
             direct_tls_addr = Some(local);
@@ -227,50 +140,6 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         certificates,
         tracker,
     })
-}
-
-/// Bound sessions that are not invisible: the only session count any report shows.
-pub fn visible_sessions(shared: &Shared) -> usize {
-    let mut n = 0;
-    shared.sessions.for_each(|s| {
-        if !shared.privacy.is_invisible(s.id) {
-            n += 1;
-        }
-    });
-    n
-}
-
-/// Binds a TCP listener; returns it with the address it got (port 0 picks one). The error
-/// names the address.
-pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| StartError::Bind(addr, e))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| StartError::Bind(addr, e))?;
-    Ok((listener, local))
-}
-
-/// The one line that says what started: version, this node, the stores and the liveness
-/// mode, so a log excerpt identifies the server without its configuration.
-fn banner(shared: &Shared, c2s: Option<SocketAddr>) {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".to_owned());
-    let port = c2s.map_or(0, |a| a.port());
-    let liveness = match shared.liveness.redis() {
-        Some(redis) => format!("redis {}", redis.target()),
-        None => shared.liveness.backend.name().to_owned(),
-    };
-    tracing::info!(
-        version = env!("CARGO_PKG_VERSION"),
-        node = %format!("{host}:{port}"),
-        domains = %shared.config.domains.join(","),
-        database = %crate::store::database_target(&shared.config.database.url),
-        liveness = %liveness,
-        "presenced started"
-    );
 }
 
 /// The figures /metrics reads from the running node at scrape time (a weak reference in
@@ -310,65 +179,36 @@ fn node_figures(
     Ok(())
 }
 
-/// The admission policy of every client-facing listener (c2s STARTTLS, c2s direct TLS and the
-/// HTTP listener that carries WebSocket): one per-IP budget of new connections per minute and
-/// one cap on open connections, shared by all of them, so a client cannot double its share by
-/// spreading its connections over transports.
-pub struct ListenerPolicy {
-    /// One permit per open client connection (`[limits] max_connections`).
-    connections: Arc<Semaphore>,
-    /// Accept times per source IP within the current minute.
-    per_ip: Mutex<HashMap<IpAddr, (Instant, u32)>>,
-    per_ip_max: u32,
+/// Bound sessions that are not invisible: the only session count any report shows.
+pub fn visible_sessions(shared: &Shared) -> usize {
+    let mut n = 0;
+    shared.sessions.for_each(|s| {
+        if !shared.privacy.is_invisible(s.id) {
+            n += 1;
+        }
+    });
+    n
 }
 
-/// Why [`ListenerPolicy::admit`] refused a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// The source address opened more connections this minute than
-    /// `[limits] connections_per_ip_per_minute` allows.
-    Rate,
-    /// `[limits] max_connections` connections are open.
-    Full,
-}
-
-impl ListenerPolicy {
-    /// The policy `[limits]` describes.
-    pub fn new(config: &Config) -> Self {
-        ListenerPolicy {
-            connections: Arc::new(Semaphore::new(config.limits.max_connections)),
-            per_ip: Mutex::new(HashMap::new()),
-            per_ip_max: config.limits.connections_per_ip_per_minute,
-        }
-    }
-
-    /// Admits a new connection from `peer`, or says why not. The permit is the connection's
-    /// place under the cap: hold it for as long as the connection lives.
-    pub fn admit(&self, peer: SocketAddr) -> Result<OwnedSemaphorePermit, Refusal> {
-        if !self.within_rate(peer.ip()) {
-            tracing::warn!(%peer, "connection rate from this address exceeded");
-            return Err(Refusal::Rate);
-        }
-        self.connections.clone().try_acquire_owned().map_err(|_| {
-            tracing::warn!(%peer, "connection limit reached");
-            Refusal::Full
-        })
-    }
-
-    /// Counts a new connection from `ip`; false when it is over the per-minute budget.
-    fn within_rate(&self, ip: IpAddr) -> bool {
-        let now = Instant::now();
-        let mut map = self.per_ip.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() > 100_000 {
-            map.retain(|_, (start, _)| now.duration_since(*start) < Duration::from_secs(60));
-        }
-        let entry = map.entry(ip).or_insert((now, 0));
-        if now.duration_since(entry.0) >= Duration::from_secs(60) {
-            *entry = (now, 0);
-        }
-        entry.1 += 1;
-        entry.1 <= self.per_ip_max
-    }
+/// The one line that says what started: version, this node, the stores and the liveness
+/// mode, so a log excerpt identifies the server without its configuration.
+fn banner(shared: &Shared, c2s: Option<SocketAddr>) {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned());
+    let port = c2s.map_or(0, |a| a.port());
+    let liveness = match shared.liveness.redis() {
+        Some(redis) => format!("redis {}", redis.target()),
+        None => shared.liveness.backend.name().to_owned(),
+    };
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        node = %format!("{host}:{port}"),
+        domains = %shared.config.domains.join(","),
+        database = %crate::store::database_target(&shared.config.database.url),
+        liveness = %liveness,
+        "presenced started"
+    );
 }
 
 async fn accept_loop(
@@ -378,9 +218,7 @@ async fn accept_loop(
     tracker: TaskTracker,
     direct_tls: bool,
 ) {
-    while let Some((stream, peer)) =
-        crate::server::next_connection(&listener, &shared.shutdown, "c2s").await
-    {
+    while let Some((stream, peer)) = next_connection(&listener, &shared.shutdown, "c2s").await {
         // Nagle plus delayed ACK stalls small TLS records; stanzas are small.
         let _ = stream.set_nodelay(true);
         let permit = match limits.admit(peer) {
@@ -401,29 +239,6 @@ async fn accept_loop(
             c2s::serve(shared, Box::new(stream) as BoxIo, peer, direct).await;
             drop(permit);
         });
-    }
-}
-
-/// The next connection on `listener`, or `None` once the server shuts down. Accept errors
-/// (EMFILE and friends) are logged and backed off instead of spinning; every listener
-/// (c2s, s2s, http) accepts through here.
-pub async fn next_connection(
-    listener: &TcpListener,
-    shutdown: &CancellationToken,
-    what: &str,
-) -> Option<(TcpStream, SocketAddr)> {
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            a = listener.accept() => a,
-        };
-        match accepted {
-            Ok(a) => return Some(a),
-            Err(e) => {
-                tracing::warn!(listener = what, error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
     }
 }
 

@@ -48,7 +48,7 @@ pub struct PresenceInfo {
     /// Whether the client requested the roster, so it gets roster pushes (RFC 6121 §2.1.6).
     pub interested: bool,
     /// The newest roster version this session was sent (result or push), so changes made
-    /// outside this node can be pushed exactly once ([`crate::roster_sync`]).
+    /// outside this node can be pushed exactly once (`roster_sync`).
     pub roster_ver: Option<i64>,
 }
 

@@ -26,9 +26,9 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::c2s::BoxIo;
 use crate::liveness::{Transport, TransportKind};
-use crate::server::Shared;
+use crate::node::Shared;
+use crate::tls::BoxIo;
 use crate::xml::reader::{parse_chunks, ReaderLimits, StreamEvent, StreamReader, XmlError};
 use crate::xml::{self as x, escape, Element};
 
@@ -206,7 +206,7 @@ async fn fail(
     e: &XmlError,
 ) {
     tracing::info!(%peer, error = %e, "closing WebSocket stream with error");
-    let Some(err) = e.stream_error() else {
+    let Some(err) = crate::error::StreamError::of_xml(e) else {
         return;
     };
     let mut msgs = Vec::new();
@@ -214,7 +214,7 @@ async fn fail(
         msgs.push(format!(
             "<open xmlns='{NS_FRAMING}' from='{}' id='{}' version='1.0'/>",
             escape(&shared.config.domains[0]),
-            crate::c2s::new_id()
+            crate::xml::new_id()
         ));
     }
     let el = x::parse_element(&err.to_xml()).unwrap_or_else(|| Element::new("error", x::NS_STREAM));

@@ -1741,7 +1741,8 @@ impl Cli {
         let dir = std::env::temp_dir().join(format!("presenced-cli-{}", unique()));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("presenced.toml");
-        let migrations = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        // The schema is built in; no operator migrations.
+        let migrations = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations.d");
         std::fs::write(
             &config,
             format!(
@@ -1775,6 +1776,8 @@ async fn run_presenced(config: &std::path::Path, args: &[&str]) -> std::process:
         .arg(config)
         .args(args)
         .stdin(std::process::Stdio::null())
+        // Each config names its store; the environment must not override it.
+        .env_remove("DATABASE_URL")
         .kill_on_drop(true)
         .output();
     tokio::time::timeout(Duration::from_secs(30), cmd)
@@ -1870,6 +1873,49 @@ async fn cli_check_config_accepts_the_example_and_rejects_a_broken_file() {
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("presenced.example.toml");
     let out = run_presenced(&example, &["check-config"]).await;
     assert!(out.status.success(), "example config: {out:?}");
+    // The example runs embedded; check-config names the file (relative to the config)
+    // and does not create it.
+    let check = |config: &std::path::Path| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_presenced"))
+            .arg("--config")
+            .arg(config)
+            .arg("check-config")
+            .env_remove("DATABASE_URL")
+            .output()
+    };
+    let out = check(&example).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presenced.db");
+    assert!(
+        stdout.contains(&format!("store: SQLite file {}", file.display())),
+        "{stdout}"
+    );
+
+    // A store it cannot reach is named with its address.
+    let dir = std::env::temp_dir().join(format!("presenced-cli-{}", unique()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let unreachable = [
+        (
+            "postgres://postgres@127.0.0.1:1/nothing",
+            "PostgreSQL at 127.0.0.1:1, database nothing: NOT USABLE",
+        ),
+        (
+            "sqlite:///nonexistent-dir/p.db",
+            "SQLite file /nonexistent-dir/p.db: NOT USABLE",
+        ),
+    ];
+    for (url, says) in unreachable {
+        let f = dir.join("store.toml");
+        std::fs::write(
+            &f,
+            format!("domains = [\"a.example\"]\n[database]\nurl = \"{url}\"\n"),
+        )
+        .unwrap();
+        let out = check(&f).await.unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(says), "{url}: {stdout}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 
     let dir = std::env::temp_dir().join(format!("presenced-cli-{}", unique()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -3,90 +3,12 @@
 //! Reads every file under `src/` (the server library; `main.rs` and the benchmark generator
 //! are outside it), maps each to its top-level module (`src/router.rs` → `router`,
 //! `src/presence/gate.rs` → `presence`) and collects every `crate::<module>` path outside
-//! comments, grouped imports (`use crate::{a, b}`) included. An edge that lies on a cycle of
-//! top-level modules fails the test unless it is listed in [`CYCLIC_EDGES_LEFT`], the
-//! ratchet of edges still to be cut; a listed edge that is no longer on a cycle fails too, so
-//! the list only ever shrinks. When it is empty, this is exactly "no two modules import each
-//! other, directly or around a loop".
+//! comments, grouped imports (`use crate::{a, b}`) included. Any edge that lies on a cycle
+//! of top-level modules fails the test: no two modules import each other, directly or
+//! around a loop.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-
-/// Edges `(from, to)` that still lie on an import cycle. Remove an entry when its cycle is
-/// cut; never add one.
-const CYCLIC_EDGES_LEFT: &[(&str, &str)] = &[
-    ("blocking", "c2s"),
-    ("blocking", "presence"),
-    ("blocking", "server"),
-    ("blocking", "store"),
-    ("c2s", "liveness"),
-    ("c2s", "presence"),
-    ("c2s", "router"),
-    ("c2s", "server"),
-    ("c2s", "store"),
-    ("delivery", "blocking"),
-    ("delivery", "presence"),
-    ("delivery", "s2s"),
-    ("delivery", "server"),
-    ("error", "xml"),
-    ("http", "c2s"),
-    ("http", "server"),
-    ("http", "websocket"),
-    ("invisible", "c2s"),
-    ("invisible", "delivery"),
-    ("invisible", "presence"),
-    ("liveness", "c2s"),
-    ("liveness", "delivery"),
-    ("liveness", "presence"),
-    ("liveness", "server"),
-    ("liveness", "store"),
-    ("presence", "c2s"),
-    ("presence", "delivery"),
-    ("presence", "liveness"),
-    ("presence", "roster"),
-    ("presence", "router"),
-    ("presence", "s2s"),
-    ("presence", "server"),
-    ("presence", "store"),
-    ("privacy_iq", "c2s"),
-    ("privacy_iq", "presence"),
-    ("privacy_iq", "store"),
-    ("roster", "c2s"),
-    ("roster", "presence"),
-    ("roster", "server"),
-    ("roster", "store"),
-    ("roster_sync", "presence"),
-    ("roster_sync", "roster"),
-    ("roster_sync", "server"),
-    ("roster_sync", "store"),
-    ("router", "blocking"),
-    ("router", "c2s"),
-    ("router", "delivery"),
-    ("router", "invisible"),
-    ("router", "liveness"),
-    ("router", "presence"),
-    ("router", "privacy_iq"),
-    ("router", "roster"),
-    ("router", "s2s"),
-    ("router", "server"),
-    ("s2s", "blocking"),
-    ("s2s", "c2s"),
-    ("s2s", "delivery"),
-    ("s2s", "presence"),
-    ("s2s", "server"),
-    ("server", "c2s"),
-    ("server", "http"),
-    ("server", "liveness"),
-    ("server", "presence"),
-    ("server", "roster_sync"),
-    ("server", "s2s"),
-    ("server", "store"),
-    ("store", "presence"),
-    ("websocket", "c2s"),
-    ("websocket", "liveness"),
-    ("websocket", "server"),
-    ("xml", "error"),
-];
 
 /// Top-level module of a file under `src/`, or `None` for files outside the library.
 fn module_of(src: &Path, file: &Path) -> Option<String> {
@@ -264,34 +186,21 @@ fn cyclic_edges(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<(String,
 }
 
 #[test]
-fn no_new_import_cycle_between_top_level_modules_and_the_old_ones_only_shrink() {
+fn no_import_cycle_between_top_level_modules() {
     let graph = import_graph();
     assert!(
         graph.len() > 5,
         "the scan found too few modules ({}): is src/ where it should be?",
         graph.len()
     );
-    let cyclic = cyclic_edges(&graph);
-    let allowed: BTreeSet<(String, String)> = CYCLIC_EDGES_LEFT
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-    let new: Vec<String> = cyclic
-        .difference(&allowed)
+    let cyclic: Vec<String> = cyclic_edges(&graph)
+        .into_iter()
         .map(|(a, b)| format!("{a} -> {b}"))
         .collect();
-    let cut: Vec<String> = allowed
-        .difference(&cyclic)
-        .map(|(a, b)| format!("(\"{a}\", \"{b}\")"))
-        .collect();
     assert!(
-        new.is_empty(),
+        cyclic.is_empty(),
         "imports that close a cycle between top-level modules (arrows must point one way, \
-         see ARCHITECTURE.md): {new:?}"
-    );
-    assert!(
-        cut.is_empty(),
-        "these edges no longer lie on a cycle: remove them from CYCLIC_EDGES_LEFT: {cut:?}"
+         see ARCHITECTURE.md): {cyclic:?}"
     );
 }
 

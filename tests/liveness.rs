@@ -419,9 +419,10 @@ async fn concurrent_sweepers_take_each_stale_resource_exactly_once() {
     let sweeper = |mut conn: redis::aio::MultiplexedConnection, key: String| async move {
         let mut got = Vec::new();
         loop {
-            let batch = presenced::liveness::sweeper::sweep_once(&mut conn, &key, now - 5000, 7)
-                .await
-                .unwrap();
+            let batch =
+                presenced::liveness_tasks::sweeper::sweep_once(&mut conn, &key, now - 5000, 7)
+                    .await
+                    .unwrap();
             if batch.is_empty() {
                 return got;
             }
@@ -681,7 +682,7 @@ async fn postgres_outage_keeps_existing_sessions_routing_and_last_seen_waits() {
         .await
         .unwrap();
     // The database becomes unreachable: every query now fails at once.
-    ts.shared().store.pool().close().await;
+    ts.shared().store.close().await;
     let msg = |to: &str, body: &str| {
         presenced::xml::parse_element(&format!(
             "<message to='{to}' type='chat'><body>{body}</body></message>"
@@ -908,7 +909,7 @@ async fn orphan_announcement_reaches_only_viewers_the_gate_admits() {
     let mut carol = online(&ts, "carol", "pc").await;
     let mut dave = online(&ts, "dave", "pc").await;
     plant_crashed_beat(&ts, "alice", "phone").await;
-    let swept = presenced::liveness::sweeper::sweep_all(ts.shared()).await;
+    let swept = presenced::liveness_tasks::sweeper::sweep_all(ts.shared()).await;
     assert!(swept >= 1, "the planted beat was not swept");
     let full = c_jid(&ts, "alice", "phone");
     // Control: the permitted subscriber is told.
@@ -949,7 +950,7 @@ async fn orphan_of_a_resource_that_reconnected_is_not_announced() {
         .await
         .expect("bob sees alice/phone online");
     plant_crashed_beat(&ts, "alice", "phone").await;
-    let swept = presenced::liveness::sweeper::sweep_all(ts.shared()).await;
+    let swept = presenced::liveness_tasks::sweeper::sweep_all(ts.shared()).await;
     assert!(swept >= 1, "the planted beat was not swept");
     barrier(&ts, &mut bob).await;
     barrier(&ts, &mut alice).await;

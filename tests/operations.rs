@@ -543,21 +543,15 @@ async fn check_config_on_a_good_setup_reaches_the_stores_and_shows_every_table()
 
 #[tokio::test]
 async fn check_config_fails_broken_files_and_unreachable_stores_with_their_names() {
-    // A migrations directory that does not exist.
+    // A CA file that does not exist.
     let setup = Setup::new("");
     let text_cfg = std::fs::read_to_string(setup.config()).unwrap();
-    let broken = text_cfg.replace(
-        &format!(
-            "migrations = \"{}",
-            Path::new(env!("CARGO_MANIFEST_DIR")).display()
-        ),
-        "migrations = \"/nonexistent",
-    );
+    let broken = text_cfg.replace("[s2s]\n", "[s2s]\nca_file = \"/nonexistent/ca.pem\"\n");
     std::fs::write(setup.config(), &broken).unwrap();
     let out = setup.run(&["check-config"]).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
-        text(&out).contains("FAIL  [database] migrations /nonexistent"),
+        text(&out).contains("FAIL  [s2s] ca_file /nonexistent/ca.pem"),
         "{}",
         text(&out)
     );
@@ -594,7 +588,10 @@ async fn check_config_fails_broken_files_and_unreachable_stores_with_their_names
         .unwrap();
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
-    assert!(t.contains("FAIL  PostgreSQL 127.0.0.1:1/nowhere"), "{t}");
+    assert!(
+        t.contains("FAIL  store: PostgreSQL at 127.0.0.1:1, database nowhere: NOT USABLE"),
+        "{t}"
+    );
     assert!(t.contains("FAIL  Redis 127.0.0.1:1"), "{t}");
 
     // A file that does not validate: 2, nothing else checked.

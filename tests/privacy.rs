@@ -21,12 +21,18 @@ const NS_RECEIPTS: &str = "urn:xmpp:receipts";
 const QUIET: std::time::Duration = std::time::Duration::from_millis(400);
 
 async fn mutual(ts: &TestServer, a: &str, b: &str) {
-    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
-        .bind(ts.jid(a))
-        .bind(ts.jid(b))
-        .execute(ts.shared().store.pool())
-        .await
-        .expect("make mutual");
+    ts.make_mutual(a, b).await;
+}
+
+/// `owner` blocks `blocked` by a plain INSERT, as an operator or another node would.
+async fn block_in_sql(ts: &TestServer, owner: &str, blocked: &str) {
+    ts.sql(
+        "INSERT INTO blocklist (owner, blocked) VALUES ($1, $2)",
+        "INSERT INTO blocklist (owner, blocked) VALUES (?1, ?2)",
+        &[&ts.jid(owner), &ts.jid(blocked)],
+    )
+    .await
+    .expect("block in SQL");
 }
 
 fn el(xml: &str) -> Element {
@@ -286,12 +292,7 @@ async fn a_block_written_in_sql_elsewhere_withdraws_presence_through_notify() {
     let j = format!("{}/phone", ts.jid("alice"));
     bob.expect(|e| is_presence(e, &j, None)).await;
     // An operator (or another node) changes the list without this node's iq handler.
-    sqlx::query("INSERT INTO blocklist (owner, blocked) VALUES ($1, $2)")
-        .bind(ts.jid("alice"))
-        .bind(ts.jid("bob"))
-        .execute(ts.shared().store.pool())
-        .await
-        .unwrap();
+    block_in_sql(&ts, "alice", "bob").await;
     bob.expect(|e| is_presence(e, &j, Some("unavailable")))
         .await;
     ts.stop().await;
@@ -373,12 +374,7 @@ async fn cached_inputs_are_dropped_by_a_block_written_in_sql_elsewhere() {
     let ts = TestServer::start(|_| {}).await;
     let (mut alice, mut bob, mut carol, j) = alice_with_cached_inputs(&ts).await;
     // Bob's block of alice, made by another node: only NOTIFY tells this one.
-    sqlx::query("INSERT INTO blocklist (owner, blocked) VALUES ($1, $2)")
-        .bind(ts.jid("bob"))
-        .bind(ts.jid("alice"))
-        .execute(ts.shared().store.pool())
-        .await
-        .unwrap();
+    block_in_sql(&ts, "bob", "alice").await;
     bob.expect(|e| is_presence(e, &j, Some("unavailable")))
         .await;
     next_change_skips_bob(&ts, &mut alice, &mut bob, &mut carol, &j).await;
@@ -395,12 +391,7 @@ async fn cached_inputs_are_dropped_by_a_roster_change_made_in_sql_elsewhere() {
         .iq("get", None, el("<query xmlns='jabber:iq:roster'/>"))
         .await;
     assert_eq!(r.get_attr("type"), Some("result"), "{r}");
-    sqlx::query("SELECT presenced_roster_unpair($1, $2)")
-        .bind(ts.jid("alice"))
-        .bind(ts.jid("bob"))
-        .execute(ts.shared().store.pool())
-        .await
-        .unwrap();
+    ts.unpair("alice", "bob").await;
     withdrawn_from_bob(&ts, &mut bob).await;
     next_change_skips_bob(&ts, &mut alice, &mut bob, &mut carol, &j).await;
     ts.stop().await;

@@ -60,12 +60,7 @@ async fn sql_make_mutual_pushes_roster_and_presence_to_online_users() {
     let mut bob = online(&ts, "bob").await;
     let mut carol = online(&ts, "carol").await;
     let (a, b) = (ts.jid("alice"), ts.jid("bob"));
-    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
-        .bind(&a)
-        .bind(&b)
-        .execute(ts.shared().store.pool())
-        .await
-        .unwrap();
+    ts.make_mutual("alice", "bob").await;
     alice.expect(roster_push_for(&b, "both")).await;
     bob.expect(roster_push_for(&a, "both")).await;
     alice
@@ -93,12 +88,7 @@ async fn sql_make_mutual_pushes_roster_and_presence_to_online_users() {
         .expect(|e| is_presence(e, &format!("{b}/r"), Some("unavailable")))
         .await;
 
-    sqlx::query("SELECT presenced_roster_unpair($1, $2)")
-        .bind(&a)
-        .bind(&b)
-        .execute(ts.shared().store.pool())
-        .await
-        .unwrap();
+    ts.unpair("alice", "bob").await;
     alice.expect(roster_push_for(&b, "remove")).await;
     ts.stop().await;
 }
@@ -111,19 +101,32 @@ async fn operator_migration_file_takes_effect_on_presenced_migrate() {
     }
     let mut ann = online(&ts, "ann").await;
     let mut cid = online(&ts, "cid").await;
-    // An operator's migrations directory: the shipped files plus their own team file.
+    // An operator's migrations directory as older deployments kept it: copies of the
+    // shipped PostgreSQL files (which the built-in schema already applied) plus their own
+    // team file.
     let dir = std::env::temp_dir().join(format!("presenced-ops-{}", unique()));
     std::fs::create_dir_all(&dir).unwrap();
-    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
-    for f in std::fs::read_dir(&shipped).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    let postgres = ts.shared().store.dialect() == presenced::store::Dialect::Postgres;
+    if postgres {
+        let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        for f in std::fs::read_dir(&shipped).unwrap() {
+            let f = f.unwrap();
+            if f.path().is_file() {
+                std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+            }
+        }
     }
     let version = 1_000_000_000u64 + (rand_u32() as u64);
+    // The README's team file, in the store's dialect.
+    let team = if postgres {
+        "SELECT presenced_roster_make_mutual(a.jid, b.jid)"
+    } else {
+        "INSERT INTO presenced_roster_make_mutual (a, b) SELECT a.jid, b.jid"
+    };
     std::fs::write(
         dir.join(format!("{version}_team.sql")),
         format!(
-            "SELECT presenced_roster_make_mutual(a.jid, b.jid)
+            "{team}
              FROM accounts a JOIN accounts b ON a.jid < b.jid
              WHERE a.domain = '{d}' AND b.domain = '{d}';",
             d = ts.domain
@@ -145,6 +148,8 @@ async fn operator_migration_file_takes_effect_on_presenced_migrate() {
         .arg("--config")
         .arg(&config)
         .arg("migrate")
+        // The file names the test store; the environment must not override it.
+        .env_remove("DATABASE_URL")
         .output()
         .await
         .unwrap();
@@ -226,5 +231,48 @@ async fn a_change_of_the_pending_request_alone_is_stored_but_not_pushed() {
         "a pending-in-only change was pushed: {:#?}",
         bob.backlog
     );
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn a_change_made_by_another_connection_to_the_sqlite_file_reaches_online_users() {
+    // Whatever PRESENCED_TEST_STORE says: this is about the SQLite change log.
+    let file = common::stores::Db::sqlite().url();
+    let url = file.clone();
+    let ts = TestServer::start(move |c| c.database.url = url).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    let mut alice = online(&ts, "alice").await;
+    let mut bob = online(&ts, "bob").await;
+    let (a, b) = (ts.jid("alice"), ts.jid("bob"));
+    // As the sqlite3 shell would: its own connection, no server code involved.
+    use sqlx::Connection as _;
+    let mut shell = sqlx::SqliteConnection::connect(&file).await.unwrap();
+    let started = std::time::Instant::now();
+    sqlx::query("INSERT INTO presenced_roster_make_mutual (a, b) VALUES (?1, ?2)")
+        .bind(&a)
+        .bind(&b)
+        .execute(&mut shell)
+        .await
+        .unwrap();
+    alice.expect(roster_push_for(&b, "both")).await;
+    bob.expect(roster_push_for(&a, "both")).await;
+    alice
+        .expect(|e| is_presence(e, &format!("{b}/r"), None))
+        .await;
+    // The change log is read every change_poll_interval (0.25 s by default); the rest is
+    // the push itself, on a machine shared with other builds.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    sqlx::query("INSERT INTO presenced_roster_unpair (a, b) VALUES (?1, ?2)")
+        .bind(&a)
+        .bind(&b)
+        .execute(&mut shell)
+        .await
+        .unwrap();
+    alice.expect(roster_push_for(&b, "remove")).await;
+    bob.expect(|e| is_presence(e, &format!("{a}/r"), Some("unavailable")))
+        .await;
+    shell.close().await.unwrap();
     ts.stop().await;
 }

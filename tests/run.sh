@@ -149,11 +149,21 @@ fi
 
 cargo test --all-targets --no-fail-fast
 
+# The integration binaries that lean on the store again, with their servers on an SQLite file
+# (the store tests themselves already run every case on both stores).
+PRESENCED_TEST_STORE=sqlite cargo test --no-fail-fast \
+  --test roster_sql --test privacy --test limits --test gate_inputs --test presence_property
+
 # The conformance runner's own offline tests, then the suite against this server (strict:
 # a skipped scenario fails the run).
 python3 -m pip install --quiet --disable-pip-version-check -r conformance/requirements.txt
 python3 conformance/test_run.py
 bash conformance/presenced.sh
+# And on the embedded store, as the example configuration runs.
+SQLITE_CONF_DIR="$(mktemp -d /tmp/sqlite-conformance.XXXXXX)"
+DATABASE_URL="sqlite://${SQLITE_CONF_DIR}/conformance.db" RUN_DIR="${SQLITE_CONF_DIR}/run" \
+  bash conformance/presenced.sh
+rm -rf "${SQLITE_CONF_DIR}"
 
 # The fuzz crate's decoder tests and every seed document under all limit choices (its own
 # workspace; no fuzzer needed for these).

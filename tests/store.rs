@@ -1,33 +1,40 @@
-//! Store integration tests against a real PostgreSQL (`DATABASE_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/test`). Every test works on its own random domain,
-//! so tests run in parallel and leave other data alone.
+//! Store integration tests, each run twice: against a real PostgreSQL (`DATABASE_URL`,
+//! default `postgres://postgres@127.0.0.1:5432/test`; module `postgres`) and against a
+//! fresh SQLite file (module `sqlite`). Every test works on its own random domain, so
+//! tests run in parallel and leave other data alone.
 
-use std::path::Path;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use presenced::sasl::scram::{self, ScramError, ScramHash, ScramServer};
-use presenced::store::{RosterChange, RosterItem, Store, StoreError, Subscription};
+use presenced::store::{notify, RosterChange, RosterItem, Store, StoreError, Subscription};
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
 /// Iterations for test accounts: RFC 7677's minimum, as a deployment would use.
 const ITERATIONS: u32 = 4096;
 
-async fn store() -> Store {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let store = Store::connect(&url, 4)
-        .await
-        .expect("connect to PostgreSQL");
-    store
-        .migrate(&Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations"))
-        .await
-        .expect("migrations apply");
-    store
-}
+#[path = "common/stores.rs"]
+#[macro_use]
+mod stores;
+use stores::{exec, Db};
+
+on_both_stores!(
+    account_credentials_authenticate_through_scram_and_plain,
+    a_server_secret_is_created_once_and_returned_unchanged_afterwards,
+    duplicate_or_invalid_accounts_are_refused,
+    set_password_replaces_credentials_and_delete_removes_them,
+    roster_items_round_trip_with_every_field,
+    roster_since_reports_only_changes_and_removals_as_tombstones,
+    pruning_old_tombstones_makes_older_versions_unknown,
+    recreated_account_does_not_accept_versions_of_the_old_one,
+    schema_rejects_impossible_roster_states,
+    subscription_change_updates_both_sides_atomically,
+    operator_sql_keeps_versions_and_notifies,
+    pending_subscriptions_are_kept_once_per_sender,
+);
 
 /// A domain no other test uses.
 fn domain() -> String {
@@ -112,9 +119,8 @@ async fn scram_login(
     Ok(server_final == expected.as_bytes())
 }
 
-#[tokio::test]
-async fn account_credentials_authenticate_through_scram_and_plain() {
-    let store = store().await;
+async fn account_credentials_authenticate_through_scram_and_plain(db: Db) {
+    let store = db.open().await;
     let d = domain();
     store
         .create_account("alice", &d, "pencil", ITERATIONS)
@@ -161,15 +167,15 @@ async fn account_credentials_authenticate_through_scram_and_plain() {
     assert_ne!(s1.salt, s256.salt);
 }
 
-#[tokio::test]
-async fn a_server_secret_is_created_once_and_returned_unchanged_afterwards() {
+async fn a_server_secret_is_created_once_and_returned_unchanged_afterwards(db: Db) {
     let name = format!("test-{}", domain());
-    let first = store().await.server_secret(&name).await.expect("secret");
+    let first = db.open().await.server_secret(&name).await.expect("secret");
     assert!(first.len() >= 32, "{} bytes", first.len());
     // Another connection pool, as after a restart or on another node.
-    let again = store().await.server_secret(&name).await.expect("secret");
+    let again = db.open().await.server_secret(&name).await.expect("secret");
     assert_eq!(first, again);
-    let other = store()
+    let other = db
+        .open()
         .await
         .server_secret(&format!("{name}-other"))
         .await
@@ -177,9 +183,8 @@ async fn a_server_secret_is_created_once_and_returned_unchanged_afterwards() {
     assert_ne!(first, other, "each name has its own random secret");
 }
 
-#[tokio::test]
-async fn duplicate_or_invalid_accounts_are_refused() {
-    let store = store().await;
+async fn duplicate_or_invalid_accounts_are_refused(db: Db) {
+    let store = db.open().await;
     let d = domain();
     store
         .create_account("alice", &d, "pw", ITERATIONS)
@@ -215,9 +220,8 @@ async fn duplicate_or_invalid_accounts_are_refused() {
     assert!(!store.account_exists("bob", &d).await.unwrap());
 }
 
-#[tokio::test]
-async fn set_password_replaces_credentials_and_delete_removes_them() {
-    let store = store().await;
+async fn set_password_replaces_credentials_and_delete_removes_them(db: Db) {
+    let store = db.open().await;
     let d = domain();
     store
         .create_account("carol", &d, "old", ITERATIONS)
@@ -265,9 +269,8 @@ fn item(contact: &str) -> RosterItem {
     RosterItem::new(contact)
 }
 
-#[tokio::test]
-async fn roster_items_round_trip_with_every_field() {
-    let store = store().await;
+async fn roster_items_round_trip_with_every_field(db: Db) {
+    let store = db.open().await;
     let d = domain();
     store
         .create_account("alice", &d, "pw", ITERATIONS)
@@ -319,9 +322,8 @@ async fn roster_items_round_trip_with_every_field() {
     );
 }
 
-#[tokio::test]
-async fn roster_since_reports_only_changes_and_removals_as_tombstones() {
-    let store = store().await;
+async fn roster_since_reports_only_changes_and_removals_as_tombstones(db: Db) {
+    let store = db.open().await;
     let d = domain();
     store
         .create_account("alice", &d, "pw", ITERATIONS)
@@ -419,9 +421,8 @@ async fn roster_since_reports_only_changes_and_removals_as_tombstones() {
     );
 }
 
-#[tokio::test]
-async fn pruning_old_tombstones_makes_older_versions_unknown() {
-    let store = store().await;
+async fn pruning_old_tombstones_makes_older_versions_unknown(db: Db) {
+    let store = db.open().await;
     let d = domain();
     store
         .create_account("alice", &d, "pw", ITERATIONS)
@@ -447,12 +448,15 @@ async fn pruning_old_tombstones_makes_older_versions_unknown() {
         .unwrap()
         .unwrap();
     // Age bob's tombstone only; other tests' tombstones are fresh and stay.
-    sqlx::query(
+    exec(
+        &store,
         "UPDATE roster_tombstones SET removed_at = now() - interval '30 days'
          WHERE owner = $1 AND contact = 'bob@x.example'",
+        "UPDATE roster_tombstones
+         SET removed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-30 days')
+         WHERE owner = ?1 AND contact = 'bob@x.example'",
+        &[&owner],
     )
-    .bind(&owner)
-    .execute(store.pool())
     .await
     .unwrap();
 
@@ -470,9 +474,8 @@ async fn pruning_old_tombstones_makes_older_versions_unknown() {
     );
 }
 
-#[tokio::test]
-async fn recreated_account_does_not_accept_versions_of_the_old_one() {
-    let store = store().await;
+async fn recreated_account_does_not_accept_versions_of_the_old_one(db: Db) {
+    let store = db.open().await;
     let d = domain();
     let owner = format!("alice@{d}");
     store
@@ -504,9 +507,8 @@ async fn recreated_account_does_not_accept_versions_of_the_old_one() {
     assert!(store.roster(&owner).await.unwrap().1.is_empty());
 }
 
-#[tokio::test]
-async fn schema_rejects_impossible_roster_states() {
-    let store = store().await;
+async fn schema_rejects_impossible_roster_states(db: Db) {
+    let store = db.open().await;
     let d = domain();
     store
         .create_account("alice", &d, "pw", ITERATIONS)
@@ -516,26 +518,23 @@ async fn schema_rejects_impossible_roster_states() {
     let (v0, _) = store.roster(&owner).await.unwrap();
 
     // Raw SQL, as an operator might write it: the CHECK stops it.
-    let err = sqlx::query(
-        "INSERT INTO roster_items (owner, contact, subscription) VALUES ($1, 'bob@x.example', 'bogus')",
-    )
-    .bind(&owner)
-    .execute(store.pool())
-    .await
-    .unwrap_err();
-    let db = err.as_database_error().expect("a database error");
-    assert_eq!(db.constraint(), Some("roster_subscription_valid"));
-    let err = sqlx::query(
-        "INSERT INTO roster_items (owner, contact, ask) VALUES ($1, 'bob@x.example', 'unsubscribe')",
-    )
-    .bind(&owner)
-    .execute(store.pool())
-    .await
-    .unwrap_err();
-    assert_eq!(
-        err.as_database_error().unwrap().constraint(),
-        Some("roster_ask_valid")
-    );
+    for (column, value, constraint) in [
+        ("subscription", "bogus", "roster_subscription_valid"),
+        ("ask", "unsubscribe", "roster_ask_valid"),
+    ] {
+        let err = exec(
+            &store,
+            &format!("INSERT INTO roster_items (owner, contact, {column}) VALUES ($1, 'bob@x.example', $2)"),
+            &format!("INSERT INTO roster_items (owner, contact, {column}) VALUES (?1, 'bob@x.example', ?2)"),
+            &[&owner, value],
+        )
+        .await
+        .unwrap_err();
+        match StoreError::from(err) {
+            StoreError::Constraint(c) => assert_eq!(c, constraint),
+            other => panic!("{column} = {value}: {other:?}"),
+        }
+    }
 
     // Through the API, states outside RFC 6121 Appendix A are refused by name.
     let cases: Vec<(RosterItem, &str)> = vec![
@@ -596,9 +595,8 @@ async fn schema_rejects_impossible_roster_states() {
     assert_eq!(store.roster(&owner).await.unwrap(), (v0, vec![]));
 }
 
-#[tokio::test]
-async fn subscription_change_updates_both_sides_atomically() {
-    let store = store().await;
+async fn subscription_change_updates_both_sides_atomically(db: Db) {
+    let store = db.open().await;
     let d = domain();
     store
         .create_account("alice", &d, "pw", ITERATIONS)
@@ -710,9 +708,8 @@ async fn subscription_change_updates_both_sides_atomically() {
     );
 }
 
-#[tokio::test]
-async fn operator_sql_keeps_versions_and_notifies() {
-    let store = store().await;
+async fn operator_sql_keeps_versions_and_notifies(db: Db) {
+    let store = db.open().await;
     let d = domain();
     store
         .create_account("alice", &d, "pw", ITERATIONS)
@@ -725,17 +722,11 @@ async fn operator_sql_keeps_versions_and_notifies() {
     let (alice, bob) = (format!("alice@{d}"), format!("bob@{d}"));
     let (va0, _) = store.roster(&alice).await.unwrap();
 
-    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+    let mut listener = notify::listen(&db.url(), &[notify::ROSTER_CHANNEL])
         .await
         .unwrap();
-    listener.listen("presenced_roster").await.unwrap();
 
-    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
-        .bind(&alice)
-        .bind(&bob)
-        .execute(store.pool())
-        .await
-        .unwrap();
+    stores::make_mutual(&store, &alice, &bob).await.unwrap();
     let both = |c: &str| RosterItem {
         subscription: Subscription::Both,
         ..item(c)
@@ -753,7 +744,7 @@ async fn operator_sql_keeps_versions_and_notifies() {
     let seen = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let n = listener.recv().await.unwrap();
-            if n.payload() == want {
+            if n.payload == want {
                 break;
             }
         }
@@ -762,18 +753,20 @@ async fn operator_sql_keeps_versions_and_notifies() {
     assert!(seen.is_ok(), "no notification {want}");
 
     // A plain DELETE by an operator leaves a tombstone too.
-    sqlx::query("DELETE FROM roster_items WHERE owner = $1")
-        .bind(&alice)
-        .execute(store.pool())
-        .await
-        .unwrap();
+    exec(
+        &store,
+        "DELETE FROM roster_items WHERE owner = $1",
+        "DELETE FROM roster_items WHERE owner = ?1",
+        &[&alice],
+    )
+    .await
+    .unwrap();
     let (_, changes) = store.roster_since(&alice, va1).await.unwrap().unwrap();
     assert_eq!(changes, vec![RosterChange::Removed(bob.clone())]);
 }
 
-#[tokio::test]
-async fn pending_subscriptions_are_kept_once_per_sender() {
-    let store = store().await;
+async fn pending_subscriptions_are_kept_once_per_sender(db: Db) {
+    let store = db.open().await;
     let d = domain();
     store
         .create_account("alice", &d, "pw", ITERATIONS)

@@ -1,8 +1,9 @@
-//! Integration tests of last activity, block lists, privacy settings and the
-//! LISTEN/NOTIFY consumer against a real PostgreSQL (`DATABASE_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/test`). Every test works on its own random domain,
-//! so tests run in parallel and leave other data alone; notifications from other tests
-//! are filtered out by owner.
+//! Integration tests of last activity, block lists, privacy settings and the change
+//! notifications: most run on both stores (modules `postgres` and `sqlite`, see
+//! `common/stores.rs`), the LISTEN connection's failure handling on PostgreSQL
+//! (`DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`) and the change
+//! log's on SQLite. Every test works on its own random domain, so tests run in parallel
+//! and leave other data alone; notifications from other tests are filtered out by owner.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -14,7 +15,7 @@ use presenced::store::last_seen::LastSeen;
 use presenced::store::notify::{
     self, parse_roster_notification, Notification, BLOCK_CHANNEL, PRIVACY_CHANNEL, ROSTER_CHANNEL,
 };
-use presenced::store::{Store, StoreError};
+use presenced::store::{Dialect, Store, StoreError};
 use sqlx::Connection as _;
 use tokio::sync::mpsc::Receiver;
 
@@ -48,6 +49,23 @@ async fn store() -> Store {
         .expect("migrations apply");
     store
 }
+
+#[path = "common/stores.rs"]
+#[macro_use]
+mod stores;
+use stores::{exec, Db};
+
+on_both_stores!(
+    last_seen_batch_is_one_write_and_newer_wins,
+    last_seen_batch_skips_jids_that_are_not_accounts,
+    block_unblock_and_unblock_all_round_trip,
+    block_refuses_non_jids_and_unknown_owners,
+    blocking_matches_jids_by_xep0016_rules,
+    privacy_settings_round_trip_and_default_to_subscribers,
+    schema_refuses_privacy_rows_with_two_readings,
+    roster_change_made_in_sql_reaches_the_listener_with_its_owner_and_version,
+    block_and_privacy_changes_notify_their_owner,
+);
 
 /// A domain no other test uses.
 fn domain() -> String {
@@ -94,9 +112,8 @@ async fn writer_xids(store: &Store, jids: &[&str]) -> Vec<String> {
     out
 }
 
-#[tokio::test]
-async fn last_seen_batch_is_one_write_and_newer_wins() {
-    let store = store().await;
+async fn last_seen_batch_is_one_write_and_newer_wins(db: Db) {
+    let store = db.open().await;
     let d = domain();
     let alice = account(&store, "alice", &d).await;
     let bob = account(&store, "bob", &d).await;
@@ -110,7 +127,14 @@ async fn last_seen_batch_is_one_write_and_newer_wins() {
             .unwrap(),
         1
     );
-    let alice_xid_before = writer_xids(&store, &[&alice]).await;
+    // PostgreSQL tells which transaction wrote a row; in SQLite one statement is one
+    // transaction by construction.
+    let pg = store.dialect() == Dialect::Postgres;
+    let alice_xid_before = if pg {
+        writer_xids(&store, &[&alice]).await
+    } else {
+        Vec::new()
+    };
 
     let batch = [
         seen(&alice, 50, Some("stale")),
@@ -138,10 +162,12 @@ async fn last_seen_batch_is_one_write_and_newer_wins() {
 
     // One statement: bob's and carol's rows were written by the same transaction, and
     // alice's row was not rewritten by it.
-    let xids = writer_xids(&store, &[&bob, &carol, &alice]).await;
-    assert_eq!(xids[0], xids[1]);
-    assert_eq!(vec![xids[2].clone()], alice_xid_before);
-    assert_ne!(xids[0], xids[2]);
+    if pg {
+        let xids = writer_xids(&store, &[&bob, &carol, &alice]).await;
+        assert_eq!(xids[0], xids[1]);
+        assert_eq!(vec![xids[2].clone()], alice_xid_before);
+        assert_ne!(xids[0], xids[2]);
+    }
 
     // A newer time moves the row forward and replaces the status, even with none.
     assert_eq!(
@@ -166,9 +192,8 @@ async fn last_seen_batch_is_one_write_and_newer_wins() {
     assert_eq!(store.record_last_seen_batch(&[]).await.unwrap(), 0);
 }
 
-#[tokio::test]
-async fn last_seen_batch_skips_jids_that_are_not_accounts() {
-    let store = store().await;
+async fn last_seen_batch_skips_jids_that_are_not_accounts(db: Db) {
+    let store = db.open().await;
     let d = domain();
     let alice = account(&store, "alice", &d).await;
     let ghost = format!("ghost@{d}");
@@ -199,9 +224,8 @@ fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
 
-#[tokio::test]
-async fn block_unblock_and_unblock_all_round_trip() {
-    let store = store().await;
+async fn block_unblock_and_unblock_all_round_trip(db: Db) {
+    let store = db.open().await;
     let d = domain();
     let alice = account(&store, "alice", &d).await;
 
@@ -260,9 +284,8 @@ async fn block_unblock_and_unblock_all_round_trip() {
     );
 }
 
-#[tokio::test]
-async fn block_refuses_non_jids_and_unknown_owners() {
-    let store = store().await;
+async fn block_refuses_non_jids_and_unknown_owners(db: Db) {
+    let store = db.open().await;
     let d = domain();
     let alice = account(&store, "alice", &d).await;
     for bad in [
@@ -289,9 +312,8 @@ async fn block_refuses_non_jids_and_unknown_owners() {
     ));
 }
 
-#[tokio::test]
-async fn blocking_matches_jids_by_xep0016_rules() {
-    let store = store().await;
+async fn blocking_matches_jids_by_xep0016_rules(db: Db) {
+    let store = db.open().await;
     let d = domain();
     let alice = account(&store, "alice", &d).await;
     let other = account(&store, "other", &d).await;
@@ -338,9 +360,8 @@ async fn blocking_matches_jids_by_xep0016_rules() {
     }
 }
 
-#[tokio::test]
-async fn privacy_settings_round_trip_and_default_to_subscribers() {
-    let store = store().await;
+async fn privacy_settings_round_trip_and_default_to_subscribers(db: Db) {
+    let store = db.open().await;
     let d = domain();
     let alice = account(&store, "alice", &d).await;
 
@@ -383,37 +404,45 @@ async fn privacy_settings_round_trip_and_default_to_subscribers() {
     ));
 }
 
-#[tokio::test]
-async fn schema_refuses_privacy_rows_with_two_readings() {
-    let store = store().await;
+async fn schema_refuses_privacy_rows_with_two_readings(db: Db) {
+    let store = db.open().await;
     let d = domain();
     let alice = account(&store, "alice", &d).await;
+    // The lists in each dialect's form: PostgreSQL arrays, SQLite JSON. SQLite checks an
+    // exception list in one trigger for both lists, so it names that.
+    let lite_list_check = "privacy_except_valid";
     let cases = [
         (
             "nobody",
-            "{bob@b.example}",
-            "privacy_online_except_only_with_mode",
+            ("{bob@b.example}", r#"["bob@b.example"]"#),
+            ("privacy_online_except_only_with_mode", None),
         ),
-        ("everyone", "{}", "privacy_online_valid"),
+        ("everyone", ("{}", "[]"), ("privacy_online_valid", None)),
         (
             "contacts_except",
-            "{bob@b.example/res}",
-            "privacy_online_except_valid",
+            ("{bob@b.example/res}", r#"["bob@b.example/res"]"#),
+            ("privacy_online_except_valid", Some(lite_list_check)),
         ),
         (
             "contacts_except",
-            "{bob@b.example,bob@b.example}",
-            "privacy_online_except_valid",
+            (
+                "{bob@b.example,bob@b.example}",
+                r#"["bob@b.example","bob@b.example"]"#,
+            ),
+            ("privacy_online_except_valid", Some(lite_list_check)),
         ),
     ];
-    for (mode, except, constraint) in cases {
-        let r = sqlx::query(
+    for (mode, (pg_list, lite_list), (pg_constraint, lite_constraint)) in cases {
+        let (except, constraint) = match store.dialect() {
+            Dialect::Postgres => (pg_list, pg_constraint),
+            Dialect::Sqlite => (lite_list, lite_constraint.unwrap_or(pg_constraint)),
+        };
+        let r = exec(
+            &store,
             "INSERT INTO privacy_settings (owner, online, online_except) VALUES ($1, $2, $3::text[])",
+            "INSERT INTO privacy_settings (owner, online, online_except) VALUES (?1, ?2, ?3)",
+            &[&alice, mode, except],
         )
-        .bind(&alice)
-        .bind(mode)
-        .bind(except)
-        .execute(store.pool())
         .await
         .map_err(StoreError::from);
         assert!(
@@ -442,21 +471,15 @@ async fn next_matching(
     found.unwrap_or_else(|_| panic!("no notification on {channel} within {WAIT:?}"))
 }
 
-#[tokio::test]
-async fn roster_change_made_in_sql_reaches_the_listener_with_its_owner_and_version() {
-    let store = store().await;
+async fn roster_change_made_in_sql_reaches_the_listener_with_its_owner_and_version(db: Db) {
+    let store = db.open().await;
     let d = domain();
     let alice = account(&store, "alice", &d).await;
     let bob = account(&store, "bob", &d).await;
-    let mut rx = notify::listen(&url(), &[ROSTER_CHANNEL]).await.unwrap();
+    let mut rx = notify::listen(&db.url(), &[ROSTER_CHANNEL]).await.unwrap();
 
     // What an operator would run in a migration.
-    sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
-        .bind(&alice)
-        .bind(&bob)
-        .execute(store.pool())
-        .await
-        .unwrap();
+    stores::make_mutual(&store, &alice, &bob).await.unwrap();
 
     for owner in [&alice, &bob] {
         let (version, _) = store.roster(owner).await.unwrap();
@@ -469,12 +492,11 @@ async fn roster_change_made_in_sql_reaches_the_listener_with_its_owner_and_versi
     }
 }
 
-#[tokio::test]
-async fn block_and_privacy_changes_notify_their_owner() {
-    let store = store().await;
+async fn block_and_privacy_changes_notify_their_owner(db: Db) {
+    let store = db.open().await;
     let d = domain();
     let alice = account(&store, "alice", &d).await;
-    let mut rx = notify::listen(&url(), &[BLOCK_CHANNEL, PRIVACY_CHANNEL])
+    let mut rx = notify::listen(&db.url(), &[BLOCK_CHANNEL, PRIVACY_CHANNEL])
         .await
         .unwrap();
 
@@ -606,16 +628,6 @@ impl CapturedLog {
 }
 
 /// `url()` pointing at database `db` instead.
-fn url_for_db(db: &str) -> String {
-    let u = url();
-    let (base, query) = match u.split_once('?') {
-        Some((b, q)) => (b.to_owned(), format!("?{q}")),
-        None => (u.clone(), String::new()),
-    };
-    let (server, _) = base.rsplit_once('/').expect("DATABASE_URL has a database");
-    format!("{server}/{db}{query}")
-}
-
 #[tokio::test]
 async fn listener_retries_failed_reconnects_until_the_database_is_back() {
     // The default tokio test runtime runs the listener task on this thread, so a
@@ -642,7 +654,7 @@ async fn listener_retries_failed_reconnects_until_the_database_is_back() {
         ..notify::ListenOptions::default()
     };
     let mut rx = notify::listen_with(
-        &with_app_name(&url_for_db(&db), &name),
+        &with_app_name(&stores::postgres_url_for(&db), &name),
         &[ROSTER_CHANNEL],
         options,
     )
@@ -678,7 +690,9 @@ async fn listener_retries_failed_reconnects_until_the_database_is_back() {
         .expect("resync marker once the database accepts connections again")
         .expect("listener task alive");
     assert!(marker.is_resync(), "{marker:?}");
-    let mut conn = sqlx::PgConnection::connect(&url_for_db(&db)).await.unwrap();
+    let mut conn = sqlx::PgConnection::connect(&stores::postgres_url_for(&db))
+        .await
+        .unwrap();
     sqlx::query("SELECT pg_notify($1, '7 zed@z.example')")
         .bind(ROSTER_CHANNEL)
         .execute(&mut conn)
@@ -696,4 +710,41 @@ async fn listener_retries_failed_reconnects_until_the_database_is_back() {
         .execute(store.pool())
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn the_sqlite_poller_says_to_resync_when_changes_it_had_not_read_were_deleted() {
+    let db = Db::sqlite();
+    let store = db.open().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    let mut rx = notify::listen(&db.url(), &[BLOCK_CHANNEL]).await.unwrap();
+    // In one transaction, so the poller sees it whole: a change it will never read (as if
+    // pruned while it was behind), then one it can.
+    let lite = store.sqlite_pool().expect("an SQLite store");
+    let mut tx = lite.begin().await.unwrap();
+    for q in [
+        "INSERT INTO presenced_changes (channel, payload) VALUES ('presenced_block', 'lost@x')",
+        "DELETE FROM presenced_changes WHERE payload = 'lost@x'",
+        "INSERT INTO presenced_changes (channel, payload) VALUES ('presenced_block', ?1)",
+    ] {
+        sqlx::query(q).bind(&alice).execute(&mut *tx).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let first = tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(first.is_resync(), "{first:?}");
+    let next = tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        next,
+        Notification {
+            channel: BLOCK_CHANNEL.to_owned(),
+            payload: alice
+        }
+    );
 }

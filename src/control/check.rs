@@ -52,7 +52,12 @@ fn fail(text: String) -> Finding {
 pub async fn files(config: &Config) -> Vec<Finding> {
     let mut out = Vec::new();
     let dir = &config.database.migrations;
-    if !dir.is_dir() {
+    if !dir.exists() {
+        out.push(ok(format!(
+            "[database] migrations {}: absent; the built-in schema only",
+            dir.display()
+        )));
+    } else if !dir.is_dir() {
         out.push(fail(format!(
             "[database] migrations {}: not a directory",
             dir.display()
@@ -60,7 +65,7 @@ pub async fn files(config: &Config) -> Vec<Finding> {
     } else {
         match sqlx::migrate::Migrator::new(dir.as_path()).await {
             Ok(m) => out.push(ok(format!(
-                "[database] migrations {}: {} migrations",
+                "[database] migrations {}: {} files",
                 dir.display(),
                 m.iter().count()
             ))),
@@ -146,21 +151,36 @@ fn certificate(config: &Config) -> Finding {
     }
 }
 
-/// Reaches PostgreSQL and, when configured, Redis.
-pub async fn connect(config: &Config) -> Vec<Finding> {
+/// Which store is configured and whether it can be used. Unusable is a failure when the
+/// operator asked to `--connect`, a warning otherwise (a server may start before its
+/// database, and check-config runs before start).
+pub async fn store(config: &Config, connect: bool) -> Finding {
+    let (what, found) = crate::store::probe(&config.database.url).await;
+    match found {
+        Ok(state) => ok(format!("store: {what}: {state}")),
+        Err(e) if connect => fail(format!("store: {what}: NOT USABLE: {e}")),
+        Err(e) => warn(format!("store: {what}: NOT USABLE: {e}")),
+    }
+}
+
+/// Reaches PostgreSQL (its version, migrations applied; when [`store`] found it usable)
+/// and, when configured, Redis.
+pub async fn connect(config: &Config, store_usable: bool) -> Vec<Finding> {
     const LIMIT: Duration = Duration::from_secs(5);
     let mut out = Vec::new();
-    let target = crate::store::database_target(&config.database.url);
-    out.push(
-        match tokio::time::timeout(LIMIT, postgres(&config.database.url)).await {
-            Ok(Ok(what)) => ok(format!("PostgreSQL {target}: {what}")),
-            Ok(Err(f)) => Finding {
-                text: format!("PostgreSQL {target}: {}", f.text),
-                ..f
+    if store_usable && crate::config::sqlite_path(&config.database.url).is_none() {
+        let target = crate::store::database_target(&config.database.url);
+        out.push(
+            match tokio::time::timeout(LIMIT, postgres(&config.database.url)).await {
+                Ok(Ok(what)) => ok(format!("PostgreSQL {target}: {what}")),
+                Ok(Err(f)) => Finding {
+                    text: format!("PostgreSQL {target}: {}", f.text),
+                    ..f
+                },
+                Err(_) => fail(format!("PostgreSQL {target}: no answer within {LIMIT:?}")),
             },
-            Err(_) => fail(format!("PostgreSQL {target}: no answer within {LIMIT:?}")),
-        },
-    );
+        );
+    }
     if config.redis.url.is_empty() {
         out.push(ok(
             "Redis: none configured; liveness runs in process (single node)".into(),

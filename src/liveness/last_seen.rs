@@ -8,15 +8,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::c2s::{iq_result, Session};
-use crate::error::StanzaError;
-use crate::jid::BareJid;
-use crate::server::Shared;
 use crate::store::LastSeen;
-use crate::xml::Element;
 
 /// XEP-0012 namespace.
 pub const NS_LAST: &str = "jabber:iq:last";
@@ -72,7 +67,7 @@ impl Batcher {
     }
 
     /// Writes everything pending in one statement. Returns the number of entries written.
-    pub async fn flush(&self, shared: &Shared) -> usize {
+    pub async fn flush(&self, store: &crate::store::Store, m: &super::Metrics) -> usize {
         let batch: Vec<LastSeen> = {
             let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             if p.is_empty() {
@@ -85,10 +80,9 @@ impl Batcher {
             }
             inf.values().cloned().collect()
         };
-        let m = &shared.liveness.metrics;
         let res = tokio::time::timeout(
             Duration::from_secs(10),
-            shared.store.record_last_seen_batch(&batch),
+            store.record_last_seen_batch(&batch),
         )
         .await;
         match res {
@@ -115,32 +109,15 @@ impl Batcher {
     }
 }
 
-/// Flushes every `last_seen_flush`; at shutdown waits for grace periods, then flushes.
-pub async fn run(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(shared.liveness.timings.flush);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shared.shutdown.cancelled() => break,
-        }
-        shared.liveness.last_seen.flush(&shared).await;
-        shared
-            .liveness
-            .metrics
-            .flush_rounds
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-    shared.liveness.wait_grace(Duration::from_secs(3)).await;
-    shared.liveness.last_seen.flush(&shared).await;
-}
-
 /// When local user `bare` was last seen: the newest of what waits to be written and what
 /// PostgreSQL has. `None` if unknown or the database cannot be asked.
-pub async fn when(shared: &Shared, bare: &str) -> Option<LastSeen> {
-    let mem = shared.liveness.last_seen.get(bare);
-    let db = match tokio::time::timeout(Duration::from_secs(2), shared.store.last_seen(bare)).await
-    {
+pub async fn when(
+    live: &super::Liveness,
+    store: &crate::store::Store,
+    bare: &str,
+) -> Option<LastSeen> {
+    let mem = live.last_seen.get(bare);
+    let db = match tokio::time::timeout(Duration::from_secs(2), store.last_seen(bare)).await {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
             tracing::warn!(user = bare, error = %e, "last seen unavailable");
@@ -151,51 +128,5 @@ pub async fn when(shared: &Shared, bare: &str) -> Option<LastSeen> {
     match (mem, db) {
         (Some(a), Some(b)) => Some(if a.at >= b.at { a } else { b }),
         (a, b) => a.or(b),
-    }
-}
-
-/// THE permission check for last activity: may `viewer` learn when `subject` was last
-/// online? XEP-0012 §3: only an entity authorised to see the user's presence, normally via
-/// a subscription (the subject's roster item for the viewer says `from` or `both`). The
-/// user may always ask about their own account. The privacy gate adds the `last-seen`
-/// setting, blocks and reciprocity (README, "Privacy").
-pub async fn may_see_last_activity(shared: &Shared, viewer: &BareJid, subject: &BareJid) -> bool {
-    // Settings, blocks and reciprocity, read fresh (subscription included).
-    crate::presence::gate::may_see_last_seen(shared, viewer.as_str(), subject.as_str()).await
-}
-
-/// Answers `<iq type='get'><query xmlns='jabber:iq:last'/></iq>` addressed to local account
-/// `subject` (XEP-0012 §3, offline user query).
-pub async fn handle_iq(session: &Session, iq: &Element, subject: &BareJid) -> Element {
-    let shared = &session.shared;
-    let viewer = session.jid().to_bare();
-    if !may_see_last_activity(shared, &viewer, subject).await {
-        // XEP-0012 §3: not authorised → forbidden (also for unknown accounts, so existence
-        // does not leak).
-        return StanzaError::forbidden()
-            .reply_to(iq)
-            .unwrap_or_else(|| iq_result(iq));
-    }
-    // "Online now" (seconds='0') is the online signal: only for a viewer who may see it,
-    // and never because of an invisible session; anyone else gets the offline answer.
-    let online =
-        crate::presence::gate::visible_to(shared, session.jid().as_str(), subject.as_str()).await;
-    let query = Element::new("query", NS_LAST);
-    if online {
-        // XEP-0012 §3: a user with an available resource has been idle for 0 seconds here.
-        return iq_result(iq).child(query.attr("seconds", "0"));
-    }
-    match when(shared, subject.as_str()).await {
-        Some(ls) => {
-            let secs = (shared.liveness.clock.now() - ls.at).num_seconds().max(0);
-            let mut q = query.attr("seconds", secs.to_string());
-            if let Some(status) = ls.status {
-                q = q.text(status);
-            }
-            iq_result(iq).child(q)
-        }
-        None => StanzaError::item_not_found()
-            .reply_to(iq)
-            .unwrap_or_else(|| iq_result(iq)),
     }
 }

@@ -1,12 +1,9 @@
 //! Liveness counters: what the design promises (writes proportional to changes, not beats)
-//! made visible, in the logs and at /metrics (through the node's registry, [`crate::metrics`]).
+//! made visible, in the logs and at /metrics (through the node's registry, `metrics`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 
 use prometheus_client::encoding::DescriptorEncoder;
-
-use crate::server::Shared;
 
 /// Monotonic counters (and one gauge) of one node.
 #[derive(Debug, Default)]
@@ -48,12 +45,12 @@ pub struct Metrics {
     pub flush_rounds: AtomicU64,
 }
 
-fn get(c: &AtomicU64) -> u64 {
+pub(crate) fn get(c: &AtomicU64) -> u64 {
     c.load(Ordering::Relaxed)
 }
 
 impl Metrics {
-    /// Adds these counters to a scrape of the node's registry ([`crate::metrics`]).
+    /// Adds these counters to a scrape of the node's registry (`metrics`).
     pub fn encode(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for (name, help, c) in [
             (
@@ -129,35 +126,5 @@ impl Metrics {
             "Whether the last Redis command succeeded.",
             i64::from(self.redis_up.load(Ordering::Relaxed)),
         )
-    }
-}
-
-/// Logs the counters every `metrics_log_interval` (0 = never).
-pub async fn log_loop(shared: Arc<Shared>) {
-    let every = shared.config.liveness.metrics_log_interval;
-    if every.is_zero() {
-        return;
-    }
-    let mut tick = tokio::time::interval(every);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shared.shutdown.cancelled() => return,
-        }
-        let m = &shared.liveness.metrics;
-        tracing::info!(
-            liveness_writes = get(&m.liveness_writes),
-            redis_writes = get(&m.redis_writes),
-            redis_errors = get(&m.redis_errors),
-            pg_writes = get(&m.pg_writes),
-            pg_rows = get(&m.pg_rows),
-            heartbeats = get(&m.heartbeats),
-            pings_sent = get(&m.pings_sent),
-            sweeps = get(&m.sweeps),
-            swept = get(&m.swept),
-            sessions = shared.sessions.count(),
-            "liveness counters"
-        );
     }
 }

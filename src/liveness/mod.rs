@@ -36,7 +36,6 @@ pub mod keys;
 pub mod last_seen;
 pub mod metrics;
 pub mod redis_link;
-pub mod sweeper;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -47,10 +46,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::c2s::Session;
 use crate::config::Config;
 use crate::jid::FullJid;
-use crate::server::Shared;
 
 pub use clock::Clock;
 pub use metrics::Metrics;
@@ -152,10 +149,10 @@ pub struct Transport {
 
 impl Transport {
     /// A plain TCP connection (TLS, if any, is negotiated by c2s).
-    pub fn tcp(shared: &Shared) -> Transport {
+    pub fn tcp(live: &Liveness) -> Transport {
         Transport {
             kind: TransportKind::Tcp,
-            beat: shared.liveness.beat(),
+            beat: live.beat(),
             secure: false,
         }
     }
@@ -223,7 +220,8 @@ impl Backend {
     }
 }
 
-/// Liveness state of one node. Lives in [`Shared`]; its tasks are started by [`start`].
+/// Liveness state of one node. Lives in [`crate::node::Shared`]; its tasks are started by
+/// [`crate::liveness_tasks::start`].
 pub struct Liveness {
     /// The timings.
     pub timings: Timings,
@@ -251,7 +249,8 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    /// State for a checked config on the system clock; nothing connects until [`start`].
+    /// State for a checked config on the system clock; nothing connects until
+    /// [`crate::liveness_tasks::start`].
     pub fn new(config: &Config) -> Liveness {
         Liveness::with_clock(config, Clock::system())
     }
@@ -263,7 +262,7 @@ impl Liveness {
         Liveness {
             timings: Timings::from_config(config),
             clock,
-            node_id: format!("node-{}", crate::c2s::new_id()),
+            node_id: format!("node-{}", crate::xml::new_id()),
             keys: keys::Keys::new(&config.redis.key_prefix, config.liveness.beat_shards),
             backend: Backend::from_config(config, &metrics),
             metrics,
@@ -303,7 +302,7 @@ impl Liveness {
         self.clock.now_ms() - self.timings.ttl_ms()
     }
 
-    fn queue(&self, op: Op) {
+    pub(crate) fn queue(&self, op: Op) {
         if self.ops.try_send(op).is_err() {
             // The writer is behind or Redis is down for long: the repair rewrites everything
             // once it is back, a beating session's next refresh rewrites its entry (either
@@ -349,7 +348,7 @@ impl Liveness {
     }
 
     /// Every local resource with its newest beat (for the repair after Redis returns).
-    fn local_beats(&self) -> Vec<(FullJid, i64)> {
+    pub(crate) fn local_beats(&self) -> Vec<(FullJid, i64)> {
         let map = self.local.lock().unwrap_or_else(|e| e.into_inner());
         map.iter()
             .filter_map(|(j, l)| FullJid::new(j).ok().map(|j| (j, l.beat.last_ms())))
@@ -364,7 +363,7 @@ impl Liveness {
     }
 
     /// The bound session still using `jid` here, if it is `id`.
-    fn forget(&self, jid: &FullJid, id: u64) -> bool {
+    pub(crate) fn forget(&self, jid: &FullJid, id: u64) -> bool {
         let mut map = self.local.lock().unwrap_or_else(|e| e.into_inner());
         let key = jid.to_string();
         if map.get(&key).is_some_and(|l| l.id == id) {
@@ -373,7 +372,7 @@ impl Liveness {
         map.contains_key(&key)
     }
 
-    fn mark_grace(&self, jid: &FullJid, id: u64) {
+    pub(crate) fn mark_grace(&self, jid: &FullJid, id: u64) {
         let map = self.local.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(l) = map.get(jid.as_str()).filter(|l| l.id == id) {
             l.in_grace.store(true, Ordering::Relaxed);
@@ -382,7 +381,7 @@ impl Liveness {
 
     /// A session of `jid` is over for good at `at_ms`: drop its Redis state (unless a newer
     /// session took the resource over) and queue its last-seen time.
-    fn finished(&self, jid: &FullJid, id: u64, at_ms: i64) {
+    pub(crate) fn finished(&self, jid: &FullJid, id: u64, at_ms: i64) {
         let taken_over = self.forget(jid, id);
         if !taken_over {
             self.queue(Op::Remove { jid: jid.clone() });
@@ -409,8 +408,8 @@ impl Liveness {
 /// One bound session's liveness, owned by its task in c2s.
 #[derive(Debug)]
 pub struct LiveSession {
-    jid: FullJid,
-    id: u64,
+    pub(crate) jid: FullJid,
+    pub(crate) id: u64,
     /// Inbound traffic time.
     pub beat: Arc<Beat>,
     /// Cancelled when the sweeper found this session dead.
@@ -461,92 +460,6 @@ impl LiveSession {
     pub fn dead_at(&self) -> Option<i64> {
         Some(self.swept.load(Ordering::Relaxed)).filter(|&v| v > 0)
     }
-}
-
-/// Called by c2s once the session's read loop is over and it left the session registry.
-///
-/// A silent death (found by the sweeper or the local fallback) is announced at once: T has
-/// already been waited. A clean close or a dropped connection waits the grace period G;
-/// if the same resource is available again by then, contacts hear nothing (they already got
-/// its new presence), otherwise they get unavailable through the normal presence path.
-/// Either way the session's last-seen time is queued once.
-pub async fn session_over(mut session: Session, live: LiveSession) {
-    let shared = session.shared.clone();
-    let l = &shared.liveness;
-    if let Some(at) = live.dead_at() {
-        l.metrics.silent_deaths.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(jid = %live.jid, last_beat = at, "silent death: announcing unavailable");
-        crate::presence::session_ended(&mut session).await;
-        l.finished(&live.jid, live.id, at);
-        return;
-    }
-    let closed = l.clock.now_ms();
-    l.metrics.grace_started.fetch_add(1, Ordering::Relaxed);
-    l.mark_grace(&live.jid, live.id);
-    // The close time is the final beat: the sweeper leaves the resource alone during G.
-    l.queue(Op::Refresh {
-        jid: live.jid.clone(),
-        beat_ms: closed,
-    });
-    let grace = l.timings.grace;
-    let tracker = l.grace_tasks.clone();
-    tracker.spawn(async move {
-        let shared = session.shared.clone();
-        tokio::select! {
-            _ = tokio::time::sleep(grace) => {}
-            _ = shared.shutdown.cancelled() => {}
-        }
-        let back = shared
-            .sessions
-            .get(&live.jid)
-            .is_some_and(|s| s.is_available());
-        if back {
-            tracing::debug!(jid = %live.jid, "resource came back within the grace period");
-            shared.liveness.forget(&live.jid, live.id);
-            return;
-        }
-        crate::presence::session_ended(&mut session).await;
-        shared.liveness.finished(&live.jid, live.id, closed);
-    });
-}
-
-/// Starts the writer, the sweeper, the last-seen batcher and the counter log.
-pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
-    let rx = shared
-        .liveness
-        .ops_rx
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
-    // The mode, stated once per start: the README's mode table names this line.
-    let backend = &shared.liveness.backend;
-    let mode = match backend {
-        Backend::Redis(_) => "resource state in Redis (any number of nodes)",
-        Backend::InProcess(_) => "no [redis] url: resource state in process (single node)",
-    };
-    tracing::info!(backend = backend.name(), "liveness: {mode}");
-    if matches!(backend, Backend::InProcess(_)) && !shared.config.liveness.sweeper {
-        // No other node can sweep for this one: only each session's own fallback is left.
-        tracing::warn!(
-            "liveness: sweeper = false without Redis: silent deaths are found only after \
-             ttl + 2 sweep intervals, at a refresh tick"
-        );
-    }
-    if let Some(rx) = rx {
-        let s = shared.clone();
-        tracker.spawn(async move {
-            match &s.liveness.backend {
-                Backend::Redis(_) => redis_link::writer(s.clone(), rx).await,
-                Backend::InProcess(table) => {
-                    in_process::writer(&s.liveness, table, rx, s.shutdown.clone()).await
-                }
-            }
-        });
-    }
-    tracker.spawn(sweeper::run(shared.clone()));
-    tracker.spawn(sweeper::listen(shared.clone()));
-    tracker.spawn(last_seen::run(shared.clone()));
-    tracker.spawn(metrics::log_loop(shared.clone()));
 }
 
 /// Hands an `Op` list to Redis (used by the writer and the repair).
@@ -608,6 +521,19 @@ impl Liveness {
 
     pub(crate) fn sweep_batch(&self) -> usize {
         self.sweep_batch
+    }
+
+    /// The writer's end of the op queue; `None` once taken (the writer runs once).
+    pub(crate) fn take_ops_rx(&self) -> Option<mpsc::Receiver<Op>> {
+        self.ops_rx.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Runs `task` as a grace period, waited for by [`Liveness::wait_grace`].
+    pub(crate) fn spawn_grace<F>(&self, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.grace_tasks.spawn(task);
     }
 
     /// Waits (bounded) for running grace periods, at shutdown.

@@ -13,12 +13,10 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{Metrics, Op};
 use crate::config::RedisConfig;
-use crate::server::Shared;
 
 /// Sets the resource key and adds it to the user's set; both expire at ARGV[2] (ms).
 /// KEYS: resource key, resources set. ARGV: node id, expire-at ms, resource.
@@ -176,13 +174,13 @@ impl RedisLink {
         st.backoff = (st.backoff * 2).min(self.reconnect_max);
     }
 
-    fn take_repair(&self) -> bool {
+    pub(crate) fn take_repair(&self) -> bool {
         self.repair.swap(false, Ordering::Relaxed)
     }
 }
 
-fn add_op(pipe: &mut redis::Pipeline, shared: &Shared, op: &Op) {
-    let l = &shared.liveness;
+/// Adds the Redis commands of one op to a pipeline.
+pub(crate) fn add_op(pipe: &mut redis::Pipeline, l: &super::Liveness, op: &Op) {
     match op {
         Op::Refresh { jid, beat_ms } => {
             let bare = jid.to_bare().to_string();
@@ -219,73 +217,5 @@ fn add_op(pipe: &mut redis::Pipeline, shared: &Shared, op: &Op) {
                 .arg(l.keys.member(&l.node_id, jid))
                 .ignore();
         }
-    }
-}
-
-/// Applies queued ops in pipelines (one round trip for whatever is queued). Each op is one
-/// resource write in the counters. Ops that cannot be written are dropped: the repair after
-/// the reconnect rewrites the live state, and stale beats of ended sessions are ignored by
-/// the sweeper ([`super::Liveness::ended_here_after`]).
-pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
-    let Some(link) = shared.liveness.redis() else {
-        return;
-    };
-    let mut batch = Vec::with_capacity(256);
-    let mut repair_tick = tokio::time::interval(Duration::from_millis(250));
-    repair_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            n = rx.recv_many(&mut batch, 256) => {
-                if n == 0 {
-                    return;
-                }
-            }
-            _ = repair_tick.tick() => {
-                // Reconnect while there is nothing to write, so the repair does not wait for
-                // the next session event.
-                if !link.is_up() {
-                    let _ = link.conn().await;
-                }
-            }
-            _ = shared.shutdown.cancelled() => return,
-        }
-        let live = &shared.liveness;
-        let Some(mut conn) = link.conn().await else {
-            if !batch.is_empty() {
-                live.metrics
-                    .redis_errors
-                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
-            }
-            batch.clear();
-            continue;
-        };
-        if link.take_repair() {
-            let repair = super::ops_for_repair(live);
-            if !repair.is_empty() {
-                tracing::info!(
-                    resources = repair.len(),
-                    "rewriting local liveness to Redis"
-                );
-            }
-            batch.extend(repair);
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        let mut pipe = redis::pipe();
-        for op in &batch {
-            add_op(&mut pipe, &shared, op);
-        }
-        let res: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
-        match res {
-            Ok(()) => {
-                let n = batch.len() as u64;
-                let m = &live.metrics;
-                m.redis_writes.fetch_add(n, Ordering::Relaxed);
-                m.liveness_writes.fetch_add(n, Ordering::Relaxed);
-            }
-            Err(e) => link.failed(&e).await,
-        }
-        batch.clear();
     }
 }

@@ -1,4 +1,4 @@
-//! The privacy gate: loads what [`super::privacy::may_see`] needs and asks it, for every
+//! The privacy gate: loads what [`crate::policy::privacy::may_see`] needs and asks it, for every
 //! path that could reveal a user's online status or last seen.
 //!
 //! [`super::privacy`] is pure; this module does the reading. Every decision reads the
@@ -35,202 +35,22 @@
 //! subject by [`Registry::lock_subject`], so a decision read just before a block was
 //! committed cannot deliver after the reconcile that follows the block has run.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::privacy::{self, Blocks, Party, PrivacySettings, Relation, Signal};
 use super::subscription::{SubState, Subscription};
-use crate::delivery::unavailable;
-use crate::server::Shared;
+use crate::node::send::unavailable;
+pub use crate::node::visibility::{Registry, SubjectGuard};
+use crate::node::Shared;
 use crate::store::blocks::match_candidates;
 use crate::store::gate_inputs::AudienceInputs;
 use crate::store::StoreError;
 use crate::xml::{Element, NS_CLIENT};
 
-/// Per-session privacy state other tasks need: invisibility (XEP-0186), whether the
-/// session asked for the block list (XEP-0191 pushes), and who its presence reached.
-#[derive(Debug, Default, Clone)]
-struct Entry {
-    /// The session's bound full JID.
-    jid: String,
-    /// XEP-0186 invisible: no broadcast, probes answered as unavailable.
-    invisible: bool,
-    /// While invisible, whether probes still go to remote contacts (XEP-0186 `probe`).
-    probe_remote: bool,
-    /// The session retrieved its block list, so it gets block/unblock pushes
-    /// (XEP-0191 §3.3: pushes go to resources that requested the list).
-    blocklist_interested: bool,
-    /// Viewer JID (bare for a roster contact, as addressed for directed presence) → how
-    /// the viewer came to see this resource.
-    revealed: HashMap<String, Relation>,
-}
-
-/// Node-local registry of per-session privacy state, keyed by session id. Lives in
-/// [`Shared`]; a session's entry is removed when it ends.
-#[derive(Debug, Default)]
-pub struct Registry {
-    /// Session id → its state.
-    sessions: Mutex<HashMap<u64, Entry>>,
-    /// Subject bare JID → the lock that serialises presence decisions and deliveries for it.
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-impl Registry {
-    fn with<R>(&self, f: impl FnOnce(&mut HashMap<u64, Entry>) -> R) -> R {
-        let mut map = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut map)
-    }
-
-    /// Takes the lock for presence decisions and deliveries about `subject` (bare JID).
-    /// The entry is removed again when the last holder or waiter lets go, so the map holds
-    /// only subjects being worked on.
-    pub async fn lock_subject(&self, subject: &str) -> SubjectGuard<'_> {
-        let lock = {
-            let mut map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            map.entry(subject.to_owned()).or_default().clone()
-        };
-        SubjectGuard {
-            registry: self,
-            subject: subject.to_owned(),
-            guard: Some(lock.lock_owned().await),
-        }
-    }
-
-    /// Whether session `id` is invisible (XEP-0186).
-    pub fn is_invisible(&self, id: u64) -> bool {
-        self.with(|m| m.get(&id).is_some_and(|e| e.invisible))
-    }
-
-    /// Marks session `id` (bound to `jid`) invisible or visible; `probe_remote` is the
-    /// XEP-0186 `probe` choice for remote contacts while invisible.
-    pub fn set_invisible(&self, id: u64, jid: &str, invisible: bool, probe_remote: bool) {
-        self.with(|m| {
-            let e = m.entry(id).or_default();
-            e.jid = jid.to_owned();
-            e.invisible = invisible;
-            e.probe_remote = probe_remote;
-        })
-    }
-
-    /// Whether invisible session `id` asked for probes to remote contacts.
-    pub fn probes_remote(&self, id: u64) -> bool {
-        self.with(|m| m.get(&id).is_some_and(|e| e.probe_remote))
-    }
-
-    /// Records that session `id` asked for its block list.
-    pub fn set_blocklist_interested(&self, id: u64, jid: &str) {
-        self.with(|m| {
-            let e = m.entry(id).or_default();
-            e.jid = jid.to_owned();
-            e.blocklist_interested = true;
-        })
-    }
-
-    /// Whether session `id` gets block-list pushes.
-    pub fn blocklist_interested(&self, id: u64) -> bool {
-        self.with(|m| m.get(&id).is_some_and(|e| e.blocklist_interested))
-    }
-
-    /// Records that session `id`'s available presence reached `viewer`.
-    pub fn reveal(&self, id: u64, jid: &str, viewer: &str, relation: Relation) {
-        self.with(|m| {
-            let e = m.entry(id).or_default();
-            e.jid = jid.to_owned();
-            // A subscriber relation is not downgraded by a later directed presence.
-            let slot = e.revealed.entry(viewer.to_owned()).or_insert(relation);
-            if relation == Relation::Subscriber {
-                *slot = relation;
-            }
-        })
-    }
-
-    /// Forgets that session `id` was shown to `viewer`; true if it had been.
-    pub fn forget(&self, id: u64, viewer: &str) -> bool {
-        self.with(|m| {
-            m.get_mut(&id)
-                .is_some_and(|e| e.revealed.remove(viewer).is_some())
-        })
-    }
-
-    /// How session `id` came to be shown to `viewer`, if it was.
-    pub fn revealed_relation(&self, id: u64, viewer: &str) -> Option<Relation> {
-        self.with(|m| m.get(&id).and_then(|e| e.revealed.get(viewer).copied()))
-    }
-
-    /// Whether session `id`'s presence reached `viewer`.
-    pub fn was_revealed(&self, id: u64, viewer: &str) -> bool {
-        self.with(|m| m.get(&id).is_some_and(|e| e.revealed.contains_key(viewer)))
-    }
-
-    /// Takes (and clears) the set of viewers session `id` was shown to.
-    pub fn take_revealed(&self, id: u64) -> HashMap<String, Relation> {
-        self.with(|m| {
-            m.get_mut(&id)
-                .map(|e| std::mem::take(&mut e.revealed))
-                .unwrap_or_default()
-        })
-    }
-
-    /// Drops session `id` (it ended).
-    pub fn remove(&self, id: u64) {
-        self.with(|m| {
-            m.remove(&id);
-        })
-    }
-
-    /// Bare JIDs of users whose sessions have revealed presence to `viewer_bare` (or to
-    /// one of its full JIDs).
-    fn subjects_revealed_to(&self, viewer_bare: &str) -> HashSet<String> {
-        self.with(|m| {
-            m.values()
-                .filter(|e| e.revealed.keys().any(|v| bare_of(v) == viewer_bare))
-                .map(|e| bare_of(&e.jid).to_owned())
-                .collect()
-        })
-    }
-
-    /// Bare JIDs of every user with state here (for a resync after a lost LISTEN).
-    fn all_subjects(&self) -> HashSet<String> {
-        self.with(|m| m.values().map(|e| bare_of(&e.jid).to_owned()).collect())
-    }
-}
-
-/// Held while deciding and delivering presence of one subject; see
-/// [`Registry::lock_subject`].
-pub struct SubjectGuard<'a> {
-    registry: &'a Registry,
-    subject: String,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl Drop for SubjectGuard<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut map = self
-            .registry
-            .locks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        // Clones are only made under this map lock, so a count of one means no task holds
-        // or waits for it.
-        if map
-            .get(&self.subject)
-            .is_some_and(|l| Arc::strong_count(l) == 1)
-        {
-            map.remove(&self.subject);
-        }
-    }
-}
-
 /// `user@domain` of a JID string in any form.
-pub fn bare_of(jid: &str) -> &str {
-    jid.split_once('/').map(|(b, _)| b).unwrap_or(jid)
-}
-
-fn domain_of(jid: &str) -> &str {
-    let bare = bare_of(jid);
-    bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
-}
+pub use crate::jid::bare_of;
+use crate::jid::domain_of;
 
 /// Whether `jid` is an account on a domain this server hosts (as opposed to a remote
 /// user, whose settings and block list we cannot read).
@@ -747,11 +567,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
         } else {
             online_audience(shared, &me).await
         };
-        let revealed: Vec<(String, Relation)> = shared.privacy.with(|m| {
-            m.get(&s.id)
-                .map(|e| e.revealed.iter().map(|(k, v)| (k.clone(), *v)).collect())
-                .unwrap_or_default()
-        });
+        let revealed = shared.privacy.revealed(s.id);
         for (viewer, relation) in revealed {
             let keep = match relation {
                 Relation::Subscriber => audience.contains(&viewer),
@@ -760,7 +576,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
                 _ => !blocked_either(shared, &viewer, &me).await,
             };
             if !keep && shared.privacy.forget(s.id, &viewer) {
-                crate::delivery::presence_to(shared, &viewer, unavailable(&me, &viewer));
+                crate::node::send::presence_to(shared, &viewer, unavailable(&me, &viewer));
             }
         }
         let info = s.presence();
@@ -777,7 +593,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
                 .reveal(s.id, &me, &viewer, Relation::Subscriber);
             let mut p = last.clone();
             p.set_attr("to", viewer.clone());
-            crate::delivery::presence_to(shared, &viewer, p);
+            crate::node::send::presence_to(shared, &viewer, p);
         }
     }
 }
@@ -786,10 +602,12 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
 /// change, wherever it was made, reconciles its owner on this node; a lost connection
 /// reconciles everyone.
 pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
-    use crate::store::notify::{listen, BLOCK_CHANNEL, PRIVACY_CHANNEL};
-    let mut rx = listen(
-        &shared.config.database.url,
+    use crate::store::notify::{listen_with, ListenOptions, BLOCK_CHANNEL, PRIVACY_CHANNEL};
+    let db = &shared.config.database;
+    let mut rx = listen_with(
+        &db.url,
         &[BLOCK_CHANNEL, PRIVACY_CHANNEL],
+        ListenOptions::from_config(db),
     )
     .await?;
     let shutdown = shared.shutdown.clone();
@@ -926,30 +744,6 @@ pub async fn may_reach(
 mod tests {
     use super::*;
     use crate::xml::parse_element;
-
-    #[tokio::test]
-    async fn subject_locks_are_dropped_when_nobody_holds_or_waits_for_them() {
-        let r = Registry::default();
-        let first = r.lock_subject("a@x").await;
-        let waiter = async { r.lock_subject("a@x").await };
-        let mut waiter = Box::pin(waiter);
-        // The waiter cannot get in while the first guard lives.
-        assert!(futures_poll_once(&mut waiter).await.is_none());
-        drop(first);
-        let second = waiter.await;
-        assert_eq!(r.locks.lock().unwrap().len(), 1);
-        drop(second);
-        assert!(r.locks.lock().unwrap().is_empty());
-    }
-
-    /// Polls a future once without waiting.
-    async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
-        tokio::select! {
-            biased;
-            out = f => Some(out),
-            _ = std::future::ready(()) => None,
-        }
-    }
 
     #[test]
     fn signals_and_content_are_told_apart() {

@@ -11,30 +11,25 @@
 //! and anyone the user sent directed presence to. Nobody else.
 
 pub mod gate;
-pub mod privacy;
 pub mod remote;
-pub mod subscription;
+
+/// The pure decisions presence asks; they live in `policy` so the store can use
+/// their types without importing presence.
+pub use crate::node::session::SessionPresence;
+pub use crate::policy::{privacy, subscription};
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::c2s::Session;
 use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid};
-use crate::router::Target;
-use crate::server::Shared;
+use crate::node::session::Session;
+use crate::node::session::Target;
+use crate::node::Shared;
 use crate::store::RosterItem;
 use crate::xml::{Addressed, Element, NS_CLIENT};
 
 use subscription::{SubKind, SubState};
-
-/// Presence bookkeeping owned by one session task.
-#[derive(Debug, Default)]
-pub struct SessionPresence {
-    /// JIDs this session sent directed available presence to and that must get its
-    /// unavailable (RFC 6121 §4.6.3).
-    pub directed: BTreeSet<String>,
-}
 
 pub(crate) fn presence(ty: Option<&str>, from: &str, to: &str) -> Element {
     let mut p = Element::new("presence", NS_CLIENT)
@@ -64,7 +59,7 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
                     } else {
                         session.presence.directed.remove(j.as_str());
                     }
-                    let _ = crate::s2s::route_remote(&session.shared, el);
+                    let _ = crate::node::route_remote(&session.shared, el);
                 }
                 Target::LocalBare(_) | Target::LocalFull(_) => {
                     directed(session, el, available).await
@@ -110,13 +105,13 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
             Target::Remote(_) => {
                 let mut p = el;
                 p.set_attr("from", own_bare.to_string());
-                let _ = crate::s2s::route_remote(&session.shared, p);
+                let _ = crate::node::route_remote(&session.shared, p);
             }
             _ => {}
         },
         Some("error") => {
             if let Target::LocalFull(f) = target {
-                crate::delivery::to_session(&session.shared, &f, el);
+                crate::node::send::to_session(&session.shared, &f, el);
             }
         }
         Some(_) => {
@@ -191,9 +186,9 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
                 // One stanza per remote contact; s2s sends them over that domain's one stream.
                 let mut p = el.clone();
                 p.set_attr("to", contact.clone());
-                crate::s2s::route_remote(&shared, p).is_ok()
+                crate::node::route_remote(&shared, p).is_ok()
             } else {
-                crate::delivery::xml_to_available(&shared, &contact, || once.to(&contact)) > 0
+                crate::node::send::xml_to_available(&shared, &contact, || once.to(&contact)) > 0
             };
             // Remember who saw this resource online, so a lost permission withdraws it
             // from exactly them (the subject lock makes this atomic with the delivery).
@@ -224,7 +219,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             }
             let mut p = el.clone();
             p.set_attr("to", to.clone());
-            crate::delivery::presence_to(&shared, &to, p);
+            crate::node::send::presence_to(&shared, &to, p);
         }
         return;
     }
@@ -242,7 +237,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             // sends one only if it asked to (XEP-0186 `probe='true'`).
             // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
             let probe = presence(Some("probe"), bare.as_str(), &item.contact);
-            let _ = crate::s2s::route_remote(&shared, probe);
+            let _ = crate::node::route_remote(&shared, probe);
         }
     }
     answer_probes(&shared, &me, &local).await;
@@ -279,10 +274,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     }
 }
 
-/// The domain of a bare JID string.
-pub fn domain_of(bare: &str) -> &str {
-    bare.rsplit_once('@').map(|(_, d)| d).unwrap_or(bare)
-}
+pub use crate::jid::domain_of;
 
 /// Answers, on the contact's behalf, a probe from `prober` for local contact `contact`
 /// (RFC 6121 §4.3.2), through the privacy gate ([`gate::probe_answer`]).
@@ -313,7 +305,7 @@ async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[String]) {
 /// When a local user was last seen, if known: the last heartbeat of a silent death or the
 /// close time of a clean one (see [`crate::liveness::last_seen`]).
 pub async fn last_seen(shared: &Shared, bare: &str) -> Option<chrono::DateTime<chrono::Utc>> {
-    crate::liveness::last_seen::when(shared, bare)
+    crate::liveness::last_seen::when(&shared.liveness, &shared.store, bare)
         .await
         .map(|l| l.at)
 }
@@ -347,7 +339,7 @@ async fn directed(session: &mut Session, mut el: Element, is_available: bool) {
         session.presence.directed.remove(&to);
         shared.privacy.forget(id, &to);
     }
-    crate::delivery::to_local(&shared, &to, el);
+    crate::node::send::to_local(&shared, &to, el);
 }
 
 /// Loads one side's item and Appendix A state; the pending inbound request lives in the
@@ -418,7 +410,7 @@ pub async fn outbound_subscription(
     if let Err(e) =
         apply_subscription(&shared, session.jid(), contact, kind, stanza, push_user).await
     {
-        crate::roster::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
+        crate::roster_push::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
     }
 }
 
@@ -499,16 +491,16 @@ async fn apply_subscription(
     if out.send_unavailable && contact_exists {
         // §3.2.2: unavailable from each of the user's resources before the unsubscribed,
         // but only from those the contact was shown.
-        crate::delivery::unavailable_from_shown(shared, user.as_str(), contact.as_str());
+        crate::node::send::unavailable_from_shown(shared, user.as_str(), contact.as_str());
     }
     if let Some((_, _, inb, auto)) = &c_effects {
         if inb.deliver {
-            crate::delivery::to_available(shared, contact.as_str(), &stanza);
+            crate::node::send::to_available(shared, contact.as_str(), &stanza);
         }
         if let Some((reply, back)) = auto {
             if back.deliver {
                 let p = presence(Some(reply.as_str()), contact.as_str(), user.as_str());
-                crate::delivery::to_available(shared, user.as_str(), &p);
+                crate::node::send::to_available(shared, user.as_str(), &p);
             }
         }
         if inb.send_presence {
@@ -517,7 +509,7 @@ async fn apply_subscription(
         }
         if inb.send_unavailable {
             // §3.3.3: the user no longer sees the contact (only resources it was shown).
-            crate::delivery::unavailable_from_shown(shared, contact.as_str(), user.as_str());
+            crate::node::send::unavailable_from_shown(shared, contact.as_str(), user.as_str());
         }
     }
     if out.send_presence && contact_exists {
@@ -561,12 +553,12 @@ pub(crate) fn push_or_note(
     push: bool,
 ) {
     if push {
-        crate::roster::push_item(shared, owner, version, item);
+        crate::roster_push::push_item(shared, owner, version, item);
         return;
     }
     for s in shared.sessions.of_user_str(owner) {
         if s.read(|p| p.roster_ver).is_some() {
-            crate::roster::note_version(&s, version);
+            crate::roster_push::note_version(&s, version);
         }
     }
 }
@@ -575,7 +567,7 @@ pub(crate) fn push_or_note(
 /// resources of `to_user` (both local), if the privacy gate lets `to_user` see it.
 async fn send_current_presence(shared: &Shared, from_user: &str, to_user: &str) {
     gate::current_presence(shared, from_user, to_user, |p| {
-        crate::delivery::to_available(shared, to_user, &p);
+        crate::node::send::to_available(shared, to_user, &p);
     })
     .await;
 }

@@ -4,7 +4,7 @@
 //! ([`subscription::outbound`] / [`subscription::inbound`] on the *local* user's roster
 //! item); only the other side lives on another server, which keeps its own roster and
 //! answers over federation. Everything that leaves goes through
-//! [`crate::s2s::route_remote`], which sends it over that domain's one stream.
+//! [`crate::node::route_remote`], which sends it over that domain's one stream.
 //!
 //! Inbound, from an authenticated server stream:
 //!
@@ -18,16 +18,17 @@
 
 use std::sync::Arc;
 
-use crate::c2s::Session;
+use crate::jid::bare_of;
 use crate::jid::{BareJid, Jid};
-use crate::s2s::{bare_of, route_remote};
-use crate::server::Shared;
+use crate::node::route_remote;
+use crate::node::session::Session;
+use crate::node::Shared;
 use crate::store::StoreError;
 use crate::xml::Element;
 
 use super::subscription::{self, SubKind, SubState};
 use super::{load_side, presence, updated_item};
-use crate::delivery::{to_available, unavailable_from_shown};
+use crate::node::send::{to_available, unavailable_from_shown};
 
 /// The local user sends a subscription stanza to a contact on another server (RFC 6121
 /// §3.1.2, §3.2.2, §3.3.2, §3.4): the user's item follows Appendix A.2 and the stanza is
@@ -46,7 +47,7 @@ pub async fn outbound_subscription(
         .lock(&[user.as_str(), contact.as_str()])
         .await;
     if let Err(e) = outbound(&shared, user.as_str(), contact.as_str(), kind, stanza).await {
-        crate::roster::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
+        crate::roster_push::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
     }
 }
 
@@ -75,7 +76,7 @@ async fn outbound(
     }
     if out.route {
         if let Err(e) = route_remote(shared, stanza.clone()) {
-            crate::s2s::bounce(shared, &stanza, e);
+            crate::node::send::bounce_unroutable(shared, &stanza, e);
         }
     }
     if out.send_presence {
@@ -171,7 +172,7 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
         }
         Some("error") => {
             if to.resource().is_some() {
-                crate::delivery::to_local(shared, to.as_str(), el);
+                crate::node::send::to_local(shared, to.as_str(), el);
             }
         }
         Some(_) => {}
@@ -260,7 +261,7 @@ async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_
         let Ok(full) = to.clone().try_into_full() else {
             return;
         };
-        if crate::delivery::to_session(shared, &full, el) {
+        if crate::node::send::to_session(shared, &full, el) {
             track(shared, from.as_str(), full.as_str(), is_available);
         }
         return;

@@ -15,77 +15,13 @@
 //! checks it with `<db:verify>` ([`verify_with_authoritative`]) and the authoritative server
 //! answers `<db:verify>` ([`crate::s2s::inbound`]).
 
-use hmac::{Hmac, Mac};
-use sha2::{Digest, Sha256};
-
+pub use crate::node::federation::Secret;
 use crate::xml::escape;
 
 /// Namespace of the `db:` elements (XEP-0220 §2).
 pub const NS_DIALBACK: &str = "jabber:server:dialback";
 /// Stream feature announcing dialback with error support (XEP-0220 §2.4.3).
 pub const NS_DIALBACK_FEATURE: &str = "urn:xmpp:features:dialback";
-
-/// The per-server dialback secret, already hashed as XEP-0185 prescribes.
-#[derive(Clone)]
-pub struct Secret {
-    /// hex(SHA-256(secret)): the HMAC key.
-    hmac_key: String,
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(..)")
-    }
-}
-
-impl Secret {
-    /// From the configured secret.
-    pub fn new(configured: &str) -> Secret {
-        Secret {
-            hmac_key: hex(&Sha256::digest(configured.as_bytes())),
-        }
-    }
-
-    /// From random bytes, when none is configured (single node).
-    pub fn random() -> Secret {
-        use rand::RngCore;
-        let mut b = [0u8; 32];
-        rand::thread_rng().fill_bytes(&mut b);
-        Secret::new(&hex(&b))
-    }
-
-    /// The key the originating server `originating` sends to `receiving` on the stream
-    /// whose id `receiving` chose (XEP-0185 §3).
-    pub fn key(&self, receiving: &str, originating: &str, stream_id: &str) -> String {
-        // new_from_slice accepts keys of any length for HMAC.
-        let mut mac = match Hmac::<Sha256>::new_from_slice(self.hmac_key.as_bytes()) {
-            Ok(m) => m,
-            Err(_) => return String::new(),
-        };
-        mac.update(receiving.as_bytes());
-        mac.update(b" ");
-        mac.update(originating.as_bytes());
-        mac.update(b" ");
-        mac.update(stream_id.as_bytes());
-        hex(&mac.finalize().into_bytes())
-    }
-
-    /// Whether `key` is the one this server would have issued (constant time).
-    pub fn verify(&self, receiving: &str, originating: &str, stream_id: &str, key: &str) -> bool {
-        use subtle::ConstantTimeEq;
-        let expected = self.key(receiving, originating, stream_id);
-        !expected.is_empty() && expected.as_bytes().ct_eq(key.trim().as_bytes()).into()
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
 
 /// `<db:result/>` or `<db:verify/>` as it goes on the wire, written with the `db:` prefix
 /// the stream header declares (some peers only recognise the prefixed form).
@@ -115,7 +51,7 @@ pub fn element(
 /// issued for the stream `stream_id` that `originating` opened to our `receiving` domain
 /// (XEP-0220 §2.2). Opens its own connection, so a slow peer delays only this check.
 pub async fn verify_with_authoritative(
-    shared: std::sync::Arc<crate::server::Shared>,
+    shared: std::sync::Arc<crate::node::Shared>,
     receiving: String,
     originating: String,
     stream_id: String,
@@ -169,6 +105,9 @@ pub async fn verify_with_authoritative(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::federation::hex;
+    use hmac::{Hmac, Mac};
+    use sha2::{Digest, Sha256};
 
     #[test]
     fn key_depends_on_every_input_and_verifies() {

@@ -28,10 +28,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use crate::c2s::{new_id, BoxIo};
 use crate::error::{StanzaError, StreamError};
 use crate::jid::Jid;
-use crate::server::Shared;
+use crate::node::Shared;
+use crate::tls::BoxIo;
+use crate::xml::new_id;
 use crate::xml::reader::ReaderLimits;
 use crate::xml::{Element, NS_CLIENT, NS_SASL, NS_SERVER, NS_STREAM, NS_TLS};
 use rustls::pki_types::CertificateDer;
@@ -53,7 +54,7 @@ pub struct Listening {
 pub async fn listen(
     shared: &Arc<Shared>,
     tracker: &TaskTracker,
-) -> Result<Listening, crate::server::StartError> {
+) -> Result<Listening, crate::node::listen::StartError> {
     let mut out = Listening::default();
     let cfg = &shared.config.s2s;
     if !cfg.enabled {
@@ -67,10 +68,10 @@ pub async fn listen(
         let addr = SocketAddr::new(cfg.bind, port);
         let listener = TcpListener::bind(addr)
             .await
-            .map_err(|e| crate::server::StartError::Bind(addr, e))?;
+            .map_err(|e| crate::node::listen::StartError::Bind(addr, e))?;
         let local = listener
             .local_addr()
-            .map_err(|e| crate::server::StartError::Bind(addr, e))?;
+            .map_err(|e| crate::node::listen::StartError::Bind(addr, e))?;
         tracing::info!(addr = %local, direct_tls = direct, "s2s listening");
         if direct {
             out.direct_tls_addr = Some(local);
@@ -96,7 +97,7 @@ async fn accept_loop(
     permits: Arc<tokio::sync::Semaphore>,
 ) {
     while let Some((tcp, peer)) =
-        crate::server::next_connection(&listener, &shared.shutdown, "s2s").await
+        crate::node::listen::next_connection(&listener, &shared.shutdown, "s2s").await
     {
         if shared.s2s.is_severed() {
             continue;
@@ -447,7 +448,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
             a.insert((remote.clone(), local_domain.clone()));
         }
         shared.s2s.authenticated(AuthMethod::External, true);
-        shared.s2s.link_up(&remote);
+        super::link_up(&shared, &remote);
     }
     let mut bucket = crate::rate_limit::TokenBucket::new(
         shared.config.s2s.stanzas_per_second,
@@ -483,7 +484,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
             Ok(crate::xml::reader::StreamEvent::Open(_)) => {
                 break Some(StreamError::new("not-well-formed", "second stream header"))
             }
-            Err(e) => break e.stream_error(),
+            Err(e) => break StreamError::of_xml(&e),
         };
         if el.is("result", NS_DIALBACK) {
             let auth = (&authed, &node_limit);
@@ -544,7 +545,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
     } else if !clean && !cut.is_cancelled() && !shared.shutdown.is_cancelled() {
         // EOF without </stream:stream>: the peer or the network died.
         for (remote, local) in &remotes {
-            shared.s2s.link_lost(local, remote);
+            super::link_lost(&shared, local, remote);
         }
     }
     drop(out_tx);
@@ -658,7 +659,7 @@ async fn on_result(
         if valid {
             tracing::info!(remote = %from, local = %to, "inbound s2s stream authenticated by dialback");
             shared.s2s.authenticated(AuthMethod::Dialback, true);
-            shared.s2s.link_up(&from);
+            super::link_up(&shared, &from);
         } else {
             tracing::warn!(remote = %from, local = %to, "dialback key did not verify; closing");
             // XEP-0220 §2.4: an invalid key ends the attempt; the stream cannot be trusted.
@@ -742,7 +743,7 @@ pub(crate) async fn iq(shared: &Shared, el: Element) {
         .is_some_and(|p| p.is("ping", crate::xml::NS_PING))
         && ty == "get";
     let reply = if ping {
-        crate::c2s::iq_result(&el)
+        crate::error::iq_result(&el)
     } else {
         match StanzaError::service_unavailable().reply_to(&el) {
             Some(r) => r,

@@ -16,10 +16,10 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use crate::c2s::BoxIo;
 use crate::config::Nameserver;
 use crate::error::StanzaError;
-use crate::server::Shared;
+use crate::node::Shared;
+use crate::tls::BoxIo;
 use crate::xml::reader::ReaderLimits;
 use crate::xml::{Element, NS_SASL, NS_TLS};
 
@@ -546,7 +546,7 @@ pub async fn run(
         match attempt {
             Ok(Ok(stream)) => {
                 failures = 0;
-                shared.s2s.link_up(&remote);
+                super::link_up(&shared, &remote);
                 match drain(
                     &shared,
                     stream,
@@ -562,14 +562,14 @@ pub async fn run(
                     End::Lost(unsent) => {
                         tracing::info!(%local, %remote, unsent = unsent.len(), "outgoing s2s stream lost");
                         queue = unsent;
-                        shared.s2s.link_lost(&local, &remote);
+                        super::link_lost(&shared, &local, &remote);
                     }
                 }
             }
             Ok(Err(e)) => {
                 tracing::info!(%local, %remote, error = %e, "s2s connection failed");
                 fail_queue(&shared, &mut queue, &mut rx, &pending, e.stanza_error());
-                shared.s2s.link_lost(&local, &remote);
+                super::link_lost(&shared, &local, &remote);
             }
             Err(_) => {
                 tracing::info!(%local, %remote, "s2s connection timed out");
@@ -580,7 +580,7 @@ pub async fn run(
                     &pending,
                     super::remote_server_timeout(),
                 );
-                shared.s2s.link_lost(&local, &remote);
+                super::link_lost(&shared, &local, &remote);
             }
         }
         failures = failures.saturating_add(1);
@@ -605,7 +605,7 @@ pub async fn run(
         let routed = if stopping {
             Err(StanzaError::remote_server_not_found())
         } else {
-            shared.s2s.enqueue(&shared, &local, &remote, el.clone())
+            shared.s2s.enqueue(&local, &remote, el.clone())
         };
         if let Err(e) = routed {
             super::bounce(&shared, &el, e);

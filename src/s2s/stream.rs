@@ -3,8 +3,8 @@
 
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
-use crate::c2s::BoxIo;
 use crate::error::StreamError;
+use crate::tls::BoxIo;
 use crate::xml::reader::{ReaderLimits, StreamEvent, StreamHeader, StreamReader, XmlError};
 use crate::xml::{Element, NS_SERVER, NS_STREAM};
 
@@ -23,7 +23,7 @@ pub enum Fail {
 
 impl From<XmlError> for Fail {
     fn from(e: XmlError) -> Self {
-        e.stream_error().map_or(Fail::Gone, Fail::Stream)
+        StreamError::of_xml(&e).map_or(Fail::Gone, Fail::Stream)
     }
 }
 

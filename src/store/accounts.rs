@@ -7,11 +7,11 @@
 use rand::RngCore;
 use sqlx::Row;
 
-use super::{Store, StoreError};
+use super::{pg_or_sqlite, Store, StoreError};
 use crate::sasl::scram::{self, ScramHash, StoredCredentials, SALT_LEN};
 
 /// Database value of the `hash` column for a SCRAM variant.
-fn hash_column(hash: ScramHash) -> &'static str {
+pub(super) fn hash_column(hash: ScramHash) -> &'static str {
     match hash {
         ScramHash::Sha1 => "sha1",
         ScramHash::Sha256 => "sha256",
@@ -87,7 +87,19 @@ impl Store {
         iterations: u32,
     ) -> Result<(), StoreError> {
         let creds = derive_all(password, iterations).await?;
-        let mut tx = self.pool.begin().await?;
+        self.import_account(username, domain, &creds).await
+    }
+
+    /// Creates an account with credentials derived elsewhere (another store's, when
+    /// copying); the errors of [`Store::create_account`].
+    pub async fn import_account(
+        &self,
+        username: &str,
+        domain: &str,
+        creds: &[(ScramHash, StoredCredentials)],
+    ) -> Result<(), StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.create_account(username, domain, creds));
+        let mut tx = pool.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO accounts (username, domain) VALUES ($1, $2)
              ON CONFLICT (username, domain) DO NOTHING
@@ -101,7 +113,7 @@ impl Store {
             return Err(StoreError::AccountExists);
         };
         let id: i64 = row.try_get("id")?;
-        put_credentials(&mut tx, id, &creds).await?;
+        put_credentials(&mut tx, id, creds).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -116,7 +128,8 @@ impl Store {
         iterations: u32,
     ) -> Result<bool, StoreError> {
         let creds = derive_all(password, iterations).await?;
-        let mut tx = self.pool.begin().await?;
+        let pool = pg_or_sqlite!(self, |db| db.set_password(username, domain, &creds));
+        let mut tx = pool.begin().await?;
         let id: Option<i64> = sqlx::query_scalar(
             "SELECT id FROM accounts WHERE username = $1 AND domain = $2 FOR UPDATE",
         )
@@ -137,33 +150,36 @@ impl Store {
     pub async fn delete_account(&self, username: &str, domain: &str) -> Result<bool, StoreError> {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_naming(format!("{username}@{domain}"));
+        let pool = pg_or_sqlite!(self, |db| db.delete_account(username, domain));
         let result = sqlx::query("DELETE FROM accounts WHERE username = $1 AND domain = $2")
             .bind(username)
             .bind(domain)
-            .execute(&self.pool)
+            .execute(pool)
             .await?;
         Ok(result.rows_affected() > 0)
     }
 
     /// Every account's bare JID, of one domain or all, in order.
     pub async fn list_accounts(&self, domain: Option<&str>) -> Result<Vec<String>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.list_accounts(domain));
         let jids = sqlx::query_scalar(
             "SELECT jid FROM accounts WHERE $1::text IS NULL OR domain = $1 ORDER BY domain, username",
         )
         .bind(domain)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         Ok(jids)
     }
 
     /// Whether the account exists (e.g. to decide if an inbound stanza has a recipient).
     pub async fn account_exists(&self, username: &str, domain: &str) -> Result<bool, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.account_exists(username, domain));
         let exists: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM accounts WHERE username = $1 AND domain = $2)",
         )
         .bind(username)
         .bind(domain)
-        .fetch_one(&self.pool)
+        .fetch_one(pool)
         .await?;
         Ok(exists)
     }
@@ -176,6 +192,7 @@ impl Store {
         domain: &str,
         hash: ScramHash,
     ) -> Result<Option<StoredCredentials>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.scram_credentials(username, domain, hash));
         let row = sqlx::query(
             "SELECT c.salt, c.iterations, c.stored_key, c.server_key
              FROM scram_credentials c JOIN accounts a ON a.id = c.account_id
@@ -184,7 +201,7 @@ impl Store {
         .bind(username)
         .bind(domain)
         .bind(hash_column(hash))
-        .fetch_optional(&self.pool)
+        .fetch_optional(pool)
         .await?;
         let Some(row) = row else {
             return Ok(None);
@@ -199,23 +216,60 @@ impl Store {
         }))
     }
 
+    /// Every account as (username, domain), ordered by domain and username.
+    pub async fn accounts(&self) -> Result<Vec<(String, String)>, StoreError> {
+        const SQL: &str = "SELECT username, domain FROM accounts ORDER BY domain, username";
+        let pool = pg_or_sqlite!(self, |db| async {
+            Ok(sqlx::query_as(SQL).fetch_all(db.reader()).await?)
+        });
+        Ok(sqlx::query_as(SQL).fetch_all(pool).await?)
+    }
+
+    /// Every server secret as (name, value).
+    pub async fn server_secrets(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        const SQL: &str = "SELECT name, value FROM server_secrets ORDER BY name";
+        let pool = pg_or_sqlite!(self, |db| async {
+            Ok(sqlx::query_as(SQL).fetch_all(db.reader()).await?)
+        });
+        Ok(sqlx::query_as(SQL).fetch_all(pool).await?)
+    }
+
+    /// Stores the secret `name` with `value` unless one of that name exists; returns the
+    /// value kept.
+    pub async fn import_server_secret(
+        &self,
+        name: &str,
+        value: &[u8],
+    ) -> Result<Vec<u8>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.server_secret(name, value));
+        put_secret(pool, name, value).await
+    }
+
     /// The server secret called `name`, created (32 random bytes) the first time any node
     /// asks and the same afterwards for every node and restart.
     pub async fn server_secret(&self, name: &str) -> Result<Vec<u8>, StoreError> {
         let mut fresh = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut fresh);
+        let pool = pg_or_sqlite!(self, |db| db.server_secret(name, &fresh));
+        put_secret(pool, name, &fresh).await
+    }
+}
+
+/// Inserts `value` as the secret `name` unless it exists; returns the value kept.
+async fn put_secret(pool: &sqlx::PgPool, name: &str, value: &[u8]) -> Result<Vec<u8>, StoreError> {
+    {
         sqlx::query(
             "INSERT INTO server_secrets (name, value) VALUES ($1, $2)
              ON CONFLICT (name) DO NOTHING",
         )
         .bind(name)
-        .bind(&fresh[..])
-        .execute(&self.pool)
+        .bind(value)
+        .execute(pool)
         .await?;
         // A separate statement, so it sees a row another node inserted concurrently.
         let value: Vec<u8> = sqlx::query_scalar("SELECT value FROM server_secrets WHERE name = $1")
             .bind(name)
-            .fetch_one(&self.pool)
+            .fetch_one(pool)
             .await?;
         Ok(value)
     }

@@ -275,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_block_list_change_drops_the_entries_that_list_its_owner() {
-        use crate::presence::subscription::Subscription;
+        use crate::policy::subscription::Subscription;
         use crate::store::gate_inputs::AudienceContact;
         let c = on(60_000);
         let with = |contact: &str| {

@@ -9,7 +9,7 @@
 //! Empty item lists change nothing here: XEP-0191 gives `<unblock/>` without items the
 //! meaning "unblock all", and the caller picks [`Store::unblock_all`] for that.
 
-use super::{Store, StoreError};
+use super::{pg_or_sqlite, Store, StoreError};
 
 /// The block-list entries that would match `jid`, in the order XEP-0016 §2.1 checks
 /// them: the full JID, the bare JID, domain/resource, the domain. An entry blocks `jid`
@@ -59,7 +59,8 @@ impl Store {
             return Ok(Vec::new());
         }
         let max = i64::try_from(self.limits().max_blocklist_items).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await?;
+        let pool = pg_or_sqlite!(self, |db| db.block(owner, jids, max));
+        let mut tx = pool.begin().await?;
         // The owner's version row serialises writers of the same owner, so the count
         // cannot change between the check and the insert.
         sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
@@ -102,13 +103,14 @@ impl Store {
         if jids.is_empty() {
             return Ok(Vec::new());
         }
+        let pool = pg_or_sqlite!(self, |db| db.unblock(owner, jids));
         let mut removed: Vec<String> = sqlx::query_scalar(
             "DELETE FROM blocklist WHERE owner = $1 AND blocked = ANY($2::text[])
              RETURNING blocked",
         )
         .bind(owner)
         .bind(jids)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         removed.sort();
         Ok(removed)
@@ -119,10 +121,11 @@ impl Store {
     pub async fn unblock_all(&self, owner: &str) -> Result<Vec<String>, StoreError> {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_naming(owner.to_owned());
+        let pool = pg_or_sqlite!(self, |db| db.unblock_all(owner));
         let mut removed: Vec<String> =
             sqlx::query_scalar("DELETE FROM blocklist WHERE owner = $1 RETURNING blocked")
                 .bind(owner)
-                .fetch_all(&self.pool)
+                .fetch_all(pool)
                 .await?;
         removed.sort();
         Ok(removed)
@@ -130,25 +133,27 @@ impl Store {
 
     /// `owner`'s block list, sorted (the XEP-0191 §3.2 answer, and what nodes cache).
     pub async fn blocklist(&self, owner: &str) -> Result<Vec<String>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.blocklist(owner));
         let list =
             sqlx::query_scalar("SELECT blocked FROM blocklist WHERE owner = $1 ORDER BY blocked")
                 .bind(owner)
-                .fetch_all(&self.pool)
+                .fetch_all(pool)
                 .await?;
         Ok(list)
     }
 
     /// Whether `owner` blocks `candidate` (a normalised full, bare or domain JID), by the
     /// XEP-0016 §2.1 matching rules of [`match_candidates`]. Asked in both directions it
-    /// gives the two flags of `presence::privacy::Blocks`.
+    /// gives the two flags of `policy::privacy::Blocks`.
     pub async fn is_blocked(&self, owner: &str, candidate: &str) -> Result<bool, StoreError> {
         let forms = match_candidates(candidate);
+        let pool = pg_or_sqlite!(self, |db| db.is_blocked(owner, &forms));
         let blocked: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM blocklist WHERE owner = $1 AND blocked = ANY($2::text[]))",
         )
         .bind(owner)
         .bind(&forms)
-        .fetch_one(&self.pool)
+        .fetch_one(pool)
         .await?;
         Ok(blocked)
     }

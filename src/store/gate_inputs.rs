@@ -1,6 +1,6 @@
 //! The privacy gate's inputs for many decisions, each set read in ONE statement.
 //!
-//! `presence::gate` asks the pure `presence::privacy::may_see` for every viewer a presence
+//! `presence::gate` asks the pure `policy::privacy::may_see` for every viewer a presence
 //! could reach. Reading its inputs one decision at a time (settings, a roster item, two
 //! block lookups, the viewer's settings, last seen) cost about ten round trips per contact
 //! per login and eight per presence broadcast, and those round trips were most of the
@@ -22,8 +22,8 @@
 use chrono::{DateTime, Utc};
 
 use super::privacy::from_columns;
-use super::{Store, StoreError, Subscription};
-use crate::presence::privacy::PrivacySettings;
+use super::{pg_or_sqlite, Store, StoreError, Subscription};
+use crate::policy::privacy::PrivacySettings;
 
 /// One roster item of a subject, with the blocks between the subject and that contact.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +36,23 @@ pub struct AudienceContact {
     pub blocks_subject: bool,
     /// The subject's block list matches the contact.
     pub blocked_by_subject: bool,
+}
+
+impl AudienceContact {
+    /// One contact as read: its subscription is the stored text.
+    pub(super) fn from_columns(
+        contact: String,
+        subscription: &str,
+        blocks_subject: bool,
+        blocked_by_subject: bool,
+    ) -> Result<AudienceContact, StoreError> {
+        Ok(AudienceContact {
+            contact,
+            subscription: subscription_from(subscription)?,
+            blocks_subject,
+            blocked_by_subject,
+        })
+    }
 }
 
 /// Everything a subject's broadcast decision needs.
@@ -73,7 +90,7 @@ type SettingsColumns = (
     Option<Vec<String>>,
 );
 
-fn settings_from(cols: SettingsColumns) -> Result<PrivacySettings, StoreError> {
+pub(super) fn settings_from(cols: SettingsColumns) -> Result<PrivacySettings, StoreError> {
     match cols {
         (Some(online), online_except, Some(last_seen), last_seen_except) => Ok(PrivacySettings {
             online: from_columns(&online, online_except.unwrap_or_default())?,
@@ -83,7 +100,7 @@ fn settings_from(cols: SettingsColumns) -> Result<PrivacySettings, StoreError> {
     }
 }
 
-fn subscription_from(s: &str) -> Result<Subscription, StoreError> {
+pub(super) fn subscription_from(s: &str) -> Result<Subscription, StoreError> {
     Subscription::parse(s)
         .ok()
         .ok_or_else(|| StoreError::Corrupt(format!("subscription {s:?}")))
@@ -99,6 +116,7 @@ impl Store {
         subject: &str,
         subject_forms: &[String],
     ) -> Result<AudienceInputs, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.audience_inputs(subject, subject_forms));
         type Row = (
             Option<String>,
             Option<Vec<String>>,
@@ -133,7 +151,7 @@ impl Store {
         )
         .bind(subject)
         .bind(subject_forms)
-        .fetch_one(&self.pool)
+        .fetch_one(pool)
         .await?;
         let (online, online_except, last_seen, last_seen_except, contacts, subs, by_c, by_s) = row;
         let settings = settings_from((online, online_except, last_seen, last_seen_except))?;
@@ -150,12 +168,7 @@ impl Store {
             .zip(subs)
             .zip(by_c.into_iter().zip(by_s))
             .map(|((contact, sub), (blocks_subject, blocked_by_subject))| {
-                Ok(AudienceContact {
-                    contact,
-                    subscription: subscription_from(&sub)?,
-                    blocks_subject,
-                    blocked_by_subject,
-                })
+                AudienceContact::from_columns(contact, &sub, blocks_subject, blocked_by_subject)
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(AudienceInputs { settings, roster })
@@ -185,6 +198,7 @@ impl Store {
         if subjects.is_empty() {
             return Ok(Vec::new());
         }
+        let pool = pg_or_sqlite!(self, |db| db.probe_inputs(prober, prober_forms, subjects));
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT s.subject, ri.subscription,
                     ps.online, ps.online_except, ps.last_seen, ps.last_seen_except,
@@ -204,7 +218,7 @@ impl Store {
         .bind(prober)
         .bind(prober_forms)
         .bind(subjects)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         rows.into_iter()
             .map(

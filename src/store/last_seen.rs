@@ -8,7 +8,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Store, StoreError};
+use super::{pg_or_sqlite, Store, StoreError};
 
 /// When one account was last online, for XEP-0012 answers and last-seen stamps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +34,7 @@ impl Store {
         if entries.is_empty() {
             return Ok(0);
         }
+        let pool = pg_or_sqlite!(self, |db| db.record_last_seen_batch(entries));
         let jids: Vec<&str> = entries.iter().map(|e| e.jid.as_str()).collect();
         let times: Vec<DateTime<Utc>> = entries.iter().map(|e| e.at).collect();
         let statuses: Vec<Option<&str>> = entries.iter().map(|e| e.status.as_deref()).collect();
@@ -52,18 +53,19 @@ impl Store {
         .bind(&jids)
         .bind(&times)
         .bind(&statuses)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(result.rows_affected())
     }
 
     /// When `jid` was last online, or `None` if it never ended a session (or is not an
-    /// account). The caller decides with `presence::privacy` whether the asker may know.
+    /// account). The caller decides with `policy::privacy` whether the asker may know.
     pub async fn last_seen(&self, jid: &str) -> Result<Option<LastSeen>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.last_seen(jid));
         let row: Option<(String, DateTime<Utc>, Option<String>)> =
             sqlx::query_as("SELECT jid, seen_at, status FROM last_activity WHERE jid = $1")
                 .bind(jid)
-                .fetch_optional(&self.pool)
+                .fetch_optional(pool)
                 .await?;
         Ok(row.map(|(jid, at, status)| LastSeen { jid, at, status }))
     }

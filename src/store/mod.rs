@@ -1,15 +1,21 @@
-//! Durable state in PostgreSQL: accounts (SCRAM credentials only), rosters with
-//! XEP-0237 versions, and inbound subscription requests waiting for their user.
+//! Durable state: accounts (SCRAM credentials only), rosters with XEP-0237 versions,
+//! inbound subscription requests waiting for their user, block lists, privacy settings,
+//! last seen and server secrets.
 //!
-//! One backend, so [`Store`] is a concrete type over a [`sqlx::PgPool`]; queries are
-//! runtime-checked (`sqlx::query`), so building needs no database.
+//! Two backends behind one [`Store`], chosen by the URL's scheme: PostgreSQL
+//! (`postgres://`, the reference, for several nodes) and SQLite (`sqlite://path`, one
+//! file created on first start, for a server that needs nothing installed; see
+//! [`sqlite`]). Each method runs the query of the backend in use; callers never know
+//! which. Queries are runtime-checked (`sqlx::query`), so building needs no database.
 //!
-//! The schema lives only in `migrations/*.sql` and is applied at run time by
-//! [`Store::migrate`], so operators can add their own migration files without a rebuild.
+//! The schemas (`migrations/*.sql` for PostgreSQL, `migrations/sqlite/*.sql` for SQLite)
+//! are compiled into the binary and applied by [`Store::migrate`], followed by the
+//! operator's own migration directory, so operators can add files without a rebuild.
 //! The schema, not this code, keeps the invariants: CHECKs admit only the roster states
 //! of RFC 6121 Appendix A, foreign keys tie everything to an account, and triggers bump
-//! the roster version, write tombstones and `NOTIFY presenced_roster` on every roster
-//! change, whoever makes it. This module therefore never bumps versions itself.
+//! the roster version, write tombstones and announce every roster change (PostgreSQL
+//! `NOTIFY presenced_roster`, SQLite a row in `presenced_changes`), whoever makes it.
+//! This module therefore never bumps versions itself.
 //!
 //! Bare JIDs are passed as already-normalised strings (`alice@example.org`); accounts
 //! are addressed by username and domain separately.
@@ -17,30 +23,130 @@
 mod accounts;
 pub mod audience_cache;
 pub mod blocks;
+pub mod copy;
 pub mod gate_inputs;
 pub mod last_seen;
 pub mod notify;
 mod pending;
 mod privacy;
 mod roster;
+pub mod sqlite;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sqlx::error::ErrorKind;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-/// Handle on the PostgreSQL database; cheap to clone (the pool is shared).
+/// Handle on the database; cheap to clone (the pools are shared).
 #[derive(Clone, Debug)]
 pub struct Store {
-    /// Connection pool every query runs on.
-    pool: PgPool,
+    /// The database every query runs on.
+    backend: Backend,
     /// The privacy gate's broadcast inputs between presence changes (off until
     /// [`Store::set_audience_cache_ttl`]); shared by clones.
     audience: std::sync::Arc<audience_cache::AudienceCache>,
     /// What one account may store ([`Store::set_limits`]); shared by clones.
     limits: std::sync::Arc<std::sync::RwLock<StoreLimits>>,
 }
+
+/// Which store `url` names and whether it can be used, without creating or changing
+/// anything (for `presenced check-config`): the description ("PostgreSQL at
+/// host:port, database d" or "SQLite file path") and Ok with what was found, or Err
+/// with why it cannot be reached.
+pub async fn probe(url: &str) -> (String, Result<String, String>) {
+    use sqlx::migrate::MigrateDatabase;
+    use std::str::FromStr;
+    if let Some(path) = sqlite::path_of(url) {
+        let what = format!("SQLite file {}", path.display());
+        if !path.exists() {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+                _ => PathBuf::from("."),
+            };
+            let found = match std::fs::metadata(&dir) {
+                Ok(m) if m.is_dir() && !m.permissions().readonly() => {
+                    Ok("not there yet; created on first start".to_owned())
+                }
+                Ok(m) if m.is_dir() => Err(format!("directory {} is read-only", dir.display())),
+                Ok(_) => Err(format!("{} is not a directory", dir.display())),
+                Err(e) => Err(format!("directory {}: {e}", dir.display())),
+            };
+            return (what, found);
+        }
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .read_only(true);
+        let found = async {
+            use sqlx::Connection;
+            let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+            sqlx::query("SELECT count(*) FROM sqlite_master")
+                .execute(&mut conn)
+                .await?;
+            conn.close().await
+        }
+        .await;
+        let found = found
+            .map(|()| "exists and is an SQLite database".to_owned())
+            .map_err(|e| e.to_string());
+        return (what, found);
+    }
+    let what = match sqlx::postgres::PgConnectOptions::from_str(url) {
+        Ok(o) => format!(
+            "PostgreSQL at {}:{}, database {}",
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap_or("(default)")
+        ),
+        Err(e) => return (format!("PostgreSQL URL {url:?}"), Err(e.to_string())),
+    };
+    let exists = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        sqlx::Postgres::database_exists(url),
+    )
+    .await;
+    let found = match exists {
+        Ok(Ok(true)) => Ok("reachable; the database exists".to_owned()),
+        Ok(Ok(false)) => Ok("reachable; the database is created on first start".to_owned()),
+        Ok(Err(e)) => Err(format!("cannot reach it: {e}")),
+        Err(_) => Err("cannot reach it: no answer within 5 s".to_owned()),
+    };
+    (what, found)
+}
+
+/// Operators' migration files are numbered from here; the server's own use the numbers
+/// below.
+pub const OPERATOR_MIGRATIONS_FROM: i64 = 1000;
+
+/// Which database a [`Store`] runs on.
+#[derive(Clone, Debug)]
+enum Backend {
+    Postgres(PgPool),
+    Sqlite(sqlite::Pools),
+}
+
+/// The two SQL dialects, for code that must write SQL of its own (tests, `copy-store`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// PostgreSQL.
+    Postgres,
+    /// SQLite.
+    Sqlite,
+}
+
+/// The PostgreSQL pool of `$store`, or the value of running `$call` on its SQLite pools
+/// (bound to `$db`), with errors about the file itself naming it.
+macro_rules! pg_or_sqlite {
+    ($store:expr, |$db:ident| $call:expr) => {
+        match &$store.backend {
+            $crate::store::Backend::Postgres(pool) => pool,
+            $crate::store::Backend::Sqlite($db) => {
+                return $call.await.map_err(|e| $db.name_file(e));
+            }
+        }
+    };
+}
+pub(crate) use pg_or_sqlite;
 
 /// The `[limits]` numbers the store enforces itself, so that every path that writes a
 /// roster item, a waiting subscription request or a block-list entry shares one check.
@@ -117,6 +223,15 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// The SQLite file cannot be used: not creatable or writable, not a database or
+    /// damaged, locked by another process beyond the busy timeout.
+    #[error("SQLite file {}: {reason}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Applying the migrations failed (bad file, or an applied one was edited).
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -163,21 +278,28 @@ pub enum StoreError {
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         if let sqlx::Error::Database(db) = &e {
+            // SQLite names the constraint only in its message; the schema's triggers that
+            // stand in for CHECKs raise the same message (migrations/sqlite).
+            let sqlite_check = db.message().strip_prefix("CHECK constraint failed: ");
             match db.kind() {
                 ErrorKind::CheckViolation => {
-                    return StoreError::Constraint(db.constraint().unwrap_or("check").to_owned())
+                    let name = db.constraint().or(sqlite_check).unwrap_or("check");
+                    return StoreError::Constraint(name.to_owned());
                 }
                 // Every foreign key in the schema points at an account.
                 ErrorKind::ForeignKeyViolation => return StoreError::NoSuchAccount,
                 _ => {}
+            }
+            if let Some(name) = sqlite_check {
+                return StoreError::Constraint(name.to_owned());
             }
         }
         StoreError::Database(e)
     }
 }
 
-use crate::presence::subscription::SubState;
-pub use crate::presence::subscription::Subscription;
+use crate::policy::subscription::SubState;
+pub use crate::policy::subscription::Subscription;
 pub use last_seen::LastSeen;
 
 /// One roster item (RFC 6121 §2.1.2) plus the server-side flags of Appendix A.
@@ -246,10 +368,28 @@ pub enum RosterChange {
 }
 
 impl Store {
-    /// Opens a pool of at most `max_connections` connections to `url`, creating the
-    /// database first if the server has none of that name (a fresh machine has only the
-    /// default databases; this saves operators a manual `createdb`).
+    /// Opens the database `url` names with at most `max_connections` connections:
+    /// `sqlite://path` opens (or creates) that file, anything else is PostgreSQL, whose
+    /// database is created first if the server has none of that name (a fresh machine
+    /// has only the default databases; this saves operators a manual `createdb`).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        let defaults = crate::config::DatabaseConfig::default();
+        Store::open(&crate::config::DatabaseConfig {
+            url: url.to_owned(),
+            max_connections,
+            ..defaults
+        })
+        .await
+    }
+
+    /// [`Store::connect`] with every `[database]` setting that concerns the connection.
+    pub async fn open(config: &crate::config::DatabaseConfig) -> Result<Store, StoreError> {
+        let (url, max_connections) = (config.url.as_str(), config.max_connections);
+        if let Some(path) = sqlite::path_of(url) {
+            let pools =
+                sqlite::Pools::open(&path, max_connections, config.sqlite_busy_timeout).await?;
+            return Ok(Store::with_backend(Backend::Sqlite(pools)));
+        }
         use sqlx::migrate::MigrateDatabase;
         let failed = |source| StoreError::Connect {
             target: database_target(url),
@@ -272,12 +412,35 @@ impl Store {
         Ok(Store::from_pool(pool))
     }
 
-    /// Wraps an existing pool (e.g. one shared with other components).
+    /// Wraps an existing PostgreSQL pool (e.g. one shared with other components).
     pub fn from_pool(pool: PgPool) -> Store {
+        Store::with_backend(Backend::Postgres(pool))
+    }
+
+    fn with_backend(backend: Backend) -> Store {
         Store {
-            pool,
+            backend,
             audience: Default::default(),
             limits: Default::default(),
+        }
+    }
+
+    /// Which SQL dialect this store speaks.
+    pub fn dialect(&self) -> Dialect {
+        match self.backend {
+            Backend::Postgres(_) => Dialect::Postgres,
+            Backend::Sqlite(_) => Dialect::Sqlite,
+        }
+    }
+
+    /// Closes every connection; later queries fail (as when the database goes away).
+    pub async fn close(&self) {
+        match &self.backend {
+            Backend::Postgres(pool) => pool.close().await,
+            Backend::Sqlite(db) => {
+                db.write.close().await;
+                db.read.close().await;
+            }
         }
     }
 
@@ -293,26 +456,111 @@ impl Store {
         self.limits.read().map(|l| *l).unwrap_or_default()
     }
 
-    /// The pool, for components that need their own queries or LISTEN (the
+    /// The PostgreSQL pool, for components that need their own queries or LISTEN (the
     /// `presenced_roster` channel carries `<version> <owner>` for every roster change).
+    ///
+    /// # Panics
+    /// On an SQLite store: PostgreSQL SQL has no meaning there ([`Store::sqlite_pool`]).
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        match &self.backend {
+            Backend::Postgres(pool) => pool,
+            Backend::Sqlite(db) => panic!(
+                "Store::pool is the PostgreSQL pool; this store is the SQLite file {}",
+                db.path.display()
+            ),
+        }
     }
 
-    /// Applies the `*.sql` migrations found in `dir` that the database has not seen yet.
-    /// sqlx holds an advisory lock meanwhile, so nodes starting together are safe.
+    /// The SQLite writer (the one connection that may write), for SQL of one's own;
+    /// None on PostgreSQL.
+    pub fn sqlite_pool(&self) -> Option<&sqlx::SqlitePool> {
+        match &self.backend {
+            Backend::Sqlite(db) => Some(&db.write),
+            Backend::Postgres(_) => None,
+        }
+    }
+
+    /// Applies the schema compiled into the binary (`migrations/` or
+    /// `migrations/sqlite/`, by dialect), then the operator's `*.sql` files in `dir`
+    /// (absent is fine), each only once. On PostgreSQL sqlx holds an advisory lock
+    /// meanwhile, so nodes starting together are safe.
+    ///
+    /// The operator's files are numbered from 1000 up. One below 1000 that is a copy of
+    /// the built-in schema (a `dir` pointing at the repository's `migrations/`, the old
+    /// default) is skipped; any other is refused, since it would take a number the
+    /// server's own schema may need.
     pub async fn migrate(&self, dir: &Path) -> Result<(), StoreError> {
-        let mut migrator = sqlx::migrate::Migrator::new(dir).await.map_err(|source| {
-            StoreError::MigrationsDir {
-                dir: dir.display().to_string(),
-                source,
-            }
-        })?;
+        let mut builtin = match self.dialect() {
+            Dialect::Postgres => sqlx::migrate!("./migrations"),
+            Dialect::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+        };
         // A database migrated by a newer build (or holding an operator's retired file)
         // must not stop an older binary from starting: unknown applied versions are
         // tolerated, edited files are still refused by their checksums.
-        migrator.set_ignore_missing(true);
-        migrator.run(&self.pool).await?;
+        builtin.set_ignore_missing(true);
+        let own = if dir.is_dir() {
+            let mut own = sqlx::migrate::Migrator::new(dir).await.map_err(|source| {
+                StoreError::MigrationsDir {
+                    dir: dir.display().to_string(),
+                    source,
+                }
+            })?;
+            let mut kept = Vec::new();
+            for m in own.migrations.iter() {
+                if m.version >= OPERATOR_MIGRATIONS_FROM {
+                    kept.push(m.clone());
+                } else if !builtin
+                    .migrations
+                    .iter()
+                    .any(|b| b.version == m.version && b.checksum == m.checksum)
+                {
+                    return Err(StoreError::Migrate(sqlx::migrate::MigrateError::Source(
+                        format!(
+                            "{}: migration {} ({}) is numbered below {OPERATOR_MIGRATIONS_FROM}; \
+                             the server's own schema uses those numbers",
+                            dir.display(),
+                            m.version,
+                            m.description
+                        )
+                        .into(),
+                    )));
+                }
+            }
+            own.migrations = kept.into();
+            own.set_ignore_missing(true);
+            Some(own)
+        } else {
+            None
+        };
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                builtin.run(pool).await?;
+                if let Some(own) = own {
+                    own.run(pool).await?;
+                }
+            }
+            Backend::Sqlite(db) => {
+                // sqlx takes no lock on SQLite: two servers starting on a new file would
+                // both find nothing applied. The write lock, held from the first statement
+                // to the end, makes the second wait and then find everything applied
+                // (each migration runs in a savepoint inside it).
+                let run = async {
+                    let mut tx = db.begin_write().await?;
+                    builtin.run(&mut *tx).await?;
+                    if let Some(own) = own {
+                        own.run(&mut *tx).await?;
+                    }
+                    tx.commit().await?;
+                    Ok::<(), StoreError>(())
+                };
+                run.await.map_err(|e| match e {
+                    StoreError::Migrate(sqlx::migrate::MigrateError::Execute(inner)) => {
+                        db.name_file(StoreError::Database(inner))
+                    }
+                    other => db.name_file(other),
+                })?;
+            }
+        }
         Ok(())
     }
 }

@@ -1,6 +1,13 @@
 //! LISTEN/NOTIFY consumer: changes made in the database by anyone (another node, an
 //! operator's SQL) reach this node as [`Notification`]s on a channel.
 //!
+//! On SQLite, which has no LISTEN/NOTIFY, the same triggers append `(channel, payload)`
+//! rows to the table `presenced_changes`, and [`listen_with`] polls it every
+//! [`ListenOptions::poll_interval`] instead: a change made with the sqlite3 shell while
+//! the server runs arrives as the same notification. The poller starts after the newest
+//! row present, deletes rows older than [`ListenOptions::keep_changes`], and sends the
+//! resync marker after a failed poll or when rows it had not read yet were deleted.
+//!
 //! The schema's triggers send:
 //!
 //! | channel              | payload              | sent on                          |
@@ -66,6 +73,12 @@ pub struct ListenOptions {
     pub backoff_min: Duration,
     /// Longest wait between reconnect attempts (the wait doubles up to this).
     pub backoff_max: Duration,
+    /// SQLite: how often `presenced_changes` is read.
+    pub poll_interval: Duration,
+    /// SQLite: how long the poller waits for another process's lock.
+    pub busy_timeout: Duration,
+    /// SQLite: how long a row of `presenced_changes` is kept for a slow reader.
+    pub keep_changes: Duration,
 }
 
 impl Default for ListenOptions {
@@ -74,6 +87,20 @@ impl Default for ListenOptions {
             queue: 1024,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
+            poll_interval: Duration::from_millis(250),
+            busy_timeout: Duration::from_secs(5),
+            keep_changes: Duration::from_secs(600),
+        }
+    }
+}
+
+impl ListenOptions {
+    /// The defaults with the `[database]` settings that concern listening.
+    pub fn from_config(db: &crate::config::DatabaseConfig) -> ListenOptions {
+        ListenOptions {
+            poll_interval: db.change_poll_interval,
+            busy_timeout: db.sqlite_busy_timeout,
+            ..ListenOptions::default()
         }
     }
 }
@@ -97,6 +124,9 @@ pub async fn listen_with(
     options: ListenOptions,
 ) -> Result<mpsc::Receiver<Notification>, StoreError> {
     let channels: Vec<String> = channels.iter().map(|c| (*c).to_owned()).collect();
+    if let Some(path) = super::sqlite::path_of(url) {
+        return poll::start(&path, channels, options).await;
+    }
     let listener = connect(url, &channels).await?;
     let (tx, rx) = mpsc::channel(options.queue.max(1));
     tokio::spawn(run(listener, url.to_owned(), channels, options, tx));
@@ -180,6 +210,127 @@ async fn reconnect(
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?wait, "LISTEN reconnect failed");
                 wait = (wait * 2).min(options.backoff_max.max(options.backoff_min));
+            }
+        }
+    }
+}
+
+/// The SQLite side: polling `presenced_changes`.
+mod poll {
+    use std::path::Path;
+
+    use tokio::sync::mpsc;
+
+    use super::{ListenOptions, Notification};
+    use crate::store::sqlite::Pools;
+    use crate::store::StoreError;
+
+    /// Opens the file, notes the newest change and spawns the poller.
+    pub(super) async fn start(
+        path: &Path,
+        channels: Vec<String>,
+        options: ListenOptions,
+    ) -> Result<mpsc::Receiver<Notification>, StoreError> {
+        let db = Pools::open(path, 1, options.busy_timeout).await?;
+        let last = newest(&db).await.map_err(|e| db.name_file(e))?;
+        let (tx, rx) = mpsc::channel(options.queue.max(1));
+        tokio::spawn(run(db, last, channels, options, tx));
+        Ok(rx)
+    }
+
+    async fn newest(db: &Pools) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM presenced_changes")
+                .fetch_one(db.reader())
+                .await?,
+        )
+    }
+
+    /// Rows after `last` on `channels`, oldest first, and whether rows after `last` had
+    /// already been deleted (so some were missed).
+    async fn read(
+        db: &Pools,
+        last: i64,
+        channels: &str,
+    ) -> Result<(Vec<(i64, String, String)>, bool), StoreError> {
+        let mut tx = db.reader().begin().await?;
+        let rows: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT id, channel, payload FROM presenced_changes
+             WHERE id > ?1 AND channel IN (SELECT value FROM json_each(?2)) ORDER BY id",
+        )
+        .bind(last)
+        .bind(channels)
+        .fetch_all(&mut *tx)
+        .await?;
+        // AUTOINCREMENT ids have no gaps but those of rolled-back transactions; a gap
+        // right after `last` that reaches past the oldest row kept means pruned rows.
+        let oldest: Option<i64> = sqlx::query_scalar("SELECT min(id) FROM presenced_changes")
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok((rows, oldest.is_some_and(|o| o > last + 1)))
+    }
+
+    async fn prune(db: &Pools, keep: std::time::Duration) -> Result<(), StoreError> {
+        sqlx::query(
+            "DELETE FROM presenced_changes
+             WHERE at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?1)",
+        )
+        .bind(format!("-{:.3} seconds", keep.as_secs_f64()))
+        .execute(db.writer())
+        .await?;
+        Ok(())
+    }
+
+    async fn run(
+        db: Pools,
+        mut last: i64,
+        channels: Vec<String>,
+        options: ListenOptions,
+        tx: mpsc::Sender<Notification>,
+    ) {
+        let channels_json = crate::store::sqlite::json_list(&channels);
+        let mut tick = tokio::time::interval(
+            options
+                .poll_interval
+                .max(std::time::Duration::from_millis(1)),
+        );
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        let mut last_prune = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = tx.closed() => return,
+                _ = tick.tick() => {}
+            }
+            let (rows, missed) = match read(&db, last, &channels_json).await {
+                Ok(r) => r,
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %db.name_file(e), "reading presenced_changes failed; retrying");
+                    }
+                    failing = true;
+                    continue;
+                }
+            };
+            if failing || missed {
+                // Changes may have gone unseen: the consumer rechecks everything.
+                failing = false;
+                if tx.send(Notification::resync()).await.is_err() {
+                    return;
+                }
+            }
+            for (id, channel, payload) in rows {
+                last = id;
+                if tx.send(Notification { channel, payload }).await.is_err() {
+                    return;
+                }
+            }
+            if last_prune.elapsed() >= options.keep_changes / 10 {
+                last_prune = tokio::time::Instant::now();
+                if let Err(e) = prune(&db, options.keep_changes).await {
+                    tracing::warn!(error = %db.name_file(e), "pruning presenced_changes failed");
+                }
             }
         }
     }

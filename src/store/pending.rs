@@ -12,7 +12,7 @@
 //! the user that is online at that moment still gets it delivered.
 
 use super::roster::truncate_chars;
-use super::{Store, StoreError};
+use super::{pg_or_sqlite, Store, StoreError};
 use crate::xml::{Element, NS_CLIENT};
 
 /// XEP-0172 user nickname, the one extension a waiting request keeps.
@@ -51,6 +51,16 @@ pub fn stored_request(xml: &str, max_text: usize) -> String {
     kept.to_xml()
 }
 
+/// Says that a request was refused for the count (not because one from `from` waits).
+pub(super) fn log_not_kept(owner: &str, from: &str, max: i64) {
+    tracing::info!(
+        user = owner,
+        sender = from,
+        max,
+        "subscription request not kept: too many waiting"
+    );
+}
+
 impl Store {
     /// Keeps the request stanza from `from` (a bare JID) for `owner`, cut to what
     /// [`stored_request`] keeps. Returns false, keeping nothing new, if a request from
@@ -65,7 +75,9 @@ impl Store {
         let limits = self.limits();
         let stanza = stored_request(stanza_xml, limits.max_subscription_status_length);
         let max = i64::try_from(limits.max_pending_subscriptions).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await?;
+        let pool = pg_or_sqlite!(self, |db| db
+            .add_pending_subscription(owner, from, &stanza, max));
+        let mut tx = pool.begin().await?;
         // The owner's version row serialises writers of the same owner, so the count
         // below cannot change before the insert.
         sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
@@ -86,12 +98,7 @@ impl Store {
         .await?;
         let added = result.rows_affected() == 1;
         if !added && !self.has_pending_in(&mut tx, owner, from).await? {
-            tracing::info!(
-                user = owner,
-                sender = from,
-                max,
-                "subscription request not kept: too many waiting"
-            );
+            log_not_kept(owner, from, max);
         }
         tx.commit().await?;
         Ok(added)
@@ -119,7 +126,8 @@ impl Store {
         owner: &str,
         from: &str,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let pool = pg_or_sqlite!(self, |db| db.has_pending_subscription(owner, from));
+        let mut conn = pool.acquire().await?;
         self.has_pending_in(&mut conn, owner, from).await
     }
 
@@ -131,13 +139,14 @@ impl Store {
         owner: &str,
     ) -> Result<Vec<(String, String)>, StoreError> {
         let max = i64::try_from(self.limits().max_pending_subscriptions).unwrap_or(i64::MAX);
+        let pool = pg_or_sqlite!(self, |db| db.pending_subscriptions(owner, max));
         let rows = sqlx::query_as(
             "SELECT sender, stanza FROM pending_subscriptions
              WHERE owner = $1 ORDER BY received_at, sender LIMIT $2",
         )
         .bind(owner)
         .bind(max)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         Ok(rows)
     }
@@ -149,11 +158,12 @@ impl Store {
         owner: &str,
         from: &str,
     ) -> Result<bool, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.remove_pending_subscription(owner, from));
         let result =
             sqlx::query("DELETE FROM pending_subscriptions WHERE owner = $1 AND sender = $2")
                 .bind(owner)
                 .bind(from)
-                .execute(&self.pool)
+                .execute(pool)
                 .await?;
         Ok(result.rows_affected() > 0)
     }

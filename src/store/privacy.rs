@@ -1,6 +1,6 @@
 //! Presence and last-seen visibility settings (README, "Privacy"), table `privacy_settings`.
 //!
-//! Stores the [`PrivacySettings`] that `presence::privacy::may_see` reads. An account
+//! Stores the [`PrivacySettings`] that `policy::privacy::may_see` reads. An account
 //! with no row has the defaults (both signals visible to approved subscribers), so
 //! nothing is written until a user changes something. A trigger sends
 //! `NOTIFY presenced_privacy, '<owner>'` on every change so other nodes drop caches.
@@ -13,8 +13,8 @@ use std::collections::BTreeSet;
 
 use ::jid::BareJid;
 
-use super::{Store, StoreError};
-use crate::presence::privacy::{PrivacySettings, Visibility};
+use super::{pg_or_sqlite, Store, StoreError};
+use crate::policy::privacy::{PrivacySettings, Visibility};
 
 /// Database form of one [`Visibility`]: the mode column and the exception list.
 fn to_columns(v: &Visibility) -> (&'static str, Vec<&str>) {
@@ -52,12 +52,13 @@ impl Store {
     /// `owner`'s settings; the defaults when the owner never changed them (or is not an
     /// account, which the caller has ruled out already).
     pub async fn privacy_settings(&self, owner: &str) -> Result<PrivacySettings, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.privacy_settings(owner));
         let row: Option<(String, Vec<String>, String, Vec<String>)> = sqlx::query_as(
             "SELECT online, online_except, last_seen, last_seen_except
              FROM privacy_settings WHERE owner = $1",
         )
         .bind(owner)
-        .fetch_optional(&self.pool)
+        .fetch_optional(pool)
         .await?;
         match row {
             None => Ok(PrivacySettings::default()),
@@ -79,6 +80,11 @@ impl Store {
         let _forget = self.forget_owners([owner]);
         let (online, online_except) = to_columns(&settings.online);
         let (last_seen, last_seen_except) = to_columns(&settings.last_seen);
+        let pool = pg_or_sqlite!(self, |db| db.set_privacy_settings(
+            owner,
+            (online, online_except.clone()),
+            (last_seen, last_seen_except.clone())
+        ));
         sqlx::query(
             "INSERT INTO privacy_settings (owner, online, online_except, last_seen, last_seen_except)
              VALUES ($1, $2, $3, $4, $5)
@@ -91,7 +97,7 @@ impl Store {
         .bind(&online_except)
         .bind(last_seen)
         .bind(&last_seen_except)
-        .execute(&self.pool)
+        .execute(pool)
         .await?;
         Ok(())
     }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::{RosterChange, RosterItem, Store, StoreError, StoreLimits, Subscription};
+use super::{pg_or_sqlite, RosterChange, RosterItem, Store, StoreError, StoreLimits, Subscription};
 
 /// The columns [`item_from_row`] reads, of the table aliased `ri`. Only the first
 /// `max_roster_groups` groups leave the database: an item stored before that limit existed
@@ -30,12 +30,30 @@ fn item_columns(limits: &StoreLimits) -> String {
 }
 
 fn item_from_row(row: &PgRow, limits: &StoreLimits) -> Result<RosterItem, StoreError> {
+    let groups: Vec<String> = row.try_get("groups")?;
+    item_from_columns(row, groups, limits)
+}
+
+/// An item from the columns both backends name alike (`groups` is decoded by the caller,
+/// its column type being the dialect's), cut to the limits.
+pub(super) fn item_from_columns<'r, R>(
+    row: &'r R,
+    groups: Vec<String>,
+    limits: &StoreLimits,
+) -> Result<RosterItem, StoreError>
+where
+    R: Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
     let subscription: String = row.try_get("subscription")?;
     let ask: Option<String> = row.try_get("ask")?;
     let mut item = RosterItem {
         contact: row.try_get("contact")?,
         name: row.try_get("name")?,
-        groups: row.try_get("groups")?,
+        groups,
         subscription: Subscription::parse(&subscription)
             .ok()
             .ok_or_else(|| StoreError::Corrupt(format!("subscription {subscription:?}")))?,
@@ -45,6 +63,27 @@ fn item_from_row(row: &PgRow, limits: &StoreLimits) -> Result<RosterItem, StoreE
     };
     item.clamp_to(limits);
     Ok(item)
+}
+
+/// Items changed and removed since a version, each with its version, as the changes
+/// XEP-0237 §2.4 pushes: oldest first.
+pub(super) fn in_version_order(
+    changed: Vec<(i64, RosterItem)>,
+    removed: Vec<(String, i64)>,
+) -> Vec<RosterChange> {
+    let mut changes: Vec<(i64, RosterChange)> = Vec::with_capacity(changed.len() + removed.len());
+    changes.extend(
+        changed
+            .into_iter()
+            .map(|(v, i)| (v, RosterChange::Upsert(i))),
+    );
+    changes.extend(
+        removed
+            .into_iter()
+            .map(|(contact, v)| (v, RosterChange::Removed(contact))),
+    );
+    changes.sort_by_key(|(v, _)| *v);
+    changes.into_iter().map(|(_, c)| c).collect()
 }
 
 /// `s` cut to at most `max` characters.
@@ -118,8 +157,10 @@ async fn upsert(
 
 /// Starts a read-only transaction that sees one snapshot, so a version and the items
 /// read after it agree.
-async fn snapshot(store: &Store) -> Result<sqlx::Transaction<'_, sqlx::Postgres>, StoreError> {
-    let mut tx = store.pool.begin().await?;
+async fn snapshot(
+    pool: &sqlx::PgPool,
+) -> Result<sqlx::Transaction<'_, sqlx::Postgres>, StoreError> {
+    let mut tx = pool.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
@@ -135,6 +176,7 @@ impl Store {
         // isolation, two selects, commit). The outer join yields one row with NULL item
         // columns for an empty roster.
         let limits = self.limits();
+        let pool = pg_or_sqlite!(self, |db| db.roster(owner, &limits));
         let rows = sqlx::query(&format!(
             "SELECT v.roster_version, {}
              FROM (SELECT coalesce((SELECT version FROM roster_versions WHERE owner = $1), 0)
@@ -144,7 +186,7 @@ impl Store {
             item_columns(&limits)
         ))
         .bind(owner)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await?;
         let version: i64 = match rows.first() {
             Some(r) => r.try_get("roster_version")?,
@@ -169,7 +211,9 @@ impl Store {
         owner: &str,
         version: i64,
     ) -> Result<Option<(i64, Vec<RosterChange>)>, StoreError> {
-        let mut tx = snapshot(self).await?;
+        let limits = self.limits();
+        let pool = pg_or_sqlite!(self, |db| db.roster_since(owner, version, &limits));
+        let mut tx = snapshot(pool).await?;
         let bounds: Option<(i64, i64)> =
             sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = $1")
                 .bind(owner)
@@ -181,7 +225,6 @@ impl Store {
         if version < floor || version > current {
             return Ok(None);
         }
-        let limits = self.limits();
         let rows = sqlx::query(&format!(
             "SELECT {}, ri.version FROM roster_items ri
              WHERE ri.owner = $1 AND ri.version > $2",
@@ -199,22 +242,11 @@ impl Store {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-
-        let mut changes: Vec<(i64, RosterChange)> = Vec::with_capacity(rows.len() + removed.len());
-        for row in &rows {
-            let v: i64 = row.try_get("version")?;
-            changes.push((v, RosterChange::Upsert(item_from_row(row, &limits)?)));
-        }
-        changes.extend(
-            removed
-                .into_iter()
-                .map(|(contact, v)| (v, RosterChange::Removed(contact))),
-        );
-        changes.sort_by_key(|(v, _)| *v);
-        Ok(Some((
-            current,
-            changes.into_iter().map(|(_, c)| c).collect(),
-        )))
+        let changed = rows
+            .iter()
+            .map(|row| Ok((row.try_get("version")?, item_from_row(row, &limits)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(Some((current, in_version_order(changed, removed))))
     }
 
     /// One item of `owner`'s roster, if present.
@@ -224,22 +256,24 @@ impl Store {
         contact: &str,
     ) -> Result<Option<RosterItem>, StoreError> {
         let limits = self.limits();
+        let pool = pg_or_sqlite!(self, |db| db.roster_item(owner, contact, &limits));
         let row = sqlx::query(&format!(
             "SELECT {} FROM roster_items ri WHERE ri.owner = $1 AND ri.contact = $2",
             item_columns(&limits)
         ))
         .bind(owner)
         .bind(contact)
-        .fetch_optional(&self.pool)
+        .fetch_optional(pool)
         .await?;
         row.map(|r| item_from_row(&r, &limits)).transpose()
     }
 
     /// Number of items, so the caller can enforce the configured roster size limit.
     pub async fn roster_count(&self, owner: &str) -> Result<i64, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.roster_count(owner));
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM roster_items WHERE owner = $1")
             .bind(owner)
-            .fetch_one(&self.pool)
+            .fetch_one(pool)
             .await?;
         Ok(n)
     }
@@ -256,7 +290,10 @@ impl Store {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_owners([owner]);
         let max_items = self.limits().max_roster_items;
-        let mut tx = self.pool.begin().await?;
+        let pool = pg_or_sqlite!(self, |db| async {
+            Ok(db.upsert_roster_items(&[(owner, item)], max_items).await?[0])
+        });
+        let mut tx = pool.begin().await?;
         let version = upsert(&mut tx, owner, item, max_items).await?;
         tx.commit().await?;
         Ok(version)
@@ -271,7 +308,8 @@ impl Store {
     ) -> Result<Option<i64>, StoreError> {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_owners([owner]);
-        let mut tx = self.pool.begin().await?;
+        let pool = pg_or_sqlite!(self, |db| db.remove_roster_item(owner, contact));
+        let mut tx = pool.begin().await?;
         let deleted = sqlx::query("DELETE FROM roster_items WHERE owner = $1 AND contact = $2")
             .bind(owner)
             .bind(contact)
@@ -294,6 +332,7 @@ impl Store {
     /// version get the full roster instead of a diff that misses removals. Returns the
     /// number of tombstones deleted. Run it periodically with the configured retention.
     pub async fn prune_roster_tombstones(&self, older_than: Duration) -> Result<u64, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.prune_roster_tombstones(older_than));
         let pruned: i64 = sqlx::query_scalar(
             "WITH pruned AS (
                  DELETE FROM roster_tombstones
@@ -307,7 +346,7 @@ impl Store {
              SELECT count(*) FROM pruned",
         )
         .bind(older_than.as_secs_f64())
-        .fetch_one(&self.pool)
+        .fetch_one(pool)
         .await?;
         Ok(u64::try_from(pruned).unwrap_or(0))
     }
@@ -330,12 +369,29 @@ impl Store {
 
         let max_items = self.limits().max_roster_items;
         let mut versions: Vec<Option<i64>> = vec![None; changes.len()];
-        let mut tx = self.pool.begin().await?;
-        for &i in &order {
-            let (owner, item) = &changes[i];
-            versions[i] = Some(upsert(&mut tx, owner, item, max_items).await?);
+        match &self.backend {
+            super::Backend::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                for &i in &order {
+                    let (owner, item) = &changes[i];
+                    versions[i] = Some(upsert(&mut tx, owner, item, max_items).await?);
+                }
+                tx.commit().await?;
+            }
+            super::Backend::Sqlite(db) => {
+                let ordered: Vec<(&str, &RosterItem)> = order
+                    .iter()
+                    .map(|&i| (changes[i].0.as_str(), &changes[i].1))
+                    .collect();
+                let written = db
+                    .upsert_roster_items(&ordered, max_items)
+                    .await
+                    .map_err(|e| db.name_file(e))?;
+                for (&i, v) in order.iter().zip(written) {
+                    versions[i] = Some(v);
+                }
+            }
         }
-        tx.commit().await?;
 
         let mut result: Vec<(String, i64)> = Vec::new();
         for &i in &order {

@@ -9,6 +9,12 @@ pub mod reader;
 
 use std::fmt::Write as _;
 
+/// A fresh random id for a stream, a stanza or a node (RFC 6120 §4.7.3 wants stream ids
+/// unpredictable).
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 /// Namespace of the stream element (RFC 6120 §4.8.1).
 pub const NS_STREAM: &str = "http://etherx.jabber.org/streams";
 /// Default content namespace of client streams (RFC 6120 §4.8.3).

@@ -95,13 +95,6 @@ pub enum XmlError {
 }
 
 impl XmlError {
-    /// The stream error to close the stream with, carrying this error's description;
-    /// `None` when the transport is gone and nothing can be written.
-    pub fn stream_error(&self) -> Option<crate::error::StreamError> {
-        self.condition()
-            .map(|cond| crate::error::StreamError::new(cond, self.to_string()))
-    }
-
     /// The RFC 6120 §4.9.3 defined condition to send, or `None` when the transport is gone.
     pub fn condition(&self) -> Option<&'static str> {
         match self {

@@ -3,7 +3,8 @@
 //! XMPP client that lets a test send exact bytes and wait for exact stanzas.
 //!
 //! Each test starts its own server with a unique domain, so tests share the database
-//! without seeing each other's accounts. The client pins the server's generated
+//! without seeing each other's accounts. `PRESENCED_TEST_STORE=sqlite` runs the servers of
+//! a test binary on one SQLite file of its own instead of PostgreSQL. The client pins the server's generated
 //! certificate, so TLS is verified for real, not switched off.
 #![allow(dead_code)]
 
@@ -21,10 +22,17 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
-/// The database integration tests use (`DATABASE_URL`, else the machine's `test` database).
+pub mod stores;
+
+/// The database integration tests use: with `PRESENCED_TEST_STORE=sqlite` one SQLite file
+/// per test process (under the temporary directory), else `DATABASE_URL` or the
+/// machine's `test` database.
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    static SQLITE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if std::env::var("PRESENCED_TEST_STORE").as_deref() == Ok("sqlite") {
+        return SQLITE.get_or_init(|| stores::Db::sqlite().url()).clone();
+    }
+    stores::Db::postgres().url()
 }
 
 /// The Redis integration tests use (`REDIS_URL`, else the machine's default instance).
@@ -105,7 +113,8 @@ impl TestServer {
         config.tls.certs_dir = certs.clone();
         config.database.url = database_url();
         config.database.max_connections = 4;
-        config.database.migrations = repo_root().join("migrations");
+        // The schema is built in; no operator migrations.
+        config.database.migrations = repo_root().join("migrations.d");
         // Tests hammer one address; the per-IP limit has its own test.
         config.limits.connections_per_ip_per_minute = 10_000;
         // Each server gets its own Redis key prefix and an ephemeral loopback HTTP port, so
@@ -187,22 +196,25 @@ impl TestServer {
 
     /// Makes two local users mutual contacts (subscription both), as an operator would.
     pub async fn make_mutual(&self, a: &str, b: &str) {
-        sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")
-            .bind(self.jid(a))
-            .bind(self.jid(b))
-            .execute(self.shared().store.pool())
+        stores::make_mutual(&self.shared().store, &self.jid(a), &self.jid(b))
             .await
             .expect("make mutual");
     }
 
+    /// Runs an operator's SQL on the server's store, `pg` or `lite` by its dialect.
+    pub async fn sql(&self, pg: &str, lite: &str, binds: &[&str]) -> Result<u64, sqlx::Error> {
+        stores::exec(&self.shared().store, pg, lite, binds).await
+    }
+
     /// Removes `a` and `b` from each other's rosters with the SQL function operators use.
     pub async fn unpair(&self, a: &str, b: &str) {
-        sqlx::query("SELECT presenced_roster_unpair($1, $2)")
-            .bind(self.jid(a))
-            .bind(self.jid(b))
-            .execute(self.shared().store.pool())
-            .await
-            .expect("unpair");
+        self.sql(
+            "SELECT presenced_roster_unpair($1, $2)",
+            "INSERT INTO presenced_roster_unpair (a, b) VALUES (?1, ?2)",
+            &[&self.jid(a), &self.jid(b)],
+        )
+        .await
+        .expect("unpair");
     }
 
     /// The HTTP listener's address.

@@ -412,6 +412,10 @@ async fn provision_presenced_store(cli: &Cli, cache: &SaltCache) -> Result<(), S
         offsets.push((cli.users / 2) as i32);
     }
     let n = cli.users as i32;
+    // The roster graph and the salt cache are written in PostgreSQL's SQL.
+    if store.dialect() != presenced::store::Dialect::Postgres {
+        return Err("provisioning needs a PostgreSQL store (postgres://...)".into());
+    }
     sqlx::query(
         "INSERT INTO roster_items (owner, contact, subscription)
          SELECT $1 || i || '@' || $2, $1 || ((i + o + $3) % $3) || '@' || $2, 'both'

@@ -185,7 +185,7 @@ fn hides_last_seen_from(viewer_settings: &PrivacySettings, other: &BareJid) -> b
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::presence::subscription::Subscription;
+    use crate::policy::subscription::Subscription;
 
     fn jid(s: &str) -> BareJid {
         BareJid::new(s).expect("test JID is valid")

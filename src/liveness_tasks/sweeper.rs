@@ -22,10 +22,10 @@ use redis::aio::MultiplexedConnection;
 
 use std::time::Duration;
 
-use super::redis_link::RedisLink;
-use super::{in_process, keys, Backend, Op, SweptLocal};
 use crate::jid::FullJid;
-use crate::server::Shared;
+use crate::liveness::redis_link::RedisLink;
+use crate::liveness::{in_process, keys, Backend, Op, SweptLocal};
+use crate::node::Shared;
 
 /// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size.
 /// Returns member, score, member, score, ... and removes them.

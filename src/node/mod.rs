@@ -1,0 +1,95 @@
+//! The state of one node, shared by every task: the composition root's *type*. Its fields
+//! are types of the layers below (store, sessions, liveness, federation state, metrics),
+//! so every service and transport can hold it without importing the server that builds
+//! it ([`crate::server::start`]) or the transports that run on it.
+
+pub mod federation;
+pub mod listen;
+pub mod send;
+pub mod session;
+pub mod visibility;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::CheckedConfig;
+use crate::error::StanzaError;
+use crate::sessions::Sessions;
+use crate::store::Store;
+use crate::xml::Element;
+
+/// State shared by every task of the server.
+pub struct Shared {
+    /// The checked configuration.
+    pub config: CheckedConfig,
+    /// PostgreSQL.
+    pub store: Store,
+    /// Sessions connected to this node.
+    pub sessions: Sessions,
+    /// TLS for STARTTLS and direct TLS.
+    pub tls: Arc<rustls::ServerConfig>,
+    /// TLS of the s2s listeners: like `tls`, and asks for the peer's certificate
+    /// (SASL EXTERNAL, XEP-0178).
+    pub s2s_tls: Arc<rustls::ServerConfig>,
+    /// Cancelled on shutdown; every session's token is a child.
+    pub shutdown: CancellationToken,
+    /// Heartbeats, Redis liveness keys, the sweeper, grace periods, last seen, counters.
+    pub liveness: crate::liveness::Liveness,
+    /// Serialises "write a roster change, then push it" per user against
+    /// the roster NOTIFY listener, so a NOTIFY never overtakes the push this node is about to
+    /// send (which would push twice and send presence for a change already handled).
+    pub roster_locks: RosterLocks,
+    /// Per-session privacy state (invisibility, who was shown presence).
+    pub privacy: visibility::Registry,
+    /// Federation: outgoing links, dialback secret, remote presence state.
+    pub s2s: federation::S2s,
+    /// The Prometheus registry behind `/metrics` and the counters fed into it.
+    pub metrics: crate::metrics::Metrics,
+    /// Failed SASL password checks per account, across this node's streams.
+    pub auth_backoff: crate::sasl::backoff::AuthBackoff,
+    /// Key of the fake SCRAM salts of unknown users; kept in the store so the salts are
+    /// the same after a restart and on every node, as a real account's are.
+    pub fake_salt_secret: Vec<u8>,
+}
+
+/// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks
+/// are always taken in stripe order so two changes between the same pair cannot deadlock.
+pub struct RosterLocks {
+    stripes: Vec<tokio::sync::Mutex<()>>,
+}
+
+impl Default for RosterLocks {
+    fn default() -> Self {
+        RosterLocks {
+            stripes: (0..256).map(|_| tokio::sync::Mutex::new(())).collect(),
+        }
+    }
+}
+
+impl RosterLocks {
+    fn index(&self, bare: &str) -> usize {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        (BuildHasherDefault::<DefaultHasher>::default().hash_one(bare) as usize)
+            % self.stripes.len()
+    }
+
+    /// Locks the stripes of the given users (one or two), in order.
+    pub async fn lock(&self, users: &[&str]) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = users.iter().map(|u| self.index(u)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let mut guards = Vec::with_capacity(idx.len());
+        for i in idx {
+            guards.push(self.stripes[i].lock().await);
+        }
+        guards
+    }
+}
+
+/// Sends a stanza whose `to` is on a domain this server does not host. `from` is already
+/// stamped with a local JID. `Err` is the stanza error to bounce to the sender now
+/// (RFC 6120 §8.3.3.16); later failures are bounced by the link's task.
+pub fn route_remote(shared: &Shared, stanza: Element) -> Result<(), StanzaError> {
+    shared.s2s.route(&shared.config, stanza)
+}

@@ -1,0 +1,89 @@
+//! A bound client session's state as the services see it, and where an address points
+//! from this node. The session's task (the transport, [`crate::c2s`]) owns the value and
+//! lends it to the router and the services, which therefore need nothing from the
+//! transport.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::error::StanzaError;
+use crate::jid::{BareJid, FullJid, Jid};
+use crate::sessions::SessionHandle;
+use crate::xml::Element;
+
+use super::Shared;
+
+/// State of a bound session, owned by its task.
+pub struct Session {
+    /// Server-wide state.
+    pub shared: Arc<Shared>,
+    /// This session's registry entry.
+    pub handle: SessionHandle,
+    /// Remote address, for logs.
+    pub peer: SocketAddr,
+    /// Presence bookkeeping owned by the session (directed presence recipients, RFC 6121 §4.6).
+    pub presence: SessionPresence,
+}
+
+impl Session {
+    pub(crate) fn new(shared: Arc<Shared>, handle: SessionHandle, peer: SocketAddr) -> Self {
+        Session {
+            shared,
+            handle,
+            peer,
+            presence: Default::default(),
+        }
+    }
+
+    /// The bound full JID.
+    pub fn jid(&self) -> &FullJid {
+        &self.handle.jid
+    }
+
+    /// Delivers a stanza to this session's own client.
+    pub fn deliver(&self, el: Element) {
+        self.handle.send(el);
+    }
+}
+
+/// Presence bookkeeping owned by one session task.
+#[derive(Debug, Default)]
+pub struct SessionPresence {
+    /// JIDs this session sent directed available presence to and that must get its
+    /// unavailable (RFC 6121 §4.6.3).
+    pub directed: BTreeSet<String>,
+}
+
+/// Where a `to` address points, as seen from this server.
+#[derive(Debug)]
+pub enum Target {
+    /// No `to`: the sender's own account (RFC 6120 §10.3).
+    OwnAccount,
+    /// A domain this server hosts.
+    LocalDomain,
+    /// An account (existing or not) on a local domain.
+    LocalBare(BareJid),
+    /// A resource of an account on a local domain.
+    LocalFull(crate::jid::FullJid),
+    /// Another domain.
+    Remote(Jid),
+}
+
+/// Classifies a `to` attribute. `Err` means jid-malformed (RFC 6120 §8.3.3.8).
+pub fn classify(shared: &crate::node::Shared, to: Option<&str>) -> Result<Target, StanzaError> {
+    let Some(to) = to else {
+        return Ok(Target::OwnAccount);
+    };
+    let jid = crate::jid::parse(to).map_err(|_| StanzaError::jid_malformed())?;
+    if !shared.config.serves(jid.domain().as_str()) {
+        return Ok(Target::Remote(jid));
+    }
+    if jid.node().is_none() {
+        return Ok(Target::LocalDomain);
+    }
+    match jid.try_into_full() {
+        Ok(full) => Ok(Target::LocalFull(full)),
+        Err(bare) => Ok(Target::LocalBare(bare)),
+    }
+}

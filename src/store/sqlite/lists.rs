@@ -1,0 +1,387 @@
+//! Block lists, privacy settings, waiting subscription requests, last seen and the
+//! privacy gate's batched reads on SQLite (twins of `store/blocks.rs`, `privacy.rs`,
+//! `pending.rs`, `last_seen.rs` and `gate_inputs.rs`). Lists travel as JSON arrays and are
+//! expanded with `json_each`, where PostgreSQL takes a `text[]`.
+
+use super::{json_list, parse_list, parse_time, time_text, Pools};
+use crate::policy::privacy::PrivacySettings;
+use crate::store::gate_inputs::{
+    settings_from, subscription_from, AudienceContact, AudienceInputs, ProbeSubject,
+};
+use crate::store::{LastSeen, StoreError};
+
+/// The four settings columns as stored (lists as JSON).
+type SettingsText = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+fn settings_from_text(cols: SettingsText) -> Result<PrivacySettings, StoreError> {
+    let list = |l: Option<String>| l.map(|t| parse_list(&t, "privacy exceptions")).transpose();
+    settings_from((cols.0, list(cols.1)?, cols.2, list(cols.3)?))
+}
+
+impl Pools {
+    pub(in crate::store) async fn block(
+        &self,
+        owner: &str,
+        jids: &[String],
+        max: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let list = json_list(jids);
+        let mut tx = self.begin_write().await?;
+        let after: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM blocklist WHERE owner = ?1)
+                  + (SELECT count(DISTINCT j.value) FROM json_each(?2) j
+                     WHERE NOT EXISTS (SELECT 1 FROM blocklist
+                                       WHERE owner = ?1 AND blocked = j.value))",
+        )
+        .bind(owner)
+        .bind(&list)
+        .fetch_one(&mut *tx)
+        .await?;
+        if after > max {
+            return Err(StoreError::BlocklistFull);
+        }
+        let mut added: Vec<String> = sqlx::query_scalar(
+            "INSERT INTO blocklist (owner, blocked)
+             SELECT DISTINCT ?1, j.value FROM json_each(?2) j WHERE true
+             ON CONFLICT (owner, blocked) DO NOTHING
+             RETURNING blocked",
+        )
+        .bind(owner)
+        .bind(&list)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        added.sort();
+        Ok(added)
+    }
+
+    pub(in crate::store) async fn unblock(
+        &self,
+        owner: &str,
+        jids: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut removed: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM blocklist
+             WHERE owner = ?1 AND blocked IN (SELECT value FROM json_each(?2))
+             RETURNING blocked",
+        )
+        .bind(owner)
+        .bind(json_list(jids))
+        .fetch_all(&self.write)
+        .await?;
+        removed.sort();
+        Ok(removed)
+    }
+
+    pub(in crate::store) async fn unblock_all(
+        &self,
+        owner: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut removed: Vec<String> =
+            sqlx::query_scalar("DELETE FROM blocklist WHERE owner = ?1 RETURNING blocked")
+                .bind(owner)
+                .fetch_all(&self.write)
+                .await?;
+        removed.sort();
+        Ok(removed)
+    }
+
+    pub(in crate::store) async fn blocklist(&self, owner: &str) -> Result<Vec<String>, StoreError> {
+        let list =
+            sqlx::query_scalar("SELECT blocked FROM blocklist WHERE owner = ?1 ORDER BY blocked")
+                .bind(owner)
+                .fetch_all(&self.read)
+                .await?;
+        Ok(list)
+    }
+
+    pub(in crate::store) async fn is_blocked(
+        &self,
+        owner: &str,
+        forms: &[String],
+    ) -> Result<bool, StoreError> {
+        let blocked: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM blocklist
+                            WHERE owner = ?1 AND blocked IN (SELECT value FROM json_each(?2)))",
+        )
+        .bind(owner)
+        .bind(json_list(forms))
+        .fetch_one(&self.read)
+        .await?;
+        Ok(blocked)
+    }
+
+    pub(in crate::store) async fn privacy_settings(
+        &self,
+        owner: &str,
+    ) -> Result<PrivacySettings, StoreError> {
+        let row: Option<(String, String, String, String)> = sqlx::query_as(
+            "SELECT online, online_except, last_seen, last_seen_except
+             FROM privacy_settings WHERE owner = ?1",
+        )
+        .bind(owner)
+        .fetch_optional(&self.read)
+        .await?;
+        match row {
+            None => Ok(PrivacySettings::default()),
+            Some((a, b, c, d)) => settings_from_text((Some(a), Some(b), Some(c), Some(d))),
+        }
+    }
+
+    pub(in crate::store) async fn set_privacy_settings(
+        &self,
+        owner: &str,
+        online: (&str, Vec<&str>),
+        last_seen: (&str, Vec<&str>),
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO privacy_settings (owner, online, online_except, last_seen, last_seen_except)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (owner) DO UPDATE
+                 SET online = excluded.online, online_except = excluded.online_except,
+                     last_seen = excluded.last_seen, last_seen_except = excluded.last_seen_except",
+        )
+        .bind(owner)
+        .bind(online.0)
+        .bind(json_list(&online.1))
+        .bind(last_seen.0)
+        .bind(json_list(&last_seen.1))
+        .execute(&self.write)
+        .await?;
+        Ok(())
+    }
+
+    pub(in crate::store) async fn add_pending_subscription(
+        &self,
+        owner: &str,
+        from: &str,
+        stanza: &str,
+        max: i64,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let result = sqlx::query(
+            "INSERT INTO pending_subscriptions (owner, sender, stanza)
+             SELECT ?1, ?2, ?3
+             WHERE (SELECT count(*) FROM pending_subscriptions WHERE owner = ?1) < ?4
+             ON CONFLICT (owner, sender) DO NOTHING",
+        )
+        .bind(owner)
+        .bind(from)
+        .bind(stanza)
+        .bind(max)
+        .execute(&mut *tx)
+        .await?;
+        let added = result.rows_affected() == 1;
+        if !added {
+            let waiting: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2)",
+            )
+            .bind(owner)
+            .bind(from)
+            .fetch_one(&mut *tx)
+            .await?;
+            if !waiting {
+                crate::store::pending::log_not_kept(owner, from, max);
+            }
+        }
+        tx.commit().await?;
+        Ok(added)
+    }
+
+    pub(in crate::store) async fn has_pending_subscription(
+        &self,
+        owner: &str,
+        from: &str,
+    ) -> Result<bool, StoreError> {
+        let found: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2)",
+        )
+        .bind(owner)
+        .bind(from)
+        .fetch_one(&self.read)
+        .await?;
+        Ok(found)
+    }
+
+    pub(in crate::store) async fn pending_subscriptions(
+        &self,
+        owner: &str,
+        max: i64,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        // Times have millisecond precision here; the row id breaks ties in arrival order.
+        let rows = sqlx::query_as(
+            "SELECT sender, stanza FROM pending_subscriptions
+             WHERE owner = ?1 ORDER BY received_at, rowid LIMIT ?2",
+        )
+        .bind(owner)
+        .bind(max)
+        .fetch_all(&self.read)
+        .await?;
+        Ok(rows)
+    }
+
+    pub(in crate::store) async fn remove_pending_subscription(
+        &self,
+        owner: &str,
+        from: &str,
+    ) -> Result<bool, StoreError> {
+        let result =
+            sqlx::query("DELETE FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2")
+                .bind(owner)
+                .bind(from)
+                .execute(&self.write)
+                .await?;
+        Ok(result.rows_affected() > 0)
+    }
+
+    pub(in crate::store) async fn record_last_seen_batch(
+        &self,
+        entries: &[LastSeen],
+    ) -> Result<u64, StoreError> {
+        let batch: Vec<(&str, String, Option<&str>)> = entries
+            .iter()
+            .map(|e| (e.jid.as_str(), time_text(e.at), e.status.as_deref()))
+            .collect();
+        let batch = serde_json::to_string(&batch)
+            .map_err(|e| StoreError::Corrupt(format!("last-seen batch: {e}")))?;
+        // One row per JID, the latest of the batch (SQLite takes the bare `status` from the
+        // row that holds the max()); a row only ever moves forward in time.
+        let result = sqlx::query(
+            "WITH e AS (SELECT json_extract(value, '$[0]') AS jid,
+                               json_extract(value, '$[1]') AS seen_at,
+                               json_extract(value, '$[2]') AS status
+                        FROM json_each(?1)),
+                  latest AS (SELECT jid, max(seen_at) AS seen_at, status FROM e GROUP BY jid)
+             INSERT INTO last_activity (jid, seen_at, status)
+             SELECT l.jid, l.seen_at, l.status FROM latest l JOIN accounts a ON a.jid = l.jid
+             WHERE true
+             ON CONFLICT (jid) DO UPDATE
+                 SET seen_at = excluded.seen_at, status = excluded.status
+                 WHERE excluded.seen_at > last_activity.seen_at",
+        )
+        .bind(batch)
+        .execute(&self.write)
+        .await?;
+        Ok(result.rows_affected())
+    }
+
+    pub(in crate::store) async fn last_seen(
+        &self,
+        jid: &str,
+    ) -> Result<Option<LastSeen>, StoreError> {
+        let row: Option<(String, String, Option<String>)> =
+            sqlx::query_as("SELECT jid, seen_at, status FROM last_activity WHERE jid = ?1")
+                .bind(jid)
+                .fetch_optional(&self.read)
+                .await?;
+        row.map(|(jid, at, status)| {
+            Ok(LastSeen {
+                jid,
+                at: parse_time(&at)?,
+                status,
+            })
+        })
+        .transpose()
+    }
+
+    pub(in crate::store) async fn audience_inputs(
+        &self,
+        subject: &str,
+        subject_forms: &[String],
+    ) -> Result<AudienceInputs, StoreError> {
+        let mut tx = self.read.begin().await?;
+        let settings: Option<(String, String, String, String)> = sqlx::query_as(
+            "SELECT online, online_except, last_seen, last_seen_except
+             FROM privacy_settings WHERE owner = ?1",
+        )
+        .bind(subject)
+        .fetch_optional(&mut *tx)
+        .await?;
+        // substr(c, instr(c, '@') + 1) is the domain of a bare JID and the whole of a
+        // domain JID, as match_candidates splits them.
+        let rows: Vec<(String, String, bool, bool)> = sqlx::query_as(
+            "SELECT ri.contact, ri.subscription,
+                    EXISTS (SELECT 1 FROM blocklist b
+                            WHERE b.owner = ri.contact
+                              AND b.blocked IN (SELECT value FROM json_each(?2))),
+                    EXISTS (SELECT 1 FROM blocklist b
+                            WHERE b.owner = ri.owner
+                              AND b.blocked IN (ri.contact,
+                                                substr(ri.contact, instr(ri.contact, '@') + 1)))
+             FROM roster_items ri WHERE ri.owner = ?1 ORDER BY ri.contact",
+        )
+        .bind(subject)
+        .bind(json_list(subject_forms))
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let settings = match settings {
+            None => PrivacySettings::default(),
+            Some((a, b, c, d)) => settings_from_text((Some(a), Some(b), Some(c), Some(d)))?,
+        };
+        let roster = rows
+            .into_iter()
+            .map(|(contact, sub, blocks_subject, blocked_by_subject)| {
+                AudienceContact::from_columns(contact, &sub, blocks_subject, blocked_by_subject)
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(AudienceInputs { settings, roster })
+    }
+
+    pub(in crate::store) async fn probe_inputs(
+        &self,
+        prober: &str,
+        prober_forms: &[String],
+        subjects: &[String],
+    ) -> Result<Vec<ProbeSubject>, StoreError> {
+        type Row = (
+            String,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            bool,
+            bool,
+            Option<String>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT s.value, ri.subscription,
+                    ps.online, ps.online_except, ps.last_seen, ps.last_seen_except,
+                    EXISTS (SELECT 1 FROM blocklist b
+                            WHERE b.owner = s.value
+                              AND b.blocked IN (SELECT value FROM json_each(?2))),
+                    EXISTS (SELECT 1 FROM blocklist b
+                            WHERE b.owner = ?1
+                              AND b.blocked IN (s.value, substr(s.value, instr(s.value, '@') + 1))),
+                    la.seen_at
+             FROM json_each(?3) s
+             LEFT JOIN roster_items ri ON ri.owner = s.value AND ri.contact = ?1
+             LEFT JOIN privacy_settings ps ON ps.owner = s.value
+             LEFT JOIN last_activity la ON la.jid = s.value
+             ORDER BY s.key",
+        )
+        .bind(prober)
+        .bind(json_list(prober_forms))
+        .bind(json_list(subjects))
+        .fetch_all(&self.read)
+        .await?;
+        rows.into_iter()
+            .map(|(subject, sub, a, b, c, d, bp, bbp, la)| {
+                Ok(ProbeSubject {
+                    subject,
+                    subscription: sub.as_deref().map(subscription_from).transpose()?,
+                    settings: settings_from_text((a, b, c, d))?,
+                    blocks_prober: bp,
+                    blocked_by_prober: bbp,
+                    last_seen: la.as_deref().map(parse_time).transpose()?,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,223 @@
+//! Roster items and XEP-0237 versions on SQLite (twin of `store/roster.rs`). Versions
+//! and tombstones are kept by the schema's triggers, as in PostgreSQL.
+
+use std::time::Duration;
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::Row;
+
+use super::{json_list, parse_list, Pools};
+use crate::store::roster::{in_version_order, item_from_columns};
+use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits};
+
+const ITEM_COLUMNS: &str =
+    "ri.contact, ri.name, ri.groups, ri.subscription, ri.ask, ri.pending_in, ri.preapproved";
+
+fn item_from_row(row: &SqliteRow, limits: &StoreLimits) -> Result<RosterItem, StoreError> {
+    let groups: String = row.try_get("groups")?;
+    item_from_columns(row, parse_list(&groups, "roster groups")?, limits)
+}
+
+/// Inserts or replaces one item inside a write transaction (which holds the file's write
+/// lock, so the count cannot change before the insert); returns the owner's version
+/// after it, or [`StoreError::RosterFull`] for a new item beyond `max_items`.
+async fn upsert(
+    conn: &mut sqlx::SqliteConnection,
+    owner: &str,
+    item: &RosterItem,
+    max_items: i64,
+) -> Result<i64, StoreError> {
+    let written = sqlx::query(
+        "INSERT INTO roster_items
+             (owner, contact, name, groups, subscription, ask, pending_in, preapproved)
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
+         WHERE EXISTS (SELECT 1 FROM roster_items WHERE owner = ?1 AND contact = ?2)
+            OR (SELECT count(*) FROM roster_items WHERE owner = ?1) < ?9
+         ON CONFLICT (owner, contact) DO UPDATE
+             SET name = excluded.name, groups = excluded.groups,
+                 subscription = excluded.subscription, ask = excluded.ask,
+                 pending_in = excluded.pending_in, preapproved = excluded.preapproved",
+    )
+    .bind(owner)
+    .bind(&item.contact)
+    .bind(&item.name)
+    .bind(json_list(&item.groups))
+    .bind(item.subscription.as_str())
+    .bind(item.pending_out.then_some("subscribe"))
+    .bind(item.pending_in)
+    .bind(item.preapproved)
+    .bind(max_items)
+    .execute(&mut *conn)
+    .await?;
+    if written.rows_affected() == 0 {
+        return Err(StoreError::RosterFull);
+    }
+    // RETURNING would report the row as inserted, before the trigger set its version.
+    let version: i64 =
+        sqlx::query_scalar("SELECT version FROM roster_items WHERE owner = ?1 AND contact = ?2")
+            .bind(owner)
+            .bind(&item.contact)
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(version)
+}
+
+impl Pools {
+    pub(in crate::store) async fn roster(
+        &self,
+        owner: &str,
+        limits: &StoreLimits,
+    ) -> Result<(i64, Vec<RosterItem>), StoreError> {
+        // One read transaction is one snapshot: the version and the items agree.
+        let mut tx = self.read.begin().await?;
+        let version: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM roster_versions WHERE owner = ?1")
+                .bind(owner)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let rows = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS} FROM roster_items ri WHERE ri.owner = ?1 ORDER BY ri.contact"
+        ))
+        .bind(owner)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let items = rows
+            .iter()
+            .map(|r| item_from_row(r, limits))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((version.unwrap_or(0), items))
+    }
+
+    pub(in crate::store) async fn roster_since(
+        &self,
+        owner: &str,
+        version: i64,
+        limits: &StoreLimits,
+    ) -> Result<Option<(i64, Vec<RosterChange>)>, StoreError> {
+        let mut tx = self.read.begin().await?;
+        let bounds: Option<(i64, i64)> =
+            sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = ?1")
+                .bind(owner)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((current, floor)) = bounds else {
+            return Ok(None);
+        };
+        if version < floor || version > current {
+            return Ok(None);
+        }
+        let rows = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS}, ri.version FROM roster_items ri
+             WHERE ri.owner = ?1 AND ri.version > ?2"
+        ))
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *tx)
+        .await?;
+        let removed: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT contact, version FROM roster_tombstones WHERE owner = ?1 AND version > ?2",
+        )
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let changed = rows
+            .iter()
+            .map(|row| Ok((row.try_get("version")?, item_from_row(row, limits)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(Some((current, in_version_order(changed, removed))))
+    }
+
+    pub(in crate::store) async fn roster_item(
+        &self,
+        owner: &str,
+        contact: &str,
+        limits: &StoreLimits,
+    ) -> Result<Option<RosterItem>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS} FROM roster_items ri WHERE ri.owner = ?1 AND ri.contact = ?2"
+        ))
+        .bind(owner)
+        .bind(contact)
+        .fetch_optional(&self.read)
+        .await?;
+        row.map(|r| item_from_row(&r, limits)).transpose()
+    }
+
+    pub(in crate::store) async fn roster_count(&self, owner: &str) -> Result<i64, StoreError> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM roster_items WHERE owner = ?1")
+            .bind(owner)
+            .fetch_one(&self.read)
+            .await?;
+        Ok(n)
+    }
+
+    /// Upserts `changes` (already in lock order) in one transaction; the version after
+    /// each, in the same order.
+    pub(in crate::store) async fn upsert_roster_items(
+        &self,
+        changes: &[(&str, &RosterItem)],
+        max_items: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let mut versions = Vec::with_capacity(changes.len());
+        for (owner, item) in changes {
+            versions.push(upsert(&mut tx, owner, item, max_items).await?);
+        }
+        tx.commit().await?;
+        Ok(versions)
+    }
+
+    pub(in crate::store) async fn remove_roster_item(
+        &self,
+        owner: &str,
+        contact: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let deleted = sqlx::query("DELETE FROM roster_items WHERE owner = ?1 AND contact = ?2")
+            .bind(owner)
+            .bind(contact)
+            .execute(&mut *tx)
+            .await?;
+        if deleted.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let version: i64 =
+            sqlx::query_scalar("SELECT version FROM roster_versions WHERE owner = ?1")
+                .bind(owner)
+                .fetch_one(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        Ok(Some(version))
+    }
+
+    pub(in crate::store) async fn prune_roster_tombstones(
+        &self,
+        older_than: Duration,
+    ) -> Result<u64, StoreError> {
+        let mut tx = self.begin_write().await?;
+        // Stored removal times are the schema's default, strftime('%Y-%m-%dT%H:%M:%fZ').
+        let cutoff: String = sqlx::query_scalar("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?1)")
+            .bind(format!("-{:.3} seconds", older_than.as_secs_f64()))
+            .fetch_one(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE roster_versions
+             SET floor = max(floor, (SELECT max(t.version) FROM roster_tombstones t
+                                     WHERE t.owner = roster_versions.owner
+                                       AND t.removed_at < ?1))
+             WHERE owner IN (SELECT owner FROM roster_tombstones WHERE removed_at < ?1)",
+        )
+        .bind(&cutoff)
+        .execute(&mut *tx)
+        .await?;
+        let pruned = sqlx::query("DELETE FROM roster_tombstones WHERE removed_at < ?1")
+            .bind(&cutoff)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(pruned.rows_affected())
+    }
+}

@@ -1,0 +1,145 @@
+//! The embedded store's file going wrong: not a database, nowhere to create it, locked
+//! by another process. Each gives an error naming the file, and nothing committed is
+//! lost. Files live under the temporary directory, one per test.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use presenced::store::{Store, StoreError};
+use sqlx::Connection as _;
+
+/// The default `[database] sqlite_busy_timeout`, which `Store::connect` uses.
+fn busy_timeout() -> Duration {
+    presenced::config::DatabaseConfig::default().sqlite_busy_timeout
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir()
+        .join("sqlite-presenced-file-tests")
+        .join(uuid::Uuid::new_v4().simple().to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+async fn open(path: &std::path::Path) -> Result<Store, StoreError> {
+    let store = Store::connect(&format!("sqlite://{}", path.display()), 2).await?;
+    store.migrate(std::path::Path::new("")).await?;
+    Ok(store)
+}
+
+/// The error names the file and says `what` about it.
+fn assert_names_file(r: Result<Store, StoreError>, path: &std::path::Path, what: &str) {
+    match r {
+        Err(e @ StoreError::File { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+            assert!(msg.contains(what), "{msg}");
+        }
+        Err(other) => panic!("not a file error: {other:?}"),
+        Ok(_) => panic!("{} opened", path.display()),
+    }
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_refused_by_name_and_left_as_it_was() {
+    let path = scratch("notes.db");
+    let text = b"These are someone's notes, not a database.\n".repeat(200);
+    std::fs::write(&path, &text).unwrap();
+    assert_names_file(open(&path).await, &path, "not an SQLite database");
+    assert_eq!(std::fs::read(&path).unwrap(), text, "the file is untouched");
+}
+
+#[tokio::test]
+async fn a_file_that_cannot_be_created_is_refused_by_name() {
+    // A directory that does not exist, and a "directory" that is a file. (Permissions
+    // cannot stand for a read-only directory here: tests may run as root.)
+    let missing = scratch("x").with_file_name("no-such-dir").join("p.db");
+    assert_names_file(
+        open(&missing).await,
+        &missing,
+        "cannot be opened or created",
+    );
+    let file = scratch("plain-file");
+    std::fs::write(&file, b"").unwrap();
+    let under_file = file.join("p.db");
+    assert_names_file(
+        open(&under_file).await,
+        &under_file,
+        "cannot be opened or created",
+    );
+}
+
+#[tokio::test]
+async fn a_write_blocked_by_another_process_fails_by_name_and_nothing_committed_is_lost() {
+    let path = scratch("locked.db");
+    let store = open(&path).await.unwrap();
+    store
+        .create_account("alice", "l.example", "pw", 1)
+        .await
+        .unwrap();
+    let alice = "alice@l.example";
+    store.block(alice, &["a.example".to_owned()]).await.unwrap();
+
+    // Another process (an operator's shell) holds the write lock.
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO blocklist (owner, blocked) VALUES (?1, 'c.example')")
+        .bind(alice)
+        .execute(&mut other)
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let err = store
+        .block(alice, &["b.example".to_owned()])
+        .await
+        .unwrap_err();
+    let waited = started.elapsed();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::File { .. }), "{err:?}");
+    assert!(
+        msg.contains(&path.display().to_string()) && msg.contains("locked"),
+        "{msg}"
+    );
+    // It waited for the lock first, not much longer.
+    assert!(
+        waited >= busy_timeout() - Duration::from_millis(100),
+        "{waited:?}"
+    );
+    assert!(waited < busy_timeout() * 3, "{waited:?}");
+    // Readers are not blocked meanwhile (WAL), and see only what was committed.
+    assert_eq!(store.blocklist(alice).await.unwrap(), ["a.example"]);
+
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    other.close().await.unwrap();
+    // Once the lock is gone, writes work again; both committed changes are there and the
+    // refused one left nothing.
+    store.block(alice, &["b.example".to_owned()]).await.unwrap();
+    assert_eq!(
+        store.blocklist(alice).await.unwrap(),
+        ["a.example", "b.example", "c.example"]
+    );
+    store.close().await;
+    let reopened = open(&path).await.unwrap();
+    assert_eq!(reopened.blocklist(alice).await.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn servers_starting_together_on_a_new_file_apply_the_schema_once() {
+    let path = scratch("together.db");
+    let opened = futures_util::future::join_all((0..6).map(|_| open(&path))).await;
+    for r in opened {
+        r.expect("every start succeeds");
+    }
+    let store = open(&path).await.unwrap();
+    store
+        .create_account("a", "t.example", "pw", 1)
+        .await
+        .unwrap();
+    assert!(store.account_exists("a", "t.example").await.unwrap());
+}
