@@ -321,7 +321,9 @@ impl Conn {
                         .child(Element::new("optional", x::NS_SESSION)),
                 )
                 .child(Element::new("ver", x::NS_ROSTER_VER))
-                .child(Element::new("sub", x::NS_PREAPPROVAL));
+                .child(Element::new("sub", x::NS_PREAPPROVAL))
+                // XEP-0352 §4: client state indication is offered after authentication.
+                .child(Element::new("csi", crate::csi::NS_CSI));
         }
         let mut out = String::new();
         // Written with the stream prefix, which is what every client expects.
@@ -715,12 +717,26 @@ impl Conn {
 
     /// Whether binding `jid` would exceed `max_resources_per_account`. Taking over a
     /// resource already bound (RFC 6120 §7.7.2.1: the older session is replaced) adds none.
-    /// Two binds of the same account at the same instant may both pass; the overshoot is
-    /// bounded by the connections negotiating at once.
-    fn resources_exhausted(&self, jid: &FullJid) -> bool {
-        let bound = self.shared.sessions.of_user(&jid.to_bare());
-        bound.len() >= self.shared.config.limits.max_resources_per_account
-            && !bound.iter().any(|s| &s.jid == jid)
+    /// Resources bound on other nodes of the cluster count too (the directory). Two binds
+    /// of the same account at the same instant may both pass; the overshoot is bounded by
+    /// the connections negotiating at once.
+    async fn resources_exhausted(shared: &Shared, jid: &FullJid) -> bool {
+        let bare = jid.to_bare();
+        let mut bound: Vec<String> = shared
+            .sessions
+            .of_user(&bare)
+            .into_iter()
+            .map(|s| s.jid.to_string())
+            .collect();
+        let max = shared.config.limits.max_resources_per_account;
+        if bound.len() < max {
+            // Only read the directory when this node's sessions alone leave room.
+            let elsewhere = shared.cluster.holders(&[bare.as_str()]).await;
+            bound.extend(elsewhere.into_values().flatten().map(|h| h.jid));
+            bound.sort();
+            bound.dedup();
+        }
+        bound.len() >= max && !bound.iter().any(|b| b == jid.as_str())
     }
 
     /// RFC 6120 §7: resource binding. Also answers the legacy session iq (RFC 3921 §3).
@@ -746,8 +762,14 @@ impl Conn {
             let resource = requested.unwrap_or_else(new_id);
             let domain = self.domain.clone().unwrap_or_default();
             let user = self.user.clone().unwrap_or_default();
-            match FullJid::new(&format!("{user}@{domain}/{resource}")) {
-                Ok(jid) if self.resources_exhausted(&jid) => {
+            let jid = FullJid::new(&format!("{user}@{domain}/{resource}"));
+            let shared = self.shared.clone();
+            let exhausted = match &jid {
+                Ok(j) => Self::resources_exhausted(&shared, j).await,
+                Err(_) => false,
+            };
+            match jid {
+                Ok(jid) if exhausted => {
                     // RFC 6120 §7.6.2.1 (server-generated resource) and §7.7.2.2 (client-
                     // submitted): the account has reached its limit of connected resources.
                     // The stream stays open; the client may bind once one has gone.
@@ -813,12 +835,16 @@ impl Conn {
             tracing::info!(%peer, %jid, "resource conflict: older session replaced");
         }
         let handle = reg.handle;
+        // The resource is this node's cluster-wide now: a session of the same full JID on
+        // another node is ended there, as a local one was just above.
+        shared.cluster.claim(&jid);
         tracing::info!(%peer, %jid, kind = ?transport.kind, "session bound");
         match transport.kind {
             TransportKind::Tcp => shared.metrics.login_tcp(),
             TransportKind::WebSocket => shared.metrics.login_websocket(),
         }
-        let writer_task = tokio::spawn(write_loop(writer, reg.rx, handle.kill.clone()));
+        let csi = crate::csi::Filter::new(shared.config.limits.max_csi_held_presences);
+        let writer_task = tokio::spawn(write_loop(writer, reg.rx, handle.kill.clone(), csi));
         let mut live = shared
             .liveness
             .bind(&jid, handle.id, transport.beat.clone());
@@ -925,6 +951,10 @@ impl Conn {
             handle.close(err);
         }
         shared.sessions.unregister(&handle);
+        if shared.sessions.get(&jid).is_none() {
+            // Not taken over by a newer session here (that one holds the entry now).
+            shared.cluster.release(&jid);
+        }
         // Let the writer flush what is queued (bounded by the mailbox), then stop it. A
         // silent peer is not waited for: its contacts must hear about it now.
         let flush = if live.dead_at().is_some() {
@@ -958,10 +988,14 @@ async fn next_event(reader: Option<Reader>) -> (Reader, Result<StreamEvent, XmlE
 
 /// Drains a session's mailbox onto the socket, batching what is already queued into one
 /// write so a burst of presence costs one TLS record and one syscall, not one per stanza.
+///
+/// Stanzas pass the session's XEP-0352 filter ([`crate::csi::Filter`]) on the way, which
+/// holds presence while the client says it is inactive.
 async fn write_loop(
     mut writer: WriteHalf<BoxIo>,
     mut rx: mpsc::Receiver<Outbound>,
     kill: CancellationToken,
+    mut csi: crate::csi::Filter,
 ) {
     let mut buf = String::new();
     loop {
@@ -975,8 +1009,14 @@ async fn write_loop(
         let mut next = Some(first);
         while let Some(msg) = next.take() {
             match msg {
-                Outbound::Stanza(el) => el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT),
-                Outbound::Xml(xml) => buf.push_str(&xml),
+                item @ (Outbound::Stanza(_)
+                | Outbound::Xml(_)
+                | Outbound::ClientState(_)
+                | Outbound::Interest(_)) => csi.pass(item, |out| match out {
+                    Outbound::Stanza(el) => el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT),
+                    Outbound::Xml(xml) => buf.push_str(&xml),
+                    _ => {}
+                }),
                 Outbound::Close(err) => {
                     buf.push_str(&err.to_xml());
                     buf.push_str("</stream:stream>");
@@ -1019,6 +1059,12 @@ pub use crate::node::session::Session;
 
 /// Checks and stamps one stanza from the client (RFC 6120 §8.1.2.1), then routes it.
 async fn handle_stanza(session: &mut Session, mut el: Element) -> Result<(), StreamError> {
+    if let Some(active) = crate::csi::nonza(&el) {
+        // XEP-0352 §5: a nonza, not a stanza; it is never answered.
+        tracing::debug!(peer = %session.peer, jid = %session.jid(), active, "client state");
+        session.handle.set_client_state(active);
+        return Ok(());
+    }
     if el.ns != x::NS_CLIENT || !matches!(el.name.as_str(), "message" | "presence" | "iq") {
         // RFC 6120 §4.9.3.22.
         return Err(StreamError::new(

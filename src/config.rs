@@ -65,6 +65,8 @@ pub struct Config {
     pub log: LogConfig,
     /// The operators' side: metrics listener and admin socket.
     pub admin: AdminConfig,
+    /// This node's identity among the nodes sharing one database and one Redis key prefix.
+    pub cluster: ClusterConfig,
 }
 
 impl Default for Config {
@@ -82,6 +84,7 @@ impl Default for Config {
             s2s: S2sConfig::default(),
             log: LogConfig::default(),
             admin: AdminConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -109,6 +112,31 @@ impl Default for AdminConfig {
             bind: IpAddr::from([127, 0, 0, 1]),
             port: 5281,
             socket: Some(PathBuf::from("presenced-admin.sock")),
+        }
+    }
+}
+
+/// `[cluster]`: nodes that share one PostgreSQL database and one Redis key prefix are one
+/// cluster; nothing else is configured. Only the node's name can be chosen here.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// The node's name in Redis (its sessions' directory entries, its pub/sub channel, the
+    /// beats it writes). Unset: `<host name>-<c2s port>`, stable across restarts, so a
+    /// restarted node takes back what it held. Letters, digits, `.`, `_` and `-`, at most
+    /// 64 characters; two running nodes must never share one.
+    #[serde(with = "unset_if_empty")]
+    pub node_id: Option<String>,
+    /// Most recipients one cross-node message may carry; a broadcast to more recipients on
+    /// one node is split into several messages.
+    pub max_recipients_per_message: usize,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            node_id: None,
+            max_recipients_per_message: 1000,
         }
     }
 }
@@ -141,6 +169,38 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+impl ClusterConfig {
+    /// The default node id: the host name and the c2s port. An ephemeral port (0, tests)
+    /// gets a random suffix instead, since several such nodes may share a host.
+    fn derived_node_id(port: u16) -> String {
+        let host = ["/proc/sys/kernel/hostname", "/etc/hostname"]
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        let host: String = host
+            .chars()
+            .map(|c| if valid_node_char(c) { c } else { '-' })
+            .take(48)
+            .collect();
+        if port == 0 {
+            format!("{host}-{:08x}", rand::random::<u32>())
+        } else {
+            format!("{host}-{port}")
+        }
+    }
+
+    /// The node id (set by [`Config::check`] when the file leaves it unset).
+    pub fn node(&self) -> &str {
+        self.node_id.as_deref().unwrap_or("node")
+    }
+}
+
+fn valid_node_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
 }
 
 /// `[c2s]`: where clients connect.
@@ -440,6 +500,19 @@ pub struct LimitsConfig {
     pub max_resources_per_account: usize,
     /// Entries in one block list (XEP-0191); a block beyond it gets not-acceptable.
     pub max_blocklist_items: usize,
+    /// Messages kept for one user who has no available resource (XEP-0160); a chat or
+    /// normal message beyond it is answered with service-unavailable (RFC 6121 §8.5.2.2.1).
+    pub max_offline_messages: usize,
+    /// Presence stanzas held for one session while its client says it is inactive
+    /// (XEP-0352), one per contact resource; one more flushes everything held.
+    pub max_csi_held_presences: usize,
+    /// Contacts one session may name in its interest list (`urn:presenced:interest:0`),
+    /// whose presence passes at once while the client is inactive; more get not-acceptable.
+    pub max_interest_items: usize,
+    /// Seconds an interest list lasts without being set again; after that the session's
+    /// presence is held as if it had none.
+    #[serde(with = "secs")]
+    pub interest_ttl: Duration,
     /// Stanzas queued for one session before it is treated as stalled and disconnected.
     pub session_queue: usize,
     /// Stanzas per second a client may send on average (policy-violation beyond the burst).
@@ -480,6 +553,10 @@ impl Default for LimitsConfig {
             max_subscription_status_length: 256,
             max_resources_per_account: 16,
             max_blocklist_items: 1000,
+            max_offline_messages: 100,
+            max_csi_held_presences: 500,
+            max_interest_items: 500,
+            interest_ttl: Duration::from_secs(300),
             session_queue: 1024,
             stanzas_per_second: 50,
             stanza_burst: 200,
@@ -839,7 +916,10 @@ impl Config {
     }
 
     /// Validates and seals: the checked configuration the server runs with.
-    pub fn check(self) -> Result<CheckedConfig, ConfigError> {
+    pub fn check(mut self) -> Result<CheckedConfig, ConfigError> {
+        if self.cluster.node_id.is_none() {
+            self.cluster.node_id = Some(ClusterConfig::derived_node_id(self.c2s.port));
+        }
         self.validate()?;
         Ok(CheckedConfig(self))
     }
@@ -947,6 +1027,14 @@ impl Config {
         if l.max_depth < 4 || l.negotiation_timeout.is_zero() || l.session_queue == 0 {
             return bad("[limits] max_depth >= 4, negotiation_timeout > 0, session_queue > 0");
         }
+        if l.interest_ttl.is_zero() {
+            return bad("[limits] interest_ttl must be positive");
+        }
+        if l.max_offline_messages >= l.session_queue {
+            // All of a user's kept messages are queued at once at login; a mailbox that
+            // cannot take them ends the session and loses them.
+            return bad("[limits] max_offline_messages must be less than session_queue");
+        }
         if l.stanzas_per_second == 0 || l.max_auth_failures == 0 || l.max_roster_items <= 0 {
             return bad("[limits] rates and counts must be positive");
         }
@@ -961,6 +1049,9 @@ impl Config {
             ),
             ("max_resources_per_account", l.max_resources_per_account),
             ("max_blocklist_items", l.max_blocklist_items),
+            ("max_offline_messages", l.max_offline_messages),
+            ("max_csi_held_presences", l.max_csi_held_presences),
+            ("max_interest_items", l.max_interest_items),
         ];
         for (name, v) in counts {
             // The store compares them with PostgreSQL integers.
@@ -1066,6 +1157,16 @@ impl Config {
         if r.timeout.is_zero() || r.reconnect_max < Duration::from_millis(100) {
             return bad("[redis] timeout > 0 and reconnect_max >= 0.1 seconds".into());
         }
+        if let Some(id) = &self.cluster.node_id {
+            if id.is_empty() || id.len() > 64 || !id.chars().all(valid_node_char) {
+                return bad(format!(
+                    "[cluster] node_id `{id}`: 1 to 64 letters, digits, '.', '_' or '-'"
+                ));
+            }
+        }
+        if self.cluster.max_recipients_per_message == 0 {
+            return bad("[cluster] max_recipients_per_message must be positive".into());
+        }
         if !self.http.websocket_path.starts_with('/') || self.http.max_request_head < 512 {
             return bad(
                 "[http] websocket_path must start with '/', max_request_head >= 512".into(),
@@ -1144,6 +1245,10 @@ mod tests {
         );
         assert_eq!(cl.max_resources_per_account, dl.max_resources_per_account);
         assert_eq!(cl.max_blocklist_items, dl.max_blocklist_items);
+        assert_eq!(cl.max_offline_messages, dl.max_offline_messages);
+        assert_eq!(cl.max_csi_held_presences, dl.max_csi_held_presences);
+        assert_eq!(cl.max_interest_items, dl.max_interest_items);
+        assert_eq!(cl.interest_ttl, dl.interest_ttl);
     }
 
     #[test]
@@ -1157,6 +1262,22 @@ mod tests {
         let mut c = Config::default();
         c.limits.max_pending_subscriptions = usize::MAX;
         assert!(c.validate().is_err());
+        for zero in [
+            |l: &mut LimitsConfig| l.max_offline_messages = 0,
+            |l: &mut LimitsConfig| l.max_csi_held_presences = 0,
+            |l: &mut LimitsConfig| l.max_interest_items = 0,
+            |l: &mut LimitsConfig| l.interest_ttl = Duration::ZERO,
+        ] {
+            let mut c = Config::default();
+            zero(&mut c.limits);
+            assert!(c.validate().is_err());
+        }
+        // Kept messages are queued together at login: they must fit the session's mailbox.
+        let mut c = Config::default();
+        c.limits.max_offline_messages = c.limits.session_queue;
+        assert!(c.validate().is_err());
+        c.limits.max_offline_messages = c.limits.session_queue - 1;
+        assert!(c.validate().is_ok());
     }
 
     #[test]
@@ -1393,5 +1514,30 @@ mod tests {
                 "{bad} accepted"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    #[test]
+    fn the_node_id_defaults_to_host_and_port_and_is_checked() {
+        let mut c = Config::default();
+        c.c2s.port = 5222;
+        let checked = c.clone().check().expect("valid");
+        let id = checked.cluster.node().to_owned();
+        assert!(id.ends_with("-5222"), "{id}");
+        assert_eq!(c.clone().check().unwrap().cluster.node(), id, "stable");
+        for bad in ["has space", "", &"x".repeat(65), "a/b"] {
+            let mut c = Config::default();
+            c.cluster.node_id = Some(bad.to_owned());
+            assert!(c.validate().is_err(), "{bad:?}");
+        }
+        let parsed = Config::parse("[cluster]\nnode_id = \"\"\n").unwrap();
+        assert_eq!(parsed.cluster.node_id, None, "empty means derived");
+        let mut c = Config::default();
+        c.cluster.max_recipients_per_message = 0;
+        assert!(c.validate().is_err());
     }
 }

@@ -10,6 +10,11 @@
 //!   a local user, RFC 6121 §8.5 and RFC 6120 §10.5, with the recipient's block list and,
 //!   for anything a client answers by itself, [`gate::may_reach_resource`];
 //! - [`message_to_bare`]: RFC 6121 §8.5.2 (which resources take a message to a bare JID);
+//! - XEP-0280 carbon copies: the received copies inside [`message`], the sent copies of a
+//!   client's own message in [`sent_copies`] (which messages, and their wrapper:
+//!   [`crate::carbons`]);
+//! - XEP-0160 offline messages: kept by [`message`] when no resource can take one, handed
+//!   out by [`offline_messages`] (which messages: [`crate::offline`]);
 //! - [`to_available`] / [`xml_to_available`] / [`to_session`] / [`to_local`]: the transport
 //!   of stanzas whose admission the caller already decided (presence the gate admitted,
 //!   roster pushes, answers to a session's own request);
@@ -17,16 +22,28 @@
 //! - [`unavailable_from_shown`]: the unavailable of each resource a viewer was shown.
 //!
 //! Nothing here knows the transport's session type: callers pass [`Shared`] and JIDs.
+//!
+//! Other nodes of the cluster ([`crate::cluster`]): every transport function here also
+//! reaches the recipient's sessions on other nodes, after the decision was taken here, on
+//! the node that produced the stanza. [`message`] and [`iq`] read the directory to find a
+//! full JID or the RFC 6121 §8.5.2 targets of a bare JID wherever they are; a presence
+//! broadcast is sent once per node ([`fan_out`]); [`from_node`] is where what another node
+//! sent is handed to the sessions here, and decides nothing again.
 
 use crate::blocking::{inbound_from_blocked, Verdict};
+use crate::carbons::{self, Direction};
+use crate::cluster::{Envelope, Kind};
 use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid, Jid};
-use crate::node::send::{answer, is_local};
-pub(crate) use crate::node::send::{bounce, message_to_bare, to_available, to_local, unavailable};
+use crate::node::send::{
+    answer, is_local, message_to_bare_everywhere, targets_everywhere, xml_to_available,
+};
+pub(crate) use crate::node::send::{bounce, to_available, to_local, unavailable};
 use crate::node::Shared;
 use crate::presence::gate;
-use crate::sessions::message_targets;
+use crate::sessions::SessionHandle;
 use crate::xml::Element;
+use std::sync::Arc;
 
 /// What became of a message or iq handed to [`message`] or [`iq`].
 #[derive(Debug, PartialEq, Eq)]
@@ -37,6 +54,47 @@ pub(crate) enum Outcome {
     Dropped,
     /// The sender was answered with an error ([`bounce`]).
     Bounced,
+    /// No resource could take it; it is kept for the user's next login (XEP-0160).
+    Stored,
+}
+
+/// What another node sent this one ([`crate::cluster::listen`]): the sending node took
+/// every decision, so this only hands the stanza to the sessions here. A full JID gets its
+/// session, a bare JID its available sessions; a `kick` ends the session bound to that full
+/// JID, which a newer session on another node took over (RFC 6120 §7.7.2.2).
+pub(crate) fn from_node(shared: &Shared, env: Envelope) {
+    let addressed = (env.kind == Kind::Address)
+        .then(|| crate::xml::Addressed::from_unaddressed(env.xml.to_string()));
+    for to in &env.to {
+        let Ok(jid) = Jid::new(to) else {
+            tracing::warn!(%to, "cluster: malformed recipient dropped");
+            continue;
+        };
+        let bytes = match &addressed {
+            Some(a) => Arc::new(a.to(to)),
+            None => Arc::clone(&env.xml),
+        };
+        match (env.kind, jid.try_into_full()) {
+            (Kind::Kick, Ok(full)) => {
+                if let Some(s) = shared.sessions.get(&full) {
+                    tracing::info!(jid = %full, "resource bound on another node; closing here");
+                    s.close(crate::error::StreamError::new(
+                        "conflict",
+                        "Replaced by a new session with the same resource",
+                    ));
+                }
+            }
+            (Kind::Kick | Kind::Join, _) => {}
+            (_, Ok(full)) => {
+                if let Some(s) = shared.sessions.get(&full) {
+                    s.send_xml(bytes);
+                }
+            }
+            (_, Err(bare)) => {
+                xml_to_available(shared, bare.as_str(), || bytes.to_string());
+            }
+        }
+    }
 }
 
 /// XEP-0191 §3.3 on the recipient's side: whether local user `recipient` blocks `sender`.
@@ -85,20 +143,43 @@ pub(crate) async fn account_exists(shared: &Shared, bare: &BareJid) -> bool {
 /// resource is online ([`gate::may_reach_resource`]); everyone else gets the
 /// `service-unavailable` of a resource that does not exist (§8.5.3.2.1), online or not,
 /// so the answer never tells them apart.
-pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element) -> Outcome {
+///
+/// A message a resource takes is copied to the recipient's other carbons-enabled
+/// resources ([`crate::carbons`], XEP-0280 §6); a chat or normal message no resource can
+/// take is kept for the user's next login ([`store_offline`], XEP-0160).
+pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Element) -> Outcome {
     if admit_from(shared, sender, to.as_str(), &el).await != Verdict::Pass {
         return Outcome::Dropped;
     }
     let kind = el.get_attr("type").unwrap_or("normal").to_owned();
+    // XEP-0280: decided on the message as sent, before §8 removes <private/> from it; a
+    // user's own resources talking to each other are all parties already.
+    let copies = carbons::eligible(&el) && gate::bare_of(sender) != gate::bare_of(to.as_str());
+    carbons::strip_private(&mut el);
     let bare = match to.try_into_full() {
         Ok(full) => match shared.sessions.get(&full) {
             Some(s) if kind != "groupchat" => {
+                if copies {
+                    carbon_copies(shared, Direction::Received, &[s.id], &full.to_bare(), &el);
+                }
                 s.send(el);
                 return Outcome::Delivered;
             }
             session if kind == "groupchat" => {
-                // Decided the same way whether the resource is online or not (timing).
-                if gate::may_reach(shared, sender, full.as_str(), session.as_ref()).await {
+                // Decided the same way whether the resource is online or not (timing), and
+                // for a resource on another node with what the directory says.
+                let elsewhere = match &session {
+                    Some(_) => None,
+                    None => shared.cluster.holder_of(&full).await,
+                };
+                if let Some(h) = elsewhere {
+                    if gate::may_reach_holder(shared, sender, &h).await {
+                        shared
+                            .cluster
+                            .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
+                        return Outcome::Delivered;
+                    }
+                } else if gate::may_reach(shared, sender, full.as_str(), session.as_ref()).await {
                     if let Some(s) = session {
                         s.send(el);
                         return Outcome::Delivered;
@@ -107,8 +188,17 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element)
                 bounce(shared, &el, StanzaError::service_unavailable());
                 return Outcome::Bounced;
             }
-            // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
-            _ => full.to_bare(),
+            _ => match shared.cluster.holder_of(&full).await {
+                // Bound on another node.
+                Some(h) => {
+                    shared
+                        .cluster
+                        .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
+                    return Outcome::Delivered;
+                }
+                // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
+                None => full.to_bare(),
+            },
         },
         Err(bare) => bare,
     };
@@ -117,18 +207,120 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, el: Element)
         bounce(shared, &el, StanzaError::service_unavailable());
         return Outcome::Bounced;
     }
-    // One look at the registry serves the existence check and the delivery.
+    // One look at the registry (and, with other nodes, the directory) serves the
+    // existence check and the delivery.
     let sessions = shared.sessions.of_user(&bare);
+    let remote = shared
+        .cluster
+        .holders(&[bare.as_str()])
+        .await
+        .remove(bare.as_str())
+        .unwrap_or_default();
     if matches!(kind.as_str(), "normal" | "chat")
-        && message_targets(&sessions).is_empty()
-        && !account_exists(shared, &bare).await
+        && targets_everywhere(&sessions, &remote, &kind).is_none()
     {
-        // RFC 6121 §8.5.1: no such account.
-        bounce(shared, &el, StanzaError::service_unavailable());
-        return Outcome::Bounced;
+        if !account_exists(shared, &bare).await {
+            // RFC 6121 §8.5.1: no such account.
+            bounce(shared, &el, StanzaError::service_unavailable());
+            return Outcome::Bounced;
+        }
+        // No resource on any node takes it: kept for the next login (XEP-0160).
+        return store_offline(shared, sender, &bare, el).await;
     }
-    message_to_bare(&sessions, el, &kind);
+    let original = copies.then(|| el.clone());
+    let reached = message_to_bare_everywhere(shared, &sessions, &remote, el, &kind);
+    // XEP-0280 copies go to this node's other resources that enabled carbons.
+    if let Some(original) = original.filter(|_| !reached.is_empty()) {
+        carbon_copies(shared, Direction::Received, &reached, &bare, &original);
+    }
     Outcome::Delivered
+}
+
+/// XEP-0280: a copy of `msg` (wrapped as `direction` says) for each carbons-enabled
+/// resource of local user `user` other than the sessions in `skip`, which had the
+/// original. The caller decided that `msg` is [`carbons::eligible`].
+fn carbon_copies(
+    shared: &Shared,
+    direction: Direction,
+    skip: &[u64],
+    user: &BareJid,
+    msg: &Element,
+) {
+    shared.sessions.for_each_of(user.as_str(), |s| {
+        if !skip.contains(&s.id) && carbons::enabled(s) {
+            s.send(carbons::wrap(direction, msg, user.as_str(), s.jid.as_str()));
+        }
+    });
+}
+
+/// XEP-0280 §7: the copies of a message that session `from` (of local user `user`) sent
+/// to `to`, for the user's other carbons-enabled resources. The caller routes the
+/// original; messages to the user's own account are not copied.
+pub(crate) fn sent_copies(shared: &Shared, from: &SessionHandle, to: Option<&str>, msg: &Element) {
+    let user = from.jid.to_bare();
+    let to_self = to.is_none_or(|t| gate::bare_of(t) == user.as_str());
+    if !to_self && carbons::eligible(msg) {
+        carbon_copies(shared, Direction::Sent, &[from.id], &user, msg);
+    }
+}
+
+/// XEP-0160: keeps a message for local user `owner`, who has no resource to take it, if
+/// [`crate::offline::storable`] says so; beyond `[limits] max_offline_messages` the sender
+/// gets `service-unavailable` (RFC 6121 §8.5.2.2.1). The rest is dropped silently as
+/// §8.5.2.2.1 allows.
+async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Element) -> Outcome {
+    if !crate::offline::storable(&el) {
+        return Outcome::Dropped;
+    }
+    match shared
+        .store
+        .store_offline_message(owner.as_str(), sender, &el.to_xml())
+        .await
+    {
+        Ok(true) => Outcome::Stored,
+        Ok(false) => {
+            tracing::info!(user = %owner, %sender, "offline storage full; message refused");
+            bounce(
+                shared,
+                &el,
+                StanzaError::service_unavailable().with_text("offline storage is full"),
+            );
+            Outcome::Bounced
+        }
+        Err(e) => {
+            // Without the database the message is lost, as it was before storage existed;
+            // the sender is not told (that would say the recipient is offline).
+            tracing::warn!(user = %owner, error = %e, "offline message not stored");
+            Outcome::Dropped
+        }
+    }
+}
+
+/// XEP-0160: hands the messages kept for `session`'s user to it, stamped with when they
+/// were stored. The caller calls it when the session becomes a resource that takes
+/// messages: initial presence with a non-negative priority, or a negative priority raised
+/// (a negative one takes none, RFC 6121 §8.5.2.1.1). A message whose sender the user has blocked
+/// since is dropped: the same question [`admit_from`] asks of every delivery.
+pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
+    let bare = session.jid.to_bare();
+    let kept = match shared.store.take_offline_messages(bare.as_str()).await {
+        Ok(kept) => kept,
+        Err(e) => {
+            tracing::warn!(user = %bare, error = %e, "offline messages unavailable");
+            return;
+        }
+    };
+    for m in kept {
+        let Some(el) = crate::xml::parse_element(&m.stanza) else {
+            tracing::warn!(user = %bare, "unparseable stored message");
+            continue;
+        };
+        if admit_from(shared, &m.sender, bare.as_str(), &el).await != Verdict::Pass {
+            continue;
+        }
+        let domain = bare.domain().as_str();
+        session.send(crate::offline::stamped(el, domain, m.stored_at));
+    }
 }
 
 /// An iq from `sender` (a local full JID or a remote JID; `from` stamped) to local full
@@ -144,6 +336,19 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
     let is_request = matches!(el.get_attr("type"), Some("get" | "set"));
     let own = gate::bare_of(sender) == to.to_bare().as_str();
     let session = shared.sessions.get(to);
+    if session.is_none() {
+        if let Some(h) = shared.cluster.holder_of(to).await {
+            // Bound on another node: the same rules, with what the directory says.
+            if !is_request || own || gate::may_reach_holder(shared, sender, &h).await {
+                shared
+                    .cluster
+                    .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
+                return Outcome::Delivered;
+            }
+            bounce(shared, &el, StanzaError::service_unavailable());
+            return Outcome::Bounced;
+        }
+    }
     match session {
         Some(s) if !is_request || own => {
             s.send(el);
@@ -175,9 +380,11 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
 /// What the session had been shown to died with the node; the viewers the privacy gate
 /// admits now ([`gate::online_audience`]: approved subscribers that no block, setting or
 /// lost subscription excludes) stand in for it, so a blocked or hidden contact learns
-/// nothing. Remote contacts are told by their own server when the federation link breaks.
+/// nothing; contacts on other nodes of the cluster get it there. Remote contacts are told by their own server when the federation link breaks.
 pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
     let bare = jid.to_bare();
+    // Its directory entry goes too, once its node is no longer live.
+    shared.cluster.forget_if_dead(jid);
     {
         let _guard = shared.privacy.lock_subject(bare.as_str()).await;
         for contact in gate::online_audience(shared, jid.as_str()).await {

@@ -42,6 +42,7 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
             {
                 let _guard = shared.privacy.lock_subject(crate::jid::bare_of(&me)).await;
                 shared.privacy.set_invisible(id, &me, true, probe);
+                crate::presence::to_directory(&shared, &session.handle);
                 // Withdraw what this resource had shown (subscribers and directed).
                 for (viewer, _) in shared.privacy.take_revealed(id) {
                     let p = crate::node::send::unavailable(&me, &viewer);
@@ -53,6 +54,7 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
         }
         "visible" => {
             shared.privacy.set_invisible(id, &me, false, false);
+            crate::presence::to_directory(&shared, &session.handle);
             crate::presence::gate::reconcile_subject(&shared, crate::jid::bare_of(&me)).await;
             iq_result(iq)
         }

@@ -16,10 +16,11 @@
 //! Privacy (README, "Privacy") changes three rows, so that nothing a viewer can provoke tells a
 //! user's online state apart from offline:
 //!
-//! * a chat or normal message to an existing account with no resource to take it is
-//!   dropped silently (RFC 6121 §8.5.2.2.1 allows it) instead of `service-unavailable`,
-//!   because an error only when offline is an online detector (an invisible session, or a
-//!   hidden one, still takes messages);
+//! * a chat or normal message to an existing account with no resource to take it is kept
+//!   for the user's next login (XEP-0160, [`crate::offline`]) or, with nothing worth
+//!   keeping, dropped silently (RFC 6121 §8.5.2.2.1 allows both), never answered with
+//!   `service-unavailable` while the store has room, because an error only when offline
+//!   is an online detector (an invisible session, or a hidden one, still takes messages);
 //! * an iq request to an online full JID is delivered only if the sender may see that
 //!   resource online (privacy gate, not invisible) or the resource revealed itself to the
 //!   sender (directed presence, or an iq request it sent there); otherwise it gets the
@@ -56,10 +57,26 @@ pub async fn from_client(session: &mut Session, el: Element) {
         Err(e) => return bounce(session, &el, e),
     };
     match el.name.as_str() {
-        "presence" => crate::presence::from_client(session, el, target).await,
+        "presence" => {
+            let took_messages = takes_messages(&session.handle);
+            crate::presence::from_client(session, el, target).await;
+            if !took_messages && takes_messages(&session.handle) {
+                // XEP-0160: what was kept for the user goes to a resource once it takes
+                // messages (initial presence, or a negative priority raised), after
+                // everything the presence itself brought (probe answers, waiting
+                // subscription requests).
+                crate::delivery::offline_messages(&session.shared, &session.handle).await;
+            }
+        }
         "iq" => iq(session, el, target).await,
         _ => message(session, el, target).await,
     }
+}
+
+/// Whether a resource takes messages to its bare JID (RFC 6121 §8.5.2.1.1: available,
+/// with a non-negative priority).
+fn takes_messages(session: &crate::sessions::SessionHandle) -> bool {
+    session.read(|p| p.available && p.priority >= 0)
 }
 
 /// Whether `bare` is an account here (see [`crate::delivery::account_exists`]).
@@ -129,6 +146,10 @@ async fn message(session: &mut Session, el: Element, target: Target) {
     let Some(el) = privacy_checks(session, el, &target).await else {
         return;
     };
+    if !matches!(target, Target::LocalDomain) {
+        // XEP-0280 §7: the user's other resources see what this one sent.
+        crate::delivery::sent_copies(&session.shared, &session.handle, el.get_attr("to"), &el);
+    }
     let to = match target {
         Target::Remote(_) => return remote(session, el),
         Target::LocalDomain => {
@@ -232,6 +253,17 @@ async fn own_account_iq(session: &mut Session, el: Element) {
         crate::blocking::handle(session, &el, &payload).await
     } else if payload.ns == crate::privacy_iq::NS_PRIVACY {
         Some(crate::privacy_iq::handle(session, &el, &payload).await)
+    } else if payload.ns == crate::carbons::NS_CARBONS {
+        Some(crate::carbons::handle_iq(&session.handle, &el, &payload))
+    } else if payload.ns == crate::interest::NS_INTEREST {
+        let limits = &session.shared.config.limits;
+        Some(crate::interest::handle_iq(
+            &session.handle,
+            &el,
+            &payload,
+            limits.max_interest_items,
+            limits.interest_ttl,
+        ))
     } else if payload.ns == crate::invisible::NS_INVISIBLE {
         Some(crate::invisible::handle(session, &el, &payload).await)
     } else {
@@ -299,6 +331,12 @@ fn server_iq(session: &Session, el: &Element) -> Element {
                 crate::blocking::NS_BLOCKING,
                 crate::invisible::NS_INVISIBLE,
                 crate::privacy_iq::NS_PRIVACY,
+                // XEP-0280 §2: clients look for carbons here before enabling them.
+                crate::carbons::NS_CARBONS,
+                // This server's interest lists for inactive clients.
+                crate::interest::NS_INTEREST,
+                // XEP-0160 §4: offline storage is announced as 'msgoffline'.
+                crate::offline::FEATURE,
                 // XEP-0012 §6: clients look for last activity in disco before asking.
                 crate::liveness::last_seen::NS_LAST,
             ];

@@ -65,6 +65,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let s2s_tls =
         crate::tls::s2s_server_config_with(&certificates).map_err(crate::tls::TlsError::from)?;
     let liveness = crate::liveness::Liveness::new(&config);
+    let cluster = crate::cluster::Cluster::new(&config);
     let s2s = crate::s2s::new_state(&config, crate::tls::identity(&config)?);
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
     let auth_backoff = crate::sasl::backoff::AuthBackoff::new(
@@ -77,6 +78,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         tls,
         s2s_tls,
         shutdown: CancellationToken::new(),
+        cluster,
         liveness,
         roster_locks: RosterLocks::default(),
         privacy: Default::default(),
@@ -96,6 +98,10 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     // Block-list and settings changes made anywhere withdraw presence already shown here.
     crate::presence::gate::spawn_listener(shared.clone()).await?;
     let tracker = TaskTracker::new();
+    // Know the other nodes before the first client binds (what arrives on this node's
+    // channel is received with the liveness tasks).
+    shared.cluster.heartbeat(false).await;
+    shared.cluster.start(&tracker, shared.shutdown.clone());
     tracker.spawn(crate::roster_sync::run(shared.clone()));
     crate::liveness_tasks::start(&shared, &tracker);
     // One admission policy for every client-facing listener (s2s has its own limits).
@@ -129,7 +135,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
             direct,
         ));
     }
-    banner(&shared, c2s_addr.or(direct_tls_addr));
+    banner(&shared);
     Ok(Running {
         c2s_addr,
         direct_tls_addr,
@@ -190,20 +196,16 @@ pub fn visible_sessions(shared: &Shared) -> usize {
     n
 }
 
-/// The one line that says what started: version, this node, the stores and the liveness
-/// mode, so a log excerpt identifies the server without its configuration.
-fn banner(shared: &Shared, c2s: Option<SocketAddr>) {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".to_owned());
-    let port = c2s.map_or(0, |a| a.port());
+/// The one line that says what started: version, this node's id (`[cluster] node_id`,
+/// by default `<host>-<c2s port>`), the stores and the liveness mode, so a log excerpt identifies the server without its configuration.
+fn banner(shared: &Shared) {
     let liveness = match shared.liveness.redis() {
         Some(redis) => format!("redis {}", redis.target()),
         None => shared.liveness.backend.name().to_owned(),
     };
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
-        node = %format!("{host}:{port}"),
+        node = %shared.config.cluster.node(),
         domains = %shared.config.domains.join(","),
         database = %crate::store::database_target(&shared.config.database.url),
         liveness = %liveness,

@@ -34,6 +34,22 @@ pub enum Outbound {
     End,
     /// Stop the writer once everything queued before this is written.
     Finish,
+    /// The client said it is active (`true`) or inactive (XEP-0352): what follows is
+    /// written or held by [`crate::csi::Filter`]. Never written itself.
+    ClientState(bool),
+    /// The contacts whose presence passes [`crate::csi::Filter`] at once, replacing any
+    /// earlier list. Never written itself.
+    Interest(Arc<InterestList>),
+}
+
+/// A session's interest list (`urn:presenced:interest:0`): bare JIDs of contacts whose
+/// presence the client shows now, valid until `expires`.
+#[derive(Debug, Clone)]
+pub struct InterestList {
+    /// Normalised bare JIDs.
+    pub contacts: std::collections::HashSet<String>,
+    /// After this the list counts as empty.
+    pub expires: tokio::time::Instant,
 }
 
 /// What other tasks may read about a session: its presence as last broadcast.
@@ -50,6 +66,8 @@ pub struct PresenceInfo {
     /// The newest roster version this session was sent (result or push), so changes made
     /// outside this node can be pushed exactly once (`roster_sync`).
     pub roster_ver: Option<i64>,
+    /// Whether this resource enabled XEP-0280 carbons ([`crate::carbons`]).
+    pub carbons: bool,
 }
 
 /// One connected resource.
@@ -120,6 +138,18 @@ impl SessionHandle {
         if self.tx.try_send(Outbound::Close(Box::new(error))).is_err() {
             self.kill.cancel();
         }
+    }
+
+    /// Records the client's XEP-0352 state in the mailbox, between the stanzas queued
+    /// before and after it; the same rules as [`Self::send`].
+    pub fn set_client_state(&self, active: bool) -> bool {
+        self.push(Outbound::ClientState(active))
+    }
+
+    /// Replaces the session's interest list, in order with the stanzas queued around it;
+    /// the same rules as [`Self::send`].
+    pub fn set_interest(&self, list: InterestList) -> bool {
+        self.push(Outbound::Interest(Arc::new(list)))
     }
 
     /// Asks the session to close its stream cleanly.
@@ -290,21 +320,27 @@ impl Sessions {
 /// Chooses the resources a message to a bare JID goes to (RFC 6121 §8.5.2.1.1): the available
 /// resources with the highest non-negative priority, all of them if several tie.
 pub fn message_targets(sessions: &[SessionHandle]) -> Vec<&SessionHandle> {
-    // Only (index, priority) is read: no presence stanza is copied per candidate.
-    let eligible: Vec<(usize, i8)> = sessions
+    // Only the priority is read: no presence stanza is copied per candidate.
+    let chosen = highest_priority(
+        sessions
+            .iter()
+            .map(|s| s.read(|p| p.available.then_some(p.priority))),
+    );
+    sessions
         .iter()
-        .enumerate()
-        .filter_map(|(i, s)| {
-            s.read(|p| (p.available && p.priority >= 0).then_some((i, p.priority)))
-        })
-        .collect();
-    let Some(best) = eligible.iter().map(|&(_, prio)| prio).max() else {
-        return Vec::new();
-    };
-    eligible
+        .zip(chosen)
+        .filter_map(|(s, c)| c.then_some(s))
+        .collect()
+}
+
+/// The rule of [`message_targets`] over any resources, wherever they are: given each one's
+/// priority if it is available (`None` if not), which ones take the message.
+pub fn highest_priority(priorities: impl Iterator<Item = Option<i8>>) -> Vec<bool> {
+    let prios: Vec<Option<i8>> = priorities.collect();
+    let best = prios.iter().flatten().copied().filter(|&p| p >= 0).max();
+    prios
         .into_iter()
-        .filter(|&(_, prio)| prio == best)
-        .map(|(i, _)| &sessions[i])
+        .map(|p| best.is_some() && p == best)
         .collect()
 }
 

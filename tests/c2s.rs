@@ -1010,7 +1010,8 @@ async fn message_to_a_bare_jid_goes_to_the_highest_non_negative_priority() {
 }
 
 #[tokio::test]
-async fn message_to_a_bare_jid_with_only_negative_priority_resources_is_dropped_silently() {
+async fn message_to_a_bare_jid_with_only_negative_priority_resources_is_not_delivered_nor_answered()
+{
     let ts = TestServer::start(|_| {}).await;
     ts.user("alice").await;
     ts.user("bob").await;
@@ -1018,10 +1019,9 @@ async fn message_to_a_bare_jid_with_only_negative_priority_resources_is_dropped_
     let mut negative = ts.login("bob", "negative").await;
     go_online(&mut negative, -1).await;
     alice.send(&chat(&ts.jid("bob"), "anyone?")).await;
-    // RFC 6121 §8.5.2.2.1: treated as having no available resource. Without offline storage
-    // the server may answer service-unavailable or ignore the message; presenced ignores it,
-    // because an error only for "no resource takes it" tells the sender bob is offline
-    // (README, "Privacy").
+    // RFC 6121 §8.5.2.2.1: treated as having no available resource, so the message is kept
+    // for bob's next login (XEP-0160) and the sender is not answered: an error only for "no
+    // resource takes it" would tell the sender bob is offline (README, "Privacy").
     let before = stanzas_until_ping_reply(&mut alice, &ts.domain).await;
     assert!(before.is_empty(), "sender was answered: {before:?}");
     assert_no_message_before_marker(&mut alice, &mut negative).await;
@@ -1029,7 +1029,7 @@ async fn message_to_a_bare_jid_with_only_negative_priority_resources_is_dropped_
 }
 
 #[tokio::test]
-async fn message_to_unknown_user_is_service_unavailable_and_to_offline_user_is_dropped() {
+async fn message_to_unknown_user_is_service_unavailable_and_to_offline_user_is_unanswered() {
     let ts = TestServer::start(|_| {}).await;
     ts.user("alice").await;
     ts.user("offline").await;
@@ -1045,7 +1045,8 @@ async fn message_to_unknown_user_is_service_unavailable_and_to_offline_user_is_d
     assert_error(&err, "service-unavailable", "cancel", &to);
     assert_eq!(err.get_attr("from"), Some(to.as_str()), "{err}");
     // RFC 6121 §8.5.2.2.1 / §8.5.3.2.1: an existing account with no resource to take it:
-    // ignored, so the reply does not depend on whether the user is online.
+    // kept for later (XEP-0160) without a reply, so the reply does not depend on whether
+    // the user is online.
     for to in [ts.jid("offline"), format!("{}/gone", ts.jid("offline"))] {
         alice.send(&chat(&to, "hello?")).await;
         let before = stanzas_until_ping_reply(&mut alice, &ts.domain).await;

@@ -262,18 +262,6 @@ async fn stored_subscription_requests_are_bounded_per_user_and_stripped() {
 // ---------------------------------------------------------------------------------------
 // Resources per account (RFC 6120 §7.6.2.1, §7.7.2.2)
 
-/// Connects and authenticates `name`, stopping before resource binding.
-async fn authenticated(ts: &TestServer, name: &str) -> Client {
-    let mut c = Client::tcp(ts).await;
-    c.open(&ts.domain).await.expect("stream");
-    let mut c = c.starttls(ts).await;
-    let ok = c.auth_plain(name, "pw").await;
-    assert_eq!(ok.name, "success", "{ok}");
-    c.restart_stream();
-    c.open(&ts.domain).await.expect("stream after SASL");
-    c
-}
-
 #[tokio::test]
 async fn binding_beyond_the_resources_per_account_is_a_resource_constraint() {
     let ts = TestServer::start(|_| {}).await;
@@ -284,7 +272,7 @@ async fn binding_beyond_the_resources_per_account_is_a_resource_constraint() {
         sessions.push(ts.login("alice", &format!("r{i}")).await);
     }
     for (what, resource) in [("client-chosen", "one-more"), ("server-generated", "")] {
-        let mut c = authenticated(&ts, "alice").await;
+        let mut c = Client::authenticated(&ts, "alice").await;
         let err = c.bind(resource).await.expect_err(what);
         // RFC 6120 §7.6.2.1 (server-generated) and §7.7.2.2 (client-submitted): the
         // account has reached its limit of connected resources.
@@ -292,7 +280,7 @@ async fn binding_beyond_the_resources_per_account_is_a_resource_constraint() {
     }
     // Re-binding a resource already in use replaces it (RFC 6120 §7.7.2.1) and does not
     // add one, so it is allowed at the limit.
-    let mut c = authenticated(&ts, "alice").await;
+    let mut c = Client::authenticated(&ts, "alice").await;
     c.bind("r0")
         .await
         .expect("a resource in use may be taken over");

@@ -545,14 +545,6 @@ impl OwnRedis {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn pttl(port: u16, key: &str) -> i64 {
     let c = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
     let mut c = c.get_multiplexed_async_connection().await.unwrap();
@@ -972,14 +964,22 @@ async fn orphan_of_a_resource_that_reconnected_is_not_announced() {
 }
 
 #[tokio::test]
-async fn without_redis_slixmpp_contacts_see_each_other_and_a_silent_death_within_t_plus_a_sweep() {
-    // No Redis URL at all: the node runs liveness in process.
+async fn with_nothing_installed_slixmpp_contacts_see_each_other_and_a_silent_death_within_t_plus_a_sweep(
+) {
+    // The embedded mode: no PostgreSQL and no Redis URL at all (not an unreachable one): the
+    // store is an SQLite file the server creates and liveness runs in process.
+    let db = common::stores::Db::sqlite();
     let ts = TestServer::start(|c| {
         fast_liveness(c);
         without_redis(c);
+        c.database.url = db.url();
     })
     .await;
     assert!(ts.shared().liveness.redis().is_none());
+    assert!(
+        ts.shared().store.sqlite_pool().is_some(),
+        "the store is the SQLite file"
+    );
     let l = timings(&ts);
     ts.add_user("alice", "pa").await;
     ts.add_user("bob", "pb").await;

@@ -149,9 +149,10 @@ fi
 
 cargo test --all-targets --no-fail-fast
 
-# The integration binaries that lean on the store again, with their servers on an SQLite file
-# (the store tests themselves already run every case on both stores).
-PRESENCED_TEST_STORE=sqlite cargo test --no-fail-fast \
+# The integration binaries that lean on the store again, in the embedded mode: their servers
+# on an SQLite file and liveness in process (an empty REDIS_URL means no Redis). The store
+# tests themselves already run every case on both stores.
+PRESENCED_TEST_STORE=sqlite REDIS_URL= cargo test --no-fail-fast \
   --test roster_sql --test privacy --test limits --test gate_inputs --test presence_property
 
 # The conformance runner's own offline tests, then the suite against this server (strict:
@@ -159,9 +160,9 @@ PRESENCED_TEST_STORE=sqlite cargo test --no-fail-fast \
 python3 -m pip install --quiet --disable-pip-version-check -r conformance/requirements.txt
 python3 conformance/test_run.py
 bash conformance/presenced.sh
-# And on the embedded store, as the example configuration runs.
+# And in the embedded mode, as the example configuration runs: SQLite, no Redis.
 SQLITE_CONF_DIR="$(mktemp -d /tmp/sqlite-conformance.XXXXXX)"
-DATABASE_URL="sqlite://${SQLITE_CONF_DIR}/conformance.db" RUN_DIR="${SQLITE_CONF_DIR}/run" \
+REDIS_URL= DATABASE_URL="sqlite://${SQLITE_CONF_DIR}/conformance.db" RUN_DIR="${SQLITE_CONF_DIR}/run" \
   bash conformance/presenced.sh
 rm -rf "${SQLITE_CONF_DIR}"
 

@@ -262,7 +262,7 @@ impl Liveness {
         Liveness {
             timings: Timings::from_config(config),
             clock,
-            node_id: format!("node-{}", crate::xml::new_id()),
+            node_id: config.cluster.node().to_owned(),
             keys: keys::Keys::new(&config.redis.key_prefix, config.liveness.beat_shards),
             backend: Backend::from_config(config, &metrics),
             metrics,

@@ -49,10 +49,12 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
             _ = tokio::time::sleep(grace) => {}
             _ = shared.shutdown.cancelled() => {}
         }
+        // Back here, or bound again on another node of the cluster (the directory).
         let back = shared
             .sessions
             .get(&live.jid)
-            .is_some_and(|s| s.is_available());
+            .is_some_and(|s| s.is_available())
+            || shared.cluster.holder_of(&live.jid).await.is_some();
         if back {
             tracing::debug!(jid = %live.jid, "resource came back within the grace period");
             shared.liveness.forget(&live.jid, live.id);
@@ -63,7 +65,8 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
     });
 }
 
-/// Starts the writer, the sweeper, the last-seen batcher and the counter log.
+/// Starts the writer, the sweeper, the last-seen batcher, the counter log, the receiver of
+/// this node's cluster channel and what follows a return to Redis.
 pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
     let rx = shared.liveness.take_ops_rx();
     // The mode, stated once per start: the README's mode table names this line.
@@ -94,6 +97,24 @@ pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
     }
     tracker.spawn(sweeper::run(shared.clone()));
     tracker.spawn(sweeper::listen(shared.clone()));
+    // Stanzas other nodes of the cluster send this one, handed to the delivery module.
+    let receiver = shared.clone();
+    tracker.spawn(crate::cluster::listen(
+        shared.cluster.clone(),
+        shared.shutdown.clone(),
+        shared.config.redis.reconnect_max,
+        move |env| crate::delivery::from_node(&receiver, env),
+    ));
+    let rejoin = shared.clone();
+    tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = rejoin.cluster.rejoined() => {}
+                _ = rejoin.shutdown.cancelled() => return,
+            }
+            crate::presence::show_again_to_other_nodes(&rejoin).await;
+        }
+    });
     tracker.spawn(last_seen::run(shared.clone()));
     tracker.spawn(log_loop(shared.clone()));
 }

@@ -20,8 +20,6 @@ use std::sync::Arc;
 
 use redis::aio::MultiplexedConnection;
 
-use std::time::Duration;
-
 use crate::jid::FullJid;
 use crate::liveness::redis_link::RedisLink;
 use crate::liveness::{in_process, keys, Backend, Op, SweptLocal};
@@ -190,7 +188,6 @@ async fn handle_member(
 /// Listens on this node's channel for stale resources other nodes' sweepers found, and
 /// handles them like its own. Reconnects with backoff.
 pub async fn listen(shared: Arc<Shared>) {
-    use futures_util::StreamExt;
     let live = &shared.liveness;
     let Some(link) = live.redis() else {
         return;
@@ -199,42 +196,27 @@ pub async fn listen(shared: Arc<Shared>) {
         return;
     };
     let channel = live.keys.node_channel(&live.node_id);
-    let mut backoff = Duration::from_millis(100);
-    let max = shared.config.redis.reconnect_max;
-    loop {
-        let connected = tokio::time::timeout(link.timeout() * 2, async {
-            let mut ps = client.get_async_pubsub().await?;
-            ps.subscribe(&channel).await?;
-            Ok::<_, redis::RedisError>(ps)
-        })
-        .await;
-        if let Ok(Ok(mut ps)) = connected {
-            backoff = Duration::from_millis(100);
-            let mut messages = ps.on_message();
-            loop {
-                let msg = tokio::select! {
-                    _ = shared.shutdown.cancelled() => return,
-                    m = messages.next() => m,
-                };
-                let Some(msg) = msg else { break };
-                let Ok(text) = msg.get_payload::<String>() else {
-                    continue;
-                };
+    let handler = shared.clone();
+    crate::pubsub::subscribe(
+        client,
+        channel,
+        link.timeout(),
+        shared.config.redis.reconnect_max,
+        shared.shutdown.clone(),
+        |text| {
+            let shared = handler.clone();
+            async move {
                 let Some((score, jid)) = text.split_once(' ') else {
-                    continue;
+                    return;
                 };
                 let Ok(score) = score.parse::<i64>() else {
-                    continue;
+                    return;
                 };
                 handle_stale(&shared, jid, score).await;
             }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shared.shutdown.cancelled() => return,
-        }
-        backoff = (backoff * 2).min(max);
-    }
+        },
+    )
+    .await;
 }
 
 async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {

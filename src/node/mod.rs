@@ -34,6 +34,9 @@ pub struct Shared {
     pub s2s_tls: Arc<rustls::ServerConfig>,
     /// Cancelled on shutdown; every session's token is a child.
     pub shutdown: CancellationToken,
+    /// The other nodes on the same database and Redis prefix: the session directory and
+    /// this node's channel.
+    pub cluster: crate::cluster::Cluster,
     /// Heartbeats, Redis liveness keys, the sweeper, grace periods, last seen, counters.
     pub liveness: crate::liveness::Liveness,
     /// Serialises "write a roster change, then push it" per user against

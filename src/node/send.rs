@@ -2,29 +2,68 @@
 //! a presence or an error, to another server) once the caller's question (the privacy
 //! gate, a block list, a session's own request) was answered. The decisions themselves,
 //! and the deliveries that must ask them, are in `delivery`.
+//!
+//! Other nodes of the cluster ([`crate::cluster`]) are reached from here too: a stanza for
+//! a local JID whose sessions are (also) on another node is sent there once per node, after
+//! the decision was taken on this one.
 
 use std::sync::Arc;
 
+use crate::cluster::{Holder, Kind};
 use crate::error::StanzaError;
 use crate::jid::{FullJid, Jid};
-use crate::sessions::{message_targets, SessionHandle};
+use crate::sessions::SessionHandle;
 use crate::xml::{Element, NS_CLIENT};
 
 use super::Shared;
 
 /// Queues a stanza on the session bound to `full`, if there is one. The caller decided
-/// that the stanza may reach it.
+/// that the stanza may reach it. On another node, it is sent there; `false` then means
+/// "not here".
 pub(crate) fn to_session(shared: &Shared, full: &FullJid, el: Element) -> bool {
-    shared.sessions.get(full).is_some_and(|s| s.send(el))
+    if let Some(s) = shared.sessions.get(full) {
+        return s.send(el);
+    }
+    shared
+        .cluster
+        .forward(vec![full.to_string()], Arc::new(el.to_xml()), Kind::Deliver);
+    false
 }
 
 /// Delivers `el` to every available resource of local user `bare` (RFC 6121 §4.2.3,
-/// §3.1.3). Returns how many sessions got it.
+/// §3.1.3), on this node and on the others. Returns how many sessions here got it.
 pub(crate) fn to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
-    xml_to_available(shared, bare, || el.to_xml())
+    let xml = std::cell::LazyCell::new(|| Arc::new(el.to_xml()));
+    let n = xml_to_available(shared, bare, || xml.to_string());
+    if shared.cluster.has_peers() {
+        shared
+            .cluster
+            .forward(vec![bare.to_owned()], Arc::clone(&xml), Kind::Deliver);
+    }
+    n
 }
 
-/// Delivers a serialised stanza to every available resource of local user `bare`: `xml` runs
+/// Sends a presence broadcast, serialised once without `to` (`once`), to the available
+/// resources of `recipients` (local bare JIDs) on other nodes: one message per node that
+/// holds any of them, each copy addressed to its recipient there. Returns the recipients
+/// that have sessions on another node.
+pub(crate) async fn fan_out(
+    shared: &Shared,
+    once: &crate::xml::Addressed,
+    recipients: Vec<String>,
+) -> std::collections::HashSet<String> {
+    if !shared.cluster.has_peers() || recipients.is_empty() {
+        return Default::default();
+    }
+    let xml = Arc::new(once.unaddressed().to_owned());
+    shared
+        .cluster
+        .forward_reaching(recipients, xml, Kind::Address)
+        .await
+}
+
+/// Delivers a serialised stanza to every available resource of local user `bare` on this
+/// node: `xml` runs
 /// at most once, only if some resource is available, and its bytes are shared by all of
 /// them (the fan-out hot path: no handle copies, no element clone per resource, one read
 /// lock on the registry).
@@ -107,41 +146,104 @@ pub(crate) fn answer(shared: &Shared, reply: Element) {
     }
 }
 
-/// RFC 6121 §8.5.2: delivers a message of type `kind` (not groupchat, which the caller
-/// answers) to the resources of a local bare JID, `sessions`.
-pub(crate) fn message_to_bare(sessions: &[SessionHandle], el: Element, kind: &str) {
-    if kind == "error" {
-        // Never answer an error; with no resource to take it, it is dropped (§8.5.2.2.1).
-        if let Some(s) = message_targets(sessions).first() {
-            s.send(el);
-        }
-        return;
-    }
-    let targets = message_targets(sessions);
-    if targets.is_empty() {
-        // No offline storage. §8.5.2.2.1 lets the server ignore the message silently, and
-        // it must: an error only when offline would tell anyone the user's status. A
-        // non-existent account is answered by the caller (§8.5.1).
-        return;
-    }
-    if kind == "headline" {
+/// RFC 6121 §8.5.2 over the resources of one user on every node: this node's `local`
+/// sessions and other nodes' `remote` ones. `None` when no resource takes the message.
+pub(crate) fn targets_everywhere<'a>(
+    local: &'a [SessionHandle],
+    remote: &'a [Holder],
+    kind: &str,
+) -> Option<(Vec<&'a SessionHandle>, Vec<&'a Holder>)> {
+    let local_prio = local
+        .iter()
+        .map(|s| s.read(|p| p.available.then_some(p.priority)));
+    let remote_prio = remote
+        .iter()
+        .map(|h| h.entry.available.then_some(h.entry.priority));
+    let chosen: Vec<bool> = if kind == "headline" {
         // §8.5.2.1.1: headlines go to every non-negative resource.
-        for s in sessions
-            .iter()
-            .filter(|s| s.read(|p| p.available && p.priority >= 0))
-        {
+        local_prio
+            .chain(remote_prio)
+            .map(|p| p.is_some_and(|p| p >= 0))
+            .collect()
+    } else {
+        crate::sessions::highest_priority(local_prio.chain(remote_prio))
+    };
+    if !chosen.iter().any(|&c| c) {
+        return None;
+    }
+    let (l, r) = chosen.split_at(local.len());
+    let mut locals: Vec<&SessionHandle> = local
+        .iter()
+        .zip(l)
+        .filter(|(_, &c)| c)
+        .map(|(s, _)| s)
+        .collect();
+    let mut remotes: Vec<&Holder> = remote
+        .iter()
+        .zip(r)
+        .filter(|(_, &c)| c)
+        .map(|(h, _)| h)
+        .collect();
+    if kind == "error" {
+        // Never answer an error; one resource takes it (§8.5.2.2.1), this node's first.
+        if locals.is_empty() {
+            remotes.truncate(1);
+        } else {
+            locals.truncate(1);
+            remotes.clear();
+        }
+    }
+    Some((locals, remotes))
+}
+
+/// RFC 6121 §8.5.2: delivers a message of type `kind` (not groupchat, which the caller
+/// answers) to the resources of a local bare JID: `sessions` here, `remote` on other
+/// nodes (sent there as one message per node, addressed to the bare JID as it came).
+/// Returns this node's sessions that took it (for XEP-0280 copies to the others).
+pub(crate) fn message_to_bare_everywhere(
+    shared: &Shared,
+    sessions: &[SessionHandle],
+    remote: &[Holder],
+    el: Element,
+    kind: &str,
+) -> Vec<u64> {
+    // No target: the caller keeps a storable message for later (XEP-0160); otherwise
+    // §8.5.2.2.1 lets the server ignore it silently. A non-existent account is answered by
+    // the caller (§8.5.1).
+    let Some((locals, remotes)) = targets_everywhere(sessions, remote, kind) else {
+        return Vec::new();
+    };
+    let mut per_node: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for h in remotes {
+        per_node.entry(h.node()).or_default().push(h.jid.clone());
+    }
+    if !per_node.is_empty() {
+        let xml = Arc::new(el.to_xml());
+        for (node, to) in per_node {
+            shared.cluster.send(node, to, Arc::clone(&xml));
+        }
+    }
+    locals
+        .into_iter()
+        .map(|s| {
             s.send(el.clone());
+            s.id
+        })
+        .collect()
+}
+
+/// [`message_to_bare_everywhere`] with this node's sessions only (an error reply to a
+/// local user's bare JID, which needs no directory read).
+/// Returns the sessions that took it.
+pub(crate) fn message_to_bare(sessions: &[SessionHandle], el: Element, kind: &str) -> Vec<u64> {
+    let mut reached = Vec::new();
+    if let Some((locals, _)) = targets_everywhere(sessions, &[], kind) {
+        for s in locals {
+            s.send(el.clone());
+            reached.push(s.id);
         }
-        return;
     }
-    let n = targets.len();
-    for (i, s) in targets.into_iter().enumerate() {
-        if i + 1 == n {
-            s.send(el);
-            break;
-        }
-        s.send(el.clone());
-    }
+    reached
 }
 
 /// `<presence type='unavailable'/>` from `from` to `to`.

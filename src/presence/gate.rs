@@ -361,6 +361,8 @@ pub async fn probe_answers(
         }
     };
     let prober_local = is_local(shared, prober_bare);
+    let subject_refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
+    let mut elsewhere = remote_presences(shared, &subject_refs).await;
     // Read at most once, and only when an unavailable may carry a stamp.
     let mut prober_settings: Option<Option<PrivacySettings>> = None;
     let default = PrivacySettings::default();
@@ -398,6 +400,11 @@ pub async fn probe_answers(
                     deliver(last);
                     sent = true;
                 }
+            }
+            for mut p in elsewhere.remove(&row.subject).unwrap_or_default() {
+                p.set_attr("to", prober);
+                deliver(p);
+                sent = true;
             }
         }
         if sent {
@@ -472,6 +479,14 @@ pub async fn current_presence(
             deliver(last);
         }
     }
+    for mut p in remote_presences(shared, &[subject])
+        .await
+        .remove(subject)
+        .unwrap_or_default()
+    {
+        p.set_attr("to", viewer);
+        deliver(p);
+    }
 }
 
 /// `<presence type='unavailable'/>` from `subject`'s bare JID to `to`, stamped (XEP-0203)
@@ -490,14 +505,7 @@ pub async fn unavailable_stamped(shared: &Shared, subject: &str, to: &str) -> El
 
 /// Adds the XEP-0203 `<delay/>` saying when `subject` was last seen.
 fn stamp(p: Element, subject: &str, at: chrono::DateTime<chrono::Utc>) -> Element {
-    p.child(
-        Element::new("delay", crate::xml::NS_DELAY)
-            .attr("from", domain_of(subject))
-            .attr(
-                "stamp",
-                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            ),
-    )
+    p.child(crate::xml::delay(domain_of(subject), at))
 }
 
 /// Available sessions of local user `subject` that are not invisible (XEP-0186).
@@ -738,6 +746,41 @@ pub async fn may_reach(
     !shared.privacy.is_invisible(target.id)
         && target.is_available()
         && may_see_online(shared, sender, target.jid.as_str(), false).await
+}
+
+/// [`may_reach_resource`] for a session on another node, from its directory entry. What
+/// that node's session revealed by its own act (directed presence) is not in the entry, so
+/// only a visible, available resource the sender may see online is reached.
+pub async fn may_reach_holder(
+    shared: &Shared,
+    sender: &str,
+    target: &crate::cluster::Holder,
+) -> bool {
+    target.entry.visible
+        && target.entry.available
+        && may_see_online(shared, sender, &target.jid, false).await
+}
+
+/// The presence each visible, available resource of `subject` on other nodes shows, from
+/// the directory (RFC 6121 §4.3.2 answers for sessions this node does not hold).
+async fn remote_presences(
+    shared: &Shared,
+    subjects: &[&str],
+) -> std::collections::HashMap<String, Vec<Element>> {
+    let mut out: std::collections::HashMap<String, Vec<Element>> = Default::default();
+    for (subject, holders) in shared.cluster.holders(subjects).await {
+        for h in holders {
+            let shown = h
+                .entry
+                .presence
+                .as_deref()
+                .filter(|_| h.entry.available && h.entry.visible);
+            if let Some(p) = shown.and_then(crate::xml::parse_element) {
+                out.entry(subject.clone()).or_default().push(p);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -149,7 +149,8 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         return;
     }
     let invisible = shared.privacy.is_invisible(session.handle.id);
-    // Serialised once; each local copy (contacts' and own resources') differs only in 'to'.
+    // Serialised once; each copy (contacts' and own resources', here and on other nodes)
+    // differs only in 'to'.
     let once = Addressed::new(&el);
     let inputs = {
         let _guard = shared.privacy.lock_subject(bare.as_str()).await;
@@ -158,6 +159,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         // its broadcast done (and its viewers marked revealed), never the new state before
         // the broadcast, or it would send this presence a second time.
         record(&el);
+        to_directory(&shared, &session.handle);
         // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
         // §4.5.2), as the privacy gate says, in one read; an invisible session (XEP-0186)
         // shows itself to nobody.
@@ -180,23 +182,34 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
                 }
             }
         }
+        // Local contacts' sessions on other nodes, and the user's own there (§4.2.2).
+        let mut elsewhere = vec![bare.to_string()];
+        let mut reached = Vec::new();
         for contact in recipients {
             session.presence.directed.remove(&contact);
-            let reached = if !shared.config.serves(domain_of(&contact)) {
+            let here = if !shared.config.serves(domain_of(&contact)) {
                 // One stanza per remote contact; s2s sends them over that domain's one stream.
                 let mut p = el.clone();
                 p.set_attr("to", contact.clone());
                 crate::node::route_remote(&shared, p).is_ok()
             } else {
+                elsewhere.push(contact.clone());
                 crate::node::send::xml_to_available(&shared, &contact, || once.to(&contact)) > 0
             };
-            // Remember who saw this resource online, so a lost permission withdraws it
-            // from exactly them (the subject lock makes this atomic with the delivery).
-            if is_available && reached {
+            if here {
+                reached.push(contact);
+            }
+        }
+        // One message per other node that holds any of them.
+        reached.extend(crate::node::send::fan_out(&shared, &once, elsewhere).await);
+        // Remember who saw this resource online, so a lost permission withdraws it from
+        // exactly them (the subject lock makes this atomic with the delivery).
+        if is_available {
+            for contact in reached.iter().filter(|c| **c != bare.as_str()) {
                 shared.privacy.reveal(
                     session.handle.id,
                     me.as_str(),
-                    &contact,
+                    contact,
                     privacy::Relation::Subscriber,
                 );
             }
@@ -251,6 +264,16 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             session.deliver(last);
         }
     }
+    // And of those on other nodes, invisible ones included (the directory keeps their
+    // presence; only other users' probe answers leave it out).
+    let elsewhere = shared.cluster.holders(&[bare.as_str()]).await;
+    for h in elsewhere.into_values().flatten() {
+        let last = h.entry.presence.as_deref().filter(|_| h.entry.available);
+        if let Some(mut last) = last.and_then(crate::xml::parse_element) {
+            last.set_attr("to", me.to_string());
+            session.deliver(last);
+        }
+    }
     // §3.1.3: subscription requests that waited for the user to come online.
     match shared.store.pending_subscriptions(bare.as_str()).await {
         Ok(pending) => {
@@ -271,6 +294,55 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             }
         }
         Err(e) => tracing::warn!(user = %bare, error = %e, "pending subscriptions unavailable"),
+    }
+}
+
+/// Writes what the cluster directory says about this session (availability, priority,
+/// visibility, and its last available presence, which other nodes show to the user's own
+/// resources and, only while visible (XEP-0186), in probe answers) from its current state:
+/// after every broadcast and visibility change.
+pub(crate) fn to_directory(shared: &Shared, handle: &crate::sessions::SessionHandle) {
+    let invisible = shared.privacy.is_invisible(handle.id);
+    let (available, priority, shown) = handle.read(|p| {
+        let shown = p.last.as_ref().filter(|_| p.available).map(|l| {
+            let mut l = l.clone();
+            l.remove_attr("to");
+            l.to_xml()
+        });
+        (p.available, p.priority, shown)
+    });
+    shared
+        .cluster
+        .update(&handle.jid, available, priority, shown, !invisible);
+}
+
+/// After this node was cut off from Redis, the other nodes may have announced its users
+/// unavailable (their sweepers found no beats): each visible, available session here shows
+/// its current presence again, through the gate as a broadcast would, to its contacts on
+/// the other nodes (one message per node and session). Contacts on this node never lost it.
+pub async fn show_again_to_other_nodes(shared: &Shared) {
+    for user in shared.sessions.users() {
+        for s in shared.sessions.of_user_str(&user) {
+            let Some(last) = s.presence().last.filter(|_| s.is_available()) else {
+                continue;
+            };
+            if shared.privacy.is_invisible(s.id) {
+                continue;
+            }
+            to_directory(shared, &s);
+            let _guard = shared.privacy.lock_subject(&user).await;
+            let audience: Vec<String> = gate::online_audience(shared, s.jid.as_str())
+                .await
+                .into_iter()
+                .filter(|c| shared.config.serves(domain_of(c)))
+                .collect();
+            let once = Addressed::new(&last);
+            for viewer in crate::node::send::fan_out(shared, &once, audience).await {
+                shared
+                    .privacy
+                    .reveal(s.id, s.jid.as_str(), &viewer, privacy::Relation::Subscriber);
+            }
+        }
     }
 }
 

@@ -46,6 +46,7 @@ fn unlimited() -> StoreLimits {
         max_pending_subscriptions: usize::MAX,
         max_subscription_status_length: usize::MAX,
         max_blocklist_items: usize::MAX,
+        max_offline_messages: usize::MAX,
     }
 }
 

@@ -27,6 +27,7 @@ pub mod copy;
 pub mod gate_inputs;
 pub mod last_seen;
 pub mod notify;
+pub mod offline;
 mod pending;
 mod privacy;
 mod roster;
@@ -168,6 +169,9 @@ pub struct StoreLimits {
     /// Entries per block list: a block that would exceed it fails with
     /// [`StoreError::BlocklistFull`].
     pub max_blocklist_items: usize,
+    /// Messages kept for one user while no resource is available (XEP-0160); one more is
+    /// not kept ([`Store::store_offline_message`] says so).
+    pub max_offline_messages: usize,
 }
 
 impl StoreLimits {
@@ -181,6 +185,7 @@ impl StoreLimits {
             max_pending_subscriptions: l.max_pending_subscriptions,
             max_subscription_status_length: l.max_subscription_status_length,
             max_blocklist_items: l.max_blocklist_items,
+            max_offline_messages: l.max_offline_messages,
         }
     }
 }
@@ -301,6 +306,7 @@ impl From<sqlx::Error> for StoreError {
 use crate::policy::subscription::SubState;
 pub use crate::policy::subscription::Subscription;
 pub use last_seen::LastSeen;
+pub use offline::OfflineMessage;
 
 /// One roster item (RFC 6121 §2.1.2) plus the server-side flags of Appendix A.
 #[derive(Debug, Clone, PartialEq, Eq)]

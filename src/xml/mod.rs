@@ -244,6 +244,23 @@ impl Addressed {
         }
     }
 
+    /// An `Addressed` from the text [`Self::unaddressed`] gave (a stanza that crossed to
+    /// another node): the `to` goes after the element's name again.
+    pub fn from_unaddressed(xml: String) -> Self {
+        let split = xml
+            .char_indices()
+            .skip(1)
+            .find(|&(_, c)| c == ' ' || c == '/' || c == '>')
+            .map(|(i, _)| i)
+            .unwrap_or(xml.len());
+        Addressed { xml, split }
+    }
+
+    /// The serialised stanza without any `to`.
+    pub fn unaddressed(&self) -> &str {
+        &self.xml
+    }
+
     /// The stanza as a client stream would carry it, addressed to `to`.
     pub fn to(&self, to: &str) -> String {
         let (head, tail) = self.xml.split_at(self.split);
@@ -282,6 +299,15 @@ pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     escape_into(&mut out, s);
     out
+}
+
+/// A XEP-0203 `<delay/>` from `from` (a JID, usually a domain) saying a stanza dates from
+/// `at`, stamped in the XEP-0082 DateTime profile (UTC, whole seconds).
+pub fn delay(from: &str, at: chrono::DateTime<chrono::Utc>) -> Element {
+    Element::new("delay", NS_DELAY).attr("from", from).attr(
+        "stamp",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
 }
 
 /// Parses one standalone element (e.g. a stanza stored as text). Namespace-less stanzas are
@@ -356,6 +382,8 @@ mod tests {
             .child(Element::new("status", NS_CLIENT).text("out & <about>"))
             .child(Element::new("c", "http://jabber.org/protocol/caps").attr("ver", "v'1"));
         let once = Addressed::new(&el);
+        let crossed = Addressed::from_unaddressed(once.unaddressed().to_owned());
+        assert_eq!(crossed.to("b@x"), once.to("b@x"));
         for to in ["b@x", "o'brien@x", "c@y/res"] {
             let mut stamped = el.clone();
             stamped.set_attr("to", to);

@@ -68,6 +68,16 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// A loopback port free at the time of the call (for a server that must come back on the
+/// same port, or a child process told its port up front).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A short random token for unique names.
 pub fn unique() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
@@ -113,6 +123,9 @@ impl TestServer {
         config.tls.certs_dir = certs.clone();
         config.database.url = database_url();
         config.database.max_connections = 4;
+        // Every server of a test process shares one SQLite file and one writer at a time;
+        // on a loaded machine a start-up migration may wait longer than the default.
+        config.database.sqlite_busy_timeout = Duration::from_secs(60);
         // The schema is built in; no operator migrations.
         config.database.migrations = repo_root().join("migrations.d");
         // Tests hammer one address; the per-IP limit has its own test.
@@ -474,6 +487,18 @@ impl Client {
             .unwrap_or_default();
         self.jid = jid.clone();
         Ok(jid)
+    }
+
+    /// Connects and authenticates `name` (password "pw"), stopping before resource binding.
+    pub async fn authenticated(server: &TestServer, name: &str) -> Client {
+        let mut c = Client::tcp(server).await;
+        c.open(&server.domain).await.expect("stream");
+        let mut c = c.starttls(server).await;
+        let ok = c.auth_plain(name, "pw").await;
+        assert_eq!(ok.name, "success", "{ok}");
+        c.restart_stream();
+        c.open(&server.domain).await.expect("stream after SASL");
+        c
     }
 
     /// Connects, STARTTLS, PLAIN, restart and bind.

@@ -22,6 +22,7 @@
 
 mod accounts;
 mod lists;
+mod offline;
 mod roster;
 
 use std::path::{Path, PathBuf};

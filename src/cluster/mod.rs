@@ -1,0 +1,919 @@
+//! Many nodes on one PostgreSQL database and one Redis key prefix: the session directory
+//! (which node holds which full JID, [`directory`]) and one pub/sub channel per node
+//! ([`envelope`]).
+//!
+//! ```text
+//! bind ─▶ Op::Claim ─▶ directory entry; a previous holder on another node gets `kick`
+//! presence change ─▶ Op::Update (availability, priority, visible presence)
+//! session end ─▶ Op::Release (only if this instance still holds the entry)
+//! a stanza for a user with sessions elsewhere ─▶ Op::Forward / Op::Send
+//!     ─▶ the task reads the recipients' directory entries (one pipeline per batch)
+//!     ─▶ ONE PUBLISH per node holding recipients: their JIDs + the stanza once
+//! channel of this node ─▶ [`listen`] ─▶ the delivery module delivers to local sessions
+//! ```
+//!
+//! Decisions (privacy gate, blocks, RFC 6121 §8.5 target choice) are taken on the node
+//! where the stanza is produced, before anything is sent here; a receiving node only
+//! delivers to its sessions. Every change and every forward goes through one task in
+//! order, so two stanzas one node sends to another arrive in the order they were sent.
+//! With no other live instance (one node) nothing is read or published: only the
+//! directory writes happen, so a node that joins later finds the sessions.
+//!
+//! This module knows nothing above it: it is handed JIDs and serialised stanzas, and
+//! hands received envelopes to a callback ([`listen`]).
+
+pub mod directory;
+pub mod envelope;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::jid::FullJid;
+pub use directory::Entry;
+pub use envelope::{Envelope, Kind};
+
+/// A session of a user on another live node, from the directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The bound full JID.
+    pub jid: String,
+    /// What the directory says about it.
+    pub entry: Entry,
+}
+
+impl Holder {
+    /// The node holding it.
+    pub fn node(&self) -> &str {
+        self.entry.node()
+    }
+}
+
+/// Work for the cluster task, applied in order.
+#[derive(Debug)]
+enum Op {
+    Claim(FullJid, Entry),
+    Update(FullJid, Entry),
+    Release(FullJid),
+    /// Drop an entry if the instance that wrote it is no longer live.
+    ForgetDead(FullJid),
+    /// Deliver to JIDs wherever they are on other nodes: bare JIDs to every node with a
+    /// session of the user, full JIDs to the node holding them. Answers with the JIDs
+    /// that had somewhere to go.
+    Forward {
+        to: Vec<String>,
+        xml: Arc<String>,
+        kind: Kind,
+        reached: Option<oneshot::Sender<HashSet<String>>>,
+    },
+    /// An envelope for a node already chosen.
+    Send(String, Envelope),
+}
+
+/// Counters for tests and /metrics-style reading.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Messages published to other nodes.
+    pub published: AtomicU64,
+    /// Messages received from other nodes.
+    pub received: AtomicU64,
+    /// Directory reads (one per user looked up).
+    pub lookups: AtomicU64,
+    /// Redis failures.
+    pub errors: AtomicU64,
+}
+
+struct Inner {
+    node: String,
+    instance: String,
+    keys: directory::Keys,
+    client: Option<redis::Client>,
+    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    timeout: Duration,
+    ttl: Duration,
+    max_recipients: usize,
+    /// Live instances other than this one, as of the last heartbeat.
+    peers: RwLock<HashSet<String>>,
+    /// This instance's entries, rewritten after Redis comes back and kept from expiring.
+    local: Mutex<HashMap<String, (FullJid, Entry)>>,
+    ops: mpsc::Sender<Op>,
+    ops_rx: Mutex<Option<mpsc::Receiver<Op>>>,
+    counters: Counters,
+    /// Notified when this instance is back in Redis after being cut off from it.
+    rejoined: tokio::sync::Notify,
+    /// Releases that could not be written (Redis down), written again when it returns.
+    unreleased: Mutex<Vec<FullJid>>,
+}
+
+/// The cluster state of one node. Cheap to clone.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+impl Cluster {
+    /// State for a checked config; nothing connects until [`Cluster::start`].
+    pub fn new(config: &Config) -> Cluster {
+        let node = config.cluster.node().to_owned();
+        let instance = format!("{node}#{:016x}", rand::random::<u64>());
+        let (tx, rx) = mpsc::channel(65_536);
+        // Without Redis (`[redis] url = ""`, the in-process liveness of a single node) there
+        // is no cluster: nothing is queued or written.
+        let client = Some(config.redis.url.as_str())
+            .filter(|u| !u.is_empty())
+            .and_then(|u| redis::Client::open(u).ok());
+        Cluster {
+            inner: Arc::new(Inner {
+                node,
+                instance,
+                keys: directory::Keys::new(&config.redis.key_prefix),
+                client,
+                conn: tokio::sync::Mutex::new(None),
+                timeout: config.redis.timeout,
+                ttl: config.liveness.ttl,
+                max_recipients: config.cluster.max_recipients_per_message,
+                peers: RwLock::default(),
+                local: Mutex::default(),
+                ops: tx,
+                ops_rx: Mutex::new(Some(rx)),
+                counters: Counters::default(),
+                rejoined: tokio::sync::Notify::new(),
+                unreleased: Mutex::default(),
+            }),
+        }
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.inner.node
+    }
+
+    /// This run of the node (`<node id>#<nonce>`).
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Counters {
+        &self.inner.counters
+    }
+
+    /// Waits until this node reaches Redis again after having lost it (not its first
+    /// connection). Meanwhile the other nodes may have declared its sessions dead and told
+    /// their contacts; the caller shows them again.
+    pub async fn rejoined(&self) {
+        self.inner.rejoined.notified().await
+    }
+
+    /// The other live instances, as of the last heartbeat.
+    pub fn peers(&self) -> Vec<String> {
+        let p = self.inner.peers.read().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<String> = p.iter().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Whether another node is live: if not, nothing needs to be looked up or sent.
+    pub fn has_peers(&self) -> bool {
+        !self
+            .inner
+            .peers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    fn is_live(&self, instance: &str) -> bool {
+        instance == self.inner.instance
+            || self
+                .inner
+                .peers
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(instance)
+    }
+
+    fn queue(&self, op: Op) {
+        if self.inner.client.is_none() {
+            return;
+        }
+        if self.inner.ops.try_send(op).is_err() {
+            self.inner.counters.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A resource was bound here: it is this node's now, cluster-wide. A session bound to
+    /// the same full JID on another node is ended there (RFC 6120 §7.7.2.2, the same
+    /// override policy as a local conflict).
+    pub fn claim(&self, jid: &FullJid) {
+        let entry = Entry::bound(&self.inner.instance);
+        self.remember(jid, &entry);
+        self.queue(Op::Claim(jid.clone(), entry));
+    }
+
+    /// The resource's presence changed (availability, priority, visibility, or the stanza
+    /// shown to probes). Ignored once the session was released: the unavailable broadcast
+    /// at the end of a grace period must not bring a finished session back.
+    pub fn update(
+        &self,
+        jid: &FullJid,
+        available: bool,
+        priority: i8,
+        presence: Option<String>,
+        visible: bool,
+    ) {
+        let entry = Entry {
+            instance: self.inner.instance.clone(),
+            available,
+            priority,
+            visible,
+            presence,
+        };
+        {
+            let mut local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
+            match local.get_mut(jid.as_str()) {
+                Some(held) => held.1 = entry.clone(),
+                None => return,
+            }
+        }
+        self.queue(Op::Update(jid.clone(), entry));
+    }
+
+    /// The resource's session ended here.
+    pub fn release(&self, jid: &FullJid) {
+        self.inner
+            .local
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(jid.as_str());
+        self.queue(Op::Release(jid.clone()));
+    }
+
+    /// The directory forgets `jid` if the node that held it is dead.
+    pub fn forget_if_dead(&self, jid: &FullJid) {
+        self.queue(Op::ForgetDead(jid.clone()));
+    }
+
+    fn remember(&self, jid: &FullJid, entry: &Entry) {
+        self.inner
+            .local
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(jid.to_string(), (jid.clone(), entry.clone()));
+    }
+
+    /// Sends `xml` (unchanged, or addressed to each recipient for [`Kind::Address`]) to
+    /// the sessions of `to` on other nodes: a bare JID's available sessions on every
+    /// node, a full JID's one session. In order with everything else this node sends.
+    pub fn forward(&self, to: Vec<String>, xml: Arc<String>, kind: Kind) {
+        if !self.has_peers() || to.is_empty() {
+            return;
+        }
+        self.queue(Op::Forward {
+            to,
+            xml,
+            kind,
+            reached: None,
+        });
+    }
+
+    /// [`Self::forward`], answering with the recipients that have sessions on another
+    /// node (so the caller can record whom it showed presence to). Waits at most twice
+    /// the Redis timeout.
+    pub async fn forward_reaching(
+        &self,
+        to: Vec<String>,
+        xml: Arc<String>,
+        kind: Kind,
+    ) -> HashSet<String> {
+        if !self.has_peers() || to.is_empty() {
+            return HashSet::new();
+        }
+        let (tx, rx) = oneshot::channel();
+        self.queue(Op::Forward {
+            to,
+            xml,
+            kind,
+            reached: Some(tx),
+        });
+        tokio::time::timeout(self.inner.timeout * 2, rx)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default()
+    }
+
+    /// Sends `xml` to full JIDs `to` held by `node` (the caller chose them from
+    /// [`Self::holders`]).
+    pub fn send(&self, node: &str, to: Vec<String>, xml: Arc<String>) {
+        self.queue(Op::Send(
+            node.to_owned(),
+            Envelope {
+                kind: Kind::Deliver,
+                to,
+                xml,
+            },
+        ));
+    }
+
+    /// The sessions of each user in `bares` held by other live instances. Empty at once
+    /// with no other node; a Redis failure reads as "none elsewhere".
+    pub async fn holders(&self, bares: &[&str]) -> HashMap<String, Vec<Holder>> {
+        if !self.has_peers() || bares.is_empty() {
+            return HashMap::new();
+        }
+        let Some(mut conn) = self.conn().await else {
+            return HashMap::new();
+        };
+        match self.read_entries(&mut conn, bares).await {
+            Ok(m) => m,
+            Err(e) => {
+                self.failed(&e).await;
+                HashMap::new()
+            }
+        }
+    }
+
+    /// The other live node holding exactly `jid`, if any.
+    pub async fn holder_of(&self, jid: &FullJid) -> Option<Holder> {
+        let bare = jid.to_bare();
+        self.holders(&[bare.as_str()])
+            .await
+            .remove(bare.as_str())?
+            .into_iter()
+            .find(|h| h.jid == jid.as_str())
+    }
+
+    async fn read_entries(
+        &self,
+        conn: &mut MultiplexedConnection,
+        bares: &[&str],
+    ) -> redis::RedisResult<HashMap<String, Vec<Holder>>> {
+        let mut pipe = redis::pipe();
+        for b in bares {
+            pipe.cmd("HGETALL").arg(self.inner.keys.user(b));
+        }
+        self.inner
+            .counters
+            .lookups
+            .fetch_add(bares.len() as u64, Ordering::Relaxed);
+        let rows: Vec<HashMap<String, String>> = pipe.query_async(conn).await?;
+        let mut out = HashMap::new();
+        for (bare, row) in bares.iter().zip(rows) {
+            let mut holders: Vec<Holder> =
+                row.into_iter()
+                    .filter_map(|(res, v)| {
+                        let entry = Entry::decode(&v)?;
+                        (entry.instance != self.inner.instance && self.is_live(&entry.instance))
+                            .then(|| Holder {
+                                jid: format!("{bare}/{res}"),
+                                entry,
+                            })
+                    })
+                    .collect();
+            if !holders.is_empty() {
+                holders.sort_by(|a, b| a.jid.cmp(&b.jid));
+                out.insert(bare.to_string(), holders);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn conn(&self) -> Option<MultiplexedConnection> {
+        let client = self.inner.client.as_ref()?;
+        let mut slot = self.inner.conn.lock().await;
+        if let Some(c) = &*slot {
+            return Some(c.clone());
+        }
+        let cfg = AsyncConnectionConfig::new()
+            .set_connection_timeout(self.inner.timeout)
+            .set_response_timeout(self.inner.timeout);
+        match tokio::time::timeout(
+            self.inner.timeout * 2,
+            client.get_multiplexed_async_connection_with_config(&cfg),
+        )
+        .await
+        {
+            Ok(Ok(c)) => {
+                *slot = Some(c.clone());
+                Some(c)
+            }
+            _ => None,
+        }
+    }
+
+    async fn failed(&self, e: &redis::RedisError) {
+        self.inner.counters.errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(error = %e, "cluster: Redis command failed");
+        *self.inner.conn.lock().await = None;
+        self.alone();
+    }
+
+    /// Without Redis no other node can be reached: until the next heartbeat succeeds,
+    /// nothing waits for a directory read or a publish.
+    fn alone(&self) {
+        self.inner
+            .peers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    fn expire_at(&self, now_ms: i64) -> i64 {
+        now_ms + 3 * self.inner.ttl.as_millis() as i64
+    }
+
+    /// Starts the task that applies changes and forwards, and the heartbeat that keeps
+    /// this instance live and its entries from expiring.
+    pub fn start(&self, tracker: &tokio_util::task::TaskTracker, shutdown: CancellationToken) {
+        let rx = self
+            .inner
+            .ops_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(rx) = rx {
+            tracker.spawn(self.clone().run(rx, shutdown.clone()));
+        }
+        tracker.spawn(self.clone().heartbeat_loop(shutdown));
+    }
+
+    /// One heartbeat: records this instance as live, reads the others, and (every T) moves
+    /// the expiry of this node's users' directory keys forward. Returns whether Redis
+    /// answered. Public so a starting node (and tests) can know its peers at once.
+    pub async fn heartbeat(&self, extend: bool) -> bool {
+        let Some(mut conn) = self.conn().await else {
+            self.alone();
+            return false;
+        };
+        let now = chrono::Utc::now().timestamp_millis();
+        let ttl = self.inner.ttl.as_millis() as i64;
+        let live: redis::RedisResult<Vec<String>> = redis::cmd("EVAL")
+            .arg(directory::HEARTBEAT)
+            .arg(1)
+            .arg(self.inner.keys.nodes())
+            .arg(&self.inner.instance)
+            .arg(now)
+            .arg(now - ttl)
+            .arg(now - 3 * ttl)
+            .arg(self.expire_at(now))
+            .query_async(&mut conn)
+            .await;
+        let live = match live {
+            Ok(l) => l,
+            Err(e) => {
+                self.failed(&e).await;
+                return false;
+            }
+        };
+        let peers: HashSet<String> = live
+            .into_iter()
+            .filter(|i| *i != self.inner.instance)
+            .collect();
+        *self.inner.peers.write().unwrap_or_else(|e| e.into_inner()) = peers;
+        if extend {
+            let users: HashSet<String> = {
+                let local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
+                local
+                    .values()
+                    .map(|(j, _)| j.to_bare().to_string())
+                    .collect()
+            };
+            if !users.is_empty() {
+                let mut pipe = redis::pipe();
+                for u in &users {
+                    pipe.cmd("PEXPIREAT")
+                        .arg(self.inner.keys.user(u))
+                        .arg(self.expire_at(now))
+                        .arg("GT")
+                        .ignore();
+                }
+                if let Err(e) = pipe.query_async::<()>(&mut conn).await {
+                    self.failed(&e).await;
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    async fn heartbeat_loop(self, shutdown: CancellationToken) {
+        // Often enough that a dead instance drops out of the live set within T of its last
+        // heartbeat, and that a started node is seen within a fraction of T.
+        let period = (self.inner.ttl / 4).min(Duration::from_secs(5));
+        let extend_every = (self.inner.ttl.as_millis() / period.as_millis().max(1)).max(1) as u64;
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut n: u64 = 0;
+        let mut was_up = false;
+        let mut ever_up = false;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.cancelled() => break,
+            }
+            let up = self.heartbeat(n % extend_every == 0).await;
+            n += 1;
+            if up && !was_up {
+                // Redis is (back) up: rewrite what this node holds, and tell the others it
+                // is here so they look it up at once.
+                self.rewrite_local();
+                for peer in self.peers() {
+                    self.queue(Op::Send(
+                        directory::node_of(&peer).to_owned(),
+                        Envelope {
+                            kind: Kind::Join,
+                            to: Vec::new(),
+                            xml: Arc::default(),
+                        },
+                    ));
+                }
+                if ever_up {
+                    tracing::info!("cluster: Redis is back; showing this node's sessions again");
+                    self.inner.rejoined.notify_waiters();
+                }
+                ever_up = true;
+            }
+            was_up = up;
+        }
+        // A clean stop: this instance is gone at once for every other node.
+        if let Some(mut conn) = self.conn().await {
+            let _: redis::RedisResult<i64> = redis::cmd("ZREM")
+                .arg(self.inner.keys.nodes())
+                .arg(&self.inner.instance)
+                .query_async(&mut conn)
+                .await;
+        }
+    }
+
+    /// Writes this node's entries again, and the releases that were lost meanwhile.
+    fn rewrite_local(&self) {
+        let (all, gone): (Vec<(FullJid, Entry)>, Vec<FullJid>) = {
+            let local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
+            let mut unreleased = self
+                .inner
+                .unreleased
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let gone = std::mem::take(&mut *unreleased)
+                .into_iter()
+                .filter(|j| !local.contains_key(j.as_str()))
+                .collect();
+            (local.values().cloned().collect(), gone)
+        };
+        for (jid, entry) in all {
+            self.queue(Op::Update(jid, entry));
+        }
+        for jid in gone {
+            self.queue(Op::Release(jid));
+        }
+    }
+
+    /// Keeps the releases of a batch that could not be written, for [`Self::rewrite_local`].
+    fn keep_unreleased(&self, ops: &[Op]) {
+        let mut unreleased = self
+            .inner
+            .unreleased
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for op in ops {
+            if let Op::Release(j) = op {
+                unreleased.push(j.clone());
+            }
+        }
+    }
+
+    async fn run(self, mut rx: mpsc::Receiver<Op>, shutdown: CancellationToken) {
+        let mut batch = Vec::with_capacity(256);
+        loop {
+            tokio::select! {
+                n = rx.recv_many(&mut batch, 256) => if n == 0 { return },
+                _ = shutdown.cancelled() => return,
+            }
+            let Some(mut conn) = self.conn().await else {
+                self.inner
+                    .counters
+                    .errors
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                self.keep_unreleased(&batch);
+                batch.clear();
+                continue;
+            };
+            // Claims and updates lost to a failure are rewritten from the local map when
+            // Redis is back; releases are kept for then.
+            self.keep_unreleased(&batch);
+            let releases = batch.iter().filter(|o| matches!(o, Op::Release(_))).count();
+            match self.apply(&mut conn, std::mem::take(&mut batch)).await {
+                Ok(()) => {
+                    let mut unreleased = self
+                        .inner
+                        .unreleased
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    let keep = unreleased.len().saturating_sub(releases);
+                    unreleased.truncate(keep);
+                }
+                Err(e) => self.failed(&e).await,
+            }
+        }
+    }
+
+    /// Applies one batch: the directory reads every forward in it needs (one pipeline),
+    /// then the writes and publishes in the order they were queued (a second one), then
+    /// the kicks that the claims call for.
+    async fn apply(
+        &self,
+        conn: &mut MultiplexedConnection,
+        ops: Vec<Op>,
+    ) -> redis::RedisResult<()> {
+        let mut bares: Vec<String> = Vec::new();
+        for op in &ops {
+            if let Op::Forward { to, .. } = op {
+                bares.extend(to.iter().map(|t| bare_of(t).to_owned()));
+            }
+        }
+        bares.sort();
+        bares.dedup();
+        let holders = if bares.is_empty() || !self.has_peers() {
+            HashMap::new()
+        } else {
+            let refs: Vec<&str> = bares.iter().map(String::as_str).collect();
+            self.read_entries(conn, &refs).await?
+        };
+        let now = chrono::Utc::now().timestamp_millis();
+        let expire = self.expire_at(now);
+        let live: Vec<String> = std::iter::once(self.inner.instance.clone())
+            .chain(self.peers())
+            .collect();
+        let mut pipe = redis::pipe();
+        // Results to act on after the pipeline: (index, JID, whether it is a ForgetDead).
+        let mut claims: Vec<(usize, FullJid, bool)> = Vec::new();
+        let mut replies = Vec::new();
+        let mut published = 0u64;
+        let mut idx = 0usize;
+        for op in ops {
+            match op {
+                Op::Claim(jid, entry) => {
+                    pipe.cmd("EVAL")
+                        .arg(directory::CLAIM)
+                        .arg(1)
+                        .arg(self.inner.keys.user(jid.to_bare().as_str()))
+                        .arg(jid.resource().as_str())
+                        .arg(entry.encode())
+                        .arg(expire)
+                        .arg(&live);
+                    claims.push((idx, jid, false));
+                }
+                Op::Update(jid, entry) => {
+                    pipe.cmd("EVAL")
+                        .arg(directory::UPDATE)
+                        .arg(1)
+                        .arg(self.inner.keys.user(jid.to_bare().as_str()))
+                        .arg(jid.resource().as_str())
+                        .arg(entry.encode())
+                        .arg(expire)
+                        .arg(&self.inner.instance);
+                }
+                Op::Release(jid) => {
+                    pipe.cmd("EVAL")
+                        .arg(directory::RELEASE)
+                        .arg(1)
+                        .arg(self.inner.keys.user(jid.to_bare().as_str()))
+                        .arg(jid.resource().as_str())
+                        .arg(&self.inner.instance);
+                }
+                Op::ForgetDead(jid) => {
+                    // Read now, decided below: only an entry of a dead instance goes.
+                    pipe.cmd("HGET")
+                        .arg(self.inner.keys.user(jid.to_bare().as_str()))
+                        .arg(jid.resource().as_str());
+                    claims.push((idx, jid, true));
+                }
+                Op::Forward {
+                    to,
+                    xml,
+                    kind,
+                    reached,
+                } => {
+                    let (per_node, got) = route(&to, &holders);
+                    for (node, recipients) in per_node {
+                        for chunk in recipients.chunks(self.inner.max_recipients) {
+                            let env = Envelope {
+                                kind,
+                                to: chunk.to_vec(),
+                                xml: xml.clone(),
+                            };
+                            pipe.cmd("PUBLISH")
+                                .arg(self.inner.keys.channel(&node))
+                                .arg(env.encode());
+                            published += 1;
+                            idx += 1;
+                        }
+                    }
+                    if let Some(tx) = reached {
+                        replies.push((tx, got));
+                    }
+                    continue;
+                }
+                Op::Send(node, env) => {
+                    pipe.cmd("PUBLISH")
+                        .arg(self.inner.keys.channel(&node))
+                        .arg(env.encode());
+                    published += 1;
+                }
+            }
+            idx += 1;
+        }
+        let results: Vec<redis::Value> = if idx == 0 {
+            Vec::new()
+        } else {
+            pipe.query_async(conn).await?
+        };
+        self.inner
+            .counters
+            .published
+            .fetch_add(published, Ordering::Relaxed);
+        for (tx, got) in replies {
+            let _ = tx.send(got);
+        }
+        // Kicks of sessions a claim took over on other nodes, and directory entries of
+        // dead instances to forget.
+        let mut after = redis::pipe();
+        let mut more = false;
+        for (i, jid, forget) in claims {
+            let Some(redis::Value::BulkString(old)) = results.get(i) else {
+                continue;
+            };
+            let Some(old) = std::str::from_utf8(old).ok().and_then(Entry::decode) else {
+                continue;
+            };
+            if old.instance == self.inner.instance {
+                continue;
+            }
+            let live = self.is_live(&old.instance);
+            // A previous run of this node (restarted under the same id) holds nothing any
+            // more: its entry was simply overwritten, and a kick would reach this run.
+            let previous_run = old.node() == self.inner.node;
+            if !forget && live && !previous_run {
+                // The resource was bound on a live node: end that session there.
+                let env = Envelope {
+                    kind: Kind::Kick,
+                    to: vec![jid.to_string()],
+                    xml: Arc::default(),
+                };
+                after
+                    .cmd("PUBLISH")
+                    .arg(self.inner.keys.channel(old.node()))
+                    .arg(env.encode())
+                    .ignore();
+                self.inner
+                    .counters
+                    .published
+                    .fetch_add(1, Ordering::Relaxed);
+                more = true;
+            } else if forget && !live {
+                after
+                    .cmd("EVAL")
+                    .arg(directory::RELEASE)
+                    .arg(1)
+                    .arg(self.inner.keys.user(jid.to_bare().as_str()))
+                    .arg(jid.resource().as_str())
+                    .arg(&old.instance)
+                    .ignore();
+                more = true;
+            }
+        }
+        if more {
+            after.query_async::<()>(conn).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The bare part of a JID string.
+fn bare_of(jid: &str) -> &str {
+    jid.split_once('/').map_or(jid, |(b, _)| b)
+}
+
+/// Groups recipients by the node that holds them: a bare JID goes to every node with a
+/// session of the user, a full JID to the node holding it. Returns the groups and the
+/// recipients that had somewhere to go.
+fn route(
+    to: &[String],
+    holders: &HashMap<String, Vec<Holder>>,
+) -> (Vec<(String, Vec<String>)>, HashSet<String>) {
+    let mut per_node: HashMap<String, Vec<String>> = HashMap::new();
+    let mut got = HashSet::new();
+    for t in to {
+        let bare = bare_of(t);
+        let Some(hs) = holders.get(bare) else {
+            continue;
+        };
+        let full = bare.len() != t.len();
+        let mut nodes: Vec<&str> = hs
+            .iter()
+            .filter(|h| !full || h.jid == *t)
+            .map(Holder::node)
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        for n in nodes {
+            per_node.entry(n.to_owned()).or_default().push(t.clone());
+            got.insert(t.clone());
+        }
+    }
+    let mut v: Vec<(String, Vec<String>)> = per_node.into_iter().collect();
+    v.sort();
+    (v, got)
+}
+
+/// Receives this node's channel until shutdown and hands each envelope to `deliver`
+/// (a `join` is handled here: the live nodes are read again). Reconnects with back-off.
+pub async fn listen(
+    cluster: Cluster,
+    shutdown: CancellationToken,
+    reconnect_max: Duration,
+    deliver: impl Fn(Envelope),
+) {
+    let Some(client) = cluster.inner.client.clone() else {
+        return;
+    };
+    let channel = cluster.inner.keys.channel(&cluster.inner.node);
+    let timeout = cluster.inner.timeout;
+    let deliver = &deliver;
+    let cluster = &cluster;
+    crate::pubsub::subscribe(
+        client,
+        channel,
+        timeout,
+        reconnect_max,
+        shutdown,
+        |text| async move {
+            let Some(env) = Envelope::decode(&text) else {
+                tracing::warn!(bytes = text.len(), "cluster: malformed message dropped");
+                return;
+            };
+            cluster
+                .inner
+                .counters
+                .received
+                .fetch_add(1, Ordering::Relaxed);
+            if env.kind == Kind::Join {
+                cluster.heartbeat(false).await;
+                return;
+            }
+            deliver(env);
+        },
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(jid: &str, instance: &str) -> Holder {
+        let mut entry = Entry::bound(instance);
+        entry.available = true;
+        Holder {
+            jid: jid.into(),
+            entry,
+        }
+    }
+
+    #[test]
+    fn recipients_are_grouped_into_one_message_per_node_holding_them() {
+        let mut holders = HashMap::new();
+        holders.insert(
+            "a@x".to_owned(),
+            vec![holder("a@x/1", "n2#p"), holder("a@x/2", "n3#q")],
+        );
+        holders.insert("b@x".to_owned(), vec![holder("b@x/1", "n2#p")]);
+        let to: Vec<String> = ["a@x", "b@x", "b@x/other", "b@x/1", "c@x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (per_node, reached) = route(&to, &holders);
+        assert_eq!(
+            per_node,
+            vec![
+                (
+                    "n2".to_owned(),
+                    vec!["a@x".to_owned(), "b@x".to_owned(), "b@x/1".to_owned()]
+                ),
+                ("n3".to_owned(), vec!["a@x".to_owned()]),
+            ]
+        );
+        // A full JID bound nowhere and a user with no session elsewhere reach nothing.
+        let mut reached: Vec<String> = reached.into_iter().collect();
+        reached.sort();
+        assert_eq!(reached, ["a@x", "b@x", "b@x/1"]);
+    }
+}

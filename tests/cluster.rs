@@ -1,0 +1,843 @@
+//! Several nodes on one PostgreSQL database and one Redis key prefix: every cross-node path
+//! between alice on node 1 and bob on node 2, with real servers, sockets, TLS, PostgreSQL
+//! and Redis. The SIGKILL test runs node 2 as a child process of the built binary.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use presenced::config::Config;
+use presenced::xml::{parse_element, Element, NS_CLIENT};
+
+const NS_BLOCKING: &str = "urn:xmpp:blocking";
+const NS_INVISIBLE: &str = "urn:xmpp:invisible:0";
+
+fn el(s: &str) -> Element {
+    parse_element(s).expect("test XML")
+}
+
+/// Two nodes of one cluster: same domain, database and Redis prefix, distinct node ids.
+async fn two_nodes(tweak: fn(&mut Config)) -> (TestServer, TestServer) {
+    let domain = format!("c{}.example", unique());
+    let n1 = TestServer::start_with_domain(&domain, |c| {
+        fast_liveness(c);
+        c.cluster.node_id = Some(format!("n1-{}", unique()));
+        tweak(c);
+    })
+    .await;
+    let n2 = TestServer::start_with_domain(&domain, |c| {
+        fast_liveness(c);
+        c.cluster.node_id = Some(format!("n2-{}", unique()));
+        tweak(c);
+    })
+    .await;
+    see_each_other(&[&n1, &n2]).await;
+    (n1, n2)
+}
+
+/// Waits (bounded) until every node lists every other as live.
+async fn see_each_other(nodes: &[&TestServer]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for n in nodes {
+        while n.shared().cluster.peers().len() < nodes.len() - 1 {
+            assert!(Instant::now() < deadline, "nodes did not see each other");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Waits (bounded) until the directory, as `node` reads it, holds `jid` on another node
+/// (and, if `available`, with initial presence sent).
+async fn in_directory(node: &TestServer, jid: &str, available: bool) {
+    let full = presenced::jid::FullJid::new(jid).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(h) = node.shared().cluster.holder_of(&full).await {
+            if h.entry.available || !available {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{jid} not in the directory");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn online(node: &TestServer, name: &str, res: &str) -> Client {
+    let mut c = node.login(name, res).await;
+    c.presence(None, None).await;
+    c.expect(|e| is_presence(e, &format!("{}/{res}", node.jid(name)), None))
+        .await;
+    c
+}
+
+fn message(to: &str, body: &str) -> Element {
+    Element::new("message", NS_CLIENT)
+        .attr("to", to)
+        .attr("type", "chat")
+        .child(Element::new("body", NS_CLIENT).text(body))
+}
+
+fn has_body(e: &Element, body: &str) -> bool {
+    e.name == "message"
+        && e.get_child("body", NS_CLIENT)
+            .is_some_and(|b| b.text_content() == body)
+}
+
+#[tokio::test]
+async fn subscription_presence_probes_messages_and_iq_cross_nodes() {
+    let (n1, n2) = two_nodes(|_| {}).await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    let (alice_bare, bob_bare) = (n1.jid("alice"), n1.jid("bob"));
+    let alice_full = format!("{alice_bare}/a");
+    let bob_full = format!("{bob_bare}/b");
+    let mut alice = online(&n1, "alice", "a").await;
+    let mut bob = online(&n2, "bob", "b").await;
+    for c in [&mut alice, &mut bob] {
+        let r = c
+            .iq("get", None, Element::new("query", "jabber:iq:roster"))
+            .await;
+        assert_eq!(r.get_attr("type"), Some("result"));
+    }
+    in_directory(&n1, &bob_full, true).await;
+    in_directory(&n2, &alice_full, true).await;
+
+    // RFC 6121 §3.1 across nodes, both ways: request, approval, the approver's presence.
+    subscribe_mutually(&mut alice, &alice_bare, &mut bob, &bob_bare).await;
+
+    // Presence both ways (the roster pushes of each side's approval came from its own
+    // node, after the other node's change, through PostgreSQL's notification).
+    for (c, contact) in [(&mut alice, &bob_bare), (&mut bob, &alice_bare)] {
+        c.expect(|e| {
+            e.name == "iq"
+                && e.get_attr("type") == Some("set")
+                && e.to_xml().contains(&format!("jid='{contact}'"))
+                && e.to_xml().contains("subscription='both'")
+        })
+        .await;
+    }
+    // Presence both ways.
+    let mut p = Element::new("presence", NS_CLIENT)
+        .child(Element::new("status", NS_CLIENT).text("from node 1"));
+    alice.send(&p).await;
+    let got = bob
+        .expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains("from node 1"))
+        .await;
+    assert_eq!(got.get_attr("to"), Some(bob_bare.as_str()));
+    p = Element::new("presence", NS_CLIENT)
+        .child(Element::new("status", NS_CLIENT).text("from node 2"));
+    bob.send(&p).await;
+    alice
+        .expect(|e| is_presence(e, &bob_full, None) && e.to_xml().contains("from node 2"))
+        .await;
+
+    // Messages to the bare and the full JID, and an iq to the full JID and its answer.
+    alice.send(&message(&bob_bare, "to bare")).await;
+    let m = bob.expect(|e| has_body(e, "to bare")).await;
+    assert_eq!(m.get_attr("from"), Some(alice_full.as_str()));
+    alice.send(&message(&bob_full, "to full")).await;
+    bob.expect(|e| has_body(e, "to full")).await;
+    let iq = Element::new("iq", NS_CLIENT)
+        .attr("type", "get")
+        .attr("id", "v1")
+        .attr("to", bob_full.clone())
+        .child(Element::new("query", "jabber:iq:version"));
+    alice.send(&iq).await;
+    let req = bob
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("v1"))
+        .await;
+    assert_eq!(req.get_attr("from"), Some(alice_full.as_str()));
+    let answer = Element::new("iq", NS_CLIENT)
+        .attr("type", "result")
+        .attr("id", "v1")
+        .attr("to", alice_full.clone());
+    bob.send(&answer).await;
+    alice
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("v1"))
+        .await;
+
+    // Unavailable on logout reaches the other node; the probe of a new login is answered
+    // with the presence of a resource on the other node.
+    alice.presence(Some("unavailable"), None).await;
+    bob.expect(|e| is_presence(e, &alice_full, Some("unavailable")))
+        .await;
+    alice.close().await;
+    let mut alice = n1.login("alice", "a2").await;
+    alice.presence(None, None).await;
+    let answer = alice.expect(|e| is_presence(e, &bob_full, None)).await;
+    assert!(answer.to_xml().contains("from node 2"), "{answer}");
+    bob.expect(|e| is_presence(e, &format!("{alice_bare}/a2"), None))
+        .await;
+
+    // RFC 6121 §8.5.2.1.1 across nodes: the highest priority wins wherever it is.
+    let mut bob_low = n1.login("bob", "low").await;
+    bob_low
+        .send(&el(&format!(
+            "<presence xmlns='{NS_CLIENT}'><priority>1</priority></presence>"
+        )))
+        .await;
+    // A new resource learns the presence of the user's resource on the other node.
+    bob_low
+        .expect(|e| is_presence(e, &bob_full, None) && e.to_xml().contains("from node 2"))
+        .await;
+    bob.send(&el(&format!(
+        "<presence xmlns='{NS_CLIENT}'><priority>5</priority></presence>"
+    )))
+    .await;
+    alice
+        .expect(|e| is_presence(e, &bob_full, None) && e.to_xml().contains("<priority>5"))
+        .await;
+    alice.send(&message(&bob_bare, "highest")).await;
+    bob.expect(|e| has_body(e, "highest")).await;
+    bob_low
+        .expect_none(|e| has_body(e, "highest"), Duration::from_millis(500))
+        .await;
+    n1.stop().await;
+    n2.stop().await;
+}
+
+#[tokio::test]
+async fn blocks_and_invisibility_hold_across_nodes() {
+    let (n1, n2) = two_nodes(|_| {}).await;
+    for u in ["alice", "bob", "carol"] {
+        n1.user(u).await;
+    }
+    n1.make_mutual("alice", "bob").await;
+    n1.make_mutual("alice", "carol").await;
+    let (alice_bare, bob_bare, carol_bare) = (n1.jid("alice"), n1.jid("bob"), n1.jid("carol"));
+    let mut alice = online(&n1, "alice", "a").await;
+    let mut bob = online(&n2, "bob", "b").await;
+    alice.expect(|e| is_presence(e, &bob_bare, None)).await;
+    in_directory(&n1, &format!("{bob_bare}/b"), true).await;
+
+    // Bob blocks alice on node 2: her messages from node 1 are not delivered.
+    let r = bob
+        .iq(
+            "set",
+            None,
+            el(&format!(
+                "<block xmlns='{NS_BLOCKING}'><item jid='{alice_bare}'/></block>"
+            )),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"));
+    alice.send(&message(&bob_bare, "blocked")).await;
+    alice
+        .send(&message(&format!("{bob_bare}/b"), "blocked full"))
+        .await;
+    bob.expect_none(
+        |e| e.name == "message" && e.to_xml().contains("blocked"),
+        Duration::from_millis(800),
+    )
+    .await;
+
+    // Carol goes invisible on node 2 before her initial presence: alice on node 1 sees
+    // nothing, and a probe from a new login of alice is answered as offline.
+    let mut carol = n2.login("carol", "c").await;
+    let r = carol
+        .iq(
+            "set",
+            None,
+            el(&format!("<invisible xmlns='{NS_INVISIBLE}'/>")),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"));
+    carol.presence(None, None).await;
+    in_directory(&n1, &format!("{carol_bare}/c"), true).await;
+    alice
+        .expect_none(
+            |e| is_presence(e, &carol_bare, None),
+            Duration::from_millis(800),
+        )
+        .await;
+    let mut alice2 = n1.login("alice", "a2").await;
+    alice2.presence(None, None).await;
+    let answer = alice2
+        .expect(|e| {
+            e.name == "presence"
+                && e.get_attr("from")
+                    .is_some_and(|f| f.starts_with(&carol_bare))
+        })
+        .await;
+    assert_eq!(answer.get_attr("type"), Some("unavailable"), "{answer}");
+    assert_eq!(answer.get_attr("from"), Some(carol_bare.as_str()));
+    // Directed presence (RFC 6121 §4.6) to a stranger on the other node reaches it, and
+    // so does the unavailable that ends it.
+    n1.user("dave").await;
+    let dave_bare = n1.jid("dave");
+    let mut dave = online(&n2, "dave", "d").await;
+    in_directory(&n1, &format!("{dave_bare}/d"), true).await;
+    alice2.presence(None, Some(&dave_bare)).await;
+    dave.expect(|e| is_presence(e, &format!("{alice_bare}/a2"), None))
+        .await;
+    alice2.presence(Some("unavailable"), None).await;
+    dave.expect(|e| is_presence(e, &format!("{alice_bare}/a2"), Some("unavailable")))
+        .await;
+    alice2.presence(None, None).await;
+    // An iq to the invisible resource gets what an offline one gives.
+    let iq = alice2
+        .iq(
+            "get",
+            Some(&format!("{carol_bare}/c")),
+            Element::new("query", "jabber:iq:version"),
+        )
+        .await;
+    assert_eq!(stanza_error(&iq), "service-unavailable");
+    n1.stop().await;
+    n2.stop().await;
+}
+
+#[tokio::test]
+async fn binding_a_resource_held_on_another_node_replaces_it_there() {
+    let (n1, n2) = two_nodes(|_| {}).await;
+    n1.user("alice").await;
+    let full = format!("{}/same", n1.jid("alice"));
+    let mut first = online(&n1, "alice", "same").await;
+    in_directory(&n2, &full, true).await;
+    let _second = online(&n2, "alice", "same").await;
+    // RFC 6120 §7.7.2.2: the older session ends with the conflict stream error.
+    let end = first.expect_stream_end().await;
+    assert!(
+        matches!(&end, Ended::StreamError(c) if c == "conflict"),
+        "{end:?}"
+    );
+    in_directory(&n1, &full, false).await;
+    n1.stop().await;
+    n2.stop().await;
+}
+
+#[tokio::test]
+async fn a_reconnect_within_grace_on_the_other_node_announces_nothing() {
+    // G long enough for a reconnect in a debug build, T long enough that the new session,
+    // which this test does not keep alive, outlives the window.
+    let (n1, n2) = two_nodes(|c| {
+        c.liveness.grace = Duration::from_millis(1500);
+        c.liveness.ttl = Duration::from_secs(4);
+    })
+    .await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    n1.make_mutual("alice", "bob").await;
+    let alice_full = format!("{}/phone", n1.jid("alice"));
+    let mut bob = online(&n1, "bob", "b").await;
+    let alice = online(&n2, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    // The connection drops on node 2 (no unavailable sent) and the client is back on
+    // node 1 with the same resource before G is over.
+    let dropped = Instant::now();
+    drop(alice);
+    let _alice = online(&n1, "alice", "phone").await;
+    let grace = n2.config.liveness.grace;
+    assert!(
+        dropped.elapsed() < grace,
+        "the reconnect took longer than G"
+    );
+    bob.watch_none(
+        |e| is_presence(e, &alice_full, Some("unavailable")),
+        grace + Duration::from_secs(1),
+    )
+    .await;
+    assert!(
+        n2.shared()
+            .liveness
+            .metrics
+            .grace_started
+            .load(Ordering::Relaxed)
+            >= 1
+    );
+    n1.stop().await;
+    n2.stop().await;
+}
+
+/// `INFO commandstats`: calls per command.
+async fn commandstats(node: &TestServer) -> std::collections::HashMap<String, u64> {
+    let mut r = node.redis().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients() {
+    let (n1, n2) = two_nodes(|_| {}).await;
+    n1.user("alice").await;
+    let mut viewers = Vec::new();
+    for i in 0..10 {
+        let name = format!("v{i}");
+        n1.user(&name).await;
+        n1.make_mutual("alice", &name).await;
+        viewers.push(online(&n2, &name, "r").await);
+    }
+    let mut alice = online(&n1, "alice", "a").await;
+    let alice_full = format!("{}/a", n1.jid("alice"));
+    for v in &mut viewers {
+        v.expect(|e| is_presence(e, &alice_full, None)).await;
+    }
+    // The login's probes are answered from the directory (ten reads) before this counts.
+    for i in 0..10 {
+        let from = format!("{}/r", n1.jid(&format!("v{i}")));
+        alice.expect(|e| is_presence(e, &from, None)).await;
+    }
+    let before = commandstats(&n1).await;
+    let c = n1.shared().cluster.counters();
+    let (pub0, look0) = (
+        c.published.load(Ordering::Relaxed),
+        c.lookups.load(Ordering::Relaxed),
+    );
+    alice
+        .send(&el(&format!(
+            "<presence xmlns='{NS_CLIENT}'><show>away</show></presence>"
+        )))
+        .await;
+    for v in &mut viewers {
+        v.expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains("away"))
+            .await;
+    }
+    let after = commandstats(&n1).await;
+    // Every command Redis ran meanwhile, from both nodes and anything else on this Redis
+    // (run with a private REDIS_URL for a clean figure; periodic heartbeats may add one).
+    let mut delta: Vec<(String, u64)> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d > 0)
+        .collect();
+    delta.sort();
+    println!("cluster: Redis commands during the change: {delta:?}");
+    let published = c.published.load(Ordering::Relaxed) - pub0;
+    let lookups = c.lookups.load(Ordering::Relaxed) - look0;
+    println!("cluster: presence change to 10 recipients on one other node: {published} PUBLISH, {lookups} directory reads");
+    assert_eq!(
+        published, 1,
+        "one message for the one node holding recipients"
+    );
+    // The ten contacts and the user's own bare JID, read in one pipeline.
+    assert_eq!(lookups, 11);
+    n1.stop().await;
+    n2.stop().await;
+}
+
+/// Node 2 as a child process of the built binary, on the cluster of `n1` (same domain,
+/// database, Redis prefix, certificate), named `node_id`.
+struct ChildNode {
+    child: tokio::process::Child,
+    server: TestServer,
+}
+
+async fn child_node(n1: &TestServer, node_id: &str, port: u16) -> ChildNode {
+    let dir = std::env::temp_dir().join(format!("presenced-cluster-{}", unique()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = &n1.config;
+    let l = &c.liveness;
+    let toml = format!(
+        r#"domains = ["{domain}"]
+[c2s]
+bind = "127.0.0.1"
+port = {port}
+direct_tls = false
+[tls]
+certs_dir = "{certs}"
+[database]
+url = "{db}"
+max_connections = 4
+migrations = "{migrations}"
+[redis]
+url = "{redis}"
+key_prefix = "{prefix}"
+[liveness]
+heartbeat_interval = {h}
+ttl = {t}
+grace = {g}
+sweep_interval = {sweep}
+redis_refresh = {refresh}
+last_seen_flush = 0.2
+beat_shards = {shards}
+[http]
+enabled = false
+[s2s]
+enabled = false
+[cluster]
+node_id = "{node_id}"
+"#,
+        domain = n1.domain,
+        certs = c.tls.certs_dir.display(),
+        db = c.database.url,
+        migrations = c.database.migrations.display(),
+        redis = c.redis.url,
+        prefix = c.redis.key_prefix,
+        h = l.heartbeat_interval.as_secs_f64(),
+        t = l.ttl.as_secs_f64(),
+        g = l.grace.as_secs_f64(),
+        sweep = l.sweep_interval.as_secs_f64(),
+        refresh = l.redis_refresh.as_secs_f64(),
+        shards = l.beat_shards,
+    );
+    let path = dir.join("node2.toml");
+    std::fs::write(&path, toml).unwrap();
+    let log = std::fs::File::create(dir.join("node2.log")).unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_presenced"))
+        .arg("--config")
+        .arg(&path)
+        .arg("serve")
+        .env_remove("DATABASE_URL")
+        .env_remove("REDIS_URL")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start node 2");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "node 2 did not start: see {}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // n1 must know the child is live before anything crosses.
+    while !n1
+        .shared()
+        .cluster
+        .peers()
+        .iter()
+        .any(|p| p.starts_with(&format!("{node_id}#")))
+    {
+        assert!(Instant::now() < deadline, "node 1 does not see node 2");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut config = n1.config.clone();
+    config.cluster.node_id = Some(node_id.to_owned());
+    ChildNode {
+        child,
+        server: TestServer {
+            running: None,
+            domain: n1.domain.clone(),
+            addr,
+            direct_addr: addr,
+            cert: n1.cert.clone(),
+            config,
+        },
+    }
+}
+
+async fn node_one(tweak: fn(&mut Config)) -> TestServer {
+    let domain = format!("k{}.example", unique());
+    TestServer::start_with_domain(&domain, |c| {
+        fast_liveness(c);
+        c.cluster.node_id = Some(format!("n1-{}", unique()));
+        tweak(c);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn sigkill_of_a_node_announces_its_users_to_viewers_on_another_node_within_t() {
+    let n1 = node_one(|_| {}).await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    n1.user("carol").await;
+    n1.make_mutual("alice", "bob").await;
+    // Carol may not see alice online (a block): she must learn nothing of the crash.
+    n1.make_mutual("alice", "carol").await;
+    let node_id = format!("n2-{}", unique());
+    let mut n2 = child_node(&n1, &node_id, free_port()).await;
+    let alice_full = format!("{}/phone", n1.jid("alice"));
+    let mut bob = online(&n1, "bob", "b").await;
+    let mut carol = online(&n1, "carol", "c").await;
+    let r = carol
+        .iq(
+            "set",
+            None,
+            el(&format!(
+                "<block xmlns='{NS_BLOCKING}'><item jid='{}'/></block>",
+                n1.jid("alice")
+            )),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"));
+    let mut alice = online(&n2.server, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    // The client's last traffic, then the node dies without a word.
+    alice.presence(None, None).await;
+    alice.expect(|e| is_presence(e, &alice_full, None)).await;
+    n2.child.kill().await.expect("SIGKILL node 2");
+    let killed = Instant::now();
+    let l = &n1.config.liveness;
+    // Silent death: between T − H − refresh (the last beat Redis has may be one refresh
+    // older than the last traffic) and T plus one sweep after it, with a second of slack
+    // for a debug build on a shared machine.
+    let upper = l.ttl + l.sweep_interval + Duration::from_secs(1);
+    let bob_sees = async {
+        let got = bob
+            .watch(
+                &|e| is_presence(e, &alice_full, Some("unavailable")),
+                upper + Duration::from_secs(2),
+            )
+            .await
+            .expect("alice announced unavailable to bob on node 1");
+        (got, killed.elapsed())
+    };
+    // Meanwhile (both answering the server's pings), carol hears nothing of it.
+    let carol_hears_nothing = carol.watch_none(
+        |e| e.get_attr("from") == Some(alice_full.as_str()),
+        upper + Duration::from_millis(300),
+    );
+    let ((got, after), ()) = tokio::join!(bob_sees, carol_hears_nothing);
+    println!(
+        "cluster: SIGKILL of node 2 -> unavailable on node 1 after {after:?} (T {:?}, H {:?}, sweep {:?})",
+        l.ttl, l.heartbeat_interval, l.sweep_interval
+    );
+    assert_eq!(got.get_attr("to"), Some(n1.jid("bob").as_str()));
+    assert!(
+        after >= l.ttl - l.heartbeat_interval - l.redis_refresh,
+        "announced too early: {after:?}"
+    );
+    assert!(after <= upper, "announced after {after:?}, bound {upper:?}");
+    // The directory forgets the dead node's session.
+    let full = presenced::jid::FullJid::new(&alice_full).unwrap();
+    let deadline = Instant::now() + l.ttl;
+    while n1.shared().cluster.holder_of(&full).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "directory still names the dead node"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    n1.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_restarted_under_the_same_id_produces_no_false_offline() {
+    // T long enough for a restart of the binary and a reconnect within it.
+    let n1 = node_one(|c| c.liveness.ttl = Duration::from_secs(6)).await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    n1.make_mutual("alice", "bob").await;
+    let node_id = format!("n2-{}", unique());
+    let port = free_port();
+    let mut n2 = child_node(&n1, &node_id, port).await;
+    let alice_full = format!("{}/phone", n1.jid("alice"));
+    let mut bob = online(&n1, "bob", "b").await;
+    let alice = online(&n2.server, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    n2.child.kill().await.expect("SIGKILL node 2");
+    drop(alice);
+    let killed = Instant::now();
+    // The same node id comes back on the same port; the client reconnects there.
+    let n2b = child_node(&n1, &node_id, port).await;
+    let mut alice = online(&n2b.server, "alice", "phone").await;
+    assert!(
+        killed.elapsed() < n1.config.liveness.ttl,
+        "restart took longer than T"
+    );
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    // Past the dead run's T plus sweeps: never an unavailable for the resource.
+    let l = &n1.config.liveness;
+    let until = killed + l.ttl + l.sweep_interval * 2 + Duration::from_secs(1);
+    while Instant::now() < until {
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(300));
+        alice.idle_answering_pings(left).await;
+        bob.watch_none(
+            |e| is_presence(e, &alice_full, Some("unavailable")),
+            Duration::from_millis(1),
+        )
+        .await;
+    }
+    bob.watch_none(
+        |e| is_presence(e, &alice_full, Some("unavailable")),
+        Duration::from_millis(200),
+    )
+    .await;
+    drop(n2b);
+    n1.stop().await;
+}
+
+/// Waits up to `bound` for `watcher` to get a stanza matching `pred` while `other` keeps
+/// answering the server's pings (both stay alive past T).
+async fn watch_keeping_alive(
+    watcher: &mut Client,
+    pred: &impl Fn(&Element) -> bool,
+    other: &mut Client,
+    bound: Duration,
+) -> Option<Element> {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        match watcher.watch(pred, Duration::from_millis(100)).await {
+            Ok(e) => return Some(e),
+            Err(Ended::Timeout) => other.idle_answering_pings(Duration::from_millis(100)).await,
+            Err(e) => panic!("stream ended while watching: {e:?}"),
+        }
+    }
+    None
+}
+
+/// A TCP proxy in front of Redis that the test can cut and restore: one node's view of
+/// Redis, so that node alone is partitioned.
+struct RedisCut {
+    addr: std::net::SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl RedisCut {
+    async fn start(upstream: &str) -> RedisCut {
+        let upstream: std::net::SocketAddr = upstream
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .parse()
+            .expect("REDIS_URL as redis://ip:port");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (open, _) = tokio::sync::watch::channel(true);
+        let gate = open.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut rx = gate.subscribe();
+                if !*rx.borrow() {
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = rx.wait_for(|open| !*open) => {}
+                    }
+                });
+            }
+        });
+        RedisCut { addr, open }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    fn set(&self, open: bool) {
+        self.open.send_replace(open);
+    }
+}
+
+#[tokio::test]
+async fn a_node_cut_off_from_redis_is_announced_after_t_and_shown_again_when_it_returns() {
+    let cut = RedisCut::start(&redis_url()).await;
+    let domain = format!("p{}.example", unique());
+    let tweak = |c: &mut Config| {
+        fast_liveness(c);
+        c.redis.reconnect_max = Duration::from_millis(300);
+        c.redis.timeout = Duration::from_millis(300);
+    };
+    let n1 = TestServer::start_with_domain(&domain, |c| {
+        tweak(c);
+        c.cluster.node_id = Some(format!("n1-{}", unique()));
+    })
+    .await;
+    let proxied = cut.url();
+    let n2 = TestServer::start_with_domain(&domain, |c| {
+        tweak(c);
+        c.redis.url = proxied;
+        c.cluster.node_id = Some(format!("n2-{}", unique()));
+    })
+    .await;
+    see_each_other(&[&n1, &n2]).await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    n1.make_mutual("alice", "bob").await;
+    let alice_full = format!("{}/phone", n1.jid("alice"));
+    let mut bob = online(&n1, "bob", "b").await;
+    let mut alice = online(&n2, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    let tab_full = format!("{}/tab", n1.jid("alice"));
+    let tab = online(&n2, "alice", "tab").await;
+    in_directory(&n1, &tab_full, true).await;
+
+    // Node 2 loses Redis; alice stays connected to it (and answers its pings), her tab
+    // closes meanwhile.
+    cut.set(false);
+    tab.close().await;
+    let l = &n1.config.liveness;
+    let bound = l.ttl + l.sweep_interval + Duration::from_secs(2);
+    let unavailable = |e: &Element| is_presence(e, &alice_full, Some("unavailable"));
+    watch_keeping_alive(&mut bob, &unavailable, &mut alice, bound)
+        .await
+        .expect("the rest of the cluster announces node 2's users after T");
+
+    // Redis is back for node 2: bob sees alice again without her doing anything.
+    cut.set(true);
+    let available = |e: &Element| is_presence(e, &alice_full, None);
+    watch_keeping_alive(&mut bob, &available, &mut alice, Duration::from_secs(5))
+        .await
+        .expect("alice shown again once node 2 is back");
+    // The directory forgets the tab that ended while node 2 could not write it.
+    let tab = presenced::jid::FullJid::new(&tab_full).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while n1.shared().cluster.holder_of(&tab).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the ended tab is still in the directory"
+        );
+        alice.idle_answering_pings(Duration::from_millis(50)).await;
+    }
+    n1.stop().await;
+    n2.stop().await;
+}
+
+#[tokio::test]
+async fn resources_bound_on_other_nodes_count_against_the_per_account_limit() {
+    let (n1, n2) = two_nodes(|c| c.limits.max_resources_per_account = 2).await;
+    n1.user("alice").await;
+    let _one = online(&n1, "alice", "one").await;
+    let _two = online(&n2, "alice", "two").await;
+    in_directory(&n1, &format!("{}/two", n1.jid("alice")), false).await;
+    // A third resource on node 1, which holds only one itself: RFC 6120 §7.7.2.2.
+    let mut c = Client::authenticated(&n1, "alice").await;
+    let err = c.bind("three").await.expect_err("third resource refused");
+    assert_eq!(stanza_error(&err), "resource-constraint", "{err}");
+    // Taking over a resource bound on the other node adds none, and is allowed.
+    let mut c = Client::authenticated(&n1, "alice").await;
+    c.bind("two").await.expect("take-over allowed");
+    // A session that ends while available (its unavailable goes out after G) leaves the
+    // directory for good: the broadcast at the end of its grace period does not write it
+    // back.
+    drop(c);
+    let one = presenced::jid::FullJid::new(&format!("{}/one", n1.jid("alice"))).unwrap();
+    drop(_one);
+    let deadline = Instant::now() + n1.config.liveness.grace + Duration::from_secs(3);
+    while n1.shared().liveness.is_tracked(&one) {
+        assert!(
+            Instant::now() < deadline,
+            "grace period of alice/one never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let view = n2
+        .shared()
+        .cluster
+        .holders(&[n1.jid("alice").as_str()])
+        .await;
+    assert!(
+        view.values().flatten().all(|h| h.jid != one.as_str()),
+        "{view:?}"
+    );
+    n1.stop().await;
+    n2.stop().await;
+}
