@@ -196,10 +196,13 @@ impl Default for StoreLimits {
     }
 }
 
-/// Where a PostgreSQL URL points, for logs and errors: `host:port/database` (or the
-/// socket directory), without user or password.
+/// Where a database URL points, for logs and errors: `host:port/database` (or the
+/// socket directory) without user or password, or `sqlite:` and the file.
 pub fn database_target(url: &str) -> String {
     use std::str::FromStr;
+    if let Some(path) = sqlite::path_of(url) {
+        return format!("sqlite:{}", path.display());
+    }
     match sqlx::postgres::PgConnectOptions::from_str(url) {
         Ok(o) => format!(
             "{}:{}/{}",
