@@ -48,6 +48,19 @@ async fn online(ts: &TestServer, name: &str, res: &str) -> Client {
     c
 }
 
+/// XEP-0186: the session goes invisible (`true`) or visible again, and the server agreed.
+async fn set_invisible(c: &mut Client, invisible: bool) {
+    let what = if invisible { "invisible" } else { "visible" };
+    let r = c
+        .iq(
+            "set",
+            None,
+            el(&format!("<{what} xmlns='{NS_INVISIBLE}'/>")),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{what}: {r}");
+}
+
 async fn set_privacy(ts: &TestServer, c: &mut Client, inner: &str) {
     let r = c
         .iq(
@@ -521,14 +534,7 @@ async fn invisible_session_broadcasts_nothing_answers_probes_offline_and_can_sen
     let j = format!("{}/phone", ts.jid("alice"));
     bob.expect(|e| is_presence(e, &j, None)).await;
 
-    let r = alice
-        .iq(
-            "set",
-            None,
-            el(&format!("<invisible xmlns='{NS_INVISIBLE}'/>")),
-        )
-        .await;
-    assert_eq!(r.get_attr("type"), Some("result"));
+    set_invisible(&mut alice, true).await;
     // Becoming invisible withdraws what was shown.
     bob.expect(|e| is_presence(e, &j, Some("unavailable")))
         .await;
@@ -550,14 +556,7 @@ async fn invisible_session_broadcasts_nothing_answers_probes_offline_and_can_sen
     bob.expect_none(|e| from_is(e, &ts.jid("alice")), QUIET)
         .await;
 
-    let r = alice
-        .iq(
-            "set",
-            None,
-            el(&format!("<visible xmlns='{NS_INVISIBLE}'/>")),
-        )
-        .await;
-    assert_eq!(r.get_attr("type"), Some("result"));
+    set_invisible(&mut alice, false).await;
     bob.expect(|e| is_presence(e, &j, None)).await;
     ts.stop().await;
 }
@@ -632,14 +631,7 @@ async fn attack(scenario: Scenario, subject_online: bool) -> Vec<String> {
     if subject_online {
         let mut s = ts.login("sub", "phone").await;
         if matches!(scenario, Scenario::Invisible) {
-            let r = s
-                .iq(
-                    "set",
-                    None,
-                    el(&format!("<invisible xmlns='{NS_INVISIBLE}'/>")),
-                )
-                .await;
-            assert_eq!(r.get_attr("type"), Some("result"));
+            set_invisible(&mut s, true).await;
         }
         s.presence(None, None).await;
         barrier(&ts, &mut s).await;
@@ -1300,28 +1292,14 @@ async fn metrics_are_only_on_the_admin_listener_and_do_not_count_invisible_sessi
     assert_eq!(sessions(&ts.scrape_metrics().await), 1.0);
 
     let mut bob = ts.login("bob", "laptop").await;
-    let r = bob
-        .iq(
-            "set",
-            None,
-            el(&format!("<invisible xmlns='{NS_INVISIBLE}'/>")),
-        )
-        .await;
-    assert_eq!(r.get_attr("type"), Some("result"));
+    set_invisible(&mut bob, true).await;
     bob.presence(None, None).await;
     assert_eq!(
         sessions(&ts.scrape_metrics().await),
         1.0,
         "an invisible session is not counted"
     );
-    let r = bob
-        .iq(
-            "set",
-            None,
-            el(&format!("<visible xmlns='{NS_INVISIBLE}'/>")),
-        )
-        .await;
-    assert_eq!(r.get_attr("type"), Some("result"));
+    set_invisible(&mut bob, false).await;
     assert_eq!(sessions(&ts.scrape_metrics().await), 2.0);
 
     // The client-facing listener has no /metrics; the admin one sends no CORS header.
