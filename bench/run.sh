@@ -296,11 +296,13 @@ migrations = "$REPO/migrations"
 url = "redis://127.0.0.1:$BENCH_REDIS_PORT"
 key_prefix = "bench:"
 [http]
-# /metrics for the write rates at rest (plain HTTP on loopback, like the tests).
 bind = "127.0.0.1"
-port = $PRESENCED_HTTP_PORT
+port = 0
 tls = false
-metrics = true
+[admin]
+# /metrics for the write rates at rest.
+port = $PRESENCED_HTTP_PORT
+socket = ""
 [s2s]
 # No federation in the bench (and no listener on 0.0.0.0:5269 that others may use).
 enabled = false

@@ -55,6 +55,9 @@ bind = "127.0.0.1"
 port = 0
 direct_tls_port = 0
 nameserver = "none"
+[admin]
+port = 0
+socket = "$RUN_DIR/admin.sock"
 [limits]
 connections_per_ip_per_minute = 100000
 stanzas_per_second = 1000

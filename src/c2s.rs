@@ -818,10 +818,18 @@ impl Conn {
             peer,
             ..
         } = self;
-        let reg = shared.sessions.register(
+        let origin = crate::sessions::Origin::now(
+            match transport.kind {
+                TransportKind::Tcp => "tcp",
+                TransportKind::WebSocket => "websocket",
+            },
+            Some(peer),
+        );
+        let reg = shared.sessions.register_from(
             jid.clone(),
             shared.config.limits.session_queue,
             &shared.shutdown,
+            origin,
         );
         if reg.replaced.is_some() {
             tracing::info!(%peer, %jid, "resource conflict: older session replaced");

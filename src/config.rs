@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +37,7 @@ pub enum ConfigError {
 }
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// The XMPP domains this server hosts (RFC 6120 §2.1). Streams to any other are refused
@@ -57,10 +57,14 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Heartbeats, TTLs, the sweeper, the grace period and last-seen batching.
     pub liveness: LivenessConfig,
-    /// The HTTP(S) listener: RFC 7395 WebSocket, XEP-0156 host-meta, /metrics.
+    /// The HTTP(S) listener: RFC 7395 WebSocket, XEP-0156 host-meta.
     pub http: HttpConfig,
     /// Federation with other servers.
     pub s2s: S2sConfig,
+    /// What is logged and how.
+    pub log: LogConfig,
+    /// The operators' side: metrics listener and admin socket.
+    pub admin: AdminConfig,
     /// This node's identity among the nodes sharing one database and one Redis key prefix.
     pub cluster: ClusterConfig,
 }
@@ -78,21 +82,50 @@ impl Default for Config {
             liveness: LivenessConfig::default(),
             http: HttpConfig::default(),
             s2s: S2sConfig::default(),
+            log: LogConfig::default(),
+            admin: AdminConfig::default(),
             cluster: ClusterConfig::default(),
+        }
+    }
+}
+
+/// `[admin]`: what only operators reach.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Serve `/metrics` on `bind:port` (a listener of its own, never a client port).
+    pub enabled: bool,
+    /// Address of the metrics listener; loopback unless a scraper elsewhere needs it.
+    pub bind: IpAddr,
+    /// Port of the metrics listener (0: the system picks one, logged at start).
+    pub port: u16,
+    /// Unix socket of the admin commands (`user list`, `session …`, `stats`), created
+    /// with mode 0600; empty: no admin socket.
+    #[serde(with = "unset_if_empty")]
+    pub socket: Option<PathBuf>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            enabled: true,
+            bind: IpAddr::from([127, 0, 0, 1]),
+            port: 5281,
+            socket: Some(PathBuf::from("presenced-admin.sock")),
         }
     }
 }
 
 /// `[cluster]`: nodes that share one PostgreSQL database and one Redis key prefix are one
 /// cluster; nothing else is configured. Only the node's name can be chosen here.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
     /// The node's name in Redis (its sessions' directory entries, its pub/sub channel, the
     /// beats it writes). Unset: `<host name>-<c2s port>`, stable across restarts, so a
     /// restarted node takes back what it held. Letters, digits, `.`, `_` and `-`, at most
     /// 64 characters; two running nodes must never share one.
-    #[serde(deserialize_with = "unset_if_empty::deserialize")]
+    #[serde(with = "unset_if_empty")]
     pub node_id: Option<String>,
     /// Most recipients one cross-node message may carry; a broadcast to more recipients on
     /// one node is split into several messages.
@@ -106,6 +139,36 @@ impl Default for ClusterConfig {
             max_recipients_per_message: 1000,
         }
     }
+}
+
+/// `[log]`: the log on standard error.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// tracing filter directives, e.g. `"info"` or `"info,presenced::s2s=debug"`.
+    /// `RUST_LOG`, when set, replaces it. Reloaded on SIGHUP.
+    pub level: String,
+    /// `text` (one human-readable line per event) or `json` (one object per line).
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".into(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+/// The shape of a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 impl ClusterConfig {
@@ -141,7 +204,7 @@ fn valid_node_char(c: char) -> bool {
 }
 
 /// `[c2s]`: where clients connect.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct C2sConfig {
     /// Address both client listeners bind to.
@@ -166,7 +229,7 @@ impl Default for C2sConfig {
 }
 
 /// `[tls]`: certificates, one pair per domain or one pair for all.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
     /// PEM certificate chain. Unset (`""` in the file): a self-signed certificate is
@@ -191,7 +254,7 @@ impl Default for TlsConfig {
 }
 
 /// `[database]`: the durable store, PostgreSQL or an SQLite file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
     /// Connection URL; `DATABASE_URL` overrides it. `sqlite://path` is an SQLite file
@@ -243,7 +306,7 @@ impl Default for DatabaseConfig {
 }
 
 /// `[redis]`: liveness and routing state.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
     /// Connection URL; `REDIS_URL` overrides it. Empty (the default) runs liveness in
@@ -275,7 +338,7 @@ impl Default for RedisConfig {
 
 /// `[liveness]`: how silence is turned into "unavailable". Times are written in seconds and
 /// may be fractional (tests scale them down); see [`crate::liveness`] for how they relate.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LivenessConfig {
     /// H: after this much inbound silence the server pings the client (XEP-0199 on TCP,
@@ -329,8 +392,8 @@ impl Default for LivenessConfig {
     }
 }
 
-/// `[http]`: one HTTP(S) listener for RFC 7395 WebSocket, XEP-0156 discovery and metrics.
-#[derive(Debug, Clone, Deserialize)]
+/// `[http]`: one HTTP(S) listener for RFC 7395 WebSocket and XEP-0156 discovery.
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// Whether to listen at all.
@@ -348,9 +411,7 @@ pub struct HttpConfig {
     /// `wss://<domain>:<port><websocket_path>` from the request's Host.
     #[serde(with = "unset_if_empty")]
     pub websocket_url: Option<String>,
-    /// Serve Prometheus counters at /metrics.
-    pub metrics: bool,
-    /// Largest HTTP request head in bytes.
+    /// Largest HTTP request head in bytes (this listener and `[admin]`'s).
     pub max_request_head: usize,
 }
 
@@ -363,14 +424,13 @@ impl Default for HttpConfig {
             tls: true,
             websocket_path: "/xmpp-websocket".into(),
             websocket_url: None,
-            metrics: true,
             max_request_head: 8192,
         }
     }
 }
 
 /// `[auth]`: SASL and registration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Offer SASL PLAIN (only ever after TLS, RFC 6120 §13.8).
@@ -392,7 +452,7 @@ impl Default for AuthConfig {
 }
 
 /// `[limits]`: what one client may cost. Each violation gets the RFC 6120 error named here.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
     /// Largest stanza in bytes (policy-violation, RFC 6120 §13.12).
@@ -520,7 +580,7 @@ impl Default for LimitsConfig {
 }
 
 /// `[s2s]`: federation (RFC 6120 server-to-server streams, XEP-0220 dialback, XEP-0178).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct S2sConfig {
     /// Whether to federate at all; off means every remote stanza bounces with
@@ -587,7 +647,7 @@ pub struct S2sConfig {
 }
 
 /// How much a remote domain must prove before its stanzas are accepted.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct S2sPolicy {
     /// Only SASL EXTERNAL with a verified certificate is accepted (XEP-0178); dialback is
@@ -672,6 +732,23 @@ impl FromStr for Route {
     }
 }
 
+impl std::fmt::Display for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.direct_tls { "xmpps://" } else { "" };
+        if self.host.contains(':') {
+            write!(f, "{scheme}[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{scheme}{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl Serialize for Route {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl<'de> Deserialize<'de> for Route {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Route, D::Error> {
         String::deserialize(d)?
@@ -702,6 +779,16 @@ impl FromStr for Nameserver {
             addr => addr.parse().map(Nameserver::Server).map_err(|_| {
                 format!("[s2s] nameserver must be \"\", \"none\" or ip:port, not `{addr}`")
             }),
+        }
+    }
+}
+
+impl Serialize for Nameserver {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Nameserver::System => s.serialize_str(""),
+            Nameserver::Disabled => s.serialize_str("none"),
+            Nameserver::Server(addr) => s.collect_str(addr),
         }
     }
 }
@@ -750,6 +837,10 @@ mod secs {
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         super::duration_from(d, 1.0)
     }
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
 }
 
 /// Serde for an optional setting written as a string, `""` meaning unset (the file format
@@ -765,6 +856,17 @@ mod unset_if_empty {
         let s = String::deserialize(d)?;
         Ok((!s.is_empty()).then(|| T::from(s)))
     }
+
+    pub fn serialize<S, T>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error>
+    where
+        S: serde::Serializer,
+        T: serde::Serialize,
+    {
+        match v {
+            Some(t) => t.serialize(s),
+            None => s.serialize_str(""),
+        }
+    }
 }
 
 /// Serde for a [`Duration`] written as milliseconds.
@@ -773,6 +875,10 @@ mod millis {
 
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         super::duration_from(d, 1e-3)
+    }
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1e3)
     }
 }
 
@@ -871,9 +977,14 @@ impl Config {
                 }
             }
         }
-        for p in [&mut self.s2s.ca_file, &mut self.tls.cert, &mut self.tls.key]
-            .into_iter()
-            .flatten()
+        for p in [
+            &mut self.s2s.ca_file,
+            &mut self.tls.cert,
+            &mut self.tls.key,
+            &mut self.admin.socket,
+        ]
+        .into_iter()
+        .flatten()
         {
             fix(p);
         }
@@ -898,6 +1009,24 @@ impl Config {
         }
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("[tls] cert and key must be given together");
+        }
+        if self.admin.enabled && self.admin.port != 0 {
+            let clients = [
+                (self.c2s.bind, self.c2s.port),
+                (self.c2s.bind, self.c2s.direct_tls_port),
+                (self.http.bind, self.http.port),
+            ];
+            if clients.iter().any(|&(bind, port)| {
+                port == self.admin.port
+                    && (bind == self.admin.bind
+                        || bind.is_unspecified()
+                        || self.admin.bind.is_unspecified())
+            }) {
+                return bad("[admin] port must differ from the client ports ([c2s], [http])");
+            }
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return bad(&format!("[log] level `{}`: {e}", self.log.level));
         }
         let l = &self.limits;
         if l.max_stanza_size < 10_000 {

@@ -30,12 +30,7 @@ pub async fn start(
         return Ok(None);
     }
     let addr = SocketAddr::new(c.bind, c.port);
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| StartError::Bind(addr, e))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| StartError::Bind(addr, e))?;
+    let (listener, local) = crate::node::listen::bind(addr).await?;
     tracing::info!(addr = %local, tls = c.tls, path = %c.websocket_path, "http listening");
     tracker.spawn(accept_loop(listener, shared.clone(), policy));
     Ok(Some(local))
@@ -65,6 +60,46 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, policy: Arc<Lis
             drop(permit);
         });
     }
+}
+
+/// Binds the operators' HTTP listener (`[admin]`, loopback by default, never the client
+/// port): `/metrics`. No cross-origin header: a web page a user visits must not read it.
+pub async fn start_admin(
+    shared: &Arc<Shared>,
+    tracker: &TaskTracker,
+) -> Result<Option<SocketAddr>, StartError> {
+    let c = &shared.config.admin;
+    if !c.enabled {
+        return Ok(None);
+    }
+    let addr = SocketAddr::new(c.bind, c.port);
+    let (listener, local) = crate::node::listen::bind(addr).await?;
+    tracing::info!(addr = %local, "admin http listening (/metrics)");
+    let shared = shared.clone();
+    tracker.spawn(async move {
+        while let Some((stream, peer)) =
+            crate::node::listen::next_connection(&listener, &shared.shutdown, "admin").await
+        {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let mut io: BoxIo = Box::new(stream);
+                let deadline =
+                    tokio::time::Instant::now() + shared.config.limits.negotiation_timeout;
+                let max = shared.config.http.max_request_head;
+                let (status, ctype, body) = match read_head(&mut io, deadline, max, peer).await {
+                    Err(None) => return,
+                    Err(Some((status, text))) => (status, "text/plain", text.to_owned()),
+                    Ok((head, _)) if head.method != "GET" => (405, "text/plain", "only GET".into()),
+                    Ok((head, _)) => match head.path.split('?').next().unwrap_or("") {
+                        "/metrics" => (200, crate::metrics::CONTENT_TYPE, shared.metrics.render()),
+                        _ => (404, "text/plain", "not found".into()),
+                    },
+                };
+                respond_with(io, status, ctype, &body, "").await;
+            });
+        }
+    });
+    Ok(Some(local))
 }
 
 /// A parsed request head.
@@ -103,6 +138,36 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, ()> {
     }
 }
 
+/// Reads a request head within `deadline` and `max` bytes; returns it with the bytes read
+/// (a WebSocket upgrade replays them). `Err(Some(..))` is the error response to send,
+/// `Err(None)` a connection that went away.
+async fn read_head(
+    io: &mut BoxIo,
+    deadline: tokio::time::Instant,
+    max: usize,
+    peer: SocketAddr,
+) -> Result<(Head, Vec<u8>), Option<(u16, &'static str)>> {
+    let mut buf = Vec::with_capacity(1024);
+    loop {
+        let mut chunk = [0u8; 1024];
+        let n = match tokio::time::timeout_at(deadline, io.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Err(None),
+            Ok(Ok(n)) => n,
+            Err(_) => {
+                tracing::info!(%peer, "http request head not complete within the negotiation timeout");
+                return Err(Some((408, "request head too slow")));
+            }
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        match parse_head(&buf) {
+            Ok(Some((h, _))) => return Ok((h, buf)),
+            Ok(None) if buf.len() < max => continue,
+            Ok(None) => return Err(Some((431, "request head too large"))),
+            Err(()) => return Err(Some((400, "bad request"))),
+        }
+    }
+}
+
 async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
     // The TLS handshake and the whole request head share one deadline: a bound on each read
     // alone lets a client trickle a byte per read and keep the connection for ever. The head
@@ -123,24 +188,10 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
         io
     };
     let max = shared.config.http.max_request_head;
-    let mut buf = Vec::with_capacity(1024);
-    let head = loop {
-        let mut chunk = [0u8; 1024];
-        let n = match tokio::time::timeout_at(deadline, io.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return,
-            Ok(Ok(n)) => n,
-            Err(_) => {
-                tracing::info!(%peer, "http request head not complete within the negotiation timeout");
-                return respond(io, 408, "text/plain", "request head too slow").await;
-            }
-        };
-        buf.extend_from_slice(&chunk[..n]);
-        match parse_head(&buf) {
-            Ok(Some((h, _))) => break h,
-            Ok(None) if buf.len() < max => continue,
-            Ok(None) => return respond(io, 431, "text/plain", "request head too large").await,
-            Err(()) => return respond(io, 400, "text/plain", "bad request").await,
-        }
+    let (head, buf) = match read_head(&mut io, deadline, max, peer).await {
+        Ok(read) => read,
+        Err(Some((status, text))) => return respond(io, status, "text/plain", text).await,
+        Err(None) => return,
     };
     let c = &shared.config.http;
     if head.method != "GET" {
@@ -165,10 +216,6 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
         "/.well-known/host-meta.json" => {
             let body = host_meta_json(&websocket_url(&shared, head.host.as_deref()));
             respond(io, 200, "application/json", &body).await
-        }
-        "/metrics" if c.metrics => {
-            let body = shared.metrics.render();
-            respond(io, 200, crate::metrics::CONTENT_TYPE, &body).await
         }
         _ => respond(io, 404, "text/plain", "not found").await,
     }
@@ -220,7 +267,20 @@ pub fn host_meta_json(ws_url: &str) -> String {
     format!("{{\"links\":[{{\"rel\":\"urn:xmpp:alt-connections:websocket\",\"href\":\"{escaped}\"}}]}}\n")
 }
 
-async fn respond(mut io: BoxIo, status: u16, ctype: &str, body: &str) {
+/// A response of the client-facing listener: readable cross-origin, as XEP-0156 §3.2 asks
+/// of host-meta.
+async fn respond(io: BoxIo, status: u16, ctype: &str, body: &str) {
+    respond_with(
+        io,
+        status,
+        ctype,
+        body,
+        "Access-Control-Allow-Origin: *\r\n",
+    )
+    .await
+}
+
+async fn respond_with(mut io: BoxIo, status: u16, ctype: &str, body: &str, extra: &str) {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -232,9 +292,8 @@ async fn respond(mut io: BoxIo, status: u16, ctype: &str, body: &str) {
         503 => "Service Unavailable",
         _ => "Error",
     };
-    // XEP-0156 §3.2: host-meta should be readable cross-origin by web clients.
     let msg = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nAccess-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
         body.len()
     );
     let _ = tokio::time::timeout(Duration::from_secs(5), async {

@@ -17,11 +17,13 @@
 //! Pure decision code (the RFC 6121 subscription table in [`policy::subscription`],
 //! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
 
+pub mod admin;
 pub mod blocking;
 pub mod c2s;
 pub(crate) mod carbons;
 pub mod cluster;
 pub mod config;
+pub mod control;
 pub(crate) mod csi;
 pub(crate) mod delivery;
 pub(crate) mod error;
@@ -31,6 +33,7 @@ pub(crate) mod invisible;
 pub mod jid;
 pub mod liveness;
 pub mod liveness_tasks;
+pub mod logging;
 pub(crate) mod metrics;
 pub(crate) mod node;
 pub(crate) mod offline;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use presenced::admin::{ClientError, Request};
 use presenced::config::{CheckedConfig, Config};
 use presenced::jid::BareJid;
 use presenced::store::{Store, StoreError};
@@ -22,6 +23,13 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[export_name = "_rjem_malloc_conf"]
 pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
+/// `println!` that stops quietly when standard output is closed (`presenced … | head`).
+macro_rules! out {
+    ($($t:tt)*) => { presenced::logging::println_safe(&format!($($t)*)) };
+}
+
+use presenced::logging::eprintln_safe;
+
 /// A federated XMPP server whose centre is presence.
 #[derive(Parser)]
 #[command(version, about)]
@@ -29,19 +37,29 @@ struct Cli {
     /// Configuration file (see presenced.example.toml).
     #[arg(long, short, global = true, default_value = "presenced.toml")]
     config: PathBuf,
+    /// Print the answer of an admin command (user list, session …, stats) as JSON.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply migrations and serve clients until SIGINT/SIGTERM.
+    /// Apply migrations and serve clients until SIGTERM/SIGINT/SIGQUIT; SIGHUP reloads.
     Serve,
+    /// Make the server running with this --config reload it (sends it SIGHUP).
+    Reload,
     /// Apply the SQL migrations in [database] migrations and exit.
     Migrate,
-    /// Parse and validate the configuration, print the effective values and whether the
-    /// store can be reached, exit.
-    CheckConfig,
+    /// Validate the configuration, check the files and certificate it names, print the
+    /// effective values. Exit status: 0 fine, 1 a check failed, 2 the file is invalid.
+    CheckConfig {
+        /// Also reach PostgreSQL and Redis and say what answered; an unusable store is
+        /// then a failure rather than a warning.
+        #[arg(long)]
+        connect: bool,
+    },
     /// Copy every account, roster, waiting subscription request, block list, privacy
     /// setting, last seen and server secret from one store to another (PostgreSQL or
     /// SQLite, either way). The destination gets the schema first and must not hold any
@@ -58,6 +76,30 @@ enum Command {
     User {
         #[command(subcommand)]
         action: UserAction,
+    },
+    /// Sessions on the running server (over the admin socket).
+    Session {
+        #[command(subcommand)]
+        action: SessionAction,
+    },
+    /// Figures of the running server (over the admin socket).
+    Stats,
+}
+
+#[derive(Subcommand)]
+enum SessionAction {
+    /// Bound sessions: full JID, transport, IP, since; of one account or resource, or all.
+    List {
+        /// Bare JID (that account's sessions) or full JID (one resource).
+        jid: Option<String>,
+    },
+    /// End sessions with a stream error (policy-violation); contacts see them go offline.
+    Kick {
+        /// Bare JID (every resource) or full JID (one).
+        jid: String,
+        /// Text sent with the stream error.
+        #[arg(long)]
+        reason: Option<String>,
     },
 }
 
@@ -80,7 +122,14 @@ enum UserAction {
         #[arg(long)]
         password_file: Option<PathBuf>,
     },
-    /// Delete an account and everything it owns.
+    /// Accounts, of one domain or all (over the admin socket).
+    List {
+        /// Only this domain.
+        #[arg(long)]
+        domain: Option<String>,
+    },
+    /// Delete an account and everything it owns; a running server first ends its
+    /// sessions with a stream error.
     Del {
         /// The account's bare JID.
         jid: String,
@@ -88,66 +137,72 @@ enum UserAction {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
     let config = match Config::load(&cli.config) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("presenced: {e}");
+            eprintln_safe(&format!("presenced: {e}"));
             return ExitCode::from(2);
         }
     };
+    presenced::logging::init(&config.log);
+    if let Command::Reload = cli.command {
+        return match presenced::control::send_reload(&cli.config) {
+            Ok(pid) => {
+                out!("sent SIGHUP to pid {pid}; the server logs what it reloaded");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln_safe(&format!("presenced: {e}"));
+                ExitCode::FAILURE
+            }
+        };
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("presenced: cannot start the runtime: {e}");
+            eprintln_safe(&format!("presenced: cannot start the runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli.command, config)) {
+    match rt.block_on(run(cli.command, config, cli.config, cli.json)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("presenced: {msg}");
+            eprintln_safe(&format!("presenced: {msg}"));
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(command: Command, config: CheckedConfig) -> Result<(), String> {
+async fn run(
+    command: Command,
+    config: CheckedConfig,
+    path: PathBuf,
+    json: bool,
+) -> Result<(), String> {
     match command {
-        Command::Serve => presenced::server::run(config)
+        Command::Serve => presenced::control::run(config, path)
             .await
             .map_err(|e| e.to_string()),
-        Command::CheckConfig => {
-            println!("configuration OK");
-            println!("domains: {}", config.domains.join(", "));
-            println!(
-                "c2s: {}:{} (STARTTLS), direct TLS {} on port {}",
-                config.c2s.bind,
-                config.c2s.port,
-                if config.c2s.direct_tls { "on" } else { "off" },
-                config.c2s.direct_tls_port
-            );
-            let (store, found) = presenced::store::probe(&config.database.url).await;
-            match found {
-                Ok(state) => println!("store: {store}: {state}"),
-                Err(e) => {
-                    println!("store: {store}: NOT USABLE: {e}");
-                    eprintln!("presenced: store {store}: {e}");
-                }
+        Command::Reload => unreachable!("handled before the runtime starts"),
+        Command::CheckConfig { connect } => {
+            use presenced::control::check;
+            let mut findings = check::files(&config).await;
+            let store = check::store(&config, connect).await;
+            let usable = store.level == check::Level::Ok;
+            findings.push(store);
+            if connect {
+                findings.extend(check::connect(&config, usable).await);
             }
-            println!("migrations: {}", config.database.migrations.display());
-            println!("limits: {:?}", config.limits);
-            Ok(())
+            let effective = check::effective(&config).map_err(|e| e.to_string())?;
+            out!("{}", check::render(&findings, &effective).trim_end());
+            match findings.iter().any(|f| f.level == check::Level::Fail) {
+                true => Err("check-config: a check failed (FAIL lines above)".into()),
+                false => Ok(()),
+            }
         }
         Command::CopyStore { from, to } => {
             // The built-in schema only: the operator's files are for the configured store
@@ -167,23 +222,39 @@ async fn run(command: Command, config: CheckedConfig) -> Result<(), String> {
             let n = presenced::store::copy::copy(&source, &destination)
                 .await
                 .map_err(|e| format!("copying {from} to {to}: {e}"))?;
-            println!(
+            out!(
                 "copied {} accounts, {} roster items, {} waiting subscription requests, \
                  {} block-list entries, {} privacy settings, {} last-seen values, {} secrets",
-                n.accounts, n.roster_items, n.pending, n.blocks, n.privacy, n.last_seen, n.secrets
+                n.accounts,
+                n.roster_items,
+                n.pending,
+                n.blocks,
+                n.privacy,
+                n.last_seen,
+                n.secrets
             );
             Ok(())
         }
         Command::Migrate => {
             let store = connect(&config).await?;
-            println!(
+            out!(
                 "built-in schema applied, then migrations from {}",
                 config.database.migrations.display()
             );
             drop(store);
             Ok(())
         }
-        Command::User { action } => user(action, &config).await,
+        Command::User {
+            action: UserAction::List { domain },
+        } => admin(&config, Request::UserList { domain }, json).await,
+        Command::User { action } => user(action, &config, json).await,
+        Command::Session {
+            action: SessionAction::List { jid },
+        } => admin(&config, Request::SessionList { jid }, json).await,
+        Command::Session {
+            action: SessionAction::Kick { jid, reason },
+        } => admin(&config, Request::SessionKick { jid, reason }, json).await,
+        Command::Stats => admin(&config, Request::Stats, json).await,
     }
 }
 
@@ -193,11 +264,11 @@ async fn connect(config: &Config) -> Result<Store, String> {
         ..config.database.clone()
     })
     .await
-    .map_err(|e| format!("database: {e}"))?;
+    .map_err(|e| e.to_string())?;
     store
         .migrate(&config.database.migrations)
         .await
-        .map_err(|e| format!("migrations: {e}"))?;
+        .map_err(|e| e.to_string())?;
     Ok(store)
 }
 
@@ -241,7 +312,33 @@ fn read_password(file: Option<PathBuf>) -> Result<String, String> {
     Ok(pw)
 }
 
-async fn user(action: UserAction, config: &Config) -> Result<(), String> {
+/// One admin command against the running server, its answer printed.
+async fn admin(config: &Config, req: Request, json: bool) -> Result<(), String> {
+    let path = admin_socket(config)?;
+    let answer = presenced::admin::request(&path, &req)
+        .await
+        .map_err(|e| e.to_string())?;
+    print_answer(&req, &answer, json);
+    Ok(())
+}
+
+fn admin_socket(config: &Config) -> Result<PathBuf, String> {
+    config
+        .admin
+        .socket
+        .clone()
+        .ok_or_else(|| "[admin] socket is not set: no admin commands".to_owned())
+}
+
+fn print_answer(req: &Request, answer: &serde_json::Value, json: bool) {
+    if json {
+        out!("{answer}");
+    } else {
+        out!("{}", presenced::admin::render(req, answer).trim_end());
+    }
+}
+
+async fn user(action: UserAction, config: &Config, json: bool) -> Result<(), String> {
     let iterations = config.auth.scram_iterations;
     match action {
         UserAction::Add { jid, password_file } => {
@@ -250,7 +347,7 @@ async fn user(action: UserAction, config: &Config) -> Result<(), String> {
             let store = connect(config).await?;
             match store.create_account(&node, &domain, &pw, iterations).await {
                 Ok(()) => {
-                    println!("created {node}@{domain}");
+                    out!("created {node}@{domain}");
                     Ok(())
                 }
                 Err(StoreError::AccountExists) => Err(format!("{node}@{domain} already exists")),
@@ -263,19 +360,35 @@ async fn user(action: UserAction, config: &Config) -> Result<(), String> {
             let store = connect(config).await?;
             match store.set_password(&node, &domain, &pw, iterations).await {
                 Ok(true) => {
-                    println!("password changed for {node}@{domain}");
+                    out!("password changed for {node}@{domain}");
                     Ok(())
                 }
                 Ok(false) => Err(format!("no account {node}@{domain}")),
                 Err(e) => Err(e.to_string()),
             }
         }
+        UserAction::List { .. } => unreachable!("an admin command"),
         UserAction::Del { jid } => {
             let (node, domain) = account(&jid, config)?;
+            // A running server ends the account's sessions, then deletes it; without one
+            // there is no session to end and the row goes directly.
+            if let Ok(path) = admin_socket(config) {
+                let req = Request::UserDel {
+                    jid: format!("{node}@{domain}"),
+                };
+                match presenced::admin::request(&path, &req).await {
+                    Ok(answer) => {
+                        print_answer(&req, &answer, json);
+                        return Ok(());
+                    }
+                    Err(ClientError::Unreachable(_)) => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
             let store = connect(config).await?;
             match store.delete_account(&node, &domain).await {
                 Ok(true) => {
-                    println!("deleted {node}@{domain}");
+                    out!("deleted {node}@{domain}");
                     Ok(())
                 }
                 Ok(false) => Err(format!("no account {node}@{domain}")),

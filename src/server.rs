@@ -27,12 +27,16 @@ pub struct Running {
     pub c2s_addr: Option<SocketAddr>,
     /// Address of the direct TLS listener, if enabled.
     pub direct_tls_addr: Option<SocketAddr>,
-    /// Address of the HTTP(S) listener (WebSocket, host-meta, metrics), if enabled.
+    /// Address of the HTTP(S) listener (WebSocket, host-meta), if enabled.
     pub http_addr: Option<SocketAddr>,
+    /// Address of the operators' listener (`/metrics`), if enabled.
+    pub admin_addr: Option<SocketAddr>,
     /// Addresses of the s2s listeners, if federation is enabled.
     pub s2s: crate::s2s::inbound::Listening,
     /// Shared state (tests inspect sessions through it).
     pub shared: Arc<Shared>,
+    /// The certificate every listener presents; a reload replaces it.
+    pub certificates: Arc<crate::tls::Certificates>,
     tracker: TaskTracker,
 }
 
@@ -56,8 +60,10 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     store.migrate(&config.database.migrations).await?;
     store.set_audience_cache_ttl(config.database.gate_cache_secs);
     store.set_limits(crate::store::StoreLimits::from_config(&config.limits));
-    let tls = crate::tls::server_config(&config)?;
-    let s2s_tls = crate::tls::s2s_server_config(&config)?;
+    let certificates = crate::tls::Certificates::load(&config)?;
+    let tls = crate::tls::c2s_server_config(&certificates).map_err(crate::tls::TlsError::from)?;
+    let s2s_tls =
+        crate::tls::s2s_server_config_with(&certificates).map_err(crate::tls::TlsError::from)?;
     let liveness = crate::liveness::Liveness::new(&config);
     let cluster = crate::cluster::Cluster::new(&config);
     let s2s = crate::s2s::new_state(&config, crate::tls::identity(&config)?);
@@ -105,6 +111,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     // One admission policy for every client-facing listener (s2s has its own limits).
     let limits = Arc::new(ListenerPolicy::new(&shared.config));
     let http_addr = crate::http::start(&shared, &tracker, limits.clone()).await?;
+    let admin_addr = crate::http::start_admin(&shared, &tracker).await?;
     let s2s = crate::s2s::inbound::listen(&shared, &tracker).await?;
     let bind = shared.config.c2s.bind;
     let mut c2s_addr = None;
@@ -117,12 +124,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
             continue;
         }
         let addr = SocketAddr::new(bind, port);
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| StartError::Bind(addr, e))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| StartError::Bind(addr, e))?;
+        let (listener, local) = crate::node::listen::bind(addr).await?;
         tracing::info!(addr = %local, direct_tls = direct, "c2s listening");
         if direct {
             direct_tls_addr = Some(local);
@@ -137,12 +139,15 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
             direct,
         ));
     }
+    banner(&shared);
     Ok(Running {
         c2s_addr,
         direct_tls_addr,
         http_addr,
+        admin_addr,
         s2s,
         shared,
+        certificates,
         tracker,
     })
 }
@@ -156,11 +161,13 @@ fn node_figures(
     use prometheus_client::encoding::EncodeMetric;
     use prometheus_client::metrics::counter::ConstCounter;
     shared.liveness.metrics.encode(encoder)?;
+    // Invisible sessions (XEP-0186) are not counted: a count that rises when an invisible
+    // user logs in would tell whoever reads it what the user's contacts may not learn.
     crate::metrics::gauge(
         encoder,
         "sessions",
-        "Bound client sessions on this node.",
-        shared.sessions.count() as i64,
+        "Bound client sessions on this node, invisible ones not counted.",
+        visible_sessions(shared) as i64,
     )?;
     let n = shared.s2s.auth_counts();
     let counter = ConstCounter::new(0u64);
@@ -182,18 +189,32 @@ fn node_figures(
     Ok(())
 }
 
-/// Runs until Ctrl-C or SIGTERM.
-pub async fn run(config: CheckedConfig) -> Result<(), StartError> {
-    let running = start(config).await?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| StartError::Bind(SocketAddr::from(([0, 0, 0, 0], 0)), e))?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
-    running.shutdown().await;
-    Ok(())
+/// Bound sessions that are not invisible: the only session count any report shows.
+pub fn visible_sessions(shared: &Shared) -> usize {
+    let mut n = 0;
+    shared.sessions.for_each(|s| {
+        if !s.is_invisible() {
+            n += 1;
+        }
+    });
+    n
+}
+
+/// The one line that says what started: version, this node's id (`[cluster] node_id`,
+/// by default `<host>-<c2s port>`), the stores and the liveness mode, so a log excerpt identifies the server without its configuration.
+fn banner(shared: &Shared) {
+    let liveness = match shared.liveness.redis() {
+        Some(redis) => format!("redis {}", redis.target()),
+        None => shared.liveness.backend.name().to_owned(),
+    };
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        node = %shared.config.cluster.node(),
+        domains = %shared.config.domains.join(","),
+        database = %crate::store::database_target(&shared.config.database.url),
+        liveness = %liveness,
+        "presenced started"
+    );
 }
 
 async fn accept_loop(

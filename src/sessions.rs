@@ -223,6 +223,30 @@ pub struct SessionHandle {
     pub kill: CancellationToken,
     /// The session's state ([`SessionState`]), shared with every task that reads it.
     state: Arc<Mutex<SessionState>>,
+    /// Where and when the session came from, for operators (`presenced session list`).
+    pub origin: Origin,
+}
+
+/// Where a session came from.
+#[derive(Debug, Clone, Copy)]
+pub struct Origin {
+    /// `tcp` or `websocket`.
+    pub transport: &'static str,
+    /// The client's address, when the session has a socket.
+    pub peer: Option<std::net::SocketAddr>,
+    /// When it bound, milliseconds since the Unix epoch.
+    pub since_ms: i64,
+}
+
+impl Origin {
+    /// A session binding now over `transport` from `peer`.
+    pub fn now(transport: &'static str, peer: Option<std::net::SocketAddr>) -> Origin {
+        Origin {
+            transport,
+            peer,
+            since_ms: chrono::Utc::now().timestamp_millis(),
+        }
+    }
 }
 
 impl SessionHandle {
@@ -367,6 +391,17 @@ impl Sessions {
     /// Registers a bound resource. An older session with the same full JID is asked to close
     /// with the `conflict` stream error (RFC 6120 §7.7.2.2, the "override" policy).
     pub fn register(&self, jid: FullJid, queue: usize, parent: &CancellationToken) -> Registered {
+        self.register_from(jid, queue, parent, Origin::now("tcp", None))
+    }
+
+    /// [`Sessions::register`], recording where the session came from.
+    pub fn register_from(
+        &self,
+        jid: FullJid,
+        queue: usize,
+        parent: &CancellationToken,
+        origin: Origin,
+    ) -> Registered {
         let (tx, rx) = mpsc::channel(queue);
         let handle = SessionHandle {
             jid: jid.clone(),
@@ -374,6 +409,7 @@ impl Sessions {
             tx,
             kill: parent.child_token(),
             state: Arc::new(Mutex::new(SessionState::new(self.limits))),
+            origin,
         };
         let bare = jid.to_bare().to_string();
         let mut map = self.by_user.write().unwrap_or_else(|e| e.into_inner());
@@ -408,6 +444,12 @@ impl Sessions {
                 map.remove(&bare);
             }
         }
+    }
+
+    /// Calls `f` for every bound session, under the registry's read lock (keep `f` short).
+    pub fn for_each(&self, f: impl FnMut(&SessionHandle)) {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        map.values().flatten().for_each(f);
     }
 
     /// The session bound to exactly this full JID.

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
@@ -43,12 +44,17 @@ pub enum TlsError {
 
 /// Loads the configured certificate, or generates and reuses a self-signed one.
 pub fn server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError> {
-    let (chain, key) = identity(config)?;
+    Ok(c2s_server_config(&Certificates::load(config)?)?)
+}
+
+/// The TLS configuration of client listeners, presenting whatever `certs` holds at each
+/// handshake.
+pub fn c2s_server_config(certs: &Arc<Certificates>) -> Result<Arc<ServerConfig>, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut server = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
-        .with_single_cert(chain, key)?;
+        .with_cert_resolver(certs.clone());
     // Small session cache: resumption helps reconnect storms, memory stays bounded.
     server.session_storage = rustls::server::ServerSessionMemoryCache::new(1024);
     Ok(Arc::new(server))
@@ -60,7 +66,13 @@ pub fn server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError> {
 /// certificate is accepted here and checked later for SASL EXTERNAL (XEP-0178 §2,
 /// RFC 6120 §13.7.2); a peer without one still gets TLS and may use dialback.
 pub fn s2s_server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError> {
-    let (chain, key) = identity(config)?;
+    Ok(s2s_server_config_with(&Certificates::load(config)?)?)
+}
+
+/// [`s2s_server_config`] presenting whatever `certs` holds at each handshake.
+pub fn s2s_server_config_with(
+    certs: &Arc<Certificates>,
+) -> Result<Arc<ServerConfig>, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = Arc::new(AnyClientCert {
         signatures: HandshakeSignatures(provider.clone()),
@@ -68,9 +80,60 @@ pub fn s2s_server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError>
     let mut server = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)?;
+        .with_cert_resolver(certs.clone());
     server.session_storage = rustls::server::ServerSessionMemoryCache::new(1024);
     Ok(Arc::new(server))
+}
+
+/// The certificate every listener presents, replaceable while the server runs: a handshake
+/// takes the one current when it starts, so a reload (SIGHUP) changes what new
+/// connections see and leaves established ones alone.
+#[derive(Debug)]
+pub struct Certificates {
+    current: std::sync::RwLock<Arc<CertifiedKey>>,
+}
+
+impl Certificates {
+    /// Loads the configured certificate and key (or the development certificate).
+    pub fn load(config: &Config) -> Result<Arc<Certificates>, TlsError> {
+        Ok(Arc::new(Certificates {
+            current: std::sync::RwLock::new(certified_key(config)?),
+        }))
+    }
+
+    /// Loads the configured certificate and key again and presents them from the next
+    /// handshake on. On error the current certificate stays.
+    pub fn reload(&self, config: &Config) -> Result<(), TlsError> {
+        let new = certified_key(config)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = new;
+        Ok(())
+    }
+
+    /// The end-entity certificate presented now.
+    pub fn end_entity(&self) -> Option<CertificateDer<'static>> {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        current.cert.first().cloned()
+    }
+}
+
+impl rustls::server::ResolvesServerCert for Certificates {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+}
+
+/// The configured identity as rustls presents it; refuses a key that does not belong to
+/// the certificate (rustls would otherwise only fail at the first handshake).
+fn certified_key(config: &Config) -> Result<Arc<CertifiedKey>, TlsError> {
+    let (chain, key) = identity(config)?;
+    let provider = rustls::crypto::ring::default_provider();
+    let certified = CertifiedKey::from_der(chain, key, &provider)?;
+    Ok(Arc::new(certified))
 }
 
 /// The certificate chain and key this server presents, as TLS server and as TLS client of
@@ -201,9 +264,7 @@ impl HandshakeSignatures {
 /// Paths of the development certificate for `domains` in `dir`, generating it when absent.
 /// The file name carries the domain list so a changed list gets a fresh certificate.
 pub fn ensure_self_signed(dir: &Path, domains: &[String]) -> Result<(String, String), TlsError> {
-    let stem = domains.join("+");
-    let cert = dir.join(format!("selfsigned-{stem}.pem"));
-    let key = dir.join(format!("selfsigned-{stem}.key"));
+    let (cert, key) = self_signed_paths(dir, domains);
     if cert.exists() && key.exists() {
         return Ok((path_str(&cert), path_str(&key)));
     }
@@ -223,6 +284,18 @@ pub fn ensure_self_signed(dir: &Path, domains: &[String]) -> Result<(String, Str
     write_private(&key, generated.key_pair.serialize_pem().as_bytes())
         .map_err(|e| TlsError::Write(path_str(&key), e))?;
     Ok((path_str(&cert), path_str(&key)))
+}
+
+/// Where the development certificate for `domains` lives in `dir` (certificate, key).
+pub fn self_signed_paths(
+    dir: &Path,
+    domains: &[String],
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let stem = domains.join("+");
+    (
+        dir.join(format!("selfsigned-{stem}.pem")),
+        dir.join(format!("selfsigned-{stem}.key")),
+    )
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -489,7 +489,7 @@ async fn metrics_endpoint(backend: Backend) {
     let ts = start_on(backend).await;
     ts.user("alice").await;
     let alice = online(&ts, "alice", "phone").await;
-    let body = ts.http_get("/metrics", "x").await;
+    let body = ts.admin_get("/metrics").await;
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     for name in [
         "presenced_redis_writes_total",

@@ -25,12 +25,15 @@
 //! `session.ended()` then `unregister`), and then does step 2. Every wait is bounded by
 //! [`common::WAIT`] and fails the case when exceeded.
 //!
-//! The one asynchronous path, the roster listener (`roster_sync`, LISTEN/NOTIFY), acts
-//! only on sessions that fetched their roster (the `RosterGet` step). When one is online,
-//! before step 2 the harness writes a roster item for a marker contact straight to the
-//! store and waits for the listener's push of it ([`listener_barrier`]): the listener
-//! handles notifications one at a time in commit order, so by then it has finished with
-//! every change the step made, and step 2 collects what it sent.
+//! The one asynchronous path is the roster listener (`roster_sync`, LISTEN/NOTIFY): it
+//! pushes to sessions that fetched their roster (the `RosterGet` step) and reconciles the
+//! owner's presence for every notification. After every step, before step 2, the harness
+//! writes a roster item for a marker contact straight to the store and waits for the
+//! listener's push of it ([`listener_barrier`]) to an interested resource of a user, or to
+//! an observer account outside the case when none is online: the listener handles
+//! notifications one at a time in commit order, so by then it has finished with every
+//! change the step made, and step 2 collects what it sent. No listener work of one step
+//! can then overlap the next.
 //!
 //! # What is checked
 //!
@@ -460,6 +463,9 @@ struct World<'a> {
     seen_available: BTreeSet<(usize, usize)>,
     /// What the rosters must be: the test's own transcription of Appendix A.
     model: Model,
+    /// A session of an account outside the case, for the listener barrier.
+    observer: Client,
+    observer_jid: String,
 }
 
 type Outcome = Result<(), String>;
@@ -806,7 +812,10 @@ impl<'a> World<'a> {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
-        // The roster listener's own effects (see `listener_barrier`).
+        // The roster listener's own effects (see `listener_barrier`). Every notification
+        // reconciles presence for its owner, whoever fetched a roster, so the barrier runs
+        // after every step: through a user's interested resource when there is one (what it
+        // collects is that session's), else through the observer.
         if let Some(&k) = self
             .sessions
             .iter()
@@ -818,6 +827,9 @@ impl<'a> World<'a> {
             for el in listener_barrier(self.ts, c, &owner).await {
                 got.push(Got { viewer: k, el });
             }
+        } else {
+            let owner = self.observer_jid.clone();
+            listener_barrier(self.ts, &mut self.observer, &owner).await;
         }
         let ids: Vec<((usize, usize), String)> = self
             .sessions
@@ -1224,12 +1236,26 @@ async fn run_case(ts: &TestServer, steps: &[Step]) -> Outcome {
     for n in &names {
         ts.user(n).await;
     }
+    // A fourth account that takes no part: it fetched its roster, so the listener pushes
+    // its marker items, and it serves as the listener barrier when no user's resource can.
+    let observer_name = format!("p{tag}obs");
+    ts.user(&observer_name).await;
+    let mut observer = ts.login(&observer_name, "r").await;
+    observer
+        .iq(
+            "get",
+            None,
+            Element::new("query", presenced::xml::NS_ROSTER),
+        )
+        .await;
     let mut world = World {
         ts,
         names,
         sessions: BTreeMap::new(),
         seen_available: BTreeSet::new(),
         model: Model::new(),
+        observer,
+        observer_jid: ts.jid(&observer_name),
     };
     let mut result = Ok(());
     for (n, s) in steps.iter().enumerate() {
@@ -1244,6 +1270,7 @@ async fn run_case(ts: &TestServer, steps: &[Step]) -> Outcome {
     for (_, s) in std::mem::take(&mut world.sessions) {
         s.client.close().await;
     }
+    world.observer.close().await;
     result
 }
 

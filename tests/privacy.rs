@@ -48,6 +48,19 @@ async fn online(ts: &TestServer, name: &str, res: &str) -> Client {
     c
 }
 
+/// XEP-0186: the session goes invisible (`true`) or visible again, and the server agreed.
+async fn set_invisible(c: &mut Client, invisible: bool) {
+    let what = if invisible { "invisible" } else { "visible" };
+    let r = c
+        .iq(
+            "set",
+            None,
+            el(&format!("<{what} xmlns='{NS_INVISIBLE}'/>")),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{what}: {r}");
+}
+
 async fn set_privacy(ts: &TestServer, c: &mut Client, inner: &str) {
     let r = c
         .iq(
@@ -521,14 +534,7 @@ async fn invisible_session_broadcasts_nothing_answers_probes_offline_and_can_sen
     let j = format!("{}/phone", ts.jid("alice"));
     bob.expect(|e| is_presence(e, &j, None)).await;
 
-    let r = alice
-        .iq(
-            "set",
-            None,
-            el(&format!("<invisible xmlns='{NS_INVISIBLE}'/>")),
-        )
-        .await;
-    assert_eq!(r.get_attr("type"), Some("result"));
+    set_invisible(&mut alice, true).await;
     // Becoming invisible withdraws what was shown.
     bob.expect(|e| is_presence(e, &j, Some("unavailable")))
         .await;
@@ -550,14 +556,7 @@ async fn invisible_session_broadcasts_nothing_answers_probes_offline_and_can_sen
     bob.expect_none(|e| from_is(e, &ts.jid("alice")), QUIET)
         .await;
 
-    let r = alice
-        .iq(
-            "set",
-            None,
-            el(&format!("<visible xmlns='{NS_INVISIBLE}'/>")),
-        )
-        .await;
-    assert_eq!(r.get_attr("type"), Some("result"));
+    set_invisible(&mut alice, false).await;
     bob.expect(|e| is_presence(e, &j, None)).await;
     ts.stop().await;
 }
@@ -632,14 +631,7 @@ async fn attack(scenario: Scenario, subject_online: bool) -> Vec<String> {
     if subject_online {
         let mut s = ts.login("sub", "phone").await;
         if matches!(scenario, Scenario::Invisible) {
-            let r = s
-                .iq(
-                    "set",
-                    None,
-                    el(&format!("<invisible xmlns='{NS_INVISIBLE}'/>")),
-                )
-                .await;
-            assert_eq!(r.get_attr("type"), Some("result"));
+            set_invisible(&mut s, true).await;
         }
         s.presence(None, None).await;
         barrier(&ts, &mut s).await;
@@ -1287,5 +1279,39 @@ async fn timing_stranger_iq_online_and_offline_take_the_same_time() {
     let ratio = median(ratios.clone());
     println!("online/offline ratios {ratios:.3?}; median {ratio:.3}");
     assert!((ratio - 1.0).abs() < 0.10, "ratio {ratio:.3}");
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_are_only_on_the_admin_listener_and_do_not_count_invisible_sessions() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    let _alice = online(&ts, "alice", "phone").await;
+    let sessions = |m: &std::collections::HashMap<String, f64>| m["presenced_sessions"];
+    assert_eq!(sessions(&ts.scrape_metrics().await), 1.0);
+
+    let mut bob = ts.login("bob", "laptop").await;
+    set_invisible(&mut bob, true).await;
+    bob.presence(None, None).await;
+    assert_eq!(
+        sessions(&ts.scrape_metrics().await),
+        1.0,
+        "an invisible session is not counted"
+    );
+    set_invisible(&mut bob, false).await;
+    assert_eq!(sessions(&ts.scrape_metrics().await), 2.0);
+
+    // The client-facing listener has no /metrics; the admin one sends no CORS header.
+    let public = ts.http_get("/metrics", &ts.domain).await;
+    assert!(public.starts_with("HTTP/1.1 404"), "{public}");
+    let admin = ts.admin_get("/metrics").await;
+    assert!(admin.starts_with("HTTP/1.1 200"), "{admin}");
+    assert!(
+        !admin
+            .to_ascii_lowercase()
+            .contains("access-control-allow-origin"),
+        "{admin}"
+    );
     ts.stop().await;
 }

@@ -56,6 +56,8 @@ pub struct RedisLink {
     /// Set on every (re)connect: the writer rewrites local state.
     repair: AtomicBool,
     metrics: Arc<Metrics>,
+    /// `host:port` (or socket path) of the server, named in every log line about it.
+    target: Box<str>,
 }
 
 struct LinkState {
@@ -77,8 +79,13 @@ impl RedisLink {
                 None
             }
         };
+        let target = client
+            .as_ref()
+            .map_or_else(String::new, |c| c.get_connection_info().addr.to_string())
+            .into_boxed_str();
         RedisLink {
             client,
+            target,
             state: tokio::sync::Mutex::new(LinkState {
                 conn: None,
                 next_attempt: Instant::now(),
@@ -95,6 +102,11 @@ impl RedisLink {
     /// The client, for connections of their own (pub/sub).
     pub fn client(&self) -> Option<&redis::Client> {
         self.client.as_ref()
+    }
+
+    /// Where the link points (`host:port`, or the socket path).
+    pub fn target(&self) -> &str {
+        &self.target
     }
 
     /// The per-command timeout.
@@ -128,7 +140,7 @@ impl RedisLink {
         {
             Ok(Ok(c)) => {
                 if !self.up.swap(true, Ordering::Relaxed) {
-                    tracing::info!("Redis connected; repairing liveness state");
+                    tracing::info!(redis = %self.target, "Redis connected; repairing liveness state");
                 }
                 self.metrics.redis_up.store(true, Ordering::Relaxed);
                 self.repair.store(true, Ordering::Relaxed);
@@ -141,7 +153,7 @@ impl RedisLink {
                     Ok(Err(e)) => e.to_string(),
                     _ => "connect timed out".to_owned(),
                 };
-                tracing::warn!(error = %why, retry_in = ?st.backoff, "Redis unreachable");
+                tracing::warn!(redis = %self.target, error = %why, retry_in = ?st.backoff, "Redis unreachable");
                 st.next_attempt = Instant::now() + st.backoff;
                 st.backoff = (st.backoff * 2).min(self.reconnect_max);
                 None
@@ -154,7 +166,7 @@ impl RedisLink {
         self.metrics.redis_errors.fetch_add(1, Ordering::Relaxed);
         self.metrics.redis_up.store(false, Ordering::Relaxed);
         if self.up.swap(false, Ordering::Relaxed) {
-            tracing::warn!(%error, "Redis command failed; presence degrades until it returns");
+            tracing::warn!(redis = %self.target, %error, "Redis command failed; presence degrades until it returns");
         }
         let mut st = self.state.lock().await;
         st.conn = None;

@@ -75,11 +75,12 @@ pub struct S2s {
     cut: tokio_util::sync::CancellationToken,
     /// Roots from `[s2s] ca_file` that peers' certificates must chain to.
     pub roots: Option<Arc<rustls::client::WebPkiServerVerifier>>,
-    /// Our certificate chain and key, presented as TLS client on outgoing streams.
-    identity: (
+    /// Our certificate chain and key, presented as TLS client on outgoing streams;
+    /// replaced on reload ([`S2s::set_client_identity`]), read once per new stream.
+    identity: Mutex<(
         Vec<rustls_pki_types::CertificateDer<'static>>,
         rustls_pki_types::PrivateKeyDer<'static>,
-    ),
+    )>,
     /// How streams authenticated, for tests and metrics.
     auth: AuthCounters,
 }
@@ -159,7 +160,7 @@ impl S2s {
             severed: AtomicBool::new(false),
             cut: tokio_util::sync::CancellationToken::new(),
             roots,
-            identity,
+            identity: Mutex::new(identity),
             auth: AuthCounters::default(),
         }
     }
@@ -171,7 +172,20 @@ impl S2s {
         Vec<rustls_pki_types::CertificateDer<'static>>,
         rustls_pki_types::PrivateKeyDer<'static>,
     ) {
-        (self.identity.0.clone(), self.identity.1.clone_key())
+        let identity = self.identity.lock().unwrap_or_else(|p| p.into_inner());
+        (identity.0.clone(), identity.1.clone_key())
+    }
+
+    /// Replaces the certificate chain and key later outgoing streams present (a reloaded
+    /// certificate); streams already established keep theirs.
+    pub fn set_client_identity(
+        &self,
+        identity: (
+            Vec<rustls_pki_types::CertificateDer<'static>>,
+            rustls_pki_types::PrivateKeyDer<'static>,
+        ),
+    ) {
+        *self.identity.lock().unwrap_or_else(|p| p.into_inner()) = identity;
     }
 
     /// Counts a stream authenticated with `method`; `inbound` is the direction.

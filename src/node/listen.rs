@@ -24,6 +24,12 @@ pub enum StartError {
     /// Database.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The admin socket could not be set up.
+    #[error("admin socket {0}")]
+    Admin(std::io::Error),
+    /// Installing a signal handler failed.
+    #[error("signal handlers: {0}")]
+    Signal(std::io::Error),
 }
 
 /// The admission policy of every client-facing listener (c2s STARTTLS, c2s direct TLS and the
@@ -108,4 +114,16 @@ pub async fn next_connection(
             }
         }
     }
+}
+
+/// Binds a TCP listener; returns it with the address it got (port 0 picks one). The error
+/// names the address.
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| StartError::Bind(addr, e))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| StartError::Bind(addr, e))?;
+    Ok((listener, local))
 }

@@ -159,6 +159,18 @@ impl Store {
         Ok(result.rows_affected() > 0)
     }
 
+    /// Every account's bare JID, of one domain or all, in order.
+    pub async fn list_accounts(&self, domain: Option<&str>) -> Result<Vec<String>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.list_accounts(domain));
+        let jids = sqlx::query_scalar(
+            "SELECT jid FROM accounts WHERE $1::text IS NULL OR domain = $1 ORDER BY domain, username",
+        )
+        .bind(domain)
+        .fetch_all(pool)
+        .await?;
+        Ok(jids)
+    }
+
     /// Whether the account exists (e.g. to decide if an inbound stanza has a recipient).
     pub async fn account_exists(&self, username: &str, domain: &str) -> Result<bool, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.account_exists(username, domain));

@@ -196,6 +196,24 @@ impl Default for StoreLimits {
     }
 }
 
+/// Where a database URL points, for logs and errors: `host:port/database` (or the
+/// socket directory) without user or password, or `sqlite:` and the file.
+pub fn database_target(url: &str) -> String {
+    use std::str::FromStr;
+    if let Some(path) = sqlite::path_of(url) {
+        return format!("sqlite:{}", path.display());
+    }
+    match sqlx::postgres::PgConnectOptions::from_str(url) {
+        Ok(o) => format!(
+            "{}:{}/{}",
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap_or("")
+        ),
+        Err(_) => "(unparseable [database] url)".to_owned(),
+    }
+}
+
 /// Why a store operation failed. Constraint-type failures are separate variants so the
 /// caller can answer the client precisely (e.g. `bad-request` for a roster item the
 /// schema refuses) instead of `internal-server-error`.
@@ -204,6 +222,15 @@ pub enum StoreError {
     /// The database could not be reached or a query failed.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
+    /// Connecting to (or creating) the database failed; `target` says where it went.
+    #[error("database {target}: {source}")]
+    Connect {
+        /// `host:port/database`, never the password.
+        target: String,
+        /// The cause.
+        #[source]
+        source: sqlx::Error,
+    },
     /// The SQLite file cannot be used: not creatable or writable, not a database or
     /// damaged, locked by another process beyond the busy timeout.
     #[error("SQLite file {}: {reason}", path.display())]
@@ -216,6 +243,15 @@ pub enum StoreError {
     /// Applying the migrations failed (bad file, or an applied one was edited).
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The migrations directory could not be read.
+    #[error("migrations {dir}: {source}")]
+    MigrationsDir {
+        /// The directory.
+        dir: String,
+        /// The cause.
+        #[source]
+        source: sqlx::migrate::MigrateError,
+    },
     /// create_account for a username that already exists on that domain.
     #[error("account already exists")]
     AccountExists,
@@ -364,19 +400,24 @@ impl Store {
             return Ok(Store::with_backend(Backend::Sqlite(pools)));
         }
         use sqlx::migrate::MigrateDatabase;
-        if !sqlx::Postgres::database_exists(url).await? {
-            tracing::warn!("database does not exist; creating it");
+        let failed = |source| StoreError::Connect {
+            target: database_target(url),
+            source,
+        };
+        if !sqlx::Postgres::database_exists(url).await.map_err(failed)? {
+            tracing::warn!(database = %database_target(url), "database does not exist; creating it");
             if let Err(e) = sqlx::Postgres::create_database(url).await {
                 // Another process may have created it meanwhile.
-                if !sqlx::Postgres::database_exists(url).await? {
-                    return Err(e.into());
+                if !sqlx::Postgres::database_exists(url).await.map_err(failed)? {
+                    return Err(failed(e));
                 }
             }
         }
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .connect(url)
-            .await?;
+            .await
+            .map_err(failed)?;
         Ok(Store::from_pool(pool))
     }
 
@@ -467,7 +508,12 @@ impl Store {
         // tolerated, edited files are still refused by their checksums.
         builtin.set_ignore_missing(true);
         let own = if dir.is_dir() {
-            let mut own = sqlx::migrate::Migrator::new(dir).await?;
+            let mut own = sqlx::migrate::Migrator::new(dir).await.map_err(|source| {
+                StoreError::MigrationsDir {
+                    dir: dir.display().to_string(),
+                    source,
+                }
+            })?;
             let mut kept = Vec::new();
             for m in own.migrations.iter() {
                 if m.version >= OPERATOR_MIGRATIONS_FROM {

@@ -126,6 +126,9 @@ impl TestServer {
         // Every server of a test process shares one SQLite file and one writer at a time;
         // on a loaded machine a start-up migration may wait longer than the default.
         config.database.sqlite_busy_timeout = Duration::from_secs(60);
+        // The SQLite change log is polled; tests that wait for the roster listener (its
+        // barrier) should not wait a quarter of a second each time.
+        config.database.change_poll_interval = Duration::from_millis(25);
         // The schema is built in; no operator migrations.
         config.database.migrations = repo_root().join("migrations.d");
         // Tests hammer one address; the per-IP limit has its own test.
@@ -137,6 +140,8 @@ impl TestServer {
         config.http.bind = "127.0.0.1".parse().unwrap();
         config.http.port = 0;
         config.http.tls = false;
+        config.admin.port = 0;
+        config.admin.socket = None;
         config.s2s.bind = "127.0.0.1".parse().unwrap();
         config.s2s.port = 0;
         config.s2s.direct_tls_port = 0;
@@ -236,6 +241,14 @@ impl TestServer {
             .expect("http listener")
     }
 
+    /// The operators' listener (`/metrics`).
+    pub fn admin_addr(&self) -> std::net::SocketAddr {
+        self.running
+            .as_ref()
+            .and_then(|r| r.admin_addr)
+            .expect("admin listener")
+    }
+
     /// A Redis connection to the server's Redis.
     pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.config.redis.url.as_str())
@@ -245,9 +258,10 @@ impl TestServer {
             .expect("redis")
     }
 
-    /// `GET /metrics` over HTTP: every sample as `name{labels}` → value (comments skipped).
+    /// `GET /metrics` on the admin listener: every sample as `name{labels}` → value
+    /// (comments skipped).
     pub async fn scrape_metrics(&self) -> std::collections::HashMap<String, f64> {
-        let text = self.http_get("/metrics", "x").await;
+        let text = self.admin_get("/metrics").await;
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         body.lines()
@@ -262,17 +276,12 @@ impl TestServer {
     /// The whole response (status line, headers, body) to `GET path` with `Host: host` on
     /// the HTTP listener, read until the server closes.
     pub async fn http_get(&self, path: &str, host: &str) -> String {
-        use tokio::io::AsyncReadExt;
-        let mut s = TcpStream::connect(self.http_addr()).await.expect("connect");
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
-            .await
-            .expect("request");
-        let mut text = String::new();
-        tokio::time::timeout(WAIT, s.read_to_string(&mut text))
-            .await
-            .expect("answer within the wait")
-            .expect("answer read");
-        text
+        get(self.http_addr(), path, host).await
+    }
+
+    /// The whole response to `GET path` on the admin listener.
+    pub async fn admin_get(&self, path: &str) -> String {
+        get(self.admin_addr(), path, "localhost").await
     }
 
     /// A liveness counter by name, read from the server's /metrics-backing counters.
@@ -938,4 +947,19 @@ pub async fn barrier(ts: &TestServer, c: &mut Client) {
         )
         .await;
     assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+}
+
+/// The whole response to `GET path` with `Host: host` at `addr`, read until it closes.
+pub async fn get(addr: std::net::SocketAddr, path: &str, host: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut text = String::new();
+    tokio::time::timeout(WAIT, s.read_to_string(&mut text))
+        .await
+        .expect("answer within the wait")
+        .expect("answer read");
+    text
 }

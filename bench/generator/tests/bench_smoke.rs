@@ -107,7 +107,7 @@ async fn load_generator_split_over_two_processes_merges_their_counts() {
     let dir = std::env::temp_dir().join(format!("bench-smoke-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let json_path = dir.join("procs2.json");
-    let metrics = format!("http://{}/metrics", ts.http_addr());
+    let metrics = format!("http://{}/metrics", ts.admin_addr());
     let db_url = database_url();
     let db_name = db_url.rsplit('/').next().expect("db name").to_string();
     let run = tokio::time::timeout(

@@ -94,6 +94,20 @@ impl Pools {
         Ok(result.rows_affected() > 0)
     }
 
+    pub(in crate::store) async fn list_accounts(
+        &self,
+        domain: Option<&str>,
+    ) -> Result<Vec<String>, StoreError> {
+        let jids = sqlx::query_scalar(
+            "SELECT username || '@' || domain FROM accounts \
+             WHERE ?1 IS NULL OR domain = ?1 ORDER BY domain, username",
+        )
+        .bind(domain)
+        .fetch_all(&self.read)
+        .await?;
+        Ok(jids)
+    }
+
     pub(in crate::store) async fn account_exists(
         &self,
         username: &str,

@@ -1,0 +1,394 @@
+//! The admin socket: operators' commands against the running server (`presenced user
+//! list`, `user del`, `session list`, `session kick`, `stats`).
+//!
+//! A Unix socket at `[admin] socket`, mode 0600: the file system decides who is an
+//! operator (the server's user and root), so there is no password to configure or leak.
+//! One request per connection, one JSON line each way: the request is a [`Request`], the
+//! answer `{"Ok": …}` or `{"Err": "why"}`. The command line renders the answer as text, or
+//! prints it as it came with `--json`.
+//!
+//! Sessions are ended the way the server ends any session: a stream error on the stream
+//! (RFC 6120 §4.9), then the session's own end path, so contacts learn of it as of any
+//! closed connection, through the privacy gate, after `[liveness] grace`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::error::StreamError;
+use crate::jid::{BareJid, FullJid};
+use crate::node::Shared;
+use crate::sessions::SessionHandle;
+
+/// Longest request line read; every request is far shorter.
+const MAX_REQUEST: u64 = 64 * 1024;
+
+/// One command.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum Request {
+    /// Accounts, of one domain or all.
+    UserList {
+        /// Only this domain.
+        domain: Option<String>,
+    },
+    /// End the account's sessions, then delete it.
+    UserDel {
+        /// Bare JID.
+        jid: String,
+    },
+    /// Bound sessions, of one account (bare JID), one resource (full JID) or all.
+    SessionList {
+        /// Bare or full JID.
+        jid: Option<String>,
+    },
+    /// End sessions with a stream error.
+    SessionKick {
+        /// Bare JID (every resource) or full JID (one).
+        jid: String,
+        /// Text of the stream error.
+        reason: Option<String>,
+    },
+    /// Figures of this node.
+    Stats,
+}
+
+/// One bound session.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SessionInfo {
+    /// Full JID.
+    pub jid: String,
+    /// `tcp` or `websocket`.
+    pub transport: String,
+    /// Client address.
+    pub ip: Option<String>,
+    /// When it bound (RFC 3339, UTC).
+    pub since: String,
+    /// Invisible (XEP-0186): shown to operators, never counted publicly.
+    pub invisible: bool,
+}
+
+/// `stats`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Stats {
+    /// Server version.
+    pub version: String,
+    /// Seconds since start.
+    pub uptime_secs: u64,
+    /// Accounts with at least one session.
+    pub users_online: usize,
+    /// Bound sessions, invisible ones included.
+    pub sessions: usize,
+    /// Of which invisible.
+    pub invisible_sessions: usize,
+    /// Over TCP.
+    pub sessions_tcp: usize,
+    /// Over WebSocket.
+    pub sessions_websocket: usize,
+    /// Live outgoing federation links.
+    pub s2s_outgoing_links: usize,
+    /// Liveness backend (`redis` or `in-process`).
+    pub liveness: String,
+}
+
+/// Binds `[admin] socket` (if set) and serves it until shutdown. A socket file left by a
+/// crashed server is replaced; one a running server answers on is not.
+pub async fn start(shared: &Arc<Shared>) -> std::io::Result<Option<PathBuf>> {
+    let Some(path) = shared.config.admin.socket.clone() else {
+        return Ok(None);
+    };
+    let fail =
+        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+    if path.exists() {
+        if UnixStream::connect(&path).await.is_ok() {
+            return Err(fail(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another server answers on this admin socket",
+            )));
+        }
+        std::fs::remove_file(&path).map_err(fail)?;
+    }
+    let listener = UnixListener::bind(&path).map_err(fail)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    }
+    tracing::info!(socket = %path.display(), "admin socket listening");
+    let shared = shared.clone();
+    let started = std::time::Instant::now();
+    let served = path.clone();
+    tokio::spawn(async move {
+        loop {
+            let conn = tokio::select! {
+                c = listener.accept() => c,
+                _ = shared.shutdown.cancelled() => break,
+            };
+            match conn {
+                Ok((stream, _)) => {
+                    tokio::spawn(serve(shared.clone(), stream, started));
+                }
+                Err(e) => {
+                    tracing::warn!(socket = %served.display(), error = %e, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&served);
+    });
+    Ok(Some(path))
+}
+
+async fn serve(shared: Arc<Shared>, stream: UnixStream, started: std::time::Instant) {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    let mut reader = BufReader::new(read).take(MAX_REQUEST);
+    let answer = match reader.read_line(&mut line).await {
+        Ok(_) => match serde_json::from_str::<Request>(&line) {
+            Ok(req) => {
+                tracing::info!(request = ?req, "admin command");
+                execute(&shared, req, started).await
+            }
+            Err(e) => Err(format!("bad request: {e}")),
+        },
+        Err(e) => Err(format!("reading the request: {e}")),
+    };
+    let mut out = serde_json::to_string(&answer).unwrap_or_else(|e| format!("{{\"Err\":\"{e}\"}}"));
+    out.push('\n');
+    let _ = write.write_all(out.as_bytes()).await;
+}
+
+async fn execute(
+    shared: &Shared,
+    req: Request,
+    started: std::time::Instant,
+) -> Result<serde_json::Value, String> {
+    let json = |v: &dyn erased::Ser| v.to_value();
+    match req {
+        Request::UserList { domain } => {
+            let users = shared
+                .store
+                .list_accounts(domain.as_deref())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(json(&users))
+        }
+        Request::UserDel { jid } => {
+            let bare = BareJid::new(&jid).map_err(|e| format!("{jid}: {e}"))?;
+            let node = bare
+                .node()
+                .ok_or_else(|| format!("{jid}: an account JID needs a localpart"))?;
+            // RFC 6120 §4.9.3.12 not-authorized: the account the stream authenticated as is
+            // going; its sessions end before the row does, so none writes for it after.
+            let ended = end_sessions(
+                shared,
+                shared.sessions.of_user(&bare),
+                StreamError::new("not-authorized", "the account was deleted"),
+            )
+            .await;
+            let deleted = shared
+                .store
+                .delete_account(node.as_str(), bare.domain().as_str())
+                .await
+                .map_err(|e| e.to_string())?;
+            if !deleted {
+                return Err(format!("no account {bare}"));
+            }
+            Ok(serde_json::json!({ "deleted": bare.to_string(), "sessions_ended": ended }))
+        }
+        Request::SessionList { jid } => {
+            let sessions = select(shared, jid.as_deref())?;
+            let list: Vec<SessionInfo> = sessions.iter().map(info).collect();
+            Ok(json(&list))
+        }
+        Request::SessionKick { jid, reason } => {
+            let sessions = select(shared, Some(&jid))?;
+            if sessions.is_empty() {
+                return Err(format!("no session of {jid}"));
+            }
+            let text = reason.unwrap_or_else(|| "disconnected by the administrator".into());
+            // RFC 6120 §4.9.3.14 policy-violation: the entity broke a local service policy,
+            // which is what an operator ending a session says.
+            let ended = end_sessions(
+                shared,
+                sessions,
+                StreamError::new("policy-violation", &text),
+            )
+            .await;
+            Ok(serde_json::json!({ "sessions_ended": ended }))
+        }
+        Request::Stats => {
+            let mut s = Stats {
+                version: env!("CARGO_PKG_VERSION").into(),
+                uptime_secs: started.elapsed().as_secs(),
+                users_online: shared.sessions.users().len(),
+                sessions: 0,
+                invisible_sessions: 0,
+                sessions_tcp: 0,
+                sessions_websocket: 0,
+                s2s_outgoing_links: shared.s2s.outgoing_links(),
+                liveness: shared.liveness.backend.name().into(),
+            };
+            shared.sessions.for_each(|h| {
+                s.sessions += 1;
+                if h.is_invisible() {
+                    s.invisible_sessions += 1;
+                }
+                match h.origin.transport {
+                    "websocket" => s.sessions_websocket += 1,
+                    _ => s.sessions_tcp += 1,
+                }
+            });
+            Ok(json(&s))
+        }
+    }
+}
+
+/// Serialising the answers without naming their types twice.
+mod erased {
+    pub trait Ser {
+        fn to_value(&self) -> serde_json::Value;
+    }
+    impl<T: serde::Serialize> Ser for T {
+        fn to_value(&self) -> serde_json::Value {
+            serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+        }
+    }
+}
+
+/// The sessions a JID names: a full JID its one session, a bare JID all of the account's,
+/// none every session.
+fn select(shared: &Shared, jid: Option<&str>) -> Result<Vec<SessionHandle>, String> {
+    let Some(jid) = jid else {
+        let mut all = Vec::new();
+        shared.sessions.for_each(|h| all.push(h.clone()));
+        all.sort_by_key(|a| a.jid.to_string());
+        return Ok(all);
+    };
+    if let Ok(full) = FullJid::new(jid) {
+        return Ok(shared.sessions.get(&full).into_iter().collect());
+    }
+    let bare = BareJid::new(jid).map_err(|e| format!("{jid}: {e}"))?;
+    Ok(shared.sessions.of_user(&bare))
+}
+
+fn info(s: &SessionHandle) -> SessionInfo {
+    SessionInfo {
+        jid: s.jid.to_string(),
+        transport: s.origin.transport.into(),
+        ip: s.origin.peer.map(|p| p.ip().to_string()),
+        since: chrono::DateTime::from_timestamp_millis(s.origin.since_ms)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_default(),
+        invisible: s.is_invisible(),
+    }
+}
+
+/// Closes `sessions` with `error` and waits (bounded) until they are gone from the
+/// registry, so a following delete finds no session writing for the account.
+async fn end_sessions(shared: &Shared, sessions: Vec<SessionHandle>, error: StreamError) -> usize {
+    for s in &sessions {
+        tracing::info!(jid = %s.jid, condition = error.condition, "admin: ending session");
+        s.close(error.clone());
+    }
+    let gone = |s: &SessionHandle| shared.sessions.get(&s.jid).is_none_or(|h| h.id != s.id);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !sessions.iter().all(gone) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sessions.len()
+}
+
+/// Sends `req` to the admin socket at `path` and returns the answer.
+pub async fn request(path: &Path, req: &Request) -> Result<serde_json::Value, ClientError> {
+    let stream = UnixStream::connect(path)
+        .await
+        .map_err(|e| ClientError::Unreachable(format!("{}: {e}", path.display())))?;
+    let (read, mut write) = stream.into_split();
+    let mut line = serde_json::to_string(req).map_err(|e| ClientError::Failed(e.to_string()))?;
+    line.push('\n');
+    write
+        .write_all(line.as_bytes())
+        .await
+        .map_err(|e| ClientError::Failed(format!("{}: {e}", path.display())))?;
+    let mut answer = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        BufReader::new(read).read_line(&mut answer),
+    )
+    .await
+    .map_err(|_| ClientError::Failed(format!("{}: no answer within 30 s", path.display())))?
+    .map_err(|e| ClientError::Failed(format!("{}: {e}", path.display())))?;
+    let answer: Result<serde_json::Value, String> = serde_json::from_str(&answer)
+        .map_err(|e| ClientError::Failed(format!("{}: bad answer: {e}", path.display())))?;
+    answer.map_err(ClientError::Failed)
+}
+
+/// Why an admin request failed.
+#[derive(Debug)]
+pub enum ClientError {
+    /// No server answers on the socket (not running, or another path).
+    Unreachable(String),
+    /// The server answered with an error, or the exchange broke.
+    Failed(String),
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::Unreachable(m) => write!(f, "no server on the admin socket {m}"),
+            ClientError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+/// An answer as text for a terminal.
+pub fn render(req: &Request, answer: &serde_json::Value) -> String {
+    let mut out = String::new();
+    match req {
+        Request::UserList { .. } => {
+            for u in answer.as_array().into_iter().flatten() {
+                out.push_str(u.as_str().unwrap_or_default());
+                out.push('\n');
+            }
+        }
+        Request::SessionList { .. } => {
+            let list: Vec<SessionInfo> = serde_json::from_value(answer.clone()).unwrap_or_default();
+            for s in list {
+                out.push_str(&format!(
+                    "{}\t{}\t{}\t{}{}\n",
+                    s.jid,
+                    s.transport,
+                    s.ip.as_deref().unwrap_or("-"),
+                    s.since,
+                    if s.invisible { "\tinvisible" } else { "" }
+                ));
+            }
+        }
+        Request::SessionKick { jid, .. } => {
+            out.push_str(&format!(
+                "ended {} session(s) of {jid}\n",
+                answer["sessions_ended"]
+            ));
+        }
+        Request::UserDel { .. } => {
+            out.push_str(&format!(
+                "deleted {} ({} session(s) ended)\n",
+                answer["deleted"].as_str().unwrap_or_default(),
+                answer["sessions_ended"]
+            ));
+        }
+        Request::Stats => {
+            if let Some(map) = answer.as_object() {
+                for (k, v) in map {
+                    let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                    out.push_str(&format!("{k}: {v}\n"));
+                }
+            }
+        }
+    }
+    out
+}
