@@ -147,8 +147,22 @@ impl TestServer {
         config.s2s.direct_tls_port = 0;
         config.s2s.nameserver = presenced::config::Nameserver::Disabled;
         tweak(&mut config);
-        let checked = config.clone().check().expect("test config is valid");
-        let running = server::start(checked).await.expect("server starts");
+        // On SQLite every server of a test process shares one file, and several starting at
+        // once can find it locked while another applies its schema (a test-only situation:
+        // a deployment has one server per file). Such a start is retried, a bounded number
+        // of times; any other error fails the test at once.
+        let mut attempt = 0u64;
+        let running = loop {
+            let checked = config.clone().check().expect("test config is valid");
+            match server::start(checked).await {
+                Ok(r) => break r,
+                Err(e) if attempt < 20 && format!("{e:?}").contains("database is locked") => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+                }
+                Err(e) => panic!("server starts: {e:?}"),
+            }
+        };
         let cert = certs.join(format!("selfsigned-{domain}.pem"));
         TestServer {
             addr: running.c2s_addr.expect("c2s listener"),
