@@ -93,11 +93,6 @@ pub struct Filter {
     interest: Option<std::sync::Arc<crate::sessions::InterestList>>,
 }
 
-/// The bare part of a JID string.
-fn bare_of(jid: &str) -> &str {
-    jid.split_once('/').map_or(jid, |(bare, _)| bare)
-}
-
 #[derive(Debug, Default)]
 struct Held {
     /// Held items by the order of their latest update.
@@ -176,7 +171,8 @@ impl Filter {
     /// Whether the client's unexpired interest list names the contact of full JID `sender`.
     fn interested(&self, sender: &str) -> bool {
         self.interest.as_ref().is_some_and(|list| {
-            tokio::time::Instant::now() < list.expires && list.contacts.contains(bare_of(sender))
+            tokio::time::Instant::now() < list.expires
+                && list.contacts.contains(crate::jid::bare_of(sender))
         })
     }
 
