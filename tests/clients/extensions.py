@@ -20,10 +20,9 @@ Prints one JSON line with what was seen and exits 0, or prints {"error": ...} an
 
 import asyncio
 
-import json
 import sys
 
-from peers import Peer as LoggedIn
+from peers import Peer as LoggedIn, finish
 
 TIMEOUT = 10
 
@@ -127,15 +126,7 @@ async def scenario(argv):
         result["alice"] = alice_bare
     except Exception as exc:
         result = {"error": repr(exc)}
-    for p in peers:
-        p.disconnect()
-    for p in peers:
-        try:
-            await asyncio.wait_for(p.disconnected, 5)
-        except Exception:
-            pass
-    print(json.dumps(result), flush=True)
-    return 1 if "error" in result else 0
+    return await finish(peers, result)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ its roster and goes online; it accepts and returns subscription requests on its 
 """
 
 import asyncio
+import json
 from pathlib import Path
 
 import slixmpp
@@ -58,3 +59,17 @@ async def mutual_and_online(alice, alice_jid, bob, bob_jid):
                 and bob.item(alice_jid)["subscription"] == "both")
     await until("alice sees bob online", lambda: len(alice.item(bob_jid).resources) > 0)
     await until("bob sees alice online", lambda: len(bob.item(alice_jid).resources) > 0)
+
+
+async def finish(peers, result):
+    """Disconnects `peers` (waiting up to 5 s for each), prints `result` as the one JSON line
+    the Rust test reads, and returns the script's exit status."""
+    for p in peers:
+        p.disconnect()
+    for p in peers:
+        try:
+            await asyncio.wait_for(p.disconnected, 5)
+        except Exception:
+            pass
+    print(json.dumps(result), flush=True)
+    return 1 if "error" in result else 0

@@ -12,10 +12,9 @@ prints {"error": ...} and exits 1.
 """
 
 import asyncio
-import json
 import sys
 
-from peers import Peer, mutual_and_online, until
+from peers import Peer, finish, mutual_and_online, until
 
 
 class Chatter(Peer):
@@ -61,15 +60,7 @@ async def scenario(argv):
         }
     except Exception as exc:
         result = {"error": repr(exc)}
-    for peer in (alice, bob):
-        peer.disconnect()
-    for peer in (alice, bob):
-        try:
-            await asyncio.wait_for(peer.disconnected, 5)
-        except Exception:
-            pass
-    print(json.dumps(result), flush=True)
-    return 1 if "error" in result else 0
+    return await finish((alice, bob), result)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,9 @@ USER2 got and the seconds from USER1's last words to it; exits 0. On any failure
 """
 
 import asyncio
-import json
 import sys
 
-from peers import Peer, mutual_and_online
+from peers import Peer, finish, mutual_and_online
 
 TIMEOUT = 10
 
@@ -78,13 +77,7 @@ async def scenario(argv):
         result = {"error": repr(exc)}
     if alice.transport is not None:
         alice.transport.abort()
-    bob.disconnect()
-    try:
-        await asyncio.wait_for(bob.disconnected, 5)
-    except Exception:
-        pass
-    print(json.dumps(result), flush=True)
-    return 1 if "error" in result else 0
+    return await finish((bob,), result)
 
 
 if __name__ == "__main__":
