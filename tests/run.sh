@@ -136,6 +136,11 @@ export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 
 # Real XMPP clients this project did not write, driven by the tests.
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+# A real browser for the admin status page test (tests/operations.rs; CHROMIUM names
+# another binary).
+if ! command -v "${CHROMIUM:-chromium}" >/dev/null 2>&1; then
+  install_packages chromium || echo "no chromium: the status page test will fail" >&2
+fi
 
 # A fresh database per run: no state from earlier runs or other branches.
 psql -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 -q \
