@@ -813,7 +813,16 @@ async fn status_json_counts_only_visible_sessions_and_reports_the_stores() {
     assert_eq!(status, 200);
     assert!(page.contains("<svg id=\"chart-online\""), "{page}");
 
-    let before = status_json(admin, STATUS_TOKEN).await;
+    // Redis counts as up once a command succeeded; the node's first writes come soon
+    // after start (bounded wait, polled).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let before = loop {
+        let s = status_json(admin, STATUS_TOKEN).await;
+        if s["redis"]["up"] == true || tokio::time::Instant::now() > deadline {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(before["online"]["users"], 0, "{before}");
     assert_eq!(before["database"]["up"], true, "{before}");
     assert_eq!(before["database"]["kind"], "postgresql", "{before}");

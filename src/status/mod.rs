@@ -93,7 +93,8 @@ pub async fn snapshot(shared: &Shared) -> Snapshot {
             target: link.target().to_owned(),
             up: link.is_up(),
             latency_ms: None,
-            error: (!link.is_up()).then(|| "the last command failed".to_owned()),
+            error: (!link.is_up())
+                .then(|| "not answering (the last command failed, or none succeeded yet)".into()),
         },
         None => Health {
             kind: "in-process",
