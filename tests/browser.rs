@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
-use presenced::xml::{Element, NS_CLIENT, NS_DELAY, NS_DISCO_INFO};
+use presenced::xml::{Element, NS_DELAY, NS_DISCO_INFO};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -34,15 +34,6 @@ fn out_dir() -> PathBuf {
         .parent()
         .expect("target directory")
         .join("browser-screenshots")
-}
-
-/// An executable on `PATH`.
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
 }
 
 /// Node, Chromium (`PRESENCED_CHROMIUM` overrides) and the installed package, or a failure
@@ -151,19 +142,6 @@ impl Driver {
     }
 }
 
-/// A chat message to `to` with `body`.
-fn chat(to: &str, body: &str) -> Element {
-    Element::new("message", NS_CLIENT)
-        .attr("to", to)
-        .attr("type", "chat")
-        .attr("id", unique())
-        .child(Element::new("body", NS_CLIENT).text(body))
-}
-
-fn body_of(el: &Element) -> Option<String> {
-    el.get_child("body", NS_CLIENT).map(|b| b.text_content())
-}
-
 /// The features the server's disco#info lists (XEP-0030), as `client` asks for them.
 async fn advertised_features(ts: &TestServer, client: &mut Client) -> Vec<String> {
     let info = client
@@ -270,9 +248,7 @@ async fn converse_js_logs_in_over_websocket_and_chats() {
     );
 
     converse.step("replied").await;
-    let reply = bob
-        .expect(|e| e.name == "message" && body_of(e).as_deref() == Some(reply_body.as_str()))
-        .await;
+    let reply = bob.expect(|e| has_body(e, &reply_body)).await;
     assert!(
         reply.get_attr("from").unwrap().starts_with(&alice),
         "{reply}"
@@ -382,9 +358,7 @@ async fn xmpp_client_logs_in_over_tcp_and_websocket_and_chats() {
         let online = xmpp.step("online").await;
         let full = format!("{alice}/{resource}");
         assert_eq!(online["jid"], full.as_str(), "{online}");
-        let got = bob
-            .expect(|e| body_of(e).as_deref() == Some(send_body.as_str()))
-            .await;
+        let got = bob.expect(|e| has_body(e, &send_body)).await;
         assert_eq!(got.get_attr("from"), Some(full.as_str()), "{got}");
         bob.send(&chat(&full, &expect_body)).await;
         let report = xmpp.step("report").await;

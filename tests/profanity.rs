@@ -11,19 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use presenced::xml::{Element, NS_CLIENT};
 
 /// How long one screen may take to show what the test waits for.
 const SCREEN_WAIT: Duration = Duration::from_secs(20);
-
-/// An executable on `PATH`.
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
-}
 
 /// One program in a private tmux server (its own socket), killed with that server.
 struct Tmux {
@@ -114,21 +104,6 @@ impl Drop for Tmux {
     }
 }
 
-fn chat(to: &str, body: &str) -> Element {
-    Element::new("message", NS_CLIENT)
-        .attr("to", to)
-        .attr("type", "chat")
-        .attr("id", unique())
-        .child(Element::new("body", NS_CLIENT).text(body))
-}
-
-fn body_is(el: &Element, body: &str) -> bool {
-    el.name == "message"
-        && el
-            .get_child("body", NS_CLIENT)
-            .is_some_and(|b| b.text_content() == body)
-}
-
 /// The lines of a screen that report a server's error.
 fn error_lines(screen: &str) -> Vec<&str> {
     screen
@@ -143,7 +118,8 @@ fn error_lines(screen: &str) -> Vec<&str> {
 }
 
 /// Profanity connects with the README's command and accepts the development certificate
-/// with `/tls always`, enables carbons (it does by default: a message the user's other
+/// with `/tls always`, subscribes with the README's commands (`/roster add`,
+/// `/sub request`, `/sub allow`), enables carbons (it does by default: a message the user's other
 /// resource sends shows in its window), sends and receives a message, and neither its
 /// chat window nor its console shows a server error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,7 +129,6 @@ async fn profanity_logs_in_with_carbons_and_chats_without_server_errors() {
     let ts = TestServer::start(|_| {}).await;
     ts.user("alice").await;
     ts.user("bob").await;
-    ts.make_mutual("alice", "bob").await;
     let (alice, bob_jid) = (ts.jid("alice"), ts.jid("bob"));
     let mut bob = ts.login("bob", "pc").await;
     bob.presence(None, None).await;
@@ -179,11 +154,26 @@ async fn profanity_logs_in_with_carbons_and_chats_without_server_errors() {
     term.type_line("/tls always");
     term.wait_for("the login", |s| s.contains("logged in successfully"))
         .await;
+
+    // The README's subscription steps: alice asks, bob (the raw client) approves and asks
+    // back, alice allows.
+    term.type_line(&format!("/roster add {bob_jid}"));
+    term.type_line(&format!("/sub request {bob_jid}"));
+    bob.expect(|e| is_presence(e, &alice, Some("subscribe")))
+        .await;
+    bob.send(&presence_to("subscribed", &alice)).await;
+    bob.send(&presence_to("subscribe", &alice)).await;
+    let asked = format!("Received authorization request from {bob_jid}");
+    term.wait_for("bob's subscription request", |s| s.contains(&asked))
+        .await;
+    term.type_line(&format!("/sub allow {bob_jid}"));
+    bob.expect(|e| is_presence(e, &alice, Some("subscribed")))
+        .await;
     bob.expect(|e| is_presence(e, &alice, None)).await;
 
     let sent = format!("hello from profanity {}", unique());
     term.type_line(&format!("/msg {bob_jid} {sent}"));
-    let got = bob.expect(|e| body_is(e, &sent)).await;
+    let got = bob.expect(|e| has_body(e, &sent)).await;
     assert!(got.get_attr("from").unwrap().starts_with(&alice), "{got}");
 
     let reply = format!("reply to profanity {}", unique());
@@ -197,7 +187,7 @@ async fn profanity_logs_in_with_carbons_and_chats_without_server_errors() {
     desk.presence(None, None).await;
     let from_desk = format!("sent from the desk {}", unique());
     desk.send(&chat(&bob_jid, &from_desk)).await;
-    bob.expect(|e| body_is(e, &from_desk)).await;
+    bob.expect(|e| has_body(e, &from_desk)).await;
     let chat_screen = term
         .wait_for("the carbon copy of the desk's message", |s| {
             s.contains(&from_desk)
