@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
-use presenced::xml::{Element, NS_DELAY, NS_DISCO_INFO};
+use presenced::xml::{NS_DELAY, NS_DISCO_INFO};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -142,23 +142,6 @@ impl Driver {
     }
 }
 
-/// The features the server's disco#info lists (XEP-0030), as `client` asks for them.
-async fn advertised_features(ts: &TestServer, client: &mut Client) -> Vec<String> {
-    let info = client
-        .iq(
-            "get",
-            Some(&ts.domain),
-            Element::new("query", NS_DISCO_INFO),
-        )
-        .await;
-    let query = info.get_child("query", NS_DISCO_INFO).expect("disco#info");
-    query
-        .elements()
-        .filter(|f| f.name == "feature")
-        .filter_map(|f| f.get_attr("var").map(str::to_owned))
-        .collect()
-}
-
 /// The errors a client received that the server must not give it: any message or presence
 /// error, and any iq error answering a request in a namespace the server advertises.
 /// Requests in namespaces it does not advertise (vcard-temp, PEP, …) may be refused.
@@ -190,6 +173,20 @@ fn answered(report: &Value, ns: &str, ty: &str) -> bool {
     of("result") && !of("error")
 }
 
+/// A server (`tweak` adjusts its config) where alice and bob are mutual contacts, and bob
+/// online and available on the raw client.
+async fn with_contact_online(
+    tweak: impl FnOnce(&mut presenced::config::Config),
+) -> (TestServer, Client) {
+    let ts = TestServer::start(tweak).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = ts.login("bob", "pc").await;
+    bob.presence(None, None).await;
+    (ts, bob)
+}
+
 /// converse.js logs in over WebSocket (wss with the development certificate), shows the
 /// contact online and the message the contact sent while it was offline (with its
 /// XEP-0203 delay), enables carbons, blocks and unblocks through XEP-0191, goes inactive
@@ -198,15 +195,9 @@ fn answered(report: &Value, ns: &str, ty: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converse_js_logs_in_over_websocket_and_chats() {
     let (_, chromium) = tools();
-    let ts = TestServer::start(|c| c.http.tls = true).await;
-    ts.user("alice").await;
-    ts.user("bob").await;
-    ts.make_mutual("alice", "bob").await;
+    let (ts, mut bob) = with_contact_online(|c| c.http.tls = true).await;
     let (alice, bob_jid) = (ts.jid("alice"), ts.jid("bob"));
-
-    let mut bob = ts.login("bob", "pc").await;
-    bob.presence(None, None).await;
-    let advertised = advertised_features(&ts, &mut bob).await;
+    let advertised = server_features(&ts, &mut bob).await;
     // Alice has never logged in: this one waits in offline storage (XEP-0160).
     let offline_body = format!("sent while you were away {}", unique());
     bob.send(&chat(&alice, &offline_body)).await;
@@ -314,13 +305,8 @@ async fn xmpp_client_logs_in_over_tcp_and_websocket_and_chats() {
         major >= 20,
         "@xmpp/client needs Node 20 or later, this is {major}"
     );
-    let ts = TestServer::start(|_| {}).await;
-    ts.user("alice").await;
-    ts.user("bob").await;
-    ts.make_mutual("alice", "bob").await;
+    let (ts, mut bob) = with_contact_online(|_| {}).await;
     let (alice, bob_jid) = (ts.jid("alice"), ts.jid("bob"));
-    let mut bob = ts.login("bob", "pc").await;
-    bob.presence(None, None).await;
 
     for (resource, service) in [
         ("tcp", format!("xmpp://127.0.0.1:{}", ts.addr.port())),

@@ -1002,3 +1002,20 @@ pub fn on_path(name: &str) -> Option<PathBuf> {
             .find(|p| p.is_file())
     })
 }
+
+/// The features the server's disco#info lists (XEP-0030 §3.1), as `c` asks for them.
+pub async fn server_features(ts: &TestServer, c: &mut Client) -> Vec<String> {
+    let r = c
+        .iq(
+            "get",
+            Some(&ts.domain),
+            Element::new("query", presenced::xml::NS_DISCO_INFO),
+        )
+        .await;
+    r.get_child("query", presenced::xml::NS_DISCO_INFO)
+        .expect("disco#info result")
+        .elements()
+        .filter(|f| f.name == "feature")
+        .filter_map(|f| f.get_attr("var").map(str::to_owned))
+        .collect()
+}
