@@ -148,7 +148,9 @@ command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 if [ "${#missing[@]}" -gt 0 ]; then
   install_packages "${missing[@]}" || echo "tests/browser.rs and tests/profanity.rs will fail" >&2
 fi
-if [ ! -d tests/browser/node_modules ] && command -v npm >/dev/null 2>&1; then
+# npm ci again when the lock file is newer than the installed tree.
+if command -v npm >/dev/null 2>&1 && { [ ! -e tests/browser/node_modules/.package-lock.json ] ||
+  [ tests/browser/package-lock.json -nt tests/browser/node_modules/.package-lock.json ]; }; then
   (cd tests/browser && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 fi
 
