@@ -1005,10 +1005,15 @@ pub fn on_path(name: &str) -> Option<PathBuf> {
 
 /// The features the server's disco#info lists (XEP-0030 §3.1), as `c` asks for them.
 pub async fn server_features(ts: &TestServer, c: &mut Client) -> Vec<String> {
+    disco_features(c, &ts.domain).await
+}
+
+/// The features `to`'s disco#info lists (XEP-0030 §3.1), as `c` asks for them.
+pub async fn disco_features(c: &mut Client, to: &str) -> Vec<String> {
     let r = c
         .iq(
             "get",
-            Some(&ts.domain),
+            Some(to),
             Element::new("query", presenced::xml::NS_DISCO_INFO),
         )
         .await;
