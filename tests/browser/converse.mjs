@@ -99,6 +99,8 @@ const consoleLines = [];
 const browser = await puppeteer.launch({
   executablePath: cfg.chromium,
   headless: true,
+  // DevTools over a pipe: Chromium ends with this process even if it is killed.
+  pipe: true,
   args: [
     // The server's development certificate is self-signed.
     '--ignore-certificate-errors',
