@@ -51,6 +51,7 @@ pub mod sasl;
 pub mod server;
 pub mod sessions;
 pub mod store;
+pub mod stream_management;
 pub mod tls;
 pub(crate) mod websocket;
 pub mod xml;
