@@ -747,17 +747,17 @@ impl Conn {
         let reader = std::mem::replace(&mut self.reader, empty);
         let writer = std::mem::replace(&mut self.writer, tokio::io::split(empty_io()).1);
         let (taken, was_taken) = tokio::sync::oneshot::channel();
-        let handoff = sm::Handoff {
+        let handoff = Box::new(sm::Handoff {
             h,
             reader,
             writer,
             peer: self.peer,
             transport: self.transport.clone(),
             taken,
-        };
+        });
         if let Err(back) = tx.send(handoff).await {
             // The session ended meanwhile.
-            let sm::Handoff { reader, writer, .. } = back.0;
+            let sm::Handoff { reader, writer, .. } = *back.0;
             self.reader = reader;
             self.writer = writer;
             self.write(&sm::failed("item-not-found", None)).await?;
@@ -1054,7 +1054,7 @@ impl Conn {
                             }
                         }
                     };
-                    let sm::Handoff { h, reader, writer, peer: from, transport: over, taken } = handoff;
+                    let sm::Handoff { h, reader, writer, peer: from, transport: over, taken } = *handoff;
                     let Some(kept) = out.clone() else { break None };
                     let (prelude, resent) = {
                         let mut o = sm::lock(&kept);
@@ -1228,7 +1228,7 @@ impl Conn {
 /// stream is handed over on.
 struct Resumption {
     id: String,
-    rx: mpsc::Receiver<sm::Handoff>,
+    rx: mpsc::Receiver<Box<sm::Handoff>>,
     window: Duration,
 }
 
@@ -1238,7 +1238,8 @@ struct Resumption {
 struct Detached {
     rx: mpsc::Receiver<Outbound>,
     csi: crate::csi::Filter,
-    until: Instant,
+    /// Boxed: the timer is large and only a detached session needs one.
+    until: std::pin::Pin<Box<tokio::time::Sleep>>,
     _counted: sm::DetachedCount,
 }
 
@@ -1255,7 +1256,7 @@ impl Detached {
         Detached {
             rx: w.rx,
             csi: w.csi,
-            until: Instant::now() + window,
+            until: Box::pin(tokio::time::sleep(window)),
             _counted: shared.resumable.count_detached(),
         }
     }
@@ -1398,7 +1399,7 @@ async fn wait_writer(task: &mut Option<tokio::task::JoinHandle<WriterOut>>) -> O
 }
 
 /// The next stream handed over to resume this session; never completes without resumption.
-async fn next_handoff(r: &mut Option<Resumption>) -> sm::Handoff {
+async fn next_handoff(r: &mut Option<Resumption>) -> Box<sm::Handoff> {
     match r.as_mut() {
         Some(r) => match r.rx.recv().await {
             Some(h) => h,
@@ -1416,7 +1417,7 @@ async fn next_detached(d: &mut Option<Detached>) -> Option<Outbound> {
     };
     tokio::select! {
         m = d.rx.recv() => m,
-        _ = tokio::time::sleep_until(d.until) => None,
+        _ = d.until.as_mut() => None,
     }
 }
 

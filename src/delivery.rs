@@ -209,13 +209,7 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
     }
     // One look at the registry (and, with other nodes, the directory) serves the
     // existence check and the delivery.
-    let sessions = shared.sessions.of_user(&bare);
-    let remote = shared
-        .cluster
-        .holders(&[bare.as_str()])
-        .await
-        .remove(bare.as_str())
-        .unwrap_or_default();
+    let (sessions, remote) = resources_everywhere(shared, &bare).await;
     if matches!(kind.as_str(), "normal" | "chat")
         && targets_everywhere(&sessions, &remote, &kind).is_none()
     {
@@ -234,6 +228,21 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
         carbon_copies(shared, Direction::Received, &reached, &bare, &original);
     }
     Outcome::Delivered
+}
+
+/// The sessions of local user `bare` on this node and those other nodes hold.
+async fn resources_everywhere(
+    shared: &Shared,
+    bare: &BareJid,
+) -> (Vec<SessionHandle>, Vec<crate::cluster::Holder>) {
+    let sessions = shared.sessions.of_user(bare);
+    let remote = shared
+        .cluster
+        .holders(&[bare.as_str()])
+        .await
+        .remove(bare.as_str())
+        .unwrap_or_default();
+    (sessions, remote)
 }
 
 /// XEP-0280: a copy of `msg` (wrapped as `direction` says) for each carbons-enabled
@@ -348,13 +357,7 @@ pub(crate) async fn unacked(shared: &Shared, owner: &BareJid, el: Element) -> Ou
         ("message", "chat" | "normal") => {
             let sender = el.get_attr("from").unwrap_or_default().to_owned();
             let kind = ty.to_owned();
-            let sessions = shared.sessions.of_user(owner);
-            let remote = shared
-                .cluster
-                .holders(&[owner.as_str()])
-                .await
-                .remove(owner.as_str())
-                .unwrap_or_default();
+            let (sessions, remote) = resources_everywhere(shared, owner).await;
             if targets_everywhere(&sessions, &remote, &kind).is_some() {
                 message_to_bare_everywhere(shared, &sessions, &remote, el, &kind);
                 return Outcome::Delivered;

@@ -277,7 +277,7 @@ struct Entry {
     /// The account that enabled it: only that account may resume it.
     account: String,
     /// The session's task.
-    tx: mpsc::Sender<Handoff>,
+    tx: mpsc::Sender<Box<Handoff>>,
     /// Its counters, to check the client's `h` before the hand-off.
     out: SharedOutgoing,
 }
@@ -316,7 +316,7 @@ impl Resumable {
     pub fn register(
         &self,
         account: &str,
-        tx: mpsc::Sender<Handoff>,
+        tx: mpsc::Sender<Box<Handoff>>,
         out: SharedOutgoing,
     ) -> String {
         use rand::RngCore as _;
@@ -342,7 +342,12 @@ impl Resumable {
     }
 
     /// The channel to hand `account`'s session `id` a new stream, once `h` is checked.
-    pub fn find(&self, id: &str, account: &str, h: u32) -> Result<mpsc::Sender<Handoff>, Refused> {
+    pub fn find(
+        &self,
+        id: &str,
+        account: &str,
+        h: u32,
+    ) -> Result<mpsc::Sender<Box<Handoff>>, Refused> {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let entry = map
             .get(id)

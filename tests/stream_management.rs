@@ -69,6 +69,14 @@ async fn resumable_online(ts: &TestServer, name: &str, res: &str) -> (Client, St
     (c, id)
 }
 
+/// Sends `<resume/>` for `id` with the client's count `h` and returns the answer.
+async fn resume(c: &mut Client, id: &str, h: u32) -> Element {
+    c.send_raw(&format!("<resume xmlns='{NS_SM}' previd='{id}' h='{h}'/>"))
+        .await;
+    c.expect(|e| is_sm(e, "resumed") || is_sm(e, "failed"))
+        .await
+}
+
 async fn online(ts: &TestServer, name: &str, res: &str) -> Client {
     let mut c = ts.login(name, res).await;
     c.presence(None, None).await;
@@ -89,30 +97,11 @@ async fn detached(ts: &TestServer, n: usize) {
     }
 }
 
-async fn offline_count(ts: &TestServer, owner: &str) -> i64 {
-    let store = &ts.shared().store;
-    let counted = match store.sqlite_pool() {
-        Some(file) => {
-            sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = ?1")
-                .bind(owner)
-                .fetch_one(file)
-                .await
-        }
-        None => {
-            sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = $1")
-                .bind(owner)
-                .fetch_one(store.pool())
-                .await
-        }
-    };
-    counted.expect("count offline messages")
-}
-
 /// Waits (bounded) until `owner` has `n` offline messages.
 async fn offline_reaches(ts: &TestServer, owner: &str, n: i64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let got = offline_count(ts, owner).await;
+        let got = ts.offline_count(owner).await;
         if got == n {
             return;
         }
@@ -231,12 +220,7 @@ async fn a_killed_connection_resumes_with_the_unacked_messages_and_no_presence_f
     .await;
 
     let mut again = Client::authenticated(&ts, "alice").await;
-    again
-        .send_raw(&format!("<resume xmlns='{NS_SM}' previd='{id}' h='0'/>"))
-        .await;
-    let resumed = again
-        .expect(|e| is_sm(e, "resumed") || is_sm(e, "failed"))
-        .await;
+    let resumed = resume(&mut again, &id, 0).await;
     assert!(is_sm(&resumed, "resumed"), "{resumed}");
     assert_eq!(resumed.get_attr("previd"), Some(id.as_str()));
     // Alice's one stanza after <enable/> was her initial presence.
@@ -298,11 +282,7 @@ async fn a_resume_while_the_old_connection_looks_alive_takes_it_over() {
         }
     }
     let mut new = Client::authenticated(&ts, "alice").await;
-    new.send_raw(&format!("<resume xmlns='{NS_SM}' previd='{id}' h='{h}'/>"))
-        .await;
-    let resumed = new
-        .expect(|e| is_sm(e, "resumed") || is_sm(e, "failed"))
-        .await;
+    let resumed = resume(&mut new, &id, h).await;
     assert!(is_sm(&resumed, "resumed"), "{resumed}");
     // The old stream is dropped by the server.
     assert!(
@@ -338,7 +318,7 @@ async fn an_expired_window_stores_the_unacked_message_offline_and_answers_the_iq
     alice
         .expect(|e| e.name == "iq" && e.get_attr("id") == Some("v1"))
         .await;
-    assert_eq!(offline_count(&ts, &alice_bare).await, 0);
+    assert_eq!(ts.offline_count(&alice_bare).await, 0);
     drop(alice);
     detached(&ts, 1).await;
 
@@ -359,9 +339,7 @@ async fn an_expired_window_stores_the_unacked_message_offline_and_answers_the_iq
 
     // Too late to resume: the client binds again on the same stream and gets the message.
     let mut back = Client::authenticated(&ts, "alice").await;
-    back.send_raw(&format!("<resume xmlns='{NS_SM}' previd='{id}' h='0'/>"))
-        .await;
-    let f = back.expect(|e| is_sm(e, "failed")).await;
+    let f = resume(&mut back, &id, 0).await;
     assert_eq!(failed_condition(&f), "item-not-found", "{f}");
     back.bind("phone")
         .await
@@ -392,7 +370,7 @@ async fn an_offline_message_handed_out_and_not_acked_goes_back_to_storage() {
         .and_then(|d| d.get_attr("stamp"))
         .expect("stamp")
         .to_owned();
-    assert_eq!(offline_count(&ts, &alice_bare).await, 0, "handed out");
+    assert_eq!(ts.offline_count(&alice_bare).await, 0, "handed out");
     drop(alice);
     offline_reaches(&ts, &alice_bare, 1).await;
     // Next login: the same message, with its first stamp and only that one.
@@ -417,10 +395,7 @@ async fn a_wrong_or_foreign_resume_id_fails_and_the_stream_can_still_bind() {
 
     // Another account holding alice's id learns nothing and resumes nothing.
     let mut mallory = Client::authenticated(&ts, "mallory").await;
-    mallory
-        .send_raw(&format!("<resume xmlns='{NS_SM}' previd='{id}' h='0'/>"))
-        .await;
-    let f = mallory.expect(|e| is_sm(e, "failed")).await;
+    let f = resume(&mut mallory, &id, 0).await;
     assert_eq!(failed_condition(&f), "item-not-found", "{f}");
     mallory
         .bind("laptop")
@@ -429,25 +404,14 @@ async fn a_wrong_or_foreign_resume_id_fails_and_the_stream_can_still_bind() {
 
     // An id nobody was given.
     let mut guess = Client::authenticated(&ts, "alice").await;
-    guess
-        .send_raw(&format!(
-            "<resume xmlns='{NS_SM}' previd='00000000000000000000000000000000' h='0'/>"
-        ))
-        .await;
-    let f = guess.expect(|e| is_sm(e, "failed")).await;
+    let f = resume(&mut guess, "00000000000000000000000000000000", 0).await;
     assert_eq!(failed_condition(&f), "item-not-found", "{f}");
     // The right id with a count beyond what was sent.
-    guess
-        .send_raw(&format!("<resume xmlns='{NS_SM}' previd='{id}' h='1000'/>"))
-        .await;
-    let f = guess.expect(|e| is_sm(e, "failed")).await;
+    let f = resume(&mut guess, &id, 1000).await;
     assert_eq!(failed_condition(&f), "undefined-condition", "{f}");
     guess.bind("other").await.expect("bind");
     // A bound stream resumes nothing.
-    guess
-        .send_raw(&format!("<resume xmlns='{NS_SM}' previd='{id}' h='0'/>"))
-        .await;
-    let f = guess.expect(|e| is_sm(e, "failed")).await;
+    let f = resume(&mut guess, &id, 0).await;
     assert_eq!(failed_condition(&f), "unexpected-request", "{f}");
     // Alice's session was never touched.
     barrier(&ts, &mut alice).await;
@@ -456,16 +420,14 @@ async fn a_wrong_or_foreign_resume_id_fails_and_the_stream_can_still_bind() {
 #[tokio::test]
 async fn a_resume_on_another_node_of_the_cluster_fails_so_the_client_rebinds() {
     let domain = format!("c{}.example", unique());
-    let n1 = TestServer::start_with_domain(&domain, |c| {
-        with_window(Duration::from_secs(30))(c);
-        c.cluster.node_id = Some(format!("n1-{}", unique()));
-    })
-    .await;
-    let n2 = TestServer::start_with_domain(&domain, |c| {
-        with_window(Duration::from_secs(30))(c);
-        c.cluster.node_id = Some(format!("n2-{}", unique()));
-    })
-    .await;
+    let node = |name: &'static str| {
+        TestServer::start_with_domain(&domain, move |c| {
+            with_window(Duration::from_secs(30))(c);
+            c.cluster.node_id = Some(format!("{name}-{}", unique()));
+        })
+    };
+    let n1 = node("n1").await;
+    let n2 = node("n2").await;
     let deadline = Instant::now() + WAIT;
     for n in [&n1, &n2] {
         while n.shared().cluster.peers().is_empty() {
@@ -478,10 +440,7 @@ async fn a_resume_on_another_node_of_the_cluster_fails_so_the_client_rebinds() {
     drop(alice);
     detached(&n1, 1).await;
     let mut elsewhere = Client::authenticated(&n2, "alice").await;
-    elsewhere
-        .send_raw(&format!("<resume xmlns='{NS_SM}' previd='{id}' h='0'/>"))
-        .await;
-    let f = elsewhere.expect(|e| is_sm(e, "failed")).await;
+    let f = resume(&mut elsewhere, &id, 0).await;
     assert_eq!(failed_condition(&f), "item-not-found", "{f}");
     elsewhere
         .bind("phone")
