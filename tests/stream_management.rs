@@ -161,13 +161,24 @@ async fn enable_is_refused_before_bind_and_both_sides_count_after_it() {
     // The server asks for the client's count after writing stanzas it keeps.
     let r = c.expect(|e| is_sm(e, "r")).await;
     assert!(is_sm(&r, "r"));
-    // Two results were written since <enabled/>: h=2 is right, h=3 is too high (§4).
+    // Two results were written since <enabled/>: h=2 is right; after a third, h=4 is
+    // beyond the count (§4).
     c.send_raw(&format!("<a xmlns='{NS_SM}' h='2'/>")).await;
     barrier(&ts, &mut c).await;
-    c.send_raw(&format!("<a xmlns='{NS_SM}' h='4'/>")).await;
+    ends_with(
+        &mut c,
+        &format!("<a xmlns='{NS_SM}' h='4'/>"),
+        "undefined-condition",
+    )
+    .await;
+}
+
+/// Sends `xml` and expects the stream to end with the stream error `condition`.
+async fn ends_with(c: &mut Client, xml: &str, condition: &str) {
+    c.send_raw(xml).await;
     match c.expect_stream_end().await {
-        Ended::StreamError(cond) => assert_eq!(cond, "undefined-condition"),
-        other => panic!("h beyond the count ends the stream: {other:?}"),
+        Ended::StreamError(cond) => assert_eq!(cond, condition, "after {xml}"),
+        other => panic!("{xml} ends the stream with {condition}: {other:?}"),
     }
 }
 
@@ -177,11 +188,12 @@ async fn a_malformed_count_is_a_bad_format_stream_error() {
     ts.user("alice").await;
     let mut c = ts.login("alice", "r").await;
     assert!(is_sm(&enable(&mut c, false).await, "enabled"));
-    c.send_raw(&format!("<a xmlns='{NS_SM}' h='-3'/>")).await;
-    match c.expect_stream_end().await {
-        Ended::StreamError(cond) => assert_eq!(cond, "bad-format"),
-        other => panic!("{other:?}"),
-    }
+    ends_with(
+        &mut c,
+        &format!("<a xmlns='{NS_SM}' h='-3'/>"),
+        "bad-format",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------
