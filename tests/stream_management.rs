@@ -33,19 +33,6 @@ fn failed_condition(e: &Element) -> String {
         .unwrap_or_default()
 }
 
-fn chat(to: &str, body: &str) -> Element {
-    Element::new("message", NS_CLIENT)
-        .attr("type", "chat")
-        .attr("to", to)
-        .child(Element::new("body", NS_CLIENT).text(body))
-}
-
-fn is_body(e: &Element, body: &str) -> bool {
-    e.name == "message"
-        && e.get_child("body", NS_CLIENT)
-            .is_some_and(|b| b.text_content() == body)
-}
-
 /// Sends `<enable/>` and returns the `<enabled/>` answer.
 async fn enable(c: &mut Client, resume: bool) -> Element {
     let resume = if resume { " resume='true'" } else { "" };
@@ -217,7 +204,7 @@ async fn a_killed_connection_resumes_with_the_unacked_messages_and_no_presence_f
     let graces = ts.metric(|m| m.grace_started.load(std::sync::atomic::Ordering::Relaxed));
 
     bob.send(&chat(&alice_jid, "before the tunnel")).await;
-    alice.expect(|e| is_body(e, "before the tunnel")).await;
+    alice.expect(|e| has_body(e, "before the tunnel")).await;
     // The connection dies without a closing tag and nothing is acknowledged.
     drop(alice);
     detached(&ts, 1).await;
@@ -239,9 +226,9 @@ async fn a_killed_connection_resumes_with_the_unacked_messages_and_no_presence_f
     assert_eq!(resumed.get_attr("h"), Some("1"), "{resumed}");
     again.jid = alice_jid.clone();
     // h=0: everything since <enabled/> comes again, in order, the queued message last.
-    let first = again.expect(|e| is_body(e, "before the tunnel")).await;
-    assert!(is_body(&first, "before the tunnel"));
-    again.expect(|e| is_body(e, "in the tunnel")).await;
+    let first = again.expect(|e| has_body(e, "before the tunnel")).await;
+    assert!(has_body(&first, "before the tunnel"));
+    again.expect(|e| has_body(e, "in the tunnel")).await;
     assert_eq!(ts.shared().resumable.detached(), 0);
     assert_eq!(
         ts.shared().sessions.get(&full).map(|s| s.id),
@@ -253,7 +240,7 @@ async fn a_killed_connection_resumes_with_the_unacked_messages_and_no_presence_f
     again
         .send(&chat(&bob.jid.clone(), "out of the tunnel"))
         .await;
-    bob.watch(&|e| is_body(e, "out of the tunnel"), WAIT)
+    bob.watch(&|e| has_body(e, "out of the tunnel"), WAIT)
         .await
         .expect("bob hears from the resumed session");
     assert!(
@@ -282,7 +269,7 @@ async fn a_resume_while_the_old_connection_looks_alive_takes_it_over() {
     let (mut old, id) = resumable_online(&ts, "alice", "phone").await;
     let alice_jid = old.jid.clone();
     bob.send(&chat(&alice_jid, "one")).await;
-    old.expect(|e| is_body(e, "one")).await;
+    old.expect(|e| has_body(e, "one")).await;
     barrier(&ts, &mut old).await;
     // Count what the old stream received after <enabled/>: alice acknowledges all of it.
     // Her own presence, "one" and the barrier's result were taken from the stream by the
@@ -305,7 +292,7 @@ async fn a_resume_while_the_old_connection_looks_alive_takes_it_over() {
     new.jid = alice_jid.clone();
     bob.send(&chat(&alice_jid, "two")).await;
     let next = new.expect(|e| e.name == "message").await;
-    assert!(is_body(&next, "two"), "only the new message: {next}");
+    assert!(has_body(&next, "two"), "only the new message: {next}");
 }
 
 #[tokio::test]
@@ -322,7 +309,7 @@ async fn an_expired_window_stores_the_unacked_message_offline_and_answers_the_iq
         .await
         .expect("bob sees alice online");
     bob.send(&chat(&alice_jid, "keep me")).await;
-    alice.expect(|e| is_body(e, "keep me")).await;
+    alice.expect(|e| has_body(e, "keep me")).await;
     bob.send(&el(&format!(
         "<iq type='get' id='v1' to='{alice_jid}'><query xmlns='jabber:iq:version'/></iq>"
     )))
@@ -357,7 +344,7 @@ async fn an_expired_window_stores_the_unacked_message_offline_and_answers_the_iq
         .await
         .expect("bind after a failed resume");
     back.presence(None, None).await;
-    let kept = back.expect(|e| is_body(e, "keep me")).await;
+    let kept = back.expect(|e| has_body(e, "keep me")).await;
     let delay = kept
         .get_child("delay", "urn:xmpp:delay")
         .expect("stamped when stored");
@@ -376,7 +363,7 @@ async fn an_offline_message_handed_out_and_not_acked_goes_back_to_storage() {
     offline_reaches(&ts, &alice_bare, 1).await;
     // Handed out at initial presence to a resumable session that dies unacknowledged.
     let (mut alice, _id) = resumable_online(&ts, "alice", "phone").await;
-    let first = alice.expect(|e| is_body(e, "while you were out")).await;
+    let first = alice.expect(|e| has_body(e, "while you were out")).await;
     let stamp = first
         .get_child("delay", "urn:xmpp:delay")
         .and_then(|d| d.get_attr("stamp"))
@@ -387,7 +374,7 @@ async fn an_offline_message_handed_out_and_not_acked_goes_back_to_storage() {
     offline_reaches(&ts, &alice_bare, 1).await;
     // Next login: the same message, with its first stamp and only that one.
     let mut again = online(&ts, "alice", "pc").await;
-    let m = again.expect(|e| is_body(e, "while you were out")).await;
+    let m = again.expect(|e| has_body(e, "while you were out")).await;
     let stamps: Vec<_> = m
         .elements()
         .filter(|c| c.is("delay", "urn:xmpp:delay"))

@@ -293,11 +293,7 @@ async fn a_dropped_websocket_session_is_resumed_over_a_new_websocket() {
         assert!(Instant::now() < deadline, "never detached");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let msg = Element::new("message", presenced::xml::NS_CLIENT)
-        .attr("type", "chat")
-        .attr("to", alice.as_str())
-        .child(Element::new("body", presenced::xml::NS_CLIENT).text("meanwhile"));
-    bob.send(&msg).await;
+    bob.send(&chat(&alice, "meanwhile")).await;
     barrier(&ts, &mut bob).await;
 
     let mut again = Ws::connect(&ts).await;
@@ -325,16 +321,9 @@ async fn a_dropped_websocket_session_is_resumed_over_a_new_websocket() {
             bob.jid
         ))
         .await;
-    bob.watch(
-        &|e| {
-            e.name == "message"
-                && e.get_child("body", presenced::xml::NS_CLIENT)
-                    .is_some_and(|b| b.text_content() == "back")
-        },
-        WAIT,
-    )
-    .await
-    .expect("bob hears from the resumed WebSocket");
+    bob.watch(&|e| has_body(e, "back"), WAIT)
+        .await
+        .expect("bob hears from the resumed WebSocket");
     assert!(
         !bob.backlog
             .iter()
