@@ -41,6 +41,7 @@ pub(crate) mod policy;
 pub mod presence;
 pub(crate) mod privacy_iq;
 pub mod pubsub;
+pub mod redis_conn;
 pub(crate) mod rate_limit;
 pub(crate) mod roster;
 pub(crate) mod roster_push;
