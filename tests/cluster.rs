@@ -487,7 +487,9 @@ async fn cluster_masters(seed: &str) -> Vec<String> {
 }
 
 async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients(redis: Redis) {
-    let (n1, n2) = two_nodes(redis, |_| {}).await;
+    // The viewers do not answer pings while the next ones are set up: T long enough for
+    // all ten on a loaded machine.
+    let (n1, n2) = two_nodes(redis, |c| c.liveness.ttl = Duration::from_secs(6)).await;
     n1.user("alice").await;
     let mut viewers = Vec::new();
     for i in 0..10 {
@@ -984,8 +986,8 @@ async fn master_and_replica(seed: &str, slot: u16) -> (String, String) {
 /// channel, while node 1 sends node 2 a message every 25 ms. What may be lost is what was
 /// published between the promotion and node 2's new subscription on the promoted master
 /// (found by a `sunsubscribe` push or the role check every `[redis] timeout`); everything
-/// sent before the failover and everything sent from 2 × timeout + 1 s after the promotion
-/// arrives.
+/// sent more than a second (node 1's processing on a loaded machine) before the failover
+/// was asked, and everything sent from 2 × timeout + 1 s after the promotion, arrives.
 #[tokio::test]
 async fn redis_cluster_master_failover_during_traffic_loses_only_a_bounded_window() {
     let _layout = CLUSTER_LAYOUT.write().await;
@@ -1075,6 +1077,9 @@ async fn redis_cluster_master_failover_during_traffic_loses_only_a_bounded_windo
     let (sent, (asked, promoted), got) = tokio::join!(send, failover, receive);
     let lost: Vec<usize> = (0..N).filter(|&i| !got[i]).collect();
     let window = timeout * 2 + Duration::from_secs(1);
+    // A stanza is published some time after the client sent it (node 1 parses, decides and
+    // queues it): on a loaded machine up to a second.
+    let processing = Duration::from_secs(1);
     println!(
         "cluster failover of {master} (replica {replica} promoted {:?} after asking): \
          {} of {N} messages lost: {lost:?}",
@@ -1083,7 +1088,7 @@ async fn redis_cluster_master_failover_during_traffic_loses_only_a_bounded_windo
     );
     for &i in &lost {
         assert!(
-            sent[i] >= asked && sent[i] <= promoted + window,
+            sent[i] + processing >= asked && sent[i] <= promoted + window,
             "message {i}, sent {:?} after the failover was asked, is lost outside the \
              window (promoted after {:?}, window {window:?})",
             sent[i].saturating_duration_since(asked),
