@@ -283,7 +283,10 @@ mod tests {
     #[test]
     fn slots_follow_the_cluster_specification() {
         // The specification's example: CRC16("123456789") = 0x31C3.
-        assert_eq!(crc16::State::<crc16::XMODEM>::calculate(b"123456789"), 0x31c3);
+        assert_eq!(
+            crc16::State::<crc16::XMODEM>::calculate(b"123456789"),
+            0x31c3
+        );
         // Values CLUSTER KEYSLOT answers.
         assert_eq!(slot(b"foo"), 12182);
         assert_eq!(slot(b"bar"), 5061);

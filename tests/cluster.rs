@@ -436,9 +436,7 @@ async fn commandstats(node: &TestServer) -> std::collections::HashMap<String, u6
             .await
             .unwrap();
         for l in info.lines() {
-            let Some((name, rest)) = l
-                .strip_prefix("cmdstat_")
-                .and_then(|l| l.split_once(':'))
+            let Some((name, rest)) = l.strip_prefix("cmdstat_").and_then(|l| l.split_once(':'))
             else {
                 continue;
             };
@@ -1009,8 +1007,8 @@ async fn redis_cluster_master_failover_during_traffic_loses_only_a_bounded_windo
         .expect("control message");
 
     let node2 = n2.config.cluster.node().to_owned();
-    let channel = presenced::cluster::directory::Keys::new(&n2.config.redis.key_prefix)
-        .channel(&node2);
+    let channel =
+        presenced::cluster::directory::Keys::new(&n2.config.redis.key_prefix).channel(&node2);
     let seed = n1.config.cluster.redis_seeds[0].clone();
     let (master, replica) =
         master_and_replica(&seed, presenced::redis_conn::slot(channel.as_bytes())).await;

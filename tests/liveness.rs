@@ -515,7 +515,16 @@ async fn metrics_endpoint(backend: Backend) {
 /// Redis commands that write, as `MONITOR` names them (scripts count by the commands
 /// they run, which MONITOR also shows).
 const WRITES: &[&str] = &[
-    "SET", "SADD", "SREM", "ZADD", "ZREM", "DEL", "PEXPIRE", "PEXPIREAT", "EXPIRE", "HSET",
+    "SET",
+    "SADD",
+    "SREM",
+    "ZADD",
+    "ZREM",
+    "DEL",
+    "PEXPIRE",
+    "PEXPIREAT",
+    "EXPIRE",
+    "HSET",
 ];
 
 /// The write commands on presence keys in `MONITOR` lines (`<time> [db addr] "CMD" "key" ...`).
@@ -581,8 +590,15 @@ async fn an_idle_resource_costs_two_redis_write_commands_per_refresh() {
         count("PEXPIREAT"),
         writes.len() as u64 - count("SET") - count("ZADD") - count("PEXPIREAT"),
     );
-    assert!(refreshes >= 3, "the idle resource was refreshed: {refreshes}");
-    assert_eq!(count("SET"), refreshes, "one key write per refresh: {writes:?}");
+    assert!(
+        refreshes >= 3,
+        "the idle resource was refreshed: {refreshes}"
+    );
+    assert_eq!(
+        count("SET"),
+        refreshes,
+        "one key write per refresh: {writes:?}"
+    );
     assert_eq!(count("ZADD"), refreshes, "one beat per refresh: {writes:?}");
     let extensions = (window / l.ttl).ceil() as u64 + 1;
     assert!(

@@ -8,7 +8,8 @@
 //! session end ─▶ Op::Release (only if this instance still holds the entry)
 //! a stanza for a user with sessions elsewhere ─▶ Op::Forward / Op::Send
 //!     ─▶ the task reads the recipients' directory entries (one pipeline per batch)
-//!     ─▶ ONE PUBLISH per node holding recipients: their JIDs + the stanza once
+//!     ─▶ ONE publish per node holding recipients: their JIDs + the stanza once
+//!        (`PUBLISH` on a single Redis, sharded `SPUBLISH` on a Redis Cluster)
 //! channel of this node ─▶ [`listen`] ─▶ the delivery module delivers to local sessions
 //! ```
 //!
@@ -629,14 +630,11 @@ impl Cluster {
         }
     }
 
-    /// Applies one batch: the directory reads every forward in it needs (one pipeline),
-    /// then the writes and publishes in the order they were queued (a second one), then
-    /// the kicks that the claims call for.
-    async fn apply(
-        &self,
-        conn: &mut Conn,
-        ops: Vec<Op>,
-    ) -> redis::RedisResult<()> {
+    /// Applies one batch: the directory reads every forward in it needs (one pipeline,
+    /// one per slot on a Redis Cluster), then the writes and publishes in the order they
+    /// were queued (a second one; per slot, the order within a user's keys and within a
+    /// node's channel is kept), then the kicks that the claims call for.
+    async fn apply(&self, conn: &mut Conn, ops: Vec<Op>) -> redis::RedisResult<()> {
         let Some(target) = self.inner.client.as_ref() else {
             return Ok(());
         };
