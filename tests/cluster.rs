@@ -85,6 +85,7 @@ on_both!(
     sigkill_of_a_node_announces_its_users_to_viewers_on_another_node_within_t,
     a_node_restarted_under_the_same_id_produces_no_false_offline,
     resources_bound_on_other_nodes_count_against_the_per_account_limit,
+    a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_not_announced,
 );
 
 /// Two nodes of one cluster: same domain, database and Redis prefix, distinct node ids.
@@ -1100,4 +1101,94 @@ async fn redis_cluster_master_failover_during_traffic_loses_only_a_bounded_windo
         .expect("a message crosses after the failover");
     n1.stop().await;
     n2.stop().await;
+}
+
+/// A node that still heartbeats but has no subscriber on its channel (its subscription is
+/// being made again, as after a Redis failover) is not taken for dead: the sweeper puts its
+/// stale beat back and tries again at later sweeps. Once it stops heartbeating, a sweep
+/// takes the beat for good. "ghost" is such a node, written into Redis by the test.
+async fn a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_not_announced(
+    redis: Redis,
+) {
+    let n1 = node_one(redis, |_| {}).await;
+    let target = presenced::redis_conn::Target::from_config(&n1.config)
+        .unwrap()
+        .expect("on Redis");
+    let mut conn = target.connect(Duration::from_secs(2)).await.unwrap();
+    let prefix = &n1.config.redis.key_prefix;
+    let nodes = presenced::cluster::directory::Keys::new(prefix).nodes();
+    let bare = n1.jid("ghostuser");
+    let beats = presenced::liveness::keys::Keys::new(prefix, n1.config.liveness.beat_shards)
+        .beats_for(&bare);
+    let member = format!("ghost {bare}/r");
+    let now_ms = || chrono::Utc::now().timestamp_millis();
+    let ttl = n1.config.liveness.ttl;
+    let stale = now_ms() - 3 * ttl.as_millis() as i64;
+    let score = |mut conn: presenced::redis_conn::Conn| {
+        let mut c = redis::cmd("ZSCORE");
+        c.arg(&beats).arg(&member);
+        async move { c.query_async::<Option<f64>>(&mut conn).await.unwrap() }
+    };
+    let heartbeat = |mut conn: presenced::redis_conn::Conn| {
+        let mut c = redis::cmd("ZADD");
+        c.arg(&nodes).arg(now_ms()).arg("ghost#1");
+        async move { c.query_async::<i64>(&mut conn).await.unwrap() }
+    };
+    // The ghost heartbeats until node 1 counts it as live, then its stale beat appears.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !n1.shared().cluster.node_is_live("ghost") {
+        assert!(Instant::now() < deadline, "node 1 never saw the ghost");
+        heartbeat(conn.clone()).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&beats)
+        .arg(stale)
+        .arg(&member)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Ten sweeps while it heartbeats: each takes the beat (counted) and puts it back.
+    let metrics = &n1.shared().liveness.metrics;
+    let swept0 = metrics.swept.load(Ordering::Relaxed);
+    let sweeps = n1.config.liveness.sweep_interval * 10;
+    let until = Instant::now() + sweeps;
+    while Instant::now() < until {
+        heartbeat(conn.clone()).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let taken = metrics.swept.load(Ordering::Relaxed) - swept0;
+    assert!(taken >= 3, "the sweeper took the stale beat {taken} times");
+    // Between a sweep and its put-back the member is briefly absent: read it back within
+    // a sweep interval.
+    let deadline = Instant::now() + n1.config.liveness.sweep_interval;
+    while score(conn.clone()).await.is_none() {
+        assert!(Instant::now() < deadline, "the beat was not put back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        score(conn.clone()).await,
+        Some(stale as f64),
+        "put back unchanged"
+    );
+    // The ghost stops heartbeating: within T (its last heartbeat ages out) plus a heartbeat
+    // period and a sweep, the beat is taken for good.
+    let deadline = Instant::now() + ttl + Duration::from_secs(2);
+    loop {
+        if !n1.shared().cluster.node_is_live("ghost") && score(conn.clone()).await.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead ghost's beat is still retried"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(n1.config.liveness.sweep_interval * 3).await;
+    assert_eq!(
+        score(conn.clone()).await,
+        None,
+        "not put back once the node is dead"
+    );
+    n1.stop().await;
 }
