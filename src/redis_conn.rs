@@ -32,8 +32,8 @@ pub enum Target {
     Single(redis::Client),
     /// A Redis Cluster, reached through any of its seeds.
     Cluster {
-        /// The cluster client (slot map, redirections, reconnects).
-        client: ClusterClient,
+        /// The cluster client (slot map, redirections, reconnects); boxed, it is large.
+        client: Box<ClusterClient>,
         /// The seeds as given: credentials and TLS settings for the sharded subscribers'
         /// own connections.
         seeds: Vec<ConnectionInfo>,
@@ -58,7 +58,7 @@ impl Target {
                 .retries(2)
                 .build()?;
             return Ok(Some(Target::Cluster {
-                client,
+                client: Box::new(client),
                 seeds: infos,
             }));
         }
