@@ -165,6 +165,11 @@ pub struct ClusterConfig {
     /// Most recipients one cross-node message may carry; a broadcast to more recipients on
     /// one node is split into several messages.
     pub max_recipients_per_message: usize,
+    /// Seeds of a Redis Cluster (`redis://host:port`, `rediss://` for TLS; any subset of
+    /// its nodes, the rest is discovered). Set, they replace `[redis] url` (which must then
+    /// be empty): the same keys, scripts and node channels run on the cluster (README,
+    /// "Redis Cluster").
+    pub redis_seeds: Vec<String>,
 }
 
 impl Default for ClusterConfig {
@@ -172,6 +177,7 @@ impl Default for ClusterConfig {
         ClusterConfig {
             node_id: None,
             max_recipients_per_message: 1000,
+            redis_seeds: Vec::new(),
         }
     }
 }
@@ -1217,6 +1223,20 @@ impl Config {
             if let Err(e) = redis::Client::open(r.url.as_str()) {
                 return bad(format!("[redis] url is not a Redis URL: {e}"));
             }
+            if !self.cluster.redis_seeds.is_empty() {
+                return bad(
+                    "[redis] url (or REDIS_URL) and [cluster] redis_seeds are both set: \
+                     a single Redis or a Redis Cluster, not both"
+                        .into(),
+                );
+            }
+        }
+        for seed in &self.cluster.redis_seeds {
+            if let Err(e) = redis::Client::open(seed.as_str()) {
+                return bad(format!(
+                    "[cluster] redis_seeds: `{seed}` is not a Redis URL: {e}"
+                ));
+            }
         }
         if r.timeout.is_zero() || r.reconnect_max < Duration::from_millis(100) {
             return bad("[redis] timeout > 0 and reconnect_max >= 0.1 seconds".into());
@@ -1237,6 +1257,11 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// Whether liveness and the cluster run on Redis (a single one or a Redis Cluster).
+    pub fn uses_redis(&self) -> bool {
+        !self.redis.url.is_empty() || !self.cluster.redis_seeds.is_empty()
     }
 
     /// Whether this server hosts `domain`.

@@ -42,6 +42,7 @@ pub mod presence;
 pub(crate) mod privacy_iq;
 pub mod pubsub;
 pub(crate) mod rate_limit;
+pub mod redis_conn;
 pub(crate) mod roster;
 pub(crate) mod roster_push;
 pub(crate) mod roster_sync;

@@ -201,7 +201,7 @@ pub fn visible_sessions(shared: &Shared) -> usize {
 /// by default `<host>-<c2s port>`), the stores and the liveness mode, so a log excerpt identifies the server without its configuration.
 fn banner(shared: &Shared) {
     let liveness = match shared.liveness.redis() {
-        Some(redis) => format!("redis {}", redis.target()),
+        Some(redis) => format!("redis {}", redis.describe()),
         None => shared.liveness.backend.name().to_owned(),
     };
     tracing::info!(

@@ -90,7 +90,7 @@ pub async fn snapshot(shared: &Shared) -> Snapshot {
     let redis = match shared.liveness.redis() {
         Some(link) => Health {
             kind: "redis",
-            target: link.target().to_owned(),
+            target: link.describe().to_owned(),
             up: link.is_up(),
             latency_ms: None,
             error: (!link.is_up())
