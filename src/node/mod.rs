@@ -54,6 +54,8 @@ pub struct Shared {
     /// Key of the fake SCRAM salts of unknown users; kept in the store so the salts are
     /// the same after a restart and on every node, as a real account's are.
     pub fake_salt_secret: Vec<u8>,
+    /// XEP-0115 capabilities of clients on this node (which PEP nodes each wants).
+    pub caps: crate::caps::CapsCache,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks
