@@ -689,3 +689,63 @@ async fn slixmpp_pep_plugins() {
         );
     }
 }
+
+/// Waits (bounded) until `node` reads `jid` from the cluster directory as available on
+/// another node.
+async fn available_elsewhere(node: &TestServer, jid: &str) {
+    let full = presenced::jid::FullJid::new(jid).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !node
+        .shared()
+        .cluster
+        .holder_of(&full)
+        .await
+        .is_some_and(|h| h.entry.available)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{jid} not in the directory"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn events_reach_resources_that_asked_on_another_node_of_the_cluster() {
+    let domain = format!("c{}.example", unique());
+    let n1 = TestServer::start_with_domain(&domain, |c| {
+        c.cluster.node_id = Some(format!("n1-{}", unique()));
+    })
+    .await;
+    let n2 = TestServer::start_with_domain(&domain, |c| {
+        c.cluster.node_id = Some(format!("n2-{}", unique()));
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while n1.shared().cluster.peers().is_empty() || n2.shared().cluster.peers().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nodes did not see each other"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for u in ["alice", "bob", "carol"] {
+        n1.user(u).await;
+    }
+    n1.make_mutual("alice", "bob").await;
+    n1.make_mutual("alice", "carol").await;
+    let alice_bare = n1.jid("alice");
+    let mut alice = n1.login("alice", "pc").await;
+    // Bob's and Carol's clients are known only on node 2, which asked them.
+    let mut bob = caps_online(&n2, "bob", "desk", &[META], true).await;
+    let mut carol = caps_online(&n2, "carol", "web", &[], true).await;
+    available_elsewhere(&n1, &format!("{}/desk", n1.jid("bob"))).await;
+    available_elsewhere(&n1, &format!("{}/web", n1.jid("carol"))).await;
+    publish(&mut alice, META, "av1", &metadata("av1")).await;
+    bob.expect(|e| is_event(e, &alice_bare, META, "av1")).await;
+    // Node 2 got one message naming both recipients and hands it out in one pass without
+    // a pause (bob, then carol): once bob has read his copy and carol's ping has crossed
+    // the network, that pass is over, and carol's barrier shows anything queued for her.
+    barrier(&n2, &mut carol).await;
+    carol.expect_none(is_any_event, QUIET).await;
+}
