@@ -182,13 +182,20 @@ async fn copy_store_round_trips_a_populated_store_through_sqlite_and_back() {
     for (node, model, id) in [
         ("urn:xmpp:avatar:metadata", None, "a1"),
         ("urn:xmpp:avatar:metadata", None, "a2"),
-        ("eu.siacs.conversations.axolotl.bundles:7", Some("open"), "current"),
+        (
+            "eu.siacs.conversations.axolotl.bundles:7",
+            Some("open"),
+            "current",
+        ),
     ] {
         let item = presenced::store::pep::PepItem {
             id: id.to_owned(),
             payload: format!("<x xmlns='urn:example'>{id} ñ</x>"),
         };
-        source.pep_publish(&alice, node, model, &item).await.unwrap();
+        source
+            .pep_publish(&alice, node, model, &item)
+            .await
+            .unwrap();
     }
     let want = everything(&source).await;
     assert!(want.len() > 20, "the source holds data: {want:?}");

@@ -269,14 +269,31 @@ async fn a_publish_reaches_subscribed_resources_that_asked_and_nobody_else() {
 #[tokio::test]
 async fn the_last_item_reaches_a_contact_coming_online_and_the_owners_new_resource() {
     let ts = TestServer::start(|_| {}).await;
-    for u in ["alice", "bob", "carol", "dave"] {
+    for u in ["alice", "bob", "carol", "dave", "eve", "frank"] {
         ts.user(u).await;
     }
-    ts.make_mutual("alice", "bob").await;
-    ts.make_mutual("alice", "carol").await;
+    for u in ["bob", "carol", "eve", "frank"] {
+        ts.make_mutual("alice", u).await;
+    }
     let alice_bare = ts.jid("alice");
     let mut alice = ts.login("alice", "pc").await;
     alice.presence(None, None).await;
+    iq_ok(
+        &mut alice,
+        el(&format!(
+            "<block xmlns='{NS_BLOCKING}'><item jid='{}'/></block>",
+            ts.jid("eve")
+        )),
+    )
+    .await;
+    iq_ok(
+        &mut alice,
+        el(&format!(
+            "<privacy xmlns='{NS_PRIVACY}'><online mode='contacts_except'><except jid='{}'/></online></privacy>",
+            ts.jid("frank")
+        )),
+    )
+    .await;
     publish(
         &mut alice,
         NICK,
@@ -310,10 +327,13 @@ async fn the_last_item_reaches_a_contact_coming_online_and_the_owners_new_resour
         .await;
     bob.expect_none(|e| is_event(e, &alice_bare, NICK, "n2"), Duration::ZERO)
         .await;
-    // A contact without +notify, and a stranger with it, get nothing.
+    // A contact without +notify, and with it a stranger, a blocked contact and one the
+    // settings hide, get nothing.
     let mut carol = caps_online(&ts, "carol", "web", &[], true).await;
     let mut dave = caps_online(&ts, "dave", "x", &[NICK], false).await;
-    for c in [&mut carol, &mut dave] {
+    let mut eve = caps_online(&ts, "eve", "x", &[NICK], false).await;
+    let mut frank = caps_online(&ts, "frank", "x", &[NICK], false).await;
+    for c in [&mut carol, &mut dave, &mut eve, &mut frank] {
         barrier(&ts, c).await;
         c.expect_none(is_any_event, QUIET).await;
     }

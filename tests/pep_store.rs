@@ -123,16 +123,30 @@ async fn reads_retract_purge_delete_and_the_account_take_its_data(db: Db) {
         .await
         .unwrap();
     assert_eq!(ids(&store, &owner, "nick", &["n1"], 10).await, ["n1"]);
-    let last = store.pep_last_items(&owner).await.unwrap();
-    let last: Vec<(String, String, String)> =
-        last.into_iter().map(|(n, m, i)| (n, m, i.id)).collect();
-    assert_eq!(
-        last,
-        [
-            ("bundle".to_owned(), "open".to_owned(), "current".to_owned()),
-            ("nick".to_owned(), "presence".to_owned(), "n2".to_owned()),
-        ]
-    );
+    // Several owners in one read; one with no nodes adds nothing.
+    let other = account(&store).await;
+    store
+        .pep_publish(&other, "nick", None, &item("o1"))
+        .await
+        .unwrap();
+    let nobody = account(&store).await;
+    let owners = [owner.clone(), other.clone(), nobody.clone()];
+    let last = store.pep_last_items(&owners).await.unwrap();
+    let mut last: Vec<(String, String, String, String)> = last
+        .into_iter()
+        .map(|(o, n, m, i)| (o, n, m, i.id))
+        .collect();
+    let row = |o: &str, n: &str, m: &str, i: &str| {
+        (o.to_owned(), n.to_owned(), m.to_owned(), i.to_owned())
+    };
+    let mut want = vec![
+        row(&owner, "bundle", "open", "current"),
+        row(&owner, "nick", "presence", "n2"),
+        row(&other, "nick", "presence", "o1"),
+    ];
+    want.sort();
+    last.sort();
+    assert_eq!(last, want);
     assert_eq!(
         store.pep_items(&owner, "nick", &[], 1).await.unwrap()[0].payload,
         "<x xmlns='urn:example'>n2</x>"
@@ -156,5 +170,9 @@ async fn reads_retract_purge_delete_and_the_account_take_its_data(db: Db) {
     let (user, domain) = owner.split_once('@').unwrap();
     assert!(store.delete_account(user, domain).await.unwrap());
     assert!(store.pep_nodes(&owner).await.unwrap().is_empty());
-    assert!(store.pep_last_items(&owner).await.unwrap().is_empty());
+    assert!(store
+        .pep_last_items(std::slice::from_ref(&owner))
+        .await
+        .unwrap()
+        .is_empty());
 }

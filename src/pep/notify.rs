@@ -193,41 +193,36 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
         ),
         Err(e) => tracing::warn!(user = %me, error = %e, "roster unavailable; no PEP items sent"),
     }
-    for owner in owners {
-        let last = match shared.store.pep_last_items(&owner).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(%owner, error = %e, "PEP items unavailable");
-                continue;
+    let last = match shared.store.pep_last_items(&owners).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(user = %me, error = %e, "PEP items unavailable; none sent");
+            return;
+        }
+    };
+    // One decision per owner and access model, asked only for nodes the session wants.
+    let mut decided: std::collections::HashMap<(String, String), bool> = Default::default();
+    for (owner, node, access, item) in last {
+        if !features.contains(&format!("{node}+notify")) {
+            continue;
+        }
+        let key = (owner.clone(), access.clone());
+        let ok = match decided.get(&key) {
+            Some(ok) => *ok,
+            None => {
+                let ok = may_read(shared, &access, handle.jid.as_str(), &owner).await;
+                decided.insert(key, ok);
+                ok
             }
         };
-        let mut allowed: Option<bool> = None;
-        for (node, access, item) in last {
-            if !features.contains(&format!("{node}+notify")) {
-                continue;
-            }
-            // One gate decision per owner for the `presence` nodes.
-            let ok = if access == "presence" {
-                match allowed {
-                    Some(a) => a,
-                    None => {
-                        let a = may_read(shared, &access, handle.jid.as_str(), &owner).await;
-                        allowed = Some(a);
-                        a
-                    }
-                }
-            } else {
-                may_read(shared, &access, handle.jid.as_str(), &owner).await
-            };
-            if !ok {
-                continue;
-            }
-            let event = Element::new("items", NS_PUBSUB_EVENT)
-                .attr("node", node)
-                .child(item_element(NS_PUBSUB_EVENT, &item));
-            let mut msg = event_message(&owner, event);
-            msg.set_attr("to", handle.jid.to_string());
-            handle.send(msg);
+        if !ok {
+            continue;
         }
+        let event = Element::new("items", NS_PUBSUB_EVENT)
+            .attr("node", node)
+            .child(item_element(NS_PUBSUB_EVENT, &item));
+        let mut msg = event_message(&owner, event);
+        msg.set_attr("to", handle.jid.to_string());
+        handle.send(msg);
     }
 }

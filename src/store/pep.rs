@@ -193,23 +193,25 @@ impl Store {
             .collect())
     }
 
-    /// The newest item of each of `owner`'s nodes: (node, access model, item).
+    /// The newest item of each node of each of `owners`, in one statement (a login reads
+    /// its contacts' together): (owner, node, access model, item), by owner and node.
     pub async fn pep_last_items(
         &self,
-        owner: &str,
-    ) -> Result<Vec<(String, String, PepItem)>, StoreError> {
-        let pool = pg_or_sqlite!(self, |db| db.pep_last_items(owner));
-        let rows: Vec<(String, String, String, String)> = sqlx::query_as(
-            "SELECT DISTINCT ON (i.node) i.node, n.access_model, i.item_id, i.payload
+        owners: &[String],
+    ) -> Result<Vec<(String, String, String, PepItem)>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.pep_last_items(owners));
+        let rows: Vec<(String, String, String, String, String)> = sqlx::query_as(
+            "SELECT DISTINCT ON (i.owner, i.node) i.owner, i.node, n.access_model, i.item_id,
+                    i.payload
              FROM pep_items i JOIN pep_nodes n ON n.owner = i.owner AND n.node = i.node
-             WHERE i.owner = $1 ORDER BY i.node, i.seq DESC",
+             WHERE i.owner = ANY($1) ORDER BY i.owner, i.node, i.seq DESC",
         )
-        .bind(owner)
+        .bind(owners)
         .fetch_all(pool)
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(node, model, id, payload)| (node, model, PepItem { id, payload }))
+            .map(|(owner, node, model, id, payload)| (owner, node, model, PepItem { id, payload }))
             .collect())
     }
 

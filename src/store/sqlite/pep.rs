@@ -129,22 +129,23 @@ impl Pools {
 
     pub(in crate::store) async fn pep_last_items(
         &self,
-        owner: &str,
-    ) -> Result<Vec<(String, String, PepItem)>, StoreError> {
-        let rows: Vec<(String, String, String, String)> = sqlx::query_as(
-            "SELECT i.node, n.access_model, i.item_id, i.payload
+        owners: &[String],
+    ) -> Result<Vec<(String, String, String, PepItem)>, StoreError> {
+        let owners_json = serde_json::to_string(owners).unwrap_or_else(|_| "[]".to_owned());
+        let rows: Vec<(String, String, String, String, String)> = sqlx::query_as(
+            "SELECT i.owner, i.node, n.access_model, i.item_id, i.payload
              FROM pep_items i JOIN pep_nodes n ON n.owner = i.owner AND n.node = i.node
-             WHERE i.owner = ?1
+             WHERE i.owner IN (SELECT value FROM json_each(?1))
                AND i.seq = (SELECT max(seq) FROM pep_items j
                             WHERE j.owner = i.owner AND j.node = i.node)
-             ORDER BY i.node",
+             ORDER BY i.owner, i.node",
         )
-        .bind(owner)
+        .bind(owners_json)
         .fetch_all(&self.read)
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(node, model, id, payload)| (node, model, PepItem { id, payload }))
+            .map(|(owner, node, model, id, payload)| (owner, node, model, PepItem { id, payload }))
             .collect())
     }
 
