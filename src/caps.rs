@@ -52,13 +52,16 @@ impl Caps {
     }
 }
 
+/// A data-form field of an extended disco#info answer: its `var` and values.
+type Field = (String, Vec<String>);
+
 /// The XEP-0115 §5.1 verification string of a disco#info `<query/>`, `None` when §5.4
 /// item 3 says the answer is unusable (duplicate identities or features, two forms of
 /// one FORM_TYPE, a form whose FORM_TYPE is not hidden).
 pub fn verification_string(query: &Element) -> Option<String> {
     let mut identities = Vec::new();
     let mut features = Vec::new();
-    let mut forms: Vec<(String, Vec<(String, Vec<String>)>)> = Vec::new();
+    let mut forms: Vec<(String, Vec<Field>)> = Vec::new();
     for child in query.elements() {
         if child.is("identity", NS_DISCO_INFO) {
             identities.push(format!(
