@@ -195,6 +195,27 @@ fn item_ids(r: &Element) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The owner blocks eve (XEP-0191) and hides its online status from frank (the privacy
+/// settings): both stay mutual contacts.
+async fn block_eve_and_hide_from_frank(ts: &TestServer, owner: &mut Client) {
+    iq_ok(
+        owner,
+        el(&format!(
+            "<block xmlns='{NS_BLOCKING}'><item jid='{}'/></block>",
+            ts.jid("eve")
+        )),
+    )
+    .await;
+    iq_ok(
+        owner,
+        el(&format!(
+            "<privacy xmlns='{NS_PRIVACY}'><online mode='contacts_except'><except jid='{}'/></online></privacy>",
+            ts.jid("frank")
+        )),
+    )
+    .await;
+}
+
 async fn iq_ok(c: &mut Client, payload: Element) {
     let r = c.iq("set", None, payload).await;
     assert_eq!(r.get_attr("type"), Some("result"), "{r}");
@@ -217,22 +238,7 @@ async fn a_publish_reaches_subscribed_resources_that_asked_and_nobody_else() {
     let mut dave = caps_online(&ts, "dave", "x", &[META], false).await;
     let mut eve = caps_online(&ts, "eve", "x", &[META], false).await;
     let mut frank = caps_online(&ts, "frank", "x", &[META], false).await;
-    iq_ok(
-        &mut alice,
-        el(&format!(
-            "<block xmlns='{NS_BLOCKING}'><item jid='{}'/></block>",
-            ts.jid("eve")
-        )),
-    )
-    .await;
-    iq_ok(
-        &mut alice,
-        el(&format!(
-            "<privacy xmlns='{NS_PRIVACY}'><online mode='contacts_except'><except jid='{}'/></online></privacy>",
-            ts.jid("frank")
-        )),
-    )
-    .await;
+    block_eve_and_hide_from_frank(&ts, &mut alice).await;
 
     let r = alice
         .iq("set", None, publish_iq(META, "av1", &metadata("av1"), &[]))
@@ -278,22 +284,7 @@ async fn the_last_item_reaches_a_contact_coming_online_and_the_owners_new_resour
     let alice_bare = ts.jid("alice");
     let mut alice = ts.login("alice", "pc").await;
     alice.presence(None, None).await;
-    iq_ok(
-        &mut alice,
-        el(&format!(
-            "<block xmlns='{NS_BLOCKING}'><item jid='{}'/></block>",
-            ts.jid("eve")
-        )),
-    )
-    .await;
-    iq_ok(
-        &mut alice,
-        el(&format!(
-            "<privacy xmlns='{NS_PRIVACY}'><online mode='contacts_except'><except jid='{}'/></online></privacy>",
-            ts.jid("frank")
-        )),
-    )
-    .await;
+    block_eve_and_hide_from_frank(&ts, &mut alice).await;
     publish(
         &mut alice,
         NICK,
