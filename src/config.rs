@@ -551,6 +551,18 @@ pub struct LimitsConfig {
     /// Messages kept for one user who has no available resource (XEP-0160); a chat or
     /// normal message beyond it is answered with service-unavailable (RFC 6121 §8.5.2.2.1).
     pub max_offline_messages: usize,
+    /// XEP-0163 nodes one account may have; a publish that would create one more gets
+    /// not-allowed with `<max-nodes-exceeded/>` (XEP-0060 §7.1.3).
+    pub max_pep_nodes: usize,
+    /// Items kept per XEP-0163 node: a publish beyond it deletes the oldest (XEP-0060
+    /// §7.1.1); a larger `pubsub#max_items` in publish-options gets precondition-not-met.
+    pub max_pep_items: usize,
+    /// Bytes of one published item's payload, serialised; more gets not-acceptable with
+    /// `<payload-too-big/>` (XEP-0060 §7.1.3.4).
+    pub max_pep_item_size: usize,
+    /// XEP-0115 entity capabilities remembered (the features of one `ver` each), oldest
+    /// forgotten first; a forgotten `ver` is asked again at the client's next presence.
+    pub max_caps_entries: usize,
     /// Presence stanzas held for one session while its client says it is inactive
     /// (XEP-0352), one per contact resource; one more flushes everything held.
     pub max_csi_held_presences: usize,
@@ -612,6 +624,10 @@ impl Default for LimitsConfig {
             max_directed_presences: 1000,
             max_revealed_per_session: 5000,
             max_offline_messages: 100,
+            max_pep_nodes: 64,
+            max_pep_items: 32,
+            max_pep_item_size: 128 * 1024,
+            max_caps_entries: 1000,
             max_csi_held_presences: 500,
             max_interest_items: 500,
             interest_ttl: Duration::from_secs(300),
@@ -1115,6 +1131,10 @@ impl Config {
             ("max_directed_presences", l.max_directed_presences),
             ("max_revealed_per_session", l.max_revealed_per_session),
             ("max_offline_messages", l.max_offline_messages),
+            ("max_pep_nodes", l.max_pep_nodes),
+            ("max_pep_items", l.max_pep_items),
+            ("max_pep_item_size", l.max_pep_item_size),
+            ("max_caps_entries", l.max_caps_entries),
             ("max_csi_held_presences", l.max_csi_held_presences),
             ("max_interest_items", l.max_interest_items),
             ("sm_max_unacked", l.sm_max_unacked),
@@ -1337,6 +1357,10 @@ mod tests {
         assert_eq!(cl.max_directed_presences, dl.max_directed_presences);
         assert_eq!(cl.max_revealed_per_session, dl.max_revealed_per_session);
         assert_eq!(cl.max_offline_messages, dl.max_offline_messages);
+        assert_eq!(cl.max_pep_nodes, dl.max_pep_nodes);
+        assert_eq!(cl.max_pep_items, dl.max_pep_items);
+        assert_eq!(cl.max_pep_item_size, dl.max_pep_item_size);
+        assert_eq!(cl.max_caps_entries, dl.max_caps_entries);
         assert_eq!(cl.max_csi_held_presences, dl.max_csi_held_presences);
         assert_eq!(cl.max_interest_items, dl.max_interest_items);
         assert_eq!(cl.interest_ttl, dl.interest_ttl);

@@ -63,6 +63,9 @@ pub(crate) enum Outcome {
 /// session, a bare JID its available sessions; a `kick` ends the session bound to that full
 /// JID, which a newer session on another node took over (RFC 6120 §7.7.2.2).
 pub(crate) fn from_node(shared: &Shared, env: Envelope) {
+    if env.kind == Kind::Notify {
+        return crate::pep::from_node(shared, &env.to, &env.xml);
+    }
     let addressed = (env.kind == Kind::Address)
         .then(|| crate::xml::Addressed::from_unaddressed(env.xml.to_string()));
     for to in &env.to {
@@ -84,7 +87,7 @@ pub(crate) fn from_node(shared: &Shared, env: Envelope) {
                     ));
                 }
             }
-            (Kind::Kick | Kind::Join, _) => {}
+            (Kind::Kick | Kind::Join | Kind::Notify, _) => {}
             (_, Ok(full)) => {
                 if let Some(s) = shared.sessions.get(&full) {
                     s.send_xml(bytes);

@@ -20,6 +20,7 @@
 pub mod admin;
 pub mod blocking;
 pub mod c2s;
+pub(crate) mod caps;
 pub(crate) mod carbons;
 pub mod cluster;
 pub mod config;
@@ -37,6 +38,7 @@ pub mod logging;
 pub(crate) mod metrics;
 pub(crate) mod node;
 pub(crate) mod offline;
+pub(crate) mod pep;
 pub(crate) mod policy;
 pub mod presence;
 pub(crate) mod privacy_iq;

@@ -260,13 +260,15 @@ async fn run(
                 .map_err(|e| format!("copying {from} to {to}: {e}"))?;
             out!(
                 "copied {} accounts, {} roster items, {} waiting subscription requests, \
-                 {} block-list entries, {} privacy settings, {} last-seen values, {} secrets",
+                 {} block-list entries, {} privacy settings, {} last-seen values, {} PEP items, \
+                 {} secrets",
                 n.accounts,
                 n.roster_items,
                 n.pending,
                 n.blocks,
                 n.privacy,
                 n.last_seen,
+                n.pep_items,
                 n.secrets
             );
             Ok(())

@@ -59,7 +59,14 @@ pub async fn from_client(session: &mut Session, el: Element) {
     match el.name.as_str() {
         "presence" => {
             let took_messages = takes_messages(&session.handle);
+            // XEP-0115 capabilities of the client's own available presence (XEP-0163 §4.4).
+            let was_available = session.handle.is_available();
+            let caps =
+                (el.get_attr("type").is_none() && is_own(session, &target)).then(|| el.clone());
             crate::presence::from_client(session, el, target).await;
+            if let Some(p) = caps.filter(|_| session.handle.is_available()) {
+                crate::pep::on_presence(session, &p, !was_available).await;
+            }
             if !took_messages && takes_messages(&session.handle) {
                 // XEP-0160: what was kept for the user goes to a resource once it takes
                 // messages (initial presence, or a negative priority raised), after
@@ -70,6 +77,15 @@ pub async fn from_client(session: &mut Session, el: Element) {
         }
         "iq" => iq(session, el, target).await,
         _ => message(session, el, target).await,
+    }
+}
+
+/// Whether `target` is the session's own account (a presence there is a broadcast).
+fn is_own(session: &Session, target: &Target) -> bool {
+    match target {
+        Target::OwnAccount => true,
+        Target::LocalBare(b) => *b == session.jid().to_bare(),
+        _ => false,
     }
 }
 
@@ -195,6 +211,10 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
                 );
             }
         }
+        Target::LocalDomain if !is_request => {
+            // Answers to the server's own queries (XEP-0115 disco#info of a client's caps).
+            crate::pep::disco_answer(session, &el).await;
+        }
         _ if !is_request => {
             // Results and errors for the server (roster push acknowledgements, ping
             // answers) need no further handling.
@@ -221,6 +241,15 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
         {
             // XEP-0012 last activity of a contact.
             let reply = crate::liveness_tasks::last_seen::handle_iq(session, &el, &bare).await;
+            session.deliver(reply);
+        }
+        Target::LocalBare(bare) if el.elements().next().is_some_and(crate::pep::handles) => {
+            // XEP-0163: another local user's personal eventing service.
+            let reply = if account_exists(session, &bare).await {
+                crate::pep::handle_iq(session, &el, bare.as_str()).await
+            } else {
+                account_iq(&el, false)
+            };
             session.deliver(reply);
         }
         Target::LocalBare(bare) => {
@@ -262,6 +291,9 @@ async fn own_account_iq(session: &mut Session, el: Element) {
             limits.max_interest_items,
             limits.interest_ttl,
         ))
+    } else if crate::pep::handles(&payload) {
+        let owner = session.jid().to_bare().to_string();
+        Some(crate::pep::handle_iq(session, &el, &owner).await)
     } else if payload.ns == crate::invisible::NS_INVISIBLE {
         Some(crate::invisible::handle(session, &el, &payload).await)
     } else {
@@ -279,8 +311,8 @@ fn account_iq(el: &Element, exists: bool) -> Element {
     if exists && get {
         if let Some(p) = payload {
             if p.is("query", x::NS_DISCO_INFO) && p.get_attr("node").is_none() {
-                // XEP-0030 §3.1: an account's identity; XEP-0030 §4: no items are listed,
-                // so disco#items never reveals which resources are online.
+                // XEP-0030 §3.1: an account's identity. Its disco#items lists PEP nodes
+                // (crate::pep), never resources, so it never reveals which are online.
                 let q = Element::new("query", x::NS_DISCO_INFO)
                     .child(
                         Element::new("identity", x::NS_DISCO_INFO)
@@ -289,10 +321,8 @@ fn account_iq(el: &Element, exists: bool) -> Element {
                     )
                     .child(feature(x::NS_DISCO_INFO))
                     .child(feature(crate::liveness::last_seen::NS_LAST));
-                return iq_result(el).child(q);
-            }
-            if p.is("query", x::NS_DISCO_ITEMS) && p.get_attr("node").is_none() {
-                return iq_result(el).child(Element::new("query", x::NS_DISCO_ITEMS));
+                // XEP-0163 §1: every account is a PEP service.
+                return iq_result(el).child(crate::pep::describe_account(q));
             }
         }
     }

@@ -76,7 +76,9 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         max_directed: config.limits.max_directed_presences,
         max_revealed: config.limits.max_revealed_per_session,
     });
+    let caps = crate::caps::CapsCache::new(config.limits.max_caps_entries);
     let shared = Arc::new(Shared {
+        caps,
         live: crate::node::live::Live::new(&config),
         config,
         store,

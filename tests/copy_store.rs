@@ -55,6 +55,10 @@ async fn everything(store: &Store) -> Vec<String> {
             "{jid} seen {:?}",
             store.last_seen(&jid).await.unwrap()
         ));
+        for (node, model) in store.pep_nodes(&jid).await.unwrap() {
+            let items = store.pep_items(&jid, &node, &[], 100).await.unwrap();
+            out.push(format!("{jid} pep {node} {model} {items:?}"));
+        }
     }
     out
 }
@@ -174,6 +178,25 @@ async fn copy_store_round_trips_a_populated_store_through_sqlite_and_back() {
         }])
         .await
         .unwrap();
+    // XEP-0163 items, in publication order, on two nodes with different access models.
+    for (node, model, id) in [
+        ("urn:xmpp:avatar:metadata", None, "a1"),
+        ("urn:xmpp:avatar:metadata", None, "a2"),
+        (
+            "eu.siacs.conversations.axolotl.bundles:7",
+            Some("open"),
+            "current",
+        ),
+    ] {
+        let item = presenced::store::pep::PepItem {
+            id: id.to_owned(),
+            payload: format!("<x xmlns='urn:example'>{id} ñ</x>"),
+        };
+        source
+            .pep_publish(&alice, node, model, &item)
+            .await
+            .unwrap();
+    }
     let want = everything(&source).await;
     assert!(want.len() > 20, "the source holds data: {want:?}");
 

@@ -224,6 +224,8 @@ cargo test --all-targets --no-fail-fast
 # tests themselves already run every case on both stores.
 PRESENCED_TEST_STORE=sqlite REDIS_URL= cargo test --no-fail-fast \
   --test roster_sql --test privacy --test limits --test gate_inputs --test presence_property
+# PEP on the embedded store; its cluster case needs Redis and ran above.
+PRESENCED_TEST_STORE=sqlite REDIS_URL= cargo test --no-fail-fast --test pep -- --skip cluster
 
 # The conformance runner's own offline tests, then the suite against this server (strict:
 # a skipped scenario fails the run).

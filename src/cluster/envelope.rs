@@ -3,14 +3,15 @@
 //!
 //! ```text
 //! presenced-cluster 1\n
-//! <kind>\n                 deliver | address | kick | join
+//! <kind>\n                 deliver | address | notify | kick | join
 //! <n>\n
 //! <recipient>\n × n        full JID: that session; bare JID: the user's available sessions
 //! <stanza>                 client-stream XML (the rest of the message, may hold newlines)
 //! ```
 //!
 //! `deliver` hands the stanza over as it is; `address` sets `to` to each recipient first
-//! (a presence broadcast, serialised once without `to`). JIDs cannot hold a newline
+//! (a presence broadcast, serialised once without `to`); `notify` hands a XEP-0163 event
+//! to the recipients' sessions there whose client asked for its node. JIDs cannot hold a newline
 //! (RFC 7622 prohibits control characters in every part), so one per line is unambiguous.
 
 use std::sync::Arc;
@@ -24,6 +25,10 @@ pub enum Kind {
     Deliver,
     /// Deliver the stanza with `to` set to each recipient.
     Address,
+    /// A XEP-0163 event the sending node admitted for each recipient (bare JIDs): deliver
+    /// it to their sessions whose client asked for notifications of its node (XEP-0115
+    /// capabilities are known on the node holding the session).
+    Notify,
     /// A newer session bound this full JID on the sending node: end the local one with the
     /// `conflict` stream error (RFC 6120 §7.7.2.2).
     Kick,
@@ -36,6 +41,7 @@ impl Kind {
         match self {
             Kind::Deliver => "deliver",
             Kind::Address => "address",
+            Kind::Notify => "notify",
             Kind::Kick => "kick",
             Kind::Join => "join",
         }
@@ -45,6 +51,7 @@ impl Kind {
         Some(match s {
             "deliver" => Kind::Deliver,
             "address" => Kind::Address,
+            "notify" => Kind::Notify,
             "kick" => Kind::Kick,
             "join" => Kind::Join,
             _ => return None,

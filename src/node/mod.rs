@@ -60,6 +60,8 @@ pub struct Shared {
     pub fake_salt_secret: Vec<u8>,
     /// XEP-0198 sessions of this node a new stream may resume, by resume id.
     pub resumable: crate::stream_management::Resumable,
+    /// XEP-0115 capabilities of clients on this node (which PEP nodes each wants).
+    pub caps: crate::caps::CapsCache,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks

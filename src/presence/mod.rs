@@ -687,6 +687,7 @@ pub async fn session_ended(session: &mut Session) {
     // handle is still held somewhere.
     session.handle.write(|p| p.clear());
     let jid = session.jid();
+    session.shared.caps.forget_session(jid.as_str());
     session
         .shared
         .store

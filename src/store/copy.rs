@@ -1,6 +1,6 @@
 //! `presenced copy-store`: every account (with its SCRAM credentials, never a password),
 //! roster item, waiting subscription request, block-list entry, privacy setting, last
-//! seen and server secret from one store to another, in either direction between
+//! seen, XEP-0163 node and item and server secret from one store to another, in either direction between
 //! PostgreSQL and SQLite.
 //!
 //! It goes through the store's own reads and writes, so each side's schema checks what
@@ -33,6 +33,8 @@ pub struct CopyCounts {
     pub last_seen: usize,
     /// Server secrets.
     pub secrets: usize,
+    /// XEP-0163 items (their nodes come with them).
+    pub pep_items: usize,
 }
 
 /// Limits that refuse and cut nothing, for a copy.
@@ -47,6 +49,8 @@ fn unlimited() -> StoreLimits {
         max_subscription_status_length: usize::MAX,
         max_blocklist_items: usize::MAX,
         max_offline_messages: usize::MAX,
+        max_pep_nodes: usize::MAX,
+        max_pep_items: usize::MAX,
     }
 }
 
@@ -99,6 +103,15 @@ async fn copy_unlimited(from: &Store, to: &Store) -> Result<CopyCounts, StoreErr
         if settings != Default::default() {
             to.set_privacy_settings(&jid, &settings).await?;
             n.privacy += 1;
+        }
+        for (node, model) in from.pep_nodes(&jid).await? {
+            let mut items = from.pep_items(&jid, &node, &[], usize::MAX).await?;
+            // Oldest first, so the newest stays the newest (the last item sent).
+            items.reverse();
+            for item in &items {
+                to.pep_publish(&jid, &node, Some(&model), item).await?;
+            }
+            n.pep_items += items.len();
         }
         if let Some(LastSeen { at, status, .. }) = from.last_seen(&jid).await? {
             seen.push(LastSeen { jid, at, status });

@@ -29,6 +29,7 @@ pub mod last_seen;
 pub mod notify;
 pub mod offline;
 mod pending;
+pub mod pep;
 mod privacy;
 mod roster;
 mod roster_admin;
@@ -176,6 +177,11 @@ pub struct StoreLimits {
     /// Messages kept for one user while no resource is available (XEP-0160); one more is
     /// not kept ([`Store::store_offline_message`] says so).
     pub max_offline_messages: usize,
+    /// XEP-0163 nodes per account: a publish that would create one more is refused
+    /// ([`pep::Published::TooManyNodes`]).
+    pub max_pep_nodes: usize,
+    /// Items kept per XEP-0163 node; a publish beyond it deletes the oldest.
+    pub max_pep_items: usize,
 }
 
 impl StoreLimits {
@@ -190,6 +196,8 @@ impl StoreLimits {
             max_subscription_status_length: l.max_subscription_status_length,
             max_blocklist_items: l.max_blocklist_items,
             max_offline_messages: l.max_offline_messages,
+            max_pep_nodes: l.max_pep_nodes,
+            max_pep_items: l.max_pep_items,
         }
     }
 }

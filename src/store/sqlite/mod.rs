@@ -23,6 +23,7 @@
 mod accounts;
 mod lists;
 mod offline;
+mod pep;
 mod roster;
 
 use std::path::{Path, PathBuf};

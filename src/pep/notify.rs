@@ -1,0 +1,228 @@
+//! Who hears of a publish, and when (XEP-0163 §4.3, §6.2): the owner's own resources and
+//! the contacts the access model admits ([`super::may_read`]'s people, found in one read
+//! by [`gate::online_audience`]), and among their resources only those whose XEP-0115
+//! capabilities say `<node>+notify` (§4.4 filtered notifications, [`crate::caps`]).
+//!
+//! Across the cluster the decision is taken here, on the publisher's node; each other
+//! node holding a recipient's sessions gets the event once
+//! ([`crate::cluster::Kind::Notify`]) and hands it to the sessions there that asked for
+//! the node ([`from_node`]), as that is a fact only the session's own node knows.
+//!
+//! When a resource becomes available with capabilities (or the server learns what its
+//! `ver` means), it gets the last item of each node it asked for: the user's own, and
+//! every local contact's it may read (XEP-0163 §6.2; §4.3.1 for the owner's own
+//! resources).
+
+use std::sync::Arc;
+
+use crate::caps::{Caps, Lookup};
+use crate::cluster::Kind;
+use crate::node::session::Session;
+use crate::node::Shared;
+use crate::presence::gate;
+use crate::sessions::SessionHandle;
+use crate::xml::{Element, NS_CLIENT, NS_DISCO_INFO};
+
+use super::{item_element, may_read, NS_PUBSUB_EVENT};
+
+/// Whether the session bound to `full` asked for notifications of `node`.
+fn wants(shared: &Shared, full: &str, node: &str) -> bool {
+    shared
+        .caps
+        .session_features(full)
+        .is_some_and(|f| f.contains(&format!("{node}+notify")))
+}
+
+/// `<message type='headline'>` carrying one `<event/>` child from `owner`.
+fn event_message(owner: &str, event: Element) -> Element {
+    Element::new("message", NS_CLIENT)
+        .attr("from", owner)
+        .attr("type", "headline")
+        .attr("id", crate::xml::new_id())
+        .child(Element::new("event", NS_PUBSUB_EVENT).child(event))
+}
+
+/// Hands `msg` (an event about `node`) to each available session of local user `bare`
+/// on this node that asked for the node.
+fn deliver_here(shared: &Shared, bare: &str, node: &str, msg: &Element) {
+    for s in shared.sessions.of_user_str(bare) {
+        if s.is_available() && wants(shared, s.jid.as_str(), node) {
+            let mut m = msg.clone();
+            m.set_attr("to", s.jid.to_string());
+            s.send(m);
+        }
+    }
+}
+
+/// Sends the event `event` about `owner`'s `node` (access model `access`) to everyone
+/// the access model admits, wherever their sessions are.
+pub(super) async fn notify(shared: &Shared, owner: &str, node: &str, access: &str, event: Element) {
+    let mut recipients = vec![owner.to_owned()];
+    if access != "whitelist" {
+        // The presence audience: approved subscribers the gate admits (an `open` node
+        // notifies the same people, XEP-0163 §4.1: PEP subscriptions come from presence
+        // subscriptions).
+        let audience = gate::online_audience(shared, owner).await;
+        let mut local: Vec<String> = audience
+            .into_iter()
+            .filter(|c| crate::node::send::is_local(shared, c))
+            .collect();
+        local.sort();
+        recipients.extend(local);
+    }
+    let msg = event_message(owner, event);
+    for r in &recipients {
+        deliver_here(shared, r, node, &msg);
+    }
+    shared
+        .cluster
+        .forward(recipients, Arc::new(msg.to_xml()), Kind::Notify);
+}
+
+/// An event another node decided to send (see the module docs): delivered to the
+/// sessions here of each recipient in `to` that asked for its node.
+pub(crate) fn from_node(shared: &Shared, to: &[String], xml: &str) {
+    let Some(msg) = crate::xml::parse_element(xml) else {
+        tracing::warn!("cluster: unparseable PEP event dropped");
+        return;
+    };
+    let node = msg
+        .get_child("event", NS_PUBSUB_EVENT)
+        .and_then(|e| e.elements().next())
+        .and_then(|e| e.get_attr("node"))
+        .map(str::to_owned);
+    let Some(node) = node else {
+        return;
+    };
+    for bare in to {
+        deliver_here(shared, crate::jid::bare_of(bare), &node, &msg);
+    }
+}
+
+/// After the session's own available presence `el` was broadcast: learns its client's
+/// capabilities (asking its disco#info once per `ver`) and, on initial presence, sends
+/// the last items it asked for. `initial`: the session was not available before.
+pub(crate) async fn on_presence(session: &Session, el: &Element, initial: bool) {
+    let shared = &session.shared;
+    let full = session.jid().as_str();
+    let Some(caps) = Caps::of_presence(el) else {
+        return;
+    };
+    match shared.caps.lookup(full, &caps) {
+        Lookup::Known(_) if initial => send_last_items(shared, &session.handle).await,
+        Lookup::Known(_) | Lookup::Waiting => {}
+        Lookup::Ask(id) => {
+            // XEP-0115 §6.2: the server asks the client what its `ver` stands for.
+            let query = Element::new("iq", NS_CLIENT)
+                .attr("type", "get")
+                .attr("id", id)
+                .attr("from", session.jid().domain().as_str())
+                .attr("to", full)
+                .child(
+                    Element::new("query", NS_DISCO_INFO)
+                        .attr("node", format!("{}#{}", caps.node, caps.ver)),
+                );
+            session.deliver(query);
+        }
+    }
+}
+
+/// An iq result or error a client sent to the server: if it answers one of our caps
+/// queries, the features are learnt (verified against the `ver`, XEP-0115 §5.4) and the
+/// sessions that waited for them get their last items.
+pub(crate) async fn disco_answer(session: &Session, el: &Element) {
+    let shared = &session.shared;
+    let Some(id) = el.get_attr("id") else {
+        return;
+    };
+    let Some(pending) = shared.caps.answered(id, session.jid().as_str()) else {
+        return;
+    };
+    let query = el
+        .get_child("query", NS_DISCO_INFO)
+        .filter(|_| el.get_attr("type") == Some("result"));
+    let Some(query) = query else {
+        tracing::info!(jid = %session.jid(), "client did not answer its caps query");
+        return;
+    };
+    let verified = crate::caps::verify(&pending.caps, query);
+    if !verified {
+        tracing::info!(jid = %session.jid(), ver = %pending.caps.ver,
+            "disco#info does not match the caps ver; used for this session only");
+    }
+    shared.caps.learn(
+        &pending,
+        Arc::new(crate::caps::features_of(query)),
+        verified,
+    );
+    let waiting: Vec<String> = if verified {
+        pending.waiting.clone()
+    } else {
+        vec![pending.asked.clone()]
+    };
+    for w in waiting {
+        let Ok(full) = crate::jid::FullJid::new(&w) else {
+            continue;
+        };
+        if let Some(handle) = shared.sessions.get(&full) {
+            if handle.is_available() {
+                send_last_items(shared, &handle).await;
+            }
+        }
+    }
+}
+
+/// XEP-0163 §6.2 / §4.3.1: the last item of each node the session asked for, of its own
+/// account and of each local contact whose node it may read.
+async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
+    let Some(features) = shared.caps.session_features(handle.jid.as_str()) else {
+        return;
+    };
+    if !features.iter().any(|f| f.ends_with("+notify")) {
+        return;
+    }
+    let me = handle.jid.to_bare().to_string();
+    let mut owners = vec![me.clone()];
+    match shared.store.roster(&me).await {
+        Ok((_, roster)) => owners.extend(
+            roster
+                .into_iter()
+                .filter(|i| i.subscription.has_to())
+                .map(|i| i.contact)
+                .filter(|c| crate::node::send::is_local(shared, c)),
+        ),
+        Err(e) => tracing::warn!(user = %me, error = %e, "roster unavailable; no PEP items sent"),
+    }
+    let last = match shared.store.pep_last_items(&owners).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(user = %me, error = %e, "PEP items unavailable; none sent");
+            return;
+        }
+    };
+    // One decision per owner and access model, asked only for nodes the session wants.
+    let mut decided: std::collections::HashMap<(String, String), bool> = Default::default();
+    for (owner, node, access, item) in last {
+        if !features.contains(&format!("{node}+notify")) {
+            continue;
+        }
+        let key = (owner.clone(), access.clone());
+        let ok = match decided.get(&key) {
+            Some(ok) => *ok,
+            None => {
+                let ok = may_read(shared, &access, handle.jid.as_str(), &owner).await;
+                decided.insert(key, ok);
+                ok
+            }
+        };
+        if !ok {
+            continue;
+        }
+        let event = Element::new("items", NS_PUBSUB_EVENT)
+            .attr("node", node)
+            .child(item_element(NS_PUBSUB_EVENT, &item));
+        let mut msg = event_message(&owner, event);
+        msg.set_attr("to", handle.jid.to_string());
+        handle.send(msg);
+    }
+}

@@ -1,0 +1,255 @@
+//! XEP-0163 personal eventing: each account's nodes and items, tables `pep_nodes` and
+//! `pep_items` (the SQLite twin: `sqlite/pep.rs`).
+//!
+//! One write decides the bounds: [`Store::pep_publish`] creates the node on first publish
+//! unless the owner already has [`StoreLimits::max_pep_nodes`], replaces an item with the
+//! same id, and keeps the node's newest [`StoreLimits::max_pep_items`] items (XEP-0060
+//! §7.1.1: the oldest are deleted), all in one transaction serialised per owner. What a
+//! publish means for whom (access models, notifications) is decided above the store
+//! (`crate::pep`). The rows go with the account (`ON DELETE CASCADE`).
+//!
+//! [`StoreLimits::max_pep_nodes`]: super::StoreLimits::max_pep_nodes
+//! [`StoreLimits::max_pep_items`]: super::StoreLimits::max_pep_items
+
+use super::{pg_or_sqlite, Store, StoreError};
+
+/// One stored item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PepItem {
+    /// The item's id.
+    pub id: String,
+    /// The payload element, serialised for a client stream.
+    pub payload: String,
+}
+
+/// What a publish did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    /// The item is stored; the node has this access model.
+    Stored {
+        /// The node's access model (`open`, `presence`, `whitelist`).
+        access_model: String,
+    },
+    /// The node exists with another access model than the publish asked for
+    /// (XEP-0060 §7.1.5: `precondition-not-met`); nothing was stored.
+    AccessModelDiffers,
+    /// The owner already has `max_pep_nodes` nodes; nothing was stored.
+    TooManyNodes,
+}
+
+/// What a publish does with the node, given its stored access model (`None`: no node)
+/// and the one publish-options asked (`None`: none asked). The one rule for both stores.
+pub(super) enum Settle {
+    /// The node exists with an acceptable model.
+    Keep(String),
+    /// The node exists with another model (XEP-0060 §7.1.5).
+    Differs,
+    /// Create the node with this model (`presence` unless asked otherwise, XEP-0163 §4).
+    Create(String),
+}
+
+pub(super) fn settle(existing: Option<String>, asked: Option<&str>) -> Settle {
+    match existing {
+        Some(m) if asked.is_some_and(|a| a != m) => Settle::Differs,
+        Some(m) => Settle::Keep(m),
+        None => Settle::Create(asked.unwrap_or("presence").to_owned()),
+    }
+}
+
+impl Store {
+    /// Publishes `item` to `owner`'s `node`, creating the node with `access_model` (or
+    /// `presence` when `None`) if it does not exist. An existing node must have the asked
+    /// access model, when one is asked.
+    pub async fn pep_publish(
+        &self,
+        owner: &str,
+        node: &str,
+        access_model: Option<&str>,
+        item: &PepItem,
+    ) -> Result<Published, StoreError> {
+        let max_nodes = i64::try_from(self.limits().max_pep_nodes).unwrap_or(i64::MAX);
+        let max_items = i64::try_from(self.limits().max_pep_items).unwrap_or(i64::MAX);
+        let pool = pg_or_sqlite!(self, |db| db.pep_publish(
+            owner,
+            node,
+            access_model,
+            item,
+            max_nodes,
+            max_items
+        ));
+        let mut tx = pool.begin().await?;
+        // Serialises one owner's publishes, so the node count cannot change before the
+        // insert and the item sequence is strictly increasing.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('pep:' || $1, 0))")
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+        let existing: Option<String> =
+            sqlx::query_scalar("SELECT access_model FROM pep_nodes WHERE owner = $1 AND node = $2")
+                .bind(owner)
+                .bind(node)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let model = match settle(existing, access_model) {
+            Settle::Keep(m) => m,
+            Settle::Differs => return Ok(Published::AccessModelDiffers),
+            Settle::Create(m) => {
+                let count: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM pep_nodes WHERE owner = $1")
+                        .bind(owner)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                if count >= max_nodes {
+                    return Ok(Published::TooManyNodes);
+                }
+                sqlx::query(
+                    "INSERT INTO pep_nodes (owner, node, access_model) VALUES ($1, $2, $3)",
+                )
+                .bind(owner)
+                .bind(node)
+                .bind(&m)
+                .execute(&mut *tx)
+                .await?;
+                m
+            }
+        };
+        sqlx::query(
+            "INSERT INTO pep_items (owner, node, item_id, payload, seq)
+             VALUES ($1, $2, $3, $4, (SELECT coalesce(max(seq), 0) + 1 FROM pep_items
+                                      WHERE owner = $1 AND node = $2))
+             ON CONFLICT (owner, node, item_id) DO UPDATE
+             SET payload = excluded.payload, seq = excluded.seq, published_at = now()",
+        )
+        .bind(owner)
+        .bind(node)
+        .bind(&item.id)
+        .bind(&item.payload)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "DELETE FROM pep_items WHERE owner = $1 AND node = $2 AND item_id NOT IN
+             (SELECT item_id FROM pep_items WHERE owner = $1 AND node = $2
+              ORDER BY seq DESC LIMIT $3)",
+        )
+        .bind(owner)
+        .bind(node)
+        .bind(max_items)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Published::Stored {
+            access_model: model,
+        })
+    }
+
+    /// The access model of `owner`'s `node`, `None` when there is no such node.
+    pub async fn pep_node(&self, owner: &str, node: &str) -> Result<Option<String>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.pep_node(owner, node));
+        Ok(
+            sqlx::query_scalar("SELECT access_model FROM pep_nodes WHERE owner = $1 AND node = $2")
+                .bind(owner)
+                .bind(node)
+                .fetch_optional(pool)
+                .await?,
+        )
+    }
+
+    /// Every node of `owner` with its access model, by name.
+    pub async fn pep_nodes(&self, owner: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.pep_nodes(owner));
+        Ok(sqlx::query_as(
+            "SELECT node, access_model FROM pep_nodes WHERE owner = $1 ORDER BY node",
+        )
+        .bind(owner)
+        .fetch_all(pool)
+        .await?)
+    }
+
+    /// Items of `owner`'s `node`, newest first: those with the given ids (all when `ids`
+    /// is empty), at most `max` of them.
+    pub async fn pep_items(
+        &self,
+        owner: &str,
+        node: &str,
+        ids: &[String],
+        max: usize,
+    ) -> Result<Vec<PepItem>, StoreError> {
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let pool = pg_or_sqlite!(self, |db| db.pep_items(owner, node, ids, max));
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT item_id, payload FROM pep_items
+             WHERE owner = $1 AND node = $2 AND (cardinality($3::text[]) = 0 OR item_id = ANY($3))
+             ORDER BY seq DESC LIMIT $4",
+        )
+        .bind(owner)
+        .bind(node)
+        .bind(ids)
+        .bind(max)
+        .fetch_all(pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, payload)| PepItem { id, payload })
+            .collect())
+    }
+
+    /// The newest item of each node of each of `owners`, in one statement (a login reads
+    /// its contacts' together): (owner, node, access model, item), by owner and node.
+    pub async fn pep_last_items(
+        &self,
+        owners: &[String],
+    ) -> Result<Vec<(String, String, String, PepItem)>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.pep_last_items(owners));
+        let rows: Vec<(String, String, String, String, String)> = sqlx::query_as(
+            "SELECT DISTINCT ON (i.owner, i.node) i.owner, i.node, n.access_model, i.item_id,
+                    i.payload
+             FROM pep_items i JOIN pep_nodes n ON n.owner = i.owner AND n.node = i.node
+             WHERE i.owner = ANY($1) ORDER BY i.owner, i.node, i.seq DESC",
+        )
+        .bind(owners)
+        .fetch_all(pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(owner, node, model, id, payload)| (owner, node, model, PepItem { id, payload }))
+            .collect())
+    }
+
+    /// Deletes one item; false when there was none.
+    pub async fn pep_retract(&self, owner: &str, node: &str, id: &str) -> Result<bool, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.pep_retract(owner, node, id));
+        let r =
+            sqlx::query("DELETE FROM pep_items WHERE owner = $1 AND node = $2 AND item_id = $3")
+                .bind(owner)
+                .bind(node)
+                .bind(id)
+                .execute(pool)
+                .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    /// Deletes every item of a node, keeping the node; false when there is no such node.
+    pub async fn pep_purge(&self, owner: &str, node: &str) -> Result<bool, StoreError> {
+        if self.pep_node(owner, node).await?.is_none() {
+            return Ok(false);
+        }
+        let pool = pg_or_sqlite!(self, |db| db.pep_purge(owner, node));
+        sqlx::query("DELETE FROM pep_items WHERE owner = $1 AND node = $2")
+            .bind(owner)
+            .bind(node)
+            .execute(pool)
+            .await?;
+        Ok(true)
+    }
+
+    /// Deletes a node and its items; false when there was none.
+    pub async fn pep_delete_node(&self, owner: &str, node: &str) -> Result<bool, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.pep_delete_node(owner, node));
+        let r = sqlx::query("DELETE FROM pep_nodes WHERE owner = $1 AND node = $2")
+            .bind(owner)
+            .bind(node)
+            .execute(pool)
+            .await?;
+        Ok(r.rows_affected() > 0)
+    }
+}

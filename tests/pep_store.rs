@@ -1,0 +1,178 @@
+//! The XEP-0163 tables on both stores (modules `postgres` and `sqlite`, see
+//! `common/stores.rs`): auto-created nodes and their access model, the node and item
+//! bounds of the one publish, reads, retract, purge, delete, and the rows going with the
+//! account. Every test works on its own random domain.
+
+use presenced::store::pep::{PepItem, Published};
+use presenced::store::{Store, StoreLimits};
+
+#[path = "common/stores.rs"]
+#[macro_use]
+mod stores;
+use stores::Db;
+
+on_both_stores!(
+    a_publish_creates_the_node_keeps_the_newest_items_and_bounds_the_nodes,
+    reads_retract_purge_delete_and_the_account_take_its_data,
+);
+
+async fn account(store: &Store) -> String {
+    let domain = format!("pep{}.example", uuid::Uuid::new_v4().simple());
+    store
+        .create_account("alice", &domain, "pw", 1)
+        .await
+        .expect("account");
+    format!("alice@{domain}")
+}
+
+fn item(id: &str) -> PepItem {
+    PepItem {
+        id: id.to_owned(),
+        payload: format!("<x xmlns='urn:example'>{id}</x>"),
+    }
+}
+
+fn stored(model: &str) -> Published {
+    Published::Stored {
+        access_model: model.to_owned(),
+    }
+}
+
+async fn ids(store: &Store, owner: &str, node: &str, want: &[&str], max: usize) -> Vec<String> {
+    let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+    store
+        .pep_items(owner, node, &want, max)
+        .await
+        .expect("items")
+        .into_iter()
+        .map(|i| i.id)
+        .collect()
+}
+
+async fn a_publish_creates_the_node_keeps_the_newest_items_and_bounds_the_nodes(db: Db) {
+    let store = db.open().await;
+    store.set_limits(StoreLimits {
+        max_pep_nodes: 2,
+        max_pep_items: 2,
+        ..StoreLimits::default()
+    });
+    let owner = account(&store).await;
+    assert_eq!(store.pep_node(&owner, "n1").await.unwrap(), None);
+    for id in ["a", "b", "c"] {
+        let r = store
+            .pep_publish(&owner, "n1", None, &item(id))
+            .await
+            .unwrap();
+        assert_eq!(r, stored("presence"));
+    }
+    assert_eq!(ids(&store, &owner, "n1", &[], 10).await, ["c", "b"]);
+    // The same id again replaces it and makes it the newest.
+    store
+        .pep_publish(&owner, "n1", None, &item("b"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&store, &owner, "n1", &[], 10).await, ["b", "c"]);
+    assert_eq!(ids(&store, &owner, "n1", &[], 1).await, ["b"]);
+    // An existing node keeps its model: asking another stores nothing.
+    let r = store
+        .pep_publish(&owner, "n1", Some("open"), &item("d"))
+        .await
+        .unwrap();
+    assert_eq!(r, Published::AccessModelDiffers);
+    assert_eq!(
+        ids(&store, &owner, "n1", &["d"], 10).await,
+        Vec::<String>::new()
+    );
+    let r = store
+        .pep_publish(&owner, "n2", Some("open"), &item("a"))
+        .await
+        .unwrap();
+    assert_eq!(r, stored("open"));
+    let r = store
+        .pep_publish(&owner, "n3", None, &item("a"))
+        .await
+        .unwrap();
+    assert_eq!(r, Published::TooManyNodes);
+    assert_eq!(store.pep_node(&owner, "n3").await.unwrap(), None);
+    // The schema refuses a model the service does not have.
+    let r = store
+        .pep_publish(&owner, "n1", Some("roster"), &item("x"))
+        .await;
+    assert_eq!(r.unwrap(), Published::AccessModelDiffers);
+    let r = store.pep_delete_node(&owner, "n2").await.unwrap();
+    assert!(r);
+    assert!(store
+        .pep_publish(&owner, "n9", Some("roster"), &item("x"))
+        .await
+        .is_err());
+}
+
+async fn reads_retract_purge_delete_and_the_account_take_its_data(db: Db) {
+    let store = db.open().await;
+    let owner = account(&store).await;
+    store
+        .pep_publish(&owner, "nick", None, &item("n1"))
+        .await
+        .unwrap();
+    store
+        .pep_publish(&owner, "nick", None, &item("n2"))
+        .await
+        .unwrap();
+    store
+        .pep_publish(&owner, "bundle", Some("open"), &item("current"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&store, &owner, "nick", &["n1"], 10).await, ["n1"]);
+    // Several owners in one read; one with no nodes adds nothing.
+    let other = account(&store).await;
+    store
+        .pep_publish(&other, "nick", None, &item("o1"))
+        .await
+        .unwrap();
+    let nobody = account(&store).await;
+    let owners = [owner.clone(), other.clone(), nobody.clone()];
+    let last = store.pep_last_items(&owners).await.unwrap();
+    let mut last: Vec<(String, String, String, String)> = last
+        .into_iter()
+        .map(|(o, n, m, i)| (o, n, m, i.id))
+        .collect();
+    let row = |o: &str, n: &str, m: &str, i: &str| {
+        (o.to_owned(), n.to_owned(), m.to_owned(), i.to_owned())
+    };
+    let mut want = vec![
+        row(&owner, "bundle", "open", "current"),
+        row(&owner, "nick", "presence", "n2"),
+        row(&other, "nick", "presence", "o1"),
+    ];
+    want.sort();
+    last.sort();
+    assert_eq!(last, want);
+    assert_eq!(
+        store.pep_items(&owner, "nick", &[], 1).await.unwrap()[0].payload,
+        "<x xmlns='urn:example'>n2</x>"
+    );
+    assert!(store.pep_retract(&owner, "nick", "n2").await.unwrap());
+    assert!(!store.pep_retract(&owner, "nick", "n2").await.unwrap());
+    assert_eq!(ids(&store, &owner, "nick", &[], 10).await, ["n1"]);
+    assert!(store.pep_purge(&owner, "nick").await.unwrap());
+    assert!(ids(&store, &owner, "nick", &[], 10).await.is_empty());
+    assert_eq!(
+        store.pep_node(&owner, "nick").await.unwrap().as_deref(),
+        Some("presence")
+    );
+    assert!(!store.pep_purge(&owner, "nothing").await.unwrap());
+    assert!(store.pep_delete_node(&owner, "nick").await.unwrap());
+    assert!(!store.pep_delete_node(&owner, "nick").await.unwrap());
+    assert_eq!(
+        store.pep_nodes(&owner).await.unwrap(),
+        [("bundle".to_owned(), "open".to_owned())]
+    );
+    let (user, domain) = owner.split_once('@').unwrap();
+    assert!(store.delete_account(user, domain).await.unwrap());
+    assert!(store.pep_nodes(&owner).await.unwrap().is_empty());
+    assert!(store
+        .pep_last_items(std::slice::from_ref(&owner))
+        .await
+        .unwrap()
+        .is_empty());
+}
