@@ -287,33 +287,28 @@ ejabberd_stop() {
 # the peers': STARTTLS on 127.0.0.1:$PRESENCED_PORT, the peers' certificate,
 # its own database (recreated when provisioning) and Redis key prefix.
 PRESENCED_DB="${PRESENCED_DB:-postgres://postgres@127.0.0.1:5432/presenced_bench_n${N}_k${K}}"
-presenced_config() {
-    mkdir -p "$DATA/presenced"
-    cat >"$DATA/presenced/presenced.toml" <<TOML
+# One configuration for both presenced columns; they differ only in the store section.
+presenced_toml() { # name c2s-port admin-port store-section
+    mkdir -p "$DATA/$1"
+    cat >"$DATA/$1/presenced.toml" <<TOML
 domains = ["$DOMAIN"]
 [c2s]
 bind = "127.0.0.1"
-port = $PRESENCED_PORT
+port = $2
 direct_tls = false
 [tls]
 # The same ECDSA P-256 certificate the peers serve (same TLS cost for every server).
 cert = "$WORK/tls/bench.crt"
 key = "$WORK/tls/bench.key"
-certs_dir = "$DATA/presenced/certs"
-[database]
-url = "$PRESENCED_DB"
-migrations = "$REPO/migrations"
-[redis]
-# The bench's private redis-server: INFO commandstats then counts presenced's writes only.
-url = "redis://127.0.0.1:$BENCH_REDIS_PORT"
-key_prefix = "bench:"
+certs_dir = "$DATA/$1/certs"
+$4
 [http]
 bind = "127.0.0.1"
 port = 0
 tls = false
 [admin]
 # /metrics for the write rates at rest.
-port = $PRESENCED_HTTP_PORT
+port = $3
 socket = ""
 [s2s]
 # No federation in the bench (and no listener on 0.0.0.0:5269 that others may use).
@@ -325,6 +320,15 @@ max_connections = 19600
 stanzas_per_second = 100000
 stanza_burst = 100000
 TOML
+}
+presenced_config() {
+    presenced_toml presenced "$PRESENCED_PORT" "$PRESENCED_HTTP_PORT" "[database]
+url = \"$PRESENCED_DB\"
+migrations = \"$REPO/migrations\"
+[redis]
+# The bench's private redis-server: INFO commandstats then counts presenced's writes only.
+url = \"redis://127.0.0.1:$BENCH_REDIS_PORT\"
+key_prefix = \"bench:\""
 }
 # The presenced binary: this checkout's release build, or PRESENCED_BIN (e.g. another
 # commit's build, for before/after comparisons).
@@ -343,11 +347,14 @@ presenced_start() {
         --dir "$DATA/presenced" --logfile "$DATA/presenced/redis.log" &
     BENCH_REDIS_PID=$!
     wait_port "$BENCH_REDIS_PORT" 30 || return 1
+    launch_presenced presenced "$PRESENCED_PORT" "$PRESENCED_CMD"
+}
+launch_presenced() { # name port command
     # The environment's DATABASE_URL / REDIS_URL would override the config's (README):
     # the bench server must use its own database and Redis.
-    env -u DATABASE_URL -u REDIS_URL bash -c "exec $PRESENCED_CMD" >>"$DATA/presenced/stdout.log" 2>&1 &
+    env -u DATABASE_URL -u REDIS_URL bash -c "exec $3" >>"$DATA/$1/stdout.log" 2>&1 &
     SERVER_PID=$!
-    wait_port "$PRESENCED_PORT" 120 || return 1
+    wait_port "$2" 120 || return 1
     SERVER_PIDS=("$SERVER_PID")
     check_fd_limit "$SERVER_PID"
 }
@@ -369,34 +376,8 @@ presenced_rest_args() {
 # (no [redis] url). Otherwise the same configuration as presenced above.
 EMBEDDED_DB="$DATA/embedded/presenced.db"
 embedded_config() {
-    mkdir -p "$DATA/embedded"
-    cat >"$DATA/embedded/presenced.toml" <<TOML
-domains = ["$DOMAIN"]
-[c2s]
-bind = "127.0.0.1"
-port = $EMBEDDED_PORT
-direct_tls = false
-[tls]
-cert = "$WORK/tls/bench.crt"
-key = "$WORK/tls/bench.key"
-certs_dir = "$DATA/embedded/certs"
-[database]
-url = "sqlite://$EMBEDDED_DB"
-[http]
-bind = "127.0.0.1"
-port = 0
-tls = false
-[admin]
-port = $EMBEDDED_HTTP_PORT
-socket = ""
-[s2s]
-enabled = false
-[limits]
-connections_per_ip_per_minute = 1000000
-max_connections = 19600
-stanzas_per_second = 100000
-stanza_burst = 100000
-TOML
+    presenced_toml embedded "$EMBEDDED_PORT" "$EMBEDDED_HTTP_PORT" "[database]
+url = \"sqlite://$EMBEDDED_DB\""
 }
 # The generator provisions PostgreSQL only: provision a scratch PostgreSQL database the
 # same way as presenced's, then `presenced copy-store` it into the SQLite file (accounts
@@ -416,12 +397,7 @@ embedded_provision() { # generator args...
 }
 embedded_start() {
     presenced_bin
-    env -u DATABASE_URL -u REDIS_URL "$PRESENCED_BIN" --config "$DATA/embedded/presenced.toml" serve \
-        >>"$DATA/embedded/stdout.log" 2>&1 &
-    SERVER_PID=$!
-    wait_port "$EMBEDDED_PORT" 120 || return 1
-    SERVER_PIDS=("$SERVER_PID")
-    check_fd_limit "$SERVER_PID"
+    launch_presenced embedded "$EMBEDDED_PORT" "$PRESENCED_BIN --config $DATA/embedded/presenced.toml serve"
 }
 embedded_stop() {
     stop_pid "$SERVER_PID"
