@@ -1,21 +1,31 @@
 #!/usr/bin/env python3
-"""Ratio table for bench/run.sh: one column per server, then presenced ÷ best peer.
+"""Tables for bench/run.sh and bench/repeat.sh.
 
-Reads <dir>/{prosody,ejabberd,presenced}.json written by `presenced-bench --json`.
+    ratio.py DIR                one run: one column per server
+    ratio.py DIR1 DIR2 ...      repeated runs: median and min–max per figure and server
+
+Each DIR holds <server>.json written by `presenced-bench --json` (and <server>.meta.json
+written by bench/run.sh: start time, position in the run's order, load averages).
+Servers: prosody, ejabberd, presenced (PostgreSQL + Redis), embedded (presenced on SQLite
+with liveness in process).
+
 "Best peer" is the better of Prosody and ejabberd for each figure (higher is better for
-rates, lower for latency, memory and CPU). Missing servers leave their column empty.
+rates, lower for latency, memory and CPU; by median over the runs). With repeated runs a
+ratio "presenced ÷ best peer" is printed only where the two min–max ranges do not overlap:
+where they overlap the runs do not tell the two apart and the cell says so.
 """
 import json
 import os
+import statistics
 import sys
 
-# (json key, label, higher_is_better)
+# (json key, label, higher_is_better; None: a count checked, not compared)
 FIGURES = [
-    ("logins_ok", "logins ok", True),
+    ("logins_ok", "logins ok", None),
     ("login_rate_per_s", "login rate (sessions/s)", True),
     ("login_p50_ms", "login latency p50 (ms)", False),
     ("login_p99_ms", "login latency p99 (ms)", False),
-    ("fixed_delivered", "deliveries received at fixed load", True),
+    ("fixed_delivered", "deliveries received at fixed load", None),
     ("sat_deliveries_per_s", "presence deliveries/s at saturation", True),
     ("fixed_p50_ms", "delivery latency p50 at fixed load (ms)", False),
     ("fixed_p99_ms", "delivery latency p99 at fixed load (ms)", False),
@@ -30,7 +40,11 @@ FIGURES = [
      "CPU s per 1,000 deliveries, server + its PostgreSQL and Redis", False),
 ]
 PEERS = ["prosody", "ejabberd"]
-# Figures only presenced has (writes at rest); the peers' cells say n/a.
+OURS = ["presenced", "embedded"]
+SERVERS = PEERS + OURS
+TITLES = {"prosody": "Prosody", "ejabberd": "ejabberd", "presenced": "presenced PG+Redis",
+          "embedded": "presenced embedded"}
+# Figures only presenced measures (writes at rest); the peers' cells say n/a.
 PRESENCED_ONLY = [
     ("redis_writes_per_session_per_min", "Redis writes/session/min at rest (server counter)"),
     ("redis_write_cmds_per_session_per_min",
@@ -43,8 +57,8 @@ PRESENCED_ONLY = [
 ]
 
 
-def load(d, name):
-    p = os.path.join(d, name + ".json")
+def load(d, name, suffix=".json"):
+    p = os.path.join(d, name + suffix)
     if not os.path.exists(p):
         return None
     with open(p) as f:
@@ -55,47 +69,145 @@ def fmt(v):
     if v is None:
         return ""
     if isinstance(v, float):
+        if v == int(v) and abs(v) >= 100:
+            return str(int(v))
         return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
     return str(v)
 
 
+class Spread:
+    """One figure of one server over the runs: median, min, max, count."""
+
+    def __init__(self, values):
+        self.values = [v for v in values if v is not None]
+
+    def __bool__(self):
+        return bool(self.values)
+
+    @property
+    def median(self):
+        return statistics.median(self.values)
+
+    @property
+    def lo(self):
+        return min(self.values)
+
+    @property
+    def hi(self):
+        return max(self.values)
+
+    def cell(self):
+        if not self.values:
+            return ""
+        if self.lo == self.hi:
+            return fmt(self.values[0])
+        return f"{fmt(self.median)} ({fmt(self.lo)}–{fmt(self.hi)})"
+
+
+def separated(ours, peer):
+    """True when the two ranges do not overlap (either way)."""
+    return ours.hi < peer.lo or peer.hi < ours.lo
+
+
+def ratio_cell(ours, peers, higher, repeated):
+    """ours ÷ best peer; with repeated runs only when the ranges are apart."""
+    peers = [p for p in peers if p]
+    if not ours or not peers or higher is None:
+        return ""
+    best = (max if higher else min)(peers, key=lambda s: s.median)
+    if not best.median:
+        return ""
+    r = f"{ours.median / best.median:.2f}"
+    if not repeated:
+        return r
+    return r if separated(ours, best) else "overlap"
+
+
 def main():
-    d = sys.argv[1]
-    runs = {n: load(d, n) for n in PEERS + ["presenced"]}
-    any_run = next((r for r in runs.values() if r), None)
+    dirs = sys.argv[1:]
+    if not dirs:
+        print(__doc__)
+        sys.exit(2)
+    runs = [{n: load(d, n) for n in SERVERS} for d in dirs]
+    metas = [{n: load(d, n, ".meta.json") for n in SERVERS} for d in dirs]
+    repeated = len(dirs) > 1
+    any_run = next((r for run in runs for r in run.values() if r), None)
     if any_run is None:
         print("(no results)")
         return
+    present = [n for n in SERVERS if any(run[n] for run in runs)]
+    ours = [n for n in OURS if n in present]
     print(f"N = {any_run['users']} sessions, K = {any_run['contacts']} mutual contacts, "
           f"fixed load {any_run['fixed_rate_changes_per_s']} changes/s "
-          f"(x K deliveries), saturation window {any_run['sat_window']} deliveries")
+          f"(x K deliveries), saturation window {any_run['sat_window']} deliveries, "
+          f"idle window after logins {any_run.get('rest_secs', 0):.0f} s for every server")
+    if repeated:
+        counts = ", ".join(f"{TITLES[n]} {sum(1 for run in runs if run[n])}" for n in present)
+        print(f"\n{len(dirs)} runs (runs per server: {counts}); each cell: median (min–max). "
+              "A ratio is given only where the min–max ranges of presenced and the best "
+              "peer do not overlap; \"overlap\" means the runs do not separate them.")
     print()
-    print("| figure | Prosody | ejabberd | presenced | presenced ÷ best peer |")
-    print("|---|---:|---:|---:|---:|")
+    head = "| figure | " + " | ".join(TITLES[n] for n in present)
+    head += "".join(f" | {TITLES[n]} ÷ best peer" for n in ours) + " |"
+    print(head)
+    print("|---|" + "---:|" * (len(present) + len(ours)))
+
+    def spread(name, key):
+        return Spread([(run[name] or {}).get(key) for run in runs])
+
     for key, label, higher in FIGURES:
-        vals = {n: (r or {}).get(key) for n, r in runs.items()}
-        peer_vals = [vals[p] for p in PEERS if vals[p] is not None]
-        best = (max if higher else min)(peer_vals) if peer_vals else None
-        ratio = ""
-        if vals["presenced"] is not None and best:
-            ratio = f"{vals['presenced'] / best:.2f}"
-        print(f"| {label} | {fmt(vals['prosody'])} | {fmt(vals['ejabberd'])} | "
-              f"{fmt(vals['presenced'])} | {ratio} |")
-    pres = runs["presenced"] or {}
+        cells = {n: spread(n, key) for n in present}
+        if not any(cells.values()):
+            continue
+        row = f"| {label} | " + " | ".join(cells[n].cell() for n in present)
+        for n in ours:
+            row += " | " + ratio_cell(cells[n], [cells[p] for p in PEERS if p in cells],
+                                      higher, repeated)
+        print(row + " |")
     for key, label in PRESENCED_ONLY:
-        v = pres.get(key)
-        cell = "" if v is None else f"{v:.4g}"
-        print(f"| {label} | n/a | n/a | {cell} | |")
-    if pres.get("redis_write_cmds_seen"):
-        seen = ", ".join(f"{c} {n}" for c, n in sorted(pres["redis_write_cmds_seen"].items()))
-        print(f"\nRedis write commands in the {pres.get('rest_secs', 0):.0f} s window at rest "
-              f"(calls, flagged `write` by COMMAND INFO): {seen}")
-    procs = {n: r.get("procs") for n, r in runs.items() if r and r.get("procs")}
+        cells = [spread(n, key).cell() if n in OURS else "n/a" for n in present]
+        if all(c in ("", "n/a") for c in cells):
+            continue
+        print(f"| {label} | " + " | ".join(cells) + " |" + " |" * len(ours))
+
+    # What every server negotiated (the same handshake and mechanism for all, or not).
+    neg = {}
+    for run in runs:
+        for n in present:
+            for x in (run[n] or {}).get("negotiated", []):
+                neg.setdefault(n, [])
+                if x not in neg[n]:
+                    neg[n].append(x)
+    if neg:
+        print("\nNegotiated (TLS version, cipher suite, SASL mechanism): "
+              + "; ".join(f"{TITLES[n]} {', '.join(v)}" for n, v in neg.items()))
+    for i, run in enumerate(runs):
+        pres = run.get("presenced") or {}
+        if pres.get("redis_write_cmds_seen"):
+            seen = ", ".join(f"{c} {k}" for c, k in sorted(pres["redis_write_cmds_seen"].items()))
+            which = f" (run {i + 1})" if repeated else ""
+            print(f"\nRedis write commands in the {pres.get('rest_secs', 0):.0f} s window at "
+                  f"rest{which} (calls, flagged `write` by COMMAND INFO): {seen}")
+    procs = {n: r.get("procs") for n, r in runs[0].items() if r and r.get("procs")}
     if procs:
-        print("\nGenerator processes: " + ", ".join(f"{n} {p}" for n, p in procs.items()))
-    for n, r in runs.items():
-        if r and r.get("errors"):
-            print(f"\n{n} errors: " + "; ".join(r["errors"][:3]))
+        print("\nGenerator processes: " + ", ".join(f"{TITLES[n]} {p}" for n, p in procs.items()))
+    # Load averages per server run: this machine is shared with other work.
+    rows = []
+    for i, meta in enumerate(metas):
+        for n in present:
+            m = meta.get(n)
+            if m:
+                rows.append((m["started"], i + 1, m.get("position"), n, m["load_before"],
+                             m["load_after"]))
+    if rows:
+        print("\n| run | order | server | started (UTC) | load average before | after |")
+        print("|---:|---:|---|---|---|---|")
+        for started, i, pos, n, before, after in sorted(rows):
+            print(f"| {i} | {pos} | {TITLES[n]} | {started} | {before} | {after} |")
+    for run in runs:
+        for n, r in run.items():
+            if r and r.get("errors"):
+                print(f"\n{TITLES[n]} errors: " + "; ".join(r["errors"][:3]))
 
 
 if __name__ == "__main__":

@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# bench/run.sh: the same XMPP workload against Prosody, ejabberd and (when available)
-# presenced, one after another on this machine, then a ratio table.
+# bench/run.sh: the same XMPP workload against Prosody, ejabberd, presenced on PostgreSQL +
+# Redis and presenced embedded (SQLite, liveness in process), one after another on this
+# machine, then a ratio table. bench/repeat.sh runs this several times and reports medians.
 #
 # Usage: bench/run.sh [--smoke] [--record] [--fresh] [-- extra presenced-bench args]
 #   N=1000 K=10          sessions and mutual contacts per user
-#   SERVERS="prosody ejabberd presenced"
+#   SERVERS="prosody ejabberd presenced embedded"   (run in this order)
 #   PRESENCED_CMD="..."  command that starts presenced in the foreground on
 #                        127.0.0.1:$PRESENCED_PORT for domain bench.example, with STARTTLS
 #                        using $BENCH_WORK/tls/bench.crt and bench.key like the peers, SCRAM,
 #                        and no rate limits (skipped if unset; the column stays empty)
 #   PRESENCED_SQL=FILE   SQL that provisions presenced users (see provision_presenced())
-#   BENCH_WORK=/tmp/presenced-bench  state, configs, logs, results
+#   BENCH_WORK=/tmp/presenced-bench  state, configs, logs
+#   RESULTS=DIR          where the JSON results and the summary go ($BENCH_WORK/results)
 #   PROVISION_TIME_LIMIT=14400  seconds the untimed provisioning may take
 #   PROVISION_RATE=500   users per second sending their subscription requests
 #   PROCS=P              generator processes for the timed run (default: one per 10,000
 #                        sessions; a process may open at most 20,000 descriptors here)
 #   BENCH_BIN=PATH       use this presenced-bench binary instead of building one
-#   REST_SECS=60         idle window for presenced's Redis/PostgreSQL write rates at rest
+#   REST_SECS=60         idle window after logins, the same for every server (so the load
+#                        phases start at the same offset); presenced's Redis/PostgreSQL
+#                        write rates at rest are read over it
 #   PRESENCED_HTTP_PORT=35280, BENCH_REDIS_PORT=36379  presenced's /metrics listener and the
 #                        private redis-server the bench runs for it (exact INFO commandstats)
 #   --record             append the results block to BENCHMARKS.md
@@ -25,7 +29,8 @@
 #
 # Ports: Prosody 35222, ejabberd 45222 (PROSODY_PORT, EJABBERD_PORT: e.g. to provision two
 # sizes at once), presenced 35322 (never 5222/25222 or 552xx-554xx: others use them),
-# presenced /metrics 35280, its private Redis 36379.
+# presenced /metrics 35280, its private Redis 36379; embedded 35323 (EMBEDDED_PORT) and
+# /metrics 35281 (EMBEDDED_HTTP_PORT).
 # Everything listens on 127.0.0.1 only. Provisioning happens before each timed run and the
 # server is restarted in between, so the timed run starts from a fresh process.
 set -euo pipefail
@@ -34,13 +39,16 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
 N="${N:-1000}"
 K="${K:-10}"
-SERVERS="${SERVERS:-prosody ejabberd presenced}"
+SERVERS="${SERVERS:-prosody ejabberd presenced embedded}"
 WORK="${BENCH_WORK:-/tmp/presenced-bench}"
+RESULTS="${RESULTS:-$WORK/results}"
 DOMAIN=bench.example
 PROSODY_PORT="${PROSODY_PORT:-35222}"
 EJABBERD_PORT="${EJABBERD_PORT:-45222}"
 PRESENCED_PORT="${PRESENCED_PORT:-35322}"
 PRESENCED_HTTP_PORT="${PRESENCED_HTTP_PORT:-35280}"
+EMBEDDED_PORT="${EMBEDDED_PORT:-35323}"
+EMBEDDED_HTTP_PORT="${EMBEDDED_HTTP_PORT:-35281}"
 BENCH_REDIS_PORT="${BENCH_REDIS_PORT:-36379}"
 REST_SECS="${REST_SECS:-60}"
 SMOKE=0
@@ -245,6 +253,10 @@ ERL_MAX_PORTS=65536
 # the descriptor limit to 1024: ejabberd then silently stops accepting at ~990 sessions.
 # Run it as the current user (root) with the inherited limit, as Prosody runs (run_as_root).
 EXEC_CMD=as_current_user
+# Erlang's schedulers busy-wait before they sleep (by default): on 2 cores shared with the
+# generator that spinning takes CPU from the other processes and is counted as ejabberd's
+# CPU time. Switched off for the dirty CPU and IO schedulers too.
+ERL_OPTIONS="+sbwt none +sbwtdcpu none +sbwtdio none"
 CFG
     chown -R ejabberd:ejabberd "$d"
 }
@@ -275,33 +287,28 @@ ejabberd_stop() {
 # the peers': STARTTLS on 127.0.0.1:$PRESENCED_PORT, the peers' certificate,
 # its own database (recreated when provisioning) and Redis key prefix.
 PRESENCED_DB="${PRESENCED_DB:-postgres://postgres@127.0.0.1:5432/presenced_bench_n${N}_k${K}}"
-presenced_config() {
-    mkdir -p "$DATA/presenced"
-    cat >"$DATA/presenced/presenced.toml" <<TOML
+# One configuration for both presenced columns; they differ only in the store section.
+presenced_toml() { # name c2s-port admin-port store-section
+    mkdir -p "$DATA/$1"
+    cat >"$DATA/$1/presenced.toml" <<TOML
 domains = ["$DOMAIN"]
 [c2s]
 bind = "127.0.0.1"
-port = $PRESENCED_PORT
+port = $2
 direct_tls = false
 [tls]
 # The same ECDSA P-256 certificate the peers serve (same TLS cost for every server).
 cert = "$WORK/tls/bench.crt"
 key = "$WORK/tls/bench.key"
-certs_dir = "$DATA/presenced/certs"
-[database]
-url = "$PRESENCED_DB"
-migrations = "$REPO/migrations"
-[redis]
-# The bench's private redis-server: INFO commandstats then counts presenced's writes only.
-url = "redis://127.0.0.1:$BENCH_REDIS_PORT"
-key_prefix = "bench:"
+certs_dir = "$DATA/$1/certs"
+$4
 [http]
 bind = "127.0.0.1"
 port = 0
 tls = false
 [admin]
 # /metrics for the write rates at rest.
-port = $PRESENCED_HTTP_PORT
+port = $3
 socket = ""
 [s2s]
 # No federation in the bench (and no listener on 0.0.0.0:5269 that others may use).
@@ -314,20 +321,40 @@ stanzas_per_second = 100000
 stanza_burst = 100000
 TOML
 }
+presenced_config() {
+    presenced_toml presenced "$PRESENCED_PORT" "$PRESENCED_HTTP_PORT" "[database]
+url = \"$PRESENCED_DB\"
+migrations = \"$REPO/migrations\"
+[redis]
+# The bench's private redis-server: INFO commandstats then counts presenced's writes only.
+url = \"redis://127.0.0.1:$BENCH_REDIS_PORT\"
+key_prefix = \"bench:\""
+}
+# The presenced binary: this checkout's release build, or PRESENCED_BIN (e.g. another
+# commit's build, for before/after comparisons).
+presenced_bin() {
+    if [ -z "${PRESENCED_BIN:-}" ]; then
+        (cd "$REPO" && cargo build --release --quiet --bin presenced)
+        PRESENCED_BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/presenced"
+    fi
+}
 presenced_start() {
     if [ -z "${PRESENCED_CMD:-}" ]; then
-        (cd "$REPO" && cargo build --release --quiet --bin presenced)
-        PRESENCED_CMD="${CARGO_TARGET_DIR:-$REPO/target}/release/presenced --config $DATA/presenced/presenced.toml serve"
+        presenced_bin
+        PRESENCED_CMD="$PRESENCED_BIN --config $DATA/presenced/presenced.toml serve"
     fi
     redis-server --port "$BENCH_REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
         --dir "$DATA/presenced" --logfile "$DATA/presenced/redis.log" &
     BENCH_REDIS_PID=$!
     wait_port "$BENCH_REDIS_PORT" 30 || return 1
+    launch_presenced presenced "$PRESENCED_PORT" "$PRESENCED_CMD"
+}
+launch_presenced() { # name port command
     # The environment's DATABASE_URL / REDIS_URL would override the config's (README):
     # the bench server must use its own database and Redis.
-    env -u DATABASE_URL -u REDIS_URL bash -c "exec $PRESENCED_CMD" >>"$DATA/presenced/stdout.log" 2>&1 &
+    env -u DATABASE_URL -u REDIS_URL bash -c "exec $3" >>"$DATA/$1/stdout.log" 2>&1 &
     SERVER_PID=$!
-    wait_port "$PRESENCED_PORT" 120 || return 1
+    wait_port "$2" 120 || return 1
     SERVER_PIDS=("$SERVER_PID")
     check_fd_limit "$SERVER_PID"
 }
@@ -337,12 +364,43 @@ presenced_stop() {
 }
 # Sources of the write rates at rest (presenced only; the peers' columns say n/a).
 presenced_rest_args() {
-    REST_ARGS=(--rest-secs "$REST_SECS"
-               --metrics-url "http://127.0.0.1:$PRESENCED_HTTP_PORT/metrics"
+    REST_ARGS=(--metrics-url "http://127.0.0.1:$PRESENCED_HTTP_PORT/metrics"
                --redis-stats "redis://127.0.0.1:$BENCH_REDIS_PORT"
                --pg-stats "${PRESENCED_DB%/*}/postgres" --pg-stats-db "${PRESENCED_DB##*/}"
                # Its storage works for it: charge that CPU too (the peers' is in-process).
                --store-pid "$BENCH_REDIS_PID" --pg-backends)
+}
+
+# ---------------------------------------------------------------- presenced embedded
+# presenced as one process with nothing beside it: an SQLite file and liveness in process
+# (no [redis] url). Otherwise the same configuration as presenced above.
+EMBEDDED_DB="$DATA/embedded/presenced.db"
+embedded_config() {
+    presenced_toml embedded "$EMBEDDED_PORT" "$EMBEDDED_HTTP_PORT" "[database]
+url = \"sqlite://$EMBEDDED_DB\""
+}
+# The generator provisions PostgreSQL only: provision a scratch PostgreSQL database the
+# same way as presenced's, then `presenced copy-store` it into the SQLite file (accounts
+# with their SCRAM credentials, so the generator's SaltedPassword cache stays valid, and
+# the rosters), then drop the scratch database.
+embedded_provision() { # generator args...
+    local scratch="${PRESENCED_DB%/*}/presenced_bench_embedded_n${N}_k${K}"
+    psql "${PRESENCED_DB%/*}/postgres" -q -c "DROP DATABASE IF EXISTS ${scratch##*/} WITH (FORCE)"
+    psql "${PRESENCED_DB%/*}/postgres" -q -c "CREATE DATABASE ${scratch##*/}"
+    "$BENCH" "$@" --provision --provision-db "$scratch" || return 1
+    presenced_bin
+    rm -f "$EMBEDDED_DB" "$EMBEDDED_DB-wal" "$EMBEDDED_DB-shm"
+    log "embedded: copy-store $scratch -> sqlite://$EMBEDDED_DB"
+    env -u DATABASE_URL -u REDIS_URL "$PRESENCED_BIN" --config "$DATA/embedded/presenced.toml" \
+        copy-store --from "$scratch" --to "sqlite://$EMBEDDED_DB" || return 1
+    psql "${PRESENCED_DB%/*}/postgres" -q -c "DROP DATABASE ${scratch##*/} WITH (FORCE)"
+}
+embedded_start() {
+    presenced_bin
+    launch_presenced embedded "$EMBEDDED_PORT" "$PRESENCED_BIN --config $DATA/embedded/presenced.toml serve"
+}
+embedded_stop() {
+    stop_pid "$SERVER_PID"
 }
 
 # ---------------------------------------------------------------- one server
@@ -350,7 +408,9 @@ run_one() { # name port
     local name="$1" port="$2" pidargs=() p
     mkdir -p "$DATA/$name"
     "${name}_config"
-    local common=(--target "127.0.0.1:$port" --domain "$DOMAIN" --server "$name"
+    local kind="$name"
+    [ "$name" = embedded ] && kind=presenced
+    local common=(--target "127.0.0.1:$port" --domain "$DOMAIN" --server "$kind"
                   -n "$N" -k "$K" --scram-cache "$DATA/$name/scram-cache.txt")
     local marker="$DATA/$name/provisioned-$N-$K"
     if [ ! -f "$marker" ]; then
@@ -363,6 +423,12 @@ run_one() { # name port
         fi
         "${name}_config"
         log "$name: provisioning N=$N K=$K (untimed)"
+        if [ "$name" = embedded ]; then
+            embedded_provision "${common[@]}" || return 1
+            touch "$marker"
+        fi
+    fi
+    if [ ! -f "$marker" ]; then
         "${name}_start" || { echo "$name did not start" >&2; "${name}_stop"; return 1; }
         # Provisioning 19k users into a peer takes tens of minutes (more on a busy machine).
         local prov=(--provision --time-limit "${PROVISION_TIME_LIMIT:-14400}"
@@ -384,10 +450,20 @@ run_one() { # name port
     [ "$SMOKE" = 1 ] && mode+=(--smoke)
     REST_ARGS=()
     [ "$name" = presenced ] && presenced_rest_args
-    local rc=0
-    "$BENCH" "${common[@]}" "${pidargs[@]}" "${mode[@]}" "${REST_ARGS[@]}" --label "$name" \
-        --json "$WORK/results/$name.json" "${EXTRA[@]}" | tee "$WORK/results/$name.txt" || rc=$?
+    # The embedded server's own counters (its liveness table writes) at rest.
+    [ "$name" = embedded ] && REST_ARGS=(--metrics-url "http://127.0.0.1:$EMBEDDED_HTTP_PORT/metrics")
+    local rc=0 load_before started
+    load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
+    started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    # The same idle window for every server (see REST_SECS): same timeline for all.
+    "$BENCH" "${common[@]}" "${pidargs[@]}" "${mode[@]}" --rest-secs "$REST_SECS" \
+        "${REST_ARGS[@]}" --label "$name" \
+        --json "$RESULTS/$name.json" "${EXTRA[@]}" | tee "$RESULTS/$name.txt" || rc=$?
     "${name}_stop"
+    # Load averages (1, 5, 15 min) around this server's timed run: the machine is shared.
+    printf '{"started": "%s", "position": %d, "load_before": "%s", "load_after": "%s"}\n' \
+        "$started" "$POSITION" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+        > "$RESULTS/$name.meta.json"
     return $rc
 }
 
@@ -395,20 +471,22 @@ run_one() { # name port
 install_peers
 build_bench
 [ "$FRESH" = 1 ] && rm -rf "$DATA"
-mkdir -p "$WORK/results"
-rm -f "$WORK"/results/*.json
+mkdir -p "$RESULTS"
+rm -f "$RESULTS"/*.json
 make_cert
 # As many descriptors as allowed (20,000 here): every server and generator process inherits it.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 log "descriptor limit $(ulimit -n), $PROCS generator process(es) for N=$N"
 FAILED=0
 LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
+POSITION=0
 for s in $SERVERS; do
+    POSITION=$((POSITION + 1))
     case "$s" in
         prosody) run_one prosody "$PROSODY_PORT" || FAILED=1 ;;
         ejabberd) run_one ejabberd "$EJABBERD_PORT" || FAILED=1 ;;
-        presenced)
-            run_one presenced "$PRESENCED_PORT" || FAILED=1 ;;
+        presenced) run_one presenced "$PRESENCED_PORT" || FAILED=1 ;;
+        embedded) run_one embedded "$EMBEDDED_PORT" || FAILED=1 ;;
         *) echo "unknown server $s" >&2; exit 2 ;;
     esac
 done
@@ -423,10 +501,10 @@ done
     echo "Load average before / after: $LOAD_BEFORE / $(cut -d' ' -f1-3 /proc/loadavg) (the machine is shared; other builds compete for the 2 cores)"
     echo "Peers: $(dpkg-query -W -f='${Package} ${Version}, ' prosody ejabberd 2>/dev/null | sed 's/, $//')"
     echo
-    python3 "$HERE/ratio.py" "$WORK/results"
-} | tee "$WORK/results/summary.md"
+    python3 "$HERE/ratio.py" "$RESULTS"
+} | tee "$RESULTS/summary.md"
 if [ "$RECORD" = 1 ]; then
-    { echo; cat "$WORK/results/summary.md"; } >> "$REPO/BENCHMARKS.md"
+    { echo; cat "$RESULTS/summary.md"; } >> "$REPO/BENCHMARKS.md"
     log "appended to BENCHMARKS.md"
 fi
 exit $FAILED

@@ -169,8 +169,9 @@ struct Cli {
     /// Internal: run as worker I of --procs (commands on stdin, replies on stdout).
     #[arg(long, hide = true)]
     worker: Option<u32>,
-    /// Idle window for the write rates at rest, s (0 skips it; only read when a
-    /// --metrics-url, --redis-stats or --pg-stats source is given).
+    /// Idle window after the idle-memory reading, s (0 skips it). Every server gets it, so
+    /// the load phases start at the same offset after logins; the write rates at rest are
+    /// read over it when a --metrics-url, --redis-stats or --pg-stats source is given.
     #[arg(long, default_value_t = 60)]
     rest_secs: u64,
     /// presenced's Prometheus endpoint, e.g. http://127.0.0.1:35280/metrics (loopback).
@@ -698,6 +699,7 @@ async fn login_all(
                     if logged.roster.both as usize >= k {
                         shared.rosters_complete.fetch_add(1, Ordering::Relaxed);
                     }
+                    shared.note_negotiated(&logged.negotiated);
                     if let Some(h) = &hist {
                         h.record(t0.elapsed().as_micros() as u64);
                     }
@@ -878,8 +880,14 @@ async fn timed_run(
             last_ns: l,
             rosters_complete,
             hist,
+            negotiated,
         } = r
         {
+            for n in negotiated {
+                if !rep.negotiated.contains(&n) {
+                    rep.negotiated.push(n);
+                }
+            }
             rep.logins_ok += ok;
             rep.logins_failed += failed;
             rep.rosters_complete += rosters_complete;
@@ -949,7 +957,11 @@ async fn timed_run(
         );
     }
 
-    // --- write rates at rest (presenced): the sessions sit idle for --rest-secs ---
+    // --- at rest: the sessions sit idle for --rest-secs ---
+    // Every server gets this window, whether or not it has write counters to read (the
+    // peers have none): the load phases then start at the same offset after the login
+    // storm for every server, so a server's background work after logins (an idle VM's
+    // garbage collection, a store's flush) falls on the same part of the timeline.
     let sources = rest::Sources {
         metrics_url: cli.metrics_url.clone(),
         redis_url: cli.redis_stats.clone(),
@@ -957,18 +969,24 @@ async fn timed_run(
     };
     let any_source =
         sources.metrics_url.is_some() || sources.redis_url.is_some() || sources.pg.is_some();
-    if cli.rest_secs > 0 && rep.logins_ok > 0 && any_source {
+    if cli.rest_secs > 0 && rep.logins_ok > 0 {
         eprintln!(
             "at rest: {} idle sessions for {} s",
             rep.logins_ok, cli.rest_secs
         );
-        let a = rest::read(&sources).await;
+        let a = if any_source {
+            Some(rest::read(&sources).await)
+        } else {
+            None
+        };
         let t = Instant::now();
         tokio::time::sleep(Duration::from_secs(cli.rest_secs)).await;
-        let b = rest::read(&sources).await;
         let secs = t.elapsed().as_secs_f64();
         rep.rest_secs = secs;
-        rep.rest = rest::rates(&a, &b, rep.logins_ok, secs);
+        if let Some(a) = a {
+            let b = rest::read(&sources).await;
+            rep.rest = rest::rates(&a, &b, rep.logins_ok, secs);
+        }
     }
 
     if rep.logins_ok == 0 {

@@ -96,13 +96,17 @@ pub struct Report {
     pub rest_secs: f64,
     /// Writes per session per minute at rest (presenced only; None where not measured).
     pub rest: Rates,
+    /// Distinct `<TLS version> <cipher suite> <SASL mechanism>` of the timed logins.
+    pub negotiated: Vec<String>,
     /// First few errors.
     pub errors: Vec<String>,
 }
 
+/// Full precision: Rust's shortest representation that reads back as the same f64, so a
+/// per-session write rate of 0.0004 is not rounded to 0 in the JSON.
 fn num(v: Option<f64>) -> String {
     match v {
-        Some(x) if x.is_finite() => format!("{x:.3}"),
+        Some(x) if x.is_finite() => format!("{x}"),
         _ => "null".into(),
     }
 }
@@ -233,6 +237,17 @@ impl Report {
             ("pg_xacts_per_session_per_min", num(self.rest.pg_xacts)),
             ("pg_rows_per_session_per_min", num(self.rest.pg_rows)),
             (
+                "negotiated",
+                format!(
+                    "[{}]",
+                    self.negotiated
+                        .iter()
+                        .map(|e| json_str(e))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            (
                 "errors",
                 format!(
                     "[{}]",
@@ -356,6 +371,10 @@ impl Report {
                 ),
             ),
             (
+                "negotiated (TLS version, cipher suite, SASL)".into(),
+                self.negotiated.join("; "),
+            ),
+            (
                 "sessions lost / client drops".into(),
                 format!("{} / {}", self.sessions_lost, self.client_backlog_drops),
             ),
@@ -381,13 +400,18 @@ mod tests {
         let r = Report {
             label: "pro\"sody".into(),
             login_rate: Some(12.5),
+            rss_kb_per_session: Some(0.000_123_456_789),
+            negotiated: vec!["TLSv1_3 TLS13_AES_128_GCM_SHA256 SCRAM-SHA-256".into()],
             errors: vec!["a\nb".into()],
             ..Report::default()
         };
         let j = r.to_json();
         assert!(j.contains("\"label\": \"pro\\\"sody\""));
-        assert!(j.contains("\"login_rate_per_s\": 12.500"));
+        assert!(j.contains("\"login_rate_per_s\": 12.5"));
         assert!(j.contains("\"login_p50_ms\": null"));
+        // Full precision: a small figure is not rounded away.
+        assert!(j.contains("\"rss_kb_per_session\": 0.000123456789"));
+        assert!(j.contains("\"negotiated\": [\"TLSv1_3 TLS13_AES_128_GCM_SHA256 SCRAM-SHA-256\"]"));
         assert!(j.contains("\"errors\": [\"a\\u000ab\"]"));
         assert!(j.contains("\"redis_writes_per_session_per_min\": null"));
         assert!(j.contains("\"redis_write_cmds_seen\": {}"));

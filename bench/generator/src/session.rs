@@ -278,7 +278,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     features: &Element,
     user: &str,
     password: &str,
-) -> Result<(), String> {
+) -> Result<ScramHash, String> {
     let hash = choose_mechanism(features, target.mech)?;
     let mut scram = ScramClient::with_random_nonce(hash, user, password);
     conn.send(&format!(
@@ -310,13 +310,14 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
         if answer.name != "success" {
             return Err(format!("sasl: {} {}", answer.name, describe(&answer)));
         }
-        return Ok(());
+        return Ok(hash);
     }
     if answer.name != "success" {
         return Err(format!("sasl: {} {}", answer.name, describe(&answer)));
     }
     let server_final = decode_b64_text(&answer)?;
-    scram.verify(&server_final).map_err(|e| e.to_string())
+    scram.verify(&server_final).map_err(|e| e.to_string())?;
+    Ok(hash)
 }
 
 fn decode_b64_text(e: &Element) -> Result<String, String> {
@@ -361,12 +362,15 @@ pub struct LoggedIn {
     conn: Conn<TlsStream<TcpStream>>,
     /// The roster as fetched during login.
     pub roster: RosterSummary,
+    /// What the login negotiated: `<TLS version> <cipher suite> <SASL mechanism>`, so a
+    /// report shows that every server was measured with the same handshake.
+    pub negotiated: String,
 }
 
 /// The whole login of user `i`: STARTTLS, SCRAM, bind, roster get, initial presence.
 pub async fn login(target: &Target, i: u32, source: IpAddr) -> Result<LoggedIn, String> {
     let (mut conn, features) = open_secure(target, source).await?;
-    authenticate(
+    let mech = authenticate(
         &mut conn,
         target,
         &features,
@@ -374,6 +378,7 @@ pub async fn login(target: &Target, i: u32, source: IpAddr) -> Result<LoggedIn, 
         &target.password(i),
     )
     .await?;
+    let negotiated = negotiated(conn.io.get_ref().1, mech);
     // RFC 6120 §6.4.6: the stream restarts after SASL success.
     let features = conn.open_stream(&target.domain).await?;
     if features.child("bind").is_none() {
@@ -403,7 +408,25 @@ pub async fn login(target: &Target, i: u32, source: IpAddr) -> Result<LoggedIn, 
     let roster = fetch_roster(&mut conn).await?;
     // RFC 6121 §4.2: initial presence after the roster, so probes go to known contacts.
     conn.send("<presence/>").await?;
-    Ok(LoggedIn { conn, roster })
+    Ok(LoggedIn {
+        conn,
+        roster,
+        negotiated,
+    })
+}
+
+/// `<TLS version> <cipher suite> <SASL mechanism>` of one login, e.g.
+/// `TLSv1_3 TLS13_AES_256_GCM_SHA384 SCRAM-SHA-1` (rustls' names).
+fn negotiated(tls: &rustls::ClientConnection, mech: ScramHash) -> String {
+    let version = tls
+        .protocol_version()
+        .map(|v| format!("{v:?}"))
+        .unwrap_or_else(|| "?".into());
+    let suite = tls
+        .negotiated_cipher_suite()
+        .map(|s| format!("{:?}", s.suite()))
+        .unwrap_or_else(|| "?".into());
+    format!("{version} {suite} {}", mech.mechanism())
 }
 
 async fn fetch_roster<S: AsyncRead + AsyncWrite + Unpin>(
@@ -483,9 +506,20 @@ pub struct Shared {
     pub subscriptions_approved: AtomicU64,
     /// First few distinct errors, for the report.
     pub errors: Mutex<Vec<String>>,
+    /// Distinct `negotiated` strings of the logins (TLS version, cipher suite, SASL).
+    pub negotiated: Mutex<Vec<String>>,
 }
 
 impl Shared {
+    /// Records what one login negotiated (each distinct combination once).
+    pub fn note_negotiated(&self, n: &str) {
+        if let Ok(mut v) = self.negotiated.lock() {
+            if v.len() < 10 && !v.iter().any(|x| x == n) {
+                v.push(n.to_string());
+            }
+        }
+    }
+
     /// Keeps the first few error messages.
     pub fn note_error(&self, e: String) {
         if let Ok(mut v) = self.errors.lock() {

@@ -77,6 +77,8 @@ pub enum Reply {
         last_ns: u64,
         rosters_complete: u64,
         hist: Histogram,
+        /// Distinct TLS version / cipher suite / SASL mechanism combinations seen.
+        negotiated: Vec<String>,
     },
     /// After Settle / Quiet: sessions that have seen all their contacts.
     Settled { seen: u64 },
@@ -177,10 +179,18 @@ impl Reply {
                 last_ns,
                 rosters_complete,
                 hist,
-            } => format!(
-                "logins\t{ok}\t{failed}\t{start_ns}\t{last_ns}\t{rosters_complete}\t{}",
-                hist.encode()
-            ),
+                negotiated,
+            } => {
+                let mut s = format!(
+                    "logins\t{ok}\t{failed}\t{start_ns}\t{last_ns}\t{rosters_complete}\t{}",
+                    hist.encode()
+                );
+                for n in negotiated {
+                    s.push('\t');
+                    s.push_str(&esc(n));
+                }
+                s
+            }
             Reply::Settled { seen } => format!("settled\t{seen}"),
             Reply::Phase {
                 issued,
@@ -219,6 +229,7 @@ impl Reply {
                 last_ns: num(4)?,
                 rosters_complete: num(5)?,
                 hist: hist(6)?,
+                negotiated: f[7.min(f.len())..].iter().map(|e| unesc(e)).collect(),
             },
             "settled" => Reply::Settled { seen: num(1)? },
             "phase" => Reply::Phase {
@@ -360,6 +371,12 @@ impl Worker {
             last_ns: start_ns + span.as_nanos() as u64,
             rosters_complete: self.shared.rosters_complete.load(Ordering::Relaxed),
             hist: h,
+            negotiated: self
+                .shared
+                .negotiated
+                .lock()
+                .map(|v| v.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -631,6 +648,7 @@ mod tests {
             last_ns: 7,
             rosters_complete: 9,
             hist: h,
+            negotiated: vec!["TLSv1_3 TLS13_AES_256_GCM_SHA384 SCRAM-SHA-1".into()],
         };
         match Reply::decode(&r.encode()).expect("decodes") {
             Reply::Logins {
@@ -640,7 +658,12 @@ mod tests {
                 last_ns: 7,
                 rosters_complete: 9,
                 hist,
+                negotiated,
             } => {
+                assert_eq!(
+                    negotiated,
+                    vec!["TLSv1_3 TLS13_AES_256_GCM_SHA384 SCRAM-SHA-1".to_string()]
+                );
                 assert_eq!(hist.count(), 2);
                 assert_eq!(hist.max(), 1500);
             }

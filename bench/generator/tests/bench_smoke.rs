@@ -55,9 +55,18 @@ async fn load_generator_smoke_run_logs_in_and_delivers_presence() {
         "--smoke",
     ];
     provision(bench, &common).await;
+    let dir = std::env::temp_dir().join(format!("bench-smoke1-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json_path = dir.join("smoke.json");
+    // No write-rate source (as for the peers): the idle window is still kept, so every
+    // server's load phases start at the same offset after logins.
     let run = tokio::time::timeout(
         Duration::from_secs(180),
-        tokio::process::Command::new(bench).args(common).output(),
+        tokio::process::Command::new(bench)
+            .args(common)
+            .args(["--rest-secs", "2", "--json"])
+            .arg(&json_path)
+            .output(),
     )
     .await
     .expect("smoke run finishes")
@@ -68,6 +77,14 @@ async fn load_generator_smoke_run_logs_in_and_delivers_presence() {
     assert!(
         out.contains("smoke: OK") || err.contains("smoke: OK"),
         "{out}\n{err}"
+    );
+    let json = std::fs::read_to_string(&json_path).expect("json report");
+    let _ = std::fs::remove_dir_all(&dir);
+    let rest = json_num(&json, "rest_secs").expect("rest_secs");
+    assert!((2.0..10.0).contains(&rest), "idle window kept: {json}");
+    assert!(
+        json.contains("\"redis_writes_per_session_per_min\": null"),
+        "{json}"
     );
     ts.stop().await;
 }
@@ -139,6 +156,11 @@ async fn load_generator_split_over_two_processes_merges_their_counts() {
     let _ = std::fs::remove_dir_all(&dir);
     let n = |k: &str| json_num(&json, k).unwrap_or_else(|| panic!("{k} in {json}\n{err}"));
     assert_eq!(n("procs"), 2.0);
+    // What the logins negotiated crosses the worker pipe: TLS 1.3 and a SCRAM mechanism.
+    assert!(
+        json.contains("\"negotiated\": [\"TLSv1_3 TLS13_") && json.contains(" SCRAM-SHA-"),
+        "{json}"
+    );
     assert_eq!(n("logins_ok"), 20.0, "{json}\n{err}");
     assert_eq!(n("sessions_all_contacts_seen"), 20.0, "{json}\n{err}");
     // --smoke offers 20 changes/s for 2 s, split between the processes: exactly 40.
