@@ -3,14 +3,16 @@
 //!
 //! ```text
 //! presenced-cluster 1\n
-//! <kind>\n                 deliver | address | kick | join
+//! <kind>\n                 deliver | address | kick | join | reveal | decide | invalidate
 //! <n>\n
 //! <recipient>\n × n        full JID: that session; bare JID: the user's available sessions
 //! <stanza>                 client-stream XML (the rest of the message, may hold newlines)
 //! ```
 //!
 //! `deliver` hands the stanza over as it is; `address` sets `to` to each recipient first
-//! (a presence broadcast, serialised once without `to`). JIDs cannot hold a newline
+//! (a presence broadcast, serialised once without `to`); `reveal` carries a viewer's JID
+//! instead of a stanza; `decide` a message or iq whose admission only the receiving node
+//! can decide. JIDs cannot hold a newline
 //! (RFC 7622 prohibits control characters in every part), so one per line is unambiguous.
 
 use std::sync::Arc;
@@ -29,6 +31,18 @@ pub enum Kind {
     Kick,
     /// The sending node has just started: re-read the live nodes.
     Join,
+    /// The sending node showed the presence of each recipient (a full JID bound on the
+    /// receiving node) to the viewer the message carries instead of a stanza, from the
+    /// directory: the receiving node records the viewer as shown, so that a later block or
+    /// privacy change withdraws it there.
+    Reveal,
+    /// A message or iq to a full JID bound on the receiving node, whose admission depends
+    /// on what only that node knows (the session's directed presence): the receiving node
+    /// takes the delivery decision, for the sender in the stanza's `from`.
+    Decide,
+    /// The sending node wrote the directory rows of these users (bare JIDs): drop any copy
+    /// of them ([`super::cache`]).
+    Invalidate,
 }
 
 impl Kind {
@@ -38,6 +52,9 @@ impl Kind {
             Kind::Address => "address",
             Kind::Kick => "kick",
             Kind::Join => "join",
+            Kind::Reveal => "reveal",
+            Kind::Decide => "decide",
+            Kind::Invalidate => "invalidate",
         }
     }
 
@@ -47,6 +64,9 @@ impl Kind {
             "address" => Kind::Address,
             "kick" => Kind::Kick,
             "join" => Kind::Join,
+            "reveal" => Kind::Reveal,
+            "decide" => Kind::Decide,
+            "invalidate" => Kind::Invalidate,
             _ => return None,
         })
     }

@@ -10,6 +10,7 @@
 //!     ─▶ the task reads the recipients' directory entries (one pipeline per batch)
 //!     ─▶ ONE PUBLISH per node holding recipients: their JIDs + the stanza once
 //! channel of this node ─▶ [`listen`] ─▶ the delivery module delivers to local sessions
+//! directory writes ─▶ `invalidate` to every other node ─▶ its copy ([`cache`]) drops them
 //! ```
 //!
 //! Decisions (privacy gate, blocks, RFC 6121 §8.5 target choice) are taken on the node
@@ -22,6 +23,7 @@
 //! This module knows nothing above it: it is handed JIDs and serialised stanzas, and
 //! hands received envelopes to a callback ([`listen`]).
 
+pub mod cache;
 pub mod directory;
 pub mod envelope;
 
@@ -110,6 +112,8 @@ struct Inner {
     rejoined: tokio::sync::Notify,
     /// Releases that could not be written (Redis down), written again when it returns.
     unreleased: Mutex<Vec<FullJid>>,
+    /// This node's copy of directory rows.
+    cache: cache::Cache,
 }
 
 /// The cluster state of one node. Cheap to clone.
@@ -146,6 +150,10 @@ impl Cluster {
                 counters: Counters::default(),
                 rejoined: tokio::sync::Notify::new(),
                 unreleased: Mutex::default(),
+                cache: cache::Cache::new(
+                    config.cluster.directory_cache_entries,
+                    config.cluster.directory_cache_ttl,
+                ),
             }),
         }
     }
@@ -163,6 +171,11 @@ impl Cluster {
     /// The counters.
     pub fn counters(&self) -> &Counters {
         &self.inner.counters
+    }
+
+    /// This node's copy of directory rows (its hit and miss counters).
+    pub fn cache(&self) -> &cache::Cache {
+        &self.inner.cache
     }
 
     /// Waits until this node reaches Redis again after having lost it (not its first
@@ -228,12 +241,14 @@ impl Cluster {
         priority: i8,
         presence: Option<String>,
         visible: bool,
+        carbons: bool,
     ) {
         let entry = Entry {
             instance: self.inner.instance.clone(),
             available,
             priority,
             visible,
+            carbons,
             presence,
         };
         {
@@ -323,6 +338,32 @@ impl Cluster {
         ));
     }
 
+    /// Tells `node` that this one showed the presence of `subjects` (full JIDs bound there)
+    /// to `viewer` ([`Kind::Reveal`]).
+    pub fn reveal(&self, node: &str, subjects: Vec<String>, viewer: &str) {
+        self.queue(Op::Send(
+            node.to_owned(),
+            Envelope {
+                kind: Kind::Reveal,
+                to: subjects,
+                xml: Arc::new(viewer.to_owned()),
+            },
+        ));
+    }
+
+    /// Hands a message or iq for full JID `to`, bound on `node`, to that node for the
+    /// delivery decision ([`Kind::Decide`]).
+    pub fn decide_there(&self, node: &str, to: String, xml: Arc<String>) {
+        self.queue(Op::Send(
+            node.to_owned(),
+            Envelope {
+                kind: Kind::Decide,
+                to: vec![to],
+                xml,
+            },
+        ));
+    }
+
     /// The sessions of each user in `bares` held by other live instances. Empty at once
     /// with no other node; a Redis failure reads as "none elsewhere".
     pub async fn holders(&self, bares: &[&str]) -> HashMap<String, Vec<Holder>> {
@@ -356,21 +397,41 @@ impl Cluster {
         conn: &mut MultiplexedConnection,
         bares: &[&str],
     ) -> redis::RedisResult<HashMap<String, Vec<Holder>>> {
-        let mut pipe = redis::pipe();
-        for b in bares {
-            pipe.cmd("HGETALL").arg(self.inner.keys.user(b));
+        // This node's copy first; one pipeline of HGETALL for the rest.
+        let mut rows: Vec<Option<cache::Rows>> = Vec::with_capacity(bares.len());
+        let mut misses: Vec<(usize, cache::Generation)> = Vec::new();
+        for (i, b) in bares.iter().enumerate() {
+            match self.inner.cache.get(b) {
+                Ok(r) => rows.push(Some(r)),
+                Err(g) => {
+                    rows.push(None);
+                    misses.push((i, g));
+                }
+            }
         }
-        self.inner
-            .counters
-            .lookups
-            .fetch_add(bares.len() as u64, Ordering::Relaxed);
-        let rows: Vec<HashMap<String, String>> = pipe.query_async(conn).await?;
+        if !misses.is_empty() {
+            let mut pipe = redis::pipe();
+            for (i, _) in &misses {
+                pipe.cmd("HGETALL").arg(self.inner.keys.user(bares[*i]));
+            }
+            self.inner
+                .counters
+                .lookups
+                .fetch_add(misses.len() as u64, Ordering::Relaxed);
+            let read: Vec<HashMap<String, String>> = pipe.query_async(conn).await?;
+            for ((i, g), row) in misses.into_iter().zip(read) {
+                let row: cache::Rows = Arc::new(row.into_iter().collect());
+                self.inner.cache.put(bares[i], g, Arc::clone(&row));
+                rows[i] = Some(row);
+            }
+        }
         let mut out = HashMap::new();
         for (bare, row) in bares.iter().zip(rows) {
             let mut holders: Vec<Holder> =
-                row.into_iter()
+                row.iter()
+                    .flat_map(|r| r.iter())
                     .filter_map(|(res, v)| {
-                        let entry = Entry::decode(&v)?;
+                        let entry = Entry::decode(v)?;
                         (entry.instance != self.inner.instance && self.is_live(&entry.instance))
                             .then(|| Holder {
                                 jid: format!("{bare}/{res}"),
@@ -424,6 +485,8 @@ impl Cluster {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        // Invalidations may be lost from here on: nothing copied is trusted any more.
+        self.inner.cache.clear();
     }
 
     fn expire_at(&self, now_ms: i64) -> i64 {
@@ -658,7 +721,12 @@ impl Cluster {
         let mut replies = Vec::new();
         let mut published = 0u64;
         let mut idx = 0usize;
+        // Users whose rows this batch writes: the other nodes drop their copies.
+        let mut written: Vec<String> = Vec::new();
         for op in ops {
+            if let Op::Claim(jid, _) | Op::Update(jid, _) | Op::Release(jid) = &op {
+                written.push(jid.to_bare().to_string());
+            }
             match op {
                 Op::Claim(jid, entry) => {
                     pipe.cmd("EVAL")
@@ -730,6 +798,31 @@ impl Cluster {
                 }
             }
             idx += 1;
+        }
+        // After the writes, in the same pipeline: every other live node is told which
+        // users' rows changed (one message per node for the whole batch).
+        written.sort();
+        written.dedup();
+        if !written.is_empty() {
+            let mut nodes: Vec<String> = self
+                .peers()
+                .iter()
+                .map(|p| directory::node_of(p).to_owned())
+                .collect();
+            nodes.sort();
+            nodes.dedup();
+            for node in nodes {
+                let env = Envelope {
+                    kind: Kind::Invalidate,
+                    to: written.clone(),
+                    xml: Arc::default(),
+                };
+                pipe.cmd("PUBLISH")
+                    .arg(self.inner.keys.channel(&node))
+                    .arg(env.encode());
+                published += 1;
+                idx += 1;
+            }
         }
         let results: Vec<redis::Value> = if idx == 0 {
             Vec::new()
@@ -867,6 +960,12 @@ pub async fn listen(
                 .fetch_add(1, Ordering::Relaxed);
             if env.kind == Kind::Join {
                 cluster.heartbeat(false).await;
+                return;
+            }
+            if env.kind == Kind::Invalidate {
+                for bare in &env.to {
+                    cluster.inner.cache.invalidate(bare);
+                }
                 return;
             }
             deliver(env);
