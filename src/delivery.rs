@@ -81,6 +81,26 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
             tokio::spawn(async move { decide_here(&shared, env).await });
             return;
         }
+        Kind::Seen => {
+            let at = env
+                .xml
+                .parse()
+                .ok()
+                .and_then(chrono::DateTime::from_timestamp_millis);
+            for (bare, at) in env.to.iter().zip(std::iter::repeat(at)) {
+                if let Some(at) = at {
+                    shared
+                        .liveness
+                        .last_seen
+                        .note_elsewhere(crate::store::LastSeen {
+                            jid: bare.clone(),
+                            at,
+                            status: None,
+                        });
+                }
+            }
+            return;
+        }
         _ => {}
     }
     let addressed = (env.kind == Kind::Address)
@@ -104,7 +124,7 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
                     ));
                 }
             }
-            (Kind::Kick | Kind::Join | Kind::Reveal | Kind::Decide | Kind::Invalidate, _) => {}
+            (_, _) if env.kind != Kind::Deliver && env.kind != Kind::Address => {}
             (_, Ok(full)) => {
                 if let Some(s) = shared.sessions.get(&full) {
                     s.send_xml(bytes);

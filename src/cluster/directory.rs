@@ -29,6 +29,9 @@ pub struct Entry {
     /// Asked for XEP-0280 carbon copies: the node delivering a message to another of the
     /// user's resources sends this one its copy.
     pub carbons: bool,
+    /// Retrieved its XEP-0191 block list: the node that changes the list pushes the change
+    /// to this resource too (§3.3–§3.5).
+    pub blocklist: bool,
     /// The last available presence as broadcast, while available: what another node shows
     /// the user's other resources and, if `visible`, a probe answer (RFC 6121 §4.3.2).
     pub presence: Option<String>,
@@ -43,6 +46,7 @@ impl Entry {
             priority: 0,
             visible: true,
             carbons: false,
+            blocklist: false,
             presence: None,
         }
     }
@@ -53,13 +57,14 @@ impl Entry {
     }
 
     /// `instance \n flags \n priority \n presence`; flags are `a` available, `v` visible,
-    /// `c` carbons, each `-` when not.
+    /// `c` carbons, `b` block-list pushes, each `-` when not.
     pub fn encode(&self) -> String {
         let flags = format!(
-            "{}{}{}",
+            "{}{}{}{}",
             if self.available { 'a' } else { '-' },
             if self.visible { 'v' } else { '-' },
-            if self.carbons { 'c' } else { '-' }
+            if self.carbons { 'c' } else { '-' },
+            if self.blocklist { 'b' } else { '-' }
         );
         format!(
             "{}\n{}\n{}\n{}",
@@ -77,9 +82,10 @@ impl Entry {
         let flags = parts.next()?;
         let priority = parts.next()?.parse().ok()?;
         let presence = parts.next()?;
-        // Two flags were written before carbons crossed nodes: such an entry has none.
+        // Two flags were written before carbons and block-list pushes crossed nodes: such
+        // an entry has neither.
         let flags = flags.as_bytes();
-        if instance.is_empty() || !(2..=3).contains(&flags.len()) {
+        if instance.is_empty() || !(2..=4).contains(&flags.len()) {
             return None;
         }
         Some(Entry {
@@ -87,6 +93,7 @@ impl Entry {
             available: flags[0] == b'a',
             visible: flags[1] == b'v',
             carbons: flags.get(2) == Some(&b'c'),
+            blocklist: flags.get(3) == Some(&b'b'),
             priority,
             presence: (!presence.is_empty()).then(|| presence.to_owned()),
         })
@@ -191,12 +198,13 @@ mod tests {
             priority: -3,
             visible: false,
             carbons: true,
+            blocklist: true,
             presence: Some("<presence from='a@x/r'><status>x\ny</status></presence>".into()),
         };
         assert_eq!(Entry::decode(&e.encode()), Some(e.clone()));
         // An entry written with two flags (before carbons) reads as without carbons.
         let old = Entry::decode("n#1\nav\n0\n").unwrap();
-        assert!(old.available && old.visible && !old.carbons);
+        assert!(old.available && old.visible && !old.carbons && !old.blocklist);
         assert_eq!(e.node(), "host-5222");
         let b = Entry::bound("n#1");
         assert_eq!(Entry::decode(&b.encode()), Some(b));

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! presenced-cluster 1\n
-//! <kind>\n                 deliver | address | kick | join | reveal | decide | invalidate
+//! <kind>\n                 deliver | address | kick | join | reveal | decide | invalidate | seen
 //! <n>\n
 //! <recipient>\n × n        full JID: that session; bare JID: the user's available sessions
 //! <stanza>                 client-stream XML (the rest of the message, may hold newlines)
@@ -43,6 +43,10 @@ pub enum Kind {
     /// The sending node wrote the directory rows of these users (bare JIDs): drop any copy
     /// of them ([`super::cache`]).
     Invalidate,
+    /// A session of the recipient (a bare JID) ended on the sending node at the time the
+    /// message carries (milliseconds since the epoch): its last seen, until the sending
+    /// node's flush reaches PostgreSQL (XEP-0012).
+    Seen,
 }
 
 impl Kind {
@@ -55,6 +59,7 @@ impl Kind {
             Kind::Reveal => "reveal",
             Kind::Decide => "decide",
             Kind::Invalidate => "invalidate",
+            Kind::Seen => "seen",
         }
     }
 
@@ -67,6 +72,7 @@ impl Kind {
             "reveal" => Kind::Reveal,
             "decide" => Kind::Decide,
             "invalidate" => Kind::Invalidate,
+            "seen" => Kind::Seen,
             _ => return None,
         })
     }

@@ -242,6 +242,7 @@ impl Cluster {
         presence: Option<String>,
         visible: bool,
         carbons: bool,
+        blocklist: bool,
     ) {
         let entry = Entry {
             instance: self.inner.instance.clone(),
@@ -249,6 +250,7 @@ impl Cluster {
             priority,
             visible,
             carbons,
+            blocklist,
             presence,
         };
         {
@@ -349,6 +351,27 @@ impl Cluster {
                 xml: Arc::new(viewer.to_owned()),
             },
         ));
+    }
+
+    /// Tells every other live node that a session of `bare` ended here at `at_ms`
+    /// ([`Kind::Seen`]).
+    pub fn seen(&self, bare: &str, at_ms: i64) {
+        let mut nodes: Vec<String> = self
+            .peers()
+            .iter()
+            .map(|p| directory::node_of(p).to_owned())
+            .collect();
+        nodes.dedup();
+        for node in nodes {
+            self.queue(Op::Send(
+                node,
+                Envelope {
+                    kind: Kind::Seen,
+                    to: vec![bare.to_owned()],
+                    xml: Arc::new(at_ms.to_string()),
+                },
+            ));
+        }
     }
 
     /// Hands a message or iq for full JID `to`, bound on `node`, to that node for the

@@ -215,19 +215,28 @@ pub async fn may_see_online(shared: &Shared, viewer: &str, subject: &str, direct
 }
 
 /// Whether `viewer` may be told that local user `subject` is online right now: the gate
-/// admits it and at least one of the subject's resources is available and not invisible.
+/// admits it and at least one of the subject's resources, on any node, is available and
+/// not invisible.
 /// For answers such as XEP-0012 `seconds='0'`; anyone for whom this is false must get the
 /// answer an offline subject gives.
 pub async fn visible_to(shared: &Shared, viewer: &str, subject: &str) -> bool {
     // The decision is taken whether the subject is online or not: a short cut on "offline"
     // would answer faster, and the delay alone would tell the viewer which.
     let permitted = may_see_online(shared, viewer, subject, false).await;
-    let any_visible = shared
+    let subject = bare_of(subject);
+    let here = shared
         .sessions
-        .of_user_str(bare_of(subject))
+        .of_user_str(subject)
         .iter()
         .any(|s| s.is_available() && !s.is_invisible());
-    permitted && any_visible
+    // The user's resources on other nodes, as the directory has them (read either way).
+    let elsewhere = shared
+        .cluster
+        .holders(&[subject])
+        .await
+        .remove(subject)
+        .is_some_and(|hs| hs.iter().any(|h| h.entry.available && h.entry.visible));
+    permitted && (here || elsewhere)
 }
 
 /// May `viewer` learn when `subject` was last seen (XEP-0012, delay stamps on
