@@ -87,16 +87,14 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
                 .parse()
                 .ok()
                 .and_then(chrono::DateTime::from_timestamp_millis);
-            for (bare, at) in env.to.iter().zip(std::iter::repeat(at)) {
-                if let Some(at) = at {
-                    shared
-                        .liveness
-                        .last_seen
-                        .note_elsewhere(crate::store::LastSeen {
-                            jid: bare.clone(),
-                            at,
-                            status: None,
-                        });
+            if let Some(at) = at {
+                for bare in &env.to {
+                    let seen = crate::store::LastSeen {
+                        jid: bare.clone(),
+                        at,
+                        status: None,
+                    };
+                    shared.liveness.last_seen.note_elsewhere(seen);
                 }
             }
             return;
