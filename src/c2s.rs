@@ -61,7 +61,7 @@ type Reader = Box<StreamReader<ReadHalf<BoxIo>>>;
 fn new_reader(io: ReadHalf<BoxIo>, shared: &Shared, authenticated: bool) -> Reader {
     Box::new(StreamReader::new(
         io,
-        ReaderLimits::for_peer(&shared.config.limits, authenticated),
+        ReaderLimits::for_peer(&shared.live.get().limits, authenticated),
     ))
 }
 
@@ -115,7 +115,7 @@ async fn negotiate(
     direct_tls: bool,
     secure_below: bool,
 ) -> Option<(Conn, FullJid)> {
-    let timeout = shared.config.limits.negotiation_timeout;
+    let timeout = shared.live.get().limits.negotiation_timeout;
     let deadline = Instant::now() + timeout;
     let io = if direct_tls {
         // XEP-0368: TLS starts before any XML.
@@ -402,7 +402,7 @@ impl Conn {
         *failures += 1;
         self.shared.metrics.auth_failure();
         tracing::info!(peer = %self.peer, condition, failures = *failures, "SASL failure");
-        if *failures >= self.shared.config.limits.max_auth_failures {
+        if *failures >= self.shared.live.get().limits.max_auth_failures {
             // RFC 6120 §6.4.5: after the configured number of retries, end the stream.
             return Err(Fail::Stream(StreamError::new(
                 "policy-violation",
@@ -728,7 +728,7 @@ impl Conn {
             .into_iter()
             .map(|s| s.jid.to_string())
             .collect();
-        let max = shared.config.limits.max_resources_per_account;
+        let max = shared.live.get().limits.max_resources_per_account;
         if bound.len() < max {
             // Only read the directory when this node's sessions alone leave room.
             let elsewhere = shared.cluster.holders(&[bare.as_str()]).await;
@@ -827,7 +827,7 @@ impl Conn {
         );
         let reg = shared.sessions.register_from(
             jid.clone(),
-            shared.config.limits.session_queue,
+            shared.live.get().limits.session_queue,
             &shared.shutdown,
             origin,
         );
@@ -843,15 +843,15 @@ impl Conn {
             TransportKind::Tcp => shared.metrics.login_tcp(),
             TransportKind::WebSocket => shared.metrics.login_websocket(),
         }
-        let csi = crate::csi::Filter::new(shared.config.limits.max_csi_held_presences);
+        let csi = crate::csi::Filter::new(shared.live.get().limits.max_csi_held_presences);
         let writer_task = tokio::spawn(write_loop(writer, reg.rx, handle.kill.clone(), csi));
         let mut live = shared
             .liveness
             .bind(&jid, handle.id, transport.beat.clone());
         let mut session = Session::new(shared.clone(), handle.clone(), peer);
         let mut bucket = crate::rate_limit::TokenBucket::new(
-            shared.config.limits.stanzas_per_second,
-            shared.config.limits.stanza_burst,
+            shared.live.get().limits.stanzas_per_second,
+            shared.live.get().limits.stanza_burst,
         );
         let timings = shared.liveness.timings;
         // Checked four times per H so that a ping goes out within H/4 of H of silence.

@@ -67,6 +67,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// This node's identity among the nodes sharing one database and one Redis key prefix.
     pub cluster: ClusterConfig,
+    /// The privacy settings of users who never chose their own.
+    pub privacy: PrivacyConfig,
 }
 
 impl Default for Config {
@@ -85,8 +87,32 @@ impl Default for Config {
             log: LogConfig::default(),
             admin: AdminConfig::default(),
             cluster: ClusterConfig::default(),
+            privacy: PrivacyConfig::default(),
         }
     }
+}
+
+/// `[privacy]`: who may see a user's online status and last seen while the user has not
+/// chosen (the `urn:presenced:privacy:0` settings); a user's own choice always wins.
+/// Reloaded on SIGHUP: presence already shown that the new default withholds is withdrawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrivacyConfig {
+    /// Online status (presence broadcasts and probe answers).
+    pub online: DefaultVisibility,
+    /// Last seen (XEP-0012, the stamp on unavailable presence).
+    pub last_seen: DefaultVisibility,
+}
+
+/// A default of `[privacy]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DefaultVisibility {
+    /// Every approved subscriber (plain RFC 6121).
+    #[default]
+    Subscribers,
+    /// No one but the user.
+    Nobody,
 }
 
 /// `[admin]`: what only operators reach.
@@ -103,6 +129,13 @@ pub struct AdminConfig {
     /// with mode 0600; empty: no admin socket.
     #[serde(with = "unset_if_empty")]
     pub socket: Option<PathBuf>,
+    /// Token every request to the admin listener (`/metrics`, `/status`) must carry, as
+    /// `Authorization: Bearer TOKEN` or `?token=TOKEN`; empty: none (loopback only).
+    #[serde(with = "unset_if_empty")]
+    pub token: Option<String>,
+    /// How often the status page polls `/status.json`, in seconds (fractions allowed).
+    #[serde(with = "secs")]
+    pub status_poll: Duration,
 }
 
 impl Default for AdminConfig {
@@ -112,6 +145,8 @@ impl Default for AdminConfig {
             bind: IpAddr::from([127, 0, 0, 1]),
             port: 5281,
             socket: Some(PathBuf::from("presenced-admin.sock")),
+            token: None,
+            status_poll: Duration::from_secs(2),
         }
     }
 }
@@ -1007,6 +1042,9 @@ impl Config {
         }
         if self.domains.is_empty() {
             return bad("`domains` must name at least one domain");
+        }
+        if self.admin.status_poll < Duration::from_millis(100) {
+            return bad("[admin] status_poll must be at least 0.1 seconds");
         }
         for d in &self.domains {
             if crate::jid::BareJid::new(d)

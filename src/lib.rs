@@ -50,6 +50,7 @@ pub mod s2s;
 pub mod sasl;
 pub mod server;
 pub mod sessions;
+pub mod status;
 pub mod store;
 pub mod tls;
 pub(crate) mod websocket;

@@ -258,7 +258,7 @@ async fn own_account_iq(session: &mut Session, el: Element) {
         crate::presence::to_directory(&session.shared, &session.handle);
         Some(reply)
     } else if payload.ns == crate::interest::NS_INTEREST {
-        let limits = &session.shared.config.limits;
+        let limits = &session.shared.live.get().limits;
         Some(crate::interest::handle_iq(
             &session.handle,
             &el,

@@ -227,6 +227,24 @@ pub struct SessionHandle {
     pub origin: Origin,
 }
 
+/// [`Sessions::visible_counts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct VisibleCounts {
+    /// Users with at least one visible session.
+    pub users: usize,
+    /// Visible sessions over TCP.
+    pub tcp: usize,
+    /// Visible sessions over WebSocket.
+    pub websocket: usize,
+}
+
+impl VisibleCounts {
+    /// Visible sessions.
+    pub fn sessions(&self) -> usize {
+        self.tcp + self.websocket
+    }
+}
+
 /// Where a session came from.
 #[derive(Debug, Clone, Copy)]
 pub struct Origin {
@@ -485,6 +503,26 @@ impl Sessions {
     pub fn users(&self) -> Vec<String> {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
         map.keys().cloned().collect()
+    }
+
+    /// Sessions and users that are not invisible (XEP-0186), by transport: the only session
+    /// figures any report outside the admin socket shows, since a count that rises when an
+    /// invisible user logs in tells its reader what the user's contacts may not learn.
+    pub fn visible_counts(&self) -> VisibleCounts {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        let mut c = VisibleCounts::default();
+        for list in map.values() {
+            let mut any = false;
+            for h in list.iter().filter(|h| !h.is_invisible()) {
+                any = true;
+                match h.origin.transport {
+                    "websocket" => c.websocket += 1,
+                    _ => c.tcp += 1,
+                }
+            }
+            c.users += usize::from(any);
+        }
+        c
     }
 
     /// Number of connected sessions.

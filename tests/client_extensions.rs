@@ -15,7 +15,6 @@ const NS_FORWARD: &str = "urn:xmpp:forward:0";
 const NS_DELAY: &str = "urn:xmpp:delay";
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
 const NS_CHATSTATES: &str = "http://jabber.org/protocol/chatstates";
-const NS_DISCO_INFO: &str = "http://jabber.org/protocol/disco#info";
 
 /// How long a negative expectation watches.
 const QUIET: Duration = Duration::from_millis(400);
@@ -75,22 +74,6 @@ async fn carbons(c: &mut Client, on: bool) {
     let what = if on { "enable" } else { "disable" };
     let r = c.iq("set", None, Element::new(what, NS_CARBONS)).await;
     assert_eq!(r.get_attr("type"), Some("result"), "{what}: {r}");
-}
-
-async fn server_features(ts: &TestServer, c: &mut Client) -> Vec<String> {
-    let r = c
-        .iq(
-            "get",
-            Some(&ts.domain),
-            Element::new("query", NS_DISCO_INFO),
-        )
-        .await;
-    r.get_child("query", NS_DISCO_INFO)
-        .expect("disco#info result")
-        .elements()
-        .filter(|f| f.name == "feature")
-        .filter_map(|f| f.get_attr("var").map(str::to_owned))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -129,12 +129,6 @@ async fn version_round_trip(
     assert_eq!(got.get_attr("type"), Some("result"), "{got}");
 }
 
-fn has_body(e: &Element, body: &str) -> bool {
-    e.name == "message"
-        && e.get_child("body", NS_CLIENT)
-            .is_some_and(|b| b.text_content() == body)
-}
-
 #[tokio::test]
 async fn subscription_presence_probes_messages_and_iq_cross_nodes() {
     let (n1, n2) = two_nodes(|_| {}).await;

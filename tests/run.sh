@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command of the README: installs what the tests need (Python clients), gives the
-# tests a fresh database, and runs every Rust test (unit, integration, property) plus the
-# conformance suite against this server.
+# The test command of the README: installs what the tests need (Python clients; Node packages,
+# Chromium, Profanity and tmux for the stock-client tests), gives the tests a fresh database,
+# and runs every Rust test (unit, integration, property) plus the conformance suite against
+# this server.
 #
 # Services: PostgreSQL and Redis are the machine's when DATABASE_URL / REDIS_URL name them
 # or when something answers on 127.0.0.1:5432 / :6379 (.ci/run starts those on a fresh
@@ -136,6 +137,23 @@ export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 
 # Real XMPP clients this project did not write, driven by the tests.
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+# The stock clients of tests/browser.rs and tests/profanity.rs: Node with the locked npm
+# packages of tests/browser (converse.js, puppeteer-core, @xmpp/client), Debian's Chromium
+# (also the browser of the admin status page test in tests/operations.rs), Profanity and
+# tmux. Without them (not root) those tests fail and say what is missing.
+missing=()
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v profanity >/dev/null 2>&1 || missing+=(profanity)
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+if [ "${#missing[@]}" -gt 0 ]; then
+  install_packages "${missing[@]}" || echo "tests/browser.rs and tests/profanity.rs will fail" >&2
+fi
+# npm ci again when the lock file is newer than the installed tree.
+if command -v npm >/dev/null 2>&1 && { [ ! -e tests/browser/node_modules/.package-lock.json ] ||
+  [ tests/browser/package-lock.json -nt tests/browser/node_modules/.package-lock.json ]; }; then
+  (cd tests/browser && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+fi
 
 # A fresh database per run: no state from earlier runs or other branches.
 psql -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 -q \

@@ -254,6 +254,9 @@ pub fn effective(config: &Config) -> Result<String, toml::ser::Error> {
     if shown.s2s.secret.is_some() {
         shown.s2s.secret = Some("(set, not shown)".into());
     }
+    if shown.admin.token.is_some() {
+        shown.admin.token = Some("(set, not shown)".into());
+    }
     toml::to_string(&shown)
 }
 

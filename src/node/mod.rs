@@ -5,6 +5,7 @@
 
 pub mod federation;
 pub mod listen;
+pub mod live;
 pub mod send;
 pub mod session;
 pub mod visibility;
@@ -21,8 +22,11 @@ use crate::xml::Element;
 
 /// State shared by every task of the server.
 pub struct Shared {
-    /// The checked configuration.
+    /// The checked configuration, as the server started with it.
     pub config: CheckedConfig,
+    /// What a reload changes: `[limits]` and the `[s2s]` routes and policies. Read these
+    /// from here, never from `config`.
+    pub live: live::Live,
     /// PostgreSQL.
     pub store: Store,
     /// Sessions connected to this node.
