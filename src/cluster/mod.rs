@@ -232,26 +232,13 @@ impl Cluster {
     }
 
     /// The resource's presence changed (availability, priority, visibility, or the stanza
-    /// shown to probes). Ignored once the session was released: the unavailable broadcast
+    /// shown to probes, carbons, block-list pushes): `entry` as this instance's. Ignored once
+    /// the session was released: the unavailable broadcast
     /// at the end of a grace period must not bring a finished session back.
-    pub fn update(
-        &self,
-        jid: &FullJid,
-        available: bool,
-        priority: i8,
-        presence: Option<String>,
-        visible: bool,
-        carbons: bool,
-        blocklist: bool,
-    ) {
+    pub fn update(&self, jid: &FullJid, entry: Entry) {
         let entry = Entry {
             instance: self.inner.instance.clone(),
-            available,
-            priority,
-            visible,
-            carbons,
-            blocklist,
-            presence,
+            ..entry
         };
         {
             let mut local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());

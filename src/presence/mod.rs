@@ -330,15 +330,17 @@ pub(crate) fn to_directory(shared: &Shared, handle: &crate::sessions::SessionHan
             p.blocklist_interested,
         )
     });
-    shared.cluster.update(
-        &handle.jid,
+    let entry = crate::cluster::Entry {
+        // Set by the cluster to this instance.
+        instance: String::new(),
         available,
         priority,
-        shown,
-        !invisible,
+        visible: !invisible,
         carbons,
         blocklist,
-    );
+        presence: shown,
+    };
+    shared.cluster.update(&handle.jid, entry);
 }
 
 /// After this node was cut off from Redis, the other nodes may have announced its users
