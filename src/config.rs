@@ -564,6 +564,14 @@ pub struct LimitsConfig {
     /// presence is held as if it had none.
     #[serde(with = "secs")]
     pub interest_ttl: Duration,
+    /// Seconds a XEP-0198 resumable session waits, bound and shown online, for its client
+    /// to resume it after the connection died; then it ends as a disconnect does. A
+    /// client's smaller `max` is taken. 0 turns resumption off (acks still work).
+    #[serde(with = "secs")]
+    pub sm_resume_timeout: Duration,
+    /// Stanzas written to one XEP-0198 session and not yet acknowledged that the server
+    /// keeps for redelivery; one more ends the stream with resource-constraint.
+    pub sm_max_unacked: usize,
     /// Stanzas queued for one session before it is treated as stalled and disconnected.
     pub session_queue: usize,
     /// Stanzas per second a client may send on average (policy-violation beyond the burst).
@@ -610,6 +618,8 @@ impl Default for LimitsConfig {
             max_csi_held_presences: 500,
             max_interest_items: 500,
             interest_ttl: Duration::from_secs(300),
+            sm_resume_timeout: Duration::from_secs(300),
+            sm_max_unacked: 500,
             session_queue: 1024,
             stanzas_per_second: 50,
             stanza_burst: 200,
@@ -1110,6 +1120,7 @@ impl Config {
             ("max_offline_messages", l.max_offline_messages),
             ("max_csi_held_presences", l.max_csi_held_presences),
             ("max_interest_items", l.max_interest_items),
+            ("sm_max_unacked", l.sm_max_unacked),
         ];
         for (name, v) in counts {
             // The store compares them with PostgreSQL integers.
@@ -1318,6 +1329,8 @@ mod tests {
         assert_eq!(cl.max_csi_held_presences, dl.max_csi_held_presences);
         assert_eq!(cl.max_interest_items, dl.max_interest_items);
         assert_eq!(cl.interest_ttl, dl.interest_ttl);
+        assert_eq!(cl.sm_resume_timeout, dl.sm_resume_timeout);
+        assert_eq!(cl.sm_max_unacked, dl.sm_max_unacked);
     }
 
     #[test]
@@ -1342,6 +1355,7 @@ mod tests {
             |l: &mut LimitsConfig| l.max_csi_held_presences = 0,
             |l: &mut LimitsConfig| l.max_interest_items = 0,
             |l: &mut LimitsConfig| l.interest_ttl = Duration::ZERO,
+            |l: &mut LimitsConfig| l.sm_max_unacked = 0,
         ] {
             let mut c = Config::default();
             zero(&mut c.limits);

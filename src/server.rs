@@ -92,6 +92,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         metrics: crate::metrics::Metrics::new(),
         auth_backoff,
         fake_salt_secret,
+        resumable: Default::default(),
     });
     crate::s2s::attach(&shared);
     let weak = Arc::downgrade(&shared);

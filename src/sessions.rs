@@ -41,6 +41,12 @@ pub enum Outbound {
     /// The contacts whose presence passes [`crate::csi::Filter`] at once, replacing any
     /// earlier list. Never written itself.
     Interest(Arc<InterestList>),
+    /// XEP-0198 `<enabled/>`: written in its place, and the stanzas after it are counted
+    /// and kept until acknowledged ([`crate::stream_management::Outgoing`]).
+    SmEnabled(Box<crate::stream_management::Enabled>),
+    /// Another XEP-0198 element (`<a/>`, `<failed/>`): written in its place, never counted
+    /// as a stanza (it is none) and never held by the client-state filter.
+    SmNonza(Arc<String>),
 }
 
 /// A session's interest list (`urn:presenced:interest:0`): bare JIDs of contacts whose
@@ -308,6 +314,12 @@ impl SessionHandle {
     /// the same rules as [`Self::send`].
     pub fn set_interest(&self, list: InterestList) -> bool {
         self.push(Outbound::Interest(Arc::new(list)))
+    }
+
+    /// Queues a XEP-0198 element ([`Outbound::SmEnabled`], [`Outbound::SmNonza`]); the same
+    /// rules as [`Self::send`].
+    pub fn send_sm(&self, msg: Outbound) -> bool {
+        self.push(msg)
     }
 
     /// Asks the session to close its stream cleanly.

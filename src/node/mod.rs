@@ -58,6 +58,8 @@ pub struct Shared {
     /// Key of the fake SCRAM salts of unknown users; kept in the store so the salts are
     /// the same after a restart and on every node, as a real account's are.
     pub fake_salt_secret: Vec<u8>,
+    /// XEP-0198 sessions of this node a new stream may resume, by resume id.
+    pub resumable: crate::stream_management::Resumable,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks

@@ -224,6 +224,26 @@ impl TestServer {
         self.add_user(name, "pw").await
     }
 
+    /// How many XEP-0160 messages the store keeps for `owner` (a bare JID).
+    pub async fn offline_count(&self, owner: &str) -> i64 {
+        let store = &self.shared().store;
+        let counted = match store.sqlite_pool() {
+            Some(file) => {
+                sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = ?1")
+                    .bind(owner)
+                    .fetch_one(file)
+                    .await
+            }
+            None => {
+                sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = $1")
+                    .bind(owner)
+                    .fetch_one(store.pool())
+                    .await
+            }
+        };
+        counted.expect("count offline messages")
+    }
+
     /// Makes two local users mutual contacts (subscription both), as an operator would.
     pub async fn make_mutual(&self, a: &str, b: &str) {
         stores::make_mutual(&self.shared().store, &self.jid(a), &self.jid(b))
