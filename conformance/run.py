@@ -75,7 +75,7 @@ class ScenarioError(Exception):
 @dataclass
 class Options:
     host: str
-    port: int
+    ports: list[int]  # one c2s port per node of the server under test (one for a single node)
     domain: str
     tls_verify: bool
     ca_file: str | None
@@ -106,8 +106,9 @@ class Entry:
 class Client:
     """One connected resource: a slixmpp stream plus an inbox of raw stanzas."""
 
-    def __init__(self, label: str, bare: str, resource: str, password: str, opts: Options):
+    def __init__(self, label: str, bare: str, resource: str, password: str, opts: Options, port: int):
         self.label = label  # e.g. alice/phone
+        self.port = port  # the node this resource connects to
         self.bare = bare
         self.password = password
         self.opts = opts
@@ -186,7 +187,7 @@ class Client:
         self.x.add_event_handler("connection_failed", lambda e: bad(f"connection failed: {e}"))
         self.x.add_event_handler("stream_error", lambda e: bad(f"stream error: {e}"))
         self.x.add_event_handler("disconnected", lambda e: bad(f"disconnected: {e}"))
-        self.x.connect(self.opts.host, self.opts.port)
+        self.x.connect(self.opts.host, self.port)
         try:
             await asyncio.wait_for(done, self.opts.connect_timeout)
         except asyncio.TimeoutError:
@@ -576,6 +577,15 @@ class Scenario:
             raise ScenarioError(f"{who}: no connected resource")
         return got
 
+    def port_of(self, actor: str, res: str) -> int:
+        """The node a resource connects to. With several nodes (a cluster), the i-th actor's
+        j-th resource takes node (i + j) mod N: the first resources of neighbouring actors are
+        on different nodes, and an actor's own resources are spread too."""
+        ports = self.opts.ports
+        i = list(self.actors).index(actor)
+        j = self.actors[actor].index(res)
+        return ports[(i + j) % len(ports)]
+
     # ---- lifecycle
 
     async def provision(self) -> None:
@@ -625,7 +635,7 @@ class Scenario:
         if old is not None and old.connected:
             raise ScenarioError(f"{who} already connected")
         user, password = self.accounts[actor]
-        c = Client(who, f"{user}@{self.opts.domain}", res, password, self.opts)
+        c = Client(who, f"{user}@{self.opts.domain}", res, password, self.opts, self.port_of(actor, res))
         self.clients[who] = c
         await c.connect()
 
@@ -899,7 +909,7 @@ async def register_ibr(user: str, password: str, opts: Options) -> None:
     x.add_event_handler("register", on_register)
     x.add_event_handler("session_start", lambda e: done.done() or done.set_result(None))
     x.add_event_handler("failed_all_auth", lambda e: done.done() or done.set_exception(StepFailed("IBR: auth failed")))
-    x.connect(opts.host, opts.port)
+    x.connect(opts.host, opts.ports[0])
     try:
         await asyncio.wait_for(done, opts.connect_timeout)
     finally:
@@ -967,7 +977,9 @@ async def run_all(scenarios: list[Scenario], jobs: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Black-box RFC 6121 presence conformance suite")
     p.add_argument("--host", default="127.0.0.1", help="server address to connect to")
-    p.add_argument("--port", type=int, default=5222, help="c2s port")
+    p.add_argument("--port", default="5222",
+                   help="c2s port; a comma-separated list for a cluster, one port per node "
+                        "(the scenario's actors and resources are spread over them)")
     p.add_argument("--domain", required=True, help="XMPP domain served (accounts are created in it)")
     tls = p.add_mutually_exclusive_group()
     tls.add_argument("--tls-verify", dest="tls_verify", action="store_true", default=True,
@@ -994,7 +1006,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(message)s")
     if not a.verbose:
         logging.getLogger("slixmpp").setLevel(logging.CRITICAL)
-    opts = Options(a.host, a.port, a.domain, a.tls_verify, a.ca_file, a.register_cmd, a.unregister_cmd,
+    try:
+        ports = [int(x) for x in str(a.port).split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--port: not a port or list of ports: {a.port!r}")
+    if not ports:
+        p.error("--port: no port given")
+    opts = Options(a.host, ports, a.domain, a.tls_verify, a.ca_file, a.register_cmd, a.unregister_cmd,
                    a.ibr, a.timeout, a.quiet, a.connect_timeout, a.verbose)
     run_id = secrets.token_hex(3)
     scenarios = load_scenarios(a.scenario, opts, run_id)
@@ -1009,7 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped = sum(r["status"] == "skip" for r in results)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"server": a.server_name, "host": a.host, "port": a.port, "domain": a.domain,
+            json.dump({"server": a.server_name, "host": a.host, "port": ports[0], "ports": ports, "domain": a.domain,
                        "seconds": round(time.monotonic() - t0, 1), "results": results}, fh, indent=2)
     if skipped and a.strict:
         # A skip is a feature the server did not show: for the server under development that

@@ -186,6 +186,18 @@ def test_namespaced_child_is_not_taken_for_a_template():
     assert sc.expand("child={urn:xmpp:blocking}block item={alice}") == "child={urn:xmpp:blocking}block item=alice_x@d.example"
 
 
+def test_a_cluster_spreads_actors_and_their_resources_over_the_nodes():
+    class Opts:
+        domain = "d.example"
+        ports = [1, 2]
+    actors = {"alice": ["phone", "pc"], "bob": ["pc"], "carol": ["pc"]}
+    sc = run.Scenario({"name": "t", "actors": actors}, "f.yaml", "", 1, Opts(), "x")
+    assert [sc.port_of("alice", "phone"), sc.port_of("alice", "pc")] == [1, 2]
+    assert [sc.port_of("bob", "pc"), sc.port_of("carol", "pc")] == [2, 1]
+    Opts.ports = [7]
+    assert {sc.port_of(a, r) for a, rs in actors.items() for r in rs} == {7}
+
+
 # RFC 6121 Appendix A.3 (inbound) transcribed as literal tables, independent of the generator's
 # flag arithmetic for A.2 (outbound): only states that change are listed.
 INBOUND = {

@@ -54,6 +54,8 @@ async fn handle_inner(
         (Some("get"), "blocklist") => {
             // §3.2: a resource that retrieved the list gets the pushes.
             session.handle.write(|p| p.blocklist_interested = true);
+            // Other nodes changing the list push to this resource too.
+            crate::presence::to_directory(&shared, &session.handle);
             let list = shared.store.blocklist(&owner).await.map_err(failed)?;
             let mut el = Element::new("blocklist", NS_BLOCKING);
             for j in list {
@@ -80,7 +82,7 @@ async fn handle_inner(
                 withdraw_directed(session, j);
             }
             if !added.is_empty() {
-                push(&shared, &owner, "block", &added);
+                push(&shared, &owner, "block", &added).await;
             }
             Ok(None)
         }
@@ -97,7 +99,7 @@ async fn handle_inner(
             if !removed.is_empty() {
                 // An unblock-all push carries no items (§3.5).
                 let announce = if jids.is_empty() { Vec::new() } else { removed };
-                push(&shared, &owner, "unblock", &announce);
+                push(&shared, &owner, "unblock", &announce).await;
             }
             Ok(None)
         }
@@ -144,22 +146,31 @@ fn failed(e: StoreError) -> StanzaError {
 }
 
 /// Pushes `<block/>` or `<unblock/>` with `jids` to every resource of `owner` that
-/// retrieved its block list (XEP-0191 §3.3–§3.5).
-fn push(shared: &Shared, owner: &str, what: &str, jids: &[String]) {
+/// retrieved its block list (XEP-0191 §3.3–§3.5), on this node and, from the directory
+/// entries that say so, on the others.
+async fn push(shared: &Shared, owner: &str, what: &str, jids: &[String]) {
     let mut payload = Element::new(what, NS_BLOCKING);
     for j in jids {
         payload = payload.child(Element::new("item", NS_BLOCKING).attr("jid", j.clone()));
     }
-    for s in shared.sessions.of_user_str(owner) {
-        if !s.read(|p| p.blocklist_interested) {
-            continue;
-        }
-        let iq = Element::new("iq", NS_CLIENT)
+    let to = |jid: &str| {
+        Element::new("iq", NS_CLIENT)
             .attr("type", "set")
             .attr("id", format!("block{}", crate::xml::new_id()))
-            .attr("to", s.jid.to_string())
-            .child(payload.clone());
-        s.send(iq);
+            .attr("to", jid)
+            .child(payload.clone())
+    };
+    for s in shared.sessions.of_user_str(owner) {
+        if s.read(|p| p.blocklist_interested) {
+            s.send(to(s.jid.as_str()));
+        }
+    }
+    let elsewhere = shared.cluster.holders(&[owner]).await;
+    for h in elsewhere.get(owner).into_iter().flatten() {
+        if h.entry.blocklist {
+            let xml = std::sync::Arc::new(to(&h.jid).to_xml());
+            shared.cluster.send(h.node(), vec![h.jid.clone()], xml);
+        }
     }
 }
 

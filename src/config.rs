@@ -170,6 +170,13 @@ pub struct ClusterConfig {
     /// be empty): the same keys, scripts and node channels run on the cluster (README,
     /// "Redis Cluster").
     pub redis_seeds: Vec<String>,
+    /// Users whose directory rows this node keeps a copy of (0: none, every lookup reads
+    /// Redis). Other nodes' writes invalidate a copy through this node's channel.
+    pub directory_cache_entries: usize,
+    /// Longest a copy is used without reading Redis again: the bound on staleness should
+    /// an invalidation be lost (a dropped subscription loses what was published meanwhile).
+    #[serde(with = "secs")]
+    pub directory_cache_ttl: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -178,6 +185,8 @@ impl Default for ClusterConfig {
             node_id: None,
             max_recipients_per_message: 1000,
             redis_seeds: Vec::new(),
+            directory_cache_entries: 100_000,
+            directory_cache_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -1270,6 +1279,11 @@ impl Config {
         }
         if self.cluster.max_recipients_per_message == 0 {
             return bad("[cluster] max_recipients_per_message must be positive".into());
+        }
+        if self.cluster.directory_cache_entries > 0 && self.cluster.directory_cache_ttl.is_zero() {
+            return bad(
+                "[cluster] directory_cache_ttl must be positive while the cache is on".into(),
+            );
         }
         if !self.http.websocket_path.starts_with('/') || self.http.max_request_head < 512 {
             return bad(

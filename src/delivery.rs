@@ -9,7 +9,8 @@
 //! - [`message`] and [`iq`]: a message or iq from anyone (local full JID or remote JID) to
 //!   a local user, RFC 6121 §8.5 and RFC 6120 §10.5, with the recipient's block list and,
 //!   for anything a client answers by itself, [`gate::may_reach_resource`];
-//! - [`message_to_bare`]: RFC 6121 §8.5.2 (which resources take a message to a bare JID);
+//! - [`message_to_bare_everywhere`]: RFC 6121 §8.5.2 (which resources take a message to a
+//!   bare JID, on every node);
 //! - XEP-0280 carbon copies: the received copies inside [`message`], the sent copies of a
 //!   client's own message in [`sent_copies`] (which messages, and their wrapper:
 //!   [`crate::carbons`]);
@@ -28,16 +29,21 @@
 //! the node that produced the stanza. [`message`] and [`iq`] read the directory to find a
 //! full JID or the RFC 6121 §8.5.2 targets of a bare JID wherever they are; a presence
 //! broadcast is sent once per node ([`fan_out`]); [`from_node`] is where what another node
-//! sent is handed to the sessions here, and decides nothing again.
+//! sent is handed to the sessions here, and decides nothing again, with two exceptions
+//! that need what only the holding node knows: a request (or groupchat message) to a
+//! full JID the directory does not admit the sender to, which may have revealed itself to
+//! the sender by directed presence ([`Kind::Decide`], decided here by the same
+//! [`gate::may_reach`]), and the record that another node showed a session's presence to a
+//! viewer from the directory ([`Kind::Reveal`]), kept here so a later block withdraws it.
+//! XEP-0280 copies reach resources on other nodes from the directory's carbons flag.
 
 use crate::blocking::{inbound_from_blocked, Verdict};
 use crate::carbons::{self, Direction};
-use crate::cluster::{Envelope, Kind};
+use crate::cluster::{Envelope, Holder, Kind};
 use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid, Jid};
-use crate::node::send::{
-    answer, is_local, message_to_bare_everywhere, targets_everywhere, xml_to_available,
-};
+pub(crate) use crate::node::send::message_to_bare_everywhere;
+use crate::node::send::{answer, is_local, targets_everywhere, xml_to_available};
 pub(crate) use crate::node::send::{bounce, to_available, to_local, unavailable};
 use crate::node::Shared;
 use crate::presence::gate;
@@ -61,10 +67,43 @@ pub(crate) enum Outcome {
 /// What another node sent this one ([`crate::cluster::listen`]): the sending node took
 /// every decision, so this only hands the stanza to the sessions here. A full JID gets its
 /// session, a bare JID its available sessions; a `kick` ends the session bound to that full
-/// JID, which a newer session on another node took over (RFC 6120 §7.7.2.2).
-pub(crate) fn from_node(shared: &Shared, env: Envelope) {
-    if env.kind == Kind::Notify {
-        return crate::pep::from_node(shared, &env.to, &env.xml);
+/// JID, which a newer session on another node took over (RFC 6120 §7.7.2.2). The two
+/// exceptions, `reveal` and `decide`, need the session's own state and run as tasks.
+pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
+    match env.kind {
+        Kind::Notify => {
+            crate::pep::from_node(shared, &env.to, &env.xml);
+            return;
+        }
+        Kind::Reveal => {
+            let shared = Arc::clone(shared);
+            tokio::spawn(async move { revealed_elsewhere(&shared, env).await });
+            return;
+        }
+        Kind::Decide => {
+            let shared = Arc::clone(shared);
+            tokio::spawn(async move { decide_here(&shared, env).await });
+            return;
+        }
+        Kind::Seen => {
+            let at = env
+                .xml
+                .parse()
+                .ok()
+                .and_then(chrono::DateTime::from_timestamp_millis);
+            if let Some(at) = at {
+                for bare in &env.to {
+                    let seen = crate::store::LastSeen {
+                        jid: bare.clone(),
+                        at,
+                        status: None,
+                    };
+                    shared.liveness.last_seen.note_elsewhere(seen);
+                }
+            }
+            return;
+        }
+        _ => {}
     }
     let addressed = (env.kind == Kind::Address)
         .then(|| crate::xml::Addressed::from_unaddressed(env.xml.to_string()));
@@ -87,7 +126,7 @@ pub(crate) fn from_node(shared: &Shared, env: Envelope) {
                     ));
                 }
             }
-            (Kind::Kick | Kind::Join | Kind::Notify, _) => {}
+            (_, _) if env.kind != Kind::Deliver && env.kind != Kind::Address => {}
             (_, Ok(full)) => {
                 if let Some(s) = shared.sessions.get(&full) {
                     s.send_xml(bytes);
@@ -98,6 +137,77 @@ pub(crate) fn from_node(shared: &Shared, env: Envelope) {
             }
         }
     }
+}
+
+/// [`Kind::Reveal`]: another node showed the presence of sessions here (`env.to`) to the
+/// viewer in `env.xml`, from the directory. Under the subject's lock, as a probe answer
+/// here would be, the gate's audience (from its cache, as a broadcast reads it) is asked
+/// again: a viewer still admitted is recorded as shown, so a later block or privacy change
+/// withdraws it here; one no longer admitted (a change reconciled here before this record
+/// arrived), or one the session's full record cannot take, gets the unavailable at once.
+async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
+    let viewer = env.xml.as_str();
+    if Jid::new(viewer).is_err() {
+        tracing::warn!("cluster: reveal with a malformed viewer dropped");
+        return;
+    }
+    for to in &env.to {
+        let Some(s) = FullJid::new(to).ok().and_then(|f| shared.sessions.get(&f)) else {
+            continue;
+        };
+        let subject = s.jid.to_bare();
+        let _guard = shared.subject_locks.lock_subject(subject.as_str()).await;
+        if s.was_revealed(viewer) || !s.is_available() {
+            continue;
+        }
+        let admitted = !s.is_invisible()
+            && gate::roster_and_audience(shared, s.jid.as_str(), true)
+                .await
+                .1
+                .contains(viewer);
+        if admitted && s.reveal(viewer, crate::policy::privacy::Relation::Subscriber) {
+            continue;
+        }
+        tracing::info!(jid = %s.jid, viewer, admitted, "presence shown by another node withdrawn");
+        crate::node::send::presence_to(shared, viewer, unavailable(s.jid.as_str(), viewer));
+    }
+}
+
+/// [`Kind::Decide`]: a request or groupchat message for a full JID bound here, from the
+/// sender in its `from`, that the sending node could not admit from the directory. The
+/// sending node asked the recipient's block list; here the gate decides with the session
+/// itself ([`gate::may_reach`]: its directed presence, visibility, availability), and a
+/// refusal is the `service-unavailable` of a resource that does not exist (RFC 6121
+/// §8.5.3.2.1, RFC 6120 §10.5.4), as on one node.
+async fn decide_here(shared: &Shared, env: Envelope) {
+    let (Some(to), Some(el)) = (
+        env.to.first().and_then(|t| FullJid::new(t).ok()),
+        crate::xml::parse_element(&env.xml),
+    ) else {
+        tracing::warn!("cluster: malformed decide message dropped");
+        return;
+    };
+    let Some(sender) = el.get_attr("from").map(str::to_owned) else {
+        return;
+    };
+    let session = shared.sessions.get(&to);
+    if gate::may_reach(shared, &sender, to.as_str(), session.as_ref()).await {
+        if let Some(s) = session {
+            s.send(el);
+            return;
+        }
+    }
+    bounce(shared, &el, StanzaError::service_unavailable());
+}
+
+/// The sessions of local user `bare` on other nodes (empty without any).
+async fn elsewhere(shared: &Shared, bare: &BareJid) -> Vec<Holder> {
+    shared
+        .cluster
+        .holders(&[bare.as_str()])
+        .await
+        .remove(bare.as_str())
+        .unwrap_or_default()
 }
 
 /// XEP-0191 §3.3 on the recipient's side: whether local user `recipient` blocks `sender`.
@@ -160,49 +270,77 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
     let copies = carbons::eligible(&el) && gate::bare_of(sender) != gate::bare_of(to.as_str());
     carbons::strip_private(&mut el);
     let bare = match to.try_into_full() {
-        Ok(full) => match shared.sessions.get(&full) {
-            Some(s) if kind != "groupchat" => {
-                if copies {
-                    carbon_copies(shared, Direction::Received, &[s.id], &full.to_bare(), &el);
+        Ok(full) => {
+            let bare = full.to_bare();
+            let session = shared.sessions.get(&full);
+            // The user's sessions on other nodes: where the full JID may be bound, and
+            // who else takes a copy. Read once; nothing without another node.
+            let remote = if session.is_none() || (copies && kind != "groupchat") {
+                elsewhere(shared, &bare).await
+            } else {
+                Vec::new()
+            };
+            let there = remote.iter().find(|h| h.jid == full.as_str());
+            match session {
+                Some(s) if kind != "groupchat" => {
+                    if copies {
+                        carbon_copies(
+                            shared,
+                            Direction::Received,
+                            (&[s.id], &[]),
+                            &bare,
+                            &el,
+                            &remote,
+                        );
+                    }
+                    s.send(el);
+                    return Outcome::Delivered;
                 }
-                s.send(el);
-                return Outcome::Delivered;
-            }
-            session if kind == "groupchat" => {
-                // Decided the same way whether the resource is online or not (timing), and
-                // for a resource on another node with what the directory says.
-                let elsewhere = match &session {
-                    Some(_) => None,
-                    None => shared.cluster.holder_of(&full).await,
-                };
-                if let Some(h) = elsewhere {
-                    if gate::may_reach_holder(shared, sender, &h).await {
+                session if kind == "groupchat" => {
+                    // Decided the same way whether the resource is online or not (timing), and
+                    // for a resource on another node with what the directory says; what only
+                    // that node knows (directed presence) is decided there.
+                    if let Some(h) = there {
+                        let xml = Arc::new(el.to_xml());
+                        if gate::may_reach_holder(shared, sender, h).await {
+                            shared.cluster.send(h.node(), vec![h.jid.clone()], xml);
+                        } else {
+                            shared.cluster.decide_there(h.node(), h.jid.clone(), xml);
+                        }
+                        return Outcome::Delivered;
+                    } else if gate::may_reach(shared, sender, full.as_str(), session.as_ref()).await
+                    {
+                        if let Some(s) = session {
+                            s.send(el);
+                            return Outcome::Delivered;
+                        }
+                    }
+                    bounce(shared, &el, StanzaError::service_unavailable());
+                    return Outcome::Bounced;
+                }
+                _ => match there {
+                    // Bound on another node.
+                    Some(h) => {
+                        if copies {
+                            carbon_copies(
+                                shared,
+                                Direction::Received,
+                                (&[], &[h.jid.as_str()]),
+                                &bare,
+                                &el,
+                                &remote,
+                            );
+                        }
                         shared
                             .cluster
                             .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
                         return Outcome::Delivered;
                     }
-                } else if gate::may_reach(shared, sender, full.as_str(), session.as_ref()).await {
-                    if let Some(s) = session {
-                        s.send(el);
-                        return Outcome::Delivered;
-                    }
-                }
-                bounce(shared, &el, StanzaError::service_unavailable());
-                return Outcome::Bounced;
+                    // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
+                    None => bare,
+                },
             }
-            _ => match shared.cluster.holder_of(&full).await {
-                // Bound on another node.
-                Some(h) => {
-                    shared
-                        .cluster
-                        .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
-                    return Outcome::Delivered;
-                }
-                // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
-                None => full.to_bare(),
-            },
-        },
+        }
         Err(bare) => bare,
     };
     if kind == "groupchat" {
@@ -225,10 +363,18 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
         return store_offline(shared, sender, &bare, el).await;
     }
     let original = copies.then(|| el.clone());
-    let reached = message_to_bare_everywhere(shared, &sessions, &remote, el, &kind);
-    // XEP-0280 copies go to this node's other resources that enabled carbons.
-    if let Some(original) = original.filter(|_| !reached.is_empty()) {
-        carbon_copies(shared, Direction::Received, &reached, &bare, &original);
+    let (here, there) = message_to_bare_everywhere(&shared.cluster, &sessions, &remote, el, &kind);
+    // XEP-0280 copies go to the user's other resources that enabled carbons, on any node.
+    if let Some(original) = original.filter(|_| !here.is_empty() || !there.is_empty()) {
+        let there: Vec<&str> = there.iter().map(String::as_str).collect();
+        carbon_copies(
+            shared,
+            Direction::Received,
+            (&here, &there),
+            &bare,
+            &original,
+            &remote,
+        );
     }
     Outcome::Delivered
 }
@@ -238,41 +384,58 @@ async fn resources_everywhere(
     shared: &Shared,
     bare: &BareJid,
 ) -> (Vec<SessionHandle>, Vec<crate::cluster::Holder>) {
-    let sessions = shared.sessions.of_user(bare);
-    let remote = shared
-        .cluster
-        .holders(&[bare.as_str()])
-        .await
-        .remove(bare.as_str())
-        .unwrap_or_default();
-    (sessions, remote)
+    (shared.sessions.of_user(bare), elsewhere(shared, bare).await)
 }
 
 /// XEP-0280: a copy of `msg` (wrapped as `direction` says) for each carbons-enabled
-/// resource of local user `user` other than the sessions in `skip`, which had the
-/// original. The caller decided that `msg` is [`carbons::eligible`].
+/// resource of local user `user` other than those in `skip` (this node's sessions, and full
+/// JIDs on other nodes), which had the original: this node's sessions, and `remote`, the
+/// user's sessions on other nodes, whose directory entries say whether they enabled
+/// carbons. The caller decided that `msg` is [`carbons::eligible`].
 fn carbon_copies(
     shared: &Shared,
     direction: Direction,
-    skip: &[u64],
+    skip: (&[u64], &[&str]),
     user: &BareJid,
     msg: &Element,
+    remote: &[Holder],
 ) {
     shared.sessions.for_each_of(user.as_str(), |s| {
-        if !skip.contains(&s.id) && carbons::enabled(s) {
+        if !skip.0.contains(&s.id) && carbons::enabled(s) {
             s.send(carbons::wrap(direction, msg, user.as_str(), s.jid.as_str()));
         }
     });
+    for h in remote {
+        if h.entry.carbons && !skip.1.contains(&h.jid.as_str()) {
+            let copy = carbons::wrap(direction, msg, user.as_str(), &h.jid);
+            shared
+                .cluster
+                .send(h.node(), vec![h.jid.clone()], Arc::new(copy.to_xml()));
+        }
+    }
 }
 
 /// XEP-0280 §7: the copies of a message that session `from` (of local user `user`) sent
-/// to `to`, for the user's other carbons-enabled resources. The caller routes the
-/// original; messages to the user's own account are not copied.
-pub(crate) fn sent_copies(shared: &Shared, from: &SessionHandle, to: Option<&str>, msg: &Element) {
+/// to `to`, for the user's other carbons-enabled resources on every node. The caller
+/// routes the original; messages to the user's own account are not copied.
+pub(crate) async fn sent_copies(
+    shared: &Shared,
+    from: &SessionHandle,
+    to: Option<&str>,
+    msg: &Element,
+) {
     let user = from.jid.to_bare();
     let to_self = to.is_none_or(|t| gate::bare_of(t) == user.as_str());
     if !to_self && carbons::eligible(msg) {
-        carbon_copies(shared, Direction::Sent, &[from.id], &user, msg);
+        let remote = elsewhere(shared, &user).await;
+        carbon_copies(
+            shared,
+            Direction::Sent,
+            (&[from.id], &[]),
+            &user,
+            msg,
+            &remote,
+        );
     }
 }
 
@@ -362,7 +525,7 @@ pub(crate) async fn unacked(shared: &Shared, owner: &BareJid, el: Element) -> Ou
             let kind = ty.to_owned();
             let (sessions, remote) = resources_everywhere(shared, owner).await;
             if targets_everywhere(&sessions, &remote, &kind).is_some() {
-                message_to_bare_everywhere(shared, &sessions, &remote, el, &kind);
+                message_to_bare_everywhere(&shared.cluster, &sessions, &remote, el, &kind);
                 return Outcome::Delivered;
             }
             store_offline(shared, &sender, owner, el).await
@@ -390,15 +553,17 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
     let session = shared.sessions.get(to);
     if session.is_none() {
         if let Some(h) = shared.cluster.holder_of(to).await {
-            // Bound on another node: the same rules, with what the directory says.
+            // Bound on another node: the same rules, with what the directory says; a
+            // request it does not admit may still reach a resource that revealed itself to
+            // the sender by directed presence, which only that node knows: it decides.
+            let xml = Arc::new(el.to_xml());
             if !is_request || own || gate::may_reach_holder(shared, sender, &h).await {
-                shared
-                    .cluster
-                    .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
-                return Outcome::Delivered;
+                shared.cluster.send(h.node(), vec![h.jid.clone()], xml);
+            } else {
+                shared.cluster.decide_there(h.node(), h.jid.clone(), xml);
             }
-            bounce(shared, &el, StanzaError::service_unavailable());
-            return Outcome::Bounced;
+            // Handed to the node holding the resource (which answers a refusal).
+            return Outcome::Delivered;
         }
     }
     match session {
@@ -445,9 +610,10 @@ pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
             }
         }
     }
-    shared.sessions.for_each_of(bare.as_str(), |s| {
-        if s.is_available() {
-            s.send(unavailable(jid.as_str(), s.jid.as_str()));
-        }
-    });
+    // The user's own available resources, on this node and the others (RFC 6121 §4.5.2).
+    to_available(
+        shared,
+        bare.as_str(),
+        &unavailable(jid.as_str(), bare.as_str()),
+    );
 }

@@ -162,7 +162,8 @@ async fn message(session: &mut Session, el: Element, target: Target) {
     };
     if !matches!(target, Target::LocalDomain) {
         // XEP-0280 §7: the user's other resources see what this one sent.
-        crate::delivery::sent_copies(&session.shared, &session.handle, el.get_attr("to"), &el);
+        crate::delivery::sent_copies(&session.shared, &session.handle, el.get_attr("to"), &el)
+            .await;
     }
     let to = match target {
         Target::Remote(_) => return remote(session, el),
@@ -281,7 +282,10 @@ async fn own_account_iq(session: &mut Session, el: Element) {
     } else if payload.ns == crate::privacy_iq::NS_PRIVACY {
         Some(crate::privacy_iq::handle(session, &el, &payload).await)
     } else if payload.ns == crate::carbons::NS_CARBONS {
-        Some(crate::carbons::handle_iq(&session.handle, &el, &payload))
+        let reply = crate::carbons::handle_iq(&session.handle, &el, &payload);
+        // Other nodes send this resource its copies when the directory says so.
+        crate::presence::to_directory(&session.shared, &session.handle);
+        Some(reply)
     } else if payload.ns == crate::interest::NS_INTEREST {
         let limits = &session.shared.live.get().limits;
         Some(crate::interest::handle_iq(

@@ -86,6 +86,13 @@ on_both!(
     a_node_restarted_under_the_same_id_produces_no_false_offline,
     resources_bound_on_other_nodes_count_against_the_per_account_limit,
     a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_not_announced,
+    with_the_directory_copy_a_presence_change_reads_no_directory_row,
+    presence_shown_from_the_directory_is_withdrawn_by_a_later_block_or_setting,
+    a_resource_revealed_by_directed_presence_takes_iq_from_another_node,
+    carbon_copies_reach_the_users_resources_on_other_nodes,
+    offline_storage_only_when_no_node_has_an_available_resource,
+    presence_for_an_inactive_client_is_held_on_its_node_and_interest_passes,
+    a_dead_nodes_unavailable_reaches_the_users_own_resources_on_every_node,
 );
 
 /// Two nodes of one cluster: same domain, database and Redis prefix, distinct node ids.
@@ -106,6 +113,22 @@ async fn two_nodes(redis: Redis, tweak: fn(&mut Config)) -> (TestServer, TestSer
     })
     .await;
     see_each_other(&[&n1, &n2]).await;
+    (n1, n2)
+}
+
+/// [`two_nodes`] with `users` created and the `mutual` pairs subscribed both ways.
+async fn two_nodes_with(
+    redis: Redis,
+    users: &[&str],
+    mutual: &[(&str, &str)],
+) -> (TestServer, TestServer) {
+    let (n1, n2) = two_nodes(redis, |_| {}).await;
+    for u in users {
+        n1.user(u).await;
+    }
+    for (a, b) in mutual {
+        n1.make_mutual(a, b).await;
+    }
     (n1, n2)
 }
 
@@ -149,6 +172,44 @@ fn message(to: &str, body: &str) -> Element {
         .attr("to", to)
         .attr("type", "chat")
         .child(Element::new("body", NS_CLIENT).text(body))
+}
+
+/// A jabber:iq:version request from `asker` to `to` gets what an offline resource gives.
+async fn answered_as_offline(asker: &mut Client, to: &str) {
+    let r = asker
+        .iq("get", Some(to), Element::new("query", "jabber:iq:version"))
+        .await;
+    assert_eq!(stanza_error(&r), "service-unavailable", "{r}");
+}
+
+/// A jabber:iq:version request from `asker` reaches `answerer` (from the asker's full JID)
+/// and the answerer's result comes back.
+async fn version_round_trip(
+    asker: &mut Client,
+    asker_full: &str,
+    answerer: &mut Client,
+    answerer_full: &str,
+    id: &str,
+) {
+    let iq = Element::new("iq", NS_CLIENT)
+        .attr("type", "get")
+        .attr("id", id)
+        .attr("to", answerer_full)
+        .child(Element::new("query", "jabber:iq:version"));
+    asker.send(&iq).await;
+    let req = answerer
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some(id))
+        .await;
+    assert_eq!(req.get_attr("from"), Some(asker_full));
+    let answer = Element::new("iq", NS_CLIENT)
+        .attr("type", "result")
+        .attr("id", id)
+        .attr("to", asker_full);
+    answerer.send(&answer).await;
+    let got = asker
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some(id))
+        .await;
+    assert_eq!(got.get_attr("type"), Some("result"), "{got}");
 }
 
 async fn subscription_presence_probes_messages_and_iq_cross_nodes(redis: Redis) {
@@ -204,24 +265,7 @@ async fn subscription_presence_probes_messages_and_iq_cross_nodes(redis: Redis) 
     assert_eq!(m.get_attr("from"), Some(alice_full.as_str()));
     alice.send(&message(&bob_full, "to full")).await;
     bob.expect(|e| has_body(e, "to full")).await;
-    let iq = Element::new("iq", NS_CLIENT)
-        .attr("type", "get")
-        .attr("id", "v1")
-        .attr("to", bob_full.clone())
-        .child(Element::new("query", "jabber:iq:version"));
-    alice.send(&iq).await;
-    let req = bob
-        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("v1"))
-        .await;
-    assert_eq!(req.get_attr("from"), Some(alice_full.as_str()));
-    let answer = Element::new("iq", NS_CLIENT)
-        .attr("type", "result")
-        .attr("id", "v1")
-        .attr("to", alice_full.clone());
-    bob.send(&answer).await;
-    alice
-        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("v1"))
-        .await;
+    version_round_trip(&mut alice, &alice_full, &mut bob, &bob_full, "v1").await;
 
     // Unavailable on logout reaches the other node; the probe of a new login is answered
     // with the presence of a resource on the other node.
@@ -264,12 +308,12 @@ async fn subscription_presence_probes_messages_and_iq_cross_nodes(redis: Redis) 
 }
 
 async fn blocks_and_invisibility_hold_across_nodes(redis: Redis) {
-    let (n1, n2) = two_nodes(redis, |_| {}).await;
-    for u in ["alice", "bob", "carol"] {
-        n1.user(u).await;
-    }
-    n1.make_mutual("alice", "bob").await;
-    n1.make_mutual("alice", "carol").await;
+    let (n1, n2) = two_nodes_with(
+        redis,
+        &["alice", "bob", "carol"],
+        &[("alice", "bob"), ("alice", "carol")],
+    )
+    .await;
     let (alice_bare, bob_bare, carol_bare) = (n1.jid("alice"), n1.jid("bob"), n1.jid("carol"));
     let mut alice = online(&n1, "alice", "a").await;
     let mut bob = online(&n2, "bob", "b").await;
@@ -413,8 +457,6 @@ async fn a_reconnect_within_grace_on_the_other_node_announces_nothing(redis: Red
     n2.stop().await;
 }
 
-/// `INFO commandstats`: calls per command.
-/// `INFO commandstats` calls per command: of the node's Redis, or summed over the masters
 /// of its Redis Cluster (replicas count what they replay; masters count each call once).
 async fn commandstats(node: &TestServer) -> std::collections::HashMap<String, u64> {
     let mut out = std::collections::HashMap::new();
@@ -479,29 +521,45 @@ async fn cluster_masters(seed: &str) -> Vec<String> {
         .collect()
 }
 
-async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients(redis: Redis) {
-    // The viewers do not answer pings while the next ones are set up: T long enough for
-    // all ten on a loaded machine.
-    let (n1, n2) = two_nodes(redis, |c| c.liveness.ttl = Duration::from_secs(6)).await;
+/// T of 10 s: eleven logins on a loaded machine take longer than the fast T, and the
+/// viewers do not answer pings while they wait.
+fn long_ttl(c: &mut Config) {
+    c.liveness.ttl = Duration::from_secs(10);
+}
+
+/// Ten viewers on node 2 mutual with alice, online; alice online on node 1 after them,
+/// with every probe answer in.
+async fn alice_and_ten_viewers(n1: &TestServer, n2: &TestServer) -> (Client, Vec<Client>) {
     n1.user("alice").await;
     let mut viewers = Vec::new();
     for i in 0..10 {
         let name = format!("v{i}");
         n1.user(&name).await;
         n1.make_mutual("alice", &name).await;
-        viewers.push(online(&n2, &name, "r").await);
+        viewers.push(online(n2, &name, "r").await);
     }
-    let mut alice = online(&n1, "alice", "a").await;
+    let mut alice = online(n1, "alice", "a").await;
     let alice_full = format!("{}/a", n1.jid("alice"));
     for v in &mut viewers {
         v.expect(|e| is_presence(e, &alice_full, None)).await;
     }
-    // The login's probes are answered from the directory (ten reads) before this counts.
     for i in 0..10 {
         let from = format!("{}/r", n1.jid(&format!("v{i}")));
         alice.expect(|e| is_presence(e, &from, None)).await;
     }
-    let before = commandstats(&n1).await;
+    (alice, viewers)
+}
+
+/// Alice's presence change with `show`, seen by every viewer; returns the Redis commands
+/// run meanwhile (all clients of this Redis) and node 1's publishes and directory reads.
+async fn one_change(
+    n1: &TestServer,
+    alice: &mut Client,
+    viewers: &mut [Client],
+    show: &str,
+) -> (Vec<(String, u64)>, u64, u64) {
+    let alice_full = format!("{}/a", n1.jid("alice"));
+    let before = commandstats(n1).await;
     let c = n1.shared().cluster.counters();
     let (pub0, look0) = (
         c.published.load(Ordering::Relaxed),
@@ -509,30 +567,82 @@ async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients(r
     );
     alice
         .send(&el(&format!(
-            "<presence xmlns='{NS_CLIENT}'><show>away</show></presence>"
+            "<presence xmlns='{NS_CLIENT}'><show>{show}</show></presence>"
         )))
         .await;
-    for v in &mut viewers {
-        v.expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains("away"))
+    for v in viewers.iter_mut() {
+        v.expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains(show))
             .await;
     }
-    let after = commandstats(&n1).await;
-    // Every command Redis ran meanwhile, from both nodes and anything else on this Redis
-    // (run with a private REDIS_URL for a clean figure; periodic heartbeats may add one).
+    let after = commandstats(n1).await;
     let mut delta: Vec<(String, u64)> = after
         .iter()
         .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
         .filter(|(_, d)| *d > 0)
         .collect();
     delta.sort();
-    println!("cluster: Redis commands during the change: {delta:?}");
-    let published = c.published.load(Ordering::Relaxed) - pub0;
-    let lookups = c.lookups.load(Ordering::Relaxed) - look0;
-    println!("cluster: presence change to 10 recipients on one other node: {published} PUBLISH, {lookups} directory reads");
-    assert_eq!(
-        published, 1,
-        "one message for the one node holding recipients"
+    (
+        delta,
+        c.published.load(Ordering::Relaxed) - pub0,
+        c.lookups.load(Ordering::Relaxed) - look0,
+    )
+}
+
+async fn with_the_directory_copy_a_presence_change_reads_no_directory_row(redis: Redis) {
+    let (n1, n2) = two_nodes(redis, long_ttl).await;
+    let (mut alice, mut viewers) = alice_and_ten_viewers(&n1, &n2).await;
+    // The first change may read what the login did not (alice's own rows).
+    one_change(&n1, &mut alice, &mut viewers, "away").await;
+    let (delta, published, lookups) = one_change(&n1, &mut alice, &mut viewers, "xa").await;
+    println!("cluster (directory copy on): Redis commands during the change: {delta:?}");
+    println!("cluster (directory copy on): {published} PUBLISH, {lookups} directory reads");
+    assert_eq!(lookups, 0, "every row came from the copy");
+    // The stanza to the node holding the recipients, and the invalidation of alice's rows
+    // for the one other node.
+    assert_eq!(published, 2);
+    // A contact offline so far (node 1 keeps a copy of its empty rows) logs in on node 2:
+    // its binding there invalidates that copy, and alice's next change reaches it.
+    n1.user("late").await;
+    n1.make_mutual("alice", "late").await;
+    one_change(&n1, &mut alice, &mut viewers, "chat").await;
+    let mut late = online(&n2, "late", "r").await;
+    let alice_full = format!("{}/a", n1.jid("alice"));
+    late.expect(|e| is_presence(e, &alice_full, None)).await;
+    // Node 2 sent its invalidation before late's presence, on the same channel: once alice
+    // has the presence, node 1 has dropped its copy.
+    let late_full = format!("{}/r", n1.jid("late"));
+    alice.expect(|e| is_presence(e, &late_full, None)).await;
+    let (_, _, lookups) = one_change(&n1, &mut alice, &mut viewers, "dnd").await;
+    late.expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains("dnd"))
+        .await;
+    assert_eq!(lookups, 1, "only the invalidated row is read again");
+    let cache = n1.shared().cluster.cache();
+    println!(
+        "cluster (directory copy on): node 1 copy hits {} misses {}",
+        cache.hits.load(Ordering::Relaxed),
+        cache.misses.load(Ordering::Relaxed)
     );
+    n1.stop().await;
+    n2.stop().await;
+}
+
+async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients(redis: Redis) {
+    // Without the directory copy: what every change costs when nothing is kept.
+    let (n1, n2) = two_nodes(redis, |c| {
+        long_ttl(c);
+        c.cluster.directory_cache_entries = 0;
+    })
+    .await;
+    // The login's probes are answered from the directory (ten reads) before this counts.
+    let (mut alice, mut viewers) = alice_and_ten_viewers(&n1, &n2).await;
+    let (delta, published, lookups) = one_change(&n1, &mut alice, &mut viewers, "away").await;
+    // Every command Redis ran meanwhile, from both nodes and anything else on this Redis
+    // (run with a private REDIS_URL for a clean figure; periodic heartbeats may add one).
+    println!("cluster: Redis commands during the change: {delta:?}");
+    println!("cluster: presence change to 10 recipients on one other node: {published} PUBLISH, {lookups} directory reads");
+    // One message for the one node holding recipients, and the invalidation of alice's
+    // rows for that node's copy (sent whether or not the copies are on).
+    assert_eq!(published, 2);
     // The ten contacts and the user's own bare JID, read in one pipeline.
     assert_eq!(lookups, 11);
     n1.stop().await;
@@ -948,6 +1058,288 @@ async fn resources_bound_on_other_nodes_count_against_the_per_account_limit(redi
     );
     n1.stop().await;
     n2.stop().await;
+}
+
+/// An iq set of `payload` to the client's own account, answered with a result.
+async fn set_ok(c: &mut Client, payload: &str) {
+    let r = c.iq("set", None, el(payload)).await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+}
+
+/// XEP-0280 `<enable/>` for the client's own resource.
+async fn enable_carbons(c: &mut Client) {
+    set_ok(c, "<enable xmlns='urn:xmpp:carbons:2'/>").await;
+}
+
+/// Waits (bounded) until `node` reads `jid`'s directory entry with carbons `on` or off.
+async fn carbons_in_directory(node: &TestServer, jid: &str, on: bool) {
+    let full = presenced::jid::FullJid::new(jid).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while node
+        .shared()
+        .cluster
+        .holder_of(&full)
+        .await
+        .is_none_or(|h| h.entry.carbons != on)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{jid}: carbons {on} not in the directory"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An iq round trip to the client's own server: everything it sent before was handled.
+async fn ping(c: &mut Client) {
+    let r = c
+        .iq("get", None, Element::new("ping", "urn:xmpp:ping"))
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+}
+
+/// Asserts that nothing `c` received and left unread matches `pred` (after a barrier).
+fn nothing_kept(c: &Client, pred: impl Fn(&Element) -> bool) {
+    let hits: Vec<String> = c
+        .backlog
+        .iter()
+        .filter(|e| pred(e))
+        .map(|e| e.to_xml())
+        .collect();
+    assert!(hits.is_empty(), "{}: {hits:?}", c.jid);
+}
+
+fn is_carbon(e: &Element, direction: &str, body: &str) -> bool {
+    e.name == "message"
+        && e.get_child(direction, "urn:xmpp:carbons:2").is_some()
+        && e.to_xml().contains(body)
+}
+
+async fn presence_shown_from_the_directory_is_withdrawn_by_a_later_block_or_setting(redis: Redis) {
+    let (n1, n2) = two_nodes_with(
+        redis,
+        &["alice", "bob", "carol"],
+        &[("alice", "bob"), ("alice", "carol")],
+    )
+    .await;
+    let alice_full = format!("{}/a", n1.jid("alice"));
+    let mut alice = online(&n1, "alice", "a").await;
+    in_directory(&n2, &alice_full, true).await;
+    // Bob and carol log in on node 2 after alice: her presence reaches them only as the
+    // answer to their probes, which node 2 gives from the directory.
+    let mut bob = online(&n2, "bob", "b").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    let mut carol = online(&n2, "carol", "c").await;
+    carol.expect(|e| is_presence(e, &alice_full, None)).await;
+
+    // XEP-0191 §3.3: blocking bob on node 1 withdraws what node 2 showed him.
+    set_ok(
+        &mut alice,
+        &format!(
+            "<block xmlns='{NS_BLOCKING}'><item jid='{}'/></block>",
+            n1.jid("bob")
+        ),
+    )
+    .await;
+    bob.expect(|e| is_presence(e, &alice_full, Some("unavailable")))
+        .await;
+
+    // The privacy setting `nobody` withdraws it from carol too.
+    set_ok(
+        &mut alice,
+        "<privacy xmlns='urn:presenced:privacy:0'><online mode='nobody'/></privacy>",
+    )
+    .await;
+    carol
+        .expect(|e| is_presence(e, &alice_full, Some("unavailable")))
+        .await;
+    n1.stop().await;
+    n2.stop().await;
+}
+
+async fn a_resource_revealed_by_directed_presence_takes_iq_from_another_node(redis: Redis) {
+    let (n1, n2) = two_nodes_with(redis, &["alice", "carol", "dave"], &[]).await;
+    // Strangers: no subscription anywhere.
+    let alice_full = format!("{}/a", n1.jid("alice"));
+    let carol_full = format!("{}/c", n1.jid("carol"));
+    let mut alice = online(&n1, "alice", "a").await;
+    let mut carol = online(&n2, "carol", "c").await;
+    let mut dave = online(&n2, "dave", "d").await;
+    in_directory(&n2, &alice_full, true).await;
+    in_directory(&n1, &carol_full, true).await;
+    // RFC 6121 §4.6: alice shows herself to carol alone.
+    alice.presence(None, Some(&carol_full)).await;
+    carol.expect(|e| is_presence(e, &alice_full, None)).await;
+
+    // Control: dave, to whom alice revealed nothing, gets what an offline resource gives.
+    answered_as_offline(&mut dave, &alice_full).await;
+    // Carol's request reaches alice on the other node, and the answer comes back.
+    version_round_trip(&mut carol, &carol_full, &mut alice, &alice_full, "dp1").await;
+    // Once the directed presence ended, carol is a stranger again.
+    alice.presence(Some("unavailable"), Some(&carol_full)).await;
+    carol
+        .expect(|e| is_presence(e, &alice_full, Some("unavailable")))
+        .await;
+    answered_as_offline(&mut carol, &alice_full).await;
+    alice
+        .expect_none(
+            |e| e.name == "iq" && e.get_child("query", "jabber:iq:version").is_some(),
+            Duration::from_millis(300),
+        )
+        .await;
+    n1.stop().await;
+    n2.stop().await;
+}
+
+async fn carbon_copies_reach_the_users_resources_on_other_nodes(redis: Redis) {
+    let (n1, n2) = two_nodes_with(redis, &["alice", "bob"], &[("alice", "bob")]).await;
+    let (alice_bare, bob_bare) = (n1.jid("alice"), n1.jid("bob"));
+    let mut a1 = online(&n1, "alice", "one").await;
+    let mut a2 = online(&n2, "alice", "two").await;
+    enable_carbons(&mut a1).await;
+    enable_carbons(&mut a2).await;
+    carbons_in_directory(&n1, &format!("{alice_bare}/two"), true).await;
+    carbons_in_directory(&n2, &format!("{alice_bare}/one"), true).await;
+    let mut bob = online(&n1, "bob", "b").await;
+
+    // XEP-0280 §6: a message to alice/one (node 1) is copied to alice/two (node 2).
+    bob.send(&message(&format!("{alice_bare}/one"), "to one"))
+        .await;
+    a1.expect(|e| has_body(e, "to one")).await;
+    a2.expect(|e| is_carbon(e, "received", "to one")).await;
+    // ... and one to alice/two, sent from node 1, is copied to alice/one there.
+    bob.send(&message(&format!("{alice_bare}/two"), "to two"))
+        .await;
+    a2.expect(|e| has_body(e, "to two")).await;
+    a1.expect(|e| is_carbon(e, "received", "to two")).await;
+    // §7: what alice/two sends on node 2 is copied to alice/one on node 1.
+    a2.send(&message(&bob_bare, "from two")).await;
+    bob.expect(|e| has_body(e, "from two")).await;
+    a1.expect(|e| is_carbon(e, "sent", "from two")).await;
+    // A resource that disabled carbons gets no copy (after a positive control).
+    set_ok(&mut a2, "<disable xmlns='urn:xmpp:carbons:2'/>").await;
+    carbons_in_directory(&n1, &format!("{alice_bare}/two"), false).await;
+    bob.send(&message(&format!("{alice_bare}/one"), "after disable"))
+        .await;
+    a1.expect(|e| has_body(e, "after disable")).await;
+    // Node 1's messages to node 2 arrive in order: a copy would come before this one.
+    bob.send(&message(&format!("{alice_bare}/two"), "barrier"))
+        .await;
+    a2.expect(|e| has_body(e, "barrier")).await;
+    nothing_kept(&a2, |e| e.to_xml().contains("after disable"));
+    n1.stop().await;
+    n2.stop().await;
+}
+
+async fn offline_storage_only_when_no_node_has_an_available_resource(redis: Redis) {
+    let (n1, n2) = two_nodes_with(redis, &["alice", "bob"], &[]).await;
+    let bob_bare = n1.jid("bob");
+    let mut alice = online(&n1, "alice", "a").await;
+    // Bob is bound on node 2 but not available: the message is kept (XEP-0160).
+    let mut bob_bound = n2.login("bob", "bound").await;
+    in_directory(&n1, &format!("{bob_bare}/bound"), false).await;
+    alice.send(&message(&bob_bare, "kept")).await;
+    // The session handles its stanzas in order: once this answer is back, "kept" was.
+    ping(&mut alice).await;
+    // Bob available on node 2: the next message reaches him and is not kept.
+    bob_bound.presence(None, None).await;
+    let kept = bob_bound.expect(|e| has_body(e, "kept")).await;
+    assert!(kept.to_xml().contains("urn:xmpp:delay"), "{kept}");
+    in_directory(&n1, &format!("{bob_bare}/bound"), true).await;
+    alice.send(&message(&bob_bare, "live")).await;
+    let live = bob_bound.expect(|e| has_body(e, "live")).await;
+    assert!(!live.to_xml().contains("urn:xmpp:delay"), "{live}");
+    // A new resource on node 1 finds nothing kept: a later message is its barrier.
+    let mut bob_new = online(&n1, "bob", "new").await;
+    alice
+        .send(&message(&format!("{bob_bare}/new"), "barrier"))
+        .await;
+    bob_new.expect(|e| has_body(e, "barrier")).await;
+    nothing_kept(&bob_new, |e| has_body(e, "live") || has_body(e, "kept"));
+    n1.stop().await;
+    n2.stop().await;
+}
+
+async fn presence_for_an_inactive_client_is_held_on_its_node_and_interest_passes(redis: Redis) {
+    let (n1, n2) = two_nodes_with(
+        redis,
+        &["alice", "bob", "carol"],
+        &[("alice", "bob"), ("carol", "bob")],
+    )
+    .await;
+    let (alice_full, carol_full) = (
+        format!("{}/a", n1.jid("alice")),
+        format!("{}/c", n1.jid("carol")),
+    );
+    let mut bob = online(&n2, "bob", "b").await;
+    let mut alice = online(&n1, "alice", "a").await;
+    let mut carol = online(&n1, "carol", "c").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    bob.expect(|e| is_presence(e, &carol_full, None)).await;
+    // Bob names carol as interesting, then goes inactive (XEP-0352).
+    set_ok(
+        &mut bob,
+        &format!(
+            "<interest xmlns='urn:presenced:interest:0'><item jid='{}'/></interest>",
+            n1.jid("carol")
+        ),
+    )
+    .await;
+    bob.send_raw("<inactive xmlns='urn:xmpp:csi:0'/>").await;
+    ping(&mut bob).await;
+    // Alice's change (node 1) is held on node 2; carol's passes at once and is the barrier
+    // (node 1 sends node 2 both in the order they were made).
+    alice
+        .send(&el(&format!(
+            "<presence xmlns='{NS_CLIENT}'><status>held</status></presence>"
+        )))
+        .await;
+    ping(&mut alice).await;
+    carol
+        .send(&el(&format!(
+            "<presence xmlns='{NS_CLIENT}'><status>interesting</status></presence>"
+        )))
+        .await;
+    bob.expect(|e| is_presence(e, &carol_full, None) && e.to_xml().contains("interesting"))
+        .await;
+    nothing_kept(&bob, |e| e.to_xml().contains("held"));
+    // Active again: what was held is written.
+    bob.send_raw("<active xmlns='urn:xmpp:csi:0'/>").await;
+    bob.expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains("held"))
+        .await;
+    n1.stop().await;
+    n2.stop().await;
+}
+
+async fn a_dead_nodes_unavailable_reaches_the_users_own_resources_on_every_node(redis: Redis) {
+    // Node 1 does not sweep: node 3 finds node 2's dead resource and announces it.
+    let n1 = node_one(redis, |c| c.liveness.sweeper = false).await;
+    n1.user("alice").await;
+    let node_id = format!("n2-{}", unique());
+    let mut n2 = child_node(&n1, &node_id, free_port()).await;
+    let n3 = TestServer::start_with_domain(&n1.domain, |c| {
+        fast_liveness(c);
+        redis.apply(c);
+        c.cluster.node_id = Some(format!("n3-{}", unique()));
+    })
+    .await;
+    see_each_other(&[&n1, &n3]).await;
+    let phone_full = format!("{}/phone", n1.jid("alice"));
+    let mut pc = online(&n1, "alice", "pc").await;
+    let phone = online(&n2.server, "alice", "phone").await;
+    pc.expect(|e| is_presence(e, &phone_full, None)).await;
+    n2.child.kill().await.expect("SIGKILL node 2");
+    drop(phone);
+    let l = &n1.config.liveness;
+    // RFC 6121 §4.5.2: the user's other resource hears of it, on whichever node it is.
+    let bound = l.ttl + l.sweep_interval + Duration::from_secs(3);
+    let got = pc
+        .watch(&|e| is_presence(e, &phone_full, Some("unavailable")), bound)
+        .await
+        .expect("alice/pc on node 1 told of alice/phone's death by node 3");
+    assert_eq!(got.get_attr("from"), Some(phone_full.as_str()));
+    n3.stop().await;
+    n1.stop().await;
 }
 
 /// `(master, replica)` as `host:port` for `slot`, from CLUSTER NODES on `seed`.

@@ -232,6 +232,21 @@ PRESENCED_TEST_STORE=sqlite REDIS_URL= cargo test --no-fail-fast --test pep -- -
 python3 -m pip install --quiet --disable-pip-version-check -r conformance/requirements.txt
 python3 conformance/test_run.py
 bash conformance/presenced.sh
+# Once more with the server under test a cluster: two nodes on the same PostgreSQL and
+# Redis, each scenario's users and resources spread over them.
+CLUSTER_CONF_DIR="$(mktemp -d /tmp/cluster-conformance.XXXXXX)"
+NODES=2 RUN_DIR="${CLUSTER_CONF_DIR}/run" bash conformance/presenced.sh
+rm -rf "${CLUSTER_CONF_DIR}"
+# Federation with a real Prosody across a cluster of two nodes: the peer's streams land on
+# one node, the user is on the other, then on the first. federation.sh installs Prosody
+# (apt) when it runs as root; without it and without root this one check is skipped.
+if command -v prosody >/dev/null 2>&1 || [ "$(id -u)" = 0 ]; then
+  FEDERATION_DIR="$(mktemp -d /tmp/cluster-federation.XXXXXX)"
+  CLUSTER=1 WORK="$FEDERATION_DIR" bash tests/interop/federation.sh prosody
+  rm -rf "$FEDERATION_DIR"
+else
+  echo "SKIP federation with Prosody across a cluster: prosody is not installed and this is not root"
+fi
 # And in the embedded mode, as the example configuration runs: SQLite, no Redis.
 SQLITE_CONF_DIR="$(mktemp -d /tmp/sqlite-conformance.XXXXXX)"
 REDIS_URL= DATABASE_URL="sqlite://${SQLITE_CONF_DIR}/conformance.db" RUN_DIR="${SQLITE_CONF_DIR}/run" \

@@ -1107,3 +1107,114 @@ async fn revoking_a_remote_subscriber_does_not_reveal_an_invisible_resource() {
     p.a.stop().await;
     p.b.stop().await;
 }
+
+/// Federation with a cluster: domain A is served by two nodes (on 127.0.0.2 and
+/// 127.0.0.4, one database, one Redis prefix, one dialback secret); the remote server B
+/// (127.0.0.3) knows only node 1's address, so every stream B opens lands there, while
+/// node 2 opens its own streams to B. A user on node 2 and a federated contact on B see
+/// each other's presence, probe answers and messages whichever node holds the link.
+#[tokio::test]
+async fn a_federated_contact_reaches_and_sees_a_user_on_either_node_of_a_cluster() {
+    let a_domain = format!("a{}.example", unique());
+    let b_domain = format!("b{}.example", unique());
+    let (a1_port, a2_port, b_port) = (
+        free_port("127.0.0.2"),
+        free_port("127.0.0.4"),
+        free_port("127.0.0.3"),
+    );
+    let b_addr = format!("127.0.0.3:{b_port}");
+    let node = |ip: &'static str, port: u16, id: &'static str| {
+        let (b_domain, b_addr) = (b_domain.clone(), b_addr.clone());
+        move |c: &mut presenced::config::Config| {
+            s2s_config(c, ip, port, SECRET_A, &b_domain, b_addr);
+            c.cluster.node_id = Some(format!("{id}-{}", unique()));
+        }
+    };
+    let n1 = TestServer::start_with_domain(&a_domain, node("127.0.0.2", a1_port, "n1")).await;
+    let n2 = TestServer::start_with_domain(&a_domain, node("127.0.0.4", a2_port, "n2")).await;
+    let b = TestServer::start_with_domain(&b_domain, |c| {
+        s2s_config(
+            c,
+            "127.0.0.3",
+            b_port,
+            SECRET_B,
+            &a_domain,
+            format!("127.0.0.2:{a1_port}"),
+        )
+    })
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while n1.shared().cluster.peers().is_empty() || n2.shared().cluster.peers().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "nodes did not meet");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    n1.user("alice").await;
+    b.user("bob").await;
+    let (alice_jid, bob_jid) = (n1.jid("alice"), b.jid("bob"));
+    let alice_full = format!("{alice_jid}/two");
+    // Alice is on node 2 only.
+    let mut alice = n2.login("alice", "two").await;
+    alice.presence(None, None).await;
+    alice.expect(|e| is_presence(e, &alice_jid, None)).await;
+    let mut bob = b.login("bob", "work").await;
+    bob.presence(None, None).await;
+    bob.expect(|e| is_presence(e, &bob_jid, None)).await;
+
+    // Both ways of RFC 6121 §3.1: bob's request arrives at node 1 and reaches alice on
+    // node 2; her approval and presence leave from node 2.
+    subscribe_mutually(&mut bob, &bob_jid, &mut alice, &alice_jid).await;
+    // Presence changes both ways.
+    alice
+        .send(
+            &Element::new("presence", NS_CLIENT)
+                .child(Element::new("status", NS_CLIENT).text("on node 2")),
+        )
+        .await;
+    bob.expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains("on node 2"))
+        .await;
+    bob.send(
+        &Element::new("presence", NS_CLIENT)
+            .child(Element::new("status", NS_CLIENT).text("from b")),
+    )
+    .await;
+    alice
+        .expect(|e| is_presence(e, &bob_jid, None) && e.to_xml().contains("from b"))
+        .await;
+    // Messages and an iq from B to alice's full JID arrive at node 1 and reach node 2.
+    bob.send(&chat(&alice_jid, "to bare")).await;
+    alice.expect(|e| has_body(e, "to bare")).await;
+    bob.send(&chat(&alice_full, "to full")).await;
+    alice.expect(|e| has_body(e, "to full")).await;
+    bob.send(&disco_iq(&alice_full, "fx1")).await;
+    alice
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("fx1"))
+        .await;
+    // A new login of bob probes alice: node 1 answers from the directory.
+    bob.close().await;
+    alice
+        .expect(|e| is_presence(e, &bob_jid, Some("unavailable")))
+        .await;
+    let mut bob = b.login("bob", "phone").await;
+    bob.presence(None, None).await;
+    let probed = bob
+        .expect(|e| is_presence(e, &alice_full, None) && e.to_xml().contains("on node 2"))
+        .await;
+    assert_eq!(
+        probed.get_attr("to").map(|t| t.starts_with(&bob_jid)),
+        Some(true)
+    );
+    alice
+        .expect(|e| is_presence(e, &format!("{bob_jid}/phone"), None))
+        .await;
+    // Alice moves to node 1: the same contact still sees her come and go.
+    alice.presence(Some("unavailable"), None).await;
+    bob.expect(|e| is_presence(e, &alice_full, Some("unavailable")))
+        .await;
+    let mut alice1 = n1.login("alice", "one").await;
+    alice1.presence(None, None).await;
+    bob.expect(|e| is_presence(e, &format!("{alice_jid}/one"), None))
+        .await;
+    b.stop().await;
+    n1.stop().await;
+    n2.stop().await;
+}

@@ -26,6 +26,12 @@ pub struct Entry {
     pub priority: i8,
     /// Not invisible (XEP-0186).
     pub visible: bool,
+    /// Asked for XEP-0280 carbon copies: the node delivering a message to another of the
+    /// user's resources sends this one its copy.
+    pub carbons: bool,
+    /// Retrieved its XEP-0191 block list: the node that changes the list pushes the change
+    /// to this resource too (§3.3–§3.5).
+    pub blocklist: bool,
     /// The last available presence as broadcast, while available: what another node shows
     /// the user's other resources and, if `visible`, a probe answer (RFC 6121 §4.3.2).
     pub presence: Option<String>,
@@ -39,6 +45,8 @@ impl Entry {
             available: false,
             priority: 0,
             visible: true,
+            carbons: false,
+            blocklist: false,
             presence: None,
         }
     }
@@ -48,12 +56,15 @@ impl Entry {
         node_of(&self.instance)
     }
 
-    /// `instance \n flags \n priority \n presence`.
+    /// `instance \n flags \n priority \n presence`; flags are `a` available, `v` visible,
+    /// `c` carbons, `b` block-list pushes, each `-` when not.
     pub fn encode(&self) -> String {
         let flags = format!(
-            "{}{}",
+            "{}{}{}{}",
             if self.available { 'a' } else { '-' },
-            if self.visible { 'v' } else { '-' }
+            if self.visible { 'v' } else { '-' },
+            if self.carbons { 'c' } else { '-' },
+            if self.blocklist { 'b' } else { '-' }
         );
         format!(
             "{}\n{}\n{}\n{}",
@@ -71,13 +82,18 @@ impl Entry {
         let flags = parts.next()?;
         let priority = parts.next()?.parse().ok()?;
         let presence = parts.next()?;
-        if instance.is_empty() || flags.len() != 2 {
+        // Two flags were written before carbons and block-list pushes crossed nodes: such
+        // an entry has neither.
+        let flags = flags.as_bytes();
+        if instance.is_empty() || !(2..=4).contains(&flags.len()) {
             return None;
         }
         Some(Entry {
             instance,
-            available: flags.starts_with('a'),
-            visible: flags.ends_with('v'),
+            available: flags[0] == b'a',
+            visible: flags[1] == b'v',
+            carbons: flags.get(2) == Some(&b'c'),
+            blocklist: flags.get(3) == Some(&b'b'),
             priority,
             presence: (!presence.is_empty()).then(|| presence.to_owned()),
         })
@@ -181,9 +197,14 @@ mod tests {
             available: true,
             priority: -3,
             visible: false,
+            carbons: true,
+            blocklist: true,
             presence: Some("<presence from='a@x/r'><status>x\ny</status></presence>".into()),
         };
         assert_eq!(Entry::decode(&e.encode()), Some(e.clone()));
+        // An entry written with two flags (before carbons) reads as without carbons.
+        let old = Entry::decode("n#1\nav\n0\n").unwrap();
+        assert!(old.available && old.visible && !old.carbons && !old.blocklist);
         assert_eq!(e.node(), "host-5222");
         let b = Entry::bound("n#1");
         assert_eq!(Entry::decode(&b.encode()), Some(b));

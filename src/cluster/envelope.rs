@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! presenced-cluster 1\n
-//! <kind>\n                 deliver | address | notify | kick | join
+//! <kind>\n                 deliver | address | notify | kick | join | reveal | decide | invalidate | seen
 //! <n>\n
 //! <recipient>\n × n        full JID: that session; bare JID: the user's available sessions
 //! <stanza>                 client-stream XML (the rest of the message, may hold newlines)
@@ -11,7 +11,9 @@
 //!
 //! `deliver` hands the stanza over as it is; `address` sets `to` to each recipient first
 //! (a presence broadcast, serialised once without `to`); `notify` hands a XEP-0163 event
-//! to the recipients' sessions there whose client asked for its node. JIDs cannot hold a newline
+//! to the recipients' sessions there whose client asked for its node; `reveal` carries a
+//! viewer's JID instead of a stanza; `decide` a message or iq whose admission only the
+//! receiving node can decide. JIDs cannot hold a newline
 //! (RFC 7622 prohibits control characters in every part), so one per line is unambiguous.
 
 use std::sync::Arc;
@@ -34,6 +36,22 @@ pub enum Kind {
     Kick,
     /// The sending node has just started: re-read the live nodes.
     Join,
+    /// The sending node showed the presence of each recipient (a full JID bound on the
+    /// receiving node) to the viewer the message carries instead of a stanza, from the
+    /// directory: the receiving node records the viewer as shown, so that a later block or
+    /// privacy change withdraws it there.
+    Reveal,
+    /// A message or iq to a full JID bound on the receiving node, whose admission depends
+    /// on what only that node knows (the session's directed presence): the receiving node
+    /// takes the delivery decision, for the sender in the stanza's `from`.
+    Decide,
+    /// The sending node wrote the directory rows of these users (bare JIDs): drop any copy
+    /// of them ([`super::cache`]).
+    Invalidate,
+    /// A session of the recipient (a bare JID) ended on the sending node at the time the
+    /// message carries (milliseconds since the epoch): its last seen, until the sending
+    /// node's flush reaches PostgreSQL (XEP-0012).
+    Seen,
 }
 
 impl Kind {
@@ -44,6 +62,10 @@ impl Kind {
             Kind::Notify => "notify",
             Kind::Kick => "kick",
             Kind::Join => "join",
+            Kind::Reveal => "reveal",
+            Kind::Decide => "decide",
+            Kind::Invalidate => "invalidate",
+            Kind::Seen => "seen",
         }
     }
 
@@ -54,6 +76,10 @@ impl Kind {
             "notify" => Kind::Notify,
             "kick" => Kind::Kick,
             "join" => Kind::Join,
+            "reveal" => Kind::Reveal,
+            "decide" => Kind::Decide,
+            "invalidate" => Kind::Invalidate,
+            "seen" => Kind::Seen,
             _ => return None,
         })
     }

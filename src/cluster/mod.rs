@@ -11,6 +11,7 @@
 //!     ─▶ ONE publish per node holding recipients: their JIDs + the stanza once
 //!        (`PUBLISH` on a single Redis, sharded `SPUBLISH` on a Redis Cluster)
 //! channel of this node ─▶ [`listen`] ─▶ the delivery module delivers to local sessions
+//! directory writes ─▶ `invalidate` to every other node ─▶ its copy ([`cache`]) drops them
 //! ```
 //!
 //! Decisions (privacy gate, blocks, RFC 6121 §8.5 target choice) are taken on the node
@@ -23,6 +24,7 @@
 //! This module knows nothing above it: it is handed JIDs and serialised stanzas, and
 //! hands received envelopes to a callback ([`listen`]).
 
+pub mod cache;
 pub mod directory;
 pub mod envelope;
 
@@ -110,6 +112,8 @@ struct Inner {
     rejoined: tokio::sync::Notify,
     /// Releases that could not be written (Redis down), written again when it returns.
     unreleased: Mutex<Vec<FullJid>>,
+    /// This node's copy of directory rows.
+    cache: cache::Cache,
 }
 
 /// The cluster state of one node. Cheap to clone.
@@ -144,6 +148,10 @@ impl Cluster {
                 counters: Counters::default(),
                 rejoined: tokio::sync::Notify::new(),
                 unreleased: Mutex::default(),
+                cache: cache::Cache::new(
+                    config.cluster.directory_cache_entries,
+                    config.cluster.directory_cache_ttl,
+                ),
             }),
         }
     }
@@ -161,6 +169,11 @@ impl Cluster {
     /// The counters.
     pub fn counters(&self) -> &Counters {
         &self.inner.counters
+    }
+
+    /// This node's copy of directory rows (its hit and miss counters).
+    pub fn cache(&self) -> &cache::Cache {
+        &self.inner.cache
     }
 
     /// Waits until this node reaches Redis again after having lost it (not its first
@@ -229,22 +242,13 @@ impl Cluster {
     }
 
     /// The resource's presence changed (availability, priority, visibility, or the stanza
-    /// shown to probes). Ignored once the session was released: the unavailable broadcast
+    /// shown to probes, carbons, block-list pushes): `entry` as this instance's. Ignored once
+    /// the session was released: the unavailable broadcast
     /// at the end of a grace period must not bring a finished session back.
-    pub fn update(
-        &self,
-        jid: &FullJid,
-        available: bool,
-        priority: i8,
-        presence: Option<String>,
-        visible: bool,
-    ) {
+    pub fn update(&self, jid: &FullJid, entry: Entry) {
         let entry = Entry {
             instance: self.inner.instance.clone(),
-            available,
-            priority,
-            visible,
-            presence,
+            ..entry
         };
         {
             let mut local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
@@ -333,6 +337,53 @@ impl Cluster {
         ));
     }
 
+    /// Tells `node` that this one showed the presence of `subjects` (full JIDs bound there)
+    /// to `viewer` ([`Kind::Reveal`]).
+    pub fn reveal(&self, node: &str, subjects: Vec<String>, viewer: &str) {
+        self.queue(Op::Send(
+            node.to_owned(),
+            Envelope {
+                kind: Kind::Reveal,
+                to: subjects,
+                xml: Arc::new(viewer.to_owned()),
+            },
+        ));
+    }
+
+    /// Tells every other live node that a session of `bare` ended here at `at_ms`
+    /// ([`Kind::Seen`]).
+    pub fn seen(&self, bare: &str, at_ms: i64) {
+        let mut nodes: Vec<String> = self
+            .peers()
+            .iter()
+            .map(|p| directory::node_of(p).to_owned())
+            .collect();
+        nodes.dedup();
+        for node in nodes {
+            self.queue(Op::Send(
+                node,
+                Envelope {
+                    kind: Kind::Seen,
+                    to: vec![bare.to_owned()],
+                    xml: Arc::new(at_ms.to_string()),
+                },
+            ));
+        }
+    }
+
+    /// Hands a message or iq for full JID `to`, bound on `node`, to that node for the
+    /// delivery decision ([`Kind::Decide`]).
+    pub fn decide_there(&self, node: &str, to: String, xml: Arc<String>) {
+        self.queue(Op::Send(
+            node.to_owned(),
+            Envelope {
+                kind: Kind::Decide,
+                to: vec![to],
+                xml,
+            },
+        ));
+    }
+
     /// The sessions of each user in `bares` held by other live instances. Empty at once
     /// with no other node; a Redis failure reads as "none elsewhere".
     pub async fn holders(&self, bares: &[&str]) -> HashMap<String, Vec<Holder>> {
@@ -366,25 +417,45 @@ impl Cluster {
         conn: &mut Conn,
         bares: &[&str],
     ) -> redis::RedisResult<HashMap<String, Vec<Holder>>> {
-        let mut pipe = SlotPipe::new();
-        for b in bares {
-            let key = self.inner.keys.user(b);
-            let mut c = redis::cmd("HGETALL");
-            c.arg(&key);
-            pipe.add(&key, c);
+        // This node's copy first; one pipeline of HGETALL (split per slot) for the rest.
+        let mut rows: Vec<Option<cache::Rows>> = Vec::with_capacity(bares.len());
+        let mut misses: Vec<(usize, cache::Generation)> = Vec::new();
+        for (i, b) in bares.iter().enumerate() {
+            match self.inner.cache.get(b) {
+                Ok(r) => rows.push(Some(r)),
+                Err(g) => {
+                    rows.push(None);
+                    misses.push((i, g));
+                }
+            }
         }
-        self.inner
-            .counters
-            .lookups
-            .fetch_add(bares.len() as u64, Ordering::Relaxed);
-        let rows = pipe.query(conn).await?;
+        if !misses.is_empty() {
+            let mut pipe = SlotPipe::new();
+            for (i, _) in &misses {
+                let key = self.inner.keys.user(bares[*i]);
+                let mut c = redis::cmd("HGETALL");
+                c.arg(&key);
+                pipe.add(&key, c);
+            }
+            self.inner
+                .counters
+                .lookups
+                .fetch_add(misses.len() as u64, Ordering::Relaxed);
+            let read = pipe.query(conn).await?;
+            for ((i, g), value) in misses.into_iter().zip(read) {
+                let row: HashMap<String, String> = redis::from_redis_value(&value)?;
+                let row: cache::Rows = Arc::new(row.into_iter().collect());
+                self.inner.cache.put(bares[i], g, Arc::clone(&row));
+                rows[i] = Some(row);
+            }
+        }
         let mut out = HashMap::new();
         for (bare, row) in bares.iter().zip(rows) {
-            let row: HashMap<String, String> = redis::from_redis_value(&row)?;
             let mut holders: Vec<Holder> =
-                row.into_iter()
+                row.iter()
+                    .flat_map(|r| r.iter())
                     .filter_map(|(res, v)| {
-                        let entry = Entry::decode(&v)?;
+                        let entry = Entry::decode(v)?;
                         (entry.instance != self.inner.instance && self.is_live(&entry.instance))
                             .then(|| Holder {
                                 jid: format!("{bare}/{res}"),
@@ -430,6 +501,8 @@ impl Cluster {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        // Invalidations may be lost from here on: nothing copied is trusted any more.
+        self.inner.cache.clear();
     }
 
     fn expire_at(&self, now_ms: i64) -> i64 {
@@ -663,7 +736,12 @@ impl Cluster {
         let mut replies = Vec::new();
         let mut published = 0u64;
         let mut idx = 0usize;
+        // Users whose rows this batch writes: the other nodes drop their copies.
+        let mut written: Vec<String> = Vec::new();
         for op in ops {
+            if let Op::Claim(jid, _) | Op::Update(jid, _) | Op::Release(jid) = &op {
+                written.push(jid.to_bare().to_string());
+            }
             match op {
                 Op::Claim(jid, entry) => {
                     let key = self.inner.keys.user(jid.to_bare().as_str());
@@ -790,6 +868,33 @@ impl Cluster {
                 after.add(&key, c);
             }
         }
+        // After the writes have landed (on a Redis Cluster the first pipeline's slots run in
+        // parallel, so only its reply orders them): every other live node is told which
+        // users' rows changed, one message per node for the whole batch.
+        written.sort();
+        written.dedup();
+        if !written.is_empty() {
+            let mut nodes: Vec<String> = self
+                .peers()
+                .iter()
+                .map(|p| directory::node_of(p).to_owned())
+                .collect();
+            nodes.sort();
+            nodes.dedup();
+            for node in nodes {
+                let env = Envelope {
+                    kind: Kind::Invalidate,
+                    to: written.clone(),
+                    xml: Arc::default(),
+                };
+                let channel = self.inner.keys.channel(&node);
+                after.add(&channel, target.publish(&channel, &env.encode()));
+                self.inner
+                    .counters
+                    .published
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
         after.query(conn).await?;
         Ok(())
     }
@@ -865,6 +970,12 @@ pub async fn listen(
                 .fetch_add(1, Ordering::Relaxed);
             if env.kind == Kind::Join {
                 cluster.heartbeat(false).await;
+                return;
+            }
+            if env.kind == Kind::Invalidate {
+                for bare in &env.to {
+                    cluster.inner.cache.invalidate(bare);
+                }
                 return;
             }
             deliver(env);

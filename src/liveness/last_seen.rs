@@ -24,6 +24,10 @@ const MAX_PENDING: usize = 100_000;
 pub struct Batcher {
     pending: Mutex<HashMap<String, LastSeen>>,
     inflight: Mutex<HashMap<String, LastSeen>>,
+    /// Session ends another node of the cluster reported: served like pending ones (that
+    /// node writes them), so a query here right after such an end sees it before the other
+    /// node's flush reaches PostgreSQL. Bounded; never written from here.
+    elsewhere: Mutex<HashMap<String, LastSeen>>,
 }
 
 fn merge(map: &mut HashMap<String, LastSeen>, e: LastSeen) {
@@ -46,24 +50,27 @@ impl Batcher {
         merge(&mut p, e);
     }
 
-    /// The newest not-yet-written entry for `bare`.
-    pub fn get(&self, bare: &str) -> Option<LastSeen> {
-        let a = self
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(bare)
-            .cloned();
-        let b = self
-            .inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(bare)
-            .cloned();
-        match (a, b) {
-            (Some(a), Some(b)) => Some(if a.at >= b.at { a } else { b }),
-            (a, b) => a.or(b),
+    /// A session end another node reported (it queues and writes the entry itself).
+    pub fn note_elsewhere(&self, e: LastSeen) {
+        let mut m = self.elsewhere.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= MAX_PENDING && !m.contains_key(&e.jid) {
+            // Long written by their nodes by now: PostgreSQL has them.
+            m.clear();
         }
+        merge(&mut m, e);
+    }
+
+    /// The newest not-yet-written entry for `bare` (or one another node reported).
+    pub fn get(&self, bare: &str) -> Option<LastSeen> {
+        [&self.pending, &self.inflight, &self.elsewhere]
+            .iter()
+            .filter_map(|m| {
+                m.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(bare)
+                    .cloned()
+            })
+            .max_by_key(|e| e.at)
     }
 
     /// Writes everything pending in one statement. Returns the number of entries written.

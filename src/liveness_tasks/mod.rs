@@ -30,6 +30,8 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
     if let Some(at) = live.dead_at() {
         l.metrics.silent_deaths.fetch_add(1, Ordering::Relaxed);
         tracing::info!(jid = %live.jid, last_beat = at, "silent death: announcing unavailable");
+        // Other nodes know the last seen before their users hear of the end.
+        shared.cluster.seen(live.jid.to_bare().as_str(), at);
         crate::presence::session_ended(&mut session).await;
         l.finished(&live.jid, live.id, at);
         return;
@@ -60,6 +62,7 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
             shared.liveness.forget(&live.jid, live.id);
             return;
         }
+        shared.cluster.seen(live.jid.to_bare().as_str(), closed);
         crate::presence::session_ended(&mut session).await;
         shared.liveness.finished(&live.jid, live.id, closed);
     });

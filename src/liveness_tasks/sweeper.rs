@@ -311,6 +311,7 @@ async fn announce_orphan(
         Err(e) => link.failed(&e).await,
     }
     tracing::info!(%jid, last_beat = score, "sweeper: resource of no live node");
+    shared.cluster.seen(jid.to_bare().as_str(), score);
     crate::delivery::unavailable_of_lost(shared, jid).await;
     shared.liveness.last_seen.push(crate::store::LastSeen {
         jid: jid.to_bare().to_string(),

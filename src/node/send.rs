@@ -130,7 +130,22 @@ pub(crate) fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
             to_available(shared, bare.as_str(), &reply);
         }
         (_, Err(bare)) => {
-            message_to_bare(&shared.sessions.of_user(&bare), reply, "error");
+            // RFC 6121 §8.5.2 over the user's resources on every node: the directory read
+            // is awaited off the caller's path (a bounce is answered from sync code).
+            let sessions = shared.sessions.of_user(&bare);
+            if !shared.cluster.has_peers() {
+                message_to_bare_everywhere(&shared.cluster, &sessions, &[], reply, "error");
+                return;
+            }
+            let cluster = shared.cluster.clone();
+            tokio::spawn(async move {
+                let remote = cluster
+                    .holders(&[bare.as_str()])
+                    .await
+                    .remove(bare.as_str())
+                    .unwrap_or_default();
+                message_to_bare_everywhere(&cluster, &sessions, &remote, reply, "error");
+            });
         }
     }
 }
@@ -199,51 +214,39 @@ pub(crate) fn targets_everywhere<'a>(
 /// RFC 6121 §8.5.2: delivers a message of type `kind` (not groupchat, which the caller
 /// answers) to the resources of a local bare JID: `sessions` here, `remote` on other
 /// nodes (sent there as one message per node, addressed to the bare JID as it came).
-/// Returns this node's sessions that took it (for XEP-0280 copies to the others).
+/// Returns what took it: this node's sessions and the full JIDs on other nodes (for
+/// XEP-0280 copies to the others).
 pub(crate) fn message_to_bare_everywhere(
-    shared: &Shared,
+    cluster: &crate::cluster::Cluster,
     sessions: &[SessionHandle],
     remote: &[Holder],
     el: Element,
     kind: &str,
-) -> Vec<u64> {
+) -> (Vec<u64>, Vec<String>) {
     // No target: the caller keeps a storable message for later (XEP-0160); otherwise
     // §8.5.2.2.1 lets the server ignore it silently. A non-existent account is answered by
     // the caller (§8.5.1).
     let Some((locals, remotes)) = targets_everywhere(sessions, remote, kind) else {
-        return Vec::new();
+        return Default::default();
     };
     let mut per_node: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
-    for h in remotes {
+    for h in &remotes {
         per_node.entry(h.node()).or_default().push(h.jid.clone());
     }
     if !per_node.is_empty() {
         let xml = Arc::new(el.to_xml());
         for (node, to) in per_node {
-            shared.cluster.send(node, to, Arc::clone(&xml));
+            cluster.send(node, to, Arc::clone(&xml));
         }
     }
-    locals
+    let here = locals
         .into_iter()
         .map(|s| {
             s.send(el.clone());
             s.id
         })
-        .collect()
-}
-
-/// [`message_to_bare_everywhere`] with this node's sessions only (an error reply to a
-/// local user's bare JID, which needs no directory read).
-/// Returns the sessions that took it.
-pub(crate) fn message_to_bare(sessions: &[SessionHandle], el: Element, kind: &str) -> Vec<u64> {
-    let mut reached = Vec::new();
-    if let Some((locals, _)) = targets_everywhere(sessions, &[], kind) {
-        for s in locals {
-            s.send(el.clone());
-            reached.push(s.id);
-        }
-    }
-    reached
+        .collect();
+    (here, remotes.into_iter().map(|h| h.jid.clone()).collect())
 }
 
 /// `<presence type='unavailable'/>` from `from` to `to`.

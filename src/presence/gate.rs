@@ -215,19 +215,28 @@ pub async fn may_see_online(shared: &Shared, viewer: &str, subject: &str, direct
 }
 
 /// Whether `viewer` may be told that local user `subject` is online right now: the gate
-/// admits it and at least one of the subject's resources is available and not invisible.
+/// admits it and at least one of the subject's resources, on any node, is available and
+/// not invisible.
 /// For answers such as XEP-0012 `seconds='0'`; anyone for whom this is false must get the
 /// answer an offline subject gives.
 pub async fn visible_to(shared: &Shared, viewer: &str, subject: &str) -> bool {
     // The decision is taken whether the subject is online or not: a short cut on "offline"
     // would answer faster, and the delay alone would tell the viewer which.
     let permitted = may_see_online(shared, viewer, subject, false).await;
-    let any_visible = shared
+    let subject = bare_of(subject);
+    let here = shared
         .sessions
-        .of_user_str(bare_of(subject))
+        .of_user_str(subject)
         .iter()
         .any(|s| s.is_available() && !s.is_invisible());
-    permitted && any_visible
+    // The user's resources on other nodes, as the directory has them (read either way).
+    let elsewhere = shared
+        .cluster
+        .holders(&[subject])
+        .await
+        .remove(subject)
+        .is_some_and(|hs| hs.iter().any(|h| h.entry.available && h.entry.visible));
+    permitted && (here || elsewhere)
 }
 
 /// May `viewer` learn when `subject` was last seen (XEP-0012, delay stamps on
@@ -366,6 +375,8 @@ pub async fn probe_answers(
     // Read at most once, and only when an unavailable may carry a stamp.
     let mut prober_settings: Option<Option<PrivacySettings>> = None;
     let default = PrivacySettings::default();
+    // Sessions on other nodes shown to the prober, one message per node.
+    let mut reveals: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for row in rows {
         // Only an approved subscriber gets anything (the Openfire OF-820 leak).
         if !row.subscription.is_some_and(|s| s.has_from()) {
@@ -401,9 +412,10 @@ pub async fn probe_answers(
                     sent = true;
                 }
             }
-            for mut p in elsewhere.remove(&row.subject).unwrap_or_default() {
+            for (h, mut p) in elsewhere.remove(&row.subject).unwrap_or_default() {
                 p.set_attr("to", prober);
                 deliver(p);
+                reveals.entry(h.node().to_owned()).or_default().push(h.jid);
                 sent = true;
             }
         }
@@ -448,6 +460,9 @@ pub async fn probe_answers(
         }
         deliver(p);
     }
+    for (node, subjects) in reveals {
+        shared.cluster.reveal(&node, subjects, prober_bare);
+    }
     drop(guards);
 }
 
@@ -479,13 +494,15 @@ pub async fn current_presence(
             deliver(last);
         }
     }
-    for mut p in remote_presences(shared, &[subject])
+    for (h, mut p) in remote_presences(shared, &[subject])
         .await
         .remove(subject)
         .unwrap_or_default()
     {
         p.set_attr("to", viewer);
         deliver(p);
+        let node = h.node().to_owned();
+        shared.cluster.reveal(&node, vec![h.jid], viewer);
     }
 }
 
@@ -762,12 +779,16 @@ pub async fn may_reach_holder(
 }
 
 /// The presence each visible, available resource of `subject` on other nodes shows, from
-/// the directory (RFC 6121 §4.3.2 answers for sessions this node does not hold).
+/// the directory (RFC 6121 §4.3.2 answers for sessions this node does not hold), with the
+/// session it is of. Whoever shows one to a viewer tells the holding node
+/// ([`crate::cluster::Cluster::reveal`]), which records it as for a probe answer of its
+/// own, so that a later block or privacy change withdraws it there.
 async fn remote_presences(
     shared: &Shared,
     subjects: &[&str],
-) -> std::collections::HashMap<String, Vec<Element>> {
-    let mut out: std::collections::HashMap<String, Vec<Element>> = Default::default();
+) -> std::collections::HashMap<String, Vec<(crate::cluster::Holder, Element)>> {
+    let mut out: std::collections::HashMap<String, Vec<(crate::cluster::Holder, Element)>> =
+        Default::default();
     for (subject, holders) in shared.cluster.holders(subjects).await {
         for h in holders {
             let shown = h
@@ -776,7 +797,7 @@ async fn remote_presences(
                 .as_deref()
                 .filter(|_| h.entry.available && h.entry.visible);
             if let Some(p) = shown.and_then(crate::xml::parse_element) {
-                out.entry(subject.clone()).or_default().push(p);
+                out.entry(subject.clone()).or_default().push((h, p));
             }
         }
     }

@@ -311,20 +311,36 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
 
 /// Writes what the cluster directory says about this session (availability, priority,
 /// visibility, and its last available presence, which other nodes show to the user's own
-/// resources and, only while visible (XEP-0186), in probe answers) from its current state:
-/// after every broadcast and visibility change.
+/// resources and, only while visible (XEP-0186), in probe answers; and whether it takes
+/// XEP-0280 copies and XEP-0191 block-list pushes) from its current state: after every
+/// broadcast, visibility change, carbons switch and block-list retrieval.
 pub(crate) fn to_directory(shared: &Shared, handle: &crate::sessions::SessionHandle) {
-    let (available, priority, shown, invisible) = handle.read(|p| {
+    let (available, priority, shown, invisible, carbons, blocklist) = handle.read(|p| {
         let shown = p.last.as_ref().filter(|_| p.available).map(|l| {
             let mut l = l.clone();
             l.remove_attr("to");
             l.to_xml()
         });
-        (p.available, p.priority, shown, p.invisible)
+        (
+            p.available,
+            p.priority,
+            shown,
+            p.invisible,
+            p.carbons,
+            p.blocklist_interested,
+        )
     });
-    shared
-        .cluster
-        .update(&handle.jid, available, priority, shown, !invisible);
+    let entry = crate::cluster::Entry {
+        // Set by the cluster to this instance.
+        instance: String::new(),
+        available,
+        priority,
+        visible: !invisible,
+        carbons,
+        blocklist,
+        presence: shown,
+    };
+    shared.cluster.update(&handle.jid, entry);
 }
 
 /// After this node was cut off from Redis, the other nodes may have announced its users

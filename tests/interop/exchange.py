@@ -2,7 +2,10 @@
 """Drives one user on presenced and one on a peer server (Prosody or ejabberd) through a
 mutual subscription and presence exchange across federation, in both directions.
 
-usage: exchange.py OURS_JID OURS_HOST:PORT PEER_JID PEER_HOST:PORT PASSWORD
+usage: exchange.py OURS_JID OURS_HOST:PORT PEER_JID PEER_HOST:PORT PASSWORD [AGAIN_HOST:PORT]
+
+AGAIN_HOST:PORT is where the presenced user logs in the second time (default: where it
+logged in first); with a cluster, another node.
 
 Every step prints PASS or FAIL with what was awaited; the exit status is 0 only when every
 step passed. Certificates are self-signed on loopback, so verification is switched off for
@@ -103,6 +106,7 @@ def frm(bare, ptype, show=None):
 
 async def main():
     ours_jid, ours_addr, peer_jid, peer_addr, password = sys.argv[1:6]
+    again_addr = sys.argv[6] if len(sys.argv) > 6 else ours_addr
     ours = User(ours_jid, ours_addr, password, "ours")
     peer = User(peer_jid, peer_addr, password, "peer")
     o, p = str(ours.jid.bare), str(peer.jid.bare)
@@ -141,8 +145,9 @@ async def main():
     await ours.disconnect()
     await step("peer user sees presenced user log out", peer.wait("unavailable", frm(o, "unavailable"), t))
     t = time.time()
-    ours.seen.clear()
-    await step(f"{o} logs in again", ours.connect())
+    ours = User(ours_jid, again_addr, password, "ours")
+    where = "" if again_addr == ours_addr else f" on {again_addr}"
+    await step(f"{o} logs in again{where}", ours.connect())
     await step("peer user sees presenced user log in", peer.wait("available", frm(o, "available"), t))
     await step("presenced user's probe is answered by the peer server", ours.wait("available", frm(p, "available"), t))
 

@@ -18,8 +18,17 @@
 # through `[s2s] nameserver` (SRV _xmpp-server._tcp via hickory); Prosody through its
 # libunbound settings (forward + hosts file).
 #
+# With CLUSTER=1, pd.example is served by two presenced nodes on one database and one Redis
+# (REDIS_URL, default redis://127.0.0.1:6379, under a key prefix of this run's own), each
+# with its own c2s and s2s port. DNS names only node 1's s2s port, so every stream the peer
+# opens lands on node 1, while node 2 opens its own streams to the peer (and its dialback
+# keys are verified by node 1: one [s2s] secret). The presenced user logs in on node 2
+# first and on node 1 the second time: the peer's user sees its presence, and is seen,
+# whichever node holds the link.
+#
 # usage: tests/interop/federation.sh [prosody|ejabberd|all] [dialback|certs]
 #        (defaults: prosody, dialback)
+# Ports: every fixed port is 55xxx by default, or from INTEROP_PORT_BASE up (base+0 .. +8).
 # Output: $WORK/result-<peer>.txt plus every server log in $WORK (default /tmp/presenced-interop).
 set -euo pipefail
 
@@ -31,13 +40,22 @@ REPO=$(cd "$HERE/../.." && pwd)
 WORK=${WORK:-/tmp/presenced-interop}
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 # Ports nobody else on the shared machine uses (never 5222/5269/25222/35222/45222).
-DNS_PORT=55353
-OURS_C2S=55322
-OURS_S2S=55369
-PROS_C2S=55222
-PROS_S2S=55269
-EJ_C2S=55422
-EJ_S2S=55469
+if [ -n "${INTEROP_PORT_BASE:-}" ]; then
+    B=$INTEROP_PORT_BASE
+    DNS_PORT=$B OURS_C2S=$((B + 1)) OURS_S2S=$((B + 2)) PROS_C2S=$((B + 3)) PROS_S2S=$((B + 4))
+    EJ_C2S=$((B + 5)) EJ_S2S=$((B + 6)) OURS2_C2S=$((B + 7)) OURS2_S2S=$((B + 8))
+else
+    DNS_PORT=55353
+    OURS_C2S=55322
+    OURS_S2S=55369
+    PROS_C2S=55222
+    PROS_S2S=55269
+    EJ_C2S=55422
+    EJ_S2S=55469
+    OURS2_C2S=55323
+    OURS2_S2S=55370
+fi
+CLUSTER=${CLUSTER:-0}
 OURS=pd.example
 PROS=pros.example
 EJ=ej.example
@@ -122,11 +140,20 @@ else
     TLS_CONF="certs_dir = \"$WORK/certs\""
     S2S_AUTH_CONF=""
 fi
-cat >"$WORK/presenced.toml" <<EOF
+# One configuration per node (node 2 only with CLUSTER=1): its own c2s and s2s ports,
+# admin socket and node id; the HTTP and metrics listeners are off the fixed ports.
+CLUSTER_CONF=""
+if [ "$CLUSTER" = 1 ]; then
+    CLUSTER_CONF="[redis]
+url = \"${REDIS_URL:-redis://127.0.0.1:6379}\"
+key_prefix = \"interop-$RUN:\""
+fi
+write_config() { # file c2s-port s2s-port node-id
+    cat >"$1" <<EOF
 domains = ["$OURS"]
 [c2s]
 bind = "127.0.0.1"
-port = $OURS_C2S
+port = $2
 direct_tls = false
 [tls]
 $TLS_CONF
@@ -134,13 +161,26 @@ $TLS_CONF
 url = "${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 migrations = "$REPO/migrations"
 max_connections = 4
+[http]
+bind = "127.0.0.1"
+port = 0
+[admin]
+port = 0
+socket = "$WORK/admin-$4.sock"
+[cluster]
+node_id = "$4"
+$CLUSTER_CONF
 [s2s]
 bind = "127.0.0.1"
-port = $OURS_S2S
+port = $3
 nameserver = "127.0.0.1:$DNS_PORT"
 idle_timeout = 120
+# One secret for every node: a dialback key one node made is verified by another.
+secret = "interop-$RUN"
 $S2S_AUTH_CONF
 EOF
+}
+write_config "$WORK/presenced.toml" "$OURS_C2S" "$OURS_S2S" interop-1
 printf '%s\n' "$PASSWORD" >"$WORK/password"
 OURS_USER="pd$RUN"
 "$BIN" -c "$WORK/presenced.toml" user add "$OURS_USER@$OURS" --password-file "$WORK/password"
@@ -148,6 +188,17 @@ RUST_LOG=info,presenced=debug "$BIN" -c "$WORK/presenced.toml" serve >"$WORK/pre
 pids+=($!)
 wait_port 127.0.0.1 "$OURS_C2S" 30
 wait_port 127.0.0.1 "$OURS_S2S" 5
+# Where the presenced user logs in first, and where it logs in again.
+FIRST_C2S=$OURS_C2S
+SECOND_C2S=$OURS_C2S
+if [ "$CLUSTER" = 1 ]; then
+    echo "== presenced node 2 for $OURS (c2s $OURS2_C2S, s2s $OURS2_S2S; not in DNS)"
+    write_config "$WORK/presenced-2.toml" "$OURS2_C2S" "$OURS2_S2S" interop-2
+    RUST_LOG=info,presenced=debug "$BIN" -c "$WORK/presenced-2.toml" serve >"$WORK/presenced-2.log" 2>&1 &
+    pids+=($!)
+    wait_port 127.0.0.1 "$OURS2_C2S" 30
+    FIRST_C2S=$OURS2_C2S
+fi
 
 run_prosody() {
     local dir="$WORK/prosody"
@@ -194,8 +245,9 @@ EOF
     pids+=($!)
     wait_port 127.0.0.1 "$PROS_C2S" 30
     echo "== exchange presenced <-> Prosody"
-    python3 "$HERE/exchange.py" "$OURS_USER@$OURS" "127.0.0.1:$OURS_C2S" \
-        "$user@$PROS" "127.0.0.1:$PROS_C2S" "$PASSWORD" | tee "$WORK/result-prosody.txt"
+    python3 "$HERE/exchange.py" "$OURS_USER@$OURS" "127.0.0.1:$FIRST_C2S" \
+        "$user@$PROS" "127.0.0.1:$PROS_C2S" "$PASSWORD" "127.0.0.1:$SECOND_C2S" \
+        | tee "$WORK/result-prosody.txt"
     check_auth "$PROS" "$WORK/result-prosody.txt"
 }
 
@@ -273,8 +325,9 @@ EOF
     local user="ej$RUN"
     ejabberdctl --ctl-config "$dir/ejabberdctl.cfg" register "$user" "$EJ" "$PASSWORD"
     echo "== exchange presenced <-> ejabberd"
-    python3 "$HERE/exchange.py" "$OURS_USER@$OURS" "127.0.0.1:$OURS_C2S" \
-        "$user@$EJ" "127.0.0.1:$EJ_C2S" "$PASSWORD" | tee "$WORK/result-ejabberd.txt"
+    python3 "$HERE/exchange.py" "$OURS_USER@$OURS" "127.0.0.1:$FIRST_C2S" \
+        "$user@$EJ" "127.0.0.1:$EJ_C2S" "$PASSWORD" "127.0.0.1:$SECOND_C2S" \
+        | tee "$WORK/result-ejabberd.txt"
     check_auth "$EJ" "$WORK/result-ejabberd.txt" || return 1
     ejabberdctl --ctl-config "$dir/ejabberdctl.cfg" stop >/dev/null 2>&1 || true
     EJ_CTL=""
