@@ -43,7 +43,13 @@ def one(root, sc):
     during = [c for c in samples if c["t"] >= f0 - 1]
     min_online = min((c["online"] for c in during), default=None)
     back = next((c["t"] for c in during if c["t"] > f0 and c["online"] == n), None)
-    lost_sessions = end["sessions_lost"]
+    # Counters just before the fault: what happened before it (the login storm) is shown
+    # apart from what the fault did.
+    # (The log's times are whole seconds of the wall clock: one second of margin.)
+    base = max((c for c in samples if c["t"] <= f0 - 1.0), key=lambda c: c["t"], default=start)
+    lost_before = base["sessions_lost"]
+    lost_sessions = f"{end['sessions_lost'] - lost_before} (+{lost_before} before)"
+    unacc_before = base["msg_sent"] - base["msg_received"] - base["msg_bounced"]
     right = end.get("probes_complete_since")
     incomplete = end.get("incomplete", [])
     if not incomplete:
@@ -55,17 +61,18 @@ def one(root, sc):
     first_bad = f"{incomplete[0][0] - f0:+.1f} s" if incomplete else "–"
     off = run.get("offline_left")
     unacc = end["msg_sent"] - end["msg_received"] - end["msg_bounced"] - (off or 0)
+    unacc_s = f"{unacc - unacc_before} (+{unacc_before} before)" if unacc_before else f"{unacc}"
     row = (f"| {sc} | {f1 - f0:.1f} s | {lost_sessions} | {end['login_failures']} | "
            f"{min_online} / {n} | {'–' if back is None else f'{back - f1:+.0f} s'} | "
            f"{end['probes_incomplete']} of {end['probes']} (first {first_bad}) | {right_s} | "
            f"{end['msg_sent']} | {end['msg_received']} ({end['msg_delayed']} delayed) | "
-           f"{end['msg_bounced']} | {off} | {unacc} |")
+           f"{end['msg_bounced']} | {off} | {unacc_s} |")
     errs = end.get("errors", [])[:4]
     return (sc, run, errs), row
 
 
 def main(root, scenarios):
-    print("| scenario | fault lasted | sessions lost | failed logins | fewest online | all online again (from fault end) | probes not seen by every online watcher | presence right again (from fault end) | messages sent | received | bounced | stored offline at end | unaccounted |")
+    print("| scenario | fault lasted | sessions lost from the fault on | failed logins | fewest online | all online again (from fault end) | probes not seen by every online watcher | presence right again (from fault end) | messages sent | received | bounced | stored offline at end | unaccounted from the fault on (in flight or lost before it) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     notes = []
     for sc in scenarios:
