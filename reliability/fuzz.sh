@@ -7,6 +7,8 @@
 #   FUZZ_SECS=1800 reliability/fuzz.sh
 #   TARGETS="stream_reader framed_reader"   SANITIZER=none (or address: slower, see below)
 #   RSS_LIMIT_MB=2048   libFuzzer's memory limit per target process
+#   SEEDS=0             do not write the seed corpus first (it needs a debug build of the
+#                       fuzz crate; libFuzzer then starts from what corpus/<target>/ holds)
 #
 # SANITIZER=none by default: the reader under test has no unsafe code, and without
 # AddressSanitizer each execution costs about half as much, so a run of fixed length
@@ -26,7 +28,7 @@ export RUSTC_BOOTSTRAP=1
 cd "$FUZZ"
 unset CARGO_TARGET_DIR
 command -v cargo-fuzz >/dev/null || { echo "cargo-fuzz missing: cargo install cargo-fuzz --locked" >&2; exit 1; }
-cargo run --quiet --example write_seeds >/dev/null
+[ "${SEEDS:-1}" = 0 ] || cargo run --quiet --example write_seeds >/dev/null
 for t in $TARGETS; do
     nice -n 10 cargo fuzz build -s "$SANITIZER" "$t" >/dev/null
 done

@@ -925,7 +925,11 @@ impl Conn {
                     }
                     // Boxed: routing a stanza can be a deep future (store queries, fan-out);
                     // boxing keeps that state out of this long-lived future while idle.
-                    if let Err(err) = Box::pin(handle_stanza(&mut session, el)).await {
+                    // Nothing is read while it runs: the client is not silent meanwhile.
+                    let busy = transport.beat.busy();
+                    let handled = Box::pin(handle_stanza(&mut session, el)).await;
+                    drop(busy);
+                    if let Err(err) = handled {
                         break Some(err);
                     }
                 }
