@@ -11,8 +11,8 @@
 #                       fuzz crate; libFuzzer then starts from what corpus/<target>/ holds)
 #
 # SANITIZER=none by default: the reader under test has no unsafe code, and without
-# AddressSanitizer each execution costs about half as much, so a run of fixed length
-# reaches about twice the executions; the invariants (panics, split invariance, the socket
+# AddressSanitizer each execution costs less, so a run of fixed length reaches more
+# executions (not measured yet on this machine); the invariants (panics, split invariance, the socket
 # reader's agreement, round trip, error conditions) are assertions in the harness and are
 # checked either way. Needs cargo-fuzz (`cargo install cargo-fuzz --locked`) and, on stable
 # Rust, RUSTC_BOOTSTRAP=1 (set here) for its -Z flags. The seed corpus comes from
