@@ -95,12 +95,7 @@ event() { echo "{\"event\":\"$1\",\"unix\":$(date +%s.%N | cut -c1-14)}" >>"$WOR
 run_scenario() {
     local sc=$1 also=()
     WORK="$ROOT/$sc"
-    rm -rf "$WORK"
-    mkdir -p "$WORK"
-    chmod 755 "$WORK"
-    pg_init "$WORK/pg" $((STORE_PORT_BASE + 1))
-    pg_start
-    redis_start "$WORK/redis" "$STORE_PORT_BASE"
+    fresh_stores
     provision "$N" "$K"
     config a "$C2S_A" "$MET_A"
     node_start a "$C2S_A"

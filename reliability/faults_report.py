@@ -7,22 +7,10 @@ every probe reached every contact that was online when it was sent. Messages: ev
 message the clients sent is received (live or from offline storage), bounced with an error,
 still stored offline at the end, or unaccounted (silently lost).
 """
-import json
 import sys
 from pathlib import Path
 
-
-def lines(p):
-    p = Path(p)
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
+from soak_report import lines
 
 
 def one(root, sc):

@@ -121,6 +121,17 @@ sample() { # pid metrics_port t
         "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE datname = 'presenced'" || echo null)" "$load"
 }
 
+# fresh_stores: an empty $WORK with a private PostgreSQL on STORE_PORT_BASE + 1 and a
+# private Redis on STORE_PORT_BASE in it.
+fresh_stores() {
+    rm -rf "$WORK"
+    mkdir -p "$WORK"
+    chmod 755 "$WORK"
+    pg_init "$WORK/pg" $((STORE_PORT_BASE + 1))
+    pg_start
+    redis_start "$WORK/redis" "$STORE_PORT_BASE"
+}
+
 build_release() {
     if [ -n "${PRESENCED_BIN:-}" ] && [ -n "${BENCH_BIN:-}" ]; then
         PRESENCED="$PRESENCED_BIN" BENCH="$BENCH_BIN"

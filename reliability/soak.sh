@@ -43,12 +43,7 @@ cleanup() {
 trap cleanup EXIT
 
 build_release
-rm -rf "$WORK"
-mkdir -p "$WORK"
-chmod 755 "$WORK"
-pg_init "$WORK/pg" $((STORE_PORT_BASE + 1))
-pg_start
-redis_start "$WORK/redis" "$STORE_PORT_BASE"
+fresh_stores
 log "provisioning $N users with $K contacts each"
 provision "$N" "$K"
 node_config soak "$C2S" "$METRICS"

@@ -224,17 +224,12 @@ pub async fn run(plan: Plan, target: Target, graph: Arc<ContactGraph>) -> Result
     }
     // Drain: nothing more is sent; wait until nothing arrives for 3 s.
     let load_end = t0.elapsed().as_secs_f64();
-    let until = Instant::now() + Duration::from_secs(plan.drain_secs);
-    shared
-        .last_activity_ns
-        .store(session::now_ns(), Ordering::Relaxed);
-    while Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let last = shared.last_activity_ns.load(Ordering::Relaxed);
-        if session::now_ns().saturating_sub(last) >= 3_000_000_000 {
-            break;
-        }
-    }
+    crate::wait_quiet(
+        &shared,
+        Duration::from_secs(3),
+        Duration::from_secs(plan.drain_secs),
+    )
+    .await;
     let all_online = counts.online.load(Ordering::Relaxed) == u64::from(n);
     write_line(&mut log, &line("end", load_end, &probes)).await?;
     for u in &users {
