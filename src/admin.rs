@@ -1,5 +1,5 @@
 //! The admin socket: operators' commands against the running server (`presenced user
-//! list`, `user del`, `session list`, `session kick`, `stats`).
+//! list`, `user del`, `session list`, `session kick`, `stats`, `roster show|add|remove`).
 //!
 //! A Unix socket at `[admin] socket`, mode 0600: the file system decides who is an
 //! operator (the server's user and root), so there is no password to configure or leak.
@@ -10,6 +10,11 @@
 //! Sessions are ended the way the server ends any session: a stream error on the stream
 //! (RFC 6120 §4.9), then the session's own end path, so contacts learn of it as of any
 //! closed connection, through the privacy gate, after `[liveness] grace`.
+//!
+//! Roster changes are the schema's own operator operations (`presenced_roster_make_mutual`
+//! and `presenced_roster_unpair`, through [`crate::store::Store::roster_make_mutual`]); the
+//! subscription executor then gives both users' online sessions the roster pushes (RFC 6121
+//! §2.1.6) and the presence the privacy gate decides, as for a change made in SQL.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -55,6 +60,30 @@ pub enum Request {
     },
     /// Figures of this node.
     Stats,
+    /// One account's roster.
+    RosterShow {
+        /// Bare JID of a local account.
+        jid: String,
+    },
+    /// Makes two local accounts mutual contacts (subscription `both` each way).
+    RosterAdd {
+        /// Bare JID of a local account.
+        jid: String,
+        /// Bare JID of another local account.
+        contact: String,
+        /// The name `jid` shows for the contact (unset: kept).
+        name: Option<String>,
+        /// The groups `jid` files the contact under (empty: kept).
+        #[serde(default)]
+        groups: Vec<String>,
+    },
+    /// Removes two accounts from each other's rosters.
+    RosterRemove {
+        /// Bare JID of a local account.
+        jid: String,
+        /// Bare JID of the contact.
+        contact: String,
+    },
 }
 
 /// One bound session.
@@ -244,7 +273,119 @@ async fn execute(
             });
             Ok(json(&s))
         }
+        Request::RosterShow { jid } => roster_show(shared, &jid).await,
+        Request::RosterAdd {
+            jid,
+            contact,
+            name,
+            groups,
+        } => {
+            roster_change(
+                shared,
+                &jid,
+                &contact,
+                Some((name.as_deref(), groups.as_slice())),
+            )
+            .await
+        }
+        Request::RosterRemove { jid, contact } => roster_change(shared, &jid, &contact, None).await,
     }
+}
+
+/// A local account's bare JID, or why `jid` is not one.
+async fn local_account(shared: &Shared, jid: &str) -> Result<BareJid, String> {
+    let bare = BareJid::new(jid).map_err(|e| format!("{jid}: {e}"))?;
+    let node = bare
+        .node()
+        .ok_or_else(|| format!("{jid}: an account JID needs a localpart"))?;
+    let exists = shared
+        .store
+        .account_exists(node.as_str(), bare.domain().as_str())
+        .await
+        .map_err(|e| e.to_string())?;
+    if !exists {
+        return Err(format!("no account {bare}"));
+    }
+    Ok(bare)
+}
+
+/// `roster show`: the items as JSON objects, with the roster version.
+async fn roster_show(shared: &Shared, jid: &str) -> Result<serde_json::Value, String> {
+    let owner = local_account(shared, jid).await?;
+    let (version, items) = shared
+        .store
+        .roster(owner.as_str())
+        .await
+        .map_err(|e| e.to_string())?;
+    let items: Vec<serde_json::Value> = items
+        .iter()
+        .map(|i| {
+            serde_json::json!({
+                "contact": i.contact,
+                "name": i.name,
+                "groups": i.groups,
+                "subscription": i.subscription.as_str(),
+                "ask": i.sub_state().ask(),
+                "pending_in": i.pending_in,
+                "preapproved": i.preapproved,
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({ "jid": owner.to_string(), "version": version, "items": items }))
+}
+
+/// `roster add` / `roster remove`, then the pushes and presence that follow, to both users'
+/// sessions on this node (other nodes hear of it through the store's announcement).
+async fn roster_change(
+    shared: &Shared,
+    jid: &str,
+    contact: &str,
+    add: Option<(Option<&str>, &[String])>,
+) -> Result<serde_json::Value, String> {
+    let owner = local_account(shared, jid).await?;
+    let other = local_account(shared, contact).await?;
+    if owner == other {
+        return Err(format!("{owner} cannot be its own contact"));
+    }
+    let (a, b) = (owner.as_str(), other.as_str());
+    let changed = match add {
+        Some((name, groups)) => {
+            let limits = shared.store.limits();
+            if name.is_some_and(|n| n.chars().count() > limits.max_roster_name_length)
+                || groups.len() > limits.max_roster_groups
+                || groups
+                    .iter()
+                    .any(|g| g.is_empty() || g.chars().count() > limits.max_roster_group_length)
+            {
+                return Err(format!(
+                    "name or groups beyond [limits] (name up to {} characters, up to {} \
+                     non-empty groups of up to {} characters)",
+                    limits.max_roster_name_length,
+                    limits.max_roster_groups,
+                    limits.max_roster_group_length
+                ));
+            }
+            shared
+                .store
+                .roster_make_mutual(a, b, name, groups)
+                .await
+                .map_err(|e| match e {
+                    crate::store::StoreError::RosterFull => format!(
+                        "a roster would exceed [limits] max_roster_items ({})",
+                        limits.max_roster_items
+                    ),
+                    e => e.to_string(),
+                })?;
+            true
+        }
+        None => shared
+            .store
+            .roster_unpair(a, b)
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    crate::presence::executor::apply_external_pair(shared, a, b).await;
+    Ok(serde_json::json!({ "jid": a, "contact": b, "changed": changed }))
 }
 
 /// Serialising the answers without naming their types twice.
@@ -380,6 +521,52 @@ pub fn render(req: &Request, answer: &serde_json::Value) -> String {
                 answer["deleted"].as_str().unwrap_or_default(),
                 answer["sessions_ended"]
             ));
+        }
+        Request::RosterShow { .. } => {
+            for i in answer["items"].as_array().into_iter().flatten() {
+                let groups: Vec<&str> = i["groups"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|g| g.as_str())
+                    .collect();
+                out.push_str(&format!(
+                    "{}\t{}\t{}\t{}{}\n",
+                    i["contact"].as_str().unwrap_or_default(),
+                    i["subscription"].as_str().unwrap_or_default(),
+                    i["name"].as_str().unwrap_or("-"),
+                    if groups.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        groups.join(",")
+                    },
+                    i["ask"]
+                        .as_str()
+                        .map(|a| format!("\task={a}"))
+                        .unwrap_or_default(),
+                ));
+            }
+        }
+        Request::RosterAdd { .. } => {
+            out.push_str(&format!(
+                "{} and {} are mutual contacts\n",
+                answer["jid"].as_str().unwrap_or_default(),
+                answer["contact"].as_str().unwrap_or_default()
+            ));
+        }
+        Request::RosterRemove { .. } => {
+            let (a, b) = (
+                answer["jid"].as_str().unwrap_or_default(),
+                answer["contact"].as_str().unwrap_or_default(),
+            );
+            match answer["changed"].as_bool() {
+                Some(true) => out.push_str(&format!(
+                    "removed {b} from {a}'s roster and {a} from {b}'s\n"
+                )),
+                _ => out.push_str(&format!(
+                    "{b} was not on {a}'s roster (nothing left waiting either way)\n"
+                )),
+            }
         }
         Request::Stats => {
             if let Some(map) = answer.as_object() {

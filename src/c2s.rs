@@ -25,6 +25,7 @@ use crate::node::Shared;
 use crate::router;
 use crate::sasl::scram::{self, ScramHash, ScramServer};
 use crate::sessions::Outbound;
+use crate::stream_management as sm;
 use crate::xml::reader::{ReaderLimits, StreamEvent, StreamReader, XmlError};
 use crate::xml::{self as x, Element};
 
@@ -61,7 +62,7 @@ type Reader = Box<StreamReader<ReadHalf<BoxIo>>>;
 fn new_reader(io: ReadHalf<BoxIo>, shared: &Shared, authenticated: bool) -> Reader {
     Box::new(StreamReader::new(
         io,
-        ReaderLimits::for_peer(&shared.config.limits, authenticated),
+        ReaderLimits::for_peer(&shared.live.get().limits, authenticated),
     ))
 }
 
@@ -80,6 +81,8 @@ struct Conn {
     domain: Option<String>,
     /// The authenticated account's localpart.
     user: Option<String>,
+    /// What the connection runs over (handed to a session this stream resumes).
+    transport: Transport,
 }
 
 /// Serves one client TCP connection from accept to close.
@@ -100,7 +103,7 @@ pub async fn serve_transport(
     // Negotiation (TLS handshake, SASL, its timers and error paths) is large and short-lived
     // state. Boxed, it is freed once the resource is bound; inline, it would size this
     // connection's task for the whole life of an idle session (BENCHMARKS.md, memory per session).
-    let negotiated = Box::pin(negotiate(shared, io, peer, direct_tls, transport.secure)).await;
+    let negotiated = Box::pin(negotiate(shared, io, peer, direct_tls, &transport)).await;
     if let Some((conn, bound)) = negotiated {
         conn.run_session(bound, transport).await;
     }
@@ -113,9 +116,9 @@ async fn negotiate(
     io: BoxIo,
     peer: SocketAddr,
     direct_tls: bool,
-    secure_below: bool,
+    transport: &Transport,
 ) -> Option<(Conn, FullJid)> {
-    let timeout = shared.config.limits.negotiation_timeout;
+    let timeout = shared.live.get().limits.negotiation_timeout;
     let deadline = Instant::now() + timeout;
     let io = if direct_tls {
         // XEP-0368: TLS starts before any XML.
@@ -140,10 +143,11 @@ async fn negotiate(
         shared,
         writer: w,
         peer,
-        secure: direct_tls || secure_below,
+        secure: direct_tls || transport.secure,
         header_sent: false,
         domain: None,
         user: None,
+        transport: transport.clone(),
     };
     match tokio::time::timeout_at(deadline, conn.negotiate()).await {
         Ok(Ok(jid)) => Some((conn, jid)),
@@ -323,7 +327,9 @@ impl Conn {
                 .child(Element::new("ver", x::NS_ROSTER_VER))
                 .child(Element::new("sub", x::NS_PREAPPROVAL))
                 // XEP-0352 §4: client state indication is offered after authentication.
-                .child(Element::new("csi", crate::csi::NS_CSI));
+                .child(Element::new("csi", crate::csi::NS_CSI))
+                // XEP-0198 §2: stream management, once the client is authenticated.
+                .child(Element::new("sm", sm::NS_SM));
         }
         let mut out = String::new();
         // Written with the stream prefix, which is what every client expects.
@@ -402,7 +408,7 @@ impl Conn {
         *failures += 1;
         self.shared.metrics.auth_failure();
         tracing::info!(peer = %self.peer, condition, failures = *failures, "SASL failure");
-        if *failures >= self.shared.config.limits.max_auth_failures {
+        if *failures >= self.shared.live.get().limits.max_auth_failures {
             // RFC 6120 §6.4.5: after the configured number of retries, end the stream.
             return Err(Fail::Stream(StreamError::new(
                 "policy-violation",
@@ -715,6 +721,54 @@ impl Conn {
         }
     }
 
+    /// XEP-0198 §5: hands this stream to the session `previd` of the authenticated account,
+    /// which answers `<resumed/>` on it. `Ok(false)` when there is no such session here
+    /// (`<failed/>` was written and the client may bind instead): expired, never issued,
+    /// another account's, or held by another node of the cluster, which this node cannot
+    /// resume, so the client binds a new resource.
+    async fn resume(&mut self, previd: &str, h: u32) -> Result<bool, Fail> {
+        let Some(account) = self.user.clone().and_then(|u| self.account(&u)) else {
+            return Err(Fail::Gone);
+        };
+        let tx = match self.shared.resumable.find(previd, account.as_str(), h) {
+            Ok(tx) => tx,
+            Err(refused) => {
+                tracing::info!(peer = %self.peer, %account, ?refused, "stream resumption refused");
+                let condition = match refused {
+                    sm::Refused::NotFound => "item-not-found",
+                    // §4: the client claims more than was sent.
+                    sm::Refused::TooHigh(_) => "undefined-condition",
+                };
+                self.write(&sm::failed(condition, None)).await?;
+                return Ok(false);
+            }
+        };
+        let empty = new_reader(empty_half(), &self.shared, true);
+        let reader = std::mem::replace(&mut self.reader, empty);
+        let writer = std::mem::replace(&mut self.writer, tokio::io::split(empty_io()).1);
+        let (taken, was_taken) = tokio::sync::oneshot::channel();
+        let handoff = Box::new(sm::Handoff {
+            h,
+            reader,
+            writer,
+            peer: self.peer,
+            transport: self.transport.clone(),
+            taken,
+        });
+        if let Err(back) = tx.send(handoff).await {
+            // The session ended meanwhile.
+            let sm::Handoff { reader, writer, .. } = *back.0;
+            self.reader = reader;
+            self.writer = writer;
+            self.write(&sm::failed("item-not-found", None)).await?;
+            return Ok(false);
+        }
+        // Either the session took the stream (and answers on it), or it ended with the
+        // stream unanswered; then the connection closes and the client starts afresh.
+        was_taken.await.map_err(|_| Fail::Gone)?;
+        Ok(true)
+    }
+
     /// Whether binding `jid` would exceed `max_resources_per_account`. Taking over a
     /// resource already bound (RFC 6120 §7.7.2.1: the older session is replaced) adds none.
     /// Resources bound on other nodes of the cluster count too (the directory). Two binds
@@ -728,7 +782,7 @@ impl Conn {
             .into_iter()
             .map(|s| s.jid.to_string())
             .collect();
-        let max = shared.config.limits.max_resources_per_account;
+        let max = shared.live.get().limits.max_resources_per_account;
         if bound.len() < max {
             // Only read the directory when this node's sessions alone leave room.
             let elsewhere = shared.cluster.holders(&[bare.as_str()]).await;
@@ -743,6 +797,24 @@ impl Conn {
     async fn bind(&mut self) -> Result<FullJid, Fail> {
         loop {
             let el = self.next_element().await?;
+            match sm::Nonza::parse(&el) {
+                Some(Ok(sm::Nonza::Resume { previd, h })) => {
+                    if self.resume(&previd, h).await? {
+                        // The session took this stream over; this task has nothing left.
+                        return Err(Fail::Gone);
+                    }
+                    continue;
+                }
+                Some(Ok(sm::Nonza::Enable { .. })) => {
+                    // XEP-0198 §3: stream management is enabled after resource binding.
+                    self.write(&sm::failed("unexpected-request", None)).await?;
+                    continue;
+                }
+                Some(Err(sm::Malformed(why))) => {
+                    return Err(Fail::Stream(StreamError::new("bad-format", why)));
+                }
+                Some(Ok(sm::Nonza::Request | sm::Nonza::Ack { .. })) | None => {}
+            }
             let is_set = el.is("iq", x::NS_CLIENT) && el.get_attr("type") == Some("set");
             let Some(bind) = el.get_child("bind", x::NS_BIND).filter(|_| is_set) else {
                 if is_set && el.get_child("session", x::NS_SESSION).is_some() {
@@ -810,14 +882,22 @@ impl Conn {
     /// future is kept pinned across `select!` iterations and only replaced once it has
     /// produced an event; a timer or token firing never drops a half-read stanza. One task
     /// fewer and no event channel per session is what an idle session saves (BENCHMARKS.md).
+    ///
+    /// XEP-0198: once the client enabled resumption, a connection that dies (the socket
+    /// fails; not a `</stream:stream>`, not a stream error) detaches the session instead of
+    /// ending it: it stays registered, available and in the directory, this task keeps its
+    /// liveness beating and keeps what arrives for it, and a new stream that resumes it
+    /// ([`Conn::resume`]) is attached in place of the old one. The window ends it as a
+    /// disconnect ends a session.
     async fn run_session(self, jid: FullJid, transport: Transport) {
         let Conn {
             shared,
             reader,
             writer,
-            peer,
+            mut peer,
             ..
         } = self;
+        let mut transport = transport;
         let origin = crate::sessions::Origin::now(
             match transport.kind {
                 TransportKind::Tcp => "tcp",
@@ -827,7 +907,7 @@ impl Conn {
         );
         let reg = shared.sessions.register_from(
             jid.clone(),
-            shared.config.limits.session_queue,
+            shared.live.get().limits.session_queue,
             &shared.shutdown,
             origin,
         );
@@ -843,15 +923,24 @@ impl Conn {
             TransportKind::Tcp => shared.metrics.login_tcp(),
             TransportKind::WebSocket => shared.metrics.login_websocket(),
         }
-        let csi = crate::csi::Filter::new(shared.config.limits.max_csi_held_presences);
-        let writer_task = tokio::spawn(write_loop(writer, reg.rx, handle.kill.clone(), csi));
+        let csi = crate::csi::Filter::new(shared.live.get().limits.max_csi_held_presences);
+        let mut stop = CancellationToken::new();
+        let mut writer_task = Some(tokio::spawn(write_loop(Writing {
+            writer,
+            rx: reg.rx,
+            kill: handle.kill.clone(),
+            stop: stop.clone(),
+            csi,
+            out: None,
+            prelude: String::new(),
+        })));
         let mut live = shared
             .liveness
             .bind(&jid, handle.id, transport.beat.clone());
         let mut session = Session::new(shared.clone(), handle.clone(), peer);
         let mut bucket = crate::rate_limit::TokenBucket::new(
-            shared.config.limits.stanzas_per_second,
-            shared.config.limits.stanza_burst,
+            shared.live.get().limits.stanzas_per_second,
+            shared.live.get().limits.stanza_burst,
         );
         let timings = shared.liveness.timings;
         // Checked four times per H so that a ping goes out within H/4 of H of silence.
@@ -863,14 +952,36 @@ impl Conn {
         refresh_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         refresh_tick.reset();
         let mut read = std::pin::pin!(next_event(Some(reader)));
+        // XEP-0198 on the reading side: the client's stanzas handled since <enable/> (None:
+        // not enabled), what was written and not acknowledged, the resumption this session
+        // offers, and the detached state.
+        let mut handled: Option<u32> = None;
+        let mut out: Option<sm::SharedOutgoing> = None;
+        let mut resumable: Option<Resumption> = None;
+        let mut detached: Option<Detached> = None;
+        // What the writer left in the mailbox when it ended.
+        let mut leftover: Option<mpsc::Receiver<Outbound>> = None;
         let end = loop {
             let ev = tokio::select! {
                 _ = handle.kill.cancelled() => break None,
-                _ = live.end.cancelled() => {
+                _ = live.end.cancelled(), if detached.is_none() => {
                     // The sweeper found no beat for T: the client is gone without a word.
                     break Some(StreamError::new("connection-timeout", "no traffic within the liveness timeout"));
                 }
                 _ = ping_tick.tick() => {
+                    if detached.is_some() {
+                        // Nobody is connected, and the server vouches for the session until
+                        // its window ends: no sweeper, here or on another node, announces it.
+                        live.beat.touch();
+                        continue;
+                    }
+                    if !Arc::ptr_eq(&transport.beat, &live.beat)
+                        && transport.beat.last_ms() > live.beat.last_ms()
+                    {
+                        // A resumed stream's transport counts its own keepalives (WebSocket
+                        // Pongs); the session's liveness follows them.
+                        live.beat.touch();
+                    }
                     // XEP-0199 §4.1 server-to-client ping after H of inbound silence; the
                     // answer (result or error, either will do) is traffic, hence a beat.
                     // RFC 7395 streams are pinged with WebSocket Ping frames by the adapter.
@@ -892,7 +1003,7 @@ impl Conn {
                 }
                 _ = refresh_tick.tick() => {
                     live.refresh(&shared.liveness);
-                    if live.locally_dead(&shared.liveness) {
+                    if detached.is_none() && live.locally_dead(&shared.liveness) {
                         // No sweeper acted (Redis unreachable): end it here.
                         live.mark_dead();
                         break Some(StreamError::new("connection-timeout", "no traffic within the liveness timeout"));
@@ -903,6 +1014,9 @@ impl Conn {
                     // Any inbound traffic is a heartbeat.
                     if ev.is_ok() {
                         transport.beat.touch();
+                        if !Arc::ptr_eq(&transport.beat, &live.beat) {
+                            live.beat.touch();
+                        }
                     }
                     // Start the next read before handling this event, so the completed future
                     // is never polled again; after a close or an error nothing follows and
@@ -910,6 +1024,95 @@ impl Conn {
                     let more = matches!(ev, Ok(StreamEvent::Stanza(_)) | Ok(StreamEvent::Whitespace));
                     read.set(next_event(more.then_some(reader)));
                     ev
+                }
+                done = wait_writer(&mut writer_task) => {
+                    // The writer ended by itself: it wrote the end of the stream, or the
+                    // socket failed under it.
+                    match done {
+                        Some(w) if w.end == WriterEnd::Failed && resumable.is_some() => {
+                            read.set(next_event(None));
+                            detached = Some(Detached::new(&shared, w, &resumable, &peer, &jid));
+                            continue;
+                        }
+                        Some(w) => leftover = Some(w.rx),
+                        None => {}
+                    }
+                    break None;
+                }
+                handoff = next_handoff(&mut resumable) => {
+                    // XEP-0198 §5: a new stream of the same account resumes this session.
+                    let (rx, csi) = match detached.take() {
+                        Some(Detached { rx, csi, .. }) => (rx, csi),
+                        None => {
+                            // The old connection still looked alive here; the client knows
+                            // better. It is dropped for the new one.
+                            read.set(next_event(None));
+                            stop.cancel();
+                            match wait_writer(&mut writer_task).await {
+                                Some(w) => (w.rx, w.csi),
+                                None => break None,
+                            }
+                        }
+                    };
+                    let sm::Handoff { h, reader, writer, peer: from, transport: over, taken } = *handoff;
+                    let Some(kept) = out.clone() else { break None };
+                    let (prelude, resent) = {
+                        let mut o = sm::lock(&kept);
+                        // The registry checked h against the count; an h the count has
+                        // passed since acknowledges nothing more.
+                        let _ = o.ack(h);
+                        let id = resumable.as_ref().map(|r| r.id.as_str()).unwrap_or_default();
+                        let mut prelude = sm::resumed(id, handled.unwrap_or(0));
+                        for s in o.unacked() {
+                            prelude.push_str(s);
+                        }
+                        (prelude, o.unacked_len())
+                    };
+                    stop = CancellationToken::new();
+                    writer_task = Some(tokio::spawn(write_loop(Writing {
+                        writer,
+                        rx,
+                        kill: handle.kill.clone(),
+                        stop: stop.clone(),
+                        csi,
+                        out: Some(kept),
+                        prelude,
+                    })));
+                    read.set(next_event(Some(reader)));
+                    peer = from;
+                    session.peer = from;
+                    transport = over;
+                    live.beat.touch();
+                    last_ping = tokio::time::Instant::now();
+                    let _ = taken.send(());
+                    tracing::info!(%peer, %jid, resent, "stream resumed (XEP-0198)");
+                    continue;
+                }
+                event = next_detached(&mut detached) => {
+                    let Some(item) = event else {
+                        tracing::info!(%jid, "resumption window over; ending the session");
+                        break None;
+                    };
+                    match item {
+                        // Replaced by a new bind of the resource, kicked, or shut down.
+                        Outbound::Close(_) | Outbound::End | Outbound::Finish => break None,
+                        Outbound::SmEnabled(_) | Outbound::SmNonza(_) => {}
+                        item => {
+                            let Some(d) = detached.as_mut() else { continue };
+                            let mut overflow = false;
+                            let Some(kept) = out.as_ref() else { break None };
+                            d.csi.pass(item, |o| {
+                                if let Some(s) = serialized(o) {
+                                    overflow |= sm::lock(kept).push(s).is_err();
+                                }
+                            });
+                            if overflow {
+                                tracing::info!(%jid, "too many unacknowledged stanzas for a detached session; ending it");
+                                break None;
+                            }
+                        }
+                    }
+                    continue;
                 }
             };
             match ev {
@@ -923,6 +1126,23 @@ impl Conn {
                             "too many stanzas per second",
                         ));
                     }
+                    if let Some(nonza) = sm::Nonza::parse(&el) {
+                        let answer = stream_management(
+                            &shared,
+                            &handle,
+                            &mut out,
+                            &mut handled,
+                            &mut resumable,
+                            nonza,
+                        );
+                        if let Err(err) = answer {
+                            break Some(err);
+                        }
+                        continue;
+                    }
+                    // XEP-0198 §4: only stanzas are counted, not nonzas such as XEP-0352's.
+                    let stanza = el.ns == x::NS_CLIENT
+                        && matches!(el.name.as_str(), "message" | "presence" | "iq");
                     // Boxed: routing a stanza can be a deep future (store queries, fan-out);
                     // boxing keeps that state out of this long-lived future while idle.
                     // Nothing is read while it runs: the client is not silent meanwhile.
@@ -931,6 +1151,9 @@ impl Conn {
                     drop(busy);
                     if let Err(err) = handled {
                         break Some(err);
+                    }
+                    if let Some(h) = handled.as_mut().filter(|_| stanza) {
+                        *h = h.wrapping_add(1);
                     }
                 }
                 Ok(StreamEvent::Whitespace) => {}
@@ -942,7 +1165,21 @@ impl Conn {
                 Ok(StreamEvent::Open(_)) => {
                     break Some(StreamError::new("not-well-formed", "second stream header"));
                 }
-                Err(e) => break StreamError::of_xml(&e),
+                Err(e) => match StreamError::of_xml(&e) {
+                    Some(err) => break Some(err),
+                    // The connection died without a closing tag: XEP-0198 §5 lets the
+                    // client resume, if it asked to be able to.
+                    None if resumable.is_some() => {
+                        stop.cancel();
+                        match wait_writer(&mut writer_task).await {
+                            Some(w) => {
+                                detached = Some(Detached::new(&shared, w, &resumable, &peer, &jid))
+                            }
+                            None => break None,
+                        }
+                    }
+                    None => break None,
+                },
             }
         };
         if live.end.is_cancelled() {
@@ -950,6 +1187,10 @@ impl Conn {
         }
         // Stop reading; the reader (and with it the read half of the socket) goes now.
         read.set(next_event(None));
+        // No new stream can take this session over any more.
+        if let Some(r) = resumable.take() {
+            shared.resumable.remove(&r.id);
+        }
         if let Some(err) = end {
             tracing::info!(%peer, %jid, error = %err, "closing session with stream error");
             handle.close(err);
@@ -966,15 +1207,221 @@ impl Conn {
         } else {
             Duration::from_secs(5)
         };
-        let _ = tokio::time::timeout(flush, async {
-            handle.finish();
-            let _ = writer_task.await;
-        })
-        .await;
+        let mut rest = leftover.or(detached.map(|Detached { rx, .. }| rx));
+        if writer_task.is_some() {
+            let _ = tokio::time::timeout(flush, async {
+                handle.finish();
+                if let Some(w) = wait_writer(&mut writer_task).await {
+                    rest = Some(w.rx);
+                }
+            })
+            .await;
+        }
         handle.kill.cancel();
         tracing::info!(%peer, %jid, "session ended");
+        if let Some(kept) = &out {
+            // XEP-0198: what the client did not acknowledge is not lost with the session.
+            Box::pin(return_unacked(&shared, &jid, kept, rest)).await;
+        }
         // Unavailable now (silent death) or after the grace period (close or drop).
         Box::pin(crate::liveness_tasks::session_over(session, live)).await;
+    }
+}
+
+/// A resumable XEP-0198 session's id (in [`Shared::resumable`]) and the channel a resuming
+/// stream is handed over on.
+struct Resumption {
+    id: String,
+    rx: mpsc::Receiver<Box<sm::Handoff>>,
+    window: Duration,
+}
+
+/// A session whose connection died and that waits for its client to resume it: the
+/// mailbox this task now drains into the unacknowledged stanzas, the client-state filter
+/// they pass, and when the window ends.
+struct Detached {
+    rx: mpsc::Receiver<Outbound>,
+    csi: crate::csi::Filter,
+    /// Boxed: the timer is large and only a detached session needs one.
+    until: std::pin::Pin<Box<tokio::time::Sleep>>,
+    _counted: sm::DetachedCount,
+}
+
+impl Detached {
+    fn new(
+        shared: &Shared,
+        w: WriterOut,
+        r: &Option<Resumption>,
+        peer: &SocketAddr,
+        jid: &FullJid,
+    ) -> Detached {
+        let window = r.as_ref().map_or(Duration::ZERO, |r| r.window);
+        tracing::info!(%peer, %jid, ?window, "connection lost; session kept for resumption (XEP-0198)");
+        Detached {
+            rx: w.rx,
+            csi: w.csi,
+            until: Box::pin(tokio::time::sleep(window)),
+            _counted: shared.resumable.count_detached(),
+        }
+    }
+}
+
+/// Handles a XEP-0198 element of a bound session's client; `Err` ends the stream.
+fn stream_management(
+    shared: &Shared,
+    handle: &crate::sessions::SessionHandle,
+    out: &mut Option<sm::SharedOutgoing>,
+    handled: &mut Option<u32>,
+    resumable: &mut Option<Resumption>,
+    nonza: Result<sm::Nonza, sm::Malformed>,
+) -> Result<(), StreamError> {
+    let failed = |condition| Outbound::SmNonza(Arc::new(sm::failed(condition, None)));
+    match nonza {
+        // RFC 6120 §4.9.3.1: XML the server cannot process.
+        Err(sm::Malformed(why)) => return Err(StreamError::new("bad-format", why)),
+        Ok(sm::Nonza::Enable { .. }) if handled.is_some() => {
+            // §3: enabled once per stream.
+            handle.send_sm(failed("unexpected-request"));
+        }
+        Ok(sm::Nonza::Enable { resume, max }) => {
+            *handled = Some(0);
+            let kept: sm::SharedOutgoing = Arc::new(std::sync::Mutex::new(sm::Outgoing::new(
+                shared.live.get().limits.sm_max_unacked,
+            )));
+            *out = Some(kept.clone());
+            let configured = shared.live.get().limits.sm_resume_timeout;
+            // §3: the client's `max` is its preference; the shorter window wins.
+            let window = match max.filter(|&m| m > 0) {
+                Some(m) => configured.min(Duration::from_secs(m)),
+                None => configured,
+            };
+            let xml = if resume && !window.is_zero() {
+                let (tx, rx) = mpsc::channel(1);
+                let account = handle.jid.to_bare();
+                let id = shared
+                    .resumable
+                    .register(account.as_str(), tx, kept.clone());
+                let xml = sm::enabled(Some((&id, window.as_secs().max(1))));
+                *resumable = Some(Resumption { id, rx, window });
+                xml
+            } else {
+                sm::enabled(None)
+            };
+            tracing::debug!(jid = %handle.jid, resume, ?window, "stream management enabled");
+            handle.send_sm(Outbound::SmEnabled(Box::new(sm::Enabled {
+                xml,
+                out: kept,
+            })));
+        }
+        // §5: a bound stream resumes nothing.
+        Ok(sm::Nonza::Resume { .. }) => {
+            handle.send_sm(failed("unexpected-request"));
+        }
+        Ok(sm::Nonza::Request) => match handled {
+            Some(h) => {
+                handle.send_sm(Outbound::SmNonza(Arc::new(sm::ack(*h))));
+            }
+            None => {
+                handle.send_sm(failed("unexpected-request"));
+            }
+        },
+        Ok(sm::Nonza::Ack { h }) => {
+            let Some(kept) = out.as_ref() else {
+                handle.send_sm(failed("unexpected-request"));
+                return Ok(());
+            };
+            if let Err(too) = sm::lock(kept).ack(h) {
+                // §4: more acknowledged than was sent.
+                return Err(StreamError::new(
+                    "undefined-condition",
+                    format!(
+                        "handled-count-too-high: h={} send-count={}",
+                        too.h, too.sent
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The stanzas a XEP-0198 session's client never acknowledged (written, or still in the
+/// mailbox), after the session ended: each is handled as RFC 6121 §8 handles a stanza for
+/// a resource that went away ([`crate::delivery::unacked`]).
+async fn return_unacked(
+    shared: &Shared,
+    jid: &FullJid,
+    out: &sm::SharedOutgoing,
+    rest: Option<mpsc::Receiver<Outbound>>,
+) {
+    let mut items: Vec<Arc<String>> = sm::lock(out).take_unacked().into();
+    if let Some(mut rx) = rest {
+        while let Ok(item) = rx.try_recv() {
+            items.extend(serialized(item));
+        }
+    }
+    let owner = jid.to_bare();
+    let mut handled = 0usize;
+    for xml in items {
+        // Presence is dropped (§8.5.3.2.1); only messages and iq are read back.
+        if !(xml.starts_with("<message") || xml.starts_with("<iq")) {
+            continue;
+        }
+        let Some(el) = x::parse_element(&xml) else {
+            continue;
+        };
+        crate::delivery::unacked(shared, &owner, el).await;
+        handled += 1;
+    }
+    if handled > 0 {
+        tracing::info!(%jid, handled, "unacknowledged stanzas of an ended session re-routed");
+    }
+}
+
+/// The stanza an outbound item writes, as the bytes kept for XEP-0198; `None` for what is
+/// not a stanza.
+fn serialized(item: Outbound) -> Option<Arc<String>> {
+    match item {
+        Outbound::Stanza(el) => {
+            let mut s = String::new();
+            el.write_to(&mut s, x::NS_CLIENT, x::NS_CLIENT);
+            Some(Arc::new(s))
+        }
+        Outbound::Xml(xml) => Some(xml),
+        _ => None,
+    }
+}
+
+/// Waits for the writer task, if there is one, and clears it; never completes without one.
+async fn wait_writer(task: &mut Option<tokio::task::JoinHandle<WriterOut>>) -> Option<WriterOut> {
+    let Some(t) = task.as_mut() else {
+        return std::future::pending().await;
+    };
+    let done = t.await;
+    *task = None;
+    done.ok()
+}
+
+/// The next stream handed over to resume this session; never completes without resumption.
+async fn next_handoff(r: &mut Option<Resumption>) -> Box<sm::Handoff> {
+    match r.as_mut() {
+        Some(r) => match r.rx.recv().await {
+            Some(h) => h,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// While detached: the next item of the mailbox, or `None` when the window is over; never
+/// completes while attached.
+async fn next_detached(d: &mut Option<Detached>) -> Option<Outbound> {
+    let Some(d) = d.as_mut() else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        m = d.rx.recv() => m,
+        _ = d.until.as_mut() => None,
     }
 }
 
@@ -990,61 +1437,143 @@ async fn next_event(reader: Option<Reader>) -> (Reader, Result<StreamEvent, XmlE
     (reader, ev)
 }
 
+/// How a writer ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriterEnd {
+    /// It wrote the end of the stream (or was told to finish).
+    Closed,
+    /// The socket failed or stalled: the connection is gone.
+    Failed,
+    /// The session stopped it (detached, resumed elsewhere, killed).
+    Stopped,
+}
+
+/// What a writer task is given.
+struct Writing {
+    writer: WriteHalf<BoxIo>,
+    rx: mpsc::Receiver<Outbound>,
+    /// The session's end.
+    kill: CancellationToken,
+    /// This writer's end (a detach or a resume).
+    stop: CancellationToken,
+    csi: crate::csi::Filter,
+    /// The XEP-0198 counters, once `<enabled/>` was written.
+    out: Option<sm::SharedOutgoing>,
+    /// Written before anything from the mailbox (a resumption's `<resumed/>` and the
+    /// stanzas it sends again).
+    prelude: String,
+}
+
+/// What a writer hands back: the mailbox and filter, for the session to go on with.
+struct WriterOut {
+    rx: mpsc::Receiver<Outbound>,
+    csi: crate::csi::Filter,
+    end: WriterEnd,
+}
+
 /// Drains a session's mailbox onto the socket, batching what is already queued into one
 /// write so a burst of presence costs one TLS record and one syscall, not one per stanza.
 ///
 /// Stanzas pass the session's XEP-0352 filter ([`crate::csi::Filter`]) on the way, which
-/// holds presence while the client says it is inactive.
-async fn write_loop(
-    mut writer: WriteHalf<BoxIo>,
-    mut rx: mpsc::Receiver<Outbound>,
-    kill: CancellationToken,
-    mut csi: crate::csi::Filter,
-) {
-    let mut buf = String::new();
+/// holds presence while the client says it is inactive. Once XEP-0198 is enabled every
+/// stanza written is kept until the client acknowledges it ([`sm::Outgoing`]), and a batch
+/// that leaves some unacknowledged ends with `<r/>` unless one is outstanding; more than
+/// `[limits] sm_max_unacked` ends the stream with `resource-constraint` (RFC 6120
+/// §4.9.3.17: the server cannot keep more for this client).
+async fn write_loop(w: Writing) -> WriterOut {
+    let Writing {
+        mut writer,
+        mut rx,
+        kill,
+        stop,
+        mut csi,
+        mut out,
+        prelude,
+    } = w;
+    let mut buf = prelude;
+    let mut end = WriterEnd::Closed;
     loop {
-        let first = tokio::select! {
-            biased;
-            m = rx.recv() => m,
-            _ = kill.cancelled() => None,
-        };
-        let Some(first) = first else { break };
         let mut closing = false;
-        let mut next = Some(first);
-        while let Some(msg) = next.take() {
-            match msg {
-                item @ (Outbound::Stanza(_)
-                | Outbound::Xml(_)
-                | Outbound::ClientState(_)
-                | Outbound::Interest(_)) => csi.pass(item, |out| match out {
-                    Outbound::Stanza(el) => el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT),
-                    Outbound::Xml(xml) => buf.push_str(&xml),
-                    _ => {}
-                }),
-                Outbound::Close(err) => {
-                    buf.push_str(&err.to_xml());
-                    buf.push_str("</stream:stream>");
-                    closing = true;
-                }
-                Outbound::End => {
-                    buf.push_str("</stream:stream>");
-                    closing = true;
-                }
-                Outbound::Finish => closing = true,
-            }
-            if closing || buf.len() > 64 * 1024 {
+        if buf.is_empty() {
+            let first = tokio::select! {
+                biased;
+                m = rx.recv() => m,
+                _ = kill.cancelled() => None,
+                _ = stop.cancelled() => None,
+            };
+            let Some(first) = first else {
+                end = WriterEnd::Stopped;
                 break;
+            };
+            let mut next = Some(first);
+            let mut overflow = false;
+            while let Some(msg) = next.take() {
+                match msg {
+                    item @ (Outbound::Stanza(_)
+                    | Outbound::Xml(_)
+                    | Outbound::ClientState(_)
+                    | Outbound::Interest(_)) => csi.pass(item, |item| match (&out, item) {
+                        (None, Outbound::Stanza(el)) => {
+                            el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT)
+                        }
+                        (None, Outbound::Xml(xml)) => buf.push_str(&xml),
+                        (Some(kept), item) => {
+                            if let Some(s) = serialized(item) {
+                                buf.push_str(&s);
+                                overflow |= sm::lock(kept).push(s).is_err();
+                            }
+                        }
+                        _ => {}
+                    }),
+                    Outbound::SmEnabled(enabled) => {
+                        let sm::Enabled { xml, out: kept } = *enabled;
+                        buf.push_str(&xml);
+                        // §4: the count starts with the first stanza after <enabled/>.
+                        sm::lock(&kept).enable();
+                        out = Some(kept);
+                    }
+                    Outbound::SmNonza(xml) => buf.push_str(&xml),
+                    Outbound::Close(err) => {
+                        buf.push_str(&err.to_xml());
+                        buf.push_str("</stream:stream>");
+                        closing = true;
+                    }
+                    Outbound::End => {
+                        buf.push_str("</stream:stream>");
+                        closing = true;
+                    }
+                    Outbound::Finish => closing = true,
+                }
+                if closing || overflow || buf.len() > 64 * 1024 {
+                    break;
+                }
+                next = rx.try_recv().ok();
             }
-            next = rx.try_recv().ok();
+            if overflow {
+                let err = StreamError::new(
+                    "resource-constraint",
+                    "too many stanzas not acknowledged (XEP-0198)",
+                );
+                buf.push_str(&err.to_xml());
+                buf.push_str("</stream:stream>");
+                closing = true;
+            } else if !closing && out.as_ref().is_some_and(|o| sm::lock(o).should_request()) {
+                buf.push_str(sm::REQUEST);
+            }
         }
         if !buf.is_empty() {
-            let wrote = tokio::time::timeout(Duration::from_secs(30), async {
-                writer.write_all(buf.as_bytes()).await?;
-                writer.flush().await
-            })
-            .await;
+            let wrote = tokio::select! {
+                r = tokio::time::timeout(Duration::from_secs(30), async {
+                    writer.write_all(buf.as_bytes()).await?;
+                    writer.flush().await
+                }) => r,
+                _ = stop.cancelled() => {
+                    end = WriterEnd::Stopped;
+                    break;
+                }
+            };
             if !matches!(wrote, Ok(Ok(()))) {
-                kill.cancel();
+                end = WriterEnd::Failed;
                 break;
             }
             // Free the batch buffer after each write: most sessions write rarely, and a
@@ -1055,8 +1584,10 @@ async fn write_loop(
             break;
         }
     }
-    let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
-    kill.cancel();
+    if end == WriterEnd::Closed {
+        let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
+    }
+    WriterOut { rx, csi, end }
 }
 
 pub use crate::node::session::Session;

@@ -67,6 +67,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// This node's identity among the nodes sharing one database and one Redis key prefix.
     pub cluster: ClusterConfig,
+    /// The privacy settings of users who never chose their own.
+    pub privacy: PrivacyConfig,
 }
 
 impl Default for Config {
@@ -85,8 +87,32 @@ impl Default for Config {
             log: LogConfig::default(),
             admin: AdminConfig::default(),
             cluster: ClusterConfig::default(),
+            privacy: PrivacyConfig::default(),
         }
     }
+}
+
+/// `[privacy]`: who may see a user's online status and last seen while the user has not
+/// chosen (the `urn:presenced:privacy:0` settings); a user's own choice always wins.
+/// Reloaded on SIGHUP: presence already shown that the new default withholds is withdrawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrivacyConfig {
+    /// Online status (presence broadcasts and probe answers).
+    pub online: DefaultVisibility,
+    /// Last seen (XEP-0012, the stamp on unavailable presence).
+    pub last_seen: DefaultVisibility,
+}
+
+/// A default of `[privacy]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DefaultVisibility {
+    /// Every approved subscriber (plain RFC 6121).
+    #[default]
+    Subscribers,
+    /// No one but the user.
+    Nobody,
 }
 
 /// `[admin]`: what only operators reach.
@@ -103,6 +129,13 @@ pub struct AdminConfig {
     /// with mode 0600; empty: no admin socket.
     #[serde(with = "unset_if_empty")]
     pub socket: Option<PathBuf>,
+    /// Token every request to the admin listener (`/metrics`, `/status`) must carry, as
+    /// `Authorization: Bearer TOKEN` or `?token=TOKEN`; empty: none (loopback only).
+    #[serde(with = "unset_if_empty")]
+    pub token: Option<String>,
+    /// How often the status page polls `/status.json`, in seconds (fractions allowed).
+    #[serde(with = "secs")]
+    pub status_poll: Duration,
 }
 
 impl Default for AdminConfig {
@@ -112,6 +145,8 @@ impl Default for AdminConfig {
             bind: IpAddr::from([127, 0, 0, 1]),
             port: 5281,
             socket: Some(PathBuf::from("presenced-admin.sock")),
+            token: None,
+            status_poll: Duration::from_secs(2),
         }
     }
 }
@@ -130,6 +165,11 @@ pub struct ClusterConfig {
     /// Most recipients one cross-node message may carry; a broadcast to more recipients on
     /// one node is split into several messages.
     pub max_recipients_per_message: usize,
+    /// Seeds of a Redis Cluster (`redis://host:port`, `rediss://` for TLS; any subset of
+    /// its nodes, the rest is discovered). Set, they replace `[redis] url` (which must then
+    /// be empty): the same keys, scripts and node channels run on the cluster (README,
+    /// "Redis Cluster").
+    pub redis_seeds: Vec<String>,
 }
 
 impl Default for ClusterConfig {
@@ -137,6 +177,7 @@ impl Default for ClusterConfig {
         ClusterConfig {
             node_id: None,
             max_recipients_per_message: 1000,
+            redis_seeds: Vec::new(),
         }
     }
 }
@@ -520,6 +561,14 @@ pub struct LimitsConfig {
     /// presence is held as if it had none.
     #[serde(with = "secs")]
     pub interest_ttl: Duration,
+    /// Seconds a XEP-0198 resumable session waits, bound and shown online, for its client
+    /// to resume it after the connection died; then it ends as a disconnect does. A
+    /// client's smaller `max` is taken. 0 turns resumption off (acks still work).
+    #[serde(with = "secs")]
+    pub sm_resume_timeout: Duration,
+    /// Stanzas written to one XEP-0198 session and not yet acknowledged that the server
+    /// keeps for redelivery; one more ends the stream with resource-constraint.
+    pub sm_max_unacked: usize,
     /// Stanzas queued for one session before it is treated as stalled and disconnected.
     pub session_queue: usize,
     /// Stanzas per second a client may send on average (policy-violation beyond the burst).
@@ -566,6 +615,8 @@ impl Default for LimitsConfig {
             max_csi_held_presences: 500,
             max_interest_items: 500,
             interest_ttl: Duration::from_secs(300),
+            sm_resume_timeout: Duration::from_secs(300),
+            sm_max_unacked: 500,
             session_queue: 1024,
             stanzas_per_second: 50,
             stanza_burst: 200,
@@ -999,6 +1050,9 @@ impl Config {
         if self.domains.is_empty() {
             return bad("`domains` must name at least one domain");
         }
+        if self.admin.status_poll < Duration::from_millis(100) {
+            return bad("[admin] status_poll must be at least 0.1 seconds");
+        }
         for d in &self.domains {
             if crate::jid::BareJid::new(d)
                 .map(|j| j.node().is_some())
@@ -1063,6 +1117,7 @@ impl Config {
             ("max_offline_messages", l.max_offline_messages),
             ("max_csi_held_presences", l.max_csi_held_presences),
             ("max_interest_items", l.max_interest_items),
+            ("sm_max_unacked", l.sm_max_unacked),
         ];
         for (name, v) in counts {
             // The store compares them with PostgreSQL integers.
@@ -1168,6 +1223,20 @@ impl Config {
             if let Err(e) = redis::Client::open(r.url.as_str()) {
                 return bad(format!("[redis] url is not a Redis URL: {e}"));
             }
+            if !self.cluster.redis_seeds.is_empty() {
+                return bad(
+                    "[redis] url (or REDIS_URL) and [cluster] redis_seeds are both set: \
+                     a single Redis or a Redis Cluster, not both"
+                        .into(),
+                );
+            }
+        }
+        for seed in &self.cluster.redis_seeds {
+            if let Err(e) = redis::Client::open(seed.as_str()) {
+                return bad(format!(
+                    "[cluster] redis_seeds: `{seed}` is not a Redis URL: {e}"
+                ));
+            }
         }
         if r.timeout.is_zero() || r.reconnect_max < Duration::from_millis(100) {
             return bad("[redis] timeout > 0 and reconnect_max >= 0.1 seconds".into());
@@ -1188,6 +1257,11 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// Whether liveness and the cluster run on Redis (a single one or a Redis Cluster).
+    pub fn uses_redis(&self) -> bool {
+        !self.redis.url.is_empty() || !self.cluster.redis_seeds.is_empty()
     }
 
     /// Whether this server hosts `domain`.
@@ -1266,6 +1340,8 @@ mod tests {
         assert_eq!(cl.max_csi_held_presences, dl.max_csi_held_presences);
         assert_eq!(cl.max_interest_items, dl.max_interest_items);
         assert_eq!(cl.interest_ttl, dl.interest_ttl);
+        assert_eq!(cl.sm_resume_timeout, dl.sm_resume_timeout);
+        assert_eq!(cl.sm_max_unacked, dl.sm_max_unacked);
     }
 
     #[test]
@@ -1290,6 +1366,7 @@ mod tests {
             |l: &mut LimitsConfig| l.max_csi_held_presences = 0,
             |l: &mut LimitsConfig| l.max_interest_items = 0,
             |l: &mut LimitsConfig| l.interest_ttl = Duration::ZERO,
+            |l: &mut LimitsConfig| l.sm_max_unacked = 0,
         ] {
             let mut c = Config::default();
             zero(&mut c.limits);

@@ -209,13 +209,7 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
     }
     // One look at the registry (and, with other nodes, the directory) serves the
     // existence check and the delivery.
-    let sessions = shared.sessions.of_user(&bare);
-    let remote = shared
-        .cluster
-        .holders(&[bare.as_str()])
-        .await
-        .remove(bare.as_str())
-        .unwrap_or_default();
+    let (sessions, remote) = resources_everywhere(shared, &bare).await;
     if matches!(kind.as_str(), "normal" | "chat")
         && targets_everywhere(&sessions, &remote, &kind).is_none()
     {
@@ -234,6 +228,21 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
         carbon_copies(shared, Direction::Received, &reached, &bare, &original);
     }
     Outcome::Delivered
+}
+
+/// The sessions of local user `bare` on this node and those other nodes hold.
+async fn resources_everywhere(
+    shared: &Shared,
+    bare: &BareJid,
+) -> (Vec<SessionHandle>, Vec<crate::cluster::Holder>) {
+    let sessions = shared.sessions.of_user(bare);
+    let remote = shared
+        .cluster
+        .holders(&[bare.as_str()])
+        .await
+        .remove(bare.as_str())
+        .unwrap_or_default();
+    (sessions, remote)
 }
 
 /// XEP-0280: a copy of `msg` (wrapped as `direction` says) for each carbons-enabled
@@ -320,6 +329,46 @@ pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
         }
         let domain = bare.domain().as_str();
         session.send(crate::offline::stamped(el, domain, m.stored_at));
+    }
+}
+
+/// A stanza a XEP-0198 session of local user `owner` was given and whose receipt its
+/// client never acknowledged, after that session ended (its resumption window passed,
+/// or it closed): handled as RFC 6121 §8.5.3.2.1 handles a stanza for a resource that is
+/// gone, so nothing the server accepted is lost without a word.
+///
+/// - `chat` and `normal` messages are treated as sent to the bare JID: the user's
+///   resources that take messages get it (§8.5.2.1.1, on any node), and with none it is
+///   kept offline (XEP-0160) or, when it may not be kept, dropped as §8.5.2.2.1 allows;
+///   a full offline store answers the sender `service-unavailable`.
+/// - `groupchat` messages and iq requests (`get`, `set`) get `service-unavailable`
+///   (§8.5.3.2.1, RFC 6120 §10.5.3.2 / §8.3.3.19).
+/// - `headline` and `error` messages, iq results and errors, and presence are dropped
+///   (§8.5.3.2.1; presence is re-sent by its producer's next broadcast or probe).
+///
+/// A message handed out of offline storage and not acknowledged goes back there, with its
+/// original delay stamp ([`crate::offline::stamped`] keeps it).
+pub(crate) async fn unacked(shared: &Shared, owner: &BareJid, el: Element) -> Outcome {
+    let ty = el.get_attr("type").unwrap_or(match el.name.as_str() {
+        "message" => "normal",
+        _ => "",
+    });
+    match (el.name.as_str(), ty) {
+        ("message", "chat" | "normal") => {
+            let sender = el.get_attr("from").unwrap_or_default().to_owned();
+            let kind = ty.to_owned();
+            let (sessions, remote) = resources_everywhere(shared, owner).await;
+            if targets_everywhere(&sessions, &remote, &kind).is_some() {
+                message_to_bare_everywhere(shared, &sessions, &remote, el, &kind);
+                return Outcome::Delivered;
+            }
+            store_offline(shared, &sender, owner, el).await
+        }
+        ("message", "groupchat") | ("iq", "get" | "set") => {
+            bounce(shared, &el, StanzaError::service_unavailable());
+            Outcome::Bounced
+        }
+        _ => Outcome::Dropped,
     }
 }
 

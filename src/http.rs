@@ -1,5 +1,6 @@
 //! The one HTTP(S) listener: the RFC 7395 WebSocket endpoint, XEP-0156 discovery
-//! (`/.well-known/host-meta` and `host-meta.json`) and Prometheus `/metrics`.
+//! (`/.well-known/host-meta` and `host-meta.json`); and the operators' `[admin]` listener
+//! (Prometheus `/metrics`, the status page).
 //!
 //! Only GET of those paths is served, so a tiny request-head parser (httparse) is enough;
 //! a WebSocket upgrade hands the connection, with the head replayed, to tokio-tungstenite.
@@ -63,7 +64,9 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, policy: Arc<Lis
 }
 
 /// Binds the operators' HTTP listener (`[admin]`, loopback by default, never the client
-/// port): `/metrics`. No cross-origin header: a web page a user visits must not read it.
+/// port): `/metrics`, the status page `/status` and the figures it polls, `/status.json`.
+/// No cross-origin header: a web page a user visits must not read them. With `[admin]
+/// token` set, every request must carry it.
 pub async fn start_admin(
     shared: &Arc<Shared>,
     tracker: &TaskTracker,
@@ -74,7 +77,7 @@ pub async fn start_admin(
     }
     let addr = SocketAddr::new(c.bind, c.port);
     let (listener, local) = crate::node::listen::bind(addr).await?;
-    tracing::info!(addr = %local, "admin http listening (/metrics)");
+    tracing::info!(addr = %local, "admin http listening (/metrics, /status)");
     let shared = shared.clone();
     tracker.spawn(async move {
         while let Some((stream, peer)) =
@@ -84,22 +87,64 @@ pub async fn start_admin(
             tokio::spawn(async move {
                 let mut io: BoxIo = Box::new(stream);
                 let deadline =
-                    tokio::time::Instant::now() + shared.config.limits.negotiation_timeout;
+                    tokio::time::Instant::now() + shared.live.get().limits.negotiation_timeout;
                 let max = shared.config.http.max_request_head;
                 let (status, ctype, body) = match read_head(&mut io, deadline, max, peer).await {
                     Err(None) => return,
                     Err(Some((status, text))) => (status, "text/plain", text.to_owned()),
                     Ok((head, _)) if head.method != "GET" => (405, "text/plain", "only GET".into()),
+                    Ok((head, _)) if !admin_authorized(&shared, &head) => {
+                        tracing::info!(%peer, path = %head.path, "admin listener: missing or wrong token");
+                        (401, "text/plain", "token required ([admin] token)".into())
+                    }
                     Ok((head, _)) => match head.path.split('?').next().unwrap_or("") {
                         "/metrics" => (200, crate::metrics::CONTENT_TYPE, shared.metrics.render()),
+                        "/status" => (200, "text/html; charset=utf-8", crate::status::PAGE.into()),
+                        "/status.json" => {
+                            let snapshot = crate::status::snapshot(&shared).await;
+                            match serde_json::to_string(&snapshot) {
+                                Ok(json) => (200, "application/json", json),
+                                Err(e) => (500, "text/plain", e.to_string()),
+                            }
+                        }
                         _ => (404, "text/plain", "not found".into()),
                     },
                 };
-                respond_with(io, status, ctype, &body, "").await;
+                respond_with(
+                    io,
+                    status,
+                    ctype,
+                    &body,
+                    "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n",
+                )
+                .await;
             });
         }
     });
     Ok(Some(local))
+}
+
+/// Whether a request to the admin listener may be answered: always without `[admin]
+/// token`, else when it carries the token (`Authorization: Bearer`, RFC 6750 §2.1, or the
+/// `token` query parameter, §2.3), compared in constant time.
+fn admin_authorized(shared: &Shared, head: &Head) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(expected) = shared.config.admin.token.as_deref() else {
+        return true;
+    };
+    let bearer = head
+        .authorization
+        .as_deref()
+        .and_then(|a| a.strip_prefix("Bearer "))
+        .map(str::trim);
+    let query = head
+        .path
+        .split_once('?')
+        .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("token=")));
+    [bearer, query]
+        .into_iter()
+        .flatten()
+        .any(|given| bool::from(given.as_bytes().ct_eq(expected.as_bytes())))
 }
 
 /// A parsed request head.
@@ -108,6 +153,7 @@ struct Head {
     path: String,
     upgrade_websocket: bool,
     host: Option<String>,
+    authorization: Option<String>,
 }
 
 fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, ()> {
@@ -129,6 +175,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, ()> {
                     path: req.path.unwrap_or("").to_owned(),
                     upgrade_websocket: upgrade,
                     host: header("host"),
+                    authorization: header("authorization"),
                 },
                 n,
             )))
@@ -172,7 +219,7 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
     // The TLS handshake and the whole request head share one deadline: a bound on each read
     // alone lets a client trickle a byte per read and keep the connection for ever. The head
     // is HTTP's negotiation, so it gets the c2s negotiation time.
-    let timeout = shared.config.limits.negotiation_timeout;
+    let timeout = shared.live.get().limits.negotiation_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
     let secure_listener = shared.config.http.tls;
     let mut io = if secure_listener {
@@ -284,11 +331,13 @@ async fn respond_with(mut io: BoxIo, status: u16, ctype: &str, body: &str, extra
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
         503 => "Service Unavailable",
         _ => "Error",
     };

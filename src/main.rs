@@ -37,7 +37,7 @@ struct Cli {
     /// Configuration file (see presenced.example.toml).
     #[arg(long, short, global = true, default_value = "presenced.toml")]
     config: PathBuf,
-    /// Print the answer of an admin command (user list, session …, stats) as JSON.
+    /// Print the answer of an admin command (user list, session …, stats, roster …) as JSON.
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
@@ -84,6 +84,42 @@ enum Command {
     },
     /// Figures of the running server (over the admin socket).
     Stats,
+    /// Rosters of local accounts, changed on the running server (over the admin socket):
+    /// online users get the roster pushes and presence a client-made change would give.
+    Roster {
+        #[command(subcommand)]
+        action: RosterAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum RosterAction {
+    /// An account's roster: contact, subscription, name, groups.
+    Show {
+        /// The account's bare JID.
+        jid: String,
+    },
+    /// Make two local accounts mutual contacts (subscription both, each way), as the SQL
+    /// operation presenced_roster_make_mutual does.
+    Add {
+        /// The account's bare JID.
+        jid: String,
+        /// The contact's bare JID (a local account).
+        contact: String,
+        /// The name JID shows for the contact.
+        #[arg(long)]
+        name: Option<String>,
+        /// A group JID files the contact under (repeat for several).
+        #[arg(long = "group")]
+        groups: Vec<String>,
+    },
+    /// Remove two accounts from each other's rosters (presenced_roster_unpair).
+    Remove {
+        /// The account's bare JID.
+        jid: String,
+        /// The contact's bare JID.
+        contact: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -255,6 +291,24 @@ async fn run(
             action: SessionAction::Kick { jid, reason },
         } => admin(&config, Request::SessionKick { jid, reason }, json).await,
         Command::Stats => admin(&config, Request::Stats, json).await,
+        Command::Roster { action } => {
+            let req = match action {
+                RosterAction::Show { jid } => Request::RosterShow { jid },
+                RosterAction::Add {
+                    jid,
+                    contact,
+                    name,
+                    groups,
+                } => Request::RosterAdd {
+                    jid,
+                    contact,
+                    name,
+                    groups,
+                },
+                RosterAction::Remove { jid, contact } => Request::RosterRemove { jid, contact },
+            };
+            admin(&config, req, json).await
+        }
     }
 }
 

@@ -152,6 +152,21 @@ impl Metrics {
         self.dropped[reason as usize].inc();
     }
 
+    /// Sessions bound so far over TCP and over WebSocket (the status page's login rate).
+    pub fn logins(&self) -> (u64, u64) {
+        (self.logins_tcp.get(), self.logins_websocket.get())
+    }
+
+    /// Messages taken for routing so far.
+    pub fn messages_routed_total(&self) -> u64 {
+        self.messages_routed.get()
+    }
+
+    /// Failed SASL attempts so far.
+    pub fn auth_failures_total(&self) -> u64 {
+        self.auth_failures.get()
+    }
+
     /// The OpenMetrics text exposition of every figure.
     pub fn render(&self) -> String {
         let mut out = String::new();

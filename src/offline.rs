@@ -41,8 +41,16 @@ pub fn storable(msg: &Element) -> bool {
 }
 
 /// A stored message as handed out: stamped (XEP-0203 §3 via XEP-0160 §5) with when the
-/// server `domain` stored it.
+/// server `domain` stored it. A message stored a second time (handed out to a XEP-0198
+/// session that ended before its client acknowledged it) keeps its first stamp: that is
+/// when it was sent.
 pub fn stamped(mut msg: Element, domain: &str, at: chrono::DateTime<chrono::Utc>) -> Element {
+    let stamped_here = msg
+        .elements()
+        .any(|c| c.is("delay", crate::xml::NS_DELAY) && c.get_attr("from") == Some(domain));
+    if stamped_here {
+        return msg;
+    }
     msg.children.push(crate::xml::Node::Element(
         crate::xml::delay(domain, at).text("Offline Storage"),
     ));
@@ -83,5 +91,14 @@ mod tests {
         let d = out.get_child("delay", crate::xml::NS_DELAY).expect("delay");
         assert_eq!(d.get_attr("from"), Some("example.org"));
         assert_eq!(d.get_attr("stamp"), Some("2026-03-04T05:06:07Z"));
+        // Stored again and handed out later: still the first stamp, and only one.
+        let later = chrono::Utc.with_ymd_and_hms(2026, 3, 5, 0, 0, 0).unwrap();
+        let again = stamped(out, "example.org", later);
+        let delays: Vec<_> = again
+            .elements()
+            .filter(|c| c.is("delay", crate::xml::NS_DELAY))
+            .collect();
+        assert_eq!(delays.len(), 1);
+        assert_eq!(delays[0].get_attr("stamp"), Some("2026-03-04T05:06:07Z"));
     }
 }

@@ -68,7 +68,7 @@ async fn handle_inner(
     match iq.get_attr("type") {
         Some("get") => Ok(iq_result(iq).child(to_element(&current))),
         Some("set") => {
-            let limit = usize::try_from(shared.config.limits.max_roster_items).unwrap_or(0);
+            let limit = usize::try_from(shared.live.get().limits.max_roster_items).unwrap_or(0);
             let new = apply(&current, payload, limit)?;
             if new != current {
                 shared

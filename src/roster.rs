@@ -106,9 +106,10 @@ async fn set(
         return Err(StanzaError::bad_request()
             .with_text("'ask' is managed by the server (RFC 6121 §2.1.2.2)"));
     }
-    let (name, groups) = name_and_groups(item, &session.shared.config.limits).inspect_err(|e| {
-        tracing::info!(peer = %session.peer, user = %owner, error = ?e, "roster set refused");
-    })?;
+    let (name, groups) =
+        name_and_groups(item, &session.shared.live.get().limits).inspect_err(|e| {
+            tracing::info!(peer = %session.peer, user = %owner, error = ?e, "roster set refused");
+        })?;
     let shared = session.shared.clone();
     let _lock = shared.roster_locks.lock(&[owner.as_str()]).await;
     let store = &shared.store;

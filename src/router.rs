@@ -254,7 +254,7 @@ async fn own_account_iq(session: &mut Session, el: Element) {
     } else if payload.ns == crate::carbons::NS_CARBONS {
         Some(crate::carbons::handle_iq(&session.handle, &el, &payload))
     } else if payload.ns == crate::interest::NS_INTEREST {
-        let limits = &session.shared.config.limits;
+        let limits = &session.shared.live.get().limits;
         Some(crate::interest::handle_iq(
             &session.handle,
             &el,

@@ -60,6 +60,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     store.migrate(&config.database.migrations).await?;
     store.set_audience_cache_ttl(config.database.gate_cache_secs);
     store.set_limits(crate::store::StoreLimits::from_config(&config.limits));
+    store.set_privacy_defaults(&config.privacy);
     let certificates = crate::tls::Certificates::load(&config)?;
     let tls = crate::tls::c2s_server_config(&certificates).map_err(crate::tls::TlsError::from)?;
     let s2s_tls =
@@ -76,6 +77,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         max_revealed: config.limits.max_revealed_per_session,
     });
     let shared = Arc::new(Shared {
+        live: crate::node::live::Live::new(&config),
         config,
         store,
         sessions,
@@ -90,6 +92,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         metrics: crate::metrics::Metrics::new(),
         auth_backoff,
         fake_salt_secret,
+        resumable: Default::default(),
     });
     crate::s2s::attach(&shared);
     let weak = Arc::downgrade(&shared);
@@ -191,20 +194,14 @@ fn node_figures(
 
 /// Bound sessions that are not invisible: the only session count any report shows.
 pub fn visible_sessions(shared: &Shared) -> usize {
-    let mut n = 0;
-    shared.sessions.for_each(|s| {
-        if !s.is_invisible() {
-            n += 1;
-        }
-    });
-    n
+    shared.sessions.visible_counts().sessions()
 }
 
 /// The one line that says what started: version, this node's id (`[cluster] node_id`,
 /// by default `<host>-<c2s port>`), the stores and the liveness mode, so a log excerpt identifies the server without its configuration.
 fn banner(shared: &Shared) {
     let liveness = match shared.liveness.redis() {
-        Some(redis) => format!("redis {}", redis.target()),
+        Some(redis) => format!("redis {}", redis.describe()),
         None => shared.liveness.backend.name().to_owned(),
     };
     tracing::info!(

@@ -41,6 +41,12 @@ pub enum Outbound {
     /// The contacts whose presence passes [`crate::csi::Filter`] at once, replacing any
     /// earlier list. Never written itself.
     Interest(Arc<InterestList>),
+    /// XEP-0198 `<enabled/>`: written in its place, and the stanzas after it are counted
+    /// and kept until acknowledged ([`crate::stream_management::Outgoing`]).
+    SmEnabled(Box<crate::stream_management::Enabled>),
+    /// Another XEP-0198 element (`<a/>`, `<failed/>`): written in its place, never counted
+    /// as a stanza (it is none) and never held by the client-state filter.
+    SmNonza(Arc<String>),
 }
 
 /// A session's interest list (`urn:presenced:interest:0`): bare JIDs of contacts whose
@@ -227,6 +233,24 @@ pub struct SessionHandle {
     pub origin: Origin,
 }
 
+/// [`Sessions::visible_counts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct VisibleCounts {
+    /// Users with at least one visible session.
+    pub users: usize,
+    /// Visible sessions over TCP.
+    pub tcp: usize,
+    /// Visible sessions over WebSocket.
+    pub websocket: usize,
+}
+
+impl VisibleCounts {
+    /// Visible sessions.
+    pub fn sessions(&self) -> usize {
+        self.tcp + self.websocket
+    }
+}
+
 /// Where a session came from.
 #[derive(Debug, Clone, Copy)]
 pub struct Origin {
@@ -290,6 +314,12 @@ impl SessionHandle {
     /// the same rules as [`Self::send`].
     pub fn set_interest(&self, list: InterestList) -> bool {
         self.push(Outbound::Interest(Arc::new(list)))
+    }
+
+    /// Queues a XEP-0198 element ([`Outbound::SmEnabled`], [`Outbound::SmNonza`]); the same
+    /// rules as [`Self::send`].
+    pub fn send_sm(&self, msg: Outbound) -> bool {
+        self.push(msg)
     }
 
     /// Asks the session to close its stream cleanly.
@@ -485,6 +515,26 @@ impl Sessions {
     pub fn users(&self) -> Vec<String> {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
         map.keys().cloned().collect()
+    }
+
+    /// Sessions and users that are not invisible (XEP-0186), by transport: the only session
+    /// figures any report outside the admin socket shows, since a count that rises when an
+    /// invisible user logs in tells its reader what the user's contacts may not learn.
+    pub fn visible_counts(&self) -> VisibleCounts {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        let mut c = VisibleCounts::default();
+        for list in map.values() {
+            let mut any = false;
+            for h in list.iter().filter(|h| !h.is_invisible()) {
+                any = true;
+                match h.origin.transport {
+                    "websocket" => c.websocket += 1,
+                    _ => c.tcp += 1,
+                }
+            }
+            c.users += usize::from(any);
+        }
+        c
     }
 
     /// Number of connected sessions.

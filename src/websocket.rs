@@ -69,11 +69,11 @@ pub async fn serve<S>(shared: Arc<Shared>, io: S, peer: SocketAddr, secure: bool
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let max = shared.config.limits.max_stanza_size;
+    let max = shared.live.get().limits.max_stanza_size;
     let config = WebSocketConfig::default()
         .max_message_size(Some(max))
         .max_frame_size(Some(max));
-    let timeout = shared.config.limits.negotiation_timeout;
+    let timeout = shared.live.get().limits.negotiation_timeout;
     let ws = match tokio::time::timeout(
         timeout,
         tokio_tungstenite::accept_hdr_async_with_config(io, negotiate_subprotocol, Some(config)),
@@ -105,8 +105,8 @@ where
     // c2s output → messages. This parses what the server itself wrote (a roster result may
     // hold thousands of elements), so only size and depth are bounded.
     let limits = ReaderLimits::trusted(
-        shared.config.limits.max_stanza_size.saturating_mul(4),
-        shared.config.limits.max_depth.saturating_add(4),
+        shared.live.get().limits.max_stanza_size.saturating_mul(4),
+        shared.live.get().limits.max_depth.saturating_add(4),
     );
     let opened = Arc::new(AtomicBool::new(false));
     let parser = tokio::spawn(outbound(
@@ -175,7 +175,10 @@ where
         };
         // The larger (authenticated) cost limit: c2s parses the result again with the limit
         // for the stream's state, so this only bounds what one message may cost here.
-        let bytes = match inbound(&text, ReaderLimits::for_peer(&shared.config.limits, true)) {
+        let bytes = match inbound(
+            &text,
+            ReaderLimits::for_peer(&shared.live.get().limits, true),
+        ) {
             Ok(bytes) => bytes,
             Err(e) => {
                 fail(&shared, &out_tx, &opened, peer, &e).await;

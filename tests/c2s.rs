@@ -19,14 +19,6 @@ use presenced::xml::{self as x, Element, NS_CLIENT, NS_ROSTER};
 /// How long a slixmpp script may take before the test fails.
 const SCRIPT_LIMIT: Duration = Duration::from_secs(40);
 
-fn chat(to: &str, body: &str) -> Element {
-    Element::new("message", NS_CLIENT)
-        .attr("to", to)
-        .attr("type", "chat")
-        .attr("id", unique())
-        .child(Element::new("body", NS_CLIENT).text(body))
-}
-
 fn body(el: &Element) -> String {
     el.get_child("body", NS_CLIENT)
         .map(|b| b.text_content())

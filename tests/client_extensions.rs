@@ -15,7 +15,6 @@ const NS_FORWARD: &str = "urn:xmpp:forward:0";
 const NS_DELAY: &str = "urn:xmpp:delay";
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
 const NS_CHATSTATES: &str = "http://jabber.org/protocol/chatstates";
-const NS_DISCO_INFO: &str = "http://jabber.org/protocol/disco#info";
 
 /// How long a negative expectation watches.
 const QUIET: Duration = Duration::from_millis(400);
@@ -75,22 +74,6 @@ async fn carbons(c: &mut Client, on: bool) {
     let what = if on { "enable" } else { "disable" };
     let r = c.iq("set", None, Element::new(what, NS_CARBONS)).await;
     assert_eq!(r.get_attr("type"), Some("result"), "{what}: {r}");
-}
-
-async fn server_features(ts: &TestServer, c: &mut Client) -> Vec<String> {
-    let r = c
-        .iq(
-            "get",
-            Some(&ts.domain),
-            Element::new("query", NS_DISCO_INFO),
-        )
-        .await;
-    r.get_child("query", NS_DISCO_INFO)
-        .expect("disco#info result")
-        .elements()
-        .filter(|f| f.name == "feature")
-        .filter_map(|f| f.get_attr("var").map(str::to_owned))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -227,25 +210,6 @@ async fn private_no_copy_and_bodyless_normal_messages_are_not_copied() {
 // ---------------------------------------------------------------------------------------
 // XEP-0160 offline messages
 
-async fn offline_count(ts: &TestServer, owner: &str) -> i64 {
-    let store = &ts.shared().store;
-    let counted = match store.sqlite_pool() {
-        Some(file) => {
-            sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = ?1")
-                .bind(owner)
-                .fetch_one(file)
-                .await
-        }
-        None => {
-            sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = $1")
-                .bind(owner)
-                .fetch_one(store.pool())
-                .await
-        }
-    };
-    counted.expect("count offline messages")
-}
-
 #[tokio::test]
 async fn a_message_to_an_offline_user_is_kept_and_delivered_with_a_delay_at_next_login() {
     let ts = TestServer::start(|_| {}).await;
@@ -291,7 +255,7 @@ async fn a_message_to_an_offline_user_is_kept_and_delivered_with_a_delay_at_next
     // Nothing kept was answered with an error.
     bob.expect_none(|e| e.get_attr("type") == Some("error"), QUIET)
         .await;
-    assert_eq!(offline_count(&ts, &alice).await, 2);
+    assert_eq!(ts.offline_count(&alice).await, 2);
 
     // Binding alone delivers nothing; the initial presence does, oldest first, stamped.
     let mut a = ts.login("alice", "phone").await;
@@ -315,7 +279,7 @@ async fn a_message_to_an_offline_user_is_kept_and_delivered_with_a_delay_at_next
     }
     barrier(&ts, &mut a).await;
     a.expect_none(|e| e.name == "message", Duration::ZERO).await;
-    assert_eq!(offline_count(&ts, &alice).await, 0);
+    assert_eq!(ts.offline_count(&alice).await, 0);
 
     // Handed out once: a second resource coming online gets nothing more.
     let mut b = online(&ts, "alice", "pc", None).await;
@@ -336,7 +300,7 @@ async fn kept_messages_wait_for_a_resource_that_takes_messages() {
     let mut a = online(&ts, "alice", "phone", Some(-1)).await;
     bob.send(&chat(&alice, "kept", "")).await;
     barrier(&ts, &mut bob).await;
-    assert_eq!(offline_count(&ts, &alice).await, 1);
+    assert_eq!(ts.offline_count(&alice).await, 1);
     barrier(&ts, &mut a).await;
     a.expect_none(|e| e.name == "message", Duration::ZERO).await;
     // Raising the priority makes it one that does.
@@ -344,7 +308,7 @@ async fn kept_messages_wait_for_a_resource_that_takes_messages() {
     let m = a.expect(|e| e.name == "message").await;
     assert_eq!(body_of(&m), "kept");
     assert!(m.get_child("delay", NS_DELAY).is_some(), "{m}");
-    assert_eq!(offline_count(&ts, &alice).await, 0);
+    assert_eq!(ts.offline_count(&alice).await, 0);
 }
 
 #[tokio::test]
@@ -374,7 +338,7 @@ async fn a_full_offline_store_answers_service_unavailable_and_keeps_nothing_more
     barrier(&ts, &mut bob).await;
     bob.expect_none(|e| e.get_attr("type") == Some("error"), Duration::ZERO)
         .await;
-    assert_eq!(offline_count(&ts, &alice).await, 2);
+    assert_eq!(ts.offline_count(&alice).await, 2);
     let mut a = online(&ts, "alice", "phone", None).await;
     for want in ["n0", "n1"] {
         let m = a.expect(|e| e.name == "message").await;
@@ -419,12 +383,12 @@ async fn messages_from_a_blocked_sender_are_never_kept_nor_handed_out() {
     barrier(&ts, &mut m).await;
     // XEP-0191 §3.3: dropped, no error that would tell mallory anything.
     m.expect_none(|e| e.name == "message", QUIET).await;
-    assert_eq!(offline_count(&ts, &alice).await, 0);
+    assert_eq!(ts.offline_count(&alice).await, 0);
 
     // Kept before a block, not handed out after it.
     bob.send(&chat(&alice, "from bob", "")).await;
     barrier(&ts, &mut bob).await;
-    assert_eq!(offline_count(&ts, &alice).await, 1);
+    assert_eq!(ts.offline_count(&alice).await, 1);
     // Alice binds (no presence yet, so nothing is handed out), blocks bob, then comes online.
     let mut a = ts.login("alice", "pc").await;
     let r = a
@@ -443,7 +407,7 @@ async fn messages_from_a_blocked_sender_are_never_kept_nor_handed_out() {
         .await;
     barrier(&ts, &mut a).await;
     a.expect_none(|e| e.name == "message", QUIET).await;
-    assert_eq!(offline_count(&ts, &alice).await, 0);
+    assert_eq!(ts.offline_count(&alice).await, 0);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,6 +1,12 @@
 //! Several nodes on one PostgreSQL database and one Redis key prefix: every cross-node path
 //! between alice on node 1 and bob on node 2, with real servers, sockets, TLS, PostgreSQL
 //! and Redis. The SIGKILL test runs node 2 as a child process of the built binary.
+//!
+//! Every case runs twice ([`on_both`]): on a single Redis (`REDIS_URL`, module
+//! `single_redis`) and on a Redis Cluster (`PRESENCED_TEST_REDIS_CLUSTER`, the seeds
+//! tests/run.sh passes; module `redis_cluster`). The partition test cuts one node's TCP
+//! path to Redis with a proxy, which a cluster (whose clients connect to the addresses
+//! the cluster announces) cannot be put behind: it runs on a single Redis only.
 
 mod common;
 
@@ -18,17 +24,83 @@ fn el(s: &str) -> Element {
     parse_element(s).expect("test XML")
 }
 
+/// Which Redis a case runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Redis {
+    /// One Redis server (`REDIS_URL`).
+    Single,
+    /// A Redis Cluster (`PRESENCED_TEST_REDIS_CLUSTER`: comma-separated seed URLs).
+    Cluster,
+}
+
+impl Redis {
+    fn apply(self, c: &mut Config) {
+        if self == Redis::Cluster {
+            c.redis.url = String::new();
+            c.cluster.redis_seeds = cluster_seeds();
+        }
+    }
+}
+
+/// The test Redis Cluster's seeds (tests/run.sh starts one).
+fn cluster_seeds() -> Vec<String> {
+    let seeds = std::env::var("PRESENCED_TEST_REDIS_CLUSTER").expect(
+        "PRESENCED_TEST_REDIS_CLUSTER names no Redis Cluster: run the tests through \
+         tests/run.sh (which starts one) or set it to comma-separated seed URLs",
+    );
+    seeds.split(',').map(|s| s.trim().to_owned()).collect()
+}
+
+/// The failover test changes which server is master of a slot: it runs alone (write),
+/// the other cases on the Redis Cluster share it (read).
+static CLUSTER_LAYOUT: std::sync::LazyLock<tokio::sync::RwLock<()>> =
+    std::sync::LazyLock::new(|| tokio::sync::RwLock::new(()));
+
+/// Runs each named `async fn(Redis)` as a test on a single Redis (module `single_redis`)
+/// and on the Redis Cluster (module `redis_cluster`).
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod single_redis {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Redis::Single).await
+            })*
+        }
+        mod redis_cluster {
+            $(#[tokio::test]
+            async fn $name() {
+                let _layout = super::CLUSTER_LAYOUT.read().await;
+                super::$name(super::Redis::Cluster).await
+            })*
+        }
+    };
+}
+
+on_both!(
+    subscription_presence_probes_messages_and_iq_cross_nodes,
+    blocks_and_invisibility_hold_across_nodes,
+    binding_a_resource_held_on_another_node_replaces_it_there,
+    a_reconnect_within_grace_on_the_other_node_announces_nothing,
+    one_presence_change_is_one_publish_to_the_node_holding_ten_recipients,
+    sigkill_of_a_node_announces_its_users_to_viewers_on_another_node_within_t,
+    a_node_restarted_under_the_same_id_produces_no_false_offline,
+    resources_bound_on_other_nodes_count_against_the_per_account_limit,
+    a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_not_announced,
+);
+
 /// Two nodes of one cluster: same domain, database and Redis prefix, distinct node ids.
-async fn two_nodes(tweak: fn(&mut Config)) -> (TestServer, TestServer) {
+async fn two_nodes(redis: Redis, tweak: fn(&mut Config)) -> (TestServer, TestServer) {
     let domain = format!("c{}.example", unique());
     let n1 = TestServer::start_with_domain(&domain, |c| {
         fast_liveness(c);
+        redis.apply(c);
         c.cluster.node_id = Some(format!("n1-{}", unique()));
         tweak(c);
     })
     .await;
     let n2 = TestServer::start_with_domain(&domain, |c| {
         fast_liveness(c);
+        redis.apply(c);
         c.cluster.node_id = Some(format!("n2-{}", unique()));
         tweak(c);
     })
@@ -79,15 +151,8 @@ fn message(to: &str, body: &str) -> Element {
         .child(Element::new("body", NS_CLIENT).text(body))
 }
 
-fn has_body(e: &Element, body: &str) -> bool {
-    e.name == "message"
-        && e.get_child("body", NS_CLIENT)
-            .is_some_and(|b| b.text_content() == body)
-}
-
-#[tokio::test]
-async fn subscription_presence_probes_messages_and_iq_cross_nodes() {
-    let (n1, n2) = two_nodes(|_| {}).await;
+async fn subscription_presence_probes_messages_and_iq_cross_nodes(redis: Redis) {
+    let (n1, n2) = two_nodes(redis, |_| {}).await;
     n1.user("alice").await;
     n1.user("bob").await;
     let (alice_bare, bob_bare) = (n1.jid("alice"), n1.jid("bob"));
@@ -198,9 +263,8 @@ async fn subscription_presence_probes_messages_and_iq_cross_nodes() {
     n2.stop().await;
 }
 
-#[tokio::test]
-async fn blocks_and_invisibility_hold_across_nodes() {
-    let (n1, n2) = two_nodes(|_| {}).await;
+async fn blocks_and_invisibility_hold_across_nodes(redis: Redis) {
+    let (n1, n2) = two_nodes(redis, |_| {}).await;
     for u in ["alice", "bob", "carol"] {
         n1.user(u).await;
     }
@@ -289,9 +353,8 @@ async fn blocks_and_invisibility_hold_across_nodes() {
     n2.stop().await;
 }
 
-#[tokio::test]
-async fn binding_a_resource_held_on_another_node_replaces_it_there() {
-    let (n1, n2) = two_nodes(|_| {}).await;
+async fn binding_a_resource_held_on_another_node_replaces_it_there(redis: Redis) {
+    let (n1, n2) = two_nodes(redis, |_| {}).await;
     n1.user("alice").await;
     let full = format!("{}/same", n1.jid("alice"));
     let mut first = online(&n1, "alice", "same").await;
@@ -308,11 +371,10 @@ async fn binding_a_resource_held_on_another_node_replaces_it_there() {
     n2.stop().await;
 }
 
-#[tokio::test]
-async fn a_reconnect_within_grace_on_the_other_node_announces_nothing() {
+async fn a_reconnect_within_grace_on_the_other_node_announces_nothing(redis: Redis) {
     // G long enough for a reconnect in a debug build, T long enough that the new session,
     // which this test does not keep alive, outlives the window.
-    let (n1, n2) = two_nodes(|c| {
+    let (n1, n2) = two_nodes(redis, |c| {
         c.liveness.grace = Duration::from_millis(1500);
         c.liveness.ttl = Duration::from_secs(4);
     })
@@ -352,30 +414,75 @@ async fn a_reconnect_within_grace_on_the_other_node_announces_nothing() {
 }
 
 /// `INFO commandstats`: calls per command.
+/// `INFO commandstats` calls per command: of the node's Redis, or summed over the masters
+/// of its Redis Cluster (replicas count what they replay; masters count each call once).
 async fn commandstats(node: &TestServer) -> std::collections::HashMap<String, u64> {
-    let mut r = node.redis().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut r)
+    let mut out = std::collections::HashMap::new();
+    let servers = if node.config.cluster.redis_seeds.is_empty() {
+        vec![node.config.redis.url.clone()]
+    } else {
+        cluster_masters(&node.config.cluster.redis_seeds[0]).await
+    };
+    for url in servers {
+        let mut r = connect(&url).await;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        for l in info.lines() {
+            let Some((name, rest)) = l.strip_prefix("cmdstat_").and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let calls: Option<u64> = rest
+                .strip_prefix("calls=")
+                .and_then(|r| r.split(',').next())
+                .and_then(|c| c.parse().ok());
+            if let Some(calls) = calls {
+                *out.entry(name.to_owned()).or_default() += calls;
+            }
+        }
+    }
+    out
+}
+
+/// A connection to one Redis server.
+async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
         .await
-        .unwrap();
-    info.lines()
+        .unwrap_or_else(|e| panic!("redis {url}: {e}"))
+}
+
+/// `CLUSTER NODES` as `seed` answers it.
+async fn cluster_nodes(seed: &str) -> String {
+    redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut connect(seed).await)
+        .await
+        .unwrap()
+}
+
+/// `redis://host:port` of every master of the cluster `seed` belongs to (CLUSTER NODES).
+async fn cluster_masters(seed: &str) -> Vec<String> {
+    cluster_nodes(seed)
+        .await
+        .lines()
         .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
+            let f: Vec<&str> = l.split(' ').collect();
+            let addr = f.get(1)?.split('@').next()?;
+            (f.get(2)?.contains("master") && !f.get(2)?.contains("fail"))
+                .then(|| format!("redis://{addr}"))
         })
         .collect()
 }
 
-#[tokio::test]
-async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients() {
-    let (n1, n2) = two_nodes(|_| {}).await;
+async fn one_presence_change_is_one_publish_to_the_node_holding_ten_recipients(redis: Redis) {
+    // The viewers do not answer pings while the next ones are set up: T long enough for
+    // all ten on a loaded machine.
+    let (n1, n2) = two_nodes(redis, |c| c.liveness.ttl = Duration::from_secs(6)).await;
     n1.user("alice").await;
     let mut viewers = Vec::new();
     for i in 0..10 {
@@ -459,6 +566,7 @@ migrations = "{migrations}"
 [redis]
 url = "{redis}"
 key_prefix = "{prefix}"
+
 [liveness]
 heartbeat_interval = {h}
 ttl = {t}
@@ -473,6 +581,7 @@ enabled = false
 enabled = false
 [cluster]
 node_id = "{node_id}"
+redis_seeds = {seeds:?}
 "#,
         domain = n1.domain,
         certs = c.tls.certs_dir.display(),
@@ -486,6 +595,7 @@ node_id = "{node_id}"
         sweep = l.sweep_interval.as_secs_f64(),
         refresh = l.redis_refresh.as_secs_f64(),
         shards = l.beat_shards,
+        seeds = c.cluster.redis_seeds,
     );
     let path = dir.join("node2.toml");
     std::fs::write(&path, toml).unwrap();
@@ -537,19 +647,19 @@ node_id = "{node_id}"
     }
 }
 
-async fn node_one(tweak: fn(&mut Config)) -> TestServer {
+async fn node_one(redis: Redis, tweak: fn(&mut Config)) -> TestServer {
     let domain = format!("k{}.example", unique());
     TestServer::start_with_domain(&domain, |c| {
         fast_liveness(c);
+        redis.apply(c);
         c.cluster.node_id = Some(format!("n1-{}", unique()));
         tweak(c);
     })
     .await
 }
 
-#[tokio::test]
-async fn sigkill_of_a_node_announces_its_users_to_viewers_on_another_node_within_t() {
-    let n1 = node_one(|_| {}).await;
+async fn sigkill_of_a_node_announces_its_users_to_viewers_on_another_node_within_t(redis: Redis) {
+    let n1 = node_one(redis, |_| {}).await;
     n1.user("alice").await;
     n1.user("bob").await;
     n1.user("carol").await;
@@ -623,10 +733,9 @@ async fn sigkill_of_a_node_announces_its_users_to_viewers_on_another_node_within
     n1.stop().await;
 }
 
-#[tokio::test]
-async fn a_node_restarted_under_the_same_id_produces_no_false_offline() {
+async fn a_node_restarted_under_the_same_id_produces_no_false_offline(redis: Redis) {
     // T long enough for a restart of the binary and a reconnect within it.
-    let n1 = node_one(|c| c.liveness.ttl = Duration::from_secs(6)).await;
+    let n1 = node_one(redis, |c| c.liveness.ttl = Duration::from_secs(6)).await;
     n1.user("alice").await;
     n1.user("bob").await;
     n1.make_mutual("alice", "bob").await;
@@ -801,9 +910,8 @@ async fn a_node_cut_off_from_redis_is_announced_after_t_and_shown_again_when_it_
     n2.stop().await;
 }
 
-#[tokio::test]
-async fn resources_bound_on_other_nodes_count_against_the_per_account_limit() {
-    let (n1, n2) = two_nodes(|c| c.limits.max_resources_per_account = 2).await;
+async fn resources_bound_on_other_nodes_count_against_the_per_account_limit(redis: Redis) {
+    let (n1, n2) = two_nodes(redis, |c| c.limits.max_resources_per_account = 2).await;
     n1.user("alice").await;
     let _one = online(&n1, "alice", "one").await;
     let _two = online(&n2, "alice", "two").await;
@@ -840,4 +948,241 @@ async fn resources_bound_on_other_nodes_count_against_the_per_account_limit() {
     );
     n1.stop().await;
     n2.stop().await;
+}
+
+/// `(master, replica)` as `host:port` for `slot`, from CLUSTER NODES on `seed`.
+async fn master_and_replica(seed: &str, slot: u16) -> (String, String) {
+    let nodes = cluster_nodes(seed).await;
+    let rows: Vec<Vec<&str>> = nodes.lines().map(|l| l.split(' ').collect()).collect();
+    let addr = |f: &[&str]| f[1].split('@').next().unwrap().to_owned();
+    let serves = |f: &[&str]| {
+        f[8..].iter().any(|range| {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            match (a.parse::<u16>(), b.parse::<u16>()) {
+                (Ok(a), Ok(b)) => (a..=b).contains(&slot),
+                _ => false,
+            }
+        })
+    };
+    let master = rows
+        .iter()
+        .find(|f| f.len() > 8 && f[2].contains("master") && !f[2].contains("fail") && serves(f))
+        .expect("a master serves the slot");
+    let replica = rows
+        .iter()
+        .find(|f| f[2].contains("slave") && !f[2].contains("fail") && f[3] == master[0])
+        .expect("the master has a replica");
+    (addr(master), addr(replica))
+}
+
+/// A manual failover (`CLUSTER FAILOVER` on a replica) of the master that carries node 2's
+/// channel, while node 1 sends node 2 a message every 25 ms. What may be lost is what was
+/// published between the promotion and node 2's new subscription on the promoted master
+/// (found by a `sunsubscribe` push or the role check every `[redis] timeout`); everything
+/// sent more than a second (node 1's processing on a loaded machine) before the failover
+/// was asked, and everything sent from 2 × timeout + 1 s after the promotion, arrives.
+#[tokio::test]
+async fn redis_cluster_master_failover_during_traffic_loses_only_a_bounded_window() {
+    let _layout = CLUSTER_LAYOUT.write().await;
+    let (n1, n2) = two_nodes(Redis::Cluster, |c| {
+        c.redis.timeout = Duration::from_millis(300);
+        c.redis.reconnect_max = Duration::from_millis(300);
+    })
+    .await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    let bob_full = format!("{}/b", n1.jid("bob"));
+    let mut bob = online(&n2, "bob", "b").await;
+    let mut alice = online(&n1, "alice", "a").await;
+    in_directory(&n1, &bob_full, true).await;
+    // A positive control: a message crosses before anything happens.
+    alice.send(&message(&bob_full, "control")).await;
+    bob.watch(&|e| has_body(e, "control"), Duration::from_secs(5))
+        .await
+        .expect("control message");
+
+    let node2 = n2.config.cluster.node().to_owned();
+    let channel =
+        presenced::cluster::directory::Keys::new(&n2.config.redis.key_prefix).channel(&node2);
+    let seed = n1.config.cluster.redis_seeds[0].clone();
+    let (master, replica) =
+        master_and_replica(&seed, presenced::redis_conn::slot(channel.as_bytes())).await;
+    let timeout = n2.config.redis.timeout;
+    const N: usize = 160;
+    const EVERY: Duration = Duration::from_millis(25);
+    let started = Instant::now();
+    let send = async {
+        let mut sent = Vec::with_capacity(N);
+        for i in 0..N {
+            sent.push(Instant::now());
+            alice.send(&message(&bob_full, &format!("m{i}"))).await;
+            tokio::time::sleep(EVERY).await;
+        }
+        sent
+    };
+    let failover = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut r = connect(&format!("redis://{replica}")).await;
+        let asked = Instant::now();
+        let _: () = redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .query_async(&mut r)
+            .await
+            .expect("CLUSTER FAILOVER");
+        loop {
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut r).await.unwrap();
+            if matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"master") {
+                break;
+            }
+            assert!(asked.elapsed() < Duration::from_secs(10), "no promotion");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (asked, Instant::now())
+    };
+    let receive = async {
+        let mut got = vec![false; N];
+        let deadline = started + EVERY * N as u32 + Duration::from_secs(4);
+        while Instant::now() < deadline && !got[N - 1] {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match bob
+                .watch(
+                    &|e| {
+                        e.name == "message"
+                            && e.get_child("body", NS_CLIENT)
+                                .is_some_and(|b| b.text_content().starts_with('m'))
+                    },
+                    left,
+                )
+                .await
+            {
+                Ok(m) => {
+                    let body = m.get_child("body", NS_CLIENT).unwrap().text_content();
+                    if let Ok(i) = body[1..].parse::<usize>() {
+                        got[i] = true;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        // The tail may still be in flight: read what comes within a short while.
+        got
+    };
+    let (sent, (asked, promoted), got) = tokio::join!(send, failover, receive);
+    let lost: Vec<usize> = (0..N).filter(|&i| !got[i]).collect();
+    let window = timeout * 2 + Duration::from_secs(1);
+    // A stanza is published some time after the client sent it (node 1 parses, decides and
+    // queues it): on a loaded machine up to a second.
+    let processing = Duration::from_secs(1);
+    println!(
+        "cluster failover of {master} (replica {replica} promoted {:?} after asking): \
+         {} of {N} messages lost: {lost:?}",
+        promoted - asked,
+        lost.len()
+    );
+    for &i in &lost {
+        assert!(
+            sent[i] + processing >= asked && sent[i] <= promoted + window,
+            "message {i}, sent {:?} after the failover was asked, is lost outside the \
+             window (promoted after {:?}, window {window:?})",
+            sent[i].saturating_duration_since(asked),
+            promoted - asked
+        );
+    }
+    // Still one cluster: a message crosses after the failover.
+    alice.send(&message(&bob_full, "after")).await;
+    bob.watch(&|e| has_body(e, "after"), Duration::from_secs(5))
+        .await
+        .expect("a message crosses after the failover");
+    n1.stop().await;
+    n2.stop().await;
+}
+
+/// A node that still heartbeats but has no subscriber on its channel (its subscription is
+/// being made again, as after a Redis failover) is not taken for dead: the sweeper puts its
+/// stale beat back and tries again at later sweeps. Once it stops heartbeating, a sweep
+/// takes the beat for good. "ghost" is such a node, written into Redis by the test.
+async fn a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_not_announced(
+    redis: Redis,
+) {
+    let n1 = node_one(redis, |_| {}).await;
+    let target = presenced::redis_conn::Target::from_config(&n1.config)
+        .unwrap()
+        .expect("on Redis");
+    let mut conn = target.connect(Duration::from_secs(2)).await.unwrap();
+    let prefix = &n1.config.redis.key_prefix;
+    let nodes = presenced::cluster::directory::Keys::new(prefix).nodes();
+    let bare = n1.jid("ghostuser");
+    let beats = presenced::liveness::keys::Keys::new(prefix, n1.config.liveness.beat_shards)
+        .beats_for(&bare);
+    let member = format!("ghost {bare}/r");
+    let now_ms = || chrono::Utc::now().timestamp_millis();
+    let ttl = n1.config.liveness.ttl;
+    let stale = now_ms() - 3 * ttl.as_millis() as i64;
+    let score = |mut conn: presenced::redis_conn::Conn| {
+        let mut c = redis::cmd("ZSCORE");
+        c.arg(&beats).arg(&member);
+        async move { c.query_async::<Option<f64>>(&mut conn).await.unwrap() }
+    };
+    let heartbeat = |mut conn: presenced::redis_conn::Conn| {
+        let mut c = redis::cmd("ZADD");
+        c.arg(&nodes).arg(now_ms()).arg("ghost#1");
+        async move { c.query_async::<i64>(&mut conn).await.unwrap() }
+    };
+    // The ghost heartbeats until node 1 counts it as live, then its stale beat appears.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !n1.shared().cluster.node_is_live("ghost") {
+        assert!(Instant::now() < deadline, "node 1 never saw the ghost");
+        heartbeat(conn.clone()).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&beats)
+        .arg(stale)
+        .arg(&member)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Ten sweeps while it heartbeats: each takes the beat (counted) and puts it back.
+    let metrics = &n1.shared().liveness.metrics;
+    let swept0 = metrics.swept.load(Ordering::Relaxed);
+    let sweeps = n1.config.liveness.sweep_interval * 10;
+    let until = Instant::now() + sweeps;
+    while Instant::now() < until {
+        heartbeat(conn.clone()).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let taken = metrics.swept.load(Ordering::Relaxed) - swept0;
+    assert!(taken >= 3, "the sweeper took the stale beat {taken} times");
+    // Between a sweep and its put-back the member is briefly absent: read it back within
+    // a sweep interval.
+    let deadline = Instant::now() + n1.config.liveness.sweep_interval;
+    while score(conn.clone()).await.is_none() {
+        assert!(Instant::now() < deadline, "the beat was not put back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        score(conn.clone()).await,
+        Some(stale as f64),
+        "put back unchanged"
+    );
+    // The ghost stops heartbeating: within T (its last heartbeat ages out) plus a heartbeat
+    // period and a sweep, the beat is taken for good.
+    let deadline = Instant::now() + ttl + Duration::from_secs(2);
+    loop {
+        if !n1.shared().cluster.node_is_live("ghost") && score(conn.clone()).await.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead ghost's beat is still retried"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(n1.config.liveness.sweep_interval * 3).await;
+    assert_eq!(
+        score(conn.clone()).await,
+        None,
+        "not put back once the node is dead"
+    );
+    n1.stop().await;
 }

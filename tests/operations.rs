@@ -252,6 +252,21 @@ impl Conn {
         }
     }
 
+    /// Reads until every one of `needles` arrived, in any order; returns all that was read.
+    async fn until_all(&mut self, needles: &[&str]) -> String {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !needles.iter().all(|n| self.buf.contains(n)) {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout_at(deadline, self.tls.read(&mut chunk))
+                .await
+                .unwrap_or_else(|_| panic!("not all of {needles:?} in {:?}", self.buf))
+                .unwrap_or(0);
+            assert!(n > 0, "closed before {needles:?}; got {:?}", self.buf);
+            self.buf.push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+        std::mem::take(&mut self.buf)
+    }
+
     fn header(domain: &str) -> String {
         format!(
             "<?xml version='1.0'?><stream:stream to='{domain}' version='1.0' \
@@ -370,14 +385,14 @@ async fn sighup_names_changes_that_need_a_restart_and_other_signals_do_not_kill(
     let text = std::fs::read_to_string(setup.config()).unwrap();
     std::fs::write(
         setup.config(),
-        format!("{text}[limits]\nmax_stanza_size = 20000\n[log]\nlevel = \"debug\"\n"),
+        format!("{text}[limits]\nmax_connections = 77\n[log]\nlevel = \"debug\"\n"),
     )
     .unwrap();
     server.signal(libc::SIGHUP);
     let line = server
         .wait_line(|l| l.contains("takes effect after a restart"))
         .await;
-    assert!(line.contains("[limits]"), "{line}");
+    assert!(line.contains("[limits] (listener admission"), "{line}");
     server.wait_line(|l| l.contains("reload done")).await;
     assert!(server
         .log
@@ -707,5 +722,543 @@ async fn admin_commands_list_kick_and_delete_against_the_running_server() {
         text(&out).contains("presenced-admin.sock"),
         "{}",
         text(&out)
+    );
+}
+
+impl Server {
+    /// The address a `… listening` line of the log (already read) names.
+    fn listening(&self, what: &str) -> std::net::SocketAddr {
+        let line = self
+            .log
+            .iter()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no `{what}` in the log:\n{}", self.log.join("\n")));
+        line.split("addr=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .expect("addr= in the line")
+            .parse()
+            .expect("socket address")
+    }
+}
+
+/// One HTTP/1.1 GET over plain TCP; the status code and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str, headers: &str) -> (u16, String) {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{headers}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(WAIT, tcp.read_to_end(&mut raw))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a response head");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status code");
+    (status, body.to_owned())
+}
+
+async fn status_json(admin: std::net::SocketAddr, token: &str) -> serde_json::Value {
+    let (status, body) = http_get(
+        admin,
+        "/status.json",
+        &format!("Authorization: Bearer {token}\r\n"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+const STATUS_TOKEN: &str = "t0ken-for-the-status-test";
+
+/// A server with Redis (the machine's, under a key prefix of its own) and an admin token.
+fn status_setup() -> Setup {
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    Setup::new(&format!(
+        "token = \"{STATUS_TOKEN}\"\nstatus_poll = 0.25\n[redis]\nurl = \"{redis}\"\n\
+         key_prefix = \"ops-status-{}:\"\n",
+        unique()
+    ))
+}
+
+#[tokio::test]
+async fn status_json_counts_only_visible_sessions_and_reports_the_stores() {
+    let setup = status_setup();
+    let d = setup.domain.clone();
+    add_user(&setup, "alice", "pw").await;
+    add_user(&setup, "bob", "pw").await;
+    let server = Server::start(&setup).await;
+    let admin = server.listening("admin http listening");
+
+    // Without the token (or with a wrong one) nothing is served, not even /metrics.
+    for (path, headers) in [
+        ("/status.json", ""),
+        ("/status", ""),
+        ("/metrics", ""),
+        ("/status.json", "Authorization: Bearer wrong\r\n"),
+        ("/status.json?token=wrong", ""),
+    ] {
+        let (status, _) = http_get(admin, path, headers).await;
+        assert_eq!(status, 401, "{path} {headers:?}");
+    }
+    let (status, page) = http_get(admin, &format!("/status?token={STATUS_TOKEN}"), "").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("<svg id=\"chart-online\""), "{page}");
+
+    // Redis counts as up once a command succeeded; the node's first writes come soon
+    // after start (bounded wait, polled).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let before = loop {
+        let s = status_json(admin, STATUS_TOKEN).await;
+        if s["redis"]["up"] == true || tokio::time::Instant::now() > deadline {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(before["online"]["users"], 0, "{before}");
+    assert_eq!(before["database"]["up"], true, "{before}");
+    assert_eq!(before["database"]["kind"], "postgresql", "{before}");
+    assert_eq!(before["redis"]["kind"], "redis", "{before}");
+    assert_eq!(before["redis"]["up"], true, "{before}");
+
+    let trusted = setup.presented();
+    let (mut alice, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+    alice.login(&d, "alice", "pw", "a").await;
+    alice.send("<presence/>").await;
+    let (mut bob, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+    bob.login(&d, "bob", "pw", "b").await;
+    // XEP-0186: bob goes invisible before his first presence.
+    bob.send("<iq type='set' id='inv'><invisible xmlns='urn:xmpp:invisible:0'/></iq>")
+        .await;
+    bob.until("id='inv'").await;
+    bob.send("<presence/>").await;
+    alice
+        .send(&format!(
+            "<message to='bob@{d}' id='m1' type='chat'><body>hi</body></message>"
+        ))
+        .await;
+    bob.until("<body>hi</body>").await;
+
+    let now = status_json(admin, STATUS_TOKEN).await;
+    // Positive control: both logins are counted, alice's session is.
+    assert_eq!(now["logins_total"]["tcp"], 2, "{now}");
+    assert_eq!(now["online"]["tcp"], 1, "{now}");
+    // bob is online but invisible: not a session, not a user.
+    assert_eq!(now["online"]["users"], 1, "{now}");
+    assert_eq!(now["online"]["websocket"], 0, "{now}");
+    assert_eq!(now["messages_routed_total"], 1, "{now}");
+    assert_eq!(now["poll_ms"], 250, "{now}");
+    assert!(now["time_ms"].as_i64() > before["time_ms"].as_i64());
+    assert!(
+        !now.to_string().contains("bob@"),
+        "no JID on the page: {now}"
+    );
+
+    // Every figure the Grafana dashboard plots is one /metrics exports.
+    let (status, metrics) = http_get(
+        admin,
+        "/metrics",
+        &format!("Authorization: Bearer {STATUS_TOKEN}\r\n"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("packaging/grafana/presenced-dashboard.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut checked = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            let names: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("presenced_"))
+                .collect();
+            assert!(!names.is_empty(), "{expr} plots no presenced metric");
+            for name in names {
+                assert!(
+                    metrics
+                        .lines()
+                        .any(|l| l.split([' ', '{']).next() == Some(name)),
+                    "{expr}: {name} is not exported:\n{metrics}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 15, "{checked}");
+
+    let (status, _) = server.terminate().await;
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn status_page_renders_live_charts_in_headless_chromium() {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let setup = status_setup();
+    let d = setup.domain.clone();
+    add_user(&setup, "alice", "pw").await;
+    let server = Server::start(&setup).await;
+    let admin = server.listening("admin http listening");
+    let trusted = setup.presented();
+    let (mut alice, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+    alice.login(&d, "alice", "pw", "a").await;
+    alice.send("<presence/>").await;
+    alice.ping(&d, "p").await;
+
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    let _ = std::fs::remove_file(&shot);
+    let dom = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(&chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--window-size=1200,900",
+                "--virtual-time-budget=5000",
+                &format!("--screenshot={}", shot.display()),
+                &format!("http://{admin}/status?token={STATUS_TOKEN}"),
+            ])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("chromium finished within 60 s")
+    .unwrap_or_else(|e| panic!("{chromium} (tests/run.sh installs it): {e}"));
+    assert!(dom.status.success(), "{dom:?}");
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+    println!("status page screenshot: {}", shot.display());
+
+    // The same page's DOM after its polls: the charts hold lines drawn from the figures.
+    let dom = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(&chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--virtual-time-budget=5000",
+                "--dump-dom",
+                &format!("http://{admin}/status?token={STATUS_TOKEN}"),
+            ])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("chromium finished within 60 s")
+    .expect("chromium runs");
+    let html = String::from_utf8_lossy(&dom.stdout);
+    for chart in ["online", "logins", "messages", "s2s", "stores"] {
+        let at = html
+            .find(&format!("id=\"chart-{chart}\""))
+            .unwrap_or_else(|| panic!("chart {chart} in {html}"));
+        let svg = &html[at..at + html[at..].find("</svg>").unwrap()];
+        assert!(
+            svg.contains("<polyline"),
+            "chart {chart} has no line: {svg}"
+        );
+    }
+    assert!(html.contains("<b>1</b> users"), "alice is counted: {html}");
+    assert!(html.contains("class=\"up\""), "stores shown up: {html}");
+    let (status, _) = server.terminate().await;
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn roster_commands_show_add_and_remove_with_live_pushes_and_presence() {
+    let setup = Setup::new("");
+    let d = setup.domain.clone();
+    add_user(&setup, "alice", "pw").await;
+    add_user(&setup, "bob", "pw").await;
+    let mut server = Server::start(&setup).await;
+    server
+        .wait_line(|l| l.contains("admin socket listening"))
+        .await;
+    let trusted = setup.presented();
+    let mut online = Vec::new();
+    for user in ["alice", "bob"] {
+        let (mut c, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+        c.login(&d, user, "pw", "r").await;
+        c.send("<iq type='get' id='roster'><query xmlns='jabber:iq:roster'/></iq>")
+            .await;
+        c.until("id='roster'").await;
+        c.until("</iq>").await;
+        c.send("<presence/>").await;
+        online.push(c);
+    }
+    let (mut alice, mut bob) = (online.remove(0), online.remove(0));
+    let (a, b) = (format!("alice@{d}"), format!("bob@{d}"));
+
+    let out = setup
+        .run(&[
+            "roster", "add", &a, &b, "--name", "Bobby", "--group", "Friends", "--group", "Work",
+        ])
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{a} and {b} are mutual contacts\n")
+    );
+    // RFC 6121 §2.1.6 pushes to both, and each sees the other's presence. (The database's
+    // announcement of the change may reach the server's listener before the command's own
+    // replay does, so the order of one user's push and the other's presence is not fixed.)
+    let got = alice
+        .until_all(&[
+            "subscription='both'",
+            "<group>Work</group>",
+            &format!("from='{b}/r'"),
+        ])
+        .await;
+    let push = &got[got.find("<iq").expect("an iq")..];
+    assert!(
+        push.contains(&format!("jid='{b}'"))
+            && push.contains("name='Bobby'")
+            && push.contains("<group>Friends</group>"),
+        "{got}"
+    );
+    let got = bob
+        .until_all(&[
+            &format!("jid='{a}'"),
+            "subscription='both'",
+            &format!("from='{a}/r'"),
+        ])
+        .await;
+    assert!(!got.contains("name="), "bob's item has no name: {got}");
+
+    let out = setup.run(&["roster", "show", &a, "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["items"][0]["contact"], b, "{shown}");
+    assert_eq!(shown["items"][0]["subscription"], "both", "{shown}");
+    assert_eq!(
+        shown["items"][0]["groups"],
+        serde_json::json!(["Friends", "Work"])
+    );
+    let out = setup.run(&["roster", "show", &a]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{b}\tboth\tBobby\tFriends,Work\n")
+    );
+
+    let out = setup.run(&["roster", "remove", &b, &a, "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["changed"], true, "{answer}");
+    // The push, and the presence shown goes with the subscription (RFC 6121 §3.2.2).
+    let got = alice
+        .until_all(&["subscription='remove'", "type='unavailable'"])
+        .await;
+    assert!(got.contains(&format!("jid='{b}'")), "{got}");
+    let unavailable = &got[got.find("<presence").expect("a presence")..];
+    assert!(unavailable.contains(&format!("from='{b}/r'")), "{got}");
+    let out = setup.run(&["roster", "show", &a, "--json"]).await;
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["items"], serde_json::json!([]), "{shown}");
+
+    // Bad input is refused by name, and nothing changes.
+    for (args, why) in [
+        (
+            vec!["roster", "add", &a, "nobody@elsewhere.example"],
+            "no account nobody@elsewhere.example",
+        ),
+        (vec!["roster", "add", &a, &a], "cannot be its own contact"),
+        (vec!["roster", "show", "not a jid@@"], "not a jid@@"),
+    ] {
+        let out = setup.run(&args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains(why), "{args:?}: {}", text(&out));
+    }
+    let (status, _) = server.terminate().await;
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn sighup_reloads_limits_for_new_connections_and_privacy_defaults_at_once() {
+    let setup = Setup::new("");
+    let d = setup.domain.clone();
+    add_user(&setup, "alice", "pw").await;
+    add_user(&setup, "bob", "pw").await;
+    make_mutual(&format!("alice@{d}"), &format!("bob@{d}")).await;
+    let mut server = Server::start(&setup).await;
+    let trusted = setup.presented();
+    let (mut bob, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+    bob.login(&d, "bob", "pw", "b").await;
+    bob.send("<presence/>").await;
+    let (mut alice, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+    alice.login(&d, "alice", "pw", "a").await;
+    alice.send("<presence/>").await;
+    // Positive controls: bob sees alice, and a 12000-byte stanza passes.
+    bob.until(&format!("from='alice@{d}/a'")).await;
+    // A ping whose id makes the stanza over 12000 bytes.
+    let big = |tag: &str| format!("{tag}{}", "x".repeat(12000));
+    alice.ping(&d, &big("before")).await;
+
+    let text = std::fs::read_to_string(setup.config()).unwrap();
+    std::fs::write(
+        setup.config(),
+        format!("{text}[limits]\nmax_stanza_size = 10000\n[privacy]\nonline = \"nobody\"\n"),
+    )
+    .unwrap();
+    server.signal(libc::SIGHUP);
+    server.wait_line(|l| l.contains("reload done")).await;
+    for what in ["reloaded [limits]", "reloaded [privacy] defaults"] {
+        assert!(
+            server.log.iter().any(|l| l.contains(what)),
+            "{what}: {}",
+            server.log.join("\n")
+        );
+    }
+    assert!(
+        !server.log.iter().any(|l| l.contains("after a restart")),
+        "nothing here needs a restart: {}",
+        server.log.join("\n")
+    );
+    // The stricter default withdraws the presence bob was shown (alice never chose).
+    let gone = bob.until("type='unavailable'").await + &bob.until(">").await;
+    assert!(gone.contains(&format!("from='alice@{d}/a'")), "{gone}");
+
+    // The established session keeps the limits it was admitted under...
+    alice.ping(&d, &big("after-old")).await;
+    // ...a new one gets the new limit: RFC 6120 §4.9.3.14 policy-violation.
+    let (mut fresh, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+    fresh.login(&d, "alice", "pw", "new").await;
+    fresh
+        .send(&format!(
+            "<iq type='get' id='{}' to='{d}'><ping xmlns='urn:xmpp:ping'/></iq>",
+            big("after-new")
+        ))
+        .await;
+    let end = fresh.until("</stream:stream>").await;
+    assert!(end.contains("policy-violation"), "{end}");
+
+    let (status, _) = server.terminate().await;
+    assert!(status.success());
+}
+
+/// The first container engine whose daemon answers (`docker info` / `podman info`), or why
+/// none does.
+async fn container_engine() -> Result<&'static str, String> {
+    let mut why = Vec::new();
+    for engine in ["docker", "podman"] {
+        match Command::new(engine)
+            .arg("info")
+            .stdin(Stdio::null())
+            .output()
+            .await
+        {
+            Ok(out) if out.status.success() => return Ok(engine),
+            Ok(out) => why.push(format!(
+                "{engine} info: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+            Err(e) => why.push(format!("{engine}: {e}")),
+        }
+    }
+    Err(why.join("; "))
+}
+
+#[tokio::test]
+async fn container_image_builds_and_serves_clients_with_the_embedded_default() {
+    let engine = match container_engine().await {
+        Ok(engine) => engine,
+        Err(why) => {
+            println!("SKIPPED container_image_builds_and_serves_clients_with_the_embedded_default: no container engine answers ({why})");
+            return;
+        }
+    };
+    let tag = format!("presenced-test:{}", unique());
+    let root = env!("CARGO_MANIFEST_DIR");
+    // A release build inside the image: minutes, not seconds.
+    let built = tokio::time::timeout(
+        Duration::from_secs(3600),
+        Command::new(engine)
+            .args(["build", "-t", &tag, root])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("image built within an hour")
+    .unwrap();
+    assert!(built.status.success(), "{engine} build: {}", text(&built));
+    let name = format!("presenced-test-{}", unique());
+    let run = Command::new(engine)
+        .args([
+            "run",
+            "-d",
+            "--rm",
+            "--name",
+            &name,
+            "-p",
+            "127.0.0.1::5222",
+            &tag,
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(run.status.success(), "{engine} run: {}", text(&run));
+    let port = Command::new(engine)
+        .args(["port", &name, "5222/tcp"])
+        .output()
+        .await
+        .unwrap();
+    let addr: std::net::SocketAddr = String::from_utf8_lossy(&port.stdout)
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{engine} port: {}", text(&port)));
+    // The server in the container answers a stream header with its features (SQLite, no
+    // Redis: nothing else was started).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let features = loop {
+        if let Ok(mut tcp) = TcpStream::connect(addr).await {
+            let _ = tcp.write_all(Conn::header("example.org").as_bytes()).await;
+            let mut buf = vec![0u8; 4096];
+            if let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await
+            {
+                let got = String::from_utf8_lossy(&buf[..n]).into_owned();
+                if got.contains("starttls") {
+                    break got;
+                }
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no stream features from the container"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let logs = Command::new(engine)
+        .args(["logs", &name])
+        .output()
+        .await
+        .unwrap();
+    let _ = Command::new(engine).args(["kill", &name]).output().await;
+    let _ = Command::new(engine)
+        .args(["rmi", "-f", &tag])
+        .output()
+        .await;
+    assert!(
+        features.contains("urn:ietf:params:xml:ns:xmpp-tls"),
+        "{features}"
+    );
+    assert!(
+        text(&logs).contains("database=sqlite:/var/lib/presenced/presenced.db"),
+        "{}",
+        text(&logs)
     );
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command of the README: installs what the tests need (Python clients), gives the
-# tests a fresh database, and runs every Rust test (unit, integration, property) plus the
-# conformance suite against this server.
+# The test command of the README: installs what the tests need (Python clients; Node packages,
+# Chromium, Profanity and tmux for the stock-client tests), gives the tests a fresh database,
+# and runs every Rust test (unit, integration, property) plus the conformance suite against
+# this server.
 #
 # Services: PostgreSQL and Redis are the machine's when DATABASE_URL / REDIS_URL name them
 # or when something answers on 127.0.0.1:5432 / :6379 (.ci/run starts those on a fresh
@@ -10,6 +11,11 @@
 # PRESENCED_PRIVATE_PORT_BASE (default 30201) up, installing the Debian packages first when
 # they are missing and it runs as root, and stops them when it exits.
 # PRESENCED_PRIVATE_SERVICES=1 starts private ones even when the machine's answer.
+#
+# Redis Cluster: the cluster tests (tests/cluster.rs) run every case on a single Redis and
+# on a Redis Cluster of three masters with one replica each, which this script starts on
+# loopback ports PRESENCED_REDIS_CLUSTER_PORT_BASE (default 30301) to +5 and stops when it
+# exits, passing the seeds as PRESENCED_TEST_REDIS_CLUSTER (unless that is already set).
 #
 # Usage: tests/run.sh                 everything
 #        tests/run.sh ARGS...         only `cargo test ARGS...` (e.g. --test liveness in_process)
@@ -22,6 +28,7 @@ PORT_BASE="${PRESENCED_PRIVATE_PORT_BASE:-30201}"
 PRIVATE_DIR=""
 PRIVATE_PG=""
 PRIVATE_REDIS_PID=""
+REDIS_CLUSTER_PIDS=()
 PG_OS_USER=""
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -44,6 +51,11 @@ cleanup() {
     kill "$PRIVATE_REDIS_PID" 2>/dev/null || true
     wait "$PRIVATE_REDIS_PID" 2>/dev/null || true
   fi
+  local pid
+  for pid in "${REDIS_CLUSTER_PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   if [ -n "$PRIVATE_DIR" ]; then rm -rf "$PRIVATE_DIR"; fi
 }
 trap cleanup EXIT
@@ -124,6 +136,44 @@ start_private_redis() {
   echo "private Redis on 127.0.0.1:$port"
 }
 
+# Three masters, three replicas (the failover test promotes one), cluster bus timeouts of
+# one second so a failover completes within a test's bounds.
+start_redis_cluster() {
+  local base="${PRESENCED_REDIS_CLUSTER_PORT_BASE:-30301}" p i nodes=()
+  command -v redis-server >/dev/null 2>&1 || install_packages redis-server
+  private_dir
+  for i in 0 1 2 3 4 5; do
+    p=$((base + i))
+    if port_open "$p"; then
+      echo "port $p is taken: set PRESENCED_REDIS_CLUSTER_PORT_BASE" >&2
+      exit 1
+    fi
+    mkdir -p "$PRIVATE_DIR/cluster-$p"
+    redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
+      --cluster-config-file "$PRIVATE_DIR/cluster-$p/nodes.conf" --cluster-node-timeout 1000 \
+      --save "" --appendonly no --dir "$PRIVATE_DIR/cluster-$p" \
+      --logfile "$PRIVATE_DIR/cluster-$p/redis.log" &
+    REDIS_CLUSTER_PIDS+=($!)
+    nodes+=("127.0.0.1:$p")
+  done
+  for p in "${nodes[@]}"; do
+    for _ in $(seq 100); do port_open "${p#*:}" && break; sleep 0.05; done
+    port_open "${p#*:}" || { echo "cluster redis-server on $p did not start" >&2; exit 1; }
+  done
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes \
+    >"$PRIVATE_DIR/cluster-create.log"
+  for p in "${nodes[@]}"; do
+    for _ in $(seq 200); do
+      redis-cli -p "${p#*:}" cluster info | grep -q '^cluster_state:ok' && break
+      sleep 0.05
+    done
+    redis-cli -p "${p#*:}" cluster info | grep -q '^cluster_state:ok' ||
+      { echo "Redis Cluster not ok on $p" >&2; exit 1; }
+  done
+  export PRESENCED_TEST_REDIS_CLUSTER="redis://127.0.0.1:${base},redis://127.0.0.1:$((base + 1)),redis://127.0.0.1:$((base + 2))"
+  echo "Redis Cluster on 127.0.0.1:${base}-$((base + 5))"
+}
+
 if [ -n "$FORCE_PRIVATE" ] || { [ -z "${DATABASE_URL:-}" ] && ! port_open 5432; }; then
   start_private_postgres
 fi
@@ -133,9 +183,29 @@ fi
 export PGHOST="${PGHOST:-127.0.0.1}"
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/${DB_NAME}}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
+if [ -z "${PRESENCED_TEST_REDIS_CLUSTER:-}" ]; then
+  start_redis_cluster
+fi
 
 # Real XMPP clients this project did not write, driven by the tests.
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+# The stock clients of tests/browser.rs and tests/profanity.rs: Node with the locked npm
+# packages of tests/browser (converse.js, puppeteer-core, @xmpp/client), Debian's Chromium
+# (also the browser of the admin status page test in tests/operations.rs), Profanity and
+# tmux. Without them (not root) those tests fail and say what is missing.
+missing=()
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v profanity >/dev/null 2>&1 || missing+=(profanity)
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+if [ "${#missing[@]}" -gt 0 ]; then
+  install_packages "${missing[@]}" || echo "tests/browser.rs and tests/profanity.rs will fail" >&2
+fi
+# npm ci again when the lock file is newer than the installed tree.
+if command -v npm >/dev/null 2>&1 && { [ ! -e tests/browser/node_modules/.package-lock.json ] ||
+  [ tests/browser/package-lock.json -nt tests/browser/node_modules/.package-lock.json ]; }; then
+  (cd tests/browser && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+fi
 
 # A fresh database per run: no state from earlier runs or other branches.
 psql -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 -q \

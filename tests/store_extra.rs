@@ -65,6 +65,7 @@ on_both_stores!(
     schema_refuses_privacy_rows_with_two_readings,
     roster_change_made_in_sql_reaches_the_listener_with_its_owner_and_version,
     block_and_privacy_changes_notify_their_owner,
+    operator_roster_add_is_mutual_with_name_groups_and_limits_and_remove_unpairs,
 );
 
 /// A domain no other test uses.
@@ -747,4 +748,60 @@ async fn the_sqlite_poller_says_to_resync_when_changes_it_had_not_read_were_dele
             payload: alice
         }
     );
+}
+
+async fn operator_roster_add_is_mutual_with_name_groups_and_limits_and_remove_unpairs(db: Db) {
+    use presenced::store::Subscription;
+    let store = db.open().await;
+    let d = domain();
+    let alice = account(&store, "alice", &d).await;
+    let bob = account(&store, "bob", &d).await;
+    let carol = account(&store, "carol", &d).await;
+    // A request bob left waiting for alice goes with the pairing, as in the SQL operation.
+    store
+        .add_pending_subscription(&alice, &bob, "<presence type='subscribe'/>")
+        .await
+        .unwrap();
+    let groups = vec!["Friends".to_owned(), "Work".to_owned()];
+    store
+        .roster_make_mutual(&alice, &bob, Some("Bobby"), &groups)
+        .await
+        .unwrap();
+    let a = store.roster_item(&alice, &bob).await.unwrap().unwrap();
+    assert_eq!(a.subscription, Subscription::Both);
+    assert_eq!(a.name.as_deref(), Some("Bobby"));
+    assert_eq!(a.groups, groups);
+    let b = store.roster_item(&bob, &alice).await.unwrap().unwrap();
+    assert_eq!(
+        (b.subscription, b.name, b.groups),
+        (Subscription::Both, None, vec![])
+    );
+    assert!(!store.has_pending_subscription(&alice, &bob).await.unwrap());
+    // Again without name or groups: both are kept.
+    store
+        .roster_make_mutual(&alice, &bob, None, &[])
+        .await
+        .unwrap();
+    let a = store.roster_item(&alice, &bob).await.unwrap().unwrap();
+    assert_eq!((a.name.as_deref(), a.groups), (Some("Bobby"), groups));
+
+    // A full roster takes no new item, on either side; nothing is half written.
+    let mut limits = store.limits();
+    limits.max_roster_items = 1;
+    store.set_limits(limits);
+    assert!(matches!(
+        store.roster_make_mutual(&carol, &alice, None, &[]).await,
+        Err(StoreError::RosterFull)
+    ));
+    assert!(store.roster_item(&carol, &alice).await.unwrap().is_none());
+    // An existing pair is not a new item.
+    store
+        .roster_make_mutual(&bob, &alice, None, &[])
+        .await
+        .unwrap();
+
+    assert!(store.roster_unpair(&alice, &bob).await.unwrap());
+    assert!(store.roster_item(&alice, &bob).await.unwrap().is_none());
+    assert!(store.roster_item(&bob, &alice).await.unwrap().is_none());
+    assert!(!store.roster_unpair(&alice, &bob).await.unwrap());
 }

@@ -104,7 +104,27 @@ impl Ws {
     }
 
     async fn login_on(mut self, ts: &TestServer, user: &str, resource: &str) -> Ws {
+        self.authenticate(ts, user).await;
         let c = &mut self;
+        c.send(&format!(
+            "<iq xmlns='jabber:client' type='set' id='b1'><bind xmlns='urn:ietf:params:xml:ns:xmpp-bind'><resource>{resource}</resource></bind></iq>"
+        ))
+        .await;
+        let bound = c.recv_until(|e| e.get_attr("id") == Some("b1")).await;
+        assert_eq!(bound.get_attr("type"), Some("result"), "{bound}");
+        c.jid = bound
+            .elements()
+            .next()
+            .and_then(|b| b.elements().next())
+            .map(|j| j.text_content())
+            .unwrap();
+        self
+    }
+
+    /// Opens the stream, authenticates `user` (PLAIN) and opens the restarted stream, up to
+    /// the features that offer bind.
+    async fn authenticate(&mut self, ts: &TestServer, user: &str) {
+        let c = self;
         let features = c.open(&ts.domain).await;
         // RFC 7395 §3.6: TLS is the WebSocket's; STARTTLS is not offered.
         assert!(features
@@ -124,19 +144,6 @@ impl Ws {
         assert!(features
             .get_child("bind", presenced::xml::NS_BIND)
             .is_some());
-        c.send(&format!(
-            "<iq xmlns='jabber:client' type='set' id='b1'><bind xmlns='urn:ietf:params:xml:ns:xmpp-bind'><resource>{resource}</resource></bind></iq>"
-        ))
-        .await;
-        let bound = c.recv_until(|e| e.get_attr("id") == Some("b1")).await;
-        assert_eq!(bound.get_attr("type"), Some("result"), "{bound}");
-        c.jid = bound
-            .elements()
-            .next()
-            .and_then(|b| b.elements().next())
-            .map(|j| j.text_content())
-            .unwrap();
-        self
     }
 }
 
@@ -256,6 +263,74 @@ async fn user_stays_available_while_either_websocket_or_tcp_resource_lives() {
     bob2.expect(|e| is_presence(e, &tcp.jid, None)).await;
     tcp.close().await;
     ts.stop().await;
+}
+
+/// XEP-0198 over RFC 7395: a WebSocket that drops without `<close/>` leaves a resumable
+/// session detached, and a new WebSocket resumes it with what was sent meanwhile; the
+/// contact watching sees no unavailable.
+#[tokio::test]
+async fn a_dropped_websocket_session_is_resumed_over_a_new_websocket() {
+    let ts = TestServer::start(fast_liveness).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = ts.login("bob", "pc").await;
+    bob.presence(None, None).await;
+    let mut web = Ws::login(&ts, "alice", "web").await;
+    web.send("<enable xmlns='urn:xmpp:sm:3' resume='true'/>")
+        .await;
+    let enabled = web.recv_until(|e| e.name == "enabled").await;
+    let id = enabled.get_attr("id").expect("resume id").to_owned();
+    web.send("<presence xmlns='jabber:client'/>").await;
+    let alice = web.jid.clone();
+    bob.watch(&|e| is_presence(e, &alice, None), WAIT)
+        .await
+        .expect("bob sees alice online");
+    // The socket goes away without a WebSocket close or <close/>.
+    drop(web);
+    let deadline = Instant::now() + WAIT;
+    while ts.shared().resumable.detached() != 1 {
+        assert!(Instant::now() < deadline, "never detached");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    bob.send(&chat(&alice, "meanwhile")).await;
+    barrier(&ts, &mut bob).await;
+
+    let mut again = Ws::connect(&ts).await;
+    again.authenticate(&ts, "alice").await;
+    again
+        .send(&format!(
+            "<resume xmlns='urn:xmpp:sm:3' previd='{id}' h='0'/>"
+        ))
+        .await;
+    let resumed = again
+        .recv_until(|e| e.name == "resumed" || e.name == "failed")
+        .await;
+    assert_eq!(resumed.name, "resumed", "{resumed}");
+    let got = again.recv_until(|e| e.name == "message").await;
+    assert_eq!(
+        got.get_child("body", presenced::xml::NS_CLIENT)
+            .map(|b| b.text_content())
+            .as_deref(),
+        Some("meanwhile")
+    );
+    // Positive control over the resumed socket, then the negative check on what bob got.
+    again
+        .send(&format!(
+            "<message xmlns='jabber:client' type='chat' to='{}'><body>back</body></message>",
+            bob.jid
+        ))
+        .await;
+    bob.watch(&|e| has_body(e, "back"), WAIT)
+        .await
+        .expect("bob hears from the resumed WebSocket");
+    assert!(
+        !bob.backlog
+            .iter()
+            .any(|e| is_presence(e, &alice, Some("unavailable"))),
+        "no unavailable: {:?}",
+        bob.backlog
+    );
 }
 
 #[tokio::test]

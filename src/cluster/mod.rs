@@ -8,7 +8,8 @@
 //! session end ─▶ Op::Release (only if this instance still holds the entry)
 //! a stanza for a user with sessions elsewhere ─▶ Op::Forward / Op::Send
 //!     ─▶ the task reads the recipients' directory entries (one pipeline per batch)
-//!     ─▶ ONE PUBLISH per node holding recipients: their JIDs + the stanza once
+//!     ─▶ ONE publish per node holding recipients: their JIDs + the stanza once
+//!        (`PUBLISH` on a single Redis, sharded `SPUBLISH` on a Redis Cluster)
 //! channel of this node ─▶ [`listen`] ─▶ the delivery module delivers to local sessions
 //! ```
 //!
@@ -30,13 +31,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::AsyncConnectionConfig;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::jid::FullJid;
+use crate::redis_conn::{Conn, SlotPipe, Target};
 pub use directory::Entry;
 pub use envelope::{Envelope, Kind};
 
@@ -94,8 +94,8 @@ struct Inner {
     node: String,
     instance: String,
     keys: directory::Keys,
-    client: Option<redis::Client>,
-    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    client: Option<Target>,
+    conn: tokio::sync::Mutex<Option<Conn>>,
     timeout: Duration,
     ttl: Duration,
     max_recipients: usize,
@@ -124,11 +124,9 @@ impl Cluster {
         let node = config.cluster.node().to_owned();
         let instance = format!("{node}#{:016x}", rand::random::<u64>());
         let (tx, rx) = mpsc::channel(65_536);
-        // Without Redis (`[redis] url = ""`, the in-process liveness of a single node) there
-        // is no cluster: nothing is queued or written.
-        let client = Some(config.redis.url.as_str())
-            .filter(|u| !u.is_empty())
-            .and_then(|u| redis::Client::open(u).ok());
+        // Without Redis (no `[redis] url` nor `[cluster] redis_seeds`: the in-process
+        // liveness of a single node) there is no cluster: nothing is queued or written.
+        let client = Target::from_config(config).ok().flatten();
         Cluster {
             inner: Arc::new(Inner {
                 node,
@@ -188,6 +186,18 @@ impl Cluster {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .is_empty()
+    }
+
+    /// Whether an instance of `node` is live, as of the last heartbeat (this node is).
+    pub fn node_is_live(&self, node: &str) -> bool {
+        node == self.inner.node
+            || self
+                .inner
+                .peers
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .any(|i| directory::node_of(i) == node)
     }
 
     fn is_live(&self, instance: &str) -> bool {
@@ -353,20 +363,24 @@ impl Cluster {
 
     async fn read_entries(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Conn,
         bares: &[&str],
     ) -> redis::RedisResult<HashMap<String, Vec<Holder>>> {
-        let mut pipe = redis::pipe();
+        let mut pipe = SlotPipe::new();
         for b in bares {
-            pipe.cmd("HGETALL").arg(self.inner.keys.user(b));
+            let key = self.inner.keys.user(b);
+            let mut c = redis::cmd("HGETALL");
+            c.arg(&key);
+            pipe.add(&key, c);
         }
         self.inner
             .counters
             .lookups
             .fetch_add(bares.len() as u64, Ordering::Relaxed);
-        let rows: Vec<HashMap<String, String>> = pipe.query_async(conn).await?;
+        let rows = pipe.query(conn).await?;
         let mut out = HashMap::new();
         for (bare, row) in bares.iter().zip(rows) {
+            let row: HashMap<String, String> = redis::from_redis_value(&row)?;
             let mut holders: Vec<Holder> =
                 row.into_iter()
                     .filter_map(|(res, v)| {
@@ -386,26 +400,18 @@ impl Cluster {
         Ok(out)
     }
 
-    async fn conn(&self) -> Option<MultiplexedConnection> {
+    async fn conn(&self) -> Option<Conn> {
         let client = self.inner.client.as_ref()?;
         let mut slot = self.inner.conn.lock().await;
         if let Some(c) = &*slot {
             return Some(c.clone());
         }
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(self.inner.timeout)
-            .set_response_timeout(self.inner.timeout);
-        match tokio::time::timeout(
-            self.inner.timeout * 2,
-            client.get_multiplexed_async_connection_with_config(&cfg),
-        )
-        .await
-        {
-            Ok(Ok(c)) => {
+        match client.connect(self.inner.timeout).await {
+            Ok(c) => {
                 *slot = Some(c.clone());
                 Some(c)
             }
-            _ => None,
+            Err(_) => None,
         }
     }
 
@@ -487,15 +493,14 @@ impl Cluster {
                     .collect()
             };
             if !users.is_empty() {
-                let mut pipe = redis::pipe();
+                let mut pipe = SlotPipe::new();
                 for u in &users {
-                    pipe.cmd("PEXPIREAT")
-                        .arg(self.inner.keys.user(u))
-                        .arg(self.expire_at(now))
-                        .arg("GT")
-                        .ignore();
+                    let key = self.inner.keys.user(u);
+                    let mut c = redis::cmd("PEXPIREAT");
+                    c.arg(&key).arg(self.expire_at(now)).arg("GT");
+                    pipe.add(&key, c);
                 }
-                if let Err(e) = pipe.query_async::<()>(&mut conn).await {
+                if let Err(e) = pipe.query(&mut conn).await {
                     self.failed(&e).await;
                     return false;
                 }
@@ -625,14 +630,14 @@ impl Cluster {
         }
     }
 
-    /// Applies one batch: the directory reads every forward in it needs (one pipeline),
-    /// then the writes and publishes in the order they were queued (a second one), then
-    /// the kicks that the claims call for.
-    async fn apply(
-        &self,
-        conn: &mut MultiplexedConnection,
-        ops: Vec<Op>,
-    ) -> redis::RedisResult<()> {
+    /// Applies one batch: the directory reads every forward in it needs (one pipeline,
+    /// one per slot on a Redis Cluster), then the writes and publishes in the order they
+    /// were queued (a second one; per slot, the order within a user's keys and within a
+    /// node's channel is kept), then the kicks that the claims call for.
+    async fn apply(&self, conn: &mut Conn, ops: Vec<Op>) -> redis::RedisResult<()> {
+        let Some(target) = self.inner.client.as_ref() else {
+            return Ok(());
+        };
         let mut bares: Vec<String> = Vec::new();
         for op in &ops {
             if let Op::Forward { to, .. } = op {
@@ -652,7 +657,7 @@ impl Cluster {
         let live: Vec<String> = std::iter::once(self.inner.instance.clone())
             .chain(self.peers())
             .collect();
-        let mut pipe = redis::pipe();
+        let mut pipe = SlotPipe::new();
         // Results to act on after the pipeline: (index, JID, whether it is a ForgetDead).
         let mut claims: Vec<(usize, FullJid, bool)> = Vec::new();
         let mut replies = Vec::new();
@@ -661,39 +666,46 @@ impl Cluster {
         for op in ops {
             match op {
                 Op::Claim(jid, entry) => {
-                    pipe.cmd("EVAL")
-                        .arg(directory::CLAIM)
+                    let key = self.inner.keys.user(jid.to_bare().as_str());
+                    let mut c = redis::cmd("EVAL");
+                    c.arg(directory::CLAIM)
                         .arg(1)
-                        .arg(self.inner.keys.user(jid.to_bare().as_str()))
+                        .arg(&key)
                         .arg(jid.resource().as_str())
                         .arg(entry.encode())
                         .arg(expire)
                         .arg(&live);
+                    pipe.add(&key, c);
                     claims.push((idx, jid, false));
                 }
                 Op::Update(jid, entry) => {
-                    pipe.cmd("EVAL")
-                        .arg(directory::UPDATE)
+                    let key = self.inner.keys.user(jid.to_bare().as_str());
+                    let mut c = redis::cmd("EVAL");
+                    c.arg(directory::UPDATE)
                         .arg(1)
-                        .arg(self.inner.keys.user(jid.to_bare().as_str()))
+                        .arg(&key)
                         .arg(jid.resource().as_str())
                         .arg(entry.encode())
                         .arg(expire)
                         .arg(&self.inner.instance);
+                    pipe.add(&key, c);
                 }
                 Op::Release(jid) => {
-                    pipe.cmd("EVAL")
-                        .arg(directory::RELEASE)
+                    let key = self.inner.keys.user(jid.to_bare().as_str());
+                    let mut c = redis::cmd("EVAL");
+                    c.arg(directory::RELEASE)
                         .arg(1)
-                        .arg(self.inner.keys.user(jid.to_bare().as_str()))
+                        .arg(&key)
                         .arg(jid.resource().as_str())
                         .arg(&self.inner.instance);
+                    pipe.add(&key, c);
                 }
                 Op::ForgetDead(jid) => {
                     // Read now, decided below: only an entry of a dead instance goes.
-                    pipe.cmd("HGET")
-                        .arg(self.inner.keys.user(jid.to_bare().as_str()))
-                        .arg(jid.resource().as_str());
+                    let key = self.inner.keys.user(jid.to_bare().as_str());
+                    let mut c = redis::cmd("HGET");
+                    c.arg(&key).arg(jid.resource().as_str());
+                    pipe.add(&key, c);
                     claims.push((idx, jid, true));
                 }
                 Op::Forward {
@@ -710,9 +722,8 @@ impl Cluster {
                                 to: chunk.to_vec(),
                                 xml: xml.clone(),
                             };
-                            pipe.cmd("PUBLISH")
-                                .arg(self.inner.keys.channel(&node))
-                                .arg(env.encode());
+                            let channel = self.inner.keys.channel(&node);
+                            pipe.add(&channel, target.publish(&channel, &env.encode()));
                             published += 1;
                             idx += 1;
                         }
@@ -723,19 +734,14 @@ impl Cluster {
                     continue;
                 }
                 Op::Send(node, env) => {
-                    pipe.cmd("PUBLISH")
-                        .arg(self.inner.keys.channel(&node))
-                        .arg(env.encode());
+                    let channel = self.inner.keys.channel(&node);
+                    pipe.add(&channel, target.publish(&channel, &env.encode()));
                     published += 1;
                 }
             }
             idx += 1;
         }
-        let results: Vec<redis::Value> = if idx == 0 {
-            Vec::new()
-        } else {
-            pipe.query_async(conn).await?
-        };
+        let results: Vec<redis::Value> = pipe.query(conn).await?;
         self.inner
             .counters
             .published
@@ -745,8 +751,7 @@ impl Cluster {
         }
         // Kicks of sessions a claim took over on other nodes, and directory entries of
         // dead instances to forget.
-        let mut after = redis::pipe();
-        let mut more = false;
+        let mut after = SlotPipe::new();
         for (i, jid, forget) in claims {
             let Some(redis::Value::BulkString(old)) = results.get(i) else {
                 continue;
@@ -768,31 +773,24 @@ impl Cluster {
                     to: vec![jid.to_string()],
                     xml: Arc::default(),
                 };
-                after
-                    .cmd("PUBLISH")
-                    .arg(self.inner.keys.channel(old.node()))
-                    .arg(env.encode())
-                    .ignore();
+                let channel = self.inner.keys.channel(old.node());
+                after.add(&channel, target.publish(&channel, &env.encode()));
                 self.inner
                     .counters
                     .published
                     .fetch_add(1, Ordering::Relaxed);
-                more = true;
             } else if forget && !live {
-                after
-                    .cmd("EVAL")
-                    .arg(directory::RELEASE)
+                let key = self.inner.keys.user(jid.to_bare().as_str());
+                let mut c = redis::cmd("EVAL");
+                c.arg(directory::RELEASE)
                     .arg(1)
-                    .arg(self.inner.keys.user(jid.to_bare().as_str()))
+                    .arg(&key)
                     .arg(jid.resource().as_str())
-                    .arg(&old.instance)
-                    .ignore();
-                more = true;
+                    .arg(&old.instance);
+                after.add(&key, c);
             }
         }
-        if more {
-            after.query_async::<()>(conn).await?;
-        }
+        after.query(conn).await?;
         Ok(())
     }
 }
@@ -842,7 +840,7 @@ pub async fn listen(
     reconnect_max: Duration,
     deliver: impl Fn(Envelope),
 ) {
-    let Some(client) = cluster.inner.client.clone() else {
+    let Some(target) = cluster.inner.client.clone() else {
         return;
     };
     let channel = cluster.inner.keys.channel(&cluster.inner.node);
@@ -850,7 +848,7 @@ pub async fn listen(
     let deliver = &deliver;
     let cluster = &cluster;
     crate::pubsub::subscribe(
-        client,
+        target,
         channel,
         timeout,
         reconnect_max,

@@ -181,26 +181,21 @@ pub async fn connect(config: &Config, store_usable: bool) -> Vec<Finding> {
             },
         );
     }
-    if config.redis.url.is_empty() {
-        out.push(ok(
+    match crate::redis_conn::Target::from_config(config) {
+        Ok(None) => out.push(ok(
             "Redis: none configured; liveness runs in process (single node)".into(),
-        ));
-    } else {
-        let client = match redis::Client::open(config.redis.url.as_str()) {
-            Ok(c) => c,
-            Err(e) => {
-                out.push(fail(format!("Redis: [redis] url: {e}")));
-                return out;
-            }
-        };
-        let target = client.get_connection_info().addr.to_string();
-        out.push(
-            match tokio::time::timeout(LIMIT, redis_info(&client)).await {
-                Ok(Ok(version)) => ok(format!("Redis {target}: reached, version {version}")),
-                Ok(Err(e)) => fail(format!("Redis {target}: {e}")),
-                Err(_) => fail(format!("Redis {target}: no answer within {LIMIT:?}")),
-            },
-        );
+        )),
+        Err(e) => out.push(fail(format!("Redis: {e}"))),
+        Ok(Some(redis)) => {
+            let target = redis.describe();
+            out.push(
+                match tokio::time::timeout(LIMIT, redis_info(&redis)).await {
+                    Ok(Ok(what)) => ok(format!("Redis {target}: reached, {what}")),
+                    Ok(Err(e)) => fail(format!("Redis {target}: {e}")),
+                    Err(_) => fail(format!("Redis {target}: no answer within {LIMIT:?}")),
+                },
+            );
+        }
     }
     out
 }
@@ -232,18 +227,26 @@ async fn postgres(url: &str) -> Result<String, Finding> {
     })
 }
 
-async fn redis_info(client: &redis::Client) -> Result<String, redis::RedisError> {
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut conn)
-        .await?;
-    Ok(info
+/// `version <v>` of a single Redis, `cluster_state:<ok|fail>` of a Redis Cluster.
+async fn redis_info(redis: &crate::redis_conn::Target) -> Result<String, redis::RedisError> {
+    let mut conn = redis.connect(Duration::from_secs(2)).await?;
+    let (cmd, field) = if redis.is_cluster() {
+        (redis::cmd("CLUSTER").arg("INFO").clone(), "cluster_state:")
+    } else {
+        (redis::cmd("INFO").arg("server").clone(), "redis_version:")
+    };
+    let info: String = cmd.query_async(&mut conn).await?;
+    let value = info
         .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
+        .find_map(|l| l.strip_prefix(field))
         .unwrap_or("unknown")
         .trim()
-        .to_owned())
+        .to_owned();
+    Ok(if redis.is_cluster() {
+        format!("cluster_state {value}")
+    } else {
+        format!("version {value}")
+    })
 }
 
 /// The configuration as TOML, every table and key, with passwords and secrets elided.
@@ -251,8 +254,14 @@ pub fn effective(config: &Config) -> Result<String, toml::ser::Error> {
     let mut shown = config.clone();
     shown.database.url = elide_password(&shown.database.url);
     shown.redis.url = elide_password(&shown.redis.url);
+    for seed in &mut shown.cluster.redis_seeds {
+        *seed = elide_password(seed);
+    }
     if shown.s2s.secret.is_some() {
         shown.s2s.secret = Some("(set, not shown)".into());
+    }
+    if shown.admin.token.is_some() {
+        shown.admin.token = Some("(set, not shown)".into());
     }
     toml::to_string(&shown)
 }

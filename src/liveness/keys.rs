@@ -1,9 +1,9 @@
 //! Redis key names (ARCHITECTURE.md, "Redis"). The bare JID is the hash tag, so all keys of one
-//! user live in one Redis Cluster slot and one Lua script may touch them together.
+//! user live in one Redis Cluster slot and one Lua script may touch them together. A beat
+//! ZSET and a node channel are one key each, so each lives in one slot too.
 //!
 //! ```text
 //! <prefix>presence:{user@domain}:res:<resource>   node id, PXAT last beat + T
-//! <prefix>presence:{user@domain}:resources        SET of live resources, same expiry
 //! <prefix>presence:beats:<shard>                  ZSET "<node> <full JID>" → last beat (ms)
 //! <prefix>node:<node>                             pub/sub channel of one node
 //! ```
@@ -40,11 +40,6 @@ impl Keys {
             jid.to_bare(),
             jid.resource()
         )
-    }
-
-    /// The set of a user's live resources.
-    pub fn resources(&self, bare: &str) -> String {
-        format!("{}presence:{{{}}}:resources", self.prefix, bare)
     }
 
     /// The beat ZSET a user's resources are in.
@@ -98,8 +93,9 @@ mod tests {
         let j = FullJid::new("alice@example.org/phone").unwrap();
         assert_eq!(k.resource(&j), "p:presence:{alice@example.org}:res:phone");
         assert_eq!(
-            k.resources("alice@example.org"),
-            "p:presence:{alice@example.org}:resources"
+            crate::redis_conn::slot(k.resource(&j).as_bytes()),
+            crate::redis_conn::slot(b"alice@example.org"),
+            "one slot per user"
         );
         assert!(k
             .beats_for("alice@example.org")

@@ -3,10 +3,10 @@
 //! ```text
 //! socket traffic ─▶ Beat (in memory, per connection; any inbound byte counts)
 //!   session tick every redis_refresh ─▶ Op::Refresh (only if a newer beat exists)
-//!     writer task ─▶ Redis: presence:{bare}:res:<r> PXAT beat+T, :resources, beats ZSET
+//!     writer task ─▶ Redis: SET presence:{bare}:res:<r> PXAT beat+T, ZADD beats ZSET
 //!   sweeper (any node, every sweep_interval) ─▶ Lua: ZRANGEBYSCORE+ZREM beats < now−T
 //!     session of this node ─▶ ended as a silent death (last seen = last beat), unavailable now
-//!     session of another node ─▶ PUBLISH node:<id>; that node ends it the same way
+//!     session of another node ─▶ (S)PUBLISH node:<id>; that node ends it the same way
 //!     nobody listens (crashed node) ─▶ unavailable to local contacts from here
 //! clean close / dropped socket ─▶ grace G ─▶ unavailable unless the resource came back
 //! every session end ─▶ last-seen batcher ─▶ one PostgreSQL statement per flush
@@ -16,8 +16,9 @@
 //! - Beats are downsampled in memory: Redis sees at most one write per resource per
 //!   `redis_refresh`, and the write carries the time of the newest beat, so the key expires
 //!   exactly T after the last beat even though it was written later (`PXAT`).
-//! - Every key write sets its expiry inside the same Lua script (a plain SET clears a TTL,
-//!   SADD/ZADD never set one), so no key can be left with TTL −1.
+//! - A resource key is written with its expiry in one command (`SET ... PXAT`), so it can
+//!   never be left with TTL −1; the shared beat ZSETs get theirs from each writing node at
+//!   most once per T ([`redis_link::ShardExpiry`]): two write commands per refresh.
 //! - Keyspace expiry notifications are not used: they fire when Redis gets round to deleting
 //!   a key, which can be minutes late. The sweeper reads the beat ZSET instead.
 //! - Redis is optional at run time: every Redis call goes through [`redis_link::RedisLink`]
@@ -233,13 +234,13 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// Redis when `[redis] url` is set, in process otherwise.
+    /// Redis when `[redis] url` or `[cluster] redis_seeds` is set, in process otherwise.
     fn from_config(config: &Config, metrics: &Arc<Metrics>) -> Backend {
-        if config.redis.url.is_empty() {
+        if config.uses_redis() {
+            Backend::Redis(redis_link::RedisLink::new(config, metrics.clone()))
+        } else {
             metrics.in_process.store(true, Ordering::Relaxed);
             Backend::InProcess(in_process::Table::default())
-        } else {
-            Backend::Redis(redis_link::RedisLink::new(&config.redis, metrics.clone()))
         }
     }
 

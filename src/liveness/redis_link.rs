@@ -1,54 +1,32 @@
-//! The Redis connection for liveness, and the writer task that applies [`Op`]s.
+//! The Redis connection for liveness, and the commands the writer task sends for [`Op`]s.
 //!
-//! Redis may be down at start or vanish at any time. [`RedisLink::conn`] hands out a
-//! multiplexed connection or `None` at once (never blocking a caller longer than the
-//! connect timeout, and only when a reconnection attempt is due); a failed command calls
-//! [`RedisLink::failed`], which drops the connection and doubles the backoff. The first
-//! successful connect after a failure sets `repair`, and the writer then rewrites every
-//! local resource, so a restarted (empty) Redis gets the liveness state back.
+//! Redis (one server or a Redis Cluster, [`crate::redis_conn`]) may be down at start or
+//! vanish at any time. [`RedisLink::conn`] hands out a multiplexed connection or `None` at
+//! once (never blocking a caller longer than the connect timeout, and only when a
+//! reconnection attempt is due); a failed command calls [`RedisLink::failed`], which drops
+//! the connection and backs off (doubling, jittered). The first successful connect after a
+//! failure sets `repair`, and the writer then rewrites every local resource, so a restarted
+//! (empty) Redis gets the liveness state back.
+//!
+//! Cost at rest: a refresh is two write commands, `SET <res> <node> PXAT beat+T` (the key
+//! and its expiry in one command) and `ZADD <beats> GT beat <member>` (never moves a beat
+//! back). The beat ZSET's own expiry is not written per refresh: the writer moves each
+//! shard's expiry to now + 3T at most once per T ([`ShardExpiry`]), a cost per node that
+//! does not grow with the number of resources. A removal is `DEL` plus `ZREM`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::AsyncConnectionConfig;
 use tokio::time::Instant;
 
 use super::{Metrics, Op};
-use crate::config::RedisConfig;
-
-/// Sets the resource key and adds it to the user's set; both expire at ARGV[2] (ms).
-/// KEYS: resource key, resources set. ARGV: node id, expire-at ms, resource.
-/// PEXPIREAT NX then GT: the set gets an expiry if it had none, and only ever a later one.
-pub const REFRESH_USER: &str = r"
-redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
-redis.call('SADD', KEYS[2], ARGV[3])
-redis.call('PEXPIREAT', KEYS[2], ARGV[2], 'NX')
-redis.call('PEXPIREAT', KEYS[2], ARGV[2], 'GT')
-return 1
-";
-
-/// Records a beat (never moving it back) and keeps the ZSET's own expiry ahead of it.
-/// KEYS: beats ZSET. ARGV: member (full JID), score (ms), expire-at ms.
-pub const BEAT: &str = r"
-redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[1])
-redis.call('PEXPIREAT', KEYS[1], ARGV[3], 'NX')
-redis.call('PEXPIREAT', KEYS[1], ARGV[3], 'GT')
-return 1
-";
-
-/// Deletes a resource key and takes it out of the user's set (SREM keeps the set's expiry).
-/// KEYS: resource key, resources set. ARGV: resource.
-pub const REMOVE_USER: &str = r"
-redis.call('DEL', KEYS[1])
-redis.call('SREM', KEYS[2], ARGV[1])
-return 1
-";
+use crate::config::Config;
+use crate::redis_conn::{backoff, Conn, SlotPipe, Target};
 
 /// Shared Redis connection with backoff.
 pub struct RedisLink {
-    client: Option<redis::Client>,
+    target: Option<Target>,
     state: tokio::sync::Mutex<LinkState>,
     timeout: Duration,
     reconnect_max: Duration,
@@ -56,57 +34,58 @@ pub struct RedisLink {
     /// Set on every (re)connect: the writer rewrites local state.
     repair: AtomicBool,
     metrics: Arc<Metrics>,
-    /// `host:port` (or socket path) of the server, named in every log line about it.
-    target: Box<str>,
+    /// `host:port` (or socket path) of the server, or the cluster's seeds, named in every
+    /// log line about it.
+    described: Box<str>,
 }
 
 struct LinkState {
-    conn: Option<MultiplexedConnection>,
+    conn: Option<Conn>,
     next_attempt: Instant,
-    backoff: Duration,
+    /// Failed attempts since the last success (the back-off's exponent).
+    failures: u32,
 }
 
-const BACKOFF_START: Duration = Duration::from_millis(100);
-
 impl RedisLink {
-    /// A link to `config.url`; nothing connects yet. A malformed URL leaves Redis off for
-    /// good (logged), which degrades presence but keeps the server up.
-    pub fn new(config: &RedisConfig, metrics: Arc<Metrics>) -> RedisLink {
-        let client = match redis::Client::open(config.url.as_str()) {
-            Ok(c) => Some(c),
+    /// A link to the config's Redis (`[redis] url` or `[cluster] redis_seeds`); nothing
+    /// connects yet. A malformed URL leaves Redis off for good (logged), which degrades
+    /// presence but keeps the server up.
+    pub fn new(config: &Config, metrics: Arc<Metrics>) -> RedisLink {
+        let target = match Target::from_config(config) {
+            Ok(t) => t,
             Err(e) => {
-                tracing::error!(error = %e, "invalid [redis] url; liveness runs without Redis");
+                tracing::error!(error = %e, "invalid Redis URL; liveness runs without Redis");
                 None
             }
         };
-        let target = client
+        let described = target
             .as_ref()
-            .map_or_else(String::new, |c| c.get_connection_info().addr.to_string())
+            .map_or_else(String::new, Target::describe)
             .into_boxed_str();
         RedisLink {
-            client,
             target,
+            described,
             state: tokio::sync::Mutex::new(LinkState {
                 conn: None,
                 next_attempt: Instant::now(),
-                backoff: BACKOFF_START,
+                failures: 0,
             }),
-            timeout: config.timeout,
-            reconnect_max: config.reconnect_max,
+            timeout: config.redis.timeout,
+            reconnect_max: config.redis.reconnect_max,
             up: AtomicBool::new(false),
             repair: AtomicBool::new(false),
             metrics,
         }
     }
 
-    /// The client, for connections of their own (pub/sub).
-    pub fn client(&self) -> Option<&redis::Client> {
-        self.client.as_ref()
+    /// The Redis, for connections of their own (pub/sub) and the publish command.
+    pub fn target(&self) -> Option<&Target> {
+        self.target.as_ref()
     }
 
-    /// Where the link points (`host:port`, or the socket path).
-    pub fn target(&self) -> &str {
-        &self.target
+    /// Where the link points (`host:port`, the socket path, or the cluster's seeds).
+    pub fn describe(&self) -> &str {
+        &self.described
     }
 
     /// The per-command timeout.
@@ -120,8 +99,8 @@ impl RedisLink {
     }
 
     /// A connection, or `None` when Redis is down and the next attempt is not due yet.
-    pub async fn conn(&self) -> Option<MultiplexedConnection> {
-        let client = self.client.as_ref()?;
+    pub async fn conn(&self) -> Option<Conn> {
+        let target = self.target.as_ref()?;
         let mut st = self.state.lock().await;
         if let Some(c) = &st.conn {
             return Some(c.clone());
@@ -129,33 +108,22 @@ impl RedisLink {
         if Instant::now() < st.next_attempt {
             return None;
         }
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout);
-        match tokio::time::timeout(
-            self.timeout * 2,
-            client.get_multiplexed_async_connection_with_config(&cfg),
-        )
-        .await
-        {
-            Ok(Ok(c)) => {
+        match target.connect(self.timeout).await {
+            Ok(c) => {
                 if !self.up.swap(true, Ordering::Relaxed) {
-                    tracing::info!(redis = %self.target, "Redis connected; repairing liveness state");
+                    tracing::info!(redis = %self.described, "Redis connected; repairing liveness state");
                 }
                 self.metrics.redis_up.store(true, Ordering::Relaxed);
                 self.repair.store(true, Ordering::Relaxed);
-                st.backoff = BACKOFF_START;
+                st.failures = 0;
                 st.conn = Some(c.clone());
                 Some(c)
             }
-            failed => {
-                let why = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "connect timed out".to_owned(),
-                };
-                tracing::warn!(redis = %self.target, error = %why, retry_in = ?st.backoff, "Redis unreachable");
-                st.next_attempt = Instant::now() + st.backoff;
-                st.backoff = (st.backoff * 2).min(self.reconnect_max);
+            Err(e) => {
+                let wait = backoff(st.failures, self.reconnect_max);
+                tracing::warn!(redis = %self.described, error = %e, retry_in = ?wait, "Redis unreachable");
+                st.next_attempt = Instant::now() + wait;
+                st.failures = st.failures.saturating_add(1);
                 None
             }
         }
@@ -166,12 +134,12 @@ impl RedisLink {
         self.metrics.redis_errors.fetch_add(1, Ordering::Relaxed);
         self.metrics.redis_up.store(false, Ordering::Relaxed);
         if self.up.swap(false, Ordering::Relaxed) {
-            tracing::warn!(redis = %self.target, %error, "Redis command failed; presence degrades until it returns");
+            tracing::warn!(redis = %self.described, %error, "Redis command failed; presence degrades until it returns");
         }
         let mut st = self.state.lock().await;
         st.conn = None;
-        st.next_attempt = Instant::now() + st.backoff;
-        st.backoff = (st.backoff * 2).min(self.reconnect_max);
+        st.next_attempt = Instant::now() + backoff(st.failures, self.reconnect_max);
+        st.failures = st.failures.saturating_add(1);
     }
 
     pub(crate) fn take_repair(&self) -> bool {
@@ -179,43 +147,72 @@ impl RedisLink {
     }
 }
 
-/// Adds the Redis commands of one op to a pipeline.
-pub(crate) fn add_op(pipe: &mut redis::Pipeline, l: &super::Liveness, op: &Op) {
+/// Adds the Redis commands of one op to a batch: two write commands each.
+pub(crate) fn add_op(pipe: &mut SlotPipe, l: &super::Liveness, op: &Op) {
     match op {
         Op::Refresh { jid, beat_ms } => {
             let bare = jid.to_bare().to_string();
-            let (expire, beats_expire) = l.expiry_ms(*beat_ms);
-            pipe.cmd("EVAL")
-                .arg(REFRESH_USER)
-                .arg(2)
-                .arg(l.keys.resource(jid))
-                .arg(l.keys.resources(&bare))
-                .arg(&l.node_id)
-                .arg(expire)
-                .arg(jid.resource().as_str())
-                .ignore();
-            pipe.cmd("EVAL")
-                .arg(BEAT)
-                .arg(1)
-                .arg(l.keys.beats_for(&bare))
-                .arg(l.keys.member(&l.node_id, jid))
+            let (expire, _) = l.expiry_ms(*beat_ms);
+            let key = l.keys.resource(jid);
+            let mut set = redis::cmd("SET");
+            set.arg(&key).arg(&l.node_id).arg("PXAT").arg(expire);
+            pipe.add(&key, set);
+            let beats = l.keys.beats_for(&bare);
+            let mut zadd = redis::cmd("ZADD");
+            zadd.arg(&beats)
+                .arg("GT")
                 .arg(*beat_ms)
-                .arg(beats_expire)
-                .ignore();
+                .arg(l.keys.member(&l.node_id, jid));
+            pipe.add(&beats, zadd);
         }
         Op::Remove { jid } => {
             let bare = jid.to_bare().to_string();
-            pipe.cmd("EVAL")
-                .arg(REMOVE_USER)
-                .arg(2)
-                .arg(l.keys.resource(jid))
-                .arg(l.keys.resources(&bare))
-                .arg(jid.resource().as_str())
-                .ignore();
-            pipe.cmd("ZREM")
-                .arg(l.keys.beats_for(&bare))
-                .arg(l.keys.member(&l.node_id, jid))
-                .ignore();
+            let key = l.keys.resource(jid);
+            let mut del = redis::cmd("DEL");
+            del.arg(&key);
+            pipe.add(&key, del);
+            let beats = l.keys.beats_for(&bare);
+            let mut zrem = redis::cmd("ZREM");
+            zrem.arg(&beats).arg(l.keys.member(&l.node_id, jid));
+            pipe.add(&beats, zrem);
         }
+    }
+}
+
+/// When this node last moved each beat ZSET's expiry. The ZSETs are shared by every node
+/// and hold every resource of their shard, so their expiry need not follow each beat: a
+/// node that writes beats to a shard moves the shard's expiry to now + 3T at most once per
+/// T (after the beats, in the same batch), which keeps it at least 2T ahead of every beat
+/// this node wrote. A ZSET emptied by a sweep is deleted by Redis; the next beat creates it
+/// again, and its expiry comes with this node's next due extension (within T).
+#[derive(Debug, Default)]
+pub(crate) struct ShardExpiry {
+    last: std::collections::HashMap<u32, i64>,
+}
+
+impl ShardExpiry {
+    /// Adds `PEXPIREAT` for every shard the ops refreshed whose extension is due.
+    pub(crate) fn add_due(&mut self, pipe: &mut SlotPipe, l: &super::Liveness, ops: &[Op]) {
+        let now = l.clock.now_ms();
+        let ttl = l.timings.ttl.as_millis() as i64;
+        for op in ops {
+            let Op::Refresh { jid, beat_ms } = op else {
+                continue;
+            };
+            let shard = super::keys::shard_of(jid.to_bare().as_str(), l.keys.shards);
+            let due = self.last.get(&shard).is_none_or(|&at| now - at >= ttl);
+            if due {
+                self.last.insert(shard, now);
+                let key = l.keys.beats(shard);
+                let mut ex = redis::cmd("PEXPIREAT");
+                ex.arg(&key).arg(l.expiry_ms(*beat_ms).1);
+                pipe.add(&key, ex);
+            }
+        }
+    }
+
+    /// Every shard is due again (after a reconnect: Redis may have lost everything).
+    pub(crate) fn reset(&mut self) {
+        self.last.clear();
     }
 }

@@ -128,6 +128,7 @@ pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
         return;
     };
     let mut batch = Vec::with_capacity(256);
+    let mut shard_expiry = crate::liveness::redis_link::ShardExpiry::default();
     let mut repair_tick = tokio::time::interval(Duration::from_millis(250));
     repair_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -157,6 +158,7 @@ pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
             continue;
         };
         if link.take_repair() {
+            shard_expiry.reset();
             let repair = crate::liveness::ops_for_repair(live);
             if !repair.is_empty() {
                 tracing::info!(
@@ -169,19 +171,22 @@ pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
         if batch.is_empty() {
             continue;
         }
-        let mut pipe = redis::pipe();
+        let mut pipe = crate::redis_conn::SlotPipe::new();
         for op in &batch {
             crate::liveness::redis_link::add_op(&mut pipe, live, op);
         }
-        let res: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
-        match res {
-            Ok(()) => {
+        shard_expiry.add_due(&mut pipe, live, &batch);
+        match pipe.query(&mut conn).await {
+            Ok(_) => {
                 let n = batch.len() as u64;
                 let m = &live.metrics;
                 m.redis_writes.fetch_add(n, Ordering::Relaxed);
                 m.liveness_writes.fetch_add(n, Ordering::Relaxed);
             }
-            Err(e) => link.failed(&e).await,
+            Err(e) => {
+                shard_expiry.reset();
+                link.failed(&e).await
+            }
         }
         batch.clear();
     }

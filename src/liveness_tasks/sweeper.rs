@@ -11,6 +11,14 @@
 //! presence path); when no node listens on that channel (the node crashed), the sweeper
 //! announces the resource unavailable itself.
 //!
+//! "Nobody listens" is the publish's receiver count: `PUBLISH` on a single Redis, `SPUBLISH`
+//! on a Redis Cluster (there `PUBLISH` counts only the subscribers of the node that
+//! received it, while `SPUBLISH` goes to the channel's shard, where the node subscribes).
+//! A count of 0 from a node that still heartbeats in the cluster directory is a subscriber
+//! being re-made (a Redis failover, a reconnect), not a death: the beat is put back, and a
+//! later sweep hands it over again or, once the node has stopped heartbeating (T after its
+//! last heartbeat), announces it.
+//!
 //! Without Redis the sweeper takes the same stale resources (beat at or before now − T, in
 //! batches of `sweep_batch`) from the in-process table, every one of them this node's, and
 //! hands each to the same decision ([`super::Liveness::swept_local`]).
@@ -18,12 +26,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use redis::aio::MultiplexedConnection;
-
 use crate::jid::FullJid;
 use crate::liveness::redis_link::RedisLink;
 use crate::liveness::{in_process, keys, Backend, Op, SweptLocal};
 use crate::node::Shared;
+use crate::redis_conn::Conn;
 
 /// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size.
 /// Returns member, score, member, score, ... and removes them.
@@ -37,7 +44,7 @@ return stale
 
 /// One sweeper call on one ZSET: the stale members (full JID, last beat ms), now removed.
 pub async fn sweep_once(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     beats_key: &str,
     cutoff_ms: i64,
     batch: usize,
@@ -153,7 +160,7 @@ async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
 async fn handle_member(
     shared: &Arc<Shared>,
     link: &RedisLink,
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     member: &str,
     score: i64,
 ) {
@@ -165,15 +172,32 @@ async fn handle_member(
     if node == live.node_id {
         return handle_stale(shared, jid, score).await;
     }
+    let Some(target) = link.target() else {
+        return;
+    };
     let notice = format!("{score} {jid}");
-    let heard: redis::RedisResult<i64> = redis::cmd("PUBLISH")
-        .arg(live.keys.node_channel(node))
-        .arg(&notice)
+    let heard: redis::RedisResult<i64> = target
+        .publish(&live.keys.node_channel(node), &notice)
         .query_async(conn)
         .await;
     match heard {
         Ok(n) if n > 0 => {
             tracing::debug!(%jid, %node, "stale resource handed to its node");
+        }
+        Ok(_) if shared.cluster.node_is_live(node) => {
+            // Its subscriber is being re-made: try again at a later sweep.
+            tracing::debug!(%jid, %node, "node heartbeats but does not listen; beat put back");
+            let bare = jid.split_once('/').map_or(jid, |(b, _)| b);
+            let back: redis::RedisResult<i64> = redis::cmd("ZADD")
+                .arg(live.keys.beats_for(bare))
+                .arg("GT")
+                .arg(score)
+                .arg(member)
+                .query_async(conn)
+                .await;
+            if let Err(e) = back {
+                link.failed(&e).await;
+            }
         }
         Ok(_) => {
             // Nobody listens for that node: it is gone, and so is the session.
@@ -192,13 +216,13 @@ pub async fn listen(shared: Arc<Shared>) {
     let Some(link) = live.redis() else {
         return;
     };
-    let Some(client) = link.client().cloned() else {
+    let Some(target) = link.target().cloned() else {
         return;
     };
     let channel = live.keys.node_channel(&live.node_id);
     let handler = shared.clone();
     crate::pubsub::subscribe(
-        client,
+        target,
         channel,
         link.timeout(),
         shared.config.redis.reconnect_max,
@@ -264,7 +288,7 @@ async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
 async fn announce_orphan(
     shared: &Arc<Shared>,
     link: &RedisLink,
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     node: &str,
     jid: &FullJid,
     score: i64,

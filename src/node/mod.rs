@@ -5,6 +5,7 @@
 
 pub mod federation;
 pub mod listen;
+pub mod live;
 pub mod send;
 pub mod session;
 pub mod visibility;
@@ -21,8 +22,11 @@ use crate::xml::Element;
 
 /// State shared by every task of the server.
 pub struct Shared {
-    /// The checked configuration.
+    /// The checked configuration, as the server started with it.
     pub config: CheckedConfig,
+    /// What a reload changes: `[limits]` and the `[s2s]` routes and policies. Read these
+    /// from here, never from `config`.
+    pub live: live::Live,
     /// PostgreSQL.
     pub store: Store,
     /// Sessions connected to this node.
@@ -54,6 +58,8 @@ pub struct Shared {
     /// Key of the fake SCRAM salts of unknown users; kept in the store so the salts are
     /// the same after a restart and on every node, as a real account's are.
     pub fake_salt_secret: Vec<u8>,
+    /// XEP-0198 sessions of this node a new stream may resume, by resume id.
+    pub resumable: crate::stream_management::Resumable,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks

@@ -160,6 +160,20 @@ pub(crate) async fn apply_external(shared: &Shared, owner: &str, version: i64) {
     presence_after_external(shared, owner).await;
 }
 
+/// [`apply_external`] for a change that touched two users' rosters at once (an
+/// operator's roster command): both users' sessions get their roster pushes before either
+/// sees the presence that follows, as a client-made subscription orders them (the push,
+/// RFC 6121 §3.1.5 and §2.1.6, then the presence).
+pub(crate) async fn apply_external_pair(shared: &Shared, a: &str, b: &str) {
+    let _lock = shared.roster_locks.lock(&[a, b]).await;
+    for owner in [a, b] {
+        replay_pushes(shared, owner, i64::MAX).await;
+    }
+    for owner in [a, b] {
+        presence_after_external(shared, owner).await;
+    }
+}
+
 /// Brings every session of `owner` up to `version` (or to the current version for
 /// `i64::MAX`). The caller holds the owner's roster lock.
 async fn replay_pushes(shared: &Shared, owner: &str, version: i64) {

@@ -129,8 +129,8 @@ fn peer_certs(conn: &rustls::ServerConnection) -> PeerCerts {
 
 /// Serves one inbound server connection.
 pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct_tls: bool) {
-    let limits = ReaderLimits::for_peer(&shared.config.limits, false);
-    let deadline = tokio::time::Instant::now() + shared.config.limits.negotiation_timeout;
+    let limits = ReaderLimits::for_peer(&shared.live.get().limits, false);
+    let deadline = tokio::time::Instant::now() + shared.live.get().limits.negotiation_timeout;
     let mut certs = PeerCerts::new();
     let io: BoxIo = if direct_tls {
         let acceptor = tokio_rustls::TlsAcceptor::from(shared.s2s_tls.clone());
@@ -236,8 +236,8 @@ async fn negotiate(
             .filter(|f| !shared.config.serves(f))
             .map(str::to_owned);
         let policy = match &from {
-            Some(f) => shared.config.s2s.policy(f).clone(),
-            None => shared.config.s2s.default_policy.clone(),
+            Some(f) => shared.live.get().s2s.policy(f).clone(),
+            None => shared.live.get().s2s.default_policy.clone(),
         };
         // XEP-0178 §3: EXTERNAL only when the certificate proves the header's domain, and
         // only once per stream.
@@ -359,7 +359,7 @@ async fn negotiate(
                             return Err(None);
                         }
                         failures += 1;
-                        if failures >= shared.config.limits.max_auth_failures {
+                        if failures >= shared.live.get().limits.max_auth_failures {
                             let e = StreamError::new(
                                 "policy-violation",
                                 "too many failed authentication attempts",
@@ -387,7 +387,7 @@ async fn negotiate(
         {
             return Err(None);
         }
-        let limits = ReaderLimits::for_peer(&shared.config.limits, false);
+        let limits = ReaderLimits::for_peer(&shared.live.get().limits, false);
         let acceptor = tokio_rustls::TlsAcceptor::from(shared.s2s_tls.clone());
         match acceptor.accept(stream.into_io()).await {
             Ok(tls) => {
@@ -421,7 +421,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
     // Dialback authenticates without a stream restart, in a task of its own: the stanza
     // cost limit is raised through this, read by the reader at every stanza start.
     let node_limit = Arc::new(AtomicUsize::new(
-        ReaderLimits::for_peer(&shared.config.limits, external.is_some()).max_stanza_nodes,
+        ReaderLimits::for_peer(&shared.live.get().limits, external.is_some()).max_stanza_nodes,
     ));
     reader.share_node_limit(node_limit.clone());
     let (out_tx, mut out_rx) = mpsc::channel::<Out>(64);
@@ -505,7 +505,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
             let f = format!("<failure xmlns='{NS_SASL}'><not-authorized/></failure>");
             let _ = out_tx.send(Out::Raw(f)).await;
             sasl_refusals += 1;
-            if sasl_refusals >= shared.config.limits.max_auth_failures {
+            if sasl_refusals >= shared.live.get().limits.max_auth_failures {
                 break Some(StreamError::new(
                     "policy-violation",
                     "too many failed authentication attempts",
@@ -620,7 +620,7 @@ async fn on_result(
             .await;
         return Ok(());
     }
-    let policy = shared.config.s2s.policy(&from);
+    let policy = shared.live.get().s2s.policy(&from).clone();
     if !policy.allow_dialback || policy.require_verified_cert {
         // Policy demands a verified certificate (SASL EXTERNAL) for this domain, or
         // forbids dialback: refuse the key unchecked (XEP-0220 §2.4.3 policy-violation).
@@ -651,7 +651,7 @@ async fn on_result(
                 a.insert((from.clone(), to.clone()));
             }
             // Before the peer learns it may send stanzas.
-            let limits = ReaderLimits::for_peer(&shared.config.limits, true);
+            let limits = ReaderLimits::for_peer(&shared.live.get().limits, true);
             node_limit.store(limits.max_stanza_nodes, Ordering::Release);
         }
         let reply = dialback::element("result", &to, &from, None, Some(ty), None);

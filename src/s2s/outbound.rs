@@ -109,7 +109,7 @@ pub struct Candidate {
 
 /// Where to connect for `domain`, in order.
 pub async fn resolve(shared: &Shared, domain: &str) -> Vec<Candidate> {
-    if let Some(route) = shared.config.s2s.routes.get(domain) {
+    if let Some(route) = shared.live.get().s2s.routes.get(domain) {
         return vec![Candidate {
             host: route.host.clone(),
             port: route.port,
@@ -168,7 +168,14 @@ async fn addresses(shared: &Shared, c: &Candidate) -> Vec<SocketAddr> {
         },
         // No DNS configured: a static route naming a host is looked up by the system
         // (e.g. /etc/hosts); the operator chose that name.
-        None if shared.config.s2s.routes.values().any(|r| r.host == c.host) => {
+        None if shared
+            .live
+            .get()
+            .s2s
+            .routes
+            .values()
+            .any(|r| r.host == c.host) =>
+        {
             tokio::net::lookup_host((c.host.as_str(), c.port))
                 .await
                 .map(|a| a.collect())
@@ -225,7 +232,7 @@ fn client_tls(
     direct: bool,
 ) -> Result<(Arc<rustls::ClientConfig>, Arc<AtomicBool>), String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let policy = shared.config.s2s.policy(remote);
+    let policy = shared.live.get().s2s.policy(remote).clone();
     let verified = Arc::new(AtomicBool::new(false));
     let verifier = PeerVerifier {
         roots: shared.s2s.roots.clone(),
@@ -256,7 +263,7 @@ fn client_tls(
 /// never stanzas (RFC 6120 §4.1: a stream is unidirectional), so the small pre-authentication
 /// cost limit holds for its whole life.
 fn limits(shared: &Shared) -> ReaderLimits {
-    ReaderLimits::for_peer(&shared.config.limits, false)
+    ReaderLimits::for_peer(&shared.live.get().limits, false)
 }
 
 /// Sends our header and reads the peer's header and features.
@@ -373,7 +380,7 @@ pub async fn connect(
     remote: &str,
 ) -> Result<S2sStream, ConnectError> {
     let mut secured = open_secure(shared, local, remote).await?;
-    let policy = shared.config.s2s.policy(remote).clone();
+    let policy = shared.live.get().s2s.policy(remote).clone();
     if policy.require_verified_cert && !secured.verified {
         secured.stream.close().await;
         return Err(ConnectError::Unverified(remote.to_owned()));

@@ -90,13 +90,16 @@ type SettingsColumns = (
     Option<Vec<String>>,
 );
 
-pub(super) fn settings_from(cols: SettingsColumns) -> Result<PrivacySettings, StoreError> {
+pub(super) fn settings_from(
+    cols: SettingsColumns,
+    defaults: &PrivacySettings,
+) -> Result<PrivacySettings, StoreError> {
     match cols {
         (Some(online), online_except, Some(last_seen), last_seen_except) => Ok(PrivacySettings {
             online: from_columns(&online, online_except.unwrap_or_default())?,
             last_seen: from_columns(&last_seen, last_seen_except.unwrap_or_default())?,
         }),
-        _ => Ok(PrivacySettings::default()),
+        _ => Ok(defaults.clone()),
     }
 }
 
@@ -116,7 +119,12 @@ impl Store {
         subject: &str,
         subject_forms: &[String],
     ) -> Result<AudienceInputs, StoreError> {
-        let pool = pg_or_sqlite!(self, |db| db.audience_inputs(subject, subject_forms));
+        let defaults = self.privacy_defaults();
+        let pool = pg_or_sqlite!(self, |db| db.audience_inputs(
+            subject,
+            subject_forms,
+            &defaults
+        ));
         type Row = (
             Option<String>,
             Option<Vec<String>>,
@@ -154,7 +162,10 @@ impl Store {
         .fetch_one(pool)
         .await?;
         let (online, online_except, last_seen, last_seen_except, contacts, subs, by_c, by_s) = row;
-        let settings = settings_from((online, online_except, last_seen, last_seen_except))?;
+        let settings = settings_from(
+            (online, online_except, last_seen, last_seen_except),
+            &defaults,
+        )?;
         if subs.len() != contacts.len()
             || by_c.len() != contacts.len()
             || by_s.len() != contacts.len()
@@ -198,7 +209,13 @@ impl Store {
         if subjects.is_empty() {
             return Ok(Vec::new());
         }
-        let pool = pg_or_sqlite!(self, |db| db.probe_inputs(prober, prober_forms, subjects));
+        let defaults = self.privacy_defaults();
+        let pool = pg_or_sqlite!(self, |db| db.probe_inputs(
+            prober,
+            prober_forms,
+            subjects,
+            &defaults
+        ));
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT s.subject, ri.subscription,
                     ps.online, ps.online_except, ps.last_seen, ps.last_seen_except,
@@ -236,12 +253,10 @@ impl Store {
                     Ok(ProbeSubject {
                         subject,
                         subscription: sub.as_deref().map(subscription_from).transpose()?,
-                        settings: settings_from((
-                            online,
-                            online_except,
-                            last_seen,
-                            last_seen_except,
-                        ))?,
+                        settings: settings_from(
+                            (online, online_except, last_seen, last_seen_except),
+                            &defaults,
+                        )?,
                         blocks_prober: bp,
                         blocked_by_prober: bbp,
                         last_seen: la,

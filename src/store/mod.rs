@@ -31,6 +31,7 @@ pub mod offline;
 mod pending;
 mod privacy;
 mod roster;
+mod roster_admin;
 pub mod sqlite;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +50,9 @@ pub struct Store {
     audience: std::sync::Arc<audience_cache::AudienceCache>,
     /// What one account may store ([`Store::set_limits`]); shared by clones.
     limits: std::sync::Arc<std::sync::RwLock<StoreLimits>>,
+    /// The settings of a user with no `privacy_settings` row ([`Store::set_privacy_defaults`]);
+    /// shared by clones.
+    privacy_defaults: std::sync::Arc<std::sync::RwLock<crate::policy::privacy::PrivacySettings>>,
 }
 
 /// Which store `url` names and whether it can be used, without creating or changing
@@ -431,6 +435,7 @@ impl Store {
             backend,
             audience: Default::default(),
             limits: Default::default(),
+            privacy_defaults: Default::default(),
         }
     }
 
@@ -440,6 +445,20 @@ impl Store {
             Backend::Postgres(_) => Dialect::Postgres,
             Backend::Sqlite(_) => Dialect::Sqlite,
         }
+    }
+
+    /// Whether the database answers now: one `SELECT 1` on a reader's connection, timed.
+    pub async fn ping(&self) -> Result<std::time::Duration, StoreError> {
+        let started = std::time::Instant::now();
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                sqlx::query("SELECT 1").execute(pool).await?;
+            }
+            Backend::Sqlite(db) => {
+                sqlx::query("SELECT 1").execute(db.reader()).await?;
+            }
+        }
+        Ok(started.elapsed())
     }
 
     /// Closes every connection; later queries fail (as when the database goes away).
@@ -458,6 +477,30 @@ impl Store {
         if let Ok(mut l) = self.limits.write() {
             *l = limits;
         }
+    }
+
+    /// Sets the privacy settings of users who never chose (`[privacy]`; everyone's
+    /// subscribers until called). The caller drops the gate's cached inputs and has the
+    /// gate re-decide what online users were shown.
+    pub fn set_privacy_defaults(&self, defaults: &crate::config::PrivacyConfig) {
+        use crate::config::DefaultVisibility;
+        use crate::policy::privacy::Visibility;
+        let visibility = |d: DefaultVisibility| match d {
+            DefaultVisibility::Subscribers => Visibility::Subscribers,
+            DefaultVisibility::Nobody => Visibility::Nobody,
+        };
+        if let Ok(mut p) = self.privacy_defaults.write() {
+            p.online = visibility(defaults.online);
+            p.last_seen = visibility(defaults.last_seen);
+        }
+    }
+
+    /// The settings of a user with no row of their own.
+    pub fn privacy_defaults(&self) -> crate::policy::privacy::PrivacySettings {
+        self.privacy_defaults
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or_default()
     }
 
     /// What one account may store.

@@ -52,7 +52,8 @@ impl Store {
     /// `owner`'s settings; the defaults when the owner never changed them (or is not an
     /// account, which the caller has ruled out already).
     pub async fn privacy_settings(&self, owner: &str) -> Result<PrivacySettings, StoreError> {
-        let pool = pg_or_sqlite!(self, |db| db.privacy_settings(owner));
+        let defaults = self.privacy_defaults();
+        let pool = pg_or_sqlite!(self, |db| db.privacy_settings(owner, &defaults));
         let row: Option<(String, Vec<String>, String, Vec<String>)> = sqlx::query_as(
             "SELECT online, online_except, last_seen, last_seen_except
              FROM privacy_settings WHERE owner = $1",
@@ -61,7 +62,7 @@ impl Store {
         .fetch_optional(pool)
         .await?;
         match row {
-            None => Ok(PrivacySettings::default()),
+            None => Ok(defaults),
             Some((online, online_except, last_seen, last_seen_except)) => Ok(PrivacySettings {
                 online: from_columns(&online, online_except)?,
                 last_seen: from_columns(&last_seen, last_seen_except)?,

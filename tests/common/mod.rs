@@ -224,6 +224,26 @@ impl TestServer {
         self.add_user(name, "pw").await
     }
 
+    /// How many XEP-0160 messages the store keeps for `owner` (a bare JID).
+    pub async fn offline_count(&self, owner: &str) -> i64 {
+        let store = &self.shared().store;
+        let counted = match store.sqlite_pool() {
+            Some(file) => {
+                sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = ?1")
+                    .bind(owner)
+                    .fetch_one(file)
+                    .await
+            }
+            None => {
+                sqlx::query_scalar("SELECT count(*) FROM offline_messages WHERE owner = $1")
+                    .bind(owner)
+                    .fetch_one(store.pool())
+                    .await
+            }
+        };
+        counted.expect("count offline messages")
+    }
+
     /// Makes two local users mutual contacts (subscription both), as an operator would.
     pub async fn make_mutual(&self, a: &str, b: &str) {
         stores::make_mutual(&self.shared().store, &self.jid(a), &self.jid(b))
@@ -976,4 +996,51 @@ pub async fn get(addr: std::net::SocketAddr, path: &str, host: &str) -> String {
         .expect("answer within the wait")
         .expect("answer read");
     text
+}
+
+/// A `chat` message to `to` with `body` and a fresh id.
+pub fn chat(to: &str, body: &str) -> Element {
+    Element::new("message", NS_CLIENT)
+        .attr("to", to)
+        .attr("type", "chat")
+        .attr("id", unique())
+        .child(Element::new("body", NS_CLIENT).text(body))
+}
+
+/// Whether `e` is a message whose `<body/>` is `body`.
+pub fn has_body(e: &Element, body: &str) -> bool {
+    e.name == "message"
+        && e.get_child("body", NS_CLIENT)
+            .is_some_and(|b| b.text_content() == body)
+}
+
+/// An executable found on `PATH` (for the stock clients the tests drive).
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The features the server's disco#info lists (XEP-0030 §3.1), as `c` asks for them.
+pub async fn server_features(ts: &TestServer, c: &mut Client) -> Vec<String> {
+    disco_features(c, &ts.domain).await
+}
+
+/// The features `to`'s disco#info lists (XEP-0030 §3.1), as `c` asks for them.
+pub async fn disco_features(c: &mut Client, to: &str) -> Vec<String> {
+    let r = c
+        .iq(
+            "get",
+            Some(to),
+            Element::new("query", presenced::xml::NS_DISCO_INFO),
+        )
+        .await;
+    r.get_child("query", presenced::xml::NS_DISCO_INFO)
+        .expect("disco#info result")
+        .elements()
+        .filter(|f| f.name == "feature")
+        .filter_map(|f| f.get_attr("var").map(str::to_owned))
+        .collect()
 }

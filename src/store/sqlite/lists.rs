@@ -18,9 +18,12 @@ type SettingsText = (
     Option<String>,
 );
 
-fn settings_from_text(cols: SettingsText) -> Result<PrivacySettings, StoreError> {
+fn settings_from_text(
+    cols: SettingsText,
+    defaults: &PrivacySettings,
+) -> Result<PrivacySettings, StoreError> {
     let list = |l: Option<String>| l.map(|t| parse_list(&t, "privacy exceptions")).transpose();
-    settings_from((cols.0, list(cols.1)?, cols.2, list(cols.3)?))
+    settings_from((cols.0, list(cols.1)?, cols.2, list(cols.3)?), defaults)
 }
 
 impl Pools {
@@ -119,6 +122,7 @@ impl Pools {
     pub(in crate::store) async fn privacy_settings(
         &self,
         owner: &str,
+        defaults: &PrivacySettings,
     ) -> Result<PrivacySettings, StoreError> {
         let row: Option<(String, String, String, String)> = sqlx::query_as(
             "SELECT online, online_except, last_seen, last_seen_except
@@ -128,8 +132,10 @@ impl Pools {
         .fetch_optional(&self.read)
         .await?;
         match row {
-            None => Ok(PrivacySettings::default()),
-            Some((a, b, c, d)) => settings_from_text((Some(a), Some(b), Some(c), Some(d))),
+            None => Ok(defaults.clone()),
+            Some((a, b, c, d)) => {
+                settings_from_text((Some(a), Some(b), Some(c), Some(d)), defaults)
+            }
         }
     }
 
@@ -293,6 +299,7 @@ impl Pools {
         &self,
         subject: &str,
         subject_forms: &[String],
+        defaults: &PrivacySettings,
     ) -> Result<AudienceInputs, StoreError> {
         let mut tx = self.read.begin().await?;
         let settings: Option<(String, String, String, String)> = sqlx::query_as(
@@ -321,8 +328,10 @@ impl Pools {
         .await?;
         tx.commit().await?;
         let settings = match settings {
-            None => PrivacySettings::default(),
-            Some((a, b, c, d)) => settings_from_text((Some(a), Some(b), Some(c), Some(d)))?,
+            None => defaults.clone(),
+            Some((a, b, c, d)) => {
+                settings_from_text((Some(a), Some(b), Some(c), Some(d)), defaults)?
+            }
         };
         let roster = rows
             .into_iter()
@@ -338,6 +347,7 @@ impl Pools {
         prober: &str,
         prober_forms: &[String],
         subjects: &[String],
+        defaults: &PrivacySettings,
     ) -> Result<Vec<ProbeSubject>, StoreError> {
         type Row = (
             String,
@@ -376,7 +386,7 @@ impl Pools {
                 Ok(ProbeSubject {
                     subject,
                     subscription: sub.as_deref().map(subscription_from).transpose()?,
-                    settings: settings_from_text((a, b, c, d))?,
+                    settings: settings_from_text((a, b, c, d), defaults)?,
                     blocks_prober: bp,
                     blocked_by_prober: bbp,
                     last_seen: la.as_deref().map(parse_time).transpose()?,
