@@ -1147,9 +1147,9 @@ impl Conn {
                     // boxing keeps that state out of this long-lived future while idle.
                     // Nothing is read while it runs: the client is not silent meanwhile.
                     let busy = transport.beat.busy();
-                    let handled = Box::pin(handle_stanza(&mut session, el)).await;
+                    let outcome = Box::pin(handle_stanza(&mut session, el)).await;
                     drop(busy);
-                    if let Err(err) = handled {
+                    if let Err(err) = outcome {
                         break Some(err);
                     }
                     if let Some(h) = handled.as_mut().filter(|_| stanza) {
