@@ -1145,7 +1145,11 @@ impl Conn {
                         && matches!(el.name.as_str(), "message" | "presence" | "iq");
                     // Boxed: routing a stanza can be a deep future (store queries, fan-out);
                     // boxing keeps that state out of this long-lived future while idle.
-                    if let Err(err) = Box::pin(handle_stanza(&mut session, el)).await {
+                    // Nothing is read while it runs: the client is not silent meanwhile.
+                    let busy = transport.beat.busy();
+                    let outcome = Box::pin(handle_stanza(&mut session, el)).await;
+                    drop(busy);
+                    if let Err(err) = outcome {
                         break Some(err);
                     }
                     if let Some(h) = handled.as_mut().filter(|_| stanza) {

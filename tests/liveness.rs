@@ -1113,3 +1113,88 @@ async fn with_nothing_installed_slixmpp_contacts_see_each_other_and_a_silent_dea
     assert_eq!(ts.metric(|m| m.silent_deaths.load(Ordering::Relaxed)), 1);
     ts.stop().await;
 }
+
+/// A stanza the server takes longer than T to handle is the server's delay, not the
+/// client's silence. Here Alice's roster set waits for a row lock another transaction holds
+/// for 2 T (on a loaded server the same happens to a stanza waiting for the database pool);
+/// meanwhile Alice keeps talking (whitespace keepalives, RFC 6120 §4.6.1), which the server
+/// does not read while it is busy with her stanza. The session must not be ended as silent
+/// (connection-timeout) and her contacts must not be told she left: after the lock is
+/// released her roster set is answered and her session still answers pings.
+#[tokio::test]
+async fn a_client_whose_stanza_the_server_is_still_handling_is_not_declared_silent() {
+    if database_url().starts_with("sqlite") {
+        // The row lock below is PostgreSQL's; SQLite has one writer and a busy timeout.
+        eprintln!("skipped on SQLite: the held row lock is PostgreSQL's");
+        return;
+    }
+    let ts = start_on(Backend::Redis).await;
+    let l = timings(&ts);
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice.jid, None)).await;
+    let roster_set = |contact: &str| {
+        Element::new("query", presenced::xml::NS_ROSTER)
+            .child(Element::new("item", presenced::xml::NS_ROSTER).attr("jid", contact))
+    };
+    // Alice's version row exists (make_mutual wrote her roster); hold its lock.
+    let pool = sqlx::PgPool::connect(&database_url()).await.expect("pg");
+    let mut tx = pool.begin().await.expect("begin");
+    let owner = ts.jid("alice");
+    let locked = sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
+        .bind(&owner)
+        .execute(&mut *tx)
+        .await
+        .expect("lock")
+        .rows_affected();
+    assert_eq!(locked, 1, "alice's roster version row");
+    let id = unique();
+    let mut iq = Element::new("iq", NS_CLIENT)
+        .attr("type", "set")
+        .attr("id", id.clone())
+        .child(roster_set(&format!("carol@{}", ts.domain)));
+    alice.send(&iq).await;
+    let busy_for = secs(2.0 * l.ttl + 2.0 * l.sweep_interval);
+    let until = Instant::now() + busy_for;
+    let keepalives = async {
+        while Instant::now() < until {
+            alice.send_raw(" ").await;
+            tokio::time::sleep(secs(l.heartbeat_interval / 2.0)).await;
+        }
+    };
+    // Bob is an ordinary live client meanwhile; what he receives stays in his backlog.
+    tokio::join!(keepalives, bob.idle_answering_pings(busy_for));
+    tx.rollback().await.expect("release the lock");
+    let answer = alice
+        .try_expect(
+            &|e: &Element| e.name == "iq" && e.get_attr("id") == Some(id.as_str()),
+            secs(l.ttl),
+        )
+        .await;
+    match answer {
+        Ok(r) => assert_eq!(r.get_attr("type"), Some("result"), "{r}"),
+        Err(e) => panic!("alice's session ended while the server handled her stanza: {e:?}"),
+    }
+    last_words(&mut alice).await;
+    // Positive control for the negative check below: bob still hears alice's changes.
+    iq = Element::new("presence", NS_CLIENT)
+        .child(Element::new("status", NS_CLIENT).text("still here"));
+    alice.send(&iq).await;
+    // The first presence from her session after the busy time: an unavailable had she been
+    // taken for silent, else this one.
+    let seen = bob
+        .watch(
+            &|e| e.name == "presence" && e.get_attr("from") == Some(alice.jid.as_str()),
+            secs(l.ttl),
+        )
+        .await
+        .expect("bob sees alice's next presence");
+    assert!(
+        is_presence(&seen, &alice.jid, None),
+        "bob was told alice left while the server handled her stanza: {seen}"
+    );
+    ts.stop().await;
+}

@@ -39,7 +39,7 @@ pub mod metrics;
 pub mod redis_link;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -95,6 +95,8 @@ impl Timings {
 #[derive(Debug)]
 pub struct Beat {
     last: AtomicI64,
+    /// Stanzas of this peer the server is handling right now ([`Beat::busy`]).
+    busy: AtomicU32,
     metrics: Arc<Metrics>,
     clock: Clock,
 }
@@ -104,6 +106,7 @@ impl Beat {
     fn new(metrics: Arc<Metrics>, clock: Clock) -> Arc<Beat> {
         Arc::new(Beat {
             last: AtomicI64::new(clock.now_ms()),
+            busy: AtomicU32::new(0),
             metrics,
             clock,
         })
@@ -121,9 +124,38 @@ impl Beat {
     }
 
     /// Whether the peer has sent nothing for `d`: the one test behind keepalive pings (both
-    /// transports) and the local death fallback.
+    /// transports), the sweeper's check with the session's node and the local death
+    /// fallback. Never while the server is handling one of the peer's stanzas: the session
+    /// reads nothing meanwhile, so the silence would be the server's, not the peer's.
     pub fn silent_for(&self, d: Duration) -> bool {
-        self.clock.now_ms() - self.last_ms() >= d.as_millis() as i64
+        !self.is_busy() && self.clock.now_ms() - self.last_ms() >= d.as_millis() as i64
+    }
+
+    /// Marks one of the peer's stanzas as being handled until the guard drops. The drop
+    /// counts as a beat: time the server spent on the stanza (waiting for the database pool
+    /// or a row lock on a loaded node) is not time the peer was silent, and what it sent
+    /// meanwhile is read only now.
+    pub fn busy(self: &Arc<Self>) -> BusyGuard {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        BusyGuard(Arc::clone(self))
+    }
+
+    /// Whether one of the peer's stanzas is being handled now.
+    pub fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed) > 0
+    }
+}
+
+/// See [`Beat::busy`].
+#[derive(Debug)]
+pub struct BusyGuard(Arc<Beat>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0
+            .last
+            .fetch_max(self.0.clock.now_ms(), Ordering::Relaxed);
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -494,6 +526,10 @@ impl Liveness {
             return SweptLocal::InGrace;
         }
         let beat = l.beat.last_ms();
+        if l.beat.is_busy() {
+            // The server itself has not read the peer for a while: not the peer's silence.
+            return SweptLocal::Alive(beat.max(self.clock.now_ms()));
+        }
         if beat > score && !l.beat.silent_for(self.timings.ttl) {
             return SweptLocal::Alive(beat);
         }

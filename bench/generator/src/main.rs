@@ -20,6 +20,7 @@ mod report;
 mod rest;
 mod scram;
 mod session;
+mod soak;
 mod stats;
 mod worker;
 mod xml;
@@ -186,6 +187,35 @@ struct Cli {
     /// Database whose pg_stat_database row is read.
     #[arg(long, default_value = "presenced_bench")]
     pg_stats_db: String,
+    /// Soak run instead of the timed run: N sessions under churn for this many seconds
+    /// (reliability/soak.sh and reliability/faults.sh; see soak.rs).
+    #[arg(long, default_value_t = 0)]
+    soak_secs: u64,
+    /// Soak: fraction of the sessions that reconnect per minute.
+    #[arg(long, default_value_t = 0.10)]
+    churn_per_min: f64,
+    /// Soak: fraction of the reconnects made by dropping the connection (no stream close).
+    #[arg(long, default_value_t = 0.5)]
+    drop_fraction: f64,
+    /// Soak: presence changes per second.
+    #[arg(long, default_value_t = 20.0)]
+    soak_presence_rate: f64,
+    /// Soak: chat messages per second, each to a random contact of the sender.
+    #[arg(long, default_value_t = 20.0)]
+    soak_message_rate: f64,
+    /// Soak: probe presence changes per second (their watchers are counted per change).
+    #[arg(long, default_value_t = 1.0)]
+    probe_rate: f64,
+    /// Soak: seconds between counter lines.
+    #[arg(long, default_value_t = 60)]
+    sample_secs: u64,
+    /// Soak: file for the counter lines (JSON, one per line); stdout if absent.
+    #[arg(long)]
+    soak_log: Option<PathBuf>,
+    /// Soak: further c2s addresses of the same cluster; user i logs in to address
+    /// (i + failed attempts) mod the number of addresses, --target being the first.
+    #[arg(long = "also-target")]
+    also_targets: Vec<SocketAddr>,
 }
 
 impl Cli {
@@ -288,6 +318,35 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
             target.cache.len()
         );
         return Ok(ExitCode::SUCCESS);
+    }
+    if cli.soak_secs > 0 {
+        if let Some(bad) = cli.also_targets.iter().find(|a| !a.ip().is_loopback()) {
+            return Err(format!("refusing non-loopback target {bad}"));
+        }
+        let plan = soak::Plan {
+            secs: cli.soak_secs,
+            churn_per_min: cli.churn_per_min,
+            drop_fraction: cli.drop_fraction,
+            presence_rate: cli.soak_presence_rate,
+            message_rate: cli.soak_message_rate,
+            probe_rate: cli.probe_rate,
+            sample_secs: cli.sample_secs,
+            log: cli.soak_log.clone(),
+            targets: std::iter::once(cli.target)
+                .chain(cli.also_targets.iter().copied())
+                .collect(),
+            login_concurrency: cli.login_concurrency,
+            login_timeout: Duration::from_secs(cli.login_timeout),
+            drain_secs: cli.drain_secs,
+            source_addrs: cli.source_addrs,
+        };
+        let all_online = soak::run(plan, target, graph).await?;
+        return Ok(if all_online {
+            ExitCode::SUCCESS
+        } else {
+            eprintln!("soak: not every session was online when the load ended");
+            ExitCode::FAILURE
+        });
     }
     let report = timed_run(&cli, &target, &graph).await?;
     println!("{}", report.to_table());

@@ -504,6 +504,12 @@ pub struct Shared {
     pub sessions_lost: AtomicU64,
     /// Subscription requests answered with `subscribed` (provisioning).
     pub subscriptions_approved: AtomicU64,
+    /// Soak messages: written to the server, received (live or from offline storage),
+    /// received with a XEP-0203 `<delay/>` (from offline storage), bounced with an error.
+    pub messages: MessageCounts,
+    /// Soak probes (timed presences of phase [`PROBE_PHASE`]): watchers reached per probe
+    /// sequence number, so a fault run can tell when every watcher sees changes again.
+    pub probe_hits: Mutex<std::collections::HashMap<u64, u32>>,
     /// First few distinct errors, for the report.
     pub errors: Mutex<Vec<String>>,
     /// Distinct `negotiated` strings of the logins (TLS version, cipher suite, SASL).
@@ -530,6 +536,25 @@ impl Shared {
     }
 }
 
+/// What happened to the soak's chat messages, counted at the clients.
+#[derive(Default)]
+pub struct MessageCounts {
+    /// Messages written to the server.
+    pub sent: AtomicU64,
+    /// Soak messages received, live or from offline storage.
+    pub received: AtomicU64,
+    /// Of `received`, those carrying a XEP-0203 `<delay/>` (kept offline, RFC 6121 §8.5.2.2).
+    pub delayed: AtomicU64,
+    /// Soak messages returned as `type='error'` (bounced, RFC 6120 §8.3).
+    pub bounced: AtomicU64,
+}
+
+/// The phase number of soak probes: counted per sequence number in `Shared::probe_hits`.
+pub const PROBE_PHASE: usize = 1;
+
+/// Marks the body of a soak message: `<MESSAGE_TAG> <seq> <sent ns>`.
+pub const MESSAGE_TAG: &str = "m1";
+
 /// Commands from the driver to a running session.
 #[derive(Debug)]
 pub enum Command {
@@ -539,6 +564,12 @@ pub enum Command {
     Subscribe(Vec<String>),
     /// Fetch the roster again and report the JIDs with subscription "both" (provisioning).
     Roster(tokio::sync::oneshot::Sender<Vec<String>>),
+    /// Send one soak chat message to this bare JID with sequence number `seq`.
+    Message { to: String, seq: u64 },
+    /// Leave: `drop` ends the TCP connection without closing the stream (a lost connection);
+    /// otherwise close the stream and read what the server still sends until it closes
+    /// its side (RFC 6120 §4.4), at most 5 s, so nothing it delivered is left unread.
+    Leave { drop: bool },
     /// Close the stream and end.
     Close,
 }
@@ -550,6 +581,8 @@ pub enum Mode {
     Measure,
     /// Provisioning: approve every subscription request.
     Provision,
+    /// Soak and fault runs: measure, and count probes per sequence number.
+    Soak,
 }
 
 /// Runs a logged-in session until `Close` or an error.
@@ -598,6 +631,7 @@ pub async fn run(
                             conn.send(&reply).await?;
                         }
                     }
+                    "message" => on_message(&el, &shared),
                     "error" => return Err(format!("stream error: {}", describe(&el))),
                     _ => {}
                 }
@@ -632,6 +666,35 @@ pub async fn run(
                         pending_roster = Some(tx);
                         conn.send("<iq type='get' id='roster2'><query xmlns='jabber:iq:roster'/></iq>").await?;
                     }
+                    Some(Command::Message { to, seq }) => {
+                        let t = now_ns();
+                        conn.send(&format!(
+                            "<message to='{}' type='chat' id='m{seq}'><body>{MESSAGE_TAG} {seq} {t}</body></message>",
+                            escape(&to)
+                        )).await?;
+                        shared.messages.sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(Command::Leave { drop: true }) => return Ok(()),
+                    Some(Command::Leave { drop: false }) => {
+                        conn.send("</stream:stream>").await?;
+                        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+                        loop {
+                            while let Some(frame) = conn.framer.next_frame()? {
+                                match frame {
+                                    Frame::Element(e) if e.name == "message" => on_message(&e, &shared),
+                                    Frame::Element(_) => {}
+                                    Frame::StreamClose | Frame::StreamOpen(_) => return Ok(()),
+                                }
+                            }
+                            match tokio::time::timeout_at(until, conn.io.read(&mut conn.rbuf)).await {
+                                Ok(Ok(n)) if n > 0 => {
+                                    let (framer, rbuf) = (&mut conn.framer, &conn.rbuf);
+                                    framer.feed(&rbuf[..n]);
+                                }
+                                _ => return Ok(()),
+                            }
+                        }
+                    }
                     Some(Command::Close) | None => {
                         let _ = conn.send("</stream:stream>").await;
                         let _ = tokio::time::timeout(Duration::from_secs(2), conn.io.shutdown()).await;
@@ -650,6 +713,25 @@ pub async fn run(
 
 fn bare_of(jid: &str) -> &str {
     jid.split('/').next().unwrap_or(jid)
+}
+
+/// Counts one received message if it is a soak message (or its bounce).
+fn on_message(el: &Element, shared: &Shared) {
+    let m = &shared.messages;
+    // A bounce need not carry the original body (RFC 6120 §8.3.1): its id names it.
+    if el.attr("type") == Some("error") {
+        if el.attr("id").is_some_and(|i| i.starts_with('m')) {
+            m.bounced.fetch_add(1, Ordering::Relaxed);
+        }
+        return;
+    }
+    let body = el.child("body").map(|b| b.text.as_str()).unwrap_or("");
+    if body.starts_with(MESSAGE_TAG) {
+        m.received.fetch_add(1, Ordering::Relaxed);
+        if el.child("delay").is_some() {
+            m.delayed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Handles one received presence; returns a stanza to send back, if any.
@@ -685,8 +767,13 @@ fn on_presence(
     let mut parts = status.split(' ');
     if parts.next() == Some(STATUS_TAG) {
         let phase = parts.next().and_then(|p| p.parse::<usize>().ok());
-        let _seq = parts.next();
+        let seq = parts.next().and_then(|q| q.parse::<u64>().ok());
         let sent = parts.next().and_then(|t| t.parse::<u64>().ok());
+        if let (Some(PROBE_PHASE), Some(seq), Mode::Soak) = (phase, seq, mode) {
+            if let Ok(mut hits) = shared.probe_hits.lock() {
+                *hits.entry(seq).or_default() += 1;
+            }
+        }
         if let (Some(phase), Some(sent)) = (phase, sent) {
             if let Some(p) = shared.phases.get(phase) {
                 p.delivered.fetch_add(1, Ordering::Relaxed);

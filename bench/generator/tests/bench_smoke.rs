@@ -182,3 +182,107 @@ async fn load_generator_split_over_two_processes_merges_their_counts() {
     assert!(pg.is_finite() && pg >= 0.0, "{json}\n{err}");
     ts.stop().await;
 }
+
+/// A number field of one line of the soak's counter log.
+fn line_num(line: &str, key: &str) -> u64 {
+    let at = line
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("{key} in {line}"))
+        + key.len()
+        + 3;
+    let rest = &line[at..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} in {line}"))
+}
+
+/// `--soak-secs`: the soak mode of reliability/soak.sh at N = 20. Sessions reconnect by
+/// closing their stream (drop fraction 0) while messages and presence flow; the leaving
+/// client reads until the server's stream close, and a message for a user between two
+/// sessions is kept offline and handed out at the next login, so every message sent must be
+/// received or bounced: the soak's message accounting adds up and loses nothing.
+#[tokio::test]
+async fn soak_mode_reconnects_and_accounts_for_every_message() {
+    let ts = TestServer::start(|c| {
+        c.limits.stanzas_per_second = 10_000;
+        c.limits.stanza_burst = 10_000;
+        c.limits.connections_per_ip_per_minute = 100_000;
+    })
+    .await;
+    let bench = env!("CARGO_BIN_EXE_presenced-bench");
+    let target = ts.addr.to_string();
+    let common = [
+        "--server",
+        "presenced",
+        "--target",
+        &target,
+        "--domain",
+        &ts.domain,
+        "-n",
+        "20",
+        "-k",
+        "3",
+    ];
+    provision(bench, &common).await;
+    let dir = std::env::temp_dir().join(format!("bench-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let log = dir.join("soak.jsonl");
+    let run = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new(bench)
+            .args(common)
+            .args([
+                "--soak-secs",
+                "8",
+                "--churn-per-min",
+                "3",
+                "--drop-fraction",
+                "0",
+            ])
+            .args(["--soak-presence-rate", "5", "--soak-message-rate", "10"])
+            .args([
+                "--probe-rate",
+                "2",
+                "--sample-secs",
+                "2",
+                "--drain-secs",
+                "10",
+            ])
+            .arg("--soak-log")
+            .arg(&log)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("soak run finishes")
+    .expect("bench runs");
+    let err = String::from_utf8_lossy(&run.stderr);
+    let text = std::fs::read_to_string(&log).expect("soak log");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(run.status.success(), "soak run failed:\n{text}\n{err}");
+    let end = text
+        .lines()
+        .find(|l| l.contains("\"kind\":\"end\""))
+        .unwrap_or_else(|| panic!("no end line:\n{text}"));
+    let n = |k: &str| line_num(end, k);
+    assert_eq!(n("online"), 20, "{end}");
+    // 20 sessions × 3 per minute for 8 s: about 8 reconnects.
+    assert!(n("reconnects") >= 2, "{end}");
+    assert_eq!(n("logins"), 20 + n("reconnects"), "{end}");
+    assert_eq!(n("sessions_lost"), 0, "{end}");
+    assert!(n("msg_sent") >= 40, "{end}");
+    assert!(n("presence_delivered") > 0, "{end}");
+    assert_eq!(
+        n("msg_sent"),
+        n("msg_received") + n("msg_bounced"),
+        "every message received or bounced: {end}"
+    );
+    assert!(
+        text.lines()
+            .filter(|l| l.contains("\"kind\":\"sample\""))
+            .count()
+            >= 3
+    );
+    ts.stop().await;
+}
