@@ -165,11 +165,11 @@ pub struct ClusterConfig {
     /// Most recipients one cross-node message may carry; a broadcast to more recipients on
     /// one node is split into several messages.
     pub max_recipients_per_message: usize,
-    /// Seeds of a Redis Cluster (`redis://host:port`, `rediss://` for TLS; any subset of
+    /// Start nodes of a Redis Cluster (`redis://host:port`, `rediss://` for TLS; any subset of
     /// its nodes, the rest is discovered). Set, they replace `[redis] url` (which must then
     /// be empty): the same keys, scripts and node channels run on the cluster (README,
     /// "Redis Cluster").
-    pub redis_seeds: Vec<String>,
+    pub redis_nodes: Vec<String>,
     /// Users whose directory rows this node keeps a copy of (0: none, every lookup reads
     /// Redis). Other nodes' writes invalidate a copy through this node's channel.
     pub directory_cache_entries: usize,
@@ -184,7 +184,7 @@ impl Default for ClusterConfig {
         ClusterConfig {
             node_id: None,
             max_recipients_per_message: 1000,
-            redis_seeds: Vec::new(),
+            redis_nodes: Vec::new(),
             directory_cache_entries: 100_000,
             directory_cache_ttl: Duration::from_secs(30),
         }
@@ -1252,18 +1252,18 @@ impl Config {
             if let Err(e) = redis::Client::open(r.url.as_str()) {
                 return bad(format!("[redis] url is not a Redis URL: {e}"));
             }
-            if !self.cluster.redis_seeds.is_empty() {
+            if !self.cluster.redis_nodes.is_empty() {
                 return bad(
-                    "[redis] url (or REDIS_URL) and [cluster] redis_seeds are both set: \
+                    "[redis] url (or REDIS_URL) and [cluster] redis_nodes are both set: \
                      a single Redis or a Redis Cluster, not both"
                         .into(),
                 );
             }
         }
-        for seed in &self.cluster.redis_seeds {
-            if let Err(e) = redis::Client::open(seed.as_str()) {
+        for node_url in &self.cluster.redis_nodes {
+            if let Err(e) = redis::Client::open(node_url.as_str()) {
                 return bad(format!(
-                    "[cluster] redis_seeds: `{seed}` is not a Redis URL: {e}"
+                    "[cluster] redis_nodes: `{node_url}` is not a Redis URL: {e}"
                 ));
             }
         }
@@ -1295,7 +1295,7 @@ impl Config {
 
     /// Whether liveness and the cluster run on Redis (a single one or a Redis Cluster).
     pub fn uses_redis(&self) -> bool {
-        !self.redis.url.is_empty() || !self.cluster.redis_seeds.is_empty()
+        !self.redis.url.is_empty() || !self.cluster.redis_nodes.is_empty()
     }
 
     /// Whether this server hosts `domain`.

@@ -3,7 +3,7 @@
 //!
 //! On a single Redis the channel is a plain one (`SUBSCRIBE`). On a Redis Cluster it is a
 //! sharded channel (`SSUBSCRIBE`, Redis 7): the subscription lives on the master owning the
-//! channel's slot, read from `CLUSTER SLOTS` on any seed, over a RESP3 connection of its
+//! channel's slot, read from `CLUSTER SLOTS` on any start node, over a RESP3 connection of its
 //! own. It is made again on that slot's current master when
 //! - the server ends it (`sunsubscribe` push: the slot moved away),
 //! - the connection drops (the master died; the cluster promotes a replica), or
@@ -42,8 +42,8 @@ pub async fn subscribe<F, Fut>(
             Target::Single(client) => {
                 plain(client, &channel, timeout, &shutdown, &mut handle).await
             }
-            Target::Cluster { seeds, .. } => {
-                sharded(seeds, &channel, timeout, &shutdown, &mut handle).await
+            Target::Cluster { start_nodes, .. } => {
+                sharded(start_nodes, &channel, timeout, &shutdown, &mut handle).await
             }
         };
         if shutdown.is_cancelled() {
@@ -98,7 +98,7 @@ where
 /// One sharded subscription on the master owning `channel`'s slot, until it must be made
 /// again (`Ok`) or shutdown.
 async fn sharded<F, Fut>(
-    seeds: &[ConnectionInfo],
+    start_nodes: &[ConnectionInfo],
     channel: &str,
     timeout: Duration,
     shutdown: &CancellationToken,
@@ -108,8 +108,8 @@ where
     F: FnMut(String) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let (host, port) = master_of(seeds, slot(channel.as_bytes()), timeout).await?;
-    let mut info = seeds[0].clone();
+    let (host, port) = master_of(start_nodes, slot(channel.as_bytes()), timeout).await?;
+    let mut info = start_nodes[0].clone();
     info.addr = match info.addr {
         ConnectionAddr::TcpTls {
             insecure,
@@ -181,17 +181,17 @@ where
     }
 }
 
-/// `host` and port of the master serving `slot`, from the first seed that answers
+/// `host` and port of the master serving `slot`, from the first start node that answers
 /// `CLUSTER SLOTS`.
 async fn master_of(
-    seeds: &[ConnectionInfo],
+    start_nodes: &[ConnectionInfo],
     slot: u16,
     timeout: Duration,
 ) -> redis::RedisResult<(String, u16)> {
     let mut last = None;
-    for seed in seeds {
+    for node_url in start_nodes {
         let asked = with_timeout(timeout * 2, async {
-            let client = redis::Client::open(seed.clone())?;
+            let client = redis::Client::open(node_url.clone())?;
             let cfg = redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(timeout)
                 .set_response_timeout(timeout);
@@ -218,7 +218,7 @@ async fn master_of(
         }
     }
     Err(last.unwrap_or_else(|| {
-        redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seeds"))
+        redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no start nodes"))
     }))
 }
 

@@ -2,7 +2,7 @@
 //!
 //! - A single Redis (`[redis] url`): one multiplexed connection, pipelines as they are
 //!   built, plain `PUBLISH`/`SUBSCRIBE` channels.
-//! - A Redis Cluster (`[cluster] redis_seeds`): the redis crate's cluster connection, which
+//! - A Redis Cluster (`[cluster] redis_nodes`): the redis crate's cluster connection, which
 //!   follows `MOVED`/`ASK` and refreshes the slot map itself. A pipeline must stay within
 //!   one slot there, so [`SlotPipe`] splits one per slot (Redis Cluster specification, "Keys
 //!   distribution model"); node channels are sharded (`SPUBLISH`/`SSUBSCRIBE`, Redis 7), so a
@@ -25,29 +25,29 @@ use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, RedisFuture, RedisResult
 
 use crate::config::Config;
 
-/// Where Redis is: one server, or the seeds of a cluster.
+/// Where Redis is: one server, or the start nodes of a cluster.
 #[derive(Clone)]
 pub enum Target {
     /// One Redis server.
     Single(redis::Client),
-    /// A Redis Cluster, reached through any of its seeds.
+    /// A Redis Cluster, reached through any of its start nodes.
     Cluster {
         /// The cluster client (slot map, redirections, reconnects); boxed, it is large.
         client: Box<ClusterClient>,
-        /// The seeds as given: credentials and TLS settings for the sharded subscribers'
+        /// The start nodes as given: credentials and TLS settings for the sharded subscribers'
         /// own connections.
-        seeds: Vec<ConnectionInfo>,
+        start_nodes: Vec<ConnectionInfo>,
     },
 }
 
 impl Target {
-    /// The Redis of `config`: `[cluster] redis_seeds` if any, else `[redis] url`, else
+    /// The Redis of `config`: `[cluster] redis_nodes` if any, else `[redis] url`, else
     /// none (liveness in process). A malformed URL is an error (the config check
     /// rejects it before this runs).
     pub fn from_config(config: &Config) -> Result<Option<Target>, redis::RedisError> {
-        let seeds = &config.cluster.redis_seeds;
-        if !seeds.is_empty() {
-            let infos = seeds
+        let start_nodes = &config.cluster.redis_nodes;
+        if !start_nodes.is_empty() {
+            let infos = start_nodes
                 .iter()
                 .map(|s| redis::IntoConnectionInfo::into_connection_info(s.as_str()))
                 .collect::<RedisResult<Vec<ConnectionInfo>>>()?;
@@ -59,7 +59,7 @@ impl Target {
                 .build()?;
             return Ok(Some(Target::Cluster {
                 client: Box::new(client),
-                seeds: infos,
+                start_nodes: infos,
             }));
         }
         if config.redis.url.is_empty() {
@@ -70,13 +70,13 @@ impl Target {
         )?)))
     }
 
-    /// `host:port` of the server, or `cluster(host:port,...)` of the seeds: named in
+    /// `host:port` of the server, or `cluster(host:port,...)` of the start nodes: named in
     /// every log line about Redis.
     pub fn describe(&self) -> String {
         match self {
             Target::Single(c) => c.get_connection_info().addr.to_string(),
-            Target::Cluster { seeds, .. } => {
-                let s: Vec<String> = seeds.iter().map(|i| i.addr.to_string()).collect();
+            Target::Cluster { start_nodes, .. } => {
+                let s: Vec<String> = start_nodes.iter().map(|i| i.addr.to_string()).collect();
                 format!("cluster({})", s.join(","))
             }
         }

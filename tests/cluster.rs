@@ -3,7 +3,7 @@
 //! and Redis. The SIGKILL test runs node 2 as a child process of the built binary.
 //!
 //! Every case runs twice ([`on_both`]): on a single Redis (`REDIS_URL`, module
-//! `single_redis`) and on a Redis Cluster (`PRESENCED_TEST_REDIS_CLUSTER`, the seeds
+//! `single_redis`) and on a Redis Cluster (`PRESENCED_TEST_REDIS_CLUSTER`, the start nodes
 //! tests/run.sh passes; module `redis_cluster`). The partition test cuts one node's TCP
 //! path to Redis with a proxy, which a cluster (whose clients connect to the addresses
 //! the cluster announces) cannot be put behind: it runs on a single Redis only.
@@ -29,7 +29,7 @@ fn el(s: &str) -> Element {
 enum Redis {
     /// One Redis server (`REDIS_URL`).
     Single,
-    /// A Redis Cluster (`PRESENCED_TEST_REDIS_CLUSTER`: comma-separated seed URLs).
+    /// A Redis Cluster (`PRESENCED_TEST_REDIS_CLUSTER`: comma-separated start node URLs).
     Cluster,
 }
 
@@ -37,18 +37,21 @@ impl Redis {
     fn apply(self, c: &mut Config) {
         if self == Redis::Cluster {
             c.redis.url = String::new();
-            c.cluster.redis_seeds = cluster_seeds();
+            c.cluster.redis_nodes = cluster_start_nodes();
         }
     }
 }
 
-/// The test Redis Cluster's seeds (tests/run.sh starts one).
-fn cluster_seeds() -> Vec<String> {
-    let seeds = std::env::var("PRESENCED_TEST_REDIS_CLUSTER").expect(
+/// The test Redis Cluster's start nodes (tests/run.sh starts one).
+fn cluster_start_nodes() -> Vec<String> {
+    let start_nodes = std::env::var("PRESENCED_TEST_REDIS_CLUSTER").expect(
         "PRESENCED_TEST_REDIS_CLUSTER names no Redis Cluster: run the tests through \
-         tests/run.sh (which starts one) or set it to comma-separated seed URLs",
+         tests/run.sh (which starts one) or set it to comma-separated node_url URLs",
     );
-    seeds.split(',').map(|s| s.trim().to_owned()).collect()
+    start_nodes
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .collect()
 }
 
 /// The failover test changes which server is master of a slot: it runs alone (write),
@@ -460,10 +463,10 @@ async fn a_reconnect_within_grace_on_the_other_node_announces_nothing(redis: Red
 /// of its Redis Cluster (replicas count what they replay; masters count each call once).
 async fn commandstats(node: &TestServer) -> std::collections::HashMap<String, u64> {
     let mut out = std::collections::HashMap::new();
-    let servers = if node.config.cluster.redis_seeds.is_empty() {
+    let servers = if node.config.cluster.redis_nodes.is_empty() {
         vec![node.config.redis.url.clone()]
     } else {
-        cluster_masters(&node.config.cluster.redis_seeds[0]).await
+        cluster_masters(&node.config.cluster.redis_nodes[0]).await
     };
     for url in servers {
         let mut r = connect(&url).await;
@@ -498,18 +501,18 @@ async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
         .unwrap_or_else(|e| panic!("redis {url}: {e}"))
 }
 
-/// `CLUSTER NODES` as `seed` answers it.
-async fn cluster_nodes(seed: &str) -> String {
+/// `CLUSTER NODES` as `start node` answers it.
+async fn cluster_nodes(node_url: &str) -> String {
     redis::cmd("CLUSTER")
         .arg("NODES")
-        .query_async(&mut connect(seed).await)
+        .query_async(&mut connect(node_url).await)
         .await
         .unwrap()
 }
 
-/// `redis://host:port` of every master of the cluster `seed` belongs to (CLUSTER NODES).
-async fn cluster_masters(seed: &str) -> Vec<String> {
-    cluster_nodes(seed)
+/// `redis://host:port` of every master of the cluster `start node` belongs to (CLUSTER NODES).
+async fn cluster_masters(node_url: &str) -> Vec<String> {
+    cluster_nodes(node_url)
         .await
         .lines()
         .filter_map(|l| {
@@ -691,7 +694,7 @@ enabled = false
 enabled = false
 [cluster]
 node_id = "{node_id}"
-redis_seeds = {seeds:?}
+redis_nodes = {start_nodes:?}
 "#,
         domain = n1.domain,
         certs = c.tls.certs_dir.display(),
@@ -705,7 +708,7 @@ redis_seeds = {seeds:?}
         sweep = l.sweep_interval.as_secs_f64(),
         refresh = l.redis_refresh.as_secs_f64(),
         shards = l.beat_shards,
-        seeds = c.cluster.redis_seeds,
+        start_nodes = c.cluster.redis_nodes,
     );
     let path = dir.join("node2.toml");
     std::fs::write(&path, toml).unwrap();
@@ -1342,9 +1345,9 @@ async fn a_dead_nodes_unavailable_reaches_the_users_own_resources_on_every_node(
     n1.stop().await;
 }
 
-/// `(master, replica)` as `host:port` for `slot`, from CLUSTER NODES on `seed`.
-async fn master_and_replica(seed: &str, slot: u16) -> (String, String) {
-    let nodes = cluster_nodes(seed).await;
+/// `(master, replica)` as `host:port` for `slot`, from CLUSTER NODES on `start node`.
+async fn master_and_replica(node_url: &str, slot: u16) -> (String, String) {
+    let nodes = cluster_nodes(node_url).await;
     let rows: Vec<Vec<&str>> = nodes.lines().map(|l| l.split(' ').collect()).collect();
     let addr = |f: &[&str]| f[1].split('@').next().unwrap().to_owned();
     let serves = |f: &[&str]| {
@@ -1396,9 +1399,9 @@ async fn redis_cluster_master_failover_during_traffic_loses_only_a_bounded_windo
     let node2 = n2.config.cluster.node().to_owned();
     let channel =
         presenced::cluster::directory::Keys::new(&n2.config.redis.key_prefix).channel(&node2);
-    let seed = n1.config.cluster.redis_seeds[0].clone();
+    let node_url = n1.config.cluster.redis_nodes[0].clone();
     let (master, replica) =
-        master_and_replica(&seed, presenced::redis_conn::slot(channel.as_bytes())).await;
+        master_and_replica(&node_url, presenced::redis_conn::slot(channel.as_bytes())).await;
     let timeout = n2.config.redis.timeout;
     const N: usize = 160;
     const EVERY: Duration = Duration::from_millis(25);

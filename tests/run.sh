@@ -15,7 +15,7 @@
 # Redis Cluster: the cluster tests (tests/cluster.rs) run every case on a single Redis and
 # on a Redis Cluster of three masters with one replica each, which this script starts on
 # loopback ports PRESENCED_REDIS_CLUSTER_PORT_BASE (default 30301) to +5 and stops when it
-# exits, passing the seeds as PRESENCED_TEST_REDIS_CLUSTER (unless that is already set).
+# exits, passing the start nodes as PRESENCED_TEST_REDIS_CLUSTER (unless that is already set).
 #
 # Usage: tests/run.sh                 everything
 #        tests/run.sh ARGS...         only `cargo test ARGS...` (e.g. --test liveness in_process)

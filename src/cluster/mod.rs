@@ -128,7 +128,7 @@ impl Cluster {
         let node = config.cluster.node().to_owned();
         let instance = format!("{node}#{:016x}", rand::random::<u64>());
         let (tx, rx) = mpsc::channel(65_536);
-        // Without Redis (no `[redis] url` nor `[cluster] redis_seeds`: the in-process
+        // Without Redis (no `[redis] url` nor `[cluster] redis_nodes`: the in-process
         // liveness of a single node) there is no cluster: nothing is queued or written.
         let client = Target::from_config(config).ok().flatten();
         Cluster {

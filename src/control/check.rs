@@ -254,8 +254,8 @@ pub fn effective(config: &Config) -> Result<String, toml::ser::Error> {
     let mut shown = config.clone();
     shown.database.url = elide_password(&shown.database.url);
     shown.redis.url = elide_password(&shown.redis.url);
-    for seed in &mut shown.cluster.redis_seeds {
-        *seed = elide_password(seed);
+    for node_url in &mut shown.cluster.redis_nodes {
+        *node_url = elide_password(node_url);
     }
     if shown.s2s.secret.is_some() {
         shown.s2s.secret = Some("(set, not shown)".into());

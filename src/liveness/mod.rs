@@ -234,7 +234,7 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// Redis when `[redis] url` or `[cluster] redis_seeds` is set, in process otherwise.
+    /// Redis when `[redis] url` or `[cluster] redis_nodes` is set, in process otherwise.
     fn from_config(config: &Config, metrics: &Arc<Metrics>) -> Backend {
         if config.uses_redis() {
             Backend::Redis(redis_link::RedisLink::new(config, metrics.clone()))

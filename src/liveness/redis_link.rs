@@ -34,7 +34,7 @@ pub struct RedisLink {
     /// Set on every (re)connect: the writer rewrites local state.
     repair: AtomicBool,
     metrics: Arc<Metrics>,
-    /// `host:port` (or socket path) of the server, or the cluster's seeds, named in every
+    /// `host:port` (or socket path) of the server, or the cluster's start nodes, named in every
     /// log line about it.
     described: Box<str>,
 }
@@ -47,7 +47,7 @@ struct LinkState {
 }
 
 impl RedisLink {
-    /// A link to the config's Redis (`[redis] url` or `[cluster] redis_seeds`); nothing
+    /// A link to the config's Redis (`[redis] url` or `[cluster] redis_nodes`); nothing
     /// connects yet. A malformed URL leaves Redis off for good (logged), which degrades
     /// presence but keeps the server up.
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> RedisLink {
@@ -83,7 +83,7 @@ impl RedisLink {
         self.target.as_ref()
     }
 
-    /// Where the link points (`host:port`, the socket path, or the cluster's seeds).
+    /// Where the link points (`host:port`, the socket path, or the cluster's start nodes).
     pub fn describe(&self) -> &str {
         &self.described
     }
