@@ -20,9 +20,8 @@ Prints one JSON line with what was seen and exits 0, or prints {"error": ...} an
 
 import asyncio
 
-import sys
 
-from peers import Peer as LoggedIn, finish
+from peers import Peer as LoggedIn, finish, run
 
 TIMEOUT = 10
 
@@ -130,7 +129,4 @@ async def scenario(argv):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 9:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    sys.exit(asyncio.run(scenario(sys.argv)))
+    run(scenario, 9)

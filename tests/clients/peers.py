@@ -7,6 +7,7 @@ its roster and goes online; it accepts and returns subscription requests on its 
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import slixmpp
@@ -73,3 +74,13 @@ async def finish(peers, result):
             pass
     print(json.dumps(result), flush=True)
     return 1 if "error" in result else 0
+
+
+def run(scenario, argc):
+    """The entry point of a scenario script: runs `scenario(sys.argv)` and exits with its
+    status, or prints the calling script's usage and exits 2 when it was not given `argc`
+    arguments (the script's own name included)."""
+    if len(sys.argv) != argc:
+        print(sys.modules["__main__"].__doc__, file=sys.stderr)
+        sys.exit(2)
+    sys.exit(asyncio.run(scenario(sys.argv)))

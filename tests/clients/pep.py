@@ -17,9 +17,8 @@ Prints one JSON line with what was seen and exits 0, or prints {"error": ...} an
 """
 
 import asyncio
-import sys
 
-from peers import Peer as LoggedIn, finish
+from peers import Peer as LoggedIn, finish, run
 
 TIMEOUT = 10
 AVATAR = b"\x89PNG\r\n\x1a\n presenced test avatar"
@@ -106,7 +105,4 @@ async def scenario(argv):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 11:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    sys.exit(asyncio.run(scenario(sys.argv)))
+    run(scenario, 11)

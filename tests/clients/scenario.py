@@ -12,9 +12,8 @@ prints {"error": ...} and exits 1.
 """
 
 import asyncio
-import sys
 
-from peers import Peer, finish, mutual_and_online, until
+from peers import Peer, finish, mutual_and_online, until, run
 
 
 class Chatter(Peer):
@@ -64,7 +63,4 @@ async def scenario(argv):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 9:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    sys.exit(asyncio.run(scenario(sys.argv)))
+    run(scenario, 9)

@@ -16,9 +16,8 @@ USER2 got and the seconds from USER1's last words to it; exits 0. On any failure
 """
 
 import asyncio
-import sys
 
-from peers import Peer, finish, mutual_and_online
+from peers import Peer, finish, mutual_and_online, run
 
 TIMEOUT = 10
 
@@ -81,7 +80,4 @@ async def scenario(argv):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 10:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    sys.exit(asyncio.run(scenario(sys.argv)))
+    run(scenario, 10)

@@ -18,9 +18,8 @@ Prints one JSON line with what was seen and exits 0, or prints {"error": ...} an
 """
 
 import asyncio
-import sys
 
-from peers import Peer as LoggedIn, finish, until
+from peers import Peer as LoggedIn, finish, until, run
 
 TIMEOUT = 10
 
@@ -113,7 +112,4 @@ async def scenario(argv):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 8:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    sys.exit(asyncio.run(scenario(sys.argv)))
+    run(scenario, 8)
