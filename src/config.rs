@@ -569,6 +569,9 @@ pub struct LimitsConfig {
     /// Bytes of one published item's payload, serialised; more gets not-acceptable with
     /// `<payload-too-big/>` (XEP-0060 §7.1.3.4).
     pub max_pep_item_size: usize,
+    /// Bytes of one vcard-temp vCard a user stores (XEP-0054), serialised with its PHOTO;
+    /// more gets not-acceptable and nothing is stored.
+    pub max_vcard_size: usize,
     /// XEP-0115 entity capabilities remembered (the features of one `ver` each), oldest
     /// forgotten first; a forgotten `ver` is asked again at the client's next presence.
     pub max_caps_entries: usize,
@@ -636,6 +639,7 @@ impl Default for LimitsConfig {
             max_pep_nodes: 64,
             max_pep_items: 32,
             max_pep_item_size: 128 * 1024,
+            max_vcard_size: 128 * 1024,
             max_caps_entries: 1000,
             max_csi_held_presences: 500,
             max_interest_items: 500,
@@ -1143,6 +1147,7 @@ impl Config {
             ("max_pep_nodes", l.max_pep_nodes),
             ("max_pep_items", l.max_pep_items),
             ("max_pep_item_size", l.max_pep_item_size),
+            ("max_vcard_size", l.max_vcard_size),
             ("max_caps_entries", l.max_caps_entries),
             ("max_csi_held_presences", l.max_csi_held_presences),
             ("max_interest_items", l.max_interest_items),
@@ -1374,6 +1379,7 @@ mod tests {
         assert_eq!(cl.max_pep_nodes, dl.max_pep_nodes);
         assert_eq!(cl.max_pep_items, dl.max_pep_items);
         assert_eq!(cl.max_pep_item_size, dl.max_pep_item_size);
+        assert_eq!(cl.max_vcard_size, dl.max_vcard_size);
         assert_eq!(cl.max_caps_entries, dl.max_caps_entries);
         assert_eq!(cl.max_csi_held_presences, dl.max_csi_held_presences);
         assert_eq!(cl.max_interest_items, dl.max_interest_items);
