@@ -146,7 +146,7 @@ impl Driver {
 /// error, and any iq error answering a request in a namespace the server or the account
 /// advertises (the namespace itself or a `ns#feature` of it, as XEP-0060 names its
 /// features), except `item-not-found`, the answer for a node or item nobody created
-/// (XEP-0060 §6.5.9.11). Requests in namespaces neither advertises (bookmarks, MAM, …) may be
+/// (XEP-0060 §6.5.9.11). Requests in namespaces neither advertises may be
 /// refused.
 fn errors_for_advertised(report: &Value, advertised: &[String]) -> Vec<String> {
     let covered = |ns: &str| {
