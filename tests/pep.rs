@@ -808,8 +808,32 @@ async fn vcard_photos_and_pep_avatars_are_one_picture() {
     let p = bob.expect(|e| is_presence(e, &alice_bare, None)).await;
     assert_eq!(presence_hash(&p).as_deref(), Some(""), "{p}");
 
-    // XEP-0398 §3.1: an avatar published over XEP-0084 is the vCard's PHOTO.
+    // XEP-0398 §3.1: an image that does not hash to its id is not shown (bob has no
+    // vCard either, so there is nothing to show).
     let (bob_b64, bob_id) = image("bob");
+    let (_, other_id) = image("other");
+    publish(
+        &mut bob,
+        DATA,
+        &other_id,
+        &format!("<data xmlns='{DATA}'>{bob_b64}</data>"),
+    )
+    .await;
+    publish(
+        &mut bob,
+        META,
+        &other_id,
+        &format!("<metadata xmlns='{META}'><info id='{other_id}' bytes='11' type='image/png'/></metadata>"),
+    )
+    .await;
+    let r = vcard_get(&mut alice, Some(&bob_bare)).await;
+    assert_error(
+        &r,
+        "service-unavailable",
+        "cancel",
+        "an image that does not hash to its id",
+    );
+    // An avatar published over XEP-0084 is the vCard's PHOTO.
     publish(
         &mut bob,
         DATA,

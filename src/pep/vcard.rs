@@ -4,7 +4,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `<vCard/>` get, own account | the stored vCard, its PHOTO the PEP avatar; an empty `<vCard/>` when there is neither (XEP-0054 §3.1) |
+//! | `<vCard/>` get, own account | the stored vCard, its PHOTO the PEP avatar (if the image hashes to its id); an empty `<vCard/>` when there is neither (XEP-0054 §3.1) |
 //! | `<vCard/>` get, another local user | the same for a viewer [`super::may_read`] admits (stored vCard: the `presence` access model; PHOTO: the avatar nodes' own models); `service-unavailable` when there is nothing this viewer may see (XEP-0054 §3.3) |
 //! | `<vCard/>` set, own account | stored without PHOTO (at most `max_vcard_size` bytes, else `not-acceptable`); a PHOTO's BINVAL is published as `urn:xmpp:avatar:data` and `urn:xmpp:avatar:metadata` items (XEP-0398 §3.2), a vCard without one publishes the empty metadata that disables the avatar (XEP-0084 §4.5) |
 //! | `<vCard/>` set, another user | `forbidden` (XEP-0054 §3.2) |
@@ -194,7 +194,8 @@ async fn avatar(shared: &Shared, reader: &mut Reader<'_>) -> Result<Option<Avata
     let Some((id, mime)) = info_of(&metadata) else {
         return Ok(None);
     };
-    let Some((access, data)) = newest(shared, owner, NODE_DATA, &[id]).await? else {
+    let Some((access, data)) = newest(shared, owner, NODE_DATA, std::slice::from_ref(&id)).await?
+    else {
         return Ok(None);
     };
     if !reader.may(&access).await || !data.is("data", NODE_DATA) {
@@ -205,7 +206,24 @@ async fn avatar(shared: &Shared, reader: &mut Reader<'_>) -> Result<Option<Avata
         .chars()
         .filter(|c| !c.is_whitespace())
         .collect();
-    Ok((!base64.is_empty()).then_some(Avatar { mime, base64 }))
+    // XEP-0398 §3.1: the image must hash to its id, the hash vCard clients compare with
+    // the one in presence; an image that does not is not shown.
+    let image = base64::engine::general_purpose::STANDARD
+        .decode(&base64)
+        .unwrap_or_default();
+    if image.is_empty() || sha1_hex(&image) != id {
+        tracing::info!(user = %owner, id, "avatar data does not hash to its id; not shown");
+        return Ok(None);
+    }
+    Ok(Some(Avatar { mime, base64 }))
+}
+
+/// The SHA-1 of `bytes` in lower-case hex (XEP-0084 §4.2 item ids, XEP-0153 hashes).
+fn sha1_hex(bytes: &[u8]) -> String {
+    Sha1::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The XEP-0153 hash the owner's presence carries: `Some(id)` of the current avatar,
@@ -298,10 +316,7 @@ async fn set(shared: &Shared, el: &Element, card: &Element, owner: &str) -> Elem
             .map(|t| t.text_content().trim().to_owned())
             .filter(|t| !t.is_empty())
             .unwrap_or_else(|| sniff(&image).to_owned());
-        let id: String = Sha1::digest(&image)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let id = sha1_hex(&image);
         let data = PepItem {
             id: id.clone(),
             payload: Element::new("data", NODE_DATA).text(binval).to_xml(),
