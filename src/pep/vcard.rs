@@ -13,10 +13,11 @@
 //! and a get builds the PHOTO from the avatar nodes, so a XEP-0084 publish, retract or
 //! delete shows in the vCard at once.
 //!
-//! Who may read: a viewer the owner blocks (the router's XEP-0191 answer), one who blocks
-//! the owner, a stranger, a contact whose presence the owner hides, and anyone asking
-//! about an account that does not exist all get the one answer a user with no vCard and
-//! no avatar gives: `service-unavailable` (XEP-0054 §3.3), so no answer tells them apart.
+//! Who may read: a viewer the owner blocks (the router's XEP-0191 answer), a stranger, a
+//! contact whose presence the owner hides, and anyone asking about an account that does
+//! not exist all get the one answer a user with no vCard and no avatar gives:
+//! `service-unavailable` (XEP-0054 §3.3), so no answer tells them apart. (A viewer who
+//! blocks the owner is told so by its own block list first, XEP-0191 §3.6.)
 //!
 //! The user's available presence (broadcast or directed) carries the avatar's XEP-0153
 //! hash (`<x xmlns='vcard-temp:x:update'><photo>sha1</photo></x>`, XEP-0398 §4) when the
