@@ -450,6 +450,7 @@ pub(crate) async fn store_and_notify(
         .store
         .pep_publish(owner, node, access.map(Access::as_str), item)
         .await;
+    vcard::metadata_written(shared, owner, node);
     let access = match result {
         Ok(Published::Stored { access_model }) => access_model,
         Ok(Published::AccessModelDiffers) => return Err(Refused::AccessModelDiffers),
@@ -478,7 +479,9 @@ async fn retract(shared: &Shared, el: &Element, op: &Element, owner: &str) -> El
         Ok(n) => n,
         Err(reply) => return reply,
     };
-    match shared.store.pep_retract(owner, node, id).await {
+    let retracted = shared.store.pep_retract(owner, node, id).await;
+    vcard::metadata_written(shared, owner, node);
+    match retracted {
         Ok(true) => {}
         Ok(false) => return error(el, StanzaError::item_not_found(), None),
         Err(e) => return internal(el, e),
@@ -509,6 +512,7 @@ async fn drop_node(
     } else {
         shared.store.pep_purge(owner, node).await
     };
+    vcard::metadata_written(shared, owner, node);
     match done {
         Ok(true) => {}
         Ok(false) => return error(el, StanzaError::item_not_found(), None),

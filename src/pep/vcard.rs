@@ -230,16 +230,29 @@ fn sha1_hex(bytes: &[u8]) -> String {
 /// The XEP-0153 hash the owner's presence carries: `Some(id)` of the current avatar,
 /// `Some("")` when the metadata says there is none (XEP-0084 §4.5), `None` when the user
 /// never published metadata or keeps it to themselves (`whitelist`).
+///
+/// Kept in [`Shared::avatar_hashes`] so that a presence costs no store read; every write to
+/// the metadata node on this node drops the kept value ([`metadata_written`]).
 pub(crate) async fn photo_hash(shared: &Shared, owner: &str) -> Result<Option<String>, StoreError> {
-    let Some((access, metadata)) = newest(shared, owner, NODE_METADATA, &[]).await? else {
-        return Ok(None);
+    let noted = match shared.avatar_hashes.get(owner) {
+        Ok(kept) => return Ok(kept),
+        Err(noted) => noted,
     };
-    if access == "whitelist" {
-        return Ok(None);
+    let hash = match newest(shared, owner, NODE_METADATA, &[]).await? {
+        None => None,
+        Some((access, _)) if access == "whitelist" => None,
+        Some((_, metadata)) => Some(info_of(&metadata).map(|(id, _)| id).unwrap_or_default()),
+    };
+    shared.avatar_hashes.put(owner, noted, hash.clone());
+    Ok(hash)
+}
+
+/// Called after every store write to one of `owner`'s PEP nodes (publish, retract, purge,
+/// delete): a write to the avatar metadata node makes the kept hash stale.
+pub(crate) fn metadata_written(shared: &Shared, owner: &str, node: &str) {
+    if node == NODE_METADATA {
+        shared.avatar_hashes.invalidate(owner);
     }
-    Ok(Some(
-        info_of(&metadata).map(|(id, _)| id).unwrap_or_default(),
-    ))
 }
 
 /// XEP-0398 §4: puts the avatar's hash into an available presence of the user when the
