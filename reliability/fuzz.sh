@@ -53,8 +53,8 @@ echo "|---|---|---|---|---|---|---|---|"
 i=0
 for t in $TARGETS; do
     log="/tmp/fuzz-$t.log"
-    execs="$(awk -F: '/stat::number_of_executed_units/ {gsub(/ /,"",$2); print $2}' "$log" | tail -1)"
-    secs="$(awk -F: '/stat::average_exec_per_sec/ {gsub(/ /,"",$2); print $2}' "$log" | tail -1)"
+    execs="$(awk '/stat::number_of_executed_units/ {print $NF}' "$log" | tail -1)"
+    secs="$(awk '/stat::average_exec_per_sec/ {print $NF}' "$log" | tail -1)"
     last="$(grep -E '^#[0-9]+' "$log" | tail -1)"
     cov="$(echo "$last" | sed -n 's/.*cov: \([0-9]*\).*/\1/p')"
     ft="$(echo "$last" | sed -n 's/.*ft: \([0-9]*\).*/\1/p')"
