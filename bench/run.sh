@@ -11,6 +11,12 @@
 #                        using $BENCH_WORK/tls/bench.crt and bench.key like the peers, SCRAM,
 #                        and no rate limits (skipped if unset; the column stays empty)
 #   PRESENCED_SQL=FILE   SQL that provisions presenced users (see provision_presenced())
+#   PRESENCED_DB=URL     presenced's PostgreSQL database (default
+#                        postgres://postgres@127.0.0.1:5432/presenced_bench_n<N>_k<K>)
+#   EMBEDDED_SCRATCH_DB=NAME  the scratch PostgreSQL database the embedded column is
+#                        provisioned through, on PRESENCED_DB's server (default
+#                        presenced_bench_embedded_n<N>_k<K>); two benches running at once
+#                        need different PRESENCED_DB and EMBEDDED_SCRATCH_DB names
 #   BENCH_WORK=/tmp/presenced-bench  state, configs, logs
 #   RESULTS=DIR          where the JSON results and the summary go ($BENCH_WORK/results)
 #   PROVISION_TIME_LIMIT=14400  seconds the untimed provisioning may take
@@ -384,7 +390,7 @@ url = \"sqlite://$EMBEDDED_DB\""
 # with their SCRAM credentials, so the generator's SaltedPassword cache stays valid, and
 # the rosters), then drop the scratch database.
 embedded_provision() { # generator args...
-    local scratch="${PRESENCED_DB%/*}/presenced_bench_embedded_n${N}_k${K}"
+    local scratch="${PRESENCED_DB%/*}/${EMBEDDED_SCRATCH_DB:-presenced_bench_embedded_n${N}_k${K}}"
     psql "${PRESENCED_DB%/*}/postgres" -q -c "DROP DATABASE IF EXISTS ${scratch##*/} WITH (FORCE)"
     psql "${PRESENCED_DB%/*}/postgres" -q -c "CREATE DATABASE ${scratch##*/}"
     "$BENCH" "$@" --provision --provision-db "$scratch" || return 1
