@@ -92,8 +92,11 @@ pub enum MechPref {
 /// Everything a session needs to reach and log in to the server under test.
 #[derive(Clone)]
 pub struct Target {
-    /// Loopback address of the server's c2s listener.
+    /// Loopback address of the server's c2s listener (the one this session uses).
     pub addr: SocketAddr,
+    /// Every c2s address of the server under test (the nodes of a cluster; `addr` is
+    /// one of them): see [`Target::for_user`].
+    pub addrs: Arc<Vec<SocketAddr>>,
     /// XMPP domain (stream `to`, TLS SNI, JID domain).
     pub domain: String,
     /// Client TLS configuration.
@@ -111,6 +114,17 @@ pub struct Target {
 }
 
 impl Target {
+    /// The target of user `i` after `attempt` failed logins: address
+    /// `(i + attempt) mod the number of addresses`, so consecutive users (ring neighbours,
+    /// hence contacts) sit on different nodes and a failed login moves on to the next.
+    pub fn for_user(&self, i: u32, attempt: usize) -> Target {
+        let mut t = self.clone();
+        if !self.addrs.is_empty() {
+            t.addr = self.addrs[(i as usize + attempt) % self.addrs.len()];
+        }
+        t
+    }
+
     /// Local part of user `i`.
     pub fn user(&self, i: u32) -> String {
         format!("{}{i}", self.user_prefix)
@@ -514,6 +528,9 @@ pub struct Shared {
     pub errors: Mutex<Vec<String>>,
     /// Distinct `negotiated` strings of the logins (TLS version, cipher suite, SASL).
     pub negotiated: Mutex<Vec<String>>,
+    /// Unavailable presences from contacts, per contact's bare JID: how many watchers of
+    /// this process got one and `now_ns()` of the latest (the timed run's kill phase).
+    pub unavailable: Mutex<std::collections::HashMap<String, (u32, u64)>>,
 }
 
 impl Shared {
@@ -757,6 +774,14 @@ fn on_presence(
                 "<presence to='{}' type='subscribed'/>",
                 escape(from_bare)
             ));
+        }
+        Some("unavailable") if from_bare != own_bare => {
+            if let Ok(mut u) = shared.unavailable.lock() {
+                let e = u.entry(from_bare.to_string()).or_default();
+                e.0 += 1;
+                e.1 = e.1.max(now);
+            }
+            return None;
         }
         Some(_) => return None,
     }

@@ -62,6 +62,8 @@ pub enum Cmd {
     Count,
     /// Report histograms, lost sessions and errors.
     Stats,
+    /// Report the unavailable presences received from contacts.
+    Unavailables,
     /// Close every session.
     Close,
 }
@@ -92,6 +94,8 @@ pub enum Reply {
         lost: u64,
         errors: Vec<String>,
     },
+    /// Per contact (bare JID): watchers here that got its unavailable, latest arrival (ns).
+    Unavailables(Vec<(String, u32, u64)>),
     /// After Close.
     Closed,
 }
@@ -107,6 +111,7 @@ impl Cmd {
             Cmd::Sat { window, secs } => format!("sat {window} {secs}"),
             Cmd::Count => "count".into(),
             Cmd::Stats => "stats".into(),
+            Cmd::Unavailables => "unavailables".into(),
             Cmd::Close => "close".into(),
         }
     }
@@ -135,6 +140,7 @@ impl Cmd {
             },
             Some("count") => Cmd::Count,
             Some("stats") => Cmd::Stats,
+            Some("unavailables") => Cmd::Unavailables,
             Some("close") => Cmd::Close,
             _ => return Err(bad()),
         })
@@ -209,6 +215,13 @@ impl Reply {
                 }
                 s
             }
+            Reply::Unavailables(seen) => {
+                let mut s = String::from("unavailables");
+                for (jid, watchers, ns) in seen {
+                    s.push_str(&format!("\t{} {watchers} {ns}", esc(jid)));
+                }
+                s
+            }
             Reply::Closed => "closed".into(),
         }
     }
@@ -246,6 +259,22 @@ impl Reply {
                 lost: num(3)?,
                 errors: f[4.min(f.len())..].iter().map(|e| unesc(e)).collect(),
             },
+            "unavailables" => Reply::Unavailables(
+                f[1..]
+                    .iter()
+                    .map(|e| {
+                        let w: Vec<&str> = e.split(' ').collect();
+                        match (w.first(), w.get(1), w.get(2)) {
+                            (Some(j), Some(n), Some(t)) => Ok((
+                                unesc(j),
+                                n.parse().map_err(|_| bad())?,
+                                t.parse().map_err(|_| bad())?,
+                            )),
+                            _ => Err(bad()),
+                        }
+                    })
+                    .collect::<Result<_, _>>()?,
+            ),
             "closed" => Reply::Closed,
             _ => return Err(bad()),
         })
@@ -330,6 +359,13 @@ impl Worker {
                     errors: crate::errors_of(&self.shared),
                 }
             }
+            Cmd::Unavailables => Reply::Unavailables(
+                self.shared
+                    .unavailable
+                    .lock()
+                    .map(|u| u.iter().map(|(j, &(n, t))| (j.clone(), n, t)).collect())
+                    .unwrap_or_default(),
+            ),
             Cmd::Close => {
                 crate::close_all(&self.sessions).await;
                 self.sessions.clear();
@@ -628,6 +664,7 @@ mod tests {
             },
             Cmd::Count,
             Cmd::Stats,
+            Cmd::Unavailables,
             Cmd::Close,
         ] {
             assert_eq!(Cmd::decode(&c.encode()).expect("decodes"), c);
@@ -669,6 +706,18 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        let u = Reply::Unavailables(vec![("u1@d".into(), 3, 17), ("u2@d".into(), 1, 5)]);
+        match Reply::decode(&u.encode()).expect("decodes") {
+            Reply::Unavailables(seen) => assert_eq!(
+                seen,
+                vec![("u1@d".to_string(), 3, 17), ("u2@d".to_string(), 1, 5)]
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            Reply::decode("unavailables").expect("decodes"),
+            Reply::Unavailables(v) if v.is_empty()
+        ));
         let s = Reply::Stats {
             lat: [Histogram::default(), Histogram::default()],
             lost: 3,
