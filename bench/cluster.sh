@@ -15,12 +15,15 @@
 #                           session are on other nodes)
 #   PORT_BASE=41000         node j (1..3): c2s PORT_BASE+j, /metrics PORT_BASE+100+j;
 #                           the private Redis PORT_BASE+379
-#   CLUSTER_WORK=/tmp/presenced-cluster-bench   configs, logs, results
+#   CLUSTER_WORK=/tmp/presenced-cluster-bench   configs, logs, provisioning markers
+#   RESULTS=$CLUSTER_WORK/results   one JSON per run (nodes<M>-n<N>-run<R>, replaced when
+#                           run again); the summary covers every JSON there
 #   PG=postgres://postgres@127.0.0.1:5432      PostgreSQL server; each N gets its own
 #                           database presenced_cluster_bench_n<N>_k<K> (provisioned once)
-#   TTL=45 HEARTBEAT=15 REFRESH=15 SWEEP=5     liveness timings of the nodes (s): the kill
-#                           phase counts announcements against T + one sweep
+#   TTL=45 HEARTBEAT=15 REFRESH=15 SWEEP=5 GRACE=10  liveness timings of the nodes (s):
+#                           the kill phase counts announcements against T + one sweep
 #   RUN_LIMIT=1200          seconds one generator run may take (its --time-limit)
+#   REST_SECS=30            idle window after logins (the at-rest Redis rate is read over it)
 #   BENCH_BIN, PRESENCED_BIN  prebuilt binaries (else the release builds of this checkout)
 #   --record                append the summary to BENCHMARKS.md
 #
@@ -41,10 +44,12 @@ TTL="${TTL:-45}"
 HEARTBEAT="${HEARTBEAT:-15}"
 REFRESH="${REFRESH:-15}"
 SWEEP="${SWEEP:-5}"
+GRACE="${GRACE:-10}"
 RUN_LIMIT="${RUN_LIMIT:-1200}"
+REST_SECS="${REST_SECS:-30}"
 REDIS_PORT=$((PORT_BASE + 379))
 DOMAIN=bench.example
-RESULTS="$WORK/results"
+RESULTS="${RESULTS:-$WORK/results}"
 RECORD=0
 [ "${1:-}" = --record ] && RECORD=1
 
@@ -53,7 +58,8 @@ log() { echo "[cluster.sh $(date +%H:%M:%S)] $*" >&2; }
 # ---------------------------------------------------------------- build, certificate
 if [ -z "${BENCH_BIN:-}" ] || [ -z "${PRESENCED_BIN:-}" ]; then
     log "release build of presenced and presenced-bench"
-    (cd "$REPO" && cargo build --release --quiet --bin presenced -p presenced-bench)
+    (cd "$REPO" && cargo build --release --quiet -p presenced --bin presenced &&
+        cargo build --release --quiet -p presenced-bench)
 fi
 BENCH="${BENCH_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/presenced-bench}"
 PRESENCED="${PRESENCED_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/presenced}"
@@ -117,6 +123,7 @@ heartbeat_interval = $HEARTBEAT
 ttl = $TTL
 redis_refresh = $REFRESH
 sweep_interval = $SWEEP
+grace = $GRACE
 [http]
 enabled = false
 [admin]
@@ -177,7 +184,7 @@ run_once() { # nodes n index
     started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     log "$name: timed run ($procs generator processes)"
     "$BENCH" "${common[@]}" "${args[@]}" "${pidargs[@]}" --procs "$procs" \
-        --settle-secs 120 --rest-secs 30 --time-limit "$RUN_LIMIT" \
+        --settle-secs 120 --rest-secs "$REST_SECS" --time-limit "$RUN_LIMIT" \
         --redis-stats "redis://127.0.0.1:$REDIS_PORT" --store-pid "$redis_pid" \
         --label "$name" --json "$RESULTS/$name.json" | tee "$RESULTS/$name.txt" || rc=$?
     printf '{"started": "%s", "nodes": %d, "load_before": "%s", "load_after": "%s", "swapping": %s}\n' \
@@ -188,7 +195,6 @@ run_once() { # nodes n index
 }
 
 # ---------------------------------------------------------------- main
-rm -f "$RESULTS"/*.json "$RESULTS"/*.txt
 FAILED=0
 for r in $(seq 1 "$REPEAT"); do
     for spec in $RUNS; do

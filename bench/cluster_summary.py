@@ -61,6 +61,8 @@ def main(results):
         ("killed node: sessions", lambda r: r.get("kill_sessions") or None, 0, None),
         ("killed node: sessions announced within T + sweep (%)", within, 1, None),
         ("killed node: watchers told (%)", reached, 1, None),
+        ("killed node: unavailables a watcher got again",
+         lambda r: r.get("kill_repeated_unavailables"), 0, None),
         ("killed node: announcement min (s)", lambda r: ms_s(r.get("kill_min_ms")), 1, None),
         ("killed node: announcement p50 (s)", lambda r: ms_s(r.get("kill_p50_ms")), 1, None),
         ("killed node: announcement p99 (s)", lambda r: ms_s(r.get("kill_p99_ms")), 1, None),

@@ -1208,11 +1208,14 @@ async fn kill_phase(
     }
     let started = Instant::now();
     let mut last: std::collections::HashMap<String, (u64, u64)> = Default::default();
+    let mut repeated_total;
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
         last.clear();
+        repeated_total = 0;
         for r in workers.all(Cmd::Unavailables).await? {
-            if let Reply::Unavailables(seen) = r {
+            if let Reply::Unavailables { seen, repeated } = r {
+                repeated_total += repeated;
                 for (jid, n, ns) in seen {
                     if dead.contains(&jid) && ns >= killed_ns {
                         let e = last.entry(jid).or_default();
@@ -1242,6 +1245,7 @@ async fn kill_phase(
         announced: times.len() as u64,
         watchers_expected,
         watchers_reached: last.values().map(|v| v.0).sum(),
+        repeated: repeated_total,
         min_ms: q(0.0),
         p50_ms: q(0.5),
         p99_ms: q(0.99),

@@ -121,6 +121,8 @@ pub struct KillFigures {
     pub watchers_expected: u64,
     /// Watchers that got an unavailable.
     pub watchers_reached: u64,
+    /// Unavailables a watcher received again for the same contact (any contact).
+    pub repeated: u64,
     /// Announcement time per session (kill → last watcher), ms: min, p50, p99, max.
     pub min_ms: Option<f64>,
     /// Median, ms.
@@ -282,6 +284,7 @@ impl Report {
                 "kill_watchers_reached",
                 self.kill.watchers_reached.to_string(),
             ),
+            ("kill_repeated_unavailables", self.kill.repeated.to_string()),
             ("kill_min_ms", num(self.kill.min_ms)),
             ("kill_p50_ms", num(self.kill.p50_ms)),
             ("kill_p99_ms", num(self.kill.p99_ms)),

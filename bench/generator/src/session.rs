@@ -528,9 +528,13 @@ pub struct Shared {
     pub errors: Mutex<Vec<String>>,
     /// Distinct `negotiated` strings of the logins (TLS version, cipher suite, SASL).
     pub negotiated: Mutex<Vec<String>>,
-    /// Unavailable presences from contacts, per contact's bare JID: how many watchers of
-    /// this process got one and `now_ns()` of the latest (the timed run's kill phase).
+    /// Unavailable presences from contacts, per contact's bare JID: how many distinct
+    /// watchers of this process got one and `now_ns()` of the first arrival at each
+    /// watcher's latest (the timed run's kill phase).
     pub unavailable: Mutex<std::collections::HashMap<String, (u32, u64)>>,
+    /// (contact, watcher) pairs counted in `unavailable`, and the unavailables received
+    /// beyond the first per pair (a contact announced twice to the same watcher).
+    pub unavailable_pairs: Mutex<(HashSet<(String, String)>, u64)>,
 }
 
 impl Shared {
@@ -776,10 +780,19 @@ fn on_presence(
             ));
         }
         Some("unavailable") if from_bare != own_bare => {
-            if let Ok(mut u) = shared.unavailable.lock() {
-                let e = u.entry(from_bare.to_string()).or_default();
-                e.0 += 1;
-                e.1 = e.1.max(now);
+            let first = shared.unavailable_pairs.lock().is_ok_and(|mut p| {
+                let new = p.0.insert((from_bare.to_string(), own_bare.to_string()));
+                if !new {
+                    p.1 += 1;
+                }
+                new
+            });
+            if first {
+                if let Ok(mut u) = shared.unavailable.lock() {
+                    let e = u.entry(from_bare.to_string()).or_default();
+                    e.0 += 1;
+                    e.1 = e.1.max(now);
+                }
             }
             return None;
         }

@@ -94,8 +94,12 @@ pub enum Reply {
         lost: u64,
         errors: Vec<String>,
     },
-    /// Per contact (bare JID): watchers here that got its unavailable, latest arrival (ns).
-    Unavailables(Vec<(String, u32, u64)>),
+    /// Per contact (bare JID): watchers here that got its unavailable, latest first
+    /// arrival (ns); and the unavailables a watcher got again for the same contact.
+    Unavailables {
+        seen: Vec<(String, u32, u64)>,
+        repeated: u64,
+    },
     /// After Close.
     Closed,
 }
@@ -215,8 +219,8 @@ impl Reply {
                 }
                 s
             }
-            Reply::Unavailables(seen) => {
-                let mut s = String::from("unavailables");
+            Reply::Unavailables { seen, repeated } => {
+                let mut s = format!("unavailables\t{repeated}");
                 for (jid, watchers, ns) in seen {
                     s.push_str(&format!("\t{} {watchers} {ns}", esc(jid)));
                 }
@@ -259,8 +263,9 @@ impl Reply {
                 lost: num(3)?,
                 errors: f[4.min(f.len())..].iter().map(|e| unesc(e)).collect(),
             },
-            "unavailables" => Reply::Unavailables(
-                f[1..]
+            "unavailables" => Reply::Unavailables {
+                repeated: num(1)?,
+                seen: f[2.min(f.len())..]
                     .iter()
                     .map(|e| {
                         let w: Vec<&str> = e.split(' ').collect();
@@ -274,7 +279,7 @@ impl Reply {
                         }
                     })
                     .collect::<Result<_, _>>()?,
-            ),
+            },
             "closed" => Reply::Closed,
             _ => return Err(bad()),
         })
@@ -359,13 +364,20 @@ impl Worker {
                     errors: crate::errors_of(&self.shared),
                 }
             }
-            Cmd::Unavailables => Reply::Unavailables(
-                self.shared
+            Cmd::Unavailables => Reply::Unavailables {
+                seen: self
+                    .shared
                     .unavailable
                     .lock()
                     .map(|u| u.iter().map(|(j, &(n, t))| (j.clone(), n, t)).collect())
                     .unwrap_or_default(),
-            ),
+                repeated: self
+                    .shared
+                    .unavailable_pairs
+                    .lock()
+                    .map(|p| p.1)
+                    .unwrap_or_default(),
+            },
             Cmd::Close => {
                 crate::close_all(&self.sessions).await;
                 self.sessions.clear();
@@ -706,17 +718,20 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let u = Reply::Unavailables(vec![("u1@d".into(), 3, 17), ("u2@d".into(), 1, 5)]);
+        let u = Reply::Unavailables {
+            seen: vec![("u1@d".into(), 3, 17), ("u2@d".into(), 1, 5)],
+            repeated: 2,
+        };
         match Reply::decode(&u.encode()).expect("decodes") {
-            Reply::Unavailables(seen) => assert_eq!(
+            Reply::Unavailables { seen, repeated: 2 } => assert_eq!(
                 seen,
                 vec![("u1@d".to_string(), 3, 17), ("u2@d".to_string(), 1, 5)]
             ),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            Reply::decode("unavailables").expect("decodes"),
-            Reply::Unavailables(v) if v.is_empty()
+            Reply::decode("unavailables\t0").expect("decodes"),
+            Reply::Unavailables { seen, repeated: 0 } if seen.is_empty()
         ));
         let s = Reply::Stats {
             lat: [Histogram::default(), Histogram::default()],
