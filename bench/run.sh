@@ -404,7 +404,8 @@ url = \"sqlite://$EMBEDDED_DB\""
 # with their SCRAM credentials, so the generator's SaltedPassword cache stays valid, and
 # the rosters), then drop the scratch database.
 embedded_provision() { # generator args...
-    local scratch="${PRESENCED_DB%/*}/presenced_bench_embedded_n${N}_k${K}"
+    # Named after PRESENCED_DB, so that two runs with their own databases do not share it.
+    local scratch="${PRESENCED_DB}_embedded"
     psql "${PRESENCED_DB%/*}/postgres" -q -c "DROP DATABASE IF EXISTS ${scratch##*/} WITH (FORCE)"
     psql "${PRESENCED_DB%/*}/postgres" -q -c "CREATE DATABASE ${scratch##*/}"
     "$BENCH" "$@" --provision --provision-db "$scratch" || return 1
