@@ -36,7 +36,9 @@
 # Ports: Prosody 35222, ejabberd 45222 (PROSODY_PORT, EJABBERD_PORT: e.g. to provision two
 # sizes at once), presenced 35322 (never 5222/25222 or 552xx-554xx: others use them),
 # presenced /metrics 35280, its private Redis 36379; embedded 35323 (EMBEDDED_PORT) and
-# /metrics 35281 (EMBEDDED_HTTP_PORT).
+# /metrics 35281 (EMBEDDED_HTTP_PORT). ejabberd's Erlang distribution listens on a port the
+# kernel picks (ephemeral) unless EJABBERD_DIST_PORTS=LOW-HIGH names a range (the node
+# and each ejabberdctl call take one port of it: give it a few).
 # Everything listens on 127.0.0.1 only. Provisioning happens before each timed run and the
 # server is restarted in between, so the timed run starts from a fresh process.
 set -euo pipefail
@@ -273,6 +275,8 @@ ERL_MAX_PORTS=65536
 # the descriptor limit to 1024: ejabberd then silently stops accepting at ~990 sessions.
 # Run it as the current user (root) with the inherited limit, as Prosody runs (run_as_root).
 EXEC_CMD=as_current_user
+# The Erlang distribution's listening ports (empty: the kernel picks one).
+FIREWALL_WINDOW=${EJABBERD_DIST_PORTS:-}
 # Erlang's schedulers busy-wait before they sleep (by default): on 2 cores shared with the
 # generator that spinning takes CPU from the other processes and is counted as ejabberd's
 # CPU time. Switched off for the dirty CPU and IO schedulers too.
