@@ -569,6 +569,17 @@ pub struct LimitsConfig {
     /// Bytes of one published item's payload, serialised; more gets not-acceptable with
     /// `<payload-too-big/>` (XEP-0060 §7.1.3.4).
     pub max_pep_item_size: usize,
+    /// Bytes of one vcard-temp vCard a user stores (XEP-0054), serialised with its PHOTO;
+    /// more gets not-acceptable and nothing is stored.
+    pub max_vcard_size: usize,
+    /// Users whose avatar hash (XEP-0153, put into every available presence) this node
+    /// keeps in memory, so a presence costs no store read; beyond it an arbitrary one is
+    /// forgotten and read again at its next presence.
+    pub max_avatar_hash_entries: usize,
+    /// Seconds a kept avatar hash is used. A change made on this node replaces it at once;
+    /// one made on another cluster node shows in this node's presence within this time.
+    #[serde(with = "secs")]
+    pub avatar_hash_ttl: Duration,
     /// XEP-0115 entity capabilities remembered (the features of one `ver` each), oldest
     /// forgotten first; a forgotten `ver` is asked again at the client's next presence.
     pub max_caps_entries: usize,
@@ -636,6 +647,9 @@ impl Default for LimitsConfig {
             max_pep_nodes: 64,
             max_pep_items: 32,
             max_pep_item_size: 128 * 1024,
+            max_vcard_size: 128 * 1024,
+            max_avatar_hash_entries: 100_000,
+            avatar_hash_ttl: Duration::from_secs(30),
             max_caps_entries: 1000,
             max_csi_held_presences: 500,
             max_interest_items: 500,
@@ -1115,6 +1129,9 @@ impl Config {
         if l.max_depth < 4 || l.negotiation_timeout.is_zero() || l.session_queue == 0 {
             return bad("[limits] max_depth >= 4, negotiation_timeout > 0, session_queue > 0");
         }
+        if l.avatar_hash_ttl.is_zero() {
+            return bad("[limits] avatar_hash_ttl must be positive");
+        }
         if l.interest_ttl.is_zero() {
             return bad("[limits] interest_ttl must be positive");
         }
@@ -1143,6 +1160,8 @@ impl Config {
             ("max_pep_nodes", l.max_pep_nodes),
             ("max_pep_items", l.max_pep_items),
             ("max_pep_item_size", l.max_pep_item_size),
+            ("max_vcard_size", l.max_vcard_size),
+            ("max_avatar_hash_entries", l.max_avatar_hash_entries),
             ("max_caps_entries", l.max_caps_entries),
             ("max_csi_held_presences", l.max_csi_held_presences),
             ("max_interest_items", l.max_interest_items),
@@ -1374,6 +1393,9 @@ mod tests {
         assert_eq!(cl.max_pep_nodes, dl.max_pep_nodes);
         assert_eq!(cl.max_pep_items, dl.max_pep_items);
         assert_eq!(cl.max_pep_item_size, dl.max_pep_item_size);
+        assert_eq!(cl.max_vcard_size, dl.max_vcard_size);
+        assert_eq!(cl.max_avatar_hash_entries, dl.max_avatar_hash_entries);
+        assert_eq!(cl.avatar_hash_ttl, dl.avatar_hash_ttl);
         assert_eq!(cl.max_caps_entries, dl.max_caps_entries);
         assert_eq!(cl.max_csi_held_presences, dl.max_csi_held_presences);
         assert_eq!(cl.max_interest_items, dl.max_interest_items);

@@ -261,7 +261,7 @@ async fn run(
             out!(
                 "copied {} accounts, {} roster items, {} waiting subscription requests, \
                  {} block-list entries, {} privacy settings, {} last-seen values, {} PEP items, \
-                 {} secrets",
+                 {} vCards, {} secrets",
                 n.accounts,
                 n.roster_items,
                 n.pending,
@@ -269,6 +269,7 @@ async fn run(
                 n.privacy,
                 n.last_seen,
                 n.pep_items,
+                n.vcards,
                 n.secrets
             );
             Ok(())

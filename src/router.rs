@@ -58,6 +58,13 @@ pub async fn from_client(session: &mut Session, el: Element) {
     };
     match el.name.as_str() {
         "presence" => {
+            let mut el = el;
+            if el.get_attr("type").is_none() {
+                // XEP-0398 §4: the avatar's hash for vCard clients, in every available
+                // presence of the user (broadcast and directed).
+                let owner = session.jid().to_bare().to_string();
+                crate::pep::vcard::stamp_presence(&session.shared, &owner, &mut el).await;
+            }
             let took_messages = takes_messages(&session.handle);
             // XEP-0115 capabilities of the client's own available presence (XEP-0163 §4.4).
             let was_available = session.handle.is_available();
@@ -244,6 +251,16 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
             let reply = crate::liveness_tasks::last_seen::handle_iq(session, &el, &bare).await;
             session.deliver(reply);
         }
+        Target::LocalBare(bare) if el.elements().next().is_some_and(crate::pep::vcard::handles) => {
+            // XEP-0054 §3.3: another local user's vCard, answered by the server. A viewer
+            // the user blocks was answered above with the same error as "no vCard".
+            let reply = if account_exists(session, &bare).await {
+                crate::pep::vcard::handle_iq(session, &el, bare.as_str()).await
+            } else {
+                account_iq(&el, false)
+            };
+            session.deliver(reply);
+        }
         Target::LocalBare(bare) if el.elements().next().is_some_and(crate::pep::handles) => {
             // XEP-0163: another local user's personal eventing service.
             let reply = if account_exists(session, &bare).await {
@@ -298,6 +315,9 @@ async fn own_account_iq(session: &mut Session, el: Element) {
     } else if crate::pep::handles(&payload) {
         let owner = session.jid().to_bare().to_string();
         Some(crate::pep::handle_iq(session, &el, &owner).await)
+    } else if crate::pep::vcard::handles(&payload) {
+        let owner = session.jid().to_bare().to_string();
+        Some(crate::pep::vcard::handle_iq(session, &el, &owner).await)
     } else if payload.ns == crate::invisible::NS_INVISIBLE {
         Some(crate::invisible::handle(session, &el, &payload).await)
     } else {
@@ -371,6 +391,8 @@ fn server_iq(session: &Session, el: &Element) -> Element {
                 crate::offline::FEATURE,
                 // XEP-0012 §6: clients look for last activity in disco before asking.
                 crate::liveness::last_seen::NS_LAST,
+                // XEP-0054 §4: accounts' vCards (built on their avatars, XEP-0398).
+                crate::pep::vcard::NS_VCARD,
             ];
             if session.shared.config.auth.allow_registration {
                 features.push(x::NS_REGISTER);

@@ -77,8 +77,13 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         max_revealed: config.limits.max_revealed_per_session,
     });
     let caps = crate::caps::CapsCache::new(config.limits.max_caps_entries);
+    let avatar_hashes = crate::cluster::cache::Cache::new(
+        config.limits.max_avatar_hash_entries,
+        config.limits.avatar_hash_ttl,
+    );
     let shared = Arc::new(Shared {
         caps,
+        avatar_hashes,
         live: crate::node::live::Live::new(&config),
         config,
         store,

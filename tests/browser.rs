@@ -146,7 +146,7 @@ impl Driver {
 /// error, and any iq error answering a request in a namespace the server or the account
 /// advertises (the namespace itself or a `ns#feature` of it, as XEP-0060 names its
 /// features), except `item-not-found`, the answer for a node or item nobody created
-/// (XEP-0060 §6.5.9.11). Requests in namespaces neither advertises (vcard-temp, …) may be
+/// (XEP-0060 §6.5.9.11). Requests in namespaces neither advertises may be
 /// refused.
 fn errors_for_advertised(report: &Value, advertised: &[String]) -> Vec<String> {
     let covered = |ns: &str| {
@@ -180,6 +180,47 @@ fn answered(report: &Value, ns: &str, ty: &str) -> bool {
     of("result") && !of("error")
 }
 
+/// A 32×32 PNG (a red and blue checkerboard), the contact's avatar.
+const AVATAR_PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAIAAAD8GO2jAAAAOUlEQVR42mO4YGCAFSkkXMCKSFXPMGrBqAVDwAJqGYRL/agFoxYMBQtGi4pRC0YtGK0PRi0YtQCIALLfAEzUfsoqAAAAAElFTkSuQmCC";
+
+/// The raw client publishes `png` (base64) as its XEP-0084 avatar, data then metadata
+/// (XEP-0084 §4.1, §4.2), and sends available presence again.
+async fn publish_avatar(ts: &TestServer, c: &mut Client, png: &str) {
+    use base64::Engine;
+    use sha1::Digest;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(png)
+        .unwrap();
+    let id: String = sha1::Sha1::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let len = bytes.len();
+    for (node, payload) in [
+        (
+            "urn:xmpp:avatar:data",
+            format!("<data xmlns='urn:xmpp:avatar:data'>{png}</data>"),
+        ),
+        (
+            "urn:xmpp:avatar:metadata",
+            format!(
+                "<metadata xmlns='urn:xmpp:avatar:metadata'><info id='{id}' bytes='{len}' \
+                 type='image/png' width='32' height='32'/></metadata>"
+            ),
+        ),
+    ] {
+        let publish = presenced::xml::parse_element(&format!(
+            "<pubsub xmlns='http://jabber.org/protocol/pubsub'><publish node='{node}'>\
+             <item id='{id}'>{payload}</item></publish></pubsub>"
+        ))
+        .unwrap();
+        let r = c.iq("set", None, publish).await;
+        assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    }
+    c.presence(None, None).await;
+    barrier(ts, c).await;
+}
+
 /// A server (`tweak` adjusts its config) where alice and bob are mutual contacts, and bob
 /// online and available on the raw client.
 async fn with_contact_online(
@@ -195,8 +236,9 @@ async fn with_contact_online(
 }
 
 /// converse.js logs in over WebSocket (wss with the development certificate), shows the
-/// contact online and the message the contact sent while it was offline (with its
-/// XEP-0203 delay), enables carbons, blocks and unblocks through XEP-0191, goes inactive
+/// contact online with the avatar the contact published over PEP (XEP-0084; converse.js
+/// reads it as a vCard, XEP-0153, through the server's XEP-0398 conversion) and the
+/// message the contact sent while it was offline (with its XEP-0203 delay), enables carbons, blocks and unblocks through XEP-0191, goes inactive
 /// (XEP-0352) and still gets a message at once, and the user's typed reply reaches the
 /// contact; no request in a feature the server advertises gets an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,6 +249,7 @@ async fn converse_js_logs_in_over_websocket_and_chats() {
     // What the server and an account advertise (XEP-0030): converse.js asks both.
     let mut advertised = server_features(&ts, &mut bob).await;
     advertised.extend(disco_features(&mut bob, &bob_jid).await);
+    publish_avatar(&ts, &mut bob, AVATAR_PNG).await;
     // Alice has never logged in: this one waits in offline storage (XEP-0160).
     let offline_body = format!("sent while you were away {}", unique());
     bob.send(&chat(&alice, &offline_body)).await;
@@ -223,6 +266,7 @@ async fn converse_js_logs_in_over_websocket_and_chats() {
         "live_body": live_body,
         "reply_body": reply_body,
         "block_jid": ts.jid("mallory"),
+        "avatar_base64": AVATAR_PNG,
         "out_dir": out_dir(),
         "chromium": chromium,
         "timeout_ms": CLIENT_LIMIT.as_millis() as u64 - 5000,
@@ -232,6 +276,18 @@ async fn converse_js_logs_in_over_websocket_and_chats() {
     converse.step("logged-in").await;
     // converse.js' initial presence reaches the contact.
     bob.expect(|e| is_presence(e, &alice, None)).await;
+    // The roster shows the contact's picture: the very bytes bob published.
+    let avatar = converse.step("avatar-shown").await;
+    assert_eq!(
+        avatar["href"],
+        format!("data:image/png;base64,{AVATAR_PNG}").as_str(),
+        "{avatar}"
+    );
+    let shot = PathBuf::from(avatar["screenshot"].as_str().unwrap());
+    assert!(
+        std::fs::read(&shot).unwrap().starts_with(b"\x89PNG"),
+        "{shot:?}"
+    );
     let offline = converse.step("offline-shown").await;
     assert_eq!(
         offline["delayed"], true,
@@ -271,6 +327,7 @@ async fn converse_js_logs_in_over_websocket_and_chats() {
         ("urn:xmpp:blocking", "get", "block list (XEP-0191)"),
         ("urn:xmpp:blocking", "set", "block and unblock (XEP-0191)"),
         (NS_DISCO_INFO, "get", "disco#info"),
+        ("vcard-temp", "get", "vCards (XEP-0054)"),
     ] {
         assert!(
             answered(&report, ns, ty),

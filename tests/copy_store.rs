@@ -59,6 +59,10 @@ async fn everything(store: &Store) -> Vec<String> {
             let items = store.pep_items(&jid, &node, &[], 100).await.unwrap();
             out.push(format!("{jid} pep {node} {model} {items:?}"));
         }
+        out.push(format!(
+            "{jid} vcard {:?}",
+            store.vcard(&jid).await.unwrap()
+        ));
     }
     out
 }
@@ -197,7 +201,19 @@ async fn copy_store_round_trips_a_populated_store_through_sqlite_and_back() {
             .await
             .unwrap();
     }
+    // A XEP-0054 vCard (its photo is the avatar above).
+    source
+        .set_vcard(
+            &bob,
+            "<vCard xmlns='vcard-temp'><FN>Bob ñ</FN><NICKNAME>b</NICKNAME></vCard>",
+        )
+        .await
+        .unwrap();
     let want = everything(&source).await;
+    assert!(
+        want.iter().any(|l| l.contains("<FN>Bob ñ</FN>")),
+        "{want:?}"
+    );
     assert!(want.len() > 20, "the source holds data: {want:?}");
 
     copy_store(&source_url, &lite).await;

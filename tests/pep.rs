@@ -1,7 +1,8 @@
 //! XEP-0163 personal eventing against the real server, store and TLS: who is notified of
 //! a publish (the owner's and contacts' resources whose XEP-0115 capabilities ask for the
 //! node, never a stranger, a blocked contact or one the privacy settings hide), the last
-//! item on coming online, items across a restart, the XEP-0060 subset and its bounds.
+//! item on coming online, items across a restart, the XEP-0060 subset and its bounds;
+//! the XEP-0054 vCard built on the XEP-0084 avatar (XEP-0398) and who may read it.
 //! The same with slixmpp's own plugins is `slixmpp_pep_plugins` at the end.
 
 mod common;
@@ -668,6 +669,290 @@ async fn retract_purge_and_delete_notify_and_take_effect() {
         .await
         .unwrap()
         .is_empty());
+}
+
+const VCARD: &str = "vcard-temp";
+const VCARD_UPDATE: &str = "vcard-temp:x:update";
+const DATA: &str = "urn:xmpp:avatar:data";
+
+/// An image's bytes (a PNG header and `tag`), base64 and SHA-1 (hex, the XEP-0084 id).
+fn image(tag: &str) -> (String, String) {
+    let mut bytes = b"\x89PNG\r\n\x1a\n".to_vec();
+    bytes.extend_from_slice(tag.as_bytes());
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    let id = sha1::Sha1::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    (b64, id)
+}
+
+async fn vcard_get(c: &mut Client, to: Option<&str>) -> Element {
+    c.iq("get", to, el(&format!("<vCard xmlns='{VCARD}'/>")))
+        .await
+}
+
+async fn vcard_set(c: &mut Client, inner: &str) -> Element {
+    c.iq(
+        "set",
+        None,
+        el(&format!("<vCard xmlns='{VCARD}'>{inner}</vCard>")),
+    )
+    .await
+}
+
+/// The vCard of a result.
+fn card(r: &Element) -> &Element {
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    r.get_child("vCard", VCARD)
+        .unwrap_or_else(|| panic!("a vCard in {r}"))
+}
+
+/// A vCard's PHOTO as (TYPE, BINVAL).
+fn photo(card: &Element) -> Option<(String, String)> {
+    let p = card.get_child("PHOTO", VCARD)?;
+    Some((
+        p.get_child("TYPE", VCARD)?.text_content(),
+        p.get_child("BINVAL", VCARD)?.text_content(),
+    ))
+}
+
+/// The XEP-0153 hash a presence carries (`Some("")`: an empty `<photo/>`).
+fn presence_hash(p: &Element) -> Option<String> {
+    p.get_child("x", VCARD_UPDATE)?
+        .get_child("photo", VCARD_UPDATE)
+        .map(|p| p.text_content())
+}
+
+/// XEP-0054 with XEP-0398: a vCard PHOTO becomes the XEP-0084 avatar (data, then metadata
+/// with its notification), a XEP-0084 avatar shows as the vCard's PHOTO, available
+/// presence carries the hash, a vCard without a picture disables the avatar, and a vCard
+/// over `max_vcard_size` is refused with nothing stored.
+#[tokio::test]
+async fn vcard_photos_and_pep_avatars_are_one_picture() {
+    let ts = TestServer::start(|c| c.limits.max_vcard_size = 4096).await;
+    for u in ["alice", "bob"] {
+        ts.user(u).await;
+    }
+    ts.make_mutual("alice", "bob").await;
+    let (alice_bare, bob_bare) = (ts.jid("alice"), ts.jid("bob"));
+    let mut bob = caps_online(&ts, "bob", "desk", &[META], true).await;
+    let mut alice = ts.login("alice", "pc").await;
+
+    // Nothing yet: the own account's empty vCard (XEP-0054 §3.1).
+    let r = vcard_get(&mut alice, None).await;
+    assert_eq!(card(&r).elements().count(), 0, "{r}");
+    let big = format!("<DESC>{}</DESC>", "d".repeat(5000));
+    let r = vcard_set(&mut alice, &big).await;
+    assert_error(
+        &r,
+        "not-acceptable",
+        "modify",
+        "a vCard beyond max_vcard_size",
+    );
+    let r = vcard_get(&mut alice, None).await;
+    assert_eq!(card(&r).elements().count(), 0, "nothing stored: {r}");
+
+    // A vCard set with a picture (BINVAL folded over lines, as vCard clients send it).
+    let (b64, id) = image("alice");
+    let folded = format!("{}\n {}", &b64[..10], &b64[10..]);
+    let r = vcard_set(
+        &mut alice,
+        &format!("<FN>Alice A</FN><PHOTO><TYPE>image/png</TYPE><BINVAL>{folded}</BINVAL></PHOTO>"),
+    )
+    .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    // XEP-0398 §3.2: published as the avatar, the contact told of the new metadata.
+    let ev = bob.expect(|e| is_event(e, &alice_bare, META, &id)).await;
+    let info = ev
+        .get_child("event", NS_EVENT)
+        .and_then(|e| e.get_child("items", NS_EVENT))
+        .and_then(|i| i.get_child("item", NS_EVENT))
+        .and_then(|i| i.get_child("metadata", META))
+        .and_then(|m| m.get_child("info", META))
+        .unwrap_or_else(|| panic!("metadata info in {ev}"));
+    assert_eq!(info.get_attr("type"), Some("image/png"), "{ev}");
+    assert_eq!(info.get_attr("bytes"), Some("13"), "{ev}");
+    let r = items(&mut bob, &alice_bare, DATA, "").await;
+    assert_eq!(item_ids(&r), std::slice::from_ref(&id), "{r}");
+    assert!(
+        r.to_xml().contains(&b64),
+        "the data item holds the image: {r}"
+    );
+    // The vCard: what was set, the PHOTO from the avatar.
+    let r = vcard_get(&mut bob, Some(&alice_bare)).await;
+    let c = card(&r);
+    assert_eq!(
+        c.get_child("FN", VCARD)
+            .map(|f| f.text_content())
+            .as_deref(),
+        Some("Alice A"),
+        "{r}"
+    );
+    assert_eq!(photo(c), Some(("image/png".to_owned(), b64.clone())), "{r}");
+    // XEP-0398 §4: available presence carries the hash, also where the client's <x/> had
+    // no <photo/>.
+    alice
+        .send(&el(&format!(
+            "<presence xmlns='jabber:client'><x xmlns='{VCARD_UPDATE}'/></presence>"
+        )))
+        .await;
+    let p = bob.expect(|e| is_presence(e, &alice_bare, None)).await;
+    assert_eq!(presence_hash(&p), Some(id.clone()), "{p}");
+    // An empty <photo/> is the client's "no avatar to show": left as it is.
+    alice
+        .send(&el(&format!(
+            "<presence xmlns='jabber:client'><x xmlns='{VCARD_UPDATE}'><photo/></x></presence>"
+        )))
+        .await;
+    let p = bob.expect(|e| is_presence(e, &alice_bare, None)).await;
+    assert_eq!(presence_hash(&p).as_deref(), Some(""), "{p}");
+
+    // XEP-0398 §3.1: an image that does not hash to its id is not shown (bob has no
+    // vCard either, so there is nothing to show).
+    let (bob_b64, bob_id) = image("bob");
+    let (_, other_id) = image("other");
+    publish(
+        &mut bob,
+        DATA,
+        &other_id,
+        &format!("<data xmlns='{DATA}'>{bob_b64}</data>"),
+    )
+    .await;
+    publish(
+        &mut bob,
+        META,
+        &other_id,
+        &format!("<metadata xmlns='{META}'><info id='{other_id}' bytes='11' type='image/png'/></metadata>"),
+    )
+    .await;
+    let r = vcard_get(&mut alice, Some(&bob_bare)).await;
+    assert_error(
+        &r,
+        "service-unavailable",
+        "cancel",
+        "an image that does not hash to its id",
+    );
+    // An avatar published over XEP-0084 is the vCard's PHOTO.
+    publish(
+        &mut bob,
+        DATA,
+        &bob_id,
+        &format!("<data xmlns='{DATA}'>{bob_b64}</data>"),
+    )
+    .await;
+    publish(
+        &mut bob,
+        META,
+        &bob_id,
+        &format!(
+            "<metadata xmlns='{META}'><info id='{bob_id}' bytes='11' type='image/png'/></metadata>"
+        ),
+    )
+    .await;
+    let r = vcard_get(&mut alice, Some(&bob_bare)).await;
+    assert_eq!(
+        photo(card(&r)),
+        Some(("image/png".to_owned(), bob_b64.clone())),
+        "{r}"
+    );
+    let r = vcard_get(&mut bob, None).await;
+    assert_eq!(
+        photo(card(&r)),
+        Some(("image/png".to_owned(), bob_b64)),
+        "{r}"
+    );
+    bob.presence(None, None).await;
+    // This presence (without caps), not the one alice's probe brought.
+    let p = alice
+        .expect(|e| is_presence(e, &bob_bare, None) && e.get_child("c", NS_CAPS).is_none())
+        .await;
+    assert_eq!(presence_hash(&p), Some(bob_id), "{p}");
+
+    // A vCard without a picture disables the avatar (XEP-0084 §4.5): no PHOTO, an empty
+    // hash in presence.
+    let r = vcard_set(&mut alice, "<FN>Alice B</FN>").await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    let r = vcard_get(&mut bob, Some(&alice_bare)).await;
+    let c = card(&r);
+    assert_eq!(photo(c), None, "{r}");
+    assert!(r.to_xml().contains("Alice B"), "{r}");
+    let r = items(&mut bob, &alice_bare, META, " max_items='1'").await;
+    assert!(
+        !r.to_xml().contains("<info"),
+        "the newest metadata is empty: {r}"
+    );
+    alice.presence(None, None).await;
+    let p = bob.expect(|e| is_presence(e, &alice_bare, None)).await;
+    assert_eq!(presence_hash(&p).as_deref(), Some(""), "{p}");
+    // Setting another user's vCard (XEP-0054 §3.2).
+    let r = bob
+        .iq(
+            "set",
+            Some(&alice_bare),
+            el(&format!("<vCard xmlns='{VCARD}'><FN>x</FN></vCard>")),
+        )
+        .await;
+    assert_error(&r, "forbidden", "auth", "a vCard set for another user");
+}
+
+/// An error reply without what differs by request (id, addresses), to compare answers.
+fn shape(r: &Element) -> String {
+    let mut r = r.clone();
+    for a in ["id", "from", "to"] {
+        r.remove_attr(a);
+    }
+    r.to_xml()
+}
+
+/// Who may read a vCard: a contact may; a stranger, a viewer the owner blocks and one the
+/// owner's settings hide from get exactly the answer of a
+/// contact without a vCard and of an account that does not exist (XEP-0054 §3.3:
+/// service-unavailable), so nothing tells them apart.
+#[tokio::test]
+async fn a_vcard_hidden_from_a_viewer_is_answered_like_no_vcard() {
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob", "carol", "dave", "eve", "frank"] {
+        ts.user(u).await;
+    }
+    for u in ["bob", "carol", "eve", "frank"] {
+        ts.make_mutual("alice", u).await;
+    }
+    ts.make_mutual("bob", "carol").await;
+    let alice_bare = ts.jid("alice");
+    let mut alice = ts.login("alice", "pc").await;
+    let (b64, _) = image("alice");
+    let r = vcard_set(
+        &mut alice,
+        &format!("<FN>Alice</FN><PHOTO><TYPE>image/png</TYPE><BINVAL>{b64}</BINVAL></PHOTO>"),
+    )
+    .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    block_eve_and_hide_from_frank(&ts, &mut alice).await;
+
+    // Positive control: a contact sees the vCard and its picture.
+    let mut bob = ts.login("bob", "x").await;
+    let r = vcard_get(&mut bob, Some(&alice_bare)).await;
+    assert_eq!(photo(card(&r)), Some(("image/png".to_owned(), b64)), "{r}");
+    // What "no vCard" looks like: a contact who never set one, an account that is not.
+    let none = vcard_get(&mut bob, Some(&ts.jid("carol"))).await;
+    assert_error(
+        &none,
+        "service-unavailable",
+        "cancel",
+        "a contact without a vCard",
+    );
+    let no_account = vcard_get(&mut bob, Some(&ts.jid("nobody"))).await;
+    assert_eq!(shape(&no_account), shape(&none), "no such account");
+    for (name, what) in [
+        ("dave", "a stranger"),
+        ("eve", "a contact the owner blocks"),
+        ("frank", "a contact the owner's settings hide from"),
+    ] {
+        let mut c = ts.login(name, "x").await;
+        let r = vcard_get(&mut c, Some(&alice_bare)).await;
+        assert_eq!(shape(&r), shape(&none), "{what}: {r}");
+    }
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The XEP-0163 tables on both stores (modules `postgres` and `sqlite`, see
 //! `common/stores.rs`): auto-created nodes and their access model, the node and item
 //! bounds of the one publish, reads, retract, purge, delete, and the rows going with the
-//! account. Every test works on its own random domain.
+//! account; and the XEP-0054 vCard table beside them. Every test works on its own random
+//! domain.
 
 use presenced::store::pep::{PepItem, Published};
 use presenced::store::{Store, StoreLimits};
@@ -14,6 +15,7 @@ use stores::Db;
 on_both_stores!(
     a_publish_creates_the_node_keeps_the_newest_items_and_bounds_the_nodes,
     reads_retract_purge_delete_and_the_account_take_its_data,
+    a_vcard_is_stored_replaced_and_goes_with_the_account,
 );
 
 async fn account(store: &Store) -> String {
@@ -175,4 +177,27 @@ async fn reads_retract_purge_delete_and_the_account_take_its_data(db: Db) {
         .await
         .unwrap()
         .is_empty());
+}
+
+async fn a_vcard_is_stored_replaced_and_goes_with_the_account(db: Db) {
+    let store = db.open().await;
+    let owner = account(&store).await;
+    let other = account(&store).await;
+    assert_eq!(store.vcard(&owner).await.unwrap(), None);
+    let first = "<vCard xmlns='vcard-temp'><FN>Alice ñ</FN></vCard>";
+    store.set_vcard(&owner, first).await.unwrap();
+    assert_eq!(store.vcard(&owner).await.unwrap().as_deref(), Some(first));
+    let second = "<vCard xmlns='vcard-temp'><NICKNAME>al</NICKNAME></vCard>";
+    store.set_vcard(&owner, second).await.unwrap();
+    assert_eq!(store.vcard(&owner).await.unwrap().as_deref(), Some(second));
+    // One row per account: the other account has none.
+    assert_eq!(store.vcard(&other).await.unwrap(), None);
+    // A vCard belongs to an account: none is stored for a JID that has none.
+    assert!(store
+        .set_vcard("nobody@nowhere.example", first)
+        .await
+        .is_err());
+    let (user, domain) = owner.split_once('@').unwrap();
+    assert!(store.delete_account(user, domain).await.unwrap());
+    assert_eq!(store.vcard(&owner).await.unwrap(), None);
 }

@@ -33,16 +33,18 @@ const STRIPES: usize = 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Generation(u64, u64);
 
-struct State {
-    copies: HashMap<String, (Instant, Rows)>,
+struct State<V> {
+    copies: HashMap<String, (Instant, V)>,
     stripes: Vec<u64>,
     /// Bumped by [`Cache::clear`]: every stripe's generation changes at once.
     epoch: u64,
 }
 
 /// The bounded copy. Cheap operations under one mutex; nothing awaits while holding it.
-pub struct Cache {
-    state: Mutex<State>,
+/// `V` is what is kept per user: directory rows here; other per-user values read from a
+/// store on a hot path (the avatar hash of XEP-0153 presence) use the same discipline.
+pub struct Cache<V = Rows> {
+    state: Mutex<State<V>>,
     entries: usize,
     ttl: Duration,
     /// Lookups answered from the copy.
@@ -55,9 +57,9 @@ fn stripe(bare: &str) -> usize {
     (BuildHasherDefault::<DefaultHasher>::default().hash_one(bare) as usize) % STRIPES
 }
 
-impl Cache {
+impl<V: Clone> Cache<V> {
     /// A copy of at most `entries` users (0: nothing is ever kept), each used for `ttl`.
-    pub fn new(entries: usize, ttl: Duration) -> Cache {
+    pub fn new(entries: usize, ttl: Duration) -> Cache<V> {
         Cache {
             state: Mutex::new(State {
                 copies: HashMap::new(),
@@ -71,18 +73,18 @@ impl Cache {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<V>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The rows of `bare` if a fresh copy is kept; otherwise the generation to hand to
     /// [`Self::put`] with what is read instead.
-    pub fn get(&self, bare: &str) -> Result<Rows, Generation> {
+    pub fn get(&self, bare: &str) -> Result<V, Generation> {
         let st = self.lock();
         if let Some((at, rows)) = st.copies.get(bare) {
             if at.elapsed() < self.ttl {
                 self.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(Arc::clone(rows));
+                return Ok(rows.clone());
             }
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
@@ -91,7 +93,7 @@ impl Cache {
 
     /// Keeps `rows`, read for `bare` after [`Self::get`] returned `noted`, unless an
     /// invalidation of its stripe (or a clear) came since.
-    pub fn put(&self, bare: &str, noted: Generation, rows: Rows) {
+    pub fn put(&self, bare: &str, noted: Generation, rows: V) {
         if self.entries == 0 {
             return;
         }

@@ -62,6 +62,8 @@ pub struct Shared {
     pub resumable: crate::stream_management::Resumable,
     /// XEP-0115 capabilities of clients on this node (which PEP nodes each wants).
     pub caps: crate::caps::CapsCache,
+    /// XEP-0153 avatar hashes by bare JID, so an available presence costs no store read.
+    pub avatar_hashes: crate::cluster::cache::Cache<Option<String>>,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks

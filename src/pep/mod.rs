@@ -22,6 +22,7 @@
 //! in the store's one publish (nodes, items) or here (bytes).
 
 mod notify;
+pub(crate) mod vcard;
 
 pub(crate) use notify::{disco_answer, from_node, on_presence};
 
@@ -143,7 +144,11 @@ pub(crate) fn describe_account(query: Element) -> Element {
             .attr("category", "pubsub")
             .attr("type", "pep"),
     );
-    for f in FEATURES {
+    // XEP-0054 §4 and XEP-0398 §2: the account's vCard, converted from and to its avatar.
+    for f in FEATURES
+        .iter()
+        .chain(&[vcard::NS_VCARD, vcard::FEATURE_CONVERSION])
+    {
         q = q.child(Element::new("feature", NS_DISCO_INFO).attr("var", *f));
     }
     q
@@ -365,9 +370,7 @@ async fn publish(session: &Session, el: &Element, pubsub: &Element, op: &Element
         );
     };
     let payload = payload.to_xml();
-    let limit = shared.config.limits.max_pep_item_size;
-    if payload.len() > limit {
-        tracing::info!(user = %owner, node, bytes = payload.len(), limit, "PEP item too big");
+    if too_big(shared, &owner, node, &payload) {
         return error(
             el,
             StanzaError::not_acceptable(),
@@ -386,33 +389,24 @@ async fn publish(session: &Session, el: &Element, pubsub: &Element, op: &Element
             .unwrap_or_else(crate::xml::new_id),
         payload,
     };
-    let result = shared
-        .store
-        .pep_publish(&owner, node, access.map(Access::as_str), &stored)
-        .await;
-    let access = match result {
-        Ok(Published::Stored { access_model }) => access_model,
-        Ok(Published::AccessModelDiffers) => {
+    match store_and_notify(shared, &owner, node, access, &stored).await {
+        Ok(()) => {}
+        Err(Refused::AccessModelDiffers) => {
             return error(
                 el,
                 StanzaError::conflict(),
                 Some(("precondition-not-met", "")),
             )
         }
-        Ok(Published::TooManyNodes) => {
-            tracing::info!(user = %owner, node, "PEP node limit reached");
+        Err(Refused::TooManyNodes) => {
             return error(
                 el,
                 StanzaError::not_allowed(),
                 Some(("max-nodes-exceeded", "")),
             );
         }
-        Err(e) => return internal(el, e),
-    };
-    let event = Element::new("items", NS_PUBSUB_EVENT)
-        .attr("node", node)
-        .child(item_element(NS_PUBSUB_EVENT, &stored));
-    notify::notify(shared, &owner, node, &access, event).await;
+        Err(Refused::Store(e)) => return internal(el, e),
+    }
     iq_result(el).child(
         Element::new("pubsub", NS_PUBSUB).child(
             Element::new("publish", NS_PUBSUB)
@@ -420,6 +414,57 @@ async fn publish(session: &Session, el: &Element, pubsub: &Element, op: &Element
                 .child(Element::new("item", NS_PUBSUB).attr("id", stored.id)),
         ),
     )
+}
+
+/// Whether a payload (serialised) is over `max_pep_item_size` (XEP-0060 §7.1.3.4).
+fn too_big(shared: &Shared, owner: &str, node: &str, payload: &str) -> bool {
+    let limit = shared.config.limits.max_pep_item_size;
+    let over = payload.len() > limit;
+    if over {
+        tracing::info!(user = %owner, node, bytes = payload.len(), limit, "PEP item too big");
+    }
+    over
+}
+
+/// Why a publish stored nothing.
+pub(crate) enum Refused {
+    /// The node exists with another access model than the one asked (XEP-0060 §7.1.5).
+    AccessModelDiffers,
+    /// The owner has `max_pep_nodes` nodes already.
+    TooManyNodes,
+    /// The store failed.
+    Store(crate::store::StoreError),
+}
+
+/// Stores `item` on `owner`'s `node` (created on first publish with `access`, `presence`
+/// when none is asked, XEP-0163 §3) and notifies everyone the node's access model admits:
+/// the one publish path, for clients' publishes and the vCard conversion alike.
+pub(crate) async fn store_and_notify(
+    shared: &Shared,
+    owner: &str,
+    node: &str,
+    access: Option<Access>,
+    item: &PepItem,
+) -> Result<(), Refused> {
+    let result = shared
+        .store
+        .pep_publish(owner, node, access.map(Access::as_str), item)
+        .await;
+    vcard::metadata_written(shared, owner, node);
+    let access = match result {
+        Ok(Published::Stored { access_model }) => access_model,
+        Ok(Published::AccessModelDiffers) => return Err(Refused::AccessModelDiffers),
+        Ok(Published::TooManyNodes) => {
+            tracing::info!(user = %owner, node, "PEP node limit reached");
+            return Err(Refused::TooManyNodes);
+        }
+        Err(e) => return Err(Refused::Store(e)),
+    };
+    let event = Element::new("items", NS_PUBSUB_EVENT)
+        .attr("node", node)
+        .child(item_element(NS_PUBSUB_EVENT, item));
+    notify::notify(shared, owner, node, &access, event).await;
+    Ok(())
 }
 
 /// XEP-0060 §7.2: deletes an item; notifies with `<retract/>` when asked to.
@@ -434,7 +479,9 @@ async fn retract(shared: &Shared, el: &Element, op: &Element, owner: &str) -> El
         Ok(n) => n,
         Err(reply) => return reply,
     };
-    match shared.store.pep_retract(owner, node, id).await {
+    let retracted = shared.store.pep_retract(owner, node, id).await;
+    vcard::metadata_written(shared, owner, node);
+    match retracted {
         Ok(true) => {}
         Ok(false) => return error(el, StanzaError::item_not_found(), None),
         Err(e) => return internal(el, e),
@@ -465,6 +512,7 @@ async fn drop_node(
     } else {
         shared.store.pep_purge(owner, node).await
     };
+    vcard::metadata_written(shared, owner, node);
     match done {
         Ok(true) => {}
         Ok(false) => return error(el, StanzaError::item_not_found(), None),

@@ -1,6 +1,6 @@
 //! `presenced copy-store`: every account (with its SCRAM credentials, never a password),
 //! roster item, waiting subscription request, block-list entry, privacy setting, last
-//! seen, XEP-0163 node and item and server secret from one store to another, in either direction between
+//! seen, XEP-0163 node and item, XEP-0054 vCard and server secret from one store to another, in either direction between
 //! PostgreSQL and SQLite.
 //!
 //! It goes through the store's own reads and writes, so each side's schema checks what
@@ -35,6 +35,8 @@ pub struct CopyCounts {
     pub secrets: usize,
     /// XEP-0163 items (their nodes come with them).
     pub pep_items: usize,
+    /// XEP-0054 vCards.
+    pub vcards: usize,
 }
 
 /// Limits that refuse and cut nothing, for a copy.
@@ -112,6 +114,10 @@ async fn copy_unlimited(from: &Store, to: &Store) -> Result<CopyCounts, StoreErr
                 to.pep_publish(&jid, &node, Some(&model), item).await?;
             }
             n.pep_items += items.len();
+        }
+        if let Some(vcard) = from.vcard(&jid).await? {
+            to.set_vcard(&jid, &vcard).await?;
+            n.vcards += 1;
         }
         if let Some(LastSeen { at, status, .. }) = from.last_seen(&jid).await? {
             seen.push(LastSeen { jid, at, status });

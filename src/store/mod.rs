@@ -34,6 +34,7 @@ mod privacy;
 mod roster;
 mod roster_admin;
 pub mod sqlite;
+mod vcard;
 
 use std::path::{Path, PathBuf};
 

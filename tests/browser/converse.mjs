@@ -3,7 +3,8 @@
 //
 // Usage: node converse.mjs CONFIG_JSON
 //   CONFIG_JSON: {"ws_url", "jid", "password", "contact", "offline_body", "live_body",
-//                 "reply_body", "block_jid", "out_dir", "chromium", "timeout_ms"}
+//                 "reply_body", "block_jid", "avatar_base64", "out_dir", "chromium",
+//                 "timeout_ms"}
 //
 // It talks to the test in JSON lines: on standard output it prints {"step": ...} as it
 // reaches each point, and it waits for a line on standard input where the test has to act
@@ -137,6 +138,20 @@ try {
     const c = await window.presencedTest.api.contacts.get(contact);
     return c?.getStatus() === 'online';
   }, { timeout: left(), polling: 100 }, cfg.contact);
+
+  // The contact's avatar, published over PEP (XEP-0084): converse.js knows only vCards
+  // (XEP-0153), so it arrives through the server's conversion (XEP-0398) and is drawn in
+  // the roster as an SVG <image> with the picture as a data: URI.
+  if (cfg.avatar_base64) {
+    const shown = await page.waitForFunction((b64) => {
+      const img = [...document.querySelectorAll('converse-avatar svg image')]
+        .find((i) => (i.getAttribute('href') ?? '').includes(b64));
+      return img ? img.getAttribute('href') : false;
+    }, { timeout: left(), polling: 100 }, cfg.avatar_base64);
+    const screenshot = join(cfg.out_dir, 'converse-avatar.png');
+    await page.screenshot({ path: screenshot });
+    emit({ step: 'avatar-shown', href: await shown.jsonValue(), screenshot });
+  }
   const offline = await waitForMessage(page, cfg.contact, cfg.offline_body);
   await page.evaluate((c) => window.presencedTest.api.chats.open(c, {}, true), cfg.contact);
   await page.waitForFunction((body) => [...document.querySelectorAll('converse-chat-message')]

@@ -25,6 +25,7 @@ mod lists;
 mod offline;
 mod pep;
 mod roster;
+mod vcard;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
