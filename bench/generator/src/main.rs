@@ -187,6 +187,22 @@ struct Cli {
     /// Database whose pg_stat_database row is read.
     #[arg(long, default_value = "presenced_bench")]
     pg_stats_db: String,
+    /// Client state indication run instead of the fixed-load and saturation phases
+    /// (XEP-0352; BENCHMARKS.md, "Client state indication and interest lists"): after the
+    /// idle window, a baseline window with every client active, then one with every other
+    /// client inactive, at the same --fixed-rate of changes from the active half, then
+    /// `<active/>` and the check that each inactive client has every changed contact's
+    /// latest presence. Needs --procs 1 (the check compares sessions of one process).
+    #[arg(long)]
+    csi: bool,
+    /// CSI: length of each window, s.
+    #[arg(long, default_value_t = 20)]
+    csi_secs: u64,
+    /// CSI: a third window in which the inactive clients first set an interest list
+    /// naming this many of their changing contacts (presenced's urn:presenced:interest:0);
+    /// 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    csi_interest: u32,
     /// Soak run instead of the timed run: N sessions under churn for this many seconds
     /// (reliability/soak.sh and reliability/faults.sh; see soak.rs).
     #[arg(long, default_value_t = 0)]
@@ -246,6 +262,7 @@ impl Cli {
             self.settle_secs = 10;
             self.drain_secs = 5;
             self.rest_secs = self.rest_secs.min(3);
+            self.csi_secs = self.csi_secs.min(2);
             self.time_limit = self.time_limit.min(120);
         }
     }
@@ -261,6 +278,12 @@ fn main() -> ExitCode {
     }
     if cli.procs == 0 || cli.procs > cli.users.max(1) {
         eprintln!("--procs must be between 1 and N");
+        return ExitCode::from(2);
+    }
+    if cli.csi && cli.procs != 1 && cli.worker.is_none() {
+        eprintln!(
+            "--csi needs --procs 1 (the nothing-lost check compares sessions of one process)"
+        );
         return ExitCode::from(2);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -370,6 +393,9 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
     if let Some(p) = &cli.json {
         std::fs::write(p, report.to_json()).map_err(|e| format!("{}: {e}", p.display()))?;
     }
+    if cli.csi {
+        return Ok(csi_verdict(&cli, &report));
+    }
     let total_delivered = report.fixed_delivered + report.sat_delivered;
     if report.logins_ok == 0 || total_delivered == 0 {
         eprintln!(
@@ -402,6 +428,61 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A CSI run fails when the nothing-lost check found a missing presence, checked nothing,
+/// or (as a smoke run) when an inactive client got as many presences as when it was
+/// active, or any login or interest list failed.
+fn csi_verdict(cli: &Cli, r: &Report) -> ExitCode {
+    let c = &r.csi;
+    let mut fail = Vec::new();
+    if r.logins_ok == 0 || c.baseline_per_client.unwrap_or(0.0) <= 0.0 {
+        fail.push("no presence reached the clients in the baseline window".to_string());
+    }
+    for (name, w) in [
+        ("inactive", Some(&c.inactive)),
+        ("interest", c.interest.as_ref()),
+    ] {
+        let Some(w) = w else { continue };
+        if w.checked == 0 || w.lost > 0 {
+            fail.push(format!(
+                "{name} window: {} of {} latest presences missing after <active/>",
+                w.lost, w.checked
+            ));
+        }
+    }
+    if cli.smoke {
+        let users = u64::from(r.users);
+        if r.logins_ok != users || r.sessions_all_contacts_seen != users {
+            fail.push(format!(
+                "logins {}/{users}, sessions seeing all contacts {}/{users}",
+                r.logins_ok, r.sessions_all_contacts_seen
+            ));
+        }
+        for (name, w) in [
+            ("inactive", Some(&c.inactive)),
+            ("interest", c.interest.as_ref()),
+        ] {
+            let Some(w) = w else { continue };
+            if w.per_inactive_client >= c.baseline_per_client.unwrap_or(0.0) {
+                fail.push(format!(
+                    "{name} window: an inactive client got {:.2} presences, all active {:.2}",
+                    w.per_inactive_client,
+                    c.baseline_per_client.unwrap_or(0.0)
+                ));
+            }
+            if w.interest_refused > 0 {
+                fail.push(format!("{} interest lists refused", w.interest_refused));
+            }
+        }
+    }
+    if fail.is_empty() {
+        println!("csi: OK");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("csi: FAIL: {}", fail.join("; "));
+        ExitCode::FAILURE
+    }
 }
 
 /// ==== PROVISIONING HOOK FOR PRESENCED (to be completed by the lead) ====
@@ -1074,6 +1155,13 @@ async fn timed_run(
         collect_stats(&mut workers, &mut rep).await?;
         return Ok(rep);
     }
+    if cli.csi {
+        csi_phases(cli, &mut workers, &mut rep, k).await?;
+        collect_stats(&mut workers, &mut rep).await?;
+        workers.all(Cmd::Close).await?;
+        workers.finish().await;
+        return Ok(rep);
+    }
 
     // --- fixed offered load: latency ---
     eprintln!(
@@ -1256,6 +1344,164 @@ async fn kill_phase(
             .count() as u64,
         bound_secs: cli.kill_bound_secs,
     })
+}
+
+/// Sums the `CsiCount` replies: (inactive group, active group, their sizes, the most one
+/// inactive client received).
+fn sum_csi(replies: &[Reply]) -> [u64; 5] {
+    let mut t = [0u64; 5];
+    for r in replies {
+        if let Reply::CsiCount {
+            inactive,
+            active,
+            inactive_clients,
+            active_clients,
+            inactive_max,
+        } = r
+        {
+            t[0] += inactive;
+            t[1] += active;
+            t[2] += inactive_clients;
+            t[3] += active_clients;
+            t[4] = t[4].max(*inactive_max);
+        }
+    }
+    t
+}
+
+/// Presences per client: `total / clients` (0 without clients).
+fn per(total: u64, clients: u64) -> f64 {
+    if clients == 0 {
+        0.0
+    } else {
+        total as f64 / clients as f64
+    }
+}
+
+/// One window of changes from the active group at --fixed-rate, then the drain: until the
+/// expected deliveries arrived (`expected`, baseline) or none came for 2 s. Returns the
+/// `CsiCount` sums over the window and the window's length.
+async fn csi_window(
+    cli: &Cli,
+    workers: &mut Workers,
+    expected: Option<u64>,
+) -> Result<([u64; 5], f64), String> {
+    let p = workers.len() as u32;
+    sum_csi(&workers.all(Cmd::CsiCount).await?); // resets the marks
+    let (sent_before, _) = sum_counts(&workers.all(Cmd::Count).await?);
+    let (_, _, secs) = sum_phase(
+        &workers
+            .all(Cmd::CsiWindow {
+                rate: worker::share(cli.fixed_rate, p),
+                secs: cli.csi_secs,
+            })
+            .await?,
+    );
+    let want = match expected {
+        Some(k) => {
+            let (sent, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
+            delivered[0] + (sent[0] - sent_before[0]) * k
+        }
+        None => u64::MAX,
+    };
+    drain(workers, 0, want, Duration::from_secs(cli.drain_secs)).await?;
+    Ok((sum_csi(&workers.all(Cmd::CsiCount).await?), secs))
+}
+
+/// The client state indication phases (see `--csi`).
+async fn csi_phases(
+    cli: &Cli,
+    workers: &mut Workers,
+    rep: &mut Report,
+    k: u64,
+) -> Result<(), String> {
+    rep.csi.secs = cli.csi_secs as f64;
+    rep.csi.rate = cli.fixed_rate;
+    eprintln!(
+        "csi baseline: every client active, {} changes/s from the odd users for {} s",
+        cli.fixed_rate, cli.csi_secs
+    );
+    // The baseline drain waits for all K deliveries of every change: everyone is active.
+    let (b, secs) = csi_window(cli, workers, Some(k)).await?;
+    rep.csi.baseline_per_client = Some(per(b[0], b[2]));
+    rep.csi.baseline_active_per_client = Some(per(b[1], b[3]));
+    rep.csi.baseline_deliveries_per_s = Some((b[0] + b[1]) as f64 / secs.max(1e-9));
+    let mut variants = vec![0];
+    if cli.csi_interest > 0 {
+        variants.push(cli.csi_interest);
+    }
+    for interest in variants {
+        let mut w = report::CsiWindow {
+            interest_items: interest,
+            ..report::CsiWindow::default()
+        };
+        eprintln!(
+            "csi: even users inactive{}; {} changes/s from the odd users for {} s",
+            if interest > 0 {
+                format!(" with interest lists of {interest} contacts")
+            } else {
+                String::new()
+            },
+            cli.fixed_rate,
+            cli.csi_secs
+        );
+        for r in workers
+            .all(Cmd::CsiState {
+                active: false,
+                interest,
+            })
+            .await?
+        {
+            if let Reply::CsiStateDone { ok, refused, .. } = r {
+                w.interest_ok += ok;
+                w.interest_refused += refused;
+            }
+        }
+        let (c, secs) = csi_window(cli, workers, None).await?;
+        w.per_inactive_client = per(c[0], c[2]);
+        w.max_inactive_client = c[4];
+        w.per_active_client = per(c[1], c[3]);
+        w.deliveries_per_s = (c[0] + c[1]) as f64 / secs.max(1e-9);
+        w.reduction_pct = rep
+            .csi
+            .baseline_per_client
+            .filter(|b| *b > 0.0)
+            .map(|b| 100.0 * (1.0 - w.per_inactive_client / b));
+        // <active/>: what was held comes now; then the check once nothing more arrives.
+        workers
+            .all(Cmd::CsiState {
+                active: true,
+                interest: 0,
+            })
+            .await?;
+        workers
+            .all(Cmd::Quiet {
+                ms: 1000,
+                max_secs: cli.drain_secs,
+            })
+            .await?;
+        let f = sum_csi(&workers.all(Cmd::CsiCount).await?);
+        w.flushed_per_inactive_client = per(f[0], f[2]);
+        for r in workers.all(Cmd::CsiCheck).await? {
+            if let Reply::CsiCheck { checked, lost } = r {
+                w.checked += checked;
+                w.lost += lost;
+            }
+        }
+        eprintln!(
+            "csi: per inactive client {:.2} (all active {:.2}), {} of {} latest presences missing after <active/>",
+            w.per_inactive_client,
+            rep.csi.baseline_per_client.unwrap_or(0.0),
+            w.lost,
+            w.checked
+        );
+        if interest == 0 {
+            rep.csi.inactive = w;
+        } else {
+            rep.csi.interest = Some(w);
+        }
+    }
+    Ok(())
 }
 
 /// Merges the workers' latency histograms, lost sessions and errors into the report.
