@@ -228,10 +228,25 @@ struct Cli {
     /// Soak: file for the counter lines (JSON, one per line); stdout if absent.
     #[arg(long)]
     soak_log: Option<PathBuf>,
-    /// Soak: further c2s addresses of the same cluster; user i logs in to address
-    /// (i + failed attempts) mod the number of addresses, --target being the first.
+    /// Further c2s addresses of the same cluster (timed run and soak); user i logs in to
+    /// address (i + failed attempts) mod the number of addresses, --target being the
+    /// first (the timed run makes one attempt).
     #[arg(long = "also-target")]
     also_targets: Vec<SocketAddr>,
+    /// Timed run, after the load phases: SIGKILL this process (the cluster node at address
+    /// --kill-target) and time, for each of its sessions, how long until its unavailable
+    /// reached its contacts' sessions on the other nodes.
+    #[arg(long)]
+    kill_pid: Option<u32>,
+    /// Index of the killed node's address: 0 is --target, then each --also-target in order.
+    #[arg(long, default_value_t = 0)]
+    kill_target: usize,
+    /// Longest wait for the announcements after the kill, s.
+    #[arg(long, default_value_t = 180)]
+    kill_wait: u64,
+    /// The bound the announcements are counted against (T + one sweep of the servers), s.
+    #[arg(long, default_value_t = 105.0)]
+    kill_bound_secs: f64,
 }
 
 impl Cli {
@@ -308,6 +323,11 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
     };
     let target = Target {
         addr: cli.target,
+        addrs: Arc::new(
+            std::iter::once(cli.target)
+                .chain(cli.also_targets.iter().copied())
+                .collect(),
+        ),
         domain: cli.domain.clone(),
         tls: session::tls_config()?,
         mech: cli.mech,
@@ -342,10 +362,10 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
         );
         return Ok(ExitCode::SUCCESS);
     }
+    if let Some(bad) = cli.also_targets.iter().find(|a| !a.ip().is_loopback()) {
+        return Err(format!("refusing non-loopback target {bad}"));
+    }
     if cli.soak_secs > 0 {
-        if let Some(bad) = cli.also_targets.iter().find(|a| !a.ip().is_loopback()) {
-            return Err(format!("refusing non-loopback target {bad}"));
-        }
         let plan = soak::Plan {
             secs: cli.soak_secs,
             churn_per_min: cli.churn_per_min,
@@ -355,9 +375,6 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
             probe_rate: cli.probe_rate,
             sample_secs: cli.sample_secs,
             log: cli.soak_log.clone(),
-            targets: std::iter::once(cli.target)
-                .chain(cli.also_targets.iter().copied())
-                .collect(),
             login_concurrency: cli.login_concurrency,
             login_timeout: Duration::from_secs(cli.login_timeout),
             drain_secs: cli.drain_secs,
@@ -822,7 +839,7 @@ async fn login_all(
         let Ok(permit) = sem.clone().acquire_owned().await else {
             break;
         };
-        let t = target.clone();
+        let t = target.for_user(i, 0);
         let shared = shared.clone();
         let done_tx = done_tx.clone();
         let hist = hist.clone();
@@ -1109,6 +1126,7 @@ async fn timed_run(
     };
     let any_source =
         sources.metrics_url.is_some() || sources.redis_url.is_some() || sources.pg.is_some();
+    let mut rest_redis = None;
     if cli.rest_secs > 0 && rep.logins_ok > 0 {
         eprintln!(
             "at rest: {} idle sessions for {} s",
@@ -1119,9 +1137,13 @@ async fn timed_run(
         } else {
             None
         };
+        let redis0 = redis_totals(cli).await;
         let t = Instant::now();
         tokio::time::sleep(Duration::from_secs(cli.rest_secs)).await;
         let secs = t.elapsed().as_secs_f64();
+        rest_redis = redis0
+            .zip(redis_totals(cli).await)
+            .map(|(a, b)| (a, b, secs));
         rep.rest_secs = secs;
         if let Some(a) = a {
             let b = rest::read(&sources).await;
@@ -1146,6 +1168,8 @@ async fn timed_run(
         "fixed load: {} changes/s for {} s",
         cli.fixed_rate, cli.fixed_secs
     );
+    let fixed_redis0 = redis_totals(cli).await;
+    let fixed_t0 = Instant::now();
     let (_, drops0, secs) = sum_phase(
         &workers
             .all(Cmd::Fixed {
@@ -1166,6 +1190,15 @@ async fn timed_run(
     let (sent, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
     rep.fixed_sent = sent[0];
     rep.fixed_delivered = delivered[0];
+    if let (Some((r0, r1, rest_secs)), Some(f0), Some(f1)) =
+        (&rest_redis, &fixed_redis0, redis_totals(cli).await)
+    {
+        rep.fixed_redis = rest::per_change(
+            (r0, r1, *rest_secs),
+            (f0, &f1, fixed_t0.elapsed().as_secs_f64()),
+            rep.fixed_sent,
+        );
+    }
 
     // --- saturation: as many changes as a window of in-flight deliveries allows ---
     let mut drops1 = 0;
@@ -1210,10 +1243,107 @@ async fn timed_run(
         rep.sat_sent = sent[1];
     }
     rep.client_backlog_drops = drops0 + drops1;
+    if let Some(pid) = cli.kill_pid {
+        rep.kill = kill_phase(cli, &mut workers, target, graph, pid).await?;
+    }
     collect_stats(&mut workers, &mut rep).await?;
     workers.all(Cmd::Close).await?;
     workers.finish().await;
     Ok(rep)
+}
+
+/// `--redis-stats`' totals now, or None (no source, or it failed: said on stderr).
+async fn redis_totals(cli: &Cli) -> Option<rest::RedisTotals> {
+    let url = cli.redis_stats.as_ref()?;
+    rest::redis_totals(url)
+        .await
+        .map_err(|e| eprintln!("warning: redis: {e}"))
+        .ok()
+}
+
+/// The kill phase: SIGKILL of node `pid` (address index `--kill-target`), then, every two
+/// seconds until every one of its sessions was announced to all of its watchers on the
+/// other nodes or `--kill-wait` passed, the unavailable presences the watchers received.
+/// A session's announcement time is the kill to the arrival at its last watcher.
+async fn kill_phase(
+    cli: &Cli,
+    workers: &mut Workers,
+    target: &Target,
+    graph: &ContactGraph,
+    pid: u32,
+) -> Result<report::KillFigures, String> {
+    let nodes = target.addrs.len().max(1);
+    let on_killed = |i: u32| i as usize % nodes == cli.kill_target;
+    let dead: std::collections::HashSet<String> = (0..cli.users)
+        .filter(|&i| on_killed(i))
+        .map(|i| target.bare(i))
+        .collect();
+    let watchers_expected: u64 = (0..cli.users)
+        .filter(|&i| on_killed(i))
+        .map(|i| graph.contacts(i).iter().filter(|&&c| !on_killed(c)).count() as u64)
+        .sum();
+    eprintln!(
+        "kill: SIGKILL of pid {pid} ({} sessions, {watchers_expected} watchers elsewhere)",
+        dead.len()
+    );
+    let killed_ns = session::now_ns();
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .map_err(|e| format!("kill: {e}"))?;
+    if !status.success() {
+        return Err(format!("kill -KILL {pid}: {status}"));
+    }
+    let started = Instant::now();
+    let mut last: std::collections::HashMap<String, (u64, u64)> = Default::default();
+    let mut repeated_total;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        last.clear();
+        repeated_total = 0;
+        for r in workers.all(Cmd::Unavailables).await? {
+            if let Reply::Unavailables { seen, repeated } = r {
+                repeated_total += repeated;
+                for (jid, n, ns) in seen {
+                    if dead.contains(&jid) && ns >= killed_ns {
+                        let e = last.entry(jid).or_default();
+                        e.0 += u64::from(n);
+                        e.1 = e.1.max(ns);
+                    }
+                }
+            }
+        }
+        let reached: u64 = last.values().map(|v| v.0).sum();
+        if (last.len() == dead.len() && reached >= watchers_expected)
+            || started.elapsed() > Duration::from_secs(cli.kill_wait)
+        {
+            break;
+        }
+    }
+    let mut times: Vec<f64> = last
+        .values()
+        .map(|&(_, ns)| (ns - killed_ns) as f64 / 1e6)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let q = |p: f64| {
+        (!times.is_empty()).then(|| times[((times.len() - 1) as f64 * p).round() as usize])
+    };
+    Ok(report::KillFigures {
+        sessions: dead.len() as u64,
+        announced: times.len() as u64,
+        watchers_expected,
+        watchers_reached: last.values().map(|v| v.0).sum(),
+        repeated: repeated_total,
+        min_ms: q(0.0),
+        p50_ms: q(0.5),
+        p99_ms: q(0.99),
+        max_ms: q(1.0),
+        within_bound: times
+            .iter()
+            .filter(|&&t| t <= cli.kill_bound_secs * 1000.0)
+            .count() as u64,
+        bound_secs: cli.kill_bound_secs,
+    })
 }
 
 /// Sums the `CsiCount` replies: (inactive group, active group, their sizes, the most one

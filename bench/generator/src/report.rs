@@ -143,12 +143,47 @@ pub struct Report {
     pub rest_secs: f64,
     /// Writes per session per minute at rest (presenced only; None where not measured).
     pub rest: Rates,
+    /// Fixed-load phase, from Redis `INFO` (--redis-stats) with the at-rest rate over the
+    /// same length subtracted: commands of any kind, `PUBLISH`/`SPUBLISH` calls, and
+    /// network bytes in + out, per presence change.
+    pub fixed_redis: crate::rest::PerChange,
+    /// Kill phase (--kill-pid): what became of the sessions on the killed node.
+    pub kill: KillFigures,
     /// Distinct `<TLS version> <cipher suite> <SASL mechanism>` of the timed logins.
     pub negotiated: Vec<String>,
     /// Client state indication figures (`--csi` runs only).
     pub csi: CsiFigures,
     /// First few errors.
     pub errors: Vec<String>,
+}
+
+/// The kill phase: one cluster node SIGKILLed after the load phases; for each session on
+/// it, the time from the kill until its unavailable reached the last of its contacts'
+/// sessions on the other nodes that got it.
+#[derive(Debug, Default, Clone)]
+pub struct KillFigures {
+    /// Sessions of the killed node (users logged in there).
+    pub sessions: u64,
+    /// Of those, announced to at least one watcher within the wait.
+    pub announced: u64,
+    /// Watchers on other nodes that should hear of a death, and those that did.
+    pub watchers_expected: u64,
+    /// Watchers that got an unavailable.
+    pub watchers_reached: u64,
+    /// Unavailables a watcher received again for the same contact (any contact).
+    pub repeated: u64,
+    /// Announcement time per session (kill → last watcher), ms: min, p50, p99, max.
+    pub min_ms: Option<f64>,
+    /// Median, ms.
+    pub p50_ms: Option<f64>,
+    /// p99, ms.
+    pub p99_ms: Option<f64>,
+    /// Max, ms.
+    pub max_ms: Option<f64>,
+    /// Sessions announced within --kill-bound-secs of the kill.
+    pub within_bound: u64,
+    /// The bound, s.
+    pub bound_secs: f64,
 }
 
 /// Full precision: Rust's shortest representation that reads back as the same f64, so a
@@ -282,6 +317,29 @@ impl Report {
                         .join(", ")
                 ),
             ),
+            ("fixed_redis_cmds_per_change", num(self.fixed_redis.cmds)),
+            (
+                "fixed_redis_publish_per_change",
+                num(self.fixed_redis.publish),
+            ),
+            ("fixed_redis_bytes_per_change", num(self.fixed_redis.bytes)),
+            ("kill_sessions", self.kill.sessions.to_string()),
+            ("kill_announced", self.kill.announced.to_string()),
+            (
+                "kill_watchers_expected",
+                self.kill.watchers_expected.to_string(),
+            ),
+            (
+                "kill_watchers_reached",
+                self.kill.watchers_reached.to_string(),
+            ),
+            ("kill_repeated_unavailables", self.kill.repeated.to_string()),
+            ("kill_min_ms", num(self.kill.min_ms)),
+            ("kill_p50_ms", num(self.kill.p50_ms)),
+            ("kill_p99_ms", num(self.kill.p99_ms)),
+            ("kill_max_ms", num(self.kill.max_ms)),
+            ("kill_within_bound", self.kill.within_bound.to_string()),
+            ("kill_bound_secs", num(Some(self.kill.bound_secs))),
             ("pg_writes_per_session_per_min", num(self.rest.pg_writes)),
             ("pg_xacts_per_session_per_min", num(self.rest.pg_xacts)),
             ("pg_rows_per_session_per_min", num(self.rest.pg_rows)),

@@ -92,8 +92,11 @@ pub enum MechPref {
 /// Everything a session needs to reach and log in to the server under test.
 #[derive(Clone)]
 pub struct Target {
-    /// Loopback address of the server's c2s listener.
+    /// Loopback address of the server's c2s listener (the one this session uses).
     pub addr: SocketAddr,
+    /// Every c2s address of the server under test (the nodes of a cluster; `addr` is
+    /// one of them): see [`Target::for_user`].
+    pub addrs: Arc<Vec<SocketAddr>>,
     /// XMPP domain (stream `to`, TLS SNI, JID domain).
     pub domain: String,
     /// Client TLS configuration.
@@ -111,6 +114,17 @@ pub struct Target {
 }
 
 impl Target {
+    /// The target of user `i` after `attempt` failed logins: address
+    /// `(i + attempt) mod the number of addresses`, so consecutive users (ring neighbours,
+    /// hence contacts) sit on different nodes and a failed login moves on to the next.
+    pub fn for_user(&self, i: u32, attempt: usize) -> Target {
+        let mut t = self.clone();
+        if !self.addrs.is_empty() {
+            t.addr = self.addrs[(i as usize + attempt) % self.addrs.len()];
+        }
+        t
+    }
+
     /// Local part of user `i`.
     pub fn user(&self, i: u32) -> String {
         format!("{}{i}", self.user_prefix)
@@ -518,6 +532,13 @@ pub struct Shared {
     pub errors: Mutex<Vec<String>>,
     /// Distinct `negotiated` strings of the logins (TLS version, cipher suite, SASL).
     pub negotiated: Mutex<Vec<String>>,
+    /// Unavailable presences from contacts, per contact's bare JID: how many distinct
+    /// watchers of this process got one and `now_ns()` of the first arrival at each
+    /// watcher's latest (the timed run's kill phase).
+    pub unavailable: Mutex<std::collections::HashMap<String, (u32, u64)>>,
+    /// (contact, watcher) pairs counted in `unavailable`, and the unavailables received
+    /// beyond the first per pair (a contact announced twice to the same watcher).
+    pub unavailable_pairs: Mutex<(HashSet<(String, String)>, u64)>,
 }
 
 impl Shared {
@@ -854,6 +875,23 @@ fn on_presence(
                 "<presence to='{}' type='subscribed'/>",
                 escape(from_bare)
             ));
+        }
+        Some("unavailable") if from_bare != own_bare => {
+            let first = shared.unavailable_pairs.lock().is_ok_and(|mut p| {
+                let new = p.0.insert((from_bare.to_string(), own_bare.to_string()));
+                if !new {
+                    p.1 += 1;
+                }
+                new
+            });
+            if first {
+                if let Ok(mut u) = shared.unavailable.lock() {
+                    let e = u.entry(from_bare.to_string()).or_default();
+                    e.0 += 1;
+                    e.1 = e.1.max(now);
+                }
+            }
+            return None;
         }
         Some(_) => return None,
     }

@@ -62,6 +62,8 @@ pub enum Cmd {
     Count,
     /// Report histograms, lost sessions and errors.
     Stats,
+    /// Report the unavailable presences received from contacts.
+    Unavailables,
     /// Client state indication: the inactive group (even users) sends `<active/>` or, with
     /// `interest` > 0 first an interest list naming that many of its changing contacts,
     /// `<inactive/>`.
@@ -103,6 +105,12 @@ pub enum Reply {
         lost: u64,
         errors: Vec<String>,
     },
+    /// Per contact (bare JID): watchers here that got its unavailable, latest first
+    /// arrival (ns); and the unavailables a watcher got again for the same contact.
+    Unavailables {
+        seen: Vec<(String, u32, u64)>,
+        repeated: u64,
+    },
     /// After CsiState: interest lists sent, accepted, refused.
     CsiStateDone { sent: u64, ok: u64, refused: u64 },
     /// After CsiCount: presences received by the inactive group and by the active group
@@ -138,6 +146,7 @@ impl Cmd {
             Cmd::CsiCheck => "csicheck".into(),
             Cmd::Count => "count".into(),
             Cmd::Stats => "stats".into(),
+            Cmd::Unavailables => "unavailables".into(),
             Cmd::Close => "close".into(),
         }
     }
@@ -176,6 +185,7 @@ impl Cmd {
             Some("csicheck") => Cmd::CsiCheck,
             Some("count") => Cmd::Count,
             Some("stats") => Cmd::Stats,
+            Some("unavailables") => Cmd::Unavailables,
             Some("close") => Cmd::Close,
             _ => return Err(bad()),
         })
@@ -250,6 +260,13 @@ impl Reply {
                 }
                 s
             }
+            Reply::Unavailables { seen, repeated } => {
+                let mut s = format!("unavailables\t{repeated}");
+                for (jid, watchers, ns) in seen {
+                    s.push_str(&format!("\t{} {watchers} {ns}", esc(jid)));
+                }
+                s
+            }
             Reply::CsiStateDone { sent, ok, refused } => format!("csistate\t{sent}\t{ok}\t{refused}"),
             Reply::CsiCount {
                 inactive,
@@ -297,6 +314,23 @@ impl Reply {
                 lat: [hist(1)?, hist(2)?],
                 lost: num(3)?,
                 errors: f[4.min(f.len())..].iter().map(|e| unesc(e)).collect(),
+            },
+            "unavailables" => Reply::Unavailables {
+                repeated: num(1)?,
+                seen: f[2.min(f.len())..]
+                    .iter()
+                    .map(|e| {
+                        let w: Vec<&str> = e.split(' ').collect();
+                        match (w.first(), w.get(1), w.get(2)) {
+                            (Some(j), Some(n), Some(t)) => Ok((
+                                unesc(j),
+                                n.parse().map_err(|_| bad())?,
+                                t.parse().map_err(|_| bad())?,
+                            )),
+                            _ => Err(bad()),
+                        }
+                    })
+                    .collect::<Result<_, _>>()?,
             },
             "csistate" => Reply::CsiStateDone {
                 sent: num(1)?,
@@ -405,6 +439,20 @@ impl Worker {
                     errors: crate::errors_of(&self.shared),
                 }
             }
+            Cmd::Unavailables => Reply::Unavailables {
+                seen: self
+                    .shared
+                    .unavailable
+                    .lock()
+                    .map(|u| u.iter().map(|(j, &(n, t))| (j.clone(), n, t)).collect())
+                    .unwrap_or_default(),
+                repeated: self
+                    .shared
+                    .unavailable_pairs
+                    .lock()
+                    .map(|p| p.1)
+                    .unwrap_or_default(),
+            },
             Cmd::Close => {
                 crate::close_all(&self.sessions).await;
                 self.sessions.clear();
@@ -844,6 +892,7 @@ mod tests {
             Cmd::CsiCheck,
             Cmd::Count,
             Cmd::Stats,
+            Cmd::Unavailables,
             Cmd::Close,
         ] {
             assert_eq!(Cmd::decode(&c.encode()).expect("decodes"), c);
@@ -885,6 +934,21 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        let u = Reply::Unavailables {
+            seen: vec![("u1@d".into(), 3, 17), ("u2@d".into(), 1, 5)],
+            repeated: 2,
+        };
+        match Reply::decode(&u.encode()).expect("decodes") {
+            Reply::Unavailables { seen, repeated: 2 } => assert_eq!(
+                seen,
+                vec![("u1@d".to_string(), 3, 17), ("u2@d".to_string(), 1, 5)]
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            Reply::decode("unavailables\t0").expect("decodes"),
+            Reply::Unavailables { seen, repeated: 0 } if seen.is_empty()
+        ));
         let s = Reply::Stats {
             lat: [Histogram::default(), Histogram::default()],
             lost: 3,
