@@ -39,6 +39,29 @@ FIGURES = [
     ("total_cpu_s_per_1000_deliveries",
      "CPU s per 1,000 deliveries, server + its PostgreSQL and Redis", False),
 ]
+# Client state indication runs (bench/run.sh CSI=1): (json key, label). Counts per client
+# are presence stanzas the clients received, the same count for every server.
+CSI_FIGURES = [
+    ("csi_baseline_per_client",
+     "presences per client of the later-inactive half, all clients active"),
+    ("csi_inactive_per_client", "presences per inactive client while idle"),
+    ("csi_inactive_max_client", "most presences one inactive client received while idle"),
+    ("csi_active_per_client", "presences per active client, same window"),
+    ("csi_reduction_pct", "reduction for an inactive client (%)"),
+    ("csi_baseline_deliveries_per_s", "presence deliveries/s, all active"),
+    ("csi_deliveries_per_s", "presence deliveries/s, half inactive"),
+    ("csi_flushed_per_inactive_client", "presences per inactive client after <active/>"),
+    ("csi_lost", "latest presences missing after <active/>"),
+    ("csi_checked", "(client, changed contact) pairs checked"),
+    ("csi_interest_items", "interest lists: contacts named per inactive client"),
+    ("csi_interest_inactive_per_client",
+     "interest lists: presences per inactive client while idle"),
+    ("csi_interest_reduction_pct", "interest lists: reduction for an inactive client (%)"),
+    ("csi_interest_deliveries_per_s", "interest lists: presence deliveries/s"),
+    ("csi_interest_lost", "interest lists: latest presences missing after <active/>"),
+    ("csi_interest_checked", "interest lists: pairs checked"),
+]
+CSI_TARGET_PCT = 90.0
 PEERS = ["prosody", "ejabberd"]
 OURS = ["presenced", "embedded"]
 SERVERS = PEERS + OURS
@@ -123,6 +146,37 @@ def ratio_cell(ours, peers, higher, repeated):
     return r if separated(ours, best) else "overlap"
 
 
+def csi_table(runs, present, spread):
+    """The client state indication table and the per-server verdict on the target."""
+    if not any((run[n] or {}).get("csi_secs") for run in runs for n in present):
+        return False
+    first = next(run[n] for run in runs for n in present if (run[n] or {}).get("csi_secs"))
+    print(f"Client state indication: {first['csi_rate_changes_per_s']} presence changes/s "
+          f"from the active half (odd users) for {first['csi_secs']:.0f} s per window; "
+          "the inactive half are the even users")
+    print()
+    print("| figure | " + " | ".join(TITLES[n] for n in present) + " |")
+    print("|---|" + "---:|" * len(present))
+    for key, label in CSI_FIGURES:
+        cells = [spread(n, key).cell() for n in present]
+        if all(c == "" for c in cells):
+            continue
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    print()
+    for n in present:
+        red = spread(n, "csi_reduction_pct")
+        lost = spread(n, "csi_lost")
+        checked = spread(n, "csi_checked")
+        if not red:
+            continue
+        met = red.lo >= CSI_TARGET_PCT and lost and lost.hi == 0 and checked.lo > 0
+        print(f"- {TITLES[n]}: reduction {red.cell()} %, latest presences missing after "
+              f"<active/> {lost.cell()} of {checked.cell()}: target (at least "
+              f"{CSI_TARGET_PCT:.0f}% fewer, nothing lost) "
+              f"{'met in every run' if met else 'NOT met in every run'}")
+    return True
+
+
 def main():
     dirs = sys.argv[1:]
     if not dirs:
@@ -137,14 +191,25 @@ def main():
         return
     present = [n for n in SERVERS if any(run[n] for run in runs)]
     ours = [n for n in OURS if n in present]
-    print(f"N = {any_run['users']} sessions, K = {any_run['contacts']} mutual contacts, "
-          f"fixed load {any_run['fixed_rate_changes_per_s']} changes/s "
-          f"(x K deliveries), saturation window {any_run['sat_window']} deliveries, "
-          f"idle window after logins {any_run.get('rest_secs', 0):.0f} s for every server")
+
+    def spread(name, key):
+        return Spread([(run[name] or {}).get(key) for run in runs])
+
     if repeated:
         counts = ", ".join(f"{TITLES[n]} {sum(1 for run in runs if run[n])}" for n in present)
-        print(f"\n{len(dirs)} runs (runs per server: {counts}); each cell: median (min–max). "
-              "A ratio is given only where the min–max ranges of presenced and the best "
+        print(f"{len(dirs)} runs (runs per server: {counts}); each cell: median (min–max).\n")
+    csi = csi_table(runs, present, spread)
+    if csi:
+        print(f"\nN = {any_run['users']} sessions, K = {any_run['contacts']} mutual contacts, "
+              f"idle window after logins {any_run.get('rest_secs', 0):.0f} s for every server; "
+              "the CSI windows replace the fixed-load and saturation phases")
+    else:
+        print(f"N = {any_run['users']} sessions, K = {any_run['contacts']} mutual contacts, "
+              f"fixed load {any_run['fixed_rate_changes_per_s']} changes/s "
+              f"(x K deliveries), saturation window {any_run['sat_window']} deliveries, "
+              f"idle window after logins {any_run.get('rest_secs', 0):.0f} s for every server")
+    if repeated:
+        print("\nA ratio is given only where the min–max ranges of presenced and the best "
               "peer do not overlap; \"overlap\" means the runs do not separate them.")
     print()
     head = "| figure | " + " | ".join(TITLES[n] for n in present)
@@ -152,10 +217,9 @@ def main():
     print(head)
     print("|---|" + "---:|" * (len(present) + len(ours)))
 
-    def spread(name, key):
-        return Spread([(run[name] or {}).get(key) for run in runs])
-
     for key, label, higher in FIGURES:
+        if csi and ("fixed" in key or "sat_" in key or "deliveries" in key):
+            continue
         cells = {n: spread(n, key) for n in present}
         if not any(cells.values()):
             continue

@@ -311,8 +311,15 @@ pub struct DatabaseConfig {
     /// (created on first start; a relative path in the file is relative to the file),
     /// `postgres://...` a PostgreSQL database.
     pub url: String,
-    /// Pool size (SQLite: readers; it always has one writer).
+    /// PostgreSQL: pool size.
     pub max_connections: u32,
+    /// SQLite: connections of the readers' pool (there is always exactly one writer).
+    /// Each holds its own page cache and prepared statements, so this is a memory cost
+    /// per connection; a read takes microseconds, so a few serve a node's logins.
+    pub sqlite_readers: u32,
+    /// SQLite: the page cache of each connection, in KiB (`PRAGMA cache_size`). A page
+    /// not cached is read from the file (the operating system's cache) again.
+    pub sqlite_cache_kib: u32,
     /// The operator's own SQL migrations (numbered from 1000), applied after the schema
     /// built into the binary, at start and by `presenced migrate`. May be absent.
     pub migrations: PathBuf,
@@ -347,6 +354,8 @@ impl Default for DatabaseConfig {
         DatabaseConfig {
             url: "postgres://postgres@127.0.0.1:5432/presenced".into(),
             max_connections: 16,
+            sqlite_readers: 4,
+            sqlite_cache_kib: 512,
             migrations: PathBuf::from("migrations.d"),
             gate_cache_secs: Duration::from_secs(30),
             sqlite_busy_timeout: Duration::from_secs(5),
@@ -1218,6 +1227,12 @@ impl Config {
         {
             return bad("[database] sqlite_busy_timeout must be between 0.001 and 600 seconds");
         }
+        if !(1..=256).contains(&db.sqlite_readers) {
+            return bad("[database] sqlite_readers must be between 1 and 256");
+        }
+        if !(64..=1_048_576).contains(&db.sqlite_cache_kib) {
+            return bad("[database] sqlite_cache_kib must be between 64 and 1048576");
+        }
         // Changes made in SQL must reach online users within a second.
         if db.change_poll_interval < Duration::from_millis(10)
             || db.change_poll_interval > Duration::from_secs(1)
@@ -1646,6 +1661,19 @@ mod tests {
         }
         let c = Config::parse("[database]\nurl = \"sqlite://\"").unwrap();
         assert!(c.validate().is_err(), "sqlite:// without a file");
+        let mut c = Config::default();
+        for (readers, cache, ok) in [
+            (1, 64, true),
+            (256, 1_048_576, true),
+            (0, 512, false),
+            (257, 512, false),
+            (4, 63, false),
+            (4, 1_048_577, false),
+        ] {
+            c.database.sqlite_readers = readers;
+            c.database.sqlite_cache_kib = cache;
+            assert_eq!(c.validate().is_ok(), ok, "readers {readers} cache {cache}");
+        }
     }
 
     #[test]

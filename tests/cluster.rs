@@ -96,6 +96,7 @@ on_both!(
     offline_storage_only_when_no_node_has_an_available_resource,
     presence_for_an_inactive_client_is_held_on_its_node_and_interest_passes,
     a_dead_nodes_unavailable_reaches_the_users_own_resources_on_every_node,
+    a_bare_jid_whose_sessions_on_another_node_went_away_is_answered_as_offline,
 );
 
 /// Two nodes of one cluster: same domain, database and Redis prefix, distinct node ids.
@@ -1492,6 +1493,317 @@ async fn redis_cluster_master_failover_during_traffic_loses_only_a_bounded_windo
     n2.stop().await;
 }
 
+/// A Redis Cluster of three masters with one replica each that one test owns and may break
+/// (the shared one of `PRESENCED_TEST_REDIS_CLUSTER` serves the other cases): redis-server
+/// on ports `base .. base + 6`, cluster bus on `base + 10 ..`, node timeout 1 s as in
+/// tests/run.sh. `base` is `PRESENCED_REDIS_CLUSTER_PORT_BASE` (the shared cluster's,
+/// 30301 if unset) + 20. Dropping it kills every process.
+struct OwnCluster {
+    servers: Vec<(String, tokio::process::Child)>,
+    dir: std::path::PathBuf,
+}
+
+impl OwnCluster {
+    async fn start() -> OwnCluster {
+        let shared_base: u16 = std::env::var("PRESENCED_REDIS_CLUSTER_PORT_BASE")
+            .ok()
+            .and_then(|b| b.parse().ok())
+            .unwrap_or(30301);
+        let base = shared_base + 20;
+        let dir = std::env::temp_dir().join(format!("presenced-own-cluster-{}", unique()));
+        let mut servers = Vec::new();
+        for i in 0..6u16 {
+            let (port, bus) = (base + i, base + 10 + i);
+            for p in [port, bus] {
+                assert!(
+                    std::net::TcpListener::bind(("127.0.0.1", p)).is_ok(),
+                    "port {p} is taken: set PRESENCED_REDIS_CLUSTER_PORT_BASE"
+                );
+            }
+            let d = dir.join(port.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            let child = tokio::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    &bus.to_string(),
+                ])
+                .args([
+                    "--cluster-node-timeout",
+                    "1000",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .arg("--dir")
+                .arg(&d)
+                .arg("--logfile")
+                .arg(d.join("redis.log"))
+                .kill_on_drop(true)
+                .spawn()
+                .expect("redis-server on PATH");
+            servers.push((format!("127.0.0.1:{port}"), child));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (addr, _) in &servers {
+            while tokio::net::TcpStream::connect(addr).await.is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "redis-server {addr} did not start"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let created = tokio::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(servers.iter().map(|(a, _)| a.as_str()))
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .await
+            .expect("redis-cli on PATH");
+        assert!(created.status.success(), "{created:?}");
+        let own = OwnCluster { servers, dir };
+        // Every node agrees the cluster is whole, and every replica has its master's data.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for url in own.start_nodes() {
+            let mut r = connect(&url).await;
+            loop {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut r)
+                    .await
+                    .unwrap();
+                let repl: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut r)
+                    .await
+                    .unwrap();
+                if info.contains("cluster_state:ok")
+                    && (repl.contains("role:master") || repl.contains("master_link_status:up"))
+                {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "own Redis Cluster not ready at {url}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        own
+    }
+
+    fn start_nodes(&self) -> Vec<String> {
+        self.servers
+            .iter()
+            .map(|(a, _)| format!("redis://{a}"))
+            .collect()
+    }
+
+    /// SIGKILL of the redis-server at `addr` (`host:port`).
+    async fn kill(&mut self, addr: &str) {
+        let (_, child) = self
+            .servers
+            .iter_mut()
+            .find(|(a, _)| a == addr)
+            .expect("one of this cluster's servers");
+        child.kill().await.expect("SIGKILL redis-server");
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.servers {
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// SIGKILL of the Redis Cluster master that holds a user's slot (bob's directory entry and
+/// liveness keys) and node 2's channel, while alice on node 1 sends bob on node 2 a message
+/// and a presence change every 50 ms. The replica takes over after the node timeout (1 s)
+/// and an election; the nodes find the new master by their slot-map refresh (commands)
+/// and by the dropped subscription (the channel). What is lost is what was published to,
+/// or written on, the dead master: everything sent more than a second (node 1's
+/// processing) before the kill, and everything sent from 2 × `[redis] timeout` + 2 s
+/// after the promotion, arrives; the promotion itself must come within 10 s. A message
+/// node 1 could not route while it counted itself alone is kept offline (counted, not
+/// asserted). With T of 10 s the outage is shorter than T, so bob is never announced
+/// unavailable.
+#[tokio::test]
+async fn redis_cluster_master_killed_during_traffic_loses_only_a_bounded_window() {
+    let mut own = OwnCluster::start().await;
+    let start_nodes = own.start_nodes();
+    let domain = format!("mk{}.example", unique());
+    let mut nodes = Vec::new();
+    for name in ["n1", "n2"] {
+        let start_nodes = start_nodes.clone();
+        nodes.push(
+            TestServer::start_with_domain(&domain, move |c| {
+                fast_liveness(c);
+                long_ttl(c);
+                c.redis.url = String::new();
+                c.cluster.redis_nodes = start_nodes;
+                c.redis.timeout = Duration::from_millis(300);
+                c.redis.reconnect_max = Duration::from_millis(300);
+                c.cluster.node_id = Some(format!("{name}-{}", unique()));
+            })
+            .await,
+        );
+    }
+    let n2 = nodes.pop().unwrap();
+    let n1 = nodes.pop().unwrap();
+    see_each_other(&[&n1, &n2]).await;
+    // Bob's slot on the master that carries node 2's channel: killing it breaks both his
+    // directory entry and the path of every stanza to node 2.
+    let channel = presenced::cluster::directory::Keys::new(&n2.config.redis.key_prefix)
+        .channel(n2.config.cluster.node());
+    let (master, replica) = master_and_replica(
+        &start_nodes[0],
+        presenced::redis_conn::slot(channel.as_bytes()),
+    )
+    .await;
+    let mut i = 0;
+    let bob_name = loop {
+        let name = format!("bob{i}");
+        let slot = presenced::redis_conn::slot(n1.jid(&name).as_bytes());
+        if master_and_replica(&start_nodes[0], slot).await.0 == master {
+            break name;
+        }
+        i += 1;
+    };
+    n1.user("alice").await;
+    n1.user(&bob_name).await;
+    n1.make_mutual("alice", &bob_name).await;
+    let (alice_full, bob_full) = (
+        format!("{}/a", n1.jid("alice")),
+        format!("{}/b", n1.jid(&bob_name)),
+    );
+    let mut bob = online(&n2, &bob_name, "b").await;
+    let mut alice = online(&n1, "alice", "a").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    in_directory(&n1, &bob_full, true).await;
+    alice.send(&message(&bob_full, "control")).await;
+    bob.watch(&|e| has_body(e, "control"), Duration::from_secs(5))
+        .await
+        .expect("control message");
+
+    const N: usize = 200;
+    const EVERY: Duration = Duration::from_millis(50);
+    let started = Instant::now();
+    let send = async {
+        let mut sent = Vec::with_capacity(N);
+        for i in 0..N {
+            sent.push(Instant::now());
+            alice.send(&message(&bob_full, &format!("m{i}"))).await;
+            alice
+                .send(&el(&format!(
+                    "<presence xmlns='{NS_CLIENT}'><status>s{i}</status></presence>"
+                )))
+                .await;
+            tokio::time::sleep(EVERY).await;
+        }
+        sent
+    };
+    let kill = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut r = connect(&format!("redis://{replica}")).await;
+        own.kill(&master).await;
+        let killed = Instant::now();
+        loop {
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut r).await.unwrap();
+            if matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"master") {
+                break;
+            }
+            assert!(killed.elapsed() < Duration::from_secs(10), "no promotion");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (killed, Instant::now())
+    };
+    let receive = async {
+        let (mut messages, mut presences) = (vec![false; N], vec![false; N]);
+        let deadline = started + EVERY * N as u32 + Duration::from_secs(6);
+        while Instant::now() < deadline && !(messages[N - 1] && presences[N - 1]) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let numbered = |e: &Element| {
+                let text = match e.name.as_str() {
+                    "message" => e.get_child("body", NS_CLIENT)?.text_content(),
+                    "presence" => e.get_child("status", NS_CLIENT)?.text_content(),
+                    _ => return None,
+                };
+                text.get(1..)?.parse::<usize>().ok().filter(|&i| i < N)
+            };
+            match bob.watch(&|e| numbered(e).is_some(), left).await {
+                Ok(e) => {
+                    let i = numbered(&e).unwrap();
+                    if e.name == "message" {
+                        messages[i] = true;
+                    } else {
+                        presences[i] = true;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        (messages, presences)
+    };
+    let (sent, (killed, promoted), (messages, presences)) = tokio::join!(send, kill, receive);
+    let lost = |got: &[bool]| (0..N).filter(|&i| !got[i]).collect::<Vec<_>>();
+    let (lost_m, lost_p) = (lost(&messages), lost(&presences));
+    // Finding the new master: a failed command, the slot-map refresh and a heartbeat on
+    // the node's side (up to 1.3 s measured at load ≈ 10); a second of slack on top.
+    let window = n1.config.redis.timeout * 2 + Duration::from_secs(2);
+    let processing = Duration::from_secs(1);
+    // Where the loss ends, against the promotion: the last lost stanza's send time.
+    let last_lost = lost_m
+        .iter()
+        .chain(&lost_p)
+        .map(|&i| sent[i])
+        .max()
+        .map(|t| t.saturating_duration_since(promoted));
+    // A node that counts itself alone (from a failed command until its next heartbeat)
+    // keeps a message for a user it finds on no node offline (XEP-0160): not lost, late.
+    let kept = n1.offline_count(&n1.jid(&bob_name)).await;
+    println!(
+        "cluster: SIGKILL of master {master}: replica {replica} promoted {:?} after the kill; \
+         not received live: {} of {N} messages {lost_m:?} ({kept} of them kept offline) and \
+         {} of {N} presence changes {lost_p:?} (one of each sent every {EVERY:?}); the last \
+         was sent {last_lost:?} after the promotion",
+        promoted - killed,
+        lost_m.len(),
+        lost_p.len()
+    );
+    assert!(
+        *sent.last().unwrap() > promoted + window,
+        "the traffic ended before the window closed: nothing checked resumption"
+    );
+    for (what, lost) in [("message", &lost_m), ("presence change", &lost_p)] {
+        for &i in lost {
+            assert!(
+                sent[i] + processing >= killed && sent[i] <= promoted + window,
+                "{what} {i}, sent {:?} after the kill, is lost outside the window \
+                 (promoted {:?} after the kill, window {window:?})",
+                sent[i].saturating_duration_since(killed),
+                promoted - killed
+            );
+        }
+    }
+    // Still one cluster, and bob was never taken for offline (the outage is shorter than T).
+    alice.send(&message(&bob_full, "after")).await;
+    bob.watch(&|e| has_body(e, "after"), Duration::from_secs(5))
+        .await
+        .expect("a message crosses after the failover");
+    ping(&mut alice).await;
+    nothing_kept(&alice, |e| is_presence(e, &bob_full, Some("unavailable")));
+    n1.stop().await;
+    n2.stop().await;
+    drop(own);
+}
+
 /// A node that still heartbeats but has no subscriber on its channel (its subscription is
 /// being made again, as after a Redis failover) is not taken for dead: the sweeper puts its
 /// stale beat back and tries again at later sweeps. Once it stops heartbeating, a sweep
@@ -1580,4 +1892,123 @@ async fn a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_n
         "not put back once the node is dead"
     );
     n1.stop().await;
+}
+
+/// A message of `kind` from the sender to `to` with `id` and `body`.
+fn typed_message(kind: &str, to: &str, id: &str, body: &str) -> Element {
+    Element::new("message", NS_CLIENT)
+        .attr("to", to)
+        .attr("type", kind)
+        .attr("id", id)
+        .child(Element::new("body", NS_CLIENT).text(body))
+}
+
+fn is_error_to(e: &Element, id: &str) -> bool {
+    e.name == "message" && e.get_attr("type") == Some("error") && e.get_attr("id") == Some(id)
+}
+
+/// RFC 6121 §8.5.2 across nodes: alice (node 1) writes to bob's bare JID while bob's only
+/// sessions are on node 2, which then go away (one closes its stream, one is dropped).
+/// The account exists and no resource is available anywhere, so a `chat` or `normal`
+/// message is kept (XEP-0160), a `groupchat` gets `service-unavailable` (§8.5.2.2.1) and a
+/// `headline` or `error` is dropped without a word. A stranger's groupchat to one of bob's
+/// full JIDs is answered with the same error stanza whether that session is online (the
+/// holding node decides, §8.5.3.1 with the privacy gate) or gone (§8.5.3.2.1).
+async fn a_bare_jid_whose_sessions_on_another_node_went_away_is_answered_as_offline(redis: Redis) {
+    let (n1, n2) = two_nodes_with(redis, &["alice", "bob", "mallory"], &[("alice", "bob")]).await;
+    let bob_bare = n1.jid("bob");
+    let (b1_full, b2_full) = (format!("{bob_bare}/b1"), format!("{bob_bare}/b2"));
+    let mut alice = online(&n1, "alice", "a").await;
+    let mut mallory = online(&n1, "mallory", "m").await;
+    let mut b1 = online(&n2, "bob", "b1").await;
+    let b2 = online(&n2, "bob", "b2").await;
+    in_directory(&n1, &b1_full, true).await;
+    in_directory(&n1, &b2_full, true).await;
+    // A positive control while bob is online on node 2: the bare JID reaches him.
+    alice
+        .send(&typed_message("chat", &bob_bare, "c0", "while online"))
+        .await;
+    b1.expect(|e| has_body(e, "while online")).await;
+    // The stranger's groupchat to the online full JID: refused on node 2, where the
+    // session's directed presence is known.
+    mallory
+        .send(&typed_message("groupchat", &b1_full, "g-full", "knock"))
+        .await;
+    let online_answer = mallory.expect(|e| is_error_to(e, "g-full")).await;
+    assert_eq!(stanza_error(&online_answer), "service-unavailable");
+
+    // Bob's sessions go away: b1 closes its stream, b2's connection is dropped.
+    b1.close().await;
+    drop(b2);
+    for full in [&b1_full, &b2_full] {
+        let full = presenced::jid::FullJid::new(full).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while n1.shared().cluster.holder_of(&full).await.is_some() {
+            assert!(Instant::now() < deadline, "{full} still in the directory");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let kept0 = n1.offline_count(&bob_bare).await;
+    for (kind, id) in [
+        ("chat", "k-chat"),
+        ("normal", "k-normal"),
+        ("groupchat", "k-groupchat"),
+        ("headline", "k-headline"),
+        ("error", "k-error"),
+    ] {
+        alice
+            .send(&typed_message(
+                kind,
+                &bob_bare,
+                id,
+                &format!("offline {kind}"),
+            ))
+            .await;
+    }
+    mallory
+        .send(&typed_message("groupchat", &b1_full, "g-full", "knock"))
+        .await;
+    let offline_answer = mallory.expect(|e| is_error_to(e, "g-full")).await;
+    assert_eq!(
+        offline_answer.to_xml(),
+        online_answer.to_xml(),
+        "a stranger tells an online resource from a gone one"
+    );
+    let g = alice.expect(|e| is_error_to(e, "k-groupchat")).await;
+    assert_error(
+        &g,
+        "service-unavailable",
+        "cancel",
+        "groupchat to a bare JID",
+    );
+    assert_eq!(g.get_attr("from"), Some(bob_bare.as_str()), "{g}");
+    // The session handles its stanzas in order: after this answer every one was.
+    ping(&mut alice).await;
+    nothing_kept(&alice, |e| e.get_attr("type") == Some("error"));
+    assert_eq!(
+        n1.offline_count(&bob_bare).await - kept0,
+        2,
+        "chat and normal kept, nothing else"
+    );
+    // Bob back (on node 2): the two kept messages, stamped, and nothing else.
+    let mut b3 = n2.login("bob", "b3").await;
+    b3.presence(None, None).await;
+    for kind in ["chat", "normal"] {
+        let m = b3.expect(|e| has_body(e, &format!("offline {kind}"))).await;
+        assert!(m.to_xml().contains("urn:xmpp:delay"), "{m}");
+        assert_eq!(m.get_attr("type"), Some(kind), "{m}");
+    }
+    in_directory(&n1, &format!("{bob_bare}/b3"), true).await;
+    alice
+        .send(&typed_message(
+            "chat",
+            &format!("{bob_bare}/b3"),
+            "c-barrier",
+            "barrier",
+        ))
+        .await;
+    b3.expect(|e| has_body(e, "barrier")).await;
+    nothing_kept(&b3, |e| e.to_xml().contains("offline "));
+    n1.stop().await;
+    n2.stop().await;
 }

@@ -143,3 +143,43 @@ async fn servers_starting_together_on_a_new_file_apply_the_schema_once() {
         .unwrap();
     assert!(store.account_exists("a", "t.example").await.unwrap());
 }
+
+/// `[database] sqlite_readers` and `sqlite_cache_kib` are what every connection gets: the
+/// readers' pool holds at most that many connections, and each connection's page cache
+/// (writer and readers alike) is bounded by the configured size instead of SQLite's
+/// 2 MiB default, which is what a server held per connection once its logins had read
+/// the file.
+#[tokio::test]
+async fn every_connection_gets_the_configured_page_cache_and_the_readers_their_count() {
+    let path = scratch("sized.db");
+    let config = presenced::config::DatabaseConfig {
+        url: format!("sqlite://{}", path.display()),
+        sqlite_readers: 3,
+        sqlite_cache_kib: 200,
+        ..Default::default()
+    };
+    let store = Store::open(&config).await.expect("open");
+    store.migrate(std::path::Path::new("")).await.unwrap();
+    let readers = store.sqlite_readers().expect("an SQLite store");
+    assert_eq!(readers.options().get_max_connections(), 3);
+    let writer = store.sqlite_pool().expect("an SQLite store");
+    for (name, pool) in [("writer", writer), ("reader", readers)] {
+        let cache: i64 = sqlx::query_scalar("PRAGMA cache_size")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(cache, -200, "{name}: a negative cache_size is KiB");
+    }
+    // Every reader, not only the first one opened: hold three at once.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(readers.acquire().await.unwrap());
+    }
+    for conn in &mut held {
+        let cache: i64 = sqlx::query_scalar("PRAGMA cache_size")
+            .fetch_one(&mut **conn)
+            .await
+            .unwrap();
+        assert_eq!(cache, -200);
+    }
+}

@@ -390,7 +390,8 @@ pub enum RosterChange {
 }
 
 impl Store {
-    /// Opens the database `url` names with at most `max_connections` connections:
+    /// Opens the database `url` names with at most `max_connections` connections (SQLite:
+    /// readers, beside its one writer):
     /// `sqlite://path` opens (or creates) that file, anything else is PostgreSQL, whose
     /// database is created first if the server has none of that name (a fresh machine
     /// has only the default databases; this saves operators a manual `createdb`).
@@ -399,6 +400,7 @@ impl Store {
         Store::open(&crate::config::DatabaseConfig {
             url: url.to_owned(),
             max_connections,
+            sqlite_readers: max_connections,
             ..defaults
         })
         .await
@@ -408,8 +410,7 @@ impl Store {
     pub async fn open(config: &crate::config::DatabaseConfig) -> Result<Store, StoreError> {
         let (url, max_connections) = (config.url.as_str(), config.max_connections);
         if let Some(path) = sqlite::path_of(url) {
-            let pools =
-                sqlite::Pools::open(&path, max_connections, config.sqlite_busy_timeout).await?;
+            let pools = sqlite::Pools::open(&path, sqlite::Sizes::from_config(config)).await?;
             return Ok(Store::with_backend(Backend::Sqlite(pools)));
         }
         use sqlx::migrate::MigrateDatabase;
@@ -537,6 +538,14 @@ impl Store {
     pub fn sqlite_pool(&self) -> Option<&sqlx::SqlitePool> {
         match &self.backend {
             Backend::Sqlite(db) => Some(&db.write),
+            Backend::Postgres(_) => None,
+        }
+    }
+
+    /// The SQLite readers' pool, for reads of one's own; None on PostgreSQL.
+    pub fn sqlite_readers(&self) -> Option<&sqlx::SqlitePool> {
+        match &self.backend {
+            Backend::Sqlite(db) => Some(&db.read),
             Backend::Postgres(_) => None,
         }
     }

@@ -77,6 +77,8 @@ pub struct ListenOptions {
     pub poll_interval: Duration,
     /// SQLite: how long the poller waits for another process's lock.
     pub busy_timeout: Duration,
+    /// SQLite: the page cache of each of the poller's connections, KiB.
+    pub cache_kib: u32,
     /// SQLite: how long a row of `presenced_changes` is kept for a slow reader.
     pub keep_changes: Duration,
 }
@@ -89,6 +91,7 @@ impl Default for ListenOptions {
             backoff_max: Duration::from_secs(10),
             poll_interval: Duration::from_millis(250),
             busy_timeout: Duration::from_secs(5),
+            cache_kib: crate::config::DatabaseConfig::default().sqlite_cache_kib,
             keep_changes: Duration::from_secs(600),
         }
     }
@@ -100,6 +103,7 @@ impl ListenOptions {
         ListenOptions {
             poll_interval: db.change_poll_interval,
             busy_timeout: db.sqlite_busy_timeout,
+            cache_kib: db.sqlite_cache_kib,
             ..ListenOptions::default()
         }
     }
@@ -222,7 +226,7 @@ mod poll {
     use tokio::sync::mpsc;
 
     use super::{ListenOptions, Notification};
-    use crate::store::sqlite::Pools;
+    use crate::store::sqlite::{Pools, Sizes};
     use crate::store::StoreError;
 
     /// Opens the file, notes the newest change and spawns the poller.
@@ -231,7 +235,12 @@ mod poll {
         channels: Vec<String>,
         options: ListenOptions,
     ) -> Result<mpsc::Receiver<Notification>, StoreError> {
-        let db = Pools::open(path, 1, options.busy_timeout).await?;
+        let sizes = Sizes {
+            readers: 1,
+            cache_kib: options.cache_kib,
+            busy_timeout: options.busy_timeout,
+        };
+        let db = Pools::open(path, sizes).await?;
         let last = newest(&db).await.map_err(|e| db.name_file(e))?;
         let (tx, rx) = mpsc::channel(options.queue.max(1));
         tokio::spawn(run(db, last, channels, options, tx));

@@ -187,6 +187,22 @@ struct Cli {
     /// Database whose pg_stat_database row is read.
     #[arg(long, default_value = "presenced_bench")]
     pg_stats_db: String,
+    /// Client state indication run instead of the fixed-load and saturation phases
+    /// (XEP-0352; BENCHMARKS.md, "Client state indication and interest lists"): after the
+    /// idle window, a baseline window with every client active, then one with every other
+    /// client inactive, at the same --fixed-rate of changes from the active half, then
+    /// `<active/>` and the check that each inactive client has every changed contact's
+    /// latest presence. Needs --procs 1 (the check compares sessions of one process).
+    #[arg(long)]
+    csi: bool,
+    /// CSI: length of each window, s.
+    #[arg(long, default_value_t = 20)]
+    csi_secs: u64,
+    /// CSI: a third window in which the inactive clients first set an interest list
+    /// naming this many of their changing contacts (presenced's urn:presenced:interest:0);
+    /// 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    csi_interest: u32,
     /// Soak run instead of the timed run: N sessions under churn for this many seconds
     /// (reliability/soak.sh and reliability/faults.sh; see soak.rs).
     #[arg(long, default_value_t = 0)]
@@ -212,10 +228,25 @@ struct Cli {
     /// Soak: file for the counter lines (JSON, one per line); stdout if absent.
     #[arg(long)]
     soak_log: Option<PathBuf>,
-    /// Soak: further c2s addresses of the same cluster; user i logs in to address
-    /// (i + failed attempts) mod the number of addresses, --target being the first.
+    /// Further c2s addresses of the same cluster (timed run and soak); user i logs in to
+    /// address (i + failed attempts) mod the number of addresses, --target being the
+    /// first (the timed run makes one attempt).
     #[arg(long = "also-target")]
     also_targets: Vec<SocketAddr>,
+    /// Timed run, after the load phases: SIGKILL this process (the cluster node at address
+    /// --kill-target) and time, for each of its sessions, how long until its unavailable
+    /// reached its contacts' sessions on the other nodes.
+    #[arg(long)]
+    kill_pid: Option<u32>,
+    /// Index of the killed node's address: 0 is --target, then each --also-target in order.
+    #[arg(long, default_value_t = 0)]
+    kill_target: usize,
+    /// Longest wait for the announcements after the kill, s.
+    #[arg(long, default_value_t = 180)]
+    kill_wait: u64,
+    /// The bound the announcements are counted against (T + one sweep of the servers), s.
+    #[arg(long, default_value_t = 105.0)]
+    kill_bound_secs: f64,
 }
 
 impl Cli {
@@ -231,6 +262,7 @@ impl Cli {
             self.settle_secs = 10;
             self.drain_secs = 5;
             self.rest_secs = self.rest_secs.min(3);
+            self.csi_secs = self.csi_secs.min(2);
             self.time_limit = self.time_limit.min(120);
         }
     }
@@ -246,6 +278,12 @@ fn main() -> ExitCode {
     }
     if cli.procs == 0 || cli.procs > cli.users.max(1) {
         eprintln!("--procs must be between 1 and N");
+        return ExitCode::from(2);
+    }
+    if cli.csi && cli.procs != 1 && cli.worker.is_none() {
+        eprintln!(
+            "--csi needs --procs 1 (the nothing-lost check compares sessions of one process)"
+        );
         return ExitCode::from(2);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -285,6 +323,11 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
     };
     let target = Target {
         addr: cli.target,
+        addrs: Arc::new(
+            std::iter::once(cli.target)
+                .chain(cli.also_targets.iter().copied())
+                .collect(),
+        ),
         domain: cli.domain.clone(),
         tls: session::tls_config()?,
         mech: cli.mech,
@@ -319,10 +362,10 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
         );
         return Ok(ExitCode::SUCCESS);
     }
+    if let Some(bad) = cli.also_targets.iter().find(|a| !a.ip().is_loopback()) {
+        return Err(format!("refusing non-loopback target {bad}"));
+    }
     if cli.soak_secs > 0 {
-        if let Some(bad) = cli.also_targets.iter().find(|a| !a.ip().is_loopback()) {
-            return Err(format!("refusing non-loopback target {bad}"));
-        }
         let plan = soak::Plan {
             secs: cli.soak_secs,
             churn_per_min: cli.churn_per_min,
@@ -332,9 +375,6 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
             probe_rate: cli.probe_rate,
             sample_secs: cli.sample_secs,
             log: cli.soak_log.clone(),
-            targets: std::iter::once(cli.target)
-                .chain(cli.also_targets.iter().copied())
-                .collect(),
             login_concurrency: cli.login_concurrency,
             login_timeout: Duration::from_secs(cli.login_timeout),
             drain_secs: cli.drain_secs,
@@ -352,6 +392,9 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
     println!("{}", report.to_table());
     if let Some(p) = &cli.json {
         std::fs::write(p, report.to_json()).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    if cli.csi {
+        return Ok(csi_verdict(&cli, &report));
     }
     let total_delivered = report.fixed_delivered + report.sat_delivered;
     if report.logins_ok == 0 || total_delivered == 0 {
@@ -385,6 +428,61 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A CSI run fails when the nothing-lost check found a missing presence, checked nothing,
+/// or (as a smoke run) when an inactive client got as many presences as when it was
+/// active, or any login or interest list failed.
+fn csi_verdict(cli: &Cli, r: &Report) -> ExitCode {
+    let c = &r.csi;
+    let mut fail = Vec::new();
+    if r.logins_ok == 0 || c.baseline_per_client.unwrap_or(0.0) <= 0.0 {
+        fail.push("no presence reached the clients in the baseline window".to_string());
+    }
+    for (name, w) in [
+        ("inactive", Some(&c.inactive)),
+        ("interest", c.interest.as_ref()),
+    ] {
+        let Some(w) = w else { continue };
+        if w.checked == 0 || w.lost > 0 {
+            fail.push(format!(
+                "{name} window: {} of {} latest presences missing after <active/>",
+                w.lost, w.checked
+            ));
+        }
+    }
+    if cli.smoke {
+        let users = u64::from(r.users);
+        if r.logins_ok != users || r.sessions_all_contacts_seen != users {
+            fail.push(format!(
+                "logins {}/{users}, sessions seeing all contacts {}/{users}",
+                r.logins_ok, r.sessions_all_contacts_seen
+            ));
+        }
+        for (name, w) in [
+            ("inactive", Some(&c.inactive)),
+            ("interest", c.interest.as_ref()),
+        ] {
+            let Some(w) = w else { continue };
+            if w.per_inactive_client >= c.baseline_per_client.unwrap_or(0.0) {
+                fail.push(format!(
+                    "{name} window: an inactive client got {:.2} presences, all active {:.2}",
+                    w.per_inactive_client,
+                    c.baseline_per_client.unwrap_or(0.0)
+                ));
+            }
+            if w.interest_refused > 0 {
+                fail.push(format!("{} interest lists refused", w.interest_refused));
+            }
+        }
+    }
+    if fail.is_empty() {
+        println!("csi: OK");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("csi: FAIL: {}", fail.join("; "));
+        ExitCode::FAILURE
+    }
 }
 
 /// ==== PROVISIONING HOOK FOR PRESENCED (to be completed by the lead) ====
@@ -741,7 +839,7 @@ async fn login_all(
         let Ok(permit) = sem.clone().acquire_owned().await else {
             break;
         };
-        let t = target.clone();
+        let t = target.for_user(i, 0);
         let shared = shared.clone();
         let done_tx = done_tx.clone();
         let hist = hist.clone();
@@ -1028,6 +1126,7 @@ async fn timed_run(
     };
     let any_source =
         sources.metrics_url.is_some() || sources.redis_url.is_some() || sources.pg.is_some();
+    let mut rest_redis = None;
     if cli.rest_secs > 0 && rep.logins_ok > 0 {
         eprintln!(
             "at rest: {} idle sessions for {} s",
@@ -1038,9 +1137,13 @@ async fn timed_run(
         } else {
             None
         };
+        let redis0 = redis_totals(cli).await;
         let t = Instant::now();
         tokio::time::sleep(Duration::from_secs(cli.rest_secs)).await;
         let secs = t.elapsed().as_secs_f64();
+        rest_redis = redis0
+            .zip(redis_totals(cli).await)
+            .map(|(a, b)| (a, b, secs));
         rep.rest_secs = secs;
         if let Some(a) = a {
             let b = rest::read(&sources).await;
@@ -1052,12 +1155,21 @@ async fn timed_run(
         collect_stats(&mut workers, &mut rep).await?;
         return Ok(rep);
     }
+    if cli.csi {
+        csi_phases(cli, &mut workers, &mut rep, k).await?;
+        collect_stats(&mut workers, &mut rep).await?;
+        workers.all(Cmd::Close).await?;
+        workers.finish().await;
+        return Ok(rep);
+    }
 
     // --- fixed offered load: latency ---
     eprintln!(
         "fixed load: {} changes/s for {} s",
         cli.fixed_rate, cli.fixed_secs
     );
+    let fixed_redis0 = redis_totals(cli).await;
+    let fixed_t0 = Instant::now();
     let (_, drops0, secs) = sum_phase(
         &workers
             .all(Cmd::Fixed {
@@ -1078,6 +1190,15 @@ async fn timed_run(
     let (sent, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
     rep.fixed_sent = sent[0];
     rep.fixed_delivered = delivered[0];
+    if let (Some((r0, r1, rest_secs)), Some(f0), Some(f1)) =
+        (&rest_redis, &fixed_redis0, redis_totals(cli).await)
+    {
+        rep.fixed_redis = rest::per_change(
+            (r0, r1, *rest_secs),
+            (f0, &f1, fixed_t0.elapsed().as_secs_f64()),
+            rep.fixed_sent,
+        );
+    }
 
     // --- saturation: as many changes as a window of in-flight deliveries allows ---
     let mut drops1 = 0;
@@ -1122,10 +1243,265 @@ async fn timed_run(
         rep.sat_sent = sent[1];
     }
     rep.client_backlog_drops = drops0 + drops1;
+    if let Some(pid) = cli.kill_pid {
+        rep.kill = kill_phase(cli, &mut workers, target, graph, pid).await?;
+    }
     collect_stats(&mut workers, &mut rep).await?;
     workers.all(Cmd::Close).await?;
     workers.finish().await;
     Ok(rep)
+}
+
+/// `--redis-stats`' totals now, or None (no source, or it failed: said on stderr).
+async fn redis_totals(cli: &Cli) -> Option<rest::RedisTotals> {
+    let url = cli.redis_stats.as_ref()?;
+    rest::redis_totals(url)
+        .await
+        .map_err(|e| eprintln!("warning: redis: {e}"))
+        .ok()
+}
+
+/// The kill phase: SIGKILL of node `pid` (address index `--kill-target`), then, every two
+/// seconds until every one of its sessions was announced to all of its watchers on the
+/// other nodes or `--kill-wait` passed, the unavailable presences the watchers received.
+/// A session's announcement time is the kill to the arrival at its last watcher.
+async fn kill_phase(
+    cli: &Cli,
+    workers: &mut Workers,
+    target: &Target,
+    graph: &ContactGraph,
+    pid: u32,
+) -> Result<report::KillFigures, String> {
+    let nodes = target.addrs.len().max(1);
+    let on_killed = |i: u32| i as usize % nodes == cli.kill_target;
+    let dead: std::collections::HashSet<String> = (0..cli.users)
+        .filter(|&i| on_killed(i))
+        .map(|i| target.bare(i))
+        .collect();
+    let watchers_expected: u64 = (0..cli.users)
+        .filter(|&i| on_killed(i))
+        .map(|i| graph.contacts(i).iter().filter(|&&c| !on_killed(c)).count() as u64)
+        .sum();
+    eprintln!(
+        "kill: SIGKILL of pid {pid} ({} sessions, {watchers_expected} watchers elsewhere)",
+        dead.len()
+    );
+    let killed_ns = session::now_ns();
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .map_err(|e| format!("kill: {e}"))?;
+    if !status.success() {
+        return Err(format!("kill -KILL {pid}: {status}"));
+    }
+    let started = Instant::now();
+    let mut last: std::collections::HashMap<String, (u64, u64)> = Default::default();
+    let mut repeated_total;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        last.clear();
+        repeated_total = 0;
+        for r in workers.all(Cmd::Unavailables).await? {
+            if let Reply::Unavailables { seen, repeated } = r {
+                repeated_total += repeated;
+                for (jid, n, ns) in seen {
+                    if dead.contains(&jid) && ns >= killed_ns {
+                        let e = last.entry(jid).or_default();
+                        e.0 += u64::from(n);
+                        e.1 = e.1.max(ns);
+                    }
+                }
+            }
+        }
+        let reached: u64 = last.values().map(|v| v.0).sum();
+        if (last.len() == dead.len() && reached >= watchers_expected)
+            || started.elapsed() > Duration::from_secs(cli.kill_wait)
+        {
+            break;
+        }
+    }
+    let mut times: Vec<f64> = last
+        .values()
+        .map(|&(_, ns)| (ns - killed_ns) as f64 / 1e6)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let q = |p: f64| {
+        (!times.is_empty()).then(|| times[((times.len() - 1) as f64 * p).round() as usize])
+    };
+    Ok(report::KillFigures {
+        sessions: dead.len() as u64,
+        announced: times.len() as u64,
+        watchers_expected,
+        watchers_reached: last.values().map(|v| v.0).sum(),
+        repeated: repeated_total,
+        min_ms: q(0.0),
+        p50_ms: q(0.5),
+        p99_ms: q(0.99),
+        max_ms: q(1.0),
+        within_bound: times
+            .iter()
+            .filter(|&&t| t <= cli.kill_bound_secs * 1000.0)
+            .count() as u64,
+        bound_secs: cli.kill_bound_secs,
+    })
+}
+
+/// Sums the `CsiCount` replies: (inactive group, active group, their sizes, the most one
+/// inactive client received).
+fn sum_csi(replies: &[Reply]) -> [u64; 5] {
+    let mut t = [0u64; 5];
+    for r in replies {
+        if let Reply::CsiCount {
+            inactive,
+            active,
+            inactive_clients,
+            active_clients,
+            inactive_max,
+        } = r
+        {
+            t[0] += inactive;
+            t[1] += active;
+            t[2] += inactive_clients;
+            t[3] += active_clients;
+            t[4] = t[4].max(*inactive_max);
+        }
+    }
+    t
+}
+
+/// Presences per client: `total / clients` (0 without clients).
+fn per(total: u64, clients: u64) -> f64 {
+    if clients == 0 {
+        0.0
+    } else {
+        total as f64 / clients as f64
+    }
+}
+
+/// One window of changes from the active group at --fixed-rate, then the drain: until the
+/// expected deliveries arrived (`expected`, baseline) or none came for 2 s. Returns the
+/// `CsiCount` sums over the window and the window's length.
+async fn csi_window(
+    cli: &Cli,
+    workers: &mut Workers,
+    expected: Option<u64>,
+) -> Result<([u64; 5], f64), String> {
+    let p = workers.len() as u32;
+    sum_csi(&workers.all(Cmd::CsiCount).await?); // resets the marks
+    let (sent_before, _) = sum_counts(&workers.all(Cmd::Count).await?);
+    let (_, _, secs) = sum_phase(
+        &workers
+            .all(Cmd::CsiWindow {
+                rate: worker::share(cli.fixed_rate, p),
+                secs: cli.csi_secs,
+            })
+            .await?,
+    );
+    let want = match expected {
+        Some(k) => {
+            let (sent, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
+            delivered[0] + (sent[0] - sent_before[0]) * k
+        }
+        None => u64::MAX,
+    };
+    drain(workers, 0, want, Duration::from_secs(cli.drain_secs)).await?;
+    Ok((sum_csi(&workers.all(Cmd::CsiCount).await?), secs))
+}
+
+/// The client state indication phases (see `--csi`).
+async fn csi_phases(
+    cli: &Cli,
+    workers: &mut Workers,
+    rep: &mut Report,
+    k: u64,
+) -> Result<(), String> {
+    rep.csi.secs = cli.csi_secs as f64;
+    rep.csi.rate = cli.fixed_rate;
+    eprintln!(
+        "csi baseline: every client active, {} changes/s from the odd users for {} s",
+        cli.fixed_rate, cli.csi_secs
+    );
+    // The baseline drain waits for all K deliveries of every change: everyone is active.
+    let (b, secs) = csi_window(cli, workers, Some(k)).await?;
+    rep.csi.baseline_per_client = Some(per(b[0], b[2]));
+    rep.csi.baseline_active_per_client = Some(per(b[1], b[3]));
+    rep.csi.baseline_deliveries_per_s = Some((b[0] + b[1]) as f64 / secs.max(1e-9));
+    let mut variants = vec![0];
+    if cli.csi_interest > 0 {
+        variants.push(cli.csi_interest);
+    }
+    for interest in variants {
+        let mut w = report::CsiWindow {
+            interest_items: interest,
+            ..report::CsiWindow::default()
+        };
+        eprintln!(
+            "csi: even users inactive{}; {} changes/s from the odd users for {} s",
+            if interest > 0 {
+                format!(" with interest lists of {interest} contacts")
+            } else {
+                String::new()
+            },
+            cli.fixed_rate,
+            cli.csi_secs
+        );
+        for r in workers
+            .all(Cmd::CsiState {
+                active: false,
+                interest,
+            })
+            .await?
+        {
+            if let Reply::CsiStateDone { ok, refused, .. } = r {
+                w.interest_ok += ok;
+                w.interest_refused += refused;
+            }
+        }
+        let (c, secs) = csi_window(cli, workers, None).await?;
+        w.per_inactive_client = per(c[0], c[2]);
+        w.max_inactive_client = c[4];
+        w.per_active_client = per(c[1], c[3]);
+        w.deliveries_per_s = (c[0] + c[1]) as f64 / secs.max(1e-9);
+        w.reduction_pct = rep
+            .csi
+            .baseline_per_client
+            .filter(|b| *b > 0.0)
+            .map(|b| 100.0 * (1.0 - w.per_inactive_client / b));
+        // <active/>: what was held comes now; then the check once nothing more arrives.
+        workers
+            .all(Cmd::CsiState {
+                active: true,
+                interest: 0,
+            })
+            .await?;
+        workers
+            .all(Cmd::Quiet {
+                ms: 1000,
+                max_secs: cli.drain_secs,
+            })
+            .await?;
+        let f = sum_csi(&workers.all(Cmd::CsiCount).await?);
+        w.flushed_per_inactive_client = per(f[0], f[2]);
+        for r in workers.all(Cmd::CsiCheck).await? {
+            if let Reply::CsiCheck { checked, lost } = r {
+                w.checked += checked;
+                w.lost += lost;
+            }
+        }
+        eprintln!(
+            "csi: per inactive client {:.2} (all active {:.2}), {} of {} latest presences missing after <active/>",
+            w.per_inactive_client,
+            rep.csi.baseline_per_client.unwrap_or(0.0),
+            w.lost,
+            w.checked
+        );
+        if interest == 0 {
+            rep.csi.inactive = w;
+        } else {
+            rep.csi.interest = Some(w);
+        }
+    }
+    Ok(())
 }
 
 /// Merges the workers' latency histograms, lost sessions and errors into the report.

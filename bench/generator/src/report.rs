@@ -4,6 +4,53 @@ use std::fmt::Write as _;
 
 use crate::rest::Rates;
 
+/// One window of a client state indication run in which the inactive group (every
+/// other user) was inactive.
+#[derive(Debug, Default, Clone)]
+pub struct CsiWindow {
+    /// Contacts named in each inactive client's interest list (0: none set).
+    pub interest_items: u32,
+    /// Interest lists the server accepted.
+    pub interest_ok: u64,
+    /// Interest lists the server refused.
+    pub interest_refused: u64,
+    /// Presences received per inactive client over the window (and its drain).
+    pub per_inactive_client: f64,
+    /// The most one inactive client received.
+    pub max_inactive_client: u64,
+    /// Presences received per active client over the same window.
+    pub per_active_client: f64,
+    /// 100 × (1 − per inactive client ÷ the same clients' figure when all were active).
+    pub reduction_pct: Option<f64>,
+    /// Presences received by all clients per second of the window.
+    pub deliveries_per_s: f64,
+    /// Presences per inactive client that arrived after `<active/>`.
+    pub flushed_per_inactive_client: f64,
+    /// (inactive client, changed contact) pairs checked after `<active/>`.
+    pub checked: u64,
+    /// Of those, the pairs whose latest presence at the client was not the contact's last.
+    pub lost: u64,
+}
+
+/// The figures of a client state indication run (`--csi`).
+#[derive(Debug, Default, Clone)]
+pub struct CsiFigures {
+    /// Window length, s (0: no CSI run).
+    pub secs: f64,
+    /// Presence changes per second, from the active group only, in every window.
+    pub rate: f64,
+    /// Presences per client of the (later) inactive group with every client active.
+    pub baseline_per_client: Option<f64>,
+    /// Presences per client of the active group in the baseline window.
+    pub baseline_active_per_client: Option<f64>,
+    /// Presences received by all clients per second of the baseline window.
+    pub baseline_deliveries_per_s: Option<f64>,
+    /// Half the clients inactive.
+    pub inactive: CsiWindow,
+    /// Half the clients inactive with interest lists (presenced only).
+    pub interest: Option<CsiWindow>,
+}
+
 /// Figures of one timed run against one server.
 #[derive(Debug, Default, Clone)]
 pub struct Report {
@@ -96,10 +143,47 @@ pub struct Report {
     pub rest_secs: f64,
     /// Writes per session per minute at rest (presenced only; None where not measured).
     pub rest: Rates,
+    /// Fixed-load phase, from Redis `INFO` (--redis-stats) with the at-rest rate over the
+    /// same length subtracted: commands of any kind, `PUBLISH`/`SPUBLISH` calls, and
+    /// network bytes in + out, per presence change.
+    pub fixed_redis: crate::rest::PerChange,
+    /// Kill phase (--kill-pid): what became of the sessions on the killed node.
+    pub kill: KillFigures,
     /// Distinct `<TLS version> <cipher suite> <SASL mechanism>` of the timed logins.
     pub negotiated: Vec<String>,
+    /// Client state indication figures (`--csi` runs only).
+    pub csi: CsiFigures,
     /// First few errors.
     pub errors: Vec<String>,
+}
+
+/// The kill phase: one cluster node SIGKILLed after the load phases; for each session on
+/// it, the time from the kill until its unavailable reached the last of its contacts'
+/// sessions on the other nodes that got it.
+#[derive(Debug, Default, Clone)]
+pub struct KillFigures {
+    /// Sessions of the killed node (users logged in there).
+    pub sessions: u64,
+    /// Of those, announced to at least one watcher within the wait.
+    pub announced: u64,
+    /// Watchers on other nodes that should hear of a death, and those that did.
+    pub watchers_expected: u64,
+    /// Watchers that got an unavailable.
+    pub watchers_reached: u64,
+    /// Unavailables a watcher received again for the same contact (any contact).
+    pub repeated: u64,
+    /// Announcement time per session (kill → last watcher), ms: min, p50, p99, max.
+    pub min_ms: Option<f64>,
+    /// Median, ms.
+    pub p50_ms: Option<f64>,
+    /// p99, ms.
+    pub p99_ms: Option<f64>,
+    /// Max, ms.
+    pub max_ms: Option<f64>,
+    /// Sessions announced within --kill-bound-secs of the kill.
+    pub within_bound: u64,
+    /// The bound, s.
+    pub bound_secs: f64,
 }
 
 /// Full precision: Rust's shortest representation that reads back as the same f64, so a
@@ -233,6 +317,29 @@ impl Report {
                         .join(", ")
                 ),
             ),
+            ("fixed_redis_cmds_per_change", num(self.fixed_redis.cmds)),
+            (
+                "fixed_redis_publish_per_change",
+                num(self.fixed_redis.publish),
+            ),
+            ("fixed_redis_bytes_per_change", num(self.fixed_redis.bytes)),
+            ("kill_sessions", self.kill.sessions.to_string()),
+            ("kill_announced", self.kill.announced.to_string()),
+            (
+                "kill_watchers_expected",
+                self.kill.watchers_expected.to_string(),
+            ),
+            (
+                "kill_watchers_reached",
+                self.kill.watchers_reached.to_string(),
+            ),
+            ("kill_repeated_unavailables", self.kill.repeated.to_string()),
+            ("kill_min_ms", num(self.kill.min_ms)),
+            ("kill_p50_ms", num(self.kill.p50_ms)),
+            ("kill_p99_ms", num(self.kill.p99_ms)),
+            ("kill_max_ms", num(self.kill.max_ms)),
+            ("kill_within_bound", self.kill.within_bound.to_string()),
+            ("kill_bound_secs", num(Some(self.kill.bound_secs))),
             ("pg_writes_per_session_per_min", num(self.rest.pg_writes)),
             ("pg_xacts_per_session_per_min", num(self.rest.pg_xacts)),
             ("pg_rows_per_session_per_min", num(self.rest.pg_rows)),
@@ -259,9 +366,58 @@ impl Report {
                 ),
             ),
         ];
+        let mut fields: Vec<(String, String)> = fields
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        if self.csi.secs > 0.0 {
+            let c = &self.csi;
+            fields.extend(
+                [
+                    ("csi_secs", num(Some(c.secs))),
+                    ("csi_rate_changes_per_s", num(Some(c.rate))),
+                    ("csi_baseline_per_client", num(c.baseline_per_client)),
+                    (
+                        "csi_baseline_active_per_client",
+                        num(c.baseline_active_per_client),
+                    ),
+                    (
+                        "csi_baseline_deliveries_per_s",
+                        num(c.baseline_deliveries_per_s),
+                    ),
+                ]
+                .map(|(k, v)| (k.to_string(), v)),
+            );
+            for (prefix, w) in [
+                ("csi", Some(&c.inactive)),
+                ("csi_interest", c.interest.as_ref()),
+            ] {
+                let Some(w) = w else { continue };
+                let key = |k: &str| format!("{prefix}_{k}");
+                fields.extend([
+                    (key("items"), w.interest_items.to_string()),
+                    (key("lists_ok"), w.interest_ok.to_string()),
+                    (key("lists_refused"), w.interest_refused.to_string()),
+                    (key("inactive_per_client"), num(Some(w.per_inactive_client))),
+                    (
+                        key("inactive_max_client"),
+                        w.max_inactive_client.to_string(),
+                    ),
+                    (key("active_per_client"), num(Some(w.per_active_client))),
+                    (key("reduction_pct"), num(w.reduction_pct)),
+                    (key("deliveries_per_s"), num(Some(w.deliveries_per_s))),
+                    (
+                        key("flushed_per_inactive_client"),
+                        num(Some(w.flushed_per_inactive_client)),
+                    ),
+                    (key("checked"), w.checked.to_string()),
+                    (key("lost"), w.lost.to_string()),
+                ]);
+            }
+        }
         let body: Vec<String> = fields
             .into_iter()
-            .map(|(k, v)| format!("  {}: {v}", json_str(k)))
+            .map(|(k, v)| format!("  {}: {v}", json_str(&k)))
             .collect();
         format!("{{\n{}\n}}\n", body.join(",\n"))
     }
@@ -379,6 +535,58 @@ impl Report {
                 format!("{} / {}", self.sessions_lost, self.client_backlog_drops),
             ),
         ];
+        let mut rows = rows;
+        if self.csi.secs > 0.0 {
+            let c = &self.csi;
+            rows.push((
+                format!(
+                    "CSI {}/s for {:.0} s: all active, per client (even / odd)",
+                    c.rate, c.secs
+                ),
+                format!(
+                    "{} / {}",
+                    cell(c.baseline_per_client),
+                    cell(c.baseline_active_per_client)
+                ),
+            ));
+            rows.push((
+                "CSI baseline deliveries/s".into(),
+                cell(c.baseline_deliveries_per_s),
+            ));
+            for w in std::iter::once(&c.inactive).chain(c.interest.as_ref()) {
+                let name = if w.interest_items > 0 {
+                    format!("CSI + interest lists of {}", w.interest_items)
+                } else {
+                    "CSI half inactive".to_string()
+                };
+                rows.push((
+                    format!("{name}: per inactive (max) / active client"),
+                    format!(
+                        "{} ({}) / {}",
+                        cell(Some(w.per_inactive_client)),
+                        w.max_inactive_client,
+                        cell(Some(w.per_active_client))
+                    ),
+                ));
+                rows.push((
+                    format!("{name}: reduction % / deliveries/s"),
+                    format!(
+                        "{} / {}",
+                        cell(w.reduction_pct),
+                        cell(Some(w.deliveries_per_s))
+                    ),
+                ));
+                rows.push((
+                    format!("{name}: after <active/>: per client / missing of checked"),
+                    format!(
+                        "{} / {} of {}",
+                        cell(Some(w.flushed_per_inactive_client)),
+                        w.lost,
+                        w.checked
+                    ),
+                ));
+            }
+        }
         let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = String::new();
         for (k, v) in rows {

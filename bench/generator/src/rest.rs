@@ -61,6 +61,96 @@ pub struct Rates {
     pub pg_rows: Option<f64>,
 }
 
+/// Redis figures per presence change over a load phase (see [`per_change`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PerChange {
+    /// Commands of any kind.
+    pub cmds: Option<f64>,
+    /// `PUBLISH` + `SPUBLISH` calls.
+    pub publish: Option<f64>,
+    /// Network bytes in + out (`total_net_input_bytes` + `total_net_output_bytes`).
+    pub bytes: Option<f64>,
+}
+
+/// One reading of a Redis server's totals: calls per command, network bytes in + out.
+#[derive(Debug, Clone, Default)]
+pub struct RedisTotals {
+    /// Calls per command (`INFO commandstats`).
+    pub calls: HashMap<String, u64>,
+    /// `total_net_input_bytes` + `total_net_output_bytes` (`INFO stats`).
+    pub bytes: u64,
+}
+
+impl RedisTotals {
+    fn all_calls(&self) -> u64 {
+        self.calls.values().sum()
+    }
+
+    fn publishes(&self) -> u64 {
+        ["publish", "spublish"]
+            .iter()
+            .filter_map(|c| self.calls.get(*c))
+            .sum()
+    }
+}
+
+/// Reads [`RedisTotals`] (the reading's own `INFO` calls are counted by the next one: two
+/// commands per reading, negligible next to a phase's thousands).
+pub async fn redis_totals(url: &str) -> Result<RedisTotals, String> {
+    let client = redis::Client::open(url).map_err(|e| format!("{url}: {e}"))?;
+    let mut con = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .map_err(|e| format!("INFO commandstats: {e}"))?;
+    let net: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut con)
+        .await
+        .map_err(|e| format!("INFO stats: {e}"))?;
+    let bytes = net
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("total_net_input_bytes:")
+                .or_else(|| l.strip_prefix("total_net_output_bytes:"))
+        })
+        .filter_map(|v| v.trim().parse::<u64>().ok())
+        .sum();
+    Ok(RedisTotals {
+        calls: parse_commandstats(&stats),
+        bytes,
+    })
+}
+
+/// Redis work per change over a load phase: the phase's deltas (`phase`, lasting
+/// `phase_secs`) minus the background rate measured at rest (`rest`, `rest_secs`) over
+/// the same length, divided by the `changes` made.
+pub fn per_change(
+    rest: (&RedisTotals, &RedisTotals, f64),
+    phase: (&RedisTotals, &RedisTotals, f64),
+    changes: u64,
+) -> PerChange {
+    let (r0, r1, rest_secs) = rest;
+    let (p0, p1, phase_secs) = phase;
+    if changes == 0 || rest_secs <= 0.0 {
+        return PerChange::default();
+    }
+    let scale = phase_secs / rest_secs;
+    let one = |f: fn(&RedisTotals) -> u64| {
+        let background = f(r1).saturating_sub(f(r0)) as f64 * scale;
+        Some((f(p1).saturating_sub(f(p0)) as f64 - background) / changes as f64)
+    };
+    PerChange {
+        cmds: one(RedisTotals::all_calls),
+        publish: one(RedisTotals::publishes),
+        bytes: one(|t| t.bytes),
+    }
+}
+
 /// Parses Prometheus text exposition into name → value (labels kept in the name).
 pub fn parse_prometheus(text: &str) -> HashMap<String, f64> {
     text.lines()
@@ -328,6 +418,29 @@ mod tests {
         );
         assert_eq!(r.pg_xacts, None);
         assert_eq!(rates(&a, &b, 0, 30.0).redis_writes, None);
+    }
+
+    #[test]
+    fn per_change_subtracts_the_rest_rate_over_the_phase_length() {
+        let t = |calls: &[(&str, u64)], bytes| RedisTotals {
+            calls: calls.iter().map(|(c, n)| (c.to_string(), *n)).collect(),
+            bytes,
+        };
+        // At rest 10 s: 100 SETs, 1,000 bytes. Phase 5 s: 50 SETs of background, 200
+        // PUBLISH, 4,500 bytes; 100 changes.
+        let (r0, r1) = (t(&[("set", 0)], 0), t(&[("set", 100)], 1000));
+        let (p0, p1) = (
+            t(&[("set", 100)], 1000),
+            t(&[("set", 150), ("publish", 200)], 5500),
+        );
+        let pc = per_change((&r0, &r1, 10.0), (&p0, &p1, 5.0), 100);
+        assert_eq!(pc.cmds, Some(2.0));
+        assert_eq!(pc.publish, Some(2.0));
+        assert_eq!(pc.bytes, Some(40.0));
+        assert_eq!(
+            per_change((&r0, &r1, 10.0), (&p0, &p1, 5.0), 0),
+            PerChange::default()
+        );
     }
 
     #[test]

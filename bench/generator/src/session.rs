@@ -2,7 +2,7 @@
 //! roster, initial presence (RFC 6120 §5–7, RFC 6121 §2.2 and §4.2), then a loop that
 //! sends presence changes on command and timestamps every presence it receives.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -92,8 +92,11 @@ pub enum MechPref {
 /// Everything a session needs to reach and log in to the server under test.
 #[derive(Clone)]
 pub struct Target {
-    /// Loopback address of the server's c2s listener.
+    /// Loopback address of the server's c2s listener (the one this session uses).
     pub addr: SocketAddr,
+    /// Every c2s address of the server under test (the nodes of a cluster; `addr` is
+    /// one of them): see [`Target::for_user`].
+    pub addrs: Arc<Vec<SocketAddr>>,
     /// XMPP domain (stream `to`, TLS SNI, JID domain).
     pub domain: String,
     /// Client TLS configuration.
@@ -111,6 +114,17 @@ pub struct Target {
 }
 
 impl Target {
+    /// The target of user `i` after `attempt` failed logins: address
+    /// `(i + attempt) mod the number of addresses`, so consecutive users (ring neighbours,
+    /// hence contacts) sit on different nodes and a failed login moves on to the next.
+    pub fn for_user(&self, i: u32, attempt: usize) -> Target {
+        let mut t = self.clone();
+        if !self.addrs.is_empty() {
+            t.addr = self.addrs[(i as usize + attempt) % self.addrs.len()];
+        }
+        t
+    }
+
     /// Local part of user `i`.
     pub fn user(&self, i: u32) -> String {
         format!("{}{i}", self.user_prefix)
@@ -504,6 +518,10 @@ pub struct Shared {
     pub sessions_lost: AtomicU64,
     /// Subscription requests answered with `subscribed` (provisioning).
     pub subscriptions_approved: AtomicU64,
+    /// Interest lists the server accepted (CSI runs).
+    pub interest_results: AtomicU64,
+    /// Interest lists the server refused (CSI runs).
+    pub interest_errors: AtomicU64,
     /// Soak messages: written to the server, received (live or from offline storage),
     /// received with a XEP-0203 `<delay/>` (from offline storage), bounced with an error.
     pub messages: MessageCounts,
@@ -514,6 +532,13 @@ pub struct Shared {
     pub errors: Mutex<Vec<String>>,
     /// Distinct `negotiated` strings of the logins (TLS version, cipher suite, SASL).
     pub negotiated: Mutex<Vec<String>>,
+    /// Unavailable presences from contacts, per contact's bare JID: how many distinct
+    /// watchers of this process got one and `now_ns()` of the first arrival at each
+    /// watcher's latest (the timed run's kill phase).
+    pub unavailable: Mutex<std::collections::HashMap<String, (u32, u64)>>,
+    /// (contact, watcher) pairs counted in `unavailable`, and the unavailables received
+    /// beyond the first per pair (a contact announced twice to the same watcher).
+    pub unavailable_pairs: Mutex<(HashSet<(String, String)>, u64)>,
 }
 
 impl Shared {
@@ -555,6 +580,26 @@ pub const PROBE_PHASE: usize = 1;
 /// Marks the body of a soak message: `<MESSAGE_TAG> <seq> <sent ns>`.
 pub const MESSAGE_TAG: &str = "m1";
 
+/// The XEP-0352 namespace (client state indication).
+pub const NS_CSI: &str = "urn:xmpp:csi:0";
+/// presenced's interest-list namespace (README, "Interest lists").
+pub const NS_INTEREST: &str = "urn:presenced:interest:0";
+/// The `<show/>` values a CSI run cycles through (RFC 6121 §4.7.2.1), so that the
+/// nothing-lost check compares the show as well as the status.
+const CSI_SHOWS: [&str; 4] = ["away", "xa", "dnd", "chat"];
+
+/// What a session of a CSI run knows: for the nothing-lost check after `<active/>`.
+#[derive(Debug, Clone, Default)]
+pub struct CsiState {
+    /// Available and unavailable presences received from others since login.
+    pub presences_in: u64,
+    /// The last (show, status) this session sent, if it sent a change.
+    pub last_sent: Option<(String, String)>,
+    /// The last (show, status) received per sender full JID; an unavailable presence is
+    /// ("unavailable", "").
+    pub last_from: HashMap<String, (String, String)>,
+}
+
 /// Commands from the driver to a running session.
 #[derive(Debug)]
 pub enum Command {
@@ -570,6 +615,13 @@ pub enum Command {
     /// otherwise close the stream and read what the server still sends until it closes
     /// its side (RFC 6120 §4.4), at most 5 s, so nothing it delivered is left unread.
     Leave { drop: bool },
+    /// Send XEP-0352 `<active/>` (true) or `<inactive/>` (false).
+    ClientState(bool),
+    /// Set an interest list naming these bare JIDs (presenced's `urn:presenced:interest:0`);
+    /// the answer is counted in `Shared::interest_results` / `interest_errors`.
+    Interest(Vec<String>),
+    /// Report the CSI counters and the latest presence per sender (Mode::Csi).
+    CsiReport(tokio::sync::oneshot::Sender<CsiState>),
     /// Close the stream and end.
     Close,
 }
@@ -583,6 +635,9 @@ pub enum Mode {
     Provision,
     /// Soak and fault runs: measure, and count probes per sequence number.
     Soak,
+    /// Client state indication runs: measure, cycle `<show/>`, count every presence
+    /// received and keep the latest per sender (see [`CsiState`]).
+    Csi,
 }
 
 /// Runs a logged-in session until `Close` or an error.
@@ -597,6 +652,7 @@ pub async fn run(
     let mut conn = logged.conn;
     let mut seen: Option<HashSet<String>> = Some(HashSet::new());
     let mut pending_roster: Option<tokio::sync::oneshot::Sender<Vec<String>>> = None;
+    let mut csi = CsiState::default();
     let result: Result<(), String> = async {
         loop {
             while let Some(frame) = conn.framer.next_frame()? {
@@ -610,6 +666,9 @@ pub async fn run(
                 shared.last_activity_ns.store(now, Ordering::Relaxed);
                 match el.name.as_str() {
                     "presence" => {
+                        if mode == Mode::Csi {
+                            note_csi_presence(&el, &own_bare, &mut csi);
+                        }
                         if let Some(reply) = on_presence(&el, &own_bare, contacts, mode, now, &shared, &mut seen) {
                             conn.send(&reply).await?;
                         }
@@ -627,6 +686,17 @@ pub async fn run(
                                 }
                                 let _ = tx.send(both);
                             }
+                        } else if el.attr("id") == Some("interest1") {
+                            let counter = if el.attr("type") == Some("result") {
+                                &shared.interest_results
+                            } else {
+                                shared.note_error(format!(
+                                    "interest list of {own_bare}: {}",
+                                    el.child("error").map(describe).unwrap_or_default()
+                                ));
+                                &shared.interest_errors
+                            };
+                            counter.fetch_add(1, Ordering::Relaxed);
                         } else if let Some(reply) = on_iq(&el) {
                             conn.send(&reply).await?;
                         }
@@ -648,9 +718,18 @@ pub async fn run(
                 cmd = rx.recv() => match cmd {
                     Some(Command::Presence { phase, seq }) => {
                         let t = now_ns();
+                        let show = if mode == Mode::Csi {
+                            CSI_SHOWS[(seq % CSI_SHOWS.len() as u64) as usize]
+                        } else {
+                            "away"
+                        };
+                        let status = format!("{STATUS_TAG} {phase} {seq} {t}");
                         conn.send(&format!(
-                            "<presence><show>away</show><status>{STATUS_TAG} {phase} {seq} {t}</status></presence>"
+                            "<presence><show>{show}</show><status>{status}</status></presence>"
                         )).await?;
+                        if mode == Mode::Csi {
+                            csi.last_sent = Some((show.to_string(), status));
+                        }
                         if let Some(p) = shared.phases.get(phase as usize) {
                             p.sent.fetch_add(1, Ordering::Relaxed);
                         }
@@ -673,6 +752,22 @@ pub async fn run(
                             escape(&to)
                         )).await?;
                         shared.messages.sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(Command::ClientState(active)) => {
+                        let name = if active { "active" } else { "inactive" };
+                        conn.send(&format!("<{name} xmlns='{NS_CSI}'/>")).await?;
+                    }
+                    Some(Command::Interest(jids)) => {
+                        let mut items = String::new();
+                        for j in jids {
+                            items.push_str(&format!("<item jid='{}'/>", escape(&j)));
+                        }
+                        conn.send(&format!(
+                            "<iq type='set' id='interest1'><interest xmlns='{NS_INTEREST}'>{items}</interest></iq>"
+                        )).await?;
+                    }
+                    Some(Command::CsiReport(tx)) => {
+                        let _ = tx.send(csi.clone());
                     }
                     Some(Command::Leave { drop: true }) => return Ok(()),
                     Some(Command::Leave { drop: false }) => {
@@ -713,6 +808,29 @@ pub async fn run(
 
 fn bare_of(jid: &str) -> &str {
     jid.split('/').next().unwrap_or(jid)
+}
+
+/// Counts an available or unavailable presence from someone else and keeps it as the
+/// latest from its sender's full JID (a CSI run's nothing-lost check reads these).
+fn note_csi_presence(el: &Element, own_bare: &str, csi: &mut CsiState) {
+    let from = el.attr("from").unwrap_or("");
+    if bare_of(from) == own_bare {
+        return;
+    }
+    let latest = match el.attr("type") {
+        None => (
+            el.child("show")
+                .map(|s| s.text.trim().to_string())
+                .unwrap_or_default(),
+            el.child("status")
+                .map(|s| s.text.clone())
+                .unwrap_or_default(),
+        ),
+        Some("unavailable") => ("unavailable".to_string(), String::new()),
+        Some(_) => return,
+    };
+    csi.presences_in += 1;
+    csi.last_from.insert(from.to_string(), latest);
 }
 
 /// Counts one received message if it is a soak message (or its bounce).
@@ -757,6 +875,23 @@ fn on_presence(
                 "<presence to='{}' type='subscribed'/>",
                 escape(from_bare)
             ));
+        }
+        Some("unavailable") if from_bare != own_bare => {
+            let first = shared.unavailable_pairs.lock().is_ok_and(|mut p| {
+                let new = p.0.insert((from_bare.to_string(), own_bare.to_string()));
+                if !new {
+                    p.1 += 1;
+                }
+                new
+            });
+            if first {
+                if let Ok(mut u) = shared.unavailable.lock() {
+                    let e = u.entry(from_bare.to_string()).or_default();
+                    e.0 += 1;
+                    e.1 = e.1.max(now);
+                }
+            }
+            return None;
         }
         Some(_) => return None,
     }
@@ -880,6 +1015,30 @@ mod tests {
         }
         assert_eq!(shared.initial_presences.load(Ordering::Relaxed), 3);
         assert_eq!(shared.sessions_all_contacts_seen.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn csi_state_keeps_the_latest_presence_per_full_jid_and_counts_only_others() {
+        let mut csi = CsiState::default();
+        for xml in [
+            "<presence from='u2@d/b'><show>away</show><status>b1 0 1 5</status></presence>",
+            "<presence from='u2@d/b'><show>dnd</show><status>b1 0 7 9</status></presence>",
+            "<presence from='u3@d/b' type='unavailable'/>",
+            "<presence from='u1@d/b'><show>xa</show></presence>",
+            "<presence from='u4@d' type='subscribe'/>",
+        ] {
+            note_csi_presence(&Element::parse(xml).expect("valid"), "u1@d", &mut csi);
+        }
+        assert_eq!(csi.presences_in, 3);
+        assert_eq!(
+            csi.last_from.get("u2@d/b"),
+            Some(&("dnd".to_string(), "b1 0 7 9".to_string()))
+        );
+        assert_eq!(
+            csi.last_from.get("u3@d/b"),
+            Some(&("unavailable".to_string(), String::new()))
+        );
+        assert_eq!(csi.last_from.len(), 2);
     }
 
     #[test]

@@ -19,7 +19,6 @@
 //! At the end the load stops, the run waits until nothing arrives for 3 s (at most
 //! `--drain-secs`), writes the final counters and closes every session cleanly.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,8 +51,6 @@ pub struct Plan {
     pub sample_secs: u64,
     /// Where the counter lines go (stdout when absent).
     pub log: Option<PathBuf>,
-    /// Every c2s address; user i logs in to `targets[(i + attempt) % len]`.
-    pub targets: Vec<SocketAddr>,
     /// Logins in flight at most.
     pub login_concurrency: u32,
     /// One login attempt's time limit.
@@ -96,7 +93,6 @@ pub async fn run(plan: Plan, target: Target, graph: Arc<ContactGraph>) -> Result
     let counts = Arc::new(Counts::default());
     let online: Arc<Vec<AtomicBool>> = Arc::new((0..n).map(|_| AtomicBool::new(false)).collect());
     let sem = Arc::new(Semaphore::new(plan.login_concurrency.max(1) as usize));
-    let targets = Arc::new(plan.targets.clone());
     let mut users = Vec::with_capacity(n as usize);
     let mut handles = Vec::with_capacity(n as usize);
     let started = Instant::now();
@@ -106,7 +102,6 @@ pub async fn run(plan: Plan, target: Target, graph: Arc<ContactGraph>) -> Result
         let u = UserTask {
             i,
             target: target.clone(),
-            targets: targets.clone(),
             k,
             shared: shared.clone(),
             counts: counts.clone(),
@@ -338,7 +333,6 @@ fn counter_line(kind: &str, t: f64, c: &Counts, s: &Shared, probes: &[Probe]) ->
 struct UserTask {
     i: u32,
     target: Target,
-    targets: Arc<Vec<SocketAddr>>,
     k: usize,
     shared: Arc<Shared>,
     counts: Arc<Counts>,
@@ -352,9 +346,10 @@ impl UserTask {
     async fn run(self, mut rx: mpsc::Receiver<UserCmd>) {
         let mut attempt = 0usize;
         loop {
-            let mut t = self.target.clone();
+            let mut t;
             let logged = loop {
-                t.addr = self.targets[(self.i as usize + attempt) % self.targets.len()];
+                // Every c2s address in turn (the nodes of a cluster): Target::for_user.
+                t = self.target.for_user(self.i, attempt);
                 let r = {
                     let Ok(_permit) = self.sem.acquire().await else {
                         return;

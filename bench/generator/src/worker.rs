@@ -28,7 +28,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 
 use crate::graph::ContactGraph;
-use crate::session::{self, Command, Mode, Shared, Target};
+use crate::session::{self, Command, CsiState, Mode, Shared, Target};
 use crate::stats::Histogram;
 use crate::Cli;
 
@@ -62,6 +62,19 @@ pub enum Cmd {
     Count,
     /// Report histograms, lost sessions and errors.
     Stats,
+    /// Report the unavailable presences received from contacts.
+    Unavailables,
+    /// Client state indication: the inactive group (even users) sends `<active/>` or, with
+    /// `interest` > 0 first an interest list naming that many of its changing contacts,
+    /// `<inactive/>`.
+    CsiState { active: bool, interest: u32 },
+    /// Fixed offered load from the active group (odd users) only: `rate` changes/s for
+    /// `secs` (phase 0).
+    CsiWindow { rate: f64, secs: u64 },
+    /// Presences received per group since the previous `CsiCount`.
+    CsiCount,
+    /// The nothing-lost check of the inactive group (one process only, see `--csi`).
+    CsiCheck,
     /// Close every session.
     Close,
 }
@@ -92,6 +105,26 @@ pub enum Reply {
         lost: u64,
         errors: Vec<String>,
     },
+    /// Per contact (bare JID): watchers here that got its unavailable, latest first
+    /// arrival (ns); and the unavailables a watcher got again for the same contact.
+    Unavailables {
+        seen: Vec<(String, u32, u64)>,
+        repeated: u64,
+    },
+    /// After CsiState: interest lists sent, accepted, refused.
+    CsiStateDone { sent: u64, ok: u64, refused: u64 },
+    /// After CsiCount: presences received by the inactive group and by the active group
+    /// since the previous count, the group sizes, and the most one inactive client got.
+    CsiCount {
+        inactive: u64,
+        active: u64,
+        inactive_clients: u64,
+        active_clients: u64,
+        inactive_max: u64,
+    },
+    /// After CsiCheck: (inactive client, changed contact) pairs checked, and of those the
+    /// pairs whose latest presence at the client differs from what the contact last sent.
+    CsiCheck { checked: u64, lost: u64 },
     /// After Close.
     Closed,
 }
@@ -105,8 +138,15 @@ impl Cmd {
             Cmd::Quiet { ms, max_secs } => format!("quiet {ms} {max_secs}"),
             Cmd::Fixed { rate, secs } => format!("fixed {rate} {secs}"),
             Cmd::Sat { window, secs } => format!("sat {window} {secs}"),
+            Cmd::CsiState { active, interest } => {
+                format!("csistate {} {interest}", u8::from(*active))
+            }
+            Cmd::CsiWindow { rate, secs } => format!("csiwindow {rate} {secs}"),
+            Cmd::CsiCount => "csicount".into(),
+            Cmd::CsiCheck => "csicheck".into(),
             Cmd::Count => "count".into(),
             Cmd::Stats => "stats".into(),
+            Cmd::Unavailables => "unavailables".into(),
             Cmd::Close => "close".into(),
         }
     }
@@ -133,8 +173,19 @@ impl Cmd {
                 window: num(1)?,
                 secs: num(2)?,
             },
+            Some("csistate") => Cmd::CsiState {
+                active: num(1)? == 1,
+                interest: u32::try_from(num(2)?).map_err(|_| bad())?,
+            },
+            Some("csiwindow") => Cmd::CsiWindow {
+                rate: w.get(1).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
+                secs: num(2)?,
+            },
+            Some("csicount") => Cmd::CsiCount,
+            Some("csicheck") => Cmd::CsiCheck,
             Some("count") => Cmd::Count,
             Some("stats") => Cmd::Stats,
+            Some("unavailables") => Cmd::Unavailables,
             Some("close") => Cmd::Close,
             _ => return Err(bad()),
         })
@@ -209,6 +260,24 @@ impl Reply {
                 }
                 s
             }
+            Reply::Unavailables { seen, repeated } => {
+                let mut s = format!("unavailables\t{repeated}");
+                for (jid, watchers, ns) in seen {
+                    s.push_str(&format!("\t{} {watchers} {ns}", esc(jid)));
+                }
+                s
+            }
+            Reply::CsiStateDone { sent, ok, refused } => format!("csistate\t{sent}\t{ok}\t{refused}"),
+            Reply::CsiCount {
+                inactive,
+                active,
+                inactive_clients,
+                active_clients,
+                inactive_max,
+            } => format!(
+                "csicount\t{inactive}\t{active}\t{inactive_clients}\t{active_clients}\t{inactive_max}"
+            ),
+            Reply::CsiCheck { checked, lost } => format!("csicheck\t{checked}\t{lost}"),
             Reply::Closed => "closed".into(),
         }
     }
@@ -246,6 +315,39 @@ impl Reply {
                 lost: num(3)?,
                 errors: f[4.min(f.len())..].iter().map(|e| unesc(e)).collect(),
             },
+            "unavailables" => Reply::Unavailables {
+                repeated: num(1)?,
+                seen: f[2.min(f.len())..]
+                    .iter()
+                    .map(|e| {
+                        let w: Vec<&str> = e.split(' ').collect();
+                        match (w.first(), w.get(1), w.get(2)) {
+                            (Some(j), Some(n), Some(t)) => Ok((
+                                unesc(j),
+                                n.parse().map_err(|_| bad())?,
+                                t.parse().map_err(|_| bad())?,
+                            )),
+                            _ => Err(bad()),
+                        }
+                    })
+                    .collect::<Result<_, _>>()?,
+            },
+            "csistate" => Reply::CsiStateDone {
+                sent: num(1)?,
+                ok: num(2)?,
+                refused: num(3)?,
+            },
+            "csicount" => Reply::CsiCount {
+                inactive: num(1)?,
+                active: num(2)?,
+                inactive_clients: num(3)?,
+                active_clients: num(4)?,
+                inactive_max: num(5)?,
+            },
+            "csicheck" => Reply::CsiCheck {
+                checked: num(1)?,
+                lost: num(2)?,
+            },
             "closed" => Reply::Closed,
             _ => return Err(bad()),
         })
@@ -262,6 +364,8 @@ pub struct Worker {
     shared: Arc<Shared>,
     sessions: Vec<(u32, mpsc::Sender<Command>)>,
     seq: u64,
+    /// Each session's presences received at the previous `CsiCount`.
+    csi_mark: std::collections::HashMap<u32, u64>,
 }
 
 impl Worker {
@@ -284,6 +388,7 @@ impl Worker {
             sessions: Vec::new(),
             // Distinct sequence numbers across workers (they only label stanzas).
             seq: u64::from(index) << 48,
+            csi_mark: std::collections::HashMap::new(),
         }
     }
 
@@ -310,7 +415,11 @@ impl Worker {
                 .await;
                 Reply::Settled { seen: self.seen() }
             }
-            Cmd::Fixed { rate, secs } => self.fixed(rate, secs).await,
+            Cmd::Fixed { rate, secs } => self.fixed(rate, secs, false).await,
+            Cmd::CsiWindow { rate, secs } => self.fixed(rate, secs, true).await,
+            Cmd::CsiState { active, interest } => self.csi_state(active, interest).await,
+            Cmd::CsiCount => self.csi_count().await,
+            Cmd::CsiCheck => self.csi_check().await,
             Cmd::Sat { window, secs } => self.saturate(window, secs).await,
             Cmd::Count => {
                 let p = &self.shared.phases;
@@ -330,6 +439,20 @@ impl Worker {
                     errors: crate::errors_of(&self.shared),
                 }
             }
+            Cmd::Unavailables => Reply::Unavailables {
+                seen: self
+                    .shared
+                    .unavailable
+                    .lock()
+                    .map(|u| u.iter().map(|(j, &(n, t))| (j.clone(), n, t)).collect())
+                    .unwrap_or_default(),
+                repeated: self
+                    .shared
+                    .unavailable_pairs
+                    .lock()
+                    .map(|p| p.1)
+                    .unwrap_or_default(),
+            },
             Cmd::Close => {
                 crate::close_all(&self.sessions).await;
                 self.sessions.clear();
@@ -348,12 +471,17 @@ impl Worker {
         let hist = Arc::new(Histogram::default());
         let start_ns = session::now_ns();
         let concurrency = share(f64::from(self.cli.login_concurrency), self.procs).ceil() as u32;
+        let mode = if self.cli.csi {
+            Mode::Csi
+        } else {
+            Mode::Measure
+        };
         let (sessions, failed, span) = crate::login_all(
             &self.cli,
             &self.target,
             &self.graph,
             &self.shared,
-            Mode::Measure,
+            mode,
             Some(hist.clone()),
             crate::LoginPlan {
                 users: self.users.clone(),
@@ -380,9 +508,13 @@ impl Worker {
         }
     }
 
-    /// Open loop: `rate` changes per second from random users of this slice.
-    async fn fixed(&mut self, rate: f64, secs: u64) -> Reply {
+    /// Open loop: `rate` changes per second from random users of this slice (with
+    /// `active_group`, from the odd users only: a CSI run's inactive clients stay silent).
+    async fn fixed(&mut self, rate: f64, secs: u64, active_group: bool) -> Reply {
         let mut rng = rand::rngs::StdRng::from_entropy();
+        let senders: Vec<usize> = (0..self.sessions.len())
+            .filter(|&s| !active_group || !inactive_group(self.sessions[s].0))
+            .collect();
         let (mut issued, mut drops) = (0u64, 0u64);
         let sent_before = self.shared.phases[0].sent.load(Ordering::Relaxed);
         let t0 = Instant::now();
@@ -391,11 +523,11 @@ impl Worker {
         // short of it (this was the "one change of 1,000 missing" in earlier runs).
         let total = (rate * secs as f64).round() as u64;
         let mut tick = tokio::time::interval(Duration::from_millis(1));
-        while issued < total && !self.sessions.is_empty() {
+        while issued < total && !senders.is_empty() {
             tick.tick().await;
             let due = ((t0.elapsed().as_secs_f64() * rate) as u64 + 1).min(total);
             while issued < due {
-                let (_, tx) = &self.sessions[rng.gen_range(0..self.sessions.len())];
+                let (_, tx) = &self.sessions[senders[rng.gen_range(0..senders.len())]];
                 self.seq += 1;
                 issued += 1;
                 if tx
@@ -416,6 +548,119 @@ impl Worker {
             drops,
             secs,
         }
+    }
+
+    /// Sends the inactive group `<active/>`, or (with `interest` > 0, first an interest
+    /// list naming that many of each client's changing contacts, then) `<inactive/>`.
+    /// Waits for the interest lists' answers (at most 10 s), then 1 s for the servers to
+    /// take the nonzas in: XEP-0352 has no answer to wait for, and any traffic from the
+    /// client (a ping) would itself end Prosody's holding.
+    async fn csi_state(&mut self, active: bool, interest: u32) -> Reply {
+        let answered = |s: &Shared| {
+            s.interest_results.load(Ordering::Relaxed) + s.interest_errors.load(Ordering::Relaxed)
+        };
+        let (ok0, refused0) = (
+            self.shared.interest_results.load(Ordering::Relaxed),
+            self.shared.interest_errors.load(Ordering::Relaxed),
+        );
+        let before = answered(&self.shared);
+        let mut sent = 0u64;
+        for (i, tx) in &self.sessions {
+            if !inactive_group(*i) {
+                continue;
+            }
+            if !active && interest > 0 {
+                let named: Vec<String> = self
+                    .graph
+                    .contacts(*i)
+                    .into_iter()
+                    .filter(|&c| !inactive_group(c))
+                    .take(interest as usize)
+                    .map(|c| self.target.bare(c))
+                    .collect();
+                if tx.send(Command::Interest(named)).await.is_ok() {
+                    sent += 1;
+                }
+            }
+            let _ = tx.send(Command::ClientState(active)).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while answered(&self.shared) < before + sent && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Reply::CsiStateDone {
+            sent,
+            ok: self.shared.interest_results.load(Ordering::Relaxed) - ok0,
+            refused: self.shared.interest_errors.load(Ordering::Relaxed) - refused0,
+        }
+    }
+
+    /// Every live session's CSI state, by user.
+    async fn csi_states(&self) -> Vec<(u32, CsiState)> {
+        let mut out = Vec::with_capacity(self.sessions.len());
+        for (i, tx) in &self.sessions {
+            let (otx, orx) = tokio::sync::oneshot::channel();
+            if tx.send(Command::CsiReport(otx)).await.is_err() {
+                continue;
+            }
+            if let Ok(Ok(st)) = tokio::time::timeout(Duration::from_secs(10), orx).await {
+                out.push((*i, st));
+            }
+        }
+        out
+    }
+
+    async fn csi_count(&mut self) -> Reply {
+        let (mut inactive, mut active, mut ic, mut ac, mut imax) = (0, 0, 0, 0, 0);
+        for (i, st) in self.csi_states().await {
+            let prev = self.csi_mark.insert(i, st.presences_in).unwrap_or(0);
+            let d = st.presences_in.saturating_sub(prev);
+            if inactive_group(i) {
+                inactive += d;
+                ic += 1;
+                imax = imax.max(d);
+            } else {
+                active += d;
+                ac += 1;
+            }
+        }
+        Reply::CsiCount {
+            inactive,
+            active,
+            inactive_clients: ic,
+            active_clients: ac,
+            inactive_max: imax,
+        }
+    }
+
+    /// For each inactive-group client and each contact that sent a change: the latest
+    /// presence the client has from the contact's full JID must be the one it last sent.
+    async fn csi_check(&mut self) -> Reply {
+        let states = self.csi_states().await;
+        let last_sent: std::collections::HashMap<u32, (String, String)> = states
+            .iter()
+            .filter_map(|(i, st)| st.last_sent.clone().map(|v| (*i, v)))
+            .collect();
+        let (mut checked, mut lost) = (0u64, 0u64);
+        for (i, st) in states.iter().filter(|(i, _)| inactive_group(*i)) {
+            for c in self.graph.contacts(*i) {
+                let Some(want) = last_sent.get(&c) else {
+                    continue;
+                };
+                checked += 1;
+                let full = format!("{}/{}", self.target.bare(c), self.target.resource);
+                let have = st.last_from.get(&full);
+                if have != Some(want) {
+                    lost += 1;
+                    self.shared.note_error(format!(
+                        "csi: {} has {have:?} from {full}, which last sent {want:?}",
+                        self.target.bare(*i)
+                    ));
+                }
+            }
+        }
+        Reply::CsiCheck { checked, lost }
     }
 
     /// Waits (at most 5 s) until the sessions have written `target` changes of `phase`:
@@ -475,6 +720,11 @@ impl Worker {
             secs,
         }
     }
+}
+
+/// A CSI run's inactive group: every other user (the even ones).
+pub fn inactive_group(user: u32) -> bool {
+    user % 2 == 0
 }
 
 /// Runs as child `index`: reads commands from stdin, answers on stdout, until `close` or EOF.
@@ -626,8 +876,23 @@ mod tests {
                 window: 2000,
                 secs: 10,
             },
+            Cmd::CsiState {
+                active: false,
+                interest: 2,
+            },
+            Cmd::CsiState {
+                active: true,
+                interest: 0,
+            },
+            Cmd::CsiWindow {
+                rate: 12.5,
+                secs: 20,
+            },
+            Cmd::CsiCount,
+            Cmd::CsiCheck,
             Cmd::Count,
             Cmd::Stats,
+            Cmd::Unavailables,
             Cmd::Close,
         ] {
             assert_eq!(Cmd::decode(&c.encode()).expect("decodes"), c);
@@ -669,6 +934,21 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        let u = Reply::Unavailables {
+            seen: vec![("u1@d".into(), 3, 17), ("u2@d".into(), 1, 5)],
+            repeated: 2,
+        };
+        match Reply::decode(&u.encode()).expect("decodes") {
+            Reply::Unavailables { seen, repeated: 2 } => assert_eq!(
+                seen,
+                vec![("u1@d".to_string(), 3, 17), ("u2@d".to_string(), 1, 5)]
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            Reply::decode("unavailables\t0").expect("decodes"),
+            Reply::Unavailables { seen, repeated: 0 } if seen.is_empty()
+        ));
         let s = Reply::Stats {
             lat: [Histogram::default(), Histogram::default()],
             lost: 3,

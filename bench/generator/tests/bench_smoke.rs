@@ -286,3 +286,68 @@ async fn soak_mode_reconnects_and_accounts_for_every_message() {
     );
     ts.stop().await;
 }
+
+/// `--csi`: the client state indication workload at N = 20, K = 3. Every other user goes
+/// inactive (XEP-0352) while the others change presence: presenced holds all of it (an
+/// inactive client receives none while idle, fewer than when all were active), and after
+/// `<active/>` each inactive client has the latest presence of every contact that changed.
+/// In the third window the inactive clients name one changing contact in an interest list:
+/// its presence passes at once, the rest is held.
+#[tokio::test]
+async fn csi_mode_holds_presence_for_inactive_clients_and_loses_none() {
+    let ts = TestServer::start(|c| {
+        c.limits.stanzas_per_second = 10_000;
+        c.limits.stanza_burst = 10_000;
+    })
+    .await;
+    let bench = env!("CARGO_BIN_EXE_presenced-bench");
+    let target = ts.addr.to_string();
+    let common = [
+        "--server",
+        "presenced",
+        "--target",
+        &target,
+        "--domain",
+        &ts.domain,
+        "--smoke",
+    ];
+    provision(bench, &common).await;
+    let dir = std::env::temp_dir().join(format!("bench-csi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json_path = dir.join("csi.json");
+    let run = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new(bench)
+            .args(common)
+            .args(["--rest-secs", "0", "--csi", "--csi-interest", "1", "--json"])
+            .arg(&json_path)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("csi run finishes")
+    .expect("bench runs");
+    let out = String::from_utf8_lossy(&run.stdout);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "csi run failed:\n{out}\n{err}");
+    assert!(out.contains("csi: OK"), "{out}\n{err}");
+    let json = std::fs::read_to_string(&json_path).expect("json report");
+    let _ = std::fs::remove_dir_all(&dir);
+    let n = |k: &str| json_num(&json, k).unwrap_or_else(|| panic!("{k} in {json}\n{err}"));
+    // --smoke: 20 changes/s for 2 s from the 10 odd users; an even user has 2 odd contacts.
+    let baseline = n("csi_baseline_per_client");
+    assert!(baseline > 0.0, "{json}");
+    assert_eq!(n("csi_inactive_per_client"), 0.0, "all held: {json}");
+    assert!(n("csi_active_per_client") > 0.0, "{json}");
+    assert_eq!(n("csi_reduction_pct"), 100.0, "{json}");
+    assert!(n("csi_flushed_per_inactive_client") > 0.0, "{json}");
+    assert!(n("csi_checked") > 0.0, "{json}");
+    assert_eq!(n("csi_lost"), 0.0, "{json}\n{err}");
+    // Interest lists: accepted by every inactive client; the named contact passes at once.
+    assert_eq!(n("csi_interest_lists_ok"), 10.0, "{json}\n{err}");
+    let interest = n("csi_interest_inactive_per_client");
+    assert!(interest > 0.0 && interest < baseline, "{json}");
+    assert!(n("csi_interest_checked") > 0.0, "{json}");
+    assert_eq!(n("csi_interest_lost"), 0.0, "{json}\n{err}");
+    ts.stop().await;
+}

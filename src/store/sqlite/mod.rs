@@ -11,7 +11,12 @@
 //!   with `BEGIN IMMEDIATE`, so a count checked before an insert (roster size, block
 //!   list size, waiting requests) cannot change before the insert. This is what the
 //!   PostgreSQL queries get from locking the owner's `roster_versions` row;
-//! * reads use their own pool and see one snapshot per transaction;
+//! * reads use their own pool (`[database] sqlite_readers` connections) and see one
+//!   snapshot per transaction;
+//! * each connection's page cache is bounded (`[database] sqlite_cache_kib`): SQLite keeps
+//!   up to 2 MiB per connection by default, which a server filled during its first logins
+//!   and held for good, a fixed cost that showed as memory per session. A page not cached
+//!   is read again from the operating system's cache of the file;
 //! * foreign keys on for every connection (SQLite leaves them off by default);
 //! * what PostgreSQL announces with NOTIFY, the triggers append to `presenced_changes`,
 //!   which [`super::notify`] polls.
@@ -53,31 +58,52 @@ pub struct Pools {
 
 pub use crate::config::sqlite_path as path_of;
 
+/// How [`Pools::open`] sizes the pools (the `[database]` keys of the same names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    /// Connections of the readers' pool.
+    pub readers: u32,
+    /// Page cache of each connection, KiB.
+    pub cache_kib: u32,
+    /// How long a statement waits for another process's lock.
+    pub busy_timeout: Duration,
+}
+
+impl Sizes {
+    /// The `[database]` settings.
+    pub fn from_config(db: &crate::config::DatabaseConfig) -> Sizes {
+        Sizes {
+            readers: db.sqlite_readers,
+            cache_kib: db.sqlite_cache_kib,
+            busy_timeout: db.sqlite_busy_timeout,
+        }
+    }
+}
+
 /// Connection options shared by both pools.
-fn options(path: &Path, busy_timeout: Duration) -> SqliteConnectOptions {
+fn options(path: &Path, sizes: Sizes) -> SqliteConnectOptions {
     SqliteConnectOptions::new()
         .filename(path)
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
         .foreign_keys(true)
-        .busy_timeout(busy_timeout)
+        .busy_timeout(sizes.busy_timeout)
+        // A negative cache_size is a size in KiB, not a number of pages.
+        .pragma("cache_size", format!("-{}", sizes.cache_kib.max(1)))
 }
 
 impl Pools {
     /// Opens (creating it if missing) the file at `path` with one writer and up to
-    /// `max_connections` readers, and checks it is an SQLite database. A statement waits
-    /// up to `busy_timeout` for another process's lock.
-    pub async fn open(
-        path: &Path,
-        max_connections: u32,
-        busy_timeout: Duration,
-    ) -> Result<Pools, StoreError> {
+    /// `sizes.readers` readers, and checks it is an SQLite database. A statement waits
+    /// up to `sizes.busy_timeout` for another process's lock.
+    pub async fn open(path: &Path, sizes: Sizes) -> Result<Pools, StoreError> {
+        let busy_timeout = sizes.busy_timeout;
         let named =
             |e: sqlx::Error| file_error(path, busy_timeout, &e).unwrap_or(StoreError::Database(e));
         let write = SqlitePoolOptions::new()
             .max_connections(1)
-            .connect_with(options(path, busy_timeout))
+            .connect_with(options(path, sizes))
             .await
             .map_err(named)?;
         // Opening succeeds on a file that is no database; the first read of the schema
@@ -87,8 +113,8 @@ impl Pools {
             .await
             .map_err(named)?;
         let read = SqlitePoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .connect_with(options(path, busy_timeout))
+            .max_connections(sizes.readers.max(1))
+            .connect_with(options(path, sizes))
             .await
             .map_err(named)?;
         Ok(Pools {
