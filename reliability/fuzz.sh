@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # reliability/fuzz.sh: every cargo-fuzz target of fuzz/ (see fuzz/README.md) for FUZZ_SECS
-# each, all at once at `nice -n 10`, then one line per target: executions, seconds, rate,
-# corpus files, coverage, and whether it crashed (the crash input stays in
-# fuzz/artifacts/<target>/).
+# each (or until FUZZ_RUNS executions, whichever comes first), all at once at `nice -n 10`,
+# then one line per target: executions, seconds, rate, corpus files, coverage, and whether
+# it crashed (the crash input stays in fuzz/artifacts/<target>/).
 #
 #   FUZZ_SECS=1800 reliability/fuzz.sh
+#   FUZZ_RUNS=10000000 FUZZ_SECS=7200 reliability/fuzz.sh   # 10 M executions, at most 2 h
 #   TARGETS="stream_reader framed_reader"   SANITIZER=none (or address: slower, see below)
 #   RSS_LIMIT_MB=2048   libFuzzer's memory limit per target process
 #   SEEDS=0             do not write the seed corpus first (it needs a debug build of the
@@ -21,6 +22,7 @@
 set -euo pipefail
 FUZZ="$(cd "$(dirname "$0")/../fuzz" && pwd)"
 FUZZ_SECS="${FUZZ_SECS:-600}"
+FUZZ_RUNS="${FUZZ_RUNS:--1}" # libFuzzer's -runs: -1 means no limit
 TARGETS="${TARGETS:-stream_reader framed_reader}"
 SANITIZER="${SANITIZER:-none}"
 RSS_LIMIT_MB="${RSS_LIMIT_MB:-2048}"
@@ -36,7 +38,7 @@ pids=()
 for t in $TARGETS; do
     mkdir -p "corpus/$t" "artifacts/$t"
     echo "$(ls "corpus/$t" | wc -l)" >"/tmp/fuzz-$t.corpus0"
-    nice -n 10 cargo fuzz run -s "$SANITIZER" "$t" -- -max_total_time="$FUZZ_SECS" \
+    nice -n 10 cargo fuzz run -s "$SANITIZER" "$t" -- -max_total_time="$FUZZ_SECS" -runs="$FUZZ_RUNS" \
         -print_final_stats=1 -rss_limit_mb="$RSS_LIMIT_MB" >"/tmp/fuzz-$t.log" 2>&1 &
     pids+=($!)
 done
@@ -51,14 +53,14 @@ echo "|---|---|---|---|---|---|---|---|"
 i=0
 for t in $TARGETS; do
     log="/tmp/fuzz-$t.log"
-    execs="$(awk -F: '/stat::number_of_executed_units/ {gsub(/ /,"",$2); print $2}' "$log" | tail -1)"
-    secs="$(awk -F: '/stat::average_exec_per_sec/ {gsub(/ /,"",$2); print $2}' "$log" | tail -1)"
+    execs="$(awk '/stat::number_of_executed_units/ {print $NF}' "$log" | tail -1)"
+    secs="$(awk '/stat::average_exec_per_sec/ {print $NF}' "$log" | tail -1)"
     last="$(grep -E '^#[0-9]+' "$log" | tail -1)"
     cov="$(echo "$last" | sed -n 's/.*cov: \([0-9]*\).*/\1/p')"
     ft="$(echo "$last" | sed -n 's/.*ft: \([0-9]*\).*/\1/p')"
     result=clean
     [ "${rcs[$i]}" = 0 ] || result="CRASH (exit ${rcs[$i]}; $(ls "artifacts/$t" | head -1))"
-    # "Done N runs in S second(s)" when the time ran out; else executions / rate.
+    # "Done N runs in S second(s)" when the time or the runs ran out; else executions / rate.
     dur="$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1)"
     if [ -z "$dur" ] && [ -n "$execs" ] && [ -n "$secs" ] && [ "$secs" != 0 ]; then
         dur=$((execs / secs))
@@ -67,4 +69,4 @@ for t in $TARGETS; do
     i=$((i + 1))
 done
 echo
-echo "FUZZ_SECS=$FUZZ_SECS SANITIZER=$SANITIZER, $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg), commit $(git rev-parse --short HEAD)"
+echo "FUZZ_SECS=$FUZZ_SECS FUZZ_RUNS=$FUZZ_RUNS SANITIZER=$SANITIZER, $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg), commit $(git rev-parse --short HEAD)"

@@ -117,8 +117,48 @@ sample() { # pid metrics_port t
         "$(psql_q 'SELECT count(*) FROM last_activity' || echo null)" \
         "$(psql_q 'SELECT count(*) FROM pending_subscriptions' || echo null)" \
         "$(psql_q 'SELECT count(*) FROM roster_items' || echo null)"
-    printf '"pg_backends":%s,"load":[%s]}\n' \
-        "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE datname = 'presenced'" || echo null)" "$load"
+    printf '"pg_backends":%s,%s"load":[%s]}\n' \
+        "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE datname = 'presenced'" || echo null)" \
+        "$(c="$(live_counters "$2")"; [ -n "$c" ] && echo "$c,")" "$load"
+}
+
+# The liveness node counters from /metrics as JSON fields (no trailing comma): writes that
+# reached Redis, failed or dropped Redis operations, pings, beats, sweeps, swept resources,
+# silent deaths.
+live_counters() { # metrics_port
+    curl -s "http://127.0.0.1:$1/metrics" | awk '
+        /^presenced_[a-z_]+(_total)? / {
+            n = $1; sub(/^presenced_/, "", n); sub(/_total$/, "", n)
+            if (n ~ /^(redis_writes|redis_errors|pings_sent|heartbeats|sweeps|swept_resources|silent_deaths)$/)
+                out = out (out == "" ? "" : ",") "\"" n "\":" $2
+        }
+        END { print out }'
+}
+
+# Ages of the beats written to Redis (one EVAL, cheap enough to run every few seconds): a
+# resource's key expires T after the beat its last write carried, so a member of the beat
+# ZSETs older than T has lost its key. Prints {"unix_ms", "members", "older_60s",
+# "older_90s", "older_ttl", "oldest_s", "dbsize"}.
+BEAT_AGES='local now = tonumber(ARGV[1]); local shards = tonumber(ARGV[2]); local ttl = tonumber(ARGV[3])
+local c, a, b, d, m = 0, 0, 0, 0, now
+for s = 0, shards - 1 do
+  local k = "presence:beats:" .. s
+  c = c + redis.call("ZCARD", k)
+  a = a + redis.call("ZCOUNT", k, "-inf", now - 60000)
+  b = b + redis.call("ZCOUNT", k, "-inf", now - 90000)
+  d = d + redis.call("ZCOUNT", k, "-inf", now - ttl)
+  local r = redis.call("ZRANGE", k, 0, 0, "WITHSCORES")
+  if #r > 0 and tonumber(r[2]) < m then m = tonumber(r[2]) end
+end
+return {c, a, b, d, now - m, redis.call("DBSIZE")}'
+beat_ages() { # shards ttl_ms
+    local now v
+    now="$(date +%s%3N)"
+    v="$(redis_cli --no-raw EVAL "$BEAT_AGES" 0 "$now" "$1" "$2" 2>/dev/null | awk '{print $NF}' | paste -sd' ')"
+    set -- $v
+    [ $# -eq 6 ] || return 0
+    printf '{"unix_ms":%s,"members":%s,"older_60s":%s,"older_90s":%s,"older_ttl":%s,"oldest_s":%s,"dbsize":%s}\n' \
+        "$now" "$1" "$2" "$3" "$4" "$(awk -v m="$5" 'BEGIN{printf "%.1f", m / 1000}')" "$6"
 }
 
 # fresh_stores: an empty $WORK with a private PostgreSQL on STORE_PORT_BASE + 1 and a

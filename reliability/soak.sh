@@ -10,6 +10,7 @@
 #                       the connection, half by closing the stream)
 #   PRESENCE_RATE=20    presence changes per second; MESSAGE_RATE=20 chat messages per second
 #   SAMPLE_SECS=60      seconds between samples; WARMUP_SECS=600 left out of the slopes
+#   BEAT_SECS=10        seconds between samples of the written beats' ages (beats.jsonl)
 #   PORT_BASE=31700     c2s PORT_BASE+1, /metrics PORT_BASE+2
 #   STORE_PORT_BASE=30401  private Redis on it, private PostgreSQL on it + 1
 #   WORK=/tmp/presenced-soak   everything the run writes (removed first)
@@ -26,6 +27,7 @@ PRESENCE_RATE="${PRESENCE_RATE:-20}"
 MESSAGE_RATE="${MESSAGE_RATE:-20}"
 SAMPLE_SECS="${SAMPLE_SECS:-60}"
 WARMUP_SECS="${WARMUP_SECS:-600}"
+BEAT_SECS="${BEAT_SECS:-10}"
 PORT_BASE="${PORT_BASE:-31700}"
 STORE_PORT_BASE="${STORE_PORT_BASE:-30401}"
 WORK="${WORK:-/tmp/presenced-soak}"
@@ -36,6 +38,7 @@ METRICS=$((PORT_BASE + 2))
 cleanup() {
     set +e
     [ -n "${GEN_PID:-}" ] && kill "$GEN_PID" 2>/dev/null
+    [ -n "${BEATS_PID:-}" ] && kill "$BEATS_PID" 2>/dev/null
     [ -n "${NODE_PID_soak:-}" ] && kill "$NODE_PID_soak" 2>/dev/null && wait "$NODE_PID_soak"
     [ -n "${REDIS_PID:-}" ] && kill "$REDIS_PID" 2>/dev/null && wait "$REDIS_PID"
     [ -n "${PG_DIR:-}" ] && pg_stop fast
@@ -62,6 +65,13 @@ echo "{\"commit\":\"$COMMIT\",\"n\":$N,\"k\":$K,\"soak_secs\":$SOAK_SECS,\"churn
 GEN_PID=$!
 # Server-side samples from the moment the generator starts; t counts from its start.
 T0=$(date +%s)
+# The written beats' ages every BEAT_SECS (default [liveness] beat_shards 16, ttl 100 s):
+# a liveness key missing from a sample shows here as a beat older than T.
+while kill -0 "$GEN_PID" 2>/dev/null; do
+    beat_ages 16 $((TTL * 1000))
+    sleep "$BEAT_SECS"
+done >"$WORK/beats.jsonl" &
+BEATS_PID=$!
 : >"$WORK/samples.jsonl"
 while kill -0 "$GEN_PID" 2>/dev/null; do
     sample "$PID" "$METRICS" $(($(date +%s) - T0)) >>"$WORK/samples.jsonl"
@@ -73,6 +83,8 @@ done
 GEN_RC=0
 wait "$GEN_PID" || GEN_RC=$?
 GEN_PID=
+wait "$BEATS_PID" 2>/dev/null || true
+BEATS_PID=
 log "generator exited with $GEN_RC; checking that everything is released"
 # After the last client left: sessions must reach 0 at once (clean closes), liveness and
 # directory keys within the grace and expiry times. Sampled every 10 s, at most 3 T + 60 s.

@@ -109,6 +109,33 @@ def main(work):
             print()
             print("First client errors: " + "; ".join(f"`{x}`" for x in e["errors"][:5]))
         print()
+    beats = lines(work / "beats.jsonl")
+    if beats:
+        t0 = samples[0]["unix"] - samples[0]["t"] if samples else beats[0]["unix_ms"] / 1000
+        late = [b for b in beats if b["older_ttl"] > 0]
+        worst = max(beats, key=lambda b: b["older_90s"])
+        oldest = max(beats, key=lambda b: b["oldest_s"])
+        print(f"Written beats (beats.jsonl, {len(beats)} samples of the beat ZSETs): members "
+              f"{min(b['members'] for b in beats)}–{max(b['members'] for b in beats)}; "
+              f"beats older than 60 s: at most {max(b['older_60s'] for b in beats)}; older than "
+              f"90 s: at most {worst['older_90s']} (t = {worst['unix_ms'] / 1000 - t0:.0f} s); "
+              f"older than T (their liveness key expired while the member waited for the next "
+              f"sweep): in {len(late)} samples, at most "
+              f"{max((b['older_ttl'] for b in beats), default=0)}; oldest beat "
+              f"{oldest['oldest_s']} s (t = {oldest['unix_ms'] / 1000 - t0:.0f} s).")
+        print()
+    counted = [s for s in samples if "redis_writes" in s]
+    if len(counted) >= 2:
+        a, b = counted[0], counted[-1]
+        mins = (b["unix"] - a["unix"]) / 60 or 1
+        def d(k):
+            return b.get(k, 0) - a.get(k, 0)
+        print(f"Node liveness counters from t = {a['t']} s to {b['t']} s: "
+              f"{d('redis_writes') / mins:.0f} resource writes to Redis per minute, "
+              f"{d('redis_errors')} failed or dropped Redis operations, "
+              f"{d('pings_sent') / mins:.0f} pings per minute, {d('swept_resources')} resources "
+              f"swept, {d('silent_deaths')} silent deaths.")
+        print()
     if after:
         left = run.get("left_at")
         first_zero_s = next((a for a in after if a.get("sessions") == 0), None)
