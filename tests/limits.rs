@@ -558,6 +558,10 @@ async fn directed_presence_beyond_max_directed_presences_is_refused_and_logout_r
     for u in ["bob", "carol", "dave"] {
         let mut c = ts.login(u, "r").await;
         c.presence(None, None).await;
+        // The target is available (its own presence came back) before alice's directed
+        // presence to its bare JID is sent; otherwise it could find no available resource.
+        let own = format!("{}/r", ts.jid(u));
+        c.expect(|e| is_presence(e, &own, None)).await;
         alice.presence(None, Some(&ts.jid(u))).await;
         c.expect(|e| is_presence(e, &alice_full, None)).await;
         targets.push(c);

@@ -704,9 +704,11 @@ impl Cluster {
     }
 
     /// Applies one batch: the directory reads every forward in it needs (one pipeline,
-    /// one per slot on a Redis Cluster), then the writes and publishes in the order they
-    /// were queued (a second one; per slot, the order within a user's keys and within a
-    /// node's channel is kept), then the kicks that the claims call for.
+    /// one per slot on a Redis Cluster), then the writes in the order they were queued (a
+    /// second one; per slot, the order within a user's keys is kept), then the kicks that
+    /// the claims call for, the invalidations of the rows written, and the stanzas in the
+    /// order they were queued (a batch without writes publishes its stanzas with the
+    /// second pipeline).
     async fn apply(&self, conn: &mut Conn, ops: Vec<Op>) -> redis::RedisResult<()> {
         let Some(target) = self.inner.client.as_ref() else {
             return Ok(());
@@ -738,6 +740,8 @@ impl Cluster {
         let mut idx = 0usize;
         // Users whose rows this batch writes: the other nodes drop their copies.
         let mut written: Vec<String> = Vec::new();
+        // The stanzas this batch publishes, in the order queued (see below for where).
+        let mut stanzas: Vec<(String, redis::Cmd)> = Vec::new();
         for op in ops {
             if let Op::Claim(jid, _) | Op::Update(jid, _) | Op::Release(jid) = &op {
                 written.push(jid.to_bare().to_string());
@@ -801,9 +805,9 @@ impl Cluster {
                                 xml: xml.clone(),
                             };
                             let channel = self.inner.keys.channel(&node);
-                            pipe.add(&channel, target.publish(&channel, &env.encode()));
+                            let c = target.publish(&channel, &env.encode());
+                            stanzas.push((channel, c));
                             published += 1;
-                            idx += 1;
                         }
                     }
                     if let Some(tx) = reached {
@@ -813,11 +817,26 @@ impl Cluster {
                 }
                 Op::Send(node, env) => {
                     let channel = self.inner.keys.channel(&node);
-                    pipe.add(&channel, target.publish(&channel, &env.encode()));
+                    let c = target.publish(&channel, &env.encode());
+                    stanzas.push((channel, c));
                     published += 1;
+                    continue;
                 }
             }
             idx += 1;
+        }
+        written.sort();
+        written.dedup();
+        // A stanza must not reach another node before the invalidation of rows this batch
+        // wrote: a presence announcing a new priority, say, would let its recipient reply
+        // to the bare JID while its node still routes by the old copy (RFC 6121 §8.5.2.1.1).
+        // With writes in the batch the stanzas follow the invalidations (same channel, so
+        // in order); without, they go in this first pipeline (no round trip added).
+        let deferred = !written.is_empty() && self.has_peers();
+        if !deferred {
+            for (channel, c) in stanzas.drain(..) {
+                pipe.add(&channel, c);
+            }
         }
         let results: Vec<redis::Value> = pipe.query(conn).await?;
         self.inner
@@ -871,8 +890,6 @@ impl Cluster {
         // After the writes have landed (on a Redis Cluster the first pipeline's slots run in
         // parallel, so only its reply orders them): every other live node is told which
         // users' rows changed, one message per node for the whole batch.
-        written.sort();
-        written.dedup();
         if !written.is_empty() {
             let mut nodes: Vec<String> = self
                 .peers()
@@ -894,6 +911,9 @@ impl Cluster {
                     .published
                     .fetch_add(1, Ordering::Relaxed);
             }
+        }
+        for (channel, c) in stanzas {
+            after.add(&channel, c);
         }
         after.query(conn).await?;
         Ok(())
