@@ -1425,15 +1425,7 @@ async fn redis_cluster_master_failover_during_traffic_loses_only_a_bounded_windo
             .query_async(&mut r)
             .await
             .expect("CLUSTER FAILOVER");
-        loop {
-            let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut r).await.unwrap();
-            if matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"master") {
-                break;
-            }
-            assert!(asked.elapsed() < Duration::from_secs(10), "no promotion");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        (asked, Instant::now())
+        (asked, promoted(&mut r, asked).await)
     };
     let receive = async {
         let mut got = vec![false; N];
@@ -1714,15 +1706,7 @@ async fn redis_cluster_master_killed_during_traffic_loses_only_a_bounded_window(
         let mut r = connect(&format!("redis://{replica}")).await;
         own.kill(&master).await;
         let killed = Instant::now();
-        loop {
-            let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut r).await.unwrap();
-            if matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"master") {
-                break;
-            }
-            assert!(killed.elapsed() < Duration::from_secs(10), "no promotion");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        (killed, Instant::now())
+        (killed, promoted(&mut r, killed).await)
     };
     let receive = async {
         let (mut messages, mut presences) = (vec![false; N], vec![false; N]);
@@ -2011,4 +1995,17 @@ async fn a_bare_jid_whose_sessions_on_another_node_went_away_is_answered_as_offl
     nothing_kept(&b3, |e| e.to_xml().contains("offline "));
     n1.stop().await;
     n2.stop().await;
+}
+
+/// Polls the replica `r` until ROLE says it is a master, at most 10 s after `since`;
+/// returns when it saw the promotion.
+async fn promoted(r: &mut redis::aio::MultiplexedConnection, since: Instant) -> Instant {
+    loop {
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(r).await.unwrap();
+        if matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"master") {
+            return Instant::now();
+        }
+        assert!(since.elapsed() < Duration::from_secs(10), "no promotion");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
