@@ -10,7 +10,7 @@ use common::*;
 use std::time::Duration;
 
 /// Provisions the server's users through the generator's store path.
-async fn provision(bench: &str, common: &[&str]) {
+async fn provision<S: AsRef<std::ffi::OsStr>>(bench: &str, common: &[S]) {
     let provision = tokio::time::timeout(
         Duration::from_secs(120),
         tokio::process::Command::new(bench)
@@ -28,6 +28,29 @@ async fn provision(bench: &str, common: &[&str]) {
     );
 }
 
+/// A server without stanza rate limits, its users provisioned at the smoke size, and the
+/// generator's arguments that name it.
+async fn smoke_server() -> (TestServer, Vec<String>) {
+    let ts = TestServer::start(|c| {
+        c.limits.stanzas_per_second = 10_000;
+        c.limits.stanza_burst = 10_000;
+    })
+    .await;
+    let common: Vec<String> = [
+        "--server",
+        "presenced",
+        "--target",
+        &ts.addr.to_string(),
+        "--domain",
+        &ts.domain,
+        "--smoke",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    provision(env!("CARGO_BIN_EXE_presenced-bench"), &common).await;
+    (ts, common)
+}
+
 /// The value of a top-level number field in the generator's JSON report.
 fn json_num(json: &str, key: &str) -> Option<f64> {
     let at = json.find(&format!("\"{key}\": "))? + key.len() + 4;
@@ -38,23 +61,8 @@ fn json_num(json: &str, key: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn load_generator_smoke_run_logs_in_and_delivers_presence() {
-    let ts = TestServer::start(|c| {
-        c.limits.stanzas_per_second = 10_000;
-        c.limits.stanza_burst = 10_000;
-    })
-    .await;
+    let (ts, common) = smoke_server().await;
     let bench = env!("CARGO_BIN_EXE_presenced-bench");
-    let target = ts.addr.to_string();
-    let common = [
-        "--server",
-        "presenced",
-        "--target",
-        &target,
-        "--domain",
-        &ts.domain,
-        "--smoke",
-    ];
-    provision(bench, &common).await;
     let dir = std::env::temp_dir().join(format!("bench-smoke1-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let json_path = dir.join("smoke.json");
@@ -295,23 +303,8 @@ async fn soak_mode_reconnects_and_accounts_for_every_message() {
 /// its presence passes at once, the rest is held.
 #[tokio::test]
 async fn csi_mode_holds_presence_for_inactive_clients_and_loses_none() {
-    let ts = TestServer::start(|c| {
-        c.limits.stanzas_per_second = 10_000;
-        c.limits.stanza_burst = 10_000;
-    })
-    .await;
+    let (ts, common) = smoke_server().await;
     let bench = env!("CARGO_BIN_EXE_presenced-bench");
-    let target = ts.addr.to_string();
-    let common = [
-        "--server",
-        "presenced",
-        "--target",
-        &target,
-        "--domain",
-        &ts.domain,
-        "--smoke",
-    ];
-    provision(bench, &common).await;
     let dir = std::env::temp_dir().join(format!("bench-csi-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let json_path = dir.join("csi.json");
