@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
+use crate::error::StreamCondition;
 use crate::error::StreamError;
 use crate::jid::{BareJid, FullJid};
 use crate::node::Shared;
@@ -215,7 +216,7 @@ async fn execute(
             let ended = end_sessions(
                 shared,
                 shared.sessions.of_user(&bare),
-                StreamError::new("not-authorized", "the account was deleted"),
+                StreamError::new(StreamCondition::NotAuthorized, "the account was deleted"),
             )
             .await;
             let deleted = shared
@@ -244,7 +245,7 @@ async fn execute(
             let ended = end_sessions(
                 shared,
                 sessions,
-                StreamError::new("policy-violation", &text),
+                StreamError::new(StreamCondition::PolicyViolation, &text),
             )
             .await;
             Ok(serde_json::json!({ "sessions_ended": ended }))
@@ -432,7 +433,7 @@ fn info(s: &SessionHandle) -> SessionInfo {
 /// registry, so a following delete finds no session writing for the account.
 async fn end_sessions(shared: &Shared, sessions: Vec<SessionHandle>, error: StreamError) -> usize {
     for s in &sessions {
-        tracing::info!(jid = %s.jid, condition = error.condition, "admin: ending session");
+        tracing::info!(jid = %s.jid, condition = %error.condition, "admin: ending session");
         s.close(error.clone());
     }
     let gone = |s: &SessionHandle| shared.sessions.get(&s.jid).is_none_or(|h| h.id != s.id);

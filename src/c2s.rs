@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::StreamCondition;
 use crate::error::{StanzaError, StreamError};
 use crate::jid::{BareJid, FullJid, Jid};
 use crate::liveness::{Transport, TransportKind};
@@ -158,7 +159,10 @@ async fn negotiate(
         Ok(Err(Fail::Gone)) => None,
         Err(_) => {
             // RFC 6120 §4.9.3.4: negotiation took longer than the configured time.
-            let err = StreamError::new("connection-timeout", "Stream negotiation took too long");
+            let err = StreamError::new(
+                StreamCondition::ConnectionTimeout,
+                "Stream negotiation took too long",
+            );
             conn.fail(err).await;
             None
         }
@@ -213,7 +217,7 @@ impl Conn {
                 }
                 StreamEvent::Open(_) => {
                     return Err(Fail::Stream(StreamError::new(
-                        "not-well-formed",
+                        StreamCondition::NotWellFormed,
                         "second stream header",
                     )))
                 }
@@ -235,7 +239,7 @@ impl Conn {
         if header.name != "stream" || header.ns != x::NS_STREAM {
             // RFC 6120 §4.8.1: the stream element must be qualified by the streams namespace.
             return Err(Fail::Stream(StreamError::new(
-                "invalid-namespace",
+                StreamCondition::InvalidNamespace,
                 "the stream element must be in http://etherx.jabber.org/streams",
             )));
         }
@@ -252,19 +256,19 @@ impl Conn {
             (Some(to), _) if !self.shared.config.serves(to) => {
                 // RFC 6120 §4.9.3.6.
                 return Err(Fail::Stream(StreamError::new(
-                    "host-unknown",
+                    StreamCondition::HostUnknown,
                     format!("this server does not serve {to}"),
                 )));
             }
             (None, _) => {
                 return Err(Fail::Stream(StreamError::new(
-                    "host-unknown",
+                    StreamCondition::HostUnknown,
                     "the stream header has no 'to' address",
                 )));
             }
             (Some(to), Some(prev)) if to != prev => {
                 return Err(Fail::Stream(StreamError::new(
-                    "host-unknown",
+                    StreamCondition::HostUnknown,
                     "the domain changed across a stream restart",
                 )));
             }
@@ -274,7 +278,7 @@ impl Conn {
         if header.default_ns.as_deref() != Some(x::NS_CLIENT) {
             // RFC 6120 §4.8.2 / §4.9.3.10.
             return Err(Fail::Stream(StreamError::new(
-                "invalid-namespace",
+                StreamCondition::InvalidNamespace,
                 "the content namespace of a client stream must be jabber:client",
             )));
         }
@@ -286,7 +290,7 @@ impl Conn {
         if major != Some(1) {
             // RFC 6120 §4.7.5 / §4.9.3.25: we speak 1.x only.
             return Err(Fail::Stream(StreamError::new(
-                "unsupported-version",
+                StreamCondition::UnsupportedVersion,
                 "version 1.0 is required",
             )));
         }
@@ -377,7 +381,7 @@ impl Conn {
                 continue;
             }
             return Err(Fail::Stream(StreamError::new(
-                "policy-violation",
+                StreamCondition::PolicyViolation,
                 "STARTTLS is required before anything else (RFC 6120 §5.3.1)",
             )));
         }
@@ -411,7 +415,7 @@ impl Conn {
         if *failures >= self.shared.live.get().limits.max_auth_failures {
             // RFC 6120 §6.4.5: after the configured number of retries, end the stream.
             return Err(Fail::Stream(StreamError::new(
-                "policy-violation",
+                StreamCondition::PolicyViolation,
                 "too many failed authentication attempts",
             )));
         }
@@ -433,7 +437,7 @@ impl Conn {
             if !el.is("auth", x::NS_SASL) {
                 // RFC 6120 §4.9.3.12: stanzas before authentication.
                 return Err(Fail::Stream(StreamError::new(
-                    "not-authorized",
+                    StreamCondition::NotAuthorized,
                     "authenticate first",
                 )));
             }
@@ -542,7 +546,7 @@ impl Conn {
                 .map_err(|e| {
                     tracing::error!(peer = %self.peer, error = %e, "credential lookup failed");
                     Fail::Stream(StreamError::new(
-                        "internal-server-error",
+                        StreamCondition::InternalServerError,
                         "storage unavailable",
                     ))
                 })?,
@@ -584,13 +588,13 @@ impl Conn {
         }
         if !el.is("response", x::NS_SASL) {
             return Err(Fail::Stream(StreamError::new(
-                "not-authorized",
+                StreamCondition::NotAuthorized,
                 "expected a SASL response",
             )));
         }
         decode_b64(&el.text_content()).map(Some).ok_or_else(|| {
             Fail::Stream(StreamError::new(
-                "bad-format",
+                StreamCondition::BadFormat,
                 "SASL response is not base64",
             ))
         })
@@ -626,7 +630,12 @@ impl Conn {
             .store
             .scram_credentials(&local, jid.domain().as_str(), ScramHash::Sha256)
             .await
-            .map_err(|_| Fail::Stream(StreamError::new("internal-server-error", "storage")))?;
+            .map_err(|_| {
+                Fail::Stream(StreamError::new(
+                    StreamCondition::InternalServerError,
+                    "storage",
+                ))
+            })?;
         // An unknown user is checked against made-up credentials with the configured
         // iterations, so both cost the same PBKDF2 work and the time taken does not tell
         // whether the account exists.
@@ -811,7 +820,10 @@ impl Conn {
                     continue;
                 }
                 Some(Err(sm::Malformed(why))) => {
-                    return Err(Fail::Stream(StreamError::new("bad-format", why)));
+                    return Err(Fail::Stream(StreamError::new(
+                        StreamCondition::BadFormat,
+                        why,
+                    )));
                 }
                 Some(Ok(sm::Nonza::Request | sm::Nonza::Ack { .. })) | None => {}
             }
@@ -823,7 +835,7 @@ impl Conn {
                 }
                 // RFC 6120 §7.1: no stanzas before a resource is bound.
                 return Err(Fail::Stream(StreamError::new(
-                    "not-authorized",
+                    StreamCondition::NotAuthorized,
                     "bind a resource first",
                 )));
             };
@@ -966,7 +978,7 @@ impl Conn {
                 _ = handle.kill.cancelled() => break None,
                 _ = live.end.cancelled(), if detached.is_none() => {
                     // The sweeper found no beat for T: the client is gone without a word.
-                    break Some(StreamError::new("connection-timeout", "no traffic within the liveness timeout"));
+                    break Some(StreamError::new(StreamCondition::ConnectionTimeout, "no traffic within the liveness timeout"));
                 }
                 _ = ping_tick.tick() => {
                     if detached.is_some() {
@@ -1006,7 +1018,7 @@ impl Conn {
                     if detached.is_none() && live.locally_dead(&shared.liveness) {
                         // No sweeper acted (Redis unreachable): end it here.
                         live.mark_dead();
-                        break Some(StreamError::new("connection-timeout", "no traffic within the liveness timeout"));
+                        break Some(StreamError::new(StreamCondition::ConnectionTimeout, "no traffic within the liveness timeout"));
                     }
                     continue;
                 }
@@ -1122,7 +1134,7 @@ impl Conn {
                             .metrics
                             .dropped(crate::metrics::DropReason::StanzaRate);
                         break Some(StreamError::new(
-                            "policy-violation",
+                            StreamCondition::PolicyViolation,
                             "too many stanzas per second",
                         ));
                     }
@@ -1163,7 +1175,10 @@ impl Conn {
                     break None;
                 }
                 Ok(StreamEvent::Open(_)) => {
-                    break Some(StreamError::new("not-well-formed", "second stream header"));
+                    break Some(StreamError::new(
+                        StreamCondition::NotWellFormed,
+                        "second stream header",
+                    ));
                 }
                 Err(e) => match StreamError::of_xml(&e) {
                     Some(err) => break Some(err),
@@ -1278,7 +1293,7 @@ fn stream_management(
     let failed = |condition| Outbound::SmNonza(Arc::new(sm::failed(condition, None)));
     match nonza {
         // RFC 6120 §4.9.3.1: XML the server cannot process.
-        Err(sm::Malformed(why)) => return Err(StreamError::new("bad-format", why)),
+        Err(sm::Malformed(why)) => return Err(StreamError::new(StreamCondition::BadFormat, why)),
         Ok(sm::Nonza::Enable { .. }) if handled.is_some() => {
             // §3: enabled once per stream.
             handle.send_sm(failed("unexpected-request"));
@@ -1333,7 +1348,7 @@ fn stream_management(
             if let Err(too) = sm::lock(kept).ack(h) {
                 // §4: more acknowledged than was sent.
                 return Err(StreamError::new(
-                    "undefined-condition",
+                    StreamCondition::UndefinedCondition,
                     format!(
                         "handled-count-too-high: h={} send-count={}",
                         too.h, too.sent
@@ -1551,7 +1566,7 @@ async fn write_loop(w: Writing) -> WriterOut {
             }
             if overflow {
                 let err = StreamError::new(
-                    "resource-constraint",
+                    StreamCondition::ResourceConstraint,
                     "too many stanzas not acknowledged (XEP-0198)",
                 );
                 buf.push_str(&err.to_xml());
@@ -1603,7 +1618,7 @@ async fn handle_stanza(session: &mut Session, mut el: Element) -> Result<(), Str
     if el.ns != x::NS_CLIENT || !matches!(el.name.as_str(), "message" | "presence" | "iq") {
         // RFC 6120 §4.9.3.22.
         return Err(StreamError::new(
-            "unsupported-stanza-type",
+            StreamCondition::UnsupportedStanzaType,
             format!("<{}/> in {} is not a stanza", el.name, el.ns),
         ));
     }
@@ -1614,7 +1629,7 @@ async fn handle_stanza(session: &mut Session, mut el: Element) -> Result<(), Str
         });
         if !ok {
             return Err(StreamError::new(
-                "invalid-from",
+                StreamCondition::InvalidFrom,
                 "the from address is not this session's",
             ));
         }

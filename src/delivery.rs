@@ -41,6 +41,7 @@ use crate::blocking::{inbound_from_blocked, Verdict};
 use crate::carbons::{self, Direction};
 use crate::cluster::{Envelope, Holder, Kind};
 use crate::error::StanzaError;
+use crate::error::StreamCondition;
 use crate::jid::{BareJid, FullJid, Jid};
 pub(crate) use crate::node::send::message_to_bare_everywhere;
 use crate::node::send::{answer, is_local, targets_everywhere, xml_to_available};
@@ -121,7 +122,7 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
                 if let Some(s) = shared.sessions.get(&full) {
                     tracing::info!(jid = %full, "resource bound on another node; closing here");
                     s.close(crate::error::StreamError::new(
-                        "conflict",
+                        StreamCondition::Conflict,
                         "Replaced by a new session with the same resource",
                     ));
                 }

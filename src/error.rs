@@ -1,21 +1,22 @@
 //! The two kinds of XMPP error: stream errors, which end the stream (RFC 6120 §4.9), and stanza
 //! errors, which answer one stanza (RFC 6120 §8.3).
 
+pub use crate::conditions::{ErrorType, StanzaCondition, StreamCondition};
 use crate::xml::reader::XmlError;
 use crate::xml::{Element, NS_STANZAS, NS_STREAM_ERRORS};
 
 /// A stream-level error (RFC 6120 §4.9.3). Sending one is always followed by closing the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamError {
-    /// One of the defined conditions of RFC 6120 §4.9.3, e.g. `not-well-formed`.
-    pub condition: &'static str,
+    /// One of the defined conditions of RFC 6120 §4.9.3.
+    pub condition: StreamCondition,
     /// Human-readable detail for the peer's logs.
     pub text: Option<String>,
 }
 
 impl StreamError {
     /// An error with a condition and an explanatory text.
-    pub fn new(condition: &'static str, text: impl Into<String>) -> Self {
+    pub fn new(condition: StreamCondition, text: impl Into<String>) -> Self {
         StreamError {
             condition,
             text: Some(text.into()),
@@ -33,7 +34,7 @@ impl StreamError {
     /// `<stream:error>` as it goes on the wire.
     pub fn to_xml(&self) -> String {
         let mut out = String::from("<stream:error><");
-        out.push_str(self.condition);
+        out.push_str(self.condition.as_str());
         out.push_str(" xmlns='");
         out.push_str(NS_STREAM_ERRORS);
         out.push_str("'/>");
@@ -53,35 +54,7 @@ impl std::fmt::Display for StreamError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.text {
             Some(t) => write!(f, "{}: {}", self.condition, t),
-            None => f.write_str(self.condition),
-        }
-    }
-}
-
-/// The `type` of a stanza error (RFC 6120 §8.3.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorType {
-    /// Retry after providing credentials.
-    Auth,
-    /// Do not retry.
-    Cancel,
-    /// Proceed; the condition was only a warning.
-    Continue,
-    /// Retry after changing the data sent.
-    Modify,
-    /// Retry after waiting.
-    Wait,
-}
-
-impl ErrorType {
-    /// The attribute value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorType::Auth => "auth",
-            ErrorType::Cancel => "cancel",
-            ErrorType::Continue => "continue",
-            ErrorType::Modify => "modify",
-            ErrorType::Wait => "wait",
+            None => write!(f, "{}", self.condition),
         }
     }
 }
@@ -92,18 +65,20 @@ pub struct StanzaError {
     /// The error type.
     pub kind: ErrorType,
     /// One of the defined conditions of RFC 6120 §8.3.3.
-    pub condition: &'static str,
+    pub condition: StanzaCondition,
     /// Optional detail.
     pub text: Option<String>,
 }
 
+/// A constructor per condition the server sends, named after it, with the condition's
+/// [`StanzaCondition::default_type`].
 macro_rules! conditions {
-    ($($(#[$doc:meta])* $fn:ident => ($kind:ident, $cond:literal);)*) => {
+    ($($(#[$doc:meta])* $fn:ident => $cond:ident;)*) => {
         impl StanzaError {
             $(
                 $(#[$doc])*
                 pub fn $fn() -> Self {
-                    StanzaError { kind: ErrorType::$kind, condition: $cond, text: None }
+                    StanzaError::new(StanzaCondition::$cond)
                 }
             )*
         }
@@ -112,42 +87,53 @@ macro_rules! conditions {
 
 conditions! {
     /// RFC 6120 §8.3.3.1.
-    bad_request => (Modify, "bad-request");
+    bad_request => BadRequest;
     /// RFC 6120 §8.3.3.2.
-    conflict => (Cancel, "conflict");
+    conflict => Conflict;
     /// RFC 6120 §8.3.3.3.
-    feature_not_implemented => (Cancel, "feature-not-implemented");
+    feature_not_implemented => FeatureNotImplemented;
     /// RFC 6120 §8.3.3.4.
-    forbidden => (Auth, "forbidden");
+    forbidden => Forbidden;
     /// RFC 6120 §8.3.3.6.
-    internal_server_error => (Cancel, "internal-server-error");
+    internal_server_error => InternalServerError;
     /// RFC 6120 §8.3.3.7.
-    item_not_found => (Cancel, "item-not-found");
+    item_not_found => ItemNotFound;
     /// RFC 6120 §8.3.3.8.
-    jid_malformed => (Modify, "jid-malformed");
+    jid_malformed => JidMalformed;
     /// RFC 6120 §8.3.3.9.
-    not_acceptable => (Modify, "not-acceptable");
+    not_acceptable => NotAcceptable;
     /// RFC 6120 §8.3.3.10.
-    not_allowed => (Cancel, "not-allowed");
+    not_allowed => NotAllowed;
     /// RFC 6120 §8.3.3.11.
-    not_authorized => (Auth, "not-authorized");
+    not_authorized => NotAuthorized;
     /// RFC 6120 §8.3.3.12.
-    policy_violation => (Modify, "policy-violation");
+    policy_violation => PolicyViolation;
     /// RFC 6120 §8.3.3.13.
-    recipient_unavailable => (Wait, "recipient-unavailable");
+    recipient_unavailable => RecipientUnavailable;
     /// RFC 6120 §8.3.3.16.
-    remote_server_not_found => (Cancel, "remote-server-not-found");
+    remote_server_not_found => RemoteServerNotFound;
+    /// RFC 6120 §8.3.3.17.
+    remote_server_timeout => RemoteServerTimeout;
     /// RFC 6120 §8.3.3.18.
-    resource_constraint => (Wait, "resource-constraint");
+    resource_constraint => ResourceConstraint;
     /// RFC 6120 §8.3.3.19.
-    service_unavailable => (Cancel, "service-unavailable");
+    service_unavailable => ServiceUnavailable;
     /// RFC 6120 §8.3.3.21.
-    undefined_condition => (Cancel, "undefined-condition");
+    undefined_condition => UndefinedCondition;
     /// RFC 6120 §8.3.3.22.
-    unexpected_request => (Wait, "unexpected-request");
+    unexpected_request => UnexpectedRequest;
 }
 
 impl StanzaError {
+    /// An error of `condition` with the type the server sends it with.
+    pub fn new(condition: StanzaCondition) -> Self {
+        StanzaError {
+            kind: condition.default_type(),
+            condition,
+            text: None,
+        }
+    }
+
     /// Adds a human-readable text.
     pub fn with_text(mut self, text: impl Into<String>) -> Self {
         self.text = Some(text.into());
@@ -158,7 +144,7 @@ impl StanzaError {
     pub fn to_element(&self) -> Element {
         let mut e = Element::new("error", crate::xml::NS_CLIENT)
             .attr("type", self.kind.as_str())
-            .child(Element::new(self.condition, NS_STANZAS));
+            .child(Element::new(self.condition.as_str(), NS_STANZAS));
         if let Some(t) = &self.text {
             e = e.child(
                 Element::new("text", NS_STANZAS)
@@ -238,7 +224,7 @@ mod tests {
 
     #[test]
     fn stream_error_xml_escapes_text() {
-        let e = StreamError::new("policy-violation", "a<b");
+        let e = StreamError::new(StreamCondition::PolicyViolation, "a<b");
         assert_eq!(
             e.to_xml(),
             "<stream:error><policy-violation xmlns='urn:ietf:params:xml:ns:xmpp-streams'/>\

@@ -17,12 +17,17 @@
 //! Pure decision code (the RFC 6121 subscription table in [`policy::subscription`],
 //! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
 
+// First: the macro it declares is used by the modules below.
+#[macro_use]
+mod wire;
+
 pub mod admin;
 pub mod blocking;
 pub mod c2s;
 pub(crate) mod caps;
 pub(crate) mod carbons;
 pub mod cluster;
+pub mod conditions;
 pub mod config;
 pub mod control;
 pub(crate) mod csi;

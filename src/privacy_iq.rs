@@ -246,7 +246,7 @@ mod tests {
                 "<privacy xmlns='urn:presenced:privacy:0'>{inner}</privacy>"
             ));
             let err = apply(&PrivacySettings::default(), &payload, 1).unwrap_err();
-            assert_eq!(err.condition, want, "{inner}");
+            assert_eq!(err.condition.as_str(), want, "{inner}");
         }
     }
 }

@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::c2s;
 use crate::config::CheckedConfig;
+use crate::error::StreamCondition;
 use crate::error::StreamError;
 pub use crate::node::listen::{next_connection, ListenerPolicy, Refusal, StartError};
 pub use crate::node::{RosterLocks, Shared};
@@ -44,7 +45,7 @@ impl Running {
     /// Stops accepting, closes every session with `system-shutdown` and waits for the tasks.
     pub async fn shutdown(self) {
         self.shared.sessions.close_all(StreamError::new(
-            "system-shutdown",
+            StreamCondition::SystemShutdown,
             "the server is shutting down",
         ));
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -236,8 +237,11 @@ async fn accept_loop(
             Err(why) => {
                 // RFC 6120 §4.9.3.14 / §4.9.3.17.
                 let (condition, text) = match why {
-                    Refusal::Rate => ("policy-violation", "too many connections from your address"),
-                    Refusal::Full => ("resource-constraint", "the server is full"),
+                    Refusal::Rate => (
+                        StreamCondition::PolicyViolation,
+                        "too many connections from your address",
+                    ),
+                    Refusal::Full => (StreamCondition::ResourceConstraint, "the server is full"),
                 };
                 tracker.spawn(refuse(stream, shared.clone(), direct_tls, condition, text));
                 continue;
@@ -270,7 +274,7 @@ async fn refuse(
     mut stream: TcpStream,
     shared: Arc<Shared>,
     direct_tls: bool,
-    condition: &'static str,
+    condition: StreamCondition,
     text: &str,
 ) {
     use tokio::io::AsyncWriteExt;

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::StreamCondition;
 use crate::error::StreamError;
 use crate::jid::{bare_of, BareJid, FullJid};
 use crate::policy::privacy::Relation;
@@ -453,7 +454,7 @@ impl Sessions {
         drop(map);
         if let Some(old) = &replaced {
             old.close(StreamError::new(
-                "conflict",
+                StreamCondition::Conflict,
                 "Replaced by a new session with the same resource",
             ));
         }
@@ -620,7 +621,7 @@ mod tests {
             Some(first.handle.id)
         );
         match first.rx.recv().await {
-            Some(Outbound::Close(e)) => assert_eq!(e.condition, "conflict"),
+            Some(Outbound::Close(e)) => assert_eq!(e.condition.as_str(), "conflict"),
             other => panic!("{other:?}"),
         }
         assert_eq!(s.count(), 1);

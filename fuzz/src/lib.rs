@@ -140,7 +140,7 @@ pub fn check_error(e: &XmlError) {
         }
         (_, None) => panic!("stream error {e:?} has no condition"),
         (_, Some(c)) => assert!(
-            RFC6120_CONDITIONS.contains(&c),
+            RFC6120_CONDITIONS.contains(&c.as_str()),
             "{e:?} maps to {c}, not an RFC 6120 §4.9.3 condition"
         ),
     }

@@ -13,18 +13,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use crate::config::Config;
-use crate::error::{ErrorType, StanzaError};
+use crate::error::StanzaError;
 use crate::jid::{bare_of, domain_of};
 use crate::xml::Element;
-
-/// The remote-server-timeout stanza error (RFC 6120 §8.3.3.17).
-pub fn remote_server_timeout() -> StanzaError {
-    StanzaError {
-        kind: ErrorType::Wait,
-        condition: "remote-server-timeout",
-        text: None,
-    }
-}
 
 /// The outgoing queue of one domain pair.
 struct Link {
@@ -291,7 +282,7 @@ impl S2s {
                 // RFC 6120 §8.3.3.17: the remote server was resolved but we cannot reach
                 // it in time for this stanza.
                 tracing::warn!(%local, %remote, limit, "s2s queue full; bouncing");
-                return Err(remote_server_timeout());
+                return Err(StanzaError::remote_server_timeout());
             }
             match link.tx.try_send(stanza) {
                 Ok(()) => return Ok(()),
@@ -299,7 +290,7 @@ impl S2s {
                     // Unreachable while `pending` bounds the channel; kept as a safe answer.
                     link.pending.fetch_sub(1, Ordering::SeqCst);
                     tracing::warn!(%local, %remote, "s2s queue full; bouncing");
-                    return Err(remote_server_timeout());
+                    return Err(StanzaError::remote_server_timeout());
                 }
                 Err(mpsc::error::TrySendError::Closed(back)) => {
                     link.pending.fetch_sub(1, Ordering::SeqCst);

@@ -28,6 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
+use crate::error::StreamCondition;
 use crate::error::{StanzaError, StreamError};
 use crate::jid::Jid;
 use crate::node::Shared;
@@ -213,20 +214,23 @@ async fn negotiate(
             return Err(None);
         }
         if h.name != "stream" || h.ns != NS_STREAM {
-            let e = StreamError::new("invalid-namespace", "not a stream element");
+            let e = StreamError::new(StreamCondition::InvalidNamespace, "not a stream element");
             return Err(Some((stream, e)));
         }
         if h.default_ns.as_deref() != Some(NS_SERVER) {
             // RFC 6120 §4.8.2 / §4.9.3.10.
             let e = StreamError::new(
-                "invalid-namespace",
+                StreamCondition::InvalidNamespace,
                 "a server stream's content namespace is jabber:server",
             );
             return Err(Some((stream, e)));
         }
         if !shared.config.serves(&to) {
             // RFC 6120 §4.9.3.6.
-            let e = StreamError::new("host-unknown", format!("this server does not serve '{to}'"));
+            let e = StreamError::new(
+                StreamCondition::HostUnknown,
+                format!("this server does not serve '{to}'"),
+            );
             return Err(Some((stream, e)));
         }
         // The domain the peer claims: a bare domain that is not ours (RFC 6120 §4.7.1).
@@ -322,8 +326,10 @@ async fn negotiate(
                             continue;
                         }
                         Ok(_) => {
-                            let e =
-                                StreamError::new("policy-violation", "expected a SASL response");
+                            let e = StreamError::new(
+                                StreamCondition::PolicyViolation,
+                                "expected a SASL response",
+                            );
                             return Err(Some((stream, e)));
                         }
                         Err(Fail::Stream(e)) => return Err(Some((stream, e))),
@@ -361,7 +367,7 @@ async fn negotiate(
                         failures += 1;
                         if failures >= shared.live.get().limits.max_auth_failures {
                             let e = StreamError::new(
-                                "policy-violation",
+                                StreamCondition::PolicyViolation,
                                 "too many failed authentication attempts",
                             );
                             return Err(Some((stream, e)));
@@ -377,7 +383,10 @@ async fn negotiate(
             Err(_) => return Err(None),
         };
         if !el.is("starttls", NS_TLS) {
-            let e = StreamError::new("policy-violation", "STARTTLS is required (RFC 7590)");
+            let e = StreamError::new(
+                StreamCondition::PolicyViolation,
+                "STARTTLS is required (RFC 7590)",
+            );
             return Err(Some((stream, e)));
         }
         if stream
@@ -469,7 +478,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
             // Until something is authenticated, the negotiation deadline applies
             // (RFC 6120 §4.9.3.4 connection-timeout).
             _ = tokio::time::sleep_until(deadline), if unauthenticated => {
-                break Some(StreamError::new("connection-timeout", "no authentication in time"));
+                break Some(StreamError::new(StreamCondition::ConnectionTimeout, "no authentication in time"));
             }
             }
         };
@@ -482,7 +491,10 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
                 break None;
             }
             Ok(crate::xml::reader::StreamEvent::Open(_)) => {
-                break Some(StreamError::new("not-well-formed", "second stream header"))
+                break Some(StreamError::new(
+                    StreamCondition::NotWellFormed,
+                    "second stream header",
+                ))
             }
             Err(e) => break StreamError::of_xml(&e),
         };
@@ -507,7 +519,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
             sasl_refusals += 1;
             if sasl_refusals >= shared.live.get().limits.max_auth_failures {
                 break Some(StreamError::new(
-                    "policy-violation",
+                    StreamCondition::PolicyViolation,
                     "too many failed authentication attempts",
                 ));
             }
@@ -520,13 +532,13 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
         if el.ns != NS_CLIENT || !matches!(el.name.as_str(), "message" | "presence" | "iq") {
             // RFC 6120 §4.9.3.22.
             break Some(StreamError::new(
-                "unsupported-stanza-type",
+                StreamCondition::UnsupportedStanzaType,
                 format!("<{}/> is not a stanza", el.name),
             ));
         }
         if !bucket.take() {
             break Some(StreamError::new(
-                "policy-violation",
+                StreamCondition::PolicyViolation,
                 "too many stanzas per second",
             ));
         }
@@ -561,24 +573,27 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
 fn check_origin(shared: &Shared, el: &Element, authed: &Authenticated) -> Result<(), StreamError> {
     let (Some(from), Some(to)) = (el.get_attr("from"), el.get_attr("to")) else {
         return Err(StreamError::new(
-            "improper-addressing",
+            StreamCondition::ImproperAddressing,
             "stanzas between servers need both 'from' and 'to'",
         ));
     };
     let (Ok(from), Ok(to)) = (Jid::new(from), Jid::new(to)) else {
-        return Err(StreamError::new("improper-addressing", "malformed address"));
+        return Err(StreamError::new(
+            StreamCondition::ImproperAddressing,
+            "malformed address",
+        ));
     };
     let to_domain = to.domain().as_str();
     if !shared.config.serves(to_domain) {
         return Err(StreamError::new(
-            "host-unknown",
+            StreamCondition::HostUnknown,
             format!("this server does not serve '{to_domain}'"),
         ));
     }
     let pair = (from.domain().to_string(), to_domain.to_owned());
     if !authed.lock().map(|a| a.contains(&pair)).unwrap_or(false) {
         return Err(StreamError::new(
-            "invalid-from",
+            StreamCondition::InvalidFrom,
             format!("this stream is not authenticated for '{}'", pair.0),
         ));
     }
@@ -597,7 +612,7 @@ async fn on_result(
 ) -> Result<(), StreamError> {
     let (Some(from), Some(to)) = (el.get_attr("from"), el.get_attr("to")) else {
         return Err(StreamError::new(
-            "improper-addressing",
+            StreamCondition::ImproperAddressing,
             "db:result needs from and to",
         ));
     };
@@ -665,7 +680,7 @@ async fn on_result(
             // XEP-0220 §2.4: an invalid key ends the attempt; the stream cannot be trusted.
             let _ = out
                 .send(Out::Error(StreamError::new(
-                    "not-authorized",
+                    StreamCondition::NotAuthorized,
                     "dialback key did not verify",
                 )))
                 .await;

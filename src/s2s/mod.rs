@@ -63,7 +63,7 @@ use crate::xml::{Element, NS_CLIENT};
 /// the contact went offline.
 pub const NS_STALE: &str = "urn:presenced:s2s:link-lost";
 
-pub use crate::node::federation::{remote_server_timeout, AuthCounts, AuthMethod, S2s};
+pub use crate::node::federation::{AuthCounts, AuthMethod, S2s};
 
 /// The federation state for a checked configuration and this server's certificate chain
 /// and key ([`crate::tls::identity`]).

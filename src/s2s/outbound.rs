@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::config::Nameserver;
 use crate::error::StanzaError;
+use crate::error::StreamCondition;
 use crate::node::Shared;
 use crate::tls::BoxIo;
 use crate::xml::reader::ReaderLimits;
@@ -280,7 +281,7 @@ async fn open_stream(
     let features = stream.next_element().await?;
     if !features.is("features", crate::xml::NS_STREAM) {
         return Err(Fail::Stream(crate::error::StreamError::new(
-            "invalid-xml",
+            StreamCondition::InvalidXml,
             "expected stream features",
         )));
     }
@@ -585,7 +586,7 @@ pub async fn run(
                     &mut queue,
                     &mut rx,
                     &pending,
-                    super::remote_server_timeout(),
+                    StanzaError::remote_server_timeout(),
                 );
                 super::link_lost(&shared, &local, &remote);
             }

@@ -3,6 +3,7 @@
 
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
+use crate::error::StreamCondition;
 use crate::error::StreamError;
 use crate::tls::BoxIo;
 use crate::xml::reader::{ReaderLimits, StreamEvent, StreamHeader, StreamReader, XmlError};
@@ -128,7 +129,7 @@ impl S2sStream {
                 StreamEvent::Close => return Err(Fail::Closed),
                 StreamEvent::Stanza(_) => {
                     return Err(Fail::Stream(StreamError::new(
-                        "not-well-formed",
+                        StreamCondition::NotWellFormed,
                         "element before the stream header",
                     )))
                 }
@@ -149,7 +150,7 @@ impl S2sStream {
                         .unwrap_or_default();
                     tracing::info!(condition = %cond, "peer sent a stream error");
                     return Err(Fail::Stream(StreamError::new(
-                        "undefined-condition",
+                        StreamCondition::UndefinedCondition,
                         format!("peer error: {cond}"),
                     )));
                 }
@@ -158,7 +159,7 @@ impl S2sStream {
                 StreamEvent::Close => return Err(Fail::Closed),
                 StreamEvent::Open(_) => {
                     return Err(Fail::Stream(StreamError::new(
-                        "not-well-formed",
+                        StreamCondition::NotWellFormed,
                         "second stream header",
                     )))
                 }

@@ -18,6 +18,7 @@ use quick_xml::events::{BytesStart, Event};
 use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, ReadBuf, Take};
 
 use super::{Element, Node, NS_CLIENT, NS_SERVER};
+use crate::conditions::StreamCondition;
 
 /// What the reader yields.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,18 +97,18 @@ pub enum XmlError {
 
 impl XmlError {
     /// The RFC 6120 §4.9.3 defined condition to send, or `None` when the transport is gone.
-    pub fn condition(&self) -> Option<&'static str> {
+    pub fn condition(&self) -> Option<StreamCondition> {
         match self {
-            XmlError::NotWellFormed(_) => Some("not-well-formed"),
-            XmlError::Restricted(_) => Some("restricted-xml"),
+            XmlError::NotWellFormed(_) => Some(StreamCondition::NotWellFormed),
+            XmlError::Restricted(_) => Some(StreamCondition::RestrictedXml),
             // RFC 6120 §4.9.3.14: a local service policy (here a size or cost limit).
             XmlError::TooBig(_)
             | XmlError::TooDeep(_)
             | XmlError::TooManyNodes(_)
             | XmlError::TooManyAttributes(_)
-            | XmlError::TooManyNamespaces(_) => Some("policy-violation"),
-            XmlError::Encoding => Some("unsupported-encoding"),
-            XmlError::TextAtStreamLevel => Some("bad-format"),
+            | XmlError::TooManyNamespaces(_) => Some(StreamCondition::PolicyViolation),
+            XmlError::Encoding => Some(StreamCondition::UnsupportedEncoding),
+            XmlError::TextAtStreamLevel => Some(StreamCondition::BadFormat),
             XmlError::Eof | XmlError::Io(_) => None,
         }
     }
@@ -994,7 +995,10 @@ mod tests {
     }
 
     fn err_condition(s: &str) -> Option<&'static str> {
-        parse(s).1.and_then(|e| e.condition())
+        parse(s)
+            .1
+            .and_then(|e| e.condition())
+            .map(StreamCondition::as_str)
     }
 
     #[test]
@@ -1143,7 +1147,10 @@ mod tests {
         let (evs, err) = parse_chunks(&[unfinished.as_bytes()], limits, false);
         assert_eq!(evs.len(), 1);
         assert!(matches!(err, Some(XmlError::TooManyNodes(100))), "{err:?}");
-        assert_eq!(err.unwrap().condition(), Some("policy-violation"));
+        assert_eq!(
+            err.unwrap().condition().map(StreamCondition::as_str),
+            Some("policy-violation")
+        );
         // The count is per stanza: many stanzas each under the limit are fine.
         let many = format!(
             "{HEADER}{}",
@@ -1187,7 +1194,10 @@ mod tests {
                 matches!(err, Some(XmlError::TooManyAttributes(64))),
                 "{err:?}"
             );
-            assert_eq!(err.unwrap().condition(), Some("policy-violation"));
+            assert_eq!(
+                err.unwrap().condition().map(StreamCondition::as_str),
+                Some("policy-violation")
+            );
         }
     }
 
@@ -1233,7 +1243,10 @@ mod tests {
             matches!(err, Some(XmlError::TooManyNamespaces(16))),
             "{err:?}"
         );
-        assert_eq!(err.unwrap().condition(), Some("policy-violation"));
+        assert_eq!(
+            err.unwrap().condition().map(StreamCondition::as_str),
+            Some("policy-violation")
+        );
     }
 
     /// The stanza cost limit can change mid-stream (dialback authenticates without a
@@ -1578,7 +1591,11 @@ mod tests {
             let (evs, err) = assert_same_at_every_split(&doc, limits, framed);
             let shown = String::from_utf8_lossy(&doc);
             assert_eq!(evs.len(), n, "{shown}: {evs:?}");
-            assert_eq!(err.and_then(|e| e.condition()), condition, "{shown}");
+            assert_eq!(
+                err.and_then(|e| e.condition()).map(StreamCondition::as_str),
+                condition,
+                "{shown}"
+            );
         }
     }
 

@@ -1,0 +1,44 @@
+//! Enums whose values are names on the wire (attribute values, condition elements).
+
+/// Declares an enum whose variants are wire names: `as_str` and `parse` come from the same
+/// row, so the two can never disagree.
+macro_rules! wire_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$doc:meta])* $variant:ident => $wire:literal,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl $name {
+            /// Every value, in the order the RFC lists them.
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+
+            /// The name on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $wire,)*
+                }
+            }
+
+            /// The value a wire name stands for; `None` for a name the RFC does not define.
+            pub fn parse(s: &str) -> Option<Self> {
+                match s {
+                    $($wire => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
