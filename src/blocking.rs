@@ -25,6 +25,7 @@
 use crate::error::{iq_result, StanzaError};
 use crate::node::session::Session;
 use crate::node::Shared;
+use crate::stanza::{IqType, MessageType};
 use crate::store::StoreError;
 use crate::xml::{Element, Node, NS_CLIENT};
 
@@ -36,8 +37,13 @@ pub const NS_BLOCKING_ERRORS: &str = "urn:xmpp:blocking:errors";
 /// Handles an `urn:xmpp:blocking` iq the user sent to their own account (XEP-0191 §3).
 /// Returns the reply, or `None` when it was already sent (a change answers first and
 /// pushes after).
-pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> Option<Element> {
-    match handle_inner(session, iq, payload).await {
+pub async fn handle(
+    session: &mut Session,
+    iq: &Element,
+    ty: IqType,
+    payload: &Element,
+) -> Option<Element> {
+    match handle_inner(session, iq, ty, payload).await {
         Ok(reply) => reply,
         Err(e) => e.reply_to(iq),
     }
@@ -46,12 +52,13 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> O
 async fn handle_inner(
     session: &mut Session,
     iq: &Element,
+    ty: IqType,
     payload: &Element,
 ) -> Result<Option<Element>, StanzaError> {
     let shared = session.shared.clone();
     let owner = session.jid().to_bare().to_string();
-    match (iq.get_attr("type"), payload.name.as_str()) {
-        (Some("get"), "blocklist") => {
+    match (ty, payload.name.as_str()) {
+        (IqType::Get, "blocklist") => {
             // §3.2: a resource that retrieved the list gets the pushes.
             session.handle.write(|p| p.blocklist_interested = true);
             // Other nodes changing the list push to this resource too.
@@ -63,7 +70,7 @@ async fn handle_inner(
             }
             Ok(Some(iq_result(iq).child(el)))
         }
-        (Some("set"), "block") => {
+        (IqType::Set, "block") => {
             let jids = items(payload)?;
             if jids.is_empty() {
                 // §3.3: a block with no items is bad-request.
@@ -86,7 +93,7 @@ async fn handle_inner(
             }
             Ok(None)
         }
-        (Some("set"), "unblock") => {
+        (IqType::Set, "unblock") => {
             let jids = items(payload)?;
             let removed = if jids.is_empty() {
                 // §3.5: unblock without items unblocks everyone.
@@ -187,8 +194,8 @@ pub enum Verdict {
 
 fn is_request(el: &Element) -> bool {
     match el.name.as_str() {
-        "iq" => matches!(el.get_attr("type"), Some("get") | Some("set")),
-        "message" => el.get_attr("type") != Some("error"),
+        "iq" => IqType::of(el).is_some_and(IqType::is_request),
+        "message" => MessageType::of(el) != MessageType::Error,
         _ => false,
     }
 }

@@ -27,6 +27,7 @@
 
 use crate::error::{reply_skeleton, StanzaError};
 use crate::sessions::SessionHandle;
+use crate::stanza::{IqType, MessageType};
 use crate::xml::{Element, NS_CLIENT};
 
 /// The XEP-0280 namespace (version 2).
@@ -68,10 +69,10 @@ pub fn eligible(msg: &Element) -> bool {
     {
         return false;
     }
-    match msg.get_attr("type").unwrap_or("normal") {
-        "chat" => true,
-        "normal" => msg.get_child("body", &msg.ns).is_some(),
-        _ => false,
+    match MessageType::of(msg) {
+        MessageType::Chat => true,
+        MessageType::Normal => msg.get_child("body", &msg.ns).is_some(),
+        MessageType::Error | MessageType::Groupchat | MessageType::Headline => false,
     }
 }
 
@@ -103,10 +104,10 @@ pub fn enabled(session: &SessionHandle) -> bool {
 /// Handles an iq in [`NS_CARBONS`] a resource sent to its own account (XEP-0280 §3, §4):
 /// `<enable/>` or `<disable/>` in a set switches carbons for that resource alone; repeating
 /// either is answered with a result (§9.1). Anything else is `bad-request`.
-pub fn handle_iq(session: &SessionHandle, iq: &Element, payload: &Element) -> Element {
-    let on = match (iq.get_attr("type"), payload.name.as_str()) {
-        (Some("set"), "enable") => true,
-        (Some("set"), "disable") => false,
+pub fn handle_iq(session: &SessionHandle, iq: &Element, ty: IqType, payload: &Element) -> Element {
+    let on = match (ty, payload.name.as_str()) {
+        (IqType::Set, "enable") => true,
+        (IqType::Set, "disable") => false,
         _ => {
             return StanzaError::bad_request()
                 .reply_to(iq)
@@ -136,6 +137,8 @@ mod tests {
             ("<message><body>x</body></message>", true),
             ("<message type='normal'><body>x</body></message>", true),
             ("<message type='normal'><subject>x</subject></message>", false),
+            // RFC 6121 §5.2.2: a type the server does not know is normal.
+            ("<message type='sms'><body>x</body></message>", true),
             ("<message type='groupchat'><body>x</body></message>", false),
             ("<message type='headline'><body>x</body></message>", false),
             ("<message type='error'><body>x</body></message>", false),

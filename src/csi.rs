@@ -30,6 +30,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::sessions::Outbound;
+use crate::stanza::PresenceType;
 use crate::xml::Element;
 
 /// The XEP-0352 namespace.
@@ -61,8 +62,8 @@ enum Class {
 
 fn classify_element(el: &Element) -> Class {
     match el.name.as_str() {
-        "presence" => match (el.get_attr("type"), el.get_attr("from")) {
-            (None | Some("unavailable"), Some(from)) => Class::Hold(from.to_owned()),
+        "presence" => match (PresenceType::of(el), el.get_attr("from")) {
+            (Some(ty), Some(from)) if ty.is_availability() => Class::Hold(from.to_owned()),
             _ => Class::Urgent,
         },
         "message" => Class::Urgent,

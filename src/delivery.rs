@@ -49,6 +49,7 @@ pub(crate) use crate::node::send::{bounce, to_available, to_local, unavailable};
 use crate::node::Shared;
 use crate::presence::gate;
 use crate::sessions::SessionHandle;
+use crate::stanza::{IqType, MessageType};
 use crate::xml::Element;
 use std::sync::Arc;
 
@@ -265,7 +266,7 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
     if admit_from(shared, sender, to.as_str(), &el).await != Verdict::Pass {
         return Outcome::Dropped;
     }
-    let kind = el.get_attr("type").unwrap_or("normal").to_owned();
+    let kind = MessageType::of(&el);
     // XEP-0280: decided on the message as sent, before §8 removes <private/> from it; a
     // user's own resources talking to each other are all parties already.
     let copies = carbons::eligible(&el) && gate::bare_of(sender) != gate::bare_of(to.as_str());
@@ -276,14 +277,14 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
             let session = shared.sessions.get(&full);
             // The user's sessions on other nodes: where the full JID may be bound, and
             // who else takes a copy. Read once; nothing without another node.
-            let remote = if session.is_none() || (copies && kind != "groupchat") {
+            let remote = if session.is_none() || (copies && kind != MessageType::Groupchat) {
                 elsewhere(shared, &bare).await
             } else {
                 Vec::new()
             };
             let there = remote.iter().find(|h| h.jid == full.as_str());
             match session {
-                Some(s) if kind != "groupchat" => {
+                Some(s) if kind != MessageType::Groupchat => {
                     if copies {
                         carbon_copies(
                             shared,
@@ -297,7 +298,7 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
                     s.send(el);
                     return Outcome::Delivered;
                 }
-                session if kind == "groupchat" => {
+                session if kind == MessageType::Groupchat => {
                     // Decided the same way whether the resource is online or not (timing), and
                     // for a resource on another node with what the directory says; what only
                     // that node knows (directed presence) is decided there.
@@ -344,7 +345,7 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
         }
         Err(bare) => bare,
     };
-    if kind == "groupchat" {
+    if kind == MessageType::Groupchat {
         // §8.5.2.1.1: groupchat to a bare JID of a user is service-unavailable.
         bounce(shared, &el, StanzaError::service_unavailable());
         return Outcome::Bounced;
@@ -352,9 +353,7 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
     // One look at the registry (and, with other nodes, the directory) serves the
     // existence check and the delivery.
     let (sessions, remote) = resources_everywhere(shared, &bare).await;
-    if matches!(kind.as_str(), "normal" | "chat")
-        && targets_everywhere(&sessions, &remote, &kind).is_none()
-    {
+    if kind.is_chat_or_normal() && targets_everywhere(&sessions, &remote, kind).is_none() {
         if !account_exists(shared, &bare).await {
             // RFC 6121 §8.5.1: no such account.
             bounce(shared, &el, StanzaError::service_unavailable());
@@ -364,7 +363,7 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
         return store_offline(shared, sender, &bare, el).await;
     }
     let original = copies.then(|| el.clone());
-    let (here, there) = message_to_bare_everywhere(&shared.cluster, &sessions, &remote, el, &kind);
+    let (here, there) = message_to_bare_everywhere(&shared.cluster, &sessions, &remote, el, kind);
     // XEP-0280 copies go to the user's other resources that enabled carbons, on any node.
     if let Some(original) = original.filter(|_| !here.is_empty() || !there.is_empty()) {
         let there: Vec<&str> = there.iter().map(String::as_str).collect();
@@ -516,22 +515,24 @@ pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
 /// A message handed out of offline storage and not acknowledged goes back there, with its
 /// original delay stamp ([`crate::offline::stamped`] keeps it).
 pub(crate) async fn unacked(shared: &Shared, owner: &BareJid, el: Element) -> Outcome {
-    let ty = el.get_attr("type").unwrap_or(match el.name.as_str() {
-        "message" => "normal",
-        _ => "",
-    });
-    match (el.name.as_str(), ty) {
-        ("message", "chat" | "normal") => {
-            let sender = el.get_attr("from").unwrap_or_default().to_owned();
-            let kind = ty.to_owned();
-            let (sessions, remote) = resources_everywhere(shared, owner).await;
-            if targets_everywhere(&sessions, &remote, &kind).is_some() {
-                message_to_bare_everywhere(&shared.cluster, &sessions, &remote, el, &kind);
-                return Outcome::Delivered;
+    match el.name.as_str() {
+        "message" => match MessageType::of(&el) {
+            kind @ (MessageType::Chat | MessageType::Normal) => {
+                let sender = el.get_attr("from").unwrap_or_default().to_owned();
+                let (sessions, remote) = resources_everywhere(shared, owner).await;
+                if targets_everywhere(&sessions, &remote, kind).is_some() {
+                    message_to_bare_everywhere(&shared.cluster, &sessions, &remote, el, kind);
+                    return Outcome::Delivered;
+                }
+                store_offline(shared, &sender, owner, el).await
             }
-            store_offline(shared, &sender, owner, el).await
-        }
-        ("message", "groupchat") | ("iq", "get" | "set") => {
+            MessageType::Groupchat => {
+                bounce(shared, &el, StanzaError::service_unavailable());
+                Outcome::Bounced
+            }
+            MessageType::Headline | MessageType::Error => Outcome::Dropped,
+        },
+        "iq" if IqType::of(&el).is_some_and(IqType::is_request) => {
             bounce(shared, &el, StanzaError::service_unavailable());
             Outcome::Bounced
         }
@@ -549,7 +550,7 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
     if admit_from(shared, sender, to.as_str(), &el).await != Verdict::Pass {
         return Outcome::Dropped;
     }
-    let is_request = matches!(el.get_attr("type"), Some("get" | "set"));
+    let is_request = IqType::of(&el).is_some_and(IqType::is_request);
     let own = gate::bare_of(sender) == to.to_bare().as_str();
     let session = shared.sessions.get(to);
     if session.is_none() {

@@ -27,6 +27,7 @@ use std::time::Duration;
 use crate::error::{reply_skeleton, StanzaError};
 use crate::jid::Jid;
 use crate::sessions::{InterestList, SessionHandle};
+use crate::stanza::IqType;
 use crate::xml::Element;
 
 /// The interest-list namespace.
@@ -37,6 +38,7 @@ pub const NS_INTEREST: &str = "urn:presenced:interest:0";
 pub fn handle_iq(
     session: &SessionHandle,
     iq: &Element,
+    ty: IqType,
     payload: &Element,
     max_items: usize,
     ttl: Duration,
@@ -45,7 +47,7 @@ pub fn handle_iq(
         e.reply_to(iq)
             .unwrap_or_else(|| reply_skeleton(iq, "result"))
     };
-    if iq.get_attr("type") != Some("set") || payload.name != "interest" {
+    if ty != IqType::Set || payload.name != "interest" {
         return error(StanzaError::bad_request());
     }
     let mut contacts = HashSet::new();

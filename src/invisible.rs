@@ -22,14 +22,15 @@
 
 use crate::error::{iq_result, StanzaError};
 use crate::node::session::Session;
+use crate::stanza::IqType;
 use crate::xml::Element;
 
 /// The XEP-0186 namespace.
 pub const NS_INVISIBLE: &str = "urn:xmpp:invisible:0";
 
 /// Handles an `urn:xmpp:invisible:0` iq the user sent to their own account.
-pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> Element {
-    if iq.get_attr("type") != Some("set") {
+pub async fn handle(session: &mut Session, iq: &Element, ty: IqType, payload: &Element) -> Element {
+    if ty != IqType::Set {
         // XEP-0186 defines only set.
         return error(iq, StanzaError::bad_request());
     }

@@ -58,6 +58,7 @@ pub mod s2s;
 pub mod sasl;
 pub mod server;
 pub mod sessions;
+pub mod stanza;
 pub mod status;
 pub mod store;
 pub mod stream_management;

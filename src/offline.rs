@@ -13,6 +13,7 @@
 //! are never kept. A kept message goes out with a XEP-0203 `<delay/>` from the server's
 //! domain stamped with when it was stored ([`stamped`]).
 
+use crate::stanza::MessageType;
 use crate::xml::Element;
 
 /// The disco#info feature of offline storage (XEP-0160 §4).
@@ -27,9 +28,7 @@ const NS_MARKERS: &str = "urn:xmpp:chat-markers:0";
 
 /// Whether `msg`, which no resource of its recipient could take, is kept for later.
 pub fn storable(msg: &Element) -> bool {
-    if !matches!(msg.get_attr("type").unwrap_or("normal"), "chat" | "normal")
-        || msg.get_child("no-store", NS_HINTS).is_some()
-    {
+    if !MessageType::of(msg).is_chat_or_normal() || msg.get_child("no-store", NS_HINTS).is_some() {
         return false;
     }
     msg.elements().any(|c| {

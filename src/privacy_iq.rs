@@ -36,6 +36,7 @@ use std::collections::BTreeSet;
 use crate::error::{iq_result, StanzaError};
 use crate::node::session::Session;
 use crate::policy::privacy::{PrivacySettings, Visibility};
+use crate::stanza::IqType;
 use crate::store::StoreError;
 use crate::xml::Element;
 
@@ -43,8 +44,8 @@ use crate::xml::Element;
 pub const NS_PRIVACY: &str = "urn:presenced:privacy:0";
 
 /// Handles an `urn:presenced:privacy:0` iq the user sent to their own account.
-pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> Element {
-    match handle_inner(session, iq, payload).await {
+pub async fn handle(session: &mut Session, iq: &Element, ty: IqType, payload: &Element) -> Element {
+    match handle_inner(session, iq, ty, payload).await {
         Ok(r) => r,
         Err(e) => e.reply_to(iq).unwrap_or_else(|| iq_result(iq)),
     }
@@ -53,6 +54,7 @@ pub async fn handle(session: &mut Session, iq: &Element, payload: &Element) -> E
 async fn handle_inner(
     session: &mut Session,
     iq: &Element,
+    ty: IqType,
     payload: &Element,
 ) -> Result<Element, StanzaError> {
     if payload.name != "privacy" {
@@ -65,9 +67,9 @@ async fn handle_inner(
         .privacy_settings(&owner)
         .await
         .map_err(failed)?;
-    match iq.get_attr("type") {
-        Some("get") => Ok(iq_result(iq).child(to_element(&current))),
-        Some("set") => {
+    match ty {
+        IqType::Get => Ok(iq_result(iq).child(to_element(&current))),
+        IqType::Set => {
             let limit = usize::try_from(shared.live.get().limits.max_roster_items).unwrap_or(0);
             let new = apply(&current, payload, limit)?;
             if new != current {

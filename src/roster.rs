@@ -7,15 +7,22 @@ pub(crate) use crate::roster_push::{note_version, store_failed};
 use crate::error::{iq_result, StanzaError};
 use crate::jid::BareJid;
 use crate::node::session::Session;
+use crate::stanza::IqType;
 use crate::store::{RosterChange, RosterItem};
 use crate::xml::{Element, NS_CLIENT, NS_ROSTER};
 
-/// Handles a `jabber:iq:roster` iq from the owner's own session. Returns the reply, or
-/// `None` when it was already sent (versioned get: result first, then the pushes).
-pub async fn handle(session: &mut Session, iq: &Element, query: &Element) -> Option<Element> {
-    let result = match iq.get_attr("type") {
-        Some("get") => get(session, iq, query).await,
-        Some("set") => set(session, iq, query).await,
+/// Handles a `jabber:iq:roster` iq request of type `ty` from the owner's own session.
+/// Returns the reply, or `None` when it was already sent (versioned get: result first,
+/// then the pushes).
+pub async fn handle(
+    session: &mut Session,
+    iq: &Element,
+    ty: IqType,
+    query: &Element,
+) -> Option<Element> {
+    let result = match ty {
+        IqType::Get => get(session, iq, query).await,
+        IqType::Set => set(session, iq, query).await,
         _ => Err(StanzaError::bad_request()),
     };
     match result {

@@ -32,6 +32,7 @@
 use crate::error::{iq_result, StanzaError};
 use crate::jid::{BareJid, Jid};
 use crate::node::session::Session;
+use crate::stanza::{IqType, PresenceType};
 use crate::xml::{self as x, Element};
 
 pub use crate::node::session::{classify, Target};
@@ -59,7 +60,9 @@ pub async fn from_client(session: &mut Session, el: Element) {
     match el.name.as_str() {
         "presence" => {
             let mut el = el;
-            if el.get_attr("type").is_none() {
+            let ty = PresenceType::of(&el);
+            let available = ty == Some(PresenceType::Available);
+            if available {
                 // XEP-0398 §4: the avatar's hash for vCard clients, in every available
                 // presence of the user (broadcast and directed).
                 let owner = session.jid().to_bare().to_string();
@@ -68,9 +71,8 @@ pub async fn from_client(session: &mut Session, el: Element) {
             let took_messages = takes_messages(&session.handle);
             // XEP-0115 capabilities of the client's own available presence (XEP-0163 §4.4).
             let was_available = session.handle.is_available();
-            let caps =
-                (el.get_attr("type").is_none() && is_own(session, &target)).then(|| el.clone());
-            crate::presence::from_client(session, el, target).await;
+            let caps = (available && is_own(session, &target)).then(|| el.clone());
+            crate::presence::from_client(session, el, ty, target).await;
             if let Some(p) = caps.filter(|_| session.handle.is_available()) {
                 crate::pep::on_presence(session, &p, !was_available).await;
             }
@@ -188,13 +190,11 @@ async fn message(session: &mut Session, el: Element, target: Target) {
 
 async fn iq(session: &mut Session, el: Element, target: Target) {
     // Owned: the stanza moves into the privacy checks below.
-    let ty = el.get_attr("type").unwrap_or("").to_owned();
-    let ty = ty.as_str();
-    if el.get_attr("id").is_none() || !matches!(ty, "get" | "set" | "result" | "error") {
+    let (Some(ty), Some(_)) = (IqType::of(&el), el.get_attr("id")) else {
         // RFC 6120 §8.2.3: id and a known type are required.
         return bounce(session, &el, StanzaError::bad_request());
-    }
-    let is_request = matches!(ty, "get" | "set");
+    };
+    let is_request = ty.is_request();
     if is_request && el.elements().count() != 1 {
         // RFC 6120 §8.2.3 item 6: a request has exactly one payload.
         return bounce(session, &el, StanzaError::bad_request());
@@ -221,15 +221,15 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
         }
         Target::LocalDomain if !is_request => {
             // Answers to the server's own queries (XEP-0115 disco#info of a client's caps).
-            crate::pep::disco_answer(session, &el).await;
+            crate::pep::disco_answer(session, &el, ty).await;
         }
         _ if !is_request => {
             // Results and errors for the server (roster push acknowledgements, ping
             // answers) need no further handling.
         }
-        Target::OwnAccount => own_account_iq(session, el).await,
+        Target::OwnAccount => own_account_iq(session, el, ty).await,
         Target::LocalBare(bare) if bare.as_str() == session.jid().to_bare().as_str() => {
-            own_account_iq(session, el).await
+            own_account_iq(session, el, ty).await
         }
         Target::LocalBare(bare)
             if crate::delivery::admit_from(
@@ -241,7 +241,7 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
             .await
                 != crate::blocking::Verdict::Pass => {}
         Target::LocalBare(bare)
-            if ty == "get"
+            if ty == IqType::Get
                 && el
                     .elements()
                     .next()
@@ -255,51 +255,51 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
             // XEP-0054 §3.3: another local user's vCard, answered by the server. A viewer
             // the user blocks was answered above with the same error as "no vCard".
             let reply = if account_exists(session, &bare).await {
-                crate::pep::vcard::handle_iq(session, &el, bare.as_str()).await
+                crate::pep::vcard::handle_iq(session, &el, ty, bare.as_str()).await
             } else {
-                account_iq(&el, false)
+                account_iq(&el, ty, false)
             };
             session.deliver(reply);
         }
         Target::LocalBare(bare) if el.elements().next().is_some_and(crate::pep::handles) => {
             // XEP-0163: another local user's personal eventing service.
             let reply = if account_exists(session, &bare).await {
-                crate::pep::handle_iq(session, &el, bare.as_str()).await
+                crate::pep::handle_iq(session, &el, ty, bare.as_str()).await
             } else {
-                account_iq(&el, false)
+                account_iq(&el, ty, false)
             };
             session.deliver(reply);
         }
         Target::LocalBare(bare) => {
             let exists = account_exists(session, &bare).await;
-            let reply = account_iq(&el, exists);
+            let reply = account_iq(&el, ty, exists);
             session.deliver(reply);
         }
         Target::LocalDomain => {
-            let reply = server_iq(session, &el);
+            let reply = server_iq(session, &el, ty);
             session.deliver(reply);
         }
     }
 }
 
-/// An iq the user sent to their own account (no `to`, or their bare JID).
-async fn own_account_iq(session: &mut Session, el: Element) {
+/// An iq request the user sent to their own account (no `to`, or their bare JID).
+async fn own_account_iq(session: &mut Session, el: Element, ty: IqType) {
     let Some(payload) = el.elements().next().cloned() else {
         return;
     };
     let reply = if payload.is("query", x::NS_ROSTER) {
-        crate::roster::handle(session, &el, &payload).await
+        crate::roster::handle(session, &el, ty, &payload).await
     } else if payload.is("session", x::NS_SESSION) {
         // RFC 3921 §3 session establishment: a no-op kept for old clients.
         Some(iq_result(&el))
     } else if payload.is("ping", x::NS_PING) {
         Some(iq_result(&el))
     } else if payload.ns == crate::blocking::NS_BLOCKING {
-        crate::blocking::handle(session, &el, &payload).await
+        crate::blocking::handle(session, &el, ty, &payload).await
     } else if payload.ns == crate::privacy_iq::NS_PRIVACY {
-        Some(crate::privacy_iq::handle(session, &el, &payload).await)
+        Some(crate::privacy_iq::handle(session, &el, ty, &payload).await)
     } else if payload.ns == crate::carbons::NS_CARBONS {
-        let reply = crate::carbons::handle_iq(&session.handle, &el, &payload);
+        let reply = crate::carbons::handle_iq(&session.handle, &el, ty, &payload);
         // Other nodes send this resource its copies when the directory says so.
         crate::presence::to_directory(&session.shared, &session.handle);
         Some(reply)
@@ -308,20 +308,21 @@ async fn own_account_iq(session: &mut Session, el: Element) {
         Some(crate::interest::handle_iq(
             &session.handle,
             &el,
+            ty,
             &payload,
             limits.max_interest_items,
             limits.interest_ttl,
         ))
     } else if crate::pep::handles(&payload) {
         let owner = session.jid().to_bare().to_string();
-        Some(crate::pep::handle_iq(session, &el, &owner).await)
+        Some(crate::pep::handle_iq(session, &el, ty, &owner).await)
     } else if crate::pep::vcard::handles(&payload) {
         let owner = session.jid().to_bare().to_string();
-        Some(crate::pep::vcard::handle_iq(session, &el, &owner).await)
+        Some(crate::pep::vcard::handle_iq(session, &el, ty, &owner).await)
     } else if payload.ns == crate::invisible::NS_INVISIBLE {
-        Some(crate::invisible::handle(session, &el, &payload).await)
+        Some(crate::invisible::handle(session, &el, ty, &payload).await)
     } else {
-        Some(account_iq(&el, true))
+        Some(account_iq(&el, ty, true))
     };
     if let Some(r) = reply {
         session.deliver(r);
@@ -329,9 +330,9 @@ async fn own_account_iq(session: &mut Session, el: Element) {
 }
 
 /// Iq handled by the server on behalf of an account (RFC 6120 §10.5.3.1): disco only.
-fn account_iq(el: &Element, exists: bool) -> Element {
+fn account_iq(el: &Element, ty: IqType, exists: bool) -> Element {
     let payload = el.elements().next();
-    let get = el.get_attr("type") == Some("get");
+    let get = ty == IqType::Get;
     if exists && get {
         if let Some(p) = payload {
             if p.is("query", x::NS_DISCO_INFO) && p.get_attr("node").is_none() {
@@ -360,9 +361,9 @@ fn feature(var: &str) -> Element {
 }
 
 /// Iq addressed to the server itself: disco (XEP-0030), ping (XEP-0199).
-fn server_iq(session: &Session, el: &Element) -> Element {
+fn server_iq(session: &Session, el: &Element, ty: IqType) -> Element {
     let payload = el.elements().next();
-    let get = el.get_attr("type") == Some("get");
+    let get = ty == IqType::Get;
     let reply = match payload {
         Some(p) if get && p.is("ping", x::NS_PING) => Some(iq_result(el)),
         Some(p) if get && p.is("query", x::NS_DISCO_INFO) && p.get_attr("node").is_none() => {

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use crate::config::Config;
 use crate::error::StanzaError;
 use crate::jid::{bare_of, domain_of};
+use crate::stanza::PresenceType;
 use crate::xml::Element;
 
 /// The outgoing queue of one domain pair.
@@ -440,7 +441,8 @@ impl S2s {
         if !config.serves(&local) || config.serves(&remote) {
             return Err(StanzaError::bad_request());
         }
-        let is_probe = stanza.name == "presence" && stanza.get_attr("type") == Some("probe");
+        let is_probe =
+            stanza.name == "presence" && PresenceType::of(&stanza) == Some(PresenceType::Probe);
         let probe_pair = is_probe.then(|| (bare_of(from).to_owned(), bare_of(to).to_owned()));
         let r = self.enqueue(&local, &remote, stanza);
         if r.is_err() {

@@ -13,6 +13,7 @@ use crate::cluster::{Holder, Kind};
 use crate::error::StanzaError;
 use crate::jid::{FullJid, Jid};
 use crate::sessions::SessionHandle;
+use crate::stanza::{MessageType, PresenceType};
 use crate::xml::{Element, NS_CLIENT};
 
 use super::Shared;
@@ -134,7 +135,13 @@ pub(crate) fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
             // is awaited off the caller's path (a bounce is answered from sync code).
             let sessions = shared.sessions.of_user(&bare);
             if !shared.cluster.has_peers() {
-                message_to_bare_everywhere(&shared.cluster, &sessions, &[], reply, "error");
+                message_to_bare_everywhere(
+                    &shared.cluster,
+                    &sessions,
+                    &[],
+                    reply,
+                    MessageType::Error,
+                );
                 return;
             }
             let cluster = shared.cluster.clone();
@@ -144,7 +151,7 @@ pub(crate) fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
                     .await
                     .remove(bare.as_str())
                     .unwrap_or_default();
-                message_to_bare_everywhere(&cluster, &sessions, &remote, reply, "error");
+                message_to_bare_everywhere(&cluster, &sessions, &remote, reply, MessageType::Error);
             });
         }
     }
@@ -166,7 +173,7 @@ pub(crate) fn answer(shared: &Shared, reply: Element) {
 pub(crate) fn targets_everywhere<'a>(
     local: &'a [SessionHandle],
     remote: &'a [Holder],
-    kind: &str,
+    kind: MessageType,
 ) -> Option<(Vec<&'a SessionHandle>, Vec<&'a Holder>)> {
     let local_prio = local
         .iter()
@@ -174,7 +181,7 @@ pub(crate) fn targets_everywhere<'a>(
     let remote_prio = remote
         .iter()
         .map(|h| h.entry.available.then_some(h.entry.priority));
-    let chosen: Vec<bool> = if kind == "headline" {
+    let chosen: Vec<bool> = if kind == MessageType::Headline {
         // §8.5.2.1.1: headlines go to every non-negative resource.
         local_prio
             .chain(remote_prio)
@@ -199,7 +206,7 @@ pub(crate) fn targets_everywhere<'a>(
         .filter(|(_, &c)| c)
         .map(|(h, _)| h)
         .collect();
-    if kind == "error" {
+    if kind == MessageType::Error {
         // Never answer an error; one resource takes it (§8.5.2.2.1), this node's first.
         if locals.is_empty() {
             remotes.truncate(1);
@@ -221,7 +228,7 @@ pub(crate) fn message_to_bare_everywhere(
     sessions: &[SessionHandle],
     remote: &[Holder],
     el: Element,
-    kind: &str,
+    kind: MessageType,
 ) -> (Vec<u64>, Vec<String>) {
     // No target: the caller keeps a storable message for later (XEP-0160); otherwise
     // §8.5.2.2.1 lets the server ignore it silently. A non-existent account is answered by
@@ -252,7 +259,7 @@ pub(crate) fn message_to_bare_everywhere(
 /// `<presence type='unavailable'/>` from `from` to `to`.
 pub(crate) fn unavailable(from: &str, to: &str) -> Element {
     Element::new("presence", NS_CLIENT)
-        .attr("type", "unavailable")
+        .attr("type", PresenceType::Unavailable.name())
         .attr("from", from)
         .attr("to", to)
 }
@@ -275,16 +282,16 @@ pub(crate) fn unavailable_from_shown(shared: &Shared, subject: &str, viewer: &st
 /// §8.3.1). Presence is not bounced except subscription requests: a failed broadcast is
 /// nothing the user can act on; a failed probe is remembered and repeated instead.
 pub(crate) fn bounce_unroutable(shared: &Shared, el: &Element, err: StanzaError) {
-    let ty = el.get_attr("type");
     if el.name == "presence" {
-        if ty == Some("probe") {
+        let ty = PresenceType::of(el);
+        if ty == Some(PresenceType::Probe) {
             if let (Some(f), Some(t)) = (el.get_attr("from"), el.get_attr("to")) {
                 shared
                     .s2s
                     .probe_failed(crate::jid::bare_of(f), crate::jid::bare_of(t));
             }
         }
-        if ty != Some("subscribe") {
+        if ty != Some(PresenceType::Subscribe) {
             return;
         }
     }

@@ -30,6 +30,7 @@ use crate::error::{iq_result, StanzaError};
 use crate::node::session::Session;
 use crate::node::Shared;
 use crate::presence::gate;
+use crate::stanza::IqType;
 use crate::store::pep::{PepItem, Published};
 use crate::xml::{Element, NS_DISCO_INFO, NS_DISCO_ITEMS};
 
@@ -154,15 +155,15 @@ pub(crate) fn describe_account(query: Element) -> Element {
     q
 }
 
-/// Answers a pubsub or node-list iq `el` sent by `session` to the account `owner` (its
-/// own, or another local user's).
-pub(crate) async fn handle_iq(session: &Session, el: &Element, owner: &str) -> Element {
+/// Answers a pubsub or node-list iq request `el` of type `ty` sent by `session` to the
+/// account `owner` (its own, or another local user's).
+pub(crate) async fn handle_iq(session: &Session, el: &Element, ty: IqType, owner: &str) -> Element {
     let Some(payload) = el.elements().next() else {
         return error(el, StanzaError::bad_request(), None);
     };
     let requester = session.jid().as_str().to_owned();
     let own = gate::bare_of(&requester) == owner;
-    let get = el.get_attr("type") == Some("get");
+    let get = ty == IqType::Get;
     if payload.is("query", NS_DISCO_ITEMS) {
         return if get {
             node_list(&session.shared, el, &requester, owner).await

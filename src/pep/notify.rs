@@ -21,6 +21,7 @@ use crate::node::session::Session;
 use crate::node::Shared;
 use crate::presence::gate;
 use crate::sessions::SessionHandle;
+use crate::stanza::IqType;
 use crate::xml::{Element, NS_CLIENT, NS_DISCO_INFO};
 
 use super::{item_element, may_read, NS_PUBSUB_EVENT};
@@ -127,10 +128,10 @@ pub(crate) async fn on_presence(session: &Session, el: &Element, initial: bool) 
     }
 }
 
-/// An iq result or error a client sent to the server: if it answers one of our caps
+/// An iq result or error (`ty`) a client sent to the server: if it answers one of our caps
 /// queries, the features are learnt (verified against the `ver`, XEP-0115 §5.4) and the
 /// sessions that waited for them get their last items.
-pub(crate) async fn disco_answer(session: &Session, el: &Element) {
+pub(crate) async fn disco_answer(session: &Session, el: &Element, ty: IqType) {
     let shared = &session.shared;
     let Some(id) = el.get_attr("id") else {
         return;
@@ -140,7 +141,7 @@ pub(crate) async fn disco_answer(session: &Session, el: &Element) {
     };
     let query = el
         .get_child("query", NS_DISCO_INFO)
-        .filter(|_| el.get_attr("type") == Some("result"));
+        .filter(|_| ty == IqType::Result);
     let Some(query) = query else {
         tracing::info!(jid = %session.jid(), "client did not answer its caps query");
         return;

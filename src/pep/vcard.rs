@@ -30,6 +30,7 @@ use crate::error::{iq_result, StanzaError};
 use crate::node::session::Session;
 use crate::node::Shared;
 use crate::presence::gate;
+use crate::stanza::IqType;
 use crate::store::pep::PepItem;
 use crate::store::StoreError;
 use crate::xml::{Element, Node};
@@ -52,17 +53,17 @@ pub(crate) fn handles(payload: &Element) -> bool {
     payload.is("vCard", NS_VCARD)
 }
 
-/// Answers a vcard-temp iq `el` sent by `session` to the account `owner` (its own, or
-/// another local user's).
-pub(crate) async fn handle_iq(session: &Session, el: &Element, owner: &str) -> Element {
+/// Answers a vcard-temp iq request `el` of type `ty` sent by `session` to the account
+/// `owner` (its own, or another local user's).
+pub(crate) async fn handle_iq(session: &Session, el: &Element, ty: IqType, owner: &str) -> Element {
     let shared = &session.shared;
     let requester = session.jid().as_str();
     let own = gate::bare_of(requester) == owner;
     let Some(card) = el.elements().next() else {
         return reply_error(el, StanzaError::bad_request());
     };
-    match el.get_attr("type") {
-        Some("get") => match view(shared, requester, owner).await {
+    match ty {
+        IqType::Get => match view(shared, requester, owner).await {
             Ok(Some(card)) => iq_result(el).child(card),
             // XEP-0054 §3.1: the own account's empty vCard.
             Ok(None) if own => iq_result(el).child(Element::new("vCard", NS_VCARD)),
@@ -71,7 +72,7 @@ pub(crate) async fn handle_iq(session: &Session, el: &Element, owner: &str) -> E
             Err(e) => internal(el, e),
         },
         // XEP-0054 §3.2: only the user sets their own vCard.
-        Some("set") if own => set(shared, el, card, owner).await,
+        IqType::Set if own => set(shared, el, card, owner).await,
         _ => reply_error(el, StanzaError::forbidden()),
     }
 }

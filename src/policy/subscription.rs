@@ -22,6 +22,8 @@
 
 use thiserror::Error;
 
+use crate::stanza::PresenceType;
+
 /// A roster attribute value that is not one RFC 6121 defines.
 ///
 /// Exists so that parsing an attribute from the wire fails with a value the caller can map
@@ -232,30 +234,46 @@ impl SubKind {
         SubKind::Unsubscribed,
     ];
 
+    /// The kind a presence type is; `None` for the types that are not subscription stanzas
+    /// (available, unavailable, probe, error).
+    pub fn of(ty: PresenceType) -> Option<Self> {
+        match ty {
+            PresenceType::Subscribe => Some(SubKind::Subscribe),
+            PresenceType::Subscribed => Some(SubKind::Subscribed),
+            PresenceType::Unsubscribe => Some(SubKind::Unsubscribe),
+            PresenceType::Unsubscribed => Some(SubKind::Unsubscribed),
+            PresenceType::Available
+            | PresenceType::Unavailable
+            | PresenceType::Probe
+            | PresenceType::Error => None,
+        }
+    }
+
+    /// The presence type of this kind's stanza.
+    pub fn presence_type(self) -> PresenceType {
+        match self {
+            SubKind::Subscribe => PresenceType::Subscribe,
+            SubKind::Subscribed => PresenceType::Subscribed,
+            SubKind::Unsubscribe => PresenceType::Unsubscribe,
+            SubKind::Unsubscribed => PresenceType::Unsubscribed,
+        }
+    }
+
     /// The presence `type` attribute value.
     pub fn as_str(self) -> &'static str {
-        match self {
-            SubKind::Subscribe => "subscribe",
-            SubKind::Subscribed => "subscribed",
-            SubKind::Unsubscribe => "unsubscribe",
-            SubKind::Unsubscribed => "unsubscribed",
-        }
+        self.presence_type().name()
     }
 
     /// Parses a presence `type` attribute. Other presence types (available, unavailable,
     /// probe, error) are not subscription stanzas and are rejected, so the caller routes
     /// them elsewhere.
     pub fn parse(value: &str) -> Result<Self, UnknownValue> {
-        match value {
-            "subscribe" => Ok(SubKind::Subscribe),
-            "subscribed" => Ok(SubKind::Subscribed),
-            "unsubscribe" => Ok(SubKind::Unsubscribe),
-            "unsubscribed" => Ok(SubKind::Unsubscribed),
-            other => Err(UnknownValue {
+        PresenceType::parse(Some(value))
+            .and_then(SubKind::of)
+            .ok_or_else(|| UnknownValue {
                 attribute: "presence type",
-                value: other.to_owned(),
-            }),
-        }
+                value: value.to_owned(),
+            })
     }
 }
 

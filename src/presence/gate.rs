@@ -43,6 +43,7 @@ use super::subscription::{SubState, Subscription};
 use crate::node::send::unavailable;
 pub use crate::node::visibility::{SubjectGuard, SubjectLocks};
 use crate::node::Shared;
+use crate::stanza::MessageType;
 use crate::store::blocks::match_candidates;
 use crate::store::gate_inputs::AudienceInputs;
 use crate::store::StoreError;
@@ -709,7 +710,7 @@ pub async fn filter_signals(
     directed: bool,
     mut el: Element,
 ) -> Option<Element> {
-    if el.get_attr("type") == Some("error") || !el.elements().any(is_presence_signal) {
+    if MessageType::of(&el) == MessageType::Error || !el.elements().any(is_presence_signal) {
         return Some(el);
     }
     let allowed = directed

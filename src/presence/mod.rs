@@ -26,28 +26,40 @@ use crate::jid::{BareJid, FullJid};
 use crate::node::session::Session;
 use crate::node::session::Target;
 use crate::node::Shared;
+use crate::stanza::PresenceType;
 use crate::store::RosterItem;
 use crate::xml::{Addressed, Element, NS_CLIENT};
 
 use subscription::{SubKind, SubState};
 
-pub(crate) fn presence(ty: Option<&str>, from: &str, to: &str) -> Element {
+pub(crate) fn presence(ty: PresenceType, from: &str, to: &str) -> Element {
     let mut p = Element::new("presence", NS_CLIENT)
         .attr("from", from)
         .attr("to", to);
-    if let Some(t) = ty {
+    if let Some(t) = ty.as_attr() {
         p.set_attr("type", t);
     }
     p
 }
 
-/// Handles a presence stanza from the session's own client.
-pub async fn from_client(session: &mut Session, el: Element, target: Target) {
-    let ty = el.get_attr("type").map(str::to_owned);
+/// Handles a presence stanza from the session's own client, of type `ty` as the router
+/// read it (`None`: a type RFC 6121 does not define).
+pub async fn from_client(
+    session: &mut Session,
+    el: Element,
+    ty: Option<PresenceType>,
+    target: Target,
+) {
     let own_bare = session.jid().to_bare();
-    match ty.as_deref() {
-        None | Some("unavailable") => {
-            let available = ty.is_none();
+    let Some(ty) = ty else {
+        if let Some(r) = StanzaError::bad_request().reply_to(&el) {
+            session.deliver(r);
+        }
+        return;
+    };
+    match ty {
+        PresenceType::Available | PresenceType::Unavailable => {
+            let available = ty == PresenceType::Available;
             let is_available = available;
             match target {
                 Target::OwnAccount => broadcast(session, el, available).await,
@@ -68,8 +80,11 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
                 }
             }
         }
-        Some(kind @ ("subscribe" | "subscribed" | "unsubscribe" | "unsubscribed")) => {
-            let Ok(kind) = SubKind::parse(kind) else {
+        PresenceType::Subscribe
+        | PresenceType::Subscribed
+        | PresenceType::Unsubscribe
+        | PresenceType::Unsubscribed => {
+            let Some(kind) = SubKind::of(ty) else {
                 return;
             };
             let contact = match target {
@@ -95,7 +110,7 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
         }
         // RFC 6121 §4.3: probes are normally the server's business; a client that sends one
         // gets the same answer (and the same subscription check) as the server's own probe.
-        Some("probe") => match target {
+        PresenceType::Probe => match target {
             Target::LocalBare(b) if b != own_bare => {
                 let me = session.jid().clone();
                 answer_probe(&session.shared, &me, b.as_str()).await;
@@ -111,14 +126,9 @@ pub async fn from_client(session: &mut Session, el: Element, target: Target) {
             }
             _ => {}
         },
-        Some("error") => {
+        PresenceType::Error => {
             if let Target::LocalFull(f) = target {
                 crate::node::send::to_session(&session.shared, &f, el);
-            }
-        }
-        Some(_) => {
-            if let Some(r) = StanzaError::bad_request().reply_to(&el) {
-                session.deliver(r);
             }
         }
     }
@@ -261,7 +271,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             // A probe tells the remote server the user is online; an invisible session
             // sends one only if it asked to (XEP-0186 `probe='true'`).
             // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
-            let probe = presence(Some("probe"), bare.as_str(), &item.contact);
+            let probe = presence(PresenceType::Probe, bare.as_str(), &item.contact);
             let _ = crate::node::route_remote(&shared, probe);
         }
     }
@@ -600,7 +610,7 @@ async fn apply_subscription(
             if back.deliver {
                 plan.effects.push(Effect::ToAvailable {
                     user: u.clone(),
-                    stanza: presence(Some(reply.as_str()), &c, &u),
+                    stanza: presence(reply.presence_type(), &c, &u),
                 });
             }
         }
@@ -683,7 +693,7 @@ pub async fn roster_removed(session: &mut Session, item: &RosterItem) {
     }
     for kind in subscription::roster_remove(item.sub_state()) {
         let stanza = presence(
-            Some(kind.as_str()),
+            kind.presence_type(),
             session.jid().as_str(),
             contact.as_str(),
         );
@@ -696,7 +706,7 @@ pub async fn roster_removed(session: &mut Session, item: &RosterItem) {
 pub async fn session_ended(session: &mut Session) {
     let (available, directed) = session.handle.read(|p| (p.available, p.has_directed()));
     if available || directed {
-        let p = Element::new("presence", NS_CLIENT).attr("type", "unavailable");
+        let p = Element::new("presence", NS_CLIENT).attr("type", PresenceType::Unavailable.name());
         broadcast(session, p, false).await;
     }
     // Nothing the session remembers about others outlives it, even while a copy of its

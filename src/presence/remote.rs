@@ -23,6 +23,7 @@ use crate::jid::{BareJid, Jid};
 use crate::node::route_remote;
 use crate::node::session::Session;
 use crate::node::Shared;
+use crate::stanza::PresenceType;
 use crate::store::StoreError;
 use crate::xml::Element;
 
@@ -112,7 +113,7 @@ pub async fn roster_removed(session: &Session, contact: &BareJid, state: SubStat
             });
         }
         plan.effects.push(Effect::Route {
-            stanza: presence(Some(kind.as_str()), user.as_str(), contact.as_str()),
+            stanza: presence(kind.presence_type(), user.as_str(), contact.as_str()),
             bounce: false,
         });
     }
@@ -130,12 +131,20 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
     ) else {
         return;
     };
-    let ty = el.get_attr("type").map(str::to_owned);
-    match ty.as_deref() {
-        None | Some("unavailable") => presence_update(shared, &from, &to, el, ty.is_none()).await,
-        Some("probe") => probe(shared, &from, &to).await,
-        Some(k @ ("subscribe" | "subscribed" | "unsubscribe" | "unsubscribed")) => {
-            let Ok(kind) = SubKind::parse(k) else { return };
+    // A type RFC 6121 does not define is dropped: a server's stanza gets no error back.
+    let Some(ty) = PresenceType::of(&el) else {
+        return;
+    };
+    match ty {
+        PresenceType::Available | PresenceType::Unavailable => {
+            presence_update(shared, &from, &to, el, ty == PresenceType::Available).await
+        }
+        PresenceType::Probe => probe(shared, &from, &to).await,
+        PresenceType::Subscribe
+        | PresenceType::Subscribed
+        | PresenceType::Unsubscribe
+        | PresenceType::Unsubscribed => {
+            let Some(kind) = SubKind::of(ty) else { return };
             let (Some(_), Some(_)) = (from.node(), to.node()) else {
                 return;
             };
@@ -146,12 +155,11 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
                 tracing::warn!(%user, %contact, error = %e, "inbound remote subscription failed");
             }
         }
-        Some("error") => {
+        PresenceType::Error => {
             if to.resource().is_some() {
                 crate::node::send::to_local(shared, to.as_str(), el);
             }
         }
-        Some(_) => {}
     }
 }
 
@@ -195,7 +203,7 @@ async fn inbound_subscription(
     }
     if let Some(reply) = inb.auto_reply {
         plan.effects.push(Effect::Route {
-            stanza: presence(Some(reply.as_str()), user, contact),
+            stanza: presence(reply.presence_type(), user, contact),
             bounce: false,
         });
     }

@@ -32,6 +32,7 @@ use crate::error::StreamCondition;
 use crate::error::{StanzaError, StreamError};
 use crate::jid::Jid;
 use crate::node::Shared;
+use crate::stanza::IqType;
 use crate::tls::BoxIo;
 use crate::xml::new_id;
 use crate::xml::reader::ReaderLimits;
@@ -728,8 +729,8 @@ pub(crate) async fn message(shared: &Shared, el: Element) {
 /// server answers ping (XEP-0199) to a bare JID itself; every other request gets
 /// service-unavailable so the requester is never left waiting.
 pub(crate) async fn iq(shared: &Shared, el: Element) {
-    let ty = el.get_attr("type").unwrap_or("");
-    let is_request = matches!(ty, "get" | "set");
+    let ty = IqType::of(&el);
+    let is_request = ty.is_some_and(IqType::is_request);
     let (Some(from), Some(to)) = (
         el.get_attr("from").map(str::to_owned),
         el.get_attr("to").and_then(|t| Jid::new(t).ok()),
@@ -756,7 +757,7 @@ pub(crate) async fn iq(shared: &Shared, el: Element) {
         .elements()
         .next()
         .is_some_and(|p| p.is("ping", crate::xml::NS_PING))
-        && ty == "get";
+        && ty == Some(IqType::Get);
     let reply = if ping {
         crate::error::iq_result(&el)
     } else {
