@@ -149,10 +149,10 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
 /// arrived), or one the session's full record cannot take, gets the unavailable at once.
 async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
     let viewer = env.xml.as_str();
-    if Jid::new(viewer).is_err() {
+    let Ok(viewer_jid) = Jid::new(viewer) else {
         tracing::warn!("cluster: reveal with a malformed viewer dropped");
         return;
-    }
+    };
     for to in &env.to {
         let Some(s) = FullJid::new(to).ok().and_then(|f| shared.sessions.get(&f)) else {
             continue;
@@ -163,10 +163,10 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
             continue;
         }
         let admitted = !s.is_invisible()
-            && gate::roster_and_audience(shared, s.jid.as_str(), true)
+            && gate::roster_and_audience(shared, &s.jid, true)
                 .await
                 .1
-                .contains(viewer);
+                .contains(&viewer_jid);
         if admitted && s.reveal(viewer, crate::policy::privacy::Relation::Subscriber) {
             continue;
         }
@@ -189,11 +189,12 @@ async fn decide_here(shared: &Shared, env: Envelope) {
         tracing::warn!("cluster: malformed decide message dropped");
         return;
     };
-    let Some(sender) = el.get_attr("from").map(str::to_owned) else {
+    // The sending node stamped the sender; one that is no JID reaches nobody.
+    let Some(sender) = el.get_attr("from").and_then(|f| Jid::new(f).ok()) else {
         return;
     };
     let session = shared.sessions.get(&to);
-    if gate::may_reach(shared, &sender, to.as_str(), session.as_ref()).await {
+    if gate::may_reach(shared, &sender, &to, session.as_ref()).await {
         if let Some(s) = session {
             s.send(el);
             return;
@@ -262,7 +263,8 @@ pub(crate) async fn account_exists(shared: &Shared, bare: &BareJid) -> bool {
 /// A message a resource takes is copied to the recipient's other carbons-enabled
 /// resources ([`crate::carbons`], XEP-0280 §6); a chat or normal message no resource can
 /// take is kept for the user's next login ([`store_offline`], XEP-0160).
-pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Element) -> Outcome {
+pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Element) -> Outcome {
+    let sender = from.as_str();
     if admit_from(shared, sender, to.as_str(), &el).await != Verdict::Pass {
         return Outcome::Dropped;
     }
@@ -304,14 +306,13 @@ pub(crate) async fn message(shared: &Shared, sender: &str, to: Jid, mut el: Elem
                     // that node knows (directed presence) is decided there.
                     if let Some(h) = there {
                         let xml = Arc::new(el.to_xml());
-                        if gate::may_reach_holder(shared, sender, h).await {
+                        if gate::may_reach_holder(shared, from, h).await {
                             shared.cluster.send(h.node(), vec![h.jid.clone()], xml);
                         } else {
                             shared.cluster.decide_there(h.node(), h.jid.clone(), xml);
                         }
                         return Outcome::Delivered;
-                    } else if gate::may_reach(shared, sender, full.as_str(), session.as_ref()).await
-                    {
+                    } else if gate::may_reach(shared, from, &full, session.as_ref()).await {
                         if let Some(s) = session {
                             s.send(el);
                             return Outcome::Delivered;
@@ -546,7 +547,8 @@ pub(crate) async fn unacked(shared: &Shared, owner: &BareJid, el: Element) -> Ou
 /// is the sender's own account; otherwise, and when there is no such session, the sender
 /// gets the `service-unavailable` an offline resource gives. Results and errors reach the
 /// session if there is one.
-pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element) -> Outcome {
+pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -> Outcome {
+    let sender = from.as_str();
     if admit_from(shared, sender, to.as_str(), &el).await != Verdict::Pass {
         return Outcome::Dropped;
     }
@@ -559,7 +561,7 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
             // request it does not admit may still reach a resource that revealed itself to
             // the sender by directed presence, which only that node knows: it decides.
             let xml = Arc::new(el.to_xml());
-            if !is_request || own || gate::may_reach_holder(shared, sender, &h).await {
+            if !is_request || own || gate::may_reach_holder(shared, from, &h).await {
                 shared.cluster.send(h.node(), vec![h.jid.clone()], xml);
             } else {
                 shared.cluster.decide_there(h.node(), h.jid.clone(), xml);
@@ -581,7 +583,7 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
         // A request from anyone else takes the same decision whether the resource is online
         // or not, so neither the answer nor its timing tells them apart.
         session => {
-            if gate::may_reach(shared, sender, to.as_str(), session.as_ref()).await {
+            if gate::may_reach(shared, from, to, session.as_ref()).await {
                 if let Some(s) = session {
                     s.send(el);
                     return Outcome::Delivered;
@@ -606,9 +608,10 @@ pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
     shared.cluster.forget_if_dead(jid);
     {
         let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
-        for contact in gate::online_audience(shared, jid.as_str()).await {
-            if is_local(shared, &contact) {
-                to_available(shared, &contact, &unavailable(jid.as_str(), &contact));
+        for contact in gate::online_audience(shared, jid).await {
+            let contact = contact.as_str();
+            if is_local(shared, contact) {
+                to_available(shared, contact, &unavailable(jid.as_str(), contact));
             }
         }
     }

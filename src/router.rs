@@ -120,9 +120,9 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
     let me = session.jid().as_str();
     let own = session.jid().to_bare();
     let recipient = match target {
-        Target::LocalBare(b) if *b != own => Some(b.to_string()),
-        Target::LocalFull(f) if f.to_bare() != own => Some(f.to_string()),
-        Target::Remote(j) => Some(j.to_string()),
+        Target::LocalBare(b) if *b != own => Some(Jid::from(b.clone())),
+        Target::LocalFull(f) if f.to_bare() != own => Some(Jid::from(f.clone())),
+        Target::Remote(j) => Some(j.clone()),
         _ => None,
     };
     let Some(recipient) = recipient else {
@@ -132,7 +132,7 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
     // The sender's own block list (XEP-0191 §3.6: the sender is told, so the public
     // figure may count it). The recipient's list is delivery's and is not counted: it is
     // answered as if the recipient were absent, and a count would say otherwise.
-    let verdict = outbound_to_blocked(shared, me, &recipient, &el).await;
+    let verdict = outbound_to_blocked(shared, me, recipient.as_str(), &el).await;
     if !matches!(verdict, Verdict::Pass) {
         shared.metrics.dropped(DropReason::BlockedBySender);
     }
@@ -145,12 +145,14 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
         }
     }
     if el.name == "message" {
-        let directed = session.handle.was_revealed(&recipient)
-            || session.handle.was_revealed(crate::jid::bare_of(&recipient));
+        let directed = session.handle.was_revealed(recipient.as_str())
+            || session
+                .handle
+                .was_revealed(crate::jid::bare_of(recipient.as_str()));
         return crate::presence::gate::filter_signals(
             shared,
             &session.handle,
-            me,
+            session.jid(),
             &recipient,
             directed,
             el,
@@ -185,7 +187,7 @@ async fn message(session: &mut Session, el: Element, target: Target) {
         Target::LocalBare(bare) => Jid::from(bare),
         Target::OwnAccount => Jid::from(session.jid().to_bare()),
     };
-    crate::delivery::message(&session.shared, session.jid().as_str(), to, el).await;
+    crate::delivery::message(&session.shared, session.jid(), to, el).await;
 }
 
 async fn iq(session: &mut Session, el: Element, target: Target) {
@@ -206,9 +208,8 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
         Target::Remote(_) => remote(session, el),
         Target::LocalFull(full) => {
             let shared = session.shared.clone();
-            let me = session.jid().as_str();
             let to_other = full.to_bare() != session.jid().to_bare();
-            let outcome = crate::delivery::iq(&shared, me, &full, el).await;
+            let outcome = crate::delivery::iq(&shared, session.jid(), &full, el).await;
             if is_request && to_other && outcome == crate::delivery::Outcome::Delivered {
                 // The requester disclosed itself to this resource by its own act. With the
                 // session's set full it is not recorded, and the resource's own requests

@@ -8,6 +8,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
+use presenced::jid::Jid;
 use presenced::presence::privacy::{PrivacySettings, Visibility};
 use presenced::xml::{parse_element, Element, NS_CLIENT};
 
@@ -1123,6 +1124,10 @@ async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() 
     let shared = ts.shared().clone();
     let (alice, bob) = (ts.jid("alice"), ts.jid("bob"));
     let rounds = 100;
+    let (bob_pc, alice_jid) = (
+        Jid::new(&format!("{bob}/pc")).unwrap(),
+        Jid::new(&alice).unwrap(),
+    );
     let mut spent = std::time::Duration::ZERO;
     for i in 0..rounds {
         let blocked = i % 2 == 0;
@@ -1140,7 +1145,7 @@ async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() 
                 .unwrap();
         }
         let t = std::time::Instant::now();
-        let sees = gate::may_see_online(&shared, &format!("{bob}/pc"), &alice, false).await;
+        let sees = gate::may_see_online(&shared, &bob_pc, &alice_jid, false).await;
         spent += t.elapsed();
         // No cache: the change committed just before is what the very next decision sees.
         assert_eq!(sees, !blocked, "round {i}");
@@ -1186,7 +1191,8 @@ async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() 
     }
     let (_, roster) = shared.store.roster(&alice).await.unwrap();
     let t = std::time::Instant::now();
-    let audience = gate::online_audience(&shared, &format!("{alice}/phone")).await;
+    let alice_phone = Jid::new(&format!("{alice}/phone")).unwrap();
+    let audience = gate::online_audience(&shared, &alice_phone).await;
     let took = t.elapsed();
     // bob ends unblocked (the last round is odd) and every tenth contact blocks alice.
     assert_eq!(audience.len(), 1 + contacts - contacts / 10);

@@ -46,7 +46,7 @@ pub async fn run(shared: Arc<Shared>) {
 /// setting, blocks and reciprocity (README, "Privacy").
 pub async fn may_see_last_activity(shared: &Shared, viewer: &BareJid, subject: &BareJid) -> bool {
     // Settings, blocks and reciprocity, read fresh (subscription included).
-    crate::presence::gate::may_see_last_seen(shared, viewer.as_str(), subject.as_str()).await
+    crate::presence::gate::may_see_last_seen(shared, viewer, subject).await
 }
 
 /// Answers `<iq type='get'><query xmlns='jabber:iq:last'/></iq>` addressed to local account
@@ -63,8 +63,7 @@ pub async fn handle_iq(session: &Session, iq: &Element, subject: &BareJid) -> El
     }
     // "Online now" (seconds='0') is the online signal: only for a viewer who may see it,
     // and never because of an invisible session; anyone else gets the offline answer.
-    let online =
-        crate::presence::gate::visible_to(shared, session.jid().as_str(), subject.as_str()).await;
+    let online = crate::presence::gate::visible_to(shared, session.jid(), subject).await;
     let query = Element::new("query", NS_LAST);
     if online {
         // XEP-0012 §3: a user with an available resource has been idle for 0 seconds here.

@@ -27,6 +27,7 @@ pub(crate) mod vcard;
 pub(crate) use notify::{disco_answer, from_node, on_presence};
 
 use crate::error::{iq_result, StanzaError};
+use crate::jid::Jid;
 use crate::node::session::Session;
 use crate::node::Shared;
 use crate::presence::gate;
@@ -101,9 +102,13 @@ pub(crate) async fn may_read(shared: &Shared, access: &str, viewer: &str, owner:
     if gate::bare_of(viewer) == gate::bare_of(owner) {
         return true;
     }
+    // Addresses this server stamped or stored; one that is no JID reads nothing.
+    let (Ok(viewer), Ok(owner)) = (Jid::new(viewer), Jid::new(owner)) else {
+        return false;
+    };
     match Access::parse(access) {
-        Some(Access::Open) => !gate::blocked_either(shared, viewer, owner).await,
-        Some(Access::Presence) => gate::may_see_online(shared, viewer, owner, false).await,
+        Some(Access::Open) => !gate::blocked_either(shared, &viewer, &owner).await,
+        Some(Access::Presence) => gate::may_see_online(shared, &viewer, &owner, false).await,
         Some(Access::Whitelist) | None => false,
     }
 }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use crate::caps::{Caps, Lookup};
 use crate::cluster::Kind;
+use crate::jid::Jid;
 use crate::node::session::Session;
 use crate::node::Shared;
 use crate::presence::gate;
@@ -63,9 +64,14 @@ pub(super) async fn notify(shared: &Shared, owner: &str, node: &str, access: &st
         // The presence audience: approved subscribers the gate admits (an `open` node
         // notifies the same people, XEP-0163 §4.1: PEP subscriptions come from presence
         // subscriptions).
-        let audience = gate::online_audience(shared, owner).await;
+        // The owner's bare JID, as the node was stored under it; no JID, no audience.
+        let audience = match Jid::new(owner) {
+            Ok(owner) => gate::online_audience(shared, &owner).await,
+            Err(_) => Default::default(),
+        };
         let mut local: Vec<String> = audience
             .into_iter()
+            .map(|c| c.to_string())
             .filter(|c| crate::node::send::is_local(shared, c))
             .collect();
         local.sort();

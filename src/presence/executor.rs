@@ -19,6 +19,7 @@
 //! The caller holds the roster locks of both users ([`crate::node::RosterLocks`]) for the
 //! whole load, decide and apply, so the roster listener never sees a change half pushed.
 
+use crate::jid::{BareJid, Jid};
 use crate::node::send::{bounce_unroutable, to_available, unavailable_from_shown};
 use crate::node::{route_remote, Shared};
 use crate::store::{RosterChange, RosterItem, StoreError};
@@ -125,8 +126,13 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
                 }
             }
             Effect::CurrentPresence { subject, viewer } => {
+                // Addresses of the plan's own stanzas; one that is no JID is shown nothing.
+                let (Ok(subject_jid), Ok(viewer_jid)) = (BareJid::new(&subject), Jid::new(&viewer))
+                else {
+                    continue;
+                };
                 let local = shared.config.serves(domain_of(&viewer));
-                super::gate::current_presence(shared, &subject, &viewer, |p| {
+                super::gate::current_presence(shared, &subject_jid, &viewer_jid, |p| {
                     if local {
                         to_available(shared, &viewer, &p);
                     } else {

@@ -31,6 +31,12 @@
 //! Store failures fail closed: a viewer whose permission cannot be read sees nothing
 //! (principle 2 of the design guide; presence degrades, chat does not stall).
 //!
+//! The decisions take addresses as JIDs, not strings: a party in any form (a full JID
+//! also matches full-JID block entries) is a [`Jid`], a local account a [`BareJid`], and
+//! an audience is a set of bare JIDs. The store's rows hold strings; a roster contact or a
+//! probed subject is parsed where it enters a decision, and one that is no JID is nobody's
+//! audience (fails closed).
+//!
 //! Broadcast, probe answers, sending current presence and reconciling are serialised per
 //! subject by [`Registry::lock_subject`], so a decision read just before a block was
 //! committed cannot deliver after the reconcile that follows the block has run.
@@ -51,18 +57,18 @@ use crate::xml::{Element, NS_CLIENT};
 
 /// `user@domain` of a JID string in any form.
 pub use crate::jid::bare_of;
-use crate::jid::domain_of;
+use crate::jid::{domain_of, BareJid, FullJid, Jid};
 
 /// Whether `jid` is an account on a domain this server hosts (as opposed to a remote
 /// user, whose settings and block list we cannot read).
-fn is_local(shared: &Shared, jid: &str) -> bool {
-    jid.contains('@') && shared.config.serves(domain_of(jid))
+fn is_local(shared: &Shared, jid: &Jid) -> bool {
+    crate::node::send::is_local(shared, jid.as_str())
 }
 
 /// Settings of a user; the defaults for a remote one (their server applies its own rules).
-async fn settings_of(shared: &Shared, jid: &str) -> Result<PrivacySettings, StoreError> {
+async fn settings_of(shared: &Shared, jid: &BareJid) -> Result<PrivacySettings, StoreError> {
     if is_local(shared, jid) {
-        shared.store.privacy_settings(bare_of(jid)).await
+        shared.store.privacy_settings(jid.as_str()).await
     } else {
         Ok(PrivacySettings::default())
     }
@@ -70,9 +76,12 @@ async fn settings_of(shared: &Shared, jid: &str) -> Result<PrivacySettings, Stor
 
 /// Whether local user `owner` blocks `jid` (XEP-0016 §2.1 matching); false for a remote
 /// owner, whose block list is not ours to read.
-async fn owner_blocks(shared: &Shared, owner: &str, jid: &str) -> Result<bool, StoreError> {
+async fn owner_blocks(shared: &Shared, owner: &Jid, jid: &Jid) -> Result<bool, StoreError> {
     if is_local(shared, owner) {
-        shared.store.is_blocked(bare_of(owner), jid).await
+        shared
+            .store
+            .is_blocked(bare_of(owner.as_str()), jid.as_str())
+            .await
     } else {
         Ok(false)
     }
@@ -82,8 +91,8 @@ async fn owner_blocks(shared: &Shared, owner: &str, jid: &str) -> Result<bool, S
 /// matches full-JID and domain/resource entries).
 pub async fn blocks_between(
     shared: &Shared,
-    viewer: &str,
-    subject: &str,
+    viewer: &Jid,
+    subject: &Jid,
 ) -> Result<Blocks, StoreError> {
     let (by_subject, by_viewer) = tokio::try_join!(
         owner_blocks(shared, subject, viewer),
@@ -96,7 +105,7 @@ pub async fn blocks_between(
 }
 
 /// Whether either party blocks the other; a store failure counts as blocked.
-pub async fn blocked_either(shared: &Shared, a: &str, b: &str) -> bool {
+pub async fn blocked_either(shared: &Shared, a: &Jid, b: &Jid) -> bool {
     match blocks_between(shared, a, b).await {
         Ok(b) => b.by_subject || b.by_viewer,
         Err(e) => {
@@ -110,32 +119,35 @@ pub async fn blocked_either(shared: &Shared, a: &str, b: &str) -> bool {
 async fn decide(
     shared: &Shared,
     signal: Signal,
-    viewer: &str,
-    subject: &str,
+    viewer: &Jid,
+    subject: &Jid,
     directed: bool,
 ) -> Result<bool, StoreError> {
-    let viewer_bare = bare_of(viewer);
-    let subject_bare = bare_of(subject);
+    let viewer_bare = viewer.to_bare();
+    let subject_bare = subject.to_bare();
     if viewer_bare == subject_bare {
         return Ok(true);
     }
     let viewer_settings = async {
         if signal == Signal::LastSeen {
-            settings_of(shared, viewer_bare).await
+            settings_of(shared, &viewer_bare).await
         } else {
             // Reciprocity concerns last seen only; online never reads the viewer's row.
             Ok(PrivacySettings::default())
         }
     };
     let item = async {
-        if is_local(shared, subject_bare) {
-            shared.store.roster_item(subject_bare, viewer_bare).await
+        if is_local(shared, &subject_bare) {
+            shared
+                .store
+                .roster_item(subject_bare.as_str(), viewer_bare.as_str())
+                .await
         } else {
             Ok(None)
         }
     };
     let (subject_settings, viewer_settings, item, blocks) = tokio::try_join!(
-        settings_of(shared, subject_bare),
+        settings_of(shared, &subject_bare),
         viewer_settings,
         item,
         blocks_between(shared, viewer, subject)
@@ -143,9 +155,9 @@ async fn decide(
     Ok(decide_with(
         signal,
         Inputs {
-            viewer: viewer_bare,
+            viewer: &viewer_bare,
             viewer_settings: &viewer_settings,
-            subject: subject_bare,
+            subject: &subject_bare,
             subject_settings: &subject_settings,
             subscription: item.map(|i| i.subscription),
             directed,
@@ -154,15 +166,15 @@ async fn decide(
     ))
 }
 
-/// The inputs of one decision, already read: bare JIDs, both parties' settings (the
+/// The inputs of one decision, already read: the bare JIDs, both parties' settings (the
 /// viewer's matter for last-seen reciprocity only), the subject's subscription state with
 /// the viewer (`None`: no roster item), whether the subject sent the viewer directed
 /// presence, and the blocks in both directions.
 #[derive(Clone, Copy)]
 struct Inputs<'a> {
-    viewer: &'a str,
+    viewer: &'a BareJid,
     viewer_settings: &'a PrivacySettings,
-    subject: &'a str,
+    subject: &'a BareJid,
     subject_settings: &'a PrivacySettings,
     subscription: Option<Subscription>,
     directed: bool,
@@ -182,17 +194,14 @@ fn decide_with(signal: Signal, i: Inputs<'_>) -> bool {
     if relation == Relation::Other && i.directed {
         relation = Relation::DirectedPresence;
     }
-    let (Some(vj), Some(sj)) = (parse_bare(i.viewer), parse_bare(i.subject)) else {
-        return false;
-    };
     privacy::may_see(
         signal,
         Party {
-            jid: &vj,
+            jid: i.viewer,
             settings: i.viewer_settings,
         },
         Party {
-            jid: &sj,
+            jid: i.subject,
             settings: i.subject_settings,
         },
         relation,
@@ -200,13 +209,9 @@ fn decide_with(signal: Signal, i: Inputs<'_>) -> bool {
     )
 }
 
-fn parse_bare(s: &str) -> Option<::jid::BareJid> {
-    ::jid::BareJid::new(s).ok()
-}
-
 /// May `viewer` learn that `subject` is online? `directed` is true when the subject's
 /// session sent the viewer directed presence (RFC 6121 §4.6). Fails closed.
-pub async fn may_see_online(shared: &Shared, viewer: &str, subject: &str, directed: bool) -> bool {
+pub async fn may_see_online(shared: &Shared, viewer: &Jid, subject: &Jid, directed: bool) -> bool {
     decide(shared, Signal::Online, viewer, subject, directed)
         .await
         .unwrap_or_else(|e| {
@@ -220,11 +225,11 @@ pub async fn may_see_online(shared: &Shared, viewer: &str, subject: &str, direct
 /// not invisible.
 /// For answers such as XEP-0012 `seconds='0'`; anyone for whom this is false must get the
 /// answer an offline subject gives.
-pub async fn visible_to(shared: &Shared, viewer: &str, subject: &str) -> bool {
+pub async fn visible_to(shared: &Shared, viewer: &Jid, subject: &BareJid) -> bool {
     // The decision is taken whether the subject is online or not: a short cut on "offline"
     // would answer faster, and the delay alone would tell the viewer which.
     let permitted = may_see_online(shared, viewer, subject, false).await;
-    let subject = bare_of(subject);
+    let subject = subject.as_str();
     let here = shared
         .sessions
         .of_user_str(subject)
@@ -242,7 +247,7 @@ pub async fn visible_to(shared: &Shared, viewer: &str, subject: &str) -> bool {
 
 /// May `viewer` learn when `subject` was last seen (XEP-0012, delay stamps on
 /// unavailable)? Applies reciprocity. Fails closed.
-pub async fn may_see_last_seen(shared: &Shared, viewer: &str, subject: &str) -> bool {
+pub async fn may_see_last_seen(shared: &Shared, viewer: &Jid, subject: &Jid) -> bool {
     decide(shared, Signal::LastSeen, viewer, subject, false)
         .await
         .unwrap_or_else(|e| {
@@ -254,7 +259,7 @@ pub async fn may_see_last_seen(shared: &Shared, viewer: &str, subject: &str) -> 
 /// The roster contacts of `subject` (full JID of the resource whose presence goes out)
 /// that may see it online now: approved subscribers the settings admit and no block in
 /// either direction separates. Fails closed (empty).
-pub async fn online_audience(shared: &Shared, subject: &str) -> HashSet<String> {
+pub async fn online_audience(shared: &Shared, subject: &Jid) -> HashSet<BareJid> {
     roster_and_audience(shared, subject, false).await.1
 }
 
@@ -267,21 +272,26 @@ pub async fn online_audience(shared: &Shared, subject: &str) -> HashSet<String> 
 /// audience: with no roster we tell nobody, never everybody.
 pub async fn roster_and_audience(
     shared: &Shared,
-    subject: &str,
+    subject: &Jid,
     keep: bool,
-) -> (Arc<AudienceInputs>, HashSet<String>) {
-    let subject_bare = bare_of(subject);
+) -> (Arc<AudienceInputs>, HashSet<BareJid>) {
+    let subject_bare = subject.to_bare();
     match shared
         .store
-        .audience_inputs_cached(subject_bare, subject, &match_candidates(subject), keep)
+        .audience_inputs_cached(
+            subject_bare.as_str(),
+            subject.as_str(),
+            &match_candidates(subject.as_str()),
+            keep,
+        )
         .await
     {
         Ok(inputs) => {
-            let audience = audience_of(subject_bare, &inputs);
+            let audience = audience_of(&subject_bare, &inputs);
             (inputs, audience)
         }
         Err(e) => {
-            tracing::warn!(user = subject_bare, error = %e,
+            tracing::warn!(user = %subject_bare, error = %e,
                 "roster or privacy inputs unavailable; presence not broadcast");
             (Arc::default(), HashSet::new())
         }
@@ -289,18 +299,19 @@ pub async fn roster_and_audience(
 }
 
 /// The audience from read inputs: each approved subscriber (RFC 6121 §4.2.2) the one
-/// decision admits.
-fn audience_of(subject_bare: &str, inputs: &AudienceInputs) -> HashSet<String> {
+/// decision admits. A stored contact that is no JID is nobody's audience.
+fn audience_of(subject_bare: &BareJid, inputs: &AudienceInputs) -> HashSet<BareJid> {
     let default = PrivacySettings::default();
     inputs
         .roster
         .iter()
         .filter(|c| c.subscription.has_from())
-        .filter(|c| {
+        .filter_map(|c| Some((c, BareJid::new(&c.contact).ok()?)))
+        .filter(|(c, contact)| {
             decide_with(
                 Signal::Online,
                 Inputs {
-                    viewer: &c.contact,
+                    viewer: contact,
                     // Reciprocity concerns last seen only; online never reads the viewer's.
                     viewer_settings: &default,
                     subject: subject_bare,
@@ -314,7 +325,7 @@ fn audience_of(subject_bare: &str, inputs: &AudienceInputs) -> HashSet<String> {
                 },
             )
         })
-        .map(|c| c.contact.clone())
+        .map(|(_, contact)| contact)
         .collect()
 }
 
@@ -330,11 +341,11 @@ fn audience_of(subject_bare: &str, inputs: &AudienceInputs) -> HashSet<String> {
 /// with the last seen only where [`may_see_last_seen`] allows.
 pub async fn probe_answer(
     shared: &Shared,
-    prober: &str,
-    subject: &str,
+    prober: &Jid,
+    subject: &BareJid,
     deliver: impl FnMut(Element),
 ) {
-    probe_answers(shared, prober, &[subject.to_owned()], deliver).await;
+    probe_answers(shared, prober, &[subject.to_string()], deliver).await;
 }
 
 /// [`probe_answer`] for several local subjects at once, as at the prober's login
@@ -347,11 +358,12 @@ pub async fn probe_answer(
 /// them in the same order, so this cannot deadlock.)
 pub async fn probe_answers(
     shared: &Shared,
-    prober: &str,
+    prober: &Jid,
     subjects: &[String],
     mut deliver: impl FnMut(Element),
 ) {
-    let prober_bare = bare_of(prober);
+    let prober_bare_jid = prober.to_bare();
+    let prober_bare = prober_bare_jid.as_str();
     let mut subjects: Vec<String> = subjects.to_vec();
     subjects.sort();
     subjects.dedup();
@@ -361,16 +373,16 @@ pub async fn probe_answers(
     }
     let rows = match shared
         .store
-        .probe_inputs(prober_bare, &match_candidates(prober), &subjects)
+        .probe_inputs(prober_bare, &match_candidates(prober.as_str()), &subjects)
         .await
     {
         Ok(rows) => rows,
         Err(e) => {
-            tracing::warn!(prober, error = %e, "probe: privacy inputs unavailable");
+            tracing::warn!(%prober, error = %e, "probe: privacy inputs unavailable");
             return;
         }
     };
-    let prober_local = is_local(shared, prober_bare);
+    let prober_local = is_local(shared, prober);
     let subject_refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
     let mut elsewhere = remote_presences(shared, &subject_refs).await;
     // Read at most once, and only when an unavailable may carry a stamp.
@@ -392,10 +404,14 @@ pub async fn probe_answers(
         if blocks.by_subject || blocks.by_viewer {
             continue;
         }
+        // The subjects are the caller's, each a local bare JID.
+        let Ok(subject) = BareJid::new(&row.subject) else {
+            continue;
+        };
         let online = Inputs {
-            viewer: prober_bare,
+            viewer: &prober_bare_jid,
             viewer_settings: &default,
-            subject: &row.subject,
+            subject: &subject,
             subject_settings: &row.settings,
             subscription: row.subscription,
             directed: false,
@@ -408,13 +424,13 @@ pub async fn probe_answers(
                     if !s.reveal(prober_bare, Relation::Subscriber) {
                         continue;
                     }
-                    last.set_attr("to", prober);
+                    last.set_attr("to", prober.as_str());
                     deliver(last);
                     sent = true;
                 }
             }
             for (h, mut p) in elsewhere.remove(&row.subject).unwrap_or_default() {
-                p.set_attr("to", prober);
+                p.set_attr("to", prober.as_str());
                 deliver(p);
                 reveals.entry(h.node().to_owned()).or_default().push(h.jid);
                 sent = true;
@@ -434,13 +450,13 @@ pub async fn probe_answers(
                 match shared.store.privacy_settings(prober_bare).await {
                     Ok(s) => Some(s),
                     Err(e) => {
-                        tracing::warn!(prober, error = %e, "privacy inputs unavailable; hiding last seen");
+                        tracing::warn!(%prober, error = %e, "privacy inputs unavailable; hiding last seen");
                         None
                     }
                 }
             });
         }
-        let mut p = unavailable(&row.subject, prober);
+        let mut p = unavailable(&row.subject, prober.as_str());
         if let Some(Some(vs)) = &prober_settings {
             let last_seen = Inputs {
                 viewer_settings: vs,
@@ -473,14 +489,15 @@ pub async fn probe_answers(
 /// under the subject's lock; the viewer is recorded as shown.
 pub async fn current_presence(
     shared: &Shared,
-    subject: &str,
-    viewer: &str,
+    subject: &BareJid,
+    viewer_jid: &Jid,
     mut deliver: impl FnMut(Element),
 ) {
-    let _guard = shared.subject_locks.lock_subject(subject).await;
-    if !may_see_online(shared, viewer, subject, false).await {
+    let _guard = shared.subject_locks.lock_subject(subject.as_str()).await;
+    if !may_see_online(shared, viewer_jid, subject, false).await {
         return;
     }
+    let (subject, viewer) = (subject.as_str(), viewer_jid.as_str());
     for s in visible_sessions(shared, subject) {
         // Shown already as to a subscriber (a reconciliation after the same roster change
         // got here first): every update since reached the viewer, so it has this presence.
@@ -510,9 +527,10 @@ pub async fn current_presence(
 /// `<presence type='unavailable'/>` from `subject`'s bare JID to `to`, stamped (XEP-0203)
 /// with when the subject was last seen only if `to` may know it (settings, blocks,
 /// reciprocity).
-pub async fn unavailable_stamped(shared: &Shared, subject: &str, to: &str) -> Element {
+pub async fn unavailable_stamped(shared: &Shared, subject: &BareJid, to_jid: &Jid) -> Element {
+    let (subject_jid, subject, to) = (subject, subject.as_str(), to_jid.as_str());
     let mut p = unavailable(subject, to);
-    if !may_see_last_seen(shared, to, subject).await {
+    if !may_see_last_seen(shared, to_jid, subject_jid).await {
         return p;
     }
     if let Some(at) = super::last_seen(shared, subject).await {
@@ -559,7 +577,7 @@ pub async fn reconcile_user(shared: &Shared, user: &str) {
     {
         if let Ok((_, roster)) = shared.store.roster(&user).await {
             for item in roster.iter().filter(|i| i.subscription.has_to()) {
-                if is_local(shared, &item.contact) {
+                if crate::node::send::is_local(shared, &item.contact) {
                     subjects.insert(item.contact.clone());
                 }
             }
@@ -591,15 +609,18 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
         let audience = if invisible {
             HashSet::new()
         } else {
-            online_audience(shared, &me).await
+            online_audience(shared, &s.jid).await
         };
         let revealed = s.revealed();
         for (viewer, relation) in revealed {
-            let keep = match relation {
-                Relation::Subscriber => audience.contains(&viewer),
+            // Recorded from addresses the server checked; one that is no JID is withdrawn.
+            let viewer_jid = Jid::new(&viewer).ok();
+            let keep = match (relation, &viewer_jid) {
+                (_, None) => false,
+                (Relation::Subscriber, Some(v)) => audience.contains(v),
                 // Directed presence was the user's own act; only a block withdraws it
                 // (invisibility does not: XEP-0186 keeps directed presence working).
-                _ => !blocked_either(shared, &viewer, &me).await,
+                (_, Some(v)) => !blocked_either(shared, v, &s.jid).await,
             };
             if !keep && s.forget(&viewer) {
                 crate::node::send::presence_to(shared, &viewer, unavailable(&me, &viewer));
@@ -611,6 +632,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &str) {
         }
         let Some(last) = last else { continue };
         for viewer in audience {
+            let viewer = viewer.to_string();
             if s.was_revealed(&viewer) {
                 continue;
             }
@@ -657,7 +679,7 @@ pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
             } else {
                 shared.store.forget_audience(&n.payload);
             }
-            if is_local(&shared, &n.payload) {
+            if crate::node::send::is_local(&shared, &n.payload) {
                 reconcile_user(&shared, &n.payload).await;
             }
         }
@@ -705,8 +727,8 @@ fn is_content(child: &Element) -> bool {
 pub async fn filter_signals(
     shared: &Shared,
     sender_session: &crate::sessions::SessionHandle,
-    sender: &str,
-    recipient: &str,
+    sender: &Jid,
+    recipient: &Jid,
     directed: bool,
     mut el: Element,
 ) -> Option<Element> {
@@ -735,10 +757,10 @@ pub async fn filter_signals(
 /// the client, which tells online from offline.
 pub async fn may_reach_resource(
     shared: &Shared,
-    sender: &str,
+    sender: &Jid,
     target: &crate::sessions::SessionHandle,
 ) -> bool {
-    may_reach(shared, sender, target.jid.as_str(), Some(target)).await
+    may_reach(shared, sender, &target.jid, Some(target)).await
 }
 
 /// [`may_reach_resource`] for a full JID that may have no session: `target` is its session
@@ -747,23 +769,23 @@ pub async fn may_reach_resource(
 /// how long the answer takes.
 pub async fn may_reach(
     shared: &Shared,
-    sender: &str,
-    full: &str,
+    sender: &Jid,
+    full: &FullJid,
     target: Option<&crate::sessions::SessionHandle>,
 ) -> bool {
     let Some(target) = target else {
         may_see_online(shared, sender, full, false).await;
         return false;
     };
-    let own_act = [sender, bare_of(sender)]
+    let own_act = [sender.as_str(), bare_of(sender.as_str())]
         .iter()
         .any(|v| target.revealed_relation(v) == Some(Relation::DirectedPresence));
     if own_act {
-        return !blocked_either(shared, sender, target.jid.as_str()).await;
+        return !blocked_either(shared, sender, &target.jid).await;
     }
     !target.is_invisible()
         && target.is_available()
-        && may_see_online(shared, sender, target.jid.as_str(), false).await
+        && may_see_online(shared, sender, &target.jid, false).await
 }
 
 /// [`may_reach_resource`] for a session on another node, from its directory entry. What
@@ -771,12 +793,17 @@ pub async fn may_reach(
 /// only a visible, available resource the sender may see online is reached.
 pub async fn may_reach_holder(
     shared: &Shared,
-    sender: &str,
+    sender: &Jid,
     target: &crate::cluster::Holder,
 ) -> bool {
+    // The directory's full JID, written by the holding node; one that is no JID is reached
+    // by nobody.
+    let Ok(holder) = Jid::new(&target.jid) else {
+        return false;
+    };
     target.entry.visible
         && target.entry.available
-        && may_see_online(shared, sender, &target.jid, false).await
+        && may_see_online(shared, sender, &holder, false).await
 }
 
 /// The presence each visible, available resource of `subject` on other nodes shows, from

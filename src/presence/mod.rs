@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::error::StanzaError;
-use crate::jid::{BareJid, FullJid};
+use crate::jid::{BareJid, FullJid, Jid};
 use crate::node::session::Session;
 use crate::node::session::Target;
 use crate::node::Shared;
@@ -103,7 +103,7 @@ pub async fn from_client(
             }
             // XEP-0191 §3.5: presence (subscriptions included) to or from a blocked
             // entity is dropped without an error, whether the other side is online or not.
-            if gate::blocked_either(&session.shared, own_bare.as_str(), contact.as_str()).await {
+            if gate::blocked_either(&session.shared, &own_bare, &contact).await {
                 return;
             }
             outbound_subscription(session, &contact, kind, el, true).await;
@@ -113,11 +113,11 @@ pub async fn from_client(
         PresenceType::Probe => match target {
             Target::LocalBare(b) if b != own_bare => {
                 let me = session.jid().clone();
-                answer_probe(&session.shared, &me, b.as_str()).await;
+                answer_probe(&session.shared, &me, &b).await;
             }
             Target::LocalFull(f) => {
                 let me = session.jid().clone();
-                answer_probe(&session.shared, &me, f.to_bare().as_str()).await;
+                answer_probe(&session.shared, &me, &f.to_bare()).await;
             }
             Target::Remote(_) => {
                 let mut p = el;
@@ -178,13 +178,13 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         // A change of an already available resource keeps the inputs for the next one;
         // initial presence does not, so an idle session costs no cache memory.
         let keep = was_available && is_available;
-        let (inputs, audience) = gate::roster_and_audience(&shared, me.as_str(), keep).await;
+        let (inputs, audience) = gate::roster_and_audience(&shared, &me, keep).await;
         let audience = if invisible || (!is_available && !was_available) {
             Default::default()
         } else {
             audience
         };
-        let mut recipients: BTreeSet<String> = audience.iter().cloned().collect();
+        let mut recipients: BTreeSet<String> = audience.iter().map(|c| c.to_string()).collect();
         if !is_available {
             // Everyone who was shown this resource online learns it went away, even if
             // a change of permissions has not withdrawn it from them yet.
@@ -249,7 +249,9 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         // party blocked since (XEP-0191: it already got its unavailable, nothing more).
         let directed = session.handle.write(|p| p.take_directed());
         for to in directed {
-            if gate::blocked_either(&shared, &to, me.as_str()).await {
+            // Recorded from a `to` that was checked; fails closed otherwise.
+            let Ok(to_jid) = Jid::new(&to) else { continue };
+            if gate::blocked_either(&shared, &to_jid, &me).await {
                 continue;
             }
             let mut p = el.clone();
@@ -302,7 +304,10 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             for (from, xml) in pending {
                 // XEP-0191 §3.5: a request from an entity blocked since it was stored is
                 // not delivered (it stays pending and reappears if unblocked).
-                if gate::blocked_either(&shared, &from, bare.as_str()).await {
+                let Ok(from_jid) = Jid::new(&from) else {
+                    continue;
+                };
+                if gate::blocked_either(&shared, &from_jid, &bare).await {
                     continue;
                 }
                 match crate::xml::parse_element(&xml) {
@@ -371,7 +376,8 @@ pub async fn show_again_to_other_nodes(shared: &Shared) {
             // Only viewers the session can record as shown (its bounded set) are sent it.
             let mut room = s.read(|p| p.room());
             let mut audience = Vec::new();
-            for c in gate::online_audience(shared, s.jid.as_str()).await {
+            for c in gate::online_audience(shared, &s.jid).await {
+                let c = c.to_string();
                 if !shared.config.serves(domain_of(&c)) {
                     continue;
                 }
@@ -395,11 +401,11 @@ pub use crate::jid::domain_of;
 
 /// Answers, on the contact's behalf, a probe from `prober` for local contact `contact`
 /// (RFC 6121 §4.3.2), through the privacy gate ([`gate::probe_answer`]).
-async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &str) {
+async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &BareJid) {
     let Some(prober_session) = shared.sessions.get(prober) else {
         return;
     };
-    gate::probe_answer(shared, prober.as_str(), contact, |p| {
+    gate::probe_answer(shared, prober, contact, |p| {
         prober_session.send(p);
     })
     .await;
@@ -413,7 +419,7 @@ async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[String]) {
     let Some(prober_session) = shared.sessions.get(prober) else {
         return;
     };
-    gate::probe_answers(shared, prober.as_str(), contacts, |p| {
+    gate::probe_answers(shared, prober, contacts, |p| {
         prober_session.send(p);
     })
     .await;
@@ -436,7 +442,8 @@ async fn directed(session: &mut Session, mut el: Element, is_available: bool) {
     el.set_attr("from", session.jid().to_string());
     let shared = session.shared.clone();
     // XEP-0191 §3.5: directed presence to or from a blocked entity is dropped silently.
-    if gate::blocked_either(&shared, &to, session.jid().as_str()).await {
+    let Ok(to_jid) = Jid::new(&to) else { return };
+    if gate::blocked_either(&shared, &to_jid, session.jid()).await {
         return;
     }
     if is_available {

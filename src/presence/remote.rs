@@ -176,8 +176,11 @@ async fn inbound_subscription(
         // RFC 6121 §8.5.1: subscription stanzas to a non-existent account are ignored.
         return Ok(());
     }
-    if crate::presence::gate::blocked_either(shared, user, contact).await {
-        // XEP-0191 §3.3: nothing from a blocked entity reaches the user.
+    // XEP-0191 §3.3: nothing from a blocked entity reaches the user.
+    let (Ok(user_jid), Ok(contact_jid)) = (Jid::new(user), Jid::new(contact)) else {
+        return Ok(());
+    };
+    if crate::presence::gate::blocked_either(shared, &user_jid, &contact_jid).await {
         return Ok(());
     }
     let (item, state) = load_side(shared, user, contact).await?;
@@ -235,10 +238,9 @@ async fn inbound_subscription(
 /// approved subscriber who is not blocked gets an answer.
 async fn probe(shared: &Shared, prober: &Jid, user: &Jid) {
     let Some(_) = user.node() else { return };
-    let user = bare_of(user.as_str());
     // The same gate as local probes (approved subscription, blocks, settings,
     // invisibility); the answer goes back over federation.
-    crate::presence::gate::probe_answer(shared, bare_of(prober.as_str()), user, |p| {
+    crate::presence::gate::probe_answer(shared, &prober.to_bare(), &user.to_bare(), |p| {
         let _ = route_remote(shared, p);
     })
     .await;
@@ -246,9 +248,7 @@ async fn probe(shared: &Shared, prober: &Jid, user: &Jid) {
 
 /// Available or unavailable presence from a remote contact.
 async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_available: bool) {
-    if crate::presence::gate::blocked_either(shared, bare_of(to.as_str()), bare_of(from.as_str()))
-        .await
-    {
+    if crate::presence::gate::blocked_either(shared, &to.to_bare(), &from.to_bare()).await {
         // XEP-0191 §3.3: a blocked entity's presence is not delivered.
         return;
     }

@@ -711,7 +711,7 @@ async fn on_verify(shared: &Shared, el: &Element, out: &mpsc::Sender<Out>) {
 /// apply); an error goes back over federation.
 pub(crate) async fn message(shared: &Shared, el: Element) {
     let (Some(from), Some(to)) = (
-        el.get_attr("from").map(str::to_owned),
+        el.get_attr("from").and_then(|f| Jid::new(f).ok()),
         el.get_attr("to").and_then(|t| Jid::new(t).ok()),
     ) else {
         return;
@@ -732,7 +732,7 @@ pub(crate) async fn iq(shared: &Shared, el: Element) {
     let ty = IqType::of(&el);
     let is_request = ty.is_some_and(IqType::is_request);
     let (Some(from), Some(to)) = (
-        el.get_attr("from").map(str::to_owned),
+        el.get_attr("from").and_then(|f| Jid::new(f).ok()),
         el.get_attr("to").and_then(|t| Jid::new(t).ok()),
     ) else {
         return;
@@ -748,7 +748,7 @@ pub(crate) async fn iq(shared: &Shared, el: Element) {
         return;
     }
     if to.node().is_some()
-        && crate::delivery::admit_from(shared, &from, to.as_str(), &el).await
+        && crate::delivery::admit_from(shared, from.as_str(), to.as_str(), &el).await
             != crate::blocking::Verdict::Pass
     {
         return;
