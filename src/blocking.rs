@@ -56,7 +56,8 @@ async fn handle_inner(
     payload: &Element,
 ) -> Result<Option<Element>, StanzaError> {
     let shared = session.shared.clone();
-    let owner = session.jid().to_bare().to_string();
+    let owner_jid = session.jid().to_bare();
+    let owner = owner_jid.to_string();
     match (ty, payload.name.as_str()) {
         (IqType::Get, "blocklist") => {
             // §3.2: a resource that retrieved the list gets the pushes.
@@ -84,7 +85,7 @@ async fn handle_inner(
             })?;
             // The result first, then withdrawal and the push (§3.3).
             session.deliver(iq_result(iq));
-            crate::presence::gate::reconcile_user(&shared, &owner).await;
+            crate::presence::gate::reconcile_user(&shared, &owner_jid).await;
             for j in &added {
                 withdraw_directed(session, j);
             }
@@ -102,7 +103,7 @@ async fn handle_inner(
                 shared.store.unblock(&owner, &jids).await.map_err(failed)?
             };
             session.deliver(iq_result(iq));
-            crate::presence::gate::reconcile_user(&shared, &owner).await;
+            crate::presence::gate::reconcile_user(&shared, &owner_jid).await;
             if !removed.is_empty() {
                 // An unblock-all push carries no items (§3.5).
                 let announce = if jids.is_empty() { Vec::new() } else { removed };

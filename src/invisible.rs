@@ -66,7 +66,7 @@ pub async fn handle(session: &mut Session, iq: &Element, ty: IqType, payload: &E
                 p.probe_remote = false;
             });
             crate::presence::to_directory(&shared, &session.handle);
-            crate::presence::gate::reconcile_subject(&shared, crate::jid::bare_of(&me)).await;
+            crate::presence::gate::reconcile_subject(&shared, &session.jid().to_bare()).await;
             iq_result(iq)
         }
         _ => error(iq, StanzaError::bad_request()),

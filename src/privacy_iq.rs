@@ -61,7 +61,8 @@ async fn handle_inner(
         return Err(StanzaError::bad_request());
     }
     let shared = session.shared.clone();
-    let owner = session.jid().to_bare().to_string();
+    let owner_jid = session.jid().to_bare();
+    let owner = owner_jid.to_string();
     let current = shared
         .store
         .privacy_settings(&owner)
@@ -78,7 +79,7 @@ async fn handle_inner(
                     .set_privacy_settings(&owner, &new)
                     .await
                     .map_err(failed)?;
-                crate::presence::gate::reconcile_user(&shared, &owner).await;
+                crate::presence::gate::reconcile_user(&shared, &owner_jid).await;
             }
             Ok(iq_result(iq))
         }

@@ -244,5 +244,8 @@ async fn presence_after_external(shared: &Shared, owner: &str) {
     if shared.sessions.of_user_str(owner).is_empty() {
         return;
     }
-    super::gate::reconcile_user(shared, owner).await;
+    // The owner of a stored roster; one that is no JID has no session.
+    if let Ok(owner) = BareJid::new(owner) {
+        super::gate::reconcile_user(shared, &owner).await;
+    }
 }

@@ -565,9 +565,9 @@ fn visible_sessions(shared: &Shared, subject: &str) -> Vec<crate::sessions::Sess
 ///
 /// Idempotent; called by the iq handlers right after their write and by the NOTIFY
 /// consumer for changes made elsewhere (another node, an operator's SQL).
-pub async fn reconcile_user(shared: &Shared, user: &str) {
-    let user = bare_of(user).to_owned();
-    reconcile_subject(shared, &user).await;
+pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
+    reconcile_subject(shared, user_jid).await;
+    let user = user_jid.to_string();
     let mut subjects = shared.sessions.subjects_revealed_to(&user);
     if shared
         .sessions
@@ -584,7 +584,9 @@ pub async fn reconcile_user(shared: &Shared, user: &str) {
         }
     }
     subjects.remove(&user);
-    for s in subjects {
+    // Addresses of sessions and stored roster items; one that is no JID has no session
+    // whose presence could need withdrawing.
+    for s in subjects.iter().filter_map(|s| BareJid::new(s).ok()) {
         reconcile_subject(shared, &s).await;
     }
 }
@@ -592,12 +594,15 @@ pub async fn reconcile_user(shared: &Shared, user: &str) {
 /// Re-checks everything after the LISTEN connection was lost (notifications may be gone).
 pub async fn reconcile_all(shared: &Shared) {
     for s in shared.sessions.users() {
-        reconcile_user(shared, &s).await;
+        if let Ok(user) = BareJid::new(&s) {
+            reconcile_user(shared, &user).await;
+        }
     }
 }
 
 /// The subject half of [`reconcile_user`].
-pub async fn reconcile_subject(shared: &Shared, subject: &str) {
+pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
+    let subject = subject.as_str();
     let sessions = shared.sessions.of_user_str(subject);
     if sessions.is_empty() {
         return;
@@ -679,8 +684,10 @@ pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
             } else {
                 shared.store.forget_audience(&n.payload);
             }
-            if crate::node::send::is_local(&shared, &n.payload) {
-                reconcile_user(&shared, &n.payload).await;
+            // The owner column of the changed row: a local bare JID, or nobody here.
+            match BareJid::new(&n.payload) {
+                Ok(owner) if is_local(&shared, &owner) => reconcile_user(&shared, &owner).await,
+                _ => {}
             }
         }
     });
