@@ -148,9 +148,11 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
             let (Some(_), Some(_)) = (from.node(), to.node()) else {
                 return;
             };
-            let contact = bare_of(from.as_str()).to_owned();
-            let user = bare_of(to.as_str()).to_owned();
-            let _locks = shared.roster_locks.lock(&[&user, &contact]).await;
+            let (contact, user) = (from.to_bare(), to.to_bare());
+            let _locks = shared
+                .roster_locks
+                .lock(&[user.as_str(), contact.as_str()])
+                .await;
             if let Err(e) = inbound_subscription(shared, &user, &contact, kind, el).await {
                 tracing::warn!(%user, %contact, error = %e, "inbound remote subscription failed");
             }
@@ -166,21 +168,19 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
 /// RFC 6121 §3.1.3, §3.1.6, §3.2.3, §3.3.3 for a local user and a remote contact.
 async fn inbound_subscription(
     shared: &Arc<Shared>,
-    user: &str,
-    contact: &str,
+    user_jid: &BareJid,
+    contact_jid: &BareJid,
     kind: SubKind,
     mut stanza: Element,
 ) -> Result<(), StoreError> {
+    let (user, contact) = (user_jid.as_str(), contact_jid.as_str());
     let (node, domain) = user.split_once('@').unwrap_or(("", user));
     if !shared.store.account_exists(node, domain).await? {
         // RFC 6121 §8.5.1: subscription stanzas to a non-existent account are ignored.
         return Ok(());
     }
-    // XEP-0191 §3.3: nothing from a blocked entity reaches the user.
-    let (Ok(user_jid), Ok(contact_jid)) = (Jid::new(user), Jid::new(contact)) else {
-        return Ok(());
-    };
-    if crate::presence::gate::blocked_either(shared, &user_jid, &contact_jid).await {
+    if crate::presence::gate::blocked_either(shared, user_jid, contact_jid).await {
+        // XEP-0191 §3.3: nothing from a blocked entity reaches the user.
         return Ok(());
     }
     let (item, state) = load_side(shared, user, contact).await?;
