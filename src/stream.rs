@@ -1,16 +1,21 @@
-//! One `jabber:server` XML stream over any transport, shared by both directions: writing
-//! raw strings and stanzas, reading elements, restarting after TLS or SASL.
+//! One XML stream over any transport, the same for clients (`jabber:client`) and servers
+//! (`jabber:server`): the reader half parsed into events, the writer half raw; writing
+//! strings and elements, reading elements, and the restart after TLS or SASL (RFC 6120
+//! §4.3.3), which hands the transport back by value so it can be upgraded and a new stream
+//! built on what the upgrade returns.
+//!
+//! c2s and s2s both import it; it imports neither.
+
+use std::time::Duration;
 
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::error::StreamError;
 use crate::tls::BoxIo;
 use crate::xml::reader::{ReaderLimits, StreamEvent, StreamHeader, StreamReader, XmlError};
-use crate::xml::{Element, NS_SERVER, NS_STREAM};
+use crate::xml::{Element, NS_STREAM};
 
-use super::dialback::NS_DIALBACK;
-
-/// How reading a stream ended early.
+/// How reading or writing a stream ended early.
 #[derive(Debug)]
 pub enum Fail {
     /// Send (or we received) this stream error; the stream is over.
@@ -33,37 +38,48 @@ impl From<std::io::Error> for Fail {
     }
 }
 
-/// A server stream: the reader half parsed into events, the writer half raw.
-pub struct S2sStream {
-    reader: StreamReader<ReadHalf<BoxIo>>,
+/// The reader half. Boxed: the reader is a few hundred bytes and is moved from a
+/// negotiation into a session loop's read future; inline, each async frame it passes
+/// through would reserve room for it (async-fn arguments are stored next to the locals
+/// they are moved into).
+pub type Reader = Box<StreamReader<ReadHalf<BoxIo>>>;
+
+/// An XML stream: the parsed reader half, the raw writer half, and the stream's content
+/// namespace (the one elements are written in without an `xmlns`).
+pub struct XmlStream {
+    reader: Reader,
     writer: WriteHalf<BoxIo>,
     limits: ReaderLimits,
+    content_ns: &'static str,
 }
 
-/// The opening tag of a server stream (RFC 6120 §4.7) declaring the dialback prefix
-/// (XEP-0220 §2.1: peers look for it to know dialback is spoken).
-pub fn header(from: Option<&str>, to: Option<&str>, id: Option<&str>) -> String {
-    let mut out = format!(
-        "<?xml version='1.0'?><stream:stream xmlns='{NS_SERVER}' xmlns:stream='{NS_STREAM}' \
-         xmlns:db='{NS_DIALBACK}' version='1.0'"
-    );
-    for (k, v) in [("from", from), ("to", to), ("id", id)] {
-        if let Some(v) = v {
-            out.push_str(&format!(" {k}='{}'", crate::xml::escape(v)));
-        }
-    }
-    out.push_str(" xml:lang='en'>");
-    out
-}
+/// How long closing a stream may take before the transport is shut down regardless.
+const CLOSE_WRITE: Duration = Duration::from_secs(2);
 
-impl S2sStream {
-    /// Wraps a transport (TCP or TLS).
-    pub fn new(io: BoxIo, limits: ReaderLimits) -> Self {
+impl XmlStream {
+    /// Wraps a transport (TCP, TLS, or the byte stream of a WebSocket adapter).
+    pub fn new(io: BoxIo, limits: ReaderLimits, content_ns: &'static str) -> Self {
         let (r, w) = tokio::io::split(io);
-        S2sStream {
-            reader: StreamReader::new(r, limits),
-            writer: w,
+        Self::from_halves(
+            Box::new(StreamReader::new(r, limits)),
+            w,
             limits,
+            content_ns,
+        )
+    }
+
+    /// Puts back together what [`XmlStream::split`] took apart.
+    pub fn from_halves(
+        reader: Reader,
+        writer: WriteHalf<BoxIo>,
+        limits: ReaderLimits,
+        content_ns: &'static str,
+    ) -> Self {
+        XmlStream {
+            reader,
+            writer,
+            limits,
+            content_ns,
         }
     }
 
@@ -72,16 +88,27 @@ impl S2sStream {
         self.reader.into_inner().unsplit(self.writer)
     }
 
-    /// The halves, for a reader task and a writer that run independently (reading is not
+    /// The halves, for a reader and a writer that run independently (reading is not
     /// cancel-safe, so it never shares a `select!` with writing).
-    pub fn split(self) -> (StreamReader<ReadHalf<BoxIo>>, WriteHalf<BoxIo>) {
+    pub fn split(self) -> (Reader, WriteHalf<BoxIo>) {
         (self.reader, self.writer)
+    }
+
+    /// The reader's limits.
+    pub fn limits(&self) -> ReaderLimits {
+        self.limits
     }
 
     /// A fresh parser on the same transport (RFC 6120 §4.3.3 stream restart).
     pub fn restart(self) -> Self {
         let limits = self.limits;
-        S2sStream::new(self.into_io(), limits)
+        self.restart_with(limits)
+    }
+
+    /// A restart whose parser has other limits (after authentication, RFC 6120 §6.4.6).
+    pub fn restart_with(self, limits: ReaderLimits) -> Self {
+        let ns = self.content_ns;
+        XmlStream::new(self.into_io(), limits, ns)
     }
 
     /// Writes and flushes raw XML.
@@ -90,27 +117,23 @@ impl S2sStream {
         self.writer.flush().await
     }
 
-    /// Writes a stanza in the `jabber:server` namespace.
-    pub async fn write_stanza(&mut self, el: &Element) -> std::io::Result<()> {
+    /// Writes an element, in the stream's content namespace where it is in `jabber:client`.
+    pub async fn write_element(&mut self, el: &Element) -> std::io::Result<()> {
         let mut out = String::new();
-        el.write_to(&mut out, NS_SERVER, NS_SERVER);
+        el.write_to(&mut out, self.content_ns, self.content_ns);
         self.write(&out).await
     }
 
     /// Writes a stream error and closes the stream (RFC 6120 §4.9.1).
     pub async fn fail(&mut self, err: &StreamError) {
         let out = format!("{}</stream:stream>", err.to_xml());
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), self.write(&out)).await;
+        let _ = tokio::time::timeout(CLOSE_WRITE, self.write(&out)).await;
         let _ = self.writer.shutdown().await;
     }
 
     /// Closes the stream cleanly.
     pub async fn close(&mut self) {
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(2),
-            self.write("</stream:stream>"),
-        )
-        .await;
+        let _ = tokio::time::timeout(CLOSE_WRITE, self.write("</stream:stream>")).await;
         let _ = self.writer.shutdown().await;
     }
 
@@ -137,7 +160,7 @@ impl S2sStream {
     }
 
     /// The next top-level element, skipping keepalives. A received `<stream:error/>` ends
-    /// the stream as [`Fail::Stream`].
+    /// the stream as [`Fail::Stream`] (RFC 6120 §4.9.1.1: a stream error is unrecoverable).
     pub async fn next_element(&mut self) -> Result<Element, Fail> {
         loop {
             match self.next().await? {
