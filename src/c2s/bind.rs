@@ -1,19 +1,43 @@
 //! RFC 6120 §7 resource binding, the per-account resource limit, and the legacy session iq.
 
-use super::{iq_result, new_id, Conn, Fail};
+use super::negotiate::Offer;
+use super::{iq_result, new_id, Authenticated, Bound, Fail, Halt};
 use crate::error::{StanzaError, StreamError};
 use crate::jid::FullJid;
 use crate::node::Shared;
 use crate::stream_management as sm;
 use crate::xml::{self as x, Element};
 
-impl Conn {
+/// What an authenticated client asked for.
+enum Asked {
+    /// A resource, bound (RFC 6120 §7).
+    Bind(FullJid),
+    /// To resume a detached session (XEP-0198 §5).
+    Resume { previd: String, h: u32 },
+}
+
+impl Authenticated {
+    /// RFC 6120 §7: the features offer binding; the stream is `Bound` once a resource is,
+    /// or handed to the session it resumes (XEP-0198 §5).
+    pub(super) async fn bind(mut self) -> Result<Bound, Halt> {
+        step!(self.link, self.link.open(Offer::Bind));
+        loop {
+            match step!(self.link, self.asked()) {
+                Asked::Bind(jid) => {
+                    let Authenticated { link, .. } = self;
+                    return Ok(Bound { link, jid });
+                }
+                Asked::Resume { previd, h } => self = self.resume(&previd, h).await?,
+            }
+        }
+    }
+
     /// Whether binding `jid` would exceed `max_resources_per_account`. Taking over a
     /// resource already bound (RFC 6120 §7.7.2.1: the older session is replaced) adds none.
     /// Resources bound on other nodes of the cluster count too (the directory). Two binds
     /// of the same account at the same instant may both pass; the overshoot is bounded by
     /// the connections negotiating at once.
-    pub(super) async fn resources_exhausted(shared: &Shared, jid: &FullJid) -> bool {
+    async fn resources_exhausted(shared: &Shared, jid: &FullJid) -> bool {
         let bare = jid.to_bare();
         let mut bound: Vec<String> = shared
             .sessions
@@ -32,21 +56,20 @@ impl Conn {
         bound.len() >= max && !bound.iter().any(|b| b == jid.as_str())
     }
 
-    /// RFC 6120 §7: resource binding. Also answers the legacy session iq (RFC 3921 §3).
-    pub(super) async fn bind(&mut self) -> Result<FullJid, Fail> {
+    /// Reads up to a bound resource or a request to resume. Also answers the legacy session
+    /// iq (RFC 3921 §3).
+    async fn asked(&mut self) -> Result<Asked, Fail> {
         loop {
-            let el = self.next_element().await?;
+            let el = self.link.next_element().await?;
             match sm::Nonza::parse(&el) {
                 Some(Ok(sm::Nonza::Resume { previd, h })) => {
-                    if self.resume(&previd, h).await? {
-                        // The session took this stream over; this task has nothing left.
-                        return Err(Fail::Gone);
-                    }
-                    continue;
+                    return Ok(Asked::Resume { previd, h });
                 }
                 Some(Ok(sm::Nonza::Enable { .. })) => {
                     // XEP-0198 §3: stream management is enabled after resource binding.
-                    self.write(&sm::failed("unexpected-request", None)).await?;
+                    self.link
+                        .write(&sm::failed("unexpected-request", None))
+                        .await?;
                     continue;
                 }
                 Some(Err(sm::Malformed(why))) => {
@@ -57,7 +80,7 @@ impl Conn {
             let is_set = el.is("iq", x::NS_CLIENT) && el.get_attr("type") == Some("set");
             let Some(bind) = el.get_child("bind", x::NS_BIND).filter(|_| is_set) else {
                 if is_set && el.get_child("session", x::NS_SESSION).is_some() {
-                    self.write_el(&iq_result(&el)).await?;
+                    self.link.write_el(&iq_result(&el)).await?;
                     continue;
                 }
                 // RFC 6120 §7.1: no stanzas before a resource is bound.
@@ -71,10 +94,10 @@ impl Conn {
                 .map(|r| r.text_content())
                 .filter(|r| !r.is_empty());
             let resource = requested.unwrap_or_else(new_id);
-            let domain = self.domain.clone().unwrap_or_default();
-            let user = self.user.clone().unwrap_or_default();
+            let domain = self.link.domain.clone().unwrap_or_default();
+            let user = &self.user;
             let jid = FullJid::new(&format!("{user}@{domain}/{resource}"));
-            let shared = self.shared.clone();
+            let shared = self.link.shared.clone();
             let exhausted = match &jid {
                 Ok(j) => Self::resources_exhausted(&shared, j).await,
                 Err(_) => false,
@@ -84,12 +107,12 @@ impl Conn {
                     // RFC 6120 §7.6.2.1 (server-generated resource) and §7.7.2.2 (client-
                     // submitted): the account has reached its limit of connected resources.
                     // The stream stays open; the client may bind once one has gone.
-                    tracing::info!(peer = %self.peer, %jid, "bind refused: too many resources");
+                    tracing::info!(peer = %self.link.peer, %jid, "bind refused: too many resources");
                     if let Some(r) = StanzaError::resource_constraint()
                         .with_text("too many resources bound to this account")
                         .reply_to(&el)
                     {
-                        self.write_el(&r).await?;
+                        self.link.write_el(&r).await?;
                     }
                 }
                 Ok(jid) => {
@@ -97,8 +120,8 @@ impl Conn {
                         Element::new("bind", x::NS_BIND)
                             .child(Element::new("jid", x::NS_BIND).text(jid.to_string())),
                     );
-                    self.write_el(&reply).await?;
-                    return Ok(jid);
+                    self.link.write_el(&reply).await?;
+                    return Ok(Asked::Bind(jid));
                 }
                 Err(_) => {
                     // RFC 6120 §7.7.2.1: a resource that cannot be prepared is bad-request.
@@ -106,7 +129,7 @@ impl Conn {
                         .with_text("resource cannot be prepared")
                         .reply_to(&el)
                     {
-                        self.write_el(&r).await?;
+                        self.link.write_el(&r).await?;
                     }
                 }
             }

@@ -1,63 +1,32 @@
-//! Opening a client stream (RFC 6120 §4.7, §4.8), the features offered in each state, the
-//! stream restart, STARTTLS (§5) and the stream error that ends a negotiation (§4.9.1.1).
+//! Opening a client stream (RFC 6120 §4.7, §4.8), the features each state offers, STARTTLS
+//! (§5), and how a negotiation ends: the stream error after our header (§4.9.1.1).
 
-use tokio::io::AsyncWriteExt;
-
-use super::{empty_half, empty_io, new_reader, BoxIo, Conn, Fail};
+use super::{limits, BoxIo, Connected, Fail, Halt, Link, Secured};
 use crate::error::StreamError;
-use crate::jid::FullJid;
+use crate::stream::XmlStream;
 use crate::stream_management as sm;
 use crate::xml::reader::StreamEvent;
 use crate::xml::{self as x, new_id, Element};
 
-impl Conn {
-    /// Writes `err` (after our header if none was sent, RFC 6120 §4.9.1.1) and closes.
-    pub(super) async fn fail(&mut self, err: StreamError) {
-        tracing::info!(peer = %self.peer, user = ?self.user, error = %err, "closing stream with error");
-        let mut out = String::new();
-        if !self.header_sent {
-            let from = self
-                .domain
-                .clone()
-                .unwrap_or_else(|| self.shared.config.domains[0].clone());
-            out.push_str(&x::stream_header(&from, None, &new_id(), x::NS_CLIENT));
-        }
-        out.push_str(&err.to_xml());
-        out.push_str("</stream:stream>");
-        let _ = self.write(&out).await;
-        let _ = self.writer.shutdown().await;
-    }
+/// What a stream's features offer: one step of negotiation at a time (RFC 6120 §4.3.2).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Offer {
+    /// STARTTLS, required.
+    Tls,
+    /// The SASL mechanisms, and XEP-0077 registration if configured.
+    Sasl,
+    /// Resource binding and what a bound session may enable.
+    Bind,
+}
 
-    /// The next top-level element of the current stream, skipping keepalives.
-    pub(super) async fn next_element(&mut self) -> Result<Element, Fail> {
-        loop {
-            match self.next().await? {
-                StreamEvent::Stanza(el) => {
-                    tracing::trace!(peer = %self.peer, element = %el.name, "negotiation element");
-                    return Ok(el);
-                }
-                StreamEvent::Whitespace => continue,
-                StreamEvent::Close => {
-                    let _ = self.write("</stream:stream>").await;
-                    return Err(Fail::Gone);
-                }
-                StreamEvent::Open(_) => {
-                    return Err(Fail::Stream(StreamError::new(
-                        "not-well-formed",
-                        "second stream header",
-                    )))
-                }
-            }
-        }
-    }
-
+impl Link {
     /// Reads and checks the initiating stream header, answers with ours and the features
     /// (RFC 6120 §4.7, §4.8).
-    pub(super) async fn open(&mut self) -> Result<(), Fail> {
+    pub(super) async fn open(&mut self, offer: Offer) -> Result<(), Fail> {
         self.header_sent = false;
-        let header = match self.next().await? {
+        let header = match self.stream.next().await? {
             StreamEvent::Open(h) => {
-                tracing::trace!(peer = %self.peer, secure = self.secure, "stream header");
+                tracing::trace!(peer = %self.peer, ?offer, "stream header");
                 h
             }
             _ => return Err(Fail::Gone),
@@ -124,42 +93,46 @@ impl Conn {
         let head = x::stream_header(&domain, header.get_attr("from"), &new_id(), x::NS_CLIENT);
         self.write(&head).await?;
         self.header_sent = true;
-        let features = self.features();
+        let features = self.features(offer);
         self.write(&features).await
     }
 
-    pub(super) fn features(&self) -> String {
+    fn features(&self, offer: Offer) -> String {
         let mut f = Element::new("features", x::NS_STREAM);
-        if !self.secure {
-            // RFC 6120 §5.3.1: TLS is mandatory-to-negotiate here, so only STARTTLS is offered.
-            f = f.child(
-                Element::new("starttls", x::NS_TLS).child(Element::new("required", x::NS_TLS)),
-            );
-        } else if self.user.is_none() {
-            let mut mechs = Element::new("mechanisms", x::NS_SASL);
-            for m in ["SCRAM-SHA-256", "SCRAM-SHA-1"] {
-                mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text(m));
+        match offer {
+            Offer::Tls => {
+                // RFC 6120 §5.3.1: TLS is mandatory-to-negotiate here, so only STARTTLS is offered.
+                f = f.child(
+                    Element::new("starttls", x::NS_TLS).child(Element::new("required", x::NS_TLS)),
+                );
             }
-            if self.shared.config.auth.allow_plain {
-                mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text("PLAIN"));
+            Offer::Sasl => {
+                let mut mechs = Element::new("mechanisms", x::NS_SASL);
+                for m in ["SCRAM-SHA-256", "SCRAM-SHA-1"] {
+                    mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text(m));
+                }
+                if self.shared.config.auth.allow_plain {
+                    mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text("PLAIN"));
+                }
+                f = f.child(mechs);
+                if self.shared.config.auth.allow_registration {
+                    f = f.child(Element::new("register", x::NS_REGISTER_FEATURE));
+                }
             }
-            f = f.child(mechs);
-            if self.shared.config.auth.allow_registration {
-                f = f.child(Element::new("register", x::NS_REGISTER_FEATURE));
+            Offer::Bind => {
+                f = f
+                    .child(Element::new("bind", x::NS_BIND))
+                    .child(
+                        Element::new("session", x::NS_SESSION)
+                            .child(Element::new("optional", x::NS_SESSION)),
+                    )
+                    .child(Element::new("ver", x::NS_ROSTER_VER))
+                    .child(Element::new("sub", x::NS_PREAPPROVAL))
+                    // XEP-0352 §4: client state indication is offered after authentication.
+                    .child(Element::new("csi", crate::csi::NS_CSI))
+                    // XEP-0198 §2: stream management, once the client is authenticated.
+                    .child(Element::new("sm", sm::NS_SM));
             }
-        } else {
-            f = f
-                .child(Element::new("bind", x::NS_BIND))
-                .child(
-                    Element::new("session", x::NS_SESSION)
-                        .child(Element::new("optional", x::NS_SESSION)),
-                )
-                .child(Element::new("ver", x::NS_ROSTER_VER))
-                .child(Element::new("sub", x::NS_PREAPPROVAL))
-                // XEP-0352 §4: client state indication is offered after authentication.
-                .child(Element::new("csi", crate::csi::NS_CSI))
-                // XEP-0198 §2: stream management, once the client is authenticated.
-                .child(Element::new("sm", sm::NS_SM));
         }
         let mut out = String::new();
         // Written with the stream prefix, which is what every client expects.
@@ -171,31 +144,59 @@ impl Conn {
         out
     }
 
-    /// Runs every phase up to a bound resource.
-    pub(super) async fn negotiate(&mut self) -> Result<FullJid, Fail> {
-        self.open().await?;
-        if !self.secure {
-            self.starttls().await?;
-            self.open().await?;
+    /// Ends the stream as `fail` says: a stream error after our header if none was sent
+    /// (RFC 6120 §4.9.1.1), our closing tag for the client's (§4.4), nothing for a transport
+    /// that is gone.
+    pub(super) async fn end(mut self: Box<Self>, fail: Fail) {
+        match fail {
+            Fail::Stream(err) => {
+                tracing::info!(peer = %self.peer, error = %err, "closing stream with error");
+                if !self.header_sent {
+                    let from = self
+                        .domain
+                        .clone()
+                        .unwrap_or_else(|| self.shared.config.domains[0].clone());
+                    let header = x::stream_header(&from, None, &new_id(), x::NS_CLIENT);
+                    let _ = self.write(&header).await;
+                }
+                self.stream.fail(&err).await;
+            }
+            Fail::Closed => self.stream.close().await,
+            Fail::Gone => {}
         }
-        self.authenticate().await?;
-        self.restart();
-        self.open().await?;
-        self.bind().await
+    }
+}
+
+impl Connected {
+    /// RFC 6120 §5: the features offer STARTTLS only; after `<proceed/>` the TLS handshake
+    /// takes the transport, and the stream starts afresh over what it returns (§5.4.3.3).
+    pub(super) async fn starttls(mut self) -> Result<Secured, Halt> {
+        step!(self.link, self.link.open(Offer::Tls));
+        step!(self.link, self.await_starttls());
+        let Connected { mut link } = self;
+        let plain = link.stream.into_io();
+        let acceptor = tokio_rustls::TlsAcceptor::from(link.shared.tls.clone());
+        let tls = match tokio::time::timeout_at(link.deadline, acceptor.accept(plain)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                // RFC 6120 §5.4.3.2: on handshake failure the TCP connection is just closed.
+                tracing::info!(peer = %link.peer, error = %e, "STARTTLS handshake failed");
+                return Err(Halt::Gone);
+            }
+            Err(_) => {
+                tracing::info!(peer = %link.peer, "STARTTLS handshake timed out");
+                return Err(Halt::Gone);
+            }
+        };
+        let io = Box::new(tls) as BoxIo;
+        link.stream = XmlStream::new(io, limits(&link.shared, false), x::NS_CLIENT);
+        Ok(Secured { link })
     }
 
-    /// A fresh parser for a restarted stream (RFC 6120 §4.3.3).
-    pub(super) fn restart(&mut self) {
-        let authenticated = self.user.is_some();
-        let empty = new_reader(empty_half(), &self.shared, authenticated);
-        let reader = std::mem::replace(&mut self.reader, empty);
-        self.reader = new_reader((*reader).into_inner(), &self.shared, authenticated);
-    }
-
-    /// RFC 6120 §5.4: wait for `<starttls/>`, answer `<proceed/>`, handshake.
-    pub(super) async fn starttls(&mut self) -> Result<(), Fail> {
+    /// RFC 6120 §5.4.2: waits for `<starttls/>` and answers `<proceed/>`.
+    async fn await_starttls(&mut self) -> Result<(), Fail> {
         loop {
-            let el = self.next_element().await?;
+            let el = self.link.next_element().await?;
             if el.is("starttls", x::NS_TLS) {
                 break;
             }
@@ -203,7 +204,7 @@ impl Conn {
                 // RFC 6120 §6.5.4: no authentication in the clear.
                 let f = Element::new("failure", x::NS_SASL)
                     .child(Element::new("encryption-required", x::NS_SASL));
-                self.write_el(&f).await?;
+                self.link.write_el(&f).await?;
                 continue;
             }
             return Err(Fail::Stream(StreamError::new(
@@ -211,24 +212,8 @@ impl Conn {
                 "STARTTLS is required before anything else (RFC 6120 §5.3.1)",
             )));
         }
-        self.write_el(&Element::new("proceed", x::NS_TLS)).await?;
-        let empty = new_reader(empty_half(), &self.shared, false);
-        let reader = std::mem::replace(&mut self.reader, empty);
-        let writer = std::mem::replace(&mut self.writer, tokio::io::split(empty_io()).1);
-        let plain = (*reader).into_inner().unsplit(writer);
-        let acceptor = tokio_rustls::TlsAcceptor::from(self.shared.tls.clone());
-        let tls = match acceptor.accept(plain).await {
-            Ok(tls) => tls,
-            Err(e) => {
-                // RFC 6120 §5.4.3.2: on handshake failure the TCP connection is just closed.
-                tracing::info!(peer = %self.peer, error = %e, "STARTTLS handshake failed");
-                return Err(Fail::Gone);
-            }
-        };
-        let (r, w) = tokio::io::split(Box::new(tls) as BoxIo);
-        self.reader = new_reader(r, &self.shared, false);
-        self.writer = w;
-        self.secure = true;
-        Ok(())
+        self.link
+            .write_el(&Element::new("proceed", x::NS_TLS))
+            .await
     }
 }

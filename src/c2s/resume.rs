@@ -9,61 +9,68 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::writer::{serialized, WriterOut};
-use super::{empty_half, empty_io, new_reader, Conn, Fail};
+use super::{Authenticated, Halt};
 use crate::error::StreamError;
 use crate::jid::FullJid;
 use crate::node::Shared;
 use crate::sessions::Outbound;
+use crate::stream::XmlStream;
 use crate::stream_management as sm;
 use crate::xml as x;
 
-impl Conn {
+impl Authenticated {
     /// XEP-0198 §5: hands this stream to the session `previd` of the authenticated account,
-    /// which answers `<resumed/>` on it. `Ok(false)` when there is no such session here
-    /// (`<failed/>` was written and the client may bind instead): expired, never issued,
-    /// another account's, or held by another node of the cluster, which this node cannot
-    /// resume, so the client binds a new resource.
-    pub(super) async fn resume(&mut self, previd: &str, h: u32) -> Result<bool, Fail> {
-        let Some(account) = self.user.clone().and_then(|u| self.account(&u)) else {
-            return Err(Fail::Gone);
+    /// which answers `<resumed/>` on it; this task then has nothing left ([`Halt::Gone`]).
+    /// The stream comes back when there is no such session here (`<failed/>` was written
+    /// and the client may bind instead): expired, never issued, another account's, or held
+    /// by another node of the cluster, which this node cannot resume, so the client binds a
+    /// new resource.
+    pub(super) async fn resume(mut self, previd: &str, h: u32) -> Result<Self, Halt> {
+        let Some(account) = self.link.account(&self.user) else {
+            return Err(Halt::Gone);
         };
-        let tx = match self.shared.resumable.find(previd, account.as_str(), h) {
+        let tx = match self.link.shared.resumable.find(previd, account.as_str(), h) {
             Ok(tx) => tx,
             Err(refused) => {
-                tracing::info!(peer = %self.peer, %account, ?refused, "stream resumption refused");
+                tracing::info!(peer = %self.link.peer, %account, ?refused, "stream resumption refused");
                 let condition = match refused {
                     sm::Refused::NotFound => "item-not-found",
                     // §4: the client claims more than was sent.
                     sm::Refused::TooHigh(_) => "undefined-condition",
                 };
-                self.write(&sm::failed(condition, None)).await?;
-                return Ok(false);
+                step!(self.link, self.link.write(&sm::failed(condition, None)));
+                return Ok(self);
             }
         };
-        let empty = new_reader(empty_half(), &self.shared, true);
-        let reader = std::mem::replace(&mut self.reader, empty);
-        let writer = std::mem::replace(&mut self.writer, tokio::io::split(empty_io()).1);
+        let Authenticated { mut link, user } = self;
+        let limits = link.stream.limits();
+        let (reader, writer) = link.stream.split();
         let (taken, was_taken) = tokio::sync::oneshot::channel();
         let handoff = Box::new(sm::Handoff {
             h,
             reader,
             writer,
-            peer: self.peer,
-            transport: self.transport.clone(),
+            peer: link.peer,
+            transport: link.transport.clone(),
             taken,
         });
-        if let Err(back) = tx.send(handoff).await {
-            // The session ended meanwhile.
-            let sm::Handoff { reader, writer, .. } = *back.0;
-            self.reader = reader;
-            self.writer = writer;
-            self.write(&sm::failed("item-not-found", None)).await?;
-            return Ok(false);
+        let deadline = link.deadline;
+        match tokio::time::timeout_at(deadline, tx.send(handoff)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(back)) => {
+                // The session ended meanwhile.
+                let sm::Handoff { reader, writer, .. } = *back.0;
+                link.stream = XmlStream::from_halves(reader, writer, limits, x::NS_CLIENT);
+                let mut me = Authenticated { link, user };
+                step!(me.link, me.link.write(&sm::failed("item-not-found", None)));
+                return Ok(me);
+            }
+            Err(_) => return Err(Halt::Gone),
         }
         // Either the session took the stream (and answers on it), or it ended with the
         // stream unanswered; then the connection closes and the client starts afresh.
-        was_taken.await.map_err(|_| Fail::Gone)?;
-        Ok(true)
+        let _ = tokio::time::timeout_at(deadline, was_taken).await;
+        Err(Halt::Gone)
     }
 }
 

@@ -5,24 +5,32 @@
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 
-use super::{Conn, Fail};
+use super::negotiate::Offer;
+use super::{limits, Authenticated, Fail, Halt, Secured};
 use crate::error::StreamError;
 use crate::jid::{BareJid, Jid};
 use crate::sasl::scram::{self, ScramHash, ScramServer};
 use crate::xml::{self as x, Element};
 
-impl Conn {
-    pub(super) async fn sasl_failure(
-        &mut self,
-        condition: &str,
-        failures: &mut u32,
-    ) -> Result<(), Fail> {
+impl Secured {
+    /// RFC 6120 §6: the features offer the SASL mechanisms (and XEP-0077 registration);
+    /// after `<success/>` both sides restart the stream (§6.4.6), with the reader limits of
+    /// an authenticated peer.
+    pub(super) async fn authenticate(mut self) -> Result<Authenticated, Halt> {
+        step!(self.link, self.link.open(Offer::Sasl));
+        let user = step!(self.link, self.sasl());
+        let Secured { mut link } = self;
+        link.stream = link.stream.restart_with(limits(&link.shared, true));
+        Ok(Authenticated { link, user })
+    }
+
+    async fn sasl_failure(&mut self, condition: &str, failures: &mut u32) -> Result<(), Fail> {
         let f = Element::new("failure", x::NS_SASL).child(Element::new(condition, x::NS_SASL));
-        self.write_el(&f).await?;
+        self.link.write_el(&f).await?;
         *failures += 1;
-        self.shared.metrics.auth_failure();
-        tracing::info!(peer = %self.peer, condition, failures = *failures, "SASL failure");
-        if *failures >= self.shared.live.get().limits.max_auth_failures {
+        self.link.shared.metrics.auth_failure();
+        tracing::info!(peer = %self.link.peer, condition, failures = *failures, "SASL failure");
+        if *failures >= self.link.shared.live.get().limits.max_auth_failures {
             // RFC 6120 §6.4.5: after the configured number of retries, end the stream.
             return Err(Fail::Stream(StreamError::new(
                 "policy-violation",
@@ -32,11 +40,12 @@ impl Conn {
         Ok(())
     }
 
-    /// RFC 6120 §6: SASL with SCRAM-SHA-256, SCRAM-SHA-1, or PLAIN; also XEP-0077 registration.
-    pub(super) async fn authenticate(&mut self) -> Result<(), Fail> {
+    /// RFC 6120 §6: SASL with SCRAM-SHA-256, SCRAM-SHA-1, or PLAIN, up to the account's
+    /// localpart; also XEP-0077 registration.
+    async fn sasl(&mut self) -> Result<String, Fail> {
         let mut failures = 0u32;
         loop {
-            let el = self.next_element().await?;
+            let el = self.link.next_element().await?;
             if el.is("iq", x::NS_CLIENT) {
                 if let Some(q) = el.get_child("query", x::NS_REGISTER) {
                     let q = q.clone();
@@ -63,16 +72,14 @@ impl Conn {
             let outcome = match mech.as_str() {
                 "SCRAM-SHA-256" => self.scram(ScramHash::Sha256, initial).await?,
                 "SCRAM-SHA-1" => self.scram(ScramHash::Sha1, initial).await?,
-                "PLAIN" if self.shared.config.auth.allow_plain && self.secure => {
-                    self.plain(&initial).await?
-                }
+                // Only a `Secured` stream gets here: PLAIN never crosses the wire in the clear.
+                "PLAIN" if self.link.shared.config.auth.allow_plain => self.plain(&initial).await?,
                 _ => Err("invalid-mechanism"),
             };
             match outcome {
                 Ok(user) => {
-                    tracing::info!(peer = %self.peer, %user, mech, "authenticated");
-                    self.user = Some(user);
-                    return Ok(());
+                    tracing::info!(peer = %self.link.peer, %user, mech, "authenticated");
+                    return Ok(user);
                 }
                 Err(condition) => self.sasl_failure(condition, &mut failures).await?,
             }
@@ -85,30 +92,31 @@ impl Conn {
     /// failure ... the receiving entity does not wish to disclose specific information
     /// about the cause"): §6.5.12 temporary-auth-failure is for an error within the
     /// server, and would tell a guesser which answers to ignore.
-    pub(super) fn auth_locked(&self, jid: &BareJid) -> bool {
+    fn auth_locked(&self, jid: &BareJid) -> bool {
         let Some(left) = self
+            .link
             .shared
             .auth_backoff
             .locked(jid.as_str(), std::time::Instant::now())
         else {
             return false;
         };
-        tracing::info!(peer = %self.peer, %jid, ?left, "SASL refused: account locked after failures");
+        tracing::info!(peer = %self.link.peer, %jid, ?left, "SASL refused: account locked after failures");
         true
     }
 
     /// Records the outcome of a password check for `jid` in the back-off table.
-    pub(super) fn auth_checked(&self, jid: &BareJid, ok: bool) {
-        let backoff = &self.shared.auth_backoff;
+    fn auth_checked(&self, jid: &BareJid, ok: bool) {
+        let backoff = &self.link.shared.auth_backoff;
         if ok {
             backoff.succeeded(jid.as_str());
         } else if let Some(lock) = backoff.failed(jid.as_str(), std::time::Instant::now()) {
-            tracing::warn!(peer = %self.peer, %jid, ?lock, "SASL failures lock the account");
+            tracing::warn!(peer = %self.link.peer, %jid, ?lock, "SASL failures lock the account");
         }
     }
 
     /// SCRAM exchange (RFC 5802 §5). Returns the localpart or a SASL failure condition.
-    pub(super) async fn scram(
+    async fn scram(
         &mut self,
         hash: ScramHash,
         mut initial: Vec<u8>,
@@ -116,11 +124,12 @@ impl Conn {
         // Unknown users get a salt and iteration count as an account would, so the answer
         // does not reveal whether the user exists (RFC 5802 §9 leaves this to the server).
         let mut server = ScramServer::new(hash)
-            .with_unknown_user_iterations(self.shared.config.auth.scram_iterations)
-            .with_fake_salt_secret(&self.shared.fake_salt_secret);
+            .with_unknown_user_iterations(self.link.shared.config.auth.scram_iterations)
+            .with_fake_salt_secret(&self.link.shared.fake_salt_secret);
         if initial.is_empty() {
             // RFC 6120 §6.4.2: no initial response, so ask for it with an empty challenge.
-            self.write_el(&Element::new("challenge", x::NS_SASL))
+            self.link
+                .write_el(&Element::new("challenge", x::NS_SASL))
                 .await?;
             initial = match self.sasl_response().await? {
                 Some(r) => r,
@@ -131,7 +140,7 @@ impl Conn {
             Ok(f) => f,
             Err(e) => return Ok(Err(e.condition())),
         };
-        let account = self.account(&first.username);
+        let account = self.link.account(&first.username);
         if let Some(jid) = &account {
             if self.auth_locked(jid) {
                 return Ok(Err("not-authorized"));
@@ -140,6 +149,7 @@ impl Conn {
         }
         let creds = match &account {
             Some(jid) => self
+                .link
                 .shared
                 .store
                 .scram_credentials(
@@ -149,7 +159,7 @@ impl Conn {
                 )
                 .await
                 .map_err(|e| {
-                    tracing::error!(peer = %self.peer, error = %e, "credential lookup failed");
+                    tracing::error!(peer = %self.link.peer, error = %e, "credential lookup failed");
                     Fail::Stream(StreamError::new(
                         "internal-server-error",
                         "storage unavailable",
@@ -163,7 +173,8 @@ impl Conn {
             }
         }
         let challenge = server.server_first(creds.as_ref());
-        self.write_el(&Element::new("challenge", x::NS_SASL).text(B64.encode(challenge)))
+        self.link
+            .write_el(&Element::new("challenge", x::NS_SASL).text(B64.encode(challenge)))
             .await?;
         let Some(response) = self.sasl_response().await? else {
             return Ok(Err("aborted"));
@@ -174,7 +185,8 @@ impl Conn {
         }
         match verdict {
             Ok(server_final) if creds.is_some() => {
-                self.write_el(&Element::new("success", x::NS_SASL).text(B64.encode(server_final)))
+                self.link
+                    .write_el(&Element::new("success", x::NS_SASL).text(B64.encode(server_final)))
                     .await?;
                 Ok(Ok(account
                     .map(|j| crate::jid::node_str(&Jid::from(j)).to_owned())
@@ -186,8 +198,8 @@ impl Conn {
     }
 
     /// Reads `<response/>`; `None` for `<abort/>` (RFC 6120 §6.4.4).
-    pub(super) async fn sasl_response(&mut self) -> Result<Option<Vec<u8>>, Fail> {
-        let el = self.next_element().await?;
+    async fn sasl_response(&mut self) -> Result<Option<Vec<u8>>, Fail> {
+        let el = self.link.next_element().await?;
         if el.is("abort", x::NS_SASL) {
             return Ok(None);
         }
@@ -206,7 +218,7 @@ impl Conn {
     }
 
     /// SASL PLAIN (RFC 4616), checked against the stored SCRAM-SHA-256 credentials.
-    pub(super) async fn plain(&mut self, msg: &[u8]) -> Result<Result<String, &'static str>, Fail> {
+    async fn plain(&mut self, msg: &[u8]) -> Result<Result<String, &'static str>, Fail> {
         let mut parts = msg.split(|b| *b == 0);
         let (Some(authz), Some(authc), Some(pass), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -220,7 +232,7 @@ impl Conn {
         ) else {
             return Ok(Err("malformed-request"));
         };
-        let Some(jid) = self.account(authc) else {
+        let Some(jid) = self.link.account(authc) else {
             return Ok(Err("not-authorized"));
         };
         if !authz.is_empty() && authz != jid.as_str() {
@@ -231,6 +243,7 @@ impl Conn {
         }
         let local = crate::jid::node_str(&Jid::from(jid.clone())).to_owned();
         let creds = self
+            .link
             .shared
             .store
             .scram_credentials(&local, jid.domain().as_str(), ScramHash::Sha256)
@@ -245,8 +258,8 @@ impl Conn {
                 scram::fake_credentials(
                     ScramHash::Sha256,
                     jid.as_str(),
-                    &self.shared.fake_salt_secret,
-                    self.shared.config.auth.scram_iterations,
+                    &self.link.shared.fake_salt_secret,
+                    self.link.shared.config.auth.scram_iterations,
                 ),
                 false,
             ),
@@ -263,7 +276,9 @@ impl Conn {
         if !ok {
             return Ok(Err("not-authorized"));
         }
-        self.write_el(&Element::new("success", x::NS_SASL)).await?;
+        self.link
+            .write_el(&Element::new("success", x::NS_SASL))
+            .await?;
         Ok(Ok(local))
     }
 }

@@ -11,22 +11,23 @@ use super::resume::{
     next_detached, next_handoff, return_unacked, stream_management, Detached, Resumption,
 };
 use super::writer::{serialized, write_loop, WriterEnd, WriterOut, Writing};
-use super::{new_id, Conn, Reader, Session};
+use super::{new_id, Bound, Link, Session};
 use crate::error::StreamError;
-use crate::jid::{FullJid, Jid};
-use crate::liveness::{Transport, TransportKind};
+use crate::jid::Jid;
+use crate::liveness::TransportKind;
 use crate::router;
 use crate::sessions::Outbound;
+use crate::stream::Reader;
 use crate::stream_management as sm;
 use crate::xml::reader::{StreamEvent, XmlError};
 use crate::xml::{self as x, Element};
 
-impl Conn {
+impl Bound {
     /// The bound session: register, spawn the writer, then read and handle stanzas until the
     /// stream ends, pinging the client when it is silent and keeping its liveness in Redis
     /// (see [`crate::liveness`]).
     ///
-    /// Reading happens in this task: [`StreamReader::next`] is not cancel-safe, so its
+    /// Reading happens in this task: [`crate::xml::reader::StreamReader::next`] is not cancel-safe, so its
     /// future is kept pinned across `select!` iterations and only replaced once it has
     /// produced an event; a timer or token firing never drops a half-read stanza. One task
     /// fewer and no event channel per session is what an idle session saves (BENCHMARKS.md).
@@ -35,17 +36,21 @@ impl Conn {
     /// fails; not a `</stream:stream>`, not a stream error) detaches the session instead of
     /// ending it: it stays registered, available and in the directory, this task keeps its
     /// liveness beating and keeps what arrives for it, and a new stream that resumes it
-    /// ([`Conn::resume`]) is attached in place of the old one. The window ends it as a
+    /// ([`Authenticated::resume`]) is attached in place of the old one. The window ends it as a
     /// disconnect ends a session.
-    pub(super) async fn run_session(self, jid: FullJid, transport: Transport) {
-        let Conn {
-            shared,
-            reader,
-            writer,
-            mut peer,
-            ..
+    pub(super) async fn run_session(self) {
+        let Bound {
+            link:
+                Link {
+                    shared,
+                    stream,
+                    mut peer,
+                    mut transport,
+                    ..
+                },
+            jid,
         } = self;
-        let mut transport = transport;
+        let (reader, writer) = stream.split();
         let origin = crate::sessions::Origin::now(
             match transport.kind {
                 TransportKind::Tcp => "tcp",
