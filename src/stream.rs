@@ -189,3 +189,77 @@ impl XmlStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    use super::*;
+    use crate::xml::{NS_CLIENT, NS_SERVER};
+
+    const HEADER: &str = "<stream:stream xmlns='jabber:client' \
+        xmlns:stream='http://etherx.jabber.org/streams' to='a.example' version='1.0'>";
+
+    fn pair(content_ns: &'static str) -> (XmlStream, DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let stream = XmlStream::new(Box::new(ours), ReaderLimits::default(), content_ns);
+        (stream, theirs)
+    }
+
+    #[tokio::test]
+    async fn a_restart_reads_a_new_header_on_the_same_transport() {
+        let (stream, mut peer) = pair(NS_CLIENT);
+        let mut stream = stream;
+        peer.write_all(HEADER.as_bytes()).await.unwrap();
+        assert_eq!(stream.read_header().await.unwrap().name, "stream");
+        // RFC 6120 §4.3.3: after the restart the peer sends a whole new header, read by
+        // a fresh parser on the transport the first one read from.
+        let mut stream = stream.restart();
+        peer.write_all(HEADER.as_bytes()).await.unwrap();
+        peer.write_all(b"<presence/>").await.unwrap();
+        assert_eq!(stream.read_header().await.unwrap().name, "stream");
+        assert_eq!(stream.next_element().await.unwrap().name, "presence");
+        // And the transport comes back whole, for an upgrade.
+        let mut io = stream.into_io();
+        io.write_all(b"x").await.unwrap();
+        let mut got = [0u8; 1];
+        peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"x");
+    }
+
+    #[tokio::test]
+    async fn a_close_and_a_peer_stream_error_each_end_reading() {
+        let (mut stream, mut peer) = pair(NS_CLIENT);
+        peer.write_all(HEADER.as_bytes()).await.unwrap();
+        peer.write_all(b"</stream:stream>").await.unwrap();
+        stream.read_header().await.unwrap();
+        assert!(matches!(stream.next_element().await, Err(Fail::Closed)));
+
+        let (mut stream, mut peer) = pair(NS_SERVER);
+        peer.write_all(HEADER.as_bytes()).await.unwrap();
+        peer.write_all(
+            b"<stream:error><host-unknown xmlns='urn:ietf:params:xml:ns:xmpp-streams'/>\
+              </stream:error>",
+        )
+        .await
+        .unwrap();
+        stream.read_header().await.unwrap();
+        match stream.next_element().await {
+            Err(Fail::Stream(e)) => assert!(e.to_xml().contains("undefined-condition")),
+            other => panic!("expected the end of the stream, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn elements_are_written_in_the_stream_content_namespace() {
+        let message = Element::new("message", NS_CLIENT).attr("to", "b@b.example");
+        for ns in [NS_CLIENT, NS_SERVER] {
+            let (mut stream, mut peer) = pair(ns);
+            stream.write_element(&message).await.unwrap();
+            drop(stream);
+            let mut out = String::new();
+            peer.read_to_string(&mut out).await.unwrap();
+            assert_eq!(out, "<message to='b@b.example'/>", "on a {ns} stream");
+        }
+    }
+}
