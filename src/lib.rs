@@ -61,6 +61,7 @@ pub mod sessions;
 pub mod stanza;
 pub mod status;
 pub mod store;
+pub mod stream;
 pub mod stream_management;
 pub mod tls;
 pub(crate) mod websocket;

@@ -589,6 +589,26 @@ pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
     for s in subjects.iter().filter_map(|s| BareJid::new(s).ok()) {
         reconcile_subject(shared, &s).await;
     }
+    withdraw_blocked_remote(shared, user_jid).await;
+}
+
+/// The viewer half for remote subjects: what they show is their server's decision, but a
+/// block here is this server's to apply. Each remote resource whose presence reached
+/// `user` and that a block now separates from them gets its unavailable delivered to the
+/// recipient it reached (XEP-0191 §3.3: the blocker's resources get unavailable from the
+/// blocked contact's), and later presence from it is dropped on arrival.
+async fn withdraw_blocked_remote(shared: &Shared, user: &BareJid) {
+    for (remote, local) in shared.s2s.seen_by(user.as_str()) {
+        // Recorded from a checked `from`; one that is no JID is withdrawn (fails closed).
+        let blocked = match Jid::new(&remote) {
+            Ok(remote) => blocked_either(shared, user, &remote).await,
+            Err(_) => true,
+        };
+        if blocked {
+            shared.s2s.saw_unavailable(&remote, &local);
+            crate::node::send::presence_to(shared, &local, unavailable(&remote, &local));
+        }
+    }
 }
 
 /// Re-checks everything after the LISTEN connection was lost (notifications may be gone).
