@@ -24,8 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::error::StreamCondition;
-use crate::error::StreamError;
+use crate::error::{StreamCondition, StreamError};
 use crate::jid::{BareJid, FullJid};
 use crate::node::Shared;
 use crate::sessions::SessionHandle;

@@ -40,8 +40,7 @@
 use crate::blocking::{inbound_from_blocked, Verdict};
 use crate::carbons::{self, Direction};
 use crate::cluster::{Envelope, Holder, Kind};
-use crate::error::StanzaError;
-use crate::error::StreamCondition;
+use crate::error::{StanzaError, StreamCondition};
 use crate::jid::{BareJid, FullJid, Jid};
 pub(crate) use crate::node::send::message_to_bare_everywhere;
 use crate::node::send::{answer, is_local, targets_everywhere, xml_to_available};

@@ -14,8 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::c2s;
 use crate::config::CheckedConfig;
-use crate::error::StreamCondition;
-use crate::error::StreamError;
+use crate::error::{StreamCondition, StreamError};
 pub use crate::node::listen::{next_connection, ListenerPolicy, Refusal, StartError};
 pub use crate::node::{RosterLocks, Shared};
 use crate::sessions::Sessions;

@@ -12,8 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::StreamCondition;
-use crate::error::StreamError;
+use crate::error::{StreamCondition, StreamError};
 use crate::jid::{bare_of, BareJid, FullJid};
 use crate::policy::privacy::Relation;
 use crate::xml::Element;

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
-use crate::error::StreamCondition;
-use crate::error::StreamError;
+use crate::error::{StreamCondition, StreamError};
 use crate::tls::BoxIo;
 use crate::xml::reader::{ReaderLimits, StreamEvent, StreamHeader, StreamReader, XmlError};
 use crate::xml::{Element, NS_STREAM};

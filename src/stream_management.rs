@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::conditions::StanzaCondition;
 use crate::liveness::Transport;
 use crate::tls::BoxIo;
 use crate::xml::reader::StreamReader;
@@ -101,7 +102,7 @@ pub fn enabled(resumable: Option<(&str, u64)>) -> String {
 
 /// `<failed/>` with a stanza error condition (§3, §5), and the server's `h` when the
 /// session is known (§5: the client can then tell which of its stanzas arrived).
-pub fn failed(condition: &str, h: Option<u32>) -> String {
+pub fn failed(condition: StanzaCondition, h: Option<u32>) -> String {
     let h = h.map(|h| format!(" h='{h}'")).unwrap_or_default();
     format!("<failed xmlns='{NS_SM}'{h}><{condition} xmlns='{NS_STANZAS}'/></failed>")
 }
@@ -308,6 +309,17 @@ pub enum Refused {
     /// The client's `h` exceeds what the session sent: `undefined-condition` with the
     /// server's `h`.
     TooHigh(u32),
+}
+
+impl Refused {
+    /// The stanza error condition of the `<failed/>` that refuses (§5).
+    pub fn condition(self) -> StanzaCondition {
+        match self {
+            Refused::NotFound => StanzaCondition::ItemNotFound,
+            // §4: the client claims more than was sent.
+            Refused::TooHigh(_) => StanzaCondition::UndefinedCondition,
+        }
+    }
 }
 
 impl Resumable {
@@ -518,7 +530,7 @@ mod tests {
     #[test]
     fn answers_are_in_the_namespace() {
         assert_eq!(
-            failed("item-not-found", None),
+            failed(StanzaCondition::ItemNotFound, None),
             "<failed xmlns='urn:xmpp:sm:3'><item-not-found xmlns='urn:ietf:params:xml:ns:xmpp-stanzas'/></failed>"
         );
         assert!(enabled(Some(("i", 300))).contains("resume='true' max='300'"));

@@ -2,10 +2,10 @@
 
 use super::negotiate::Offer;
 use super::{iq_result, new_id, Authenticated, Bound, Fail, Halt};
-use crate::error::StreamCondition;
-use crate::error::{StanzaError, StreamError};
+use crate::error::{StanzaCondition, StanzaError, StreamCondition, StreamError};
 use crate::jid::FullJid;
 use crate::node::Shared;
+use crate::stanza::IqType;
 use crate::stream_management as sm;
 use crate::xml::{self as x, Element};
 
@@ -69,7 +69,7 @@ impl Authenticated {
                 Some(Ok(sm::Nonza::Enable { .. })) => {
                     // XEP-0198 §3: stream management is enabled after resource binding.
                     self.link
-                        .write(&sm::failed("unexpected-request", None))
+                        .write(&sm::failed(StanzaCondition::UnexpectedRequest, None))
                         .await?;
                     continue;
                 }
@@ -81,7 +81,7 @@ impl Authenticated {
                 }
                 Some(Ok(sm::Nonza::Request | sm::Nonza::Ack { .. })) | None => {}
             }
-            let is_set = el.is("iq", x::NS_CLIENT) && el.get_attr("type") == Some("set");
+            let is_set = el.is("iq", x::NS_CLIENT) && IqType::of(&el) == Some(IqType::Set);
             let Some(bind) = el.get_child("bind", x::NS_BIND).filter(|_| is_set) else {
                 if is_set && el.get_child("session", x::NS_SESSION).is_some() {
                     self.link.write_el(&iq_result(&el)).await?;

@@ -22,8 +22,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::error::StreamCondition;
-use crate::error::StreamError;
+use crate::error::{StreamCondition, StreamError};
 use crate::jid::{BareJid, FullJid};
 use crate::liveness::Transport;
 use crate::node::Shared;

@@ -2,8 +2,7 @@
 //! (§5), and how a negotiation ends: the stream error after our header (§4.9.1.1).
 
 use super::{limits, BoxIo, Connected, Fail, Halt, Link, Secured};
-use crate::error::StreamCondition;
-use crate::error::StreamError;
+use crate::error::{StreamCondition, StreamError};
 use crate::stream::XmlStream;
 use crate::stream_management as sm;
 use crate::xml::reader::StreamEvent;

@@ -3,6 +3,7 @@
 use super::{iq_result, Fail, Secured};
 use crate::error::StanzaError;
 use crate::jid::Jid;
+use crate::stanza::IqType;
 use crate::xml::{self as x, Element};
 
 impl Secured {
@@ -11,8 +12,8 @@ impl Secured {
         let reply = if !self.link.shared.config.auth.allow_registration {
             StanzaError::service_unavailable().reply_to(iq)
         } else {
-            match iq.get_attr("type") {
-                Some("get") => Some(
+            match IqType::of(iq) {
+                Some(IqType::Get) => Some(
                     iq_result(iq).child(
                         Element::new("query", x::NS_REGISTER)
                             .child(
@@ -23,7 +24,7 @@ impl Secured {
                             .child(Element::new("password", x::NS_REGISTER)),
                     ),
                 ),
-                Some("set") => Some(self.register_set(iq, query).await),
+                Some(IqType::Set) => Some(self.register_set(iq, query).await),
                 _ => StanzaError::bad_request().reply_to(iq),
             }
         };

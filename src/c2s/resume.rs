@@ -10,8 +10,7 @@ use tokio::sync::mpsc;
 
 use super::writer::{serialized, WriterOut};
 use super::{Authenticated, Halt};
-use crate::error::StreamCondition;
-use crate::error::StreamError;
+use crate::error::{StanzaCondition, StreamCondition, StreamError};
 use crate::jid::FullJid;
 use crate::node::Shared;
 use crate::sessions::Outbound;
@@ -34,12 +33,8 @@ impl Authenticated {
             Ok(tx) => tx,
             Err(refused) => {
                 tracing::info!(peer = %self.link.peer, %account, ?refused, "stream resumption refused");
-                let condition = match refused {
-                    sm::Refused::NotFound => "item-not-found",
-                    // §4: the client claims more than was sent.
-                    sm::Refused::TooHigh(_) => "undefined-condition",
-                };
-                step!(self.link, self.link.write(&sm::failed(condition, None)));
+                let failed = sm::failed(refused.condition(), None);
+                step!(self.link, self.link.write(&failed));
                 return Ok(self);
             }
         };
@@ -63,7 +58,11 @@ impl Authenticated {
                 let sm::Handoff { reader, writer, .. } = *back.0;
                 link.stream = XmlStream::from_halves(reader, writer, limits, x::NS_CLIENT);
                 let mut me = Authenticated { link, user };
-                step!(me.link, me.link.write(&sm::failed("item-not-found", None)));
+                step!(
+                    me.link,
+                    me.link
+                        .write(&sm::failed(StanzaCondition::ItemNotFound, None))
+                );
                 return Ok(me);
             }
             Err(_) => return Err(Halt::Gone),
@@ -128,7 +127,7 @@ pub(super) fn stream_management(
         Err(sm::Malformed(why)) => return Err(StreamError::new(StreamCondition::BadFormat, why)),
         Ok(sm::Nonza::Enable { .. }) if handled.is_some() => {
             // §3: enabled once per stream.
-            handle.send_sm(failed("unexpected-request"));
+            handle.send_sm(failed(StanzaCondition::UnexpectedRequest));
         }
         Ok(sm::Nonza::Enable { resume, max }) => {
             *handled = Some(0);
@@ -162,19 +161,19 @@ pub(super) fn stream_management(
         }
         // §5: a bound stream resumes nothing.
         Ok(sm::Nonza::Resume { .. }) => {
-            handle.send_sm(failed("unexpected-request"));
+            handle.send_sm(failed(StanzaCondition::UnexpectedRequest));
         }
         Ok(sm::Nonza::Request) => match handled {
             Some(h) => {
                 handle.send_sm(Outbound::SmNonza(Arc::new(sm::ack(*h))));
             }
             None => {
-                handle.send_sm(failed("unexpected-request"));
+                handle.send_sm(failed(StanzaCondition::UnexpectedRequest));
             }
         },
         Ok(sm::Nonza::Ack { h }) => {
             let Some(kept) = out.as_ref() else {
-                handle.send_sm(failed("unexpected-request"));
+                handle.send_sm(failed(StanzaCondition::UnexpectedRequest));
                 return Ok(());
             };
             if let Err(too) = sm::lock(kept).ack(h) {

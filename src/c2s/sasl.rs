@@ -7,8 +7,7 @@ use base64::Engine as _;
 
 use super::negotiate::Offer;
 use super::{limits, Authenticated, Fail, Halt, Secured};
-use crate::error::StreamCondition;
-use crate::error::StreamError;
+use crate::error::{StreamCondition, StreamError};
 use crate::jid::{BareJid, Jid};
 use crate::sasl::scram::{self, ScramHash, ScramServer};
 use crate::xml::{self as x, Element};

@@ -12,8 +12,7 @@ use super::resume::{
 };
 use super::writer::{serialized, write_loop, WriterEnd, WriterOut, Writing};
 use super::{new_id, Bound, Link, Session};
-use crate::error::StreamCondition;
-use crate::error::StreamError;
+use crate::error::{StreamCondition, StreamError};
 use crate::jid::Jid;
 use crate::liveness::TransportKind;
 use crate::router;

@@ -8,8 +8,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::BoxIo;
-use crate::error::StreamCondition;
-use crate::error::StreamError;
+use crate::error::{StreamCondition, StreamError};
 use crate::sessions::Outbound;
 use crate::stream_management as sm;
 use crate::xml as x;

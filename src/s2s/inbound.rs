@@ -28,8 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use crate::error::StreamCondition;
-use crate::error::{StanzaError, StreamError};
+use crate::error::{StanzaError, StreamCondition, StreamError};
 use crate::jid::Jid;
 use crate::node::Shared;
 use crate::stanza::IqType;

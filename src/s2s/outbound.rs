@@ -17,8 +17,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::config::Nameserver;
-use crate::error::StanzaError;
-use crate::error::StreamCondition;
+use crate::error::{StanzaError, StreamCondition};
 use crate::node::Shared;
 use crate::tls::BoxIo;
 use crate::xml::reader::ReaderLimits;
