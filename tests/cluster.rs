@@ -62,16 +62,18 @@ static CLUSTER_LAYOUT: std::sync::LazyLock<tokio::sync::RwLock<()>> =
 
 /// Runs each named `async fn(Redis)` as a test on a single Redis (module `single_redis`)
 /// and on the Redis Cluster (module `redis_cluster`).
+/// A name followed by `("multi_thread")` runs on tokio's multi-threaded runtime, as a
+/// server does (the nodes in the test process then share the machine's cores).
 macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
+    ($($name:ident $(($flavor:literal))?),* $(,)?) => {
         mod single_redis {
-            $(#[tokio::test]
+            $(#[tokio::test$((flavor = $flavor))?]
             async fn $name() {
                 super::$name(super::Redis::Single).await
             })*
         }
         mod redis_cluster {
-            $(#[tokio::test]
+            $(#[tokio::test$((flavor = $flavor))?]
             async fn $name() {
                 let _layout = super::CLUSTER_LAYOUT.read().await;
                 super::$name(super::Redis::Cluster).await
@@ -97,7 +99,9 @@ on_both!(
     offline_storage_only_when_no_node_has_an_available_resource,
     presence_for_an_inactive_client_is_held_on_its_node_and_interest_passes,
     a_dead_nodes_unavailable_reaches_the_users_own_resources_on_every_node,
-    a_dead_node_with_thousands_of_sessions_is_announced_within_t_and_one_sweep_once_each,
+    a_dead_node_with_thousands_of_sessions_is_announced_within_t_and_one_sweep_once_each(
+        "multi_thread"
+    ),
     a_bare_jid_whose_sessions_on_another_node_went_away_is_answered_as_offline,
 );
 
@@ -1465,7 +1469,7 @@ async fn a_dead_node_with_thousands_of_sessions_is_announced_within_t_and_one_sw
                 let mut c = server.login(&format!("d{i}"), "r").await;
                 c.presence(None, None).await;
                 // Beating from now on, while the others log in.
-                tokio::spawn(c.keep_alive())
+                tokio::spawn(c.keep_alive()).abort_handle()
             }
         })
         .buffer_unordered(16)
