@@ -1605,14 +1605,11 @@ async fn a_dead_node_with_thousands_of_sessions_is_announced_within_t_and_one_sw
     n3.child.kill().await.expect("SIGKILL node 3");
     let killed = Instant::now();
     let l = &n1.config.liveness;
-    // Slack for a debug build on a shared machine: a second, two on the Redis Cluster,
-    // whose six servers share the machine's cores with the nodes and the clients (and
-    // each orphan's keys are in a slot of their own, so a batch's pipelines are many).
-    let slack = match redis {
-        Redis::Single => Duration::from_secs(1),
-        Redis::Cluster => Duration::from_secs(2),
-    };
-    let upper = l.ttl + l.sweep_interval + slack;
+    // Two seconds of slack for a debug build on a machine shared with other builds and
+    // benchmarks (load averages of 8 to 12 on 2 cores seen while this ran; the last
+    // arrivals then came 6.7 s to 7.8 s after the kill). The old sweeper, one round trip
+    // after another per resource, had told 428 of the 3,800 by 8 s.
+    let upper = l.ttl + l.sweep_interval + Duration::from_secs(2);
     let lower = l.ttl - l.heartbeat_interval - l.redis_refresh;
     // Until every expected unavailable arrived, then a little longer for any second one;
     // at most until the bound.

@@ -6,10 +6,11 @@
 //! one of them. A full batch means there may be more: the script is called again.
 //!
 //! The member names the node holding the session. A resource of this node is handled here;
-//! those of another node are handed to it on its pub/sub channel, one message per node per
-//! batch (it knows whether the client is really silent, owns the socket and ends the
-//! session, announcing through the normal presence path). When nobody listens on that
-//! channel (the node crashed), the sweeper announces the resources itself.
+//! those of another node are handed to it on its pub/sub channel, one message per resource
+//! and every hand-off of a batch in one pipeline (it knows whether the client is really
+//! silent, owns the socket and ends the session, announcing through the normal presence
+//! path). When nobody listens on that channel (the node crashed), the sweeper announces
+//! the resources itself.
 //!
 //! "Nobody listens" is the publish's receiver count: `PUBLISH` on a single Redis, `SPUBLISH`
 //! on a Redis Cluster (there `PUBLISH` counts only the subscribers of the node that
@@ -17,8 +18,9 @@
 //! A count of 0 from a node that still heartbeats in the cluster directory is a subscriber
 //! being re-made (a Redis failover, a reconnect), not a death: its beats are put back at the
 //! end of the sweep, and a later sweep hands them over again or, once the node has stopped
-//! heartbeating (T after its last heartbeat), announces them. Either answer of 0 holds for
-//! the rest of the sweep, so a dead node costs one publish per sweep, not one per resource.
+//! heartbeating (T after its last heartbeat), announces them. A node that received none of
+//! a batch is decided for the rest of the sweep, so a dead node costs one pipeline of
+//! publishes per sweep, not one round trip per resource.
 //!
 //! A crashed node's sessions all go stale within one refresh interval, thousands at once:
 //! the resource keys of a batch's orphans are read in one pipeline (per slot on a Redis
@@ -208,11 +210,9 @@ async fn still_live(shared: &Shared, node: &str, live_set_read: &mut bool) -> bo
     !shared.cluster.heartbeat(false).await || shared.cluster.node_is_live(node)
 }
 
-/// What a node's channel answered to the hand-off of its stale resources.
+/// What a node that received none of its stale resources' hand-offs is taken to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Verdict {
-    /// Someone received it: the node decides for its resources.
-    Heard,
     /// Nobody, but the node still heartbeats: its subscriber is being re-made.
     Deaf,
     /// Nobody, and the node no longer heartbeats: it is gone, and so are its sessions.
@@ -227,8 +227,8 @@ struct Orphan {
 }
 
 /// One batch of stale members from beat ZSET `key`: this node's are decided here; the
-/// others are handed to their node, one message per node carrying all of its members,
-/// and a node that does not answer is decided once for the whole sweep. What is left
+/// others are handed to their node, every hand-off of the batch in one pipeline, and a
+/// node that receives none of them is decided once for the whole sweep. What is left
 /// (resources of dead nodes, and of this node's earlier runs) is announced together.
 async fn handle_batch(
     shared: &Arc<Shared>,
@@ -252,7 +252,8 @@ async fn handle_batch(
             by_node.entry(node).or_default().push((jid, *score, member));
         }
     }
-    // One hand-off per node not decided yet in this sweep, all in one pipeline.
+    // The hand-offs to every node not decided yet in this sweep, one message per resource
+    // (the format every version reads) and all in one pipeline.
     let mut decided: HashMap<&str, Verdict> = by_node
         .keys()
         .filter_map(|n| sweep.verdicts.get(*n).map(|v| (*n, *v)))
@@ -265,25 +266,37 @@ async fn handle_batch(
     if let (false, Some(target)) = (undecided.is_empty(), link.target()) {
         let mut pipe = SlotPipe::new();
         for node in &undecided {
-            let notice: Vec<String> = by_node[node]
-                .iter()
-                .map(|(jid, score, _)| format!("{score} {jid}"))
-                .collect();
             let channel = live.keys.node_channel(node);
-            pipe.add(&channel, target.publish(&channel, &notice.join("\n")));
+            for (jid, score, _) in &by_node[node] {
+                pipe.add(
+                    &channel,
+                    target.publish(&channel, &format!("{score} {jid}")),
+                );
+            }
         }
-        let heard = pipe.query(conn).await?;
-        for (node, n) in undecided.into_iter().zip(heard) {
-            let n: i64 = redis::from_redis_value(&n).unwrap_or(0);
-            let verdict = if n > 0 {
-                Verdict::Heard
-            } else if still_live(shared, node, &mut sweep.live_set_read).await {
+        let mut heard = pipe.query(conn).await?.into_iter();
+        for node in undecided {
+            let members = by_node
+                .get_mut(node)
+                .expect("an undecided node has members");
+            let before = members.len();
+            // Those its node received are its node's now.
+            members.retain(|_| {
+                let n = heard.next().map(|v| redis::from_redis_value::<i64>(&v));
+                !matches!(n, Some(Ok(n)) if n > 0)
+            });
+            if members.is_empty() {
+                tracing::debug!(%node, resources = before, "stale resources handed to their node");
+                continue;
+            }
+            let verdict = if still_live(shared, node, &mut sweep.live_set_read).await {
                 Verdict::Deaf
             } else {
                 Verdict::Dead
             };
-            // A node that heard this batch is offered the next one too (it may die meanwhile).
-            if verdict != Verdict::Heard {
+            // A node that heard none of them is decided for the rest of the sweep; one that
+            // heard some is in the middle of a change and is offered the next batch again.
+            if members.len() == before {
                 sweep.verdicts.insert(node.to_owned(), verdict);
             }
             decided.insert(node, verdict);
@@ -291,9 +304,6 @@ async fn handle_batch(
     }
     for (node, members) in by_node {
         match decided.get(node) {
-            Some(Verdict::Heard) => {
-                tracing::debug!(%node, resources = members.len(), "stale resources handed to their node");
-            }
             Some(Verdict::Deaf) => {
                 tracing::debug!(%node, resources = members.len(),
                     "node heartbeats but does not listen; beats put back after the sweep");
@@ -316,9 +326,9 @@ async fn handle_batch(
     announce_orphans(shared, link, conn, orphans).await;
     Ok(())
 }
-/// Listens on this node's channel for stale resources other nodes' sweepers found (one
-/// `<last beat> <full JID>` line each), and handles them like its own. Reconnects with
-/// backoff.
+
+/// Listens on this node's channel for stale resources other nodes' sweepers found
+/// (`<last beat> <full JID>`), and handles them like its own. Reconnects with backoff.
 pub async fn listen(shared: Arc<Shared>) {
     let live = &shared.liveness;
     let Some(link) = live.redis() else {
