@@ -16,7 +16,7 @@
 //!   [`crate::carbons`]);
 //! - XEP-0160 offline messages: kept by [`message`] when no resource can take one, handed
 //!   out by [`offline_messages`] (which messages: [`crate::offline`]);
-//! - [`to_available`] / [`xml_to_available`] / [`to_session`] / [`to_local`]: the transport
+//! - [`crate::node::send::to_available`] / [`xml_to_available`] / [`to_session`] / [`to_local`]: the transport
 //!   of stanzas whose admission the caller already decided (presence the gate admitted,
 //!   roster pushes, answers to a session's own request);
 //! - [`bounce`]: the error reply to a stanza's sender, local or remote;
@@ -598,19 +598,32 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
 /// admits now ([`gate::online_audience`]: approved subscribers that no block, setting or
 /// lost subscription excludes) stand in for it, so a blocked or hidden contact learns
 /// nothing; contacts on other nodes of the cluster get it there. Remote contacts are told by their own server when the federation link breaks.
+///
+/// A resource its directory entry says was invisible (XEP-0186) or never available had
+/// been shown to no contact, so none is told: an unavailable from its full JID would say
+/// it had been online. (Without an entry to read, the gate's audience is told as before.)
 pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
     let bare = jid.to_bare();
+    let shown = shared
+        .cluster
+        .last_entry(jid)
+        .await
+        .is_none_or(|e| e.available && e.visible);
     // Its directory entry goes too, once its node is no longer live.
     shared.cluster.forget_if_dead(jid);
     // One stanza, addressed to each recipient: here per session, elsewhere one message per
     // node holding any of them (not one per recipient).
     let once = crate::xml::Addressed::new(&unavailable(jid.as_str(), bare.as_str()));
     let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
-    let mut recipients: Vec<String> = gate::online_audience(shared, jid.as_str())
-        .await
-        .into_iter()
-        .filter(|contact| is_local(shared, contact))
-        .collect();
+    let mut recipients: Vec<String> = if shown {
+        gate::online_audience(shared, jid.as_str())
+            .await
+            .into_iter()
+            .filter(|contact| is_local(shared, contact))
+            .collect()
+    } else {
+        Vec::new()
+    };
     // The user's own available resources, on this node and the others (RFC 6121 §4.5.2).
     recipients.push(bare.to_string());
     for to in &recipients {
