@@ -1139,7 +1139,28 @@ async fn timed_run(
         };
         let redis0 = redis_totals(cli).await;
         let t = Instant::now();
-        tokio::time::sleep(Duration::from_secs(cli.rest_secs)).await;
+        // PostgreSQL is watched over the window (its counters publish late; see rest.rs).
+        let window = Duration::from_secs(cli.rest_secs);
+        let pg = sources.pg.clone().map(|(url, db)| {
+            tokio::spawn(async move {
+                rest::pg_watch(&url, &db, window, Duration::from_millis(500)).await
+            })
+        });
+        tokio::time::sleep(window).await;
+        let pg = match pg {
+            Some(task) => match task.await {
+                Ok(Ok(seen)) => Some(seen),
+                Ok(Err(e)) => {
+                    eprintln!("warning: postgres: {e}");
+                    None
+                }
+                Err(e) => {
+                    eprintln!("warning: postgres watcher: {e}");
+                    None
+                }
+            },
+            None => None,
+        };
         let secs = t.elapsed().as_secs_f64();
         rest_redis = redis0
             .zip(redis_totals(cli).await)
@@ -1147,7 +1168,7 @@ async fn timed_run(
         rep.rest_secs = secs;
         if let Some(a) = a {
             let b = rest::read(&sources).await;
-            rep.rest = rest::rates(&a, &b, rep.logins_ok, secs);
+            rep.rest = rest::rates(&a, &b, pg.as_ref(), rep.logins_ok, secs);
         }
     }
 

@@ -11,11 +11,16 @@ use std::time::Duration;
 
 /// Provisions the server's users through the generator's store path.
 async fn provision<S: AsRef<std::ffi::OsStr>>(bench: &str, common: &[S]) {
+    provision_into(bench, common, &database_url()).await
+}
+
+/// [`provision`] into the database at `db_url`.
+async fn provision_into<S: AsRef<std::ffi::OsStr>>(bench: &str, common: &[S], db_url: &str) {
     let provision = tokio::time::timeout(
         Duration::from_secs(120),
         tokio::process::Command::new(bench)
             .args(common)
-            .args(["--provision", "--provision-db", &database_url()])
+            .args(["--provision", "--provision-db", db_url])
             .output(),
     )
     .await
@@ -189,6 +194,98 @@ async fn load_generator_split_over_two_processes_merges_their_counts() {
     let pg = n("pg_xacts_per_session_per_min");
     assert!(pg.is_finite() && pg >= 0.0, "{json}\n{err}");
     ts.stop().await;
+}
+
+/// The PostgreSQL figures at rest count what the server does at rest, and nothing of the
+/// login storm before it. PostgreSQL publishes an idle backend's `pg_stat_database`
+/// counters up to 10 s after its last transaction; read at the start of the window, the
+/// logins' commits arrived inside it and were counted as work at rest, while a statement
+/// log showed none. The server has a database of its own here, so everything counted is
+/// its, and its liveness runs fast (pings, refreshes, sweeps, last-seen flushes many times
+/// over the window), none of which may touch PostgreSQL.
+#[tokio::test]
+async fn the_window_at_rest_counts_no_postgresql_work_of_the_logins() {
+    let base = database_url();
+    let own = format!(
+        "{}_rest_{}",
+        base.rsplit('/').next().expect("db name"),
+        unique()
+    );
+    let db_url = stores::postgres_url_for(&own);
+    let maintenance = stores::postgres_url_for("postgres");
+    let ts = TestServer::start(|c| {
+        c.database.url = db_url.clone();
+        c.limits.stanzas_per_second = 10_000;
+        c.limits.stanza_burst = 10_000;
+        c.liveness.heartbeat_interval = Duration::from_secs(1);
+        c.liveness.ttl = Duration::from_secs(8);
+        c.liveness.grace = Duration::from_secs(1);
+        c.liveness.redis_refresh = Duration::from_millis(500);
+        c.liveness.sweep_interval = Duration::from_millis(500);
+        c.liveness.last_seen_flush = Duration::from_millis(200);
+    })
+    .await;
+    let bench = env!("CARGO_BIN_EXE_presenced-bench");
+    let target = ts.addr.to_string();
+    let common = [
+        "--server",
+        "presenced",
+        "--target",
+        &target,
+        "--domain",
+        &ts.domain,
+        "-n",
+        "20",
+        "-k",
+        "3",
+    ];
+    provision_into(bench, &common, &db_url).await;
+    let dir = std::env::temp_dir().join(format!("bench-smoke-rest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json_path = dir.join("rest.json");
+    // 20 s at rest: the counters' part of the window starts once every backend has been
+    // idle for 11 s, which leaves several seconds of it.
+    let run = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new(bench)
+            .args(common)
+            .args([
+                "--idle-secs",
+                "0",
+                "--settle-secs",
+                "10",
+                "--rest-secs",
+                "20",
+            ])
+            .args(["--fixed-rate", "20", "--fixed-secs", "1", "--sat-secs", "0"])
+            .args(["--pg-stats", &maintenance, "--pg-stats-db", &own])
+            .arg("--json")
+            .arg(&json_path)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("run finishes")
+    .expect("bench runs");
+    let out = String::from_utf8_lossy(&run.stdout);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "run failed:\n{out}\n{err}");
+    let json = std::fs::read_to_string(&json_path).expect("json report");
+    let _ = std::fs::remove_dir_all(&dir);
+    let n = |k: &str| json_num(&json, k).unwrap_or_else(|| panic!("{k} in {json}\n{err}"));
+    assert_eq!(n("logins_ok"), 20.0, "{json}\n{err}");
+    assert_eq!(n("pg_xacts_per_session_per_min"), 0.0, "{json}\n{err}");
+    assert_eq!(n("pg_rows_per_session_per_min"), 0.0, "{json}\n{err}");
+    assert_eq!(n("pg_statements_at_rest"), 0.0, "{json}\n{err}");
+    ts.stop().await;
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(&maintenance)
+        .await
+        .expect("maintenance database");
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {own} WITH (FORCE)"))
+        .execute(&mut c)
+        .await
+        .expect("drop the test's database");
 }
 
 /// A number field of one line of the soak's counter log.
