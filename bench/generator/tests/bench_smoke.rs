@@ -56,6 +56,32 @@ async fn smoke_server() -> (TestServer, Vec<String>) {
     (ts, common)
 }
 
+/// Runs the generator with `args` (at most 180 s) and its JSON report written to a file of
+/// its own; requires success and returns the report and the generator's stderr.
+async fn run_for_json(bench: &str, name: &str, args: &[&str]) -> (String, String) {
+    let dir = std::env::temp_dir().join(format!("bench-smoke-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json_path = dir.join("report.json");
+    let run = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new(bench)
+            .args(args)
+            .arg("--json")
+            .arg(&json_path)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("run finishes")
+    .expect("bench runs");
+    let out = String::from_utf8_lossy(&run.stdout);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{name} run failed:\n{out}\n{err}");
+    let json = std::fs::read_to_string(&json_path).expect("json report");
+    let _ = std::fs::remove_dir_all(&dir);
+    (json, err.into_owned())
+}
+
 /// The value of a top-level number field in the generator's JSON report.
 fn json_num(json: &str, key: &str) -> Option<f64> {
     let at = json.find(&format!("\"{key}\": "))? + key.len() + 4;
@@ -102,6 +128,21 @@ async fn load_generator_smoke_run_logs_in_and_delivers_presence() {
     ts.stop().await;
 }
 
+/// A server without stanza rate limits whose liveness works throughout a window at rest:
+/// idle clients are pinged after 1 s of silence and their answers refresh Redis at most
+/// every 0.5 s, the sweeper runs every 0.5 s and last seen is flushed every 0.2 s; T = 8 s
+/// leaves slow (loaded, debug-built) clients time to answer.
+fn liveness_at_work(c: &mut presenced::config::Config) {
+    c.limits.stanzas_per_second = 10_000;
+    c.limits.stanza_burst = 10_000;
+    c.liveness.heartbeat_interval = Duration::from_secs(1);
+    c.liveness.ttl = Duration::from_secs(8);
+    c.liveness.grace = Duration::from_secs(1);
+    c.liveness.redis_refresh = Duration::from_millis(500);
+    c.liveness.sweep_interval = Duration::from_millis(500);
+    c.liveness.last_seen_flush = Duration::from_millis(200);
+}
+
 /// `--procs 2`: two worker processes each own half of the users. With N = 20 and K = 3 every
 /// user's third contact is the user opposite in the ring, i.e. in the other process, so all
 /// sessions seeing all their contacts and every change reaching its K watchers proves that
@@ -109,19 +150,7 @@ async fn load_generator_smoke_run_logs_in_and_delivers_presence() {
 /// window at rest reads the server's /metrics and Redis/PostgreSQL statistics.
 #[tokio::test]
 async fn load_generator_split_over_two_processes_merges_their_counts() {
-    let ts = TestServer::start(|c| {
-        c.limits.stanzas_per_second = 10_000;
-        c.limits.stanza_burst = 10_000;
-        // Idle clients are pinged after 1 s of silence and their answers refresh Redis at
-        // most every 0.5 s, so the window at rest sees liveness writes; T = 8 s leaves
-        // slow (loaded, debug-built) clients time to answer.
-        c.liveness.heartbeat_interval = Duration::from_secs(1);
-        c.liveness.ttl = Duration::from_secs(8);
-        c.liveness.grace = Duration::from_secs(1);
-        c.liveness.redis_refresh = Duration::from_millis(500);
-        c.liveness.last_seen_flush = Duration::from_millis(200);
-    })
-    .await;
+    let ts = TestServer::start(liveness_at_work).await;
     let bench = env!("CARGO_BIN_EXE_presenced-bench");
     let target = ts.addr.to_string();
     let common = [
@@ -134,39 +163,28 @@ async fn load_generator_split_over_two_processes_merges_their_counts() {
         "--smoke",
     ];
     provision(bench, &common).await;
-    let dir = std::env::temp_dir().join(format!("bench-smoke-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let json_path = dir.join("procs2.json");
     let metrics = format!("http://{}/metrics", ts.admin_addr());
     let db_url = database_url();
     let db_name = db_url.rsplit('/').next().expect("db name").to_string();
-    let run = tokio::time::timeout(
-        Duration::from_secs(180),
-        tokio::process::Command::new(bench)
-            .args(common)
-            .args([
-                "--procs",
-                "2",
-                "--rest-secs",
-                "3",
-                "--metrics-url",
-                &metrics,
-            ])
-            .args(["--redis-stats", &redis_url()])
-            .args(["--pg-stats", &db_url, "--pg-stats-db", &db_name])
-            .arg("--json")
-            .arg(&json_path)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("split run finishes")
-    .expect("bench runs");
-    let out = String::from_utf8_lossy(&run.stdout);
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "split run failed:\n{out}\n{err}");
-    let json = std::fs::read_to_string(&json_path).expect("json report");
-    let _ = std::fs::remove_dir_all(&dir);
+    let redis = redis_url();
+    let mut args = common.to_vec();
+    args.extend([
+        "--procs",
+        "2",
+        "--rest-secs",
+        "3",
+        "--metrics-url",
+        &metrics,
+    ]);
+    args.extend([
+        "--redis-stats",
+        &redis,
+        "--pg-stats",
+        &db_url,
+        "--pg-stats-db",
+        &db_name,
+    ]);
+    let (json, err) = run_for_json(bench, "split", &args).await;
     let n = |k: &str| json_num(&json, k).unwrap_or_else(|| panic!("{k} in {json}\n{err}"));
     assert_eq!(n("procs"), 2.0);
     // What the logins negotiated crosses the worker pipe: TLS 1.3 and a SCRAM mechanism.
@@ -214,15 +232,8 @@ async fn the_window_at_rest_counts_no_postgresql_work_of_the_logins() {
     let db_url = stores::postgres_url_for(&own);
     let maintenance = stores::postgres_url_for("postgres");
     let ts = TestServer::start(|c| {
+        liveness_at_work(c);
         c.database.url = db_url.clone();
-        c.limits.stanzas_per_second = 10_000;
-        c.limits.stanza_burst = 10_000;
-        c.liveness.heartbeat_interval = Duration::from_secs(1);
-        c.liveness.ttl = Duration::from_secs(8);
-        c.liveness.grace = Duration::from_secs(1);
-        c.liveness.redis_refresh = Duration::from_millis(500);
-        c.liveness.sweep_interval = Duration::from_millis(500);
-        c.liveness.last_seen_flush = Duration::from_millis(200);
     })
     .await;
     let bench = env!("CARGO_BIN_EXE_presenced-bench");
@@ -240,38 +251,20 @@ async fn the_window_at_rest_counts_no_postgresql_work_of_the_logins() {
         "3",
     ];
     provision_into(bench, &common, &db_url).await;
-    let dir = std::env::temp_dir().join(format!("bench-smoke-rest-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let json_path = dir.join("rest.json");
     // 20 s at rest: the counters' part of the window starts once every backend has been
     // idle for 11 s, which leaves several seconds of it.
-    let run = tokio::time::timeout(
-        Duration::from_secs(180),
-        tokio::process::Command::new(bench)
-            .args(common)
-            .args([
-                "--idle-secs",
-                "0",
-                "--settle-secs",
-                "10",
-                "--rest-secs",
-                "20",
-            ])
-            .args(["--fixed-rate", "20", "--fixed-secs", "1", "--sat-secs", "0"])
-            .args(["--pg-stats", &maintenance, "--pg-stats-db", &own])
-            .arg("--json")
-            .arg(&json_path)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("run finishes")
-    .expect("bench runs");
-    let out = String::from_utf8_lossy(&run.stdout);
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "run failed:\n{out}\n{err}");
-    let json = std::fs::read_to_string(&json_path).expect("json report");
-    let _ = std::fs::remove_dir_all(&dir);
+    let mut args = common.to_vec();
+    args.extend([
+        "--idle-secs",
+        "0",
+        "--settle-secs",
+        "10",
+        "--rest-secs",
+        "20",
+    ]);
+    args.extend(["--fixed-rate", "20", "--fixed-secs", "1", "--sat-secs", "0"]);
+    args.extend(["--pg-stats", &maintenance, "--pg-stats-db", &own]);
+    let (json, err) = run_for_json(bench, "rest", &args).await;
     let n = |k: &str| json_num(&json, k).unwrap_or_else(|| panic!("{k} in {json}\n{err}"));
     assert_eq!(n("logins_ok"), 20.0, "{json}\n{err}");
     assert_eq!(n("pg_xacts_per_session_per_min"), 0.0, "{json}\n{err}");
