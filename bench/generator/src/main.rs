@@ -181,10 +181,11 @@ struct Cli {
     /// Redis the server writes to, for INFO commandstats deltas (exact only if private).
     #[arg(long)]
     redis_stats: Option<String>,
-    /// PostgreSQL URL to read pg_stat_database through (e.g. .../postgres).
+    /// PostgreSQL URL to watch the server's database through at rest (e.g. .../postgres):
+    /// statements from pg_stat_activity, commits and rows from pg_stat_database.
     #[arg(long)]
     pg_stats: Option<String>,
-    /// Database whose pg_stat_database row is read.
+    /// The server's database, watched at rest.
     #[arg(long, default_value = "presenced_bench")]
     pg_stats_db: String,
     /// Client state indication run instead of the fixed-load and saturation phases

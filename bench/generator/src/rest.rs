@@ -331,7 +331,7 @@ async fn pg_activity(c: &mut sqlx::PgConnection, db: &str) -> Result<Vec<Backend
                 state IS DISTINCT FROM 'idle' OR backend_type <> 'client backend',
                 (EXTRACT(EPOCH FROM clock_timestamp()
                    - COALESCE(state_change, backend_start)) * 1000)::bigint
-         FROM pg_stat_activity WHERE datname = $1",
+         FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
     )
     .bind(db)
     .fetch_all(c)
@@ -343,7 +343,8 @@ async fn pg_activity(c: &mut sqlx::PgConnection, db: &str) -> Result<Vec<Backend
 /// every `poll` (see the module documentation): the statements its backends start, and its
 /// `pg_stat_database` counters from the moment every backend has been idle for
 /// [`PG_STATS_SETTLED`] to the end of the window. The watcher's own queries run in the
-/// maintenance database and are not counted.
+/// maintenance database and are not counted (nor is the watcher's own connection, should
+/// `url` name `db` itself).
 pub async fn pg_watch(
     url: &str,
     db: &str,
