@@ -40,6 +40,20 @@ pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
+/// With `RUST_LOG` set, the servers' logs go to the test's captured output (shown for a
+/// failing test, or for all with `--nocapture`); without it, tests log nothing.
+pub fn capture_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
 /// Liveness timings scaled down for tests: H = 0.4 s, T = 2 s, G = 0.6 s, sweeps every
 /// 0.2 s, Redis refresh every 0.6 s, last-seen flush every 0.2 s.
 pub fn fast_liveness(c: &mut Config) {
@@ -111,6 +125,7 @@ impl TestServer {
     /// port the system picks unless `tweak` sets one, and DNS is off: every remote domain
     /// must have a static route, so no test ever queries the machine's resolver.
     pub async fn start_with_domain(domain: &str, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        capture_logs();
         let domain = domain.to_owned();
         let certs = std::env::temp_dir().join(format!("presenced-test-{domain}"));
         let mut config = Config {
