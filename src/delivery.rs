@@ -621,11 +621,20 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
 /// admits now ([`gate::online_audience`]: approved subscribers that no block, setting or
 /// lost subscription excludes) stand in for it, so a blocked or hidden contact learns
 /// nothing; contacts on other nodes of the cluster get it there. Remote contacts are told by their own server when the federation link breaks.
+///
+/// A resource its directory entry says was invisible (XEP-0186) or never available had
+/// been shown to no contact, so none is told: an unavailable from its full JID would say
+/// it had been online. (Without an entry to read, the gate's audience is told as before.)
 pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
     let bare = jid.to_bare();
+    let shown = shared
+        .cluster
+        .last_entry(jid)
+        .await
+        .is_none_or(|e| e.available && e.visible);
     // Its directory entry goes too, once its node is no longer live.
     shared.cluster.forget_if_dead(jid);
-    {
+    if shown {
         let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
         for contact in gate::online_audience(shared, jid.as_str()).await {
             if is_local(shared, &contact) {

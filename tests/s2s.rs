@@ -39,29 +39,6 @@ struct Pair {
 const SECRET_A: &str = "dialback-secret-a";
 const SECRET_B: &str = "dialback-secret-b";
 
-fn s2s_config(
-    c: &mut presenced::config::Config,
-    ip: &str,
-    port: u16,
-    secret: &str,
-    peer: &str,
-    peer_addr: String,
-) {
-    c.s2s.bind = ip.parse().unwrap();
-    c.s2s.port = port;
-    c.s2s.secret = Some(secret.into());
-    c.s2s
-        .routes
-        .insert(peer.to_owned(), peer_addr.parse().expect("route"));
-    c.s2s.stale_grace = Duration::from_secs(1);
-    c.s2s.reconnect_min_ms = Duration::from_millis(100);
-    c.s2s.reconnect_max_ms = Duration::from_millis(400);
-    c.s2s.connect_timeout = Duration::from_secs(5);
-    // A closed stream is announced after the grace period (default 10 s); these
-    // tests watch logouts cross the link, so they run with a short one.
-    c.liveness.grace = Duration::from_millis(300);
-}
-
 async fn start_b(a_domain: &str, a_port: u16, b_domain: &str, b_port: u16) -> TestServer {
     let a_addr = format!("127.0.0.2:{a_port}");
     TestServer::start_with_domain(b_domain, |c| {

@@ -92,6 +92,53 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A port free on `ip` in the range `PRESENCED_TEST_PORTS` names (`low-high`), else one the
+/// system picks: both servers' routes must name the other's port before either starts.
+pub fn listen_port(ip: &str) -> u16 {
+    let range = std::env::var("PRESENCED_TEST_PORTS").ok().and_then(|r| {
+        let (lo, hi) = r.split_once('-')?;
+        Some((lo.parse::<u16>().ok()?, hi.parse::<u16>().ok()?))
+    });
+    let Some((lo, hi)) = range else {
+        return std::net::TcpListener::bind((ip, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+    };
+    let span = u32::from(hi - lo) + 1;
+    let start = u32::from_str_radix(&unique()[..6], 16).unwrap() % span;
+    (0..span)
+        .map(|i| lo + ((start + i) % span) as u16)
+        .find(|p| std::net::TcpListener::bind((ip, *p)).is_ok())
+        .expect("a free port in PRESENCED_TEST_PORTS")
+}
+
+/// A federated test server's s2s settings: its listener on `ip:port`, the dialback
+/// `secret`, a static route to `peer` at `peer_addr`, quick reconnects and a short grace
+/// (a closed stream is announced after it; the default is 10 s).
+pub fn s2s_config(
+    c: &mut presenced::config::Config,
+    ip: &str,
+    port: u16,
+    secret: &str,
+    peer: &str,
+    peer_addr: String,
+) {
+    c.s2s.bind = ip.parse().unwrap();
+    c.s2s.port = port;
+    c.s2s.secret = Some(secret.into());
+    c.s2s
+        .routes
+        .insert(peer.to_owned(), peer_addr.parse().expect("route"));
+    c.s2s.stale_grace = Duration::from_secs(1);
+    c.s2s.reconnect_min_ms = Duration::from_millis(100);
+    c.s2s.reconnect_max_ms = Duration::from_millis(400);
+    c.s2s.connect_timeout = Duration::from_secs(5);
+    // A closed stream is announced after the grace period (default 10 s); these
+    // tests watch logouts cross the link, so they run with a short one.
+    c.liveness.grace = Duration::from_millis(300);
+}
+
 /// A short random token for unique names.
 pub fn unique() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
