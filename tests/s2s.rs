@@ -17,14 +17,6 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
-/// A free port on `ip` (bound and released; the server binds it right after).
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind((ip, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 /// Two federated servers: `a` on 127.0.0.2, `b` on 127.0.0.3.
 struct Pair {
     a: TestServer,
@@ -55,8 +47,8 @@ async fn pair() -> Pair {
 async fn pair_with(tweak: impl Fn(&mut presenced::config::Config, &str, &str)) -> Pair {
     let a_domain = format!("a{}.example", unique());
     let b_domain = format!("b{}.example", unique());
-    let a_port = free_port("127.0.0.2");
-    let b_port = free_port("127.0.0.3");
+    let a_port = listen_port("127.0.0.2");
+    let b_port = listen_port("127.0.0.3");
     let b_addr = format!("127.0.0.3:{b_port}");
     let a_addr = format!("127.0.0.2:{a_port}");
     let a = TestServer::start_with_domain(&a_domain, |c| {
@@ -1094,9 +1086,9 @@ async fn a_federated_contact_reaches_and_sees_a_user_on_either_node_of_a_cluster
     let a_domain = format!("a{}.example", unique());
     let b_domain = format!("b{}.example", unique());
     let (a1_port, a2_port, b_port) = (
-        free_port("127.0.0.2"),
-        free_port("127.0.0.4"),
-        free_port("127.0.0.3"),
+        listen_port("127.0.0.2"),
+        listen_port("127.0.0.4"),
+        listen_port("127.0.0.3"),
     );
     let b_addr = format!("127.0.0.3:{b_port}");
     let node = |ip: &'static str, port: u16, id: &'static str| {
