@@ -41,19 +41,26 @@ async fn smoke_server() -> (TestServer, Vec<String>) {
         c.limits.stanza_burst = 10_000;
     })
     .await;
-    let common: Vec<String> = [
+    let common = server_args(&ts, &["--smoke"]);
+    provision(env!("CARGO_BIN_EXE_presenced-bench"), &common).await;
+    (ts, common)
+}
+
+/// The generator's arguments that name the server under test, then `size` (the users).
+fn server_args(ts: &TestServer, size: &[&str]) -> Vec<String> {
+    let target = ts.addr.to_string();
+    let mut args = [
         "--server",
         "presenced",
         "--target",
-        &ts.addr.to_string(),
+        &target,
         "--domain",
         &ts.domain,
-        "--smoke",
     ]
     .map(str::to_owned)
     .to_vec();
-    provision(env!("CARGO_BIN_EXE_presenced-bench"), &common).await;
-    (ts, common)
+    args.extend(size.iter().map(|a| (*a).to_owned()));
+    args
 }
 
 /// Runs the generator with `args` (at most 180 s) and its JSON report written to a file of
@@ -152,22 +159,13 @@ fn liveness_at_work(c: &mut presenced::config::Config) {
 async fn load_generator_split_over_two_processes_merges_their_counts() {
     let ts = TestServer::start(liveness_at_work).await;
     let bench = env!("CARGO_BIN_EXE_presenced-bench");
-    let target = ts.addr.to_string();
-    let common = [
-        "--server",
-        "presenced",
-        "--target",
-        &target,
-        "--domain",
-        &ts.domain,
-        "--smoke",
-    ];
+    let common = server_args(&ts, &["--smoke"]);
     provision(bench, &common).await;
     let metrics = format!("http://{}/metrics", ts.admin_addr());
     let db_url = database_url();
     let db_name = db_url.rsplit('/').next().expect("db name").to_string();
     let redis = redis_url();
-    let mut args = common.to_vec();
+    let mut args: Vec<&str> = common.iter().map(String::as_str).collect();
     args.extend([
         "--procs",
         "2",
@@ -238,23 +236,11 @@ async fn the_window_at_rest_counts_no_postgresql_work_of_the_logins() {
     })
     .await;
     let bench = env!("CARGO_BIN_EXE_presenced-bench");
-    let target = ts.addr.to_string();
-    let common = [
-        "--server",
-        "presenced",
-        "--target",
-        &target,
-        "--domain",
-        &ts.domain,
-        "-n",
-        "20",
-        "-k",
-        "3",
-    ];
+    let common = server_args(&ts, &["-n", "20", "-k", "3"]);
     provision_into(bench, &common, &db_url).await;
     // 20 s at rest: the counters' part of the window starts once every backend has been
     // idle for 11 s, which leaves several seconds of it.
-    let mut args = common.to_vec();
+    let mut args: Vec<&str> = common.iter().map(String::as_str).collect();
     args.extend([
         "--idle-secs",
         "0",
@@ -310,19 +296,7 @@ async fn soak_mode_reconnects_and_accounts_for_every_message() {
     })
     .await;
     let bench = env!("CARGO_BIN_EXE_presenced-bench");
-    let target = ts.addr.to_string();
-    let common = [
-        "--server",
-        "presenced",
-        "--target",
-        &target,
-        "--domain",
-        &ts.domain,
-        "-n",
-        "20",
-        "-k",
-        "3",
-    ];
+    let common = server_args(&ts, &["-n", "20", "-k", "3"]);
     provision(bench, &common).await;
     let dir = std::env::temp_dir().join(format!("bench-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
