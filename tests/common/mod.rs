@@ -40,6 +40,20 @@ pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
+/// With `RUST_LOG` set, the servers' logs go to the test's captured output (shown for a
+/// failing test, or for all with `--nocapture`); without it, tests log nothing.
+pub fn capture_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
 /// Liveness timings scaled down for tests: H = 0.4 s, T = 2 s, G = 0.6 s, sweeps every
 /// 0.2 s, Redis refresh every 0.6 s, last-seen flush every 0.2 s.
 pub fn fast_liveness(c: &mut Config) {
@@ -80,22 +94,43 @@ pub fn free_port() -> u16 {
 
 /// A port free on `ip` in the range `PRESENCED_TEST_PORTS` names (`low-high`), else one the
 /// system picks: both servers' routes must name the other's port before either starts.
+///
+/// The port is bound and released, and the server binds it later, so it must not be handed
+/// out twice: tests run in parallel, and the system may pick a just-released port again
+/// for another caller (one test's server then failed to start with "address in use"). The
+/// ports handed out in this process are remembered and never returned again.
 pub fn listen_port(ip: &str) -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<(String, u16)>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut fresh = |p: u16| {
+        let new = !given.iter().any(|(i, q)| i == ip && *q == p)
+            && std::net::TcpListener::bind((ip, p)).is_ok();
+        if new {
+            given.push((ip.to_owned(), p));
+        }
+        new
+    };
     let range = std::env::var("PRESENCED_TEST_PORTS").ok().and_then(|r| {
         let (lo, hi) = r.split_once('-')?;
         Some((lo.parse::<u16>().ok()?, hi.parse::<u16>().ok()?))
     });
     let Some((lo, hi)) = range else {
-        return std::net::TcpListener::bind((ip, 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
+        // The system's pick; a few more tries if it repeats one already given.
+        return (0..64)
+            .map(|_| {
+                std::net::TcpListener::bind((ip, 0))
+                    .and_then(|l| l.local_addr())
+                    .map(|a| a.port())
+                    .expect("free port")
+            })
+            .find(|p| fresh(*p))
+            .expect("a port not handed out before");
     };
     let span = u32::from(hi - lo) + 1;
     let start = u32::from_str_radix(&unique()[..6], 16).unwrap() % span;
     (0..span)
         .map(|i| lo + ((start + i) % span) as u16)
-        .find(|p| std::net::TcpListener::bind((ip, *p)).is_ok())
+        .find(|p| fresh(*p))
         .expect("a free port in PRESENCED_TEST_PORTS")
 }
 
@@ -158,6 +193,7 @@ impl TestServer {
     /// port the system picks unless `tweak` sets one, and DNS is off: every remote domain
     /// must have a static route, so no test ever queries the machine's resolver.
     pub async fn start_with_domain(domain: &str, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        capture_logs();
         let domain = domain.to_owned();
         let certs = std::env::temp_dir().join(format!("presenced-test-{domain}"));
         let mut config = Config {
@@ -716,21 +752,10 @@ impl Client {
                 return;
             }
             match self.read_stanza(left).await {
-                Ok(el)
-                    if el.name == "iq"
-                        && el.get_attr("type") == Some("get")
-                        && el.get_child("ping", presenced::xml::NS_PING).is_some() =>
-                {
-                    let mut r = Element::new("iq", NS_CLIENT).attr("type", "result");
-                    if let Some(id) = el.get_attr("id") {
-                        r.set_attr("id", id);
-                    }
-                    if let Some(from) = el.get_attr("from") {
-                        r.set_attr("to", from);
-                    }
-                    self.send(&r).await;
-                }
-                Ok(el) => self.backlog.push(el),
+                Ok(el) => match pong(&el) {
+                    Some(r) => self.send(&r).await,
+                    None => self.backlog.push(el),
+                },
                 Err(Ended::Timeout) => return,
                 Err(e) => panic!("{}: stream ended while idling: {e:?}", self.jid),
             }
@@ -754,21 +779,10 @@ impl Client {
             if pred(&el) {
                 return Ok(el);
             }
-            if el.name == "iq"
-                && el.get_attr("type") == Some("get")
-                && el.get_child("ping", presenced::xml::NS_PING).is_some()
-            {
-                let mut r = Element::new("iq", NS_CLIENT).attr("type", "result");
-                if let Some(id) = el.get_attr("id") {
-                    r.set_attr("id", id);
-                }
-                if let Some(from) = el.get_attr("from") {
-                    r.set_attr("to", from);
-                }
-                self.send(&r).await;
-                continue;
+            match pong(&el) {
+                Some(r) => self.send(&r).await,
+                None => self.backlog.push(el),
             }
-            self.backlog.push(el);
         }
     }
 
@@ -781,11 +795,49 @@ impl Client {
         }
     }
 
+    /// Holds the session like a live client until its stream ends: answers the server's
+    /// XEP-0199 pings and discards everything else. For tests that hold many sessions
+    /// whose only part is to be alive.
+    pub async fn keep_alive(mut self) {
+        loop {
+            match self.read_stanza(Duration::from_secs(3600)).await {
+                Ok(el) => {
+                    if let Some(r) = pong(&el) {
+                        if self.try_send_raw(&r.to_xml()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(Ended::Timeout) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
     /// Closes the stream cleanly.
     pub async fn close(mut self) {
         self.send_raw("</stream:stream>").await;
         let _ = tokio::time::timeout(Duration::from_secs(2), self.reader.next()).await;
     }
+}
+
+/// A live client's answer to `el` if it is the server's XEP-0199 ping (§4.2: a result
+/// with the same id).
+fn pong(el: &Element) -> Option<Element> {
+    if el.name != "iq"
+        || el.get_attr("type") != Some("get")
+        || el.get_child("ping", presenced::xml::NS_PING).is_none()
+    {
+        return None;
+    }
+    let mut r = Element::new("iq", NS_CLIENT).attr("type", "result");
+    if let Some(id) = el.get_attr("id") {
+        r.set_attr("id", id);
+    }
+    if let Some(from) = el.get_attr("from") {
+        r.set_attr("to", from);
+    }
+    Some(r)
 }
 
 /// The defined condition inside a `<stream:error/>` or stanza `<error/>`.
