@@ -216,6 +216,69 @@ async fn silent_client(backend: Backend) {
 }
 
 on_both_backends!(
+    whitespace_keepalives,
+    a_client_sending_only_whitespace_keepalives_stays_bound_and_is_announced_once_it_stops,
+    in_process_a_client_sending_only_whitespace_keepalives_stays_bound_and_is_announced_once_it_stops
+);
+
+/// RFC 6120 §4.6.1: whitespace between stanzas is a keepalive. A client that answers none of
+/// the server's pings and sends nothing but a space every T/4 is sending, hence alive: it is
+/// not announced for 3T. Once the same socket goes silent it is announced as any silent
+/// client is, within T plus one sweep.
+async fn whitespace_keepalives(backend: Backend) {
+    let ts = start_on(backend).await;
+    let l = timings(&ts);
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = online(&ts, "bob", "pc").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice.jid, None)).await;
+    let alice_jid = alice.jid.clone();
+    // Alice reads nothing (the server's pings go unanswered) and writes only spaces.
+    let window = secs(3.0 * l.ttl);
+    let every = secs(l.ttl / 4.0);
+    let keepalives = async {
+        let end = Instant::now() + window;
+        let mut last = Instant::now();
+        while Instant::now() < end {
+            alice.send_raw(" ").await;
+            last = Instant::now();
+            tokio::time::sleep(every).await;
+        }
+        last
+    };
+    let (last_space, ()) = tokio::join!(
+        keepalives,
+        bob.watch_none(|e| is_presence(e, &alice_jid, Some("unavailable")), window)
+    );
+    assert_eq!(ts.metric(|m| m.silent_deaths.load(Ordering::Relaxed)), 0);
+    // Now alice is silent, spaces included.
+    let bound = l.ttl + l.sweep_interval + 1.0;
+    let got = bob
+        .watch(
+            &|e| is_presence(e, &alice_jid, Some("unavailable")),
+            secs(bound),
+        )
+        .await
+        .expect("unavailable announced once the keepalives stopped");
+    let after = last_space.elapsed().as_secs_f64();
+    assert!(
+        after >= l.ttl - l.heartbeat_interval,
+        "announced {after:.2}s after the last space, before T-H"
+    );
+    assert!(
+        after <= l.ttl + l.sweep_interval + 0.3,
+        "announced {after:.2}s after the last space, later than T + one sweep"
+    );
+    assert_eq!(got.get_attr("from"), Some(alice_jid.as_str()));
+    assert_eq!(ts.metric(|m| m.silent_deaths.load(Ordering::Relaxed)), 1);
+    eprintln!("measured: {backend:?}, unavailable {after:.3}s after the last of the spaces");
+    drop(alice);
+    ts.stop().await;
+}
+
+on_both_backends!(
     reconnect_within_grace,
     reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through,
     in_process_reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through
