@@ -309,7 +309,10 @@ ejabberd_stop() {
 # ---------------------------------------------------------------- presenced
 # Unless PRESENCED_CMD is given, the release build of this checkout runs with a config like
 # the peers': STARTTLS on 127.0.0.1:$PRESENCED_PORT, the peers' certificate,
-# its own database (recreated when provisioning) and Redis key prefix.
+# its own database (recreated when provisioning) and Redis key prefix. The schema is the
+# one compiled into the binary: no [database] migrations directory (the operator's own,
+# default migrations.d beside the config, absent here), so a prebuilt binary older than
+# this checkout still starts.
 PRESENCED_DB="${PRESENCED_DB:-postgres://postgres@127.0.0.1:5432/presenced_bench_n${N}_k${K}}"
 # One configuration for both presenced columns; they differ only in the store section.
 presenced_toml() { # name c2s-port admin-port store-section
@@ -348,7 +351,6 @@ TOML
 presenced_config() {
     presenced_toml presenced "$PRESENCED_PORT" "$PRESENCED_HTTP_PORT" "[database]
 url = \"$PRESENCED_DB\"
-migrations = \"$REPO/migrations\"
 [redis]
 # The bench's private redis-server: INFO commandstats then counts presenced's writes only.
 url = \"redis://127.0.0.1:$BENCH_REDIS_PORT\"
