@@ -83,9 +83,11 @@ impl Entry {
         let priority = parts.next()?.parse().ok()?;
         let presence = parts.next()?;
         // Two flags were written before carbons and block-list pushes crossed nodes: such
-        // an entry has neither.
+        // an entry has neither. Flags past the four known here were added by a newer node
+        // and are ignored, so nodes of two versions can share a directory during a rolling
+        // upgrade (README, "Upgrades").
         let flags = flags.as_bytes();
-        if instance.is_empty() || !(2..=4).contains(&flags.len()) {
+        if instance.is_empty() || flags.len() < 2 {
             return None;
         }
         Some(Entry {
@@ -209,6 +211,15 @@ mod tests {
         let b = Entry::bound("n#1");
         assert_eq!(Entry::decode(&b.encode()), Some(b));
         assert_eq!(Entry::decode("n#1\nav\nnot a number\n"), None);
+        assert_eq!(Entry::decode("n#1\na\n0\n"), None);
+    }
+
+    #[test]
+    fn an_entry_from_a_newer_node_reads_by_the_flags_known_here() {
+        let newer = Entry::decode("n#1\na-cbx\n2\n<presence/>").unwrap();
+        assert!(newer.available && !newer.visible && newer.carbons && newer.blocklist);
+        assert_eq!(newer.priority, 2);
+        assert_eq!(newer.presence.as_deref(), Some("<presence/>"));
     }
 
     #[test]
