@@ -138,10 +138,14 @@ check_fd_limit() { # pid
     log "server pid $1: descriptor limit $have"
 }
 
-wait_port() { # port seconds
+wait_port() { # port seconds [pid of the server that is to listen]
     local i
     for i in $(seq 1 $(( $2 * 10 ))); do
         ss -Hltn "sport = :$1" | grep -q LISTEN && return 0
+        if [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null; then
+            echo "the server (pid $3) exited before listening on port $1" >&2
+            return 1
+        fi
         sleep 0.1
     done
     echo "nothing listens on port $1 after $2 s" >&2
@@ -188,7 +192,7 @@ CFG
 prosody_start() {
     prosody -F --config "$DATA/prosody/prosody.cfg.lua" >>"$DATA/prosody/stdout.log" 2>&1 &
     SERVER_PID=$!
-    wait_port "$PROSODY_PORT" 60 || return 1
+    wait_port "$PROSODY_PORT" 60 "$SERVER_PID" || return 1
     SERVER_PIDS=("$SERVER_PID")
     check_fd_limit "$SERVER_PID"
 }
@@ -300,10 +304,18 @@ CFG
     chown -R ejabberd:ejabberd "$d"
 }
 ejabberd_start() {
-    local d="$DATA/ejabberd" i p
-    ejabberdctl --ctl-config "$d/ejabberdctl.cfg" foreground >>"$d/stdout.log" 2>&1 &
-    SERVER_PID=$!
-    wait_port "$EJABBERD_PORT" 300 || return 1
+    local d="$DATA/ejabberd" i p try
+    # Its port lies in the ephemeral range: another program's connection can hold it for a
+    # moment (eaddrinuse, and ejabberd exits). Then try again.
+    for try in 1 2 3; do
+        ejabberdctl --ctl-config "$d/ejabberdctl.cfg" foreground >>"$d/stdout.log" 2>&1 &
+        SERVER_PID=$!
+        wait_port "$EJABBERD_PORT" 300 "$SERVER_PID" && break
+        wait "$SERVER_PID" 2>/dev/null
+        [ "$try" = 3 ] && return 1
+        log "ejabberd did not start (see $d/stdout.log); again in 5 s"
+        sleep 5
+    done
     SERVER_PIDS=()
     for i in $(seq 1 50); do
         for p in $(pgrep -x beam.smp); do
@@ -416,7 +428,7 @@ presenced_start() {
     redis-server --port "$BENCH_REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
         --dir "$DATA/presenced" --logfile "$DATA/presenced/redis.log" &
     BENCH_REDIS_PID=$!
-    wait_port "$BENCH_REDIS_PORT" 30 || return 1
+    wait_port "$BENCH_REDIS_PORT" 30 "$BENCH_REDIS_PID" || return 1
     launch_presenced presenced "$PRESENCED_PORT" "$PRESENCED_CMD"
 }
 launch_presenced() { # name port command
@@ -424,7 +436,7 @@ launch_presenced() { # name port command
     # the bench server must use its own database and Redis.
     env -u DATABASE_URL -u REDIS_URL bash -c "exec $3" >>"$DATA/$1/stdout.log" 2>&1 &
     SERVER_PID=$!
-    wait_port "$2" 120 || return 1
+    wait_port "$2" 120 "$SERVER_PID" || return 1
     SERVER_PIDS=("$SERVER_PID")
     check_fd_limit "$SERVER_PID"
 }
