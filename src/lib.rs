@@ -55,6 +55,7 @@ pub mod server;
 pub mod sessions;
 pub mod status;
 pub mod store;
+pub mod stream;
 pub mod stream_management;
 pub mod tls;
 pub(crate) mod websocket;

@@ -20,9 +20,11 @@
 //!    routed to that client has arrived before it.
 //!
 //! A logout has no session left to ping; there the harness waits until the server has
-//! removed the session from its registry, which it does only after the session's
-//! unavailable broadcast was handed to the recipients' mailboxes (`c2s::run_session`:
-//! `session.ended()` then `unregister`), and then does step 2. Every wait is bounded by
+//! removed the session from its registry and liveness no longer tracks it, which happens
+//! only after the session's unavailable broadcast was handed to the recipients' mailboxes
+//! (the end of the session loop in `c2s/session.rs`: `unregister`, then
+//! `liveness_tasks::session_over`, which with the zero grace period of these cases
+//! announces at once and then stops tracking), and then does step 2. Every wait is bounded by
 //! [`common::WAIT`] and fails the case when exceeded.
 //!
 //! The one asynchronous path is the roster listener (`roster_sync`, LISTEN/NOTIFY): it

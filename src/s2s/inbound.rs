@@ -38,8 +38,9 @@ use crate::xml::{Element, NS_CLIENT, NS_SASL, NS_SERVER, NS_STREAM, NS_TLS};
 use rustls::pki_types::CertificateDer;
 
 use super::dialback::{self, NS_DIALBACK, NS_DIALBACK_FEATURE};
-use super::stream::{header, Fail, S2sStream};
+use super::header;
 use super::AuthMethod;
+use crate::stream::{Fail, XmlStream};
 
 /// Addresses the s2s listeners bound.
 #[derive(Debug, Clone, Copy, Default)]
@@ -147,7 +148,7 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct
     } else {
         Box::new(tcp)
     };
-    let stream = S2sStream::new(io, limits);
+    let stream = XmlStream::new(io, limits, NS_SERVER);
     let cut = shared.s2s.cut_token();
     let negotiated = tokio::select! {
         r = tokio::time::timeout_at(deadline, negotiate(&shared, stream, direct_tls, certs, peer)) => r,
@@ -169,11 +170,11 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct
     run(shared, n, peer, deadline).await;
 }
 
-type Refusal = Option<(S2sStream, StreamError)>;
+type Refusal = Option<(XmlStream, StreamError)>;
 
 /// A secured inbound stream, ready for stanzas or dialback.
 struct Negotiated {
-    stream: S2sStream,
+    stream: XmlStream,
     /// The local domain the stream was opened to.
     local_domain: String,
     /// Our stream id (dialback keys cover it).
@@ -188,7 +189,7 @@ struct Negotiated {
 /// SASL EXTERNAL if the peer's certificate proves the domain it claims (XEP-0178).
 async fn negotiate(
     shared: &Arc<Shared>,
-    mut stream: S2sStream,
+    mut stream: XmlStream,
     mut secure: bool,
     mut certs: PeerCerts,
     peer: SocketAddr,
@@ -392,7 +393,7 @@ async fn negotiate(
         match acceptor.accept(stream.into_io()).await {
             Ok(tls) => {
                 certs = peer_certs(tls.get_ref().1);
-                stream = S2sStream::new(Box::new(tls), limits);
+                stream = XmlStream::new(Box::new(tls), limits, NS_SERVER);
                 secure = true;
             }
             Err(e) => {

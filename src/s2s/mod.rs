@@ -52,16 +52,33 @@ pub mod cert;
 pub mod dialback;
 pub mod inbound;
 pub mod outbound;
-pub mod stream;
 
 use std::sync::Arc;
 
 use crate::node::Shared;
-use crate::xml::{Element, NS_CLIENT};
+use crate::xml::{Element, NS_CLIENT, NS_SERVER, NS_STREAM};
+
+use dialback::NS_DIALBACK;
 
 /// Marks presence this server generated because a federation link was lost, not because
 /// the contact went offline.
 pub const NS_STALE: &str = "urn:presenced:s2s:link-lost";
+
+/// The opening tag of a server stream (RFC 6120 §4.7) declaring the dialback prefix
+/// (XEP-0220 §2.1: peers look for it to know dialback is spoken).
+pub fn header(from: Option<&str>, to: Option<&str>, id: Option<&str>) -> String {
+    let mut out = format!(
+        "<?xml version='1.0'?><stream:stream xmlns='{NS_SERVER}' xmlns:stream='{NS_STREAM}' \
+         xmlns:db='{NS_DIALBACK}' version='1.0'"
+    );
+    for (k, v) in [("from", from), ("to", to), ("id", id)] {
+        if let Some(v) = v {
+            out.push_str(&format!(" {k}='{}'", crate::xml::escape(v)));
+        }
+    }
+    out.push_str(" xml:lang='en'>");
+    out
+}
 
 pub use crate::node::federation::{remote_server_timeout, AuthCounts, AuthMethod, S2s};
 

@@ -21,11 +21,12 @@ use crate::error::StanzaError;
 use crate::node::Shared;
 use crate::tls::BoxIo;
 use crate::xml::reader::ReaderLimits;
-use crate::xml::{Element, NS_SASL, NS_TLS};
+use crate::xml::{Element, NS_SASL, NS_SERVER, NS_TLS};
 
 use super::dialback::{self, NS_DIALBACK};
-use super::stream::{header, Fail, S2sStream};
+use super::header;
 use super::AuthMethod;
+use crate::stream::{Fail, XmlStream};
 
 /// Why an outgoing stream could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +61,7 @@ impl ConnectError {
 /// A secured (TLS) stream to a remote server, before authentication.
 pub struct Secured {
     /// The stream.
-    pub stream: S2sStream,
+    pub stream: XmlStream,
     /// The id the peer gave the current stream (the dialback key covers it).
     pub stream_id: String,
     /// The peer's stream features after TLS.
@@ -268,7 +269,7 @@ fn limits(shared: &Shared) -> ReaderLimits {
 
 /// Sends our header and reads the peer's header and features.
 async fn open_stream(
-    stream: &mut S2sStream,
+    stream: &mut XmlStream,
     local: &str,
     remote: &str,
 ) -> Result<(String, Element), Fail> {
@@ -317,7 +318,7 @@ pub async fn open_secure(
                 let Ok(io) = connector.connect(name.clone(), tcp).await else {
                     continue;
                 };
-                let mut stream = S2sStream::new(Box::new(io) as BoxIo, limits(shared));
+                let mut stream = XmlStream::new(Box::new(io) as BoxIo, limits(shared), NS_SERVER);
                 let (stream_id, features) = open_stream(&mut stream, local, remote)
                     .await
                     .map_err(broke)?;
@@ -328,7 +329,7 @@ pub async fn open_secure(
                     verified: verified.load(Ordering::SeqCst),
                 });
             }
-            let mut stream = S2sStream::new(Box::new(tcp) as BoxIo, limits(shared));
+            let mut stream = XmlStream::new(Box::new(tcp) as BoxIo, limits(shared), NS_SERVER);
             let (_, features) = open_stream(&mut stream, local, remote)
                 .await
                 .map_err(broke)?;
@@ -356,7 +357,7 @@ pub async fn open_secure(
                 .connect(name.clone(), io)
                 .await
                 .map_err(|e| ConnectError::Tls(remote.to_owned(), e.to_string()))?;
-            let mut stream = S2sStream::new(Box::new(tls_io) as BoxIo, limits(shared));
+            let mut stream = XmlStream::new(Box::new(tls_io) as BoxIo, limits(shared), NS_SERVER);
             let (stream_id, features) = open_stream(&mut stream, local, remote)
                 .await
                 .map_err(broke)?;
@@ -378,7 +379,7 @@ pub async fn connect(
     shared: &Shared,
     local: &str,
     remote: &str,
-) -> Result<S2sStream, ConnectError> {
+) -> Result<XmlStream, ConnectError> {
     let mut secured = open_secure(shared, local, remote).await?;
     let policy = shared.live.get().s2s.policy(remote).clone();
     if policy.require_verified_cert && !secured.verified {
@@ -452,7 +453,7 @@ pub async fn connect(
 /// authorization identity is the one our certificate and stream header already name
 /// (RFC 6120 §6.3.8: do not send an authzid equal to the derived one). `Ok(Err(cond))` is
 /// the peer's failure condition; the stream is still usable (for dialback).
-async fn external(stream: &mut S2sStream) -> Result<Result<(), String>, Fail> {
+async fn external(stream: &mut XmlStream) -> Result<Result<(), String>, Fail> {
     stream
         .write(&format!(
             "<auth xmlns='{NS_SASL}' mechanism='EXTERNAL'>=</auth>"
@@ -641,7 +642,7 @@ fn fail_queue(
 /// the peer side only to notice a close or an error.
 async fn drain(
     shared: &Shared,
-    stream: S2sStream,
+    stream: XmlStream,
     first: Vec<Element>,
     rx: &mut mpsc::Receiver<Element>,
     pending: &AtomicUsize,
@@ -680,7 +681,7 @@ async fn drain(
         if !batch.is_empty() {
             let mut out = String::new();
             for el in &batch {
-                el.write_to(&mut out, crate::xml::NS_SERVER, crate::xml::NS_SERVER);
+                el.write_to(&mut out, NS_SERVER, NS_SERVER);
             }
             let wrote = tokio::time::timeout(Duration::from_secs(30), async {
                 writer.write_all(out.as_bytes()).await?;

@@ -1,0 +1,293 @@
+//! The SASL exchange of a client stream (RFC 6120 §6): SCRAM-SHA-256, SCRAM-SHA-1 and PLAIN,
+//! the per-account back-off, and the failures that end the stream. The mechanisms are
+//! [`crate::sasl`].
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+
+use super::negotiate::Offer;
+use super::{limits, Authenticated, Fail, Halt, Secured};
+use crate::error::StreamError;
+use crate::jid::{BareJid, Jid};
+use crate::sasl::scram::{self, ScramHash, ScramServer};
+use crate::xml::{self as x, Element};
+
+impl Secured {
+    /// RFC 6120 §6: the features offer the SASL mechanisms (and XEP-0077 registration);
+    /// after `<success/>` both sides restart the stream (§6.4.6), with the reader limits of
+    /// an authenticated peer.
+    pub(super) async fn authenticate(mut self) -> Result<Authenticated, Halt> {
+        step!(self.link, self.link.open(Offer::Sasl));
+        let user = step!(self.link, self.sasl());
+        let Secured { mut link } = self;
+        link.stream = link.stream.restart_with(limits(&link.shared, true));
+        Ok(Authenticated { link, user })
+    }
+
+    async fn sasl_failure(&mut self, condition: &str, failures: &mut u32) -> Result<(), Fail> {
+        let f = Element::new("failure", x::NS_SASL).child(Element::new(condition, x::NS_SASL));
+        self.link.write_el(&f).await?;
+        *failures += 1;
+        self.link.shared.metrics.auth_failure();
+        tracing::info!(peer = %self.link.peer, condition, failures = *failures, "SASL failure");
+        if *failures >= self.link.shared.live.get().limits.max_auth_failures {
+            // RFC 6120 §6.4.5: after the configured number of retries, end the stream.
+            return Err(Fail::Stream(StreamError::new(
+                "policy-violation",
+                "too many failed authentication attempts",
+            )));
+        }
+        Ok(())
+    }
+
+    /// RFC 6120 §6: SASL with SCRAM-SHA-256, SCRAM-SHA-1, or PLAIN, up to the account's
+    /// localpart; also XEP-0077 registration.
+    async fn sasl(&mut self) -> Result<String, Fail> {
+        let mut failures = 0u32;
+        loop {
+            let el = self.link.next_element().await?;
+            if el.is("iq", x::NS_CLIENT) {
+                if let Some(q) = el.get_child("query", x::NS_REGISTER) {
+                    let q = q.clone();
+                    self.register(&el, &q).await?;
+                    continue;
+                }
+            }
+            if !el.is("auth", x::NS_SASL) {
+                // RFC 6120 §4.9.3.12: stanzas before authentication.
+                return Err(Fail::Stream(StreamError::new(
+                    "not-authorized",
+                    "authenticate first",
+                )));
+            }
+            let mech = el.get_attr("mechanism").unwrap_or("").to_owned();
+            let initial = match decode_b64(&el.text_content()) {
+                Some(v) => v,
+                None => {
+                    self.sasl_failure("incorrect-encoding", &mut failures)
+                        .await?;
+                    continue;
+                }
+            };
+            let outcome = match mech.as_str() {
+                "SCRAM-SHA-256" => self.scram(ScramHash::Sha256, initial).await?,
+                "SCRAM-SHA-1" => self.scram(ScramHash::Sha1, initial).await?,
+                // Only a `Secured` stream gets here: PLAIN never crosses the wire in the clear.
+                "PLAIN" if self.link.shared.config.auth.allow_plain => self.plain(&initial).await?,
+                _ => Err("invalid-mechanism"),
+            };
+            match outcome {
+                Ok(user) => {
+                    tracing::info!(peer = %self.link.peer, %user, mech, "authenticated");
+                    return Ok(user);
+                }
+                Err(condition) => self.sasl_failure(condition, &mut failures).await?,
+            }
+        }
+    }
+
+    /// Per-account back-off, the same for every mechanism: true if `jid` is locked after
+    /// repeated failures, and the attempt must be refused without a password check.
+    /// The refusal is RFC 6120 §6.5.10 not-authorized ("some generic authentication
+    /// failure ... the receiving entity does not wish to disclose specific information
+    /// about the cause"): §6.5.12 temporary-auth-failure is for an error within the
+    /// server, and would tell a guesser which answers to ignore.
+    fn auth_locked(&self, jid: &BareJid) -> bool {
+        let Some(left) = self
+            .link
+            .shared
+            .auth_backoff
+            .locked(jid.as_str(), std::time::Instant::now())
+        else {
+            return false;
+        };
+        tracing::info!(peer = %self.link.peer, %jid, ?left, "SASL refused: account locked after failures");
+        true
+    }
+
+    /// Records the outcome of a password check for `jid` in the back-off table.
+    fn auth_checked(&self, jid: &BareJid, ok: bool) {
+        let backoff = &self.link.shared.auth_backoff;
+        if ok {
+            backoff.succeeded(jid.as_str());
+        } else if let Some(lock) = backoff.failed(jid.as_str(), std::time::Instant::now()) {
+            tracing::warn!(peer = %self.link.peer, %jid, ?lock, "SASL failures lock the account");
+        }
+    }
+
+    /// SCRAM exchange (RFC 5802 §5). Returns the localpart or a SASL failure condition.
+    async fn scram(
+        &mut self,
+        hash: ScramHash,
+        mut initial: Vec<u8>,
+    ) -> Result<Result<String, &'static str>, Fail> {
+        // Unknown users get a salt and iteration count as an account would, so the answer
+        // does not reveal whether the user exists (RFC 5802 §9 leaves this to the server).
+        let mut server = ScramServer::new(hash)
+            .with_unknown_user_iterations(self.link.shared.config.auth.scram_iterations)
+            .with_fake_salt_secret(&self.link.shared.fake_salt_secret);
+        if initial.is_empty() {
+            // RFC 6120 §6.4.2: no initial response, so ask for it with an empty challenge.
+            self.link
+                .write_el(&Element::new("challenge", x::NS_SASL))
+                .await?;
+            initial = match self.sasl_response().await? {
+                Some(r) => r,
+                None => return Ok(Err("aborted")),
+            };
+        }
+        let first = match server.client_first(&initial) {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(e.condition())),
+        };
+        let account = self.link.account(&first.username);
+        if let Some(jid) = &account {
+            if self.auth_locked(jid) {
+                return Ok(Err("not-authorized"));
+            }
+            server.set_fake_salt_name(jid.as_str());
+        }
+        let creds = match &account {
+            Some(jid) => self
+                .link
+                .shared
+                .store
+                .scram_credentials(
+                    crate::jid::node_str(&Jid::from(jid.clone())),
+                    jid.domain().as_str(),
+                    hash,
+                )
+                .await
+                .map_err(|e| {
+                    tracing::error!(peer = %self.link.peer, error = %e, "credential lookup failed");
+                    Fail::Stream(StreamError::new(
+                        "internal-server-error",
+                        "storage unavailable",
+                    ))
+                })?,
+            None => None,
+        };
+        if let (Some(authz), Some(jid)) = (&first.authzid, &account) {
+            if authz != jid.as_str() {
+                return Ok(Err("invalid-authzid"));
+            }
+        }
+        let challenge = server.server_first(creds.as_ref());
+        self.link
+            .write_el(&Element::new("challenge", x::NS_SASL).text(B64.encode(challenge)))
+            .await?;
+        let Some(response) = self.sasl_response().await? else {
+            return Ok(Err("aborted"));
+        };
+        let verdict = server.client_final(&response);
+        if let Some(jid) = &account {
+            self.auth_checked(jid, verdict.is_ok() && creds.is_some());
+        }
+        match verdict {
+            Ok(server_final) if creds.is_some() => {
+                self.link
+                    .write_el(&Element::new("success", x::NS_SASL).text(B64.encode(server_final)))
+                    .await?;
+                Ok(Ok(account
+                    .map(|j| crate::jid::node_str(&Jid::from(j)).to_owned())
+                    .unwrap_or_default()))
+            }
+            Ok(_) => Ok(Err("not-authorized")),
+            Err(e) => Ok(Err(e.condition())),
+        }
+    }
+
+    /// Reads `<response/>`; `None` for `<abort/>` (RFC 6120 §6.4.4).
+    async fn sasl_response(&mut self) -> Result<Option<Vec<u8>>, Fail> {
+        let el = self.link.next_element().await?;
+        if el.is("abort", x::NS_SASL) {
+            return Ok(None);
+        }
+        if !el.is("response", x::NS_SASL) {
+            return Err(Fail::Stream(StreamError::new(
+                "not-authorized",
+                "expected a SASL response",
+            )));
+        }
+        decode_b64(&el.text_content()).map(Some).ok_or_else(|| {
+            Fail::Stream(StreamError::new(
+                "bad-format",
+                "SASL response is not base64",
+            ))
+        })
+    }
+
+    /// SASL PLAIN (RFC 4616), checked against the stored SCRAM-SHA-256 credentials.
+    async fn plain(&mut self, msg: &[u8]) -> Result<Result<String, &'static str>, Fail> {
+        let mut parts = msg.split(|b| *b == 0);
+        let (Some(authz), Some(authc), Some(pass), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Ok(Err("malformed-request"));
+        };
+        let (Ok(authz), Ok(authc), Ok(pass)) = (
+            std::str::from_utf8(authz),
+            std::str::from_utf8(authc),
+            std::str::from_utf8(pass),
+        ) else {
+            return Ok(Err("malformed-request"));
+        };
+        let Some(jid) = self.link.account(authc) else {
+            return Ok(Err("not-authorized"));
+        };
+        if !authz.is_empty() && authz != jid.as_str() {
+            return Ok(Err("invalid-authzid"));
+        }
+        if self.auth_locked(&jid) {
+            return Ok(Err("not-authorized"));
+        }
+        let local = crate::jid::node_str(&Jid::from(jid.clone())).to_owned();
+        let creds = self
+            .link
+            .shared
+            .store
+            .scram_credentials(&local, jid.domain().as_str(), ScramHash::Sha256)
+            .await
+            .map_err(|_| Fail::Stream(StreamError::new("internal-server-error", "storage")))?;
+        // An unknown user is checked against made-up credentials with the configured
+        // iterations, so both cost the same PBKDF2 work and the time taken does not tell
+        // whether the account exists.
+        let (creds, exists) = match creds {
+            Some(c) => (c, true),
+            None => (
+                scram::fake_credentials(
+                    ScramHash::Sha256,
+                    jid.as_str(),
+                    &self.link.shared.fake_salt_secret,
+                    self.link.shared.config.auth.scram_iterations,
+                ),
+                false,
+            ),
+        };
+        let pass = pass.to_owned();
+        // PBKDF2 is CPU-heavy: keep it off the async workers.
+        let matched = tokio::task::spawn_blocking(move || {
+            scram::verify_plain(ScramHash::Sha256, &creds, &pass)
+        })
+        .await
+        .unwrap_or(false);
+        let ok = matched && exists;
+        self.auth_checked(&jid, ok);
+        if !ok {
+            return Ok(Err("not-authorized"));
+        }
+        self.link
+            .write_el(&Element::new("success", x::NS_SASL))
+            .await?;
+        Ok(Ok(local))
+    }
+}
+
+fn decode_b64(text: &str) -> Option<Vec<u8>> {
+    let t = text.trim();
+    // RFC 6120 §6.4.2: "=" is an empty initial response.
+    if t.is_empty() || t == "=" {
+        return Some(Vec::new());
+    }
+    B64.decode(t).ok()
+}

@@ -1,0 +1,441 @@
+//! The bound session: one task reads the client's stanzas and hands them to the router,
+//! pings a silent client, keeps its liveness, and detaches or resumes it (XEP-0198).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::resume::{
+    next_detached, next_handoff, return_unacked, stream_management, Detached, Resumption,
+};
+use super::writer::{serialized, write_loop, WriterEnd, WriterOut, Writing};
+use super::{new_id, Bound, Link, Session};
+use crate::error::StreamError;
+use crate::jid::Jid;
+use crate::liveness::TransportKind;
+use crate::router;
+use crate::sessions::Outbound;
+use crate::stream::Reader;
+use crate::stream_management as sm;
+use crate::xml::reader::{StreamEvent, XmlError};
+use crate::xml::{self as x, Element};
+
+impl Bound {
+    /// The bound session: register, spawn the writer, then read and handle stanzas until the
+    /// stream ends, pinging the client when it is silent and keeping its liveness in Redis
+    /// (see [`crate::liveness`]).
+    ///
+    /// Reading happens in this task: [`crate::xml::reader::StreamReader::next`] is not cancel-safe, so its
+    /// future is kept pinned across `select!` iterations and only replaced once it has
+    /// produced an event; a timer or token firing never drops a half-read stanza. One task
+    /// fewer and no event channel per session is what an idle session saves (BENCHMARKS.md).
+    ///
+    /// XEP-0198: once the client enabled resumption, a connection that dies (the socket
+    /// fails; not a `</stream:stream>`, not a stream error) detaches the session instead of
+    /// ending it: it stays registered, available and in the directory, this task keeps its
+    /// liveness beating and keeps what arrives for it, and a new stream that resumes it
+    /// ([`Authenticated::resume`]) is attached in place of the old one. The window ends it as a
+    /// disconnect ends a session.
+    pub(super) async fn run_session(self) {
+        let Bound {
+            link:
+                Link {
+                    shared,
+                    stream,
+                    mut peer,
+                    mut transport,
+                    ..
+                },
+            jid,
+        } = self;
+        let (reader, writer) = stream.split();
+        let origin = crate::sessions::Origin::now(
+            match transport.kind {
+                TransportKind::Tcp => "tcp",
+                TransportKind::WebSocket => "websocket",
+            },
+            Some(peer),
+        );
+        let reg = shared.sessions.register_from(
+            jid.clone(),
+            shared.live.get().limits.session_queue,
+            &shared.shutdown,
+            origin,
+        );
+        if reg.replaced.is_some() {
+            tracing::info!(%peer, %jid, "resource conflict: older session replaced");
+        }
+        let handle = reg.handle;
+        // The resource is this node's cluster-wide now: a session of the same full JID on
+        // another node is ended there, as a local one was just above.
+        shared.cluster.claim(&jid);
+        tracing::info!(%peer, %jid, kind = ?transport.kind, "session bound");
+        match transport.kind {
+            TransportKind::Tcp => shared.metrics.login_tcp(),
+            TransportKind::WebSocket => shared.metrics.login_websocket(),
+        }
+        let csi = crate::csi::Filter::new(shared.live.get().limits.max_csi_held_presences);
+        let mut stop = CancellationToken::new();
+        let mut writer_task = Some(tokio::spawn(write_loop(Writing {
+            writer,
+            rx: reg.rx,
+            kill: handle.kill.clone(),
+            stop: stop.clone(),
+            csi,
+            out: None,
+            prelude: String::new(),
+        })));
+        let mut live = shared
+            .liveness
+            .bind(&jid, handle.id, transport.beat.clone());
+        let mut session = Session::new(shared.clone(), handle.clone(), peer);
+        let mut bucket = crate::rate_limit::TokenBucket::new(
+            shared.live.get().limits.stanzas_per_second,
+            shared.live.get().limits.stanza_burst,
+        );
+        let timings = shared.liveness.timings;
+        // Checked four times per H so that a ping goes out within H/4 of H of silence.
+        let mut ping_tick = tokio::time::interval(timings.heartbeat / 4);
+        let mut last_ping = tokio::time::Instant::now();
+        ping_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ping_tick.reset();
+        let mut refresh_tick = tokio::time::interval(timings.refresh);
+        refresh_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        refresh_tick.reset();
+        let mut read = std::pin::pin!(next_event(Some(reader)));
+        // XEP-0198 on the reading side: the client's stanzas handled since <enable/> (None:
+        // not enabled), what was written and not acknowledged, the resumption this session
+        // offers, and the detached state.
+        let mut handled: Option<u32> = None;
+        let mut out: Option<sm::SharedOutgoing> = None;
+        let mut resumable: Option<Resumption> = None;
+        let mut detached: Option<Detached> = None;
+        // What the writer left in the mailbox when it ended.
+        let mut leftover: Option<mpsc::Receiver<Outbound>> = None;
+        let end = loop {
+            let ev = tokio::select! {
+                _ = handle.kill.cancelled() => break None,
+                _ = live.end.cancelled(), if detached.is_none() => {
+                    // The sweeper found no beat for T: the client is gone without a word.
+                    break Some(StreamError::new("connection-timeout", "no traffic within the liveness timeout"));
+                }
+                _ = ping_tick.tick() => {
+                    if detached.is_some() {
+                        // Nobody is connected, and the server vouches for the session until
+                        // its window ends: no sweeper, here or on another node, announces it.
+                        live.beat.touch();
+                        continue;
+                    }
+                    if !Arc::ptr_eq(&transport.beat, &live.beat)
+                        && transport.beat.last_ms() > live.beat.last_ms()
+                    {
+                        // A resumed stream's transport counts its own keepalives (WebSocket
+                        // Pongs); the session's liveness follows them.
+                        live.beat.touch();
+                    }
+                    // XEP-0199 §4.1 server-to-client ping after H of inbound silence; the
+                    // answer (result or error, either will do) is traffic, hence a beat.
+                    // RFC 7395 streams are pinged with WebSocket Ping frames by the adapter.
+                    if transport.kind == TransportKind::Tcp
+                        && live.silent_for(timings.heartbeat)
+                        && last_ping.elapsed() >= timings.heartbeat
+                    {
+                        last_ping = tokio::time::Instant::now();
+                        let ping = Element::new("iq", x::NS_CLIENT)
+                            .attr("type", "get")
+                            .attr("id", format!("lv-{}", new_id()))
+                            .attr("from", jid.domain().as_str())
+                            .attr("to", jid.as_str())
+                            .child(Element::new("ping", x::NS_PING));
+                        handle.send(ping);
+                        shared.liveness.metrics.pings_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    continue;
+                }
+                _ = refresh_tick.tick() => {
+                    live.refresh(&shared.liveness);
+                    if detached.is_none() && live.locally_dead(&shared.liveness) {
+                        // No sweeper acted (Redis unreachable): end it here.
+                        live.mark_dead();
+                        break Some(StreamError::new("connection-timeout", "no traffic within the liveness timeout"));
+                    }
+                    continue;
+                }
+                (reader, ev) = read.as_mut() => {
+                    // Any inbound traffic is a heartbeat.
+                    if ev.is_ok() {
+                        transport.beat.touch();
+                        if !Arc::ptr_eq(&transport.beat, &live.beat) {
+                            live.beat.touch();
+                        }
+                    }
+                    // Start the next read before handling this event, so the completed future
+                    // is never polled again; after a close or an error nothing follows and
+                    // the reader is dropped.
+                    let more = matches!(ev, Ok(StreamEvent::Stanza(_)) | Ok(StreamEvent::Whitespace));
+                    read.set(next_event(more.then_some(reader)));
+                    ev
+                }
+                done = wait_writer(&mut writer_task) => {
+                    // The writer ended by itself: it wrote the end of the stream, or the
+                    // socket failed under it.
+                    match done {
+                        Some(w) if w.end == WriterEnd::Failed && resumable.is_some() => {
+                            read.set(next_event(None));
+                            detached = Some(Detached::new(&shared, w, &resumable, &peer, &jid));
+                            continue;
+                        }
+                        Some(w) => leftover = Some(w.rx),
+                        None => {}
+                    }
+                    break None;
+                }
+                handoff = next_handoff(&mut resumable) => {
+                    // XEP-0198 §5: a new stream of the same account resumes this session.
+                    let (rx, csi) = match detached.take() {
+                        Some(Detached { rx, csi, .. }) => (rx, csi),
+                        None => {
+                            // The old connection still looked alive here; the client knows
+                            // better. It is dropped for the new one.
+                            read.set(next_event(None));
+                            stop.cancel();
+                            match wait_writer(&mut writer_task).await {
+                                Some(w) => (w.rx, w.csi),
+                                None => break None,
+                            }
+                        }
+                    };
+                    let sm::Handoff { h, reader, writer, peer: from, transport: over, taken } = *handoff;
+                    let Some(kept) = out.clone() else { break None };
+                    let (prelude, resent) = {
+                        let mut o = sm::lock(&kept);
+                        // The registry checked h against the count; an h the count has
+                        // passed since acknowledges nothing more.
+                        let _ = o.ack(h);
+                        let id = resumable.as_ref().map(|r| r.id.as_str()).unwrap_or_default();
+                        let mut prelude = sm::resumed(id, handled.unwrap_or(0));
+                        for s in o.unacked() {
+                            prelude.push_str(s);
+                        }
+                        (prelude, o.unacked_len())
+                    };
+                    stop = CancellationToken::new();
+                    writer_task = Some(tokio::spawn(write_loop(Writing {
+                        writer,
+                        rx,
+                        kill: handle.kill.clone(),
+                        stop: stop.clone(),
+                        csi,
+                        out: Some(kept),
+                        prelude,
+                    })));
+                    read.set(next_event(Some(reader)));
+                    peer = from;
+                    session.peer = from;
+                    transport = over;
+                    live.beat.touch();
+                    last_ping = tokio::time::Instant::now();
+                    let _ = taken.send(());
+                    tracing::info!(%peer, %jid, resent, "stream resumed (XEP-0198)");
+                    continue;
+                }
+                event = next_detached(&mut detached) => {
+                    let Some(item) = event else {
+                        tracing::info!(%jid, "resumption window over; ending the session");
+                        break None;
+                    };
+                    match item {
+                        // Replaced by a new bind of the resource, kicked, or shut down.
+                        Outbound::Close(_) | Outbound::End | Outbound::Finish => break None,
+                        Outbound::SmEnabled(_) | Outbound::SmNonza(_) => {}
+                        item => {
+                            let Some(d) = detached.as_mut() else { continue };
+                            let mut overflow = false;
+                            let Some(kept) = out.as_ref() else { break None };
+                            d.csi.pass(item, |o| {
+                                if let Some(s) = serialized(o) {
+                                    overflow |= sm::lock(kept).push(s).is_err();
+                                }
+                            });
+                            if overflow {
+                                tracing::info!(%jid, "too many unacknowledged stanzas for a detached session; ending it");
+                                break None;
+                            }
+                        }
+                    }
+                    continue;
+                }
+            };
+            match ev {
+                Ok(StreamEvent::Stanza(el)) => {
+                    if !bucket.take() {
+                        shared
+                            .metrics
+                            .dropped(crate::metrics::DropReason::StanzaRate);
+                        break Some(StreamError::new(
+                            "policy-violation",
+                            "too many stanzas per second",
+                        ));
+                    }
+                    if let Some(nonza) = sm::Nonza::parse(&el) {
+                        let answer = stream_management(
+                            &shared,
+                            &handle,
+                            &mut out,
+                            &mut handled,
+                            &mut resumable,
+                            nonza,
+                        );
+                        if let Err(err) = answer {
+                            break Some(err);
+                        }
+                        continue;
+                    }
+                    // XEP-0198 §4: only stanzas are counted, not nonzas such as XEP-0352's.
+                    let stanza = el.ns == x::NS_CLIENT
+                        && matches!(el.name.as_str(), "message" | "presence" | "iq");
+                    // Boxed: routing a stanza can be a deep future (store queries, fan-out);
+                    // boxing keeps that state out of this long-lived future while idle.
+                    // Nothing is read while it runs: the client is not silent meanwhile.
+                    let busy = transport.beat.busy();
+                    let outcome = Box::pin(handle_stanza(&mut session, el)).await;
+                    drop(busy);
+                    if let Err(err) = outcome {
+                        break Some(err);
+                    }
+                    if let Some(h) = handled.as_mut().filter(|_| stanza) {
+                        *h = h.wrapping_add(1);
+                    }
+                }
+                Ok(StreamEvent::Whitespace) => {}
+                Ok(StreamEvent::Close) => {
+                    // RFC 6120 §4.4: answer the closing tag with ours.
+                    let _ = handle.try_end();
+                    break None;
+                }
+                Ok(StreamEvent::Open(_)) => {
+                    break Some(StreamError::new("not-well-formed", "second stream header"));
+                }
+                Err(e) => match StreamError::of_xml(&e) {
+                    Some(err) => break Some(err),
+                    // The connection died without a closing tag: XEP-0198 §5 lets the
+                    // client resume, if it asked to be able to.
+                    None if resumable.is_some() => {
+                        stop.cancel();
+                        match wait_writer(&mut writer_task).await {
+                            Some(w) => {
+                                detached = Some(Detached::new(&shared, w, &resumable, &peer, &jid))
+                            }
+                            None => break None,
+                        }
+                    }
+                    None => break None,
+                },
+            }
+        };
+        if live.end.is_cancelled() {
+            live.mark_dead();
+        }
+        // Stop reading; the reader (and with it the read half of the socket) goes now.
+        read.set(next_event(None));
+        // No new stream can take this session over any more.
+        if let Some(r) = resumable.take() {
+            shared.resumable.remove(&r.id);
+        }
+        if let Some(err) = end {
+            tracing::info!(%peer, %jid, error = %err, "closing session with stream error");
+            handle.close(err);
+        }
+        shared.sessions.unregister(&handle);
+        if shared.sessions.get(&jid).is_none() {
+            // Not taken over by a newer session here (that one holds the entry now).
+            shared.cluster.release(&jid);
+        }
+        // Let the writer flush what is queued (bounded by the mailbox), then stop it. A
+        // silent peer is not waited for: its contacts must hear about it now.
+        let flush = if live.dead_at().is_some() {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_secs(5)
+        };
+        let mut rest = leftover.or(detached.map(|Detached { rx, .. }| rx));
+        if writer_task.is_some() {
+            let _ = tokio::time::timeout(flush, async {
+                handle.finish();
+                if let Some(w) = wait_writer(&mut writer_task).await {
+                    rest = Some(w.rx);
+                }
+            })
+            .await;
+        }
+        handle.kill.cancel();
+        tracing::info!(%peer, %jid, "session ended");
+        if let Some(kept) = &out {
+            // XEP-0198: what the client did not acknowledge is not lost with the session.
+            Box::pin(return_unacked(&shared, &jid, kept, rest)).await;
+        }
+        // Unavailable now (silent death) or after the grace period (close or drop).
+        Box::pin(crate::liveness_tasks::session_over(session, live)).await;
+    }
+}
+
+/// Waits for the writer task, if there is one, and clears it; never completes without one.
+pub(super) async fn wait_writer(
+    task: &mut Option<tokio::task::JoinHandle<WriterOut>>,
+) -> Option<WriterOut> {
+    let Some(t) = task.as_mut() else {
+        return std::future::pending().await;
+    };
+    let done = t.await;
+    *task = None;
+    done.ok()
+}
+
+/// The next event of a bound session's stream, with the reader handed back so the session
+/// loop can start the next read. Owning the reader (rather than borrowing it) is what lets
+/// the loop keep this future pinned across `select!` iterations. Without a reader (the
+/// stream ended) it never completes.
+pub(super) async fn next_event(reader: Option<Reader>) -> (Reader, Result<StreamEvent, XmlError>) {
+    let Some(mut reader) = reader else {
+        return std::future::pending().await;
+    };
+    let ev = reader.next().await;
+    (reader, ev)
+}
+
+/// Checks and stamps one stanza from the client (RFC 6120 §8.1.2.1), then routes it.
+pub(super) async fn handle_stanza(
+    session: &mut Session,
+    mut el: Element,
+) -> Result<(), StreamError> {
+    if let Some(active) = crate::csi::nonza(&el) {
+        // XEP-0352 §5: a nonza, not a stanza; it is never answered.
+        tracing::debug!(peer = %session.peer, jid = %session.jid(), active, "client state");
+        session.handle.set_client_state(active);
+        return Ok(());
+    }
+    if el.ns != x::NS_CLIENT || !matches!(el.name.as_str(), "message" | "presence" | "iq") {
+        // RFC 6120 §4.9.3.22.
+        return Err(StreamError::new(
+            "unsupported-stanza-type",
+            format!("<{}/> in {} is not a stanza", el.name, el.ns),
+        ));
+    }
+    if let Some(from) = el.get_attr("from") {
+        // RFC 6120 §8.1.2.1: a from that is not this session's JID is an invalid-from.
+        let ok = Jid::new(from).is_ok_and(|j| {
+            j.as_str() == session.jid().as_str() || j.as_str() == session.jid().to_bare().as_str()
+        });
+        if !ok {
+            return Err(StreamError::new(
+                "invalid-from",
+                "the from address is not this session's",
+            ));
+        }
+    }
+    el.set_attr("from", session.jid().to_string());
+    router::from_client(session, el).await;
+    Ok(())
+}

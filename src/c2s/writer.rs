@@ -1,0 +1,181 @@
+//! The writer of a client connection: drains the session's mailbox onto the socket.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncWriteExt, WriteHalf};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::BoxIo;
+use crate::error::StreamError;
+use crate::sessions::Outbound;
+use crate::stream_management as sm;
+use crate::xml as x;
+
+/// The stanza an outbound item writes, as the bytes kept for XEP-0198; `None` for what is
+/// not a stanza.
+pub(super) fn serialized(item: Outbound) -> Option<Arc<String>> {
+    match item {
+        Outbound::Stanza(el) => {
+            let mut s = String::new();
+            el.write_to(&mut s, x::NS_CLIENT, x::NS_CLIENT);
+            Some(Arc::new(s))
+        }
+        Outbound::Xml(xml) => Some(xml),
+        _ => None,
+    }
+}
+
+/// How a writer ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WriterEnd {
+    /// It wrote the end of the stream (or was told to finish).
+    Closed,
+    /// The socket failed or stalled: the connection is gone.
+    Failed,
+    /// The session stopped it (detached, resumed elsewhere, killed).
+    Stopped,
+}
+
+/// What a writer task is given.
+pub(super) struct Writing {
+    pub(super) writer: WriteHalf<BoxIo>,
+    pub(super) rx: mpsc::Receiver<Outbound>,
+    /// The session's end.
+    pub(super) kill: CancellationToken,
+    /// This writer's end (a detach or a resume).
+    pub(super) stop: CancellationToken,
+    pub(super) csi: crate::csi::Filter,
+    /// The XEP-0198 counters, once `<enabled/>` was written.
+    pub(super) out: Option<sm::SharedOutgoing>,
+    /// Written before anything from the mailbox (a resumption's `<resumed/>` and the
+    /// stanzas it sends again).
+    pub(super) prelude: String,
+}
+
+/// What a writer hands back: the mailbox and filter, for the session to go on with.
+pub(super) struct WriterOut {
+    pub(super) rx: mpsc::Receiver<Outbound>,
+    pub(super) csi: crate::csi::Filter,
+    pub(super) end: WriterEnd,
+}
+
+/// Drains a session's mailbox onto the socket, batching what is already queued into one
+/// write so a burst of presence costs one TLS record and one syscall, not one per stanza.
+///
+/// Stanzas pass the session's XEP-0352 filter ([`crate::csi::Filter`]) on the way, which
+/// holds presence while the client says it is inactive. Once XEP-0198 is enabled every
+/// stanza written is kept until the client acknowledges it ([`sm::Outgoing`]), and a batch
+/// that leaves some unacknowledged ends with `<r/>` unless one is outstanding; more than
+/// `[limits] sm_max_unacked` ends the stream with `resource-constraint` (RFC 6120
+/// §4.9.3.17: the server cannot keep more for this client).
+pub(super) async fn write_loop(w: Writing) -> WriterOut {
+    let Writing {
+        mut writer,
+        mut rx,
+        kill,
+        stop,
+        mut csi,
+        mut out,
+        prelude,
+    } = w;
+    let mut buf = prelude;
+    let mut end = WriterEnd::Closed;
+    loop {
+        let mut closing = false;
+        if buf.is_empty() {
+            let first = tokio::select! {
+                biased;
+                m = rx.recv() => m,
+                _ = kill.cancelled() => None,
+                _ = stop.cancelled() => None,
+            };
+            let Some(first) = first else {
+                end = WriterEnd::Stopped;
+                break;
+            };
+            let mut next = Some(first);
+            let mut overflow = false;
+            while let Some(msg) = next.take() {
+                match msg {
+                    item @ (Outbound::Stanza(_)
+                    | Outbound::Xml(_)
+                    | Outbound::ClientState(_)
+                    | Outbound::Interest(_)) => csi.pass(item, |item| match (&out, item) {
+                        (None, Outbound::Stanza(el)) => {
+                            el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT)
+                        }
+                        (None, Outbound::Xml(xml)) => buf.push_str(&xml),
+                        (Some(kept), item) => {
+                            if let Some(s) = serialized(item) {
+                                buf.push_str(&s);
+                                overflow |= sm::lock(kept).push(s).is_err();
+                            }
+                        }
+                        _ => {}
+                    }),
+                    Outbound::SmEnabled(enabled) => {
+                        let sm::Enabled { xml, out: kept } = *enabled;
+                        buf.push_str(&xml);
+                        // §4: the count starts with the first stanza after <enabled/>.
+                        sm::lock(&kept).enable();
+                        out = Some(kept);
+                    }
+                    Outbound::SmNonza(xml) => buf.push_str(&xml),
+                    Outbound::Close(err) => {
+                        buf.push_str(&err.to_xml());
+                        buf.push_str("</stream:stream>");
+                        closing = true;
+                    }
+                    Outbound::End => {
+                        buf.push_str("</stream:stream>");
+                        closing = true;
+                    }
+                    Outbound::Finish => closing = true,
+                }
+                if closing || overflow || buf.len() > 64 * 1024 {
+                    break;
+                }
+                next = rx.try_recv().ok();
+            }
+            if overflow {
+                let err = StreamError::new(
+                    "resource-constraint",
+                    "too many stanzas not acknowledged (XEP-0198)",
+                );
+                buf.push_str(&err.to_xml());
+                buf.push_str("</stream:stream>");
+                closing = true;
+            } else if !closing && out.as_ref().is_some_and(|o| sm::lock(o).should_request()) {
+                buf.push_str(sm::REQUEST);
+            }
+        }
+        if !buf.is_empty() {
+            let wrote = tokio::select! {
+                r = tokio::time::timeout(Duration::from_secs(30), async {
+                    writer.write_all(buf.as_bytes()).await?;
+                    writer.flush().await
+                }) => r,
+                _ = stop.cancelled() => {
+                    end = WriterEnd::Stopped;
+                    break;
+                }
+            };
+            if !matches!(wrote, Ok(Ok(()))) {
+                end = WriterEnd::Failed;
+                break;
+            }
+            // Free the batch buffer after each write: most sessions write rarely, and a
+            // buffer kept at the size of the last burst is held by every idle session.
+            buf = String::new();
+        }
+        if closing {
+            break;
+        }
+    }
+    if end == WriterEnd::Closed {
+        let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
+    }
+    WriterOut { rx, csi, end }
+}
