@@ -96,6 +96,7 @@ async fn handle_inner(
             };
             session.deliver(iq_result(iq));
             crate::presence::gate::reconcile_user(&shared, &owner).await;
+            crate::presence::remote::probe_unblocked(&shared, &owner, &removed).await;
             if !removed.is_empty() {
                 // An unblock-all push carries no items (§3.5).
                 let announce = if jids.is_empty() { Vec::new() } else { removed };

@@ -452,7 +452,24 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
         .store_offline_message(owner.as_str(), sender, &el.to_xml())
         .await
     {
-        Ok(true) => Outcome::Stored,
+        Ok(true) => {
+            // Finding no resource and storing are not one step with a resource becoming
+            // one that takes messages, which records that and then takes what is kept
+            // (the router, after initial presence). A message stored after that take
+            // would wait for the next login while its recipient is online, so look again
+            // now it is stored: a resource here that takes messages by now gets it from
+            // the store (XEP-0160: kept messages go to the user once available; the store
+            // hands each one out once, whichever take comes first).
+            if let Some(s) = shared
+                .sessions
+                .of_user(owner)
+                .into_iter()
+                .find(takes_messages)
+            {
+                offline_messages(shared, &s).await;
+            }
+            Outcome::Stored
+        }
         Ok(false) => {
             tracing::info!(user = %owner, %sender, "offline storage full; message refused");
             bounce(
@@ -469,6 +486,12 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
             Outcome::Dropped
         }
     }
+}
+
+/// Whether a resource takes messages to its bare JID (RFC 6121 §8.5.2.1.1: available,
+/// with a non-negative priority).
+pub(crate) fn takes_messages(session: &SessionHandle) -> bool {
+    session.read(|p| p.available && p.priority >= 0)
 }
 
 /// XEP-0160: hands the messages kept for `session`'s user to it, stamped with when they
@@ -598,11 +621,20 @@ pub(crate) async fn iq(shared: &Shared, sender: &str, to: &FullJid, el: Element)
 /// admits now ([`gate::online_audience`]: approved subscribers that no block, setting or
 /// lost subscription excludes) stand in for it, so a blocked or hidden contact learns
 /// nothing; contacts on other nodes of the cluster get it there. Remote contacts are told by their own server when the federation link breaks.
+///
+/// A resource its directory entry says was invisible (XEP-0186) or never available had
+/// been shown to no contact, so none is told: an unavailable from its full JID would say
+/// it had been online. (Without an entry to read, the gate's audience is told as before.)
 pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
     let bare = jid.to_bare();
+    let shown = shared
+        .cluster
+        .last_entry(jid)
+        .await
+        .is_none_or(|e| e.available && e.visible);
     // Its directory entry goes too, once its node is no longer live.
     shared.cluster.forget_if_dead(jid);
-    {
+    if shown {
         let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
         for contact in gate::online_audience(shared, jid.as_str()).await {
             if is_local(shared, &contact) {

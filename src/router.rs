@@ -65,7 +65,7 @@ pub async fn from_client(session: &mut Session, el: Element) {
                 let owner = session.jid().to_bare().to_string();
                 crate::pep::vcard::stamp_presence(&session.shared, &owner, &mut el).await;
             }
-            let took_messages = takes_messages(&session.handle);
+            let took_messages = crate::delivery::takes_messages(&session.handle);
             // XEP-0115 capabilities of the client's own available presence (XEP-0163 §4.4).
             let was_available = session.handle.is_available();
             let caps =
@@ -74,7 +74,7 @@ pub async fn from_client(session: &mut Session, el: Element) {
             if let Some(p) = caps.filter(|_| session.handle.is_available()) {
                 crate::pep::on_presence(session, &p, !was_available).await;
             }
-            if !took_messages && takes_messages(&session.handle) {
+            if !took_messages && crate::delivery::takes_messages(&session.handle) {
                 // XEP-0160: what was kept for the user goes to a resource once it takes
                 // messages (initial presence, or a negative priority raised), after
                 // everything the presence itself brought (probe answers, waiting
@@ -94,12 +94,6 @@ fn is_own(session: &Session, target: &Target) -> bool {
         Target::LocalBare(b) => *b == session.jid().to_bare(),
         _ => false,
     }
-}
-
-/// Whether a resource takes messages to its bare JID (RFC 6121 §8.5.2.1.1: available,
-/// with a non-negative priority).
-fn takes_messages(session: &crate::sessions::SessionHandle) -> bool {
-    session.read(|p| p.available && p.priority >= 0)
 }
 
 /// Whether `bare` is an account here (see [`crate::delivery::account_exists`]).

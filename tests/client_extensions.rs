@@ -311,6 +311,70 @@ async fn kept_messages_wait_for_a_resource_that_takes_messages() {
     assert_eq!(ts.offline_count(&alice).await, 0);
 }
 
+/// A message that finds no resource is stored; initial presence marks the resource as
+/// taking messages and then takes what is stored. When the store's insert commits after
+/// that take, the message must still reach the now available resource, not wait for the
+/// next login. The insert is held at a chosen point by a row lock on the recipient's
+/// account (its foreign key check waits for it), which only PostgreSQL lets a test take.
+#[tokio::test]
+async fn a_message_stored_while_its_recipient_becomes_available_is_still_delivered() {
+    let ts = TestServer::start(|_| {}).await;
+    if ts.shared().store.sqlite_pool().is_some() {
+        // SQLite has no row locks to hold the insert with.
+        return;
+    }
+    let pool = ts.shared().store.pool().clone();
+    for u in ["alice", "bob"] {
+        ts.user(u).await;
+    }
+    let alice = ts.jid("alice");
+    let mut bob = online(&ts, "bob", "desk", None).await;
+    // Alice is bound but has sent no presence yet: she takes no messages.
+    let mut a = ts.login("alice", "phone").await;
+
+    let mut hold = pool.begin().await.expect("transaction");
+    sqlx::query("SELECT 1 FROM accounts WHERE jid = $1 FOR UPDATE")
+        .bind(&alice)
+        .execute(&mut *hold)
+        .await
+        .expect("lock alice's account row");
+    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *hold)
+        .await
+        .expect("backend pid");
+    bob.send(&chat(&alice, "racing", "")).await;
+    // The server found no resource and is storing: its insert waits for the row lock.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(holder)
+        .fetch_one(&pool)
+        .await
+        .expect("blocked backends");
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the offline insert never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Now alice becomes available; the barrier proves her presence, and the take of
+    // stored messages that follows it, were handled (one task per session).
+    send_presence(&mut a, None).await;
+    let me = format!("{alice}/phone");
+    a.expect(|e| is_presence(e, &me, None)).await;
+    barrier(&ts, &mut a).await;
+    hold.rollback().await.expect("release the lock");
+
+    let m = a.expect(|e| e.name == "message").await;
+    assert_eq!(body_of(&m), "racing");
+    assert_eq!(ts.offline_count(&alice).await, 0);
+}
+
 #[tokio::test]
 async fn a_full_offline_store_answers_service_unavailable_and_keeps_nothing_more() {
     let ts = TestServer::start(|c| c.limits.max_offline_messages = 2).await;

@@ -96,6 +96,7 @@ on_both!(
     offline_storage_only_when_no_node_has_an_available_resource,
     presence_for_an_inactive_client_is_held_on_its_node_and_interest_passes,
     a_dead_nodes_unavailable_reaches_the_users_own_resources_on_every_node,
+    a_dead_nodes_resource_is_announced_only_to_viewers_allowed_to_see_it,
     a_bare_jid_whose_sessions_on_another_node_went_away_is_answered_as_offline,
 );
 
@@ -691,6 +692,9 @@ last_seen_flush = 0.2
 beat_shards = {shards}
 [http]
 enabled = false
+[admin]
+port = 0
+socket = ""
 [s2s]
 enabled = false
 [cluster]
@@ -1343,6 +1347,152 @@ async fn a_dead_nodes_unavailable_reaches_the_users_own_resources_on_every_node(
         .expect("alice/pc on node 1 told of alice/phone's death by node 3");
     assert_eq!(got.get_attr("from"), Some(phone_full.as_str()));
     n3.stop().await;
+    n1.stop().await;
+}
+
+/// The privacy property at a node's death, as a table: subjects on node 2, one per
+/// permission state, viewers on node 1, one SIGKILL. The sweeper's unavailable reaches
+/// exactly the viewers allowed to see the subject at that moment, exactly once and within
+/// T + one sweep + margin; a viewer blocked either way, hidden by the `online` setting, or
+/// watching an invisible session or one that never sent initial presence gets nothing (it
+/// would learn the resource had been online); a resource that is back on a live node
+/// before the sweep is not announced.
+/// (A table and not a random search: each case costs a node's death, T and more.)
+async fn a_dead_nodes_resource_is_announced_only_to_viewers_allowed_to_see_it(redis: Redis) {
+    // T long enough for "back" to log in again before the earliest sweep can find it.
+    let n1 = node_one(redis, |c| c.liveness.ttl = Duration::from_secs(4)).await;
+    let viewers = ["ok", "blocked", "blocker", "hidden"];
+    let subjects = ["shown", "nobody", "invisible", "bound", "back"];
+    for u in viewers.iter().chain(&subjects) {
+        n1.user(u).await;
+    }
+    for v in viewers {
+        n1.make_mutual("shown", v).await;
+    }
+    for s in &subjects[1..] {
+        n1.make_mutual(s, "ok").await;
+    }
+    let node_id = format!("n2-{}", unique());
+    let mut n2 = child_node(&n1, &node_id, listen_port("127.0.0.1")).await;
+    let full = |s: &str| format!("{}/phone", n1.jid(s));
+    let mut watchers = Vec::new();
+    for v in viewers {
+        watchers.push(online(&n1, v, "w").await);
+    }
+    // Each subject sets its permissions before its initial presence.
+    let block = |j: String| format!("<block xmlns='{NS_BLOCKING}'><item jid='{j}'/></block>");
+    let privacy =
+        |inner: String| format!("<privacy xmlns='urn:presenced:privacy:0'>{inner}</privacy>");
+    set_ok(&mut watchers[2], &block(n1.jid("shown"))).await;
+    let mut held = Vec::new();
+    for s in subjects {
+        let mut c = n2.server.login(s, "phone").await;
+        match s {
+            "shown" => {
+                set_ok(&mut c, &block(n1.jid("blocked"))).await;
+                let except = format!(
+                    "<online mode='contacts_except'><except jid='{}'/></online>",
+                    n1.jid("hidden")
+                );
+                set_ok(&mut c, &privacy(except)).await;
+            }
+            "nobody" => set_ok(&mut c, &privacy("<online mode='nobody'/>".into())).await,
+            "invisible" => set_ok(&mut c, &format!("<invisible xmlns='{NS_INVISIBLE}'/>")).await,
+            _ => {}
+        }
+        // "bound" never sends initial presence: it was never shown to anyone.
+        if s != "bound" {
+            c.presence(None, None).await;
+            c.expect(|e| is_presence(e, &full(s), None)).await;
+        } else {
+            ping(&mut c).await;
+        }
+        held.push(c);
+    }
+    // Before the death: "ok" sees the visible subjects it is allowed to see, and only them.
+    watchers[0]
+        .expect(|e| is_presence(e, &full("shown"), None))
+        .await;
+    watchers[0]
+        .expect(|e| is_presence(e, &full("back"), None))
+        .await;
+    let from_subject = |e: &Element| {
+        subjects.iter().any(|s| {
+            e.get_attr("from")
+                .is_some_and(|f| f.starts_with(&n1.jid(s)))
+        })
+    };
+    for w in &mut watchers {
+        ping(w).await;
+        // The probe answers of the viewer's login came while the subjects were offline:
+        // unavailable from the bare JID, as for anyone offline.
+        let probe_answer = |e: &Element| {
+            e.get_attr("type") == Some("unavailable")
+                && subjects
+                    .iter()
+                    .any(|s| e.get_attr("from") == Some(n1.jid(s).as_str()))
+        };
+        nothing_kept(w, |e| {
+            from_subject(e)
+                && !probe_answer(e)
+                && !(e
+                    .get_attr("to")
+                    .is_some_and(|t| t.starts_with(&n1.jid("ok")))
+                    && (is_presence(e, &full("shown"), None)
+                        || is_presence(e, &full("back"), None)))
+        });
+        w.backlog.clear();
+    }
+    n2.child.kill().await.expect("SIGKILL node 2");
+    let killed = Instant::now();
+    drop(held);
+    // "back" binds the same resource again on the live node before T is over.
+    let l = &n1.config.liveness;
+    let mut back = online(&n1, "back", "phone").await;
+    assert!(
+        killed.elapsed() < l.ttl - l.heartbeat_interval - l.redis_refresh,
+        "\"back\" logged in again only after {:?}: the sweep may have come first",
+        killed.elapsed()
+    );
+    let upper = l.ttl + l.sweep_interval + Duration::from_secs(1);
+    // Every viewer answers the server's pings meanwhile, so none of them goes silent.
+    // Until every stale beat of node 2 has certainly been swept (two more sweeps after the
+    // bound), nobody hears anything more of the subjects: no second unavailable, nothing
+    // of the hidden, invisible or returned ones.
+    let until = killed + upper + l.sweep_interval * 2;
+    let full = &full;
+    let from_subject = &from_subject;
+    let watching = watchers.iter_mut().enumerate().map(|(i, w)| async move {
+        let mut announced = None;
+        if i == 0 {
+            let got = w
+                .watch(
+                    &|e| is_presence(e, &full("shown"), Some("unavailable")),
+                    upper + Duration::from_secs(2),
+                )
+                .await
+                .expect("the allowed viewer is told of the death");
+            announced = Some((got, killed.elapsed()));
+        }
+        let unexpected =
+            |e: &Element| from_subject(e) && !(i == 0 && is_presence(e, &full("back"), None));
+        let left = until.saturating_duration_since(Instant::now());
+        w.watch_none(unexpected, left.max(Duration::from_millis(1)))
+            .await;
+        ping(w).await;
+        nothing_kept(w, unexpected);
+        announced
+    });
+    // "back" answers its pings too: a client silent for T is ended as dead, rightly.
+    let back_alive = back.idle_answering_pings(until.saturating_duration_since(Instant::now()));
+    let (results, ()) = tokio::join!(futures_util::future::join_all(watching), back_alive);
+    let (got, after) = results[0]
+        .clone()
+        .expect("viewer 0 watched for the announcement");
+    println!("cluster: dead node's resource announced to the allowed viewer after {after:?}");
+    assert!(after <= upper, "announced after {after:?}, bound {upper:?}");
+    assert_eq!(got.get_attr("to"), Some(n1.jid("ok").as_str()));
+    back.close().await;
     n1.stop().await;
 }
 

@@ -1,7 +1,8 @@
 //! Privacy on every path against the real server, PostgreSQL and TLS:
 //! XEP-0191 blocking, XEP-0186 invisibility, the visibility-settings iq, the adversarial
 //! suite (a viewer who may not know tries every way to tell online from offline) and a
-//! property test over random permission changes.
+//! property test over random permission changes, with the users on one server and spread
+//! over two federated ones (`PRIVACY_PROPTEST_CASES`, `PRIVACY_S2S_PROPTEST_CASES`).
 
 mod common;
 
@@ -811,6 +812,12 @@ mod model {
         Invisible(usize, bool),
         /// The user's session ends and a new one logs in (probe answers, new resource).
         Relogin(usize),
+        /// A chat message with a body to the other's bare JID: the sender's own act,
+        /// delivered unless a block separates them (XEP-0191 §3.3).
+        Message(usize, usize),
+        /// An iq request to the other's full JID: it reaches the resource only if the sender
+        /// may see it online.
+        Iq(usize, usize),
     }
 
     /// The oracle, written out from the rules README.md states for online status and
@@ -856,6 +863,10 @@ mod model {
                 .prop_filter_map("self", |(a, b)| (a != b).then_some(Op::ChatState(a, b))),
             (u.clone(), any::<bool>()).prop_map(|(a, i)| Op::Invisible(a, i)),
             u.clone().prop_map(Op::Relogin),
+            (u.clone(), u.clone())
+                .prop_filter_map("self", |(a, b)| (a != b).then_some(Op::Message(a, b))),
+            (u.clone(), u.clone())
+                .prop_filter_map("self", |(a, b)| (a != b).then_some(Op::Iq(a, b))),
         ]
     }
 }
@@ -868,27 +879,160 @@ enum Belief {
     Online(String),
 }
 
+/// The servers the model's users live on: one, or two federated ones (their own domains,
+/// databases and s2s streams authenticated by dialback over TLS), and which user is where.
+struct Homes {
+    servers: Vec<TestServer>,
+    /// `home[u]`: the index in `servers` of user `u`'s server.
+    home: Vec<usize>,
+}
+
+impl Homes {
+    /// All three users on one server.
+    async fn local() -> Homes {
+        Homes {
+            servers: vec![TestServer::start(|_| {}).await],
+            home: vec![0; model::USERS.len()],
+        }
+    }
+
+    /// u0 and u1 on server A, u2 on server B; each server has a database of its own, as
+    /// two federated deployments do, so each knows only its own users' blocks and settings.
+    async fn federated() -> Homes {
+        let a_domain = format!("a{}.example", unique());
+        let b_domain = format!("b{}.example", unique());
+        let a_port = listen_port("127.0.0.2");
+        let b_port = listen_port("127.0.0.3");
+        let b_db = second_database_url();
+        let a = TestServer::start_with_domain(&a_domain, |c| {
+            s2s_config(
+                c,
+                "127.0.0.2",
+                a_port,
+                "dialback-secret-a",
+                &b_domain,
+                format!("127.0.0.3:{b_port}"),
+            )
+        })
+        .await;
+        let b = TestServer::start_with_domain(&b_domain, |c| {
+            s2s_config(
+                c,
+                "127.0.0.3",
+                b_port,
+                "dialback-secret-b",
+                &a_domain,
+                format!("127.0.0.2:{a_port}"),
+            );
+            c.database.url = b_db;
+        })
+        .await;
+        Homes {
+            servers: vec![a, b],
+            home: vec![0, 0, 1],
+        }
+    }
+
+    fn of(&self, u: usize) -> &TestServer {
+        &self.servers[self.home[u]]
+    }
+
+    fn jid(&self, u: usize) -> String {
+        self.of(u).jid(model::USERS[u])
+    }
+
+    /// Makes `a` and `b` mutual contacts: each roster row is written on its owner's server,
+    /// as each side of a federated subscription keeps its own user's item.
+    async fn mutual(&self, a: usize, b: usize) {
+        if self.home[a] == self.home[b] {
+            self.of(a)
+                .make_mutual(model::USERS[a], model::USERS[b])
+                .await;
+            return;
+        }
+        for (owner, contact) in [(a, b), (b, a)] {
+            self.of(owner)
+                .sql(
+                    "INSERT INTO roster_items (owner, contact, subscription) VALUES ($1, $2, 'both')",
+                    "INSERT INTO roster_items (owner, contact, subscription) VALUES (?1, ?2, 'both')",
+                    &[&self.jid(owner), &self.jid(contact)],
+                )
+                .await
+                .expect("roster row of a remote contact");
+        }
+    }
+
+    /// Everything the servers routed because of what was done before is in the clients'
+    /// backlogs afterwards. Over federation each server has one outgoing stream to the
+    /// other and handles the incoming one in order, so a ping from a user on one server to
+    /// the other's domain comes back after everything sent that way before it, and after
+    /// what the other server sent back in answer (probe answers); two rounds each way
+    /// cover an answer to an answer. Then each client's own barrier.
+    async fn settle(&self, clients: &mut [Client]) {
+        if self.servers.len() > 1 {
+            for _ in 0..2 {
+                for (x, from) in self.servers.iter().enumerate() {
+                    let u = self.home.iter().position(|&h| h == x).expect("a user here");
+                    for (y, to) in self.servers.iter().enumerate() {
+                        if x != y {
+                            let r = clients[u]
+                                .iq(
+                                    "get",
+                                    Some(&to.domain),
+                                    Element::new("ping", "urn:xmpp:ping"),
+                                )
+                                .await;
+                            assert_eq!(r.get_attr("type"), Some("result"), "{}: {r}", from.domain);
+                        }
+                    }
+                }
+            }
+        }
+        for (u, c) in clients.iter_mut().enumerate() {
+            barrier(self.of(u), c).await;
+        }
+    }
+
+    async fn stop(self) {
+        for s in self.servers {
+            s.stop().await;
+        }
+    }
+}
+
+/// The second federated server's database: the test database's name with `_b` (created
+/// on first use), or an SQLite file of its own.
+fn second_database_url() -> String {
+    if std::env::var("PRESENCED_TEST_STORE").as_deref() == Ok("sqlite") {
+        return stores::Db::sqlite().url();
+    }
+    let url = database_url();
+    let path = url.split('?').next().unwrap_or(&url);
+    let name = path.rsplit('/').next().unwrap_or("test");
+    stores::postgres_url_for(&format!("{name}_b"))
+}
+
 // Users are indices into the model's tables; iterators would hide which is which.
 #[allow(clippy::needless_range_loop)]
-async fn run_model(ops: Vec<model::Op>) {
+async fn run_model(ops: Vec<model::Op>, homes: Homes) {
     use model::*;
-    let ts = TestServer::start(|_| {}).await;
     let n = USERS.len();
-    for u in USERS {
-        ts.user(u).await;
+    for u in 0..n {
+        homes.of(u).user(USERS[u]).await;
     }
     for a in 0..n {
         for b in (a + 1)..n {
-            mutual(&ts, USERS[a], USERS[b]).await;
+            homes.mutual(a, b).await;
         }
     }
-    let jids: Vec<String> = USERS.iter().map(|u| ts.jid(u)).collect();
+    let jids: Vec<String> = (0..n).map(|u| homes.jid(u)).collect();
     let mut clients = Vec::new();
-    for u in USERS {
-        let mut c = ts.login(u, "r").await;
+    for u in 0..n {
+        let ts = homes.of(u);
+        let mut c = ts.login(USERS[u], "r").await;
         c.send(&el("<presence><status>init</status></presence>"))
             .await;
-        barrier(&ts, &mut c).await;
+        barrier(ts, &mut c).await;
         clients.push(c);
     }
     let mut blocks: BTreeSet<(usize, usize)> = BTreeSet::new();
@@ -896,6 +1040,8 @@ async fn run_model(ops: Vec<model::Op>) {
     let mut invisible = vec![false; n];
     let mut status: Vec<String> = vec!["init".to_owned(); n];
     let mut belief: BTreeMap<(usize, usize), Belief> = BTreeMap::new();
+    // The full JID a viewer's belief about a subject came from.
+    let mut shown: BTreeMap<(usize, usize), String> = BTreeMap::new();
 
     let permitted =
         |blocks: &BTreeSet<(usize, usize)>,
@@ -903,12 +1049,18 @@ async fn run_model(ops: Vec<model::Op>) {
          invisible: &[bool],
          v: usize,
          s: usize| model::may_see_online(blocks, online, invisible, v, s);
+    let separated = |blocks: &BTreeSet<(usize, usize)>, a: usize, b: usize| {
+        blocks.contains(&(a, b)) || blocks.contains(&(b, a))
+    };
 
     for (step, op) in std::iter::once(None)
         .chain(ops.into_iter().map(Some))
         .enumerate()
     {
         let mut chat_state: Option<(usize, usize)> = None;
+        // (sender, recipient, body or iq id) of this step's message or iq request.
+        let mut message: Option<(usize, usize, String)> = None;
+        let mut iq: Option<(usize, usize, String)> = None;
         if let Some(op) = &op {
             match op.clone() {
                 Op::Block(a, b) | Op::Unblock(a, b) => {
@@ -917,7 +1069,7 @@ async fn run_model(ops: Vec<model::Op>) {
                     } else {
                         "unblock"
                     };
-                    block(&ts, &mut clients[a], what, &[jids[b].clone()]).await;
+                    block(homes.of(a), &mut clients[a], what, &[jids[b].clone()]).await;
                     if what == "block" {
                         blocks.insert((a, b));
                     } else {
@@ -933,7 +1085,7 @@ async fn run_model(ops: Vec<model::Op>) {
                             jids[x]
                         ),
                     };
-                    set_privacy(&ts, &mut clients[a], &xml).await;
+                    set_privacy(homes.of(a), &mut clients[a], &xml).await;
                     online[a] = m;
                 }
                 Op::Update(a) => {
@@ -943,7 +1095,7 @@ async fn run_model(ops: Vec<model::Op>) {
                             "<presence><status>{token}</status></presence>"
                         )))
                         .await;
-                    barrier(&ts, &mut clients[a]).await;
+                    barrier(homes.of(a), &mut clients[a]).await;
                     status[a] = token;
                 }
                 Op::ChatState(a, b) => {
@@ -953,8 +1105,25 @@ async fn run_model(ops: Vec<model::Op>) {
                             jids[b]
                         )))
                         .await;
-                    barrier(&ts, &mut clients[a]).await;
+                    barrier(homes.of(a), &mut clients[a]).await;
                     chat_state = Some((a, b));
+                }
+                Op::Message(a, b) => {
+                    let body = format!("m{step}");
+                    clients[a].send(&chat(&jids[b], &body)).await;
+                    barrier(homes.of(a), &mut clients[a]).await;
+                    message = Some((a, b, body));
+                }
+                Op::Iq(a, b) => {
+                    let id = format!("q{step}");
+                    let to = clients[b].jid.clone();
+                    clients[a]
+                        .send(&el(&format!(
+                            "<iq type='get' id='{id}' to='{to}'><query xmlns='jabber:iq:version'/></iq>"
+                        )))
+                        .await;
+                    barrier(homes.of(a), &mut clients[a]).await;
+                    iq = Some((a, b, id));
                 }
                 Op::Invisible(a, on) => {
                     let what = if on { "invisible" } else { "visible" };
@@ -966,13 +1135,14 @@ async fn run_model(ops: Vec<model::Op>) {
                         )
                         .await;
                     assert_eq!(r.get_attr("type"), Some("result"));
-                    barrier(&ts, &mut clients[a]).await;
+                    barrier(homes.of(a), &mut clients[a]).await;
                     invisible[a] = on;
                 }
                 Op::Relogin(a) => {
                     // The new session binds first (not yet available: it shows and asks
                     // nothing), the old one closes and is gone before the new one sends
                     // initial presence, so its unavailable cannot overtake the new presence.
+                    let ts = homes.of(a);
                     let fresh = ts.login(USERS[a], &format!("r{step}")).await;
                     let old = std::mem::replace(&mut clients[a], fresh);
                     let old_jid = presenced::jid::FullJid::new(&old.jid).unwrap();
@@ -988,17 +1158,18 @@ async fn run_model(ops: Vec<model::Op>) {
                             "<presence><status>{token}</status></presence>"
                         )))
                         .await;
-                    barrier(&ts, &mut clients[a]).await;
+                    barrier(ts, &mut clients[a]).await;
                     status[a] = token;
                     invisible[a] = false;
                     // What the new session knows is what it was told since it bound.
                     belief.retain(|(v, _), _| *v != a);
+                    shown.retain(|(v, _), _| *v != a);
                 }
             }
         }
         // Collect what each viewer got and update its beliefs.
+        homes.settle(&mut clients).await;
         for v in 0..n {
-            barrier(&ts, &mut clients[v]).await;
             for e in std::mem::take(&mut clients[v].backlog) {
                 let Some(from) = e.get_attr("from") else {
                     continue;
@@ -1011,6 +1182,8 @@ async fn run_model(ops: Vec<model::Op>) {
                 if s == v {
                     continue;
                 }
+                // Shown with a failure only (the harness captures test output).
+                eprintln!("step {step}: {} <- {e}", USERS[v]);
                 let allowed = permitted(&blocks, &online, &invisible, v, s);
                 match (e.name.as_str(), e.get_attr("type")) {
                     ("presence", None) => {
@@ -1024,8 +1197,14 @@ async fn run_model(ops: Vec<model::Op>) {
                             .map(|x| x.text_content())
                             .unwrap_or_default();
                         belief.insert((v, s), Belief::Online(st));
+                        shown.insert((v, s), from.to_owned());
                     }
-                    ("presence", Some("unavailable")) => {
+                    // A closed session is announced after the grace period (unless it is
+                    // back by then), so an older resource's unavailable may come after the
+                    // new one's presence: it ends only what it names.
+                    ("presence", Some("unavailable"))
+                        if from == jids[s] || shown.get(&(v, s)).is_some_and(|r| r == from) =>
+                    {
                         belief.insert((v, s), Belief::Offline);
                     }
                     ("message", _) if e.get_child("composing", NS_CHATSTATES).is_some() => {
@@ -1036,6 +1215,33 @@ async fn run_model(ops: Vec<model::Op>) {
                             USERS[s]
                         );
                         chat_state = None;
+                    }
+                    ("message", ty)
+                        if ty != Some("error") && e.get_child("body", NS_CLIENT).is_some() =>
+                    {
+                        let body = e.get_child("body", NS_CLIENT).map(|b| b.text_content());
+                        assert!(
+                            !separated(&blocks, v, s)
+                                && message.as_ref().is_some_and(|(a, b, m)| {
+                                    (*a, *b) == (s, v) && body.as_ref() == Some(m)
+                                }),
+                            "step {step} {op:?}: {} got a message from {} across a block: {e}",
+                            USERS[v],
+                            USERS[s]
+                        );
+                        message = None;
+                    }
+                    ("iq", Some("get" | "set")) => {
+                        assert!(
+                            permitted(&blocks, &online, &invisible, s, v)
+                                && iq.as_ref().is_some_and(|(a, b, id)| {
+                                    (*a, *b) == (s, v) && e.get_attr("id") == Some(id)
+                                }),
+                            "step {step} {op:?}: {} got an iq request from {} that may not see it online: {e}",
+                            USERS[v],
+                            USERS[s]
+                        );
+                        iq = None;
                     }
                     _ => {}
                 }
@@ -1074,13 +1280,65 @@ async fn run_model(ops: Vec<model::Op>) {
                 USERS[b]
             );
         }
+        if let Some((a, b, _)) = message {
+            assert!(
+                separated(&blocks, a, b),
+                "step {step}: a message from {} to {} with no block between them was not delivered",
+                USERS[a],
+                USERS[b]
+            );
+        }
+        if let Some((a, b, _)) = iq {
+            assert!(
+                !permitted(&blocks, &online, &invisible, a, b),
+                "step {step}: an iq request from {} to {} that may see it online was not delivered",
+                USERS[a],
+                USERS[b]
+            );
+        }
     }
-    ts.stop().await;
+    homes.stop().await;
+}
+
+/// The first case the federated property found: a user who blocks a remote contact gets
+/// unavailable from the contact's resource it had been shown (the contact's server does
+/// not know of the block), and after the unblock sees its current presence again (a
+/// probe: the contact's server never knew to show it again).
+#[tokio::test]
+async fn blocking_a_remote_contact_withdraws_its_presence_and_unblocking_shows_it_again() {
+    use model::Op::{Block, Unblock};
+    run_model(vec![Block(0, 2), Unblock(0, 2)], Homes::federated().await).await;
+}
+
+/// One proptest case on its own runtime.
+fn run_case(ops: Vec<model::Op>, federated: bool) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    eprintln!("PRIVACY_PROPTEST_SEED={}", privacy_seed());
+    rt.block_on(async move {
+        let homes = if federated {
+            Homes::federated().await
+        } else {
+            Homes::local().await
+        };
+        run_model(ops, homes).await
+    });
+}
+
+/// A case count from `var`, else `default`.
+fn cases(var: &str, default: u32) -> u32 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 proptest::proptest! {
     #![proptest_config(proptest::test_runner::Config {
-        cases: std::env::var("PRIVACY_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12),
+        cases: cases("PRIVACY_PROPTEST_CASES", 12),
         max_shrink_iters: 64,
         // A fixed seed: a failure in CI reproduces with the same command; the seed is
         // printed with every case so a failure report names it.
@@ -1092,13 +1350,25 @@ proptest::proptest! {
     fn no_permitted_only_stanza_reaches_a_viewer_without_permission(
         ops in proptest::collection::vec(model::op(), 1..14)
     ) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        eprintln!("PRIVACY_PROPTEST_SEED={}", privacy_seed());
-        rt.block_on(run_model(ops));
+        run_case(ops, false);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        cases: cases("PRIVACY_S2S_PROPTEST_CASES", 32),
+        max_shrink_iters: 32,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(privacy_seed()),
+        .. proptest::test_runner::Config::default()
+    })]
+
+    /// The same property with u2 on another server, over real s2s streams: each server
+    /// applies its own users' blocks, settings and invisibility, so the oracle is the same.
+    #[test]
+    fn over_federation_no_permitted_only_stanza_reaches_a_viewer_without_permission(
+        ops in proptest::collection::vec(model::op(), 1..14)
+    ) {
+        run_case(ops, true);
     }
 }
 

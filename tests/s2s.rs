@@ -17,14 +17,6 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
-/// A free port on `ip` (bound and released; the server binds it right after).
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind((ip, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 /// Two federated servers: `a` on 127.0.0.2, `b` on 127.0.0.3.
 struct Pair {
     a: TestServer,
@@ -38,29 +30,6 @@ struct Pair {
 
 const SECRET_A: &str = "dialback-secret-a";
 const SECRET_B: &str = "dialback-secret-b";
-
-fn s2s_config(
-    c: &mut presenced::config::Config,
-    ip: &str,
-    port: u16,
-    secret: &str,
-    peer: &str,
-    peer_addr: String,
-) {
-    c.s2s.bind = ip.parse().unwrap();
-    c.s2s.port = port;
-    c.s2s.secret = Some(secret.into());
-    c.s2s
-        .routes
-        .insert(peer.to_owned(), peer_addr.parse().expect("route"));
-    c.s2s.stale_grace = Duration::from_secs(1);
-    c.s2s.reconnect_min_ms = Duration::from_millis(100);
-    c.s2s.reconnect_max_ms = Duration::from_millis(400);
-    c.s2s.connect_timeout = Duration::from_secs(5);
-    // A closed stream is announced after the grace period (default 10 s); these
-    // tests watch logouts cross the link, so they run with a short one.
-    c.liveness.grace = Duration::from_millis(300);
-}
 
 async fn start_b(a_domain: &str, a_port: u16, b_domain: &str, b_port: u16) -> TestServer {
     let a_addr = format!("127.0.0.2:{a_port}");
@@ -78,8 +47,8 @@ async fn pair() -> Pair {
 async fn pair_with(tweak: impl Fn(&mut presenced::config::Config, &str, &str)) -> Pair {
     let a_domain = format!("a{}.example", unique());
     let b_domain = format!("b{}.example", unique());
-    let a_port = free_port("127.0.0.2");
-    let b_port = free_port("127.0.0.3");
+    let a_port = listen_port("127.0.0.2");
+    let b_port = listen_port("127.0.0.3");
     let b_addr = format!("127.0.0.3:{b_port}");
     let a_addr = format!("127.0.0.2:{a_port}");
     let a = TestServer::start_with_domain(&a_domain, |c| {
@@ -102,18 +71,27 @@ async fn pair_with(tweak: impl Fn(&mut presenced::config::Config, &str, &str)) -
     }
 }
 
+/// `name` logged in on `server` with resource `res`, its initial presence echoed back: from
+/// then on the resource takes messages to the bare JID (RFC 6121 §4.2.2, §8.5.2.1.1). A
+/// message arriving earlier is kept offline instead (XEP-0160), which a test expecting it
+/// live would wait for in vain and a test expecting it refused would pass for the wrong
+/// reason.
+async fn available(server: &TestServer, name: &str, res: &str) -> Client {
+    let mut c = server.login(name, res).await;
+    c.presence(None, None).await;
+    let me = format!("{}/{res}", server.jid(name));
+    c.expect(|e| is_presence(e, &me, None)).await;
+    c
+}
+
 /// alice@a and bob@b, both online and available, subscribed to each other.
 async fn mutual(p: &Pair) -> (Client, Client) {
     p.a.user("alice").await;
     p.b.user("bob").await;
     let alice_jid = p.a.jid("alice");
     let bob_jid = p.b.jid("bob");
-    let mut alice = p.a.login("alice", "home").await;
-    alice.presence(None, None).await;
-    alice.expect(|e| is_presence(e, &alice_jid, None)).await;
-    let mut bob = p.b.login("bob", "work").await;
-    bob.presence(None, None).await;
-    bob.expect(|e| is_presence(e, &bob_jid, None)).await;
+    let mut alice = available(&p.a, "alice", "home").await;
+    let mut bob = available(&p.b, "bob", "work").await;
 
     // alice asks, bob approves: alice sees bob; then the other way round.
     subscribe_mutually(&mut alice, &alice_jid, &mut bob, &bob_jid).await;
@@ -421,8 +399,7 @@ async fn spoofed_from_domain_over_an_authenticated_stream_is_rejected() {
     let p = pair().await;
     p.a.user("alice").await;
     let alice_jid = p.a.jid("alice");
-    let mut alice = p.a.login("alice", "r").await;
-    alice.presence(None, None).await;
+    let mut alice = available(&p.a, "alice", "r").await;
 
     // Authenticate as b for real: the key is b's (the test knows b's secret), a checks it
     // with b's authoritative server over its own connection.
@@ -470,8 +447,7 @@ async fn s2s_stanza_cost_limit_grows_with_dialback_and_forbidden_characters_are_
     p.a.user("alice").await;
     p.a.user("carol").await;
     let alice_jid = p.a.jid("alice");
-    let mut alice = p.a.login("alice", "r").await;
-    alice.presence(None, None).await;
+    let mut alice = available(&p.a, "alice", "r").await;
     let mut carol = p.a.login("carol", "r").await;
     let many = |body: &str| {
         format!(
@@ -537,8 +513,7 @@ async fn dialback_key_that_does_not_verify_is_refused() {
     let p = pair().await;
     p.a.user("alice").await;
     let alice_jid = p.a.jid("alice");
-    let mut alice = p.a.login("alice", "r").await;
-    alice.presence(None, None).await;
+    let mut alice = available(&p.a, "alice", "r").await;
 
     let mut raw = RawS2s::connect(p.a.s2s_addr(), &p.a, &p.b_domain).await;
     // A key made with the wrong secret: b's authoritative server says invalid.
@@ -770,8 +745,7 @@ async fn require_verified_cert_refuses_a_peer_without_a_verifiable_cert_and_boun
     p.a.cert = pki.ca_pem.clone();
     p.a.user("alice").await;
     p.b.user("bob").await;
-    let mut alice = p.a.login("alice", "r").await;
-    alice.presence(None, None).await;
+    let mut alice = available(&p.a, "alice", "r").await;
     let mut bob = p.b.login("bob", "r").await;
 
     // a → b: b's certificate does not verify, so a never gets past TLS.
@@ -873,8 +847,7 @@ async fn external_with_a_proving_certificate_succeeds_only_for_its_own_authzid()
     let p = pair_with_ca_cert_on_a(&pki, |_| {}).await;
     p.a.user("alice").await;
     let alice_jid = p.a.jid("alice");
-    let mut alice = p.a.login("alice", "r").await;
-    alice.presence(None, None).await;
+    let mut alice = available(&p.a, "alice", "r").await;
     let b_domain = p.b_domain.clone();
     let good = pki.identity(&[&b_domain]);
     let mut raw = RawS2s::connect_with_cert(p.a.s2s_addr(), &p.a, &b_domain, Some(good)).await;
@@ -918,8 +891,7 @@ async fn external_works_over_the_direct_tls_listener_too() {
     let p = pair_with_ca_cert_on_a(&pki, |c| c.s2s.direct_tls = true).await;
     p.a.user("alice").await;
     let alice_jid = p.a.jid("alice");
-    let mut alice = p.a.login("alice", "r").await;
-    alice.presence(None, None).await;
+    let mut alice = available(&p.a, "alice", "r").await;
     let (a_domain, b_domain) = (p.a_domain.clone(), p.b_domain.clone());
     let mut raw = RawS2s::connect_direct(
         p.a.s2s_direct_addr(),
@@ -984,11 +956,7 @@ fn has_body(e: &Element, body: &str) -> bool {
 /// bob's, after them, so one of hers arriving at alice proves bob's were processed.
 async fn carol_on_b(p: &Pair) -> Client {
     p.b.user("carol").await;
-    let carol_jid = p.b.jid("carol");
-    let mut carol = p.b.login("carol", "r").await;
-    carol.presence(None, None).await;
-    carol.expect(|e| is_presence(e, &carol_jid, None)).await;
-    carol
+    available(&p.b, "carol", "r").await
 }
 
 #[tokio::test]
@@ -1118,9 +1086,9 @@ async fn a_federated_contact_reaches_and_sees_a_user_on_either_node_of_a_cluster
     let a_domain = format!("a{}.example", unique());
     let b_domain = format!("b{}.example", unique());
     let (a1_port, a2_port, b_port) = (
-        free_port("127.0.0.2"),
-        free_port("127.0.0.4"),
-        free_port("127.0.0.3"),
+        listen_port("127.0.0.2"),
+        listen_port("127.0.0.4"),
+        listen_port("127.0.0.3"),
     );
     let b_addr = format!("127.0.0.3:{b_port}");
     let node = |ip: &'static str, port: u16, id: &'static str| {

@@ -412,6 +412,26 @@ impl Cluster {
             .find(|h| h.jid == jid.as_str())
     }
 
+    /// What the directory last held for `jid`, whichever instance wrote it and whether it
+    /// is live: for a resource whose node died, whether it had been available and visible.
+    /// `None` when there is no entry or Redis did not answer.
+    pub async fn last_entry(&self, jid: &FullJid) -> Option<Entry> {
+        let mut conn = self.conn().await?;
+        let key = self.inner.keys.user(jid.to_bare().as_str());
+        let raw: redis::RedisResult<Option<String>> = redis::cmd("HGET")
+            .arg(&key)
+            .arg(jid.resource().as_str())
+            .query_async(&mut conn)
+            .await;
+        match raw {
+            Ok(raw) => Entry::decode(&raw?),
+            Err(e) => {
+                self.failed(&e).await;
+                None
+            }
+        }
+    }
+
     async fn read_entries(
         &self,
         conn: &mut Conn,

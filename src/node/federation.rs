@@ -361,6 +361,22 @@ impl S2s {
         });
     }
 
+    /// The remote full JIDs whose available presence reached a resource of local user
+    /// `local_bare` and was not withdrawn since, each with the recipient it reached.
+    pub fn seen_by(&self, local_bare: &str) -> Vec<(String, String)> {
+        let p = self.presence.lock().unwrap_or_else(|e| e.into_inner());
+        p.seen
+            .values()
+            .flatten()
+            .flat_map(|(full, locals)| {
+                locals
+                    .iter()
+                    .filter(|l| bare_of(l) == local_bare)
+                    .map(move |l| (full.clone(), l.clone()))
+            })
+            .collect()
+    }
+
     /// A probe from `local_bare` to `remote_bare` could not be sent: retry it when the link
     /// to that domain returns.
     pub fn probe_failed(&self, local_bare: &str, remote_bare: &str) {

@@ -568,6 +568,21 @@ pub async fn reconcile_user(shared: &Shared, user: &str) {
     for s in subjects {
         reconcile_subject(shared, &s).await;
     }
+    withdraw_blocked_remote(shared, &user).await;
+}
+
+/// The viewer half for remote subjects: what they show is their server's decision, but a
+/// block here is this server's to apply. Each remote resource whose presence reached
+/// `user` and that a block now separates from them gets its unavailable delivered to the
+/// recipient it reached (XEP-0191 §3.3: the blocker's resources get unavailable from the
+/// blocked contact's), and later presence from it is dropped on arrival.
+async fn withdraw_blocked_remote(shared: &Shared, user: &str) {
+    for (remote, local) in shared.s2s.seen_by(user) {
+        if blocked_either(shared, user, &remote).await {
+            shared.s2s.saw_unavailable(&remote, &local);
+            crate::node::send::presence_to(shared, &local, unavailable(&remote, &local));
+        }
+    }
 }
 
 /// Re-checks everything after the LISTEN connection was lost (notifications may be gone).

@@ -223,6 +223,37 @@ async fn inbound_subscription(
     executor::apply(shared, plan).await
 }
 
+/// After `owner` unblocked `removed`, the remote contacts `owner` is subscribed to that
+/// an item matched and that no block separates now are probed from the bare JID (RFC 6121
+/// §4.3.1): what the block withdrew here their servers never knew to show again. Only
+/// while the user has a visible available resource, since a probe says the user is
+/// online (XEP-0186); otherwise the user's next initial presence probes them.
+pub async fn probe_unblocked(shared: &Shared, owner: &str, removed: &[String]) {
+    let shown = shared
+        .sessions
+        .of_user_str(owner)
+        .iter()
+        .any(|s| s.is_available() && !s.is_invisible());
+    if !shown || removed.is_empty() {
+        return;
+    }
+    let Ok((_, roster)) = shared.store.roster(owner).await else {
+        return;
+    };
+    for item in roster.iter().filter(|i| i.subscription.has_to()) {
+        let contact = item.contact.as_str();
+        if shared.config.serves(crate::jid::domain_of(contact))
+            || !crate::store::blocks::match_candidates(contact)
+                .iter()
+                .any(|c| removed.contains(c))
+            || super::gate::blocked_either(shared, owner, contact).await
+        {
+            continue;
+        }
+        let _ = route_remote(shared, presence(Some("probe"), owner, contact));
+    }
+}
+
 /// RFC 6121 §4.3.2: a remote server probes a local user for its user `prober`. Only an
 /// approved subscriber who is not blocked gets an answer.
 async fn probe(shared: &Shared, prober: &Jid, user: &Jid) {

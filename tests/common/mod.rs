@@ -40,6 +40,20 @@ pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
+/// With `RUST_LOG` set, the servers' logs go to the test's captured output (shown for a
+/// failing test, or for all with `--nocapture`); without it, tests log nothing.
+pub fn capture_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
 /// Liveness timings scaled down for tests: H = 0.4 s, T = 2 s, G = 0.6 s, sweeps every
 /// 0.2 s, Redis refresh every 0.6 s, last-seen flush every 0.2 s.
 pub fn fast_liveness(c: &mut Config) {
@@ -78,6 +92,74 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A port free on `ip` in the range `PRESENCED_TEST_PORTS` names (`low-high`), else one the
+/// system picks: both servers' routes must name the other's port before either starts.
+///
+/// The port is bound and released, and the server binds it later, so it must not be handed
+/// out twice: tests run in parallel, and the system may pick a just-released port again
+/// for another caller (one test's server then failed to start with "address in use"). The
+/// ports handed out in this process are remembered and never returned again.
+pub fn listen_port(ip: &str) -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<(String, u16)>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut fresh = |p: u16| {
+        let new = !given.iter().any(|(i, q)| i == ip && *q == p)
+            && std::net::TcpListener::bind((ip, p)).is_ok();
+        if new {
+            given.push((ip.to_owned(), p));
+        }
+        new
+    };
+    let range = std::env::var("PRESENCED_TEST_PORTS").ok().and_then(|r| {
+        let (lo, hi) = r.split_once('-')?;
+        Some((lo.parse::<u16>().ok()?, hi.parse::<u16>().ok()?))
+    });
+    let Some((lo, hi)) = range else {
+        // The system's pick; a few more tries if it repeats one already given.
+        return (0..64)
+            .map(|_| {
+                std::net::TcpListener::bind((ip, 0))
+                    .and_then(|l| l.local_addr())
+                    .map(|a| a.port())
+                    .expect("free port")
+            })
+            .find(|p| fresh(*p))
+            .expect("a port not handed out before");
+    };
+    let span = u32::from(hi - lo) + 1;
+    let start = u32::from_str_radix(&unique()[..6], 16).unwrap() % span;
+    (0..span)
+        .map(|i| lo + ((start + i) % span) as u16)
+        .find(|p| fresh(*p))
+        .expect("a free port in PRESENCED_TEST_PORTS")
+}
+
+/// A federated test server's s2s settings: its listener on `ip:port`, the dialback
+/// `secret`, a static route to `peer` at `peer_addr`, quick reconnects and a short grace
+/// (a closed stream is announced after it; the default is 10 s).
+pub fn s2s_config(
+    c: &mut presenced::config::Config,
+    ip: &str,
+    port: u16,
+    secret: &str,
+    peer: &str,
+    peer_addr: String,
+) {
+    c.s2s.bind = ip.parse().unwrap();
+    c.s2s.port = port;
+    c.s2s.secret = Some(secret.into());
+    c.s2s
+        .routes
+        .insert(peer.to_owned(), peer_addr.parse().expect("route"));
+    c.s2s.stale_grace = Duration::from_secs(1);
+    c.s2s.reconnect_min_ms = Duration::from_millis(100);
+    c.s2s.reconnect_max_ms = Duration::from_millis(400);
+    c.s2s.connect_timeout = Duration::from_secs(5);
+    // A closed stream is announced after the grace period (default 10 s); these
+    // tests watch logouts cross the link, so they run with a short one.
+    c.liveness.grace = Duration::from_millis(300);
+}
+
 /// A short random token for unique names.
 pub fn unique() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
@@ -111,6 +193,7 @@ impl TestServer {
     /// port the system picks unless `tweak` sets one, and DNS is off: every remote domain
     /// must have a static route, so no test ever queries the machine's resolver.
     pub async fn start_with_domain(domain: &str, tweak: impl FnOnce(&mut Config)) -> TestServer {
+        capture_logs();
         let domain = domain.to_owned();
         let certs = std::env::temp_dir().join(format!("presenced-test-{domain}"));
         let mut config = Config {
