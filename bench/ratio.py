@@ -73,8 +73,10 @@ PRESENCED_ONLY = [
     ("redis_write_cmds_per_session_per_min",
      "Redis write commands/session/min at rest (INFO commandstats)"),
     ("pg_writes_per_session_per_min", "PostgreSQL writes/session/min at rest (server counter)"),
+    ("pg_statements_per_session_per_min",
+     "PostgreSQL statements/session/min at rest (pg_stat_activity)"),
     ("pg_xacts_per_session_per_min",
-     "PostgreSQL commits/session/min at rest (pg_stat_database)"),
+     "PostgreSQL commits/session/min at rest (pg_stat_database, once settled)"),
     ("pg_rows_per_session_per_min",
      "PostgreSQL rows written/session/min at rest (pg_stat_database)"),
 ]

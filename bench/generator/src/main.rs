@@ -193,10 +193,11 @@ struct Cli {
     /// Redis the server writes to, for INFO commandstats deltas (exact only if private).
     #[arg(long)]
     redis_stats: Option<String>,
-    /// PostgreSQL URL to read pg_stat_database through (e.g. .../postgres).
+    /// PostgreSQL URL to watch the server's database through at rest (e.g. .../postgres):
+    /// statements from pg_stat_activity, commits and rows from pg_stat_database.
     #[arg(long)]
     pg_stats: Option<String>,
-    /// Database whose pg_stat_database row is read.
+    /// The server's database, watched at rest.
     #[arg(long, default_value = "presenced_bench")]
     pg_stats_db: String,
     /// Client state indication run instead of the fixed-load and saturation phases
@@ -1167,7 +1168,28 @@ async fn timed_run(
         };
         let redis0 = redis_totals(cli).await;
         let t = Instant::now();
-        tokio::time::sleep(Duration::from_secs(cli.rest_secs)).await;
+        // PostgreSQL is watched over the window (its counters publish late; see rest.rs).
+        let window = Duration::from_secs(cli.rest_secs);
+        let pg = sources.pg.clone().map(|(url, db)| {
+            tokio::spawn(async move {
+                rest::pg_watch(&url, &db, window, Duration::from_millis(500)).await
+            })
+        });
+        tokio::time::sleep(window).await;
+        let pg = match pg {
+            Some(task) => match task.await {
+                Ok(Ok(seen)) => Some(seen),
+                Ok(Err(e)) => {
+                    eprintln!("warning: postgres: {e}");
+                    None
+                }
+                Err(e) => {
+                    eprintln!("warning: postgres watcher: {e}");
+                    None
+                }
+            },
+            None => None,
+        };
         let secs = t.elapsed().as_secs_f64();
         rest_redis = redis0
             .zip(redis_totals(cli).await)
@@ -1175,7 +1197,7 @@ async fn timed_run(
         rep.rest_secs = secs;
         if let Some(a) = a {
             let b = rest::read(&sources).await;
-            rep.rest = rest::rates(&a, &b, rep.logins_ok, secs);
+            rep.rest = rest::rates(&a, &b, pg.as_ref(), rep.logins_ok, secs);
         }
     }
 

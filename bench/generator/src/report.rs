@@ -341,6 +341,14 @@ impl Report {
             ("kill_within_bound", self.kill.within_bound.to_string()),
             ("kill_bound_secs", num(Some(self.kill.bound_secs))),
             ("pg_writes_per_session_per_min", num(self.rest.pg_writes)),
+            (
+                "pg_statements_per_session_per_min",
+                num(self.rest.pg_statements),
+            ),
+            (
+                "pg_statements_at_rest",
+                num(self.rest.pg_statements_seen.map(|n| n as f64)),
+            ),
             ("pg_xacts_per_session_per_min", num(self.rest.pg_xacts)),
             ("pg_rows_per_session_per_min", num(self.rest.pg_rows)),
             (
@@ -524,6 +532,16 @@ impl Report {
                     rate(self.rest.pg_writes),
                     rate(self.rest.pg_xacts),
                     rate(self.rest.pg_rows)
+                ),
+            ),
+            (
+                "at rest: PG statements (count; /session/min)".into(),
+                format!(
+                    "{} ; {}",
+                    self.rest
+                        .pg_statements_seen
+                        .map_or_else(|| "-".to_string(), |n| n.to_string()),
+                    rate(self.rest.pg_statements)
                 ),
             ),
             (

@@ -11,16 +11,33 @@
 //!   names, so HSET/ZADD/PEXPIRE inside a script count; EVAL itself is not flagged `write`).
 //!   This is exact only when the server has the Redis instance to itself: bench/run.sh
 //!   starts a private redis-server for the run;
-//! * PostgreSQL `pg_stat_database` for the server's database: committed transactions and
-//!   rows inserted+updated+deleted. PostgreSQL publishes a backend's counters at most once a
-//!   second and an idle backend's within about 10 s, so a window of 60 s is read with that
-//!   lag at both ends.
+//! * PostgreSQL, watched through a maintenance database ([`pg_watch`]) for the server's
+//!   database: the statements its connections start (`pg_stat_activity`, polled), and
+//!   `pg_stat_database`'s committed transactions and rows inserted+updated+deleted.
+//!
+//! PostgreSQL 15 publishes a backend's `pg_stat_database` counters late: at most once a
+//! second while it works, and up to 10 s (`PGSTAT_IDLE_INTERVAL`) after its last
+//! transaction once it is idle. Read at the start of the window, the counters missed the
+//! tail of the login storm, which then arrived inside the window and was counted as work at
+//! rest (0.1–1.7 commits per session per minute at N = 1,000, while a statement log showed
+//! none). So the counters' window starts only once every backend of the database has been
+//! idle for [`PG_STATS_SETTLED`], and the statements are counted from `pg_stat_activity`,
+//! which a backend updates when a statement starts, without delay: each poll counts every
+//! backend whose `query_start` moved (or that is new and started one in the window). It is
+//! a lower bound (two statements of one backend between two polls count once), and exact
+//! for the figure that matters at rest: 0 means no statement at all.
 //!
 //! The cross-checks exist because a server's own counters could lie (or miss a write path).
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long every backend of the server's database must have been idle before its
+/// `pg_stat_database` counters are complete: PostgreSQL 15 publishes an idle backend's
+/// pending counters at most 10 s after its last transaction (`PGSTAT_IDLE_INTERVAL`).
+pub const PG_STATS_SETTLED: Duration = Duration::from_secs(11);
 
 /// Where the at-rest figures come from; every source is optional.
 #[derive(Debug, Clone, Default)]
@@ -29,7 +46,8 @@ pub struct Sources {
     pub metrics_url: Option<String>,
     /// Redis URL of the (private) instance the server writes to.
     pub redis_url: Option<String>,
-    /// PostgreSQL URL to read `pg_stat_database` through, and the database to read.
+    /// PostgreSQL URL of a maintenance database to watch through, and the server's
+    /// database (see [`pg_watch`]).
     pub pg: Option<(String, String)>,
 }
 
@@ -40,8 +58,18 @@ pub struct Reading {
     pub metrics: Option<HashMap<String, f64>>,
     /// Calls per write command (from INFO commandstats).
     pub redis_write_calls: Option<HashMap<String, u64>>,
-    /// (xact_commit, rows inserted + updated + deleted).
-    pub pg: Option<(i64, i64)>,
+}
+
+/// What [`pg_watch`] saw of the server's database over the window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PgRest {
+    /// Statements the server's connections started (a lower bound; see the module).
+    pub statements: u64,
+    /// Length of the polled window, s.
+    pub secs: f64,
+    /// `pg_stat_database` (xact_commit, rows inserted + updated + deleted) deltas and the
+    /// seconds between the two readings; None when the database never settled.
+    pub counters: Option<(i64, i64, f64)>,
 }
 
 /// Per-session-per-minute rates from two readings.
@@ -55,7 +83,11 @@ pub struct Rates {
     pub redis_cmds_seen: Vec<(String, u64)>,
     /// presenced_pg_last_seen_writes_total delta (statements).
     pub pg_writes: Option<f64>,
-    /// pg_stat_database xact_commit delta.
+    /// Statements started by the server's connections (pg_stat_activity).
+    pub pg_statements: Option<f64>,
+    /// The same, as counted in the window.
+    pub pg_statements_seen: Option<u64>,
+    /// pg_stat_database xact_commit delta, over the settled part of the window.
     pub pg_xacts: Option<f64>,
     /// pg_stat_database tup_inserted+tup_updated+tup_deleted delta.
     pub pg_rows: Option<f64>,
@@ -276,21 +308,108 @@ fn command_is_write(v: &redis::Value) -> bool {
     })
 }
 
-async fn pg_counters(url: &str, db: &str) -> Result<(i64, i64), String> {
-    use sqlx::Connection;
-    let mut c = sqlx::PgConnection::connect(url)
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    let row: (i64, i64) = sqlx::query_as(
+async fn pg_counters(c: &mut sqlx::PgConnection, db: &str) -> Result<(i64, i64), String> {
+    sqlx::query_as(
         "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted
          FROM pg_stat_database WHERE datname = $1",
     )
     .bind(db)
-    .fetch_one(&mut c)
+    .fetch_one(c)
     .await
-    .map_err(|e| format!("pg_stat_database {db}: {e}"))?;
+    .map_err(|e| format!("pg_stat_database {db}: {e}"))
+}
+
+/// One backend of the watched database: (pid, `query_start` in ms or 0, busy, ms since its
+/// state last changed). Busy: not an idle client backend (running, in a transaction, or
+/// autovacuum at work on the database).
+type Backend = (i32, i64, bool, i64);
+
+async fn pg_activity(c: &mut sqlx::PgConnection, db: &str) -> Result<Vec<Backend>, String> {
+    sqlx::query_as(
+        "SELECT pid,
+                COALESCE((EXTRACT(EPOCH FROM query_start) * 1000)::bigint, 0),
+                state IS DISTINCT FROM 'idle' OR backend_type <> 'client backend',
+                (EXTRACT(EPOCH FROM clock_timestamp()
+                   - COALESCE(state_change, backend_start)) * 1000)::bigint
+         FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(db)
+    .fetch_all(c)
+    .await
+    .map_err(|e| format!("pg_stat_activity {db}: {e}"))
+}
+
+/// Watches database `db` through the maintenance database at `url` for `window`, polling
+/// every `poll` (see the module documentation): the statements its backends start, and its
+/// `pg_stat_database` counters from the moment every backend has been idle for
+/// [`PG_STATS_SETTLED`] to the end of the window. The watcher's own queries run in the
+/// maintenance database and are not counted (nor is the watcher's own connection, should
+/// `url` name `db` itself).
+pub async fn pg_watch(
+    url: &str,
+    db: &str,
+    window: Duration,
+    poll: Duration,
+) -> Result<PgRest, String> {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(url)
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let started = Instant::now();
+    let (t0,): (i64,) =
+        sqlx::query_as("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint")
+            .fetch_one(&mut c)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+    let mut last: HashMap<i32, i64> = pg_activity(&mut c, db)
+        .await?
+        .into_iter()
+        .map(|(pid, q, _, _)| (pid, q))
+        .collect();
+    let mut statements = 0;
+    let mut base: Option<((i64, i64), Instant)> = None;
+    loop {
+        let now = pg_activity(&mut c, db).await?;
+        statements += started_statements(&mut last, &now, t0);
+        let settled = now
+            .iter()
+            .all(|&(_, _, busy, idle_ms)| !busy && idle_ms >= PG_STATS_SETTLED.as_millis() as i64);
+        if base.is_none() && settled {
+            base = Some((pg_counters(&mut c, db).await?, Instant::now()));
+        }
+        let left = window.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        tokio::time::sleep(left.min(poll)).await;
+    }
+    let counters = match base {
+        Some(((x0, r0), at)) => {
+            let (x1, r1) = pg_counters(&mut c, db).await?;
+            Some((x1 - x0, r1 - r0, at.elapsed().as_secs_f64()))
+        }
+        None => None,
+    };
     let _ = c.close().await;
-    Ok(row)
+    Ok(PgRest {
+        statements,
+        secs: started.elapsed().as_secs_f64(),
+        counters,
+    })
+}
+
+/// Statements started since the previous poll `last` (updated): a backend whose
+/// `query_start` moved, or a new one whose `query_start` is at or after `t0` (ms).
+fn started_statements(last: &mut HashMap<i32, i64>, now: &[Backend], t0: i64) -> u64 {
+    let mut n = 0;
+    for &(pid, q, _, _) in now {
+        let moved = match last.insert(pid, q) {
+            Some(before) => q > before,
+            None => q >= t0,
+        };
+        n += u64::from(moved);
+    }
+    n
 }
 
 /// Reads every configured source; failures are reported on stderr and leave that part None.
@@ -308,24 +427,20 @@ pub async fn read(src: &Sources) -> Reading {
             Err(e) => eprintln!("warning: redis: {e}"),
         }
     }
-    if let Some((u, db)) = &src.pg {
-        match pg_counters(u, db).await {
-            Ok(v) => r.pg = Some(v),
-            Err(e) => eprintln!("warning: postgres: {e}"),
-        }
-    }
     r
 }
 
-/// Deltas between two readings as writes per session per minute.
-pub fn rates(a: &Reading, b: &Reading, sessions: u64, secs: f64) -> Rates {
-    let per = |d: f64| {
+/// Deltas between two readings (and what [`pg_watch`] saw) as writes per session per
+/// minute.
+pub fn rates(a: &Reading, b: &Reading, pg: Option<&PgRest>, sessions: u64, secs: f64) -> Rates {
+    let per_over = |d: f64, secs: f64| {
         if sessions == 0 || secs <= 0.0 {
             None
         } else {
             Some(d / sessions as f64 / (secs / 60.0))
         }
     };
+    let per = |d: f64| per_over(d, secs);
     let metric = |name: &str| -> Option<f64> {
         let x = a.metrics.as_ref()?.get(name)?;
         let y = b.metrics.as_ref()?.get(name)?;
@@ -347,9 +462,13 @@ pub fn rates(a: &Reading, b: &Reading, sessions: u64, secs: f64) -> Rates {
         r.redis_write_cmds = per(seen.iter().fold(0.0, |acc, (_, d)| acc + *d as f64));
         r.redis_cmds_seen = seen;
     }
-    if let (Some(x), Some(y)) = (a.pg, b.pg) {
-        r.pg_xacts = per((y.0 - x.0) as f64);
-        r.pg_rows = per((y.1 - x.1) as f64);
+    if let Some(pg) = pg {
+        r.pg_statements = per_over(pg.statements as f64, pg.secs);
+        r.pg_statements_seen = Some(pg.statements);
+        if let Some((xacts, rows, secs)) = pg.counters {
+            r.pg_xacts = per_over(xacts as f64, secs);
+            r.pg_rows = per_over(rows as f64, secs);
+        }
     }
     r
 }
@@ -400,15 +519,13 @@ mod tests {
         let a = Reading {
             metrics: m(100.0, 10.0),
             redis_write_calls: Some(HashMap::from([("hset".into(), 5)])),
-            pg: None,
         };
         let b = Reading {
             metrics: m(400.0, 70.0),
             redis_write_calls: Some(HashMap::from([("hset".into(), 305), ("zadd".into(), 300)])),
-            pg: None,
         };
         // 100 sessions over 30 s: 300 writes = 6 per session per minute.
-        let r = rates(&a, &b, 100, 30.0);
+        let r = rates(&a, &b, None, 100, 30.0);
         assert_eq!(r.redis_writes, Some(6.0));
         assert_eq!(r.pg_writes, Some(1.2));
         assert_eq!(r.redis_write_cmds, Some(12.0));
@@ -417,7 +534,45 @@ mod tests {
             vec![("hset".to_string(), 300), ("zadd".to_string(), 300)]
         );
         assert_eq!(r.pg_xacts, None);
-        assert_eq!(rates(&a, &b, 0, 30.0).redis_writes, None);
+        assert_eq!(r.pg_statements, None);
+        assert_eq!(rates(&a, &b, None, 0, 30.0).redis_writes, None);
+        // PostgreSQL: statements over the whole window, counters over their settled part.
+        let pg = PgRest {
+            statements: 50,
+            secs: 30.0,
+            counters: Some((20, 0, 12.0)),
+        };
+        let r = rates(&a, &b, Some(&pg), 100, 30.0);
+        assert_eq!(r.pg_statements, Some(1.0));
+        assert_eq!(r.pg_statements_seen, Some(50));
+        assert_eq!(r.pg_xacts, Some(1.0));
+        assert_eq!(r.pg_rows, Some(0.0));
+        let unsettled = PgRest {
+            counters: None,
+            ..pg
+        };
+        assert_eq!(rates(&a, &b, Some(&unsettled), 100, 30.0).pg_xacts, None);
+    }
+
+    #[test]
+    fn a_statement_is_a_moved_query_start_or_a_new_backend_that_started_one_in_the_window() {
+        let t0 = 1_000;
+        let mut last = HashMap::from([(1, 900), (2, 950)]);
+        // Backend 1 idle since before the window, 2 ran one, 3 is new and ran one, 4 is
+        // new but its last statement is older than the window, 5 is new and never ran one.
+        let now = [
+            (1, 900, false, 0),
+            (2, 1_200, false, 0),
+            (3, 1_100, false, 0),
+            (4, 800, false, 0),
+            (5, 0, false, 0),
+        ];
+        assert_eq!(started_statements(&mut last, &now, t0), 2);
+        assert_eq!(
+            started_statements(&mut last, &now, t0),
+            0,
+            "nothing moved since"
+        );
     }
 
     #[test]
