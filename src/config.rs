@@ -419,6 +419,11 @@ pub struct LivenessConfig {
     pub sweep_interval: Duration,
     /// Resources taken per sweeper call (the script is called again while batches are full).
     pub sweep_batch: usize,
+    /// Stale resources of dead nodes the sweeper announces at once (each is a read of the
+    /// user's audience and a fan-out): a node's death announces all of its sessions within
+    /// the sweep that finds them stale, without one round trip after another per resource,
+    /// and without more concurrent store reads than this.
+    pub sweep_concurrency: usize,
     /// At most one Redis write per resource per this interval (default T/3): beats are held
     /// locally and the latest one is written when this much time has passed.
     #[serde(with = "secs")]
@@ -443,6 +448,7 @@ impl Default for LivenessConfig {
             sweeper: true,
             sweep_interval: Duration::from_secs(5),
             sweep_batch: 500,
+            sweep_concurrency: 32,
             redis_refresh: Duration::from_secs(33),
             last_seen_flush: Duration::from_secs(1),
             beat_shards: 16,
@@ -1280,6 +1286,9 @@ impl Config {
         }
         if l.sweep_batch == 0 || l.sweep_batch > 5000 || l.beat_shards == 0 {
             return bad("[liveness] sweep_batch must be 1..=5000 and beat_shards > 0".into());
+        }
+        if l.sweep_concurrency == 0 || l.sweep_concurrency > 1024 {
+            return bad("[liveness] sweep_concurrency must be 1..=1024".into());
         }
         let r = &self.redis;
         if !r.url.is_empty() {

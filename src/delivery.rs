@@ -16,7 +16,7 @@
 //!   [`crate::carbons`]);
 //! - XEP-0160 offline messages: kept by [`message`] when no resource can take one, handed
 //!   out by [`offline_messages`] (which messages: [`crate::offline`]);
-//! - [`to_available`] / [`xml_to_available`] / [`to_session`] / [`to_local`]: the transport
+//! - [`crate::node::send::to_available`] / [`xml_to_available`] / [`to_session`] / [`to_local`]: the transport
 //!   of stanzas whose admission the caller already decided (presence the gate admitted,
 //!   roster pushes, answers to a session's own request);
 //! - [`bounce`]: the error reply to a stanza's sender, local or remote;
@@ -44,7 +44,7 @@ use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid, Jid};
 pub(crate) use crate::node::send::message_to_bare_everywhere;
 use crate::node::send::{answer, is_local, targets_everywhere, xml_to_available};
-pub(crate) use crate::node::send::{bounce, to_available, to_local, unavailable};
+pub(crate) use crate::node::send::{bounce, to_local, unavailable};
 use crate::node::Shared;
 use crate::presence::gate;
 use crate::sessions::SessionHandle;
@@ -634,18 +634,27 @@ pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
         .is_none_or(|e| e.available && e.visible);
     // Its directory entry goes too, once its node is no longer live.
     shared.cluster.forget_if_dead(jid);
-    if shown {
-        let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
-        for contact in gate::online_audience(shared, jid.as_str()).await {
-            if is_local(shared, &contact) {
-                to_available(shared, &contact, &unavailable(jid.as_str(), &contact));
-            }
-        }
-    }
+    // One stanza, addressed to each recipient: here per session, elsewhere one message per
+    // node holding any of them (not one per recipient).
+    let once = crate::xml::Addressed::new(&unavailable(jid.as_str(), bare.as_str()));
+    let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
+    let mut recipients: Vec<String> = if shown {
+        gate::online_audience(shared, jid.as_str())
+            .await
+            .into_iter()
+            .filter(|contact| is_local(shared, contact))
+            .collect()
+    } else {
+        Vec::new()
+    };
     // The user's own available resources, on this node and the others (RFC 6121 §4.5.2).
-    to_available(
-        shared,
-        bare.as_str(),
-        &unavailable(jid.as_str(), bare.as_str()),
+    recipients.push(bare.to_string());
+    for to in &recipients {
+        xml_to_available(shared, to, || once.to(to));
+    }
+    shared.cluster.forward(
+        recipients,
+        Arc::new(once.unaddressed().to_owned()),
+        Kind::Address,
     );
 }

@@ -232,6 +232,19 @@ impl Cluster {
         }
     }
 
+    /// Waits until the queue of this node's directory writes and messages has room for
+    /// `ops` more. What is queued beyond its capacity is dropped (and counted as an error),
+    /// which a session's own change can afford and a producer of thousands at once, the
+    /// sweeper announcing a dead node's sessions, cannot: it paces itself by this.
+    pub async fn wait_for_room(&self, ops: usize) {
+        if self.inner.client.is_none() {
+            return;
+        }
+        let ops = ops.min(self.inner.ops.max_capacity());
+        // The permits are given back at once: this only waits for the room.
+        let _ = self.inner.ops.reserve_many(ops).await;
+    }
+
     /// A resource was bound here: it is this node's now, cluster-wide. A session bound to
     /// the same full JID on another node is ended there (RFC 6120 §7.7.2.2, the same
     /// override policy as a local conflict).

@@ -277,6 +277,7 @@ pub struct Liveness {
     /// Last-seen entries waiting for the next flush.
     pub last_seen: last_seen::Batcher,
     sweep_batch: usize,
+    sweep_concurrency: usize,
     /// Grace tasks, waited for at shutdown so their last-seen entries are flushed.
     grace_tasks: TaskTracker,
 }
@@ -305,6 +306,7 @@ impl Liveness {
             recently_ended: Mutex::default(),
             last_seen: last_seen::Batcher::default(),
             sweep_batch: config.liveness.sweep_batch,
+            sweep_concurrency: config.liveness.sweep_concurrency,
             grace_tasks: TaskTracker::new(),
         }
     }
@@ -558,6 +560,10 @@ impl Liveness {
 
     pub(crate) fn sweep_batch(&self) -> usize {
         self.sweep_batch
+    }
+
+    pub(crate) fn sweep_concurrency(&self) -> usize {
+        self.sweep_concurrency
     }
 
     /// The writer's end of the op queue; `None` once taken (the writer runs once).

@@ -6,23 +6,33 @@
 //! one of them. A full batch means there may be more: the script is called again.
 //!
 //! The member names the node holding the session. A resource of this node is handled here;
-//! one of another node is handed to it on its pub/sub channel (it knows whether the client
-//! is really silent, owns the socket and ends the session, announcing through the normal
-//! presence path); when no node listens on that channel (the node crashed), the sweeper
-//! announces the resource unavailable itself.
+//! those of another node are handed to it on its pub/sub channel, one message per resource
+//! and every hand-off of a batch in one pipeline (it knows whether the client is really
+//! silent, owns the socket and ends the session, announcing through the normal presence
+//! path). When nobody listens on that channel (the node crashed), the sweeper announces
+//! the resources itself.
 //!
 //! "Nobody listens" is the publish's receiver count: `PUBLISH` on a single Redis, `SPUBLISH`
 //! on a Redis Cluster (there `PUBLISH` counts only the subscribers of the node that
 //! received it, while `SPUBLISH` goes to the channel's shard, where the node subscribes).
 //! A count of 0 from a node that still heartbeats in the cluster directory is a subscriber
-//! being re-made (a Redis failover, a reconnect), not a death: the beat is put back, and a
-//! later sweep hands it over again or, once the node has stopped heartbeating (T after its
-//! last heartbeat), announces it.
+//! being re-made (a Redis failover, a reconnect), not a death: its beats are put back at the
+//! end of the sweep, and a later sweep hands them over again or, once the node has stopped
+//! heartbeating (T after its last heartbeat), announces them. A node that received none of
+//! a batch is decided for the rest of the sweep, so a dead node costs one pipeline of
+//! publishes per sweep, not one round trip per resource.
+//!
+//! A crashed node's sessions all go stale within one refresh interval, thousands at once:
+//! the resource keys of a batch's orphans are read in one pipeline (per slot on a Redis
+//! Cluster), and `sweep_concurrency` of them are announced at a time (each is one read of
+//! the user's audience and one cluster message), so they are all told within the sweep
+//! that finds them rather than one round trip after another.
 //!
 //! Without Redis the sweeper takes the same stale resources (beat at or before now − T, in
 //! batches of `sweep_batch`) from the in-process table, every one of them this node's, and
 //! hands each to the same decision ([`super::Liveness::swept_local`]).
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -30,7 +40,7 @@ use crate::jid::FullJid;
 use crate::liveness::redis_link::RedisLink;
 use crate::liveness::{in_process, keys, Backend, Op, SweptLocal};
 use crate::node::Shared;
-use crate::redis_conn::Conn;
+use crate::redis_conn::{Conn, SlotPipe};
 
 /// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size.
 /// Returns member, score, member, score, ... and removes them.
@@ -130,15 +140,16 @@ async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
     live.metrics.sweeps.fetch_add(1, Ordering::Relaxed);
     let cutoff = live.sweep_cutoff_ms();
     let batch = live.sweep_batch();
+    let mut sweep = Sweep::default();
     let mut total = 0;
-    for shard in 0..live.keys.shards {
+    'shards: for shard in 0..live.keys.shards {
         let key = live.keys.beats(shard);
         loop {
             let got = match sweep_once(&mut conn, &key, cutoff, batch).await {
                 Ok(g) => g,
                 Err(e) => {
                     link.failed(&e).await;
-                    return total;
+                    break 'shards;
                 }
             };
             let full = got.len() >= batch;
@@ -146,71 +157,178 @@ async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
             live.metrics
                 .swept
                 .fetch_add(got.len() as u64, Ordering::Relaxed);
-            for (member, score) in got {
-                handle_member(shared, link, &mut conn, &member, score).await;
+            if let Err(e) = handle_batch(shared, link, &mut conn, &key, got, &mut sweep).await {
+                link.failed(&e).await;
+                break 'shards;
             }
             if !full {
                 break;
             }
         }
     }
+    // Only now: a member put back is still stale, so the same sweep would take it again.
+    if !sweep.put_back.is_empty() {
+        let mut pipe = SlotPipe::new();
+        for (key, members) in &sweep.put_back {
+            let mut c = redis::cmd("ZADD");
+            c.arg(key).arg("GT");
+            for (member, score) in members {
+                c.arg(*score).arg(member);
+            }
+            pipe.add(key, c);
+        }
+        if let Err(e) = pipe.query(&mut conn).await {
+            link.failed(&e).await;
+        }
+    }
     total
 }
 
-async fn handle_member(
+/// What one sweep learnt about other nodes, and what it gives back at its end.
+#[derive(Default)]
+struct Sweep {
+    /// Nodes found not to listen in this sweep: their other members are not offered again.
+    verdicts: HashMap<String, Verdict>,
+    /// Beat ZSET → members (with their beat) of nodes that heartbeat but do not listen.
+    put_back: HashMap<String, Vec<(String, i64)>>,
+    /// Whether this sweep read the set of live instances afresh.
+    live_set_read: bool,
+}
+
+/// Whether `node`, which did not listen, still heartbeats. The set of live instances is
+/// read afresh once per sweep before a node is called deaf: the copy the heartbeat keeps
+/// may be up to a heartbeat period old, which would delay a dead node's announcement by
+/// that much. A failed read decides nothing (the node counts as live, its beats go back).
+async fn still_live(shared: &Shared, node: &str, live_set_read: &mut bool) -> bool {
+    if !shared.cluster.node_is_live(node) {
+        return false;
+    }
+    if *live_set_read {
+        return true;
+    }
+    *live_set_read = true;
+    !shared.cluster.heartbeat(false).await || shared.cluster.node_is_live(node)
+}
+
+/// What a node that received none of its stale resources' hand-offs is taken to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Nobody, but the node still heartbeats: its subscriber is being re-made.
+    Deaf,
+    /// Nobody, and the node no longer heartbeats: it is gone, and so are its sessions.
+    Dead,
+}
+
+/// A stale resource whose session is gone with its node (`node`: the one its beat named).
+struct Orphan {
+    node: String,
+    jid: FullJid,
+    score: i64,
+}
+
+/// One batch of stale members from beat ZSET `key`: this node's are decided here; the
+/// others are handed to their node, every hand-off of the batch in one pipeline, and a
+/// node that receives none of them is decided once for the whole sweep. What is left
+/// (resources of dead nodes, and of this node's earlier runs) is announced together.
+async fn handle_batch(
     shared: &Arc<Shared>,
     link: &RedisLink,
     conn: &mut Conn,
-    member: &str,
-    score: i64,
-) {
+    key: &str,
+    got: Vec<(String, i64)>,
+    sweep: &mut Sweep,
+) -> redis::RedisResult<()> {
     let live = &shared.liveness;
-    let Some((node, jid)) = keys::parse_member(member) else {
-        tracing::warn!(member, "malformed beat member dropped");
-        return;
-    };
-    if node == live.node_id {
-        return handle_stale(shared, jid, score).await;
-    }
-    let Some(target) = link.target() else {
-        return;
-    };
-    let notice = format!("{score} {jid}");
-    let heard: redis::RedisResult<i64> = target
-        .publish(&live.keys.node_channel(node), &notice)
-        .query_async(conn)
-        .await;
-    match heard {
-        Ok(n) if n > 0 => {
-            tracing::debug!(%jid, %node, "stale resource handed to its node");
+    let mut orphans = Vec::new();
+    let mut by_node: BTreeMap<&str, Vec<(&str, i64, &str)>> = BTreeMap::new();
+    for (member, score) in &got {
+        let Some((node, jid)) = keys::parse_member(member) else {
+            tracing::warn!(member, "malformed beat member dropped");
+            continue;
+        };
+        if node == live.node_id {
+            orphans.extend(stale_here(shared, jid, *score));
+        } else {
+            by_node.entry(node).or_default().push((jid, *score, member));
         }
-        Ok(_) if shared.cluster.node_is_live(node) => {
-            // Its subscriber is being re-made: try again at a later sweep.
-            tracing::debug!(%jid, %node, "node heartbeats but does not listen; beat put back");
-            let bare = jid.split_once('/').map_or(jid, |(b, _)| b);
-            let back: redis::RedisResult<i64> = redis::cmd("ZADD")
-                .arg(live.keys.beats_for(bare))
-                .arg("GT")
-                .arg(score)
-                .arg(member)
-                .query_async(conn)
-                .await;
-            if let Err(e) = back {
-                link.failed(&e).await;
+    }
+    // The hand-offs to every node not decided yet in this sweep, one message per resource
+    // (the format every version reads) and all in one pipeline.
+    let mut decided: HashMap<&str, Verdict> = by_node
+        .keys()
+        .filter_map(|n| sweep.verdicts.get(*n).map(|v| (*n, *v)))
+        .collect();
+    let undecided: Vec<&str> = by_node
+        .keys()
+        .copied()
+        .filter(|n| !decided.contains_key(n))
+        .collect();
+    if let (false, Some(target)) = (undecided.is_empty(), link.target()) {
+        let mut pipe = SlotPipe::new();
+        for node in &undecided {
+            let channel = live.keys.node_channel(node);
+            for (jid, score, _) in &by_node[node] {
+                pipe.add(
+                    &channel,
+                    target.publish(&channel, &format!("{score} {jid}")),
+                );
             }
         }
-        Ok(_) => {
-            // Nobody listens for that node: it is gone, and so is the session.
-            if let Ok(j) = FullJid::new(jid) {
-                announce_orphan(shared, link, conn, node, &j, score).await;
+        let mut heard = pipe.query(conn).await?.into_iter();
+        for node in undecided {
+            let members = by_node
+                .get_mut(node)
+                .expect("an undecided node has members");
+            let before = members.len();
+            // Those its node received are its node's now.
+            members.retain(|_| {
+                let n = heard.next().map(|v| redis::from_redis_value::<i64>(&v));
+                !matches!(n, Some(Ok(n)) if n > 0)
+            });
+            if members.is_empty() {
+                tracing::debug!(%node, resources = before, "stale resources handed to their node");
+                continue;
             }
+            let verdict = if still_live(shared, node, &mut sweep.live_set_read).await {
+                Verdict::Deaf
+            } else {
+                Verdict::Dead
+            };
+            // A node that heard none of them is decided for the rest of the sweep; one that
+            // heard some is in the middle of a change and is offered the next batch again.
+            if members.len() == before {
+                sweep.verdicts.insert(node.to_owned(), verdict);
+            }
+            decided.insert(node, verdict);
         }
-        Err(e) => link.failed(&e).await,
     }
+    for (node, members) in by_node {
+        match decided.get(node) {
+            Some(Verdict::Deaf) => {
+                tracing::debug!(%node, resources = members.len(),
+                    "node heartbeats but does not listen; beats put back after the sweep");
+                sweep.put_back.entry(key.to_owned()).or_default().extend(
+                    members
+                        .iter()
+                        .map(|(_, score, m)| ((*m).to_owned(), *score)),
+                );
+            }
+            Some(Verdict::Dead) => orphans.extend(members.iter().filter_map(|(jid, score, _)| {
+                Some(Orphan {
+                    node: node.to_owned(),
+                    jid: FullJid::new(jid).ok()?,
+                    score: *score,
+                })
+            })),
+            None => {}
+        }
+    }
+    announce_orphans(shared, link, conn, orphans).await;
+    Ok(())
 }
 
-/// Listens on this node's channel for stale resources other nodes' sweepers found, and
-/// handles them like its own. Reconnects with backoff.
+/// Listens on this node's channel for stale resources other nodes' sweepers found
+/// (`<last beat> <full JID>`), and handles them like its own. Reconnects with backoff.
 pub async fn listen(shared: Arc<Shared>) {
     let live = &shared.liveness;
     let Some(link) = live.redis() else {
@@ -230,26 +348,52 @@ pub async fn listen(shared: Arc<Shared>) {
         |text| {
             let shared = handler.clone();
             async move {
-                let Some((score, jid)) = text.split_once(' ') else {
+                let mut orphans = Vec::new();
+                for line in text.lines() {
+                    let Some((score, jid)) = line.split_once(' ') else {
+                        continue;
+                    };
+                    let Ok(score) = score.parse::<i64>() else {
+                        continue;
+                    };
+                    orphans.extend(stale_here(&shared, jid, score));
+                }
+                if orphans.is_empty() {
+                    return;
+                }
+                let Some(link) = shared.liveness.redis() else {
                     return;
                 };
-                let Ok(score) = score.parse::<i64>() else {
-                    return;
-                };
-                handle_stale(&shared, jid, score).await;
+                if let Some(mut conn) = link.conn().await {
+                    announce_orphans(&shared, link, &mut conn, orphans).await;
+                }
             }
         },
     )
     .await;
 }
 
+/// The in-process table's decision for one stale resource (every one is this node's).
 async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
+    if stale_here(shared, jid, score).is_some() {
+        // In process every entry was written by this node for a session it tracks, so an
+        // untracked one has no other node to belong to: its end was handled here.
+        tracing::debug!(%jid, "sweeper: stale entry of a session no longer tracked");
+    }
+}
+
+/// Decides a stale resource whose beat names this node: a session here is ended, left to
+/// its grace task or rewritten (its beat is newer). Returns it as an orphan when no session
+/// here has it and none ended after that beat: its session died with an earlier run of
+/// this node.
+fn stale_here(shared: &Shared, jid: &str, score: i64) -> Option<Orphan> {
     let live = &shared.liveness;
     match live.swept_local(jid, score) {
         SweptLocal::Ended => {
             tracing::info!(%jid, last_beat = score, "sweeper: silent for longer than ttl");
+            None
         }
-        SweptLocal::InGrace => {}
+        SweptLocal::InGrace => None,
         SweptLocal::Alive(beat) => {
             if let Ok(j) = FullJid::new(jid) {
                 live.queue_op(Op::Refresh {
@@ -257,64 +401,95 @@ async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
                     beat_ms: beat,
                 });
             }
+            None
         }
-        SweptLocal::NotLocal => {
-            if live.ended_here_after(jid, score) {
-                return;
-            }
-            // In process every entry was written by this node for a session it tracks, so
-            // an untracked one has no other node to belong to: its end was handled here.
-            let Some(link) = live.redis() else {
-                tracing::debug!(%jid, "sweeper: stale entry of a session no longer tracked");
-                return;
-            };
-            if let Ok(j) = FullJid::new(jid) {
-                if let Some(mut conn) = link.conn().await {
-                    announce_orphan(shared, link, &mut conn, &live.node_id, &j, score).await;
-                }
-            }
-        }
+        SweptLocal::NotLocal if live.ended_here_after(jid, score) => None,
+        SweptLocal::NotLocal => Some(Orphan {
+            node: live.node_id.clone(),
+            jid: FullJid::new(jid).ok()?,
+            score,
+        }),
     }
 }
 
-/// A stale resource with no session on this node (its node crashed): tell the user's local
-/// contacts and resources that it is unavailable, and record its last beat as last seen.
-/// RFC 6121 §4.5.2: the server generates the unavailable when the client could not.
+/// Stale resources with no session on this node (their node crashed): tell each user's
+/// local contacts and resources that it is unavailable, and record its last beat as last
+/// seen. RFC 6121 §4.5.2: the server generates the unavailable when the client could not.
 ///
-/// Nothing is said when the same resource is back, here or on a live node (its resource
-/// key names another node than `node`, the dead one): it is online, and an unavailable
-/// would contradict what its contacts were just shown. Who receives the unavailable is
-/// [`crate::delivery::unavailable_of_lost`]'s decision.
-async fn announce_orphan(
+/// Nothing is said for a resource that is back, here or on a live node (its resource key,
+/// read for the whole batch in one pipeline per slot, names another node than the dead
+/// one): it is online, and an unavailable would contradict what its contacts were just
+/// shown. The rest are announced `sweep_concurrency` at a time; who receives each
+/// unavailable is [`crate::delivery::unavailable_of_lost`]'s decision.
+async fn announce_orphans(
     shared: &Arc<Shared>,
     link: &RedisLink,
     conn: &mut Conn,
-    node: &str,
-    jid: &FullJid,
-    score: i64,
+    mut orphans: Vec<Orphan>,
 ) {
-    if shared.sessions.get(jid).is_some() {
-        tracing::debug!(%jid, "sweeper: stale beat of a resource that is back here");
+    orphans.retain(|o| {
+        let back = shared.sessions.get(&o.jid).is_some();
+        if back {
+            tracing::debug!(jid = %o.jid, "sweeper: stale beat of a resource that is back here");
+        }
+        !back
+    });
+    if orphans.is_empty() {
         return;
     }
-    let holder: redis::RedisResult<Option<String>> = redis::cmd("GET")
-        .arg(shared.liveness.keys.resource(jid))
-        .query_async(conn)
-        .await;
-    match holder {
-        Ok(Some(n)) if n != node => {
-            tracing::debug!(%jid, holder = %n, "sweeper: stale beat of a resource back on a live node");
-            return;
-        }
-        Ok(_) => {}
-        // Unknown: announcing is what the resource's own node would have done.
-        Err(e) => link.failed(&e).await,
+    let keys = &shared.liveness.keys;
+    let mut pipe = SlotPipe::new();
+    for o in &orphans {
+        let key = keys.resource(&o.jid);
+        let mut c = redis::cmd("GET");
+        c.arg(&key);
+        pipe.add(&key, c);
     }
+    let holders: Vec<Option<String>> = match pipe.query(conn).await {
+        Ok(values) => values
+            .into_iter()
+            .map(|v| redis::from_redis_value(&v).ok().flatten())
+            .collect(),
+        Err(e) => {
+            // Unknown: announcing is what the resources' own node would have done.
+            link.failed(&e).await;
+            Vec::new()
+        }
+    };
+    let lost = orphans
+        .into_iter()
+        .enumerate()
+        .filter(|(i, o)| match holders.get(*i) {
+            Some(Some(n)) if *n != o.node => {
+                tracing::debug!(jid = %o.jid, holder = %n, "sweeper: stale beat of a resource back on a live node");
+                false
+            }
+            _ => true,
+        })
+        .map(|(_, o)| o);
+    // Tasks, not futures of this one: the announcements run on every worker thread.
+    let limit = shared.liveness.sweep_concurrency();
+    let mut running = tokio::task::JoinSet::new();
+    for o in lost {
+        if running.len() >= limit {
+            running.join_next().await;
+        }
+        running.spawn(announce_lost(shared.clone(), o));
+    }
+    while running.join_next().await.is_some() {}
+}
+
+async fn announce_lost(shared: Arc<Shared>, o: Orphan) {
+    let Orphan { jid, score, .. } = o;
     tracing::info!(%jid, last_beat = score, "sweeper: resource of no live node");
-    shared.cluster.seen(jid.to_bare().as_str(), score);
-    crate::delivery::unavailable_of_lost(shared, jid).await;
+    let bare = jid.to_bare();
+    // Its last seen to each other node, its directory entry, one message of unavailables.
+    let ops = shared.cluster.peers().len() + 2;
+    shared.cluster.wait_for_room(ops).await;
+    shared.cluster.seen(bare.as_str(), score);
+    crate::delivery::unavailable_of_lost(&shared, &jid).await;
     shared.liveness.last_seen.push(crate::store::LastSeen {
-        jid: jid.to_bare().to_string(),
+        jid: bare.to_string(),
         at: chrono::DateTime::from_timestamp_millis(score).unwrap_or_else(chrono::Utc::now),
         status: None,
     });

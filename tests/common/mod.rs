@@ -752,21 +752,10 @@ impl Client {
                 return;
             }
             match self.read_stanza(left).await {
-                Ok(el)
-                    if el.name == "iq"
-                        && el.get_attr("type") == Some("get")
-                        && el.get_child("ping", presenced::xml::NS_PING).is_some() =>
-                {
-                    let mut r = Element::new("iq", NS_CLIENT).attr("type", "result");
-                    if let Some(id) = el.get_attr("id") {
-                        r.set_attr("id", id);
-                    }
-                    if let Some(from) = el.get_attr("from") {
-                        r.set_attr("to", from);
-                    }
-                    self.send(&r).await;
-                }
-                Ok(el) => self.backlog.push(el),
+                Ok(el) => match pong(&el) {
+                    Some(r) => self.send(&r).await,
+                    None => self.backlog.push(el),
+                },
                 Err(Ended::Timeout) => return,
                 Err(e) => panic!("{}: stream ended while idling: {e:?}", self.jid),
             }
@@ -790,21 +779,10 @@ impl Client {
             if pred(&el) {
                 return Ok(el);
             }
-            if el.name == "iq"
-                && el.get_attr("type") == Some("get")
-                && el.get_child("ping", presenced::xml::NS_PING).is_some()
-            {
-                let mut r = Element::new("iq", NS_CLIENT).attr("type", "result");
-                if let Some(id) = el.get_attr("id") {
-                    r.set_attr("id", id);
-                }
-                if let Some(from) = el.get_attr("from") {
-                    r.set_attr("to", from);
-                }
-                self.send(&r).await;
-                continue;
+            match pong(&el) {
+                Some(r) => self.send(&r).await,
+                None => self.backlog.push(el),
             }
-            self.backlog.push(el);
         }
     }
 
@@ -817,11 +795,49 @@ impl Client {
         }
     }
 
+    /// Holds the session like a live client until its stream ends: answers the server's
+    /// XEP-0199 pings and discards everything else. For tests that hold many sessions
+    /// whose only part is to be alive.
+    pub async fn keep_alive(mut self) {
+        loop {
+            match self.read_stanza(Duration::from_secs(3600)).await {
+                Ok(el) => {
+                    if let Some(r) = pong(&el) {
+                        if self.try_send_raw(&r.to_xml()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(Ended::Timeout) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
     /// Closes the stream cleanly.
     pub async fn close(mut self) {
         self.send_raw("</stream:stream>").await;
         let _ = tokio::time::timeout(Duration::from_secs(2), self.reader.next()).await;
     }
+}
+
+/// A live client's answer to `el` if it is the server's XEP-0199 ping (§4.2: a result
+/// with the same id).
+fn pong(el: &Element) -> Option<Element> {
+    if el.name != "iq"
+        || el.get_attr("type") != Some("get")
+        || el.get_child("ping", presenced::xml::NS_PING).is_none()
+    {
+        return None;
+    }
+    let mut r = Element::new("iq", NS_CLIENT).attr("type", "result");
+    if let Some(id) = el.get_attr("id") {
+        r.set_attr("id", id);
+    }
+    if let Some(from) = el.get_attr("from") {
+        r.set_attr("to", from);
+    }
+    Some(r)
 }
 
 /// The defined condition inside a `<stream:error/>` or stanza `<error/>`.

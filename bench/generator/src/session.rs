@@ -536,8 +536,8 @@ pub struct Shared {
     /// watchers of this process got one and `now_ns()` of the first arrival at each
     /// watcher's latest (the timed run's kill phase).
     pub unavailable: Mutex<std::collections::HashMap<String, (u32, u64)>>,
-    /// (contact, watcher) pairs counted in `unavailable`, and the unavailables received
-    /// beyond the first per pair (a contact announced twice to the same watcher).
+    /// (contact's full JID, watcher) pairs counted in `unavailable`, and the unavailables
+    /// received beyond the first per pair (a session announced twice to the same watcher).
     pub unavailable_pairs: Mutex<(HashSet<(String, String)>, u64)>,
 }
 
@@ -876,9 +876,13 @@ fn on_presence(
                 escape(from_bare)
             ));
         }
+        // A probe's answer for a contact with no available resource is an unavailable from
+        // its bare JID (RFC 6121 §4.3.2), sent at login: not the end of a session, and not
+        // a first announcement that would make the contact's real one count as a repeat.
+        Some("unavailable") if from_bare == from => return None,
         Some("unavailable") if from_bare != own_bare => {
             let first = shared.unavailable_pairs.lock().is_ok_and(|mut p| {
-                let new = p.0.insert((from_bare.to_string(), own_bare.to_string()));
+                let new = p.0.insert((from.to_string(), own_bare.to_string()));
                 if !new {
                     p.1 += 1;
                 }
@@ -1039,6 +1043,26 @@ mod tests {
             Some(&("unavailable".to_string(), String::new()))
         );
         assert_eq!(csi.last_from.len(), 2);
+    }
+
+    #[test]
+    fn a_probe_answer_before_a_session_end_is_neither_an_announcement_nor_a_repeat() {
+        let shared = Shared::default();
+        let mut seen = None;
+        let mut got = |xml: &str, now: u64| {
+            let el = Element::parse(xml).expect("valid");
+            on_presence(&el, "u1@d", 2, Mode::Measure, now, &shared, &mut seen);
+        };
+        // At login u3 was offline: its server answered the probe from its bare JID.
+        got("<presence from='u3@d' type='unavailable'/>", 1);
+        // Later its session ends (its node died): one announcement, then a repeat.
+        got("<presence from='u3@d/b' type='unavailable'/>", 5);
+        got("<presence from='u3@d/b' type='unavailable'/>", 7);
+        assert_eq!(
+            shared.unavailable.lock().unwrap().get("u3@d"),
+            Some(&(1, 5))
+        );
+        assert_eq!(shared.unavailable_pairs.lock().unwrap().1, 1);
     }
 
     #[test]
