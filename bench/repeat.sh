@@ -6,6 +6,9 @@
 # Usage: [REPEATS=3] [N=1000 K=10 SERVERS="..."] bench/repeat.sh [--record] [-- generator args]
 #   Every other variable is bench/run.sh's. Results: $BENCH_WORK/repeats/<UTC stamp>/run<i>/.
 #   --record appends the table to BENCHMARKS.md.
+#   BENCH_LOCK=FILE: each run holds this flock(1) lock (benchmarks sharing the machine take
+#   turns; -o: the servers started inside do not inherit it). Provision first
+#   (bench/run.sh --provision-only) so that the lock is not held while provisioning.
 # Provisioning (untimed) happens in the first run for what is missing.
 set -euo pipefail
 
@@ -32,7 +35,9 @@ for i in $(seq 1 "$REPEATS"); do
     order="$SERVERS"
     [ $((i % 2)) = 0 ] && order="$(reversed "$SERVERS")"
     echo "[repeat.sh $(date -u +%H:%M:%S)] run $i of $REPEATS: $order (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-    RESULTS="$OUT/run$i" SERVERS="$order" "$HERE/run.sh" "${PASS[@]}" || FAILED=1
+    lock=()
+    [ -n "${BENCH_LOCK:-}" ] && lock=(flock -o "$BENCH_LOCK")
+    RESULTS="$OUT/run$i" SERVERS="$order" "${lock[@]}" "$HERE/run.sh" "${PASS[@]}" || FAILED=1
     DIRS+=("$OUT/run$i")
 done
 {

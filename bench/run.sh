@@ -13,6 +13,9 @@
 #   PRESENCED_SQL=FILE   SQL that provisions presenced users (see provision_presenced())
 #   BENCH_WORK=/tmp/presenced-bench  state, configs, logs
 #   RESULTS=DIR          where the JSON results and the summary go ($BENCH_WORK/results)
+#   PEER_PROVISION=files  how the peers get their users and rosters (untimed): "files"
+#                        writes Prosody's storage and imports it into ejabberd (seconds);
+#                        "xmpp" registers in-band and subscribes over XMPP (hours at 10k)
 #   PROVISION_TIME_LIMIT=14400  seconds the untimed provisioning may take
 #   PROVISION_RATE=500   users per second sending their subscription requests
 #   PROCS=P              generator processes for the timed run (default: one per 10,000
@@ -62,6 +65,7 @@ REST_SECS="${REST_SECS:-60}"
 CSI="${CSI:-0}"
 CSI_SECS="${CSI_SECS:-20}"
 CSI_INTEREST="${CSI_INTEREST:-2}"
+PEER_PROVISION="${PEER_PROVISION:-files}"
 SMOKE=0
 RECORD=0
 FRESH=0
@@ -91,11 +95,13 @@ log() { echo "[run.sh $(date +%H:%M:%S)] $*" >&2; }
 
 # ---------------------------------------------------------------- install (idempotent)
 install_peers() {
-    if ! command -v prosody >/dev/null || ! command -v ejabberdctl >/dev/null \
-        || ! dpkg -s lua-unbound >/dev/null 2>&1; then
-        log "installing prosody, lua-unbound, ejabberd from Debian"
-        apt-get install -y prosody lua-unbound ejabberd >/dev/null \
-            || { apt-get update >/dev/null && apt-get install -y prosody lua-unbound ejabberd >/dev/null; }
+    # erlang-luerl: ejabberd's import_prosody reads the provisioned Lua files with it.
+    local pkgs="prosody lua-unbound ejabberd erlang-luerl" p missing=0
+    for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing=1; done
+    if [ "$missing" = 1 ]; then
+        log "installing $pkgs from Debian"
+        apt-get install -y $pkgs >/dev/null \
+            || { apt-get update >/dev/null && apt-get install -y $pkgs >/dev/null; }
     fi
 }
 
@@ -132,10 +138,14 @@ check_fd_limit() { # pid
     log "server pid $1: descriptor limit $have"
 }
 
-wait_port() { # port seconds
+wait_port() { # port seconds [pid of the server that is to listen]
     local i
     for i in $(seq 1 $(( $2 * 10 ))); do
         ss -Hltn "sport = :$1" | grep -q LISTEN && return 0
+        if [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null; then
+            echo "the server (pid $3) exited before listening on port $1" >&2
+            return 1
+        fi
         sleep 0.1
     done
     echo "nothing listens on port $1 after $2 s" >&2
@@ -182,7 +192,7 @@ CFG
 prosody_start() {
     prosody -F --config "$DATA/prosody/prosody.cfg.lua" >>"$DATA/prosody/stdout.log" 2>&1 &
     SERVER_PID=$!
-    wait_port "$PROSODY_PORT" 60 || return 1
+    wait_port "$PROSODY_PORT" 60 "$SERVER_PID" || return 1
     SERVER_PIDS=("$SERVER_PID")
     check_fd_limit "$SERVER_PID"
 }
@@ -201,6 +211,15 @@ stop_pid() { # pid
 }
 prosody_stop() {
     stop_pid "$SERVER_PID"
+}
+# The users' accounts (SCRAM-SHA-1, Prosody's own iteration count) and rosters written
+# straight into the data directory (presenced-bench --provision-files): the same users,
+# passwords and mutual contacts as the XMPP provisioning, in seconds instead of hours.
+# Written from empty (with a fresh SaltedPassword cache): nothing of an earlier
+# provisioning is mixed in.
+prosody_provision() { # generator args...
+    rm -rf "$DATA/prosody/data" "$DATA/prosody/scram-cache.txt"
+    "$BENCH" "$@" --provision --provision-files "$DATA/prosody/data" --scram-iterations 10000
 }
 
 # ---------------------------------------------------------------- ejabberd
@@ -285,10 +304,18 @@ CFG
     chown -R ejabberd:ejabberd "$d"
 }
 ejabberd_start() {
-    local d="$DATA/ejabberd" i p
-    ejabberdctl --ctl-config "$d/ejabberdctl.cfg" foreground >>"$d/stdout.log" 2>&1 &
-    SERVER_PID=$!
-    wait_port "$EJABBERD_PORT" 300 || return 1
+    local d="$DATA/ejabberd" i p try
+    # Its port lies in the ephemeral range: another program's connection can hold it for a
+    # moment (eaddrinuse, and ejabberd exits). Then try again.
+    for try in 1 2 3; do
+        ejabberdctl --ctl-config "$d/ejabberdctl.cfg" foreground >>"$d/stdout.log" 2>&1 &
+        SERVER_PID=$!
+        wait_port "$EJABBERD_PORT" 300 "$SERVER_PID" && break
+        wait "$SERVER_PID" 2>/dev/null
+        [ "$try" = 3 ] && return 1
+        log "ejabberd did not start (see $d/stdout.log); again in 5 s"
+        sleep 5
+    done
     SERVER_PIDS=()
     for i in $(seq 1 50); do
         for p in $(pgrep -x beam.smp); do
@@ -305,11 +332,43 @@ ejabberd_stop() {
     ejabberdctl --ctl-config "$DATA/ejabberd/ejabberdctl.cfg" stop >/dev/null 2>&1 || true
     wait "$SERVER_PID" 2>/dev/null || true
 }
+# The same files as Prosody's (ejabberd's own iteration count), imported into an empty
+# Mnesia database by `ejabberdctl import_prosody` on a running node: accounts as SCRAM
+# records, roster items as they are. Mnesia stays the backend, as in every earlier run.
+# ejabberdctl gives up on a command after 60 s (the import goes on unseen), so the files
+# go in chunks of EJABBERD_IMPORT_CHUNK users (1,000 take ≈ 10 s); the account count is
+# checked at the end.
+ejabberd_provision() { # generator args...
+    local d="$DATA/ejabberd" src="$DATA/ejabberd/import" rc=0 part f host have
+    rm -rf "$src" "$src".* "$d/db" "$d/scram-cache.txt"
+    mkdir -p "$d/db"
+    "$BENCH" "$@" --provision --provision-files "$src" --scram-iterations 4096 || return 1
+    host="$(ls "$src")"
+    ls "$src/$host/accounts" | split -l "${EJABBERD_IMPORT_CHUNK:-1000}" - "$src.list-"
+    ejabberd_start || { echo "ejabberd did not start" >&2; ejabberd_stop; return 1; }
+    for part in "$src".list-*; do
+        rm -rf "$src.chunk"
+        mkdir -p "$src.chunk/$host/accounts" "$src.chunk/$host/roster"
+        while read -r f; do
+            mv "$src/$host/accounts/$f" "$src.chunk/$host/accounts/"
+            mv "$src/$host/roster/$f" "$src.chunk/$host/roster/"
+        done < "$part"
+        log "ejabberd: import_prosody $(wc -l < "$part") users ($part)"
+        ejabberdctl --ctl-config "$d/ejabberdctl.cfg" import_prosody "$src.chunk" || { rc=1; break; }
+    done
+    have="$(ejabberdctl --ctl-config "$d/ejabberdctl.cfg" registered_users "$DOMAIN" 2>/dev/null | grep -c .)"
+    ejabberd_stop
+    rm -rf "$src" "$src".*
+    [ "$rc" = 0 ] && [ "$have" = "$N" ] || { echo "ejabberd: $have of $N accounts imported" >&2; return 1; }
+}
 
 # ---------------------------------------------------------------- presenced
 # Unless PRESENCED_CMD is given, the release build of this checkout runs with a config like
 # the peers': STARTTLS on 127.0.0.1:$PRESENCED_PORT, the peers' certificate,
-# its own database (recreated when provisioning) and Redis key prefix.
+# its own database (recreated when provisioning) and Redis key prefix. The schema is the
+# one compiled into the binary: no [database] migrations directory (the operator's own,
+# default migrations.d beside the config, absent here), so a prebuilt binary older than
+# this checkout still starts.
 PRESENCED_DB="${PRESENCED_DB:-postgres://postgres@127.0.0.1:5432/presenced_bench_n${N}_k${K}}"
 # One configuration for both presenced columns; they differ only in the store section.
 presenced_toml() { # name c2s-port admin-port store-section
@@ -348,7 +407,6 @@ TOML
 presenced_config() {
     presenced_toml presenced "$PRESENCED_PORT" "$PRESENCED_HTTP_PORT" "[database]
 url = \"$PRESENCED_DB\"
-migrations = \"$REPO/migrations\"
 [redis]
 # The bench's private redis-server: INFO commandstats then counts presenced's writes only.
 url = \"redis://127.0.0.1:$BENCH_REDIS_PORT\"
@@ -370,7 +428,7 @@ presenced_start() {
     redis-server --port "$BENCH_REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
         --dir "$DATA/presenced" --logfile "$DATA/presenced/redis.log" &
     BENCH_REDIS_PID=$!
-    wait_port "$BENCH_REDIS_PORT" 30 || return 1
+    wait_port "$BENCH_REDIS_PORT" 30 "$BENCH_REDIS_PID" || return 1
     launch_presenced presenced "$PRESENCED_PORT" "$PRESENCED_CMD"
 }
 launch_presenced() { # name port command
@@ -378,7 +436,7 @@ launch_presenced() { # name port command
     # the bench server must use its own database and Redis.
     env -u DATABASE_URL -u REDIS_URL bash -c "exec $3" >>"$DATA/$1/stdout.log" 2>&1 &
     SERVER_PID=$!
-    wait_port "$2" 120 || return 1
+    wait_port "$2" 120 "$SERVER_PID" || return 1
     SERVER_PIDS=("$SERVER_PID")
     check_fd_limit "$SERVER_PID"
 }
@@ -439,23 +497,25 @@ run_one() { # name port
                   -n "$N" -k "$K" --scram-cache "$DATA/$name/scram-cache.txt")
     local marker="$DATA/$name/provisioned-$N-$K"
     if [ ! -f "$marker" ]; then
-        # The data directory (and presenced's database) belong to this N/K only, so an
-        # interrupted provisioning is resumed, not wiped: registration treats existing
-        # accounts as done and the subscription rounds add only the missing contacts.
-        # --fresh starts from empty data.
+        # The data directory (and presenced's database) belong to this N/K only. Written
+        # files (the peers' by default, the embedded SQLite file) start from empty; an
+        # interrupted provisioning over XMPP or into presenced's database is resumed, not
+        # wiped: registration treats existing accounts as done and the subscription rounds
+        # add only the missing contacts. --fresh starts from empty data.
         if [ "$name" = presenced ] && [ "$FRESH" = 1 ]; then
             psql "${PRESENCED_DB%/*}/postgres" -q -c "DROP DATABASE IF EXISTS ${PRESENCED_DB##*/} WITH (FORCE)"
         fi
         "${name}_config"
         log "$name: provisioning N=$N K=$K (untimed)"
-        if [ "$name" = embedded ]; then
-            embedded_provision "${common[@]}" || return 1
-            touch "$marker"
-        fi
+        case "$name:$PEER_PROVISION" in
+            embedded:*|prosody:files|ejabberd:files)
+                "${name}_provision" "${common[@]}" || return 1
+                touch "$marker" ;;
+        esac
     fi
     if [ ! -f "$marker" ]; then
         "${name}_start" || { echo "$name did not start" >&2; "${name}_stop"; return 1; }
-        # Provisioning 19k users into a peer takes tens of minutes (more on a busy machine).
+        # Provisioning 19k users into a peer over XMPP takes tens of minutes to hours.
         local prov=(--provision --time-limit "${PROVISION_TIME_LIMIT:-14400}"
                     --provision-rate "${PROVISION_RATE:-500}")
         if [ "$name" = presenced ]; then

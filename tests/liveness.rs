@@ -115,17 +115,36 @@ async fn last_words(c: &mut Client) -> Instant {
     before
 }
 
+/// Alice and bob, mutually subscribed and both online, bob having seen alice come online.
+async fn alice_watched_by_bob(ts: &TestServer) -> (Client, Client) {
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut bob = online(ts, "bob", "pc").await;
+    let alice = online(ts, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice.jid, None)).await;
+    (alice, bob)
+}
+
+/// A silent client is announced between T-H and T plus one sweep period after its last beat
+/// (the bounds README.md promises), plus `slack` seconds for the round trips of the test.
+fn assert_announced_in_time(l: &Timings, after: f64, slack: f64) {
+    assert!(
+        after >= l.ttl - l.heartbeat_interval,
+        "announced {after:.2}s after the last beat, before T-H"
+    );
+    assert!(
+        after <= l.ttl + l.sweep_interval + slack,
+        "announced {after:.2}s after the last beat, later than T + one sweep"
+    );
+}
+
 on_both_backends!(silent_client, silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_last_seen_at_last_beat, in_process_silent_client_is_announced_between_t_minus_h_and_t_plus_a_sweep_with_last_seen_at_last_beat);
 
 async fn silent_client(backend: Backend) {
     let ts = start_on(backend).await;
     let l = timings(&ts);
-    ts.user("alice").await;
-    ts.user("bob").await;
-    ts.make_mutual("alice", "bob").await;
-    let mut bob = online(&ts, "bob", "pc").await;
-    let mut alice = online(&ts, "alice", "phone").await;
-    bob.expect(|e| is_presence(e, &alice.jid, None)).await;
+    let (mut alice, mut bob) = alice_watched_by_bob(&ts).await;
     let silent_since = last_words(&mut alice).await;
     let chrono_silent = chrono::Utc::now();
     // Alice's socket now goes silent: no reads, no writes, no close.
@@ -139,15 +158,7 @@ async fn silent_client(backend: Backend) {
         .expect("unavailable announced for the silent client");
     let after = silent_since.elapsed().as_secs_f64();
     assert_eq!(got.get_attr("from"), Some(alice.jid.as_str()));
-    assert!(
-        after >= l.ttl - l.heartbeat_interval,
-        "announced after {after:.2}s, before T-H"
-    );
-    // Upper bound: T plus one sweep period, plus 0.3 s for the round trips of this test.
-    assert!(
-        after <= l.ttl + l.sweep_interval + 0.3,
-        "announced after {after:.2}s, later than T + one sweep"
-    );
+    assert_announced_in_time(&l, after, 0.3);
     assert!(ts.metric(|m| m.silent_deaths.load(Ordering::Relaxed)) == 1);
 
     // Last seen is the last beat (the ping), not the detection time: within a second.
@@ -211,6 +222,57 @@ async fn silent_client(backend: Backend) {
         .expect("seconds");
     let expect = (chrono::Utc::now() - row.at).num_seconds();
     assert!((seconds - expect).abs() <= 1, "{seconds} vs {expect}");
+    drop(alice);
+    ts.stop().await;
+}
+
+on_both_backends!(
+    whitespace_keepalives,
+    a_client_sending_only_whitespace_keepalives_stays_bound_and_is_announced_once_it_stops,
+    in_process_a_client_sending_only_whitespace_keepalives_stays_bound_and_is_announced_once_it_stops
+);
+
+/// RFC 6120 §4.6.1: whitespace between stanzas is a keepalive. A client that answers none of
+/// the server's pings and sends nothing but a space every T/4 is sending, hence alive: it is
+/// not announced for 3T. Once the same socket goes silent it is announced as any silent
+/// client is, within T plus one sweep.
+async fn whitespace_keepalives(backend: Backend) {
+    let ts = start_on(backend).await;
+    let l = timings(&ts);
+    let (mut alice, mut bob) = alice_watched_by_bob(&ts).await;
+    let alice_jid = alice.jid.clone();
+    // Alice reads nothing (the server's pings go unanswered) and writes only spaces.
+    let window = secs(3.0 * l.ttl);
+    let every = secs(l.ttl / 4.0);
+    let keepalives = async {
+        let end = Instant::now() + window;
+        let mut last = Instant::now();
+        while Instant::now() < end {
+            alice.send_raw(" ").await;
+            last = Instant::now();
+            tokio::time::sleep(every).await;
+        }
+        last
+    };
+    let (last_space, ()) = tokio::join!(
+        keepalives,
+        bob.watch_none(|e| is_presence(e, &alice_jid, Some("unavailable")), window)
+    );
+    assert_eq!(ts.metric(|m| m.silent_deaths.load(Ordering::Relaxed)), 0);
+    // Now alice is silent, spaces included.
+    let bound = l.ttl + l.sweep_interval + 1.0;
+    let got = bob
+        .watch(
+            &|e| is_presence(e, &alice_jid, Some("unavailable")),
+            secs(bound),
+        )
+        .await
+        .expect("unavailable announced once the keepalives stopped");
+    let after = last_space.elapsed().as_secs_f64();
+    assert_announced_in_time(&l, after, 0.3);
+    assert_eq!(got.get_attr("from"), Some(alice_jid.as_str()));
+    assert_eq!(ts.metric(|m| m.silent_deaths.load(Ordering::Relaxed)), 1);
+    eprintln!("measured: {backend:?}, unavailable {after:.3}s after the last of the spaces");
     drop(alice);
     ts.stop().await;
 }
@@ -853,7 +915,7 @@ async fn another_nodes_sweeper_hands_the_silent_resource_to_its_node_which_annou
     .expect("announced by the node holding the session");
     let after = silent_since.elapsed().as_secs_f64();
     eprintln!("measured: two nodes, unavailable {after:.3}s after the last beat");
-    assert!(after >= l.ttl - l.heartbeat_interval && after <= l.ttl + l.sweep_interval + 0.3);
+    assert_announced_in_time(&l, after, 0.3);
     let count = |ts: &TestServer, f: fn(&presenced::liveness::Metrics) -> u64| ts.metric(f);
     assert_eq!(count(&a, |m| m.swept.load(Ordering::Relaxed)), 0);
     assert_eq!(count(&b, |m| m.swept.load(Ordering::Relaxed)), 1);
@@ -1098,16 +1160,8 @@ async fn with_nothing_installed_slixmpp_contacts_see_each_other_and_a_silent_dea
         .and_then(|a| a.parse().ok())
         .expect("after");
     eprintln!("measured: in process, slixmpp saw the silent death {after:.3}s after the last beat");
-    // T after the last beat at the earliest (the sweep cutoff), one sweep later at the latest,
-    // plus 0.5 s for the client's own round trips and event loop.
-    assert!(
-        after >= l.ttl - l.heartbeat_interval,
-        "announced after {after}s"
-    );
-    assert!(
-        after <= l.ttl + l.sweep_interval + 0.5,
-        "announced after {after}s, later than T + one sweep"
-    );
+    // 0.5 s for the client's own round trips and event loop.
+    assert_announced_in_time(&l, after, 0.5);
     // The in-process sweeper found it; the session ended as a silent death, once.
     assert!(ts.metric(|m| m.swept.load(Ordering::Relaxed)) >= 1);
     assert_eq!(ts.metric(|m| m.silent_deaths.load(Ordering::Relaxed)), 1);

@@ -14,7 +14,7 @@
 #
 # Redis Cluster: the cluster tests (tests/cluster.rs) run every case on a single Redis and
 # on a Redis Cluster of three masters with one replica each, which this script starts on
-# loopback ports PRESENCED_REDIS_CLUSTER_PORT_BASE (default 30301) to +5 and stops when it
+# loopback ports PRESENCED_REDIS_CLUSTER_PORT_BASE (default 30301) to +5 (cluster bus +10 to +15) and stops when it
 # exits, passing the start nodes as PRESENCED_TEST_REDIS_CLUSTER (unless that is already set).
 #
 # Usage: tests/run.sh                 everything
@@ -137,19 +137,23 @@ start_private_redis() {
 }
 
 # Three masters, three replicas (the failover test promotes one), cluster bus timeouts of
-# one second so a failover completes within a test's bounds.
+# one second so a failover completes within a test's bounds. Each node's cluster bus listens
+# on base+10+i (Redis' default, port+10000, lies in the kernel's ephemeral range, where any
+# outgoing connection may hold it and the node then exits at start); the test's own cluster
+# in tests/cluster.rs uses base+20 and up.
 start_redis_cluster() {
   local base="${PRESENCED_REDIS_CLUSTER_PORT_BASE:-30301}" p i nodes=()
   command -v redis-server >/dev/null 2>&1 || install_packages redis-server
   private_dir
   for i in 0 1 2 3 4 5; do
     p=$((base + i))
-    if port_open "$p"; then
-      echo "port $p is taken: set PRESENCED_REDIS_CLUSTER_PORT_BASE" >&2
+    local bus=$((base + 10 + i))
+    if port_open "$p" || port_open "$bus"; then
+      echo "port $p or $bus is taken: set PRESENCED_REDIS_CLUSTER_PORT_BASE" >&2
       exit 1
     fi
     mkdir -p "$PRIVATE_DIR/cluster-$p"
-    redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
+    redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes --cluster-port "$bus" \
       --cluster-config-file "$PRIVATE_DIR/cluster-$p/nodes.conf" --cluster-node-timeout 1000 \
       --save "" --appendonly no --dir "$PRIVATE_DIR/cluster-$p" \
       --logfile "$PRIVATE_DIR/cluster-$p/redis.log" &
@@ -158,7 +162,11 @@ start_redis_cluster() {
   done
   for p in "${nodes[@]}"; do
     for _ in $(seq 100); do port_open "${p#*:}" && break; sleep 0.05; done
-    port_open "${p#*:}" || { echo "cluster redis-server on $p did not start" >&2; exit 1; }
+    port_open "${p#*:}" || {
+      echo "cluster redis-server on $p did not start; its log:" >&2
+      cat "$PRIVATE_DIR/cluster-${p#*:}/redis.log" >&2 || true
+      exit 1
+    }
   done
   redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes \
     >"$PRIVATE_DIR/cluster-create.log"

@@ -164,7 +164,8 @@ impl Bound {
                     continue;
                 }
                 (reader, ev) = read.as_mut() => {
-                    // Any inbound traffic is a heartbeat.
+                    // Any inbound traffic is a heartbeat, whitespace keepalives included: the
+                    // reader reports those as soon as it reads them (RFC 6120 §4.6.1).
                     if ev.is_ok() {
                         transport.beat.touch();
                         if !Arc::ptr_eq(&transport.beat, &live.beat) {

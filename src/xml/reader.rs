@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use quick_xml::events::{BytesStart, Event};
-use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, ReadBuf, Take};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, ReadBuf, Take};
 
 use super::{Element, Node, NS_CLIENT, NS_SERVER};
 use crate::conditions::StreamCondition;
@@ -27,7 +27,9 @@ pub enum StreamEvent {
     Open(StreamHeader),
     /// One complete top-level child of the stream.
     Stanza(Element),
-    /// Whitespace between stanzas: a keepalive (RFC 6120 §4.6.1).
+    /// Whitespace between stanzas: a keepalive (RFC 6120 §4.6.1). [`StreamReader`] reports
+    /// it as soon as it has read some, not when the next tag ends the run, so a run may come
+    /// as several events; [`parse_chunks`] reports one per run.
     Whitespace,
     /// `</stream:stream>` (RFC 6120 §4.4).
     Close,
@@ -263,6 +265,11 @@ pub struct Builder {
     node_limit: Option<Arc<AtomicUsize>>,
 }
 
+/// XML 1.0 §2.3 `S`: the only characters allowed between stanzas.
+fn is_xml_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\r' | b'\n')
+}
+
 fn ill(e: impl std::fmt::Display) -> XmlError {
     XmlError::NotWellFormed(e.to_string())
 }
@@ -315,6 +322,12 @@ impl Builder {
     /// Whether a stanza is under construction (its bytes count against the size limit).
     pub fn in_stanza(&self) -> bool {
         !self.stack.is_empty()
+    }
+
+    /// Whether whitespace read now is a keepalive (RFC 6120 §4.6.1): the stream is open (or
+    /// framed) and no stanza is under construction.
+    fn between_stanzas(&self) -> bool {
+        self.stack.is_empty() && (self.opened || self.framed)
     }
 
     /// Frees the capacity of empty queues, so an idle stream holds none.
@@ -538,8 +551,8 @@ impl Builder {
                 }
                 Ok(())
             }
-            None if text.chars().all(|c| matches!(c, ' ' | '\t' | '\r' | '\n')) => {
-                if self.opened || self.framed {
+            None if text.bytes().all(is_xml_space) => {
+                if self.between_stanzas() {
                     self.ready.push_back(StreamEvent::Whitespace);
                 }
                 Ok(())
@@ -791,6 +804,24 @@ impl<R: AsyncRead + Unpin> StreamReader<R> {
                     self.builder.release();
                 }
                 return Ok(ev);
+            }
+            if self.builder.between_stanzas() && !self.builder.closed {
+                // RFC 6120 §4.6.1: whitespace between stanzas keeps the stream alive. It is
+                // reported as soon as it is read: quick-xml ends a text run only at the next
+                // `<`, and a client that sends nothing but whitespace is not silent. quick-xml
+                // then never sees whitespace at stream level (it is between events here, so
+                // skipping bytes under it leaves its state as it was).
+                let src = self.reader.get_mut();
+                let have = src
+                    .fill_buf()
+                    .await
+                    .map_err(|e| map_qx(quick_xml::Error::from(e)))?;
+                let n = have.iter().take_while(|&&b| is_xml_space(b)).count();
+                if n > 0 {
+                    src.consume(n);
+                    self.builder.ready.push_back(StreamEvent::Whitespace);
+                    continue;
+                }
             }
             let was_in = self.builder.in_stanza();
             let pos_before = self.reader.buffer_position();
@@ -1420,6 +1451,46 @@ mod tests {
         assert_eq!(reader.held_bytes(), 0, "an idle reader holds buffers");
         client.write_all(b"<iq type='get' id='1'/>").await.unwrap();
         assert!(matches!(reader.next().await.unwrap(), StreamEvent::Stanza(i) if i.name == "iq"));
+    }
+
+    #[tokio::test]
+    async fn async_reader_reports_whitespace_keepalives_before_the_next_tag() {
+        // RFC 6120 §4.6.1: whitespace alone keeps the stream alive, so it is an event as soon
+        // as it is read, with no `<` behind it. Runs of it add up to no stanza: thousands of
+        // keepalives are not one oversize text node.
+        use tokio::io::AsyncWriteExt;
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let limits = ReaderLimits {
+            max_stanza_size: 200,
+            ..ReaderLimits::default()
+        };
+        let mut reader = StreamReader::new(server, limits);
+        client.write_all(HEADER.as_bytes()).await.unwrap();
+        assert!(matches!(reader.next().await.unwrap(), StreamEvent::Open(_)));
+        let bound = std::time::Duration::from_secs(5);
+        let long = " ".repeat(1_000);
+        for ws in [" ", "\n", "\r\n\t ", long.as_str()] {
+            for _ in 0..8 {
+                client.write_all(ws.as_bytes()).await.unwrap();
+                let ev = tokio::time::timeout(bound, reader.next())
+                    .await
+                    .expect("whitespace not reported before the next tag");
+                assert_eq!(ev.unwrap(), StreamEvent::Whitespace);
+            }
+        }
+        client
+            .write_all(b"  <presence><show>away</show></presence> \n<iq type='get' id='1'/>x<")
+            .await
+            .unwrap();
+        assert_eq!(reader.next().await.unwrap(), StreamEvent::Whitespace);
+        assert!(
+            matches!(reader.next().await.unwrap(), StreamEvent::Stanza(p) if p.name == "presence")
+        );
+        assert_eq!(reader.next().await.unwrap(), StreamEvent::Whitespace);
+        assert!(matches!(reader.next().await.unwrap(), StreamEvent::Stanza(i) if i.name == "iq"));
+        // Text that is not whitespace is still refused at stream level.
+        let err = reader.next().await.unwrap_err();
+        assert!(matches!(err, XmlError::TextAtStreamLevel), "{err:?}");
     }
 
     /// Parses `doc` whole, then cut in two at every offset, and requires identical events and

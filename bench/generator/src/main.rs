@@ -6,8 +6,9 @@
 //! * `--provision` (untimed, run once per server): creates users 0..N and their contact
 //!   graph by the server's own means. For Prosody and ejabberd that is in-band
 //!   registration (XEP-0077) and a subscribe/subscribed exchange over XMPP between all
-//!   users online at once (RFC 6121 §3); for presenced it is a SQL file
-//!   ([`provision_presenced`]). It also fills the SCRAM SaltedPassword cache (`--scram-cache`).
+//!   users online at once (RFC 6121 §3), or with `--provision-files DIR` their storage
+//!   written directly ([`peer_store`]); for presenced it is its own store code
+//!   ([`provision_presenced_store`]) or a SQL file ([`provision_presenced`]). It also fills the SCRAM SaltedPassword cache (`--scram-cache`).
 //! * the timed run: N logins at a controlled rate, the idle RSS reading, presence changes
 //!   at a fixed offered load (latency), then at saturation (throughput), then close.
 //!
@@ -15,6 +16,7 @@
 //! whole run stops at `--time-limit`.
 
 mod graph;
+mod peer_store;
 mod procfs;
 mod report;
 mod rest;
@@ -153,6 +155,16 @@ struct Cli {
     /// Provisioning: longest wait for the server to work through the subscriptions, s.
     #[arg(long, default_value_t = 300)]
     provision_wait: u64,
+    /// Prosody and ejabberd: write the users and rosters into DIR in Prosody's file storage
+    /// layout (DIR/<host>/accounts, DIR/<host>/roster; see peer_store.rs) instead of
+    /// registering them over XMPP. Prosody reads DIR as its data_path; ejabberd imports it
+    /// with `ejabberdctl import_prosody DIR`. No server needs to run.
+    #[arg(long)]
+    provision_files: Option<PathBuf>,
+    /// SCRAM iteration count of the accounts --provision-files writes (each server's own
+    /// default for a registration: Prosody 10000, ejabberd 4096).
+    #[arg(long, default_value_t = 4096)]
+    scram_iterations: u32,
     /// presenced only: SQL file that creates users and contacts (see provision_presenced).
     #[arg(long)]
     provision_sql: Option<PathBuf>,
@@ -343,7 +355,23 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     if cli.provision {
-        if cli.server == ServerKind::Presenced {
+        if let Some(dir) = &cli.provision_files {
+            let accounts = peer_store::Accounts {
+                domain: &cli.domain,
+                user_prefix: &cli.user_prefix,
+                password_prefix: &cli.password_prefix,
+                iterations: cli.scram_iterations,
+            };
+            let started = Instant::now();
+            let host = peer_store::write_prosody_store(dir, &accounts, &graph, &target.cache)?;
+            eprintln!(
+                "provision: {} users with {} contacts each written to {} in {:.1} s",
+                cli.users,
+                cli.contacts,
+                host.display(),
+                started.elapsed().as_secs_f64()
+            );
+        } else if cli.server == ServerKind::Presenced {
             match &cli.provision_sql {
                 Some(_) => provision_presenced(&cli)?,
                 None => provision_presenced_store(&cli, &target.cache).await?,
@@ -536,10 +564,10 @@ async fn provision_presenced_store(cli: &Cli, cache: &SaltCache) -> Result<(), S
     let store = presenced::store::Store::connect(&cli.provision_db, 8)
         .await
         .map_err(|e| format!("{}: {e}", cli.provision_db))?;
-    // The server's schema, from the repository this generator is built in (bench/generator).
-    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+    // The server's schema is compiled into its library; there are no operator migrations
+    // (a path that is no directory), so a build never meets a schema newer than itself.
     store
-        .migrate(&migrations)
+        .migrate(std::path::Path::new(""))
         .await
         .map_err(|e| format!("migrations: {e}"))?;
     let store = Arc::new(store);

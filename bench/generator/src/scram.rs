@@ -60,6 +60,13 @@ impl ScramHash {
         }
     }
 
+    /// StoredKey and ServerKey of a SaltedPassword (RFC 5802 §3): what a server keeps of a
+    /// password, and what provisioning writes into a peer's storage.
+    pub fn server_keys(self, salted: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let client_key = self.hmac(salted, b"Client Key");
+        (self.hash(&client_key), self.hmac(salted, b"Server Key"))
+    }
+
     fn salted_password(self, password: &str, salt: &[u8], iterations: u32) -> Vec<u8> {
         match self {
             ScramHash::Sha1 => {
@@ -92,7 +99,8 @@ impl SaltCache {
         )
     }
 
-    fn get_or_compute(
+    /// The SaltedPassword for this salt and count, derived once and cached.
+    pub fn salted(
         &self,
         user: &str,
         password: &str,
@@ -113,7 +121,7 @@ impl SaltCache {
 
     /// Derives and caches the SaltedPassword for a salt the server is known to send.
     pub fn warm(&self, user: &str, password: &str, hash: ScramHash, salt: &[u8], iterations: u32) {
-        self.get_or_compute(user, password, hash, salt, iterations);
+        self.salted(user, password, hash, salt, iterations);
     }
 
     /// Number of cached entries.
@@ -238,9 +246,9 @@ impl ScramClient {
             return Err(ScramError::NonceMismatch);
         }
         let h = self.hash;
-        let salted = cache.get_or_compute(&self.user, &self.password, h, &salt, iterations);
+        let salted = cache.salted(&self.user, &self.password, h, &salt, iterations);
         let client_key = h.hmac(&salted, b"Client Key");
-        let stored_key = h.hash(&client_key);
+        let (stored_key, server_key) = h.server_keys(&salted);
         // c= is base64 of the GS2 header "n,," (RFC 5802 §7, cbind-input without data).
         let without_proof = format!("c=biws,r={nonce}");
         let auth_message = format!(
@@ -253,7 +261,6 @@ impl ScramClient {
             .zip(client_signature.iter())
             .map(|(a, b)| a ^ b)
             .collect();
-        let server_key = h.hmac(&salted, b"Server Key");
         self.expected_server_signature = h.hmac(&server_key, auth_message.as_bytes());
         Ok(format!("{without_proof},p={}", B64.encode(proof)))
     }
@@ -324,6 +331,26 @@ mod tests {
             c.verify("v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="),
             Ok(())
         );
+    }
+
+    /// A server holding only what `server_keys` derives (StoredKey, ServerKey) accepts the
+    /// RFC 5802 §5 example's proof and signs as the example does: the credentials that
+    /// provisioning writes into a peer's storage are the ones a real login checks.
+    #[test]
+    fn server_keys_verify_the_rfc5802_section5_example() {
+        let salt = B64.decode("QSXCR+Q6sek8bf92").expect("b64");
+        let salted = SaltCache::default().salted("user", "pencil", ScramHash::Sha1, &salt, 4096);
+        let (stored_key, server_key) = ScramHash::Sha1.server_keys(&salted);
+        let auth_message = "n=user,r=fyko+d2lbbFgONRv9qkxdawL,\
+            r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,s=QSXCR+Q6sek8bf92,i=4096,\
+            c=biws,r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j";
+        let proof = B64.decode("v0X8v3Bz2T0CJGbJQyF0X+HI4Ts=").expect("b64");
+        // RFC 5802 §3: ClientKey = ClientProof XOR ClientSignature; H(ClientKey) = StoredKey.
+        let signature = ScramHash::Sha1.hmac(&stored_key, auth_message.as_bytes());
+        let client_key: Vec<u8> = proof.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
+        assert_eq!(ScramHash::Sha1.hash(&client_key), stored_key);
+        let server_signature = ScramHash::Sha1.hmac(&server_key, auth_message.as_bytes());
+        assert_eq!(B64.encode(server_signature), "rmF9pqV8S7suAoZWja4dJRkFsKQ=");
     }
 
     #[test]

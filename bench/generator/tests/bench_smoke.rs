@@ -409,3 +409,64 @@ async fn csi_mode_holds_presence_for_inactive_clients_and_loses_none() {
     assert_eq!(n("csi_interest_lost"), 0.0, "{json}\n{err}");
     ts.stop().await;
 }
+
+/// The peers provisioned by writing their storage (`--provision-files`: Prosody's data
+/// directory, and the same files imported into ejabberd's Mnesia) serve exactly the
+/// workload's users: bench/run.sh's smoke run against a real Prosody and a real ejabberd
+/// demands every login (SCRAM with the written credentials), every contact seen available
+/// (the written rosters, mutual) and every presence change delivered to its K watchers.
+#[tokio::test]
+async fn peers_provisioned_by_written_storage_pass_the_smoke_run() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let work = std::env::temp_dir().join(format!("bench-peers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let run = tokio::time::timeout(
+        Duration::from_secs(600),
+        tokio::process::Command::new("bash")
+            .arg(repo.join("bench/run.sh"))
+            .arg("--smoke")
+            .env("BENCH_BIN", env!("CARGO_BIN_EXE_presenced-bench"))
+            .env("BENCH_WORK", &work)
+            .env("SERVERS", "prosody ejabberd")
+            .env("PROSODY_PORT", free_port().to_string())
+            .env("EJABBERD_PORT", free_port().to_string())
+            .env(
+                "EJABBERD_NODE",
+                format!("ejabberd-smoke-{}@localhost", std::process::id()),
+            )
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("smoke run against the peers finishes")
+    .expect("bash runs");
+    let out = String::from_utf8_lossy(&run.stdout);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "peers' smoke run failed:\n{out}\n{err}"
+    );
+    for peer in ["prosody", "ejabberd"] {
+        let path = work.join(format!("results/{peer}.json"));
+        let json = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{err}", path.display()));
+        let n = |k: &str| json_num(&json, k).unwrap_or_else(|| panic!("{k} in {json}"));
+        assert_eq!(n("logins_ok"), 20.0, "{peer}: {json}\n{err}");
+        assert_eq!(
+            n("sessions_all_contacts_seen"),
+            20.0,
+            "{peer}: {json}\n{err}"
+        );
+        assert_eq!(
+            n("fixed_delivered"),
+            n("fixed_sent") * 3.0,
+            "{peer}: {json}"
+        );
+        // Provisioning wrote the files; no registration over XMPP took place.
+        assert!(
+            err.contains(&format!("{peer}: provisioning N=20 K=3")) && err.contains("written to"),
+            "{peer}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
