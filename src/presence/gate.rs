@@ -29,7 +29,8 @@
 //! online.
 //!
 //! Store failures fail closed: a viewer whose permission cannot be read sees nothing
-//! (principle 2 of the design guide; presence degrades, chat does not stall).
+//! (presence degrades, chat does not stall: a wrong "online" is a leak, a missing one is
+//! corrected by the next change).
 //!
 //! The decisions take addresses as JIDs, not strings: a party in any form (a full JID
 //! also matches full-JID block entries) is a [`Jid`], a local account a [`BareJid`], and
