@@ -511,6 +511,14 @@ impl Sessions {
         map.get(bare).cloned().unwrap_or_default()
     }
 
+    /// Whether the user has a resource here that is available and not invisible
+    /// (XEP-0186): one a contact may be shown. Reads under the map's lock, no clone.
+    pub fn shows_online_here(&self, bare: &str) -> bool {
+        let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
+        map.get(bare)
+            .is_some_and(|v| v.iter().any(|s| s.is_available() && !s.is_invisible()))
+    }
+
     /// Bare JIDs of every user with a session here.
     pub fn users(&self) -> Vec<String> {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());

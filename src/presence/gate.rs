@@ -231,11 +231,7 @@ pub async fn visible_to(shared: &Shared, viewer: &Jid, subject: &BareJid) -> boo
     // would answer faster, and the delay alone would tell the viewer which.
     let permitted = may_see_online(shared, viewer, subject, false).await;
     let subject = subject.as_str();
-    let here = shared
-        .sessions
-        .of_user_str(subject)
-        .iter()
-        .any(|s| s.is_available() && !s.is_invisible());
+    let here = shared.sessions.shows_online_here(subject);
     // The user's resources on other nodes, as the directory has them (read either way).
     let elsewhere = shared
         .cluster

@@ -241,11 +241,7 @@ async fn inbound_subscription(
 /// online (XEP-0186); otherwise the user's next initial presence probes them.
 pub async fn probe_unblocked(shared: &Shared, owner_jid: &BareJid, removed: &[String]) {
     let owner = owner_jid.as_str();
-    let shown = shared
-        .sessions
-        .of_user_str(owner)
-        .iter()
-        .any(|s| s.is_available() && !s.is_invisible());
+    let shown = shared.sessions.shows_online_here(owner);
     if !shown || removed.is_empty() {
         return;
     }
