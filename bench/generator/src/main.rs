@@ -42,7 +42,9 @@ use graph::ContactGraph;
 use procfs::{cpu_between, ServerProbe, StoreProbe};
 use report::Report;
 use scram::{SaltCache, ScramHash};
-use session::{Command, MechPref, Mode, Shared, Target};
+use session::{
+    Command, MechPref, Mode, Shared, Target, FIXED_PHASE, LADDER_PHASE, PHASES, SAT_PHASE,
+};
 use stats::Histogram;
 use worker::{Cmd, Reply, Worker, Workers};
 
@@ -120,6 +122,22 @@ struct Cli {
     /// Length of the fixed-load phase, s.
     #[arg(long, default_value_t = 10)]
     fixed_secs: u64,
+    /// Latency ladder: after the saturation phase, one fixed-load phase per rate
+    /// (presence changes/s, comma-separated, at most 6), each with its own counts and
+    /// latency histogram (`ladder` in the JSON).
+    #[arg(long, value_delimiter = ',', conflicts_with = "fixed_fractions")]
+    fixed_rates: Vec<f64>,
+    /// Latency ladder by fractions of a saturation rate given with --fractions-of: rate
+    /// = fraction × that many deliveries/s ÷ K changes/s (comma-separated, at most 6).
+    #[arg(long, value_delimiter = ',', requires = "fractions_of")]
+    fixed_fractions: Vec<f64>,
+    /// The saturation the --fixed-fractions are fractions of, in deliveries/s (e.g. the
+    /// best peer's at this N and K in earlier runs: the same offered load for every server).
+    #[arg(long)]
+    fractions_of: Option<f64>,
+    /// Length of each phase of the latency ladder, s.
+    #[arg(long, default_value_t = 10)]
+    ladder_secs: u64,
     /// Length of the saturation phase, s (0 skips it).
     #[arg(long, default_value_t = 10)]
     sat_secs: u64,
@@ -271,12 +289,26 @@ impl Cli {
             self.fixed_secs = 2;
             self.sat_secs = 2;
             self.sat_window = 200;
+            self.ladder_secs = self.ladder_secs.min(2);
             self.idle_secs = 0;
             self.settle_secs = 10;
             self.drain_secs = 5;
             self.rest_secs = self.rest_secs.min(3);
             self.csi_secs = self.csi_secs.min(2);
             self.time_limit = self.time_limit.min(120);
+        }
+    }
+
+    /// The latency ladder's rates (changes/s) with the fraction each stands for, if it was
+    /// derived from --fractions-of. The one place the derivation is written.
+    fn ladder(&self) -> Vec<(f64, Option<f64>)> {
+        match self.fractions_of {
+            Some(sat) if !self.fixed_fractions.is_empty() => self
+                .fixed_fractions
+                .iter()
+                .map(|&f| (f * sat / f64::from(self.contacts.max(1)), Some(f)))
+                .collect(),
+            _ => self.fixed_rates.iter().map(|&r| (r, None)).collect(),
         }
     }
 }
@@ -291,6 +323,15 @@ fn main() -> ExitCode {
     }
     if cli.procs == 0 || cli.procs > cli.users.max(1) {
         eprintln!("--procs must be between 1 and N");
+        return ExitCode::from(2);
+    }
+    let ladder = cli.ladder();
+    if ladder.len() > session::LADDER_MAX || ladder.iter().any(|&(r, _)| r <= 0.0 || !r.is_finite())
+    {
+        eprintln!(
+            "the latency ladder takes 1 to {} positive rates",
+            session::LADDER_MAX
+        );
         return ExitCode::from(2);
     }
     if cli.csi && cli.procs != 1 && cli.worker.is_none() {
@@ -425,7 +466,9 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
     if cli.csi {
         return Ok(csi_verdict(&cli, &report));
     }
-    let total_delivered = report.fixed_delivered + report.sat_delivered;
+    let total_delivered = report.fixed_delivered
+        + report.sat_delivered
+        + report.ladder.iter().map(|p| p.delivered).sum::<u64>();
     if report.logins_ok == 0 || total_delivered == 0 {
         eprintln!(
             "FAIL: logins ok {} , presences delivered {}",
@@ -439,15 +482,29 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
         // One login and one delivery would pass the check above with most of the run lost.
         let users = u64::from(report.users);
         let want_delivered = report.fixed_sent * u64::from(report.contacts);
+        // Every rate of the latency ladder was offered, and delivered in full.
+        let ladder_short = report.ladder.len() != cli.ladder().len()
+            || report
+                .ladder
+                .iter()
+                .any(|p| p.sent == 0 || p.delivered != p.sent * u64::from(report.contacts));
         if report.logins_ok != users
             || report.sessions_all_contacts_seen != users
             || report.fixed_sent == 0
             || report.fixed_delivered != want_delivered
+            || ladder_short
         {
             eprintln!(
                 "smoke: FAIL: logins {}/{users}, sessions seeing all contacts {}/{users}, \
-                 fixed-load deliveries {}/{want_delivered}",
-                report.logins_ok, report.sessions_all_contacts_seen, report.fixed_delivered
+                 fixed-load deliveries {}/{want_delivered}, latency ladder (sent, delivered) {:?}",
+                report.logins_ok,
+                report.sessions_all_contacts_seen,
+                report.fixed_delivered,
+                report
+                    .ladder
+                    .iter()
+                    .map(|p| (p.sent, p.delivered))
+                    .collect::<Vec<_>>()
             );
             return Ok(ExitCode::FAILURE);
         }
@@ -926,15 +983,15 @@ fn ms(us: Option<u64>) -> Option<f64> {
 }
 
 /// Sums the `Count` replies: (sent, delivered) per phase.
-fn sum_counts(replies: &[Reply]) -> ([u64; 2], [u64; 2]) {
-    let (mut sent, mut delivered) = ([0u64; 2], [0u64; 2]);
+fn sum_counts(replies: &[Reply]) -> ([u64; PHASES], [u64; PHASES]) {
+    let (mut sent, mut delivered) = ([0u64; PHASES], [0u64; PHASES]);
     for r in replies {
         if let Reply::Count {
             sent: s,
             delivered: d,
         } = r
         {
-            for p in 0..2 {
+            for p in 0..PHASES {
                 sent[p] += s[p];
                 delivered[p] += d[p];
             }
@@ -1225,6 +1282,7 @@ async fn timed_run(
             .all(Cmd::Fixed {
                 rate: worker::share(cli.fixed_rate, p),
                 secs: cli.fixed_secs,
+                phase: FIXED_PHASE as u8,
             })
             .await?,
     );
@@ -1232,14 +1290,14 @@ async fn timed_run(
     let (sent, _) = sum_counts(&workers.all(Cmd::Count).await?);
     drain(
         &mut workers,
-        0,
-        sent[0] * k,
+        FIXED_PHASE,
+        sent[FIXED_PHASE] * k,
         Duration::from_secs(cli.drain_secs),
     )
     .await?;
     let (sent, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
-    rep.fixed_sent = sent[0];
-    rep.fixed_delivered = delivered[0];
+    rep.fixed_sent = sent[FIXED_PHASE];
+    rep.fixed_delivered = delivered[FIXED_PHASE];
     if let (Some((r0, r1, rest_secs)), Some(f0), Some(f1)) =
         (&rest_redis, &fixed_redis0, redis_totals(cli).await)
     {
@@ -1271,7 +1329,7 @@ async fn timed_run(
         let (_, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
         let c1 = probe.sample();
         let sc1 = stores.sample().await;
-        let delivered = delivered[1];
+        let delivered = delivered[SAT_PHASE];
         rep.sat_secs = elapsed;
         rep.sat_delivered = delivered;
         rep.sat_deliveries_per_s = Some(delivered as f64 / elapsed);
@@ -1284,15 +1342,16 @@ async fn timed_run(
         }
         drain(
             &mut workers,
-            1,
+            SAT_PHASE,
             issued * k,
             Duration::from_secs(cli.drain_secs),
         )
         .await?;
         let (sent, _) = sum_counts(&workers.all(Cmd::Count).await?);
-        rep.sat_sent = sent[1];
+        rep.sat_sent = sent[SAT_PHASE];
     }
-    rep.client_backlog_drops = drops0 + drops1;
+    let drops2 = latency_ladder(cli, &mut workers, &mut rep, k).await?;
+    rep.client_backlog_drops = drops0 + drops1 + drops2;
     if let Some(pid) = cli.kill_pid {
         rep.kill = kill_phase(cli, &mut workers, target, graph, pid).await?;
     }
@@ -1300,6 +1359,68 @@ async fn timed_run(
     workers.all(Cmd::Close).await?;
     workers.finish().await;
     Ok(rep)
+}
+
+/// The latency ladder (--fixed-rates or --fixed-fractions): one open-loop phase per rate,
+/// lowest first, each drained before the next so that its deliveries are its own. A rate
+/// the server did not sustain (a delivery still missing after the drain, or a change the
+/// client could not even queue) ends the ladder: its backlog would still be draining
+/// into the next phase and charge that rate's latency with this one's queue. Returns the
+/// client-side drops.
+async fn latency_ladder(
+    cli: &Cli,
+    workers: &mut Workers,
+    rep: &mut Report,
+    k: u64,
+) -> Result<u64, String> {
+    let p = workers.len() as u32;
+    let mut all_drops = 0;
+    for (i, (rate, fraction)) in cli.ladder().into_iter().enumerate() {
+        let phase = LADDER_PHASE + i;
+        eprintln!(
+            "latency ladder: {rate:.1} changes/s ({:.0} deliveries/s) for {} s",
+            rate * k as f64,
+            cli.ladder_secs
+        );
+        let (_, drops, secs) = sum_phase(
+            &workers
+                .all(Cmd::Fixed {
+                    rate: worker::share(rate, p),
+                    secs: cli.ladder_secs,
+                    phase: phase as u8,
+                })
+                .await?,
+        );
+        let (sent, _) = sum_counts(&workers.all(Cmd::Count).await?);
+        drain(
+            workers,
+            phase,
+            sent[phase] * k,
+            Duration::from_secs(cli.drain_secs),
+        )
+        .await?;
+        let (sent, delivered) = sum_counts(&workers.all(Cmd::Count).await?);
+        let point = report::LadderPoint {
+            rate,
+            fraction,
+            of_deliveries_per_s: cli.fractions_of.filter(|_| fraction.is_some()),
+            secs,
+            sent: sent[phase],
+            delivered: delivered[phase],
+            drops,
+            ..Default::default()
+        };
+        all_drops += drops;
+        let sustained = point.sustained(k);
+        rep.ladder.push(point);
+        if !sustained {
+            eprintln!(
+                "latency ladder: not sustained at {rate:.1} changes/s; higher rates not offered"
+            );
+            break;
+        }
+    }
+    Ok(all_drops)
 }
 
 /// `--redis-stats`' totals now, or None (no source, or it failed: said on stderr).
@@ -1556,7 +1677,7 @@ async fn csi_phases(
 
 /// Merges the workers' latency histograms, lost sessions and errors into the report.
 async fn collect_stats(workers: &mut Workers, rep: &mut Report) -> Result<(), String> {
-    let lat = [Histogram::default(), Histogram::default()];
+    let lat: [Histogram; PHASES] = Default::default();
     for r in workers.all(Cmd::Stats).await? {
         if let Reply::Stats {
             lat: l,
@@ -1575,10 +1696,17 @@ async fn collect_stats(workers: &mut Workers, rep: &mut Report) -> Result<(), St
             }
         }
     }
-    rep.fixed_p50_ms = ms(lat[0].quantile(0.5));
-    rep.fixed_p99_ms = ms(lat[0].quantile(0.99));
-    rep.fixed_max_ms = ms((lat[0].count() > 0).then(|| lat[0].max()));
-    rep.sat_p50_ms = ms(lat[1].quantile(0.5));
-    rep.sat_p99_ms = ms(lat[1].quantile(0.99));
+    let fixed = &lat[FIXED_PHASE];
+    rep.fixed_p50_ms = ms(fixed.quantile(0.5));
+    rep.fixed_p99_ms = ms(fixed.quantile(0.99));
+    rep.fixed_max_ms = ms((fixed.count() > 0).then(|| fixed.max()));
+    rep.sat_p50_ms = ms(lat[SAT_PHASE].quantile(0.5));
+    rep.sat_p99_ms = ms(lat[SAT_PHASE].quantile(0.99));
+    for (i, point) in rep.ladder.iter_mut().enumerate() {
+        let h = &lat[LADDER_PHASE + i];
+        point.p50_ms = ms(h.quantile(0.5));
+        point.p99_ms = ms(h.quantile(0.99));
+        point.max_ms = ms((h.count() > 0).then(|| h.max()));
+    }
     Ok(())
 }

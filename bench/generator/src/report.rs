@@ -51,6 +51,60 @@ pub struct CsiFigures {
     pub interest: Option<CsiWindow>,
 }
 
+/// One rate of the latency ladder: an open-loop phase at a fixed offered load.
+#[derive(Debug, Default, Clone)]
+pub struct LadderPoint {
+    /// Offered presence changes per second (each fans out to K watchers).
+    pub rate: f64,
+    /// The fraction of --fractions-of this rate stands for (None: given as a rate).
+    pub fraction: Option<f64>,
+    /// The saturation (deliveries/s) the fraction is of.
+    pub of_deliveries_per_s: Option<f64>,
+    /// Phase length, s.
+    pub secs: f64,
+    /// Changes written to the server.
+    pub sent: u64,
+    /// Deliveries received (by the end of the drain).
+    pub delivered: u64,
+    /// Changes the client could not queue (a session's queue was full).
+    pub drops: u64,
+    /// Delivery latency p50, ms.
+    pub p50_ms: Option<f64>,
+    /// p99, ms.
+    pub p99_ms: Option<f64>,
+    /// max, ms.
+    pub max_ms: Option<f64>,
+}
+
+impl LadderPoint {
+    /// The server kept up with this rate: every change was queued and every one of its K
+    /// deliveries arrived by the end of the drain.
+    pub fn sustained(&self, k: u64) -> bool {
+        self.drops == 0 && self.delivered >= self.sent * k
+    }
+
+    fn to_json(&self, k: u64) -> String {
+        format!(
+            "{{\"rate_changes_per_s\": {}, \"offered_deliveries_per_s\": {}, \"fraction\": {}, \
+             \"fraction_of_deliveries_per_s\": {}, \"secs\": {}, \"sent\": {}, \
+             \"delivered\": {}, \"drops\": {}, \"sustained\": {}, \"p50_ms\": {}, \
+             \"p99_ms\": {}, \"max_ms\": {}}}",
+            num(Some(self.rate)),
+            num(Some(self.rate * k as f64)),
+            num(self.fraction),
+            num(self.of_deliveries_per_s),
+            num(Some(self.secs)),
+            self.sent,
+            self.delivered,
+            self.drops,
+            self.sustained(k),
+            num(self.p50_ms),
+            num(self.p99_ms),
+            num(self.max_ms)
+        )
+    }
+}
+
 /// Figures of one timed run against one server.
 #[derive(Debug, Default, Clone)]
 pub struct Report {
@@ -127,6 +181,8 @@ pub struct Report {
     pub sat_p50_ms: Option<f64>,
     /// p99 at saturation, ms.
     pub sat_p99_ms: Option<f64>,
+    /// The latency ladder's rates, lowest first, up to the first one not sustained.
+    pub ladder: Vec<LadderPoint>,
     /// Server CPU seconds per 1,000 deliveries at saturation.
     pub cpu_s_per_1000_deliveries: Option<f64>,
     /// Storage CPU seconds per 1,000 deliveries at saturation (see the logins figure).
@@ -278,6 +334,17 @@ impl Report {
             ("sat_deliveries_per_s", num(self.sat_deliveries_per_s)),
             ("sat_p50_ms", num(self.sat_p50_ms)),
             ("sat_p99_ms", num(self.sat_p99_ms)),
+            (
+                "ladder",
+                format!(
+                    "[{}]",
+                    self.ladder
+                        .iter()
+                        .map(|p| format!("\n    {}", p.to_json(u64::from(self.contacts))))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            ),
             (
                 "cpu_s_per_1000_deliveries",
                 num(self.cpu_s_per_1000_deliveries),
@@ -554,6 +621,35 @@ impl Report {
             ),
         ];
         let mut rows = rows;
+        let k = u64::from(self.contacts);
+        for p in &self.ladder {
+            let of = match (p.fraction, p.of_deliveries_per_s) {
+                (Some(f), Some(sat)) => format!(" ({:.0} % of {sat:.0} deliveries/s)", f * 100.0),
+                _ => String::new(),
+            };
+            rows.push((
+                format!("ladder {:.1} changes/s{of}: delivered/expected", p.rate),
+                format!(
+                    "{} / {}{}",
+                    p.delivered,
+                    p.sent * k,
+                    if p.sustained(k) {
+                        ""
+                    } else {
+                        " (not sustained)"
+                    }
+                ),
+            ));
+            rows.push((
+                "  delivery latency p50 / p99 / max (ms)".into(),
+                format!(
+                    "{} / {} / {}",
+                    cell(p.p50_ms),
+                    cell(p.p99_ms),
+                    cell(p.max_ms)
+                ),
+            ));
+        }
         if self.csi.secs > 0.0 {
             let c = &self.csi;
             rows.push((
@@ -641,5 +737,49 @@ mod tests {
         assert!(j.contains("\"errors\": [\"a\\u000ab\"]"));
         assert!(j.contains("\"redis_writes_per_session_per_min\": null"));
         assert!(j.contains("\"redis_write_cmds_seen\": {}"));
+        assert!(j.contains("\"ladder\": []"));
+    }
+
+    #[test]
+    fn ladder_points_say_their_rate_fraction_and_whether_sustained() {
+        let r = Report {
+            contacts: 10,
+            ladder: vec![
+                LadderPoint {
+                    rate: 550.0,
+                    fraction: Some(0.25),
+                    of_deliveries_per_s: Some(22_000.0),
+                    secs: 10.0,
+                    sent: 5500,
+                    delivered: 55_000,
+                    p99_ms: Some(3.5),
+                    ..LadderPoint::default()
+                },
+                LadderPoint {
+                    rate: 1100.0,
+                    sent: 11_000,
+                    delivered: 109_999,
+                    ..LadderPoint::default()
+                },
+            ],
+            ..Report::default()
+        };
+        let j = r.to_json();
+        assert!(
+            j.contains("{\"rate_changes_per_s\": 550, \"offered_deliveries_per_s\": 5500, \"fraction\": 0.25, \"fraction_of_deliveries_per_s\": 22000,"),
+            "{j}"
+        );
+        assert!(j.contains("\"delivered\": 55000, \"drops\": 0, \"sustained\": true, \"p50_ms\": null, \"p99_ms\": 3.5,"), "{j}");
+        // One delivery missing after the drain: not sustained.
+        assert!(
+            j.contains("\"delivered\": 109999, \"drops\": 0, \"sustained\": false,"),
+            "{j}"
+        );
+        let t = r.to_table();
+        assert!(
+            t.contains("ladder 550.0 changes/s (25 % of 22000 deliveries/s)"),
+            "{t}"
+        );
+        assert!(t.contains("109999 / 110000 (not sustained)"), "{t}");
     }
 }

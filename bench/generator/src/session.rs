@@ -499,11 +499,23 @@ pub struct PhaseStats {
     pub latency: Histogram,
 }
 
+/// The phase of the fixed offered load (`--fixed-rate`).
+pub const FIXED_PHASE: usize = 0;
+/// The phase of the saturation run.
+pub const SAT_PHASE: usize = 1;
+/// The first phase of the latency ladder (`--fixed-rates`): rate i is phase
+/// `LADDER_PHASE + i`, so each rate has its own counts and latency histogram.
+pub const LADDER_PHASE: usize = 2;
+/// Rates the latency ladder may hold at most.
+pub const LADDER_MAX: usize = 6;
+/// Phases with their own counters: fixed load, saturation, the ladder's rates.
+pub const PHASES: usize = LADDER_PHASE + LADDER_MAX;
+
 /// Counters shared by all sessions.
 #[derive(Default)]
 pub struct Shared {
-    /// Phase 0: fixed offered load; phase 1: saturation.
-    pub phases: [PhaseStats; 2],
+    /// Per phase: [`FIXED_PHASE`], [`SAT_PHASE`], then the ladder's rates.
+    pub phases: [PhaseStats; PHASES],
     /// Untimed available presences from contacts (initial presence and probe answers).
     pub initial_presences: AtomicU64,
     /// Sessions whose roster at login held all K contacts with subscription "both".

@@ -28,7 +28,9 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 
 use crate::graph::ContactGraph;
-use crate::session::{self, Command, CsiState, Mode, Shared, Target};
+use crate::session::{
+    self, Command, CsiState, Mode, Shared, Target, FIXED_PHASE, PHASES, SAT_PHASE,
+};
 use crate::stats::Histogram;
 use crate::Cli;
 
@@ -54,8 +56,9 @@ pub enum Cmd {
     Settle { secs: u64 },
     /// Wait until `ms` without any stanza, at most `max_secs`.
     Quiet { ms: u64, max_secs: u64 },
-    /// Fixed offered load: `rate` changes/s from this worker for `secs`.
-    Fixed { rate: f64, secs: u64 },
+    /// Fixed offered load: `rate` changes/s from this worker for `secs`, counted in
+    /// `phase` (the fixed-load phase or one of the latency ladder's).
+    Fixed { rate: f64, secs: u64, phase: u8 },
     /// Saturation: `window` deliveries in flight from this worker for `secs`.
     Sat { window: u64, secs: u64 },
     /// Report the phase counters.
@@ -98,10 +101,13 @@ pub enum Reply {
     /// After Fixed / Sat: changes issued, commands dropped, seconds spent.
     Phase { issued: u64, drops: u64, secs: f64 },
     /// Counters per phase.
-    Count { sent: [u64; 2], delivered: [u64; 2] },
+    Count {
+        sent: [u64; PHASES],
+        delivered: [u64; PHASES],
+    },
     /// Latency histograms per phase, lost sessions, first errors.
     Stats {
-        lat: [Histogram; 2],
+        lat: [Histogram; PHASES],
         lost: u64,
         errors: Vec<String>,
     },
@@ -136,7 +142,7 @@ impl Cmd {
             Cmd::Login => "login".into(),
             Cmd::Settle { secs } => format!("settle {secs}"),
             Cmd::Quiet { ms, max_secs } => format!("quiet {ms} {max_secs}"),
-            Cmd::Fixed { rate, secs } => format!("fixed {rate} {secs}"),
+            Cmd::Fixed { rate, secs, phase } => format!("fixed {rate} {secs} {phase}"),
             Cmd::Sat { window, secs } => format!("sat {window} {secs}"),
             Cmd::CsiState { active, interest } => {
                 format!("csistate {} {interest}", u8::from(*active))
@@ -168,6 +174,10 @@ impl Cmd {
             Some("fixed") => Cmd::Fixed {
                 rate: w.get(1).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
                 secs: num(2)?,
+                phase: u8::try_from(num(3)?)
+                    .ok()
+                    .filter(|&p| usize::from(p) < PHASES)
+                    .ok_or_else(bad)?,
             },
             Some("sat") => Cmd::Sat {
                 window: num(1)?,
@@ -248,12 +258,20 @@ impl Reply {
                 drops,
                 secs,
             } => format!("phase\t{issued}\t{drops}\t{secs}"),
-            Reply::Count { sent, delivered } => format!(
-                "count\t{}\t{}\t{}\t{}",
-                sent[0], sent[1], delivered[0], delivered[1]
-            ),
+            Reply::Count { sent, delivered } => {
+                let mut s = "count".to_string();
+                for v in sent.iter().chain(delivered) {
+                    s.push_str(&format!("\t{v}"));
+                }
+                s
+            }
             Reply::Stats { lat, lost, errors } => {
-                let mut s = format!("stats\t{}\t{}\t{lost}", lat[0].encode(), lat[1].encode());
+                let mut s = "stats".to_string();
+                for h in lat {
+                    s.push('\t');
+                    s.push_str(&h.encode());
+                }
+                s.push_str(&format!("\t{lost}"));
                 for e in errors {
                     s.push('\t');
                     s.push_str(&esc(e));
@@ -306,15 +324,28 @@ impl Reply {
                 drops: num(2)?,
                 secs: f.get(3).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
             },
-            "count" => Reply::Count {
-                sent: [num(1)?, num(2)?],
-                delivered: [num(3)?, num(4)?],
-            },
-            "stats" => Reply::Stats {
-                lat: [hist(1)?, hist(2)?],
-                lost: num(3)?,
-                errors: f[4.min(f.len())..].iter().map(|e| unesc(e)).collect(),
-            },
+            "count" => {
+                let (mut sent, mut delivered) = ([0; PHASES], [0; PHASES]);
+                for (i, (s, d)) in sent.iter_mut().zip(&mut delivered).enumerate() {
+                    *s = num(1 + i)?;
+                    *d = num(1 + PHASES + i)?;
+                }
+                Reply::Count { sent, delivered }
+            }
+            "stats" => {
+                let mut lat: [Histogram; PHASES] = Default::default();
+                for (i, h) in lat.iter_mut().enumerate() {
+                    *h = hist(1 + i)?;
+                }
+                Reply::Stats {
+                    lat,
+                    lost: num(1 + PHASES)?,
+                    errors: f[(2 + PHASES).min(f.len())..]
+                        .iter()
+                        .map(|e| unesc(e))
+                        .collect(),
+                }
+            }
             "unavailables" => Reply::Unavailables {
                 repeated: num(1)?,
                 seen: f[2.min(f.len())..]
@@ -415,8 +446,10 @@ impl Worker {
                 .await;
                 Reply::Settled { seen: self.seen() }
             }
-            Cmd::Fixed { rate, secs } => self.fixed(rate, secs, false).await,
-            Cmd::CsiWindow { rate, secs } => self.fixed(rate, secs, true).await,
+            Cmd::Fixed { rate, secs, phase } => {
+                self.fixed(rate, secs, usize::from(phase), false).await
+            }
+            Cmd::CsiWindow { rate, secs } => self.fixed(rate, secs, FIXED_PHASE, true).await,
             Cmd::CsiState { active, interest } => self.csi_state(active, interest).await,
             Cmd::CsiCount => self.csi_count().await,
             Cmd::CsiCheck => self.csi_check().await,
@@ -424,12 +457,12 @@ impl Worker {
             Cmd::Count => {
                 let p = &self.shared.phases;
                 Reply::Count {
-                    sent: [0, 1].map(|i| p[i].sent.load(Ordering::Relaxed)),
-                    delivered: [0, 1].map(|i| p[i].delivered.load(Ordering::Relaxed)),
+                    sent: std::array::from_fn(|i| p[i].sent.load(Ordering::Relaxed)),
+                    delivered: std::array::from_fn(|i| p[i].delivered.load(Ordering::Relaxed)),
                 }
             }
             Cmd::Stats => {
-                let lat = [Histogram::default(), Histogram::default()];
+                let lat: [Histogram; PHASES] = Default::default();
                 for (h, p) in lat.iter().zip(&self.shared.phases) {
                     h.merge(&p.latency);
                 }
@@ -508,15 +541,16 @@ impl Worker {
         }
     }
 
-    /// Open loop: `rate` changes per second from random users of this slice (with
-    /// `active_group`, from the odd users only: a CSI run's inactive clients stay silent).
-    async fn fixed(&mut self, rate: f64, secs: u64, active_group: bool) -> Reply {
+    /// Open loop: `rate` changes per second from random users of this slice, counted in
+    /// `phase` (with `active_group`, from the odd users only: a CSI run's inactive clients
+    /// stay silent).
+    async fn fixed(&mut self, rate: f64, secs: u64, phase: usize, active_group: bool) -> Reply {
         let mut rng = rand::rngs::StdRng::from_entropy();
         let senders: Vec<usize> = (0..self.sessions.len())
             .filter(|&s| !active_group || !inactive_group(self.sessions[s].0))
             .collect();
         let (mut issued, mut drops) = (0u64, 0u64);
-        let sent_before = self.shared.phases[0].sent.load(Ordering::Relaxed);
+        let sent_before = self.shared.phases[phase].sent.load(Ordering::Relaxed);
         let t0 = Instant::now();
         // Exactly rate × secs changes, the last one due at `secs`: stopping the clock at
         // `secs` instead would drop the final change whenever the last tick falls just
@@ -532,7 +566,7 @@ impl Worker {
                 issued += 1;
                 if tx
                     .try_send(Command::Presence {
-                        phase: 0,
+                        phase: phase as u8,
                         seq: self.seq,
                     })
                     .is_err()
@@ -542,7 +576,7 @@ impl Worker {
             }
         }
         let secs = t0.elapsed().as_secs_f64();
-        self.until_sent(0, sent_before + issued - drops).await;
+        self.until_sent(phase, sent_before + issued - drops).await;
         Reply::Phase {
             issued,
             drops,
@@ -683,7 +717,7 @@ impl Worker {
     /// rate), so the estimate stays balanced; with one process it is exact.
     async fn saturate(&mut self, window: u64, secs: u64) -> Reply {
         let k = u64::from(self.graph.k());
-        let p = &self.shared.phases[1];
+        let p = &self.shared.phases[SAT_PHASE];
         let sent_before = p.sent.load(Ordering::Relaxed);
         let (mut issued, mut drops) = (0u64, 0u64);
         let mut next = 0usize;
@@ -700,7 +734,7 @@ impl Worker {
             self.seq += 1;
             if tx
                 .try_send(Command::Presence {
-                    phase: 1,
+                    phase: SAT_PHASE as u8,
                     seq: self.seq,
                 })
                 .is_ok()
@@ -712,7 +746,7 @@ impl Worker {
             }
         }
         // The wait counts as phase time: deliveries made meanwhile are counted too.
-        self.until_sent(1, sent_before + issued).await;
+        self.until_sent(SAT_PHASE, sent_before + issued).await;
         let secs = t0.elapsed().as_secs_f64();
         Reply::Phase {
             issued,
@@ -871,6 +905,12 @@ mod tests {
             Cmd::Fixed {
                 rate: 33.5,
                 secs: 10,
+                phase: 0,
+            },
+            Cmd::Fixed {
+                rate: 1100.0,
+                secs: 5,
+                phase: (PHASES - 1) as u8,
             },
             Cmd::Sat {
                 window: 2000,
@@ -898,6 +938,7 @@ mod tests {
             assert_eq!(Cmd::decode(&c.encode()).expect("decodes"), c);
         }
         assert!(Cmd::decode("settle").is_err());
+        assert!(Cmd::decode(&format!("fixed 10 5 {PHASES}")).is_err());
         assert!(Cmd::decode("reboot").is_err());
     }
 
@@ -950,7 +991,7 @@ mod tests {
             Reply::Unavailables { seen, repeated: 0 } if seen.is_empty()
         ));
         let s = Reply::Stats {
-            lat: [Histogram::default(), Histogram::default()],
+            lat: Default::default(),
             lost: 3,
             errors: vec!["a\tb\nc\\d".into(), "e".into()],
         };
@@ -964,17 +1005,30 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // Every phase's counts and histogram cross the pipe, the ladder's last one too.
+        let sent: [u64; PHASES] = std::array::from_fn(|i| i as u64 + 1);
+        let delivered: [u64; PHASES] = std::array::from_fn(|i| 100 + i as u64);
+        match Reply::decode(&Reply::Count { sent, delivered }.encode()) {
+            Ok(Reply::Count {
+                sent: s,
+                delivered: d,
+            }) => assert_eq!((s, d), (sent, delivered)),
+            other => panic!("{other:?}"),
+        }
+        let lat: [Histogram; PHASES] = Default::default();
+        lat[PHASES - 1].record(4200);
         match Reply::decode(
-            &Reply::Count {
-                sent: [1, 2],
-                delivered: [3, 4],
+            &Reply::Stats {
+                lat,
+                lost: 0,
+                errors: vec![],
             }
             .encode(),
         ) {
-            Ok(Reply::Count {
-                sent: [1, 2],
-                delivered: [3, 4],
-            }) => {}
+            Ok(Reply::Stats { lat, lost: 0, .. }) => {
+                assert_eq!(lat[PHASES - 1].max(), 4200);
+                assert_eq!(lat[0].count(), 0);
+            }
             other => panic!("{other:?}"),
         }
         assert!(Reply::decode("logins\t1").is_err());

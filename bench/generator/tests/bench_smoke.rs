@@ -97,6 +97,28 @@ fn json_num(json: &str, key: &str) -> Option<f64> {
     rest[..end].trim().parse().ok()
 }
 
+/// The latency ladder's points in the generator's JSON report, one line each.
+fn ladder_points(json: &str) -> Vec<&str> {
+    json.lines()
+        .filter(|l| l.trim_start().starts_with("{\"rate_changes_per_s\": "))
+        .collect()
+}
+
+/// Each ladder point of `json` offered its rate (`rates`, changes/s) for `secs` and every
+/// change reached its `k` watchers.
+fn assert_ladder_delivered(json: &str, rates: &[f64], secs: f64, k: f64, what: &str) {
+    let points = ladder_points(json);
+    assert_eq!(points.len(), rates.len(), "{what}: {json}");
+    for (line, &rate) in points.iter().zip(rates) {
+        let n = |key: &str| json_num(line, key).unwrap_or_else(|| panic!("{key} in {line}"));
+        assert_eq!(n("rate_changes_per_s"), rate, "{what}: {line}");
+        assert_eq!(n("sent"), rate * secs, "{what}: {line}");
+        assert_eq!(n("delivered"), n("sent") * k, "{what}: {line}");
+        assert!(line.contains("\"sustained\": true"), "{what}: {line}");
+        assert!(n("p99_ms") >= n("p50_ms"), "{what}: {line}");
+    }
+}
+
 #[tokio::test]
 async fn load_generator_smoke_run_logs_in_and_delivers_presence() {
     let (ts, common) = smoke_server().await;
@@ -110,7 +132,15 @@ async fn load_generator_smoke_run_logs_in_and_delivers_presence() {
         Duration::from_secs(180),
         tokio::process::Command::new(bench)
             .args(common)
-            .args(["--rest-secs", "2", "--json"])
+            .args(["--rest-secs", "2"])
+            // The latency ladder: a quarter and half of 120 deliveries/s at K = 3.
+            .args([
+                "--fixed-fractions",
+                "0.25,0.5",
+                "--fractions-of",
+                "120",
+                "--json",
+            ])
             .arg(&json_path)
             .output(),
     )
@@ -130,6 +160,12 @@ async fn load_generator_smoke_run_logs_in_and_delivers_presence() {
     assert!((2.0..10.0).contains(&rest), "idle window kept: {json}");
     assert!(
         json.contains("\"redis_writes_per_session_per_min\": null"),
+        "{json}"
+    );
+    // --smoke: 2 s per rate; 10 and 20 changes/s, each reaching all 3 watchers.
+    assert_ladder_delivered(&json, &[10.0, 20.0], 2.0, 3.0, "presenced");
+    assert!(
+        json.contains("\"fraction\": 0.25, \"fraction_of_deliveries_per_s\": 120,"),
         "{json}"
     );
     ts.stop().await;
@@ -446,6 +482,11 @@ async fn peers_provisioned_by_written_storage_pass_the_smoke_run() {
         run.status.success(),
         "peers' smoke run failed:\n{out}\n{err}"
     );
+    // bench/ratio.py prints the ladder's rows for the peers.
+    assert!(
+        out.contains("| 10 changes/s (30 deliveries/s, 25 %) | p99 (ms) |"),
+        "{out}"
+    );
     for peer in ["prosody", "ejabberd"] {
         let path = work.join(format!("results/{peer}.json"));
         let json = std::fs::read_to_string(&path)
@@ -462,6 +503,8 @@ async fn peers_provisioned_by_written_storage_pass_the_smoke_run() {
             n("fixed_sent") * 3.0,
             "{peer}: {json}"
         );
+        // bench/run.sh --smoke's latency ladder: 25, 50 and 75 % of 120 deliveries/s.
+        assert_ladder_delivered(&json, &[10.0, 20.0, 30.0], 2.0, 3.0, peer);
         // Provisioning wrote the files; no registration over XMPP took place.
         assert!(
             err.contains(&format!("{peer}: provisioning N=20 K=3")) && err.contains("written to"),
