@@ -62,6 +62,10 @@ CSI_FIGURES = [
     ("csi_interest_checked", "interest lists: pairs checked"),
 ]
 CSI_TARGET_PCT = 90.0
+# The latency target: presenced's p99 at this fraction of the best peer's saturation at most
+# LADDER_TARGET_SHARE of the best peer's p99 at the same offered load.
+LADDER_TARGET_FRACTION = 0.5
+LADDER_TARGET_SHARE = 1 / 3
 PEERS = ["prosody", "ejabberd"]
 OURS = ["presenced", "embedded"]
 SERVERS = PEERS + OURS
@@ -179,6 +183,84 @@ def csi_table(runs, present, spread):
     return True
 
 
+def ladder_table(runs, present, spread):
+    """The latency ladder (bench/run.sh LATENCY_FRACTIONS): p50 and p99 per offered rate
+    and server, and the verdict on the latency target. Points are matched over runs and
+    servers by their offered rate."""
+    points = {}
+    for run in runs:
+        for n in present:
+            for pt in (run[n] or {}).get("ladder", []):
+                points.setdefault(round(pt["rate_changes_per_s"], 3), pt)
+    if not points:
+        return
+    k = next(run[n]["contacts"] for run in runs for n in present if run[n])
+
+    def at(rate, field):
+        def values(n):
+            out = []
+            for run in runs:
+                pt = next((p for p in (run[n] or {}).get("ladder", [])
+                           if round(p["rate_changes_per_s"], 3) == rate), None)
+                out.append(pt.get(field) if pt else None)
+            return out
+        return {n: Spread(values(n)) for n in present}
+
+    sats = {n: spread(n, "sat_deliveries_per_s") for n in PEERS if n in present}
+    sats = {n: s for n, s in sats.items() if s}
+    print("\nLatency under load: open-loop phases after the saturation phase, lowest rate "
+          "first; a rate a server did not sustain (a delivery missing after the drain) ends "
+          "its ladder, so higher rows stay empty for it.")
+    first = next(iter(points.values()))
+    if first.get("fraction_of_deliveries_per_s"):
+        line = (f"Offered rates: fractions of {first['fraction_of_deliveries_per_s']:.0f} "
+                f"deliveries/s (a given figure, the same for every server), in changes/s "
+                f"= deliveries/s ÷ K (K = {k})")
+        if sats:
+            line += ("; the peers' saturation measured in these runs: "
+                     + ", ".join(f"{TITLES[n]} {s.cell()}" for n, s in sats.items()))
+        print(line)
+    print()
+    print("| offered load | figure | " + " | ".join(TITLES[n] for n in present) + " |")
+    print("|---|---|" + "---:|" * len(present))
+    verdicts = []
+    for rate in sorted(points):
+        pt = points[rate]
+        name = f"{rate:g} changes/s ({rate * k:.0f} deliveries/s"
+        if pt.get("fraction") is not None:
+            name += f", {pt['fraction'] * 100:.0f} %"
+        name += ")"
+        sent, delivered = at(rate, "sent"), at(rate, "delivered")
+        cells = []
+        for n in present:
+            pairs = [(s, d) for s, d in zip(sent[n].values, delivered[n].values)]
+            full = sum(1 for s, d in pairs if d >= s * k)
+            cells.append(f"{full} of {len(pairs)}" if pairs else "not offered")
+        print(f"| {name} | runs with every delivery | " + " | ".join(cells) + " |")
+        for field, label in (("p50_ms", "p50 (ms)"), ("p99_ms", "p99 (ms)")):
+            c = at(rate, field)
+            print(f"| {name} | {label} | " + " | ".join(c[n].cell() for n in present) + " |")
+        if pt.get("fraction") is not None and abs(pt["fraction"] - LADDER_TARGET_FRACTION) < 1e-9:
+            verdicts.append((name, at(rate, "p99_ms"), sent, delivered))
+    print()
+    for name, p99, sent, delivered in verdicts:
+        peers = [n for n in PEERS if n in present and p99[n]]
+        if not peers:
+            continue
+        best = min(peers, key=lambda n: p99[n].median)
+        bound = p99[best].median * LADDER_TARGET_SHARE
+        for n in [n for n in OURS if n in present and p99[n]]:
+            ours = p99[n]
+            if ours.hi <= p99[best].lo * LADDER_TARGET_SHARE:
+                word = "met in every run (its highest p99 ≤ ⅓ of the best peer's lowest)"
+            elif ours.median <= bound:
+                word = "met by the medians, not in every run (the ranges overlap the bound)"
+            else:
+                word = "NOT met"
+            print(f"- {TITLES[n]} at {name}: p99 {ours.cell()} ms against ⅓ of "
+                  f"{TITLES[best]}'s {p99[best].cell()} ms = {bound:.3g} ms: target {word}")
+
+
 def main():
     dirs = sys.argv[1:]
     if not dirs:
@@ -235,6 +317,8 @@ def main():
         if all(c in ("", "n/a") for c in cells):
             continue
         print(f"| {label} | " + " | ".join(cells) + " |" + " |" * len(ours))
+    if not csi:
+        ladder_table(runs, present, spread)
 
     # What every server negotiated (the same handshake and mechanism for all, or not).
     neg = {}

@@ -32,6 +32,13 @@
 #                        CSI_INTEREST=2 contacts in the interest lists of presenced's third
 #                        window (presenced and embedded only; 0 skips it). One generator
 #                        process (the nothing-lost check compares sessions of one process).
+#   LATENCY_FRACTIONS=0.25,0.5,0.75  the latency ladder after the saturation phase: one
+#                        fixed-load phase per fraction of LATENCY_OF, each with its own
+#                        latency figures (empty: no ladder; not with CSI=1)
+#   LATENCY_OF=22000     the saturation those are fractions of, in deliveries/s: a given
+#                        figure, the same offered load for every server in every run (the
+#                        best peer's median at N = 1,000, K = 10; --smoke: 120)
+#   LADDER_SECS=10       length of each ladder phase, s
 #   --record             append the results block to BENCHMARKS.md
 #   --fresh              wipe server data (re-provision) first
 #   --provision-only     provision what is missing for this N/K (untimed) and stop
@@ -66,6 +73,8 @@ CSI="${CSI:-0}"
 CSI_SECS="${CSI_SECS:-20}"
 CSI_INTEREST="${CSI_INTEREST:-2}"
 PEER_PROVISION="${PEER_PROVISION:-files}"
+LATENCY_FRACTIONS="${LATENCY_FRACTIONS-0.25,0.5,0.75}"
+LADDER_SECS="${LADDER_SECS:-10}"
 SMOKE=0
 RECORD=0
 FRESH=0
@@ -73,7 +82,7 @@ PROVISION_ONLY=0
 EXTRA=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --smoke) SMOKE=1; N=20; K=3; REST_SECS=3; shift ;;
+        --smoke) SMOKE=1; N=20; K=3; REST_SECS=3; LATENCY_OF="${LATENCY_OF:-120}"; shift ;;
         --record) RECORD=1; shift ;;
         --fresh) FRESH=1; shift ;;
         --provision-only) PROVISION_ONLY=1; shift ;;
@@ -85,11 +94,12 @@ done
 # this machine); one per 10,000 sessions keeps each well below that and spreads the
 # generator's own work over the cores.
 PROCS="${PROCS:-$(( (N + 9999) / 10000 ))}"
+LATENCY_OF="${LATENCY_OF:-22000}"
 [ "$CSI" = 1 ] && PROCS=1
 # Server data per N and K, so that 10k and 19k can be provisioned ahead of time side by side
 # and timed later (provisioning the peers takes tens of minutes at these sizes).
 DATA="$WORK/n$N-k$K"
-COMMAND_LINE="$([ "$CSI" = 1 ] && echo "CSI=1 CSI_SECS=$CSI_SECS CSI_INTEREST=$CSI_INTEREST " || true)N=$N K=$K PROCS=$PROCS SERVERS=\"$SERVERS\" bench/run.sh $([ "$SMOKE" = 1 ] && echo --smoke || true) ${EXTRA[*]:-}"
+COMMAND_LINE="$([ "$CSI" = 1 ] && echo "CSI=1 CSI_SECS=$CSI_SECS CSI_INTEREST=$CSI_INTEREST " || true)$([ "$CSI" != 1 ] && [ -n "$LATENCY_FRACTIONS" ] && echo "LATENCY_FRACTIONS=$LATENCY_FRACTIONS LATENCY_OF=$LATENCY_OF LADDER_SECS=$LADDER_SECS " || true)N=$N K=$K PROCS=$PROCS SERVERS=\"$SERVERS\" bench/run.sh $([ "$SMOKE" = 1 ] && echo --smoke || true) ${EXTRA[*]:-}"
 
 log() { echo "[run.sh $(date +%H:%M:%S)] $*" >&2; }
 
@@ -537,6 +547,9 @@ run_one() { # name port
         mode+=(--csi --csi-secs "$CSI_SECS")
         # Interest lists are presenced's own namespace: the peers get the first two windows.
         [ "$kind" = presenced ] && mode+=(--csi-interest "$CSI_INTEREST")
+    elif [ -n "$LATENCY_FRACTIONS" ]; then
+        mode+=(--fixed-fractions "$LATENCY_FRACTIONS" --fractions-of "$LATENCY_OF"
+               --ladder-secs "$LADDER_SECS")
     fi
     REST_ARGS=()
     [ "$name" = presenced ] && presenced_rest_args
