@@ -246,7 +246,14 @@ def ladder_table(runs, present, spread):
     for name, p99, sent, delivered in verdicts:
         peers = [n for n in PEERS if n in present and p99[n]]
         if not peers:
+            print(f"- at {name}: no peer was offered this rate (each ended its ladder below "
+                  "it): the p99 target cannot be judged from these runs")
             continue
+        unsustained = [n for n in peers
+                       if any(d < s * k for s, d in zip(sent[n].values, delivered[n].values))]
+        if unsustained:
+            print(f"- at {name}: {', '.join(TITLES[n] for n in unsustained)} did not sustain "
+                  "this rate in every run: its p99 there is a queue's, not a delivery time")
         best = min(peers, key=lambda n: p99[n].median)
         bound = p99[best].median * LADDER_TARGET_SHARE
         for n in [n for n in OURS if n in present and p99[n]]:
