@@ -329,7 +329,7 @@ fn main() -> ExitCode {
     if ladder.len() > session::LADDER_MAX || ladder.iter().any(|&(r, _)| r <= 0.0 || !r.is_finite())
     {
         eprintln!(
-            "the latency ladder takes 1 to {} positive rates",
+            "the latency ladder takes at most {} rates, each above 0",
             session::LADDER_MAX
         );
         return ExitCode::from(2);
