@@ -342,14 +342,20 @@ ejabberd_stop() {
     ejabberdctl --ctl-config "$DATA/ejabberd/ejabberdctl.cfg" stop >/dev/null 2>&1 || true
     wait "$SERVER_PID" 2>/dev/null || true
 }
-# The same files as Prosody's (ejabberd's own iteration count), imported into an empty
-# Mnesia database by `ejabberdctl import_prosody` on a running node: accounts as SCRAM
-# records, roster items as they are. Mnesia stays the backend, as in every earlier run.
-# ejabberdctl gives up on a command after 60 s (the import goes on unseen), so the files
-# go in chunks of EJABBERD_IMPORT_CHUNK users (1,000 take ≈ 10 s); the account count is
-# checked at the end.
+# The same files as Prosody's (ejabberd's own iteration count) go into an empty Mnesia
+# database on a running node. Mnesia stays the backend, as in every earlier run.
+# * Accounts: `ejabberdctl import_prosody` (SCRAM records). ejabberdctl gives up on a
+#   command after 60 s (the import goes on unseen), so the files go in chunks of
+#   EJABBERD_IMPORT_CHUNK users (1,000 accounts take seconds).
+# * Roster items: import_prosody writes them at ≈ 300 items/s (100,000 in ≈ 5.5 min; the
+#   3,000,000 of N = 10,000, K = 300 would take hours), so by default
+#   (EJABBERD_ROSTERS=mnesia) the same items are written as the `roster` records
+#   import_prosody writes, with mnesia:dirty_write through a hidden Erlang node
+#   (ejabberd_write_rosters); EJABBERD_ROSTERS=import keeps import_prosody for them too.
+# The account and roster item counts are checked at the end.
 ejabberd_provision() { # generator args...
-    local d="$DATA/ejabberd" src="$DATA/ejabberd/import" rc=0 part f host have
+    local d="$DATA/ejabberd" src="$DATA/ejabberd/import" rc=0 part f host have items
+    local rosters="${EJABBERD_ROSTERS:-mnesia}"
     rm -rf "$src" "$src".* "$d/db" "$d/scram-cache.txt"
     mkdir -p "$d/db"
     "$BENCH" "$@" --provision --provision-files "$src" --scram-iterations 4096 || return 1
@@ -361,15 +367,65 @@ ejabberd_provision() { # generator args...
         mkdir -p "$src.chunk/$host/accounts" "$src.chunk/$host/roster"
         while read -r f; do
             mv "$src/$host/accounts/$f" "$src.chunk/$host/accounts/"
-            mv "$src/$host/roster/$f" "$src.chunk/$host/roster/"
+            if [ "$rosters" = import ]; then mv "$src/$host/roster/$f" "$src.chunk/$host/roster/"; fi
         done < "$part"
         log "ejabberd: import_prosody $(wc -l < "$part") users ($part)"
         ejabberdctl --ctl-config "$d/ejabberdctl.cfg" import_prosody "$src.chunk" || { rc=1; break; }
     done
+    if [ "$rc" = 0 ] && [ "$rosters" = mnesia ]; then
+        ejabberd_write_rosters "$src/$host/roster" || rc=1
+    fi
     have="$(ejabberdctl --ctl-config "$d/ejabberdctl.cfg" registered_users "$DOMAIN" 2>/dev/null | grep -c .)"
+    items="$(ejabberd_eval 'io:format("~p~n", [rpc:call(Node, mnesia, table_info, [roster, size])])')" || true
     ejabberd_stop
     rm -rf "$src" "$src".*
     [ "$rc" = 0 ] && [ "$have" = "$N" ] || { echo "ejabberd: $have of $N accounts imported" >&2; return 1; }
+    [ "$items" = $(( N * K )) ] || { echo "ejabberd: $items of $(( N * K )) roster items" >&2; return 1; }
+}
+# Erlang expressions run on a hidden node of this machine with `Node` bound to the running
+# ejabberd node (same user, so the same ~/.erlang.cookie); what they print is the output.
+ejabberd_eval() { # expressions (without the final halt)
+    EJ_NODE="$EJ_NODE" erl -sname "bench-prov-$$@localhost" -hidden -noshell -noinput \
+        -eval "Node = list_to_atom(os:getenv(\"EJ_NODE\")), $1, halt(0)."
+}
+# Every roster file DIR/<user>.dat as the records import_prosody makes of it: for user U
+# and contact C@CS, #roster{usj = {U, Host, {C, CS, <<>>}}, us = {U, Host},
+# jid = {C, CS, <<>>}, name = <<>>, subscription = both, ask = none, groups = [],
+# askmessage = <<>>, xs = []} (mod_roster.hrl of 23.01), written with mnesia:dirty_write
+# (the table's index on `us` is kept by Mnesia) in batches of 5,000 records per call.
+# ejabberd keeps `roster` as disc_only_copies (a dets file): one write at a time there runs
+# at ≈ 300 records/s, as slow as import_prosody. So the table is turned into disc_copies
+# (in memory, logged) for the writes and back into disc_only_copies afterwards, which
+# writes the dets file in one pass: the timed run finds the table as ejabberd made it.
+ejabberd_write_rosters() { # roster dir
+    local pairs="$DATA/ejabberd/roster-pairs.eterm"
+    # The bench's user names are letters and digits: the file name is the user name.
+    if ls "$1" | grep -q '%'; then echo "ejabberd: encoded roster file names" >&2; return 1; fi
+    find "$1" -name '*.dat' -print0 | xargs -0 awk '
+        FNR == 1 { u = FILENAME; sub(/.*\//, "", u); sub(/\.dat$/, "", u) }
+        /^\t\["/ { j = $0; sub(/^\t\["/, "", j); sub(/"\].*/, "", j); split(j, a, "@")
+                   printf "{<<\"%s\">>, <<\"%s\">>, <<\"%s\">>}.\n", u, a[1], a[2] }' > "$pairs"
+    log "ejabberd: writing $(wc -l < "$pairs") roster items into Mnesia"
+    EJ_PAIRS="$pairs" EJ_HOST="$DOMAIN" ejabberd_eval '
+        {ok, Pairs} = file:consult(os:getenv("EJ_PAIRS")),
+        Host = list_to_binary(os:getenv("EJ_HOST")),
+        Rec = fun({U, C, CS}) -> {roster, {U, Host, {C, CS, <<>>}}, {U, Host}, {C, CS, <<>>},
+                                  <<>>, both, none, [], <<>>, []} end,
+        Write = fun W([], _) -> ok;
+                    W(L, Len) -> {B, Rest} = lists:split(min(5000, Len), L),
+                                 ok = rpc:call(Node, lists, foreach,
+                                               [fun mnesia:dirty_write/1, [Rec(P) || P <- B]],
+                                               infinity),
+                                 W(Rest, Len - min(5000, Len)) end,
+        Type = rpc:call(Node, mnesia, table_info, [roster, storage_type]),
+        {atomic, ok} = rpc:call(Node, mnesia, change_table_copy_type, [roster, Node, disc_copies]),
+        ok = Write(Pairs, length(Pairs)),
+        {atomic, ok} = rpc:call(Node, mnesia, change_table_copy_type, [roster, Node, Type], infinity),
+        io:format("roster: ~p records, ~p~n", [rpc:call(Node, mnesia, table_info, [roster, size]),
+                                               rpc:call(Node, mnesia, table_info, [roster, storage_type])])'
+    local rc=$?
+    rm -f "$pairs"
+    return $rc
 }
 
 # ---------------------------------------------------------------- presenced
@@ -444,9 +500,18 @@ presenced_start() {
 launch_presenced() { # name port command
     # The environment's DATABASE_URL / REDIS_URL would override the config's (README):
     # the bench server must use its own database and Redis.
-    env -u DATABASE_URL -u REDIS_URL bash -c "exec $3" >>"$DATA/$1/stdout.log" 2>&1 &
-    SERVER_PID=$!
-    wait_port "$2" 120 "$SERVER_PID" || return 1
+    local try
+    # Its ports lie in the ephemeral range, as ejabberd's: another program's connection can
+    # hold one for a moment (it then exits with "Address already in use"). Then try again.
+    for try in 1 2 3; do
+        env -u DATABASE_URL -u REDIS_URL bash -c "exec $3" >>"$DATA/$1/stdout.log" 2>&1 &
+        SERVER_PID=$!
+        wait_port "$2" 120 "$SERVER_PID" && break
+        wait "$SERVER_PID" 2>/dev/null || true
+        [ "$try" = 3 ] && return 1
+        log "$1 did not start (see $DATA/$1/stdout.log); again in 5 s"
+        sleep 5
+    done
     SERVER_PIDS=("$SERVER_PID")
     check_fd_limit "$SERVER_PID"
 }
