@@ -66,6 +66,25 @@ CSI_TARGET_PCT = 90.0
 # LADDER_TARGET_SHARE of the best peer's p99 at the same offered load.
 LADDER_TARGET_FRACTION = 0.5
 LADDER_TARGET_SHARE = 1 / 3
+# Reconnect storm runs (bench/run.sh STORM=1): per cause, (json key suffix, label,
+# higher_is_better; None: a count shown, not compared). Times are from the drop.
+STORM_FIGURES = [
+    ("restored", "sessions back with presence restored at every watcher", None),
+    ("restored_50_s", "time until 50 % restored (s)", False),
+    ("restored_99_s", "time until 99 % restored (s)", False),
+    ("restored_100_s", "time until 100 % restored (s)", False),
+    ("back_99_s", "time until 99 % logged in again (s)", False),
+    ("back_100_s", "time until 100 % logged in again (s)", False),
+    ("server_down_s", "server down: stop to listening again (s)", False),
+    ("attempts", "login attempts", None),
+    ("failed_refused", "failed logins: refused (nothing listening)", None),
+    ("failed_timeout", "failed logins: timeout (no login within the limit)", None),
+    ("failed_stream", "failed logins: stream error or connection ended by the server", None),
+    ("failed_other", "failed logins: other", None),
+    ("rss_mb_before", "server RSS before the drop (MB)", False),
+    ("peak_rss_mb", "server peak RSS during the storm (MB)", False),
+]
+STORM_TARGET = 1 / 3
 PEERS = ["prosody", "ejabberd"]
 OURS = ["presenced", "embedded"]
 SERVERS = PEERS + OURS
@@ -266,6 +285,63 @@ def ladder_table(runs, present, spread):
                 word = "NOT met"
             print(f"- {TITLES[n]} at {name}: p99 {ours.cell()} ms against ⅓ of "
                   f"{TITLES[best]}'s {p99[best].cell()} ms = {bound:.3g} ms: target {word}")
+def storm_table(runs, present, repeated):
+    """The reconnect storm table (one block per cause) and the verdict on the target:
+    presenced back within a third of the best peer's time."""
+    if not any((run[n] or {}).get("storm") for run in runs for n in present):
+        return False
+    for run in runs:
+        for r in run.values():
+            for c in ("cut", "restart"):
+                for k in ("rss_kb_before", "peak_rss_kb"):
+                    if r and r.get(f"{c}_{k}") is not None:
+                        r[f"{c}_{k.replace('kb', 'mb')}"] = r[f"{c}_{k}"] / 1024
+    first = next(run[n] for run in runs for n in present if (run[n] or {}).get("storm"))
+    ours = [n for n in OURS if n in present]
+    print(f"Reconnect storm: N = {first['users']} sessions, K = {first['contacts']} mutual "
+          f"contacts; clients come back after a random {first['storm_backoff_min_s']:g}–"
+          f"{first['storm_backoff_max_s']:g} s, doubling after each failed attempt, capped at "
+          f"{first['storm_backoff_cap_s']:g} s; a login attempt gives up after "
+          f"{first['storm_login_timeout_s']:g} s")
+    if repeated:
+        print("\nA ratio is given only where the min–max ranges of presenced and the best "
+              "peer do not overlap; \"overlap\" means the runs do not separate them.")
+    for cause in first.get("storm_causes", []):
+        print(f"\n**{'Network cut' if cause == 'cut' else 'Server restart'}** ({cause})\n")
+        head = "| figure | " + " | ".join(TITLES[n] for n in present)
+        head += "".join(f" | {TITLES[n]} ÷ best peer" for n in ours) + " |"
+        print(head)
+        print("|---|" + "---:|" * (len(present) + len(ours)))
+        for key, label, higher in STORM_FIGURES:
+            cells = {n: Spread([(run[n] or {}).get(f"{cause}_{key}") for run in runs])
+                     for n in present}
+            if not any(cells.values()):
+                continue
+            row = f"| {label} | " + " | ".join(cells[n].cell() for n in present)
+            for n in ours:
+                row += " | " + ratio_cell(cells[n], [cells[p] for p in PEERS if p in cells],
+                                          higher, repeated)
+            print(row + " |")
+        print()
+        for n in ours:
+            for key in ("restored_99_s", "restored_100_s"):
+                mine = Spread([(run[n] or {}).get(f"{cause}_{key}") for run in runs])
+                peers = [(p, Spread([(run[p] or {}).get(f"{cause}_{key}") for run in runs]))
+                         for p in PEERS if p in present]
+                peers = [(p, sp) for p, sp in peers if sp]
+                if not mine or not peers:
+                    continue
+                best, sp = min(peers, key=lambda x: x[1].median)
+                r = mine.median / sp.median if sp.median else float("inf")
+                met = r <= STORM_TARGET
+                sure = separated(mine, sp) if repeated else False
+                print(f"- {TITLES[n]}, {cause}, {key.split('_')[1]} % restored: "
+                      f"{mine.cell()} s against {TITLES[best]}'s {sp.cell()} s: "
+                      f"{r:.2f} of the best peer's time; target (≤ ⅓) "
+                      f"{'met' if met else 'NOT met'}"
+                      + ("" if not repeated else
+                         " (ranges apart)" if sure else " (ranges overlap)"))
+    return True
 
 
 def main():
@@ -289,6 +365,10 @@ def main():
     if repeated:
         counts = ", ".join(f"{TITLES[n]} {sum(1 for run in runs if run[n])}" for n in present)
         print(f"{len(dirs)} runs (runs per server: {counts}); each cell: median (min–max).\n")
+    if storm_table(runs, present, repeated):
+        load_table(metas, present)
+        errors(runs)
+        return
     csi = csi_table(runs, present, spread)
     if csi:
         print(f"\nN = {any_run['users']} sessions, K = {any_run['contacts']} mutual contacts, "
@@ -348,19 +428,30 @@ def main():
     procs = {n: r.get("procs") for n, r in runs[0].items() if r and r.get("procs")}
     if procs:
         print("\nGenerator processes: " + ", ".join(f"{TITLES[n]} {p}" for n, p in procs.items()))
-    # Load averages per server run: this machine is shared with other work.
+    load_table(metas, present)
+    errors(runs)
+
+
+def load_table(metas, present):
+    """Load averages per server run: this machine is shared with other work."""
     rows = []
     for i, meta in enumerate(metas):
         for n in present:
             m = meta.get(n)
             if m:
                 rows.append((m["started"], i + 1, m.get("position"), n, m["load_before"],
-                             m["load_after"]))
+                             m.get("load_at_restart") or "", m["load_after"]))
     if rows:
-        print("\n| run | order | server | started (UTC) | load average before | after |")
-        print("|---:|---:|---|---|---|---|")
-        for started, i, pos, n, before, after in sorted(rows):
-            print(f"| {i} | {pos} | {TITLES[n]} | {started} | {before} | {after} |")
+        restart = any(r[5] for r in rows)
+        print("\n| run | order | server | started (UTC) | load average before |"
+              + (" at the restart |" if restart else "") + " after |")
+        print("|---:|---:|---|---|---|" + ("---|" if restart else "") + "---|")
+        for started, i, pos, n, before, at, after in sorted(rows):
+            print(f"| {i} | {pos} | {TITLES[n]} | {started} | {before} |"
+                  + (f" {at} |" if restart else "") + f" {after} |")
+
+
+def errors(runs):
     for run in runs:
         for n, r in run.items():
             if r and r.get("errors"):

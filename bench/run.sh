@@ -39,6 +39,13 @@
 #                        figure, the same offered load for every server in every run (the
 #                        best peer's median at N = 1,000, K = 10; --smoke: 120)
 #   LADDER_SECS=10       length of each ladder phase, s
+#   STORM=1              the reconnect storms (BENCHMARKS.md, "Reconnect storm") instead of
+#                        the timed phases: after the logins every session is dropped at once
+#                        and comes back on the clients' back-off, once per cause of
+#                        STORM_CAUSES="cut,restart" (cut: the generator closes every client
+#                        socket; restart: this script stops the server process and starts
+#                        it again when the generator asks, through $DATA/<server>/storm/);
+#                        STORM_WAIT=300 s at most per storm. One generator process.
 #   --record             append the results block to BENCHMARKS.md
 #   --fresh              wipe server data (re-provision) first
 #   --provision-only     provision what is missing for this N/K (untimed) and stop
@@ -72,6 +79,9 @@ REST_SECS="${REST_SECS:-60}"
 CSI="${CSI:-0}"
 CSI_SECS="${CSI_SECS:-20}"
 CSI_INTEREST="${CSI_INTEREST:-2}"
+STORM="${STORM:-0}"
+STORM_CAUSES="${STORM_CAUSES:-cut,restart}"
+STORM_WAIT="${STORM_WAIT:-300}"
 PEER_PROVISION="${PEER_PROVISION:-files}"
 LATENCY_FRACTIONS="${LATENCY_FRACTIONS-0.25,0.5,0.75}"
 LADDER_SECS="${LADDER_SECS:-10}"
@@ -96,10 +106,11 @@ done
 PROCS="${PROCS:-$(( (N + 9999) / 10000 ))}"
 LATENCY_OF="${LATENCY_OF:-22000}"
 [ "$CSI" = 1 ] && PROCS=1
+[ "$STORM" = 1 ] && PROCS=1
 # Server data per N and K, so that 10k and 19k can be provisioned ahead of time side by side
 # and timed later (provisioning the peers takes tens of minutes at these sizes).
 DATA="$WORK/n$N-k$K"
-COMMAND_LINE="$([ "$CSI" = 1 ] && echo "CSI=1 CSI_SECS=$CSI_SECS CSI_INTEREST=$CSI_INTEREST " || true)$([ "$CSI" != 1 ] && [ -n "$LATENCY_FRACTIONS" ] && echo "LATENCY_FRACTIONS=$LATENCY_FRACTIONS LATENCY_OF=$LATENCY_OF LADDER_SECS=$LADDER_SECS " || true)N=$N K=$K PROCS=$PROCS SERVERS=\"$SERVERS\" bench/run.sh $([ "$SMOKE" = 1 ] && echo --smoke || true) ${EXTRA[*]:-}"
+COMMAND_LINE="$([ "$CSI" = 1 ] && echo "CSI=1 CSI_SECS=$CSI_SECS CSI_INTEREST=$CSI_INTEREST " || true)$([ "$STORM" = 1 ] && echo "STORM=1 STORM_CAUSES=$STORM_CAUSES " || true)$([ "$CSI" != 1 ] && [ "$STORM" != 1 ] && [ -n "$LATENCY_FRACTIONS" ] && echo "LATENCY_FRACTIONS=$LATENCY_FRACTIONS LATENCY_OF=$LATENCY_OF LADDER_SECS=$LADDER_SECS " || true)N=$N K=$K PROCS=$PROCS SERVERS=\"$SERVERS\" bench/run.sh $([ "$SMOKE" = 1 ] && echo --smoke || true) ${EXTRA[*]:-}"
 
 log() { echo "[run.sh $(date +%H:%M:%S)] $*" >&2; }
 
@@ -561,6 +572,49 @@ embedded_stop() {
     stop_pid "$SERVER_PID"
 }
 
+# ---------------------------------------------------------------- reconnect storm
+# The restart the storm's generator asks for: the server process stopped as an operator
+# stops it (SIGTERM; ejabberdctl stop) and started again with the same data. presenced's
+# private Redis keeps running (a restart of the server, not of its Redis).
+restart_server() { # name
+    case "$1" in
+        prosody) prosody_stop; prosody_start ;;
+        ejabberd) ejabberd_stop; ejabberd_start ;;
+        presenced) stop_pid "$SERVER_PID"
+                   launch_presenced presenced "$PRESENCED_PORT" "$PRESENCED_CMD" ;;
+        embedded) embedded_stop; embedded_start ;;
+    esac
+}
+# Runs the storm generator in the background and answers its restart request: the stop
+# time (ns) into stop_ns before stopping, then "<listening ns> <pid>…" into pids once the
+# new process listens (written whole: a file renamed into place).
+run_storm() { # name generator-args...
+    local name="$1" sd="$DATA/$1/storm" gen rc=0
+    shift
+    rm -rf "$sd"
+    mkdir -p "$sd"
+    "$BENCH" "$@" --storm "$STORM_CAUSES" --storm-dir "$sd" --storm-wait "$STORM_WAIT" \
+        >"$RESULTS/$name.txt" &
+    gen=$!
+    while kill -0 "$gen" 2>/dev/null; do
+        if [ -f "$sd/restart" ] && [ ! -f "$sd/stop_ns" ]; then
+            echo "$(cut -d' ' -f1-3 /proc/loadavg)" > "$sd/load_at_restart"
+            date +%s%N > "$sd/stop_ns.tmp" && mv "$sd/stop_ns.tmp" "$sd/stop_ns"
+            log "$name: restarting the server for the storm"
+            if restart_server "$name"; then
+                echo "$(date +%s%N) ${SERVER_PIDS[*]}" > "$sd/pids.tmp" && mv "$sd/pids.tmp" "$sd/pids"
+                log "$name: listening again (pid ${SERVER_PIDS[*]})"
+            else
+                echo "$name did not start again" >&2
+            fi
+        fi
+        sleep 0.1
+    done
+    wait "$gen" || rc=$?
+    cat "$RESULTS/$name.txt"
+    return $rc
+}
+
 # ---------------------------------------------------------------- one server
 run_one() { # name port
     local name="$1" port="$2" pidargs=() p
@@ -623,14 +677,25 @@ run_one() { # name port
     local rc=0 load_before started
     load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
     started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    if [ "$STORM" = 1 ]; then
+        local smoke=()
+        [ "$SMOKE" = 1 ] && smoke=(--smoke)
+        run_storm "$name" "${common[@]}" "${pidargs[@]}" "${smoke[@]}" --label "$name" \
+            --json "$RESULTS/$name.json" "${EXTRA[@]}" || rc=$?
+    else
     # The same idle window for every server (see REST_SECS): same timeline for all.
     "$BENCH" "${common[@]}" "${pidargs[@]}" "${mode[@]}" --rest-secs "$REST_SECS" \
         "${REST_ARGS[@]}" --label "$name" \
         --json "$RESULTS/$name.json" "${EXTRA[@]}" | tee "$RESULTS/$name.txt" || rc=$?
+    fi
     "${name}_stop"
     # Load averages (1, 5, 15 min) around this server's timed run: the machine is shared.
-    printf '{"started": "%s", "position": %d, "load_before": "%s", "load_after": "%s"}\n' \
-        "$started" "$POSITION" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+    # A storm's restart also records the load at the moment the server was stopped.
+    local at_restart=""
+    [ "$STORM" = 1 ] && [ -f "$DATA/$name/storm/load_at_restart" ] \
+        && at_restart="$(cat "$DATA/$name/storm/load_at_restart")"
+    printf '{"started": "%s", "position": %d, "load_before": "%s", "load_after": "%s", "load_at_restart": "%s"}\n' \
+        "$started" "$POSITION" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" "$at_restart" \
         > "$RESULTS/$name.meta.json"
     return $rc
 }

@@ -24,6 +24,7 @@ mod scram;
 mod session;
 mod soak;
 mod stats;
+mod storm;
 mod worker;
 mod xml;
 
@@ -278,6 +279,27 @@ struct Cli {
     /// The bound the announcements are counted against (T + one sweep of the servers), s.
     #[arg(long, default_value_t = 105.0)]
     kill_bound_secs: f64,
+    /// Reconnect storms instead of the timed run, in this order (`cut`, `restart`, or
+    /// `cut,restart`): every session dropped at once and every client back on its
+    /// back-off (storm.rs; BENCHMARKS.md, "Reconnect storm"). Needs --procs 1.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    storm: Vec<storm::Cause>,
+    /// Storm: the directory where a restart is asked for (`restart`) and told about
+    /// (`stop_ns`, then `pids`) by whoever runs the server (bench/run.sh).
+    #[arg(long)]
+    storm_dir: Option<PathBuf>,
+    /// Storm: longest wait for every session to be restored, s.
+    #[arg(long, default_value_t = 300)]
+    storm_wait: u64,
+    /// Storm: a client's first reconnection delay is uniform between this …, s.
+    #[arg(long, default_value_t = 1.0)]
+    backoff_min: f64,
+    /// … and this, s; it doubles after each failed attempt …
+    #[arg(long, default_value_t = 5.0)]
+    backoff_max: f64,
+    /// … up to this, s.
+    #[arg(long, default_value_t = 60.0)]
+    backoff_cap: f64,
 }
 
 impl Cli {
@@ -295,7 +317,10 @@ impl Cli {
             self.drain_secs = 5;
             self.rest_secs = self.rest_secs.min(3);
             self.csi_secs = self.csi_secs.min(2);
-            self.time_limit = self.time_limit.min(120);
+            self.storm_wait = self.storm_wait.min(60);
+            self.time_limit = self
+                .time_limit
+                .min(if self.storm.is_empty() { 120 } else { 240 });
         }
     }
 
@@ -332,6 +357,10 @@ fn main() -> ExitCode {
             "the latency ladder takes at most {} rates, each above 0",
             session::LADDER_MAX
         );
+        return ExitCode::from(2);
+    }
+    if !cli.storm.is_empty() && cli.procs != 1 {
+        eprintln!("--storm needs --procs 1 (a watcher's view is kept in one process)");
         return ExitCode::from(2);
     }
     if cli.csi && cli.procs != 1 && cli.worker.is_none() {
@@ -435,6 +464,9 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
     if let Some(bad) = cli.also_targets.iter().find(|a| !a.ip().is_loopback()) {
         return Err(format!("refusing non-loopback target {bad}"));
     }
+    if !cli.storm.is_empty() {
+        return storm_main(&cli, target, graph).await;
+    }
     if cli.soak_secs > 0 {
         let plan = soak::Plan {
             secs: cli.soak_secs,
@@ -514,6 +546,53 @@ async fn real_main(cli: Cli) -> Result<ExitCode, String> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The reconnect storms (`--storm`): their table, their JSON, and the verdict: a smoke run
+/// demands every session restored after every storm, a full run at least one.
+async fn storm_main(
+    cli: &Cli,
+    target: Target,
+    graph: Arc<ContactGraph>,
+) -> Result<ExitCode, String> {
+    let plan = storm::Plan {
+        causes: cli.storm.clone(),
+        backoff: storm::Backoff {
+            min: cli.backoff_min,
+            max: cli.backoff_max,
+            cap: cli.backoff_cap,
+        },
+        login_concurrency: cli.login_concurrency,
+        login_timeout: Duration::from_secs(cli.login_timeout),
+        settle_secs: cli.settle_secs,
+        wait_secs: cli.storm_wait,
+        source_addrs: cli.source_addrs,
+        dir: cli.storm_dir.clone(),
+        server_pids: cli.server_pids.clone(),
+    };
+    let mut rep = storm::run(plan, target, graph).await?;
+    rep.label = cli
+        .label
+        .clone()
+        .unwrap_or_else(|| format!("{:?}", cli.server).to_lowercase());
+    println!("{}", storm::to_table(&rep));
+    if let Some(p) = &cli.json {
+        std::fs::write(p, storm::to_json(&rep)).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    let users = u64::from(rep.users);
+    let short: Vec<String> = rep
+        .storms
+        .iter()
+        .filter(|(_, s)| s.restored < users && (cli.smoke || s.restored == 0))
+        .map(|(c, s)| format!("{}: {} of {users} restored", c.name(), s.restored))
+        .collect();
+    if short.is_empty() {
+        println!("storm: OK");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("storm: FAIL: {}; errors {:?}", short.join(", "), rep.errors);
+        Ok(ExitCode::FAILURE)
+    }
 }
 
 /// A CSI run fails when the nothing-lost check found a missing presence, checked nothing,

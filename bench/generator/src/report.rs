@@ -244,7 +244,8 @@ pub struct KillFigures {
 
 /// Full precision: Rust's shortest representation that reads back as the same f64, so a
 /// per-session write rate of 0.0004 is not rounded to 0 in the JSON.
-fn num(v: Option<f64>) -> String {
+/// A JSON number, or null (none, or not finite).
+pub(crate) fn num(v: Option<f64>) -> String {
     match v {
         Some(x) if x.is_finite() => format!("{x}"),
         _ => "null".into(),
@@ -266,7 +267,8 @@ fn rate(v: Option<f64>) -> String {
     }
 }
 
-fn json_str(s: &str) -> String {
+/// A JSON string.
+pub(crate) fn json_str(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
         match c {

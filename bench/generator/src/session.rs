@@ -383,6 +383,17 @@ pub struct LoggedIn {
 
 /// The whole login of user `i`: STARTTLS, SCRAM, bind, roster get, initial presence.
 pub async fn login(target: &Target, i: u32, source: IpAddr) -> Result<LoggedIn, String> {
+    login_with_presence(target, i, source, "<presence/>").await
+}
+
+/// [`login`] with `initial` as the initial presence (the storm mode marks a returning
+/// session's presence with the storm it returns from).
+pub async fn login_with_presence(
+    target: &Target,
+    i: u32,
+    source: IpAddr,
+    initial: &str,
+) -> Result<LoggedIn, String> {
     let (mut conn, features) = open_secure(target, source).await?;
     let mech = authenticate(
         &mut conn,
@@ -421,7 +432,7 @@ pub async fn login(target: &Target, i: u32, source: IpAddr) -> Result<LoggedIn, 
     }
     let roster = fetch_roster(&mut conn).await?;
     // RFC 6121 §4.2: initial presence after the roster, so probes go to known contacts.
-    conn.send("<presence/>").await?;
+    conn.send(initial).await?;
     Ok(LoggedIn {
         conn,
         roster,
@@ -551,6 +562,89 @@ pub struct Shared {
     /// (contact's full JID, watcher) pairs counted in `unavailable`, and the unavailables
     /// received beyond the first per pair (a session announced twice to the same watcher).
     pub unavailable_pairs: Mutex<(HashSet<(String, String)>, u64)>,
+    /// The reconnect storm's view of who sees whom again (Mode::Storm).
+    pub storm: StormBoard,
+}
+
+/// The status of a returning session's initial presence in reconnect storm `epoch`.
+pub fn storm_status(epoch: u64) -> String {
+    format!("{STORM_TAG} {epoch}")
+}
+
+/// Marks the status of a storm's returning presence: `<STORM_TAG> <epoch>`.
+pub const STORM_TAG: &str = "s1";
+
+/// What the watchers of a reconnect storm have seen (storm.rs): per watcher (bare JID),
+/// each contact (bare JID) whose presence of the current storm reached the watcher's
+/// current connection, with when it arrived. A presence of an earlier epoch (a session
+/// from before the storm, still known to the server) does not count, and an unavailable
+/// from the contact's full JID takes the contact out again.
+#[derive(Default)]
+pub struct StormBoard {
+    /// The storm under way (0: none yet); a returning session's initial presence names it.
+    pub epoch: AtomicU64,
+    /// watcher → contact → `now_ns()` of the arrival.
+    pub seen: Mutex<HashMap<String, HashMap<String, u64>>>,
+}
+
+impl StormBoard {
+    /// Storm `epoch` begins: what reached anyone in an earlier one counts no more.
+    pub fn begin(&self, epoch: u64) {
+        if let Ok(mut s) = self.seen.lock() {
+            self.epoch.store(epoch, Ordering::Relaxed);
+            s.clear();
+        }
+    }
+
+    /// A new connection of `watcher`: nothing reached it yet.
+    pub fn connected(&self, watcher: &str) {
+        if let Ok(mut s) = self.seen.lock() {
+            s.remove(watcher);
+        }
+    }
+
+    /// Notes one presence `watcher` received (see the type's documentation).
+    pub fn note(&self, watcher: &str, el: &Element, now: u64) {
+        let from = el.attr("from").unwrap_or("");
+        let contact = bare_of(from);
+        if contact == watcher {
+            return;
+        }
+        match el.attr("type") {
+            None => {
+                let status = el.child("status").map(|s| s.text.as_str()).unwrap_or("");
+                let Ok(mut s) = self.seen.lock() else {
+                    return;
+                };
+                // Read under the lock `begin` holds: nothing of an earlier storm slips in.
+                let epoch = self.epoch.load(Ordering::Relaxed);
+                if epoch != 0 && status == storm_status(epoch) {
+                    s.entry(watcher.to_string())
+                        .or_default()
+                        .entry(contact.to_string())
+                        .or_insert(now);
+                }
+            }
+            // The end of a session (a full JID), not a probe's answer for an account with
+            // no session (its bare JID, RFC 6121 §4.3.2).
+            Some("unavailable") if contact != from => {
+                if let Ok(mut s) = self.seen.lock() {
+                    if let Some(m) = s.get_mut(watcher) {
+                        m.remove(contact);
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// When `contact`'s presence of the current storm reached `watcher`, if it did
+    /// (storm.rs reads the whole map under one lock instead).
+    #[cfg(test)]
+    pub fn arrival(&self, watcher: &str, contact: &str) -> Option<u64> {
+        let s = self.seen.lock().ok()?;
+        s.get(watcher)?.get(contact).copied()
+    }
 }
 
 impl Shared {
@@ -650,6 +744,9 @@ pub enum Mode {
     /// Client state indication runs: measure, cycle `<show/>`, count every presence
     /// received and keep the latest per sender (see [`CsiState`]).
     Csi,
+    /// Reconnect storms: measure, and note each contact's returning presence on the
+    /// [`StormBoard`].
+    Storm,
 }
 
 /// Runs a logged-in session until `Close` or an error.
@@ -665,6 +762,9 @@ pub async fn run(
     let mut seen: Option<HashSet<String>> = Some(HashSet::new());
     let mut pending_roster: Option<tokio::sync::oneshot::Sender<Vec<String>>> = None;
     let mut csi = CsiState::default();
+    if mode == Mode::Storm {
+        shared.storm.connected(&own_bare);
+    }
     let result: Result<(), String> = async {
         loop {
             while let Some(frame) = conn.framer.next_frame()? {
@@ -680,6 +780,9 @@ pub async fn run(
                     "presence" => {
                         if mode == Mode::Csi {
                             note_csi_presence(&el, &own_bare, &mut csi);
+                        }
+                        if mode == Mode::Storm {
+                            shared.storm.note(&own_bare, &el, now);
                         }
                         if let Some(reply) = on_presence(&el, &own_bare, contacts, mode, now, &shared, &mut seen) {
                             conn.send(&reply).await?;
@@ -1075,6 +1178,66 @@ mod tests {
             Some(&(1, 5))
         );
         assert_eq!(shared.unavailable_pairs.lock().unwrap().1, 1);
+    }
+
+    #[test]
+    fn the_storm_board_counts_only_this_storms_presence_on_the_current_connection() {
+        let board = StormBoard::default();
+        let got = |xml: &str, now: u64| {
+            board.note("u1@d", &Element::parse(xml).expect("valid"), now);
+        };
+        // Before any storm nothing counts; then storm 2: a presence of storm 1 (or none)
+        // is from a session older than this storm.
+        got(
+            "<presence from='u2@d/b'><status>s1 2</status></presence>",
+            1,
+        );
+        board.epoch.store(2, Ordering::Relaxed);
+        got("<presence from='u2@d/b'/>", 2);
+        got(
+            "<presence from='u2@d/b'><status>s1 1</status></presence>",
+            3,
+        );
+        assert_eq!(board.arrival("u1@d", "u2@d"), None);
+        got(
+            "<presence from='u2@d/b'><status>s1 2</status></presence>",
+            4,
+        );
+        got(
+            "<presence from='u2@d/b'><status>s1 2</status></presence>",
+            5,
+        );
+        assert_eq!(board.arrival("u1@d", "u2@d"), Some(4));
+        // A probe's answer from the bare JID leaves it; the session's end takes it back.
+        got("<presence from='u2@d' type='unavailable'/>", 6);
+        assert_eq!(board.arrival("u1@d", "u2@d"), Some(4));
+        got("<presence from='u2@d/b' type='unavailable'/>", 7);
+        assert_eq!(board.arrival("u1@d", "u2@d"), None);
+        got(
+            "<presence from='u2@d/b'><status>s1 2</status></presence>",
+            8,
+        );
+        // Its own echo is no contact's; a new connection of the watcher starts empty.
+        got(
+            "<presence from='u1@d/b'><status>s1 2</status></presence>",
+            9,
+        );
+        assert_eq!(board.arrival("u1@d", "u1@d"), None);
+        assert_eq!(board.arrival("u1@d", "u2@d"), Some(8));
+        board.connected("u1@d");
+        assert_eq!(board.arrival("u1@d", "u2@d"), None);
+        // The next storm forgets what reached anyone in this one.
+        got(
+            "<presence from='u2@d/b'><status>s1 2</status></presence>",
+            10,
+        );
+        board.begin(3);
+        assert_eq!(board.arrival("u1@d", "u2@d"), None);
+        got(
+            "<presence from='u2@d/b'><status>s1 2</status></presence>",
+            11,
+        );
+        assert_eq!(board.arrival("u1@d", "u2@d"), None);
     }
 
     #[test]

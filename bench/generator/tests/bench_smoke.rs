@@ -513,3 +513,86 @@ async fn peers_provisioned_by_written_storage_pass_the_smoke_run() {
     }
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// `--storm cut,restart` at N = 20, K = 3: every client socket closed at once, then the
+/// server stopped and started again on the same port, database and Redis (this test plays
+/// bench/run.sh's part: the stop time, the restart, the new listener). Every session must
+/// come back with its presence of that storm at each of its watchers. No returning client
+/// tries before the back-off's minimum of 1 s, so a restore counted sooner would be a
+/// presence from before the storm.
+#[tokio::test]
+async fn storm_mode_brings_every_session_back_after_a_cut_and_a_restart() {
+    let port = free_port();
+    let tweak = move |c: &mut presenced::config::Config| {
+        c.limits.stanzas_per_second = 10_000;
+        c.limits.stanza_burst = 10_000;
+        c.limits.connections_per_ip_per_minute = 100_000;
+        c.c2s.port = port;
+    };
+    let ts = TestServer::start(tweak).await;
+    let domain = ts.domain.clone();
+    let bench = env!("CARGO_BIN_EXE_presenced-bench");
+    let common = server_args(&ts, &["--smoke"]);
+    provision(bench, &common).await;
+    let dir = std::env::temp_dir().join(format!("bench-storm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json_path = dir.join("storm.json");
+    let storm_dir = dir.join("storm");
+    let mut gen = tokio::process::Command::new(bench)
+        .args(&common)
+        .args(["--storm", "cut,restart", "--storm-dir"])
+        .arg(&storm_dir)
+        .arg("--json")
+        .arg(&json_path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("bench runs");
+    // The restart, when the generator asks for it (after the cut storm).
+    let restart = storm_dir.join("restart");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(150);
+    let mut ts = Some(ts);
+    while !restart.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "no restart request");
+        if let Ok(Some(status)) = gen.try_wait() {
+            panic!("the generator ended before asking for the restart: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let now_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    };
+    std::fs::write(storm_dir.join("stop_ns"), format!("{}\n", now_ns())).expect("stop_ns");
+    ts.take().expect("running").stop().await;
+    let ts = TestServer::start_with_domain(&domain, tweak).await;
+    assert_eq!(ts.addr.port(), port);
+    // No PID: the server runs in this test's process, whose RSS is not the server's.
+    std::fs::write(storm_dir.join("pids"), format!("{}\n", now_ns())).expect("pids");
+    let run = tokio::time::timeout(Duration::from_secs(200), gen.wait_with_output())
+        .await
+        .expect("storm run finishes")
+        .expect("bench runs");
+    let out = String::from_utf8_lossy(&run.stdout);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "storm run failed:\n{out}\n{err}");
+    let json = std::fs::read_to_string(&json_path).expect("json report");
+    let _ = std::fs::remove_dir_all(&dir);
+    let n = |k: &str| json_num(&json, k).unwrap_or_else(|| panic!("{k} in {json}\n{err}"));
+    assert_eq!(n("logins_ok"), 20.0, "{json}");
+    for cause in ["cut", "restart"] {
+        let f = |k: &str| n(&format!("{cause}_{k}"));
+        assert_eq!(f("back"), 20.0, "{cause}: {json}\n{err}");
+        assert_eq!(f("restored"), 20.0, "{cause}: {json}\n{err}");
+        assert!(f("attempts") >= 20.0, "{cause}: {json}");
+        let (p99, all) = (f("restored_99_s"), f("restored_100_s"));
+        assert!(p99 >= 1.0 && p99 <= all, "{cause}: {json}");
+        assert!(f("back_100_s") >= 1.0, "{cause}: {json}");
+    }
+    assert!(n("restart_server_down_s") >= 0.0, "{json}");
+    ts.stop().await;
+}
