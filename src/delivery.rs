@@ -41,7 +41,7 @@
 
 use crate::blocking::{inbound_from_blocked, Verdict};
 use crate::carbons::{self, Direction};
-use crate::cluster::{Envelope, Holder, Kind};
+use crate::cluster::{Entry, Envelope, Holder, Kind};
 use crate::error::{StanzaError, StreamCondition};
 use crate::jid::{BareJid, FullJid, Jid};
 pub(crate) use crate::node::send::message_to_bare_everywhere;
@@ -669,13 +669,18 @@ pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -
 /// A resource its directory entry says was invisible (XEP-0186) or never available had
 /// been shown to no contact, so none is told: an unavailable from its full JID would say
 /// it had been online. (Without an entry to read, the gate's audience is told as before.)
-pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
+///
+/// `last` is that entry and `audience` the gate's audience, both read by the caller for a
+/// whole batch of lost resources at once ([`crate::cluster::Cluster::last_entry_read`],
+/// [`gate::online_audiences`]); the audience is settled here, under the subject's lock.
+pub(crate) async fn unavailable_of_lost(
+    shared: &Shared,
+    jid: &FullJid,
+    last: Option<&Entry>,
+    audience: gate::Prefetched,
+) {
     let bare = jid.to_bare();
-    let shown = shared
-        .cluster
-        .last_entry(jid)
-        .await
-        .is_none_or(|e| e.available && e.visible);
+    let shown = last.is_none_or(|e| e.available && e.visible);
     // Its directory entry goes too, once its node is no longer live.
     shared.cluster.forget_if_dead(jid);
     // One stanza, addressed to each recipient: here per session, elsewhere one message per
@@ -683,7 +688,8 @@ pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid) {
     let once = crate::xml::Addressed::new(&unavailable(jid.as_str(), bare.as_str()));
     let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
     let mut recipients: Vec<String> = if shown {
-        gate::online_audience(shared, jid)
+        audience
+            .online_audience(shared, jid)
             .await
             .into_iter()
             .map(|contact| contact.to_string())

@@ -1741,17 +1741,37 @@ async fn a_dead_node_with_thousands_of_sessions_is_announced_within_t_and_one_sw
     }
     times.sort();
     let q = |p: f64| times.get(((times.len().max(1) - 1) as f64 * p) as usize);
+    // The survivors' announcement rate: sessions told (first arrival at any watcher) per
+    // second between the first and the last of them.
+    let mut first: std::collections::HashMap<&str, Instant> = Default::default();
+    let logs_held: Vec<_> = logs.iter().map(|l| l.lock().unwrap()).collect();
+    for log in &logs_held {
+        for (from, ty, at) in log.iter() {
+            if ty.as_deref() == Some("unavailable") && from.contains('/') {
+                let e = first.entry(from.as_str()).or_insert(*at);
+                *e = (*e).min(*at);
+            }
+        }
+    }
+    let spread = match (first.values().min(), first.values().max()) {
+        (Some(a), Some(b)) => b.duration_since(*a),
+        _ => Duration::ZERO,
+    };
     println!(
         "scale: SIGKILL of a node with {DEAD_SESSIONS} sessions -> {} of {total} unavailables; \
-         min {:?} p50 {:?} p99 {:?} max {:?} (T {:?}, sweep {:?}, bound {upper:?})",
+         min {:?} p50 {:?} p99 {:?} max {:?} (T {:?}, sweep {:?}, bound {upper:?}); \
+         {} sessions told in {spread:?}: {:.0}/s",
         times.len(),
         q(0.0),
         q(0.5),
         q(0.99),
         q(1.0),
         l.ttl,
-        l.sweep_interval
+        l.sweep_interval,
+        first.len(),
+        first.len() as f64 / spread.as_secs_f64().max(0.001)
     );
+    drop(logs_held);
     assert!(problems.is_empty(), "{}", problems.join("; "));
     for r in recorders {
         drop(r.await.expect("recorder"));

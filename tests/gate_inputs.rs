@@ -225,3 +225,73 @@ async fn probe_inputs_equal_the_single_reads_for_every_subject_in_order() {
         .unwrap()
         .is_empty());
 }
+
+#[tokio::test]
+async fn audience_inputs_of_many_subjects_equal_each_single_read_in_order() {
+    let store = store().await;
+    let (alice, alice_full, contacts) = world(&store).await;
+    let lonely = account(&store, "lonely", &domain("lonely")).await;
+    // Two resources of alice (bob blocks the phone, frank the laptop: each subject's own
+    // forms decide), her contacts, a user with nothing, and alice's phone again.
+    let mut subjects: Vec<(String, Vec<String>)> = vec![
+        (alice.clone(), match_candidates(&alice_full)),
+        (alice.clone(), match_candidates(&format!("{alice}/laptop"))),
+    ];
+    for c in contacts.iter().chain([&lonely]) {
+        subjects.push((c.clone(), match_candidates(&format!("{c}/r"))));
+    }
+    subjects.push((alice.clone(), match_candidates(&alice_full)));
+    let many = store
+        .audience_inputs_many(&subjects)
+        .await
+        .expect("audience inputs of many");
+    assert_eq!(many.len(), subjects.len(), "one answer per subject");
+    for ((subject, forms), got) in subjects.iter().zip(&many) {
+        let single = store.audience_inputs(subject, forms).await.unwrap();
+        assert_eq!(got, &single, "{subject} as {}", forms[0]);
+    }
+    let blocked_by = |i: usize| -> Vec<&str> {
+        many[i]
+            .roster
+            .iter()
+            .filter(|c| c.blocks_subject)
+            .map(|c| c.contact.as_str())
+            .collect()
+    };
+    assert!(blocked_by(0).iter().any(|c| c.starts_with("bob@")));
+    assert!(!blocked_by(0).iter().any(|c| c.starts_with("frank@")));
+    assert!(blocked_by(1).iter().any(|c| c.starts_with("frank@")));
+    assert!(!blocked_by(1).iter().any(|c| c.starts_with("bob@")));
+    assert_ne!(many[0].settings, PrivacySettings::default());
+    assert!(store.audience_inputs_many(&[]).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_gate_input_write_changes_the_audience_epoch_and_a_read_does_not() {
+    let store = store().await;
+    let (alice, alice_full, contacts) = world(&store).await;
+    let epoch = store.audience_epoch();
+    store
+        .audience_inputs_many(&[(alice.clone(), match_candidates(&alice_full))])
+        .await
+        .unwrap();
+    assert!(
+        store.audience_unchanged_since(epoch),
+        "a read changes nothing"
+    );
+    // A new block by a contact: inputs read before it must not be used after it.
+    store
+        .block(&contacts[5], std::slice::from_ref(&alice))
+        .await
+        .unwrap();
+    assert!(!store.audience_unchanged_since(epoch), "a block");
+    let epoch = store.audience_epoch();
+    item(&store, &alice, &contacts[0], Subscription::To).await;
+    assert!(!store.audience_unchanged_since(epoch), "a roster change");
+    let epoch = store.audience_epoch();
+    store
+        .set_privacy_settings(&alice, &PrivacySettings::default())
+        .await
+        .unwrap();
+    assert!(!store.audience_unchanged_since(epoch), "a settings change");
+}

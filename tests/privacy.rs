@@ -1473,6 +1473,93 @@ async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() 
     ts.stop().await;
 }
 
+/// The sweeper reads the audiences of a batch of dead resources ahead, in one statement;
+/// each is settled later under its subject's lock. A block committed in between (here, or
+/// elsewhere and notified) must decide: the read-ahead audience is not used once any gate
+/// input changed.
+#[tokio::test]
+async fn an_audience_read_ahead_for_a_batch_is_read_again_after_a_block_since() {
+    use presenced::jid::FullJid;
+    use presenced::presence::gate;
+    let ts = TestServer::start(|_| {}).await;
+    for u in ["alice", "bob", "carol", "dave"] {
+        ts.user(u).await;
+    }
+    for c in ["bob", "carol", "dave"] {
+        mutual(&ts, "alice", c).await;
+    }
+    mutual(&ts, "bob", "carol").await;
+    let shared = ts.shared().clone();
+    let (alice, bob, carol, dave) = (
+        ts.jid("alice"),
+        ts.jid("bob"),
+        ts.jid("carol"),
+        ts.jid("dave"),
+    );
+    let alice_phone = FullJid::new(&format!("{alice}/phone")).unwrap();
+    let bob_pc = FullJid::new(&format!("{bob}/pc")).unwrap();
+    let names = |a: &std::collections::HashSet<presenced::jid::BareJid>| -> BTreeSet<String> {
+        a.iter().map(|j| j.to_string()).collect()
+    };
+    let ahead = gate::online_audiences(&shared, &[&alice_phone, &bob_pc]).await;
+    assert_eq!(ahead.len(), 2);
+    // Nothing changed: the read-ahead answers, equal to a fresh read.
+    for (p, subject) in ahead.iter().zip([&alice_phone, &bob_pc]) {
+        assert_eq!(
+            names(&p.clone().online_audience(&shared, subject).await),
+            names(&gate::online_audience(&shared, subject).await)
+        );
+    }
+    assert_eq!(
+        names(
+            &ahead[0]
+                .clone()
+                .online_audience(&shared, &alice_phone)
+                .await
+        ),
+        BTreeSet::from([bob.clone(), carol.clone(), dave.clone()])
+    );
+    // carol blocks alice on this node after the read.
+    shared
+        .store
+        .block(&carol, std::slice::from_ref(&alice))
+        .await
+        .unwrap();
+    assert_eq!(
+        names(
+            &ahead[0]
+                .clone()
+                .online_audience(&shared, &alice_phone)
+                .await
+        ),
+        BTreeSet::from([bob.clone(), dave.clone()]),
+        "a local block after the read decides"
+    );
+    // A fresh batch, then dave blocks alice in SQL, as another node would: once the
+    // notification is in, the read-ahead is not used.
+    let ahead = gate::online_audiences(&shared, &[&alice_phone]).await;
+    block_in_sql(&ts, "dave", "alice").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let a = names(
+            &ahead[0]
+                .clone()
+                .online_audience(&shared, &alice_phone)
+                .await,
+        );
+        if !a.contains(&dave) {
+            assert_eq!(a, BTreeSet::from([bob.clone()]));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the notified block never decided"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    ts.stop().await;
+}
+
 #[tokio::test]
 async fn a_stored_subscription_request_from_an_entity_blocked_since_is_not_delivered() {
     let ts = TestServer::start(|_| {}).await;

@@ -438,24 +438,22 @@ impl Cluster {
             .find(|h| h.jid == jid.as_str())
     }
 
-    /// What the directory last held for `jid`, whichever instance wrote it and whether it
-    /// is live: for a resource whose node died, whether it had been available and visible.
-    /// `None` when there is no entry or Redis did not answer.
-    pub async fn last_entry(&self, jid: &FullJid) -> Option<Entry> {
-        let mut conn = self.conn().await?;
+    /// The read of what the directory last held for `jid`, whichever instance wrote it and
+    /// whether it is live (for a resource whose node died: whether it had been available
+    /// and visible): the key and the command, for a caller that sends it in one pipeline
+    /// with the user's other keys (the bare JID is their common hash tag, so on a Redis
+    /// Cluster they share a slot). [`Self::last_entry_of`] reads its reply.
+    pub fn last_entry_read(&self, jid: &FullJid) -> (String, redis::Cmd) {
         let key = self.inner.keys.user(jid.to_bare().as_str());
-        let raw: redis::RedisResult<Option<String>> = redis::cmd("HGET")
-            .arg(&key)
-            .arg(jid.resource().as_str())
-            .query_async(&mut conn)
-            .await;
-        match raw {
-            Ok(raw) => Entry::decode(&raw?),
-            Err(e) => {
-                self.failed(&e).await;
-                None
-            }
-        }
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(&key).arg(jid.resource().as_str());
+        (key, cmd)
+    }
+
+    /// The entry in a reply to [`Self::last_entry_read`]; `None` when there is none.
+    pub fn last_entry_of(reply: &redis::Value) -> Option<Entry> {
+        let raw: Option<String> = redis::from_redis_value(reply).ok()?;
+        Entry::decode(&raw?)
     }
 
     async fn read_entries(

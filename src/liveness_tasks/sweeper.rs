@@ -23,10 +23,11 @@
 //! publishes per sweep, not one round trip per resource.
 //!
 //! A crashed node's sessions all go stale within one refresh interval, thousands at once:
-//! the resource keys of a batch's orphans are read in one pipeline (per slot on a Redis
-//! Cluster), and `sweep_concurrency` of them are announced at a time (each is one read of
-//! the user's audience and one cluster message), so they are all told within the sweep
-//! that finds them rather than one round trip after another.
+//! the resource keys and directory entries of a batch's orphans are read in one pipeline
+//! (per slot on a Redis Cluster), the privacy gate's inputs for all of them in one store
+//! query, and `sweep_concurrency` of them are announced at a time (each one cluster
+//! message and local deliveries), so they are all told within the sweep that finds them
+//! rather than one round trip after another.
 //!
 //! Without Redis the sweeper takes the same stale resources (beat at or before now − T, in
 //! batches of `sweep_batch`) from the in-process table, every one of them this node's, and
@@ -36,10 +37,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::cluster::{Cluster, Entry};
 use crate::jid::FullJid;
 use crate::liveness::redis_link::RedisLink;
 use crate::liveness::{in_process, keys, Backend, Op, SweptLocal};
 use crate::node::Shared;
+use crate::presence::gate;
 use crate::redis_conn::{Conn, SlotPipe};
 
 /// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size.
@@ -420,7 +423,11 @@ fn stale_here(shared: &Shared, jid: &str, score: i64) -> Option<Orphan> {
 /// read for the whole batch in one pipeline per slot, names another node than the dead
 /// one): it is online, and an unavailable would contradict what its contacts were just
 /// shown. The rest are announced `sweep_concurrency` at a time; who receives each
-/// unavailable is [`crate::delivery::unavailable_of_lost`]'s decision.
+/// unavailable is [`crate::delivery::unavailable_of_lost`]'s decision, from inputs read
+/// for the whole batch: the directory entries in the same pipeline as the resource keys,
+/// the privacy gate's inputs in one statement ([`gate::online_audiences`]). So a batch
+/// costs one Redis round trip per slot and one store query, not two round trips per
+/// resource.
 async fn announce_orphans(
     shared: &Arc<Shared>,
     link: &RedisLink,
@@ -437,6 +444,8 @@ async fn announce_orphans(
     if orphans.is_empty() {
         return;
     }
+    // Per orphan its resource key and its directory entry: both have the user's bare JID
+    // as hash tag, so a batch is one pipeline per slot on a Redis Cluster.
     let keys = &shared.liveness.keys;
     let mut pipe = SlotPipe::new();
     for o in &orphans {
@@ -444,42 +453,61 @@ async fn announce_orphans(
         let mut c = redis::cmd("GET");
         c.arg(&key);
         pipe.add(&key, c);
+        let (key, c) = shared.cluster.last_entry_read(&o.jid);
+        pipe.add(&key, c);
     }
-    let holders: Vec<Option<String>> = match pipe.query(conn).await {
-        Ok(values) => values
-            .into_iter()
-            .map(|v| redis::from_redis_value(&v).ok().flatten())
-            .collect(),
+    let replies = match pipe.query(conn).await {
+        Ok(values) => values,
         Err(e) => {
             // Unknown: announcing is what the resources' own node would have done.
             link.failed(&e).await;
             Vec::new()
         }
     };
-    let lost = orphans
+    let lost: Vec<(Orphan, Option<Entry>)> = orphans
         .into_iter()
         .enumerate()
-        .filter(|(i, o)| match holders.get(*i) {
-            Some(Some(n)) if *n != o.node => {
-                tracing::debug!(jid = %o.jid, holder = %n, "sweeper: stale beat of a resource back on a live node");
-                false
+        .filter_map(|(i, o)| {
+            let holder: Option<String> = replies
+                .get(2 * i)
+                .and_then(|v| redis::from_redis_value(v).ok().flatten());
+            match holder {
+                Some(n) if n != o.node => {
+                    tracing::debug!(jid = %o.jid, holder = %n, "sweeper: stale beat of a resource back on a live node");
+                    None
+                }
+                _ => {
+                    let last = replies.get(2 * i + 1).and_then(Cluster::last_entry_of);
+                    Some((o, last))
+                }
             }
-            _ => true,
         })
-        .map(|(_, o)| o);
+        .collect();
+    if lost.is_empty() {
+        return;
+    }
+    // The gate's inputs for all of them in one statement; each is settled under its
+    // subject's lock when announced.
+    let subjects: Vec<&FullJid> = lost.iter().map(|(o, _)| &o.jid).collect();
+    let audiences = gate::online_audiences(shared, &subjects).await;
     // Tasks, not futures of this one: the announcements run on every worker thread.
     let limit = shared.liveness.sweep_concurrency();
     let mut running = tokio::task::JoinSet::new();
-    for o in lost {
+    for ((o, last), audience) in lost.into_iter().zip(audiences) {
         if running.len() >= limit {
             running.join_next().await;
         }
-        running.spawn(announce_lost(shared.clone(), o));
+        running.spawn(announce_lost(shared.clone(), o, last, audience));
     }
     while running.join_next().await.is_some() {}
 }
 
-async fn announce_lost(shared: Arc<Shared>, o: Orphan) {
+async fn announce_lost(
+    shared: Arc<Shared>,
+    o: Orphan,
+    last: Option<Entry>,
+    audience: gate::Prefetched,
+) {
     let Orphan { jid, score, .. } = o;
     tracing::info!(%jid, last_beat = score, "sweeper: resource of no live node");
     let bare = jid.to_bare();
@@ -487,7 +515,7 @@ async fn announce_lost(shared: Arc<Shared>, o: Orphan) {
     let ops = shared.cluster.peers().len() + 2;
     shared.cluster.wait_for_room(ops).await;
     shared.cluster.seen(bare.as_str(), score);
-    crate::delivery::unavailable_of_lost(&shared, &jid).await;
+    crate::delivery::unavailable_of_lost(&shared, &jid, last.as_ref(), audience).await;
     shared.liveness.last_seen.push(crate::store::LastSeen {
         jid: bare.to_string(),
         at: chrono::DateTime::from_timestamp_millis(score).unwrap_or_else(chrono::Utc::now),

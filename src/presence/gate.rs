@@ -260,6 +260,65 @@ pub async fn online_audience(shared: &Shared, subject: &Jid) -> HashSet<BareJid>
     roster_and_audience(shared, subject, false).await.1
 }
 
+/// [`online_audience`] of many resources whose presence goes out at once (a dead node's,
+/// announced by the sweeper), their inputs read in one statement
+/// ([`crate::store::Store::audience_inputs_many`]) instead of one per resource. Each answer,
+/// in the order of `subjects`, is taken with [`Prefetched::online_audience`] under its
+/// subject's lock.
+pub async fn online_audiences(shared: &Shared, subjects: &[&FullJid]) -> Vec<Prefetched> {
+    // Taken before the read: a change that lands during it counts as a change since.
+    let epoch = shared.store.audience_epoch();
+    let asked: Vec<(String, Vec<String>)> = subjects
+        .iter()
+        .map(|s| (s.to_bare().to_string(), match_candidates(s.as_str())))
+        .collect();
+    match shared.store.audience_inputs_many(&asked).await {
+        Ok(all) => subjects
+            .iter()
+            .zip(all)
+            .map(|(s, inputs)| Prefetched {
+                epoch,
+                audience: Some(audience_of(&s.to_bare(), &inputs)),
+            })
+            .collect(),
+        Err(e) => {
+            // Each is read again on its own, which fails closed by itself.
+            tracing::warn!(error = %e, subjects = subjects.len(),
+                "batched audience read failed; reading one at a time");
+            subjects
+                .iter()
+                .map(|_| Prefetched {
+                    epoch,
+                    audience: None,
+                })
+                .collect()
+        }
+    }
+}
+
+/// One subject's answer from [`online_audiences`].
+#[derive(Debug, Clone)]
+pub struct Prefetched {
+    /// [`crate::store::Store::audience_epoch`] before the read.
+    epoch: u64,
+    /// `None`: not read (the batched read failed).
+    audience: Option<HashSet<BareJid>>,
+}
+
+impl Prefetched {
+    /// [`online_audience`] of `subject`, to be called under the subject's lock as that is:
+    /// the audience read ahead while nothing that alters gate inputs has happened since
+    /// the read (every such change invalidates the audience cache, the same guarantee a
+    /// cached entry rests on: [`crate::store::audience_cache`]); otherwise read now, so a
+    /// block or a withdrawn subscription committed meanwhile decides.
+    pub async fn online_audience(self, shared: &Shared, subject: &Jid) -> HashSet<BareJid> {
+        match self.audience {
+            Some(audience) if shared.store.audience_unchanged_since(self.epoch) => audience,
+            _ => online_audience(shared, subject).await,
+        }
+    }
+}
+
 /// The roster of local user `subject` (full JID of the resource whose presence goes out)
 /// and [`online_audience`], from ONE statement ([`crate::store::Store::audience_inputs`]:
 /// settings, roster and both directions of blocks for every contact) read by the caller

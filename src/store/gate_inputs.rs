@@ -119,12 +119,56 @@ impl Store {
         subject: &str,
         subject_forms: &[String],
     ) -> Result<AudienceInputs, StoreError> {
+        if let super::Backend::Sqlite(db) = &self.backend {
+            return db
+                .audience_inputs(subject, subject_forms, &self.privacy_defaults())
+                .await
+                .map_err(|e| db.name_file(e));
+        }
+        let mut one = self
+            .audience_inputs_many(&[(subject.to_owned(), subject_forms.to_vec())])
+            .await?;
+        one.pop()
+            .ok_or_else(|| StoreError::Corrupt("no audience row".into()))
+    }
+
+    /// [`Self::audience_inputs`] of many subjects, each given as its bare JID and the
+    /// [`super::blocks::match_candidates`] of the JID whose presence goes out: in
+    /// PostgreSQL one statement (one snapshot) for all of them, one row per subject in the
+    /// order given, so announcing a batch of resources costs one round trip, not one per
+    /// resource.
+    pub async fn audience_inputs_many(
+        &self,
+        subjects: &[(String, Vec<String>)],
+    ) -> Result<Vec<AudienceInputs>, StoreError> {
+        if subjects.is_empty() {
+            return Ok(Vec::new());
+        }
         let defaults = self.privacy_defaults();
-        let pool = pg_or_sqlite!(self, |db| db.audience_inputs(
-            subject,
-            subject_forms,
-            &defaults
-        ));
+        let pool = match &self.backend {
+            super::Backend::Postgres(pool) => pool,
+            // A local file: one read per subject costs no round trip.
+            super::Backend::Sqlite(db) => {
+                let mut out = Vec::with_capacity(subjects.len());
+                for (subject, forms) in subjects {
+                    out.push(
+                        db.audience_inputs(subject, forms, &defaults)
+                            .await
+                            .map_err(|e| db.name_file(e))?,
+                    );
+                }
+                return Ok(out);
+            }
+        };
+        // match_candidates gives at most four forms (full, bare, domain/resource, domain),
+        // passed as four parallel arrays; a subject with fewer repeats its first.
+        let owners: Vec<&str> = subjects.iter().map(|(s, _)| s.as_str()).collect();
+        let form = |i: usize| -> Vec<&str> {
+            subjects
+                .iter()
+                .map(|(_, f)| f.get(i).or(f.first()).map_or("", String::as_str))
+                .collect()
+        };
         type Row = (
             Option<String>,
             Option<Vec<String>>,
@@ -135,18 +179,20 @@ impl Store {
             Vec<bool>,
             Vec<bool>,
         );
-        let row: Row = sqlx::query_as(
+        let rows: Vec<Row> = sqlx::query_as(
             "SELECT ps.online, ps.online_except, ps.last_seen, ps.last_seen_except,
                     coalesce(r.contacts, '{}'), coalesce(r.subs, '{}'),
                     coalesce(r.blocks_subject, '{}'), coalesce(r.blocked_by_subject, '{}')
-             FROM (SELECT $1::text AS owner) o
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+                  WITH ORDINALITY AS o (owner, f1, f2, f3, f4, n)
              LEFT JOIN privacy_settings ps ON ps.owner = o.owner
              CROSS JOIN LATERAL (
                  SELECT array_agg(ri.contact ORDER BY ri.contact) AS contacts,
                         array_agg(ri.subscription ORDER BY ri.contact) AS subs,
                         array_agg(EXISTS (
                             SELECT 1 FROM blocklist b
-                            WHERE b.owner = ri.contact AND b.blocked = ANY($2::text[])
+                            WHERE b.owner = ri.contact
+                              AND b.blocked IN (o.f1, o.f2, o.f3, o.f4)
                         ) ORDER BY ri.contact) AS blocks_subject,
                         array_agg(EXISTS (
                             SELECT 1 FROM blocklist b
@@ -155,34 +201,59 @@ impl Store {
                                                 substr(ri.contact, strpos(ri.contact, '@') + 1))
                         ) ORDER BY ri.contact) AS blocked_by_subject
                  FROM roster_items ri WHERE ri.owner = o.owner
-             ) r",
+             ) r
+             ORDER BY o.n",
         )
-        .bind(subject)
-        .bind(subject_forms)
-        .fetch_one(pool)
+        .bind(&owners)
+        .bind(form(0))
+        .bind(form(1))
+        .bind(form(2))
+        .bind(form(3))
+        .fetch_all(pool)
         .await?;
-        let (online, online_except, last_seen, last_seen_except, contacts, subs, by_c, by_s) = row;
-        let settings = settings_from(
-            (online, online_except, last_seen, last_seen_except),
-            &defaults,
-        )?;
-        if subs.len() != contacts.len()
-            || by_c.len() != contacts.len()
-            || by_s.len() != contacts.len()
-        {
-            return Err(StoreError::Corrupt(
-                "audience arrays differ in length".into(),
-            ));
+        if rows.len() != subjects.len() {
+            return Err(StoreError::Corrupt("one audience row per subject".into()));
         }
-        let roster = contacts
-            .into_iter()
-            .zip(subs)
-            .zip(by_c.into_iter().zip(by_s))
-            .map(|((contact, sub), (blocks_subject, blocked_by_subject))| {
-                AudienceContact::from_columns(contact, &sub, blocks_subject, blocked_by_subject)
+        rows.into_iter()
+            .map(|row| {
+                let (
+                    online,
+                    online_except,
+                    last_seen,
+                    last_seen_except,
+                    contacts,
+                    subs,
+                    by_c,
+                    by_s,
+                ) = row;
+                let settings = settings_from(
+                    (online, online_except, last_seen, last_seen_except),
+                    &defaults,
+                )?;
+                if subs.len() != contacts.len()
+                    || by_c.len() != contacts.len()
+                    || by_s.len() != contacts.len()
+                {
+                    return Err(StoreError::Corrupt(
+                        "audience arrays differ in length".into(),
+                    ));
+                }
+                let roster = contacts
+                    .into_iter()
+                    .zip(subs)
+                    .zip(by_c.into_iter().zip(by_s))
+                    .map(|((contact, sub), (blocks_subject, blocked_by_subject))| {
+                        AudienceContact::from_columns(
+                            contact,
+                            &sub,
+                            blocks_subject,
+                            blocked_by_subject,
+                        )
+                    })
+                    .collect::<Result<Vec<_>, StoreError>>()?;
+                Ok(AudienceInputs { settings, roster })
             })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        Ok(AudienceInputs { settings, roster })
+            .collect()
     }
 
     /// For each of `subjects` (local bare JIDs): its roster item for `prober` (bare JID),
