@@ -41,6 +41,7 @@ pub mod liveness;
 pub mod liveness_tasks;
 pub mod logging;
 pub(crate) mod metrics;
+pub mod names;
 pub(crate) mod node;
 pub(crate) mod offline;
 pub(crate) mod pep;

@@ -75,9 +75,15 @@ fn by_size() -> Vec<isize> {
 
 /// Prints the allocation sizes that grew most (in bytes) between two readings, per session.
 fn print_breakdown(before: &[isize], after: &[isize], sessions: usize) {
+    let grown: Vec<isize> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+    print_sizes(&grown, sessions);
+}
+
+/// Prints the sizes with the most bytes in `counts` (live allocations by size), per session.
+fn print_sizes(counts: &[isize], sessions: usize) {
     let mut rows: Vec<(isize, usize, f64)> = (0..SIZES)
         .map(|size| {
-            let n = after[size] - before[size];
+            let n = counts[size];
             let per = n as f64 / sessions as f64;
             (n * size as isize, size, per)
         })
@@ -124,11 +130,12 @@ async fn login_idle(server: &TestServer, name: &str) -> Client {
     c
 }
 
-/// The client half: started by the test below as a child process. Logs in `WARM` sessions,
-/// says `WARM`, waits for a line, logs in `MEASURED` more, says `READY`, and holds every
-/// session open until its standard input closes.
+/// The client half: started by the tests below as a child process. For each batch of
+/// `PERFMEM_BATCHES` (`prefix:count,…`, users `<prefix><i>` numbered on from the batches
+/// before), logs in its sessions, says `BATCH`, and waits for a line; holds every session
+/// open until its standard input closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run as a child process by idle_tls_session_heap_stays_under_bound"]
+#[ignore = "run as a child process by the heap tests below"]
 async fn client_fleet() {
     let Ok(addr) = std::env::var("PERFMEM_ADDR") else {
         return;
@@ -145,12 +152,15 @@ async fn client_fleet() {
     let mut held = Vec::new();
     let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
     let mut line = String::new();
-    let batches = [(0, WARM, "WARM"), (WARM, WARM + MEASURED, "READY")];
-    for (from, to, say) in batches {
+    let mut from = 0;
+    for batch in std::env::var("PERFMEM_BATCHES").unwrap().split(',') {
+        let (prefix, count) = batch.split_once(':').unwrap();
+        let to = from + count.parse::<usize>().unwrap();
         for i in from..to {
-            held.push(login_idle(&server, &format!("u{i}")).await);
+            held.push(login_idle(&server, &format!("{prefix}{i}")).await);
         }
-        println!("{say}");
+        from = to;
+        println!("BATCH");
         std::io::stdout().flush().unwrap();
         line.clear();
         tokio::io::AsyncBufReadExt::read_line(&mut stdin, &mut line)
@@ -158,6 +168,81 @@ async fn client_fleet() {
             .unwrap();
     }
     drop(held);
+}
+
+/// The server side of [`client_fleet`]: a server with the users of `batches`
+/// (`(prefix, count)`, numbered on), the client process, and the heap after each batch
+/// once `settled` holds for the server (a condition, polled; not a sleep).
+struct Fleet {
+    server: TestServer,
+    child: std::process::Child,
+    to_child: std::process::ChildStdin,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl Fleet {
+    async fn start(batches: &[(&str, usize)]) -> Fleet {
+        let server = TestServer::start(|c| {
+            // Long liveness timings: nothing is pinged or refreshed while we count.
+            c.liveness.heartbeat_interval = Duration::from_secs(600);
+            c.liveness.ttl = Duration::from_secs(1800);
+            c.liveness.redis_refresh = Duration::from_secs(600);
+        })
+        .await;
+        let mut i = 0;
+        for (prefix, count) in batches {
+            for _ in 0..*count {
+                server.user(&format!("{prefix}{i}")).await;
+                i += 1;
+            }
+        }
+        let spec: Vec<String> = batches.iter().map(|(p, n)| format!("{p}:{n}")).collect();
+        let exe = std::env::current_exe().unwrap();
+        let mut child = Command::new(exe)
+            .args(["--exact", "client_fleet", "--ignored", "--nocapture", "-q"])
+            .env("PERFMEM_ADDR", server.addr.to_string())
+            .env("PERFMEM_DOMAIN", &server.domain)
+            .env("PERFMEM_CERT", &server.cert)
+            .env("PERFMEM_BATCHES", spec.join(","))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("client process");
+        let to_child = child.stdin.take().unwrap();
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        Fleet {
+            server,
+            child,
+            to_child,
+            lines,
+        }
+    }
+
+    /// Waits for the client to finish its next batch and the server to hold `sessions`
+    /// sessions and `tracked` entries in their viewer sets; the server's heap then.
+    async fn batch_done(&mut self, sessions: usize, tracked: usize) -> isize {
+        said(&mut self.lines, "BATCH").await;
+        sessions_reach(&self.server, sessions, tracked).await;
+        live()
+    }
+
+    fn next_batch(&mut self) {
+        writeln!(self.to_child, "go").unwrap();
+    }
+
+    async fn stop(self) {
+        drop(self.to_child);
+        let mut child = self.child;
+        let _ = child.wait();
+        self.server.stop().await;
+    }
 }
 
 /// Waits for the client process to print `word`.
@@ -171,14 +256,17 @@ async fn said(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, word: &str)
     }
 }
 
-/// Waits until the server counts `n` sessions (a condition, not a sleep).
-async fn sessions_reach(server: &TestServer, n: usize) {
+/// Waits until the server counts `n` sessions and `tracked` entries in their viewer sets
+/// (a condition, not a sleep).
+async fn sessions_reach(server: &TestServer, n: usize, tracked: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while server.shared().sessions.count() != n {
+    let shared = server.shared();
+    while shared.sessions.count() != n || shared.sessions.tracked() != tracked {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "server has {} sessions, expected {n}",
-            server.shared().sessions.count()
+            "server has {} sessions and {} viewer entries, expected {n} and {tracked}",
+            shared.sessions.count(),
+            shared.sessions.tracked()
         );
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -187,48 +275,16 @@ async fn sessions_reach(server: &TestServer, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_tls_session_heap_stays_under_bound() {
-    let server = TestServer::start(|c| {
-        // Long liveness timings: nothing is pinged or refreshed while we count.
-        c.liveness.heartbeat_interval = Duration::from_secs(600);
-        c.liveness.ttl = Duration::from_secs(1800);
-        c.liveness.redis_refresh = Duration::from_secs(600);
-    })
-    .await;
-    for i in 0..WARM + MEASURED {
-        server.user(&format!("u{i}")).await;
-    }
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .args(["--exact", "client_fleet", "--ignored", "--nocapture", "-q"])
-        .env("PERFMEM_ADDR", server.addr.to_string())
-        .env("PERFMEM_DOMAIN", &server.domain)
-        .env("PERFMEM_CERT", &server.cert)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("client process");
-    let mut to_child = child.stdin.take().unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            let _ = tx.send(line);
-        }
-    });
-    said(&mut rx, "WARM").await;
-    sessions_reach(&server, WARM).await;
-    let before = live();
+    let mut fleet = Fleet::start(&[("u", WARM), ("u", MEASURED)]).await;
+    let before = fleet.batch_done(WARM, 0).await;
     let sizes_before = by_size();
-    writeln!(to_child, "go").unwrap();
-    said(&mut rx, "READY").await;
-    sessions_reach(&server, WARM + MEASURED).await;
-    let after = live();
+    fleet.next_batch();
+    let after = fleet.batch_done(WARM + MEASURED, 0).await;
     print_breakdown(&sizes_before, &by_size(), MEASURED);
     let per = (after - before) / MEASURED as isize;
     let (io, _peer_side) = tokio::io::duplex(1);
     let conn = presenced::c2s::serve(
-        server.shared().clone(),
+        fleet.server.shared().clone(),
         Box::new(io),
         "127.0.0.1:1".parse().unwrap(),
         false,
@@ -243,9 +299,7 @@ async fn idle_tls_session_heap_stays_under_bound() {
         "server heap: {before} B with {WARM} sessions, {after} B with {} sessions: {per} B per idle TLS session",
         WARM + MEASURED
     );
-    drop(to_child);
-    let _ = child.wait();
-    server.stop().await;
+    fleet.stop().await;
     assert!(
         conn_future <= BOUND_CONNECTION_FUTURE,
         "a connection's future is {conn_future} B, above the bound of {BOUND_CONNECTION_FUTURE} B"
@@ -253,5 +307,64 @@ async fn idle_tls_session_heap_stays_under_bound() {
     assert!(
         per <= BOUND_PER_SESSION,
         "an idle TLS session holds {per} B of heap, above the bound of {BOUND_PER_SESSION} B"
+    );
+}
+
+/// Contacts per user in the per-contact test: each user of the batch with contacts is a
+/// mutual contact of the `CONTACTS / 2` users after it and before it on a ring.
+const CONTACTS: usize = 40;
+/// Upper bound on server heap bytes an idle session holds per mutual contact, beyond what
+/// a session without contacts holds. Each session remembers the viewers its presence
+/// reached (to withdraw it when a permission changes). As a map of strings that set cost
+/// about 85 B per contact (a 32-byte map slot at the map's load, and a 32-byte string);
+/// as ids into the node's table of names, the map is 304 B for 20 contacts (15 B each)
+/// and the whole difference measured 27–68 B per contact at K = 20 over three runs (the
+/// shared tables grow in steps inside the window), hence K = 40 here.
+const BOUND_PER_CONTACT: isize = 40;
+
+/// What an idle session holds per contact (its presence reached each contact, and each
+/// contact's reached it), measured as the difference between a batch of sessions with
+/// `CONTACTS` mutual contacts each and a batch of the same size without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_session_heap_per_contact_stays_under_bound() {
+    let batches = [("u", WARM), ("plain", MEASURED), ("ring", MEASURED)];
+    let mut fleet = Fleet::start(&batches).await;
+    let first = WARM + MEASURED;
+    for i in 0..MEASURED {
+        for step in 1..=CONTACTS / 2 {
+            let j = (i + step) % MEASURED;
+            fleet
+                .server
+                .make_mutual(&format!("ring{}", first + i), &format!("ring{}", first + j))
+                .await;
+        }
+    }
+    let warm = fleet.batch_done(WARM, 0).await;
+    let sizes_warm = by_size();
+    fleet.next_batch();
+    let plain = fleet.batch_done(WARM + MEASURED, 0).await;
+    let sizes_plain = by_size();
+    fleet.next_batch();
+    // Every ring session was shown to each of its contacts (its broadcast or their probes).
+    let ring = fleet
+        .batch_done(WARM + 2 * MEASURED, MEASURED * CONTACTS)
+        .await;
+    let sizes_ring = by_size();
+    // What a session with contacts holds beyond one without, by allocation size.
+    let beyond: Vec<isize> = (0..SIZES)
+        .map(|i| (sizes_ring[i] - sizes_plain[i]) - (sizes_plain[i] - sizes_warm[i]))
+        .collect();
+    print_sizes(&beyond, MEASURED);
+    let per_plain = (plain - warm) / MEASURED as isize;
+    let per_ring = (ring - plain) / MEASURED as isize;
+    let per_contact = (per_ring - per_plain) / CONTACTS as isize;
+    println!(
+        "per idle session: {per_plain} B without contacts, {per_ring} B with {CONTACTS}: \
+         {per_contact} B per contact"
+    );
+    fleet.stop().await;
+    assert!(
+        per_contact <= BOUND_PER_CONTACT,
+        "an idle session holds {per_contact} B per contact, above the bound of {BOUND_PER_CONTACT} B"
     );
 }

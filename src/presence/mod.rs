@@ -190,7 +190,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             // a change of permissions has not withdrawn it from them yet.
             for (viewer, rel) in session.handle.write(|p| p.take_revealed()) {
                 if rel == privacy::Relation::Subscriber {
-                    recipients.insert(viewer);
+                    recipients.insert(viewer.to_string());
                 }
             }
         }
