@@ -521,21 +521,6 @@ pub async fn current_presence(
     }
 }
 
-/// `<presence type='unavailable'/>` from `subject`'s bare JID to `to`, stamped (XEP-0203)
-/// with when the subject was last seen only if `to` may know it (settings, blocks,
-/// reciprocity).
-pub async fn unavailable_stamped(shared: &Shared, subject: &BareJid, to_jid: &Jid) -> Element {
-    let (subject_jid, subject, to) = (subject, subject.as_str(), to_jid.as_str());
-    let mut p = unavailable(subject, to);
-    if !may_see_last_seen(shared, to_jid, subject_jid).await {
-        return p;
-    }
-    if let Some(at) = super::last_seen(shared, subject).await {
-        p = stamp(p, subject, at);
-    }
-    p
-}
-
 /// Adds the XEP-0203 `<delay/>` saying when `subject` was last seen.
 fn stamp(p: Element, subject: &str, at: chrono::DateTime<chrono::Utc>) -> Element {
     p.child(crate::xml::delay(domain_of(subject), at))
