@@ -581,7 +581,7 @@ async fn apply_subscription(
     // RFC 6121 §3.1.2: stamp bare JIDs on both ends.
     stanza.set_attr("from", user.to_string());
     stanza.set_attr("to", contact.to_string());
-    let (u, c) = (user.to_string(), contact.to_string());
+    let (u, c) = (user.clone(), contact.clone());
 
     let mut plan = Plan::default();
     // §3.2.2: unavailable from each of the user's resources before the unsubscribed, but
@@ -617,7 +617,7 @@ async fn apply_subscription(
             if back.deliver {
                 plan.effects.push(Effect::ToAvailable {
                     user: u.clone(),
-                    stanza: presence(reply.presence_type(), &c, &u),
+                    stanza: presence(reply.presence_type(), c.as_str(), u.as_str()),
                 });
             }
         }
