@@ -267,13 +267,13 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     // local ones are answered together, from one read of the privacy inputs.
     let mut local = Vec::new();
     for item in inputs.roster.iter().filter(|i| i.subscription.has_to()) {
-        if shared.config.serves(domain_of(&item.contact)) {
+        if shared.config.serves(item.contact.domain().as_str()) {
             local.push(item.contact.clone());
         } else if !invisible || session.handle.read(|p| p.probe_remote) {
             // A probe tells the remote server the user is online; an invisible session
             // sends one only if it asked to (XEP-0186 `probe='true'`).
             // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
-            let probe = presence(PresenceType::Probe, bare.as_str(), &item.contact);
+            let probe = presence(PresenceType::Probe, bare.as_str(), item.contact.as_str());
             let _ = crate::node::route_remote(&shared, probe);
         }
     }
@@ -412,7 +412,7 @@ async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &BareJid) {
 }
 
 /// [`answer_probe`] for several local contacts at once (the probes of a login).
-async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[String]) {
+async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[BareJid]) {
     if contacts.is_empty() {
         return;
     }
