@@ -35,6 +35,8 @@
 //! the sender by directed presence ([`Kind::Decide`], decided here by the same
 //! [`gate::may_reach`]), and the record that another node showed a session's presence to a
 //! viewer from the directory ([`Kind::Reveal`]), kept here so a later block withdraws it.
+//! A message kept offline on one node while the user's session on another became available
+//! is handed over by that node's own take of kept messages ([`Kind::Collect`]).
 //! XEP-0280 copies reach resources on other nodes from the directory's carbons flag.
 
 use crate::blocking::{inbound_from_blocked, Verdict};
@@ -84,6 +86,20 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
         Kind::Decide => {
             let shared = Arc::clone(shared);
             tokio::spawn(async move { decide_here(&shared, env).await });
+            return;
+        }
+        Kind::Collect => {
+            let shared = Arc::clone(shared);
+            tokio::spawn(async move {
+                for to in &env.to {
+                    match BareJid::new(to) {
+                        Ok(owner) => {
+                            hand_kept_to_a_taker_here(&shared, &owner).await;
+                        }
+                        Err(_) => tracing::warn!(%to, "cluster: malformed collect dropped"),
+                    }
+                }
+            });
             return;
         }
         Kind::Seen => {
@@ -460,13 +476,21 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
             // now it is stored: a resource here that takes messages by now gets it from
             // the store (XEP-0160: kept messages go to the user once available; the store
             // hands each one out once, whichever take comes first).
-            if let Some(s) = shared
-                .sessions
-                .of_user(owner)
-                .into_iter()
-                .find(takes_messages)
-            {
-                offline_messages(shared, &s).await;
+            if !hand_kept_to_a_taker_here(shared, owner).await {
+                // The same race with a session on another node: every node holding one of
+                // the user's sessions (available or not, as the directory said a moment
+                // ago) looks there. A session that became available after this lookup
+                // saw the stored message in its own take.
+                let mut nodes: Vec<String> = elsewhere(shared, owner)
+                    .await
+                    .iter()
+                    .map(|h| h.node().to_owned())
+                    .collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                for node in nodes {
+                    shared.cluster.collect_there(&node, owner.as_str());
+                }
             }
             Outcome::Stored
         }
@@ -485,6 +509,23 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
             tracing::warn!(user = %owner, error = %e, "offline message not stored");
             Outcome::Dropped
         }
+    }
+}
+
+/// Hands `owner`'s kept messages to a session on this node that takes messages, if one
+/// does; whether one did.
+async fn hand_kept_to_a_taker_here(shared: &Shared, owner: &BareJid) -> bool {
+    match shared
+        .sessions
+        .of_user(owner)
+        .into_iter()
+        .find(takes_messages)
+    {
+        Some(s) => {
+            offline_messages(shared, &s).await;
+            true
+        }
+        None => false,
     }
 }
 

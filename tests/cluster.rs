@@ -97,6 +97,7 @@ on_both!(
     a_resource_revealed_by_directed_presence_takes_iq_from_another_node,
     carbon_copies_reach_the_users_resources_on_other_nodes,
     offline_storage_only_when_no_node_has_an_available_resource,
+    a_message_kept_while_its_recipient_becomes_available_on_another_node_is_still_delivered,
     presence_for_an_inactive_client_is_held_on_its_node_and_interest_passes,
     a_dead_nodes_unavailable_reaches_the_users_own_resources_on_every_node,
     a_dead_nodes_resource_is_announced_only_to_viewers_allowed_to_see_it,
@@ -1273,6 +1274,77 @@ async fn offline_storage_only_when_no_node_has_an_available_resource(redis: Redi
         .await;
     bob_new.expect(|e| has_body(e, "barrier")).await;
     nothing_kept(&bob_new, |e| has_body(e, "live") || has_body(e, "kept"));
+    n1.stop().await;
+    n2.stop().await;
+}
+
+/// A message that finds no resource on any node is kept; initial presence on another node
+/// marks that session as taking messages and then takes what is kept there. When the keeping
+/// node's insert commits after that take, the message must still reach the now available
+/// session, not wait for the next login. The insert is held by a row lock on the
+/// recipient's account (its foreign key check waits for it).
+async fn a_message_kept_while_its_recipient_becomes_available_on_another_node_is_still_delivered(
+    redis: Redis,
+) {
+    let (n1, n2) = two_nodes_with(redis, &["alice", "bob"], &[]).await;
+    let Some(pool) = n1
+        .shared()
+        .store
+        .sqlite_pool()
+        .is_none()
+        .then(|| n1.shared().store.pool().clone())
+    else {
+        // SQLite has no row locks to hold the insert with.
+        return;
+    };
+    let bob_bare = n1.jid("bob");
+    let mut alice = online(&n1, "alice", "a").await;
+    // Bob is bound on node 2 and has sent no presence yet: he takes no messages.
+    let mut bob = n2.login("bob", "b").await;
+    in_directory(&n1, &format!("{bob_bare}/b"), false).await;
+
+    let mut hold = pool.begin().await.expect("transaction");
+    sqlx::query("SELECT 1 FROM accounts WHERE jid = $1 FOR UPDATE")
+        .bind(&bob_bare)
+        .execute(&mut *hold)
+        .await
+        .expect("lock bob's account row");
+    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *hold)
+        .await
+        .expect("backend pid");
+    alice.send(&message(&bob_bare, "racing")).await;
+    // Node 1 found no resource taking messages and is keeping it: its insert waits.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(holder)
+        .fetch_one(&pool)
+        .await
+        .expect("blocked backends");
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the offline insert never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Bob becomes available on node 2; the answer to a ping sent after his presence proves
+    // the presence, and the take of kept messages that follows it, were handled (one task
+    // per session, stanzas in order).
+    bob.presence(None, None).await;
+    bob.expect(|e| is_presence(e, &format!("{bob_bare}/b"), None))
+        .await;
+    ping(&mut bob).await;
+    hold.rollback().await.expect("release the lock");
+
+    let m = bob.expect(|e| has_body(e, "racing")).await;
+    assert!(m.to_xml().contains("urn:xmpp:delay"), "{m}");
+    assert_eq!(n1.offline_count(&bob_bare).await, 0);
     n1.stop().await;
     n2.stop().await;
 }

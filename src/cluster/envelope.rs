@@ -52,6 +52,10 @@ pub enum Kind {
     /// message carries (milliseconds since the epoch): its last seen, until the sending
     /// node's flush reaches PostgreSQL (XEP-0012).
     Seen,
+    /// A message to the recipient (a bare JID with a session bound on the receiving node)
+    /// was kept offline on the sending node: a session here that takes messages by now
+    /// takes what is kept (XEP-0160), as a session on the storing node would.
+    Collect,
 }
 
 impl Kind {
@@ -66,6 +70,7 @@ impl Kind {
             Kind::Decide => "decide",
             Kind::Invalidate => "invalidate",
             Kind::Seen => "seen",
+            Kind::Collect => "collect",
         }
     }
 
@@ -80,6 +85,7 @@ impl Kind {
             "decide" => Kind::Decide,
             "invalidate" => Kind::Invalidate,
             "seen" => Kind::Seen,
+            "collect" => Kind::Collect,
             _ => return None,
         })
     }

@@ -384,6 +384,19 @@ impl Cluster {
         }
     }
 
+    /// Asks `node`, which holds a session of `bare`, to hand `bare`'s kept messages to a
+    /// session there that takes messages ([`Kind::Collect`]).
+    pub fn collect_there(&self, node: &str, bare: &str) {
+        self.queue(Op::Send(
+            node.to_owned(),
+            Envelope {
+                kind: Kind::Collect,
+                to: vec![bare.to_owned()],
+                xml: Arc::new(String::new()),
+            },
+        ));
+    }
+
     /// Hands a message or iq for full JID `to`, bound on `node`, to that node for the
     /// delivery decision ([`Kind::Decide`]).
     pub fn decide_there(&self, node: &str, to: String, xml: Arc<String>) {
