@@ -943,8 +943,14 @@ mod tests {
                 Err(UnexpectedStep)
             );
         }
-        assert_eq!(ChannelBindingNotSupported.condition(), "invalid-mechanism");
-        assert_eq!(MalformedRequest("x").condition(), "malformed-request");
+        assert_eq!(
+            ChannelBindingNotSupported.condition(),
+            SaslCondition::InvalidMechanism
+        );
+        assert_eq!(
+            MalformedRequest("x").condition(),
+            SaslCondition::MalformedRequest
+        );
     }
 
     #[test]
