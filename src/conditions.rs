@@ -1,6 +1,6 @@
-//! RFC 6120's error vocabulary as types: the stream error conditions (§4.9.3), the stanza
-//! error types (§8.3.2) and the stanza error conditions (§8.3.3), each with its wire name
-//! written once, in the table that declares it.
+//! RFC 6120's error vocabulary as types: the stream error conditions (§4.9.3), the SASL
+//! failure conditions (§6.5), the stanza error types (§8.3.2) and the stanza error
+//! conditions (§8.3.3), each with its wire name written once, in the table that declares it.
 //!
 //! The XML reader names the condition a malformed stream earns and `error.rs` builds the
 //! elements; both take these types, so this module imports nothing.
@@ -58,6 +58,34 @@ wire_enum! {
         UnsupportedStanzaType => "unsupported-stanza-type",
         /// §4.9.3.25.
         UnsupportedVersion => "unsupported-version",
+    }
+}
+
+wire_enum! {
+    /// A defined SASL failure condition (RFC 6120 §6.5), the child of `<failure/>`.
+    pub enum SaslCondition {
+        /// §6.5.1.
+        Aborted => "aborted",
+        /// §6.5.2.
+        AccountDisabled => "account-disabled",
+        /// §6.5.3.
+        CredentialsExpired => "credentials-expired",
+        /// §6.5.4.
+        EncryptionRequired => "encryption-required",
+        /// §6.5.5.
+        IncorrectEncoding => "incorrect-encoding",
+        /// §6.5.6.
+        InvalidAuthzid => "invalid-authzid",
+        /// §6.5.7.
+        InvalidMechanism => "invalid-mechanism",
+        /// §6.5.8.
+        MalformedRequest => "malformed-request",
+        /// §6.5.9.
+        MechanismTooWeak => "mechanism-too-weak",
+        /// §6.5.10.
+        NotAuthorized => "not-authorized",
+        /// §6.5.11.
+        TemporaryAuthFailure => "temporary-auth-failure",
     }
 }
 
@@ -228,6 +256,25 @@ mod tests {
             assert_eq!(StanzaCondition::parse(c.as_str()), Some(*c));
         }
 
+        let sasl = [
+            "aborted",
+            "account-disabled",
+            "credentials-expired",
+            "encryption-required",
+            "incorrect-encoding",
+            "invalid-authzid",
+            "invalid-mechanism",
+            "malformed-request",
+            "mechanism-too-weak",
+            "not-authorized",
+            "temporary-auth-failure",
+        ];
+        let names: Vec<&str> = SaslCondition::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(names, sasl);
+        for c in SaslCondition::ALL {
+            assert_eq!(SaslCondition::parse(c.as_str()), Some(*c));
+        }
+
         for t in ErrorType::ALL {
             assert_eq!(ErrorType::parse(t.as_str()), Some(*t));
         }
@@ -244,6 +291,7 @@ mod tests {
         ] {
             assert_eq!(StreamCondition::parse(bad), None, "{bad:?}");
             assert_eq!(StanzaCondition::parse(bad), None, "{bad:?}");
+            assert_eq!(SaslCondition::parse(bad), None, "{bad:?}");
         }
     }
 

@@ -250,7 +250,7 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
             // XEP-0054 §3.3: another local user's vCard, answered by the server. A viewer
             // the user blocks was answered above with the same error as "no vCard".
             let reply = if account_exists(session, &bare).await {
-                crate::pep::vcard::handle_iq(session, &el, ty, bare.as_str()).await
+                crate::pep::vcard::handle_iq(session, &el, ty, &bare).await
             } else {
                 account_iq(&el, ty, false)
             };
@@ -259,7 +259,7 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
         Target::LocalBare(bare) if el.elements().next().is_some_and(crate::pep::handles) => {
             // XEP-0163: another local user's personal eventing service.
             let reply = if account_exists(session, &bare).await {
-                crate::pep::handle_iq(session, &el, ty, bare.as_str()).await
+                crate::pep::handle_iq(session, &el, ty, &bare).await
             } else {
                 account_iq(&el, ty, false)
             };
@@ -309,10 +309,10 @@ async fn own_account_iq(session: &mut Session, el: Element, ty: IqType) {
             limits.interest_ttl,
         ))
     } else if crate::pep::handles(&payload) {
-        let owner = session.jid().to_bare().to_string();
+        let owner = session.jid().to_bare();
         Some(crate::pep::handle_iq(session, &el, ty, &owner).await)
     } else if crate::pep::vcard::handles(&payload) {
-        let owner = session.jid().to_bare().to_string();
+        let owner = session.jid().to_bare();
         Some(crate::pep::vcard::handle_iq(session, &el, ty, &owner).await)
     } else if payload.ns == crate::invisible::NS_INVISIBLE {
         Some(crate::invisible::handle(session, &el, ty, &payload).await)

@@ -149,15 +149,25 @@ async fn audience_inputs_equal_the_single_reads_for_every_contact() {
     );
     let (_, roster) = store.roster(&alice).await.unwrap();
     assert_eq!(
-        inputs.roster.iter().map(|c| &c.contact).collect::<Vec<_>>(),
-        roster.iter().map(|i| &i.contact).collect::<Vec<_>>(),
+        inputs
+            .roster
+            .iter()
+            .map(|c| c.contact.as_str())
+            .collect::<Vec<_>>(),
+        roster
+            .iter()
+            .map(|i| i.contact.as_str())
+            .collect::<Vec<_>>(),
         "the whole roster, in contact order"
     );
     let mut blocked_pairs = 0;
     for (c, i) in inputs.roster.iter().zip(&roster) {
         assert_eq!(c.subscription, i.subscription, "{}", c.contact);
-        let by_contact = store.is_blocked(&c.contact, &alice_full).await.unwrap();
-        let by_alice = store.is_blocked(&alice, &c.contact).await.unwrap();
+        let by_contact = store
+            .is_blocked(c.contact.as_str(), &alice_full)
+            .await
+            .unwrap();
+        let by_alice = store.is_blocked(&alice, c.contact.as_str()).await.unwrap();
         assert_eq!(c.blocks_subject, by_contact, "{} blocks alice", c.contact);
         assert_eq!(c.blocked_by_subject, by_alice, "alice blocks {}", c.contact);
         blocked_pairs += usize::from(by_contact) + usize::from(by_alice);
@@ -185,6 +195,7 @@ async fn probe_inputs_equal_the_single_reads_for_every_subject_in_order() {
     let store = store().await;
     let (alice, alice_full, mut subjects) = world(&store).await;
     subjects.push(format!("nobody@{}", domain("none")));
+    let subjects: Vec<BareJid> = subjects.iter().map(|s| BareJid::new(s).unwrap()).collect();
     let rows = store
         .probe_inputs(&alice, &match_candidates(&alice_full), &subjects)
         .await
@@ -195,7 +206,7 @@ async fn probe_inputs_equal_the_single_reads_for_every_subject_in_order() {
         "one row per subject, in the order asked"
     );
     for r in &rows {
-        let s = &r.subject;
+        let s = r.subject.as_str();
         let item = store.roster_item(s, &alice).await.unwrap();
         assert_eq!(r.subscription, item.map(|i| i.subscription), "{s}'s item");
         assert_eq!(r.settings, store.privacy_settings(s).await.unwrap(), "{s}");
@@ -294,4 +305,32 @@ async fn a_gate_input_write_changes_the_audience_epoch_and_a_read_does_not() {
         .await
         .unwrap();
     assert!(!store.audience_unchanged_since(epoch), "a settings change");
+}
+
+/// A roster contact the schema admits but that is no JID (nodeprep refuses the space,
+/// RFC 7622 §3.3) is left out of the gate's inputs: it is nobody's audience, and the
+/// login does not probe it.
+#[tokio::test]
+async fn a_stored_contact_that_is_no_jid_is_left_out_of_the_audience() {
+    let store = store().await;
+    let d = domain("nojid");
+    let alice = account(&store, "alice", &d).await;
+    let bob = account(&store, "bob", &d).await;
+    let broken = format!("not a jid@{d}");
+    assert!(BareJid::new(&broken).is_err(), "{broken} must not parse");
+    item(&store, &alice, &bob, Subscription::Both).await;
+    item(&store, &alice, &broken, Subscription::Both).await;
+    let inputs = store
+        .audience_inputs(&alice, &match_candidates(&format!("{alice}/r")))
+        .await
+        .expect("audience inputs");
+    assert_eq!(
+        inputs
+            .roster
+            .iter()
+            .map(|c| c.contact.to_string())
+            .collect::<Vec<_>>(),
+        vec![bob],
+        "only the contact that is a JID"
+    );
 }

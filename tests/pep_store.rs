@@ -4,6 +4,7 @@
 //! account; and the XEP-0054 vCard table beside them. Every test works on its own random
 //! domain.
 
+use presenced::jid::BareJid;
 use presenced::store::pep::{PepItem, Published};
 use presenced::store::{Store, StoreLimits};
 
@@ -132,11 +133,11 @@ async fn reads_retract_purge_delete_and_the_account_take_its_data(db: Db) {
         .await
         .unwrap();
     let nobody = account(&store).await;
-    let owners = [owner.clone(), other.clone(), nobody.clone()];
+    let owners = [&owner, &other, &nobody].map(|o| BareJid::new(o).unwrap());
     let last = store.pep_last_items(&owners).await.unwrap();
     let mut last: Vec<(String, String, String, String)> = last
         .into_iter()
-        .map(|(o, n, m, i)| (o, n, m, i.id))
+        .map(|(o, n, m, i)| (o.to_string(), n, m, i.id))
         .collect();
     let row = |o: &str, n: &str, m: &str, i: &str| {
         (o.to_owned(), n.to_owned(), m.to_owned(), i.to_owned())
@@ -173,7 +174,7 @@ async fn reads_retract_purge_delete_and_the_account_take_its_data(db: Db) {
     assert!(store.delete_account(user, domain).await.unwrap());
     assert!(store.pep_nodes(&owner).await.unwrap().is_empty());
     assert!(store
-        .pep_last_items(std::slice::from_ref(&owner))
+        .pep_last_items(&[BareJid::new(&owner).unwrap()])
         .await
         .unwrap()
         .is_empty());

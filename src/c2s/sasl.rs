@@ -7,6 +7,7 @@ use base64::Engine as _;
 
 use super::negotiate::Offer;
 use super::{limits, Authenticated, Fail, Halt, Secured};
+use crate::conditions::SaslCondition;
 use crate::error::{StreamCondition, StreamError};
 use crate::jid::{BareJid, Jid};
 use crate::sasl::scram::{self, ScramHash, ScramServer};
@@ -24,12 +25,17 @@ impl Secured {
         Ok(Authenticated { link, user })
     }
 
-    async fn sasl_failure(&mut self, condition: &str, failures: &mut u32) -> Result<(), Fail> {
-        let f = Element::new("failure", x::NS_SASL).child(Element::new(condition, x::NS_SASL));
+    async fn sasl_failure(
+        &mut self,
+        condition: SaslCondition,
+        failures: &mut u32,
+    ) -> Result<(), Fail> {
+        let f =
+            Element::new("failure", x::NS_SASL).child(Element::new(condition.as_str(), x::NS_SASL));
         self.link.write_el(&f).await?;
         *failures += 1;
         self.link.shared.metrics.auth_failure();
-        tracing::info!(peer = %self.link.peer, condition, failures = *failures, "SASL failure");
+        tracing::info!(peer = %self.link.peer, %condition, failures = *failures, "SASL failure");
         if *failures >= self.link.shared.live.get().limits.max_auth_failures {
             // RFC 6120 §6.4.5: after the configured number of retries, end the stream.
             return Err(Fail::Stream(StreamError::new(
@@ -64,7 +70,7 @@ impl Secured {
             let initial = match decode_b64(&el.text_content()) {
                 Some(v) => v,
                 None => {
-                    self.sasl_failure("incorrect-encoding", &mut failures)
+                    self.sasl_failure(SaslCondition::IncorrectEncoding, &mut failures)
                         .await?;
                     continue;
                 }
@@ -74,7 +80,7 @@ impl Secured {
                 "SCRAM-SHA-1" => self.scram(ScramHash::Sha1, initial).await?,
                 // Only a `Secured` stream gets here: PLAIN never crosses the wire in the clear.
                 "PLAIN" if self.link.shared.config.auth.allow_plain => self.plain(&initial).await?,
-                _ => Err("invalid-mechanism"),
+                _ => Err(SaslCondition::InvalidMechanism),
             };
             match outcome {
                 Ok(user) => {
@@ -90,7 +96,7 @@ impl Secured {
     /// repeated failures, and the attempt must be refused without a password check.
     /// The refusal is RFC 6120 §6.5.10 not-authorized ("some generic authentication
     /// failure ... the receiving entity does not wish to disclose specific information
-    /// about the cause"): §6.5.12 temporary-auth-failure is for an error within the
+    /// about the cause"): §6.5.11 temporary-auth-failure is for an error within the
     /// server, and would tell a guesser which answers to ignore.
     fn auth_locked(&self, jid: &BareJid) -> bool {
         let Some(left) = self
@@ -120,7 +126,7 @@ impl Secured {
         &mut self,
         hash: ScramHash,
         mut initial: Vec<u8>,
-    ) -> Result<Result<String, &'static str>, Fail> {
+    ) -> Result<Result<String, SaslCondition>, Fail> {
         // Unknown users get a salt and iteration count as an account would, so the answer
         // does not reveal whether the user exists (RFC 5802 §9 leaves this to the server).
         let mut server = ScramServer::new(hash)
@@ -133,7 +139,7 @@ impl Secured {
                 .await?;
             initial = match self.sasl_response().await? {
                 Some(r) => r,
-                None => return Ok(Err("aborted")),
+                None => return Ok(Err(SaslCondition::Aborted)),
             };
         }
         let first = match server.client_first(&initial) {
@@ -143,7 +149,7 @@ impl Secured {
         let account = self.link.account(&first.username);
         if let Some(jid) = &account {
             if self.auth_locked(jid) {
-                return Ok(Err("not-authorized"));
+                return Ok(Err(SaslCondition::NotAuthorized));
             }
             server.set_fake_salt_name(jid.as_str());
         }
@@ -169,7 +175,7 @@ impl Secured {
         };
         if let (Some(authz), Some(jid)) = (&first.authzid, &account) {
             if authz != jid.as_str() {
-                return Ok(Err("invalid-authzid"));
+                return Ok(Err(SaslCondition::InvalidAuthzid));
             }
         }
         let challenge = server.server_first(creds.as_ref());
@@ -177,7 +183,7 @@ impl Secured {
             .write_el(&Element::new("challenge", x::NS_SASL).text(B64.encode(challenge)))
             .await?;
         let Some(response) = self.sasl_response().await? else {
-            return Ok(Err("aborted"));
+            return Ok(Err(SaslCondition::Aborted));
         };
         let verdict = server.client_final(&response);
         if let Some(jid) = &account {
@@ -192,7 +198,7 @@ impl Secured {
                     .map(|j| crate::jid::node_str(&Jid::from(j)).to_owned())
                     .unwrap_or_default()))
             }
-            Ok(_) => Ok(Err("not-authorized")),
+            Ok(_) => Ok(Err(SaslCondition::NotAuthorized)),
             Err(e) => Ok(Err(e.condition())),
         }
     }
@@ -218,28 +224,28 @@ impl Secured {
     }
 
     /// SASL PLAIN (RFC 4616), checked against the stored SCRAM-SHA-256 credentials.
-    async fn plain(&mut self, msg: &[u8]) -> Result<Result<String, &'static str>, Fail> {
+    async fn plain(&mut self, msg: &[u8]) -> Result<Result<String, SaslCondition>, Fail> {
         let mut parts = msg.split(|b| *b == 0);
         let (Some(authz), Some(authc), Some(pass), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
-            return Ok(Err("malformed-request"));
+            return Ok(Err(SaslCondition::MalformedRequest));
         };
         let (Ok(authz), Ok(authc), Ok(pass)) = (
             std::str::from_utf8(authz),
             std::str::from_utf8(authc),
             std::str::from_utf8(pass),
         ) else {
-            return Ok(Err("malformed-request"));
+            return Ok(Err(SaslCondition::MalformedRequest));
         };
         let Some(jid) = self.link.account(authc) else {
-            return Ok(Err("not-authorized"));
+            return Ok(Err(SaslCondition::NotAuthorized));
         };
         if !authz.is_empty() && authz != jid.as_str() {
-            return Ok(Err("invalid-authzid"));
+            return Ok(Err(SaslCondition::InvalidAuthzid));
         }
         if self.auth_locked(&jid) {
-            return Ok(Err("not-authorized"));
+            return Ok(Err(SaslCondition::NotAuthorized));
         }
         let local = crate::jid::node_str(&Jid::from(jid.clone())).to_owned();
         let creds = self
@@ -279,7 +285,7 @@ impl Secured {
         let ok = matched && exists;
         self.auth_checked(&jid, ok);
         if !ok {
-            return Ok(Err("not-authorized"));
+            return Ok(Err(SaslCondition::NotAuthorized));
         }
         self.link
             .write_el(&Element::new("success", x::NS_SASL))

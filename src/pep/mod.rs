@@ -27,7 +27,7 @@ pub(crate) mod vcard;
 pub(crate) use notify::{disco_answer, from_node, on_presence};
 
 use crate::error::{iq_result, StanzaError};
-use crate::jid::Jid;
+use crate::jid::{BareJid, Jid};
 use crate::node::session::Session;
 use crate::node::Shared;
 use crate::presence::gate;
@@ -98,17 +98,13 @@ impl Access {
 
 /// May `viewer` (any JID) read, and be notified of, a node of local user `owner` with
 /// this access model? Blocks count either way; `presence` is the privacy gate's decision.
-pub(crate) async fn may_read(shared: &Shared, access: &str, viewer: &str, owner: &str) -> bool {
-    if gate::bare_of(viewer) == gate::bare_of(owner) {
+pub(crate) async fn may_read(shared: &Shared, access: &str, viewer: &Jid, owner: &BareJid) -> bool {
+    if gate::bare_of(viewer.as_str()) == owner.as_str() {
         return true;
     }
-    // Addresses this server stamped or stored; one that is no JID reads nothing.
-    let (Ok(viewer), Ok(owner)) = (Jid::new(viewer), Jid::new(owner)) else {
-        return false;
-    };
     match Access::parse(access) {
-        Some(Access::Open) => !gate::blocked_either(shared, &viewer, &owner).await,
-        Some(Access::Presence) => gate::may_see_online(shared, &viewer, &owner, false).await,
+        Some(Access::Open) => !gate::blocked_either(shared, viewer, owner).await,
+        Some(Access::Presence) => gate::may_see_online(shared, viewer, owner, false).await,
         Some(Access::Whitelist) | None => false,
     }
 }
@@ -162,12 +158,17 @@ pub(crate) fn describe_account(query: Element) -> Element {
 
 /// Answers a pubsub or node-list iq request `el` of type `ty` sent by `session` to the
 /// account `owner` (its own, or another local user's).
-pub(crate) async fn handle_iq(session: &Session, el: &Element, ty: IqType, owner: &str) -> Element {
+pub(crate) async fn handle_iq(
+    session: &Session,
+    el: &Element,
+    ty: IqType,
+    owner: &BareJid,
+) -> Element {
     let Some(payload) = el.elements().next() else {
         return error(el, StanzaError::bad_request(), None);
     };
-    let requester = session.jid().as_str().to_owned();
-    let own = gate::bare_of(&requester) == owner;
+    let requester = Jid::from(session.jid().clone());
+    let own = gate::bare_of(requester.as_str()) == owner.as_str();
     let get = ty == IqType::Get;
     if payload.is("query", NS_DISCO_ITEMS) {
         return if get {
@@ -202,8 +203,8 @@ pub(crate) async fn handle_iq(session: &Session, el: &Element, ty: IqType, owner
 }
 
 /// disco#items of an account: the nodes `requester` may read (XEP-0060 §5.2).
-async fn node_list(shared: &Shared, el: &Element, requester: &str, owner: &str) -> Element {
-    let nodes = match shared.store.pep_nodes(owner).await {
+async fn node_list(shared: &Shared, el: &Element, requester: &Jid, owner: &BareJid) -> Element {
+    let nodes = match shared.store.pep_nodes(owner.as_str()).await {
         Ok(n) => n,
         Err(e) => return internal(el, e),
     };
@@ -212,7 +213,7 @@ async fn node_list(shared: &Shared, el: &Element, requester: &str, owner: &str) 
         if may_read(shared, &access, requester, owner).await {
             q = q.child(
                 Element::new("item", NS_DISCO_ITEMS)
-                    .attr("jid", owner)
+                    .attr("jid", owner.as_str())
                     .attr("node", node),
             );
         }
@@ -226,7 +227,7 @@ async fn existing_node<'a>(
     shared: &Shared,
     el: &Element,
     op: &'a Element,
-    owner: &str,
+    owner: &BareJid,
 ) -> Result<(&'a str, String), Element> {
     let Some(node) = op.get_attr("node").filter(|n| !n.is_empty()) else {
         return Err(error(
@@ -235,7 +236,7 @@ async fn existing_node<'a>(
             Some(("nodeid-required", "")),
         ));
     };
-    match shared.store.pep_node(owner, node).await {
+    match shared.store.pep_node(owner.as_str(), node).await {
         Ok(Some(access)) => Ok((node, access)),
         Ok(None) => Err(error(el, StanzaError::item_not_found(), None)),
         Err(e) => Err(internal(el, e)),
@@ -259,8 +260,8 @@ async fn items(
     shared: &Shared,
     el: &Element,
     op: &Element,
-    requester: &str,
-    owner: &str,
+    requester: &Jid,
+    owner: &BareJid,
 ) -> Element {
     let (node, access) = match existing_node(shared, el, op, owner).await {
         Ok(n) => n,
@@ -279,7 +280,11 @@ async fn items(
         Some(Ok(n)) => n,
         Some(Err(_)) => return error(el, StanzaError::bad_request(), None),
     };
-    let mut found = match shared.store.pep_items(owner, node, &ids, max).await {
+    let mut found = match shared
+        .store
+        .pep_items(owner.as_str(), node, &ids, max)
+        .await
+    {
         Ok(f) => f,
         Err(e) => return internal(el, e),
     };
@@ -353,7 +358,7 @@ fn publish_options(
 /// XEP-0060 §7.1 with XEP-0163 §3 auto-create.
 async fn publish(session: &Session, el: &Element, pubsub: &Element, op: &Element) -> Element {
     let shared = &session.shared;
-    let owner = session.jid().to_bare().to_string();
+    let owner = session.jid().to_bare();
     let Some(node) = op.get_attr("node").filter(|n| !n.is_empty()) else {
         return error(
             el,
@@ -376,7 +381,7 @@ async fn publish(session: &Session, el: &Element, pubsub: &Element, op: &Element
         );
     };
     let payload = payload.to_xml();
-    if too_big(shared, &owner, node, &payload) {
+    if too_big(shared, owner.as_str(), node, &payload) {
         return error(
             el,
             StanzaError::not_acceptable(),
@@ -447,16 +452,16 @@ pub(crate) enum Refused {
 /// the one publish path, for clients' publishes and the vCard conversion alike.
 pub(crate) async fn store_and_notify(
     shared: &Shared,
-    owner: &str,
+    owner: &BareJid,
     node: &str,
     access: Option<Access>,
     item: &PepItem,
 ) -> Result<(), Refused> {
     let result = shared
         .store
-        .pep_publish(owner, node, access.map(Access::as_str), item)
+        .pep_publish(owner.as_str(), node, access.map(Access::as_str), item)
         .await;
-    vcard::metadata_written(shared, owner, node);
+    vcard::metadata_written(shared, owner.as_str(), node);
     let access = match result {
         Ok(Published::Stored { access_model }) => access_model,
         Ok(Published::AccessModelDiffers) => return Err(Refused::AccessModelDiffers),
@@ -474,7 +479,7 @@ pub(crate) async fn store_and_notify(
 }
 
 /// XEP-0060 §7.2: deletes an item; notifies with `<retract/>` when asked to.
-async fn retract(shared: &Shared, el: &Element, op: &Element, owner: &str) -> Element {
+async fn retract(shared: &Shared, el: &Element, op: &Element, owner: &BareJid) -> Element {
     let Some(id) = op
         .get_child("item", NS_PUBSUB)
         .and_then(|i| i.get_attr("id"))
@@ -485,8 +490,8 @@ async fn retract(shared: &Shared, el: &Element, op: &Element, owner: &str) -> El
         Ok(n) => n,
         Err(reply) => return reply,
     };
-    let retracted = shared.store.pep_retract(owner, node, id).await;
-    vcard::metadata_written(shared, owner, node);
+    let retracted = shared.store.pep_retract(owner.as_str(), node, id).await;
+    vcard::metadata_written(shared, owner.as_str(), node);
     match retracted {
         Ok(true) => {}
         Ok(false) => return error(el, StanzaError::item_not_found(), None),
@@ -506,7 +511,7 @@ async fn drop_node(
     shared: &Shared,
     el: &Element,
     op: &Element,
-    owner: &str,
+    owner: &BareJid,
     what: &str,
 ) -> Element {
     let (node, access) = match existing_node(shared, el, op, owner).await {
@@ -514,11 +519,11 @@ async fn drop_node(
         Err(reply) => return reply,
     };
     let done = if what == "delete" {
-        shared.store.pep_delete_node(owner, node).await
+        shared.store.pep_delete_node(owner.as_str(), node).await
     } else {
-        shared.store.pep_purge(owner, node).await
+        shared.store.pep_purge(owner.as_str(), node).await
     };
-    vcard::metadata_written(shared, owner, node);
+    vcard::metadata_written(shared, owner.as_str(), node);
     match done {
         Ok(true) => {}
         Ok(false) => return error(el, StanzaError::item_not_found(), None),

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crate::caps::{Caps, Lookup};
 use crate::cluster::Kind;
-use crate::jid::Jid;
+use crate::jid::{BareJid, Jid};
 use crate::node::session::Session;
 use crate::node::Shared;
 use crate::presence::gate;
@@ -58,17 +58,19 @@ fn deliver_here(shared: &Shared, bare: &str, node: &str, msg: &Element) {
 
 /// Sends the event `event` about `owner`'s `node` (access model `access`) to everyone
 /// the access model admits, wherever their sessions are.
-pub(super) async fn notify(shared: &Shared, owner: &str, node: &str, access: &str, event: Element) {
-    let mut recipients = vec![owner.to_owned()];
+pub(super) async fn notify(
+    shared: &Shared,
+    owner: &BareJid,
+    node: &str,
+    access: &str,
+    event: Element,
+) {
+    let mut recipients = vec![owner.to_string()];
     if access != "whitelist" {
         // The presence audience: approved subscribers the gate admits (an `open` node
         // notifies the same people, XEP-0163 §4.1: PEP subscriptions come from presence
         // subscriptions).
-        // The owner's bare JID, as the node was stored under it; no JID, no audience.
-        let audience = match Jid::new(owner) {
-            Ok(owner) => gate::online_audience(shared, &owner).await,
-            Err(_) => Default::default(),
-        };
+        let audience = gate::online_audience(shared, owner).await;
         let mut local: Vec<String> = audience
             .into_iter()
             .map(|c| c.to_string())
@@ -77,7 +79,7 @@ pub(super) async fn notify(shared: &Shared, owner: &str, node: &str, access: &st
         local.sort();
         recipients.extend(local);
     }
-    let msg = event_message(owner, event);
+    let msg = event_message(owner.as_str(), event);
     for r in &recipients {
         deliver_here(shared, r, node, &msg);
     }
@@ -188,15 +190,17 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
     if !features.iter().any(|f| f.ends_with("+notify")) {
         return;
     }
-    let me = handle.jid.to_bare().to_string();
+    let me = handle.jid.to_bare();
+    let viewer = Jid::from(handle.jid.clone());
     let mut owners = vec![me.clone()];
-    match shared.store.roster(&me).await {
+    match shared.store.roster(me.as_str()).await {
         Ok((_, roster)) => owners.extend(
             roster
                 .into_iter()
                 .filter(|i| i.subscription.has_to())
-                .map(|i| i.contact)
-                .filter(|c| crate::node::send::is_local(shared, c)),
+                .filter(|i| crate::node::send::is_local(shared, &i.contact))
+                // A stored contact that is no JID has no node anyone may read.
+                .filter_map(|i| BareJid::new(&i.contact).ok()),
         ),
         Err(e) => tracing::warn!(user = %me, error = %e, "roster unavailable; no PEP items sent"),
     }
@@ -208,7 +212,7 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
         }
     };
     // One decision per owner and access model, asked only for nodes the session wants.
-    let mut decided: std::collections::HashMap<(String, String), bool> = Default::default();
+    let mut decided: std::collections::HashMap<(BareJid, String), bool> = Default::default();
     for (owner, node, access, item) in last {
         if !features.contains(&format!("{node}+notify")) {
             continue;
@@ -217,7 +221,7 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
         let ok = match decided.get(&key) {
             Some(ok) => *ok,
             None => {
-                let ok = may_read(shared, &access, handle.jid.as_str(), &owner).await;
+                let ok = may_read(shared, &access, &viewer, &owner).await;
                 decided.insert(key, ok);
                 ok
             }
@@ -228,7 +232,7 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
         let event = Element::new("items", NS_PUBSUB_EVENT)
             .attr("node", node)
             .child(item_element(NS_PUBSUB_EVENT, &item));
-        let mut msg = event_message(&owner, event);
+        let mut msg = event_message(owner.as_str(), event);
         msg.set_attr("to", handle.jid.to_string());
         handle.send(msg);
     }

@@ -27,6 +27,7 @@ use base64::Engine as _;
 use sha1::{Digest, Sha1};
 
 use crate::error::{iq_result, StanzaError};
+use crate::jid::{BareJid, Jid};
 use crate::node::session::Session;
 use crate::node::Shared;
 use crate::presence::gate;
@@ -55,15 +56,20 @@ pub(crate) fn handles(payload: &Element) -> bool {
 
 /// Answers a vcard-temp iq request `el` of type `ty` sent by `session` to the account
 /// `owner` (its own, or another local user's).
-pub(crate) async fn handle_iq(session: &Session, el: &Element, ty: IqType, owner: &str) -> Element {
+pub(crate) async fn handle_iq(
+    session: &Session,
+    el: &Element,
+    ty: IqType,
+    owner: &BareJid,
+) -> Element {
     let shared = &session.shared;
-    let requester = session.jid().as_str();
-    let own = gate::bare_of(requester) == owner;
+    let requester = Jid::from(session.jid().clone());
+    let own = gate::bare_of(requester.as_str()) == owner.as_str();
     let Some(card) = el.elements().next() else {
         return reply_error(el, StanzaError::bad_request());
     };
     match ty {
-        IqType::Get => match view(shared, requester, owner).await {
+        IqType::Get => match view(shared, &requester, owner).await {
             Ok(Some(card)) => iq_result(el).child(card),
             // XEP-0054 §3.1: the own account's empty vCard.
             Ok(None) if own => iq_result(el).child(Element::new("vCard", NS_VCARD)),
@@ -96,8 +102,8 @@ struct Avatar {
 /// May `viewer` read nodes of these access models? One gate question per model.
 struct Reader<'a> {
     shared: &'a Shared,
-    viewer: &'a str,
-    owner: &'a str,
+    viewer: &'a Jid,
+    owner: &'a BareJid,
     known: Vec<(String, bool)>,
 }
 
@@ -117,8 +123,8 @@ impl Reader<'_> {
 /// read both avatar nodes; `None` when neither is there for this viewer.
 pub(crate) async fn view(
     shared: &Shared,
-    viewer: &str,
-    owner: &str,
+    viewer: &Jid,
+    owner: &BareJid,
 ) -> Result<Option<Element>, StoreError> {
     let mut reader = Reader {
         shared,
@@ -128,7 +134,7 @@ pub(crate) async fn view(
     };
     let mut card = None;
     if reader.may("presence").await {
-        if let Some(stored) = shared.store.vcard(owner).await? {
+        if let Some(stored) = shared.store.vcard(owner.as_str()).await? {
             match crate::xml::parse_element(&stored) {
                 Some(c) if handles(&c) => card = Some(c),
                 _ => tracing::warn!(user = %owner, "unparseable stored vCard left out"),
@@ -186,7 +192,7 @@ fn info_of(metadata: &Element) -> Option<(String, String)> {
 
 /// The avatar the reader's viewer may see: the newest metadata's image from the data node.
 async fn avatar(shared: &Shared, reader: &mut Reader<'_>) -> Result<Option<Avatar>, StoreError> {
-    let owner = reader.owner;
+    let owner = reader.owner.as_str();
     let Some((access, metadata)) = newest(shared, owner, NODE_METADATA, &[]).await? else {
         return Ok(None);
     };
@@ -299,7 +305,8 @@ fn sniff(image: &[u8]) -> &'static str {
 
 /// XEP-0054 §3.2 set with XEP-0398 §3.2: the PHOTO becomes the PEP avatar, the rest is
 /// stored.
-async fn set(shared: &Shared, el: &Element, card: &Element, owner: &str) -> Element {
+async fn set(shared: &Shared, el: &Element, card: &Element, owner_jid: &BareJid) -> Element {
+    let owner = owner_jid.as_str();
     if !handles(card) {
         return reply_error(el, StanzaError::bad_request());
     }
@@ -352,7 +359,7 @@ async fn set(shared: &Shared, el: &Element, card: &Element, owner: &str) -> Elem
         };
         // XEP-0084 §4.1: the data first, so a client told of the metadata finds it.
         for (node, item) in [(NODE_DATA, &data), (NODE_METADATA, &metadata)] {
-            if let Err(r) = store_and_notify(shared, owner, node, None, item).await {
+            if let Err(r) = store_and_notify(shared, owner_jid, node, None, item).await {
                 return refused(el, r);
             }
         }
@@ -364,7 +371,9 @@ async fn set(shared: &Shared, el: &Element, card: &Element, owner: &str) -> Elem
                     id: "current".to_owned(),
                     payload: Element::new("metadata", NODE_METADATA).to_xml(),
                 };
-                if let Err(r) = store_and_notify(shared, owner, NODE_METADATA, None, &none).await {
+                if let Err(r) =
+                    store_and_notify(shared, owner_jid, NODE_METADATA, None, &none).await
+                {
                     return refused(el, r);
                 }
             }

@@ -19,21 +19,21 @@
 //! The caller holds the roster locks of both users ([`crate::node::RosterLocks`]) for the
 //! whole load, decide and apply, so the roster listener never sees a change half pushed.
 
-use crate::jid::{BareJid, Jid};
+use crate::jid::BareJid;
 use crate::node::send::{bounce_unroutable, to_available, unavailable_from_shown};
 use crate::node::{route_remote, Shared};
 use crate::store::{RosterChange, RosterItem, StoreError};
 use crate::xml::Element;
 
 use super::subscription::SubState;
-use super::{domain_of, push_or_note, updated_item};
+use super::{push_or_note, updated_item};
 
 /// One owner's roster item moved through the table.
 pub(crate) struct Side {
-    /// The owner (a local bare JID).
-    pub owner: String,
+    /// The owner (a local user).
+    pub owner: BareJid,
     /// The contact the item is about.
-    pub contact: String,
+    pub contact: BareJid,
     /// The item as loaded (none when the owner has no item for the contact).
     pub item: Option<RosterItem>,
     /// The state loaded, pending inbound request included.
@@ -50,18 +50,18 @@ pub(crate) struct Side {
 /// Something the table asked to send, in the order it is listed.
 pub(crate) enum Effect {
     /// A stanza to a local user's available resources.
-    ToAvailable { user: String, stanza: Element },
+    ToAvailable { user: BareJid, stanza: Element },
     /// A stanza for another server. A failure is bounced to its local sender when
     /// `bounce` (the user's own stanza), dropped otherwise (an answer the server made).
     Route { stanza: Element, bounce: bool },
     /// The current presence of local `subject` to `viewer`, local or remote, through the
     /// gate (§3.1.5).
-    CurrentPresence { subject: String, viewer: String },
+    CurrentPresence { subject: BareJid, viewer: BareJid },
     /// Unavailable from each resource of local `subject` that `viewer` was shown
     /// (§3.2.2, §3.3.3).
-    UnavailableFromShown { subject: String, viewer: String },
+    UnavailableFromShown { subject: BareJid, viewer: BareJid },
     /// Remote `remote`'s presence is no longer shown to local `local` (§3.2.3).
-    RemoteWithdrawn { remote: String, local: String },
+    RemoteWithdrawn { remote: BareJid, local: BareJid },
 }
 
 /// What one subscription stanza does: the items to write and what to send.
@@ -77,13 +77,13 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
     let written: Vec<Option<RosterItem>> = plan
         .sides
         .iter()
-        .map(|s| updated_item(s.item.clone(), &s.contact, s.new))
+        .map(|s| updated_item(s.item.clone(), s.contact.as_str(), s.new))
         .collect();
     let writes: Vec<(String, RosterItem)> = plan
         .sides
         .iter()
         .zip(&written)
-        .filter_map(|(s, w)| w.clone().map(|i| (s.owner.clone(), i)))
+        .filter_map(|(s, w)| w.clone().map(|i| (s.owner.to_string(), i)))
         .collect();
     let versions = if writes.is_empty() {
         Vec::new()
@@ -94,12 +94,12 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
         if let Some(xml) = &side.keep_request {
             shared
                 .store
-                .add_pending_subscription(&side.owner, &side.contact, xml)
+                .add_pending_subscription(side.owner.as_str(), side.contact.as_str(), xml)
                 .await?;
         } else if side.old.pending_in && !side.new.pending_in {
             shared
                 .store
-                .remove_pending_subscription(&side.owner, &side.contact)
+                .remove_pending_subscription(side.owner.as_str(), side.contact.as_str())
                 .await?;
         }
     }
@@ -108,7 +108,7 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
             .sides
             .iter()
             .zip(&written)
-            .find(|(s, w)| &s.owner == owner && w.is_some());
+            .find(|(s, w)| s.owner.as_str() == owner && w.is_some());
         if let Some((side, Some(item))) = found {
             push_or_note(shared, owner, *version, item, side.push);
         }
@@ -116,7 +116,7 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
     for effect in plan.effects {
         match effect {
             Effect::ToAvailable { user, stanza } => {
-                to_available(shared, &user, &stanza);
+                to_available(shared, user.as_str(), &stanza);
             }
             Effect::Route { stanza, bounce } => {
                 if let Err(e) = route_remote(shared, stanza.clone()) {
@@ -126,15 +126,10 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
                 }
             }
             Effect::CurrentPresence { subject, viewer } => {
-                // Addresses of the plan's own stanzas; one that is no JID is shown nothing.
-                let (Ok(subject_jid), Ok(viewer_jid)) = (BareJid::new(&subject), Jid::new(&viewer))
-                else {
-                    continue;
-                };
-                let local = shared.config.serves(domain_of(&viewer));
-                super::gate::current_presence(shared, &subject_jid, &viewer_jid, |p| {
+                let local = shared.config.serves(viewer.domain().as_str());
+                super::gate::current_presence(shared, &subject, &viewer, |p| {
                     if local {
-                        to_available(shared, &viewer, &p);
+                        to_available(shared, viewer.as_str(), &p);
                     } else {
                         let _ = route_remote(shared, p);
                     }
@@ -142,10 +137,10 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
                 .await;
             }
             Effect::UnavailableFromShown { subject, viewer } => {
-                unavailable_from_shown(shared, &subject, &viewer);
+                unavailable_from_shown(shared, subject.as_str(), viewer.as_str());
             }
             Effect::RemoteWithdrawn { remote, local } => {
-                shared.s2s.saw_unavailable(&remote, &local);
+                shared.s2s.saw_unavailable(remote.as_str(), local.as_str());
             }
         }
     }

@@ -355,19 +355,18 @@ pub async fn roster_and_audience(
 }
 
 /// The audience from read inputs: each approved subscriber (RFC 6121 §4.2.2) the one
-/// decision admits. A stored contact that is no JID is nobody's audience.
+/// decision admits.
 fn audience_of(subject_bare: &BareJid, inputs: &AudienceInputs) -> HashSet<BareJid> {
     let default = PrivacySettings::default();
     inputs
         .roster
         .iter()
         .filter(|c| c.subscription.has_from())
-        .filter_map(|c| Some((c, BareJid::new(&c.contact).ok()?)))
-        .filter(|(c, contact)| {
+        .filter(|c| {
             decide_with(
                 Signal::Online,
                 Inputs {
-                    viewer: contact,
+                    viewer: &c.contact,
                     // Reciprocity concerns last seen only; online never reads the viewer's.
                     viewer_settings: &default,
                     subject: subject_bare,
@@ -381,7 +380,7 @@ fn audience_of(subject_bare: &BareJid, inputs: &AudienceInputs) -> HashSet<BareJ
                 },
             )
         })
-        .map(|(_, contact)| contact)
+        .map(|c| c.contact.clone())
         .collect()
 }
 
@@ -401,7 +400,7 @@ pub async fn probe_answer(
     subject: &BareJid,
     deliver: impl FnMut(Element),
 ) {
-    probe_answers(shared, prober, &[subject.to_string()], deliver).await;
+    probe_answers(shared, prober, std::slice::from_ref(subject), deliver).await;
 }
 
 /// [`probe_answer`] for several local subjects at once, as at the prober's login
@@ -415,17 +414,17 @@ pub async fn probe_answer(
 pub async fn probe_answers(
     shared: &Shared,
     prober: &Jid,
-    subjects: &[String],
+    subjects: &[BareJid],
     mut deliver: impl FnMut(Element),
 ) {
     let prober_bare_jid = prober.to_bare();
     let prober_bare = prober_bare_jid.as_str();
-    let mut subjects: Vec<String> = subjects.to_vec();
+    let mut subjects: Vec<BareJid> = subjects.to_vec();
     subjects.sort();
     subjects.dedup();
     let mut guards = Vec::with_capacity(subjects.len());
     for s in &subjects {
-        guards.push(shared.subject_locks.lock_subject(s).await);
+        guards.push(shared.subject_locks.lock_subject(s.as_str()).await);
     }
     let rows = match shared
         .store
@@ -439,7 +438,7 @@ pub async fn probe_answers(
         }
     };
     let prober_local = is_local(shared, prober);
-    let subject_refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
+    let subject_refs: Vec<&str> = subjects.iter().map(|j| j.as_str()).collect();
     let mut elsewhere = remote_presences(shared, &subject_refs).await;
     // Read at most once, and only when an unavailable may carry a stamp.
     let mut prober_settings: Option<Option<PrivacySettings>> = None;
@@ -460,14 +459,11 @@ pub async fn probe_answers(
         if blocks.by_subject || blocks.by_viewer {
             continue;
         }
-        // The subjects are the caller's, each a local bare JID.
-        let Ok(subject) = BareJid::new(&row.subject) else {
-            continue;
-        };
+        let subject = &row.subject;
         let online = Inputs {
             viewer: &prober_bare_jid,
             viewer_settings: &default,
-            subject: &subject,
+            subject,
             subject_settings: &row.settings,
             subscription: row.subscription,
             directed: false,
@@ -475,7 +471,7 @@ pub async fn probe_answers(
         };
         let mut sent = false;
         if decide_with(Signal::Online, online) {
-            for s in visible_sessions(shared, &row.subject) {
+            for s in visible_sessions(shared, subject.as_str()) {
                 if let Some(mut last) = s.last_presence() {
                     if !s.reveal(prober_bare, Relation::Subscriber) {
                         continue;
@@ -485,7 +481,7 @@ pub async fn probe_answers(
                     sent = true;
                 }
             }
-            for (h, mut p) in elsewhere.remove(&row.subject).unwrap_or_default() {
+            for (h, mut p) in elsewhere.remove(subject.as_str()).unwrap_or_default() {
                 p.set_attr("to", prober.as_str());
                 deliver(p);
                 reveals.entry(h.node().to_owned()).or_default().push(h.jid);
@@ -512,7 +508,7 @@ pub async fn probe_answers(
                 }
             });
         }
-        let mut p = unavailable(&row.subject, prober.as_str());
+        let mut p = unavailable(subject.as_str(), prober.as_str());
         if let Some(Some(vs)) = &prober_settings {
             let last_seen = Inputs {
                 viewer_settings: vs,
@@ -521,13 +517,17 @@ pub async fn probe_answers(
             if decide_with(Signal::LastSeen, last_seen) {
                 // The newest of what waits to be written and what PostgreSQL has, as
                 // `liveness::last_seen::when` merges them.
-                let mem = shared.liveness.last_seen.get(&row.subject).map(|l| l.at);
+                let mem = shared
+                    .liveness
+                    .last_seen
+                    .get(subject.as_str())
+                    .map(|l| l.at);
                 let at = match (mem, row.last_seen) {
                     (Some(a), Some(b)) => Some(a.max(b)),
                     (a, b) => a.or(b),
                 };
                 if let Some(at) = at {
-                    p = stamp(p, &row.subject, at);
+                    p = stamp(p, subject.as_str(), at);
                 }
             }
         }
@@ -578,21 +578,6 @@ pub async fn current_presence(
         let node = h.node().to_owned();
         shared.cluster.reveal(&node, vec![h.jid], viewer);
     }
-}
-
-/// `<presence type='unavailable'/>` from `subject`'s bare JID to `to`, stamped (XEP-0203)
-/// with when the subject was last seen only if `to` may know it (settings, blocks,
-/// reciprocity).
-pub async fn unavailable_stamped(shared: &Shared, subject: &BareJid, to_jid: &Jid) -> Element {
-    let (subject_jid, subject, to) = (subject, subject.as_str(), to_jid.as_str());
-    let mut p = unavailable(subject, to);
-    if !may_see_last_seen(shared, to_jid, subject_jid).await {
-        return p;
-    }
-    if let Some(at) = super::last_seen(shared, subject).await {
-        p = stamp(p, subject, at);
-    }
-    p
 }
 
 /// Adds the XEP-0203 `<delay/>` saying when `subject` was last seen.

@@ -267,13 +267,13 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
     // local ones are answered together, from one read of the privacy inputs.
     let mut local = Vec::new();
     for item in inputs.roster.iter().filter(|i| i.subscription.has_to()) {
-        if shared.config.serves(domain_of(&item.contact)) {
+        if shared.config.serves(item.contact.domain().as_str()) {
             local.push(item.contact.clone());
         } else if !invisible || session.handle.read(|p| p.probe_remote) {
             // A probe tells the remote server the user is online; an invisible session
             // sends one only if it asked to (XEP-0186 `probe='true'`).
             // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
-            let probe = presence(PresenceType::Probe, bare.as_str(), &item.contact);
+            let probe = presence(PresenceType::Probe, bare.as_str(), item.contact.as_str());
             let _ = crate::node::route_remote(&shared, probe);
         }
     }
@@ -412,7 +412,7 @@ async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &BareJid) {
 }
 
 /// [`answer_probe`] for several local contacts at once (the probes of a login).
-async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[String]) {
+async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[BareJid]) {
     if contacts.is_empty() {
         return;
     }
@@ -581,7 +581,7 @@ async fn apply_subscription(
     // RFC 6121 §3.1.2: stamp bare JIDs on both ends.
     stanza.set_attr("from", user.to_string());
     stanza.set_attr("to", contact.to_string());
-    let (u, c) = (user.to_string(), contact.to_string());
+    let (u, c) = (user.clone(), contact.clone());
 
     let mut plan = Plan::default();
     // §3.2.2: unavailable from each of the user's resources before the unsubscribed, but
@@ -617,7 +617,7 @@ async fn apply_subscription(
             if back.deliver {
                 plan.effects.push(Effect::ToAvailable {
                     user: u.clone(),
-                    stanza: presence(reply.presence_type(), &c, &u),
+                    stanza: presence(reply.presence_type(), c.as_str(), u.as_str()),
                 });
             }
         }

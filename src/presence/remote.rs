@@ -48,27 +48,27 @@ pub async fn outbound_subscription(
         .roster_locks
         .lock(&[user.as_str(), contact.as_str()])
         .await;
-    if let Err(e) = outbound(&shared, user.as_str(), contact.as_str(), kind, stanza).await {
+    if let Err(e) = outbound(&shared, &user, contact, kind, stanza).await {
         crate::roster_push::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
     }
 }
 
 async fn outbound(
     shared: &Arc<Shared>,
-    user: &str,
-    contact: &str,
+    user: &BareJid,
+    contact: &BareJid,
     kind: SubKind,
     mut stanza: Element,
 ) -> Result<(), StoreError> {
-    let (item, state) = load_side(shared, user, contact).await?;
+    let (item, state) = load_side(shared, user.as_str(), contact.as_str()).await?;
     let out = subscription::outbound(state, kind);
     // RFC 6121 §3.1.2: subscription stanzas travel between bare JIDs.
-    stanza.set_attr("from", user);
-    stanza.set_attr("to", contact);
+    stanza.set_attr("from", user.as_str());
+    stanza.set_attr("to", contact.as_str());
     let mut plan = Plan::default();
     plan.sides.push(Side {
-        owner: user.to_owned(),
-        contact: contact.to_owned(),
+        owner: user.clone(),
+        contact: contact.clone(),
         item,
         old: state,
         new: out.state,
@@ -79,8 +79,8 @@ async fn outbound(
         // §3.2.2: unavailable from each resource the contact was shown, before the
         // unsubscribed.
         plan.effects.push(Effect::UnavailableFromShown {
-            subject: user.to_owned(),
-            viewer: contact.to_owned(),
+            subject: user.clone(),
+            viewer: contact.clone(),
         });
     }
     if out.route {
@@ -92,8 +92,8 @@ async fn outbound(
     if out.send_presence {
         // §3.1.5: the new subscriber gets the user's current presence.
         plan.effects.push(Effect::CurrentPresence {
-            subject: user.to_owned(),
-            viewer: contact.to_owned(),
+            subject: user.clone(),
+            viewer: contact.clone(),
         });
     }
     executor::apply(shared, plan).await
@@ -108,8 +108,8 @@ pub async fn roster_removed(session: &Session, contact: &BareJid, state: SubStat
     for kind in subscription::roster_remove(state) {
         if kind == SubKind::Unsubscribed && state.contact_sees_user() {
             plan.effects.push(Effect::UnavailableFromShown {
-                subject: user.to_string(),
-                viewer: contact.to_string(),
+                subject: user.clone(),
+                viewer: contact.clone(),
             });
         }
         plan.effects.push(Effect::Route {
@@ -189,8 +189,8 @@ async fn inbound_subscription(
     stanza.set_attr("to", user);
     let mut plan = Plan::default();
     plan.sides.push(Side {
-        owner: user.to_owned(),
-        contact: contact.to_owned(),
+        owner: user_jid.clone(),
+        contact: contact_jid.clone(),
         item,
         old: state,
         new: inb.state,
@@ -200,7 +200,7 @@ async fn inbound_subscription(
     });
     if inb.deliver {
         plan.effects.push(Effect::ToAvailable {
-            user: user.to_owned(),
+            user: user_jid.clone(),
             stanza,
         });
     }
@@ -212,23 +212,23 @@ async fn inbound_subscription(
     }
     if inb.send_presence {
         plan.effects.push(Effect::CurrentPresence {
-            subject: user.to_owned(),
-            viewer: contact.to_owned(),
+            subject: user_jid.clone(),
+            viewer: contact_jid.clone(),
         });
     }
     if inb.send_unavailable {
         // §3.3.3: the contact stops receiving the user's presence (from the resources it
         // was shown).
         plan.effects.push(Effect::UnavailableFromShown {
-            subject: user.to_owned(),
-            viewer: contact.to_owned(),
+            subject: user_jid.clone(),
+            viewer: contact_jid.clone(),
         });
     }
     if kind == SubKind::Unsubscribed && inb.deliver {
         // §3.2.3: the user no longer sees the contact; forget what we showed.
         plan.effects.push(Effect::RemoteWithdrawn {
-            remote: contact.to_owned(),
-            local: user.to_owned(),
+            remote: contact_jid.clone(),
+            local: user_jid.clone(),
         });
     }
     executor::apply(shared, plan).await

@@ -33,6 +33,8 @@ use sha1::Sha1;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::conditions::SaslCondition;
+
 /// Salt length in bytes used for new credentials and for fake salts of unknown users,
 /// so the two cannot be told apart by length.
 pub const SALT_LEN: usize = 16;
@@ -216,18 +218,18 @@ pub enum ScramError {
 }
 
 impl ScramError {
-    /// The RFC 6120 §6.5 SASL failure condition element name for this error.
-    pub fn condition(&self) -> &'static str {
+    /// The RFC 6120 §6.5 SASL failure condition for this error.
+    pub fn condition(&self) -> SaslCondition {
         match self {
             ScramError::MalformedRequest(_)
             | ScramError::ExtensionsNotSupported
-            | ScramError::UnexpectedStep => "malformed-request",
-            // §6.5.5: the client used a mechanism variant (-PLUS) we did not offer.
-            ScramError::ChannelBindingNotSupported => "invalid-mechanism",
+            | ScramError::UnexpectedStep => SaslCondition::MalformedRequest,
+            // §6.5.7: the client used a mechanism variant (-PLUS) we did not offer.
+            ScramError::ChannelBindingNotSupported => SaslCondition::InvalidMechanism,
             // §6.5.10: authentication failed; tampering looks the same as a bad password.
             ScramError::ChannelBindingMismatch
             | ScramError::NonceMismatch
-            | ScramError::InvalidProof => "not-authorized",
+            | ScramError::InvalidProof => SaslCondition::NotAuthorized,
         }
     }
 }
@@ -783,7 +785,7 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(err, ScramError::InvalidProof);
-        assert_eq!(err.condition(), "not-authorized");
+        assert_eq!(err.condition(), SaslCondition::NotAuthorized);
     }
 
     #[test]
@@ -941,8 +943,14 @@ mod tests {
                 Err(UnexpectedStep)
             );
         }
-        assert_eq!(ChannelBindingNotSupported.condition(), "invalid-mechanism");
-        assert_eq!(MalformedRequest("x").condition(), "malformed-request");
+        assert_eq!(
+            ChannelBindingNotSupported.condition(),
+            SaslCondition::InvalidMechanism
+        );
+        assert_eq!(
+            MalformedRequest("x").condition(),
+            SaslCondition::MalformedRequest
+        );
     }
 
     #[test]
@@ -1005,7 +1013,7 @@ mod tests {
             let (mut server, _) = server_after_first(ScramHash::Sha1, "n,,");
             assert_eq!(server.client_final(msg.as_bytes()), Err(want), "{msg}");
         }
-        assert_eq!(NonceMismatch.condition(), "not-authorized");
+        assert_eq!(NonceMismatch.condition(), SaslCondition::NotAuthorized);
     }
 
     #[test]

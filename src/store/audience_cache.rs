@@ -100,7 +100,7 @@ impl AudienceCache {
         self.epoch.fetch_add(1, Ordering::Relaxed);
         map.remove(jid);
         map.retain(|_, list| {
-            list.retain(|(_, _, inputs)| !inputs.roster.iter().any(|c| c.contact == jid));
+            list.retain(|(_, _, inputs)| !inputs.roster.iter().any(|c| c.contact.as_str() == jid));
             !list.is_empty()
         });
     }
@@ -294,7 +294,7 @@ mod tests {
         let with = |contact: &str| {
             Arc::new(AudienceInputs {
                 roster: vec![AudienceContact {
-                    contact: contact.into(),
+                    contact: crate::jid::BareJid::new(contact).unwrap(),
                     subscription: Subscription::Both,
                     blocks_subject: false,
                     blocked_by_subject: false,

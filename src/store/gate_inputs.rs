@@ -21,6 +21,8 @@
 
 use chrono::{DateTime, Utc};
 
+use ::jid::BareJid;
+
 use super::privacy::from_columns;
 use super::{pg_or_sqlite, Store, StoreError, Subscription};
 use crate::policy::privacy::PrivacySettings;
@@ -29,7 +31,7 @@ use crate::policy::privacy::PrivacySettings;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AudienceContact {
     /// The contact's bare JID.
-    pub contact: String,
+    pub contact: BareJid,
     /// The subject's subscription state with the contact.
     pub subscription: Subscription,
     /// The contact's block list matches the subject's JID (only local contacts have one).
@@ -39,19 +41,29 @@ pub struct AudienceContact {
 }
 
 impl AudienceContact {
-    /// One contact as read: its subscription is the stored text.
+    /// One contact as read: its subscription is the stored text. A contact that is no JID
+    /// (the schema checks only its shape) is `None`: it is left out of the inputs, so it is
+    /// shown nothing and probed by no one, the gate failing closed.
     pub(super) fn from_columns(
         contact: String,
         subscription: &str,
         blocks_subject: bool,
         blocked_by_subject: bool,
-    ) -> Result<AudienceContact, StoreError> {
-        Ok(AudienceContact {
+    ) -> Result<Option<AudienceContact>, StoreError> {
+        let subscription = subscription_from(subscription)?;
+        let contact = match BareJid::new(&contact) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(%contact, error = %e, "stored roster contact is no JID; left out");
+                return Ok(None);
+            }
+        };
+        Ok(Some(AudienceContact {
             contact,
-            subscription: subscription_from(subscription)?,
+            subscription,
             blocks_subject,
             blocked_by_subject,
-        })
+        }))
     }
 }
 
@@ -68,7 +80,7 @@ pub struct AudienceInputs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeSubject {
     /// The subject's bare JID, as passed in.
-    pub subject: String,
+    pub subject: BareJid,
     /// The subject's roster item for the prober, if any.
     pub subscription: Option<Subscription>,
     /// The subject's settings (defaults when it never changed them or is no account).
@@ -101,6 +113,18 @@ pub(super) fn settings_from(
         }),
         _ => Ok(defaults.clone()),
     }
+}
+
+/// The probe statements give one row per subject, in order; the rows are paired with the
+/// subjects asked for, so a count that differs is a broken statement.
+pub(super) fn probe_rows(subjects: &[BareJid], rows: usize) -> Result<(), StoreError> {
+    if rows != subjects.len() {
+        return Err(StoreError::Corrupt(format!(
+            "{rows} probe rows for {} subjects",
+            subjects.len()
+        )));
+    }
+    Ok(())
 }
 
 pub(super) fn subscription_from(s: &str) -> Result<Subscription, StoreError> {
@@ -250,6 +274,7 @@ impl Store {
                             blocked_by_subject,
                         )
                     })
+                    .filter_map(Result::transpose)
                     .collect::<Result<Vec<_>, StoreError>>()?;
                 Ok(AudienceInputs { settings, roster })
             })
@@ -264,10 +289,9 @@ impl Store {
         &self,
         prober: &str,
         prober_forms: &[String],
-        subjects: &[String],
+        subjects: &[BareJid],
     ) -> Result<Vec<ProbeSubject>, StoreError> {
         type Row = (
-            String,
             Option<String>,
             Option<String>,
             Option<Vec<String>>,
@@ -288,7 +312,7 @@ impl Store {
             &defaults
         ));
         let rows: Vec<Row> = sqlx::query_as(
-            "SELECT s.subject, ri.subscription,
+            "SELECT ri.subscription,
                     ps.online, ps.online_except, ps.last_seen, ps.last_seen_except,
                     EXISTS (SELECT 1 FROM blocklist b
                             WHERE b.owner = s.subject AND b.blocked = ANY($2::text[])),
@@ -305,24 +329,20 @@ impl Store {
         )
         .bind(prober)
         .bind(prober_forms)
-        .bind(subjects)
+        .bind(subjects.iter().map(|j| j.as_str()).collect::<Vec<_>>())
         .fetch_all(pool)
         .await?;
-        rows.into_iter()
+        probe_rows(subjects, rows.len())?;
+        subjects
+            .iter()
+            .zip(rows)
             .map(
                 |(
                     subject,
-                    sub,
-                    online,
-                    online_except,
-                    last_seen,
-                    last_seen_except,
-                    bp,
-                    bbp,
-                    la,
+                    (sub, online, online_except, last_seen, last_seen_except, bp, bbp, la),
                 )| {
                     Ok(ProbeSubject {
-                        subject,
+                        subject: subject.clone(),
                         subscription: sub.as_deref().map(subscription_from).transpose()?,
                         settings: settings_from(
                             (online, online_except, last_seen, last_seen_except),

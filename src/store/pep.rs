@@ -11,6 +11,8 @@
 //! [`StoreLimits::max_pep_nodes`]: super::StoreLimits::max_pep_nodes
 //! [`StoreLimits::max_pep_items`]: super::StoreLimits::max_pep_items
 
+use ::jid::BareJid;
+
 use super::{pg_or_sqlite, Store, StoreError};
 
 /// One stored item.
@@ -197,22 +199,20 @@ impl Store {
     /// its contacts' together): (owner, node, access model, item), by owner and node.
     pub async fn pep_last_items(
         &self,
-        owners: &[String],
-    ) -> Result<Vec<(String, String, String, PepItem)>, StoreError> {
+        owners: &[BareJid],
+    ) -> Result<Vec<(BareJid, String, String, PepItem)>, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.pep_last_items(owners));
+        let names: Vec<&str> = owners.iter().map(|j| j.as_str()).collect();
         let rows: Vec<(String, String, String, String, String)> = sqlx::query_as(
             "SELECT DISTINCT ON (i.owner, i.node) i.owner, i.node, n.access_model, i.item_id,
                     i.payload
              FROM pep_items i JOIN pep_nodes n ON n.owner = i.owner AND n.node = i.node
              WHERE i.owner = ANY($1) ORDER BY i.owner, i.node, i.seq DESC",
         )
-        .bind(owners)
+        .bind(&names)
         .fetch_all(pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(owner, node, model, id, payload)| (owner, node, model, PepItem { id, payload }))
-            .collect())
+        Ok(last_items_of(owners, rows))
     }
 
     /// Deletes one item; false when there was none.
@@ -252,4 +252,20 @@ impl Store {
             .await?;
         Ok(r.rows_affected() > 0)
     }
+}
+
+/// The rows of a last-items read with each owner as the caller passed it: the statement
+/// selects only those owners, so every row names one of them.
+pub(super) fn last_items_of(
+    owners: &[BareJid],
+    rows: Vec<(String, String, String, String, String)>,
+) -> Vec<(BareJid, String, String, PepItem)> {
+    let by_name: std::collections::HashMap<&str, &BareJid> =
+        owners.iter().map(|o| (o.as_str(), o)).collect();
+    rows.into_iter()
+        .filter_map(|(owner, node, model, id, payload)| {
+            let owner = (*by_name.get(owner.as_str())?).clone();
+            Some((owner, node, model, PepItem { id, payload }))
+        })
+        .collect()
 }

@@ -4,9 +4,10 @@
 //! expanded with `json_each`, where PostgreSQL takes a `text[]`.
 
 use super::{json_list, parse_list, parse_time, time_text, Pools};
+use crate::jid::BareJid;
 use crate::policy::privacy::PrivacySettings;
 use crate::store::gate_inputs::{
-    settings_from, subscription_from, AudienceContact, AudienceInputs, ProbeSubject,
+    probe_rows, settings_from, subscription_from, AudienceContact, AudienceInputs, ProbeSubject,
 };
 use crate::store::{LastSeen, StoreError};
 
@@ -338,6 +339,7 @@ impl Pools {
             .map(|(contact, sub, blocks_subject, blocked_by_subject)| {
                 AudienceContact::from_columns(contact, &sub, blocks_subject, blocked_by_subject)
             })
+            .filter_map(Result::transpose)
             .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(AudienceInputs { settings, roster })
     }
@@ -346,11 +348,10 @@ impl Pools {
         &self,
         prober: &str,
         prober_forms: &[String],
-        subjects: &[String],
+        subjects: &[BareJid],
         defaults: &PrivacySettings,
     ) -> Result<Vec<ProbeSubject>, StoreError> {
         type Row = (
-            String,
             Option<String>,
             Option<String>,
             Option<String>,
@@ -361,7 +362,7 @@ impl Pools {
             Option<String>,
         );
         let rows: Vec<Row> = sqlx::query_as(
-            "SELECT s.value, ri.subscription,
+            "SELECT ri.subscription,
                     ps.online, ps.online_except, ps.last_seen, ps.last_seen_except,
                     EXISTS (SELECT 1 FROM blocklist b
                             WHERE b.owner = s.value
@@ -378,13 +379,18 @@ impl Pools {
         )
         .bind(prober)
         .bind(json_list(prober_forms))
-        .bind(json_list(subjects))
+        .bind(json_list(
+            &subjects.iter().map(|j| j.as_str()).collect::<Vec<_>>(),
+        ))
         .fetch_all(&self.read)
         .await?;
-        rows.into_iter()
-            .map(|(subject, sub, a, b, c, d, bp, bbp, la)| {
+        probe_rows(subjects, rows.len())?;
+        subjects
+            .iter()
+            .zip(rows)
+            .map(|(subject, (sub, a, b, c, d, bp, bbp, la))| {
                 Ok(ProbeSubject {
-                    subject,
+                    subject: subject.clone(),
                     subscription: sub.as_deref().map(subscription_from).transpose()?,
                     settings: settings_from_text((a, b, c, d), defaults)?,
                     blocks_prober: bp,

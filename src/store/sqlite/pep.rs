@@ -1,7 +1,8 @@
 //! SQLite twin of `store/pep.rs` (XEP-0163 nodes and items).
 
 use super::Pools;
-use crate::store::pep::{settle, PepItem, Published, Settle};
+use crate::jid::BareJid;
+use crate::store::pep::{last_items_of, settle, PepItem, Published, Settle};
 use crate::store::StoreError;
 
 impl Pools {
@@ -129,9 +130,10 @@ impl Pools {
 
     pub(in crate::store) async fn pep_last_items(
         &self,
-        owners: &[String],
-    ) -> Result<Vec<(String, String, String, PepItem)>, StoreError> {
-        let owners_json = serde_json::to_string(owners).unwrap_or_else(|_| "[]".to_owned());
+        owners: &[BareJid],
+    ) -> Result<Vec<(BareJid, String, String, PepItem)>, StoreError> {
+        let names: Vec<&str> = owners.iter().map(|j| j.as_str()).collect();
+        let owners_json = serde_json::to_string(&names).unwrap_or_else(|_| "[]".to_owned());
         let rows: Vec<(String, String, String, String, String)> = sqlx::query_as(
             "SELECT i.owner, i.node, n.access_model, i.item_id, i.payload
              FROM pep_items i JOIN pep_nodes n ON n.owner = i.owner AND n.node = i.node
@@ -143,10 +145,7 @@ impl Pools {
         .bind(owners_json)
         .fetch_all(&self.read)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(owner, node, model, id, payload)| (owner, node, model, PepItem { id, payload }))
-            .collect())
+        Ok(last_items_of(owners, rows))
     }
 
     pub(in crate::store) async fn pep_retract(
