@@ -624,24 +624,42 @@ async fn an_idle_resource_costs_two_redis_write_commands_per_refresh() {
         .spawn()
         .expect("redis-cli runs");
     let out = monitor.stdout.take().unwrap();
-    let lines = tokio::spawn(async move {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
         use tokio::io::AsyncBufReadExt;
-        let mut got = Vec::new();
         let mut r = tokio::io::BufReader::new(out).lines();
         while let Ok(Some(l)) = r.next_line().await {
-            got.push(l);
+            if tx.send(l).is_err() {
+                return;
+            }
         }
-        got
     });
-    // MONITOR answers OK before it streams; give it that round trip.
-    tokio::time::sleep(secs(0.2)).await;
+    // MONITOR answers OK before it streams: every command after that line is shown.
+    assert_eq!(next_line(&mut rx).await, "OK");
     let before = ts.metric(|m| m.liveness_writes.load(Ordering::Relaxed));
     let window = l.ttl * 3.0;
     alice.idle_answering_pings(secs(window)).await;
     let refreshes = ts.metric(|m| m.liveness_writes.load(Ordering::Relaxed)) - before;
-    tokio::time::sleep(secs(0.2)).await;
+    // A marker command after the window: once MONITOR shows it, it has shown every
+    // command the server sent before it.
+    const MARKER: &str = "presenced-test-end-of-window";
+    let echoed = tokio::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "ECHO", MARKER])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .expect("redis-cli runs");
+    assert!(echoed.success());
+    let mut lines = Vec::new();
+    loop {
+        let line = next_line(&mut rx).await;
+        if line.contains(MARKER) {
+            break;
+        }
+        lines.push(line);
+    }
     let _ = monitor.kill().await;
-    let writes = presence_writes(&lines.await.unwrap());
+    let writes = presence_writes(&lines);
     let count = |c: &str| writes.iter().filter(|w| *w == c).count() as u64;
     eprintln!(
         "measured: {refreshes} refreshes in {window:.1} s idle: {} write commands on presence keys \
@@ -675,6 +693,14 @@ async fn an_idle_resource_costs_two_redis_write_commands_per_refresh() {
     alice.close().await;
     ts.stop().await;
     own.stop().await;
+}
+
+/// The next line `MONITOR` printed, failing after 10 s of silence.
+async fn next_line(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(secs(10.0), rx.recv())
+        .await
+        .expect("MONITOR printed nothing for 10 s")
+        .expect("MONITOR ended")
 }
 
 /// A redis-server of the test's own on a free loopback port, killed on drop.

@@ -805,3 +805,35 @@ async fn operator_roster_add_is_mutual_with_name_groups_and_limits_and_remove_un
     assert!(store.roster_item(&bob, &alice).await.unwrap().is_none());
     assert!(!store.roster_unpair(&alice, &bob).await.unwrap());
 }
+
+/// Operators (and tests) tell presenced's PostgreSQL connections apart in
+/// pg_stat_activity: the pool's are named `presenced`, the LISTEN connection
+/// `presenced listener`, unless the URL names them itself.
+#[tokio::test]
+async fn the_stores_postgresql_connections_are_named_in_pg_stat_activity() {
+    let admin = store().await;
+    let db = format!("presenced_named_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(admin.pool())
+        .await
+        .unwrap();
+    let url = stores::postgres_url_for(&db);
+    let store = Store::connect(&url, 2).await.expect("connect");
+    let _rx = notify::listen(&url, &[ROSTER_CHANNEL]).await.unwrap();
+    store.ping().await.expect("a pool connection");
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT application_name FROM pg_stat_activity WHERE datname = $1 \
+         ORDER BY 1",
+    )
+    .bind(&db)
+    .fetch_all(admin.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        names,
+        [
+            presenced::store::APPLICATION_NAME,
+            notify::LISTENER_APPLICATION_NAME
+        ]
+    );
+}

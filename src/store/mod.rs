@@ -209,6 +209,24 @@ impl Default for StoreLimits {
     }
 }
 
+/// The `application_name` of the store's PostgreSQL connections, so an operator (and a
+/// test) can tell presenced's connections from others in `pg_stat_activity`.
+pub const APPLICATION_NAME: &str = "presenced";
+
+/// Connection options of a PostgreSQL URL, named `name` in `pg_stat_activity` unless the
+/// URL names the connections itself (`?application_name=…` wins).
+pub(crate) fn pg_options(
+    url: &str,
+    name: &str,
+) -> Result<sqlx::postgres::PgConnectOptions, sqlx::Error> {
+    use std::str::FromStr;
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
+    Ok(match options.get_application_name() {
+        Some(_) => options,
+        None => options.application_name(name),
+    })
+}
+
 /// Where a database URL points, for logs and errors: `host:port/database` (or the
 /// socket directory) without user or password, or `sqlite:` and the file.
 pub fn database_target(url: &str) -> String {
@@ -427,9 +445,10 @@ impl Store {
                 }
             }
         }
+        let options = pg_options(url, APPLICATION_NAME).map_err(failed)?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
-            .connect(url)
+            .connect_with(options)
             .await
             .map_err(failed)?;
         Ok(Store::from_pool(pool))

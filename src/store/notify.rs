@@ -147,8 +147,19 @@ pub fn parse_roster_notification(payload: &str) -> Option<(i64, String)> {
     Some((version, owner.to_owned()))
 }
 
+/// The `application_name` of the LISTEN connection.
+pub const LISTENER_APPLICATION_NAME: &str = "presenced listener";
+
 async fn connect(url: &str, channels: &[String]) -> Result<PgListener, StoreError> {
-    let mut listener = PgListener::connect(url).await?;
+    // What `PgListener::connect` does (a pool of one, without timeouts: the pool only
+    // reconnects), with the connection named.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_with(super::pg_options(url, LISTENER_APPLICATION_NAME)?)
+        .await?;
+    let mut listener = PgListener::connect_with(&pool).await?;
     listener
         .listen_all(channels.iter().map(String::as_str))
         .await?;
