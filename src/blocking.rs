@@ -22,11 +22,15 @@
 //! offline"; here an offline user's messages are dropped silently — see
 //! the router — so dropping is what appearing offline means on this server.)
 
+use std::sync::Arc;
+
+use crate::cluster::Cluster;
 use crate::error::{iq_result, StanzaError};
-use crate::node::session::Session;
-use crate::node::Shared;
+use crate::node::session::Client;
+use crate::presence::Presence;
+use crate::sessions::Sessions;
 use crate::stanza::{IqType, MessageType};
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 use crate::xml::{Element, Node, NS_CLIENT};
 
 /// The XEP-0191 namespace.
@@ -34,91 +38,149 @@ pub const NS_BLOCKING: &str = "urn:xmpp:blocking";
 /// The XEP-0191 application error namespace (`<blocked/>`).
 pub const NS_BLOCKING_ERRORS: &str = "urn:xmpp:blocking:errors";
 
-/// Handles an `urn:xmpp:blocking` iq the user sent to their own account (XEP-0191 §3).
-/// Returns the reply, or `None` when it was already sent (a change answers first and
-/// pushes after).
-pub async fn handle(
-    session: &mut Session,
-    iq: &Element,
-    ty: IqType,
-    payload: &Element,
-) -> Option<Element> {
-    match handle_inner(session, iq, ty, payload).await {
-        Ok(reply) => reply,
-        Err(e) => e.reply_to(iq),
-    }
+/// The XEP-0191 service: the block lists in the store, the pushes to the owner's resources
+/// here and on the other nodes, and the presence consequences of a change.
+pub struct Blocking {
+    store: Store,
+    sessions: Arc<Sessions>,
+    cluster: Cluster,
+    presence: Arc<Presence>,
 }
 
-async fn handle_inner(
-    session: &mut Session,
-    iq: &Element,
-    ty: IqType,
-    payload: &Element,
-) -> Result<Option<Element>, StanzaError> {
-    let shared = session.shared.clone();
-    let owner_jid = session.jid().to_bare();
-    let owner = owner_jid.to_string();
-    match (ty, payload.name.as_str()) {
-        (IqType::Get, "blocklist") => {
-            // §3.2: a resource that retrieved the list gets the pushes.
-            session.handle.write(|p| p.blocklist_interested = true);
-            // Other nodes changing the list push to this resource too.
-            crate::presence::to_directory(&shared, &session.handle);
-            let list = shared.store.blocklist(&owner).await.map_err(failed)?;
-            let mut el = Element::new("blocklist", NS_BLOCKING);
-            for j in list {
-                el = el.child(Element::new("item", NS_BLOCKING).attr("jid", j));
-            }
-            Ok(Some(iq_result(iq).child(el)))
+impl Blocking {
+    /// The service over the node's store, session registry, cluster and presence.
+    pub fn new(
+        store: Store,
+        sessions: Arc<Sessions>,
+        cluster: Cluster,
+        presence: Arc<Presence>,
+    ) -> Self {
+        Blocking {
+            store,
+            sessions,
+            cluster,
+            presence,
         }
-        (IqType::Set, "block") => {
-            let jids = items(payload)?;
-            if jids.is_empty() {
-                // §3.3: a block with no items is bad-request.
-                return Err(StanzaError::bad_request().with_text("block needs at least one item"));
-            }
-            let added = shared.store.block(&owner, &jids).await.map_err(|e| {
-                if matches!(e, StoreError::BlocklistFull) {
-                    tracing::info!(peer = %session.peer, user = %owner, "block refused: list is full");
+    }
+
+    /// Handles an `urn:xmpp:blocking` iq the user sent to their own account (XEP-0191 §3).
+    /// Returns the reply, or `None` when it was already sent (a change answers first and
+    /// pushes after).
+    pub async fn handle(
+        &self,
+        session: &Client,
+        iq: &Element,
+        ty: IqType,
+        payload: &Element,
+    ) -> Option<Element> {
+        match self.handle_inner(session, iq, ty, payload).await {
+            Ok(reply) => reply,
+            Err(e) => e.reply_to(iq),
+        }
+    }
+
+    async fn handle_inner(
+        &self,
+        session: &Client,
+        iq: &Element,
+        ty: IqType,
+        payload: &Element,
+    ) -> Result<Option<Element>, StanzaError> {
+        let owner_jid = session.jid().to_bare();
+        let owner = owner_jid.to_string();
+        match (ty, payload.name.as_str()) {
+            (IqType::Get, "blocklist") => {
+                // §3.2: a resource that retrieved the list gets the pushes.
+                session.handle.write(|p| p.blocklist_interested = true);
+                // Other nodes changing the list push to this resource too.
+                self.presence.to_directory(&session.handle);
+                let list = self.store.blocklist(&owner).await.map_err(failed)?;
+                let mut el = Element::new("blocklist", NS_BLOCKING);
+                for j in list {
+                    el = el.child(Element::new("item", NS_BLOCKING).attr("jid", j));
                 }
-                failed(e)
-            })?;
-            // The result first, then withdrawal and the push (§3.3).
-            session.deliver(iq_result(iq));
-            crate::presence::gate::reconcile_user(&shared, &owner_jid).await;
-            for j in &added {
-                withdraw_directed(session, j);
+                Ok(Some(iq_result(iq).child(el)))
             }
-            if !added.is_empty() {
-                push(&shared, &owner, "block", &added).await;
+            (IqType::Set, "block") => {
+                let jids = items(payload)?;
+                if jids.is_empty() {
+                    // §3.3: a block with no items is bad-request.
+                    return Err(
+                        StanzaError::bad_request().with_text("block needs at least one item")
+                    );
+                }
+                let added = self.store.block(&owner, &jids).await.map_err(|e| {
+                    if matches!(e, StoreError::BlocklistFull) {
+                        tracing::info!(peer = %session.peer, user = %owner, "block refused: list is full");
+                    }
+                    failed(e)
+                })?;
+                // The result first, then withdrawal and the push (§3.3).
+                session.deliver(iq_result(iq));
+                self.presence.reconcile_user(&owner_jid).await;
+                for j in &added {
+                    withdraw_directed(session, j);
+                }
+                if !added.is_empty() {
+                    self.push(&owner, "block", &added).await;
+                }
+                Ok(None)
             }
-            Ok(None)
+            (IqType::Set, "unblock") => {
+                let jids = items(payload)?;
+                let removed = if jids.is_empty() {
+                    // §3.5: unblock without items unblocks everyone.
+                    self.store.unblock_all(&owner).await.map_err(failed)?
+                } else {
+                    self.store.unblock(&owner, &jids).await.map_err(failed)?
+                };
+                session.deliver(iq_result(iq));
+                self.presence.reconcile_user(&owner_jid).await;
+                self.presence.probe_unblocked(&owner_jid, &removed).await;
+                if !removed.is_empty() {
+                    // An unblock-all push carries no items (§3.5).
+                    let announce = if jids.is_empty() { Vec::new() } else { removed };
+                    self.push(&owner, "unblock", &announce).await;
+                }
+                Ok(None)
+            }
+            _ => Err(StanzaError::bad_request()),
         }
-        (IqType::Set, "unblock") => {
-            let jids = items(payload)?;
-            let removed = if jids.is_empty() {
-                // §3.5: unblock without items unblocks everyone.
-                shared.store.unblock_all(&owner).await.map_err(failed)?
-            } else {
-                shared.store.unblock(&owner, &jids).await.map_err(failed)?
-            };
-            session.deliver(iq_result(iq));
-            crate::presence::gate::reconcile_user(&shared, &owner_jid).await;
-            crate::presence::remote::probe_unblocked(&shared, &owner_jid, &removed).await;
-            if !removed.is_empty() {
-                // An unblock-all push carries no items (§3.5).
-                let announce = if jids.is_empty() { Vec::new() } else { removed };
-                push(&shared, &owner, "unblock", &announce).await;
-            }
-            Ok(None)
+    }
+
+    /// Pushes `<block/>` or `<unblock/>` with `jids` to every resource of `owner` that
+    /// retrieved its block list (XEP-0191 §3.3–§3.5), on this node and, from the directory
+    /// entries that say so, on the others.
+    async fn push(&self, owner: &str, what: &str, jids: &[String]) {
+        let mut payload = Element::new(what, NS_BLOCKING);
+        for j in jids {
+            payload = payload.child(Element::new("item", NS_BLOCKING).attr("jid", j.clone()));
         }
-        _ => Err(StanzaError::bad_request()),
+        let to = |jid: &str| {
+            Element::new("iq", NS_CLIENT)
+                .attr("type", "set")
+                .attr("id", format!("block{}", crate::xml::new_id()))
+                .attr("to", jid)
+                .child(payload.clone())
+        };
+        for s in self.sessions.of_user_str(owner) {
+            if s.read(|p| p.blocklist_interested) {
+                s.send(to(s.jid.as_str()));
+            }
+        }
+        let elsewhere = self.cluster.holders(&[owner]).await;
+        for h in elsewhere.get(owner).into_iter().flatten() {
+            if h.entry.blocklist {
+                let xml = Arc::new(to(&h.jid).to_xml());
+                self.cluster.send(h.node(), vec![h.jid.clone()], xml);
+            }
+        }
     }
 }
 
 /// A directed-presence recipient that is now blocked leaves the session's list, so the
 /// session's later unavailable does not reach it ("nothing more", §3.3).
-fn withdraw_directed(session: &mut Session, blocked: &str) {
+fn withdraw_directed(session: &Client, blocked: &str) {
     let candidates = |to: &str| crate::store::blocks::match_candidates(to);
     session
         .handle
@@ -150,35 +212,6 @@ fn failed(e: StoreError) -> StanzaError {
         other => {
             tracing::error!(error = %other, "block list store failure");
             StanzaError::internal_server_error()
-        }
-    }
-}
-
-/// Pushes `<block/>` or `<unblock/>` with `jids` to every resource of `owner` that
-/// retrieved its block list (XEP-0191 §3.3–§3.5), on this node and, from the directory
-/// entries that say so, on the others.
-async fn push(shared: &Shared, owner: &str, what: &str, jids: &[String]) {
-    let mut payload = Element::new(what, NS_BLOCKING);
-    for j in jids {
-        payload = payload.child(Element::new("item", NS_BLOCKING).attr("jid", j.clone()));
-    }
-    let to = |jid: &str| {
-        Element::new("iq", NS_CLIENT)
-            .attr("type", "set")
-            .attr("id", format!("block{}", crate::xml::new_id()))
-            .attr("to", jid)
-            .child(payload.clone())
-    };
-    for s in shared.sessions.of_user_str(owner) {
-        if s.read(|p| p.blocklist_interested) {
-            s.send(to(s.jid.as_str()));
-        }
-    }
-    let elsewhere = shared.cluster.holders(&[owner]).await;
-    for h in elsewhere.get(owner).into_iter().flatten() {
-        if h.entry.blocklist {
-            let xml = std::sync::Arc::new(to(&h.jid).to_xml());
-            shared.cluster.send(h.node(), vec![h.jid.clone()], xml);
         }
     }
 }
@@ -216,9 +249,9 @@ pub fn blocked_error(el: &Element) -> Option<Element> {
 /// A stanza from local user `sender` (full JID) to `to`: blocked by the sender's own list?
 /// Store failures let the stanza through (chat never stalls on the database) and are
 /// logged.
-pub async fn outbound_to_blocked(shared: &Shared, sender: &str, to: &str, el: &Element) -> Verdict {
+pub async fn outbound_to_blocked(store: &Store, sender: &str, to: &str, el: &Element) -> Verdict {
     let owner = crate::jid::bare_of(sender);
-    match shared.store.is_blocked(owner, to).await {
+    match store.is_blocked(owner, to).await {
         Ok(false) => Verdict::Pass,
         Ok(true) if is_request(el) => match blocked_error(el) {
             Some(r) => Verdict::Reject(r),
@@ -236,13 +269,13 @@ pub async fn outbound_to_blocked(shared: &Shared, sender: &str, to: &str, el: &E
 /// the sender? Messages are dropped, iq requests get `service-unavailable` (what an
 /// offline or absent resource gives), everything else is dropped.
 pub async fn inbound_from_blocked(
-    shared: &Shared,
+    store: &Store,
     sender: &str,
     recipient: &str,
     el: &Element,
 ) -> Verdict {
     let owner = crate::jid::bare_of(recipient);
-    match shared.store.is_blocked(owner, sender).await {
+    match store.is_blocked(owner, sender).await {
         Ok(false) => Verdict::Pass,
         Ok(true) if el.name == "iq" && is_request(el) => {
             match StanzaError::service_unavailable().reply_to(el) {

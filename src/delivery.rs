@@ -241,7 +241,7 @@ pub(crate) async fn admit_from(
         // A user's own resources: nobody else's block list is involved.
         return Verdict::Pass;
     }
-    match inbound_from_blocked(shared, sender, recipient, el).await {
+    match inbound_from_blocked(&shared.store, sender, recipient, el).await {
         Verdict::Reject(reply) => {
             answer(shared, reply);
             Verdict::Drop

@@ -18,11 +18,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::node::listen::{ListenerPolicy, Refusal, StartError};
 use crate::node::Shared;
+use crate::services::Services;
 use crate::tls::BoxIo;
 
 /// Binds the listener (if enabled) and starts accepting. Returns the bound address.
 pub async fn start(
     shared: &Arc<Shared>,
+    services: &Arc<Services>,
     tracker: &TaskTracker,
     policy: Arc<ListenerPolicy>,
 ) -> Result<Option<SocketAddr>, StartError> {
@@ -33,11 +35,21 @@ pub async fn start(
     let addr = SocketAddr::new(c.bind, c.port);
     let (listener, local) = crate::node::listen::bind(addr).await?;
     tracing::info!(addr = %local, tls = c.tls, path = %c.websocket_path, "http listening");
-    tracker.spawn(accept_loop(listener, shared.clone(), policy));
+    tracker.spawn(accept_loop(
+        listener,
+        shared.clone(),
+        services.clone(),
+        policy,
+    ));
     Ok(Some(local))
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, policy: Arc<ListenerPolicy>) {
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    services: Arc<Services>,
+    policy: Arc<ListenerPolicy>,
+) {
     while let Some((stream, peer)) =
         crate::node::listen::next_connection(&listener, &shared.shutdown, "http").await
     {
@@ -56,8 +68,9 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, policy: Arc<Lis
             }
         };
         let shared = shared.clone();
+        let services = services.clone();
         tokio::spawn(async move {
-            handle(shared, Box::new(stream), peer).await;
+            handle(shared, services, Box::new(stream), peer).await;
             drop(permit);
         });
     }
@@ -215,7 +228,7 @@ async fn read_head(
     }
 }
 
-async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
+async fn handle(shared: Arc<Shared>, services: Arc<Services>, io: BoxIo, peer: SocketAddr) {
     // The TLS handshake and the whole request head share one deadline: a bound on each read
     // alone lets a client trickle a byte per read and keep the connection for ever. The head
     // is HTTP's negotiation, so it gets the c2s negotiation time.
@@ -253,7 +266,7 @@ async fn handle(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr) {
         };
         // Encrypted by us (wss) or, with tls = false, by the proxy in front (operator's
         // choice, see [http] tls).
-        return crate::websocket::serve(shared.clone(), replay, peer, true).await;
+        return crate::websocket::serve(shared.clone(), services, replay, peer, true).await;
     }
     match path {
         "/.well-known/host-meta" => {

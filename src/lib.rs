@@ -58,6 +58,7 @@ pub(crate) mod router;
 pub mod s2s;
 pub mod sasl;
 pub mod server;
+pub mod services;
 pub mod sessions;
 pub mod stanza;
 pub mod status;

@@ -32,58 +32,81 @@
 //! and on every other through `NOTIFY presenced_privacy`.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use crate::error::{iq_result, StanzaError};
-use crate::node::session::Session;
+use crate::node::live::Live;
+use crate::node::session::Client;
 use crate::policy::privacy::{PrivacySettings, Visibility};
+use crate::presence::Presence;
 use crate::stanza::IqType;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 use crate::xml::Element;
 
 /// The namespace of the settings iq.
 pub const NS_PRIVACY: &str = "urn:presenced:privacy:0";
 
-/// Handles an `urn:presenced:privacy:0` iq the user sent to their own account.
-pub async fn handle(session: &mut Session, iq: &Element, ty: IqType, payload: &Element) -> Element {
-    match handle_inner(session, iq, ty, payload).await {
-        Ok(r) => r,
-        Err(e) => e.reply_to(iq).unwrap_or_else(|| iq_result(iq)),
-    }
+/// The service behind the settings iq: the settings in the store, the roster limit that
+/// bounds their exception lists, and the withdrawal of presence a change makes unseen.
+pub struct Privacy {
+    store: Store,
+    live: Arc<Live>,
+    presence: Arc<Presence>,
 }
 
-async fn handle_inner(
-    session: &mut Session,
-    iq: &Element,
-    ty: IqType,
-    payload: &Element,
-) -> Result<Element, StanzaError> {
-    if payload.name != "privacy" {
-        return Err(StanzaError::bad_request());
-    }
-    let shared = session.shared.clone();
-    let owner_jid = session.jid().to_bare();
-    let owner = owner_jid.to_string();
-    let current = shared
-        .store
-        .privacy_settings(&owner)
-        .await
-        .map_err(failed)?;
-    match ty {
-        IqType::Get => Ok(iq_result(iq).child(to_element(&current))),
-        IqType::Set => {
-            let limit = usize::try_from(shared.live.get().limits.max_roster_items).unwrap_or(0);
-            let new = apply(&current, payload, limit)?;
-            if new != current {
-                shared
-                    .store
-                    .set_privacy_settings(&owner, &new)
-                    .await
-                    .map_err(failed)?;
-                crate::presence::gate::reconcile_user(&shared, &owner_jid).await;
-            }
-            Ok(iq_result(iq))
+impl Privacy {
+    /// The service over the node's store, limits and presence.
+    pub fn new(store: Store, live: Arc<Live>, presence: Arc<Presence>) -> Self {
+        Privacy {
+            store,
+            live,
+            presence,
         }
-        _ => Err(StanzaError::bad_request()),
+    }
+
+    /// Handles an `urn:presenced:privacy:0` iq the user sent to their own account.
+    pub async fn handle(
+        &self,
+        session: &Client,
+        iq: &Element,
+        ty: IqType,
+        payload: &Element,
+    ) -> Element {
+        match self.handle_inner(session, iq, ty, payload).await {
+            Ok(r) => r,
+            Err(e) => e.reply_to(iq).unwrap_or_else(|| iq_result(iq)),
+        }
+    }
+
+    async fn handle_inner(
+        &self,
+        session: &Client,
+        iq: &Element,
+        ty: IqType,
+        payload: &Element,
+    ) -> Result<Element, StanzaError> {
+        if payload.name != "privacy" {
+            return Err(StanzaError::bad_request());
+        }
+        let owner_jid = session.jid().to_bare();
+        let owner = owner_jid.to_string();
+        let current = self.store.privacy_settings(&owner).await.map_err(failed)?;
+        match ty {
+            IqType::Get => Ok(iq_result(iq).child(to_element(&current))),
+            IqType::Set => {
+                let limit = usize::try_from(self.live.get().limits.max_roster_items).unwrap_or(0);
+                let new = apply(&current, payload, limit)?;
+                if new != current {
+                    self.store
+                        .set_privacy_settings(&owner, &new)
+                        .await
+                        .map_err(failed)?;
+                    self.presence.reconcile_user(&owner_jid).await;
+                }
+                Ok(iq_result(iq))
+            }
+            _ => Err(StanzaError::bad_request()),
+        }
     }
 }
 

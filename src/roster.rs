@@ -4,136 +4,202 @@
 pub use crate::roster_push::{item_element, push_item, push_removed};
 pub(crate) use crate::roster_push::{note_version, store_failed};
 
+use std::sync::Arc;
+
 use crate::error::{iq_result, StanzaError};
 use crate::jid::BareJid;
-use crate::node::session::Session;
+use crate::node::live::Live;
+use crate::node::session::Client;
+use crate::node::RosterLocks;
+use crate::presence::Presence;
+use crate::sessions::Sessions;
 use crate::stanza::IqType;
-use crate::store::{RosterChange, RosterItem};
+use crate::store::{RosterChange, RosterItem, Store};
 use crate::xml::{Element, NS_CLIENT, NS_ROSTER};
 
-/// Handles a `jabber:iq:roster` iq request of type `ty` from the owner's own session.
-/// Returns the reply, or `None` when it was already sent (versioned get: result first,
-/// then the pushes).
-pub async fn handle(
-    session: &mut Session,
-    iq: &Element,
-    ty: IqType,
-    query: &Element,
-) -> Option<Element> {
-    let result = match ty {
-        IqType::Get => get(session, iq, query).await,
-        IqType::Set => set(session, iq, query).await,
-        _ => Err(StanzaError::bad_request()),
-    };
-    match result {
-        Ok(reply) => reply,
-        Err(e) => e.reply_to(iq),
-    }
+/// The RFC 6121 §2 roster service: the owner's items in the store, written under the
+/// owner's roster lock, pushed to the owner's interested resources, and the subscription
+/// consequences of a removal.
+pub struct Roster {
+    store: Store,
+    sessions: Arc<Sessions>,
+    live: Arc<Live>,
+    roster_locks: Arc<RosterLocks>,
+    presence: Arc<Presence>,
 }
 
-async fn get(
-    session: &mut Session,
-    iq: &Element,
-    query: &Element,
-) -> Result<Option<Element>, StanzaError> {
-    let owner = session.jid().to_bare().to_string();
-    // RFC 6121 §2.1.6: a resource that requested the roster is "interested".
-    session.handle.write(|p| p.interested = true);
-    let store = &session.shared.store;
-    if let Some(ver) = query.get_attr("ver") {
-        // XEP-0237 §2.3: with a known version, answer empty and push only the changes.
-        if let Ok(v) = ver.parse::<i64>() {
-            if let Some((current, changes)) =
-                store.roster_since(&owner, v).await.map_err(store_failed)?
-            {
-                let reply = iq_result(iq);
-                session.deliver(reply);
-                for change in changes {
-                    let item = match &change {
-                        RosterChange::Upsert(i) => item_element(i),
-                        RosterChange::Removed(c) => Element::new("item", NS_ROSTER)
-                            .attr("jid", c.clone())
-                            .attr("subscription", "remove"),
-                    };
-                    let iq = Element::new("iq", NS_CLIENT)
-                        .attr("type", "set")
-                        .attr("id", format!("push{}", crate::xml::new_id()))
-                        .attr("to", session.jid().to_string())
-                        .child(
-                            Element::new("query", NS_ROSTER)
-                                .attr("ver", current.to_string())
-                                .child(item),
-                        );
-                    session.deliver(iq);
-                }
-                return Ok(None);
-            }
+impl Roster {
+    /// The service over the node's store, session registry, limits, roster locks and
+    /// presence.
+    pub fn new(
+        store: Store,
+        sessions: Arc<Sessions>,
+        live: Arc<Live>,
+        roster_locks: Arc<RosterLocks>,
+        presence: Arc<Presence>,
+    ) -> Self {
+        Roster {
+            store,
+            sessions,
+            live,
+            roster_locks,
+            presence,
         }
     }
-    let (version, items) = store.roster(&owner).await.map_err(store_failed)?;
-    note_version(&session.handle, version);
-    let mut q = Element::new("query", NS_ROSTER).attr("ver", version.to_string());
-    for item in &items {
-        q = q.child(item_element(item));
-    }
-    Ok(Some(iq_result(iq).child(q)))
-}
 
-async fn set(
-    session: &mut Session,
-    iq: &Element,
-    query: &Element,
-) -> Result<Option<Element>, StanzaError> {
-    // RFC 6121 §2.3.3: exactly one item.
-    let mut items = query.elements().filter(|e| e.is("item", NS_ROSTER));
-    let (Some(item), None) = (items.next(), items.next()) else {
-        return Err(StanzaError::bad_request().with_text("a roster set carries exactly one item"));
-    };
-    let Some(jid) = item.get_attr("jid") else {
-        return Err(StanzaError::bad_request().with_text("item without jid"));
-    };
-    let contact = match crate::jid::parse(jid) {
-        Ok(j) if j.resource().is_none() => j,
-        Ok(_) => return Err(StanzaError::bad_request().with_text("roster items are bare JIDs")),
-        Err(_) => return Err(StanzaError::jid_malformed()),
-    };
-    let owner = session.jid().to_bare();
-    if contact.as_str() == owner.as_str() {
-        return Err(StanzaError::not_allowed().with_text("you cannot add yourself"));
+    /// Handles a `jabber:iq:roster` iq request of type `ty` from the owner's own session.
+    /// Returns the reply, or `None` when it was already sent (versioned get: result first,
+    /// then the pushes).
+    pub async fn handle(
+        &self,
+        session: &Client,
+        iq: &Element,
+        ty: IqType,
+        query: &Element,
+    ) -> Option<Element> {
+        let result = match ty {
+            IqType::Get => self.get(session, iq, query).await,
+            IqType::Set => self.set(session, iq, query).await,
+            _ => Err(StanzaError::bad_request()),
+        };
+        match result {
+            Ok(reply) => reply,
+            Err(e) => e.reply_to(iq),
+        }
     }
-    let subscription = item.get_attr("subscription");
-    if subscription == Some("remove") {
-        remove(session, &owner, contact.as_str()).await?;
-        return Ok(Some(iq_result(iq)));
+
+    async fn get(
+        &self,
+        session: &Client,
+        iq: &Element,
+        query: &Element,
+    ) -> Result<Option<Element>, StanzaError> {
+        let owner = session.jid().to_bare().to_string();
+        // RFC 6121 §2.1.6: a resource that requested the roster is "interested".
+        session.handle.write(|p| p.interested = true);
+        let store = &self.store;
+        if let Some(ver) = query.get_attr("ver") {
+            // XEP-0237 §2.3: with a known version, answer empty and push only the changes.
+            if let Ok(v) = ver.parse::<i64>() {
+                if let Some((current, changes)) =
+                    store.roster_since(&owner, v).await.map_err(store_failed)?
+                {
+                    let reply = iq_result(iq);
+                    session.deliver(reply);
+                    for change in changes {
+                        let item = match &change {
+                            RosterChange::Upsert(i) => item_element(i),
+                            RosterChange::Removed(c) => Element::new("item", NS_ROSTER)
+                                .attr("jid", c.clone())
+                                .attr("subscription", "remove"),
+                        };
+                        let iq = Element::new("iq", NS_CLIENT)
+                            .attr("type", "set")
+                            .attr("id", format!("push{}", crate::xml::new_id()))
+                            .attr("to", session.jid().to_string())
+                            .child(
+                                Element::new("query", NS_ROSTER)
+                                    .attr("ver", current.to_string())
+                                    .child(item),
+                            );
+                        session.deliver(iq);
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+        let (version, items) = store.roster(&owner).await.map_err(store_failed)?;
+        note_version(&session.handle, version);
+        let mut q = Element::new("query", NS_ROSTER).attr("ver", version.to_string());
+        for item in &items {
+            q = q.child(item_element(item));
+        }
+        Ok(Some(iq_result(iq).child(q)))
     }
-    // RFC 6121 §2.1.2.5: in a roster set the server MUST ignore every 'subscription' value
-    // other than "remove" (stock clients such as slixmpp send subscription='none'), so any
-    // other value leaves the stored state as it is. §2.1.2.2: a client MUST NOT send 'ask'.
-    if item.get_attr("ask").is_some() {
-        return Err(StanzaError::bad_request()
-            .with_text("'ask' is managed by the server (RFC 6121 §2.1.2.2)"));
-    }
-    let (name, groups) =
-        name_and_groups(item, &session.shared.live.get().limits).inspect_err(|e| {
+
+    async fn set(
+        &self,
+        session: &Client,
+        iq: &Element,
+        query: &Element,
+    ) -> Result<Option<Element>, StanzaError> {
+        // RFC 6121 §2.3.3: exactly one item.
+        let mut items = query.elements().filter(|e| e.is("item", NS_ROSTER));
+        let (Some(item), None) = (items.next(), items.next()) else {
+            return Err(
+                StanzaError::bad_request().with_text("a roster set carries exactly one item")
+            );
+        };
+        let Some(jid) = item.get_attr("jid") else {
+            return Err(StanzaError::bad_request().with_text("item without jid"));
+        };
+        let contact = match crate::jid::parse(jid) {
+            Ok(j) if j.resource().is_none() => j,
+            Ok(_) => return Err(StanzaError::bad_request().with_text("roster items are bare JIDs")),
+            Err(_) => return Err(StanzaError::jid_malformed()),
+        };
+        let owner = session.jid().to_bare();
+        if contact.as_str() == owner.as_str() {
+            return Err(StanzaError::not_allowed().with_text("you cannot add yourself"));
+        }
+        let subscription = item.get_attr("subscription");
+        if subscription == Some("remove") {
+            self.remove(session, &owner, contact.as_str()).await?;
+            return Ok(Some(iq_result(iq)));
+        }
+        // RFC 6121 §2.1.2.5: in a roster set the server MUST ignore every 'subscription' value
+        // other than "remove" (stock clients such as slixmpp send subscription='none'), so any
+        // other value leaves the stored state as it is. §2.1.2.2: a client MUST NOT send 'ask'.
+        if item.get_attr("ask").is_some() {
+            return Err(StanzaError::bad_request()
+                .with_text("'ask' is managed by the server (RFC 6121 §2.1.2.2)"));
+        }
+        let (name, groups) = name_and_groups(item, &self.live.get().limits).inspect_err(|e| {
             tracing::info!(peer = %session.peer, user = %owner, error = ?e, "roster set refused");
         })?;
-    let shared = session.shared.clone();
-    let _lock = shared.roster_locks.lock(&[owner.as_str()]).await;
-    let store = &shared.store;
-    let existing = store
-        .roster_item(owner.as_str(), contact.as_str())
-        .await
-        .map_err(store_failed)?;
-    // A new item beyond max_roster_items is refused by the store write itself.
-    let mut new = existing.unwrap_or_else(|| RosterItem::new(contact.as_str()));
-    new.name = name;
-    new.groups = groups;
-    let version = store
-        .upsert_roster_item(owner.as_str(), &new)
-        .await
-        .map_err(store_failed)?;
-    push_item(&shared, owner.as_str(), version, &new);
-    Ok(Some(iq_result(iq)))
+        let _lock = self.roster_locks.lock(&[owner.as_str()]).await;
+        let store = &self.store;
+        let existing = store
+            .roster_item(owner.as_str(), contact.as_str())
+            .await
+            .map_err(store_failed)?;
+        // A new item beyond max_roster_items is refused by the store write itself.
+        let mut new = existing.unwrap_or_else(|| RosterItem::new(contact.as_str()));
+        new.name = name;
+        new.groups = groups;
+        let version = store
+            .upsert_roster_item(owner.as_str(), &new)
+            .await
+            .map_err(store_failed)?;
+        push_item(&self.sessions, owner.as_str(), version, &new);
+        Ok(Some(iq_result(iq)))
+    }
+
+    /// RFC 6121 §2.5: removal cancels subscriptions in both directions on the user's behalf.
+    async fn remove(
+        &self,
+        session: &Client,
+        owner: &BareJid,
+        contact: &str,
+    ) -> Result<(), StanzaError> {
+        let Some(existing) = self
+            .store
+            .roster_item(owner.as_str(), contact)
+            .await
+            .map_err(store_failed)?
+        else {
+            // RFC 6121 §2.5.3.
+            return Err(StanzaError::item_not_found());
+        };
+        self.presence.roster_removed(session, &existing).await;
+        let _lock = self.roster_locks.lock(&[owner.as_str()]).await;
+        match self.store.remove_roster_item(owner.as_str(), contact).await {
+            Ok(Some(version)) => push_removed(&self.sessions, owner.as_str(), version, contact),
+            Ok(None) => {}
+            Err(e) => return Err(store_failed(e)),
+        }
+        Ok(())
+    }
 }
 
 /// The name and groups of a roster-set item, within the per-item limits of `[limits]`.
@@ -181,30 +247,4 @@ fn name_and_groups(
         groups.push(g);
     }
     Ok((name, groups))
-}
-
-/// RFC 6121 §2.5: removal cancels subscriptions in both directions on the user's behalf.
-async fn remove(session: &mut Session, owner: &BareJid, contact: &str) -> Result<(), StanzaError> {
-    let shared = session.shared.clone();
-    let Some(existing) = shared
-        .store
-        .roster_item(owner.as_str(), contact)
-        .await
-        .map_err(store_failed)?
-    else {
-        // RFC 6121 §2.5.3.
-        return Err(StanzaError::item_not_found());
-    };
-    crate::presence::roster_removed(session, &existing).await;
-    let _lock = shared.roster_locks.lock(&[owner.as_str()]).await;
-    match shared
-        .store
-        .remove_roster_item(owner.as_str(), contact)
-        .await
-    {
-        Ok(Some(version)) => push_removed(&shared, owner.as_str(), version, contact),
-        Ok(None) => {}
-        Err(e) => return Err(store_failed(e)),
-    }
-    Ok(())
 }

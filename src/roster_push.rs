@@ -3,9 +3,8 @@
 //! all send when a roster item changes, kept below all three so none imports another.
 
 use crate::error::StanzaError;
-use crate::node::session::Session;
-use crate::node::Shared;
-use crate::sessions::SessionHandle;
+use crate::node::session::Client;
+use crate::sessions::{SessionHandle, Sessions};
 use crate::store::{RosterItem, StoreError};
 use crate::xml::{Element, NS_CLIENT, NS_ROSTER};
 
@@ -31,8 +30,8 @@ pub fn item_element(item: &RosterItem) -> Element {
 }
 
 /// Sends a roster push (RFC 6121 §2.1.6) for `item` to every interested resource of `owner`.
-pub fn push(shared: &Shared, owner: &str, version: i64, item: Element) {
-    for s in shared.sessions.of_user_str(owner) {
+pub fn push(sessions: &Sessions, owner: &str, version: i64, item: Element) {
+    for s in sessions.of_user_str(owner) {
         if s.read(|p| p.interested) {
             push_to(&s, version, item.clone());
         }
@@ -60,16 +59,16 @@ pub(crate) fn note_version(session: &SessionHandle, version: i64) {
 }
 
 /// Push for an item that changed.
-pub fn push_item(shared: &Shared, owner: &str, version: i64, item: &RosterItem) {
-    push(shared, owner, version, item_element(item));
+pub fn push_item(sessions: &Sessions, owner: &str, version: i64, item: &RosterItem) {
+    push(sessions, owner, version, item_element(item));
 }
 
 /// Push for an item that was removed (`subscription='remove'`, RFC 6121 §2.5.2).
-pub fn push_removed(shared: &Shared, owner: &str, version: i64, contact: &str) {
+pub fn push_removed(sessions: &Sessions, owner: &str, version: i64, contact: &str) {
     let item = Element::new("item", NS_ROSTER)
         .attr("jid", contact)
         .attr("subscription", "remove");
-    push(shared, owner, version, item);
+    push(sessions, owner, version, item);
 }
 
 /// The stanza error for a roster write the store refused; subscription paths that create
@@ -91,7 +90,7 @@ pub(crate) fn store_failed(e: StoreError) -> StanzaError {
 /// is answered to the user's session with a presence error from the contact (RFC 6120
 /// §8.3: an error stanza in reply to the stanza that caused it), the same not-allowed a
 /// roster set gets. `contact` is the bare JID the stanza was addressed to.
-pub fn subscription_refused(session: &Session, contact: &str, kind: &str, e: &StoreError) {
+pub fn subscription_refused(session: &Client, contact: &str, kind: &str, e: &StoreError) {
     if !matches!(e, StoreError::RosterFull) {
         tracing::warn!(user = %session.jid(), %contact, kind, error = %e, "subscription change failed");
         return;

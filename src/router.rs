@@ -32,6 +32,7 @@
 use crate::error::{iq_result, StanzaError};
 use crate::jid::{BareJid, Jid};
 use crate::node::session::Session;
+use crate::services::Services;
 use crate::stanza::{IqType, PresenceType};
 use crate::xml::{self as x, Element};
 
@@ -52,7 +53,7 @@ fn bounce(session: &Session, el: &Element, err: StanzaError) {
 }
 
 /// Routes one stanza whose `from` has been stamped by the session.
-pub async fn from_client(session: &mut Session, el: Element) {
+pub async fn from_client(services: &Services, session: &mut Session, el: Element) {
     let target = match classify(&session.shared, el.get_attr("to")) {
         Ok(t) => t,
         Err(e) => return bounce(session, &el, e),
@@ -84,7 +85,7 @@ pub async fn from_client(session: &mut Session, el: Element) {
                 crate::delivery::offline_messages(&session.shared, &session.handle).await;
             }
         }
-        "iq" => iq(session, el, target).await,
+        "iq" => iq(services, session, el, target).await,
         _ => message(session, el, target).await,
     }
 }
@@ -126,7 +127,7 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
     // The sender's own block list (XEP-0191 §3.6: the sender is told, so the public
     // figure may count it). The recipient's list is delivery's and is not counted: it is
     // answered as if the recipient were absent, and a count would say otherwise.
-    let verdict = outbound_to_blocked(shared, me, recipient.as_str(), &el).await;
+    let verdict = outbound_to_blocked(&shared.store, me, recipient.as_str(), &el).await;
     if !matches!(verdict, Verdict::Pass) {
         shared.metrics.dropped(DropReason::BlockedBySender);
     }
@@ -184,7 +185,7 @@ async fn message(session: &mut Session, el: Element, target: Target) {
     crate::delivery::message(&session.shared, session.jid(), to, el).await;
 }
 
-async fn iq(session: &mut Session, el: Element, target: Target) {
+async fn iq(services: &Services, session: &mut Session, el: Element, target: Target) {
     // Owned: the stanza moves into the privacy checks below.
     let (Some(ty), Some(_)) = (IqType::of(&el), el.get_attr("id")) else {
         // RFC 6120 §8.2.3: id and a known type are required.
@@ -222,9 +223,9 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
             // Results and errors for the server (roster push acknowledgements, ping
             // answers) need no further handling.
         }
-        Target::OwnAccount => own_account_iq(session, el, ty).await,
+        Target::OwnAccount => own_account_iq(services, session, el, ty).await,
         Target::LocalBare(bare) if bare.as_str() == session.jid().to_bare().as_str() => {
-            own_account_iq(session, el, ty).await
+            own_account_iq(services, session, el, ty).await
         }
         Target::LocalBare(bare)
             if crate::delivery::admit_from(
@@ -243,7 +244,7 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
                     .is_some_and(|p| p.is("query", crate::liveness::last_seen::NS_LAST)) =>
         {
             // XEP-0012 last activity of a contact.
-            let reply = crate::liveness_tasks::last_seen::handle_iq(session, &el, &bare).await;
+            let reply = services.last_seen.handle_iq(session, &el, &bare).await;
             session.deliver(reply);
         }
         Target::LocalBare(bare) if el.elements().next().is_some_and(crate::pep::vcard::handles) => {
@@ -278,21 +279,21 @@ async fn iq(session: &mut Session, el: Element, target: Target) {
 }
 
 /// An iq request the user sent to their own account (no `to`, or their bare JID).
-async fn own_account_iq(session: &mut Session, el: Element, ty: IqType) {
+async fn own_account_iq(services: &Services, session: &mut Session, el: Element, ty: IqType) {
     let Some(payload) = el.elements().next().cloned() else {
         return;
     };
     let reply = if payload.is("query", x::NS_ROSTER) {
-        crate::roster::handle(session, &el, ty, &payload).await
+        services.roster.handle(session, &el, ty, &payload).await
     } else if payload.is("session", x::NS_SESSION) {
         // RFC 3921 §3 session establishment: a no-op kept for old clients.
         Some(iq_result(&el))
     } else if payload.is("ping", x::NS_PING) {
         Some(iq_result(&el))
     } else if payload.ns == crate::blocking::NS_BLOCKING {
-        crate::blocking::handle(session, &el, ty, &payload).await
+        services.blocking.handle(session, &el, ty, &payload).await
     } else if payload.ns == crate::privacy_iq::NS_PRIVACY {
-        Some(crate::privacy_iq::handle(session, &el, ty, &payload).await)
+        Some(services.privacy.handle(session, &el, ty, &payload).await)
     } else if payload.ns == crate::carbons::NS_CARBONS {
         let reply = crate::carbons::handle_iq(&session.handle, &el, ty, &payload);
         // Other nodes send this resource its copies when the directory says so.

@@ -35,6 +35,8 @@ pub struct Running {
     pub s2s: crate::s2s::inbound::Listening,
     /// Shared state (tests inspect sessions through it).
     pub shared: Arc<Shared>,
+    /// The services the c2s sessions are lent.
+    pub services: Arc<crate::services::Services>,
     /// The certificate every listener presents; a reload replaces it.
     pub certificates: Arc<crate::tls::Certificates>,
     tracker: TaskTracker,
@@ -65,17 +67,17 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let tls = crate::tls::c2s_server_config(&certificates).map_err(crate::tls::TlsError::from)?;
     let s2s_tls =
         crate::tls::s2s_server_config_with(&certificates).map_err(crate::tls::TlsError::from)?;
-    let liveness = crate::liveness::Liveness::new(&config);
+    let liveness = Arc::new(crate::liveness::Liveness::new(&config));
     let cluster = crate::cluster::Cluster::new(&config);
     let s2s = crate::s2s::new_state(&config, crate::tls::identity(&config)?);
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
     let auth_backoff = crate::sasl::backoff::AuthBackoff::new(
         crate::sasl::backoff::BackoffPolicy::from_config(&config.limits),
     );
-    let sessions = Sessions::new(crate::sessions::StateLimits {
+    let sessions = Arc::new(Sessions::new(crate::sessions::StateLimits {
         max_directed: config.limits.max_directed_presences,
         max_revealed: config.limits.max_revealed_per_session,
-    });
+    }));
     let caps = crate::caps::CapsCache::new(config.limits.max_caps_entries);
     let avatar_hashes = crate::cluster::cache::Cache::new(
         config.limits.max_avatar_hash_entries,
@@ -84,7 +86,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let shared = Arc::new(Shared {
         caps,
         avatar_hashes,
-        live: crate::node::live::Live::new(&config),
+        live: Arc::new(crate::node::live::Live::new(&config)),
         config,
         store,
         sessions,
@@ -93,7 +95,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         shutdown: CancellationToken::new(),
         cluster,
         liveness,
-        roster_locks: RosterLocks::default(),
+        roster_locks: Default::default(),
         subject_locks: Default::default(),
         s2s,
         metrics: crate::metrics::Metrics::new(),
@@ -102,6 +104,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         resumable: Default::default(),
     });
     crate::s2s::attach(&shared);
+    let services = Arc::new(crate::services::Services::new(&shared));
     let weak = Arc::downgrade(&shared);
     shared
         .metrics
@@ -120,7 +123,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     crate::liveness_tasks::start(&shared, &tracker);
     // One admission policy for every client-facing listener (s2s has its own limits).
     let limits = Arc::new(ListenerPolicy::new(&shared.config));
-    let http_addr = crate::http::start(&shared, &tracker, limits.clone()).await?;
+    let http_addr = crate::http::start(&shared, &services, &tracker, limits.clone()).await?;
     let admin_addr = crate::http::start_admin(&shared, &tracker).await?;
     let s2s = crate::s2s::inbound::listen(&shared, &tracker).await?;
     let bind = shared.config.c2s.bind;
@@ -144,6 +147,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         tracker.spawn(accept_loop(
             listener,
             shared.clone(),
+            services.clone(),
             limits.clone(),
             tracker.clone(),
             direct,
@@ -157,6 +161,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         admin_addr,
         s2s,
         shared,
+        services,
         certificates,
         tracker,
     })
@@ -224,6 +229,7 @@ fn banner(shared: &Shared) {
 async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
+    services: Arc<crate::services::Services>,
     limits: Arc<ListenerPolicy>,
     tracker: TaskTracker,
     direct_tls: bool,
@@ -247,9 +253,10 @@ async fn accept_loop(
             }
         };
         let shared = shared.clone();
+        let services = services.clone();
         tracker.spawn(async move {
             let direct = direct_tls || starts_with_tls(&stream).await;
-            c2s::serve(shared, Box::new(stream) as BoxIo, peer, direct).await;
+            c2s::serve(shared, services, Box::new(stream) as BoxIo, peer, direct).await;
             drop(permit);
         });
     }

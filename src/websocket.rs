@@ -65,8 +65,13 @@ fn negotiate_subprotocol(req: &Request, mut resp: Response) -> Result<Response, 
 
 /// Completes the WebSocket handshake on `io` (whose HTTP request head may already have been
 /// read and is replayed by the caller) and serves XMPP on it until it closes.
-pub async fn serve<S>(shared: Arc<Shared>, io: S, peer: SocketAddr, secure: bool)
-where
+pub async fn serve<S>(
+    shared: Arc<Shared>,
+    services: Arc<crate::services::Services>,
+    io: S,
+    peer: SocketAddr,
+    secure: bool,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let max = shared.live.get().limits.max_stanza_size;
@@ -131,6 +136,7 @@ where
     // The XMPP session on the c2s side of the pipe.
     let session = tokio::spawn(crate::c2s::serve_transport(
         shared.clone(),
+        services,
         Box::new(c2s_side) as BoxIo,
         peer,
         false,

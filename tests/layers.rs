@@ -235,3 +235,78 @@ fn a_two_module_loop_and_a_three_module_loop_are_both_found() {
     let names: Vec<String> = cyclic.iter().map(|(a, b)| format!("{a}{b}")).collect();
     assert_eq!(names, ["ab", "ba", "cd", "de", "ec"]);
 }
+
+/// The files that may still name `node::session::Session` (the session lent together with
+/// the whole node state): the c2s task that owns it, the node module that defines it, and
+/// the handlers not yet split into services holding their own dependencies. Every other
+/// handler takes the service it belongs to, the services it uses and the
+/// `node::session::Client` it acts for. The list may only shrink.
+const MAY_NAME_NODE_SESSION: &[&str] = &[
+    "c2s/mod.rs",
+    "c2s/session.rs",
+    "node/session.rs",
+    "router.rs",
+    "presence/mod.rs",
+    "presence/remote.rs",
+    "invisible.rs",
+    "pep/mod.rs",
+    "pep/notify.rs",
+    "pep/vcard.rs",
+    "liveness_tasks/mod.rs",
+];
+
+/// Whether `code` names the identifier `Session` itself (not `SessionHandle`,
+/// `LiveSession`, `sessions::Session…`).
+fn names_session(code: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    code.match_indices("Session").any(|(i, _)| {
+        let before = code[..i].chars().last();
+        let after = code[i + "Session".len()..].chars().next();
+        !before.is_some_and(ident) && !after.is_some_and(ident)
+    })
+}
+
+#[test]
+fn only_the_listed_handlers_name_the_node_session() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut naming = BTreeSet::new();
+    for file in &files {
+        if module_of(&src, file).is_none() {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("read source");
+        if names_session(&code_only(&text)) {
+            let rel = file.strip_prefix(&src).expect("under src");
+            naming.insert(rel.to_string_lossy().replace('\\', "/"));
+        }
+    }
+    let allowed: BTreeSet<String> = MAY_NAME_NODE_SESSION
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let new: Vec<&String> = naming.difference(&allowed).collect();
+    assert!(
+        new.is_empty(),
+        "these files name node::session::Session; a service handler takes its services and \
+         the session's Client instead (ARCHITECTURE.md, \"Layers\"): {new:?}"
+    );
+    let stale: Vec<&String> = allowed.difference(&naming).collect();
+    assert!(
+        stale.is_empty(),
+        "these files no longer name node::session::Session: take them off the list: {stale:?}"
+    );
+}
+
+#[test]
+fn the_session_scan_sees_the_type_but_not_longer_names() {
+    assert!(names_session("fn f(s: &mut Session) {}"));
+    assert!(names_session(
+        "use crate::node::session::{Client, Session};"
+    ));
+    assert!(!names_session("fn f(h: &SessionHandle, l: LiveSession) {}"));
+    assert!(!names_session(&code_only(
+        "// a Session in a comment\nlet s = \"Session\";"
+    )));
+}

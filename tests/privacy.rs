@@ -1432,8 +1432,8 @@ async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() 
     let t = std::time::Instant::now();
     for _ in 0..rounds {
         use presenced::blocking::{inbound_from_blocked, outbound_to_blocked, Verdict};
-        let out = outbound_to_blocked(&shared, &format!("{bob}/pc"), &alice, &msg).await;
-        let inb = inbound_from_blocked(&shared, &format!("{bob}/pc"), &alice, &msg).await;
+        let out = outbound_to_blocked(&shared.store, &format!("{bob}/pc"), &alice, &msg).await;
+        let inb = inbound_from_blocked(&shared.store, &format!("{bob}/pc"), &alice, &msg).await;
         assert_eq!((out, inb), (Verdict::Pass, Verdict::Pass));
     }
     eprintln!(

@@ -285,6 +285,7 @@ async fn idle_tls_session_heap_stays_under_bound() {
     let (io, _peer_side) = tokio::io::duplex(1);
     let conn = presenced::c2s::serve(
         fleet.server.shared().clone(),
+        fleet.server.services().clone(),
         Box::new(io),
         "127.0.0.1:1".parse().unwrap(),
         false,

@@ -26,6 +26,7 @@ use crate::error::{StreamCondition, StreamError};
 use crate::jid::{BareJid, FullJid};
 use crate::liveness::Transport;
 use crate::node::Shared;
+use crate::services::Services;
 use crate::stream::{Fail, XmlStream};
 use crate::xml::reader::ReaderLimits;
 use crate::xml::{self as x, Element};
@@ -59,6 +60,8 @@ mod writer;
 /// What every state of a negotiating stream carries.
 struct Link {
     shared: Arc<Shared>,
+    /// The node's services, lent to the router once a resource is bound.
+    services: Arc<Services>,
     stream: XmlStream,
     /// Remote address, for every log line about this connection.
     peer: SocketAddr,
@@ -128,15 +131,22 @@ fn limits(shared: &Shared, authenticated: bool) -> ReaderLimits {
 }
 
 /// Serves one client TCP connection from accept to close.
-pub async fn serve(shared: Arc<Shared>, io: BoxIo, peer: SocketAddr, direct_tls: bool) {
+pub async fn serve(
+    shared: Arc<Shared>,
+    services: Arc<Services>,
+    io: BoxIo,
+    peer: SocketAddr,
+    direct_tls: bool,
+) {
     let transport = Transport::tcp(&shared.liveness);
-    serve_transport(shared, io, peer, direct_tls, transport).await
+    serve_transport(shared, services, io, peer, direct_tls, transport).await
 }
 
 /// Serves one client connection over `transport` (TCP, or the byte stream an RFC 7395
 /// WebSocket adapter presents) from accept to close.
 pub async fn serve_transport(
     shared: Arc<Shared>,
+    services: Arc<Services>,
     io: BoxIo,
     peer: SocketAddr,
     direct_tls: bool,
@@ -145,7 +155,7 @@ pub async fn serve_transport(
     // Negotiation (TLS handshake, SASL, its timers and error paths) is large and short-lived
     // state. Boxed, it is freed once the resource is bound; inline, it would size this
     // connection's task for the whole life of an idle session (BENCHMARKS.md, memory per session).
-    let negotiated = Box::pin(negotiate(shared, io, peer, direct_tls, transport)).await;
+    let negotiated = Box::pin(negotiate(shared, services, io, peer, direct_tls, transport)).await;
     if let Some(bound) = negotiated {
         bound.run_session().await;
     }
@@ -155,6 +165,7 @@ pub async fn serve_transport(
 /// it ended before that (the stream error, if any, has been written).
 async fn negotiate(
     shared: Arc<Shared>,
+    services: Arc<Services>,
     io: BoxIo,
     peer: SocketAddr,
     direct_tls: bool,
@@ -183,6 +194,7 @@ async fn negotiate(
     let link = Link {
         stream: XmlStream::new(io, limits(&shared, false), x::NS_CLIENT),
         shared,
+        services,
         peer,
         header_sent: false,
         domain: None,

@@ -43,6 +43,7 @@ impl Bound {
             link:
                 Link {
                     shared,
+                    services,
                     stream,
                     mut peer,
                     mut transport,
@@ -301,7 +302,7 @@ impl Bound {
                     // boxing keeps that state out of this long-lived future while idle.
                     // Nothing is read while it runs: the client is not silent meanwhile.
                     let busy = transport.beat.busy();
-                    let outcome = Box::pin(handle_stanza(&mut session, el)).await;
+                    let outcome = Box::pin(handle_stanza(&services, &mut session, el)).await;
                     drop(busy);
                     if let Err(err) = outcome {
                         break Some(err);
@@ -411,6 +412,7 @@ pub(super) async fn next_event(reader: Option<Reader>) -> (Reader, Result<Stream
 
 /// Checks and stamps one stanza from the client (RFC 6120 §8.1.2.1), then routes it.
 pub(super) async fn handle_stanza(
+    services: &crate::services::Services,
     session: &mut Session,
     mut el: Element,
 ) -> Result<(), StreamError> {
@@ -440,6 +442,6 @@ pub(super) async fn handle_stanza(
         }
     }
     el.set_attr("from", session.jid().to_string());
-    router::from_client(session, el).await;
+    router::from_client(services, session, el).await;
     Ok(())
 }

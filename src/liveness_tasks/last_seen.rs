@@ -7,8 +7,11 @@ use std::time::Duration;
 use crate::error::{iq_result, StanzaError};
 use crate::jid::BareJid;
 use crate::liveness::last_seen::NS_LAST;
-use crate::node::session::Session;
+use crate::liveness::Liveness;
+use crate::node::session::Client;
 use crate::node::Shared;
+use crate::presence::Presence;
+use crate::store::Store;
 use crate::xml::Element;
 
 /// Flushes every `last_seen_flush`; at shutdown waits for grace periods, then flushes.
@@ -39,48 +42,68 @@ pub async fn run(shared: Arc<Shared>) {
         .await;
 }
 
-/// THE permission check for last activity: may `viewer` learn when `subject` was last
-/// online? XEP-0012 §3: only an entity authorised to see the user's presence, normally via
-/// a subscription (the subject's roster item for the viewer says `from` or `both`). The
-/// user may always ask about their own account. The privacy gate adds the `last-seen`
-/// setting, blocks and reciprocity (README, "Privacy").
-pub async fn may_see_last_activity(shared: &Shared, viewer: &BareJid, subject: &BareJid) -> bool {
-    // Settings, blocks and reciprocity, read fresh (subscription included).
-    crate::presence::gate::may_see_last_seen(shared, viewer, subject).await
+/// The XEP-0012 service: last activity of local accounts, from the liveness state's
+/// last-seen batcher and the store, behind the privacy gate.
+pub struct LastSeen {
+    liveness: Arc<Liveness>,
+    store: Store,
+    presence: Arc<Presence>,
 }
 
-/// Answers `<iq type='get'><query xmlns='jabber:iq:last'/></iq>` addressed to local account
-/// `subject` (XEP-0012 §3, offline user query).
-pub async fn handle_iq(session: &Session, iq: &Element, subject: &BareJid) -> Element {
-    let shared = &session.shared;
-    let viewer = session.jid().to_bare();
-    if !may_see_last_activity(shared, &viewer, subject).await {
-        // XEP-0012 §3: not authorised → forbidden (also for unknown accounts, so existence
-        // does not leak).
-        return StanzaError::forbidden()
-            .reply_to(iq)
-            .unwrap_or_else(|| iq_result(iq));
-    }
-    // "Online now" (seconds='0') is the online signal: only for a viewer who may see it,
-    // and never because of an invisible session; anyone else gets the offline answer.
-    let online = crate::presence::gate::visible_to(shared, session.jid(), subject).await;
-    let query = Element::new("query", NS_LAST);
-    if online {
-        // XEP-0012 §3: a user with an available resource has been idle for 0 seconds here.
-        return iq_result(iq).child(query.attr("seconds", "0"));
-    }
-    match crate::liveness::last_seen::when(&shared.liveness, &shared.store, subject.as_str()).await
-    {
-        Some(ls) => {
-            let secs = (shared.liveness.clock.now() - ls.at).num_seconds().max(0);
-            let mut q = query.attr("seconds", secs.to_string());
-            if let Some(status) = ls.status {
-                q = q.text(status);
-            }
-            iq_result(iq).child(q)
+impl LastSeen {
+    /// The service over the node's liveness state, store and presence.
+    pub fn new(liveness: Arc<Liveness>, store: Store, presence: Arc<Presence>) -> Self {
+        LastSeen {
+            liveness,
+            store,
+            presence,
         }
-        None => StanzaError::item_not_found()
-            .reply_to(iq)
-            .unwrap_or_else(|| iq_result(iq)),
+    }
+
+    /// THE permission check for last activity: may `viewer` learn when `subject` was last
+    /// online? XEP-0012 §3: only an entity authorised to see the user's presence, normally
+    /// via a subscription (the subject's roster item for the viewer says `from` or `both`).
+    /// The user may always ask about their own account. The privacy gate adds the
+    /// `last-seen` setting, blocks and reciprocity (README, "Privacy").
+    pub async fn may_see_last_activity(&self, viewer: &BareJid, subject: &BareJid) -> bool {
+        // Settings, blocks and reciprocity, read fresh (subscription included).
+        self.presence.may_see_last_seen(viewer, subject).await
+    }
+
+    /// Answers `<iq type='get'><query xmlns='jabber:iq:last'/></iq>` addressed to local
+    /// account `subject` (XEP-0012 §3, offline user query).
+    pub async fn handle_iq(&self, session: &Client, iq: &Element, subject: &BareJid) -> Element {
+        let viewer = session.jid().to_bare();
+        if !self.may_see_last_activity(&viewer, subject).await {
+            // XEP-0012 §3: not authorised → forbidden (also for unknown accounts, so
+            // existence does not leak).
+            return StanzaError::forbidden()
+                .reply_to(iq)
+                .unwrap_or_else(|| iq_result(iq));
+        }
+        // "Online now" (seconds='0') is the online signal: only for a viewer who may see
+        // it, and never because of an invisible session; anyone else gets the offline
+        // answer.
+        let online = self.presence.visible_to(session.jid(), subject).await;
+        let query = Element::new("query", NS_LAST);
+        if online {
+            // XEP-0012 §3: a user with an available resource has been idle for 0 seconds
+            // here.
+            return iq_result(iq).child(query.attr("seconds", "0"));
+        }
+        match crate::liveness::last_seen::when(&self.liveness, &self.store, subject.as_str()).await
+        {
+            Some(ls) => {
+                let secs = (self.liveness.clock.now() - ls.at).num_seconds().max(0);
+                let mut q = query.attr("seconds", secs.to_string());
+                if let Some(status) = ls.status {
+                    q = q.text(status);
+                }
+                iq_result(iq).child(q)
+            }
+            None => StanzaError::item_not_found()
+                .reply_to(iq)
+                .unwrap_or_else(|| iq_result(iq)),
+        }
     }
 }

@@ -26,11 +26,11 @@ pub struct Shared {
     pub config: CheckedConfig,
     /// What a reload changes: `[limits]` and the `[s2s]` routes and policies. Read these
     /// from here, never from `config`.
-    pub live: live::Live,
+    pub live: Arc<live::Live>,
     /// PostgreSQL.
     pub store: Store,
-    /// Sessions connected to this node.
-    pub sessions: Sessions,
+    /// Sessions connected to this node (shared with the services that reach them).
+    pub sessions: Arc<Sessions>,
     /// TLS for STARTTLS and direct TLS.
     pub tls: Arc<rustls::ServerConfig>,
     /// TLS of the s2s listeners: like `tls`, and asks for the peer's certificate
@@ -42,11 +42,11 @@ pub struct Shared {
     /// this node's channel.
     pub cluster: crate::cluster::Cluster,
     /// Heartbeats, Redis liveness keys, the sweeper, grace periods, last seen, counters.
-    pub liveness: crate::liveness::Liveness,
+    pub liveness: Arc<crate::liveness::Liveness>,
     /// Serialises "write a roster change, then push it" per user against
     /// the roster NOTIFY listener, so a NOTIFY never overtakes the push this node is about to
     /// send (which would push twice and send presence for a change already handled).
-    pub roster_locks: RosterLocks,
+    pub roster_locks: Arc<RosterLocks>,
     /// The per-subject presence locks (each session's own state is behind its handle).
     pub subject_locks: visibility::SubjectLocks,
     /// Federation: outgoing links, dialback secret, remote presence state.

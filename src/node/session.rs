@@ -13,25 +13,18 @@ use crate::xml::Element;
 
 use super::Shared;
 
-/// State of a bound session, owned by its task.
-pub struct Session {
-    /// Server-wide state.
-    pub shared: Arc<Shared>,
+/// The bound session a handler acts for: its registry entry (the JID, the session's one
+/// [`crate::sessions::SessionState`], and the mailbox its own stanzas go to) and its remote
+/// address. This, the services it uses and what it was sent are all a service handler is
+/// given (see [`crate::services::Services`]).
+pub struct Client {
     /// This session's registry entry.
     pub handle: SessionHandle,
     /// Remote address, for logs.
     pub peer: SocketAddr,
 }
 
-impl Session {
-    pub(crate) fn new(shared: Arc<Shared>, handle: SessionHandle, peer: SocketAddr) -> Self {
-        Session {
-            shared,
-            handle,
-            peer,
-        }
-    }
-
+impl Client {
     /// The bound full JID.
     pub fn jid(&self) -> &FullJid {
         &self.handle.jid
@@ -40,6 +33,39 @@ impl Session {
     /// Delivers a stanza to this session's own client.
     pub fn deliver(&self, el: Element) {
         self.handle.send(el);
+    }
+}
+
+/// A bound session with the node state, owned by its task and lent to the handlers that
+/// are not yet services holding their own dependencies (presence, privacy settings,
+/// invisibility, PEP). It reads as its [`Client`], which is what the others take.
+pub struct Session {
+    /// Server-wide state.
+    pub shared: Arc<Shared>,
+    /// The session itself.
+    pub client: Client,
+}
+
+impl Session {
+    pub(crate) fn new(shared: Arc<Shared>, handle: SessionHandle, peer: SocketAddr) -> Self {
+        Session {
+            shared,
+            client: Client { handle, peer },
+        }
+    }
+}
+
+impl std::ops::Deref for Session {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl std::ops::DerefMut for Session {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
     }
 }
 

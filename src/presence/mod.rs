@@ -23,14 +23,60 @@ use std::sync::Arc;
 
 use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid, Jid};
-use crate::node::session::Session;
 use crate::node::session::Target;
+use crate::node::session::{Client, Session};
 use crate::node::Shared;
 use crate::stanza::PresenceType;
 use crate::store::RosterItem;
 use crate::xml::{Addressed, Element, NS_CLIENT};
 
 use subscription::{SubKind, SubState};
+
+/// Presence as the services that depend on it see it (blocking, roster, last seen): the
+/// operations they ask of it. Its broadcast, probe, subscription and gate code still take
+/// the node state, so it holds the node state for now; those parts are what remains of the
+/// split into services that hold only their own dependencies.
+pub struct Presence {
+    node: Arc<Shared>,
+}
+
+impl Presence {
+    /// The service over the node state.
+    pub fn new(node: Arc<Shared>) -> Self {
+        Presence { node }
+    }
+
+    /// See [`to_directory`].
+    pub(crate) fn to_directory(&self, handle: &crate::sessions::SessionHandle) {
+        to_directory(&self.node, handle);
+    }
+
+    /// See [`gate::reconcile_user`].
+    pub async fn reconcile_user(&self, user: &BareJid) {
+        gate::reconcile_user(&self.node, user).await;
+    }
+
+    /// See [`remote::probe_unblocked`].
+    pub async fn probe_unblocked(&self, owner: &BareJid, removed: &[String]) {
+        remote::probe_unblocked(&self.node, owner, removed).await;
+    }
+
+    /// See [`gate::may_see_last_seen`].
+    pub async fn may_see_last_seen(&self, viewer: &Jid, subject: &Jid) -> bool {
+        gate::may_see_last_seen(&self.node, viewer, subject).await
+    }
+
+    /// See [`gate::visible_to`].
+    pub async fn visible_to(&self, viewer: &Jid, subject: &BareJid) -> bool {
+        gate::visible_to(&self.node, viewer, subject).await
+    }
+
+    /// See [`roster_removed`]: the cancel and revoke of a roster removal by `client`.
+    pub async fn roster_removed(&self, client: &Client, item: &RosterItem) {
+        let mut session = Session::new(self.node.clone(), client.handle.clone(), client.peer);
+        roster_removed(&mut session, item).await;
+    }
+}
 
 pub(crate) fn presence(ty: PresenceType, from: &str, to: &str) -> Element {
     let mut p = Element::new("presence", NS_CLIENT)
@@ -679,7 +725,7 @@ pub(crate) fn push_or_note(
     push: bool,
 ) {
     if push {
-        crate::roster_push::push_item(shared, owner, version, item);
+        crate::roster_push::push_item(&shared.sessions, owner, version, item);
         return;
     }
     for s in shared.sessions.of_user_str(owner) {

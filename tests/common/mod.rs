@@ -297,6 +297,11 @@ impl TestServer {
         &self.running.as_ref().unwrap().shared
     }
 
+    /// The running server's services.
+    pub fn services(&self) -> &Arc<presenced::services::Services> {
+        &self.running.as_ref().unwrap().services
+    }
+
     /// Logs in `name` (password "pw") with resource `res` over STARTTLS and SASL PLAIN.
     pub async fn login(&self, name: &str, res: &str) -> Client {
         Client::login(self, name, "pw", res).await

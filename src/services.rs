@@ -1,0 +1,53 @@
+//! The services of one node, each a struct holding its own dependencies, built once by the
+//! composition root ([`crate::server::start`]) and lent by the c2s session task to the
+//! router, which hands each handler the service it uses and the
+//! [`crate::node::session::Client`] it acts for. A handler's signature therefore says
+//! what it depends on, instead of reaching into the node state.
+
+use std::sync::Arc;
+
+use crate::blocking::Blocking;
+use crate::liveness_tasks::last_seen::LastSeen;
+use crate::node::Shared;
+use crate::presence::Presence;
+use crate::privacy_iq::Privacy;
+use crate::roster::Roster;
+
+/// The node's services.
+pub struct Services {
+    /// Presence, as the other services ask it (RFC 6121 §3–§4, the privacy gate).
+    pub presence: Arc<Presence>,
+    /// RFC 6121 §2 roster management.
+    pub roster: Roster,
+    /// XEP-0191 block lists.
+    pub blocking: Blocking,
+    /// XEP-0012 last activity.
+    pub last_seen: LastSeen,
+    /// The visibility settings iq (who sees the user online, and last seen).
+    pub privacy: Privacy,
+}
+
+impl Services {
+    /// Builds every service from the node state, each taking only what it uses.
+    pub fn new(node: &Arc<Shared>) -> Self {
+        let presence = Arc::new(Presence::new(node.clone()));
+        Services {
+            roster: Roster::new(
+                node.store.clone(),
+                node.sessions.clone(),
+                node.live.clone(),
+                node.roster_locks.clone(),
+                presence.clone(),
+            ),
+            blocking: Blocking::new(
+                node.store.clone(),
+                node.sessions.clone(),
+                node.cluster.clone(),
+                presence.clone(),
+            ),
+            last_seen: LastSeen::new(node.liveness.clone(), node.store.clone(), presence.clone()),
+            privacy: Privacy::new(node.store.clone(), node.live.clone(), presence.clone()),
+            presence,
+        }
+    }
+}
