@@ -593,13 +593,11 @@ impl User {
                 self.shared.clone(),
                 srx,
             ));
-            let closing = loop {
-                tokio::select! {
-                    _ = &mut h => break None, // lost: the server ended it
-                    cmd = rx.recv() => match cmd {
-                        Some(UserCmd::Cut) => break Some(Command::Leave { drop: true }),
-                        Some(UserCmd::Close) | None => break Some(Command::Close),
-                    }
+            let closing = tokio::select! {
+                _ = &mut h => None, // lost: the server ended it
+                cmd = rx.recv() => match cmd {
+                    Some(UserCmd::Cut) => Some(Command::Leave { drop: true }),
+                    Some(UserCmd::Close) | None => Some(Command::Close),
                 }
             };
             self.counts.online.fetch_sub(1, Ordering::Relaxed);
