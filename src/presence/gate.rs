@@ -306,6 +306,15 @@ pub struct Prefetched {
 }
 
 impl Prefetched {
+    /// Nothing read ahead: [`Prefetched::online_audience`] reads the subject's audience
+    /// itself, under the subject's lock.
+    pub fn unread() -> Prefetched {
+        Prefetched {
+            epoch: 0,
+            audience: None,
+        }
+    }
+
     /// [`online_audience`] of `subject`, to be called under the subject's lock as that is:
     /// the audience read ahead while nothing that alters gate inputs has happened since
     /// the read (every such change invalidates the audience cache, the same guarantee a
