@@ -419,11 +419,10 @@ pub struct LivenessConfig {
     pub sweep_interval: Duration,
     /// Resources taken per sweeper call (the script is called again while batches are full).
     pub sweep_batch: usize,
-    /// Stale resources of dead nodes the sweeper announces at once (each a fan-out to the
-    /// audience read for the whole batch in one store query): a node's death announces all
-    /// of its sessions within the sweep that finds them stale, without one round trip after
-    /// another per resource, and without more concurrent store reads than this (a resource
-    /// whose inputs changed since the batch's read reads them again).
+    /// Stale resources of dead nodes the sweeper announces at once (each reads its audience
+    /// and fans out to it): a node's death announces all of its sessions within the sweep
+    /// that finds them stale, without one round trip after another per resource, and
+    /// without more concurrent store reads than this.
     pub sweep_concurrency: usize,
     /// At most one Redis write per resource per this interval (default T/3): beats are held
     /// locally and the latest one is written when this much time has passed.
