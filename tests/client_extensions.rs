@@ -344,24 +344,7 @@ async fn a_message_stored_while_its_recipient_becomes_available_is_still_deliver
         .expect("backend pid");
     bob.send(&chat(&alice, "racing", "")).await;
     // The server found no resource and is storing: its insert waits for the row lock.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-        )
-        .bind(holder)
-        .fetch_one(&pool)
-        .await
-        .expect("blocked backends");
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the offline insert never waited for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_a_backend_waits_on(&pool, holder).await;
     // Now alice becomes available; the barrier proves her presence, and the take of
     // stored messages that follows it, were handled (one task per session).
     send_presence(&mut a, None).await;

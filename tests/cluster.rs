@@ -1315,24 +1315,7 @@ async fn a_message_kept_while_its_recipient_becomes_available_on_another_node_is
         .expect("backend pid");
     alice.send(&message(&bob_bare, "racing")).await;
     // Node 1 found no resource taking messages and is keeping it: its insert waits.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-        )
-        .bind(holder)
-        .fetch_one(&pool)
-        .await
-        .expect("blocked backends");
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the offline insert never waited for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_a_backend_waits_on(&pool, holder).await;
     // Bob becomes available on node 2; the answer to a ping sent after his presence proves
     // the presence, and the take of kept messages that follows it, were handled (one task
     // per session, stanzas in order).

@@ -143,17 +143,71 @@ impl Store {
         subject: &str,
         subject_forms: &[String],
     ) -> Result<AudienceInputs, StoreError> {
-        if let super::Backend::Sqlite(db) = &self.backend {
-            return db
-                .audience_inputs(subject, subject_forms, &self.privacy_defaults())
-                .await
-                .map_err(|e| db.name_file(e));
+        let defaults = self.privacy_defaults();
+        let pool = pg_or_sqlite!(self, |db| db.audience_inputs(
+            subject,
+            subject_forms,
+            &defaults
+        ));
+        type Row = (
+            Option<String>,
+            Option<Vec<String>>,
+            Option<String>,
+            Option<Vec<String>>,
+            Vec<String>,
+            Vec<String>,
+            Vec<bool>,
+            Vec<bool>,
+        );
+        let row: Row = sqlx::query_as(
+            "SELECT ps.online, ps.online_except, ps.last_seen, ps.last_seen_except,
+                    coalesce(r.contacts, '{}'), coalesce(r.subs, '{}'),
+                    coalesce(r.blocks_subject, '{}'), coalesce(r.blocked_by_subject, '{}')
+             FROM (SELECT $1::text AS owner) o
+             LEFT JOIN privacy_settings ps ON ps.owner = o.owner
+             CROSS JOIN LATERAL (
+                 SELECT array_agg(ri.contact ORDER BY ri.contact) AS contacts,
+                        array_agg(ri.subscription ORDER BY ri.contact) AS subs,
+                        array_agg(EXISTS (
+                            SELECT 1 FROM blocklist b
+                            WHERE b.owner = ri.contact AND b.blocked = ANY($2::text[])
+                        ) ORDER BY ri.contact) AS blocks_subject,
+                        array_agg(EXISTS (
+                            SELECT 1 FROM blocklist b
+                            WHERE b.owner = o.owner
+                              AND b.blocked IN (ri.contact,
+                                                substr(ri.contact, strpos(ri.contact, '@') + 1))
+                        ) ORDER BY ri.contact) AS blocked_by_subject
+                 FROM roster_items ri WHERE ri.owner = o.owner
+             ) r",
+        )
+        .bind(subject)
+        .bind(subject_forms)
+        .fetch_one(pool)
+        .await?;
+        let (online, online_except, last_seen, last_seen_except, contacts, subs, by_c, by_s) = row;
+        let settings = settings_from(
+            (online, online_except, last_seen, last_seen_except),
+            &defaults,
+        )?;
+        if subs.len() != contacts.len()
+            || by_c.len() != contacts.len()
+            || by_s.len() != contacts.len()
+        {
+            return Err(StoreError::Corrupt(
+                "audience arrays differ in length".into(),
+            ));
         }
-        let mut one = self
-            .audience_inputs_many(&[(subject.to_owned(), subject_forms.to_vec())])
-            .await?;
-        one.pop()
-            .ok_or_else(|| StoreError::Corrupt("no audience row".into()))
+        let roster = contacts
+            .into_iter()
+            .zip(subs)
+            .zip(by_c.into_iter().zip(by_s))
+            .map(|((contact, sub), (blocks_subject, blocked_by_subject))| {
+                AudienceContact::from_columns(contact, &sub, blocks_subject, blocked_by_subject)
+            })
+            .filter_map(Result::transpose)
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(AudienceInputs { settings, roster })
     }
 
     /// [`Self::audience_inputs`] of many subjects, each given as its bare JID and the

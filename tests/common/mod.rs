@@ -1148,3 +1148,26 @@ pub async fn disco_features(c: &mut Client, to: &str) -> Vec<String> {
         .filter_map(|f| f.get_attr("var").map(str::to_owned))
         .collect()
 }
+
+/// Waits (at most 15 s) until a PostgreSQL backend waits for a lock that backend `holder`
+/// holds: the server's statement has reached the point the test holds it at.
+pub async fn until_a_backend_waits_on(pool: &sqlx::PgPool, holder: i32) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(holder)
+        .fetch_one(pool)
+        .await
+        .expect("blocked backends");
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no statement waited for the held lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
