@@ -2412,16 +2412,17 @@ async fn a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_n
     assert!(taken >= 3, "the sweeper took the stale beat {taken} times");
     // Between a sweep and its put-back the member is briefly absent: read it back within
     // a sweep interval.
+    // The value found is the one compared: a second read could fall into the next sweep's
+    // gap.
     let deadline = Instant::now() + n1.config.liveness.sweep_interval;
-    while score(conn.clone()).await.is_none() {
+    let put_back = loop {
+        if let Some(s) = score(conn.clone()).await {
+            break s;
+        }
         assert!(Instant::now() < deadline, "the beat was not put back");
         tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(
-        score(conn.clone()).await,
-        Some(stale as f64),
-        "put back unchanged"
-    );
+    };
+    assert_eq!(put_back, stale as f64, "put back unchanged");
     // The ghost stops heartbeating: within T (its last heartbeat ages out) plus a heartbeat
     // period and a sweep, the beat is taken for good.
     let deadline = Instant::now() + ttl + Duration::from_secs(2);
