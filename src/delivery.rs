@@ -670,15 +670,9 @@ pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -
 /// been shown to no contact, so none is told: an unavailable from its full JID would say
 /// it had been online. (Without an entry to read, the gate's audience is told as before.)
 ///
-/// `last` is that entry and `audience` the gate's audience, both read by the caller for a
-/// whole batch of lost resources at once ([`crate::cluster::Cluster::last_entry_read`],
-/// [`gate::online_audiences`]); the audience is settled here, under the subject's lock.
-pub(crate) async fn unavailable_of_lost(
-    shared: &Shared,
-    jid: &FullJid,
-    last: Option<&Entry>,
-    audience: gate::Prefetched,
-) {
+/// `last` is that entry, read by the caller for a whole batch of lost resources in one
+/// pipeline ([`crate::cluster::Cluster::last_entry_read`]).
+pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid, last: Option<&Entry>) {
     let bare = jid.to_bare();
     let shown = last.is_none_or(|e| e.available && e.visible);
     // Its directory entry goes too, once its node is no longer live.
@@ -688,8 +682,7 @@ pub(crate) async fn unavailable_of_lost(
     let once = crate::xml::Addressed::new(&unavailable(jid.as_str(), bare.as_str()));
     let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
     let mut recipients: Vec<String> = if shown {
-        audience
-            .online_audience(shared, jid)
+        gate::online_audience(shared, jid)
             .await
             .into_iter()
             .map(|contact| contact.to_string())

@@ -24,10 +24,10 @@
 //!
 //! A crashed node's sessions all go stale within one refresh interval, thousands at once:
 //! the resource keys and directory entries of a batch's orphans are read in one pipeline
-//! (per slot on a Redis Cluster), the privacy gate's inputs for all of them in one store
-//! query, and `sweep_concurrency` of them are announced at a time (each one cluster
-//! message and local deliveries), so they are all told within the sweep that finds them
-//! rather than one round trip after another.
+//! (per slot on a Redis Cluster), and `sweep_concurrency` of them are announced at a time
+//! (each one read of the user's audience, one cluster message and local deliveries), so
+//! they are all told within the sweep that finds them rather than one round trip after
+//! another.
 //!
 //! Without Redis the sweeper takes the same stale resources (beat at or before now − T, in
 //! batches of `sweep_batch`) from the in-process table, every one of them this node's, and
@@ -42,7 +42,6 @@ use crate::jid::FullJid;
 use crate::liveness::redis_link::RedisLink;
 use crate::liveness::{in_process, keys, Backend, Op, SweptLocal};
 use crate::node::Shared;
-use crate::presence::gate;
 use crate::redis_conn::{Conn, SlotPipe};
 
 /// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size.
@@ -486,30 +485,22 @@ async fn announce_orphans(
         return;
     }
     // Each announcement reads its own gate inputs, `sweep_concurrency` at a time, under its
-    // subject's lock. One statement for the whole batch ([`gate::online_audiences`]) was
-    // slower here: every announcement of the batch waited for the one query, which runs on
-    // one PostgreSQL backend, where the separate reads run on the pool's connections side
-    // by side (2,000 sessions: ≈ 520 told per second, against ≈ 1,400 before, and the
-    // scale test's bound missed).
-    let audiences = std::iter::repeat_with(gate::Prefetched::unread);
+    // subject's lock: the reads run on the pool's connections side by side, where one
+    // statement for the whole batch made every announcement wait for one backend
+    // (BENCHMARKS.md, "Cluster").
     // Tasks, not futures of this one: the announcements run on every worker thread.
     let limit = shared.liveness.sweep_concurrency();
     let mut running = tokio::task::JoinSet::new();
-    for ((o, last), audience) in lost.into_iter().zip(audiences) {
+    for (o, last) in lost {
         if running.len() >= limit {
             running.join_next().await;
         }
-        running.spawn(announce_lost(shared.clone(), o, last, audience));
+        running.spawn(announce_lost(shared.clone(), o, last));
     }
     while running.join_next().await.is_some() {}
 }
 
-async fn announce_lost(
-    shared: Arc<Shared>,
-    o: Orphan,
-    last: Option<Entry>,
-    audience: gate::Prefetched,
-) {
+async fn announce_lost(shared: Arc<Shared>, o: Orphan, last: Option<Entry>) {
     let Orphan { jid, score, .. } = o;
     tracing::info!(%jid, last_beat = score, "sweeper: resource of no live node");
     let bare = jid.to_bare();
@@ -517,7 +508,7 @@ async fn announce_lost(
     let ops = shared.cluster.peers().len() + 2;
     shared.cluster.wait_for_room(ops).await;
     shared.cluster.seen(bare.as_str(), score);
-    crate::delivery::unavailable_of_lost(&shared, &jid, last.as_ref(), audience).await;
+    crate::delivery::unavailable_of_lost(&shared, &jid, last.as_ref()).await;
     shared.liveness.last_seen.push(crate::store::LastSeen {
         jid: bare.to_string(),
         at: chrono::DateTime::from_timestamp_millis(score).unwrap_or_else(chrono::Utc::now),

@@ -210,19 +210,6 @@ impl Store {
         Ok(inputs)
     }
 
-    /// The count of invalidations so far: inputs read after taking it (outside the cache,
-    /// e.g. [`Store::audience_inputs_many`]) may be used for as long as
-    /// [`Self::audience_unchanged_since`] holds, under the same argument as a cached entry.
-    pub fn audience_epoch(&self) -> u64 {
-        self.audience.epoch.load(Ordering::Relaxed)
-    }
-
-    /// Whether nothing that drops cached inputs (a gate-input write here, a change
-    /// notification from elsewhere, a lost LISTEN connection) happened since `epoch`.
-    pub fn audience_unchanged_since(&self, epoch: u64) -> bool {
-        self.audience.epoch.load(Ordering::Relaxed) == epoch
-    }
-
     /// Drops the cached inputs of local user `owner` (its roster or settings changed).
     pub fn forget_audience(&self, owner: &str) {
         self.audience.invalidate(Some(owner));
