@@ -119,6 +119,18 @@ impl Names {
             .collect()
     }
 
+    /// Whether the string of any of `ids` satisfies `pred`, under one lock and without a
+    /// copy (an id not acquired is skipped).
+    pub fn any(&self, ids: impl IntoIterator<Item = NameId>, pred: impl Fn(&str) -> bool) -> bool {
+        let t = self.lock();
+        ids.into_iter().any(|id| {
+            t.slots
+                .get(id as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|(n, _)| pred(n))
+        })
+    }
+
     /// Distinct strings held (for tests and metrics).
     pub fn len(&self) -> usize {
         self.lock().ids.len()

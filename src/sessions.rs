@@ -204,6 +204,11 @@ impl SessionState {
             .names(self.revealed.iter().map(|(id, rel)| (*id, *rel)))
     }
 
+    /// Whether this session was shown to a viewer whose JID satisfies `pred`.
+    pub fn revealed_any(&self, pred: impl Fn(&str) -> bool) -> bool {
+        self.names.any(self.revealed.keys().copied(), pred)
+    }
+
     /// Takes (and clears) the set of viewers this session was shown to.
     pub fn take_revealed(&mut self) -> Vec<(Arc<str>, Relation)> {
         let taken = std::mem::take(&mut self.revealed);
@@ -432,13 +437,8 @@ impl SessionHandle {
     }
 
     /// The viewers this session was shown to, and how (a copy).
-    pub fn revealed(&self) -> Vec<(String, Relation)> {
-        self.read(|p| {
-            p.revealed()
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect()
-        })
+    pub fn revealed(&self) -> Vec<(Arc<str>, Relation)> {
+        self.read(|p| p.revealed())
     }
 }
 
@@ -613,9 +613,8 @@ impl Sessions {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
         map.iter()
             .filter(|(_, list)| {
-                list.iter().any(|h| {
-                    h.read(|p| p.revealed().iter().any(|(v, _)| bare_of(v) == viewer_bare))
-                })
+                list.iter()
+                    .any(|h| h.read(|p| p.revealed_any(|v| bare_of(v) == viewer_bare)))
             })
             .map(|(user, _)| user.clone())
             .collect()
