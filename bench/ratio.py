@@ -285,6 +285,26 @@ def ladder_table(runs, present, spread):
                 word = "NOT met"
             print(f"- {TITLES[n]} at {name}: p99 {ours.cell()} ms against ⅓ of "
                   f"{TITLES[best]}'s {p99[best].cell()} ms = {bound:.3g} ms: target {word}")
+def print_ratio_head(present, ours):
+    """The head of a figures table: one column per server, one ratio column per ours."""
+    head = "| figure | " + " | ".join(TITLES[n] for n in present)
+    head += "".join(f" | {TITLES[n]} ÷ best peer" for n in ours) + " |"
+    print(head)
+    print("|---|" + "---:|" * (len(present) + len(ours)))
+
+
+def print_ratio_row(label, cells, present, ours, higher, repeated):
+    """One figure's row (nothing when no server has it): each server's cell, then each
+    of ours against the best peer (bench's rule: a ratio only where the ranges are apart)."""
+    if not any(cells.values()):
+        return
+    row = f"| {label} | " + " | ".join(cells[n].cell() for n in present)
+    for n in ours:
+        row += " | " + ratio_cell(cells[n], [cells[p] for p in PEERS if p in cells],
+                                  higher, repeated)
+    print(row + " |")
+
+
 def storm_table(runs, present, repeated):
     """The reconnect storm table (one block per cause) and the verdict on the target:
     presenced back within a third of the best peer's time."""
@@ -308,20 +328,11 @@ def storm_table(runs, present, repeated):
               "peer do not overlap; \"overlap\" means the runs do not separate them.")
     for cause in first.get("storm_causes", []):
         print(f"\n**{'Network cut' if cause == 'cut' else 'Server restart'}** ({cause})\n")
-        head = "| figure | " + " | ".join(TITLES[n] for n in present)
-        head += "".join(f" | {TITLES[n]} ÷ best peer" for n in ours) + " |"
-        print(head)
-        print("|---|" + "---:|" * (len(present) + len(ours)))
+        print_ratio_head(present, ours)
         for key, label, higher in STORM_FIGURES:
             cells = {n: Spread([(run[n] or {}).get(f"{cause}_{key}") for run in runs])
                      for n in present}
-            if not any(cells.values()):
-                continue
-            row = f"| {label} | " + " | ".join(cells[n].cell() for n in present)
-            for n in ours:
-                row += " | " + ratio_cell(cells[n], [cells[p] for p in PEERS if p in cells],
-                                          higher, repeated)
-            print(row + " |")
+            print_ratio_row(label, cells, present, ours, higher, repeated)
         print()
         for n in ours:
             for key in ("restored_99_s", "restored_100_s"):
@@ -383,22 +394,13 @@ def main():
         print("\nA ratio is given only where the min–max ranges of presenced and the best "
               "peer do not overlap; \"overlap\" means the runs do not separate them.")
     print()
-    head = "| figure | " + " | ".join(TITLES[n] for n in present)
-    head += "".join(f" | {TITLES[n]} ÷ best peer" for n in ours) + " |"
-    print(head)
-    print("|---|" + "---:|" * (len(present) + len(ours)))
+    print_ratio_head(present, ours)
 
     for key, label, higher in FIGURES:
         if csi and ("fixed" in key or "sat_" in key or "deliveries" in key):
             continue
         cells = {n: spread(n, key) for n in present}
-        if not any(cells.values()):
-            continue
-        row = f"| {label} | " + " | ".join(cells[n].cell() for n in present)
-        for n in ours:
-            row += " | " + ratio_cell(cells[n], [cells[p] for p in PEERS if p in cells],
-                                      higher, repeated)
-        print(row + " |")
+        print_ratio_row(label, cells, present, ours, higher, repeated)
     for key, label in PRESENCED_ONLY:
         cells = [spread(n, key).cell() if n in OURS else "n/a" for n in present]
         if all(c in ("", "n/a") for c in cells):
