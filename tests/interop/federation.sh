@@ -28,7 +28,7 @@
 #
 # usage: tests/interop/federation.sh [prosody|ejabberd|all] [dialback|certs]
 #        (defaults: prosody, dialback)
-# Ports: every fixed port is 55xxx by default, or from INTEROP_PORT_BASE up (base+0 .. +8).
+# Ports: every fixed port is from INTEROP_PORT_BASE (default 28300) up, base+0 .. +8.
 # Output: $WORK/result-<peer>.txt plus every server log in $WORK (default /tmp/presenced-interop).
 set -euo pipefail
 
@@ -39,22 +39,13 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 WORK=${WORK:-/tmp/presenced-interop}
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
-# Ports nobody else on the shared machine uses (never 5222/5269/25222/35222/45222).
-if [ -n "${INTEROP_PORT_BASE:-}" ]; then
-    B=$INTEROP_PORT_BASE
-    DNS_PORT=$B OURS_C2S=$((B + 1)) OURS_S2S=$((B + 2)) PROS_C2S=$((B + 3)) PROS_S2S=$((B + 4))
-    EJ_C2S=$((B + 5)) EJ_S2S=$((B + 6)) OURS2_C2S=$((B + 7)) OURS2_S2S=$((B + 8))
-else
-    DNS_PORT=55353
-    OURS_C2S=55322
-    OURS_S2S=55369
-    PROS_C2S=55222
-    PROS_S2S=55269
-    EJ_C2S=55422
-    EJ_S2S=55469
-    OURS2_C2S=55323
-    OURS2_S2S=55370
-fi
+# Fixed ports from INTEROP_PORT_BASE up (base+0 .. +8), below the kernel's ephemeral range
+# (32768 and up on Linux): a port in that range can be held as the source port of any
+# outgoing connection on the machine (to PostgreSQL, Redis, a peer), and a server then
+# fails to bind it. Never 5222/5269 or the other suites' 26222+ and 30201+.
+B=${INTEROP_PORT_BASE:-28300}
+DNS_PORT=$B OURS_C2S=$((B + 1)) OURS_S2S=$((B + 2)) PROS_C2S=$((B + 3)) PROS_S2S=$((B + 4))
+EJ_C2S=$((B + 5)) EJ_S2S=$((B + 6)) OURS2_C2S=$((B + 7)) OURS2_S2S=$((B + 8))
 CLUSTER=${CLUSTER:-0}
 OURS=pd.example
 PROS=pros.example
@@ -75,10 +66,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_port() { # host port seconds
+wait_port() { # host port seconds [log pid]: with a log, its tail is shown on failure
     local end=$((SECONDS + $3))
     until (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; do
-        if ((SECONDS > end)); then echo "port $1:$2 did not open" >&2; return 1; fi
+        if ((SECONDS > end)) || { [ -n "${5:-}" ] && ! kill -0 "$5" 2>/dev/null; }; then
+            echo "port $1:$2 did not open" >&2
+            if [ -n "${5:-}" ] && ! kill -0 "$5" 2>/dev/null; then echo "(its process exited)" >&2; fi
+            if [ -n "${4:-}" ]; then echo "--- last lines of $4:" >&2; tail -30 "$4" >&2 || true; fi
+            return 1
+        fi
         sleep 0.2
     done
 }
@@ -186,8 +182,8 @@ OURS_USER="pd$RUN"
 "$BIN" -c "$WORK/presenced.toml" user add "$OURS_USER@$OURS" --password-file "$WORK/password"
 RUST_LOG=info,presenced=debug "$BIN" -c "$WORK/presenced.toml" serve >"$WORK/presenced.log" 2>&1 &
 pids+=($!)
-wait_port 127.0.0.1 "$OURS_C2S" 30
-wait_port 127.0.0.1 "$OURS_S2S" 5
+wait_port 127.0.0.1 "$OURS_C2S" 30 "$WORK/presenced.log" "$!"
+wait_port 127.0.0.1 "$OURS_S2S" 5 "$WORK/presenced.log"
 # Where the presenced user logs in first, and where it logs in again.
 FIRST_C2S=$OURS_C2S
 SECOND_C2S=$OURS_C2S
@@ -196,7 +192,7 @@ if [ "$CLUSTER" = 1 ]; then
     write_config "$WORK/presenced-2.toml" "$OURS2_C2S" "$OURS2_S2S" interop-2
     RUST_LOG=info,presenced=debug "$BIN" -c "$WORK/presenced-2.toml" serve >"$WORK/presenced-2.log" 2>&1 &
     pids+=($!)
-    wait_port 127.0.0.1 "$OURS2_C2S" 30
+    wait_port 127.0.0.1 "$OURS2_C2S" 30 "$WORK/presenced-2.log" "$!"
     FIRST_C2S=$OURS2_C2S
 fi
 
@@ -243,7 +239,7 @@ EOF
     echo "== Prosody for $PROS (c2s $PROS_C2S, s2s $PROS_S2S)"
     prosody -F --config "$dir/prosody.cfg.lua" >"$dir/stdout.log" 2>&1 &
     pids+=($!)
-    wait_port 127.0.0.1 "$PROS_C2S" 30
+    wait_port 127.0.0.1 "$PROS_C2S" 30 "$dir/prosody.log" "$!"
     echo "== exchange presenced <-> Prosody"
     python3 "$HERE/exchange.py" "$OURS_USER@$OURS" "127.0.0.1:$FIRST_C2S" \
         "$user@$PROS" "127.0.0.1:$PROS_C2S" "$PASSWORD" "127.0.0.1:$SECOND_C2S" \
