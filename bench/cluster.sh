@@ -13,7 +13,7 @@
 #   K=10                    mutual contacts per user (ring: user i's contacts are i±1..±5,
 #                           and user i logs in to node i mod NODES, so most contacts of a
 #                           session are on other nodes)
-#   PORT_BASE=41000         node j (1..3): c2s PORT_BASE+j, /metrics PORT_BASE+100+j;
+#   PORT_BASE=29500         node j (1..3): c2s PORT_BASE+j, /metrics PORT_BASE+100+j;
 #                           the private Redis PORT_BASE+379
 #   CLUSTER_WORK=/tmp/presenced-cluster-bench   configs, logs, provisioning markers
 #   RESULTS=$CLUSTER_WORK/results   one JSON per run (nodes<M>-n<N>-run<R>, replaced when
@@ -37,7 +37,7 @@ REPO="$(cd "$HERE/.." && pwd)"
 RUNS="${RUNS:-1:19000 3:51000}"
 REPEAT="${REPEAT:-1}"
 K="${K:-10}"
-PORT_BASE="${PORT_BASE:-41000}"
+PORT_BASE="${PORT_BASE:-29500}"
 WORK="${CLUSTER_WORK:-/tmp/presenced-cluster-bench}"
 PG="${PG:-postgres://postgres@127.0.0.1:5432}"
 TTL="${TTL:-45}"

@@ -24,7 +24,7 @@
 #   REST_SECS=60         idle window after logins, the same for every server (so the load
 #                        phases start at the same offset); presenced's Redis/PostgreSQL
 #                        write rates at rest are read over it
-#   PRESENCED_HTTP_PORT=35280, BENCH_REDIS_PORT=36379  presenced's /metrics listener and the
+#   PRESENCED_HTTP_PORT=29280, BENCH_REDIS_PORT=29379  presenced's /metrics listener and the
 #                        private redis-server the bench runs for it (exact INFO commandstats)
 #   CSI=1                the client state indication workload (XEP-0352) instead of the
 #                        fixed-load and saturation phases: Prosody with mod_csi_simple,
@@ -50,10 +50,12 @@
 #   --fresh              wipe server data (re-provision) first
 #   --provision-only     provision what is missing for this N/K (untimed) and stop
 #
-# Ports: Prosody 35222, ejabberd 45222 (PROSODY_PORT, EJABBERD_PORT: e.g. to provision two
-# sizes at once), presenced 35322 (never 5222/25222 or 552xx-554xx: others use them),
-# presenced /metrics 35280, its private Redis 36379; embedded 35323 (EMBEDDED_PORT) and
-# /metrics 35281 (EMBEDDED_HTTP_PORT). ejabberd's Erlang distribution listens on a port the
+# Ports: Prosody 29222, ejabberd 29422 (PROSODY_PORT, EJABBERD_PORT: e.g. to provision two
+# sizes at once), presenced 29322, presenced /metrics 29280, its private Redis 29379;
+# embedded 29323 (EMBEDDED_PORT) and /metrics 29281 (EMBEDDED_HTTP_PORT). All lie below the
+# kernel's ephemeral range (32768 and up on Linux), where any outgoing connection on the
+# machine may hold a port as its source and a server then cannot listen on it; and clear of
+# the tests' fixed ports (26222+, 28300+, 30201+). ejabberd's Erlang distribution listens on a port the
 # kernel picks (ephemeral) unless EJABBERD_DIST_PORTS=LOW-HIGH names a range (the node
 # and each ejabberdctl call take one port of it: give it a few).
 # Everything listens on 127.0.0.1 only. Provisioning happens before each timed run and the
@@ -68,13 +70,13 @@ SERVERS="${SERVERS:-prosody ejabberd presenced embedded}"
 WORK="${BENCH_WORK:-/tmp/presenced-bench}"
 RESULTS="${RESULTS:-$WORK/results}"
 DOMAIN=bench.example
-PROSODY_PORT="${PROSODY_PORT:-35222}"
-EJABBERD_PORT="${EJABBERD_PORT:-45222}"
-PRESENCED_PORT="${PRESENCED_PORT:-35322}"
-PRESENCED_HTTP_PORT="${PRESENCED_HTTP_PORT:-35280}"
-EMBEDDED_PORT="${EMBEDDED_PORT:-35323}"
-EMBEDDED_HTTP_PORT="${EMBEDDED_HTTP_PORT:-35281}"
-BENCH_REDIS_PORT="${BENCH_REDIS_PORT:-36379}"
+PROSODY_PORT="${PROSODY_PORT:-29222}"
+EJABBERD_PORT="${EJABBERD_PORT:-29422}"
+PRESENCED_PORT="${PRESENCED_PORT:-29322}"
+PRESENCED_HTTP_PORT="${PRESENCED_HTTP_PORT:-29280}"
+EMBEDDED_PORT="${EMBEDDED_PORT:-29323}"
+EMBEDDED_HTTP_PORT="${EMBEDDED_HTTP_PORT:-29281}"
+BENCH_REDIS_PORT="${BENCH_REDIS_PORT:-29379}"
 REST_SECS="${REST_SECS:-60}"
 CSI="${CSI:-0}"
 CSI_SECS="${CSI_SECS:-20}"
@@ -326,8 +328,8 @@ CFG
 }
 ejabberd_start() {
     local d="$DATA/ejabberd" i p try
-    # Its port lies in the ephemeral range: another program's connection can hold it for a
-    # moment (eaddrinuse, and ejabberd exits). Then try again.
+    # A port can be held for a moment by another program (eaddrinuse, and ejabberd exits),
+    # most likely when PORT variables put it in the ephemeral range. Then try again.
     for try in 1 2 3; do
         ejabberdctl --ctl-config "$d/ejabberdctl.cfg" foreground >>"$d/stdout.log" 2>&1 &
         SERVER_PID=$!
@@ -512,8 +514,8 @@ launch_presenced() { # name port command
     # The environment's DATABASE_URL / REDIS_URL would override the config's (README):
     # the bench server must use its own database and Redis.
     local try
-    # Its ports lie in the ephemeral range, as ejabberd's: another program's connection can
-    # hold one for a moment (it then exits with "Address already in use"). Then try again.
+    # As ejabberd's, its port can be held for a moment by another program (it then exits
+    # with "Address already in use"). Then try again.
     for try in 1 2 3; do
         env -u DATABASE_URL -u REDIS_URL bash -c "exec $3" >>"$DATA/$1/stdout.log" 2>&1 &
         SERVER_PID=$!

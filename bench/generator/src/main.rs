@@ -67,7 +67,7 @@ enum ServerKind {
 #[command(name = "presenced-bench", version)]
 struct Cli {
     /// c2s address of the server under test (an IP literal on loopback).
-    #[arg(long, default_value = "127.0.0.1:35222")]
+    #[arg(long, default_value = "127.0.0.1:29222")]
     target: SocketAddr,
     /// XMPP domain of the test users.
     #[arg(long, default_value = "bench.example")]
@@ -206,7 +206,7 @@ struct Cli {
     /// read over it when a --metrics-url, --redis-stats or --pg-stats source is given.
     #[arg(long, default_value_t = 60)]
     rest_secs: u64,
-    /// presenced's Prometheus endpoint, e.g. http://127.0.0.1:35280/metrics (loopback).
+    /// presenced's Prometheus endpoint, e.g. http://127.0.0.1:29280/metrics (loopback).
     #[arg(long)]
     metrics_url: Option<String>,
     /// Redis the server writes to, for INFO commandstats deltas (exact only if private).

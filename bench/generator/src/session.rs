@@ -1078,9 +1078,9 @@ fn on_iq(el: &Element) -> Option<String> {
 
 /// Source address number `i` of `count`, cycling through 127.0.0.2 ..= 127.0.0.(count+1)
 /// (then on into 127.0.1.x): each source address has its own ephemeral port range.
-/// 127.0.0.1 is left out on purpose: the servers listen there on ports (35222, 45222) that
-/// lie inside Linux's ephemeral range, and a client socket bound to 127.0.0.1 could take
-/// such a port and keep it in TIME_WAIT, so the next server start could not listen.
+/// 127.0.0.1 is left out on purpose: the servers listen there, and should a port variable
+/// put a server's port inside Linux's ephemeral range, a client socket bound to 127.0.0.1
+/// could take that port and keep it in TIME_WAIT, so the next server start could not listen.
 pub fn source_addr(i: u32, count: u32) -> IpAddr {
     let n = 2 + i % count.max(1);
     IpAddr::from([127, (n >> 16) as u8, (n >> 8) as u8, n as u8])
