@@ -2,8 +2,10 @@
 //! composition root ([`crate::server::start`]) and lent by the c2s session task to the
 //! router, which hands each handler the service it uses and the
 //! [`crate::node::session::Client`] it acts for. A handler's signature therefore says
-//! what it depends on, instead of reaching into the node state; only routing itself, which
-//! delivers anywhere (sessions here, other nodes, federation), works on the node state.
+//! what it depends on, instead of reaching into the node state. Presence and PEP, whose
+//! work spans the node (the privacy gate, delivery to the other nodes and over
+//! federation), hold the node state inside their service; the router, which routes
+//! anywhere, works on it too ([`Services::node`]).
 
 use std::sync::Arc;
 
