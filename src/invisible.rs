@@ -21,52 +21,35 @@
 //! admit, as a broadcast would.
 
 use crate::error::{iq_result, StanzaError};
-use crate::node::session::Session;
+use crate::node::session::Client;
+use crate::presence::Presence;
 use crate::stanza::IqType;
 use crate::xml::Element;
 
 /// The XEP-0186 namespace.
 pub const NS_INVISIBLE: &str = "urn:xmpp:invisible:0";
 
-/// Handles an `urn:xmpp:invisible:0` iq the user sent to their own account.
-pub async fn handle(session: &mut Session, iq: &Element, ty: IqType, payload: &Element) -> Element {
+/// Handles an `urn:xmpp:invisible:0` iq the user sent to their own account; presence
+/// withdraws or shows the session.
+pub async fn handle(
+    presence: &Presence,
+    client: &Client,
+    iq: &Element,
+    ty: IqType,
+    payload: &Element,
+) -> Element {
     if ty != IqType::Set {
         // XEP-0186 defines only set.
         return error(iq, StanzaError::bad_request());
     }
-    let shared = session.shared.clone();
-    let me = session.jid().to_string();
     match payload.name.as_str() {
         "invisible" => {
             let probe = matches!(payload.get_attr("probe"), Some("true") | Some("1"));
-            {
-                let _guard = shared
-                    .subject_locks
-                    .lock_subject(crate::jid::bare_of(&me))
-                    .await;
-                // Withdraw what this resource had shown (subscribers and directed); the
-                // directed set goes with it, so its later unavailable repeats nothing.
-                let revealed = session.handle.write(|p| {
-                    p.invisible = true;
-                    p.probe_remote = probe;
-                    p.take_directed();
-                    p.take_revealed()
-                });
-                crate::presence::to_directory(&shared, &session.handle);
-                for (viewer, _) in revealed {
-                    let p = crate::node::send::unavailable(&me, &viewer);
-                    crate::node::send::presence_to(&shared, &viewer, p);
-                }
-            }
+            presence.become_invisible(client, probe).await;
             iq_result(iq)
         }
         "visible" => {
-            session.handle.write(|p| {
-                p.invisible = false;
-                p.probe_remote = false;
-            });
-            crate::presence::to_directory(&shared, &session.handle);
-            crate::presence::gate::reconcile_subject(&shared, &session.jid().to_bare()).await;
+            presence.become_visible(client).await;
             iq_result(iq)
         }
         _ => error(iq, StanzaError::bad_request()),

@@ -31,7 +31,8 @@
 
 use crate::error::{iq_result, StanzaError};
 use crate::jid::{BareJid, Jid};
-use crate::node::session::Session;
+use crate::node::session::Client;
+use crate::node::Shared;
 use crate::services::Services;
 use crate::stanza::{IqType, PresenceType};
 use crate::xml::{self as x, Element};
@@ -39,24 +40,25 @@ use crate::xml::{self as x, Element};
 pub use crate::node::session::{classify, Target};
 
 /// Hands a stanza for another domain to federation; bounces it if that fails.
-pub fn remote(session: &Session, el: Element) {
+pub fn remote(shared: &Shared, el: Element) {
     let copy = el.clone();
-    if let Err(e) = crate::node::route_remote(&session.shared, el) {
-        bounce(session, &copy, e);
+    if let Err(e) = crate::node::route_remote(shared, el) {
+        bounce(shared, &copy, e);
     }
 }
 
 /// The one bounce ([`crate::delivery::bounce`]): the session's stanzas carry its full JID
 /// as `from`, so the reply comes back to it.
-fn bounce(session: &Session, el: &Element, err: StanzaError) {
-    crate::delivery::bounce(&session.shared, el, err);
+fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
+    crate::delivery::bounce(shared, el, err);
 }
 
 /// Routes one stanza whose `from` has been stamped by the session.
-pub async fn from_client(services: &Services, session: &mut Session, el: Element) {
-    let target = match classify(&session.shared, el.get_attr("to")) {
+pub async fn from_client(services: &Services, session: &Client, el: Element) {
+    let shared = &services.node;
+    let target = match classify(shared, el.get_attr("to")) {
         Ok(t) => t,
-        Err(e) => return bounce(session, &el, e),
+        Err(e) => return bounce(shared, &el, e),
     };
     match el.name.as_str() {
         "presence" => {
@@ -67,31 +69,31 @@ pub async fn from_client(services: &Services, session: &mut Session, el: Element
                 // XEP-0398 §4: the avatar's hash for vCard clients, in every available
                 // presence of the user (broadcast and directed).
                 let owner = session.jid().to_bare().to_string();
-                crate::pep::vcard::stamp_presence(&session.shared, &owner, &mut el).await;
+                services.pep.stamp_presence(&owner, &mut el).await;
             }
             let took_messages = crate::delivery::takes_messages(&session.handle);
             // XEP-0115 capabilities of the client's own available presence (XEP-0163 §4.4).
             let was_available = session.handle.is_available();
             let caps = (available && is_own(session, &target)).then(|| el.clone());
-            crate::presence::from_client(session, el, ty, target).await;
+            services.presence.from_client(session, el, ty, target).await;
             if let Some(p) = caps.filter(|_| session.handle.is_available()) {
-                crate::pep::on_presence(session, &p, !was_available).await;
+                services.pep.on_presence(session, &p, !was_available).await;
             }
             if !took_messages && crate::delivery::takes_messages(&session.handle) {
                 // XEP-0160: what was kept for the user goes to a resource once it takes
                 // messages (initial presence, or a negative priority raised), after
                 // everything the presence itself brought (probe answers, waiting
                 // subscription requests).
-                crate::delivery::offline_messages(&session.shared, &session.handle).await;
+                crate::delivery::offline_messages(shared, &session.handle).await;
             }
         }
         "iq" => iq(services, session, el, target).await,
-        _ => message(session, el, target).await,
+        _ => message(shared, session, el, target).await,
     }
 }
 
 /// Whether `target` is the session's own account (a presence there is a broadcast).
-fn is_own(session: &Session, target: &Target) -> bool {
+fn is_own(session: &Client, target: &Target) -> bool {
     match target {
         Target::OwnAccount => true,
         Target::LocalBare(b) => *b == session.jid().to_bare(),
@@ -100,18 +102,22 @@ fn is_own(session: &Session, target: &Target) -> bool {
 }
 
 /// Whether `bare` is an account here (see [`crate::delivery::account_exists`]).
-pub async fn account_exists(session: &Session, bare: &BareJid) -> bool {
-    crate::delivery::account_exists(&session.shared, bare).await
+pub async fn account_exists(shared: &Shared, bare: &BareJid) -> bool {
+    crate::delivery::account_exists(shared, bare).await
 }
 
 /// XEP-0191 §3.5 on the sender's side, and the side-channel filter, for a message or iq
 /// to `target`. Returns the stanza to route (possibly with presence-revealing signals
 /// removed), or `None` when it was answered or dropped here. The recipient's side (its
 /// block list, the privacy gate) is [`crate::delivery`]'s, as for stanzas from anywhere.
-async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Option<Element> {
+async fn privacy_checks(
+    shared: &Shared,
+    session: &Client,
+    el: Element,
+    target: &Target,
+) -> Option<Element> {
     use crate::blocking::{outbound_to_blocked, Verdict};
     use crate::metrics::DropReason;
-    let shared = &session.shared;
     let me = session.jid().as_str();
     let own = session.jid().to_bare();
     let recipient = match target {
@@ -157,54 +163,53 @@ async fn privacy_checks(session: &Session, el: Element, target: &Target) -> Opti
     Some(el)
 }
 
-async fn message(session: &mut Session, el: Element, target: Target) {
+async fn message(shared: &Shared, session: &Client, el: Element, target: Target) {
     if !matches!(target, Target::LocalDomain) {
         // Counted before the recipient's block list and sessions are looked at: the figure
         // is public and must not tell a sender whether it is blocked or the recipient online.
-        session.shared.metrics.message_routed();
+        shared.metrics.message_routed();
     }
-    let Some(el) = privacy_checks(session, el, &target).await else {
+    let Some(el) = privacy_checks(shared, session, el, &target).await else {
         return;
     };
     if !matches!(target, Target::LocalDomain) {
         // XEP-0280 §7: the user's other resources see what this one sent.
-        crate::delivery::sent_copies(&session.shared, &session.handle, el.get_attr("to"), &el)
-            .await;
+        crate::delivery::sent_copies(shared, &session.handle, el.get_attr("to"), &el).await;
     }
     let to = match target {
-        Target::Remote(_) => return remote(session, el),
+        Target::Remote(_) => return remote(shared, el),
         Target::LocalDomain => {
             // Messages to the server itself have no handler; RFC 6120 §10.3.1 lets us drop
             // them, but an error tells the client why nothing happened.
-            return bounce(session, &el, StanzaError::service_unavailable());
+            return bounce(shared, &el, StanzaError::service_unavailable());
         }
         Target::LocalFull(full) => Jid::from(full),
         Target::LocalBare(bare) => Jid::from(bare),
         Target::OwnAccount => Jid::from(session.jid().to_bare()),
     };
-    crate::delivery::message(&session.shared, session.jid(), to, el).await;
+    crate::delivery::message(shared, session.jid(), to, el).await;
 }
 
-async fn iq(services: &Services, session: &mut Session, el: Element, target: Target) {
+async fn iq(services: &Services, session: &Client, el: Element, target: Target) {
+    let shared = &services.node;
     // Owned: the stanza moves into the privacy checks below.
     let (Some(ty), Some(_)) = (IqType::of(&el), el.get_attr("id")) else {
         // RFC 6120 §8.2.3: id and a known type are required.
-        return bounce(session, &el, StanzaError::bad_request());
+        return bounce(shared, &el, StanzaError::bad_request());
     };
     let is_request = ty.is_request();
     if is_request && el.elements().count() != 1 {
         // RFC 6120 §8.2.3 item 6: a request has exactly one payload.
-        return bounce(session, &el, StanzaError::bad_request());
+        return bounce(shared, &el, StanzaError::bad_request());
     }
-    let Some(el) = privacy_checks(session, el, &target).await else {
+    let Some(el) = privacy_checks(shared, session, el, &target).await else {
         return;
     };
     match target {
-        Target::Remote(_) => remote(session, el),
+        Target::Remote(_) => remote(shared, el),
         Target::LocalFull(full) => {
-            let shared = session.shared.clone();
             let to_other = full.to_bare() != session.jid().to_bare();
-            let outcome = crate::delivery::iq(&shared, session.jid(), &full, el).await;
+            let outcome = crate::delivery::iq(shared, session.jid(), &full, el).await;
             if is_request && to_other && outcome == crate::delivery::Outcome::Delivered {
                 // The requester disclosed itself to this resource by its own act. With the
                 // session's set full it is not recorded, and the resource's own requests
@@ -217,7 +222,7 @@ async fn iq(services: &Services, session: &mut Session, el: Element, target: Tar
         }
         Target::LocalDomain if !is_request => {
             // Answers to the server's own queries (XEP-0115 disco#info of a client's caps).
-            crate::pep::disco_answer(session, &el, ty).await;
+            services.pep.disco_answer(session, &el, ty).await;
         }
         _ if !is_request => {
             // Results and errors for the server (roster push acknowledgements, ping
@@ -228,13 +233,8 @@ async fn iq(services: &Services, session: &mut Session, el: Element, target: Tar
             own_account_iq(services, session, el, ty).await
         }
         Target::LocalBare(bare)
-            if crate::delivery::admit_from(
-                &session.shared,
-                session.jid().as_str(),
-                bare.as_str(),
-                &el,
-            )
-            .await
+            if crate::delivery::admit_from(shared, session.jid().as_str(), bare.as_str(), &el)
+                .await
                 != crate::blocking::Verdict::Pass => {}
         Target::LocalBare(bare)
             if ty == IqType::Get
@@ -250,8 +250,8 @@ async fn iq(services: &Services, session: &mut Session, el: Element, target: Tar
         Target::LocalBare(bare) if el.elements().next().is_some_and(crate::pep::vcard::handles) => {
             // XEP-0054 §3.3: another local user's vCard, answered by the server. A viewer
             // the user blocks was answered above with the same error as "no vCard".
-            let reply = if account_exists(session, &bare).await {
-                crate::pep::vcard::handle_iq(session, &el, ty, &bare).await
+            let reply = if account_exists(shared, &bare).await {
+                services.pep.vcard_iq(session, &el, ty, &bare).await
             } else {
                 account_iq(&el, ty, false)
             };
@@ -259,27 +259,27 @@ async fn iq(services: &Services, session: &mut Session, el: Element, target: Tar
         }
         Target::LocalBare(bare) if el.elements().next().is_some_and(crate::pep::handles) => {
             // XEP-0163: another local user's personal eventing service.
-            let reply = if account_exists(session, &bare).await {
-                crate::pep::handle_iq(session, &el, ty, &bare).await
+            let reply = if account_exists(shared, &bare).await {
+                services.pep.handle_iq(session, &el, ty, &bare).await
             } else {
                 account_iq(&el, ty, false)
             };
             session.deliver(reply);
         }
         Target::LocalBare(bare) => {
-            let exists = account_exists(session, &bare).await;
+            let exists = account_exists(shared, &bare).await;
             let reply = account_iq(&el, ty, exists);
             session.deliver(reply);
         }
         Target::LocalDomain => {
-            let reply = server_iq(session, &el, ty);
+            let reply = server_iq(shared, &el, ty);
             session.deliver(reply);
         }
     }
 }
 
 /// An iq request the user sent to their own account (no `to`, or their bare JID).
-async fn own_account_iq(services: &Services, session: &mut Session, el: Element, ty: IqType) {
+async fn own_account_iq(services: &Services, session: &Client, el: Element, ty: IqType) {
     let Some(payload) = el.elements().next().cloned() else {
         return;
     };
@@ -297,10 +297,10 @@ async fn own_account_iq(services: &Services, session: &mut Session, el: Element,
     } else if payload.ns == crate::carbons::NS_CARBONS {
         let reply = crate::carbons::handle_iq(&session.handle, &el, ty, &payload);
         // Other nodes send this resource its copies when the directory says so.
-        crate::presence::to_directory(&session.shared, &session.handle);
+        services.presence.to_directory(&session.handle);
         Some(reply)
     } else if payload.ns == crate::interest::NS_INTEREST {
-        let limits = &session.shared.live.get().limits;
+        let limits = &services.node.live.get().limits;
         Some(crate::interest::handle_iq(
             &session.handle,
             &el,
@@ -311,12 +311,12 @@ async fn own_account_iq(services: &Services, session: &mut Session, el: Element,
         ))
     } else if crate::pep::handles(&payload) {
         let owner = session.jid().to_bare();
-        Some(crate::pep::handle_iq(session, &el, ty, &owner).await)
+        Some(services.pep.handle_iq(session, &el, ty, &owner).await)
     } else if crate::pep::vcard::handles(&payload) {
         let owner = session.jid().to_bare();
-        Some(crate::pep::vcard::handle_iq(session, &el, ty, &owner).await)
+        Some(services.pep.vcard_iq(session, &el, ty, &owner).await)
     } else if payload.ns == crate::invisible::NS_INVISIBLE {
-        Some(crate::invisible::handle(session, &el, ty, &payload).await)
+        Some(crate::invisible::handle(&services.presence, session, &el, ty, &payload).await)
     } else {
         Some(account_iq(&el, ty, true))
     };
@@ -357,7 +357,7 @@ fn feature(var: &str) -> Element {
 }
 
 /// Iq addressed to the server itself: disco (XEP-0030), ping (XEP-0199).
-fn server_iq(session: &Session, el: &Element, ty: IqType) -> Element {
+fn server_iq(shared: &Shared, el: &Element, ty: IqType) -> Element {
     let payload = el.elements().next();
     let get = ty == IqType::Get;
     let reply = match payload {
@@ -391,7 +391,7 @@ fn server_iq(session: &Session, el: &Element, ty: IqType) -> Element {
                 // XEP-0054 §4: accounts' vCards (built on their avatars, XEP-0398).
                 crate::pep::vcard::NS_VCARD,
             ];
-            if session.shared.config.auth.allow_registration {
+            if shared.config.auth.allow_registration {
                 features.push(x::NS_REGISTER);
             }
             for f in features {

@@ -2,13 +2,17 @@
 //! composition root ([`crate::server::start`]) and lent by the c2s session task to the
 //! router, which hands each handler the service it uses and the
 //! [`crate::node::session::Client`] it acts for. A handler's signature therefore says
-//! what it depends on, instead of reaching into the node state.
+//! what it depends on, instead of reaching into the node state. Presence and PEP, whose
+//! work spans the node (the privacy gate, delivery to the other nodes and over
+//! federation), hold the node state inside their service; the router, which routes
+//! anywhere, works on it too ([`Services::node`]).
 
 use std::sync::Arc;
 
 use crate::blocking::Blocking;
 use crate::liveness_tasks::last_seen::LastSeen;
 use crate::node::Shared;
+use crate::pep::Pep;
 use crate::presence::Presence;
 use crate::privacy_iq::Privacy;
 use crate::roster::Roster;
@@ -25,6 +29,12 @@ pub struct Services {
     pub last_seen: LastSeen,
     /// The visibility settings iq (who sees the user online, and last seen).
     pub privacy: Privacy,
+    /// XEP-0163 personal eventing and the XEP-0054 vCards built on it.
+    pub pep: Pep,
+    /// The node state the router works on: it delivers to sessions here, on the other
+    /// nodes and over federation, and checks blocks and the privacy gate on the way
+    /// (RFC 6120 §10).
+    pub node: Arc<Shared>,
 }
 
 impl Services {
@@ -47,7 +57,9 @@ impl Services {
             ),
             last_seen: LastSeen::new(node.liveness.clone(), node.store.clone(), presence.clone()),
             privacy: Privacy::new(node.store.clone(), node.live.clone(), presence.clone()),
+            pep: Pep::new(node.clone()),
             presence,
+            node: node.clone(),
         }
     }
 }

@@ -236,25 +236,6 @@ fn a_two_module_loop_and_a_three_module_loop_are_both_found() {
     assert_eq!(names, ["ab", "ba", "cd", "de", "ec"]);
 }
 
-/// The files that may still name `node::session::Session` (the session lent together with
-/// the whole node state): the c2s task that owns it, the node module that defines it, and
-/// the handlers not yet split into services holding their own dependencies. Every other
-/// handler takes the service it belongs to, the services it uses and the
-/// `node::session::Client` it acts for. The list may only shrink.
-const MAY_NAME_NODE_SESSION: &[&str] = &[
-    "c2s/mod.rs",
-    "c2s/session.rs",
-    "node/session.rs",
-    "router.rs",
-    "presence/mod.rs",
-    "presence/remote.rs",
-    "invisible.rs",
-    "pep/mod.rs",
-    "pep/notify.rs",
-    "pep/vcard.rs",
-    "liveness_tasks/mod.rs",
-];
-
 /// Whether `code` names the identifier `Session` itself (not `SessionHandle`,
 /// `LiveSession`, `sessions::Session…`).
 fn names_session(code: &str) -> bool {
@@ -266,8 +247,12 @@ fn names_session(code: &str) -> bool {
     })
 }
 
+/// No module names a `Session` type: a handler given a session bundled with the whole node
+/// state could reach every part of the node. A handler takes the service it belongs to,
+/// the services it uses and the `node::session::Client` it acts for; the c2s task holds
+/// the `Client` and lends it, with the node's services, to the router.
 #[test]
-fn only_the_listed_handlers_name_the_node_session() {
+fn no_module_names_a_session_with_the_node_state() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
@@ -282,20 +267,10 @@ fn only_the_listed_handlers_name_the_node_session() {
             naming.insert(rel.to_string_lossy().replace('\\', "/"));
         }
     }
-    let allowed: BTreeSet<String> = MAY_NAME_NODE_SESSION
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let new: Vec<&String> = naming.difference(&allowed).collect();
     assert!(
-        new.is_empty(),
-        "these files name node::session::Session; a service handler takes its services and \
-         the session's Client instead (ARCHITECTURE.md, \"Layers\"): {new:?}"
-    );
-    let stale: Vec<&String> = allowed.difference(&naming).collect();
-    assert!(
-        stale.is_empty(),
-        "these files no longer name node::session::Session: take them off the list: {stale:?}"
+        naming.is_empty(),
+        "these files name a Session; a service handler takes its services and the session's \
+         node::session::Client instead (ARCHITECTURE.md, \"Layers\"): {naming:?}"
     );
 }
 

@@ -32,7 +32,6 @@ use crate::xml::reader::ReaderLimits;
 use crate::xml::{self as x, Element};
 
 pub use crate::error::iq_result;
-pub use crate::node::session::Session;
 pub use crate::tls::{BoxIo, Io};
 /// A random identifier for stream ids and generated resources.
 pub use crate::xml::new_id;

@@ -11,10 +11,11 @@ use super::resume::{
     next_detached, next_handoff, return_unacked, stream_management, Detached, Resumption,
 };
 use super::writer::{serialized, write_loop, WriterEnd, WriterOut, Writing};
-use super::{new_id, Bound, Link, Session};
+use super::{new_id, Bound, Link};
 use crate::error::{StreamCondition, StreamError};
 use crate::jid::Jid;
 use crate::liveness::TransportKind;
+use crate::node::session::Client;
 use crate::router;
 use crate::sessions::Outbound;
 use crate::stream::Reader;
@@ -91,7 +92,10 @@ impl Bound {
         let mut live = shared
             .liveness
             .bind(&jid, handle.id, transport.beat.clone());
-        let mut session = Session::new(shared.clone(), handle.clone(), peer);
+        let mut client = Client {
+            handle: handle.clone(),
+            peer,
+        };
         let mut bucket = crate::rate_limit::TokenBucket::new(
             shared.live.get().limits.stanzas_per_second,
             shared.live.get().limits.stanza_burst,
@@ -235,7 +239,7 @@ impl Bound {
                     })));
                     read.set(next_event(Some(reader)));
                     peer = from;
-                    session.peer = from;
+                    client.peer = from;
                     transport = over;
                     live.beat.touch();
                     last_ping = tokio::time::Instant::now();
@@ -302,7 +306,7 @@ impl Bound {
                     // boxing keeps that state out of this long-lived future while idle.
                     // Nothing is read while it runs: the client is not silent meanwhile.
                     let busy = transport.beat.busy();
-                    let outcome = Box::pin(handle_stanza(&services, &mut session, el)).await;
+                    let outcome = Box::pin(handle_stanza(&services, &client, el)).await;
                     drop(busy);
                     if let Err(err) = outcome {
                         break Some(err);
@@ -382,7 +386,11 @@ impl Bound {
             Box::pin(return_unacked(&shared, &jid, kept, rest)).await;
         }
         // Unavailable now (silent death) or after the grace period (close or drop).
-        Box::pin(crate::liveness_tasks::session_over(session, live)).await;
+        let presence = services.presence.clone();
+        Box::pin(crate::liveness_tasks::session_over(
+            shared, presence, client, live,
+        ))
+        .await;
     }
 }
 
@@ -413,7 +421,7 @@ pub(super) async fn next_event(reader: Option<Reader>) -> (Reader, Result<Stream
 /// Checks and stamps one stanza from the client (RFC 6120 §8.1.2.1), then routes it.
 pub(super) async fn handle_stanza(
     services: &crate::services::Services,
-    session: &mut Session,
+    session: &Client,
     mut el: Element,
 ) -> Result<(), StreamError> {
     if let Some(active) = crate::csi::nonza(&el) {

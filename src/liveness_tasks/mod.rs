@@ -14,8 +14,9 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use crate::liveness::{Backend, LiveSession, Op};
-use crate::node::session::Session;
+use crate::node::session::Client;
 use crate::node::Shared;
+use crate::presence::Presence;
 
 /// Called by c2s once the session's read loop is over and it left the session registry.
 ///
@@ -24,15 +25,19 @@ use crate::node::Shared;
 /// if the same resource is available again by then, contacts hear nothing (they already got
 /// its new presence), otherwise they get unavailable through the normal presence path.
 /// Either way the session's last-seen time is queued once.
-pub async fn session_over(mut session: Session, live: LiveSession) {
-    let shared = session.shared.clone();
+pub async fn session_over(
+    shared: Arc<Shared>,
+    presence: Arc<Presence>,
+    client: Client,
+    live: LiveSession,
+) {
     let l = &shared.liveness;
     if let Some(at) = live.dead_at() {
         l.metrics.silent_deaths.fetch_add(1, Ordering::Relaxed);
         tracing::info!(jid = %live.jid, last_beat = at, "silent death: announcing unavailable");
         // Other nodes know the last seen before their users hear of the end.
         shared.cluster.seen(live.jid.to_bare().as_str(), at);
-        crate::presence::session_ended(&mut session).await;
+        presence.session_ended(&client).await;
         l.finished(&live.jid, live.id, at);
         return;
     }
@@ -45,8 +50,9 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
         beat_ms: closed,
     });
     let grace = l.timings.grace;
+    let node = shared.clone();
     l.spawn_grace(async move {
-        let shared = session.shared.clone();
+        let shared = node;
         tokio::select! {
             _ = tokio::time::sleep(grace) => {}
             _ = shared.shutdown.cancelled() => {}
@@ -63,7 +69,7 @@ pub async fn session_over(mut session: Session, live: LiveSession) {
             return;
         }
         shared.cluster.seen(live.jid.to_bare().as_str(), closed);
-        crate::presence::session_ended(&mut session).await;
+        presence.session_ended(&client).await;
         shared.liveness.finished(&live.jid, live.id, closed);
     });
 }

@@ -4,14 +4,11 @@
 //! transport.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid, Jid};
 use crate::sessions::SessionHandle;
 use crate::xml::Element;
-
-use super::Shared;
 
 /// The bound session a handler acts for: its registry entry (the JID, the session's one
 /// [`crate::sessions::SessionState`], and the mailbox its own stanzas go to) and its remote
@@ -33,39 +30,6 @@ impl Client {
     /// Delivers a stanza to this session's own client.
     pub fn deliver(&self, el: Element) {
         self.handle.send(el);
-    }
-}
-
-/// A bound session with the node state, owned by its task and lent to the handlers that
-/// are not yet services holding their own dependencies (presence, privacy settings,
-/// invisibility, PEP). It reads as its [`Client`], which is what the others take.
-pub struct Session {
-    /// Server-wide state.
-    pub shared: Arc<Shared>,
-    /// The session itself.
-    pub client: Client,
-}
-
-impl Session {
-    pub(crate) fn new(shared: Arc<Shared>, handle: SessionHandle, peer: SocketAddr) -> Self {
-        Session {
-            shared,
-            client: Client { handle, peer },
-        }
-    }
-}
-
-impl std::ops::Deref for Session {
-    type Target = Client;
-
-    fn deref(&self) -> &Client {
-        &self.client
-    }
-}
-
-impl std::ops::DerefMut for Session {
-    fn deref_mut(&mut self) -> &mut Client {
-        &mut self.client
     }
 }
 

@@ -24,11 +24,13 @@
 mod notify;
 pub(crate) mod vcard;
 
-pub(crate) use notify::{disco_answer, from_node, on_presence};
+pub(crate) use notify::from_node;
+
+use std::sync::Arc;
 
 use crate::error::{iq_result, StanzaError};
 use crate::jid::{BareJid, Jid};
-use crate::node::session::Session;
+use crate::node::session::Client;
 use crate::node::Shared;
 use crate::presence::gate;
 use crate::stanza::IqType;
@@ -65,6 +67,58 @@ const FEATURES: &[&str] = &[
     "http://jabber.org/protocol/pubsub#access-presence",
     "http://jabber.org/protocol/pubsub#access-whitelist",
 ];
+
+/// The personal eventing service of every account here, with the vCards built on it
+/// (XEP-0054, XEP-0398) and the XEP-0115 capabilities that say who is notified. Its reads
+/// and notifications pass the privacy gate, which reads the store, the sessions here and
+/// the cluster directory, so it holds the node state.
+pub struct Pep {
+    node: Arc<Shared>,
+}
+
+impl Pep {
+    /// The service over the node state.
+    pub fn new(node: Arc<Shared>) -> Self {
+        Pep { node }
+    }
+
+    /// See [`handle_iq`].
+    pub(crate) async fn handle_iq(
+        &self,
+        client: &Client,
+        el: &Element,
+        ty: IqType,
+        owner: &BareJid,
+    ) -> Element {
+        handle_iq(&self.node, client, el, ty, owner).await
+    }
+
+    /// See [`vcard::handle_iq`].
+    pub(crate) async fn vcard_iq(
+        &self,
+        client: &Client,
+        el: &Element,
+        ty: IqType,
+        owner: &BareJid,
+    ) -> Element {
+        vcard::handle_iq(&self.node, client, el, ty, owner).await
+    }
+
+    /// See [`notify::on_presence`].
+    pub(crate) async fn on_presence(&self, client: &Client, el: &Element, initial: bool) {
+        notify::on_presence(&self.node, client, el, initial).await;
+    }
+
+    /// See [`notify::disco_answer`].
+    pub(crate) async fn disco_answer(&self, client: &Client, el: &Element, ty: IqType) {
+        notify::disco_answer(&self.node, client, el, ty).await;
+    }
+
+    /// See [`vcard::stamp_presence`].
+    pub(crate) async fn stamp_presence(&self, owner: &str, presence: &mut Element) {
+        vcard::stamp_presence(&self.node, owner, presence).await;
+    }
+}
 
 /// Who may read a node and be notified of it (XEP-0060 §4.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,8 +212,9 @@ pub(crate) fn describe_account(query: Element) -> Element {
 
 /// Answers a pubsub or node-list iq request `el` of type `ty` sent by `session` to the
 /// account `owner` (its own, or another local user's).
-pub(crate) async fn handle_iq(
-    session: &Session,
+async fn handle_iq(
+    shared: &Shared,
+    session: &Client,
     el: &Element,
     ty: IqType,
     owner: &BareJid,
@@ -172,7 +227,7 @@ pub(crate) async fn handle_iq(
     let get = ty == IqType::Get;
     if payload.is("query", NS_DISCO_ITEMS) {
         return if get {
-            node_list(&session.shared, el, &requester, owner).await
+            node_list(shared, el, &requester, owner).await
         } else {
             error(el, StanzaError::bad_request(), None)
         };
@@ -181,19 +236,15 @@ pub(crate) async fn handle_iq(
         return error(el, StanzaError::bad_request(), None);
     };
     match (payload.ns.as_str(), op.name.as_str(), get) {
-        (NS_PUBSUB, "items", true) => items(&session.shared, el, op, &requester, owner).await,
+        (NS_PUBSUB, "items", true) => items(shared, el, op, &requester, owner).await,
         _ if !own => {
             // XEP-0163 §4: only the owner publishes to, or manages, their own service.
             error(el, StanzaError::forbidden(), None)
         }
-        (NS_PUBSUB, "publish", false) => publish(session, el, payload, op).await,
-        (NS_PUBSUB, "retract", false) => retract(&session.shared, el, op, owner).await,
-        (NS_PUBSUB_OWNER, "delete", false) => {
-            drop_node(&session.shared, el, op, owner, "delete").await
-        }
-        (NS_PUBSUB_OWNER, "purge", false) => {
-            drop_node(&session.shared, el, op, owner, "purge").await
-        }
+        (NS_PUBSUB, "publish", false) => publish(shared, session, el, payload, op).await,
+        (NS_PUBSUB, "retract", false) => retract(shared, el, op, owner).await,
+        (NS_PUBSUB_OWNER, "delete", false) => drop_node(shared, el, op, owner, "delete").await,
+        (NS_PUBSUB_OWNER, "purge", false) => drop_node(shared, el, op, owner, "purge").await,
         _ => error(
             el,
             StanzaError::feature_not_implemented(),
@@ -356,8 +407,13 @@ fn publish_options(
 }
 
 /// XEP-0060 §7.1 with XEP-0163 §3 auto-create.
-async fn publish(session: &Session, el: &Element, pubsub: &Element, op: &Element) -> Element {
-    let shared = &session.shared;
+async fn publish(
+    shared: &Shared,
+    session: &Client,
+    el: &Element,
+    pubsub: &Element,
+    op: &Element,
+) -> Element {
     let owner = session.jid().to_bare();
     let Some(node) = op.get_attr("node").filter(|n| !n.is_empty()) else {
         return error(

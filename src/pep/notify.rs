@@ -18,7 +18,7 @@ use std::sync::Arc;
 use crate::caps::{Caps, Lookup};
 use crate::cluster::Kind;
 use crate::jid::{BareJid, Jid};
-use crate::node::session::Session;
+use crate::node::session::Client;
 use crate::node::Shared;
 use crate::presence::gate;
 use crate::sessions::SessionHandle;
@@ -111,8 +111,7 @@ pub(crate) fn from_node(shared: &Shared, to: &[String], xml: &str) {
 /// After the session's own available presence `el` was broadcast: learns its client's
 /// capabilities (asking its disco#info once per `ver`) and, on initial presence, sends
 /// the last items it asked for. `initial`: the session was not available before.
-pub(crate) async fn on_presence(session: &Session, el: &Element, initial: bool) {
-    let shared = &session.shared;
+pub(super) async fn on_presence(shared: &Shared, session: &Client, el: &Element, initial: bool) {
     let full = session.jid().as_str();
     let Some(caps) = Caps::of_presence(el) else {
         return;
@@ -139,8 +138,7 @@ pub(crate) async fn on_presence(session: &Session, el: &Element, initial: bool) 
 /// An iq result or error (`ty`) a client sent to the server: if it answers one of our caps
 /// queries, the features are learnt (verified against the `ver`, XEP-0115 §5.4) and the
 /// sessions that waited for them get their last items.
-pub(crate) async fn disco_answer(session: &Session, el: &Element, ty: IqType) {
-    let shared = &session.shared;
+pub(super) async fn disco_answer(shared: &Shared, session: &Client, el: &Element, ty: IqType) {
     let Some(id) = el.get_attr("id") else {
         return;
     };

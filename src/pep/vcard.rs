@@ -28,7 +28,7 @@ use sha1::{Digest, Sha1};
 
 use crate::error::{iq_result, StanzaError};
 use crate::jid::{BareJid, Jid};
-use crate::node::session::Session;
+use crate::node::session::Client;
 use crate::node::Shared;
 use crate::presence::gate;
 use crate::stanza::IqType;
@@ -56,13 +56,13 @@ pub(crate) fn handles(payload: &Element) -> bool {
 
 /// Answers a vcard-temp iq request `el` of type `ty` sent by `session` to the account
 /// `owner` (its own, or another local user's).
-pub(crate) async fn handle_iq(
-    session: &Session,
+pub(super) async fn handle_iq(
+    shared: &Shared,
+    session: &Client,
     el: &Element,
     ty: IqType,
     owner: &BareJid,
 ) -> Element {
-    let shared = &session.shared;
     let requester = Jid::from(session.jid().clone());
     let own = gate::bare_of(requester.as_str()) == owner.as_str();
     let Some(card) = el.elements().next() else {
@@ -266,7 +266,7 @@ pub(crate) fn metadata_written(shared: &Shared, owner: &str, node: &str) {
 /// user has avatar metadata, unless the client said it has no avatar to show (an empty
 /// `<photo/>`, which is left alone); an `<x/>` without `<photo/>` or with another hash is
 /// overwritten.
-pub(crate) async fn stamp_presence(shared: &Shared, owner: &str, presence: &mut Element) {
+pub(super) async fn stamp_presence(shared: &Shared, owner: &str, presence: &mut Element) {
     let client_photo = presence
         .get_child("x", NS_VCARD_UPDATE)
         .and_then(|x| x.get_child("photo", NS_VCARD_UPDATE))

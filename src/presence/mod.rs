@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid, Jid};
+use crate::node::session::Client;
 use crate::node::session::Target;
-use crate::node::session::{Client, Session};
 use crate::node::Shared;
 use crate::stanza::PresenceType;
 use crate::store::RosterItem;
@@ -32,10 +32,11 @@ use crate::xml::{Addressed, Element, NS_CLIENT};
 
 use subscription::{SubKind, SubState};
 
-/// Presence as the services that depend on it see it (blocking, roster, last seen): the
-/// operations they ask of it. Its broadcast, probe, subscription and gate code still take
-/// the node state, so it holds the node state for now; those parts are what remains of the
-/// split into services that hold only their own dependencies.
+/// The presence service: the router hands it a client's presence stanzas and XEP-0186
+/// commands, the end of a session hands it the session, and the services that depend on
+/// presence (blocking, roster, last seen, visibility settings) ask it what they need.
+/// Presence reaches the store, the sessions here and on the other nodes, liveness and
+/// federation, so it holds the node state rather than a part of it.
 pub struct Presence {
     node: Arc<Shared>,
 }
@@ -71,10 +72,62 @@ impl Presence {
         gate::visible_to(&self.node, viewer, subject).await
     }
 
-    /// See [`roster_removed`]: the cancel and revoke of a roster removal by `client`.
+    /// RFC 6121 §2.5.2: the cancel and revoke of a roster removal by `client`.
     pub async fn roster_removed(&self, client: &Client, item: &RosterItem) {
-        let mut session = Session::new(self.node.clone(), client.handle.clone(), client.peer);
-        roster_removed(&mut session, item).await;
+        roster_removed(&self.node, client, item).await;
+    }
+
+    /// Handles a presence stanza from `client`'s own client, of type `ty` as the router
+    /// read it (`None`: a type RFC 6121 does not define), to `target`.
+    pub async fn from_client(
+        &self,
+        client: &Client,
+        el: Element,
+        ty: Option<PresenceType>,
+        target: Target,
+    ) {
+        from_client(&self.node, client, el, ty, target).await;
+    }
+
+    /// `client`'s session ended: if it was available or sent directed presence, the
+    /// unavailable its client did not send goes out (RFC 6121 §4.5.2, §4.6.3).
+    pub async fn session_ended(&self, client: &Client) {
+        session_ended(&self.node, client).await;
+    }
+
+    /// XEP-0186 §3.1: `client`'s session becomes invisible. Every viewer this resource's
+    /// presence reached (subscribers and directed recipients) gets unavailable from it;
+    /// the directed set goes with it, so its later unavailable repeats nothing. `probe`:
+    /// the command asked that remote contacts still be probed.
+    pub async fn become_invisible(&self, client: &Client, probe: bool) {
+        let shared = &self.node;
+        let me = client.jid().to_string();
+        let _guard = shared
+            .subject_locks
+            .lock_subject(crate::jid::bare_of(&me))
+            .await;
+        let revealed = client.handle.write(|p| {
+            p.invisible = true;
+            p.probe_remote = probe;
+            p.take_directed();
+            p.take_revealed()
+        });
+        to_directory(shared, &client.handle);
+        for (viewer, _) in revealed {
+            let p = crate::node::send::unavailable(&me, &viewer);
+            crate::node::send::presence_to(shared, &viewer, p);
+        }
+    }
+
+    /// XEP-0186 §3.2: `client`'s session becomes visible again, and its last presence, if
+    /// it sent one, is shown to everyone the privacy gate admits, as a broadcast would.
+    pub async fn become_visible(&self, client: &Client) {
+        client.handle.write(|p| {
+            p.invisible = false;
+            p.probe_remote = false;
+        });
+        to_directory(&self.node, &client.handle);
+        gate::reconcile_subject(&self.node, &client.jid().to_bare()).await;
     }
 }
 
@@ -90,8 +143,9 @@ pub(crate) fn presence(ty: PresenceType, from: &str, to: &str) -> Element {
 
 /// Handles a presence stanza from the session's own client, of type `ty` as the router
 /// read it (`None`: a type RFC 6121 does not define).
-pub async fn from_client(
-    session: &mut Session,
+async fn from_client(
+    shared: &Arc<Shared>,
+    session: &Client,
     el: Element,
     ty: Option<PresenceType>,
     target: Target,
@@ -108,8 +162,10 @@ pub async fn from_client(
             let available = ty == PresenceType::Available;
             let is_available = available;
             match target {
-                Target::OwnAccount => broadcast(session, el, available).await,
-                Target::LocalBare(b) if b == own_bare => broadcast(session, el, available).await,
+                Target::OwnAccount => broadcast(shared, session, el, available).await,
+                Target::LocalBare(b) if b == own_bare => {
+                    broadcast(shared, session, el, available).await
+                }
                 Target::LocalDomain => {}
                 Target::Remote(j) => {
                     if is_available {
@@ -119,10 +175,10 @@ pub async fn from_client(
                     } else {
                         session.handle.write(|p| p.remove_directed(j.as_str()));
                     }
-                    let _ = crate::node::route_remote(&session.shared, el);
+                    let _ = crate::node::route_remote(shared, el);
                 }
                 Target::LocalBare(_) | Target::LocalFull(_) => {
-                    directed(session, el, available).await
+                    directed(shared, session, el, available).await
                 }
             }
         }
@@ -139,7 +195,7 @@ pub async fn from_client(
                 Target::LocalFull(f) => f.to_bare(),
                 Target::Remote(j) => {
                     // The same state machine, with the contact's side on its own server.
-                    remote::outbound_subscription(session, &j.to_bare(), kind, el).await;
+                    remote::outbound_subscription(shared, session, &j.to_bare(), kind, el).await;
                     return;
                 }
                 Target::OwnAccount | Target::LocalDomain => return,
@@ -149,32 +205,32 @@ pub async fn from_client(
             }
             // XEP-0191 §3.5: presence (subscriptions included) to or from a blocked
             // entity is dropped without an error, whether the other side is online or not.
-            if gate::blocked_either(&session.shared, &own_bare, &contact).await {
+            if gate::blocked_either(shared, &own_bare, &contact).await {
                 return;
             }
-            outbound_subscription(session, &contact, kind, el, true).await;
+            outbound_subscription(shared, session, &contact, kind, el, true).await;
         }
         // RFC 6121 §4.3: probes are normally the server's business; a client that sends one
         // gets the same answer (and the same subscription check) as the server's own probe.
         PresenceType::Probe => match target {
             Target::LocalBare(b) if b != own_bare => {
                 let me = session.jid().clone();
-                answer_probe(&session.shared, &me, &b).await;
+                answer_probe(shared, &me, &b).await;
             }
             Target::LocalFull(f) => {
                 let me = session.jid().clone();
-                answer_probe(&session.shared, &me, &f.to_bare()).await;
+                answer_probe(shared, &me, &f.to_bare()).await;
             }
             Target::Remote(_) => {
                 let mut p = el;
                 p.set_attr("from", own_bare.to_string());
-                let _ = crate::node::route_remote(&session.shared, p);
+                let _ = crate::node::route_remote(shared, p);
             }
             _ => {}
         },
         PresenceType::Error => {
             if let Target::LocalFull(f) = target {
-                crate::node::send::to_session(&session.shared, &f, el);
+                crate::node::send::to_session(shared, &f, el);
             }
         }
     }
@@ -188,8 +244,7 @@ fn priority_of(el: &Element) -> i8 {
 }
 
 /// Broadcast of available (§4.2 initial, §4.4 update) or unavailable (§4.5) presence.
-async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
-    let shared = session.shared.clone();
+async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_available: bool) {
     let me = session.jid().clone();
     let bare = me.to_bare();
     el.remove_attr("to");
@@ -217,14 +272,14 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         // its broadcast done (and its viewers marked revealed), never the new state before
         // the broadcast, or it would send this presence a second time.
         record(&el);
-        to_directory(&shared, &session.handle);
+        to_directory(shared, &session.handle);
         // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
         // §4.5.2), as the privacy gate says, in one read; an invisible session (XEP-0186)
         // shows itself to nobody.
         // A change of an already available resource keeps the inputs for the next one;
         // initial presence does not, so an idle session costs no cache memory.
         let keep = was_available && is_available;
-        let (inputs, audience) = gate::roster_and_audience(&shared, &me, keep).await;
+        let (inputs, audience) = gate::roster_and_audience(shared, &me, keep).await;
         let audience = if invisible || (!is_available && !was_available) {
             Default::default()
         } else {
@@ -261,17 +316,17 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
                 // One stanza per remote contact; s2s sends them over that domain's one stream.
                 let mut p = el.clone();
                 p.set_attr("to", contact.clone());
-                crate::node::route_remote(&shared, p).is_ok()
+                crate::node::route_remote(shared, p).is_ok()
             } else {
                 elsewhere.push(contact.clone());
-                crate::node::send::xml_to_available(&shared, &contact, || once.to(&contact)) > 0
+                crate::node::send::xml_to_available(shared, &contact, || once.to(&contact)) > 0
             };
             if here {
                 reached.push(contact);
             }
         }
         // One message per other node that holds any of them.
-        reached.extend(crate::node::send::fan_out(&shared, &once, elsewhere).await);
+        reached.extend(crate::node::send::fan_out(shared, &once, elsewhere).await);
         // Remember who saw this resource online, so a lost permission withdraws it from
         // exactly them (the subject lock makes this atomic with the delivery).
         if is_available {
@@ -297,12 +352,12 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
         for to in directed {
             // Recorded from a `to` that was checked; fails closed otherwise.
             let Ok(to_jid) = Jid::new(&to) else { continue };
-            if gate::blocked_either(&shared, &to_jid, &me).await {
+            if gate::blocked_either(shared, &to_jid, &me).await {
                 continue;
             }
             let mut p = el.clone();
             p.set_attr("to", to.clone());
-            crate::node::send::presence_to(&shared, &to, p);
+            crate::node::send::presence_to(shared, &to, p);
         }
         return;
     }
@@ -320,10 +375,10 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
             // sends one only if it asked to (XEP-0186 `probe='true'`).
             // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
             let probe = presence(PresenceType::Probe, bare.as_str(), item.contact.as_str());
-            let _ = crate::node::route_remote(&shared, probe);
+            let _ = crate::node::route_remote(shared, probe);
         }
     }
-    answer_probes(&shared, &me, &local).await;
+    answer_probes(shared, &me, &local).await;
     // The new resource learns the presence of the user's other resources.
     for s in shared.sessions.of_user(&bare) {
         if s.id == session.handle.id {
@@ -353,7 +408,7 @@ async fn broadcast(session: &mut Session, mut el: Element, is_available: bool) {
                 let Ok(from_jid) = Jid::new(&from) else {
                     continue;
                 };
-                if gate::blocked_either(&shared, &from_jid, &bare).await {
+                if gate::blocked_either(shared, &from_jid, &bare).await {
                     continue;
                 }
                 match crate::xml::parse_element(&xml) {
@@ -481,15 +536,14 @@ pub async fn last_seen(shared: &Shared, bare: &str) -> Option<chrono::DateTime<c
 
 /// Directed presence (RFC 6121 §4.6): delivered to the one recipient and remembered, so the
 /// user's unavailable reaches it too.
-async fn directed(session: &mut Session, mut el: Element, is_available: bool) {
+async fn directed(shared: &Shared, session: &Client, mut el: Element, is_available: bool) {
     let Some(to) = el.get_attr("to").map(str::to_owned) else {
         return;
     };
     el.set_attr("from", session.jid().to_string());
-    let shared = session.shared.clone();
     // XEP-0191 §3.5: directed presence to or from a blocked entity is dropped silently.
     let Ok(to_jid) = Jid::new(&to) else { return };
-    if gate::blocked_either(&shared, &to_jid, session.jid()).await {
+    if gate::blocked_either(shared, &to_jid, session.jid()).await {
         return;
     }
     if is_available {
@@ -513,14 +567,14 @@ async fn directed(session: &mut Session, mut el: Element, is_available: bool) {
             p.forget(&to);
         });
     }
-    crate::node::send::to_local(&shared, &to, el);
+    crate::node::send::to_local(shared, &to, el);
 }
 
 /// Tracks `to` as a directed-presence recipient of the session, or refuses the presence
 /// when the session's set is full (`max_directed_presences`): a target that cannot be
 /// tracked would never get the unavailable RFC 6121 §4.6.3 promises it, so it is not sent
 /// the available either, and the client gets `resource-constraint` (RFC 6120 §8.3.3.18).
-fn track_directed(session: &Session, to: &str, el: &Element) -> bool {
+fn track_directed(session: &Client, to: &str, el: &Element) -> bool {
     if session.handle.write(|p| p.add_directed(to)) {
         return true;
     }
@@ -528,7 +582,7 @@ fn track_directed(session: &Session, to: &str, el: &Element) -> bool {
     false
 }
 
-fn refuse_directed(session: &Session, el: &Element, why: &str) {
+fn refuse_directed(session: &Client, el: &Element, why: &str) {
     tracing::warn!(peer = %session.peer, jid = %session.jid(), to = ?el.get_attr("to"), "{why}; directed presence refused");
     if let Some(reply) = StanzaError::resource_constraint().reply_to(el) {
         session.deliver(reply);
@@ -587,21 +641,21 @@ pub(crate) fn updated_item(
 /// An outbound subscription stanza from the session's user to local `contact`
 /// (RFC 6121 §3.1.2, §3.2.2, §3.3.2, §3.4), and its inbound processing on the contact's
 /// side (§3.1.3, §3.2.3, §3.3.3), stored in one transaction.
-pub async fn outbound_subscription(
-    session: &mut Session,
+async fn outbound_subscription(
+    shared: &Arc<Shared>,
+    session: &Client,
     contact: &BareJid,
     kind: SubKind,
     stanza: Element,
     push_user: bool,
 ) {
-    let shared = session.shared.clone();
     let user = session.jid().to_bare();
     let _locks = shared
         .roster_locks
         .lock(&[user.as_str(), contact.as_str()])
         .await;
     if let Err(e) =
-        apply_subscription(&shared, session.jid(), contact, kind, stanza, push_user).await
+        apply_subscription(shared, session.jid(), contact, kind, stanza, push_user).await
     {
         crate::roster_push::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
     }
@@ -736,12 +790,12 @@ pub(crate) fn push_or_note(
 }
 
 /// RFC 6121 §2.5.2: removing a roster item cancels and revokes subscriptions first.
-pub async fn roster_removed(session: &mut Session, item: &RosterItem) {
+async fn roster_removed(shared: &Arc<Shared>, session: &Client, item: &RosterItem) {
     let Ok(contact) = BareJid::new(&item.contact) else {
         return;
     };
-    if !session.shared.config.serves(contact.domain().as_str()) {
-        remote::roster_removed(session, &contact, item.sub_state()).await;
+    if !shared.config.serves(contact.domain().as_str()) {
+        remote::roster_removed(shared, session, &contact, item.sub_state()).await;
         return;
     }
     for kind in subscription::roster_remove(item.sub_state()) {
@@ -750,25 +804,24 @@ pub async fn roster_removed(session: &mut Session, item: &RosterItem) {
             session.jid().as_str(),
             contact.as_str(),
         );
-        outbound_subscription(session, &contact, kind, stanza, false).await;
+        outbound_subscription(shared, session, &contact, kind, stanza, false).await;
     }
 }
 
 /// Called when a session ends: an available session's contacts get unavailable
 /// (RFC 6121 §4.5.2: the server does this when the client did not).
-pub async fn session_ended(session: &mut Session) {
+async fn session_ended(shared: &Arc<Shared>, session: &Client) {
     let (available, directed) = session.handle.read(|p| (p.available, p.has_directed()));
     if available || directed {
         let p = Element::new("presence", NS_CLIENT).attr("type", PresenceType::Unavailable.name());
-        broadcast(session, p, false).await;
+        broadcast(shared, session, p, false).await;
     }
     // Nothing the session remembers about others outlives it, even while a copy of its
     // handle is still held somewhere.
     session.handle.write(|p| p.clear());
     let jid = session.jid();
-    session.shared.caps.forget_session(jid.as_str());
-    session
-        .shared
+    shared.caps.forget_session(jid.as_str());
+    shared
         .store
         .forget_audience_of(jid.to_bare().as_str(), jid.as_str());
 }

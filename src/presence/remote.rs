@@ -21,7 +21,7 @@ use std::sync::Arc;
 use crate::jid::bare_of;
 use crate::jid::{BareJid, Jid};
 use crate::node::route_remote;
-use crate::node::session::Session;
+use crate::node::session::Client;
 use crate::node::Shared;
 use crate::stanza::PresenceType;
 use crate::store::StoreError;
@@ -35,20 +35,20 @@ use crate::node::send::to_available;
 /// The local user sends a subscription stanza to a contact on another server (RFC 6121
 /// §3.1.2, §3.2.2, §3.3.2, §3.4): the user's item follows Appendix A.2 and the stanza is
 /// routed when the table says so.
-pub async fn outbound_subscription(
-    session: &mut Session,
+pub(super) async fn outbound_subscription(
+    shared: &Arc<Shared>,
+    session: &Client,
     contact: &BareJid,
     kind: SubKind,
     stanza: Element,
 ) {
-    let shared = session.shared.clone();
     let user = session.jid().to_bare();
     // The same locks as for a local contact: one change of this pair at a time.
     let _locks = shared
         .roster_locks
         .lock(&[user.as_str(), contact.as_str()])
         .await;
-    if let Err(e) = outbound(&shared, &user, contact, kind, stanza).await {
+    if let Err(e) = outbound(shared, &user, contact, kind, stanza).await {
         crate::roster_push::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
     }
 }
@@ -101,8 +101,12 @@ async fn outbound(
 
 /// The local user removed a roster item for a remote contact (RFC 6121 §2.5.2): cancel and
 /// revoke on the contact's server. The item itself is removed by the roster set.
-pub async fn roster_removed(session: &Session, contact: &BareJid, state: SubState) {
-    let shared = &session.shared;
+pub(super) async fn roster_removed(
+    shared: &Arc<Shared>,
+    session: &Client,
+    contact: &BareJid,
+    state: SubState,
+) {
     let user = session.jid().to_bare();
     let mut plan = Plan::default();
     for kind in subscription::roster_remove(state) {
