@@ -57,7 +57,7 @@ impl Presence {
     }
 
     /// See [`remote::probe_unblocked`].
-    pub async fn probe_unblocked(&self, owner: &BareJid, removed: &[String]) {
+    pub async fn probe_unblocked(&self, owner: &BareJid, removed: &[Jid]) {
         remote::probe_unblocked(&self.node, owner, removed).await;
     }
 
@@ -559,7 +559,7 @@ pub(crate) async fn load_side(
 /// stored item is part of the roster the user sees.
 pub(crate) fn updated_item(
     owner_item: Option<RosterItem>,
-    contact: &str,
+    contact: &BareJid,
     state: SubState,
 ) -> Option<RosterItem> {
     let mut item = owner_item.clone();
@@ -575,7 +575,7 @@ pub(crate) fn updated_item(
         }
         None if invisible => return None,
         None => {
-            let mut i = RosterItem::new(contact);
+            let mut i = RosterItem::new(contact.clone());
             i.set_sub_state(state);
             // A pending inbound request without an item is kept in the pending table.
             item = Some(i);
@@ -737,11 +737,9 @@ pub(crate) fn push_or_note(
 
 /// RFC 6121 §2.5.2: removing a roster item cancels and revokes subscriptions first.
 pub async fn roster_removed(session: &mut Session, item: &RosterItem) {
-    let Ok(contact) = BareJid::new(&item.contact) else {
-        return;
-    };
+    let contact = &item.contact;
     if !session.shared.config.serves(contact.domain().as_str()) {
-        remote::roster_removed(session, &contact, item.sub_state()).await;
+        remote::roster_removed(session, contact, item.sub_state()).await;
         return;
     }
     for kind in subscription::roster_remove(item.sub_state()) {
@@ -750,7 +748,7 @@ pub async fn roster_removed(session: &mut Session, item: &RosterItem) {
             session.jid().as_str(),
             contact.as_str(),
         );
-        outbound_subscription(session, &contact, kind, stanza, false).await;
+        outbound_subscription(session, contact, kind, stanza, false).await;
     }
 }
 
