@@ -20,7 +20,7 @@
 //! Bare JIDs are passed as already-normalised strings (`alice@example.org`); accounts
 //! are addressed by username and domain separately. JIDs read back in a row (a roster
 //! contact, a tombstone, a block-list entry, a last-seen account, an offline message's
-//! sender) are parsed once, where the row is read ([`stored_jid`]), so callers hold the
+//! sender) are parsed once, where the row is read (`stored_jid`), so callers hold the
 //! types of [`crate::jid`] and never parse again.
 
 mod accounts;
