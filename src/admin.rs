@@ -321,7 +321,7 @@ async fn roster_show(shared: &Shared, jid: &str) -> Result<serde_json::Value, St
         .iter()
         .map(|i| {
             serde_json::json!({
-                "contact": i.contact,
+                "contact": i.contact.as_str(),
                 "name": i.name,
                 "groups": i.groups,
                 "subscription": i.subscription.as_str(),

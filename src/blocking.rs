@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use crate::cluster::Cluster;
 use crate::error::{iq_result, StanzaError};
+use crate::jid::Jid;
 use crate::node::session::Client;
 use crate::presence::Presence;
 use crate::sessions::Sessions;
@@ -97,7 +98,7 @@ impl Blocking {
                 let list = self.store.blocklist(&owner).await.map_err(failed)?;
                 let mut el = Element::new("blocklist", NS_BLOCKING);
                 for j in list {
-                    el = el.child(Element::new("item", NS_BLOCKING).attr("jid", j));
+                    el = el.child(Element::new("item", NS_BLOCKING).attr("jid", j.as_str()));
                 }
                 Ok(Some(iq_result(iq).child(el)))
             }
@@ -119,7 +120,7 @@ impl Blocking {
                 session.deliver(iq_result(iq));
                 self.presence.reconcile_user(&owner_jid).await;
                 for j in &added {
-                    withdraw_directed(session, j);
+                    withdraw_directed(session, j.as_str());
                 }
                 if !added.is_empty() {
                     self.push(&owner, "block", &added).await;
@@ -151,10 +152,10 @@ impl Blocking {
     /// Pushes `<block/>` or `<unblock/>` with `jids` to every resource of `owner` that
     /// retrieved its block list (XEP-0191 §3.3–§3.5), on this node and, from the directory
     /// entries that say so, on the others.
-    async fn push(&self, owner: &str, what: &str, jids: &[String]) {
+    async fn push(&self, owner: &str, what: &str, jids: &[Jid]) {
         let mut payload = Element::new(what, NS_BLOCKING);
         for j in jids {
-            payload = payload.child(Element::new("item", NS_BLOCKING).attr("jid", j.clone()));
+            payload = payload.child(Element::new("item", NS_BLOCKING).attr("jid", j.as_str()));
         }
         let to = |jid: &str| {
             Element::new("iq", NS_CLIENT)

@@ -110,8 +110,12 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
                 .and_then(chrono::DateTime::from_timestamp_millis);
             if let Some(at) = at {
                 for bare in &env.to {
+                    let Ok(jid) = BareJid::new(bare) else {
+                        tracing::warn!(%bare, "cluster: malformed last seen dropped");
+                        continue;
+                    };
                     let seen = crate::store::LastSeen {
-                        jid: bare.clone(),
+                        jid,
                         at,
                         status: None,
                     };
@@ -554,7 +558,7 @@ pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
             tracing::warn!(user = %bare, "unparseable stored message");
             continue;
         };
-        if admit_from(shared, &m.sender, bare.as_str(), &el).await != Verdict::Pass {
+        if admit_from(shared, m.sender.as_str(), bare.as_str(), &el).await != Verdict::Pass {
             continue;
         }
         let domain = bare.domain().as_str();

@@ -90,7 +90,7 @@ impl Roster {
                         let item = match &change {
                             RosterChange::Upsert(i) => item_element(i),
                             RosterChange::Removed(c) => Element::new("item", NS_ROSTER)
-                                .attr("jid", c.clone())
+                                .attr("jid", c.as_str())
                                 .attr("subscription", "remove"),
                         };
                         let iq = Element::new("iq", NS_CLIENT)
@@ -164,7 +164,7 @@ impl Roster {
             .await
             .map_err(store_failed)?;
         // A new item beyond max_roster_items is refused by the store write itself.
-        let mut new = existing.unwrap_or_else(|| RosterItem::new(contact.as_str()));
+        let mut new = existing.unwrap_or_else(|| RosterItem::new(contact.to_bare()));
         new.name = name;
         new.groups = groups;
         let version = store

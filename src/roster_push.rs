@@ -11,7 +11,7 @@ use crate::xml::{Element, NS_CLIENT, NS_ROSTER};
 /// `<item/>` for a roster result or push (RFC 6121 §2.1.2).
 pub fn item_element(item: &RosterItem) -> Element {
     let mut e = Element::new("item", NS_ROSTER)
-        .attr("jid", item.contact.clone())
+        .attr("jid", item.contact.as_str())
         .attr("subscription", item.subscription.as_str());
     if let Some(name) = &item.name {
         e.set_attr("name", name.clone());

@@ -198,7 +198,7 @@ async fn slixmpp_users_add_each_other_subscribe_with_auto_authorize_and_chat() {
         .expect("roster");
     let bob = items
         .iter()
-        .find(|i| i.contact == ts.jid("bob"))
+        .find(|i| i.contact.as_str() == ts.jid("bob"))
         .expect("bob on alice's stored roster");
     assert_eq!(bob.subscription.as_str(), "both");
     ts.stop().await;

@@ -111,7 +111,7 @@ async fn copy_store_round_trips_a_populated_store_through_sqlite_and_back() {
                 name: Some("Bob ñ".into()),
                 groups: vec!["Friends".into(), "Work".into()],
                 subscription: Subscription::Both,
-                ..RosterItem::new(bob.clone())
+                ..RosterItem::new(jid::BareJid::new(&bob).unwrap())
             },
         )
         .await
@@ -123,7 +123,7 @@ async fn copy_store_round_trips_a_populated_store_through_sqlite_and_back() {
                 subscription: Subscription::None,
                 pending_out: true,
                 preapproved: true,
-                ..RosterItem::new("dave@remote.example")
+                ..RosterItem::new(jid::BareJid::new("dave@remote.example").unwrap())
             },
         )
         .await
@@ -134,7 +134,7 @@ async fn copy_store_round_trips_a_populated_store_through_sqlite_and_back() {
             &RosterItem {
                 subscription: Subscription::To,
                 pending_in: true,
-                ..RosterItem::new(alice.clone())
+                ..RosterItem::new(jid::BareJid::new(&alice).unwrap())
             },
         )
         .await
@@ -176,7 +176,7 @@ async fn copy_store_round_trips_a_populated_store_through_sqlite_and_back() {
         .unwrap();
     source
         .record_last_seen_batch(&[LastSeen {
-            jid: alice.clone(),
+            jid: jid::BareJid::new(&alice).unwrap(),
             at,
             status: Some("gone fishing".into()),
         }])
@@ -188,7 +188,7 @@ async fn copy_store_round_trips_a_populated_store_through_sqlite_and_back() {
         ("urn:xmpp:avatar:metadata", None, "a2"),
         (
             "eu.siacs.conversations.axolotl.bundles:7",
-            Some("open"),
+            Some(presenced::store::pep::AccessModel::Open),
             "current",
         ),
     ] {

@@ -12,6 +12,10 @@ const NS_ROSTER: &str = "jabber:iq:roster";
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
 const NS_NICK: &str = "http://jabber.org/protocol/nick";
 
+fn bare(jid: &str) -> presenced::jid::BareJid {
+    presenced::jid::BareJid::new(jid).expect("a bare JID")
+}
+
 fn el(xml: &str) -> Element {
     parse_element(xml).unwrap_or_else(|| panic!("test XML parses: {xml}"))
 }
@@ -416,7 +420,7 @@ async fn concurrent_writes_cannot_pass_the_roster_limit_together() {
     let writes = (0..20).map(|i| {
         let (store, alice) = (store.clone(), alice.clone());
         tokio::spawn(async move {
-            let item = presenced::store::RosterItem::new(format!("c{i}@x.example"));
+            let item = presenced::store::RosterItem::new(bare(&format!("c{i}@x.example")));
             // Half through each entry point: a roster set and a subscription change.
             if i % 2 == 0 {
                 store.upsert_roster_item(&alice, &item).await.map(|_| ())
@@ -452,12 +456,15 @@ async fn a_subscription_change_refused_for_one_side_changes_neither() {
     store.set_limits(limits);
     let (alice, bob) = (ts.jid("alice"), ts.jid("bob"));
     store
-        .upsert_roster_item(&bob, &presenced::store::RosterItem::new("x@x.example"))
+        .upsert_roster_item(
+            &bob,
+            &presenced::store::RosterItem::new(bare("x@x.example")),
+        )
         .await
         .unwrap();
-    let mut a = presenced::store::RosterItem::new(bob.clone());
+    let mut a = presenced::store::RosterItem::new(bare(&bob));
     a.subscription = presenced::store::Subscription::To;
-    let mut b = presenced::store::RosterItem::new(alice.clone());
+    let mut b = presenced::store::RosterItem::new(bare(&alice));
     b.subscription = presenced::store::Subscription::From;
     let r = store
         .apply_subscription_change(&[(alice.clone(), a), (bob.clone(), b)])

@@ -1528,7 +1528,10 @@ async fn listener_barrier(ts: &TestServer, c: &mut Client, owner: &str) -> Vec<E
     let marker = format!("marker{}@{}", unique(), ts.domain);
     ts.shared()
         .store
-        .upsert_roster_item(owner, &presenced::store::RosterItem::new(marker.clone()))
+        .upsert_roster_item(
+            owner,
+            &presenced::store::RosterItem::new(presenced::jid::BareJid::new(&marker).unwrap()),
+        )
         .await
         .expect("marker item");
     c.try_expect(

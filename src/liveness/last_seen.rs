@@ -31,10 +31,10 @@ pub struct Batcher {
 }
 
 fn merge(map: &mut HashMap<String, LastSeen>, e: LastSeen) {
-    match map.get(&e.jid) {
+    match map.get(e.jid.as_str()) {
         Some(old) if old.at >= e.at => {}
         _ => {
-            map.insert(e.jid.clone(), e);
+            map.insert(e.jid.to_string(), e);
         }
     }
 }
@@ -43,7 +43,7 @@ impl Batcher {
     /// Queues one session end.
     pub fn push(&self, e: LastSeen) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if p.len() >= MAX_PENDING && !p.contains_key(&e.jid) {
+        if p.len() >= MAX_PENDING && !p.contains_key(e.jid.as_str()) {
             tracing::warn!("last-seen queue full; dropping an entry");
             return;
         }
@@ -53,7 +53,7 @@ impl Batcher {
     /// A session end another node reported (it queues and writes the entry itself).
     pub fn note_elsewhere(&self, e: LastSeen) {
         let mut m = self.elsewhere.lock().unwrap_or_else(|e| e.into_inner());
-        if m.len() >= MAX_PENDING && !m.contains_key(&e.jid) {
+        if m.len() >= MAX_PENDING && !m.contains_key(e.jid.as_str()) {
             // Long written by their nodes by now: PostgreSQL has them.
             m.clear();
         }

@@ -433,7 +433,7 @@ impl Liveness {
         }
         drop(ended);
         self.last_seen.push(crate::store::LastSeen {
-            jid: jid.to_bare().to_string(),
+            jid: jid.to_bare(),
             at: clock::to_datetime(at_ms),
             status: None,
         });

@@ -510,7 +510,7 @@ async fn announce_lost(shared: Arc<Shared>, o: Orphan, last: Option<Entry>) {
     shared.cluster.seen(bare.as_str(), score);
     crate::delivery::unavailable_of_lost(&shared, &jid, last.as_ref()).await;
     shared.liveness.last_seen.push(crate::store::LastSeen {
-        jid: bare.to_string(),
+        jid: bare,
         at: chrono::DateTime::from_timestamp_millis(score).unwrap_or_else(chrono::Utc::now),
         status: None,
     });

@@ -34,7 +34,7 @@ use crate::node::session::Client;
 use crate::node::Shared;
 use crate::presence::gate;
 use crate::stanza::IqType;
-use crate::store::pep::{PepItem, Published};
+use crate::store::pep::{AccessModel, PepItem, Published};
 use crate::xml::{Element, NS_DISCO_INFO, NS_DISCO_ITEMS};
 
 /// XEP-0060 namespaces.
@@ -120,46 +120,21 @@ impl Pep {
     }
 }
 
-/// Who may read a node and be notified of it (XEP-0060 §4.5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Access {
-    /// Anyone not blocked.
-    Open,
-    /// Whoever may see the owner's presence (XEP-0163 §4: the PEP default).
-    Presence,
-    /// The owner only (no whitelist can be edited, so it holds nobody else).
-    Whitelist,
-}
-
-impl Access {
-    fn parse(s: &str) -> Option<Access> {
-        Some(match s {
-            "open" => Access::Open,
-            "presence" => Access::Presence,
-            "whitelist" => Access::Whitelist,
-            _ => return None,
-        })
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Access::Open => "open",
-            Access::Presence => "presence",
-            Access::Whitelist => "whitelist",
-        }
-    }
-}
-
 /// May `viewer` (any JID) read, and be notified of, a node of local user `owner` with
 /// this access model? Blocks count either way; `presence` is the privacy gate's decision.
-pub(crate) async fn may_read(shared: &Shared, access: &str, viewer: &Jid, owner: &BareJid) -> bool {
+pub(crate) async fn may_read(
+    shared: &Shared,
+    access: AccessModel,
+    viewer: &Jid,
+    owner: &BareJid,
+) -> bool {
     if gate::bare_of(viewer.as_str()) == owner.as_str() {
         return true;
     }
-    match Access::parse(access) {
-        Some(Access::Open) => !gate::blocked_either(shared, viewer, owner).await,
-        Some(Access::Presence) => gate::may_see_online(shared, viewer, owner, false).await,
-        Some(Access::Whitelist) | None => false,
+    match access {
+        AccessModel::Open => !gate::blocked_either(shared, viewer, owner).await,
+        AccessModel::Presence => gate::may_see_online(shared, viewer, owner, false).await,
+        AccessModel::Whitelist => false,
     }
 }
 
@@ -261,7 +236,7 @@ async fn node_list(shared: &Shared, el: &Element, requester: &Jid, owner: &BareJ
     };
     let mut q = Element::new("query", NS_DISCO_ITEMS);
     for (node, access) in nodes {
-        if may_read(shared, &access, requester, owner).await {
+        if may_read(shared, access, requester, owner).await {
             q = q.child(
                 Element::new("item", NS_DISCO_ITEMS)
                     .attr("jid", owner.as_str())
@@ -279,7 +254,7 @@ async fn existing_node<'a>(
     el: &Element,
     op: &'a Element,
     owner: &BareJid,
-) -> Result<(&'a str, String), Element> {
+) -> Result<(&'a str, AccessModel), Element> {
     let Some(node) = op.get_attr("node").filter(|n| !n.is_empty()) else {
         return Err(error(
             el,
@@ -295,9 +270,9 @@ async fn existing_node<'a>(
 }
 
 /// The error for a reader the access model refuses (XEP-0060 §6.5.9.4, §6.5.9.6).
-fn refused(el: &Element, access: &str) -> Element {
-    match Access::parse(access) {
-        Some(Access::Presence) => error(
+fn refused(el: &Element, access: AccessModel) -> Element {
+    match access {
+        AccessModel::Presence => error(
             el,
             StanzaError::not_authorized(),
             Some(("presence-subscription-required", "")),
@@ -318,8 +293,8 @@ async fn items(
         Ok(n) => n,
         Err(reply) => return reply,
     };
-    if !may_read(shared, &access, requester, owner).await {
-        return refused(el, &access);
+    if !may_read(shared, access, requester, owner).await {
+        return refused(el, access);
     }
     let ids: Vec<String> = op
         .elements()
@@ -364,7 +339,7 @@ fn publish_options(
     shared: &Shared,
     el: &Element,
     pubsub: &Element,
-) -> Result<Option<Access>, Element> {
+) -> Result<Option<AccessModel>, Element> {
     let precondition = || {
         error(
             el,
@@ -387,7 +362,7 @@ fn publish_options(
         let value = value.trim();
         match field.get_attr("var").unwrap_or("") {
             "FORM_TYPE" if value != FORM_PUBLISH_OPTIONS => return Err(precondition()),
-            "pubsub#access_model" => match Access::parse(value) {
+            "pubsub#access_model" => match AccessModel::parse(value) {
                 Some(a) => access = Some(a),
                 None => return Err(precondition()),
             },
@@ -510,12 +485,12 @@ pub(crate) async fn store_and_notify(
     shared: &Shared,
     owner: &BareJid,
     node: &str,
-    access: Option<Access>,
+    access: Option<AccessModel>,
     item: &PepItem,
 ) -> Result<(), Refused> {
     let result = shared
         .store
-        .pep_publish(owner.as_str(), node, access.map(Access::as_str), item)
+        .pep_publish(owner.as_str(), node, access, item)
         .await;
     vcard::metadata_written(shared, owner.as_str(), node);
     let access = match result {
@@ -530,7 +505,7 @@ pub(crate) async fn store_and_notify(
     let event = Element::new("items", NS_PUBSUB_EVENT)
         .attr("node", node)
         .child(item_element(NS_PUBSUB_EVENT, item));
-    notify::notify(shared, owner, node, &access, event).await;
+    notify::notify(shared, owner, node, access, event).await;
     Ok(())
 }
 
@@ -557,7 +532,7 @@ async fn retract(shared: &Shared, el: &Element, op: &Element, owner: &BareJid) -
         let event = Element::new("items", NS_PUBSUB_EVENT)
             .attr("node", node)
             .child(Element::new("retract", NS_PUBSUB_EVENT).attr("id", id));
-        notify::notify(shared, owner, node, &access, event).await;
+        notify::notify(shared, owner, node, access, event).await;
     }
     iq_result(el)
 }
@@ -586,6 +561,6 @@ async fn drop_node(
         Err(e) => return internal(el, e),
     }
     let event = Element::new(what, NS_PUBSUB_EVENT).attr("node", node);
-    notify::notify(shared, owner, node, &access, event).await;
+    notify::notify(shared, owner, node, access, event).await;
     iq_result(el)
 }

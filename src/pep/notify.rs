@@ -23,6 +23,7 @@ use crate::node::Shared;
 use crate::presence::gate;
 use crate::sessions::SessionHandle;
 use crate::stanza::IqType;
+use crate::store::pep::AccessModel;
 use crate::xml::{Element, NS_CLIENT, NS_DISCO_INFO};
 
 use super::{item_element, may_read, NS_PUBSUB_EVENT};
@@ -62,11 +63,11 @@ pub(super) async fn notify(
     shared: &Shared,
     owner: &BareJid,
     node: &str,
-    access: &str,
+    access: AccessModel,
     event: Element,
 ) {
     let mut recipients = vec![owner.to_string()];
-    if access != "whitelist" {
+    if access != AccessModel::Whitelist {
         // The presence audience: approved subscribers the gate admits (an `open` node
         // notifies the same people, XEP-0163 §4.1: PEP subscriptions come from presence
         // subscriptions).
@@ -196,9 +197,8 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
             roster
                 .into_iter()
                 .filter(|i| i.subscription.has_to())
-                .filter(|i| crate::node::send::is_local(shared, &i.contact))
-                // A stored contact that is no JID has no node anyone may read.
-                .filter_map(|i| BareJid::new(&i.contact).ok()),
+                .filter(|i| crate::node::send::is_local(shared, i.contact.as_str()))
+                .map(|i| i.contact),
         ),
         Err(e) => tracing::warn!(user = %me, error = %e, "roster unavailable; no PEP items sent"),
     }
@@ -210,16 +210,16 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
         }
     };
     // One decision per owner and access model, asked only for nodes the session wants.
-    let mut decided: std::collections::HashMap<(BareJid, String), bool> = Default::default();
+    let mut decided: std::collections::HashMap<(BareJid, AccessModel), bool> = Default::default();
     for (owner, node, access, item) in last {
         if !features.contains(&format!("{node}+notify")) {
             continue;
         }
-        let key = (owner.clone(), access.clone());
+        let key = (owner.clone(), access);
         let ok = match decided.get(&key) {
             Some(ok) => *ok,
             None => {
-                let ok = may_read(shared, &access, &viewer, &owner).await;
+                let ok = may_read(shared, access, &viewer, &owner).await;
                 decided.insert(key, ok);
                 ok
             }

@@ -32,7 +32,7 @@ use crate::node::session::Client;
 use crate::node::Shared;
 use crate::presence::gate;
 use crate::stanza::IqType;
-use crate::store::pep::PepItem;
+use crate::store::pep::{AccessModel, PepItem};
 use crate::store::StoreError;
 use crate::xml::{Element, Node};
 
@@ -104,16 +104,16 @@ struct Reader<'a> {
     shared: &'a Shared,
     viewer: &'a Jid,
     owner: &'a BareJid,
-    known: Vec<(String, bool)>,
+    known: Vec<(AccessModel, bool)>,
 }
 
 impl Reader<'_> {
-    async fn may(&mut self, access: &str) -> bool {
-        if let Some((_, b)) = self.known.iter().find(|(a, _)| a == access) {
+    async fn may(&mut self, access: AccessModel) -> bool {
+        if let Some((_, b)) = self.known.iter().find(|(a, _)| *a == access) {
             return *b;
         }
         let b = may_read(self.shared, access, self.viewer, self.owner).await;
-        self.known.push((access.to_owned(), b));
+        self.known.push((access, b));
         b
     }
 }
@@ -133,7 +133,7 @@ pub(crate) async fn view(
         known: Vec::new(),
     };
     let mut card = None;
-    if reader.may("presence").await {
+    if reader.may(AccessModel::Presence).await {
         if let Some(stored) = shared.store.vcard(owner.as_str()).await? {
             match crate::xml::parse_element(&stored) {
                 Some(c) if handles(&c) => card = Some(c),
@@ -160,7 +160,7 @@ async fn newest(
     owner: &str,
     node: &str,
     ids: &[String],
-) -> Result<Option<(String, Element)>, StoreError> {
+) -> Result<Option<(AccessModel, Element)>, StoreError> {
     let items = shared.store.pep_items(owner, node, ids, 1).await?;
     let Some(payload) = items
         .into_iter()
@@ -196,7 +196,7 @@ async fn avatar(shared: &Shared, reader: &mut Reader<'_>) -> Result<Option<Avata
     let Some((access, metadata)) = newest(shared, owner, NODE_METADATA, &[]).await? else {
         return Ok(None);
     };
-    if !reader.may(&access).await {
+    if !reader.may(access).await {
         return Ok(None);
     }
     let Some((id, mime)) = info_of(&metadata) else {
@@ -206,7 +206,7 @@ async fn avatar(shared: &Shared, reader: &mut Reader<'_>) -> Result<Option<Avata
     else {
         return Ok(None);
     };
-    if !reader.may(&access).await || !data.is("data", NODE_DATA) {
+    if !reader.may(access).await || !data.is("data", NODE_DATA) {
         return Ok(None);
     }
     let base64: String = data
@@ -247,7 +247,7 @@ pub(crate) async fn photo_hash(shared: &Shared, owner: &str) -> Result<Option<St
     };
     let hash = match newest(shared, owner, NODE_METADATA, &[]).await? {
         None => None,
-        Some((access, _)) if access == "whitelist" => None,
+        Some((AccessModel::Whitelist, _)) => None,
         Some((_, metadata)) => Some(info_of(&metadata).map(|(id, _)| id).unwrap_or_default()),
     };
     shared.avatar_hashes.put(owner, noted, hash.clone());

@@ -77,7 +77,7 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
     let written: Vec<Option<RosterItem>> = plan
         .sides
         .iter()
-        .map(|s| updated_item(s.item.clone(), s.contact.as_str(), s.new))
+        .map(|s| updated_item(s.item.clone(), &s.contact, s.new))
         .collect();
     let writes: Vec<(String, RosterItem)> = plan
         .sides
@@ -222,7 +222,7 @@ async fn replay_pushes(shared: &Shared, owner: &str, version: i64) {
             let item = match change {
                 RosterChange::Upsert(i) => crate::roster_push::item_element(i),
                 RosterChange::Removed(c) => Element::new("item", crate::xml::NS_ROSTER)
-                    .attr("jid", c.clone())
+                    .attr("jid", c.as_str())
                     .attr("subscription", "remove"),
             };
             crate::roster_push::push_to(s, current, item);

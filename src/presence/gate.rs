@@ -550,7 +550,14 @@ fn visible_sessions(shared: &Shared, subject: &str) -> Vec<crate::sessions::Sess
 pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
     reconcile_subject(shared, user_jid).await;
     let user = user_jid.to_string();
-    let mut subjects = shared.sessions.subjects_revealed_to(&user);
+    // Addresses of sessions; one that is no JID has no session whose presence could need
+    // withdrawing.
+    let mut subjects: HashSet<BareJid> = shared
+        .sessions
+        .subjects_revealed_to(&user)
+        .iter()
+        .filter_map(|s| BareJid::new(s).ok())
+        .collect();
     if shared
         .sessions
         .of_user_str(&user)
@@ -558,18 +565,16 @@ pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
         .any(|s| s.is_available())
     {
         if let Ok((_, roster)) = shared.store.roster(&user).await {
-            for item in roster.iter().filter(|i| i.subscription.has_to()) {
-                if crate::node::send::is_local(shared, &item.contact) {
-                    subjects.insert(item.contact.clone());
+            for item in roster.into_iter().filter(|i| i.subscription.has_to()) {
+                if crate::node::send::is_local(shared, item.contact.as_str()) {
+                    subjects.insert(item.contact);
                 }
             }
         }
     }
-    subjects.remove(&user);
-    // Addresses of sessions and stored roster items; one that is no JID has no session
-    // whose presence could need withdrawing.
-    for s in subjects.iter().filter_map(|s| BareJid::new(s).ok()) {
-        reconcile_subject(shared, &s).await;
+    subjects.remove(user_jid);
+    for s in &subjects {
+        reconcile_subject(shared, s).await;
     }
     withdraw_blocked_remote(shared, user_jid).await;
 }

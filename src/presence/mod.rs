@@ -58,7 +58,7 @@ impl Presence {
     }
 
     /// See [`remote::probe_unblocked`].
-    pub async fn probe_unblocked(&self, owner: &BareJid, removed: &[String]) {
+    pub async fn probe_unblocked(&self, owner: &BareJid, removed: &[Jid]) {
         remote::probe_unblocked(&self.node, owner, removed).await;
     }
 
@@ -613,7 +613,7 @@ pub(crate) async fn load_side(
 /// stored item is part of the roster the user sees.
 pub(crate) fn updated_item(
     owner_item: Option<RosterItem>,
-    contact: &str,
+    contact: &BareJid,
     state: SubState,
 ) -> Option<RosterItem> {
     let mut item = owner_item.clone();
@@ -629,7 +629,7 @@ pub(crate) fn updated_item(
         }
         None if invisible => return None,
         None => {
-            let mut i = RosterItem::new(contact);
+            let mut i = RosterItem::new(contact.clone());
             i.set_sub_state(state);
             // A pending inbound request without an item is kept in the pending table.
             item = Some(i);
@@ -791,11 +791,9 @@ pub(crate) fn push_or_note(
 
 /// RFC 6121 §2.5.2: removing a roster item cancels and revokes subscriptions first.
 async fn roster_removed(shared: &Arc<Shared>, session: &Client, item: &RosterItem) {
-    let Ok(contact) = BareJid::new(&item.contact) else {
-        return;
-    };
+    let contact = &item.contact;
     if !shared.config.serves(contact.domain().as_str()) {
-        remote::roster_removed(shared, session, &contact, item.sub_state()).await;
+        remote::roster_removed(shared, session, contact, item.sub_state()).await;
         return;
     }
     for kind in subscription::roster_remove(item.sub_state()) {
@@ -804,7 +802,7 @@ async fn roster_removed(shared: &Arc<Shared>, session: &Client, item: &RosterIte
             session.jid().as_str(),
             contact.as_str(),
         );
-        outbound_subscription(shared, session, &contact, kind, stanza, false).await;
+        outbound_subscription(shared, session, contact, kind, stanza, false).await;
     }
 }
 

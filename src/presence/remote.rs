@@ -243,7 +243,7 @@ async fn inbound_subscription(
 /// §4.3.1): what the block withdrew here their servers never knew to show again. Only
 /// while the user has a visible available resource, since a probe says the user is
 /// online (XEP-0186); otherwise the user's next initial presence probes them.
-pub async fn probe_unblocked(shared: &Shared, owner_jid: &BareJid, removed: &[String]) {
+pub async fn probe_unblocked(shared: &Shared, owner_jid: &BareJid, removed: &[Jid]) {
     let owner = owner_jid.as_str();
     let shown = shared.sessions.shows_online_here(owner);
     if !shown || removed.is_empty() {
@@ -254,15 +254,11 @@ pub async fn probe_unblocked(shared: &Shared, owner_jid: &BareJid, removed: &[St
     };
     for item in roster.iter().filter(|i| i.subscription.has_to()) {
         let contact = item.contact.as_str();
-        // A stored contact that is no JID is probed by nobody.
-        let Ok(contact_jid) = Jid::new(contact) else {
-            continue;
-        };
-        if shared.config.serves(crate::jid::domain_of(contact))
+        if shared.config.serves(item.contact.domain().as_str())
             || !crate::store::blocks::match_candidates(contact)
                 .iter()
-                .any(|c| removed.contains(c))
-            || super::gate::blocked_either(shared, owner_jid, &contact_jid).await
+                .any(|c| removed.iter().any(|r| r.as_str() == c))
+            || super::gate::blocked_either(shared, owner_jid, &item.contact).await
         {
             continue;
         }

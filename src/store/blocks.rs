@@ -9,7 +9,17 @@
 //! Empty item lists change nothing here: XEP-0191 gives `<unblock/>` without items the
 //! meaning "unblock all", and the caller picks [`Store::unblock_all`] for that.
 
-use super::{pg_or_sqlite, Store, StoreError};
+use ::jid::Jid;
+
+use super::{pg_or_sqlite, stored_jid, Store, StoreError};
+
+/// Block-list entries of `owner` as read, in their order; one that is no JID is left out
+/// ([`stored_jid`]). The one reading of entries for both stores.
+pub(super) fn entries(owner: &str, rows: Vec<String>) -> Vec<Jid> {
+    rows.iter()
+        .filter_map(|e| stored_jid("blocklist", owner, e))
+        .collect()
+}
 
 /// The block-list entries that would match `jid`, in the order XEP-0016 §2.1 checks
 /// them: the full JID, the bare JID, domain/resource, the domain. An entry blocks `jid`
@@ -52,7 +62,7 @@ impl Store {
     /// an owner that is no account gives [`StoreError::NoSuchAccount`]; a list that would
     /// hold more than `max_blocklist_items` entries gives [`StoreError::BlocklistFull`]
     /// and nothing is added.
-    pub async fn block(&self, owner: &str, jids: &[String]) -> Result<Vec<String>, StoreError> {
+    pub async fn block(&self, owner: &str, jids: &[String]) -> Result<Vec<Jid>, StoreError> {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_naming(owner.to_owned());
         if jids.is_empty() {
@@ -92,12 +102,12 @@ impl Store {
         .await?;
         tx.commit().await?;
         added.sort();
-        Ok(added)
+        Ok(entries(owner, added))
     }
 
     /// Removes `jids` from `owner`'s block list and returns those that were on it
     /// (sorted), for the XEP-0191 §3.4 unblock push.
-    pub async fn unblock(&self, owner: &str, jids: &[String]) -> Result<Vec<String>, StoreError> {
+    pub async fn unblock(&self, owner: &str, jids: &[String]) -> Result<Vec<Jid>, StoreError> {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_naming(owner.to_owned());
         if jids.is_empty() {
@@ -113,12 +123,12 @@ impl Store {
         .fetch_all(pool)
         .await?;
         removed.sort();
-        Ok(removed)
+        Ok(entries(owner, removed))
     }
 
     /// Empties `owner`'s block list (XEP-0191 §3.5, `<unblock/>` without items) and
     /// returns what it held (sorted).
-    pub async fn unblock_all(&self, owner: &str) -> Result<Vec<String>, StoreError> {
+    pub async fn unblock_all(&self, owner: &str) -> Result<Vec<Jid>, StoreError> {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_naming(owner.to_owned());
         let pool = pg_or_sqlite!(self, |db| db.unblock_all(owner));
@@ -128,18 +138,18 @@ impl Store {
                 .fetch_all(pool)
                 .await?;
         removed.sort();
-        Ok(removed)
+        Ok(entries(owner, removed))
     }
 
     /// `owner`'s block list, sorted (the XEP-0191 §3.2 answer, and what nodes cache).
-    pub async fn blocklist(&self, owner: &str) -> Result<Vec<String>, StoreError> {
+    pub async fn blocklist(&self, owner: &str) -> Result<Vec<Jid>, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.blocklist(owner));
         let list =
             sqlx::query_scalar("SELECT blocked FROM blocklist WHERE owner = $1 ORDER BY blocked")
                 .bind(owner)
                 .fetch_all(pool)
                 .await?;
-        Ok(list)
+        Ok(entries(owner, list))
     }
 
     /// Whether `owner` blocks `candidate` (a normalised full, bare or domain JID), by the

@@ -13,7 +13,7 @@
 //! there stops the copy ([`StoreError::AccountExists`]) rather than mixing two rosters.
 //! The copy is not one transaction; run it while no server uses either store.
 
-use super::{LastSeen, Store, StoreError, StoreLimits};
+use super::{Store, StoreError, StoreLimits};
 use crate::sasl::scram::ScramHash;
 
 /// How much [`copy`] moved.
@@ -98,7 +98,12 @@ async fn copy_unlimited(from: &Store, to: &Store) -> Result<CopyCounts, StoreErr
             to.add_pending_subscription(&jid, &sender, &stanza).await?;
             n.pending += 1;
         }
-        let blocked = from.blocklist(&jid).await?;
+        let blocked: Vec<String> = from
+            .blocklist(&jid)
+            .await?
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
         to.block(&jid, &blocked).await?;
         n.blocks += blocked.len();
         let settings = from.privacy_settings(&jid).await?;
@@ -111,7 +116,7 @@ async fn copy_unlimited(from: &Store, to: &Store) -> Result<CopyCounts, StoreErr
             // Oldest first, so the newest stays the newest (the last item sent).
             items.reverse();
             for item in &items {
-                to.pep_publish(&jid, &node, Some(&model), item).await?;
+                to.pep_publish(&jid, &node, Some(model), item).await?;
             }
             n.pep_items += items.len();
         }
@@ -119,8 +124,8 @@ async fn copy_unlimited(from: &Store, to: &Store) -> Result<CopyCounts, StoreErr
             to.set_vcard(&jid, &vcard).await?;
             n.vcards += 1;
         }
-        if let Some(LastSeen { at, status, .. }) = from.last_seen(&jid).await? {
-            seen.push(LastSeen { jid, at, status });
+        if let Some(seen_there) = from.last_seen(&jid).await? {
+            seen.push(seen_there);
         }
     }
     n.last_seen = usize::try_from(to.record_last_seen_batch(&seen).await?).unwrap_or(0);

@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use ::jid::BareJid;
 
 use super::privacy::from_columns;
-use super::{pg_or_sqlite, Store, StoreError, Subscription};
+use super::{pg_or_sqlite, stored_jid, Store, StoreError, Subscription};
 use crate::policy::privacy::PrivacySettings;
 
 /// One roster item of a subject, with the blocks between the subject and that contact.
@@ -41,22 +41,19 @@ pub struct AudienceContact {
 }
 
 impl AudienceContact {
-    /// One contact as read: its subscription is the stored text. A contact that is no JID
-    /// (the schema checks only its shape) is `None`: it is left out of the inputs, so it is
-    /// shown nothing and probed by no one, the gate failing closed.
+    /// One contact of `subject` as read: its subscription is the stored text. A contact
+    /// that is no JID ([`super::stored_jid`]) is `None`: it is left out of the inputs, so
+    /// it is shown nothing and probed by no one, the gate failing closed.
     pub(super) fn from_columns(
-        contact: String,
+        subject: &str,
+        contact: &str,
         subscription: &str,
         blocks_subject: bool,
         blocked_by_subject: bool,
     ) -> Result<Option<AudienceContact>, StoreError> {
         let subscription = subscription_from(subscription)?;
-        let contact = match BareJid::new(&contact) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(%contact, error = %e, "stored roster contact is no JID; left out");
-                return Ok(None);
-            }
+        let Some(contact) = stored_jid("roster_items", subject, contact) else {
+            return Ok(None);
         };
         Ok(Some(AudienceContact {
             contact,
@@ -203,7 +200,13 @@ impl Store {
             .zip(subs)
             .zip(by_c.into_iter().zip(by_s))
             .map(|((contact, sub), (blocks_subject, blocked_by_subject))| {
-                AudienceContact::from_columns(contact, &sub, blocks_subject, blocked_by_subject)
+                AudienceContact::from_columns(
+                    subject,
+                    &contact,
+                    &sub,
+                    blocks_subject,
+                    blocked_by_subject,
+                )
             })
             .filter_map(Result::transpose)
             .collect::<Result<Vec<_>, StoreError>>()?;

@@ -8,13 +8,15 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{pg_or_sqlite, Store, StoreError};
+use ::jid::BareJid;
+
+use super::{pg_or_sqlite, stored_jid, Store, StoreError};
 
 /// When one account was last online, for XEP-0012 answers and last-seen stamps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastSeen {
-    /// The account's bare JID (normalised).
-    pub jid: String,
+    /// The account's bare JID.
+    pub jid: BareJid,
     /// The close time of a clean close, or the last heartbeat of a silent death.
     pub at: DateTime<Utc>,
     /// Status text of the last unavailable presence (XEP-0012 §4 returns it as the
@@ -67,6 +69,9 @@ impl Store {
                 .bind(jid)
                 .fetch_optional(pool)
                 .await?;
-        Ok(row.map(|(jid, at, status)| LastSeen { jid, at, status }))
+        let Some((stored, at, status)) = row else {
+            return Ok(None);
+        };
+        Ok(stored_jid("last_activity", &stored, &stored).map(|jid| LastSeen { jid, at, status }))
     }
 }

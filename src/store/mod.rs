@@ -18,7 +18,10 @@
 //! This module therefore never bumps versions itself.
 //!
 //! Bare JIDs are passed as already-normalised strings (`alice@example.org`); accounts
-//! are addressed by username and domain separately.
+//! are addressed by username and domain separately. JIDs read back in a row (a roster
+//! contact, a tombstone, a block-list entry, a last-seen account, an offline message's
+//! sender) are parsed once, where the row is read (`stored_jid`), so callers hold the
+//! types of [`crate::jid`] and never parse again.
 
 mod accounts;
 pub mod audience_cache;
@@ -38,6 +41,7 @@ mod vcard;
 
 use std::path::{Path, PathBuf};
 
+use ::jid::BareJid;
 use sqlx::error::ErrorKind;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -337,6 +341,24 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// A JID column of a row as read, parsed once here so callers hold the type. The schemas
+/// check only a JID's shape, so a value written by other means may be no JID (RFC 7622
+/// preparation refuses it): that is `None`, with a warning naming the row (`table`,
+/// `owner`) and the value, and the caller leaves the row out, as the privacy gate's inputs
+/// do ([`gate_inputs`]): a row that names nobody reaches nobody.
+pub(crate) fn stored_jid<J>(table: &str, owner: &str, value: &str) -> Option<J>
+where
+    J: std::str::FromStr<Err = ::jid::Error>,
+{
+    match value.parse() {
+        Ok(j) => Some(j),
+        Err(e) => {
+            tracing::warn!(table, owner, value, error = %e, "stored JID does not parse; row left out");
+            None
+        }
+    }
+}
+
 use crate::policy::subscription::SubState;
 pub use crate::policy::subscription::Subscription;
 pub use last_seen::LastSeen;
@@ -345,8 +367,8 @@ pub use offline::OfflineMessage;
 /// One roster item (RFC 6121 §2.1.2) plus the server-side flags of Appendix A.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RosterItem {
-    /// Bare JID of the contact, normalised.
-    pub contact: String,
+    /// Bare JID of the contact.
+    pub contact: BareJid,
     /// Handle the user gave the contact, if any.
     pub name: Option<String>,
     /// Groups the item is in; distinct and non-empty (the schema refuses others).
@@ -364,9 +386,9 @@ pub struct RosterItem {
 impl RosterItem {
     /// An item in state None with no name or groups: what a roster set or an outbound
     /// subscribe starts from.
-    pub fn new(contact: impl Into<String>) -> Self {
+    pub fn new(contact: BareJid) -> Self {
         RosterItem {
-            contact: contact.into(),
+            contact,
             name: None,
             groups: Vec::new(),
             subscription: Subscription::None,
@@ -404,7 +426,7 @@ pub enum RosterChange {
     /// The item was added or changed; this is its current state.
     Upsert(RosterItem),
     /// The item with this contact JID was removed (push with subscription="remove").
-    Removed(String),
+    Removed(BareJid),
 }
 
 impl Store {

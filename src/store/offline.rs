@@ -10,13 +10,16 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{pg_or_sqlite, Store, StoreError};
+use ::jid::Jid;
+
+use super::{pg_or_sqlite, stored_jid, Store, StoreError};
 
 /// A message handed out of offline storage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OfflineMessage {
-    /// The sender as stamped on the message.
-    pub sender: String,
+    /// The sender as stamped on the message: a full JID, or a bare or domain JID from
+    /// another server.
+    pub sender: Jid,
     /// The message as stored (client-stream XML).
     pub stanza: String,
     /// When it was stored: the XEP-0203 stamp of its delivery.
@@ -77,10 +80,12 @@ impl Store {
         rows.sort_unstable_by_key(|r| r.0);
         Ok(rows
             .into_iter()
-            .map(|(_, sender, stanza, stored_at)| OfflineMessage {
-                sender,
-                stanza,
-                stored_at,
+            .filter_map(|(_, sender, stanza, stored_at)| {
+                Some(OfflineMessage {
+                    sender: stored_jid("offline_messages", owner, &sender)?,
+                    stanza,
+                    stored_at,
+                })
             })
             .collect())
     }

@@ -15,6 +15,36 @@ use ::jid::BareJid;
 
 use super::{pg_or_sqlite, Store, StoreError};
 
+wire_enum! {
+    /// Who may read a node and be notified of it: the XEP-0060 §4.5 access models served
+    /// (the schema's `pep_nodes_access_model` admits these names only).
+    pub enum AccessModel {
+        /// Anyone not blocked.
+        Open => "open",
+        /// Whoever may see the owner's presence (XEP-0163 §4: the PEP default).
+        Presence => "presence",
+        /// The owner only (no whitelist can be edited, so it holds nobody else).
+        Whitelist => "whitelist",
+    }
+}
+
+/// The access model of `owner`'s `node` as read. A name the schema should have refused
+/// is `None`, with a warning naming the row, and the row is left out, as
+/// [`super::stored_jid`] leaves out a row whose JID does not parse: a node nobody can
+/// tell the readers of is read by nobody.
+pub(super) fn stored_access(owner: &str, node: &str, value: &str) -> Option<AccessModel> {
+    let model = AccessModel::parse(value);
+    if model.is_none() {
+        tracing::warn!(
+            owner,
+            node,
+            value,
+            "stored PEP access model unknown; node left out"
+        );
+    }
+    model
+}
+
 /// One stored item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PepItem {
@@ -29,8 +59,8 @@ pub struct PepItem {
 pub enum Published {
     /// The item is stored; the node has this access model.
     Stored {
-        /// The node's access model (`open`, `presence`, `whitelist`).
-        access_model: String,
+        /// The node's access model.
+        access_model: AccessModel,
     },
     /// The node exists with another access model than the publish asked for
     /// (XEP-0060 §7.1.5: `precondition-not-met`); nothing was stored.
@@ -43,19 +73,30 @@ pub enum Published {
 /// and the one publish-options asked (`None`: none asked). The one rule for both stores.
 pub(super) enum Settle {
     /// The node exists with an acceptable model.
-    Keep(String),
+    Keep(AccessModel),
     /// The node exists with another model (XEP-0060 §7.1.5).
     Differs,
     /// Create the node with this model (`presence` unless asked otherwise, XEP-0163 §4).
-    Create(String),
+    Create(AccessModel),
 }
 
-pub(super) fn settle(existing: Option<String>, asked: Option<&str>) -> Settle {
-    match existing {
+/// [`Settle`] for the stored name `existing`; a name the schema should have refused
+/// fails the publish ([`StoreError::Corrupt`]): the node is there, so it can be neither
+/// kept with a model nobody knows nor created again.
+pub(super) fn settle(
+    existing: Option<String>,
+    asked: Option<AccessModel>,
+) -> Result<Settle, StoreError> {
+    let existing = existing
+        .map(|m| {
+            AccessModel::parse(&m).ok_or_else(|| StoreError::Corrupt(format!("access model {m:?}")))
+        })
+        .transpose()?;
+    Ok(match existing {
         Some(m) if asked.is_some_and(|a| a != m) => Settle::Differs,
         Some(m) => Settle::Keep(m),
-        None => Settle::Create(asked.unwrap_or("presence").to_owned()),
-    }
+        None => Settle::Create(asked.unwrap_or(AccessModel::Presence)),
+    })
 }
 
 impl Store {
@@ -66,7 +107,7 @@ impl Store {
         &self,
         owner: &str,
         node: &str,
-        access_model: Option<&str>,
+        access_model: Option<AccessModel>,
         item: &PepItem,
     ) -> Result<Published, StoreError> {
         let max_nodes = i64::try_from(self.limits().max_pep_nodes).unwrap_or(i64::MAX);
@@ -92,7 +133,7 @@ impl Store {
                 .bind(node)
                 .fetch_optional(&mut *tx)
                 .await?;
-        let model = match settle(existing, access_model) {
+        let model = match settle(existing, access_model)? {
             Settle::Keep(m) => m,
             Settle::Differs => return Ok(Published::AccessModelDiffers),
             Settle::Create(m) => {
@@ -109,7 +150,7 @@ impl Store {
                 )
                 .bind(owner)
                 .bind(node)
-                .bind(&m)
+                .bind(m.as_str())
                 .execute(&mut *tx)
                 .await?;
                 m
@@ -145,26 +186,31 @@ impl Store {
     }
 
     /// The access model of `owner`'s `node`, `None` when there is no such node.
-    pub async fn pep_node(&self, owner: &str, node: &str) -> Result<Option<String>, StoreError> {
+    pub async fn pep_node(
+        &self,
+        owner: &str,
+        node: &str,
+    ) -> Result<Option<AccessModel>, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.pep_node(owner, node));
-        Ok(
+        let model: Option<String> =
             sqlx::query_scalar("SELECT access_model FROM pep_nodes WHERE owner = $1 AND node = $2")
                 .bind(owner)
                 .bind(node)
                 .fetch_optional(pool)
-                .await?,
-        )
+                .await?;
+        Ok(model.and_then(|m| stored_access(owner, node, &m)))
     }
 
     /// Every node of `owner` with its access model, by name.
-    pub async fn pep_nodes(&self, owner: &str) -> Result<Vec<(String, String)>, StoreError> {
+    pub async fn pep_nodes(&self, owner: &str) -> Result<Vec<(String, AccessModel)>, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.pep_nodes(owner));
-        Ok(sqlx::query_as(
+        let rows: Vec<(String, String)> = sqlx::query_as(
             "SELECT node, access_model FROM pep_nodes WHERE owner = $1 ORDER BY node",
         )
         .bind(owner)
         .fetch_all(pool)
-        .await?)
+        .await?;
+        Ok(nodes_of(owner, rows))
     }
 
     /// Items of `owner`'s `node`, newest first: those with the given ids (all when `ids`
@@ -200,7 +246,7 @@ impl Store {
     pub async fn pep_last_items(
         &self,
         owners: &[BareJid],
-    ) -> Result<Vec<(BareJid, String, String, PepItem)>, StoreError> {
+    ) -> Result<Vec<(BareJid, String, AccessModel, PepItem)>, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.pep_last_items(owners));
         let names: Vec<&str> = owners.iter().map(|j| j.as_str()).collect();
         let rows: Vec<(String, String, String, String, String)> = sqlx::query_as(
@@ -254,16 +300,27 @@ impl Store {
     }
 }
 
+/// The rows of a nodes read, each with its access model ([`stored_access`]).
+pub(super) fn nodes_of(owner: &str, rows: Vec<(String, String)>) -> Vec<(String, AccessModel)> {
+    rows.into_iter()
+        .filter_map(|(node, model)| {
+            let model = stored_access(owner, &node, &model)?;
+            Some((node, model))
+        })
+        .collect()
+}
+
 /// The rows of a last-items read with each owner as the caller passed it: the statement
 /// selects only those owners, so every row names one of them.
 pub(super) fn last_items_of(
     owners: &[BareJid],
     rows: Vec<(String, String, String, String, String)>,
-) -> Vec<(BareJid, String, String, PepItem)> {
+) -> Vec<(BareJid, String, AccessModel, PepItem)> {
     let by_name: std::collections::HashMap<&str, &BareJid> =
         owners.iter().map(|o| (o.as_str(), o)).collect();
     rows.into_iter()
         .filter_map(|(owner, node, model, id, payload)| {
+            let model = stored_access(&owner, &node, &model)?;
             let owner = (*by_name.get(owner.as_str())?).clone();
             Some((owner, node, model, PepItem { id, payload }))
         })

@@ -16,7 +16,10 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::{pg_or_sqlite, RosterChange, RosterItem, Store, StoreError, StoreLimits, Subscription};
+use super::{
+    pg_or_sqlite, stored_jid, RosterChange, RosterItem, Store, StoreError, StoreLimits,
+    Subscription,
+};
 
 /// The columns [`item_from_row`] reads, of the table aliased `ri`. Only the first
 /// `max_roster_groups` groups leave the database: an item stored before that limit existed
@@ -29,18 +32,24 @@ fn item_columns(limits: &StoreLimits) -> String {
     )
 }
 
-fn item_from_row(row: &PgRow, limits: &StoreLimits) -> Result<RosterItem, StoreError> {
+fn item_from_row(
+    owner: &str,
+    row: &PgRow,
+    limits: &StoreLimits,
+) -> Result<Option<RosterItem>, StoreError> {
     let groups: Vec<String> = row.try_get("groups")?;
-    item_from_columns(row, groups, limits)
+    item_from_columns(owner, row, groups, limits)
 }
 
-/// An item from the columns both backends name alike (`groups` is decoded by the caller,
-/// its column type being the dialect's), cut to the limits.
+/// An item of `owner` from the columns both backends name alike (`groups` is decoded by
+/// the caller, its column type being the dialect's), cut to the limits; `None` (left out)
+/// when its contact is no JID ([`super::stored_jid`]).
 pub(super) fn item_from_columns<'r, R>(
+    owner: &str,
     row: &'r R,
     groups: Vec<String>,
     limits: &StoreLimits,
-) -> Result<RosterItem, StoreError>
+) -> Result<Option<RosterItem>, StoreError>
 where
     R: Row,
     usize: sqlx::ColumnIndex<R>,
@@ -48,10 +57,14 @@ where
     String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
+    let contact: String = row.try_get("contact")?;
+    let Some(contact) = stored_jid("roster_items", owner, &contact) else {
+        return Ok(None);
+    };
     let subscription: String = row.try_get("subscription")?;
     let ask: Option<String> = row.try_get("ask")?;
     let mut item = RosterItem {
-        contact: row.try_get("contact")?,
+        contact,
         name: row.try_get("name")?,
         groups,
         subscription: Subscription::parse(&subscription)
@@ -62,12 +75,14 @@ where
         preapproved: row.try_get("preapproved")?,
     };
     item.clamp_to(limits);
-    Ok(item)
+    Ok(Some(item))
 }
 
 /// Items changed and removed since a version, each with its version, as the changes
-/// XEP-0237 §2.4 pushes: oldest first.
+/// XEP-0237 §2.4 pushes: oldest first. A tombstone whose contact is no JID is left out
+/// ([`super::stored_jid`]), as its item was.
 pub(super) fn in_version_order(
+    owner: &str,
     changed: Vec<(i64, RosterItem)>,
     removed: Vec<(String, i64)>,
 ) -> Vec<RosterChange> {
@@ -77,11 +92,10 @@ pub(super) fn in_version_order(
             .into_iter()
             .map(|(v, i)| (v, RosterChange::Upsert(i))),
     );
-    changes.extend(
-        removed
-            .into_iter()
-            .map(|(contact, v)| (v, RosterChange::Removed(contact))),
-    );
+    changes.extend(removed.into_iter().filter_map(|(contact, v)| {
+        let contact = stored_jid("roster_tombstones", owner, &contact)?;
+        Some((v, RosterChange::Removed(contact)))
+    }));
     changes.sort_by_key(|(v, _)| *v);
     changes.into_iter().map(|(_, c)| c).collect()
 }
@@ -142,7 +156,7 @@ async fn upsert(
          RETURNING version",
     )
     .bind(owner)
-    .bind(&item.contact)
+    .bind(item.contact.as_str())
     .bind(&item.name)
     .bind(item.groups.as_slice())
     .bind(item.subscription.as_str())
@@ -196,7 +210,7 @@ impl Store {
         for row in &rows {
             let contact: Option<String> = row.try_get("contact")?;
             if contact.is_some() {
-                items.push(item_from_row(row, &limits)?);
+                items.extend(item_from_row(owner, row, &limits)?);
             }
         }
         Ok((version, items))
@@ -242,11 +256,13 @@ impl Store {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        let changed = rows
-            .iter()
-            .map(|row| Ok((row.try_get("version")?, item_from_row(row, &limits)?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        Ok(Some((current, in_version_order(changed, removed))))
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(item) = item_from_row(owner, row, &limits)? {
+                changed.push((row.try_get("version")?, item));
+            }
+        }
+        Ok(Some((current, in_version_order(owner, changed, removed))))
     }
 
     /// One item of `owner`'s roster, if present.
@@ -265,7 +281,10 @@ impl Store {
         .bind(contact)
         .fetch_optional(pool)
         .await?;
-        row.map(|r| item_from_row(&r, &limits)).transpose()
+        Ok(match row {
+            Some(r) => item_from_row(owner, &r, &limits)?,
+            None => None,
+        })
     }
 
     /// Number of items, so the caller can enforce the configured roster size limit.

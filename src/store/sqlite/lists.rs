@@ -4,12 +4,13 @@
 //! expanded with `json_each`, where PostgreSQL takes a `text[]`.
 
 use super::{json_list, parse_list, parse_time, time_text, Pools};
-use crate::jid::BareJid;
+use crate::jid::{BareJid, Jid};
 use crate::policy::privacy::PrivacySettings;
+use crate::store::blocks::entries;
 use crate::store::gate_inputs::{
     probe_rows, settings_from, subscription_from, AudienceContact, AudienceInputs, ProbeSubject,
 };
-use crate::store::{LastSeen, StoreError};
+use crate::store::{stored_jid, LastSeen, StoreError};
 
 /// The four settings columns as stored (lists as JSON).
 type SettingsText = (
@@ -33,7 +34,7 @@ impl Pools {
         owner: &str,
         jids: &[String],
         max: i64,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<Jid>, StoreError> {
         let list = json_list(jids);
         let mut tx = self.begin_write().await?;
         let after: i64 = sqlx::query_scalar(
@@ -61,14 +62,14 @@ impl Pools {
         .await?;
         tx.commit().await?;
         added.sort();
-        Ok(added)
+        Ok(entries(owner, added))
     }
 
     pub(in crate::store) async fn unblock(
         &self,
         owner: &str,
         jids: &[String],
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<Jid>, StoreError> {
         let mut removed: Vec<String> = sqlx::query_scalar(
             "DELETE FROM blocklist
              WHERE owner = ?1 AND blocked IN (SELECT value FROM json_each(?2))
@@ -79,29 +80,26 @@ impl Pools {
         .fetch_all(&self.write)
         .await?;
         removed.sort();
-        Ok(removed)
+        Ok(entries(owner, removed))
     }
 
-    pub(in crate::store) async fn unblock_all(
-        &self,
-        owner: &str,
-    ) -> Result<Vec<String>, StoreError> {
+    pub(in crate::store) async fn unblock_all(&self, owner: &str) -> Result<Vec<Jid>, StoreError> {
         let mut removed: Vec<String> =
             sqlx::query_scalar("DELETE FROM blocklist WHERE owner = ?1 RETURNING blocked")
                 .bind(owner)
                 .fetch_all(&self.write)
                 .await?;
         removed.sort();
-        Ok(removed)
+        Ok(entries(owner, removed))
     }
 
-    pub(in crate::store) async fn blocklist(&self, owner: &str) -> Result<Vec<String>, StoreError> {
+    pub(in crate::store) async fn blocklist(&self, owner: &str) -> Result<Vec<Jid>, StoreError> {
         let list =
             sqlx::query_scalar("SELECT blocked FROM blocklist WHERE owner = ?1 ORDER BY blocked")
                 .bind(owner)
                 .fetch_all(&self.read)
                 .await?;
-        Ok(list)
+        Ok(entries(owner, list))
     }
 
     pub(in crate::store) async fn is_blocked(
@@ -286,14 +284,17 @@ impl Pools {
                 .bind(jid)
                 .fetch_optional(&self.read)
                 .await?;
-        row.map(|(jid, at, status)| {
-            Ok(LastSeen {
-                jid,
-                at: parse_time(&at)?,
-                status,
-            })
-        })
-        .transpose()
+        let Some((stored, at, status)) = row else {
+            return Ok(None);
+        };
+        let Some(jid) = stored_jid("last_activity", &stored, &stored) else {
+            return Ok(None);
+        };
+        Ok(Some(LastSeen {
+            jid,
+            at: parse_time(&at)?,
+            status,
+        }))
     }
 
     pub(in crate::store) async fn audience_inputs(
@@ -337,7 +338,13 @@ impl Pools {
         let roster = rows
             .into_iter()
             .map(|(contact, sub, blocks_subject, blocked_by_subject)| {
-                AudienceContact::from_columns(contact, &sub, blocks_subject, blocked_by_subject)
+                AudienceContact::from_columns(
+                    subject,
+                    &contact,
+                    &sub,
+                    blocks_subject,
+                    blocked_by_subject,
+                )
             })
             .filter_map(Result::transpose)
             .collect::<Result<Vec<_>, StoreError>>()?;

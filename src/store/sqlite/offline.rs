@@ -1,7 +1,7 @@
 //! SQLite twin of `store/offline.rs` (XEP-0160 messages kept for a user).
 
 use super::{parse_time, Pools};
-use crate::store::{OfflineMessage, StoreError};
+use crate::store::{stored_jid, OfflineMessage, StoreError};
 
 impl Pools {
     pub(in crate::store) async fn store_offline_message(
@@ -40,14 +40,16 @@ impl Pools {
         .fetch_all(&self.write)
         .await?;
         rows.sort_unstable_by_key(|r| r.0);
-        rows.into_iter()
-            .map(|(_, sender, stanza, at)| {
-                Ok(OfflineMessage {
+        let mut kept = Vec::with_capacity(rows.len());
+        for (_, sender, stanza, at) in rows {
+            if let Some(sender) = stored_jid("offline_messages", owner, &sender) {
+                kept.push(OfflineMessage {
                     sender,
                     stanza,
                     stored_at: parse_time(&at)?,
-                })
-            })
-            .collect()
+                });
+            }
+        }
+        Ok(kept)
     }
 }

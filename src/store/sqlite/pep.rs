@@ -2,7 +2,9 @@
 
 use super::Pools;
 use crate::jid::BareJid;
-use crate::store::pep::{last_items_of, settle, PepItem, Published, Settle};
+use crate::store::pep::{
+    last_items_of, nodes_of, settle, stored_access, AccessModel, PepItem, Published, Settle,
+};
 use crate::store::StoreError;
 
 impl Pools {
@@ -10,7 +12,7 @@ impl Pools {
         &self,
         owner: &str,
         node: &str,
-        access_model: Option<&str>,
+        access_model: Option<AccessModel>,
         item: &PepItem,
         max_nodes: i64,
         max_items: i64,
@@ -23,7 +25,7 @@ impl Pools {
                 .bind(node)
                 .fetch_optional(&mut *tx)
                 .await?;
-        let model = match settle(existing, access_model) {
+        let model = match settle(existing, access_model)? {
             Settle::Keep(m) => m,
             Settle::Differs => return Ok(Published::AccessModelDiffers),
             Settle::Create(m) => {
@@ -40,7 +42,7 @@ impl Pools {
                 )
                 .bind(owner)
                 .bind(node)
-                .bind(&m)
+                .bind(m.as_str())
                 .execute(&mut *tx)
                 .await?;
                 m
@@ -80,26 +82,27 @@ impl Pools {
         &self,
         owner: &str,
         node: &str,
-    ) -> Result<Option<String>, StoreError> {
-        Ok(
+    ) -> Result<Option<AccessModel>, StoreError> {
+        let model: Option<String> =
             sqlx::query_scalar("SELECT access_model FROM pep_nodes WHERE owner = ?1 AND node = ?2")
                 .bind(owner)
                 .bind(node)
                 .fetch_optional(&self.read)
-                .await?,
-        )
+                .await?;
+        Ok(model.and_then(|m| stored_access(owner, node, &m)))
     }
 
     pub(in crate::store) async fn pep_nodes(
         &self,
         owner: &str,
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        Ok(sqlx::query_as(
+    ) -> Result<Vec<(String, AccessModel)>, StoreError> {
+        let rows: Vec<(String, String)> = sqlx::query_as(
             "SELECT node, access_model FROM pep_nodes WHERE owner = ?1 ORDER BY node",
         )
         .bind(owner)
         .fetch_all(&self.read)
-        .await?)
+        .await?;
+        Ok(nodes_of(owner, rows))
     }
 
     pub(in crate::store) async fn pep_items(
@@ -131,7 +134,7 @@ impl Pools {
     pub(in crate::store) async fn pep_last_items(
         &self,
         owners: &[BareJid],
-    ) -> Result<Vec<(BareJid, String, String, PepItem)>, StoreError> {
+    ) -> Result<Vec<(BareJid, String, AccessModel, PepItem)>, StoreError> {
         let names: Vec<&str> = owners.iter().map(|j| j.as_str()).collect();
         let owners_json = serde_json::to_string(&names).unwrap_or_else(|_| "[]".to_owned());
         let rows: Vec<(String, String, String, String, String)> = sqlx::query_as(

@@ -13,9 +13,13 @@ use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits};
 const ITEM_COLUMNS: &str =
     "ri.contact, ri.name, ri.groups, ri.subscription, ri.ask, ri.pending_in, ri.preapproved";
 
-fn item_from_row(row: &SqliteRow, limits: &StoreLimits) -> Result<RosterItem, StoreError> {
+fn item_from_row(
+    owner: &str,
+    row: &SqliteRow,
+    limits: &StoreLimits,
+) -> Result<Option<RosterItem>, StoreError> {
     let groups: String = row.try_get("groups")?;
-    item_from_columns(row, parse_list(&groups, "roster groups")?, limits)
+    item_from_columns(owner, row, parse_list(&groups, "roster groups")?, limits)
 }
 
 /// Inserts or replaces one item inside a write transaction (which holds the file's write
@@ -39,7 +43,7 @@ async fn upsert(
                  pending_in = excluded.pending_in, preapproved = excluded.preapproved",
     )
     .bind(owner)
-    .bind(&item.contact)
+    .bind(item.contact.as_str())
     .bind(&item.name)
     .bind(json_list(&item.groups))
     .bind(item.subscription.as_str())
@@ -56,7 +60,7 @@ async fn upsert(
     let version: i64 =
         sqlx::query_scalar("SELECT version FROM roster_items WHERE owner = ?1 AND contact = ?2")
             .bind(owner)
-            .bind(&item.contact)
+            .bind(item.contact.as_str())
             .fetch_one(&mut *conn)
             .await?;
     Ok(version)
@@ -82,10 +86,10 @@ impl Pools {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        let items = rows
-            .iter()
-            .map(|r| item_from_row(r, limits))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut items = Vec::with_capacity(rows.len());
+        for row in &rows {
+            items.extend(item_from_row(owner, row, limits)?);
+        }
         Ok((version.unwrap_or(0), items))
     }
 
@@ -123,11 +127,13 @@ impl Pools {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        let changed = rows
-            .iter()
-            .map(|row| Ok((row.try_get("version")?, item_from_row(row, limits)?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        Ok(Some((current, in_version_order(changed, removed))))
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(item) = item_from_row(owner, row, limits)? {
+                changed.push((row.try_get("version")?, item));
+            }
+        }
+        Ok(Some((current, in_version_order(owner, changed, removed))))
     }
 
     pub(in crate::store) async fn roster_item(
@@ -143,7 +149,10 @@ impl Pools {
         .bind(contact)
         .fetch_optional(&self.read)
         .await?;
-        row.map(|r| item_from_row(&r, limits)).transpose()
+        Ok(match row {
+            Some(r) => item_from_row(owner, &r, limits)?,
+            None => None,
+        })
     }
 
     pub(in crate::store) async fn roster_count(&self, owner: &str) -> Result<i64, StoreError> {
