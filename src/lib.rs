@@ -17,6 +17,9 @@
 //! Pure decision code (the RFC 6121 subscription table in [`policy::subscription`],
 //! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
 
+//! Modules are `pub(crate)` unless `main.rs`, the integration tests, the benchmark generator
+//! or the fuzz crate name them, so that rustc reports code nothing calls.
+
 // First: the macro it declares is used by the modules below.
 #[macro_use]
 mod wire;
@@ -27,7 +30,7 @@ pub mod c2s;
 pub(crate) mod caps;
 pub(crate) mod carbons;
 pub mod cluster;
-pub mod conditions;
+pub(crate) mod conditions;
 pub mod config;
 pub mod control;
 pub(crate) mod csi;
@@ -41,14 +44,14 @@ pub mod liveness;
 pub mod liveness_tasks;
 pub mod logging;
 pub(crate) mod metrics;
-pub mod names;
+pub(crate) mod names;
 pub(crate) mod node;
 pub(crate) mod offline;
 pub(crate) mod pep;
 pub(crate) mod policy;
 pub mod presence;
 pub(crate) mod privacy_iq;
-pub mod pubsub;
+pub(crate) mod pubsub;
 pub(crate) mod rate_limit;
 pub mod redis_conn;
 pub(crate) mod roster;
@@ -60,11 +63,11 @@ pub mod sasl;
 pub mod server;
 pub mod services;
 pub mod sessions;
-pub mod stanza;
-pub mod status;
+pub(crate) mod stanza;
+pub(crate) mod status;
 pub mod store;
-pub mod stream;
-pub mod stream_management;
+pub(crate) mod stream;
+pub(crate) mod stream_management;
 pub mod tls;
 pub(crate) mod websocket;
 pub mod xml;

@@ -100,6 +100,7 @@ impl Names {
     }
 
     /// The string of an acquired id.
+    #[cfg(test)]
     pub fn name(&self, id: NameId) -> Option<Arc<str>> {
         self.lock()
             .slots
@@ -131,12 +132,14 @@ impl Names {
         })
     }
 
-    /// Distinct strings held (for tests and metrics).
+    /// Distinct strings held.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().ids.len()
     }
 
     /// Whether no string is held.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
