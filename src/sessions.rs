@@ -229,6 +229,11 @@ impl SessionState {
         self.directed.insert(to.to_owned())
     }
 
+    /// Whether `to` is tracked as a directed-presence recipient.
+    pub fn is_directed(&self, to: &str) -> bool {
+        self.directed.contains(to)
+    }
+
     /// Stops tracking `to` (it got unavailable, or no longer may).
     pub fn remove_directed(&mut self, to: &str) {
         self.directed.remove(to);

@@ -28,6 +28,15 @@ impl SubjectLocks {
             guard: Some(lock.lock_owned().await),
         }
     }
+
+    /// How many tasks hold or wait for `subject`'s lock (0: nobody is working on it). The
+    /// tests use it to line up the interleavings a race needs; nothing in the server
+    /// decides by it.
+    pub fn holders_and_waiters(&self, subject: &str) -> usize {
+        let map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        // Each holder or waiter owns one clone; the map holds the first.
+        map.get(subject).map_or(0, |l| Arc::strong_count(l) - 1)
+    }
 }
 
 /// Held while deciding and delivering presence of one subject; see
@@ -69,11 +78,14 @@ mod tests {
         let mut waiter = Box::pin(waiter);
         // The waiter cannot get in while the first guard lives.
         assert!(futures_poll_once(&mut waiter).await.is_none());
+        assert_eq!(r.holders_and_waiters("a@x"), 2);
         drop(first);
         let second = waiter.await;
         assert_eq!(r.locks.lock().unwrap().len(), 1);
+        assert_eq!(r.holders_and_waiters("a@x"), 1);
         drop(second);
         assert!(r.locks.lock().unwrap().is_empty());
+        assert_eq!(r.holders_and_waiters("a@x"), 0);
     }
 
     /// Polls a future once without waiting.

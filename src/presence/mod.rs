@@ -265,14 +265,23 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
     // Serialised once; each copy (contacts' and own resources', here and on other nodes)
     // differs only in 'to'.
     let once = Addressed::new(&el);
-    let inputs = {
+    let (inputs, successor) = {
         let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
+        // Read under the lock, so a successor's broadcast is either done (and what it
+        // showed recorded) or not begun.
+        let successor = if is_available {
+            Successor::None
+        } else {
+            Successor::of(shared, session).await
+        };
         // The new state is recorded under the subject lock: a reconciliation holding the
         // lock must see the old state (and leave this resource to us) or the new one with
         // its broadcast done (and its viewers marked revealed), never the new state before
         // the broadcast, or it would send this presence a second time.
         record(&el);
-        to_directory(shared, &session.handle);
+        if !successor.holds_resource() {
+            to_directory(shared, &session.handle);
+        }
         // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
         // §4.5.2), as the privacy gate says, in one read; an invisible session (XEP-0186)
         // shows itself to nobody.
@@ -296,13 +305,20 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
             }
         }
         // Local contacts' sessions on other nodes, and the user's own there (§4.2.2).
-        let mut elsewhere = vec![bare.to_string()];
+        let mut elsewhere = Vec::new();
+        if !successor.is_available() {
+            elsewhere.push(bare.to_string());
+        }
         let mut reached = Vec::new();
         // Viewers the session can still record as shown (they are recorded below, once the
         // deliveries here and on other nodes are known).
         let mut room = session.handle.read(|p| p.room());
         for contact in recipients {
             session.handle.write(|p| p.remove_directed(&contact));
+            if successor.shows(&contact, || audience.iter().any(|a| a.as_str() == contact)) {
+                // Its presence is the resource's now; this unavailable would undo it.
+                continue;
+            }
             // A viewer the session's bounded set cannot record is not shown the presence:
             // it could not be withdrawn from it later.
             if is_available && !session.handle.was_revealed(&contact) {
@@ -336,20 +352,27 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
                     .reveal(contact, privacy::Relation::Subscriber);
             }
         }
-        inputs
+        (inputs, successor)
     };
-    // The user's own resources, the sender included (§4.2.2).
+    // The user's own resources, the sender included (§4.2.2); they have the successor's
+    // presence for this full JID, if there is one.
     let me_id = session.handle.id;
-    shared.sessions.for_each_of(bare.as_str(), |s| {
-        if s.id == me_id || s.is_available() {
-            s.send_xml(Arc::new(once.to(s.jid.as_str())));
-        }
-    });
+    if !successor.is_available() {
+        shared.sessions.for_each_of(bare.as_str(), |s| {
+            if s.id == me_id || s.is_available() {
+                s.send_xml(Arc::new(once.to(s.jid.as_str())));
+            }
+        });
+    }
     if !is_available {
         // §4.6.3: everyone who got directed presence gets the unavailable too, except a
-        // party blocked since (XEP-0191: it already got its unavailable, nothing more).
+        // party blocked since (XEP-0191: it already got its unavailable, nothing more)
+        // and one the successor sent its own directed presence.
         let directed = session.handle.write(|p| p.take_directed());
         for to in directed {
+            if successor.directed_to(&to) {
+                continue;
+            }
             // Recorded from a `to` that was checked; fails closed otherwise.
             let Ok(to_jid) = Jid::new(&to) else { continue };
             if gate::blocked_either(shared, &to_jid, &me).await {
@@ -818,8 +841,80 @@ async fn session_ended(shared: &Arc<Shared>, session: &Client) {
     // handle is still held somewhere.
     session.handle.write(|p| p.clear());
     let jid = session.jid();
+    if shared.sessions.get(jid).is_some() {
+        // A new session holds the resource; what is kept per full JID is its own now.
+        return;
+    }
     shared.caps.forget_session(jid.as_str());
     shared
         .store
         .forget_audience_of(jid.to_bare().as_str(), jid.as_str());
+}
+
+/// Who holds a session's full JID when that session's unavailable goes out, if not the
+/// session itself: a new session of the same resource (a reconnect within the grace
+/// period, or a bind that replaced it, RFC 6120 §7.7.2.2). Its presence is the resource's
+/// now, so the old session's unavailable reaches only those the successor has not shown
+/// itself to: the user's own resources and the viewers it reached would otherwise be told
+/// that a resource which is online is offline. Read under the subject's lock, where the
+/// successor's broadcast is either done and recorded or not begun.
+enum Successor {
+    /// Nobody else: the unavailable goes to everyone it concerns.
+    None,
+    /// A session on this node: exactly the viewers it recorded as shown.
+    Here(crate::sessions::SessionHandle),
+    /// A session on another node (the directory): the node broadcast it to the audience
+    /// the gate admits, if it is available and visible.
+    Elsewhere { available: bool, shown: bool },
+}
+
+impl Successor {
+    async fn of(shared: &Shared, session: &Client) -> Successor {
+        let me = session.jid();
+        match shared.sessions.get(me) {
+            Some(s) if s.id != session.handle.id => return Successor::Here(s),
+            // Still the registered session: the client's own unavailable.
+            Some(_) => return Successor::None,
+            None => {}
+        }
+        match shared.cluster.holder_of(me).await {
+            Some(h) => Successor::Elsewhere {
+                available: h.entry.available,
+                shown: h.entry.available && h.entry.visible,
+            },
+            None => Successor::None,
+        }
+    }
+
+    /// Whether another session holds the resource (and with it the directory entry).
+    fn holds_resource(&self) -> bool {
+        !matches!(self, Successor::None)
+    }
+
+    /// Whether the successor is available: the user's own resources have its presence.
+    fn is_available(&self) -> bool {
+        match self {
+            Successor::None => false,
+            Successor::Here(s) => s.is_available(),
+            Successor::Elsewhere { available, .. } => *available,
+        }
+    }
+
+    /// Whether the successor's presence reached `viewer` (`in_audience`: whether the gate
+    /// admits it now, which is whom a broadcast on another node reached).
+    fn shows(&self, viewer: &str, in_audience: impl FnOnce() -> bool) -> bool {
+        match self {
+            Successor::None => false,
+            Successor::Here(s) => s.is_available() && s.was_revealed(viewer),
+            Successor::Elsewhere { shown, .. } => *shown && in_audience(),
+        }
+    }
+
+    /// Whether the successor sent `to` directed presence of its own (known only here).
+    fn directed_to(&self, to: &str) -> bool {
+        match self {
+            Successor::Here(s) => s.read(|p| p.is_directed(to)),
+            _ => false,
+        }
+    }
 }
