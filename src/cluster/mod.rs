@@ -100,6 +100,8 @@ struct Inner {
     conn: tokio::sync::Mutex<Option<Conn>>,
     timeout: Duration,
     ttl: Duration,
+    /// Without a heartbeat for this long an instance is dead ([`node_timeout`]).
+    node_timeout: Duration,
     max_recipients: usize,
     /// Live instances other than this one, as of the last heartbeat.
     peers: RwLock<HashSet<String>>,
@@ -114,6 +116,31 @@ struct Inner {
     unreleased: Mutex<Vec<FullJid>>,
     /// This node's copy of directory rows.
     cache: cache::Cache,
+}
+
+/// How often an instance heartbeats: often enough that a dead one drops out of the live
+/// set soon after [`node_timeout`], and that a started node is seen within a fraction of T.
+fn heartbeat_period(ttl: Duration) -> Duration {
+    (ttl / 4).min(Duration::from_secs(5))
+}
+
+/// How long an instance may go without a heartbeat before the others count it dead:
+/// T − redis_refresh, and never less than three heartbeat periods.
+///
+/// Why not T: a killed node's resource beats go stale from T − redis_refresh after the
+/// kill on (each was last written up to one refresh before it), spread over one refresh
+/// interval. While the node still counts as live, the sweeper puts those beats back (a
+/// node that heartbeats but does not listen is re-making its subscription); with a
+/// timeout of T every one of them waited for T and was then announced in one burst, which
+/// no sweeper can work through within one sweep once a node holds thousands. Dead by the
+/// time its first beats go stale, the node's sessions are announced as their beats go
+/// stale, each within T plus one sweep of the kill. Nothing is announced for a live node
+/// either way: only a resource whose beat is older than T is, and only when its node has
+/// neither listened nor heartbeated for this long.
+fn node_timeout(ttl: Duration, redis_refresh: Duration) -> Duration {
+    ttl.saturating_sub(redis_refresh)
+        .max(heartbeat_period(ttl) * 3)
+        .min(ttl)
 }
 
 /// The cluster state of one node. Cheap to clone.
@@ -140,6 +167,7 @@ impl Cluster {
                 conn: tokio::sync::Mutex::new(None),
                 timeout: config.redis.timeout,
                 ttl: config.liveness.ttl,
+                node_timeout: node_timeout(config.liveness.ttl, config.liveness.redis_refresh),
                 max_recipients: config.cluster.max_recipients_per_message,
                 peers: RwLock::default(),
                 local: Mutex::default(),
@@ -578,13 +606,14 @@ impl Cluster {
         };
         let now = chrono::Utc::now().timestamp_millis();
         let ttl = self.inner.ttl.as_millis() as i64;
+        let dead_after = self.inner.node_timeout.as_millis() as i64;
         let live: redis::RedisResult<Vec<String>> = redis::cmd("EVAL")
             .arg(directory::HEARTBEAT)
             .arg(1)
             .arg(self.inner.keys.nodes())
             .arg(&self.inner.instance)
             .arg(now)
-            .arg(now - ttl)
+            .arg(now - dead_after)
             .arg(now - 3 * ttl)
             .arg(self.expire_at(now))
             .query_async(&mut conn)
@@ -627,9 +656,7 @@ impl Cluster {
     }
 
     async fn heartbeat_loop(self, shutdown: CancellationToken) {
-        // Often enough that a dead instance drops out of the live set within T of its last
-        // heartbeat, and that a started node is seen within a fraction of T.
-        let period = (self.inner.ttl / 4).min(Duration::from_secs(5));
+        let period = heartbeat_period(self.inner.ttl);
         let extend_every = (self.inner.ttl.as_millis() / period.as_millis().max(1)).max(1) as u64;
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1051,6 +1078,22 @@ pub async fn listen(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_is_dead_before_its_first_resource_beats_can_go_stale() {
+        let s = Duration::from_secs;
+        // The defaults: beats go stale from T - refresh = 67 s after a kill.
+        assert_eq!(node_timeout(s(100), s(33)), s(67));
+        // bench/cluster.sh's timings.
+        assert_eq!(node_timeout(s(45), s(15)), s(30));
+        // Never fewer than three heartbeats missed, never more than T.
+        assert_eq!(
+            node_timeout(Duration::from_secs(2), Duration::from_millis(600)),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(node_timeout(s(100), s(99)), s(15));
+        assert!(node_timeout(s(1), s(0)) <= s(1));
+    }
 
     fn holder(jid: &str, instance: &str) -> Holder {
         let mut entry = Entry::bound(instance);

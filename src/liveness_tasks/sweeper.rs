@@ -18,11 +18,12 @@
 //! A count of 0 from a node that still heartbeats in the cluster directory is a subscriber
 //! being re-made (a Redis failover, a reconnect), not a death: its beats are put back at the
 //! end of the sweep, and a later sweep hands them over again or, once the node has stopped
-//! heartbeating (T after its last heartbeat), announces them. A node that received none of
+//! heartbeating (T − redis_refresh after its last heartbeat, before its first beats can go
+//! stale), announces them. A node that received none of
 //! a batch is decided for the rest of the sweep, so a dead node costs one pipeline of
 //! publishes per sweep, not one round trip per resource.
 //!
-//! A crashed node's sessions all go stale within one refresh interval, thousands at once:
+//! A crashed node's sessions all go stale within one refresh interval, thousands a second:
 //! the resource keys and directory entries of a batch's orphans are read in one pipeline
 //! (per slot on a Redis Cluster), and `sweep_concurrency` of them are announced at a time
 //! (each one read of the user's audience, one cluster message and local deliveries), so
