@@ -277,6 +277,22 @@ async fn whitespace_keepalives(backend: Backend) {
     ts.stop().await;
 }
 
+/// Drops `client`'s connection without a closing tag and waits (at most G) until the
+/// server has seen the drop and started the session's grace period.
+async fn drop_and_see_grace_start(ts: &TestServer, client: Client) {
+    let g = timings(ts).grace;
+    let started = ts.metric(|m| m.grace_started.load(Ordering::Relaxed));
+    drop(client);
+    let t = Instant::now();
+    while ts.metric(|m| m.grace_started.load(Ordering::Relaxed)) == started {
+        assert!(
+            t.elapsed() < secs(g),
+            "the server did not see the drop within G"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 on_both_backends!(
     reconnect_within_grace,
     reconnect_within_grace_announces_nothing_and_idle_and_away_pass_through,
@@ -308,19 +324,10 @@ async fn reconnect_within_grace(backend: Backend) {
         Some("2026-01-01T00:00:00Z")
     );
     let jid = alice.jid.clone();
-    let started = ts.metric(|m| m.grace_started.load(Ordering::Relaxed));
     // The connection drops (no </stream:stream>) and the phone is back at once: as soon as
     // the server has seen the drop (before that, a new bind would simply replace a live
     // session and no grace period would be involved).
-    drop(alice);
-    let t = Instant::now();
-    while ts.metric(|m| m.grace_started.load(Ordering::Relaxed)) == started {
-        assert!(
-            t.elapsed() < secs(g),
-            "the server did not see the drop within G"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    drop_and_see_grace_start(&ts, alice).await;
     let mut again = ts.login("alice", "phone").await;
     again.presence(None, None).await;
     // Nothing unavailable reaches bob within G plus a generous margin.
@@ -379,16 +386,7 @@ async fn old_end_after_new_presence(backend: Backend) {
     let alice = online(&ts, "alice", "phone").await;
     let jid = alice.jid.clone();
     bob.expect(|e| is_presence(e, &jid, None)).await;
-    let started = ts.metric(|m| m.grace_started.load(Ordering::Relaxed));
-    drop(alice);
-    let t = Instant::now();
-    while ts.metric(|m| m.grace_started.load(Ordering::Relaxed)) == started {
-        assert!(
-            t.elapsed() < secs(g),
-            "the server did not see the drop within G"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    drop_and_see_grace_start(&ts, alice).await;
     // Back with the same resource, bound but not yet available.
     let mut again = ts.login("alice", "phone").await;
     let locks = &ts.shared().subject_locks;
