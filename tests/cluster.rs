@@ -107,6 +107,22 @@ on_both!(
     a_bare_jid_whose_sessions_on_another_node_went_away_is_answered_as_offline,
 );
 
+// Not yet passing: with the directory writes of a batch landed before its forwards read
+// (cluster::Cluster::apply), 4 of 80 sessions still miss their contact on the single Redis
+// (16 of 80 before); BENCHMARKS.md, "Cluster", says what is known. `cargo test --test
+// cluster -- --ignored` runs it.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "known bug: a few contacts coming online on two nodes at once still miss each other"]
+async fn contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other_single_redis() {
+    contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other(Redis::Single).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other_redis_cluster() {
+    let _layout = CLUSTER_LAYOUT.read().await;
+    contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other(Redis::Cluster).await
+}
+
 /// Two nodes of one cluster: same domain, database and Redis prefix, distinct node ids.
 async fn two_nodes(redis: Redis, tweak: fn(&mut Config)) -> (TestServer, TestServer) {
     let domain = format!("c{}.example", unique());
@@ -2443,6 +2459,88 @@ async fn a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_n
         "not put back once the node is dead"
     );
     n1.stop().await;
+}
+
+/// Pairs of mutual contacts, one of each on either node, all send their initial presence
+/// at the same moment: each must end up seeing the other online. Each side writes its
+/// availability to the directory and then reads the other's (its broadcast's forward, its
+/// probe); if a forward read the contacts' entries before its own write had landed, both
+/// sides could read each other's entries as not yet available and neither would be told
+/// (a login storm over three nodes left about 2.7 % of its sessions missing a contact
+/// this way). Redis is reached across a few milliseconds each way (on the single Redis),
+/// so that writes and reads of many sessions share the cluster task's batches, as under
+/// load.
+async fn contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other(redis: Redis) {
+    const PAIRS: usize = 40;
+    let url = match redis {
+        Redis::Single => delayed_redis(&redis_url(), Duration::from_millis(3)).await,
+        Redis::Cluster => String::new(),
+    };
+    let domain = format!("m{}.example", unique());
+    let node = |name: &str| {
+        let url = url.clone();
+        let node_id = format!("{name}-{}", unique());
+        let domain = domain.clone();
+        async move {
+            TestServer::start_with_domain(&domain, move |c| {
+                fast_liveness(c);
+                c.redis.url = url;
+                redis.apply(c);
+                c.cluster.node_id = Some(node_id);
+            })
+            .await
+        }
+    };
+    let n1 = node("n1").await;
+    let n2 = node("n2").await;
+    see_each_other(&[&n1, &n2]).await;
+    for i in 0..PAIRS {
+        n1.user(&format!("a{i}")).await;
+        n1.user(&format!("b{i}")).await;
+        n1.make_mutual(&format!("a{i}"), &format!("b{i}")).await;
+    }
+    // Everyone bound, nobody available yet.
+    let mut left = Vec::new();
+    let mut right = Vec::new();
+    for i in 0..PAIRS {
+        left.push(n1.login(&format!("a{i}"), "r").await);
+        right.push(n2.login(&format!("b{i}"), "r").await);
+    }
+    let all: Vec<Client> = left.into_iter().chain(right).collect();
+    let tasks: Vec<_> = all
+        .into_iter()
+        .enumerate()
+        .map(|(k, mut c)| {
+            let (node, other) = if k < PAIRS {
+                (&n1, format!("b{k}"))
+            } else {
+                (&n2, format!("a{}", k - PAIRS))
+            };
+            let contact = format!("{}/r", node.jid(&other));
+            async move {
+                c.presence(None, None).await;
+                let seen = c
+                    .try_expect(&|e| is_presence(e, &contact, None), WAIT)
+                    .await;
+                (c.jid.clone(), contact, seen.is_ok(), c)
+            }
+        })
+        .collect();
+    let results = futures_util::future::join_all(tasks).await;
+    let missing: Vec<String> = results
+        .iter()
+        .filter(|(_, _, seen, _)| !seen)
+        .map(|(me, contact, _, _)| format!("{me} never saw {contact}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {}: {missing:?}",
+        missing.len(),
+        2 * PAIRS
+    );
+    drop(results);
+    n1.stop().await;
+    n2.stop().await;
 }
 
 /// A message of `kind` from the sender to `to` with `id` and `body`.
