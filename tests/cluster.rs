@@ -105,23 +105,8 @@ on_both!(
         "multi_thread"
     ),
     a_bare_jid_whose_sessions_on_another_node_went_away_is_answered_as_offline,
+    contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other("multi_thread"),
 );
-
-// Not yet passing: with the directory writes of a batch landed before its forwards read
-// (cluster::Cluster::apply), 4 of 80 sessions still miss their contact on the single Redis
-// (16 of 80 before); BENCHMARKS.md, "Cluster", says what is known. `cargo test --test
-// cluster -- --ignored` runs it.
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "known bug: a few contacts coming online on two nodes at once still miss each other"]
-async fn contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other_single_redis() {
-    contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other(Redis::Single).await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other_redis_cluster() {
-    let _layout = CLUSTER_LAYOUT.read().await;
-    contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other(Redis::Cluster).await
-}
 
 /// Two nodes of one cluster: same domain, database and Redis prefix, distinct node ids.
 async fn two_nodes(redis: Redis, tweak: fn(&mut Config)) -> (TestServer, TestServer) {
@@ -2464,12 +2449,13 @@ async fn a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_n
 /// Pairs of mutual contacts, one of each on either node, all send their initial presence
 /// at the same moment: each must end up seeing the other online. Each side writes its
 /// availability to the directory and then reads the other's (its broadcast's forward, its
-/// probe); if a forward read the contacts' entries before its own write had landed, both
-/// sides could read each other's entries as not yet available and neither would be told
-/// (a login storm over three nodes left about 2.7 % of its sessions missing a contact
-/// this way). Redis is reached across a few milliseconds each way (on the single Redis),
-/// so that writes and reads of many sessions share the cluster task's batches, as under
-/// load.
+/// probe); the cluster task applies a batch's writes before its forwards read, and a
+/// login's probes read Redis rather than the node's copy, so of two such reads at least
+/// one sees the other's write. Redis is reached across a few milliseconds each way (on the
+/// single Redis), so that writes and reads of many sessions share the cluster task's
+/// batches, as under load. (This passed before those two changes too: on this machine it
+/// has not reproduced the three-node login storm's missing contacts; it holds the
+/// behaviour, not that bug.)
 async fn contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other(redis: Redis) {
     const PAIRS: usize = 40;
     let url = match redis {
@@ -2483,7 +2469,8 @@ async fn contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other(r
         let domain = domain.clone();
         async move {
             TestServer::start_with_domain(&domain, move |c| {
-                fast_liveness(c);
+                // The default liveness timings: the logins before the moment take longer
+                // than the scaled-down TTL, and a silent client would be ended meanwhile.
                 c.redis.url = url;
                 redis.apply(c);
                 c.cluster.node_id = Some(node_id);

@@ -91,6 +91,13 @@ impl<V: Clone> Cache<V> {
         Err(Generation(st.epoch, st.stripes[stripe(bare)]))
     }
 
+    /// The generation to hand to [`Self::put`] with rows read from Redis without asking
+    /// for a copy first (a read that must not be answered from one).
+    pub fn generation(&self, bare: &str) -> Generation {
+        let st = self.lock();
+        Generation(st.epoch, st.stripes[stripe(bare)])
+    }
+
     /// Keeps `rows`, read for `bare` after [`Self::get`] returned `noted`, unless an
     /// invalidation of its stripe (or a clear) came since.
     pub fn put(&self, bare: &str, noted: Generation, rows: V) {

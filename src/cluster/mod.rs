@@ -441,13 +441,27 @@ impl Cluster {
     /// The sessions of each user in `bares` held by other live instances. Empty at once
     /// with no other node; a Redis failure reads as "none elsewhere".
     pub async fn holders(&self, bares: &[&str]) -> HashMap<String, Vec<Holder>> {
+        self.holders_read(bares, Copy::Use).await
+    }
+
+    /// [`Self::holders`] read from Redis, not from this node's copy: for a login's probes,
+    /// which must see every contact's directory write that landed before them. A copy of a
+    /// row whose invalidation is still on its way would show a contact who has just come
+    /// online on another node as not yet available, and that node's forward of its
+    /// presence may have read this session before it was available (see
+    /// [`Cluster::apply`]): neither side would tell the other.
+    pub async fn holders_fresh(&self, bares: &[&str]) -> HashMap<String, Vec<Holder>> {
+        self.holders_read(bares, Copy::Bypass).await
+    }
+
+    async fn holders_read(&self, bares: &[&str], copy: Copy) -> HashMap<String, Vec<Holder>> {
         if !self.has_peers() || bares.is_empty() {
             return HashMap::new();
         }
         let Some(mut conn) = self.conn().await else {
             return HashMap::new();
         };
-        match self.read_entries(&mut conn, bares).await {
+        match self.read_entries(&mut conn, bares, copy).await {
             Ok(m) => m,
             Err(e) => {
                 self.failed(&e).await;
@@ -488,12 +502,17 @@ impl Cluster {
         &self,
         conn: &mut Conn,
         bares: &[&str],
+        copy: Copy,
     ) -> redis::RedisResult<HashMap<String, Vec<Holder>>> {
         // This node's copy first; one pipeline of HGETALL (split per slot) for the rest.
         let mut rows: Vec<Option<cache::Rows>> = Vec::with_capacity(bares.len());
         let mut misses: Vec<(usize, cache::Generation)> = Vec::new();
         for (i, b) in bares.iter().enumerate() {
-            match self.inner.cache.get(b) {
+            let cached = match copy {
+                Copy::Use => self.inner.cache.get(b),
+                Copy::Bypass => Err(self.inner.cache.generation(b)),
+            };
+            match cached {
                 Ok(r) => rows.push(Some(r)),
                 Err(g) => {
                     rows.push(None);
@@ -789,9 +808,9 @@ impl Cluster {
     /// either the presence is forwarded to a node where the contact is already
     /// available (its write came after its local record), or the contact's probe, which
     /// reads after its own write landed, finds this session available. Reading before the
-    /// writes, both could miss each other: two users logging in on two nodes at once
-    /// never saw each other online (about 2.7 % of the sessions of a 51,000-session login
-    /// storm over three nodes).
+    /// writes, both could miss each other, and two users logging in on two nodes at once
+    /// would never see each other online (BENCHMARKS.md, "Cluster", has the login storm
+    /// in which some did not).
     async fn apply(&self, conn: &mut Conn, ops: Vec<Op>) -> redis::RedisResult<()> {
         let Some(target) = self.inner.client.as_ref() else {
             return Ok(());
@@ -812,7 +831,7 @@ impl Cluster {
         let must_read = !bares.is_empty() && self.has_peers();
         let mut holders = if must_read && !writes {
             let refs: Vec<&str> = bares.iter().map(String::as_str).collect();
-            self.read_entries(conn, &refs).await?
+            self.read_entries(conn, &refs, Copy::Use).await?
         } else {
             HashMap::new()
         };
@@ -911,7 +930,7 @@ impl Cluster {
             pipe = SlotPipe::new();
             if must_read {
                 let refs: Vec<&str> = bares.iter().map(String::as_str).collect();
-                holders = self.read_entries(conn, &refs).await?;
+                holders = self.read_entries(conn, &refs, Copy::Use).await?;
             }
             results
         } else {
@@ -1040,6 +1059,13 @@ impl Cluster {
         after.query(conn).await?;
         Ok(())
     }
+}
+
+/// Whether a directory read may be answered from this node's copy of the rows.
+#[derive(Clone, Copy)]
+enum Copy {
+    Use,
+    Bypass,
 }
 
 /// A stanza of a batch, kept in queue order until the directory entries it is routed by

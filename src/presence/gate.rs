@@ -380,7 +380,9 @@ pub async fn probe_answers(
     };
     let prober_local = is_local(shared, prober);
     let subject_refs: Vec<&str> = subjects.iter().map(|j| j.as_str()).collect();
-    let mut elsewhere = remote_presences(shared, &subject_refs).await;
+    // From Redis, not the node's copy: a login's probes must see a contact who came
+    // online on another node a moment ago (`Cluster::holders_fresh`).
+    let mut elsewhere = remote_presences(shared, &subject_refs, true).await;
     // Read at most once, and only when an unavailable may carry a stamp.
     let mut prober_settings: Option<Option<PrivacySettings>> = None;
     let default = PrivacySettings::default();
@@ -509,7 +511,7 @@ pub async fn current_presence(
             deliver(last);
         }
     }
-    for (h, mut p) in remote_presences(shared, &[subject])
+    for (h, mut p) in remote_presences(shared, &[subject], false)
         .await
         .remove(subject)
         .unwrap_or_default()
@@ -828,10 +830,16 @@ pub async fn may_reach_holder(
 async fn remote_presences(
     shared: &Shared,
     subjects: &[&str],
+    fresh: bool,
 ) -> std::collections::HashMap<String, Vec<(crate::cluster::Holder, Element)>> {
     let mut out: std::collections::HashMap<String, Vec<(crate::cluster::Holder, Element)>> =
         Default::default();
-    for (subject, holders) in shared.cluster.holders(subjects).await {
+    let holders = if fresh {
+        shared.cluster.holders_fresh(subjects).await
+    } else {
+        shared.cluster.holders(subjects).await
+    };
+    for (subject, holders) in holders {
         for h in holders {
             let shown = h
                 .entry
