@@ -1418,6 +1418,26 @@ async fn a_dead_nodes_unavailable_reaches_the_users_own_resources_on_every_node(
 /// A TCP proxy in front of the Redis at `upstream` that forwards every chunk, in order,
 /// `delay` after it arrived, in both directions; returns its URL (with `upstream`'s
 /// database number).
+/// A node of `domain`'s cluster reaching Redis at `url` (empty on the Redis Cluster, whose
+/// start nodes `redis` sets), with node id `name` made unique and `tweak` applied first.
+async fn node_on(
+    domain: &str,
+    url: &str,
+    redis: Redis,
+    name: &str,
+    tweak: fn(&mut Config),
+) -> TestServer {
+    let url = url.to_owned();
+    let node_id = format!("{name}-{}", unique());
+    TestServer::start_with_domain(domain, move |c| {
+        tweak(c);
+        c.redis.url = url;
+        redis.apply(c);
+        c.cluster.node_id = Some(node_id);
+    })
+    .await
+}
+
 async fn delayed_redis(upstream: &str, delay: Duration) -> String {
     let rest = upstream.trim_start_matches("redis://");
     let (host_port, db) = rest.split_once('/').unwrap_or((rest, ""));
@@ -1532,23 +1552,12 @@ async fn a_dead_node_with_thousands_of_sessions_is_announced_within_t_and_one_sw
         Redis::Cluster => String::new(),
     };
     let domain = format!("s{}.example", unique());
-    let survivor = |name: &str| {
-        let url = url.clone();
-        let node_id = format!("{name}-{}", unique());
-        let domain = domain.clone();
-        async move {
-            TestServer::start_with_domain(&domain, move |c| {
-                fast_liveness(c);
-                scale_liveness(c);
-                c.redis.url = url;
-                redis.apply(c);
-                c.cluster.node_id = Some(node_id);
-            })
-            .await
-        }
+    let survivor = |c: &mut Config| {
+        fast_liveness(c);
+        scale_liveness(c);
     };
-    let n1 = survivor("n1").await;
-    let n2 = survivor("n2").await;
+    let n1 = node_on(&domain, &url, redis, "n1", survivor).await;
+    let n2 = node_on(&domain, &url, redis, "n2", survivor).await;
     see_each_other(&[&n1, &n2]).await;
     // Accounts in bulk: d0..d{N-1} on the node that dies, watchers w0..w3 on the
     // survivors, all with w0's credentials (password "pw"), as an operator's SQL would.
@@ -2463,23 +2472,10 @@ async fn contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other(r
         Redis::Cluster => String::new(),
     };
     let domain = format!("m{}.example", unique());
-    let node = |name: &str| {
-        let url = url.clone();
-        let node_id = format!("{name}-{}", unique());
-        let domain = domain.clone();
-        async move {
-            TestServer::start_with_domain(&domain, move |c| {
-                // The default liveness timings: the logins before the moment take longer
-                // than the scaled-down TTL, and a silent client would be ended meanwhile.
-                c.redis.url = url;
-                redis.apply(c);
-                c.cluster.node_id = Some(node_id);
-            })
-            .await
-        }
-    };
-    let n1 = node("n1").await;
-    let n2 = node("n2").await;
+    // The default liveness timings: the logins before the moment take longer than the
+    // scaled-down TTL, and a silent client would be ended meanwhile.
+    let n1 = node_on(&domain, &url, redis, "n1", |_| {}).await;
+    let n2 = node_on(&domain, &url, redis, "n2", |_| {}).await;
     see_each_other(&[&n1, &n2]).await;
     for i in 0..PAIRS {
         n1.user(&format!("a{i}")).await;

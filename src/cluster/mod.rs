@@ -850,7 +850,7 @@ impl Cluster {
         let mut written: Vec<String> = Vec::new();
         // The stanzas this batch publishes, in the order queued (see below for where).
         let mut stanzas: Vec<(String, redis::Cmd)> = Vec::new();
-        let mut outgoing: Vec<Outgoing> = Vec::new();
+        let mut outgoing: Vec<Op> = Vec::new();
         for op in ops {
             if let Op::Claim(jid, _) | Op::Update(jid, _) | Op::Release(jid) = &op {
                 written.push(jid.to_bare().to_string());
@@ -899,22 +899,9 @@ impl Cluster {
                     pipe.add(&key, c);
                     claims.push((idx, jid, true));
                 }
-                Op::Forward {
-                    to,
-                    xml,
-                    kind,
-                    reached,
-                } => {
-                    outgoing.push(Outgoing::Forward {
-                        to,
-                        xml,
-                        kind,
-                        reached,
-                    });
-                    continue;
-                }
-                Op::Send(node, env) => {
-                    outgoing.push(Outgoing::Send(node, env));
+                // Routed once the entries they need have been read (below).
+                op @ (Op::Forward { .. } | Op::Send(..)) => {
+                    outgoing.push(op);
                     continue;
                 }
             }
@@ -938,7 +925,7 @@ impl Cluster {
         };
         for out in outgoing {
             match out {
-                Outgoing::Forward {
+                Op::Forward {
                     to,
                     xml,
                     kind,
@@ -962,11 +949,13 @@ impl Cluster {
                         replies.push((tx, got));
                     }
                 }
-                Outgoing::Send(node, env) => {
+                Op::Send(node, env) => {
                     let channel = self.inner.keys.channel(&node);
                     stanzas.push((channel.clone(), target.publish(&channel, &env.encode())));
                     published += 1;
                 }
+                // Only stanzas were kept; the writes went into the first pipeline.
+                Op::Claim(..) | Op::Update(..) | Op::Release(_) | Op::ForgetDead(_) => {}
             }
         }
         // A stanza must not reach another node before the invalidation of rows this batch
@@ -1066,18 +1055,6 @@ impl Cluster {
 enum Copy {
     Use,
     Bypass,
-}
-
-/// A stanza of a batch, kept in queue order until the directory entries it is routed by
-/// have been read.
-enum Outgoing {
-    Forward {
-        to: Vec<String>,
-        xml: Arc<String>,
-        kind: Kind,
-        reached: Option<oneshot::Sender<HashSet<String>>>,
-    },
-    Send(String, Envelope),
 }
 
 /// The bare part of a JID string.
