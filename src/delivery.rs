@@ -166,6 +166,15 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
 /// again: a viewer still admitted is recorded as shown, so a later block or privacy change
 /// withdraws it here; one no longer admitted (a change reconciled here before this record
 /// arrived), or one the session's full record cannot take, gets the unavailable at once.
+///
+/// A session that is no longer available, or has ended, sends the viewer its unavailable
+/// too: the directory row the other node read may predate the session's unavailable, whose
+/// broadcast can have missed the viewer (this node's copy of the viewer's row, read before
+/// the invalidation of the viewer's login arrived, showed it offline). This record comes
+/// after that invalidation on the same channel, so no later broadcast misses it. Not when
+/// the full JID is held again, here or on another node: that successor's presence is the
+/// resource's now. A viewer the broadcast did reach gets a second unavailable for a
+/// resource it already shows offline, which changes nothing for it.
 async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
     let viewer = env.xml.as_str();
     let Ok(viewer_jid) = Jid::new(viewer) else {
@@ -173,12 +182,29 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
         return;
     };
     for to in &env.to {
-        let Some(s) = FullJid::new(to).ok().and_then(|f| shared.sessions.get(&f)) else {
+        let Ok(full) = FullJid::new(to) else {
             continue;
         };
-        let subject = s.jid.to_bare();
+        let subject = full.to_bare();
         let _guard = shared.subject_locks.lock_subject(subject.as_str()).await;
-        if s.was_revealed(viewer) || !s.is_available() {
+        let Some(s) = shared.sessions.get(&full) else {
+            let held_elsewhere = shared
+                .cluster
+                .holder_of(&full)
+                .await
+                .is_some_and(|h| h.entry.available);
+            if !held_elsewhere {
+                tracing::info!(jid = %full, viewer, "presence shown by another node after the session ended: unavailable sent");
+                crate::node::send::presence_to(shared, viewer, unavailable(to, viewer));
+            }
+            continue;
+        };
+        if s.was_revealed(viewer) {
+            continue;
+        }
+        if !s.is_available() {
+            tracing::info!(jid = %s.jid, viewer, "presence shown by another node after the session went unavailable: unavailable sent");
+            crate::node::send::presence_to(shared, viewer, unavailable(to, viewer));
             continue;
         }
         let admitted = !s.is_invisible()

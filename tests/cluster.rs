@@ -1439,6 +1439,20 @@ async fn node_on(
 }
 
 async fn delayed_redis(upstream: &str, delay: Duration) -> String {
+    proxied_redis(upstream, Lag::Every(delay)).await
+}
+
+/// Which traffic through [`proxied_redis`] is held back.
+#[derive(Clone, Copy)]
+enum Lag {
+    /// Every chunk, both ways.
+    Every(Duration),
+    /// Only what Redis sends on a connection that subscribed (`SUBSCRIBE`, `SSUBSCRIBE`):
+    /// the node's channel messages arrive that much late, its commands do not.
+    Subscriptions(Duration),
+}
+
+async fn proxied_redis(upstream: &str, lag: Lag) -> String {
     let rest = upstream.trim_start_matches("redis://");
     let (host_port, db) = rest.split_once('/').unwrap_or((rest, ""));
     let upstream: std::net::SocketAddr = host_port
@@ -1454,9 +1468,16 @@ async fn delayed_redis(upstream: &str, delay: Duration) -> String {
                 };
                 let (in_read, in_write) = inbound.into_split();
                 let (out_read, out_write) = outbound.into_split();
+                let subscribed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (up, down): (Delay, Delay) = match lag {
+                    Lag::Every(d) => (Delay::Fixed(d), Delay::Fixed(d)),
+                    Lag::Subscriptions(d) => {
+                        (Delay::Watch(subscribed.clone()), Delay::Once(subscribed, d))
+                    }
+                };
                 tokio::join!(
-                    delayed_copy(in_read, out_write, delay),
-                    delayed_copy(out_read, in_write, delay)
+                    delayed_copy(in_read, out_write, up),
+                    delayed_copy(out_read, in_write, down)
                 );
             });
         }
@@ -1464,19 +1485,43 @@ async fn delayed_redis(upstream: &str, delay: Duration) -> String {
     format!("redis://{addr}/{db}")
 }
 
+/// The delay of one direction of a proxied connection.
+enum Delay {
+    Fixed(Duration),
+    /// No delay; sets the flag once a chunk names a subscribe command.
+    Watch(std::sync::Arc<std::sync::atomic::AtomicBool>),
+    /// The duration once the flag is set, none before.
+    Once(std::sync::Arc<std::sync::atomic::AtomicBool>, Duration),
+}
+
 /// Copies `from` to `to`, each chunk `delay` after it was read.
 async fn delayed_copy(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay: Duration,
+    delay: Delay,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let reading = async move {
         let mut buf = vec![0u8; 64 * 1024];
         while let Ok(n @ 1..) = from.read(&mut buf).await {
+            let chunk = &buf[..n];
+            let lag = match &delay {
+                Delay::Fixed(d) => *d,
+                Delay::Watch(flag) => {
+                    if chunk
+                        .windows(9)
+                        .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
+                    {
+                        flag.store(true, Ordering::SeqCst);
+                    }
+                    Duration::ZERO
+                }
+                Delay::Once(flag, d) if flag.load(Ordering::SeqCst) => *d,
+                Delay::Once(..) => Duration::ZERO,
+            };
             if tx
-                .send((tokio::time::Instant::now() + delay, buf[..n].to_vec()))
+                .send((tokio::time::Instant::now() + lag, chunk.to_vec()))
                 .is_err()
             {
                 break;
@@ -2655,5 +2700,88 @@ async fn promoted(r: &mut redis::aio::MultiplexedConnection, since: Instant) -> 
         }
         assert!(since.elapsed() < Duration::from_secs(10), "no promotion");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// How late node 1's channel messages arrive in the directory-copy tests below: longer
+/// than a debug build takes to log a client in.
+const CHANNEL_LAG: Duration = Duration::from_millis(1500);
+
+/// Two nodes of one domain on the single Redis, node 1's channel messages (among them the
+/// invalidations of its copy of the directory) arriving [`CHANNEL_LAG`] late; alice/pc
+/// available on node 1, whose copy then holds bob (mutual contact) as offline; bob just
+/// logged in on node 2 and shown alice/pc from the directory. Node 1's copy of bob's row
+/// is stale from now until the lag is over. Returns the moment bob saw alice/pc.
+async fn bob_online_while_node_one_still_holds_him_offline(
+) -> (TestServer, TestServer, Client, Client, Instant) {
+    let url = proxied_redis(&redis_url(), Lag::Subscriptions(CHANNEL_LAG)).await;
+    let domain = format!("v{}.example", unique());
+    // The subscription's own reply comes late too: the default one-second command timeout
+    // would end it.
+    let patient = |c: &mut Config| c.redis.timeout = Duration::from_secs(4);
+    let n1 = node_on(&domain, &url, Redis::Single, "n1", patient).await;
+    let n2 = node_on(&domain, &redis_url(), Redis::Single, "n2", patient).await;
+    see_each_other(&[&n1, &n2]).await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    n1.make_mutual("alice", "bob").await;
+    let pc = online(&n1, "alice", "pc").await;
+    // Whatever node 1 sent or heard for alice/pc's login has arrived.
+    tokio::time::sleep(CHANNEL_LAG * 2).await;
+    let mut bob = n2.login("bob", "r").await;
+    bob.presence(None, None).await;
+    let pc_full = format!("{}/pc", n1.jid("alice"));
+    bob.expect(|e| is_presence(e, &pc_full, None)).await;
+    (n1, n2, pc, bob, Instant::now())
+}
+
+/// RFC 6121 §4.2.2: a login's initial presence goes to every contact online, on whichever
+/// node. Here the contact came online on another node a moment before, and this node's
+/// copy of the directory does not know it yet: the presence must reach it all the same.
+#[tokio::test]
+async fn an_initial_presence_reaches_a_contact_whose_login_elsewhere_this_node_has_not_heard_of() {
+    let (n1, n2, _pc, mut bob, since) = bob_online_while_node_one_still_holds_him_offline().await;
+    let phone = online(&n1, "alice", "phone").await;
+    assert!(
+        since.elapsed() < CHANNEL_LAG,
+        "alice/phone's login took longer than the lag: the test proved nothing"
+    );
+    let phone_full = format!("{}/phone", n1.jid("alice"));
+    bob.watch(&|e| is_presence(e, &phone_full, None), CHANNEL_LAG * 3)
+        .await
+        .expect("bob on node 2 got alice/phone's initial presence");
+    drop(phone);
+    n2.stop().await;
+    n1.stop().await;
+}
+
+/// RFC 6121 §4.5.2: a resource going offline is announced to every contact it was shown
+/// to, including one shown it by another node from the directory a moment before, while
+/// this node's copy still held that contact offline (so the broadcast missed it): the
+/// record of that showing, when it arrives, sends the unavailable. For both ways of going:
+/// an unavailable presence with the stream kept open, and the stream closed.
+#[tokio::test]
+async fn a_resource_going_offline_reaches_a_contact_another_node_had_just_shown_it_to() {
+    for close in [false, true] {
+        let (n1, n2, mut pc, mut bob, since) =
+            bob_online_while_node_one_still_holds_him_offline().await;
+        if close {
+            pc.close().await;
+        } else {
+            pc.presence(Some("unavailable"), None).await;
+        }
+        assert!(
+            since.elapsed() < CHANNEL_LAG,
+            "alice/pc went offline after the lag: the test proved nothing"
+        );
+        let pc_full = format!("{}/pc", n1.jid("alice"));
+        bob.watch(
+            &|e| is_presence(e, &pc_full, Some("unavailable")),
+            CHANNEL_LAG * 3,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("bob told alice/pc went offline (closed: {close}): {e:?}"));
+        n2.stop().await;
+        n1.stop().await;
     }
 }

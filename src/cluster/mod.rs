@@ -74,6 +74,9 @@ enum Op {
         xml: Arc<String>,
         kind: Kind,
         reached: Option<oneshot::Sender<HashSet<String>>>,
+        /// Read the recipients' rows from Redis, not this node's copy (see
+        /// [`Cluster::forward_reaching`]).
+        fresh: bool,
     },
     /// An envelope for a node already chosen.
     Send(String, Envelope),
@@ -336,17 +339,27 @@ impl Cluster {
             xml,
             kind,
             reached: None,
+            fresh: false,
         });
     }
 
     /// [`Self::forward`], answering with the recipients that have sessions on another
     /// node (so the caller can record whom it showed presence to). Waits at most twice
     /// the Redis timeout.
+    ///
+    /// `fresh`: the recipients' rows are read from Redis, not from this node's copy, for a
+    /// session's initial presence. A copy can lag a write on another node by the time its
+    /// invalidation takes to arrive, and in that window a contact who has just come online
+    /// there would read as offline here; its own probe may have read this session before
+    /// it was available, and neither would tell the other (see [`Cluster::apply`]). Later
+    /// changes use the copy: a contact who came online after this session is known to have
+    /// been shown it ([`Kind::Reveal`], which arrives after the invalidation).
     pub async fn forward_reaching(
         &self,
         to: Vec<String>,
         xml: Arc<String>,
         kind: Kind,
+        fresh: bool,
     ) -> HashSet<String> {
         if !self.has_peers() || to.is_empty() {
             return HashSet::new();
@@ -357,6 +370,7 @@ impl Cluster {
             xml,
             kind,
             reached: Some(tx),
+            fresh,
         });
         tokio::time::timeout(self.inner.timeout * 2, rx)
             .await
@@ -454,7 +468,7 @@ impl Cluster {
         self.holders_read(bares, Copy::Bypass).await
     }
 
-    async fn holders_read(&self, bares: &[&str], copy: Copy) -> HashMap<String, Vec<Holder>> {
+    async fn holders_read(&self, bares: &[&str], copy: Copy<'_>) -> HashMap<String, Vec<Holder>> {
         if !self.has_peers() || bares.is_empty() {
             return HashMap::new();
         }
@@ -502,15 +516,21 @@ impl Cluster {
         &self,
         conn: &mut Conn,
         bares: &[&str],
-        copy: Copy,
+        copy: Copy<'_>,
     ) -> redis::RedisResult<HashMap<String, Vec<Holder>>> {
         // This node's copy first; one pipeline of HGETALL (split per slot) for the rest.
         let mut rows: Vec<Option<cache::Rows>> = Vec::with_capacity(bares.len());
         let mut misses: Vec<(usize, cache::Generation)> = Vec::new();
         for (i, b) in bares.iter().enumerate() {
-            let cached = match copy {
-                Copy::Use => self.inner.cache.get(b),
-                Copy::Bypass => Err(self.inner.cache.generation(b)),
+            let fresh = match copy {
+                Copy::Use => false,
+                Copy::Bypass => true,
+                Copy::BypassFor(fresh) => fresh.contains(*b),
+            };
+            let cached = if fresh {
+                Err(self.inner.cache.generation(b))
+            } else {
+                self.inner.cache.get(b)
             };
             match cached {
                 Ok(r) => rows.push(Some(r)),
@@ -804,7 +824,9 @@ impl Cluster {
     /// (its claim at bind, its availability at initial presence) is queued before the
     /// broadcast that forwards its presence, and must be in Redis before that forward
     /// reads the contacts' entries. A contact logging in on another node at the same
-    /// moment does the same, so of the two reads at least one sees the other's write:
+    /// moment does the same, so of the two reads (an initial presence's from Redis, not
+    /// from this node's copy, which may lag the other node's write: `forward_reaching`)
+    /// at least one sees the other's write:
     /// either the presence is forwarded to a node where the contact is already
     /// available (its write came after its local record), or the contact's probe, which
     /// reads after its own write landed, finds this session available. Reading before the
@@ -816,10 +838,17 @@ impl Cluster {
             return Ok(());
         };
         let mut bares: Vec<String> = Vec::new();
+        // The recipients of forwards that must not read this node's copy.
+        let mut fresh: HashSet<String> = HashSet::new();
         let mut writes = false;
         for op in &ops {
             match op {
-                Op::Forward { to, .. } => bares.extend(to.iter().map(|t| bare_of(t).to_owned())),
+                Op::Forward { to, fresh: f, .. } => {
+                    bares.extend(to.iter().map(|t| bare_of(t).to_owned()));
+                    if *f {
+                        fresh.extend(to.iter().map(|t| bare_of(t).to_owned()));
+                    }
+                }
                 Op::Claim(..) | Op::Update(..) | Op::Release(_) | Op::ForgetDead(_) => {
                     writes = true
                 }
@@ -831,7 +860,8 @@ impl Cluster {
         let must_read = !bares.is_empty() && self.has_peers();
         let mut holders = if must_read && !writes {
             let refs: Vec<&str> = bares.iter().map(String::as_str).collect();
-            self.read_entries(conn, &refs, Copy::Use).await?
+            self.read_entries(conn, &refs, Copy::BypassFor(&fresh))
+                .await?
         } else {
             HashMap::new()
         };
@@ -917,7 +947,9 @@ impl Cluster {
             pipe = SlotPipe::new();
             if must_read {
                 let refs: Vec<&str> = bares.iter().map(String::as_str).collect();
-                holders = self.read_entries(conn, &refs, Copy::Use).await?;
+                holders = self
+                    .read_entries(conn, &refs, Copy::BypassFor(&fresh))
+                    .await?;
             }
             results
         } else {
@@ -930,6 +962,7 @@ impl Cluster {
                     xml,
                     kind,
                     reached,
+                    ..
                 } => {
                     let (per_node, got) = route(&to, &holders);
                     for (node, recipients) in per_node {
@@ -1052,9 +1085,11 @@ impl Cluster {
 
 /// Whether a directory read may be answered from this node's copy of the rows.
 #[derive(Clone, Copy)]
-enum Copy {
+enum Copy<'a> {
     Use,
     Bypass,
+    /// From Redis for these users, from the copy for the others.
+    BypassFor(&'a HashSet<String>),
 }
 
 /// The bare part of a JID string.

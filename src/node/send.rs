@@ -47,11 +47,14 @@ pub(crate) fn to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
 /// Sends a presence broadcast, serialised once without `to` (`once`), to the available
 /// resources of `recipients` (local bare JIDs) on other nodes: one message per node that
 /// holds any of them, each copy addressed to its recipient there. Returns the recipients
-/// that have sessions on another node.
+/// that have sessions on another node. `initial`: the session's initial presence, whose
+/// recipients are looked up in Redis rather than this node's copy of the directory
+/// ([`crate::cluster::Cluster::forward_reaching`]).
 pub(crate) async fn fan_out(
     shared: &Shared,
     once: &crate::xml::Addressed,
     recipients: Vec<String>,
+    initial: bool,
 ) -> std::collections::HashSet<String> {
     if !shared.cluster.has_peers() || recipients.is_empty() {
         return Default::default();
@@ -59,7 +62,7 @@ pub(crate) async fn fan_out(
     let xml = Arc::new(once.unaddressed().to_owned());
     shared
         .cluster
-        .forward_reaching(recipients, xml, Kind::Address)
+        .forward_reaching(recipients, xml, Kind::Address, initial)
         .await
 }
 

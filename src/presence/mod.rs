@@ -342,7 +342,8 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
             }
         }
         // One message per other node that holds any of them.
-        reached.extend(crate::node::send::fan_out(shared, &once, elsewhere).await);
+        let initial = is_available && !was_available;
+        reached.extend(crate::node::send::fan_out(shared, &once, elsewhere, initial).await);
         // Remember who saw this resource online, so a lost permission withdraws it from
         // exactly them (the subject lock makes this atomic with the delivery).
         if is_available {
@@ -514,7 +515,7 @@ pub async fn show_again_to_other_nodes(shared: &Shared) {
                 audience.push(c);
             }
             let once = Addressed::new(&last);
-            for viewer in crate::node::send::fan_out(shared, &once, audience).await {
+            for viewer in crate::node::send::fan_out(shared, &once, audience, false).await {
                 s.reveal(&viewer, privacy::Relation::Subscriber);
             }
         }
