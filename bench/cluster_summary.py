@@ -57,6 +57,8 @@ def main(results):
         ("RSS per session, nodes + Redis (kB)", per_session_kb, 1, None),
         ("Redis commands per presence change", lambda r: r["fixed_redis_cmds_per_change"], 2, None),
         ("Redis PUBLISH per presence change", lambda r: r["fixed_redis_publish_per_change"], 2, None),
+        ("Redis directory and channel commands per presence change",
+         lambda r: r.get("fixed_redis_cluster_cmds_per_change"), 2, None),
         ("Redis bytes in+out per presence change", lambda r: r["fixed_redis_bytes_per_change"], 0, None),
         ("killed node: sessions", lambda r: r.get("kill_sessions") or None, 0, None),
         ("killed node: sessions announced within T + sweep (%)", within, 1, None),

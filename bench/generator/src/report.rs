@@ -391,6 +391,10 @@ impl Report {
                 "fixed_redis_publish_per_change",
                 num(self.fixed_redis.publish),
             ),
+            (
+                "fixed_redis_cluster_cmds_per_change",
+                num(self.fixed_redis.cluster_cmds),
+            ),
             ("fixed_redis_bytes_per_change", num(self.fixed_redis.bytes)),
             ("kill_sessions", self.kill.sessions.to_string()),
             ("kill_announced", self.kill.announced.to_string()),
