@@ -2725,9 +2725,32 @@ async fn bob_online_while_node_one_still_holds_him_offline(
     n1.user("alice").await;
     n1.user("bob").await;
     n1.make_mutual("alice", "bob").await;
+    // Node 1 listens on its channel (its subscription's reply comes late, the
+    // subscription itself does not): bounded, not a sleep.
+    let channel = format!(
+        "{}cluster:{}",
+        n1.config.redis.key_prefix,
+        n1.shared().cluster.node_id()
+    );
+    let mut r = connect(&redis_url()).await;
+    let deadline = Instant::now() + CHANNEL_LAG * 4;
+    loop {
+        let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut r)
+            .await
+            .expect("PUBSUB NUMSUB");
+        if listeners > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 never subscribed to {channel}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let pc = online(&n1, "alice", "pc").await;
-    // Whatever node 1 sent or heard for alice/pc's login has arrived.
-    tokio::time::sleep(CHANNEL_LAG * 2).await;
     let mut bob = n2.login("bob", "r").await;
     bob.presence(None, None).await;
     let pc_full = format!("{}/pc", n1.jid("alice"));

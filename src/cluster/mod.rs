@@ -352,8 +352,10 @@ impl Cluster {
     /// invalidation takes to arrive, and in that window a contact who has just come online
     /// there would read as offline here; its own probe may have read this session before
     /// it was available, and neither would tell the other (see [`Cluster::apply`]). Later
-    /// changes use the copy: a contact who came online after this session is known to have
-    /// been shown it ([`Kind::Reveal`], which arrives after the invalidation).
+    /// changes use the copy: an unavailable that missed such a contact is sent when the
+    /// record of its showing arrives ([`Kind::Reveal`], after the invalidation); a status
+    /// change in that window reaches it only with the next (ARCHITECTURE.md, "Copy of the
+    /// directory").
     pub async fn forward_reaching(
         &self,
         to: Vec<String>,
@@ -844,9 +846,12 @@ impl Cluster {
         for op in &ops {
             match op {
                 Op::Forward { to, fresh: f, .. } => {
-                    bares.extend(to.iter().map(|t| bare_of(t).to_owned()));
-                    if *f {
-                        fresh.extend(to.iter().map(|t| bare_of(t).to_owned()));
+                    for t in to {
+                        let bare = bare_of(t).to_owned();
+                        if *f {
+                            fresh.insert(bare.clone());
+                        }
+                        bares.push(bare);
                     }
                 }
                 Op::Claim(..) | Op::Update(..) | Op::Release(_) | Op::ForgetDead(_) => {
