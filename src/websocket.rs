@@ -12,6 +12,10 @@
 //!
 //! Liveness: the adapter sends a WebSocket Ping after H of inbound silence; Pong, Ping and
 //! every message count as heartbeats ([`crate::liveness::Beat`]).
+//!
+//! Closing: after `<close/>` the adapter sends the WebSocket Close and keeps the connection
+//! until the client's Close comes back (bounded), as RFC 6455 §7.1.1 has the server close
+//! the TCP connection only once the closing handshake is done.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -150,6 +154,8 @@ pub async fn serve<S>(
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ping.reset();
     let mut last_ping = tokio::time::Instant::now();
+    // Whether the client's side of the WebSocket has ended (its Close, an error or EOF).
+    let mut peer_done = false;
     loop {
         let msg = tokio::select! {
             _ = done.cancelled() => break,
@@ -177,7 +183,10 @@ pub async fn serve<S>(
                 break;
             }
             Some(Ok(Message::Frame(_))) => continue,
-            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                peer_done = true;
+                break;
+            }
         };
         // The larger (authenticated) cost limit: c2s parses the result again with the limit
         // for the stream's state, so this only bounds what one message may cost here.
@@ -199,10 +208,27 @@ pub async fn serve<S>(
     let _ = to_c2s.shutdown().await;
     drop(to_c2s);
     let _ = session.await;
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), parser).await;
+    let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, parser).await;
     drop(out_tx);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
+    let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, writer).await;
+    // RFC 6455 §5.5.1 / §7.1.1: having sent our Close, wait for the client's before the TCP
+    // connection goes. Dropping it at once resets the connection under a Close already on
+    // its way, which browsers and Node report as an error rather than a clean close.
+    if !peer_done {
+        let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, async {
+            while let Some(m) = stream.next().await {
+                if matches!(m, Ok(Message::Close(_)) | Err(_)) {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
 }
+
+/// How long a closing connection's writer may flush, and then how long the client has to
+/// answer our WebSocket Close before the connection is dropped anyway.
+const CLOSE_HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Closes the stream for a message the adapter could not translate: our `<open/>` first if
 /// c2s has not answered one yet (RFC 6120 §4.9.1.1), the stream error, `<close/>` (RFC 7395

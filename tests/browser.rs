@@ -134,7 +134,18 @@ impl Driver {
             .await
             .expect("driver exits in time")
             .unwrap();
-        assert!(status.success(), "driver: {status}: {}", self.stderr_text());
+        if !status.success() {
+            // The driver reports a failure as a `failed` line: the reason is there.
+            let mut rest = Vec::new();
+            while let Ok(Some(line)) = self.stdout.next_line().await {
+                rest.push(line);
+            }
+            panic!(
+                "driver: {status}: {}\n{}",
+                rest.join("\n"),
+                self.stderr_text()
+            );
+        }
     }
 
     fn stderr_text(&self) -> String {

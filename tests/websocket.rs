@@ -265,6 +265,54 @@ async fn user_stays_available_while_either_websocket_or_tcp_resource_lives() {
     ts.stop().await;
 }
 
+/// RFC 6455 §5.5.1 / §7.1.1: the server that sends the WebSocket Close (after answering the
+/// client's `<close/>`, RFC 7395 §3.6) waits for the client's Close before it drops the TCP
+/// connection. Dropping it at once resets the connection under a client whose Close is on
+/// its way, which a browser's WebSocket reports as an error instead of a clean close.
+#[tokio::test]
+async fn the_websocket_close_handshake_completes_before_the_server_drops_the_connection() {
+    use tokio::io::AsyncReadExt;
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    let mut web = Ws::login(&ts, "alice", "web").await;
+    web.send(&format!("<close xmlns='{FRAMING}'/>")).await;
+    web.recv_until(|e| e.name == "close").await;
+    // The server's Close frame. tungstenite queues its reply and sends it only when the
+    // stream is next polled, so until then the client has not answered.
+    let frame = tokio::time::timeout(WAIT, web.ws.next())
+        .await
+        .expect("the server's Close within the wait")
+        .expect("stream open")
+        .expect("frame");
+    assert!(matches!(frame, Message::Close(_)), "{frame:?}");
+    // The server must still hold the connection: a read of the socket underneath neither
+    // ends nor fails while the client's Close is outstanding.
+    let mut byte = [0u8; 1];
+    let early =
+        tokio::time::timeout(Duration::from_millis(500), web.ws.get_mut().read(&mut byte)).await;
+    assert!(
+        early.is_err(),
+        "the server dropped the connection before the client's Close: {early:?}"
+    );
+    // The client's Close goes out; then the server closes the TCP connection.
+    assert!(
+        tokio::time::timeout(WAIT, web.ws.next())
+            .await
+            .expect("the handshake ends within the wait")
+            .is_none(),
+        "nothing after the Close handshake"
+    );
+    let end = tokio::time::timeout(WAIT, web.ws.get_mut().read(&mut byte))
+        .await
+        .expect("the server closes the connection after the handshake");
+    assert_eq!(
+        end.ok(),
+        Some(0),
+        "the server closes the connection cleanly"
+    );
+    ts.stop().await;
+}
+
 /// XEP-0198 over RFC 7395: a WebSocket that drops without `<close/>` leaves a resumable
 /// session detached, and a new WebSocket resumes it with what was sent meanwhile; the
 /// contact watching sees no unavailable.
