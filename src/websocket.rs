@@ -226,8 +226,9 @@ pub async fn serve<S>(
     }
 }
 
-/// How long a closing connection's writer may flush, and then how long the client has to
-/// answer our WebSocket Close before the connection is dropped anyway.
+/// How long each step of a closing connection may take before it is cut short: the parser
+/// and the writer finishing (the writer flushes our Close), then the client answering that
+/// Close before the connection is dropped anyway.
 const CLOSE_HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Closes the stream for a message the adapter could not translate: our `<open/>` first if

@@ -111,12 +111,7 @@ impl Driver {
                 .unwrap_or_else(|_| panic!("driver printed a line that is not JSON: {line}"));
             match v["step"].as_str() {
                 Some(s) if s == step => return v,
-                Some("failed") => panic!(
-                    "driver failed before {step}: {}\n(console log and screenshot in {})\n{}",
-                    v["error"].as_str().unwrap_or_default(),
-                    out_dir().display(),
-                    self.stderr_text()
-                ),
+                Some("failed") => self.failed(&v, &format!("before {step}")),
                 _ => {}
             }
         }
@@ -135,17 +130,25 @@ impl Driver {
             .expect("driver exits in time")
             .unwrap();
         if !status.success() {
-            // The driver reports a failure as a `failed` line: the reason is there.
-            let mut rest = Vec::new();
+            // The driver says why in a `failed` report, which may follow the last step read.
             while let Ok(Some(line)) = self.stdout.next_line().await {
-                rest.push(line);
+                let v: Value = serde_json::from_str(&line).unwrap_or_default();
+                if v["step"] == "failed" {
+                    self.failed(&v, &format!("at the end ({status})"));
+                }
             }
-            panic!(
-                "driver: {status}: {}\n{}",
-                rest.join("\n"),
-                self.stderr_text()
-            );
+            panic!("driver: {status}: {}", self.stderr_text());
         }
+    }
+
+    /// Fails the test with a driver's `failed` report.
+    fn failed(&self, report: &Value, when: &str) -> ! {
+        panic!(
+            "driver failed {when}: {}\n(console log and screenshot in {})\n{}",
+            report["error"].as_str().unwrap_or_default(),
+            out_dir().display(),
+            self.stderr_text()
+        )
     }
 
     fn stderr_text(&self) -> String {
