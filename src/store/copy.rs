@@ -13,7 +13,7 @@
 //! there stops the copy ([`StoreError::AccountExists`]) rather than mixing two rosters.
 //! The copy is not one transaction; run it while no server uses either store.
 
-use super::{Store, StoreError, StoreLimits};
+use super::{RosterItem, Store, StoreError, StoreLimits};
 use crate::sasl::scram::ScramHash;
 
 /// How much [`copy`] moved.
@@ -89,10 +89,14 @@ async fn copy_unlimited(from: &Store, to: &Store) -> Result<CopyCounts, StoreErr
     for (username, domain) in &accounts {
         let jid = format!("{username}@{domain}");
         let (_, items) = from.roster(&jid).await?;
-        for item in &items {
-            to.upsert_roster_item(&jid, item).await?;
-        }
         n.roster_items += items.len();
+        // One transaction per roster: one per item made SQLite commit (and sync) the file
+        // once per item, about 240 items/s, hours for a store of millions of items.
+        let roster: Vec<(String, RosterItem)> =
+            items.into_iter().map(|item| (jid.clone(), item)).collect();
+        if !roster.is_empty() {
+            to.apply_subscription_change(&roster).await?;
+        }
         // Oldest first, so the destination keeps their order.
         for (sender, stanza) in from.pending_subscriptions(&jid).await? {
             to.add_pending_subscription(&jid, &sender, &stanza).await?;
