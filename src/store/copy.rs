@@ -90,8 +90,9 @@ async fn copy_unlimited(from: &Store, to: &Store) -> Result<CopyCounts, StoreErr
         let jid = format!("{username}@{domain}");
         let (_, items) = from.roster(&jid).await?;
         n.roster_items += items.len();
-        // One transaction per roster: one per item made SQLite commit (and sync) the file
-        // once per item, about 240 items/s, hours for a store of millions of items.
+        // The store's many-item upsert, so one transaction per roster: one per item made
+        // SQLite commit (and sync) the file once per item, about 240 items/s, hours for a
+        // store of millions of items.
         let roster: Vec<(String, RosterItem)> =
             items.into_iter().map(|item| (jid.clone(), item)).collect();
         if !roster.is_empty() {

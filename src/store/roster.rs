@@ -375,7 +375,6 @@ impl Store {
     /// Returns each distinct owner (in order of first appearance) with its roster version
     /// after all of its changes. A change that would add an item to a full roster fails
     /// the whole call with [`StoreError::RosterFull`], so neither side changes.
-    /// `copy-store` writes each copied roster through it, one transaction per roster.
     pub async fn apply_subscription_change(
         &self,
         changes: &[(String, RosterItem)],
