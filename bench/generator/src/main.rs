@@ -946,15 +946,16 @@ fn errors_of(shared: &Shared) -> Vec<String> {
     shared.errors.lock().map(|e| e.clone()).unwrap_or_default()
 }
 
-/// Waits until no stanza has arrived for `quiet`, at most `max`.
+/// Waits until no presence has arrived for `quiet`, at most `max` (pings and their
+/// answers are not a presence storm: `Shared::last_presence_ns`).
 async fn wait_quiet(shared: &Shared, quiet: Duration, max: Duration) {
     let until = Instant::now() + max;
     shared
-        .last_activity_ns
+        .last_presence_ns
         .store(session::now_ns(), Ordering::Relaxed);
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let last = shared.last_activity_ns.load(Ordering::Relaxed);
+        let last = shared.last_presence_ns.load(Ordering::Relaxed);
         if session::now_ns().saturating_sub(last) >= quiet.as_nanos() as u64 {
             return;
         }

@@ -535,8 +535,11 @@ pub struct Shared {
     pub sessions_all_contacts_seen: AtomicU64,
     /// Stanzas received after login, of any kind.
     pub stanzas_in: AtomicU64,
-    /// `now_ns()` of the last stanza received (for "quiet" detection).
-    pub last_activity_ns: AtomicU64,
+    /// `now_ns()` of the last presence received (for "quiet" detection). Presence only:
+    /// a server that pings silent clients (XEP-0199; presenced after 30 s) would otherwise
+    /// never look quiet once its login storm outlasts that, and its load phases would start
+    /// the whole settle cap later than a peer's.
+    pub last_presence_ns: AtomicU64,
     /// Sessions that ended without being asked to.
     pub sessions_lost: AtomicU64,
     /// Subscription requests answered with `subscribed` (provisioning).
@@ -775,9 +778,9 @@ pub async fn run(
                 };
                 let now = now_ns();
                 shared.stanzas_in.fetch_add(1, Ordering::Relaxed);
-                shared.last_activity_ns.store(now, Ordering::Relaxed);
                 match el.name.as_str() {
                     "presence" => {
+                        shared.last_presence_ns.store(now, Ordering::Relaxed);
                         if mode == Mode::Csi {
                             note_csi_presence(&el, &own_bare, &mut csi);
                         }
