@@ -92,6 +92,7 @@ on_both!(
     a_node_restarted_under_the_same_id_produces_no_false_offline,
     resources_bound_on_other_nodes_count_against_the_per_account_limit,
     a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_not_announced,
+    a_stale_beat_heard_by_a_node_that_dies_before_acting_on_it_is_still_announced,
     with_the_directory_copy_a_presence_change_reads_no_directory_row,
     presence_shown_from_the_directory_is_withdrawn_by_a_later_block_or_setting,
     a_resource_revealed_by_directed_presence_takes_iq_from_another_node,
@@ -1760,10 +1761,11 @@ async fn a_dead_node_with_thousands_of_sessions_is_announced_within_t_and_one_sw
                     .push(at.duration_since(killed));
             }
         }
-        let missing = expected[w]
+        let missing_jids: Vec<&String> = expected[w]
             .iter()
             .filter(|j| !per_jid.contains_key(*j))
-            .count();
+            .collect();
+        let missing = missing_jids.len();
         let twice = per_jid.values().filter(|t| t.len() > 1).count();
         let unexpected = per_jid.keys().filter(|j| !expected[w].contains(*j)).count();
         let late = per_jid.values().filter(|t| t[0] > upper).count();
@@ -1771,9 +1773,10 @@ async fn a_dead_node_with_thousands_of_sessions_is_announced_within_t_and_one_sw
         times.extend(per_jid.values().map(|t| t[0]));
         if missing + twice + unexpected + late + early > 0 {
             problems.push(format!(
-                "w{w}: {missing} of {} missing, {twice} twice, {unexpected} not admitted, \
-                 {late} after {upper:?}, {early} before {lower:?}",
-                expected[w].len()
+                "w{w}: {missing} of {} missing (first: {:?}), {twice} twice, {unexpected} not \
+                 admitted, {late} after {upper:?}, {early} before {lower:?}",
+                expected[w].len(),
+                &missing_jids[..missing.min(5)]
             ));
         }
     }
@@ -2497,6 +2500,58 @@ async fn a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_n
         None,
         "not put back once the node is dead"
     );
+    n1.stop().await;
+}
+
+/// A stale beat the sweeper hands to its node, which hears it and dies before acting on it
+/// (refreshing the beat, or ending the session): the beat is gone from Redis and the
+/// session with the node, but its contacts must still be told. Node 2 is stopped
+/// (SIGSTOP: its subscription stays open, so the hand-off is heard) until node 1's sweeper
+/// has handed alice's stale beat to it, then killed.
+async fn a_stale_beat_heard_by_a_node_that_dies_before_acting_on_it_is_still_announced(
+    redis: Redis,
+) {
+    let n1 = node_one(redis, |_| {}).await;
+    n1.user("alice").await;
+    n1.user("bob").await;
+    n1.make_mutual("alice", "bob").await;
+    let node_id = format!("n2-{}", unique());
+    let mut n2 = child_node(&n1, &node_id, free_port()).await;
+    let alice_full = format!("{}/phone", n1.jid("alice"));
+    let mut bob = online(&n1, "bob", "b").await;
+    let _alice = online(&n2.server, "alice", "phone").await;
+    bob.expect(|e| is_presence(e, &alice_full, None)).await;
+    let pid = n2.child.id().expect("node 2 runs") as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // Alice's beat goes stale within T of the stop; the next sweep hands it to node 2.
+    let l = n1.config.liveness.clone();
+    let handed = &n1.shared().liveness.metrics.handed_off;
+    let deadline = Instant::now() + l.ttl + l.sweep_interval * 2 + Duration::from_secs(2);
+    while handed.load(Ordering::Relaxed) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "alice's stale beat was never handed to node 2"
+        );
+        bob.idle_answering_pings(Duration::from_millis(20)).await;
+    }
+    n2.child.kill().await.expect("SIGKILL node 2");
+    let killed = Instant::now();
+    // Node 2 stopped heartbeating before the hand-off, so it is dead for node 1 within
+    // T − refresh of the stop: the next sweeps announce alice, with a second of slack.
+    let bound = l.ttl + l.sweep_interval * 2 + Duration::from_secs(1);
+    bob.watch(&|e| is_presence(e, &alice_full, Some("unavailable")), bound)
+        .await
+        .unwrap_or_else(|e| panic!("alice never announced unavailable to bob ({e:?})"));
+    println!(
+        "cluster: hand-off heard by a node that then died -> unavailable {:?} after the kill",
+        killed.elapsed()
+    );
+    // Once.
+    bob.watch_none(
+        |e| is_presence(e, &alice_full, Some("unavailable")),
+        l.sweep_interval * 5,
+    )
+    .await;
     n1.stop().await;
 }
 

@@ -555,37 +555,26 @@ async fn concurrent_sweepers_take_each_stale_resource_exactly_once() {
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let now = presenced::liveness::Clock::system().now_ms();
     let n = 300;
-    for i in 0..n {
-        let _: () = redis::cmd("ZADD")
-            .arg(&key)
-            .arg(now - 10_000 - i)
-            .arg(format!("u{i}@x/r"))
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
+    let mut members: Vec<(String, i64)> = (0..n)
+        .map(|i| (format!("u{i}@x/r"), now - 10_000 - i))
+        .collect();
     // A fresh one that must stay.
-    let _: () = redis::cmd("ZADD")
-        .arg(&key)
-        .arg(now)
-        .arg("fresh@x/r")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(&key)
-        .arg(60_000)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    members.push(("fresh@x/r".into(), now));
+    write_beats(&mut c, &key, &members).await;
     let sweeper = |conn: redis::aio::MultiplexedConnection, key: String| async move {
         let mut conn = presenced::redis_conn::Conn::Single(conn);
         let mut got = Vec::new();
         loop {
-            let batch =
-                presenced::liveness_tasks::sweeper::sweep_once(&mut conn, &key, now - 5000, 7)
-                    .await
-                    .unwrap();
+            let batch = presenced::liveness_tasks::sweeper::sweep_once(
+                &mut conn,
+                &key,
+                now - 5000,
+                7,
+                "me",
+                0,
+            )
+            .await
+            .unwrap();
             if batch.is_empty() {
                 return got;
             }
@@ -607,19 +596,89 @@ async fn concurrent_sweepers_take_each_stale_resource_exactly_once() {
     all.dedup();
     assert_eq!(total, n as usize, "a resource was returned twice or lost");
     assert_eq!(all.len(), n as usize);
-    let left: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&key)
+    assert_eq!(take_left(&mut c, &key).await, vec!["fresh@x/r".to_owned()]);
+}
+
+/// Writes `members` (member, score) into the beat ZSET `key`, which expires in a minute.
+async fn write_beats(
+    c: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    members: &[(String, i64)],
+) {
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg(key);
+    for (m, score) in members {
+        zadd.arg(score).arg(m);
+    }
+    let _: () = zadd.query_async(c).await.unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(60_000)
+        .query_async(c)
+        .await
+        .unwrap();
+}
+
+/// The members left in ZSET `key`, sorted; deletes it.
+async fn take_left(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
+    let mut left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
         .arg(0)
         .arg(-1)
-        .query_async(&mut c)
+        .query_async(c)
         .await
         .unwrap();
-    assert_eq!(left, vec!["fresh@x/r".to_owned()]);
-    let _: () = redis::cmd("DEL")
-        .arg(&key)
-        .query_async(&mut c)
+    left.sort();
+    let _: () = redis::cmd("DEL").arg(key).query_async(c).await.unwrap();
+    left
+}
+
+/// The sweep leaves the calling node's own stale members in the ZSET (it removes them only
+/// once its decision is written, so its death before that does not lose them) and returns
+/// each of them once per sweep by skipping past them; other nodes' members it takes.
+#[tokio::test]
+async fn a_sweep_returns_every_stale_member_once_and_leaves_the_callers_own_in_place() {
+    let client = redis::Client::open(redis_url().as_str()).unwrap();
+    let key = format!("test:sweep:{}:presence:beats:0", unique());
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let now = presenced::liveness::Clock::system().now_ms();
+    let mut stale = Vec::new();
+    for i in 0..5 {
+        stale.push((format!("a x{i}@x/r"), now - 10_000 - i));
+        stale.push((format!("b y{i}@x/r"), now - 10_000 - i));
+    }
+    write_beats(&mut c, &key, &stale).await;
+    let mut conn = presenced::redis_conn::Conn::Single(
+        client.get_multiplexed_async_connection().await.unwrap(),
+    );
+    let (mut got, mut own) = (Vec::new(), 0);
+    loop {
+        let batch = presenced::liveness_tasks::sweeper::sweep_once(
+            &mut conn,
+            &key,
+            now - 5000,
+            3,
+            "a",
+            own,
+        )
         .await
         .unwrap();
+        own += batch.iter().filter(|(m, _)| m.starts_with("a ")).count();
+        let full = batch.len() >= 3;
+        got.extend(batch);
+        if !full {
+            break;
+        }
+    }
+    got.sort();
+    stale.sort();
+    assert_eq!(got, stale, "each stale member once, with its score");
+    let own: Vec<String> = (0..5).map(|i| format!("a x{i}@x/r")).collect();
+    assert_eq!(
+        take_left(&mut c, &key).await,
+        own,
+        "only the caller's own members are left"
+    );
 }
 
 #[tokio::test]

@@ -34,6 +34,8 @@ pub struct Metrics {
     pub sweeps: AtomicU64,
     /// Resources the sweeper took.
     pub swept: AtomicU64,
+    /// Stale resources the sweeper handed to the node holding them, which heard them.
+    pub handed_off: AtomicU64,
     /// Sessions ended as silent deaths.
     pub silent_deaths: AtomicU64,
     /// Grace periods started (clean close or dropped connection).
@@ -98,6 +100,11 @@ impl Metrics {
                 "swept_resources",
                 "Resources taken by the sweeper.",
                 &self.swept,
+            ),
+            (
+                "handed_off_resources",
+                "Stale resources handed to the node holding them.",
+                &self.handed_off,
             ),
             (
                 "silent_deaths",

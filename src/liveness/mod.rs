@@ -4,9 +4,11 @@
 //! socket traffic ─▶ Beat (in memory, per connection; any inbound byte counts)
 //!   session tick every redis_refresh ─▶ Op::Refresh (only if a newer beat exists)
 //!     writer task ─▶ Redis: SET presence:{bare}:res:<r> PXAT beat+T, ZADD beats ZSET
-//!   sweeper (any node, every sweep_interval) ─▶ Lua: ZRANGEBYSCORE+ZREM beats < now−T
+//!   sweeper (any node, every sweep_interval) ─▶ Lua: ZRANGEBYSCORE beats < now−T,
+//!       ZREM of other nodes' members (this node's stay until its decision is written)
 //!     session of this node ─▶ ended as a silent death (last seen = last beat), unavailable now
 //!     session of another node ─▶ (S)PUBLISH node:<id>; that node ends it the same way
+//!       (followed by the sweeper until that node has acted on it)
 //!     nobody listens (crashed node) ─▶ unavailable to local contacts from here
 //! clean close / dropped socket ─▶ grace G ─▶ unavailable unless the resource came back
 //! every session end ─▶ last-seen batcher ─▶ one PostgreSQL statement per flush
@@ -274,6 +276,9 @@ pub struct Liveness {
     /// Full JIDs whose session ended here recently, with the end time, so a stale beat
     /// left in Redis (a Remove lost while Redis was down) is not announced twice.
     recently_ended: Mutex<HashMap<String, i64>>,
+    /// Stale resources this node's sweeper handed to another node, which heard them, not
+    /// yet seen acted on (their beat back in Redis, or their directory entry gone).
+    handed: Mutex<Vec<Handed>>,
     /// Last-seen entries waiting for the next flush.
     pub last_seen: last_seen::Batcher,
     sweep_batch: usize,
@@ -304,6 +309,7 @@ impl Liveness {
             ops_rx: Mutex::new(Some(rx)),
             local: Mutex::default(),
             recently_ended: Mutex::default(),
+            handed: Mutex::default(),
             last_seen: last_seen::Batcher::default(),
             sweep_batch: config.liveness.sweep_batch,
             sweep_concurrency: config.liveness.sweep_concurrency,
@@ -518,6 +524,25 @@ pub(crate) enum SweptLocal {
     InGrace,
 }
 
+/// A stale resource the sweeper handed to the node its beat names, which heard it. The
+/// sweep took the beat out of Redis; until that node acts on it (writes the beat again,
+/// or ends the session and with it the directory entry) the resource is followed here,
+/// so a node that dies between hearing and acting does not take it along unannounced.
+#[derive(Debug, Clone)]
+pub(crate) struct Handed {
+    /// The beat ZSET it was taken from, and its member there.
+    pub beats_key: String,
+    pub member: String,
+    /// The node it was handed to.
+    pub node: String,
+    pub jid: FullJid,
+    /// Its last beat (ms): its last seen if it must be announced.
+    pub score: i64,
+    /// When it was handed (ms): followed for at most 3T, the life of a directory entry
+    /// whose node no longer moves its expiry.
+    pub at_ms: i64,
+}
+
 impl Liveness {
     pub(crate) fn swept_local(&self, jid: &str, score: i64) -> SweptLocal {
         let map = self.local.lock().unwrap_or_else(|e| e.into_inner());
@@ -552,6 +577,20 @@ impl Liveness {
         let horizon = self.clock.now_ms() - 3 * self.timings.ttl_ms();
         map.retain(|_, at| *at >= horizon);
         map.get(jid).is_some_and(|&at| at >= score)
+    }
+
+    /// Remembers hand-offs heard by their node, to follow them up at the next sweeps.
+    pub(crate) fn note_handed(&self, handed: impl IntoIterator<Item = Handed>) {
+        self.handed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(handed);
+    }
+
+    /// The hand-offs to follow up, leaving none: those still open go back through
+    /// [`Self::note_handed`].
+    pub(crate) fn take_handed(&self) -> Vec<Handed> {
+        std::mem::take(&mut *self.handed.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     pub(crate) fn queue_op(&self, op: Op) {

@@ -23,6 +23,11 @@
 //! a batch is decided for the rest of the sweep, so a dead node costs one pipeline of
 //! publishes per sweep, not one round trip per resource.
 //!
+//! A count above 0 says the node heard the hand-off, not that it acted: it may die before
+//! it writes the beat again or ends the session, and the beat is already out of the ZSET.
+//! So the sweeper follows what it handed ([`follow_up_handed`]) until the node has acted,
+//! and announces it once the node is no longer live without having done so.
+//!
 //! A crashed node's sessions all go stale within one refresh interval, thousands a second:
 //! the resource keys and directory entries of a batch's orphans are read in one pipeline
 //! (per slot on a Redis Cluster), and `sweep_concurrency` of them are announced at a time
@@ -41,26 +46,48 @@ use std::sync::Arc;
 use crate::cluster::{Cluster, Entry};
 use crate::jid::FullJid;
 use crate::liveness::redis_link::RedisLink;
-use crate::liveness::{in_process, keys, Backend, Op, SweptLocal};
+use crate::liveness::{in_process, keys, Backend, Handed, Op, SweptLocal};
 use crate::node::Shared;
 use crate::redis_conn::{Conn, SlotPipe};
 
-/// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size.
-/// Returns member, score, member, score, ... and removes them.
+/// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size, ARGV[3]: the
+/// calling node's member prefix (`"<node> "`), ARGV[4]: stale members to skip (the
+/// caller's own, returned earlier in the same sweep and still there).
+/// Returns member, score, member, score, ... and removes those of other nodes. The
+/// caller's own stay until its decision is written (the beat again, or the session's
+/// end): taken out before that, a node dying between the take and the write would take
+/// its resource along unannounced, while left in, the other nodes' sweepers find it.
 pub const SWEEP: &str = r"
-local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', tonumber(ARGV[4]), tonumber(ARGV[2]))
+local own = ARGV[3]
 local members = {}
-for i = 1, #stale, 2 do members[#members + 1] = stale[i] end
+for i = 1, #stale, 2 do
+  if string.sub(stale[i], 1, #own) ~= own then members[#members + 1] = stale[i] end
+end
 if #members > 0 then redis.call('ZREM', KEYS[1], unpack(members)) end
 return stale
 ";
 
-/// One sweeper call on one ZSET: the stale members (full JID, last beat ms), now removed.
+/// KEYS[1]: beats ZSET. ARGV: member, score, member, score, ... Removes each member whose
+/// score is still the one given (a newer beat written meanwhile stays). Returns how many.
+const REMOVE_UNCHANGED: &str = r"
+local n = 0
+for i = 1, #ARGV, 2 do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if s and tonumber(s) == tonumber(ARGV[i + 1]) then n = n + redis.call('ZREM', KEYS[1], ARGV[i]) end
+end
+return n
+";
+
+/// One sweeper call on one ZSET for node `own`: the stale members (full JID, last beat
+/// ms) after the first `skip`, those of other nodes now removed ([`SWEEP`]).
 pub async fn sweep_once(
     conn: &mut Conn,
     beats_key: &str,
     cutoff_ms: i64,
     batch: usize,
+    own: &str,
+    skip: usize,
 ) -> redis::RedisResult<Vec<(String, i64)>> {
     let flat: Vec<String> = redis::cmd("EVAL")
         .arg(SWEEP)
@@ -68,6 +95,8 @@ pub async fn sweep_once(
         .arg(beats_key)
         .arg(cutoff_ms)
         .arg(batch)
+        .arg(format!("{own} "))
+        .arg(skip)
         .query_async(conn)
         .await?;
     Ok(flat
@@ -144,11 +173,17 @@ async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
     let cutoff = live.sweep_cutoff_ms();
     let batch = live.sweep_batch();
     let mut sweep = Sweep::default();
+    if let Err(e) = follow_up_handed(shared, link, &mut conn, &mut sweep).await {
+        link.failed(&e).await;
+        return 0;
+    }
     let mut total = 0;
     'shards: for shard in 0..live.keys.shards {
         let key = live.keys.beats(shard);
+        // This node's own stale members stay in the ZSET: later calls skip past them.
+        let mut own = 0;
         loop {
-            let got = match sweep_once(&mut conn, &key, cutoff, batch).await {
+            let got = match sweep_once(&mut conn, &key, cutoff, batch, &live.node_id, own).await {
                 Ok(g) => g,
                 Err(e) => {
                     link.failed(&e).await;
@@ -157,6 +192,10 @@ async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
             };
             let full = got.len() >= batch;
             total += got.len();
+            own += got
+                .iter()
+                .filter(|(m, _)| keys::parse_member(m).is_some_and(|(n, _)| n == live.node_id))
+                .count();
             live.metrics
                 .swept
                 .fetch_add(got.len() as u64, Ordering::Relaxed);
@@ -243,6 +282,9 @@ async fn handle_batch(
 ) -> redis::RedisResult<()> {
     let live = &shared.liveness;
     let mut orphans = Vec::new();
+    // This node's members with no session here: removed once decided (announced as
+    // orphans, or already ended here), unless a newer beat was written meanwhile.
+    let mut own_done: Vec<(&str, i64)> = Vec::new();
     let mut by_node: BTreeMap<&str, Vec<(&str, i64, &str)>> = BTreeMap::new();
     for (member, score) in &got {
         let Some((node, jid)) = keys::parse_member(member) else {
@@ -250,7 +292,14 @@ async fn handle_batch(
             continue;
         };
         if node == live.node_id {
-            orphans.extend(stale_here(shared, jid, *score));
+            match stale_here(shared, jid, *score) {
+                Stale::Here => {}
+                Stale::EndedHere => own_done.push((member, *score)),
+                Stale::Orphan(o) => {
+                    orphans.push(o);
+                    own_done.push((member, *score));
+                }
+            }
         } else {
             by_node.entry(node).or_default().push((jid, *score, member));
         }
@@ -283,11 +332,30 @@ async fn handle_batch(
                 .get_mut(node)
                 .expect("an undecided node has members");
             let before = members.len();
-            // Those its node received are its node's now.
-            members.retain(|_| {
+            // Those its node received are its node's now, followed until it acts on them.
+            let now = live.clock.now_ms();
+            let mut unheard = Vec::with_capacity(before);
+            let mut handed = Vec::new();
+            for m in members.drain(..) {
                 let n = heard.next().map(|v| redis::from_redis_value::<i64>(&v));
-                !matches!(n, Some(Ok(n)) if n > 0)
-            });
+                if !matches!(n, Some(Ok(n)) if n > 0) {
+                    unheard.push(m);
+                } else if let Ok(jid) = FullJid::new(m.0) {
+                    handed.push(Handed {
+                        beats_key: key.to_owned(),
+                        member: m.2.to_owned(),
+                        node: node.to_owned(),
+                        jid,
+                        score: m.1,
+                        at_ms: now,
+                    });
+                }
+            }
+            *members = unheard;
+            live.metrics
+                .handed_off
+                .fetch_add((before - members.len()) as u64, Ordering::Relaxed);
+            live.note_handed(handed);
             if members.is_empty() {
                 tracing::debug!(%node, resources = before, "stale resources handed to their node");
                 continue;
@@ -327,6 +395,81 @@ async fn handle_batch(
         }
     }
     announce_orphans(shared, link, conn, orphans).await;
+    if !own_done.is_empty() {
+        let mut c = redis::cmd("EVAL");
+        c.arg(REMOVE_UNCHANGED).arg(1).arg(key);
+        for (member, score) in own_done {
+            c.arg(member).arg(score);
+        }
+        c.query_async::<i64>(conn).await?;
+    }
+    Ok(())
+}
+
+/// The hand-offs of earlier sweeps (their node heard them; the sweep took their beats out
+/// of Redis). One settles when its node has acted on it: its beat is back in the ZSET (the
+/// sweeps own it again) or its directory entry is gone or names another node (its session
+/// ended, and was announced there, or moved). One whose node is no longer live without
+/// having acted is announced here, as the resource of a dead node it is; one whose node
+/// stays live is followed for at most 3T. One pipeline per sweep while any are open.
+async fn follow_up_handed(
+    shared: &Arc<Shared>,
+    link: &RedisLink,
+    conn: &mut Conn,
+    sweep: &mut Sweep,
+) -> redis::RedisResult<()> {
+    let live = &shared.liveness;
+    let open = live.take_handed();
+    if open.is_empty() {
+        return Ok(());
+    }
+    let mut pipe = SlotPipe::new();
+    for h in &open {
+        let mut c = redis::cmd("ZSCORE");
+        c.arg(&h.beats_key).arg(&h.member);
+        pipe.add(&h.beats_key, c);
+        let (key, c) = shared.cluster.last_entry_read(&h.jid);
+        pipe.add(&key, c);
+    }
+    let replies = match pipe.query(conn).await {
+        Ok(values) => values,
+        Err(e) => {
+            live.note_handed(open);
+            return Err(e);
+        }
+    };
+    let horizon = live.clock.now_ms() - 3 * live.timings.ttl.as_millis() as i64;
+    let mut still_open = Vec::new();
+    let mut orphans = Vec::new();
+    for (i, h) in open.into_iter().enumerate() {
+        let beat: Option<f64> = replies
+            .get(2 * i)
+            .and_then(|v| redis::from_redis_value(v).ok().flatten());
+        if beat.is_some() {
+            continue;
+        }
+        let Some(entry) = replies.get(2 * i + 1).and_then(Cluster::last_entry_of) else {
+            continue;
+        };
+        if crate::cluster::directory::node_of(&entry.instance) != h.node {
+            continue;
+        }
+        if still_live(shared, &h.node, &mut sweep.live_set_read).await {
+            if h.at_ms >= horizon {
+                still_open.push(h);
+            }
+            continue;
+        }
+        tracing::debug!(jid = %h.jid, node = %h.node,
+            "sweeper: node died after hearing a stale resource, before acting on it");
+        orphans.push(Orphan {
+            node: h.node,
+            jid: h.jid,
+            score: h.score,
+        });
+    }
+    live.note_handed(still_open);
+    announce_orphans(shared, link, conn, orphans).await;
     Ok(())
 }
 
@@ -359,7 +502,9 @@ pub async fn listen(shared: Arc<Shared>) {
                     let Ok(score) = score.parse::<i64>() else {
                         continue;
                     };
-                    orphans.extend(stale_here(&shared, jid, score));
+                    if let Stale::Orphan(o) = stale_here(&shared, jid, score) {
+                        orphans.push(o);
+                    }
                 }
                 if orphans.is_empty() {
                     return;
@@ -378,25 +523,35 @@ pub async fn listen(shared: Arc<Shared>) {
 
 /// The in-process table's decision for one stale resource (every one is this node's).
 async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
-    if stale_here(shared, jid, score).is_some() {
+    if let Stale::Orphan(_) = stale_here(shared, jid, score) {
         // In process every entry was written by this node for a session it tracks, so an
         // untracked one has no other node to belong to: its end was handled here.
         tracing::debug!(%jid, "sweeper: stale entry of a session no longer tracked");
     }
 }
 
-/// Decides a stale resource whose beat names this node: a session here is ended, left to
-/// its grace task or rewritten (its beat is newer). Returns it as an orphan when no session
-/// here has it and none ended after that beat: its session died with an earlier run of
-/// this node.
-fn stale_here(shared: &Shared, jid: &str, score: i64) -> Option<Orphan> {
+/// What became of a stale resource whose beat names this node.
+enum Stale {
+    /// A session here has it: ended, left to its grace task or rewritten (its beat is
+    /// newer); that session's own write (end or refresh) takes care of the beat.
+    Here,
+    /// No session here has it, and one ended here after that beat (its unavailable went
+    /// out then).
+    EndedHere,
+    /// No session here has it and none ended after that beat: its session died with an
+    /// earlier run of this node.
+    Orphan(Orphan),
+}
+
+/// Decides a stale resource whose beat names this node.
+fn stale_here(shared: &Shared, jid: &str, score: i64) -> Stale {
     let live = &shared.liveness;
     match live.swept_local(jid, score) {
         SweptLocal::Ended => {
             tracing::info!(%jid, last_beat = score, "sweeper: silent for longer than ttl");
-            None
+            Stale::Here
         }
-        SweptLocal::InGrace => None,
+        SweptLocal::InGrace => Stale::Here,
         SweptLocal::Alive(beat) => {
             if let Ok(j) = FullJid::new(jid) {
                 live.queue_op(Op::Refresh {
@@ -404,14 +559,17 @@ fn stale_here(shared: &Shared, jid: &str, score: i64) -> Option<Orphan> {
                     beat_ms: beat,
                 });
             }
-            None
+            Stale::Here
         }
-        SweptLocal::NotLocal if live.ended_here_after(jid, score) => None,
-        SweptLocal::NotLocal => Some(Orphan {
-            node: live.node_id.clone(),
-            jid: FullJid::new(jid).ok()?,
-            score,
-        }),
+        SweptLocal::NotLocal if live.ended_here_after(jid, score) => Stale::EndedHere,
+        SweptLocal::NotLocal => match FullJid::new(jid) {
+            Ok(j) => Stale::Orphan(Orphan {
+                node: live.node_id.clone(),
+                jid: j,
+                score,
+            }),
+            Err(_) => Stale::EndedHere,
+        },
     }
 }
 
