@@ -530,10 +530,8 @@ pub(crate) enum SweptLocal {
 /// so a node that dies between hearing and acting does not take it along unannounced.
 #[derive(Debug, Clone)]
 pub(crate) struct Handed {
-    /// The beat ZSET it was taken from, and its member there.
-    pub beats_key: String,
-    pub member: String,
-    /// The node it was handed to.
+    /// The node it was handed to (with `jid`, its member of the beat ZSET of `jid`'s
+    /// shard: [`keys::Keys::member`], [`keys::Keys::beats_for`]).
     pub node: String,
     pub jid: FullJid,
     /// Its last beat (ms): its last seen if it must be announced.

@@ -192,16 +192,15 @@ async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
             };
             let full = got.len() >= batch;
             total += got.len();
-            own += got
-                .iter()
-                .filter(|(m, _)| keys::parse_member(m).is_some_and(|(n, _)| n == live.node_id))
-                .count();
             live.metrics
                 .swept
                 .fetch_add(got.len() as u64, Ordering::Relaxed);
-            if let Err(e) = handle_batch(shared, link, &mut conn, &key, got, &mut sweep).await {
-                link.failed(&e).await;
-                break 'shards;
+            match handle_batch(shared, link, &mut conn, &key, got, &mut sweep).await {
+                Ok(own_in_batch) => own += own_in_batch,
+                Err(e) => {
+                    link.failed(&e).await;
+                    break 'shards;
+                }
             }
             if !full {
                 break;
@@ -272,6 +271,7 @@ struct Orphan {
 /// others are handed to their node, every hand-off of the batch in one pipeline, and a
 /// node that receives none of them is decided once for the whole sweep. What is left
 /// (resources of dead nodes, and of this node's earlier runs) is announced together.
+/// Returns how many of the batch were this node's (left in the ZSET by the script).
 async fn handle_batch(
     shared: &Arc<Shared>,
     link: &RedisLink,
@@ -279,8 +279,9 @@ async fn handle_batch(
     key: &str,
     got: Vec<(String, i64)>,
     sweep: &mut Sweep,
-) -> redis::RedisResult<()> {
+) -> redis::RedisResult<usize> {
     let live = &shared.liveness;
+    let mut own = 0;
     let mut orphans = Vec::new();
     // This node's members with no session here: removed once decided (announced as
     // orphans, or already ended here), unless a newer beat was written meanwhile.
@@ -292,6 +293,7 @@ async fn handle_batch(
             continue;
         };
         if node == live.node_id {
+            own += 1;
             match stale_here(shared, jid, *score) {
                 Stale::Here => {}
                 Stale::EndedHere => own_done.push((member, *score)),
@@ -342,8 +344,6 @@ async fn handle_batch(
                     unheard.push(m);
                 } else if let Ok(jid) = FullJid::new(m.0) {
                     handed.push(Handed {
-                        beats_key: key.to_owned(),
-                        member: m.2.to_owned(),
                         node: node.to_owned(),
                         jid,
                         score: m.1,
@@ -403,7 +403,7 @@ async fn handle_batch(
         }
         c.query_async::<i64>(conn).await?;
     }
-    Ok(())
+    Ok(own)
 }
 
 /// The hand-offs of earlier sweeps (their node heard them; the sweep took their beats out
@@ -425,9 +425,10 @@ async fn follow_up_handed(
     }
     let mut pipe = SlotPipe::new();
     for h in &open {
+        let beats = live.keys.beats_for(h.jid.to_bare().as_str());
         let mut c = redis::cmd("ZSCORE");
-        c.arg(&h.beats_key).arg(&h.member);
-        pipe.add(&h.beats_key, c);
+        c.arg(&beats).arg(live.keys.member(&h.node, &h.jid));
+        pipe.add(&beats, c);
         let (key, c) = shared.cluster.last_entry_read(&h.jid);
         pipe.add(&key, c);
     }
