@@ -749,24 +749,31 @@ const WRITES: &[&str] = &[
     "PEXPIREAT",
     "EXPIRE",
     "HSET",
+    "HDEL",
+    "ZREMRANGEBYSCORE",
 ];
 
-/// The write commands on presence keys in `MONITOR` lines (`<time> [db addr] "CMD" "key" ...`).
-fn presence_writes(lines: &[String]) -> Vec<String> {
+/// The write commands in `MONITOR` lines (`<time> [db addr] "CMD" "key" ...`) on keys under
+/// `prefix`, as (command, key without the prefix).
+fn writes_under(lines: &[String], prefix: &str) -> Vec<(String, String)> {
     lines
         .iter()
         .filter_map(|l| {
             let mut args = l.split('"').skip(1).step_by(2);
             let cmd = args.next()?.to_ascii_uppercase();
-            let key = args.next()?;
-            (WRITES.contains(&cmd.as_str()) && key.contains("presence:")).then_some(cmd)
+            let key = args.next()?.strip_prefix(prefix)?;
+            WRITES
+                .contains(&cmd.as_str())
+                .then(|| (cmd, key.to_owned()))
         })
         .collect()
 }
 
 /// Cost at rest on a Redis of its own, watched with `MONITOR`: a resource idle for 3 T
 /// (answering pings) costs two write commands per refresh (its key with its expiry, its
-/// beat), plus at most one beat-set expiry per T.
+/// beat), plus at most one beat-set expiry per T; its session directory entry costs
+/// nothing (the hash's expiry is a day ahead, moved every half day); the node's own
+/// heartbeat (the live-instance set) is per node, whatever its number of sessions.
 #[tokio::test]
 async fn an_idle_resource_costs_two_redis_write_commands_per_refresh() {
     let port = free_port();
@@ -821,16 +828,22 @@ async fn an_idle_resource_costs_two_redis_write_commands_per_refresh() {
         lines.push(line);
     }
     let _ = monitor.kill().await;
-    let writes = presence_writes(&lines);
-    let count = |c: &str| writes.iter().filter(|w| *w == c).count() as u64;
+    let all = writes_under(&lines, &ts.config.redis.key_prefix);
+    let class = |k: &'static str| all.iter().filter(move |(_, key)| key.starts_with(k));
+    let writes: Vec<&String> = class("presence:").map(|(c, _)| c).collect();
+    let directory: Vec<_> = class("dir:").collect();
+    let heartbeat = class("cluster:nodes").count() as u64;
+    let count = |c: &str| writes.iter().filter(|w| **w == c).count() as u64;
     eprintln!(
         "measured: {refreshes} refreshes in {window:.1} s idle: {} write commands on presence keys \
-         ({} SET, {} ZADD, {} PEXPIREAT, {} other)",
+         ({} SET, {} ZADD, {} PEXPIREAT, {} other); {} on the directory, {heartbeat} by the \
+         node's heartbeat",
         writes.len(),
         count("SET"),
         count("ZADD"),
         count("PEXPIREAT"),
         writes.len() as u64 - count("SET") - count("ZADD") - count("PEXPIREAT"),
+        directory.len(),
     );
     assert!(
         refreshes >= 3,
@@ -850,7 +863,22 @@ async fn an_idle_resource_costs_two_redis_write_commands_per_refresh() {
     assert_eq!(
         writes.len() as u64,
         count("SET") + count("ZADD") + count("PEXPIREAT"),
-        "nothing else is written at rest: {writes:?}"
+        "nothing else is written on presence keys at rest: {writes:?}"
+    );
+    assert!(
+        directory.is_empty(),
+        "the session directory is not written at rest: {directory:?}"
+    );
+    // The heartbeat script: ZADD, ZREMRANGEBYSCORE and two PEXPIREAT every period (T / 4).
+    let heartbeats = (window / (l.ttl / 4.0)).ceil() as u64 + 1;
+    assert!(
+        heartbeat <= 4 * heartbeats,
+        "{heartbeat} heartbeat writes in {window:.1} s: {all:?}"
+    );
+    assert_eq!(
+        all.len() as u64,
+        writes.len() as u64 + heartbeat,
+        "nothing else is written at rest: {all:?}"
     );
     alice.close().await;
     ts.stop().await;

@@ -2,7 +2,7 @@
 //! answer or a message to a bare JID needs to know about it without asking that node.
 //!
 //! ```text
-//! <prefix>dir:{user@domain}      HASH resource → entry; PXAT now + 3T on every write
+//! <prefix>dir:{user@domain}      HASH resource → entry; PXAT now + HORIZON on every write
 //! <prefix>cluster:nodes          ZSET instance → last refresh (ms); PXAT now + 3T
 //! <prefix>cluster:<node>         pub/sub channel of one node (cross-node stanzas)
 //! ```
@@ -13,7 +13,21 @@
 //! pruned by the next write to the same user. One hash per user, with the bare JID as hash
 //! tag like the liveness keys, so one script touches one slot. Every write sets the key's
 //! expiry in the same script (PEXPIREAT NX then GT: never without one, never shortened), and
-//! every node moves the expiry of its own users' keys forward every T.
+//! every node moves the expiry of its own users' keys forward every half [`HORIZON`].
+//!
+//! Why a day and not a few T: the expiry is not what tells a live entry from a dead one
+//! (the live-instance set does that, for every reader), it only bounds how long a crashed
+//! instance's leftovers take memory. An expiry a few T ahead had to be moved every T for
+//! every online user, one Redis write per user per T with nothing changed; a day ahead,
+//! moved every half day, costs one write per user per half day. A released entry is
+//! deleted at once (`HDEL`, and Redis drops the emptied hash), and the sweeper forgets the
+//! entries of the dead instance's resources it announces, so what waits for the expiry is
+//! only what was neither released nor announced (a whole cluster gone at once, say).
+
+use std::time::Duration;
+
+/// How far ahead of its last write or extension a user's directory hash expires.
+pub const HORIZON: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// One bound resource as the directory holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

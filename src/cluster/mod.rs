@@ -618,8 +618,15 @@ impl Cluster {
         self.inner.cache.clear();
     }
 
-    fn expire_at(&self, now_ms: i64) -> i64 {
+    /// The expiry of the live-instance set: a cluster whose every node is gone leaves it
+    /// behind for 3T at most.
+    fn nodes_expire_at(&self, now_ms: i64) -> i64 {
         now_ms + 3 * self.inner.ttl.as_millis() as i64
+    }
+
+    /// The expiry of a user's directory hash written or extended now.
+    fn user_expire_at(now_ms: i64) -> i64 {
+        now_ms + directory::HORIZON.as_millis() as i64
     }
 
     /// Starts the task that applies changes and forwards, and the heartbeat that keeps
@@ -637,8 +644,9 @@ impl Cluster {
         tracker.spawn(self.clone().heartbeat_loop(shutdown));
     }
 
-    /// One heartbeat: records this instance as live, reads the others, and (every T) moves
-    /// the expiry of this node's users' directory keys forward. Returns whether Redis
+    /// One heartbeat: records this instance as live, reads the others, and (with `extend`,
+    /// every half [`directory::HORIZON`]) moves the expiry of this node's users' directory
+    /// keys forward. Returns whether Redis
     /// answered. Public so a starting node (and tests) can know its peers at once.
     pub async fn heartbeat(&self, extend: bool) -> bool {
         let Some(mut conn) = self.conn().await else {
@@ -656,7 +664,7 @@ impl Cluster {
             .arg(now)
             .arg(now - dead_after)
             .arg(now - 3 * ttl)
-            .arg(self.expire_at(now))
+            .arg(self.nodes_expire_at(now))
             .query_async(&mut conn)
             .await;
         let live = match live {
@@ -684,7 +692,7 @@ impl Cluster {
                 for u in &users {
                     let key = self.inner.keys.user(u);
                     let mut c = redis::cmd("PEXPIREAT");
-                    c.arg(&key).arg(self.expire_at(now)).arg("GT");
+                    c.arg(&key).arg(Self::user_expire_at(now)).arg("GT");
                     pipe.add(&key, c);
                 }
                 if let Err(e) = pipe.query(&mut conn).await {
@@ -698,10 +706,11 @@ impl Cluster {
 
     async fn heartbeat_loop(self, shutdown: CancellationToken) {
         let period = heartbeat_period(self.inner.ttl);
-        let extend_every = (self.inner.ttl.as_millis() / period.as_millis().max(1)).max(1) as u64;
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut n: u64 = 0;
+        // Every write sets a hash's expiry a horizon ahead: the users written since start
+        // need nothing before half of it has passed.
+        let mut extended = tokio::time::Instant::now();
         let mut was_up = false;
         let mut ever_up = false;
         loop {
@@ -709,8 +718,11 @@ impl Cluster {
                 _ = tick.tick() => {}
                 _ = shutdown.cancelled() => break,
             }
-            let up = self.heartbeat(n % extend_every == 0).await;
-            n += 1;
+            let extend = extended.elapsed() >= directory::HORIZON / 2;
+            let up = self.heartbeat(extend).await;
+            if up && extend {
+                extended = tokio::time::Instant::now();
+            }
             if up && !was_up {
                 // Redis is (back) up: rewrite what this node holds, and tell the others it
                 // is here so they look it up at once.
@@ -871,7 +883,7 @@ impl Cluster {
             HashMap::new()
         };
         let now = chrono::Utc::now().timestamp_millis();
-        let expire = self.expire_at(now);
+        let expire = Self::user_expire_at(now);
         let live: Vec<String> = std::iter::once(self.inner.instance.clone())
             .chain(self.peers())
             .collect();
