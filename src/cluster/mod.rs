@@ -646,8 +646,8 @@ impl Cluster {
 
     /// One heartbeat: records this instance as live, reads the others, and (with `extend`,
     /// every half [`directory::HORIZON`]) moves the expiry of this node's users' directory
-    /// keys forward. Returns whether Redis
-    /// answered. Public so a starting node (and tests) can know its peers at once.
+    /// keys forward. Returns whether Redis answered. Public so a starting node (and tests)
+    /// can know its peers at once.
     pub async fn heartbeat(&self, extend: bool) -> bool {
         let Some(mut conn) = self.conn().await else {
             self.alone();
