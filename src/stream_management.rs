@@ -7,7 +7,10 @@
 //!   acknowledged, with the server's 32-bit counter (XEP-0198 §4: counters wrap at 2^32).
 //!   Bounded by `[limits] sm_max_unacked`; one more ends the stream with
 //!   `resource-constraint` (the session is then over, and what was not acknowledged is
-//!   handled like any stanza for a resource that went away, RFC 6121 §8).
+//!   handled like any stanza for a resource that went away, RFC 6121 §8). A client's `h`
+//!   ahead by no more than the stanzas written between the bind and `<enabled/>`, or behind
+//!   its last one, keeps the stream ([`Outgoing::read`] says why); further ahead is §4's
+//!   `handled-count-too-high`.
 //! - [`Nonza`]: the parsed `<enable/>`, `<resume/>`, `<r/>`, `<a/>`, and the elements the
 //!   server answers with ([`enabled`], [`failed`], [`resumed`], [`ack`], [`REQUEST`]).
 //! - [`Resumable`]: this node's detached (or still attached) resumable sessions, keyed by
@@ -136,11 +139,29 @@ pub struct Outgoing {
     max: usize,
     /// An `<r/>` was written and no `<a/>` came since.
     requested: bool,
+    /// Stanzas written on this stream after the bind and before `<enabled/>`, which a
+    /// client counting from its own `<enable/>` may include in its `h`
+    /// ([`Outgoing::read`]); zero once such a count has been taken in.
+    crossing: u32,
 }
 
 /// One stanza more than `[limits] sm_max_unacked` would be kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overflow;
+
+/// What a client's `h` means against the server's count ([`Outgoing::read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// It acknowledges this many more stanzas (zero: the same `h` again).
+    New(usize),
+    /// It is behind the last `h` by this many: it acknowledges nothing.
+    Behind(u32),
+    /// It is ahead of the count by this many, no more than the stanzas that crossed the
+    /// client's `<enable/>`: it acknowledges every stanza written.
+    Crossed(u32),
+    /// It is beyond anything the client can have counted.
+    TooHigh,
+}
 
 /// The client acknowledged more stanzas than were sent (§4: `handled-count-too-high`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,15 +182,18 @@ impl Outgoing {
             queue: VecDeque::new(),
             max,
             requested: false,
+            crossing: 0,
         }
     }
 
-    /// `<enabled/>` is being written: counting starts at zero (§4).
-    pub fn enable(&mut self) {
+    /// `<enabled/>` is being written: counting starts at zero (§4). `crossing` stanzas were
+    /// written since the bind ([`Outgoing::read`]).
+    pub fn enable(&mut self, crossing: u32) {
         self.enabled = true;
         self.sent = 0;
         self.acked = 0;
         self.queue.clear();
+        self.crossing = crossing;
     }
 
     /// Whether stanzas are counted.
@@ -188,22 +212,57 @@ impl Outgoing {
         Ok(())
     }
 
-    /// The client handled `h` stanzas: drops those. An `h` beyond the count is an error and
-    /// changes nothing; an `h` the counter already passed acknowledges nothing new.
-    pub fn ack(&mut self, h: u32) -> Result<usize, TooHigh> {
-        let newly = h.wrapping_sub(self.acked) as usize;
-        if newly > self.queue.len() {
-            return Err(TooHigh { h, sent: self.sent });
+    /// Reads the client's `h` against the count, modulo 2^32 (§4).
+    ///
+    /// The XEP has both sides start counting at `<enabled/>`, but until version 1.5 it had
+    /// the client start when it sends `<enable/>`, and @xmpp/client resets its count only
+    /// after handling `<enabled/>` and whatever arrived with it. Such a client's `h` is
+    /// ahead by up to the stanzas written between the bind and `<enabled/>` (a client may
+    /// enable only after binding, §3), and later, once it resets, behind. Neither costs
+    /// the client its stream: ahead within those crossing stanzas acknowledges all that
+    /// was written, and the count goes on in the client's numbering; behind acknowledges
+    /// nothing. Anything further ahead is the §4 error. An `h` is behind when it is less
+    /// than half the counter's range below the last one.
+    pub fn read(&self, h: u32) -> Reading {
+        let ahead = h.wrapping_sub(self.acked);
+        let unacked = self.queue.len() as u64;
+        if u64::from(ahead) <= unacked {
+            Reading::New(ahead as usize)
+        } else if ahead > u32::MAX / 2 {
+            Reading::Behind(ahead.wrapping_neg())
+        } else if u64::from(ahead) - unacked <= u64::from(self.crossing) {
+            Reading::Crossed((u64::from(ahead) - unacked) as u32)
+        } else {
+            Reading::TooHigh
         }
+    }
+
+    /// The client handled `h` stanzas ([`Outgoing::read`]): drops those, and returns how
+    /// many. An `h` beyond the count is an error and changes nothing.
+    pub fn ack(&mut self, h: u32) -> Result<usize, TooHigh> {
+        let newly = match self.read(h) {
+            Reading::New(n) => {
+                self.acked = h;
+                n
+            }
+            Reading::Behind(_) => 0,
+            Reading::Crossed(extra) => {
+                // The crossing happened once: from here the count is the client's.
+                self.sent = self.sent.wrapping_add(extra);
+                self.acked = h;
+                self.crossing = 0;
+                self.queue.len()
+            }
+            Reading::TooHigh => return Err(TooHigh { h, sent: self.sent }),
+        };
         self.queue.drain(..newly);
-        self.acked = h;
         self.requested = false;
         Ok(newly)
     }
 
-    /// Whether `h` is one the client may send (it does not exceed the count).
+    /// Whether `h` is one the client may send ([`Outgoing::read`]).
     pub fn acceptable(&self, h: u32) -> bool {
-        h.wrapping_sub(self.acked) as usize <= self.queue.len()
+        self.read(h) != Reading::TooHigh
     }
 
     /// The stanzas not yet acknowledged, oldest first.
@@ -449,7 +508,7 @@ mod tests {
     fn nothing_is_counted_before_enabled_and_acks_drop_the_oldest() {
         let mut out = Outgoing::new(10);
         assert!(!out.should_request());
-        out.enable();
+        out.enable(0);
         for i in 0..5 {
             out.push(s(&format!("m{i}"))).unwrap();
         }
@@ -468,7 +527,7 @@ mod tests {
     #[test]
     fn counters_wrap_at_two_to_the_thirty_second() {
         let mut out = Outgoing::new(10);
-        out.enable();
+        out.enable(0);
         // As if 2^32 - 2 stanzas had been sent and acknowledged already.
         out.sent = u32::MAX - 1;
         out.acked = u32::MAX - 1;
@@ -484,9 +543,48 @@ mod tests {
     }
 
     #[test]
+    fn a_count_ahead_by_the_stanzas_crossing_enable_acknowledges_all_and_is_adopted() {
+        let mut out = Outgoing::new(10);
+        // Two stanzas were written between the bind and <enabled/>.
+        out.enable(2);
+        out.push(s("m0")).unwrap();
+        assert_eq!(out.read(4), Reading::TooHigh, "beyond the crossing stanzas");
+        assert_eq!(out.read(3), Reading::Crossed(2));
+        assert!(out.acceptable(3) && !out.acceptable(4));
+        assert_eq!(out.ack(3), Ok(1));
+        assert_eq!((out.sent(), out.unacked_len()), (3, 0));
+        // The crossing is taken in once: the count is the client's from here.
+        out.push(s("m1")).unwrap();
+        assert_eq!(out.read(5), Reading::TooHigh);
+        assert_eq!(out.ack(4), Ok(1));
+    }
+
+    #[test]
+    fn a_count_behind_the_last_acknowledges_nothing() {
+        let mut out = Outgoing::new(10);
+        out.enable(0);
+        for i in 0..3 {
+            out.push(s(&format!("m{i}"))).unwrap();
+        }
+        assert_eq!(out.ack(2), Ok(2));
+        // A client that reset its count late goes on below the server's.
+        assert_eq!(out.read(0), Reading::Behind(2));
+        assert_eq!(out.ack(0), Ok(0));
+        assert_eq!(out.unacked_len(), 1);
+        assert_eq!(out.ack(1), Ok(0), "still behind");
+        assert_eq!(out.ack(3), Ok(1));
+        // Half the counter's range ahead is ahead, not behind.
+        assert_eq!(out.read(3 + u32::MAX / 2), Reading::TooHigh);
+        assert_eq!(
+            out.read(3 + u32::MAX / 2 + 1),
+            Reading::Behind(u32::MAX / 2 + 1)
+        );
+    }
+
+    #[test]
     fn the_queue_is_bounded() {
         let mut out = Outgoing::new(2);
-        out.enable();
+        out.enable(0);
         assert_eq!(out.push(s("a")), Ok(()));
         assert_eq!(out.push(s("b")), Ok(()));
         assert_eq!(out.push(s("c")), Err(Overflow));
@@ -495,7 +593,7 @@ mod tests {
     #[test]
     fn one_request_is_outstanding_until_an_ack() {
         let mut out = Outgoing::new(10);
-        out.enable();
+        out.enable(0);
         assert!(!out.should_request(), "nothing to confirm");
         out.push(s("a")).unwrap();
         assert!(out.should_request());
@@ -520,7 +618,7 @@ mod tests {
             reg.find("nope", "alice@x", 0).err(),
             Some(Refused::NotFound)
         );
-        lock(&out).enable();
+        lock(&out).enable(0);
         assert_eq!(reg.find(&a, "alice@x", 1).err(), Some(Refused::TooHigh(0)));
         reg.remove(&a);
         assert_eq!(reg.find(&a, "alice@x", 0).err(), Some(Refused::NotFound));

@@ -150,11 +150,56 @@ async fn enable_is_refused_before_bind_and_both_sides_count_after_it() {
     assert!(is_sm(&r, "r"));
     // Two results were written since <enabled/>: h=2 is right; after a third, h=4 is
     // beyond the count (§4).
-    c.send_raw(&format!("<a xmlns='{NS_SM}' h='2'/>")).await;
-    barrier(&ts, &mut c).await;
+    acked(&ts, &mut c, 2).await;
+    too_high(&mut c, 4).await;
+}
+
+/// A client may start its count when it sends `<enable/>` (the XEP's wording before 1.5,
+/// and @xmpp/client in effect, which resets its count only after `<enabled/>` has been
+/// handled): the stanzas the server wrote between the bind and `<enabled/>` then count
+/// twice in its `h`. Such a count keeps the stream, as does the lower count the client
+/// goes on with after its late reset; a count beyond those crossing stanzas is still the
+/// §4 stream error.
+#[tokio::test]
+async fn a_count_that_includes_the_stanzas_crossing_enable_keeps_the_stream() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    let mut c = ts.login("alice", "r").await;
+    // The ping's result is written before <enabled/>: both were asked in one write, and
+    // the session answers in order.
+    c.send_raw(&format!(
+        "<iq type='get' id='crossing' to='{}'><ping xmlns='urn:xmpp:ping'/></iq>\
+         <enable xmlns='{NS_SM}'/>",
+        ts.domain
+    ))
+    .await;
+    let first = c
+        .expect(|e| e.get_attr("id") == Some("crossing") || is_sm(e, "enabled"))
+        .await;
+    assert_eq!(first.get_attr("id"), Some("crossing"), "{first}");
+    let on = c.expect(|e| is_sm(e, "enabled")).await;
+    assert!(is_sm(&on, "enabled"), "{on}");
+    // Counted from <enable/>, the client has handled one stanza; the server wrote none
+    // after <enabled/>.
+    acked(&ts, &mut c, 1).await;
+    // The late reset: the client counts from zero again, below the server's count.
+    acked(&ts, &mut c, 0).await;
+    // From here the client's numbering is the server's: two results written, and an h
+    // one beyond them is refused as §4 says.
+    too_high(&mut c, 4).await;
+}
+
+/// Acknowledges `h` stanzas and checks, with a ping, that the stream goes on.
+async fn acked(ts: &TestServer, c: &mut Client, h: u32) {
+    c.send_raw(&format!("<a xmlns='{NS_SM}' h='{h}'/>")).await;
+    barrier(ts, c).await;
+}
+
+/// Acknowledges `h` stanzas, more than were sent: §4's stream error.
+async fn too_high(c: &mut Client, h: u32) {
     ends_with(
-        &mut c,
-        &format!("<a xmlns='{NS_SM}' h='4'/>"),
+        c,
+        &format!("<a xmlns='{NS_SM}' h='{h}'/>"),
         "undefined-condition",
     )
     .await;

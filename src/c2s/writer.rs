@@ -82,6 +82,9 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
     } = w;
     let mut buf = prelude;
     let mut end = WriterEnd::Closed;
+    // Stanzas written before `<enabled/>`: a client may count some of them
+    // ([`sm::Outgoing::read`]).
+    let mut crossing: u32 = 0;
     loop {
         let mut closing = false;
         if buf.is_empty() {
@@ -104,9 +107,13 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
                     | Outbound::ClientState(_)
                     | Outbound::Interest(_)) => csi.pass(item, |item| match (&out, item) {
                         (None, Outbound::Stanza(el)) => {
+                            crossing = crossing.saturating_add(1);
                             el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT)
                         }
-                        (None, Outbound::Xml(xml)) => buf.push_str(&xml),
+                        (None, Outbound::Xml(xml)) => {
+                            crossing = crossing.saturating_add(1);
+                            buf.push_str(&xml)
+                        }
                         (Some(kept), item) => {
                             if let Some(s) = serialized(item) {
                                 buf.push_str(&s);
@@ -119,7 +126,7 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
                         let sm::Enabled { xml, out: kept } = *enabled;
                         buf.push_str(&xml);
                         // §4: the count starts with the first stanza after <enabled/>.
-                        sm::lock(&kept).enable();
+                        sm::lock(&kept).enable(crossing);
                         out = Some(kept);
                     }
                     Outbound::SmNonza(xml) => buf.push_str(&xml),
