@@ -214,8 +214,8 @@ impl Outgoing {
 
     /// Reads the client's `h` against the count, modulo 2^32 (§4).
     ///
-    /// The XEP has both sides start counting at `<enabled/>`, but until version 1.5 it had
-    /// the client start when it sends `<enable/>`, and @xmpp/client resets its count only
+    /// The XEP has both sides start counting at `<enabled/>`, but earlier versions had the
+    /// client start when it sends `<enable/>`, and @xmpp/client resets its count only
     /// after handling `<enabled/>` and whatever arrived with it. Such a client's `h` is
     /// ahead by up to the stanzas written between the bind and `<enabled/>` (a client may
     /// enable only after binding, §3), and later, once it resets, behind. Neither costs

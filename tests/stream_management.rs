@@ -154,12 +154,12 @@ async fn enable_is_refused_before_bind_and_both_sides_count_after_it() {
     too_high(&mut c, 4).await;
 }
 
-/// A client may start its count when it sends `<enable/>` (the XEP's wording before 1.5,
+/// A client may start its count when it sends `<enable/>` (earlier versions of the XEP,
 /// and @xmpp/client in effect, which resets its count only after `<enabled/>` has been
 /// handled): the stanzas the server wrote between the bind and `<enabled/>` then count
-/// twice in its `h`. Such a count keeps the stream, as does the lower count the client
-/// goes on with after its late reset; a count beyond those crossing stanzas is still the
-/// §4 stream error.
+/// in its `h` and not in the server's. Such a count keeps the stream, as does the lower
+/// count the client goes on with after its late reset; a count beyond those crossing
+/// stanzas is still the §4 stream error.
 #[tokio::test]
 async fn a_count_that_includes_the_stanzas_crossing_enable_keeps_the_stream() {
     let ts = TestServer::start(|_| {}).await;
