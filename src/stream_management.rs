@@ -225,13 +225,14 @@ impl Outgoing {
     /// than half the counter's range below the last one.
     pub fn read(&self, h: u32) -> Reading {
         let ahead = h.wrapping_sub(self.acked);
-        let unacked = self.queue.len() as u64;
-        if u64::from(ahead) <= unacked {
+        // Never more than 2^32 - 1: the queue holds `sent - acked` of the 32-bit counter.
+        let unacked = u32::try_from(self.queue.len()).unwrap_or(u32::MAX);
+        if ahead <= unacked {
             Reading::New(ahead as usize)
         } else if ahead > u32::MAX / 2 {
             Reading::Behind(ahead.wrapping_neg())
-        } else if u64::from(ahead) - unacked <= u64::from(self.crossing) {
-            Reading::Crossed((u64::from(ahead) - unacked) as u32)
+        } else if ahead - unacked <= self.crossing {
+            Reading::Crossed(ahead - unacked)
         } else {
             Reading::TooHigh
         }

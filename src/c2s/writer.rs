@@ -106,13 +106,15 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
                     | Outbound::Xml(_)
                     | Outbound::ClientState(_)
                     | Outbound::Interest(_)) => csi.pass(item, |item| match (&out, item) {
-                        (None, Outbound::Stanza(el)) => {
+                        (None, item) => {
+                            match item {
+                                Outbound::Stanza(el) => {
+                                    el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT)
+                                }
+                                Outbound::Xml(xml) => buf.push_str(&xml),
+                                _ => return,
+                            }
                             crossing = crossing.saturating_add(1);
-                            el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT)
-                        }
-                        (None, Outbound::Xml(xml)) => {
-                            crossing = crossing.saturating_add(1);
-                            buf.push_str(&xml)
                         }
                         (Some(kept), item) => {
                             if let Some(s) = serialized(item) {
@@ -120,7 +122,6 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
                                 overflow |= sm::lock(kept).push(s).is_err();
                             }
                         }
-                        _ => {}
                     }),
                     Outbound::SmEnabled(enabled) => {
                         let sm::Enabled { xml, out: kept } = *enabled;
