@@ -82,6 +82,13 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The `[database] migrations` directory of every test server: one that never exists, so a
+/// test run applies only the built-in schema and never the operator's own `migrations.d`
+/// (whose files, written for one store's dialect, would change or break the test database).
+pub fn no_operator_migrations() -> PathBuf {
+    std::env::temp_dir().join("presenced-tests-have-no-operator-migrations")
+}
+
 /// A loopback port free at the time of the call (for a server that must come back on the
 /// same port, or a child process told its port up front).
 pub fn free_port() -> u16 {
@@ -213,7 +220,7 @@ impl TestServer {
         // barrier) should not wait a quarter of a second each time.
         config.database.change_poll_interval = Duration::from_millis(25);
         // The schema is built in; no operator migrations.
-        config.database.migrations = repo_root().join("migrations.d");
+        config.database.migrations = no_operator_migrations();
         // Tests hammer one address; the per-IP limit has its own test.
         config.limits.connections_per_ip_per_minute = 10_000;
         // Each server gets its own Redis key prefix and an ephemeral loopback HTTP port, so
