@@ -354,6 +354,16 @@ fn read_password(file: Option<PathBuf>) -> Result<String, String> {
         }
         Some(p) => std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?,
         None => {
+            use std::io::IsTerminal;
+            // rpassword reads the controlling terminal; without one it fails with the bare
+            // "No such device or address". Say what works instead.
+            if !std::io::stdin().is_terminal() {
+                return Err(
+                    "no terminal to prompt for the password: pass --password-file FILE \
+                            (its first line), or --password-file - to read standard input"
+                        .into(),
+                );
+            }
             let a = rpassword::prompt_password("Password: ").map_err(|e| e.to_string())?;
             let b = rpassword::prompt_password("Again: ").map_err(|e| e.to_string())?;
             if a != b {

@@ -1735,7 +1735,7 @@ impl Cli {
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("presenced.toml");
         // The schema is built in; no operator migrations.
-        let migrations = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations.d");
+        let migrations = common::no_operator_migrations();
         std::fs::write(
             &config,
             format!(
@@ -1777,6 +1777,30 @@ async fn run_presenced(config: &std::path::Path, args: &[&str]) -> std::process:
         .await
         .expect("presenced CLI finished in time")
         .expect("run presenced")
+}
+
+/// `user add` with neither a terminal nor `--password-file` (a script, a container's `exec`
+/// without `-t`) says what to pass instead of the terminal library's "No such device or
+/// address", and creates nothing.
+#[tokio::test]
+async fn cli_user_add_without_a_terminal_points_to_password_file() {
+    let ts = TestServer::start(|_| {}).await;
+    let cli = Cli::for_server(&ts);
+    let jid = ts.jid("dora");
+    // run_presenced gives the child a null standard input: not a terminal.
+    let out = cli.run(&["user", "add", &jid]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "no password, no account: {out:?}");
+    assert!(
+        stderr.contains("--password-file"),
+        "the error names --password-file: {stderr}"
+    );
+    // Nothing was created: the same add with a password file succeeds.
+    let pw = cli.password_file("pw");
+    let out = cli
+        .run(&["user", "add", &jid, "--password-file", &pw])
+        .await;
+    assert!(out.status.success(), "the account did not exist: {out:?}");
 }
 
 /// One SASL PLAIN attempt on a fresh connection; returns the answer's name.
