@@ -459,7 +459,8 @@ impl Store {
             source,
         };
         if !sqlx::Postgres::database_exists(url).await.map_err(failed)? {
-            tracing::warn!(database = %database_target(url), "database does not exist; creating it");
+            // Expected on a first start and for copy-store's destination: not a warning.
+            tracing::info!(database = %database_target(url), "database does not exist yet; creating it");
             if let Err(e) = sqlx::Postgres::create_database(url).await {
                 // Another process may have created it meanwhile.
                 if !sqlx::Postgres::database_exists(url).await.map_err(failed)? {
