@@ -1020,19 +1020,31 @@ async fn redis_outage_keeps_logins_and_messages_and_liveness_is_repaired_after_r
             tokio::time::sleep(secs(0.05)).await;
         }
     };
+    // A false unavailable could come from any sweep while the keys are still missing: the
+    // watch lasts until the repair's own deadline, then T and a sweep beyond it, so it is
+    // longer than the latest moment a missed repair would show.
+    let quiet = deadline.saturating_duration_since(Instant::now())
+        + secs(l.ttl + l.sweep_interval + 1.0);
     tokio::join!(
         repaired,
-        bob.watch_none(|e| is_presence(e, &ja, Some("unavailable")), secs(0.5)),
-        alice.watch_none(|e| is_presence(e, &jb, Some("unavailable")), secs(0.5)),
+        bob.watch_none(|e| is_presence(e, &ja, Some("unavailable")), quiet),
+        alice.watch_none(|e| is_presence(e, &jb, Some("unavailable")), quiet),
     );
-    // And silence is detected through Redis again: alice goes quiet, bob hears of it.
-    let _ = last_words(&mut alice).await;
+    // And silence is detected through Redis again: alice goes quiet, bob hears of it, and
+    // not before her last beat could have expired (an earlier one would be a false one).
+    let quiet_from = last_words(&mut alice).await;
     bob.watch(
         &|e| is_presence(e, &alice.jid, Some("unavailable")),
         secs(l.ttl + l.sweep_interval + 1.0),
     )
     .await
     .expect("silent death detected after Redis returned");
+    let earliest = secs(l.ttl - l.redis_refresh - l.heartbeat_interval);
+    assert!(
+        quiet_from.elapsed() >= earliest,
+        "unavailable {:?} after alice's last words, before her beat could expire ({earliest:?})",
+        quiet_from.elapsed()
+    );
     assert!(ts.metric(|m| m.swept.load(Ordering::Relaxed)) >= 1);
     drop(alice);
     ts.stop().await;
