@@ -1,12 +1,12 @@
 //! The batched reads of the privacy gate (`Store::audience_inputs`, `Store::probe_inputs`)
-//! against a real PostgreSQL (`DATABASE_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/test`): for a world with every subscription state,
-//! blocks in every XEP-0016 form and both directions, settings and last seen, each
-//! batched field must equal what the single-decision reads (`roster_item`, `is_blocked`,
-//! `privacy_settings`, `last_seen`) say. Each test uses its own random domains.
+//! on both stores (PostgreSQL at `DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`, and a fresh SQLite file): for a world with
+//! every subscription state, blocks in every XEP-0016 form and both directions, settings
+//! and last seen, each batched field must equal what the single-decision reads
+//! (`roster_item`, `is_blocked`, `privacy_settings`, `last_seen`) say. Each test uses its
+//! own random domains.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use chrono::{TimeZone, Utc};
 use presenced::jid::BareJid;
@@ -15,21 +15,17 @@ use presenced::store::blocks::match_candidates;
 use presenced::store::last_seen::LastSeen;
 use presenced::store::{RosterItem, Store, Subscription};
 
-fn url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
+#[path = "common/stores.rs"]
+#[macro_use]
+mod stores;
+use stores::Db;
 
-async fn store() -> Store {
-    let store = Store::connect(&url(), 4)
-        .await
-        .expect("connect to PostgreSQL");
-    store
-        .migrate(&Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations"))
-        .await
-        .expect("migrations apply");
-    store
-}
+on_both_stores!(
+    audience_inputs_equal_the_single_reads_for_every_contact,
+    audience_inputs_of_a_user_without_roster_or_settings_are_empty_defaults,
+    probe_inputs_equal_the_single_reads_for_every_subject_in_order,
+    a_stored_contact_that_is_no_jid_is_left_out_of_the_audience,
+);
 
 fn domain(tag: &str) -> String {
     format!("t{}.{tag}.gate.test", uuid::Uuid::new_v4().simple())
@@ -135,9 +131,8 @@ async fn world(store: &Store) -> (String, String, Vec<String>) {
     (alice, alice_full, contacts)
 }
 
-#[tokio::test]
-async fn audience_inputs_equal_the_single_reads_for_every_contact() {
-    let store = store().await;
+async fn audience_inputs_equal_the_single_reads_for_every_contact(db: Db) {
+    let store = db.open().await;
     let (alice, alice_full, contacts) = world(&store).await;
     let inputs = store
         .audience_inputs(&alice, &match_candidates(&alice_full))
@@ -177,9 +172,8 @@ async fn audience_inputs_equal_the_single_reads_for_every_contact() {
     assert_eq!(contacts.len(), roster.len());
 }
 
-#[tokio::test]
-async fn audience_inputs_of_a_user_without_roster_or_settings_are_empty_defaults() {
-    let store = store().await;
+async fn audience_inputs_of_a_user_without_roster_or_settings_are_empty_defaults(db: Db) {
+    let store = db.open().await;
     let d = domain("lonely");
     let lonely = account(&store, "lonely", &d).await;
     let inputs = store
@@ -190,9 +184,8 @@ async fn audience_inputs_of_a_user_without_roster_or_settings_are_empty_defaults
     assert!(inputs.roster.is_empty());
 }
 
-#[tokio::test]
-async fn probe_inputs_equal_the_single_reads_for_every_subject_in_order() {
-    let store = store().await;
+async fn probe_inputs_equal_the_single_reads_for_every_subject_in_order(db: Db) {
+    let store = db.open().await;
     let (alice, alice_full, mut subjects) = world(&store).await;
     subjects.push(format!("nobody@{}", domain("none")));
     let subjects: Vec<BareJid> = subjects.iter().map(|s| BareJid::new(s).unwrap()).collect();
@@ -240,9 +233,8 @@ async fn probe_inputs_equal_the_single_reads_for_every_subject_in_order() {
 /// A roster contact the schema admits but that is no JID (nodeprep refuses the space,
 /// RFC 7622 §3.3) is left out of the gate's inputs: it is nobody's audience, and the
 /// login does not probe it.
-#[tokio::test]
-async fn a_stored_contact_that_is_no_jid_is_left_out_of_the_audience() {
-    let store = store().await;
+async fn a_stored_contact_that_is_no_jid_is_left_out_of_the_audience(db: Db) {
+    let store = db.open().await;
     let d = domain("nojid");
     let alice = account(&store, "alice", &d).await;
     let bob = account(&store, "bob", &d).await;

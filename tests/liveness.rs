@@ -1023,8 +1023,8 @@ async fn redis_outage_keeps_logins_and_messages_and_liveness_is_repaired_after_r
     // A false unavailable could come from any sweep while the keys are still missing: the
     // watch lasts until the repair's own deadline, then T and a sweep beyond it, so it is
     // longer than the latest moment a missed repair would show.
-    let quiet = deadline.saturating_duration_since(Instant::now())
-        + secs(l.ttl + l.sweep_interval + 1.0);
+    let quiet =
+        deadline.saturating_duration_since(Instant::now()) + secs(l.ttl + l.sweep_interval + 1.0);
     tokio::join!(
         repaired,
         bob.watch_none(|e| is_presence(e, &ja, Some("unavailable")), quiet),

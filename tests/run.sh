@@ -229,9 +229,9 @@ cargo test --all-targets --no-fail-fast
 
 # The integration binaries that lean on the store again, in the embedded mode: their servers
 # on an SQLite file and liveness in process (an empty REDIS_URL means no Redis). The store
-# tests themselves already run every case on both stores.
+# tests themselves (store, store_extra, gate_inputs, ...) run every case on both stores.
 PRESENCED_TEST_STORE=sqlite REDIS_URL= cargo test --no-fail-fast \
-  --test roster_sql --test privacy --test limits --test gate_inputs --test presence_property
+  --test roster_sql --test privacy --test limits --test presence_property
 # PEP on the embedded store; its cluster case needs Redis and ran above.
 PRESENCED_TEST_STORE=sqlite REDIS_URL= cargo test --no-fail-fast --test pep -- --skip cluster
 
