@@ -13,6 +13,8 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
+mod common;
+
 const WAIT: Duration = Duration::from_secs(20);
 
 fn database_url() -> String {
@@ -1176,7 +1178,10 @@ async fn container_image_builds_and_serves_clients_with_the_embedded_default() {
     let engine = match container_engine().await {
         Ok(engine) => engine,
         Err(why) => {
-            println!("SKIPPED container_image_builds_and_serves_clients_with_the_embedded_default: no container engine answers ({why})");
+            common::skip(
+                "container_image_builds_and_serves_clients_with_the_embedded_default",
+                &format!("no container engine answers ({why})"),
+            );
             return;
         }
     };

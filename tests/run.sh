@@ -57,7 +57,16 @@ cleanup() {
     wait "$pid" 2>/dev/null || true
   done
   if [ -n "$PRIVATE_DIR" ]; then rm -rf "$PRIVATE_DIR"; fi
+  if [ -s "$PRESENCED_SKIP_LOG" ]; then
+    echo "tests that skipped themselves at run time ($(sort -u "$PRESENCED_SKIP_LOG" | wc -l)):"
+    sort -u "$PRESENCED_SKIP_LOG" | sed 's/^/  /'
+  fi
+  rm -f "$PRESENCED_SKIP_LOG"
 }
+# Tests that return early because something they need is missing write a line here
+# (tests/common `skip`); cleanup prints them, so a skip never reads as a pass.
+PRESENCED_SKIP_LOG="$(mktemp /tmp/presenced-skipped.XXXXXX)"
+export PRESENCED_SKIP_LOG
 trap cleanup EXIT
 
 # PostgreSQL refuses to run as root: a private cluster then belongs to the postgres user
