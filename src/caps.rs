@@ -13,10 +13,18 @@
 //! features it was answered with ([`CapsCache::session_features`]) so that a forgotten
 //! `ver` costs a new query, never a lost notification.
 //!
+//! A client that announces `ver` after `ver` and answers nothing must not use up the
+//! outstanding queries the node's other clients need: one session has at most
+//! `[limits] max_caps_queries_per_session` queries outstanding (a further `ver` is not
+//! asked; its next presence asks again once one is answered), and a query unanswered
+//! after `[limits] caps_query_timeout` is dropped, so the next client announcing that
+//! `ver` is asked instead of waiting for a session that never answers.
+//!
 //! This is node state (one cache per node); nothing here sends a stanza.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use sha1::Digest;
@@ -166,6 +174,8 @@ pub struct Pending {
     pub asked: String,
     /// Full JIDs that announced the same `ver` meanwhile.
     pub waiting: Vec<String>,
+    /// When the query was sent; past the timeout it no longer holds the `ver`.
+    pub asked_at: Instant,
 }
 
 /// What [`CapsCache::lookup`] found for a presence's `<c/>`.
@@ -193,14 +203,19 @@ struct Inner {
 /// The node's capabilities cache.
 pub struct CapsCache {
     max: usize,
+    per_session: usize,
+    timeout: Duration,
     inner: Mutex<Inner>,
 }
 
 impl CapsCache {
-    /// A cache remembering at most `max` `ver`s.
-    pub fn new(max: usize) -> CapsCache {
+    /// A cache remembering at most `max` `ver`s, with at most as many queries outstanding,
+    /// `per_session` of them asked of one session, each dropped `timeout` after it was sent.
+    pub fn new(max: usize, per_session: usize, timeout: Duration) -> CapsCache {
         CapsCache {
             max: max.max(1),
+            per_session: per_session.max(1),
+            timeout,
             inner: Mutex::default(),
         }
     }
@@ -211,22 +226,44 @@ impl CapsCache {
 
     /// What is known about `caps` announced by `full`.
     pub fn lookup(&self, full: &str, caps: &Caps) -> Lookup {
+        self.lookup_at(full, caps, Instant::now())
+    }
+
+    /// [`Self::lookup`] at time `now`.
+    fn lookup_at(&self, full: &str, caps: &Caps, now: Instant) -> Lookup {
         let mut g = self.lock();
         if let Some(f) = g.by_ver.get(&caps.ver) {
             let f = Arc::clone(f);
             g.sessions.insert(full.to_owned(), Arc::clone(&f));
             return Lookup::Known(f);
         }
+        // Whoever waited for an expired query of this `ver` waits for the new one.
+        let mut waiting = Vec::new();
         if let Some(id) = g.pending_ver.get(&caps.ver).cloned() {
-            if let Some(p) = g.pending.get_mut(&id) {
-                if p.waiting.len() < self.max && !p.waiting.iter().any(|w| w == full) {
-                    p.waiting.push(full.to_owned());
+            match g.pending.get_mut(&id) {
+                Some(p) if now.duration_since(p.asked_at) < self.timeout => {
+                    if p.waiting.len() < self.max && !p.waiting.iter().any(|w| w == full) {
+                        p.waiting.push(full.to_owned());
+                    }
+                    return Lookup::Waiting;
+                }
+                _ => {
+                    if let Some(p) = g.pending.remove(&id) {
+                        waiting = p.waiting;
+                    }
+                    g.pending_ver.remove(&caps.ver);
                 }
             }
-            return Lookup::Waiting;
         }
         if g.pending.len() >= self.max {
+            self.drop_expired(&mut g, now);
+        }
+        let asked_of_this_session = g.pending.values().filter(|p| p.asked == full).count();
+        if g.pending.len() >= self.max || asked_of_this_session >= self.per_session {
             return Lookup::Waiting;
+        }
+        if !waiting.iter().any(|w| w == full) {
+            waiting.push(full.to_owned());
         }
         g.next_id += 1;
         let id = format!("caps-{}", g.next_id);
@@ -236,10 +273,26 @@ impl CapsCache {
             Pending {
                 caps: caps.clone(),
                 asked: full.to_owned(),
-                waiting: vec![full.to_owned()],
+                waiting,
+                asked_at: now,
             },
         );
         Lookup::Ask(id)
+    }
+
+    /// Drops the queries unanswered for longer than the timeout.
+    fn drop_expired(&self, g: &mut Inner, now: Instant) {
+        let expired: Vec<String> = g
+            .pending
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.asked_at) >= self.timeout)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            if let Some(p) = g.pending.remove(&id) {
+                g.pending_ver.remove(&p.caps.ver);
+            }
+        }
     }
 
     /// An answer (result or error) to query `id` from `from`: the pending query, if `id`
@@ -380,7 +433,7 @@ mod tests {
 
     #[test]
     fn one_query_per_ver_and_the_cache_is_bounded() {
-        let cache = CapsCache::new(2);
+        let cache = CapsCache::new(2, 4, Duration::from_secs(30));
         let caps = |v: &str| Caps {
             node: "n".into(),
             ver: v.into(),
@@ -416,7 +469,7 @@ mod tests {
 
     #[test]
     fn an_unverified_answer_is_believed_only_about_its_own_session() {
-        let cache = CapsCache::new(4);
+        let cache = CapsCache::new(4, 4, Duration::from_secs(30));
         let caps = Caps {
             node: "n".into(),
             ver: "v".into(),
@@ -435,7 +488,7 @@ mod tests {
 
     #[test]
     fn a_query_never_answered_is_dropped_with_its_session() {
-        let cache = CapsCache::new(1);
+        let cache = CapsCache::new(1, 4, Duration::from_secs(30));
         let caps = |v: &str| Caps {
             node: "n".into(),
             ver: v.into(),
@@ -449,5 +502,82 @@ mod tests {
         ));
         cache.forget_session("a@x/1");
         assert!(matches!(cache.lookup("b@x/1", &caps("v1")), Lookup::Ask(_)));
+    }
+
+    #[test]
+    fn one_session_has_at_most_its_share_of_outstanding_queries() {
+        let cache = CapsCache::new(10, 2, Duration::from_secs(30));
+        let caps = |v: &str| Caps {
+            node: "n".into(),
+            ver: v.into(),
+            hash: "sha-1".into(),
+        };
+        let t = Instant::now();
+        assert!(matches!(
+            cache.lookup_at("m@x/1", &caps("v1"), t),
+            Lookup::Ask(_)
+        ));
+        assert!(matches!(
+            cache.lookup_at("m@x/1", &caps("v2"), t),
+            Lookup::Ask(_)
+        ));
+        for i in 3..20 {
+            assert!(matches!(
+                cache.lookup_at("m@x/1", &caps(&format!("v{i}")), t),
+                Lookup::Waiting
+            ));
+        }
+        // Room is left for everyone else.
+        assert!(matches!(
+            cache.lookup_at("a@x/1", &caps("w"), t),
+            Lookup::Ask(_)
+        ));
+    }
+
+    #[test]
+    fn a_query_unanswered_past_the_timeout_is_asked_of_the_next_client() {
+        let timeout = Duration::from_secs(30);
+        let cache = CapsCache::new(2, 1, timeout);
+        let caps = |v: &str| Caps {
+            node: "n".into(),
+            ver: v.into(),
+            hash: "sha-1".into(),
+        };
+        let t = Instant::now();
+        let Lookup::Ask(old) = cache.lookup_at("m@x/1", &caps("v1"), t) else {
+            panic!("first sight asks");
+        };
+        // Within the timeout the same ver waits for the query sent.
+        let soon = t + timeout - Duration::from_millis(1);
+        assert!(matches!(
+            cache.lookup_at("b@x/1", &caps("v1"), soon),
+            Lookup::Waiting
+        ));
+        // Past it: the next client with that ver is asked, and whoever waited still waits
+        // for the answer; the late answer to the dropped query is not taken.
+        let late = t + timeout;
+        let Lookup::Ask(id) = cache.lookup_at("d@x/1", &caps("v1"), late) else {
+            panic!("an expired query is asked again");
+        };
+        assert!(cache.answered(&old, "m@x/1").is_none());
+        let p = cache.answered(&id, "d@x/1").expect("pending");
+        assert!(p.waiting.iter().any(|w| w == "b@x/1"), "{:?}", p.waiting);
+        // A full table asks nobody else until a query in it expires.
+        assert!(matches!(
+            cache.lookup_at("c@x/1", &caps("v2"), late),
+            Lookup::Ask(_)
+        ));
+        assert!(matches!(
+            cache.lookup_at("f@x/1", &caps("v3"), late),
+            Lookup::Ask(_)
+        ));
+        assert!(matches!(
+            cache.lookup_at("g@x/1", &caps("v4"), late),
+            Lookup::Waiting
+        ));
+        assert!(matches!(
+            cache.lookup_at("g@x/1", &caps("v4"), late + timeout),
+            Lookup::Ask(_)
+        ));
     }
 }

@@ -598,6 +598,13 @@ pub struct LimitsConfig {
     /// XEP-0115 entity capabilities remembered (the features of one `ver` each), oldest
     /// forgotten first; a forgotten `ver` is asked again at the client's next presence.
     pub max_caps_entries: usize,
+    /// XEP-0115 disco#info queries one session may have outstanding; a further `ver` it
+    /// announces is not asked about until one is answered (or times out).
+    pub max_caps_queries_per_session: usize,
+    /// Seconds a XEP-0115 disco#info query waits for its answer; then the next client
+    /// announcing that `ver` is asked instead.
+    #[serde(with = "secs")]
+    pub caps_query_timeout: Duration,
     /// Presence stanzas held for one session while its client says it is inactive
     /// (XEP-0352), one per contact resource; one more flushes everything held.
     pub max_csi_held_presences: usize,
@@ -666,6 +673,8 @@ impl Default for LimitsConfig {
             max_avatar_hash_entries: 100_000,
             avatar_hash_ttl: Duration::from_secs(30),
             max_caps_entries: 1000,
+            max_caps_queries_per_session: 2,
+            caps_query_timeout: Duration::from_secs(30),
             max_csi_held_presences: 500,
             max_interest_items: 500,
             interest_ttl: Duration::from_secs(300),
@@ -1178,6 +1187,10 @@ impl Config {
             ("max_vcard_size", l.max_vcard_size),
             ("max_avatar_hash_entries", l.max_avatar_hash_entries),
             ("max_caps_entries", l.max_caps_entries),
+            (
+                "max_caps_queries_per_session",
+                l.max_caps_queries_per_session,
+            ),
             ("max_csi_held_presences", l.max_csi_held_presences),
             ("max_interest_items", l.max_interest_items),
             ("sm_max_unacked", l.sm_max_unacked),
@@ -1421,6 +1434,11 @@ mod tests {
         assert_eq!(cl.max_avatar_hash_entries, dl.max_avatar_hash_entries);
         assert_eq!(cl.avatar_hash_ttl, dl.avatar_hash_ttl);
         assert_eq!(cl.max_caps_entries, dl.max_caps_entries);
+        assert_eq!(
+            cl.max_caps_queries_per_session,
+            dl.max_caps_queries_per_session
+        );
+        assert_eq!(cl.caps_query_timeout, dl.caps_query_timeout);
         assert_eq!(cl.max_csi_held_presences, dl.max_csi_held_presences);
         assert_eq!(cl.max_interest_items, dl.max_interest_items);
         assert_eq!(cl.interest_ttl, dl.interest_ttl);

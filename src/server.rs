@@ -78,7 +78,11 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         max_directed: config.limits.max_directed_presences,
         max_revealed: config.limits.max_revealed_per_session,
     }));
-    let caps = crate::caps::CapsCache::new(config.limits.max_caps_entries);
+    let caps = crate::caps::CapsCache::new(
+        config.limits.max_caps_entries,
+        config.limits.max_caps_queries_per_session,
+        config.limits.caps_query_timeout,
+    );
     let avatar_hashes = crate::cluster::cache::Cache::new(
         config.limits.max_avatar_hash_entries,
         config.limits.avatar_hash_ttl,

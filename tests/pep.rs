@@ -124,6 +124,44 @@ async fn caps_online(
     caps_online_with(ts, name, res, interests, asked, false).await
 }
 
+/// One session announcing many `ver`s and answering none of the server's disco#info
+/// queries must not use up the node's outstanding queries: a later client with a new
+/// `ver` is still asked (else nobody's PEP notifications reach it). Each session has at
+/// most `[limits] max_caps_queries_per_session` queries outstanding.
+#[tokio::test]
+async fn a_session_that_never_answers_caps_queries_does_not_stop_others_being_asked() {
+    let ts = TestServer::start(|c| {
+        c.limits.max_caps_entries = 10;
+    })
+    .await;
+    ts.user("mallory").await;
+    ts.user("alice").await;
+    let mut mallory = ts.login("mallory", "pc").await;
+    let me = format!("{}/pc", ts.jid("mallory"));
+    for i in 0..40 {
+        mallory
+            .send(&el(&format!(
+                "<presence xmlns='jabber:client'><c xmlns='{NS_CAPS}' hash='sha-1' \
+                 node='{CLIENT_NODE}' ver='bogus{i}='/></presence>"
+            )))
+            .await;
+    }
+    barrier(&ts, &mut mallory).await;
+    let asked = mallory
+        .backlog
+        .iter()
+        .filter(|e| e.name == "iq" && e.get_child("query", NS_DISCO_INFO).is_some())
+        .count();
+    assert!(
+        asked <= ts.config.limits.max_caps_queries_per_session,
+        "{asked} queries outstanding for {me}"
+    );
+    // alice announces a ver nobody has: she is asked, and her answer is learnt.
+    let alice = caps_online(&ts, "alice", "pc", &[NICK], true).await;
+    drop((alice, mallory));
+    ts.stop().await;
+}
+
 fn publish_iq(node: &str, id: &str, payload: &str, options: &[(&str, &str)]) -> Element {
     let mut xml = format!(
         "<pubsub xmlns='{NS_PUBSUB}'><publish node='{node}'><item id='{id}'>{payload}</item></publish>"

@@ -74,6 +74,12 @@ pub fn restart_only_limits(l: &LimitsConfig) -> String {
             l.connections_per_ip_per_minute,
             l.max_directed_presences,
             l.max_revealed_per_session,
+            // The capabilities cache is built once at start.
+            (
+                l.max_caps_entries,
+                l.max_caps_queries_per_session,
+                l.caps_query_timeout,
+            ),
             (
                 l.auth_backoff_failures,
                 l.auth_backoff_window_ms,
