@@ -504,6 +504,12 @@ pub struct AuthConfig {
     pub scram_iterations: u32,
     /// XEP-0077 in-band registration of new accounts (off by default: spam).
     pub allow_registration: bool,
+    /// In-band registrations one source address (an IPv6 /64) may make per hour, as a
+    /// budget that refills evenly over the hour; beyond it resource-constraint (wait).
+    pub registrations_per_ip_per_hour: u32,
+    /// In-band registrations this node accepts per hour from everyone together; beyond it
+    /// resource-constraint (wait).
+    pub registrations_per_hour: u32,
 }
 
 impl Default for AuthConfig {
@@ -512,6 +518,8 @@ impl Default for AuthConfig {
             allow_plain: true,
             scram_iterations: 4096,
             allow_registration: false,
+            registrations_per_ip_per_hour: 5,
+            registrations_per_hour: 100,
         }
     }
 }
@@ -1384,6 +1392,11 @@ mod tests {
         );
         assert_eq!(c.c2s.port, d.c2s.port);
         assert_eq!(c.auth.scram_iterations, d.auth.scram_iterations);
+        assert_eq!(
+            c.auth.registrations_per_ip_per_hour,
+            d.auth.registrations_per_ip_per_hour
+        );
+        assert_eq!(c.auth.registrations_per_hour, d.auth.registrations_per_hour);
         assert_eq!(c.liveness.ttl, d.liveness.ttl);
         assert_eq!(c.liveness.heartbeat_interval, d.liveness.heartbeat_interval);
         assert_eq!(c.liveness.redis_refresh, d.liveness.redis_refresh);

@@ -87,9 +87,14 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         config.limits.max_avatar_hash_entries,
         config.limits.avatar_hash_ttl,
     );
+    let registrations = crate::rate_limit::SourceBudget::per_hour(
+        config.auth.registrations_per_ip_per_hour,
+        config.auth.registrations_per_hour,
+    );
     let shared = Arc::new(Shared {
         caps,
         avatar_hashes,
+        registrations,
         live: Arc::new(crate::node::live::Live::new(&config)),
         config,
         store,

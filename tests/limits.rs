@@ -661,3 +661,72 @@ async fn directed_presence_to_900_remote_domains_leaves_nothing_after_logout() {
     assert_eq!(ts.shared().sessions.tracked(), 0);
     ts.stop().await;
 }
+
+/// XEP-0077 registration from `ip`, on a fresh connection after STARTTLS; the answer's
+/// type and, for an error, its condition.
+async fn register_from(ts: &TestServer, ip: &str, user: &str) -> (String, String) {
+    let mut c = Client::tcp_from(ts, ip.parse().expect("an address")).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(ts).await;
+    c.send(&el(&format!(
+        "<iq xmlns='jabber:client' type='set' id='reg'><query xmlns='jabber:iq:register'>\
+         <username>{user}</username><password>pw</password></query></iq>"
+    )))
+    .await;
+    let r = c
+        .expect(|e| e.name == "iq" && e.get_attr("id") == Some("reg"))
+        .await;
+    let ty = r.get_attr("type").unwrap_or("").to_owned();
+    let cond = if ty == "error" {
+        stanza_error(&r)
+    } else {
+        String::new()
+    };
+    (ty, cond)
+}
+
+/// In-band registration is budgeted per source address and for the whole node: one
+/// connection (or one address opening many) cannot create accounts without end. Beyond a
+/// budget the answer is resource-constraint (type wait) and no account is created.
+#[tokio::test]
+async fn in_band_registration_is_rate_limited_per_address_and_per_node() {
+    let ts = TestServer::start(|c| {
+        c.auth.allow_registration = true;
+        c.auth.registrations_per_ip_per_hour = 3;
+        c.auth.registrations_per_hour = 5;
+    })
+    .await;
+    for i in 0..3 {
+        let r = register_from(&ts, "127.0.0.1", &format!("a{i}")).await;
+        assert_eq!(r.0, "result", "registration {i} from .1: {r:?}");
+    }
+    let r = register_from(&ts, "127.0.0.1", "a3").await;
+    assert_eq!(
+        r,
+        ("error".into(), "resource-constraint".into()),
+        "4th from .1"
+    );
+    // Another address has its own budget, until the node's is spent.
+    for i in 0..2 {
+        let r = register_from(&ts, "127.0.0.2", &format!("b{i}")).await;
+        assert_eq!(r.0, "result", "registration {i} from .2: {r:?}");
+    }
+    let r = register_from(&ts, "127.0.0.3", "c0").await;
+    assert_eq!(
+        r,
+        ("error".into(), "resource-constraint".into()),
+        "6th on the node"
+    );
+    // Refused registrations created nothing.
+    for u in ["a3", "c0"] {
+        assert!(
+            !ts.shared()
+                .store
+                .account_exists(u, &ts.domain)
+                .await
+                .unwrap(),
+            "{u} was not created"
+        );
+    }
+    ts.stop().await;
+}

@@ -46,6 +46,16 @@ impl Secured {
                 .reply_to(iq)
                 .unwrap_or_else(|| iq_result(iq));
         };
+        // Taken only for a well-formed request, before the store is asked whether the name is
+        // free, so a refused attempt tells nothing about the name either.
+        if !self.link.shared.registrations.take(self.link.peer.ip()) {
+            tracing::warn!(peer = %self.link.peer, "in-band registration budget spent; refused");
+            // XEP-0077 §3.1 lets the server refuse when it is too busy: resource-constraint,
+            // type wait (RFC 6120 §8.3.3.18), so the client may try again later.
+            return StanzaError::resource_constraint()
+                .reply_to(iq)
+                .unwrap_or_else(|| iq_result(iq));
+        }
         let local = crate::jid::node_str(&Jid::from(jid.clone())).to_owned();
         let iterations = self.link.shared.config.auth.scram_iterations;
         match self

@@ -39,7 +39,7 @@ pub enum StartError {
 pub struct ListenerPolicy {
     /// One permit per open client connection (`[limits] max_connections`).
     connections: Arc<Semaphore>,
-    /// Accept times per source IP within the current minute.
+    /// Accept times per source (an IPv4 address or an IPv6 /64) within the current minute.
     per_ip: Mutex<HashMap<IpAddr, (Instant, u32)>>,
     per_ip_max: u32,
 }
@@ -84,7 +84,10 @@ impl ListenerPolicy {
         if map.len() > 100_000 {
             map.retain(|_, (start, _)| now.duration_since(*start) < Duration::from_secs(60));
         }
-        let entry = map.entry(ip).or_insert((now, 0));
+        // An IPv6 host commonly holds a whole /64: the budget is the /64's.
+        let entry = map
+            .entry(crate::rate_limit::source_of(ip))
+            .or_insert((now, 0));
         if now.duration_since(entry.0) >= Duration::from_secs(60) {
             *entry = (now, 0);
         }

@@ -64,6 +64,8 @@ pub struct Shared {
     pub caps: crate::caps::CapsCache,
     /// XEP-0153 avatar hashes by bare JID, so an available presence costs no store read.
     pub avatar_hashes: crate::cluster::cache::Cache<Option<String>>,
+    /// XEP-0077 registrations left this hour, per source address and for this node.
+    pub registrations: crate::rate_limit::SourceBudget,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks
