@@ -639,7 +639,8 @@ pub struct LimitsConfig {
     pub stanza_burst: u32,
     /// Failed SASL attempts on one stream before it is closed (RFC 6120 §6.4.5).
     pub max_auth_failures: u32,
-    /// Failed password checks for one account, over every stream, that lock it.
+    /// Failed password checks for one account from one source address (an IPv6 /64),
+    /// over every stream, that lock the account for that source (not for others).
     pub auth_backoff_failures: u32,
     /// Milliseconds a failure counts towards the lock after the previous one.
     pub auth_backoff_window_ms: u64,
@@ -647,7 +648,7 @@ pub struct LimitsConfig {
     pub auth_backoff_base_ms: u64,
     /// Longest lock in milliseconds.
     pub auth_backoff_max_ms: u64,
-    /// Accounts the back-off table tracks at once (per node).
+    /// (Source, account) pairs the back-off table tracks at once (per node).
     pub auth_backoff_max_entries: usize,
 }
 

@@ -306,6 +306,54 @@ async fn repeated_failures_lock_the_account_without_a_password_check_until_the_d
     ts.stop().await;
 }
 
+/// One PLAIN attempt from loopback address `source` on a fresh stream; the answer.
+async fn plain_from(ts: &TestServer, source: &str, user: &str, password: &str) -> Element {
+    let mut c = Client::tcp_from(ts, source.parse().unwrap()).await;
+    c.open(&ts.domain).await.expect("stream");
+    let mut c = c.starttls(ts).await;
+    c.auth_plain(user, password).await
+}
+
+/// The back-off lock is the failing address's, not the account's: a guesser that keeps
+/// alice locked from its address cannot lock her out of one that has not failed.
+#[tokio::test]
+async fn failures_from_one_address_do_not_lock_the_owner_out_of_another() {
+    // A lock (10 s) far longer than the few logins below take.
+    let ts = TestServer::start(|c| {
+        c.limits.auth_backoff_failures = 3;
+        c.limits.auth_backoff_window_ms = 60_000;
+        c.limits.auth_backoff_base_ms = 10_000;
+        c.limits.auth_backoff_max_ms = 20_000;
+    })
+    .await;
+    ts.user("alice").await;
+    let (guesser, owner) = ("127.0.0.3", "127.0.0.4");
+    for attempt in 1..=3 {
+        let answer = plain_from(&ts, guesser, "alice", "wrong").await;
+        assert_eq!(condition(&answer), "not-authorized", "attempt {attempt}");
+    }
+    let answer = plain_from(&ts, guesser, "alice", "pw").await;
+    assert_eq!(
+        condition(&answer),
+        "not-authorized",
+        "locked from the guesser's address"
+    );
+    let answer = plain_from(&ts, owner, "alice", "pw").await;
+    assert!(
+        answer.is("success", x::NS_SASL),
+        "the owner's address: {answer}"
+    );
+    // The owner's success did not lift the guesser's lock.
+    let answer = plain_from(&ts, guesser, "alice", "pw").await;
+    assert_eq!(
+        condition(&answer),
+        "not-authorized",
+        "still locked for the guesser"
+    );
+    assert_still_serving(&ts).await;
+    ts.stop().await;
+}
+
 /// Median time of a failed PLAIN attempt for an existing account (wrong password) and
 /// for an unknown one, interleaved on one stream so load drifts affect both alike.
 async fn plain_failure_medians(ts: &TestServer, samples: usize) -> (Duration, Duration) {

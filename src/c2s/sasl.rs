@@ -92,19 +92,19 @@ impl Secured {
         }
     }
 
-    /// Per-account back-off, the same for every mechanism: true if `jid` is locked after
-    /// repeated failures, and the attempt must be refused without a password check.
+    /// Back-off per source address and account, the same for every mechanism: true if
+    /// `jid` is locked for this peer's address after repeated failures from it, and the
+    /// attempt must be refused without a password check.
     /// The refusal is RFC 6120 §6.5.10 not-authorized ("some generic authentication
     /// failure ... the receiving entity does not wish to disclose specific information
     /// about the cause"): §6.5.11 temporary-auth-failure is for an error within the
     /// server, and would tell a guesser which answers to ignore.
     fn auth_locked(&self, jid: &BareJid) -> bool {
-        let Some(left) = self
-            .link
-            .shared
-            .auth_backoff
-            .locked(jid.as_str(), std::time::Instant::now())
-        else {
+        let Some(left) = self.link.shared.auth_backoff.locked(
+            self.link.peer.ip(),
+            jid.as_str(),
+            std::time::Instant::now(),
+        ) else {
             return false;
         };
         tracing::info!(peer = %self.link.peer, %jid, ?left, "SASL refused: account locked after failures");
@@ -115,8 +115,10 @@ impl Secured {
     fn auth_checked(&self, jid: &BareJid, ok: bool) {
         let backoff = &self.link.shared.auth_backoff;
         if ok {
-            backoff.succeeded(jid.as_str());
-        } else if let Some(lock) = backoff.failed(jid.as_str(), std::time::Instant::now()) {
+            backoff.succeeded(self.link.peer.ip(), jid.as_str());
+        } else if let Some(lock) =
+            backoff.failed(self.link.peer.ip(), jid.as_str(), std::time::Instant::now())
+        {
             tracing::warn!(peer = %self.link.peer, %jid, ?lock, "SASL failures lock the account");
         }
     }

@@ -1,17 +1,26 @@
-//! Per-account back-off on failed SASL attempts.
+//! Back-off on failed SASL attempts, per source address and account.
 //!
 //! The per-stream retry limit (RFC 6120 §6.4.5) alone lets one client guess a password
-//! as fast as it can reconnect. This table counts failed password checks per account
+//! as fast as it can reconnect. This table counts failed password checks per pair of
+//! source (an IPv4 address or an IPv6 /64, [`crate::rate_limit::source_of`]) and account
 //! (the normalised bare JID that was tried, whether or not it exists, so the answer does
 //! not tell which accounts exist). Once `failures` of them fall within `window` of each
-//! other, the account is locked for `base`, doubling with each further failure up to
-//! `max`; while locked, attempts are refused without running the password check.
-//! The table is per node and holds at most `max_entries` accounts, each under a keyed
-//! 64-bit hash of its JID rather than the JID (up to 3 KB), so the bound is a few MB.
+//! other, the pair is locked for `base`, doubling with each further failure up to `max`;
+//! while locked, attempts from that source are refused without running the password
+//! check.
+//!
+//! The lock is the pair's, not the account's: a guesser that keeps an account locked
+//! from its own address cannot lock the owner out, whose address has not failed. (Keyed
+//! by account alone, 13 wrong passwords timed to each lock's end kept the owner out.) A
+//! guesser with many addresses gets `failures` tries per address per lock; the per-address
+//! connection budget (`[limits] connections_per_ip_per_minute`) bounds that further.
+//! The table is per node and holds at most `max_entries` pairs, each under a keyed 64-bit
+//! hash rather than the JID (up to 3 KB), so the bound is a few MB.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -83,26 +92,27 @@ impl AuthBackoff {
         }
     }
 
-    fn key(&self, account: &str) -> u64 {
-        self.hasher.hash_one(account)
+    fn key(&self, source: IpAddr, account: &str) -> u64 {
+        self.hasher
+            .hash_one((crate::rate_limit::source_of(source), account))
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether `account` is locked at `now`: if so the attempt must be refused without
-    /// checking the password, and the remaining time is returned (for the log).
-    pub fn locked(&self, account: &str, now: Instant) -> Option<Duration> {
-        let until = self.table().get(&self.key(account))?.locked_until?;
+    /// Whether `account` is locked for `source` at `now`: if so the attempt must be refused
+    /// without checking the password, and the remaining time is returned (for the log).
+    pub fn locked(&self, source: IpAddr, account: &str, now: Instant) -> Option<Duration> {
+        let until = self.table().get(&self.key(source, account))?.locked_until?;
         (until > now).then(|| until - now)
     }
 
-    /// Records a failed password check for `account` at `now`; returns the lock it
-    /// started, if any.
-    pub fn failed(&self, account: &str, now: Instant) -> Option<Duration> {
+    /// Records a failed password check for `account` from `source` at `now`; returns the
+    /// lock it started, if any.
+    pub fn failed(&self, source: IpAddr, account: &str, now: Instant) -> Option<Duration> {
         let policy = self.policy;
-        let key = self.key(account);
+        let key = self.key(source, account);
         let mut table = self.table();
         if !table.contains_key(&key) && table.len() >= policy.max_entries {
             table.retain(|_, e| !e.expired(&policy, now));
@@ -138,9 +148,9 @@ impl AuthBackoff {
         lock
     }
 
-    /// A successful login forgets the account's failures.
-    pub fn succeeded(&self, account: &str) {
-        let key = self.key(account);
+    /// A successful login forgets the failures of the account from that source.
+    pub fn succeeded(&self, source: IpAddr, account: &str) {
+        let key = self.key(source, account);
         self.table().remove(&key);
     }
 
@@ -159,6 +169,8 @@ impl AuthBackoff {
 mod tests {
     use super::*;
 
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+
     fn policy() -> BackoffPolicy {
         BackoffPolicy {
             failures: 3,
@@ -173,21 +185,29 @@ mod tests {
     fn locks_after_the_threshold_and_doubles_up_to_the_maximum() {
         let b = AuthBackoff::new(policy());
         let t0 = Instant::now();
-        assert_eq!(b.failed("a@x", t0), None);
-        assert_eq!(b.failed("a@x", t0), None);
-        assert_eq!(b.locked("a@x", t0), None);
-        assert_eq!(b.failed("a@x", t0), Some(Duration::from_secs(1)));
-        assert_eq!(b.locked("a@x", t0), Some(Duration::from_secs(1)));
-        assert_eq!(b.locked("b@x", t0), None, "other accounts are not affected");
+        assert_eq!(b.failed(A, "a@x", t0), None);
+        assert_eq!(b.failed(A, "a@x", t0), None);
+        assert_eq!(b.locked(A, "a@x", t0), None);
+        assert_eq!(b.failed(A, "a@x", t0), Some(Duration::from_secs(1)));
+        assert_eq!(b.locked(A, "a@x", t0), Some(Duration::from_secs(1)));
+        assert_eq!(
+            b.locked(A, "b@x", t0),
+            None,
+            "other accounts are not affected"
+        );
         let t1 = t0 + Duration::from_millis(1001);
-        assert_eq!(b.locked("a@x", t1), None, "the lock ends");
-        assert_eq!(b.failed("a@x", t1), Some(Duration::from_secs(2)));
-        assert_eq!(b.failed("a@x", t1), Some(Duration::from_secs(4)));
-        assert_eq!(b.failed("a@x", t1), Some(Duration::from_secs(5)), "bounded");
+        assert_eq!(b.locked(A, "a@x", t1), None, "the lock ends");
+        assert_eq!(b.failed(A, "a@x", t1), Some(Duration::from_secs(2)));
+        assert_eq!(b.failed(A, "a@x", t1), Some(Duration::from_secs(4)));
+        assert_eq!(
+            b.failed(A, "a@x", t1),
+            Some(Duration::from_secs(5)),
+            "bounded"
+        );
         for _ in 0..40 {
-            b.failed("a@x", t1);
+            b.failed(A, "a@x", t1);
         }
-        assert_eq!(b.locked("a@x", t1), Some(Duration::from_secs(5)));
+        assert_eq!(b.locked(A, "a@x", t1), Some(Duration::from_secs(5)));
     }
 
     #[test]
@@ -195,14 +215,14 @@ mod tests {
         let b = AuthBackoff::new(policy());
         let mut t = Instant::now();
         for _ in 0..10 {
-            assert_eq!(b.failed("a@x", t), None);
+            assert_eq!(b.failed(A, "a@x", t), None);
             t += Duration::from_secs(61);
         }
         // Within the window they do.
-        b.failed("a@x", t);
-        b.failed("a@x", t + Duration::from_secs(59));
+        b.failed(A, "a@x", t);
+        b.failed(A, "a@x", t + Duration::from_secs(59));
         assert_eq!(
-            b.failed("a@x", t + Duration::from_secs(118)),
+            b.failed(A, "a@x", t + Duration::from_secs(118)),
             Some(Duration::from_secs(1))
         );
     }
@@ -211,12 +231,12 @@ mod tests {
     fn success_forgets_the_failures() {
         let b = AuthBackoff::new(policy());
         let t = Instant::now();
-        b.failed("a@x", t);
-        b.failed("a@x", t);
-        b.succeeded("a@x");
-        assert_eq!(b.failed("a@x", t), None);
-        assert_eq!(b.failed("a@x", t), None);
-        assert!(b.failed("a@x", t).is_some());
+        b.failed(A, "a@x", t);
+        b.failed(A, "a@x", t);
+        b.succeeded(A, "a@x");
+        assert_eq!(b.failed(A, "a@x", t), None);
+        assert_eq!(b.failed(A, "a@x", t), None);
+        assert!(b.failed(A, "a@x", t).is_some());
     }
 
     #[test]
@@ -225,23 +245,51 @@ mod tests {
         let t0 = Instant::now();
         // A locked account, then three that expire.
         for _ in 0..3 {
-            b.failed("locked@x", t0 + Duration::from_secs(100));
+            b.failed(A, "locked@x", t0 + Duration::from_secs(100));
         }
         for i in 0..3 {
-            b.failed(&format!("old{i}@x"), t0);
+            b.failed(A, &format!("old{i}@x"), t0);
         }
         assert_eq!(b.len(), 4);
         let t1 = t0 + Duration::from_secs(100);
-        b.failed("new@x", t1);
+        b.failed(A, "new@x", t1);
         assert_eq!(b.len(), 2, "expired entries dropped");
-        assert!(b.locked("locked@x", t1).is_some(), "live lock kept");
+        assert!(b.locked(A, "locked@x", t1).is_some(), "live lock kept");
         for i in 0..10 {
-            b.failed(&format!("spray{i}@x"), t1 + Duration::from_millis(i));
+            b.failed(A, &format!("spray{i}@x"), t1 + Duration::from_millis(i));
             assert!(b.len() <= 4);
         }
         assert!(
-            b.locked("locked@x", t1).is_some(),
+            b.locked(A, "locked@x", t1).is_some(),
             "locked accounts are the last to go"
         );
+    }
+
+    #[test]
+    fn a_lock_is_the_failing_sources_and_an_ipv6_source_is_its_slash_64() {
+        let b = AuthBackoff::new(policy());
+        let t = Instant::now();
+        let owner: IpAddr = "198.51.100.7".parse().unwrap();
+        for _ in 0..3 {
+            b.failed(A, "a@x", t);
+        }
+        assert!(b.locked(A, "a@x", t).is_some());
+        assert_eq!(
+            b.locked(owner, "a@x", t),
+            None,
+            "the owner's address has not failed"
+        );
+        // The owner's success forgets only the owner's own failures.
+        b.succeeded(owner, "a@x");
+        assert!(b.locked(A, "a@x", t).is_some());
+        // Addresses of one /64 are one source.
+        let (v6a, v6b): (IpAddr, IpAddr) = (
+            "2001:db8::1".parse().unwrap(),
+            "2001:db8::2:3".parse().unwrap(),
+        );
+        for _ in 0..3 {
+            b.failed(v6a, "c@x", t);
+        }
+        assert!(b.locked(v6b, "c@x", t).is_some());
     }
 }
