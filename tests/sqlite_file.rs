@@ -188,3 +188,57 @@ async fn every_connection_gets_the_configured_page_cache_and_the_readers_their_c
         assert_eq!(cache, -200);
     }
 }
+
+/// The file holds every account's SCRAM StoredKey and ServerKey: a new one, and the WAL
+/// beside it, are readable by the server's user only.
+#[tokio::test]
+async fn a_new_database_file_and_its_wal_are_private_to_the_servers_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = scratch("private.db");
+    let store = open(&path).await.expect("open");
+    store
+        .create_account("alice", "example.org", "pw", 4096)
+        .await
+        .expect("a write, so the WAL exists");
+    for p in [
+        path.clone(),
+        PathBuf::from(format!("{}-wal", path.display())),
+    ] {
+        let mode = std::fs::metadata(&p)
+            .expect("file exists")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{}: mode {:o}", p.display(), mode & 0o777);
+    }
+}
+
+/// As sshd does with its files: an operator's migrations directory, or a file in it, that
+/// another local user may write would let that user run SQL as the server (as root, when
+/// `migrate` runs as root). It is refused, naming the path, and nothing is applied.
+#[tokio::test]
+async fn operator_migrations_that_others_may_write_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = scratch("migrations.db");
+    let store = Store::connect(&format!("sqlite://{}", path.display()), 2)
+        .await
+        .expect("open");
+    let dir = path.parent().unwrap().join("migrations.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("1000_mine.sql");
+    std::fs::write(&file, "CREATE TABLE mine (x INTEGER);").unwrap();
+    for (what, target, mode) in [("directory", &dir, 0o777), ("file", &file, 0o666)] {
+        std::fs::set_permissions(target, std::fs::Permissions::from_mode(mode)).unwrap();
+        let err = store.migrate(&dir).await.expect_err(what).to_string();
+        assert!(
+            err.contains(&target.display().to_string()) && err.contains("writable"),
+            "{what}: {err}"
+        );
+        let safe = if what == "directory" { 0o755 } else { 0o644 };
+        std::fs::set_permissions(target, std::fs::Permissions::from_mode(safe)).unwrap();
+    }
+    store.migrate(&dir).await.expect("applied once private");
+    sqlx::query("SELECT x FROM mine")
+        .execute(store.sqlite_pool().expect("SQLite"))
+        .await
+        .expect("the operator's table exists");
+}

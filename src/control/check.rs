@@ -62,6 +62,8 @@ pub async fn files(config: &Config) -> Vec<Finding> {
             "[database] migrations {}: not a directory",
             dir.display()
         )));
+    } else if let Err(e) = crate::store::refuse_writable_by_others(dir) {
+        out.push(fail(format!("[database] migrations: {e}")));
     } else {
         match sqlx::migrate::Migrator::new(dir.as_path()).await {
             Ok(m) => out.push(ok(format!(

@@ -611,6 +611,7 @@ impl Store {
         // tolerated, edited files are still refused by their checksums.
         builtin.set_ignore_missing(true);
         let own = if dir.is_dir() {
+            refuse_writable_by_others(dir)?;
             let mut own = sqlx::migrate::Migrator::new(dir).await.map_err(|source| {
                 StoreError::MigrationsDir {
                     dir: dir.display().to_string(),
@@ -675,4 +676,46 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Refuses an operator's migrations directory, or a `.sql` file in it, that a user other
+/// than its owner may write (group or others' write bit), as sshd refuses such key files:
+/// whoever can write there runs SQL as the server, and `presenced migrate` is often run
+/// as root.
+pub(crate) fn refuse_writable_by_others(dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    let refuse = |path: &Path, mode: u32| {
+        Err(StoreError::Migrate(sqlx::migrate::MigrateError::Source(
+            format!(
+                "{}: mode {:o} is writable by other users; the operator's migrations must \
+                 be writable by their owner only (chmod go-w)",
+                path.display(),
+                mode & 0o777
+            )
+            .into(),
+        )))
+    };
+    let writable = |m: &std::fs::Metadata| m.permissions().mode() & 0o022 != 0;
+    let meta = std::fs::metadata(dir).map_err(|e| StoreError::MigrationsDir {
+        dir: dir.display().to_string(),
+        source: sqlx::migrate::MigrateError::Source(Box::new(e)),
+    })?;
+    if writable(&meta) {
+        return refuse(dir, meta.permissions().mode());
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| StoreError::MigrationsDir {
+        dir: dir.display().to_string(),
+        source: sqlx::migrate::MigrateError::Source(Box::new(e)),
+    })?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|x| x == "sql") {
+            if let Ok(meta) = std::fs::metadata(&path) {
+                if writable(&meta) {
+                    return refuse(&path, meta.permissions().mode());
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -80,6 +80,36 @@ impl Sizes {
     }
 }
 
+/// Creates the file at `path`, if there is none, readable and writable by this process's
+/// user only: it holds every account's SCRAM StoredKey and ServerKey, and SQLite gives its
+/// `-wal` and `-shm` files the database file's mode. An existing file readable by others
+/// is left as the operator made it, with a warning. A failure here is left for the open
+/// that follows to report, naming the file.
+fn create_private(path: &Path) {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if let Ok(meta) = std::fs::metadata(path) {
+                let mode = meta.permissions().mode();
+                if mode & 0o077 != 0 {
+                    tracing::warn!(
+                        file = %path.display(),
+                        mode = format!("{:o}", mode & 0o777),
+                        "the database file (SCRAM keys) is readable by other users; chmod 600 it"
+                    );
+                }
+            }
+        }
+        Err(_) => {}
+    }
+}
+
 /// Connection options shared by both pools.
 fn options(path: &Path, sizes: Sizes) -> SqliteConnectOptions {
     SqliteConnectOptions::new()
@@ -98,6 +128,7 @@ impl Pools {
     /// `sizes.readers` readers, and checks it is an SQLite database. A statement waits
     /// up to `sizes.busy_timeout` for another process's lock.
     pub async fn open(path: &Path, sizes: Sizes) -> Result<Pools, StoreError> {
+        create_private(path);
         let busy_timeout = sizes.busy_timeout;
         let named =
             |e: sqlx::Error| file_error(path, busy_timeout, &e).unwrap_or(StoreError::Database(e));
