@@ -616,6 +616,15 @@ pub struct LimitsConfig {
     /// Presence stanzas held for one session while its client says it is inactive
     /// (XEP-0352), one per contact resource; one more flushes everything held.
     pub max_csi_held_presences: usize,
+    /// Bytes of presence held for one inactive session (XEP-0352), all senders together;
+    /// one more byte flushes everything held, as the count does.
+    pub max_csi_held_bytes: usize,
+    /// Bytes of held presence one sender may take of a session's
+    /// `max_csi_held_bytes`: a sender is a bare JID of the session's own domain, or a whole
+    /// remote domain (whose server names its JIDs at will). Beyond it the sender's oldest
+    /// held presence is written at once (not dropped); a presence larger than this is
+    /// never held.
+    pub max_csi_held_bytes_per_sender: usize,
     /// Contacts one session may name in its interest list (`urn:presenced:interest:0`),
     /// whose presence passes at once while the client is inactive; more get not-acceptable.
     pub max_interest_items: usize,
@@ -631,8 +640,16 @@ pub struct LimitsConfig {
     /// Stanzas written to one XEP-0198 session and not yet acknowledged that the server
     /// keeps for redelivery; one more ends the stream with resource-constraint.
     pub sm_max_unacked: usize,
+    /// Bytes of the stanzas written to one XEP-0198 session and not yet acknowledged (or
+    /// kept while it is detached); one more ends the stream with resource-constraint, as
+    /// `sm_max_unacked` does. At least twice `max_stanza_size`.
+    pub sm_max_unacked_bytes: usize,
     /// Stanzas queued for one session before it is treated as stalled and disconnected.
     pub session_queue: usize,
+    /// Bytes of the stanzas queued for one session and not yet taken by its writer; a
+    /// stanza that would go beyond (unless the queue is empty) disconnects the session, as
+    /// a full `session_queue` does. At least twice `max_stanza_size`.
+    pub session_queue_bytes: usize,
     /// Stanzas per second a client may send on average (policy-violation beyond the burst).
     pub stanzas_per_second: u32,
     /// How many stanzas above the average rate may arrive at once.
@@ -685,11 +702,15 @@ impl Default for LimitsConfig {
             max_caps_queries_per_session: 2,
             caps_query_timeout: Duration::from_secs(30),
             max_csi_held_presences: 500,
+            max_csi_held_bytes: 1024 * 1024,
+            max_csi_held_bytes_per_sender: 64 * 1024,
             max_interest_items: 500,
             interest_ttl: Duration::from_secs(300),
             sm_resume_timeout: Duration::from_secs(300),
             sm_max_unacked: 500,
+            sm_max_unacked_bytes: 2 * 1024 * 1024,
             session_queue: 1024,
+            session_queue_bytes: 2 * 1024 * 1024,
             stanzas_per_second: 50,
             stanza_burst: 200,
             max_auth_failures: 3,
@@ -1213,6 +1234,22 @@ impl Config {
                 ));
             }
         }
+        if l.session_queue_bytes < 2 * l.max_stanza_size
+            || l.sm_max_unacked_bytes < 2 * l.max_stanza_size
+        {
+            // What the server writes can be a little larger than what it accepts (a delay
+            // stamp, a carbons wrapper): any one stanza must fit with room to spare.
+            return bad(
+                "[limits] session_queue_bytes and sm_max_unacked_bytes must be at least twice max_stanza_size",
+            );
+        }
+        if l.max_csi_held_bytes_per_sender == 0
+            || l.max_csi_held_bytes_per_sender > l.max_csi_held_bytes
+        {
+            return bad(
+                "[limits] max_csi_held_bytes_per_sender must be between 1 and max_csi_held_bytes",
+            );
+        }
         if (l.max_revealed_per_session as i64) < l.max_roster_items {
             // A broadcast to a full roster must be able to record every contact it reaches.
             return bad("[limits] max_revealed_per_session must be at least max_roster_items");
@@ -1458,6 +1495,13 @@ mod tests {
         assert_eq!(cl.interest_ttl, dl.interest_ttl);
         assert_eq!(cl.sm_resume_timeout, dl.sm_resume_timeout);
         assert_eq!(cl.sm_max_unacked, dl.sm_max_unacked);
+        assert_eq!(cl.sm_max_unacked_bytes, dl.sm_max_unacked_bytes);
+        assert_eq!(cl.session_queue_bytes, dl.session_queue_bytes);
+        assert_eq!(cl.max_csi_held_bytes, dl.max_csi_held_bytes);
+        assert_eq!(
+            cl.max_csi_held_bytes_per_sender,
+            dl.max_csi_held_bytes_per_sender
+        );
     }
 
     #[test]
@@ -1494,6 +1538,18 @@ mod tests {
         assert!(c.validate().is_err());
         c.limits.max_offline_messages = c.limits.session_queue - 1;
         assert!(c.validate().is_ok());
+        // Byte budgets: any one stanza fits a session's queues; a sender's share fits the
+        // session's holding.
+        for bad in [
+            |l: &mut LimitsConfig| l.session_queue_bytes = 2 * l.max_stanza_size - 1,
+            |l: &mut LimitsConfig| l.sm_max_unacked_bytes = 2 * l.max_stanza_size - 1,
+            |l: &mut LimitsConfig| l.max_csi_held_bytes_per_sender = 0,
+            |l: &mut LimitsConfig| l.max_csi_held_bytes_per_sender = l.max_csi_held_bytes + 1,
+        ] {
+            let mut c = Config::default();
+            bad(&mut c.limits);
+            assert!(c.validate().is_err());
+        }
     }
 
     #[test]

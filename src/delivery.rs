@@ -588,7 +588,11 @@ pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
             continue;
         }
         let domain = bare.domain().as_str();
-        session.send(crate::offline::stamped(el, domain, m.stored_at));
+        // Paced to the session's mailbox budget: the user's kept messages may together be
+        // more than it takes at once, and must not end the session they are handed to.
+        session
+            .send_paced(crate::offline::stamped(el, domain, m.stored_at))
+            .await;
     }
 }
 

@@ -6,7 +6,7 @@
 //! across an await or a socket write.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::mpsc;
@@ -49,6 +49,95 @@ pub enum Outbound {
     /// as a stanza (it is none) and never held by the client-state filter.
     SmNonza(Arc<String>),
 }
+
+impl Outbound {
+    /// The bytes this item holds while it waits in a mailbox: what the session's byte
+    /// budget (`[limits] session_queue_bytes`) counts. Control items count nothing.
+    pub fn weight(&self) -> usize {
+        match self {
+            Outbound::Stanza(el) => el.weight(),
+            Outbound::Xml(xml) | Outbound::SmNonza(xml) => xml.len(),
+            Outbound::SmEnabled(enabled) => enabled.xml.len(),
+            Outbound::Close(_)
+            | Outbound::End
+            | Outbound::Finish
+            | Outbound::ClientState(_)
+            | Outbound::Interest(_) => 0,
+        }
+    }
+}
+
+/// How much one session's mailbox may hold: `[limits] session_queue` items and
+/// `session_queue_bytes` bytes ([`Outbound::weight`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueBudget {
+    /// Items.
+    pub stanzas: usize,
+    /// Bytes.
+    pub bytes: usize,
+}
+
+impl QueueBudget {
+    /// A budget of `stanzas` items and no bound on bytes (tests of the count).
+    pub fn stanzas(stanzas: usize) -> QueueBudget {
+        QueueBudget {
+            stanzas,
+            bytes: usize::MAX,
+        }
+    }
+}
+
+/// The bytes waiting in one session's mailbox: added by whoever queues, taken off by the
+/// [`Mailbox`] as its items are received.
+#[derive(Debug)]
+struct Queued {
+    bytes: AtomicUsize,
+    budget: usize,
+    /// Woken when items leave the mailbox ([`SessionHandle::send_paced`]).
+    drained: tokio::sync::Notify,
+}
+
+/// The receiving end of a session's mailbox, which gives back each item's bytes to the
+/// session's budget as it takes the item.
+#[derive(Debug)]
+pub struct Mailbox {
+    rx: mpsc::Receiver<Outbound>,
+    queued: Arc<Queued>,
+}
+
+impl Mailbox {
+    /// The next item; `None` when every sender is gone. Cancel-safe, as
+    /// [`mpsc::Receiver::recv`] is.
+    pub async fn recv(&mut self) -> Option<Outbound> {
+        let item = self.rx.recv().await?;
+        self.took(&item);
+        Some(item)
+    }
+
+    /// The next item if one is queued.
+    pub fn try_recv(&mut self) -> Result<Outbound, mpsc::error::TryRecvError> {
+        let item = self.rx.try_recv()?;
+        self.took(&item);
+        Ok(item)
+    }
+
+    /// Bytes queued and not yet received.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued.bytes.load(Ordering::Relaxed)
+    }
+
+    fn took(&self, item: &Outbound) {
+        let w = item.weight();
+        if w > 0 {
+            self.queued.bytes.fetch_sub(w, Ordering::Relaxed);
+            self.queued.drained.notify_waiters();
+        }
+    }
+}
+
+/// How long [`SessionHandle::send_paced`] waits for room: the writer's own bound on one
+/// write, after which a client that reads nothing has lost its connection anyway.
+const PACE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A session's interest list (`urn:presenced:interest:0`): bare JIDs of contacts whose
 /// presence the client shows now, valid until `expires`.
@@ -281,6 +370,8 @@ pub struct SessionHandle {
     pub id: u64,
     /// The session's mailbox.
     tx: mpsc::Sender<Outbound>,
+    /// The bytes in it, against its budget.
+    queued: Arc<Queued>,
     /// Cancelled to end the session at once (stalled mailbox, shutdown).
     pub kill: CancellationToken,
     /// The session's state ([`SessionState`]), shared with every task that reads it.
@@ -341,15 +432,66 @@ impl SessionHandle {
         self.push(Outbound::Xml(xml))
     }
 
+    /// Queues a stanza once its bytes fit the mailbox's budget, waiting (at most
+    /// [`PACE_WAIT`]) for the writer to take what is queued: for a burst the session asked
+    /// for and whose size the server does not choose, such as the messages kept offline
+    /// (XEP-0160), which must not end the session they are handed to. Then as
+    /// [`Self::send`].
+    pub async fn send_paced(&self, stanza: Element) -> bool {
+        let w = stanza.weight();
+        let deadline = tokio::time::Instant::now() + PACE_WAIT;
+        loop {
+            let drained = self.queued.drained.notified();
+            let mut drained = std::pin::pin!(drained);
+            // Registered before the check, so a receive in between is not missed.
+            drained.as_mut().enable();
+            let q = self.queued.bytes.load(Ordering::Relaxed);
+            if q == 0 || q.saturating_add(w) <= self.queued.budget || self.tx.is_closed() {
+                break;
+            }
+            tokio::select! {
+                _ = drained => {}
+                _ = self.kill.cancelled() => return false,
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        self.send(stanza)
+    }
+
+    /// The one rule of the mailbox's budget: an item that would take it beyond its count
+    /// or its bytes (unless it is empty: any one stanza fits) ends the session. The client
+    /// is not reading what is written to it; holding more for it would let one slow or
+    /// stalled client take memory from everyone.
     fn push(&self, msg: Outbound) -> bool {
+        let w = msg.weight();
+        let before = self.queued.bytes.fetch_add(w, Ordering::Relaxed);
+        if before > 0 && before.saturating_add(w) > self.queued.budget {
+            self.queued.bytes.fetch_sub(w, Ordering::Relaxed);
+            tracing::warn!(
+                jid = %self.jid,
+                peer = ?self.origin.peer,
+                queued = before,
+                "session mailbox over its byte budget (session_queue_bytes); disconnecting"
+            );
+            self.kill.cancel();
+            return false;
+        }
         match self.tx.try_send(msg) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
-                tracing::warn!(jid = %self.jid, "session mailbox full; disconnecting");
+                self.queued.bytes.fetch_sub(w, Ordering::Relaxed);
+                tracing::warn!(
+                    jid = %self.jid,
+                    peer = ?self.origin.peer,
+                    "session mailbox full (session_queue); disconnecting"
+                );
                 self.kill.cancel();
                 false
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.queued.bytes.fetch_sub(w, Ordering::Relaxed);
+                false
+            }
         }
     }
 
@@ -462,7 +604,7 @@ pub struct Registered {
     /// The handle stored in the registry.
     pub handle: SessionHandle,
     /// The mailbox the session task drains.
-    pub rx: mpsc::Receiver<Outbound>,
+    pub rx: Mailbox,
     /// A session that bound the same full JID before and has been told to close.
     pub replaced: Option<SessionHandle>,
 }
@@ -478,7 +620,12 @@ impl Sessions {
 
     /// Registers a bound resource. An older session with the same full JID is asked to close
     /// with the `conflict` stream error (RFC 6120 §7.7.2.2, the "override" policy).
-    pub fn register(&self, jid: FullJid, queue: usize, parent: &CancellationToken) -> Registered {
+    pub fn register(
+        &self,
+        jid: FullJid,
+        queue: QueueBudget,
+        parent: &CancellationToken,
+    ) -> Registered {
         self.register_from(jid, queue, parent, Origin::now("tcp", None))
     }
 
@@ -486,15 +633,21 @@ impl Sessions {
     pub fn register_from(
         &self,
         jid: FullJid,
-        queue: usize,
+        queue: QueueBudget,
         parent: &CancellationToken,
         origin: Origin,
     ) -> Registered {
-        let (tx, rx) = mpsc::channel(queue);
+        let (tx, rx) = mpsc::channel(queue.stanzas);
+        let queued = Arc::new(Queued {
+            bytes: AtomicUsize::new(0),
+            budget: queue.bytes,
+            drained: tokio::sync::Notify::new(),
+        });
         let handle = SessionHandle {
             jid: jid.clone(),
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             tx,
+            queued: Arc::clone(&queued),
             kill: parent.child_token(),
             state: Arc::new(Mutex::new(SessionState::new(
                 self.limits,
@@ -520,7 +673,7 @@ impl Sessions {
         }
         Registered {
             handle,
-            rx,
+            rx: Mailbox { rx, queued },
             replaced,
         }
     }
@@ -682,8 +835,8 @@ mod tests {
     async fn second_bind_of_same_full_jid_replaces_and_closes_the_first() {
         let s = Sessions::default();
         let root = CancellationToken::new();
-        let mut first = s.register(full("a@x/r"), 4, &root);
-        let second = s.register(full("a@x/r"), 4, &root);
+        let mut first = s.register(full("a@x/r"), QueueBudget::stanzas(4), &root);
+        let second = s.register(full("a@x/r"), QueueBudget::stanzas(4), &root);
         assert_eq!(
             second.replaced.as_ref().map(|h| h.id),
             Some(first.handle.id)
@@ -709,7 +862,7 @@ mod tests {
             ("c", 5, true),
             ("d", 9, false),
         ] {
-            let reg = s.register(full(&format!("u@x/{r}")), 4, &root);
+            let reg = s.register(full(&format!("u@x/{r}")), QueueBudget::stanzas(4), &root);
             reg.handle.write(|p| {
                 p.available = avail;
                 p.priority = prio;
@@ -731,7 +884,7 @@ mod tests {
     async fn full_mailbox_kills_the_session() {
         let s = Sessions::default();
         let root = CancellationToken::new();
-        let reg = s.register(full("a@x/r"), 1, &root);
+        let reg = s.register(full("a@x/r"), QueueBudget::stanzas(1), &root);
         assert!(reg
             .handle
             .send(Element::new("message", crate::xml::NS_CLIENT)));

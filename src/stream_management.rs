@@ -5,8 +5,8 @@
 //!
 //! - [`Outgoing`]: the stanzas written to the client since `<enabled/>` and not yet
 //!   acknowledged, with the server's 32-bit counter (XEP-0198 §4: counters wrap at 2^32).
-//!   Bounded by `[limits] sm_max_unacked`; one more ends the stream with
-//!   `resource-constraint` (the session is then over, and what was not acknowledged is
+//!   Bounded by `[limits] sm_max_unacked` stanzas and `sm_max_unacked_bytes` bytes; one
+//!   more of either ends the stream with `resource-constraint` (the session is then over, and what was not acknowledged is
 //!   handled like any stanza for a resource that went away, RFC 6121 §8). A client's `h`
 //!   ahead by no more than the stanzas written between the bind and `<enabled/>`, or behind
 //!   its last one, keeps the stream ([`Outgoing::read`] says why); further ahead is §4's
@@ -135,8 +135,12 @@ pub struct Outgoing {
     acked: u32,
     /// Written and not acknowledged, oldest first: always `sent - acked` of them.
     queue: VecDeque<Arc<String>>,
+    /// Bytes of the stanzas in `queue`.
+    bytes: usize,
     /// Most kept at once (`[limits] sm_max_unacked`).
     max: usize,
+    /// Most bytes kept at once (`[limits] sm_max_unacked_bytes`).
+    max_bytes: usize,
     /// An `<r/>` was written and no `<a/>` came since.
     requested: bool,
     /// Stanzas written on this stream after the bind and before `<enabled/>`, which a
@@ -145,7 +149,8 @@ pub struct Outgoing {
     crossing: u32,
 }
 
-/// One stanza more than `[limits] sm_max_unacked` would be kept.
+/// One stanza more than `[limits] sm_max_unacked`, or one byte more than
+/// `sm_max_unacked_bytes`, would be kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overflow;
 
@@ -173,14 +178,17 @@ pub struct TooHigh {
 }
 
 impl Outgoing {
-    /// Not counting yet; at most `max` unacknowledged stanzas once enabled.
-    pub fn new(max: usize) -> Self {
+    /// Not counting yet; at most `max` unacknowledged stanzas of `max_bytes` bytes together
+    /// once enabled.
+    pub fn new(max: usize, max_bytes: usize) -> Self {
         Outgoing {
             enabled: false,
             sent: 0,
             acked: 0,
             queue: VecDeque::new(),
+            bytes: 0,
             max,
+            max_bytes,
             requested: false,
             crossing: 0,
         }
@@ -193,6 +201,7 @@ impl Outgoing {
         self.sent = 0;
         self.acked = 0;
         self.queue.clear();
+        self.bytes = 0;
         self.crossing = crossing;
     }
 
@@ -202,14 +211,23 @@ impl Outgoing {
     }
 
     /// Keeps a stanza being written. Counting goes on past the bound, which only tells the
-    /// caller to end the stream.
+    /// caller to end the stream. The bytes are counted whole even when the string is shared
+    /// with other sessions (a broadcast): it stays allocated as long as this queue holds it.
+    /// One stanza alone never overflows the bytes (the configuration keeps the budget above
+    /// any one stanza).
     pub fn push(&mut self, stanza: Arc<String>) -> Result<(), Overflow> {
         self.sent = self.sent.wrapping_add(1);
+        self.bytes += stanza.len();
         self.queue.push_back(stanza);
-        if self.queue.len() > self.max {
+        if self.queue.len() > self.max || (self.bytes > self.max_bytes && self.queue.len() > 1) {
             return Err(Overflow);
         }
         Ok(())
+    }
+
+    /// Bytes of the stanzas not yet acknowledged.
+    pub fn unacked_bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Reads the client's `h` against the count, modulo 2^32 (§4).
@@ -256,7 +274,7 @@ impl Outgoing {
             }
             Reading::TooHigh => return Err(TooHigh { h, sent: self.sent }),
         };
-        self.queue.drain(..newly);
+        self.bytes -= self.queue.drain(..newly).map(|s| s.len()).sum::<usize>();
         self.requested = false;
         Ok(newly)
     }
@@ -278,6 +296,7 @@ impl Outgoing {
 
     /// Takes the stanzas not yet acknowledged (the session is over).
     pub fn take_unacked(&mut self) -> VecDeque<Arc<String>> {
+        self.bytes = 0;
         std::mem::take(&mut self.queue)
     }
 
@@ -507,7 +526,7 @@ mod tests {
 
     #[test]
     fn nothing_is_counted_before_enabled_and_acks_drop_the_oldest() {
-        let mut out = Outgoing::new(10);
+        let mut out = Outgoing::new(10, usize::MAX);
         assert!(!out.should_request());
         out.enable(0);
         for i in 0..5 {
@@ -527,7 +546,7 @@ mod tests {
 
     #[test]
     fn counters_wrap_at_two_to_the_thirty_second() {
-        let mut out = Outgoing::new(10);
+        let mut out = Outgoing::new(10, usize::MAX);
         out.enable(0);
         // As if 2^32 - 2 stanzas had been sent and acknowledged already.
         out.sent = u32::MAX - 1;
@@ -545,7 +564,7 @@ mod tests {
 
     #[test]
     fn a_count_ahead_by_the_stanzas_crossing_enable_acknowledges_all_and_is_adopted() {
-        let mut out = Outgoing::new(10);
+        let mut out = Outgoing::new(10, usize::MAX);
         // Two stanzas were written between the bind and <enabled/>.
         out.enable(2);
         out.push(s("m0")).unwrap();
@@ -562,7 +581,7 @@ mod tests {
 
     #[test]
     fn a_count_behind_the_last_acknowledges_nothing() {
-        let mut out = Outgoing::new(10);
+        let mut out = Outgoing::new(10, usize::MAX);
         out.enable(0);
         for i in 0..3 {
             out.push(s(&format!("m{i}"))).unwrap();
@@ -584,7 +603,7 @@ mod tests {
 
     #[test]
     fn the_queue_is_bounded() {
-        let mut out = Outgoing::new(2);
+        let mut out = Outgoing::new(2, usize::MAX);
         out.enable(0);
         assert_eq!(out.push(s("a")), Ok(()));
         assert_eq!(out.push(s("b")), Ok(()));
@@ -592,8 +611,25 @@ mod tests {
     }
 
     #[test]
+    fn the_queue_is_bounded_in_bytes_and_acks_give_them_back() {
+        let mut out = Outgoing::new(100, 10);
+        out.enable(0);
+        // One stanza alone fits, whatever its size.
+        assert_eq!(out.push(s("0123456789ab")), Ok(()));
+        assert_eq!(out.unacked_bytes(), 12);
+        assert_eq!(out.ack(1), Ok(1));
+        assert_eq!(out.unacked_bytes(), 0);
+        assert_eq!(out.push(s("01234")), Ok(()));
+        assert_eq!(out.push(s("56789")), Ok(()));
+        assert_eq!(out.unacked_bytes(), 10);
+        assert_eq!(out.push(s("x")), Err(Overflow));
+        assert_eq!(out.take_unacked().len(), 3);
+        assert_eq!(out.unacked_bytes(), 0);
+    }
+
+    #[test]
     fn one_request_is_outstanding_until_an_ack() {
-        let mut out = Outgoing::new(10);
+        let mut out = Outgoing::new(10, usize::MAX);
         out.enable(0);
         assert!(!out.should_request(), "nothing to confirm");
         out.push(s("a")).unwrap();
@@ -607,7 +643,7 @@ mod tests {
     #[test]
     fn resume_ids_are_random_and_bound_to_their_account() {
         let reg = Resumable::default();
-        let out = Arc::new(Mutex::new(Outgoing::new(10)));
+        let out = Arc::new(Mutex::new(Outgoing::new(10, usize::MAX)));
         let (tx, _rx) = mpsc::channel(1);
         let a = reg.register("alice@x", tx.clone(), out.clone());
         let b = reg.register("alice@x", tx, out.clone());

@@ -86,7 +86,7 @@ pub(super) struct Resumption {
 /// mailbox this task now drains into the unacknowledged stanzas, the client-state filter
 /// they pass, and when the window ends.
 pub(super) struct Detached {
-    pub(super) rx: mpsc::Receiver<Outbound>,
+    pub(super) rx: crate::sessions::Mailbox,
     pub(super) csi: crate::csi::Filter,
     /// Boxed: the timer is large and only a detached session needs one.
     pub(super) until: std::pin::Pin<Box<tokio::time::Sleep>>,
@@ -131,8 +131,10 @@ pub(super) fn stream_management(
         }
         Ok(sm::Nonza::Enable { resume, max }) => {
             *handled = Some(0);
+            let limits = &shared.live.get().limits;
             let kept: sm::SharedOutgoing = Arc::new(std::sync::Mutex::new(sm::Outgoing::new(
-                shared.live.get().limits.sm_max_unacked,
+                limits.sm_max_unacked,
+                limits.sm_max_unacked_bytes,
             )));
             *out = Some(kept.clone());
             let configured = shared.live.get().limits.sm_resume_timeout;
@@ -198,7 +200,7 @@ pub(super) async fn return_unacked(
     shared: &Shared,
     jid: &FullJid,
     out: &sm::SharedOutgoing,
-    rest: Option<mpsc::Receiver<Outbound>>,
+    rest: Option<crate::sessions::Mailbox>,
 ) {
     let mut items: Vec<Arc<String>> = sm::lock(out).take_unacked().into();
     if let Some(mut rx) = rest {

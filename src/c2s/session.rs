@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::resume::{
@@ -62,7 +61,10 @@ impl Bound {
         );
         let reg = shared.sessions.register_from(
             jid.clone(),
-            shared.live.get().limits.session_queue,
+            crate::sessions::QueueBudget {
+                stanzas: shared.live.get().limits.session_queue,
+                bytes: shared.live.get().limits.session_queue_bytes,
+            },
             &shared.shutdown,
             origin,
         );
@@ -78,7 +80,17 @@ impl Bound {
             TransportKind::Tcp => shared.metrics.login_tcp(),
             TransportKind::WebSocket => shared.metrics.login_websocket(),
         }
-        let csi = crate::csi::Filter::new(shared.live.get().limits.max_csi_held_presences);
+        let csi = {
+            let limits = &shared.live.get().limits;
+            crate::csi::Filter::new(
+                crate::csi::Budget {
+                    presences: limits.max_csi_held_presences,
+                    bytes: limits.max_csi_held_bytes,
+                    per_sender: limits.max_csi_held_bytes_per_sender,
+                },
+                jid.domain().as_str(),
+            )
+        };
         let mut stop = CancellationToken::new();
         let mut writer_task = Some(tokio::spawn(write_loop(Writing {
             writer,
@@ -88,6 +100,7 @@ impl Bound {
             csi,
             out: None,
             prelude: String::new(),
+            resend: Vec::new(),
         })));
         let mut live = shared
             .liveness
@@ -118,7 +131,7 @@ impl Bound {
         let mut resumable: Option<Resumption> = None;
         let mut detached: Option<Detached> = None;
         // What the writer left in the mailbox when it ended.
-        let mut leftover: Option<mpsc::Receiver<Outbound>> = None;
+        let mut leftover: Option<crate::sessions::Mailbox> = None;
         let end = loop {
             let ev = tokio::select! {
                 _ = handle.kill.cancelled() => break None,
@@ -215,18 +228,16 @@ impl Bound {
                     };
                     let sm::Handoff { h, reader, writer, peer: from, transport: over, taken } = *handoff;
                     let Some(kept) = out.clone() else { break None };
-                    let (prelude, resent) = {
+                    let (prelude, resend) = {
                         let mut o = sm::lock(&kept);
                         // The registry checked h against the count; an h the count has
                         // passed since acknowledges nothing more.
                         let _ = o.ack(h);
                         let id = resumable.as_ref().map(|r| r.id.as_str()).unwrap_or_default();
-                        let mut prelude = sm::resumed(id, handled.unwrap_or(0));
-                        for s in o.unacked() {
-                            prelude.push_str(s);
-                        }
-                        (prelude, o.unacked_len())
+                        // The stanzas go again as they are kept: shared, not copied.
+                        (sm::resumed(id, handled.unwrap_or(0)), o.unacked().cloned().collect::<Vec<_>>())
                     };
+                    let resent = resend.len();
                     stop = CancellationToken::new();
                     writer_task = Some(tokio::spawn(write_loop(Writing {
                         writer,
@@ -236,6 +247,7 @@ impl Bound {
                         csi,
                         out: Some(kept),
                         prelude,
+                        resend,
                     })));
                     read.set(next_event(Some(reader)));
                     peer = from;

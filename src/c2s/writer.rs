@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncWriteExt, WriteHalf};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::BoxIo;
@@ -27,6 +26,9 @@ pub(super) fn serialized(item: Outbound) -> Option<Arc<String>> {
     }
 }
 
+/// Bytes gathered into one write before it is made.
+const BATCH: usize = 64 * 1024;
+
 /// How a writer ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum WriterEnd {
@@ -41,7 +43,7 @@ pub(super) enum WriterEnd {
 /// What a writer task is given.
 pub(super) struct Writing {
     pub(super) writer: WriteHalf<BoxIo>,
-    pub(super) rx: mpsc::Receiver<Outbound>,
+    pub(super) rx: crate::sessions::Mailbox,
     /// The session's end.
     pub(super) kill: CancellationToken,
     /// This writer's end (a detach or a resume).
@@ -49,14 +51,18 @@ pub(super) struct Writing {
     pub(super) csi: crate::csi::Filter,
     /// The XEP-0198 counters, once `<enabled/>` was written.
     pub(super) out: Option<sm::SharedOutgoing>,
-    /// Written before anything from the mailbox (a resumption's `<resumed/>` and the
-    /// stanzas it sends again).
+    /// Written before anything from the mailbox (a resumption's `<resumed/>`).
     pub(super) prelude: String,
+    /// Written after the prelude, before anything from the mailbox: the stanzas a
+    /// resumption sends again (XEP-0198 §5), shared with the unacknowledged queue that
+    /// still holds them, written in batches as the mailbox's items are, never copied into
+    /// one string.
+    pub(super) resend: Vec<Arc<String>>,
 }
 
 /// What a writer hands back: the mailbox and filter, for the session to go on with.
 pub(super) struct WriterOut {
-    pub(super) rx: mpsc::Receiver<Outbound>,
+    pub(super) rx: crate::sessions::Mailbox,
     pub(super) csi: crate::csi::Filter,
     pub(super) end: WriterEnd,
 }
@@ -68,8 +74,12 @@ pub(super) struct WriterOut {
 /// holds presence while the client says it is inactive. Once XEP-0198 is enabled every
 /// stanza written is kept until the client acknowledges it ([`sm::Outgoing`]), and a batch
 /// that leaves some unacknowledged ends with `<r/>` unless one is outstanding; more than
-/// `[limits] sm_max_unacked` ends the stream with `resource-constraint` (RFC 6120
-/// §4.9.3.17: the server cannot keep more for this client).
+/// `[limits] sm_max_unacked` stanzas or `sm_max_unacked_bytes` bytes ends the stream with
+/// `resource-constraint` (RFC 6120 §4.9.3.17: the server cannot keep more for this client).
+///
+/// The session's `kill` stops it at once, even in the middle of a write: a session ended
+/// for a full mailbox has a client that reads nothing, and what this task holds (its batch
+/// and the mailbox) is given back now rather than after the write's timeout.
 pub(super) async fn write_loop(w: Writing) -> WriterOut {
     let Writing {
         mut writer,
@@ -79,15 +89,21 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
         mut csi,
         mut out,
         prelude,
+        resend,
     } = w;
     let mut buf = prelude;
+    let mut resend = resend.into_iter().peekable();
     let mut end = WriterEnd::Closed;
     // Stanzas written before `<enabled/>`: a client may count some of them
     // ([`sm::Outgoing::read`]).
     let mut crossing: u32 = 0;
     loop {
         let mut closing = false;
-        if buf.is_empty() {
+        if resend.peek().is_some() {
+            while let Some(s) = resend.next_if(|_| buf.len() <= BATCH) {
+                buf.push_str(&s);
+            }
+        } else if buf.is_empty() {
             let first = tokio::select! {
                 biased;
                 m = rx.recv() => m,
@@ -142,7 +158,7 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
                     }
                     Outbound::Finish => closing = true,
                 }
-                if closing || overflow || buf.len() > 64 * 1024 {
+                if closing || overflow || buf.len() > BATCH {
                     break;
                 }
                 next = rx.try_recv().ok();
@@ -166,6 +182,10 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
                     writer.flush().await
                 }) => r,
                 _ = stop.cancelled() => {
+                    end = WriterEnd::Stopped;
+                    break;
+                }
+                _ = kill.cancelled() => {
                     end = WriterEnd::Stopped;
                     break;
                 }

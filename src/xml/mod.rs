@@ -209,6 +209,28 @@ impl Element {
         out.push('>');
     }
 
+    /// About the bytes this element holds: its strings plus a fixed cost per element,
+    /// attribute and text node for the structures around them (a little more than its
+    /// serialised length for a stanza of many small parts). What byte budgets count for an
+    /// element that is not serialised yet; a walk, without allocating.
+    pub fn weight(&self) -> usize {
+        const NODE: usize = std::mem::size_of::<Node>();
+        let attrs: usize = self
+            .attrs
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + std::mem::size_of::<(String, String)>())
+            .sum();
+        let children: usize = self
+            .children
+            .iter()
+            .map(|c| match c {
+                Node::Element(e) => e.weight(),
+                Node::Text(t) => t.len() + NODE,
+            })
+            .sum();
+        NODE + self.name.len() + self.ns.len() + attrs + children
+    }
+
     /// Serialises the element as a stanza of a client stream.
     pub fn to_xml(&self) -> String {
         let mut out = String::with_capacity(128);
