@@ -91,6 +91,7 @@ on_both!(
     sigkill_of_a_node_announces_its_users_to_viewers_on_another_node_within_t,
     a_node_restarted_under_the_same_id_produces_no_false_offline,
     resources_bound_on_other_nodes_count_against_the_per_account_limit,
+    failed_logins_are_counted_and_locked_across_nodes_per_source_address,
     a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_not_announced,
     a_stale_beat_heard_by_a_node_that_dies_before_acting_on_it_is_still_announced,
     with_the_directory_copy_a_presence_change_reads_no_directory_row,
@@ -1035,6 +1036,56 @@ async fn a_node_cut_off_from_redis_is_announced_after_t_and_shown_again_when_it_
             "the ended tab is still in the directory"
         );
         alice.idle_answering_pings(Duration::from_millis(50)).await;
+    }
+    n1.stop().await;
+    n2.stop().await;
+}
+
+/// One PLAIN attempt on `node` from loopback address `source`; the answer's name and,
+/// for a failure, its condition.
+async fn plain_from(node: &TestServer, source: &str, user: &str, pw: &str) -> String {
+    let mut c = Client::tcp_from(node, source.parse().unwrap()).await;
+    c.open(&node.domain).await.expect("stream");
+    let mut c = c.starttls(node).await;
+    let answer = c.auth_plain(user, pw).await;
+    let cond = answer.elements().next().map(|e| e.name.clone());
+    match cond {
+        Some(cond) if answer.name == "failure" => cond,
+        _ => answer.name.clone(),
+    }
+}
+
+/// The SASL back-off counts a (source, account) pair's failures on every node: a guesser
+/// spreading its attempts over the nodes gets the same tries as on one, the lock one node
+/// set holds on the other, and the owner's own address is locked out of neither.
+async fn failed_logins_are_counted_and_locked_across_nodes_per_source_address(redis: Redis) {
+    let (n1, n2) = two_nodes(redis, |c| {
+        c.limits.auth_backoff_failures = 3;
+        c.limits.auth_backoff_window_ms = 60_000;
+        c.limits.auth_backoff_base_ms = 10_000;
+        c.limits.auth_backoff_max_ms = 20_000;
+    })
+    .await;
+    n1.user("alice").await;
+    let (guesser, owner) = ("127.0.0.5", "127.0.0.6");
+    // Three failures, alternating nodes: no node alone saw three.
+    for node in [&n1, &n2, &n1] {
+        assert_eq!(
+            plain_from(node, guesser, "alice", "wrong").await,
+            "not-authorized"
+        );
+    }
+    for (name, node) in [("node 1", &n1), ("node 2", &n2)] {
+        assert_eq!(
+            plain_from(node, guesser, "alice", "pw").await,
+            "not-authorized",
+            "locked for the guesser on {name}"
+        );
+        assert_eq!(
+            plain_from(node, owner, "alice", "pw").await,
+            "success",
+            "the owner's address on {name}"
+        );
     }
     n1.stop().await;
     n2.stop().await;

@@ -48,6 +48,7 @@ macro_rules! step {
     }};
 }
 
+mod backoff;
 mod bind;
 mod negotiate;
 mod register;

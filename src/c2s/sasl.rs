@@ -1,5 +1,5 @@
 //! The SASL exchange of a client stream (RFC 6120 §6): SCRAM-SHA-256, SCRAM-SHA-1 and PLAIN,
-//! the per-account back-off, and the failures that end the stream. The mechanisms are
+//! the back-off per source address and account, and the failures that end the stream. The mechanisms are
 //! [`crate::sasl`].
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -9,7 +9,10 @@ use super::negotiate::Offer;
 use super::{limits, Authenticated, Fail, Halt, Secured};
 use crate::conditions::SaslCondition;
 use crate::error::{StreamCondition, StreamError};
+use std::net::SocketAddr;
+
 use crate::jid::{BareJid, Jid};
+use crate::node::Shared;
 use crate::sasl::scram::{self, ScramHash, ScramServer};
 use crate::xml::{self as x, Element};
 
@@ -92,37 +95,6 @@ impl Secured {
         }
     }
 
-    /// Back-off per source address and account, the same for every mechanism: true if
-    /// `jid` is locked for this peer's address after repeated failures from it, and the
-    /// attempt must be refused without a password check.
-    /// The refusal is RFC 6120 §6.5.10 not-authorized ("some generic authentication
-    /// failure ... the receiving entity does not wish to disclose specific information
-    /// about the cause"): §6.5.11 temporary-auth-failure is for an error within the
-    /// server, and would tell a guesser which answers to ignore.
-    fn auth_locked(&self, jid: &BareJid) -> bool {
-        let Some(left) = self.link.shared.auth_backoff.locked(
-            self.link.peer.ip(),
-            jid.as_str(),
-            std::time::Instant::now(),
-        ) else {
-            return false;
-        };
-        tracing::info!(peer = %self.link.peer, %jid, ?left, "SASL refused: account locked after failures");
-        true
-    }
-
-    /// Records the outcome of a password check for `jid` in the back-off table.
-    fn auth_checked(&self, jid: &BareJid, ok: bool) {
-        let backoff = &self.link.shared.auth_backoff;
-        if ok {
-            backoff.succeeded(self.link.peer.ip(), jid.as_str());
-        } else if let Some(lock) =
-            backoff.failed(self.link.peer.ip(), jid.as_str(), std::time::Instant::now())
-        {
-            tracing::warn!(peer = %self.link.peer, %jid, ?lock, "SASL failures lock the account");
-        }
-    }
-
     /// SCRAM exchange (RFC 5802 §5). Returns the localpart or a SASL failure condition.
     async fn scram(
         &mut self,
@@ -149,9 +121,11 @@ impl Secured {
             Err(e) => return Ok(Err(e.condition())),
         };
         let account = self.link.account(&first.username);
+        let mut seen = super::backoff::Seen::default();
         if let Some(jid) = &account {
-            if self.auth_locked(jid) {
-                return Ok(Err(SaslCondition::NotAuthorized));
+            match auth_locked(&self.link.shared, self.link.peer, jid).await {
+                Some(s) => seen = s,
+                None => return Ok(Err(SaslCondition::NotAuthorized)),
             }
             server.set_fake_salt_name(jid.as_str());
         }
@@ -189,7 +163,8 @@ impl Secured {
         };
         let verdict = server.client_final(&response);
         if let Some(jid) = &account {
-            self.auth_checked(jid, verdict.is_ok() && creds.is_some());
+            let ok = verdict.is_ok() && creds.is_some();
+            auth_checked(&self.link.shared, self.link.peer, jid, ok, seen).await;
         }
         match verdict {
             Ok(server_final) if creds.is_some() => {
@@ -246,9 +221,9 @@ impl Secured {
         if !authz.is_empty() && authz != jid.as_str() {
             return Ok(Err(SaslCondition::InvalidAuthzid));
         }
-        if self.auth_locked(&jid) {
+        let Some(seen) = auth_locked(&self.link.shared, self.link.peer, &jid).await else {
             return Ok(Err(SaslCondition::NotAuthorized));
-        }
+        };
         let local = crate::jid::node_str(&Jid::from(jid.clone())).to_owned();
         let creds = self
             .link
@@ -285,7 +260,7 @@ impl Secured {
         .await
         .unwrap_or(false);
         let ok = matched && exists;
-        self.auth_checked(&jid, ok);
+        auth_checked(&self.link.shared, self.link.peer, &jid, ok, seen).await;
         if !ok {
             return Ok(Err(SaslCondition::NotAuthorized));
         }
@@ -303,4 +278,54 @@ fn decode_b64(text: &str) -> Option<Vec<u8>> {
         return Some(Vec::new());
     }
     B64.decode(t).ok()
+}
+
+/// Back-off per source address and account, the same for every mechanism: `None` if
+/// `jid` is locked for this peer's address after repeated failures from it (on this
+/// node, or with Redis on any node, [`super::backoff`]), and the attempt must be refused
+/// without a password check; else what Redis said, for [`auth_checked`].
+/// The refusal is RFC 6120 §6.5.10 not-authorized ("some generic authentication
+/// failure ... the receiving entity does not wish to disclose specific information
+/// about the cause"): §6.5.11 temporary-auth-failure is for an error within the
+/// server, and would tell a guesser which answers to ignore.
+async fn auth_locked(
+    shared: &Shared,
+    peer: SocketAddr,
+    jid: &BareJid,
+) -> Option<super::backoff::Seen> {
+    let ip = peer.ip();
+    let here = shared
+        .auth_backoff
+        .locked(ip, jid.as_str(), std::time::Instant::now());
+    let seen = super::backoff::seen(shared, ip, jid.as_str()).await;
+    let Some(left) = here.or(seen.locked) else {
+        return Some(seen);
+    };
+    tracing::info!(%peer, %jid, ?left, "SASL refused: account locked after failures");
+    None
+}
+
+/// Records the outcome of a password check for `jid` in the back-off table, and with
+/// Redis for every node.
+async fn auth_checked(
+    shared: &Shared,
+    peer: SocketAddr,
+    jid: &BareJid,
+    ok: bool,
+    seen: super::backoff::Seen,
+) {
+    let ip = peer.ip();
+    let backoff = &shared.auth_backoff;
+    if ok {
+        backoff.succeeded(ip, jid.as_str());
+        if seen.failures {
+            super::backoff::succeeded(shared, ip, jid.as_str()).await;
+        }
+        return;
+    }
+    let here = backoff.failed(ip, jid.as_str(), std::time::Instant::now());
+    let everywhere = super::backoff::failed(shared, backoff.policy(), ip, jid.as_str()).await;
+    if let Some(lock) = here.max(everywhere) {
+        tracing::warn!(%peer, %jid, ?lock, "SASL failures lock the account for this address");
+    }
 }

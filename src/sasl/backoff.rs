@@ -52,7 +52,7 @@ impl BackoffPolicy {
     }
 
     /// The lock after `failures` failures within the window (none below the threshold).
-    fn lock_for(&self, failures: u32) -> Option<Duration> {
+    pub fn lock_for(&self, failures: u32) -> Option<Duration> {
         let over = failures.checked_sub(self.failures)?;
         let factor = 1u32.checked_shl(over.min(31)).unwrap_or(u32::MAX);
         Some(self.base.saturating_mul(factor).min(self.max))
@@ -90,6 +90,11 @@ impl AuthBackoff {
             hasher: RandomState::new(),
             entries: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The thresholds and delays this table applies.
+    pub fn policy(&self) -> &BackoffPolicy {
+        &self.policy
     }
 
     fn key(&self, source: IpAddr, account: &str) -> u64 {
