@@ -9,7 +9,8 @@
 //!
 //! Sessions are ended the way the server ends any session: a stream error on the stream
 //! (RFC 6120 §4.9), then the session's own end path, so contacts learn of it as of any
-//! closed connection, through the privacy gate, after `[liveness] grace`.
+//! closed connection, through the privacy gate, after `[liveness] grace`. `user del` is
+//! [`crate::account_deletion::delete`], which tells the account's contacts at once.
 //!
 //! Roster changes are the schema's own operator operations (`presenced_roster_make_mutual`
 //! and `presenced_roster_unpair`, through [`crate::store::Store::roster_make_mutual`]); the
