@@ -9,7 +9,8 @@
 //!
 //! Sessions are ended the way the server ends any session: a stream error on the stream
 //! (RFC 6120 §4.9), then the session's own end path, so contacts learn of it as of any
-//! closed connection, through the privacy gate, after `[liveness] grace`.
+//! closed connection, through the privacy gate, after `[liveness] grace`. `user del` is
+//! [`crate::account_deletion::delete`], which tells the account's contacts at once.
 //!
 //! Roster changes are the schema's own operator operations (`presenced_roster_make_mutual`
 //! and `presenced_roster_unpair`, through [`crate::store::Store::roster_make_mutual`]); the
@@ -41,7 +42,8 @@ pub enum Request {
         /// Only this domain.
         domain: Option<String>,
     },
-    /// End the account's sessions, then delete it.
+    /// End the account's sessions, then delete it and tell its contacts
+    /// ([`crate::account_deletion`]).
     UserDel {
         /// Bare JID.
         jid: String,
@@ -207,26 +209,26 @@ async fn execute(
         }
         Request::UserDel { jid } => {
             let bare = BareJid::new(&jid).map_err(|e| format!("{jid}: {e}"))?;
-            let node = bare
-                .node()
-                .ok_or_else(|| format!("{jid}: an account JID needs a localpart"))?;
-            // RFC 6120 §4.9.3.12 not-authorized: the account the stream authenticated as is
-            // going; its sessions end before the row does, so none writes for it after.
-            let ended = end_sessions(
-                shared,
-                shared.sessions.of_user(&bare),
-                StreamError::new(StreamCondition::NotAuthorized, "the account was deleted"),
-            )
-            .await;
-            let deleted = shared
-                .store
-                .delete_account(node.as_str(), bare.domain().as_str())
-                .await
-                .map_err(|e| e.to_string())?;
-            if !deleted {
-                return Err(format!("no account {bare}"));
+            if bare.node().is_none() {
+                return Err(format!("{jid}: an account JID needs a localpart"));
             }
-            Ok(serde_json::json!({ "deleted": bare.to_string(), "sessions_ended": ended }))
+            if !shared.config.serves(bare.domain().as_str()) {
+                return Err(format!("{jid}: not a domain of this server"));
+            }
+            // RFC 6120 §4.9.3.12 not-authorized: the account the stream authenticated as is
+            // going.
+            let ended_by =
+                StreamError::new(StreamCondition::NotAuthorized, "the account was deleted");
+            let deleted = crate::account_deletion::delete(shared, &bare, ended_by)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("no account {bare}"))?;
+            Ok(serde_json::json!({
+                "deleted": bare.to_string(),
+                "sessions_ended": deleted.sessions_ended,
+                "local_contacts": deleted.local_contacts,
+                "remote_contacts": deleted.remote_contacts,
+            }))
         }
         Request::SessionList { jid } => {
             let sessions = select(shared, jid.as_deref())?;
@@ -241,10 +243,10 @@ async fn execute(
             let text = reason.unwrap_or_else(|| "disconnected by the administrator".into());
             // RFC 6120 §4.9.3.14 policy-violation: the entity broke a local service policy,
             // which is what an operator ending a session says.
-            let ended = end_sessions(
+            let ended = crate::account_deletion::close_and_wait(
                 shared,
-                sessions,
-                StreamError::new(StreamCondition::PolicyViolation, &text),
+                &sessions,
+                &StreamError::new(StreamCondition::PolicyViolation, &text),
             )
             .await;
             Ok(serde_json::json!({ "sessions_ended": ended }))
@@ -428,21 +430,6 @@ fn info(s: &SessionHandle) -> SessionInfo {
     }
 }
 
-/// Closes `sessions` with `error` and waits (bounded) until they are gone from the
-/// registry, so a following delete finds no session writing for the account.
-async fn end_sessions(shared: &Shared, sessions: Vec<SessionHandle>, error: StreamError) -> usize {
-    for s in &sessions {
-        tracing::info!(jid = %s.jid, condition = %error.condition, "admin: ending session");
-        s.close(error.clone());
-    }
-    let gone = |s: &SessionHandle| shared.sessions.get(&s.jid).is_none_or(|h| h.id != s.id);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !sessions.iter().all(gone) && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    sessions.len()
-}
-
 /// Sends `req` to the admin socket at `path` and returns the answer.
 pub async fn request(path: &Path, req: &Request) -> Result<serde_json::Value, ClientError> {
     let stream = UnixStream::connect(path)
@@ -517,9 +504,12 @@ pub fn render(req: &Request, answer: &serde_json::Value) -> String {
         }
         Request::UserDel { .. } => {
             out.push_str(&format!(
-                "deleted {} ({} session(s) ended)\n",
+                "deleted {} ({} session(s) ended; removed from {} local roster(s); {} contact(s) \
+                 on other servers sent unsubscribe/unsubscribed)\n",
                 answer["deleted"].as_str().unwrap_or_default(),
-                answer["sessions_ended"]
+                answer["sessions_ended"],
+                answer["local_contacts"],
+                answer["remote_contacts"],
             ));
         }
         Request::RosterShow { .. } => {

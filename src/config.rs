@@ -502,7 +502,8 @@ pub struct AuthConfig {
     pub allow_plain: bool,
     /// PBKDF2 iterations for newly stored SCRAM credentials (RFC 7677 §4 recommends ≥ 4096).
     pub scram_iterations: u32,
-    /// XEP-0077 in-band registration of new accounts (off by default: spam).
+    /// XEP-0077 in-band registration of new accounts, and a user's removal of its own
+    /// account (`<remove/>`, XEP-0077 §3.2) in a session (off by default: spam).
     pub allow_registration: bool,
     /// In-band registrations one source address (an IPv6 /64) may make per hour, as a
     /// budget that refills evenly over the hour; beyond it resource-constraint (wait).

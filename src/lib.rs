@@ -24,6 +24,7 @@
 #[macro_use]
 mod wire;
 
+pub mod account_deletion;
 pub mod admin;
 pub mod blocking;
 pub mod c2s;

@@ -164,11 +164,18 @@ enum UserAction {
         #[arg(long)]
         domain: Option<String>,
     },
-    /// Delete an account and everything it owns; a running server first ends its
-    /// sessions with a stream error.
+    /// Delete an account, everything it owns and every other local user's roster item
+    /// for it. A running server (over the admin socket) first ends its sessions and then
+    /// tells its contacts (roster pushes; unsubscribe/unsubscribed to other servers).
+    /// Without a server nothing can be sent to other servers, so an account with
+    /// contacts there is refused unless --local-only says to delete it anyway.
     Del {
         /// The account's bare JID.
         jid: String,
+        /// Without a running server: delete even though contacts on other servers keep
+        /// their subscription (they are listed).
+        #[arg(long)]
+        local_only: bool,
     },
 }
 
@@ -435,10 +442,10 @@ async fn user(action: UserAction, config: &Config, json: bool) -> Result<(), Str
             }
         }
         UserAction::List { .. } => unreachable!("an admin command"),
-        UserAction::Del { jid } => {
+        UserAction::Del { jid, local_only } => {
             let (node, domain) = account(&jid, config)?;
-            // A running server ends the account's sessions, then deletes it; without one
-            // there is no session to end and the row goes directly.
+            // A running server ends the account's sessions, deletes it and tells its
+            // contacts (crate::account_deletion); without one there is no session to end.
             if let Ok(path) = admin_socket(config) {
                 let req = Request::UserDel {
                     jid: format!("{node}@{domain}"),
@@ -453,12 +460,42 @@ async fn user(action: UserAction, config: &Config, json: bool) -> Result<(), Str
                 }
             }
             let store = connect(config).await?;
-            match store.delete_account(&node, &domain).await {
-                Ok(true) => {
-                    out!("deleted {node}@{domain}");
+            let bare = format!("{node}@{domain}");
+            // Nothing reaches another server from here: a contact there would keep its
+            // subscription, and its server would approve the next owner of the name at
+            // once (RFC 6121 §3.1.3), so such a deletion is the operator's explicit choice.
+            let (_, items) = store.roster(&bare).await.map_err(|e| e.to_string())?;
+            let waiting: Vec<String> = store
+                .pending_subscriptions(&bare)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|(sender, _)| sender)
+                .collect();
+            let remote = presenced::account_deletion::remote_contacts(&items, &waiting, |d| {
+                config.serves(d)
+            });
+            if !remote.is_empty() && !local_only {
+                return Err(format!(
+                    "{bare} has {} contact(s) on other servers ({}), which only a running \
+                     server can tell (unsubscribe/unsubscribed): run this while the server runs \
+                     with [admin] socket set, or pass --local-only to delete without telling them",
+                    remote.len(),
+                    remote.join(", ")
+                ));
+            }
+            match store.delete_account(&node, &domain, &config.domains).await {
+                Ok(Some(deleted)) => {
+                    out!(
+                        "deleted {bare} (removed from {} local roster(s))",
+                        deleted.removed_from.len()
+                    );
+                    if !remote.is_empty() {
+                        out!("not told (no server running): {}", remote.join(", "));
+                    }
                     Ok(())
                 }
-                Ok(false) => Err(format!("no account {node}@{domain}")),
+                Ok(None) => Err(format!("no account {bare}")),
                 Err(e) => Err(e.to_string()),
             }
         }

@@ -271,6 +271,20 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
             let reply = account_iq(&el, ty, exists);
             session.deliver(reply);
         }
+        Target::LocalDomain
+            if el
+                .elements()
+                .next()
+                .is_some_and(|p| p.is("query", x::NS_REGISTER)) =>
+        {
+            // XEP-0077 with the server's domain as `to`: the session's own account.
+            let query = el.elements().next().cloned();
+            if let Some(reply) = query.and_then(|q| {
+                crate::account_deletion::registration_iq(&services.node, session, &el, ty, &q)
+            }) {
+                session.deliver(reply);
+            }
+        }
         Target::LocalDomain => {
             let reply = server_iq(shared, &el, ty);
             session.deliver(reply);
@@ -285,6 +299,8 @@ async fn own_account_iq(services: &Services, session: &Client, el: Element, ty: 
     };
     let reply = if payload.is("query", x::NS_ROSTER) {
         services.roster.handle(session, &el, ty, &payload).await
+    } else if payload.is("query", x::NS_REGISTER) {
+        crate::account_deletion::registration_iq(&services.node, session, &el, ty, &payload)
     } else if payload.is("session", x::NS_SESSION) {
         // RFC 3921 §3 session establishment: a no-op kept for old clients.
         Some(iq_result(&el))

@@ -1267,3 +1267,52 @@ async fn container_image_builds_and_serves_clients_with_the_embedded_default() {
         text(&logs)
     );
 }
+
+#[tokio::test]
+async fn user_del_without_a_server_refuses_while_contacts_elsewhere_would_keep_their_subscription()
+{
+    // No [admin] socket: the command line deletes in the store itself.
+    let setup = Setup::new("");
+    let d = setup.domain.clone();
+    add_user(&setup, "alice", "pw").await;
+    add_user(&setup, "bob", "pw").await;
+    let (alice, bob) = (format!("alice@{d}"), format!("bob@{d}"));
+    make_mutual(&alice, &bob).await;
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    let far = format!("carol@far{}.example", unique());
+    sqlx::query("INSERT INTO roster_items (owner, contact, subscription) VALUES ($1, $2, 'both')")
+        .bind(&alice)
+        .bind(&far)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let items_for_alice = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM roster_items WHERE contact = $1")
+            .bind(&alice)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+
+    // Only a running server can tell carol's server: refused, nothing deleted.
+    let out = setup.run(&["user", "del", &alice]).await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&far) && text(&out).contains("--local-only"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(items_for_alice().await, 1, "bob still has alice");
+
+    // The operator's explicit choice: deleted, bob's item with it, carol named as not told.
+    let out = setup.run(&["user", "del", &alice, "--local-only"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("not told (no server running): {far}")),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(items_for_alice().await, 0, "no roster keeps alice");
+    let out = setup.run(&["user", "del", &bob]).await;
+    assert!(out.status.success(), "no contact elsewhere: {}", text(&out));
+}

@@ -698,9 +698,10 @@ async fn retract_purge_and_delete_notify_and_take_effect() {
     alice.close().await;
     assert!(shared
         .store
-        .delete_account("alice", &ts.domain)
+        .delete_account("alice", &ts.domain, std::slice::from_ref(&ts.domain))
         .await
-        .unwrap());
+        .unwrap()
+        .is_some());
     assert!(shared
         .store
         .pep_nodes(&alice_bare)

@@ -173,7 +173,11 @@ async fn reads_retract_purge_delete_and_the_account_take_its_data(db: Db) {
         [("bundle".to_owned(), AccessModel::Open)]
     );
     let (user, domain) = owner.split_once('@').unwrap();
-    assert!(store.delete_account(user, domain).await.unwrap());
+    assert!(store
+        .delete_account(user, domain, &[domain.to_owned()])
+        .await
+        .unwrap()
+        .is_some());
     assert!(store.pep_nodes(&owner).await.unwrap().is_empty());
     assert!(store
         .pep_last_items(&[BareJid::new(&owner).unwrap()])
@@ -201,6 +205,10 @@ async fn a_vcard_is_stored_replaced_and_goes_with_the_account(db: Db) {
         .await
         .is_err());
     let (user, domain) = owner.split_once('@').unwrap();
-    assert!(store.delete_account(user, domain).await.unwrap());
+    assert!(store
+        .delete_account(user, domain, &[domain.to_owned()])
+        .await
+        .unwrap()
+        .is_some());
     assert_eq!(store.vcard(&owner).await.unwrap(), None);
 }

@@ -257,8 +257,16 @@ async fn set_password_replaces_credentials_and_delete_removes_them(db: Db) {
         .await
         .unwrap());
 
-    assert!(store.delete_account("carol", &d).await.unwrap());
-    assert!(!store.delete_account("carol", &d).await.unwrap());
+    assert!(store
+        .delete_account("carol", &d, std::slice::from_ref(&d))
+        .await
+        .unwrap()
+        .is_some());
+    assert!(store
+        .delete_account("carol", &d, std::slice::from_ref(&d))
+        .await
+        .unwrap()
+        .is_none());
     assert!(!store.account_exists("carol", &d).await.unwrap());
     assert!(store
         .scram_credentials("carol", &d, ScramHash::Sha256)
@@ -497,7 +505,11 @@ async fn recreated_account_does_not_accept_versions_of_the_old_one(db: Db) {
         .await
         .unwrap();
 
-    assert!(store.delete_account("alice", &d).await.unwrap());
+    assert!(store
+        .delete_account("alice", &d, std::slice::from_ref(&d))
+        .await
+        .unwrap()
+        .is_some());
     assert_eq!(store.roster(&owner).await.unwrap(), (0, vec![]));
     assert!(store
         .pending_subscriptions(&owner)

@@ -218,7 +218,11 @@ async fn last_seen_batch_skips_jids_that_are_not_accounts(db: Db) {
     assert_eq!(store.last_seen(&remote).await.unwrap(), None);
 
     // Deleting the account deletes its last activity.
-    assert!(store.delete_account("alice", &d).await.unwrap());
+    assert!(store
+        .delete_account("alice", &d, std::slice::from_ref(&d))
+        .await
+        .unwrap()
+        .is_some());
     assert_eq!(store.last_seen(&alice).await.unwrap(), None);
 }
 

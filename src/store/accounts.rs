@@ -7,8 +7,25 @@
 use rand::RngCore;
 use sqlx::Row;
 
-use super::{pg_or_sqlite, Store, StoreError};
+use super::{pg_or_sqlite, RosterItem, Store, StoreError};
 use crate::sasl::scram::{self, ScramHash, StoredCredentials, SALT_LEN};
+
+/// What deleting an account removed that others must hear of: the server tells them as
+/// if the user had removed each roster item (RFC 6121 §2.5.2).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeletedAccount {
+    /// The account's own roster items as they were.
+    pub items: Vec<RosterItem>,
+    /// Who had a subscription request waiting for the account (RFC 6121 §3.1.3), with or
+    /// without an item, in order.
+    pub waiting: Vec<String>,
+    /// The local users whose item for the account was removed, in order, with their
+    /// roster version after the removal.
+    pub removed_from: Vec<(String, i64)>,
+    /// The local users a request of the account's was waiting for (gone with it), in
+    /// order.
+    pub withdrawn: Vec<String>,
+}
 
 /// Database value of the `hash` column for a SCRAM variant.
 pub(super) fn hash_column(hash: ScramHash) -> &'static str {
@@ -145,18 +162,114 @@ impl Store {
         Ok(true)
     }
 
-    /// Deletes an account; the schema cascades to its credentials, roster, roster
-    /// version, tombstones and pending requests. Returns false if it did not exist.
-    pub async fn delete_account(&self, username: &str, domain: &str) -> Result<bool, StoreError> {
-        // Drops the gate's cached inputs this write may alter, on every way out.
-        let _forget = self.forget_naming(format!("{username}@{domain}"));
-        let pool = pg_or_sqlite!(self, |db| db.delete_account(username, domain));
-        let result = sqlx::query("DELETE FROM accounts WHERE username = $1 AND domain = $2")
-            .bind(username)
-            .bind(domain)
-            .execute(pool)
+    /// Deletes an account and everything other local users hold of it, in one
+    /// transaction, so nothing granted to it passes to a new account of the same name:
+    /// the schema cascades to its own credentials, roster, versions, tombstones, waiting
+    /// requests, last seen, block list, privacy settings, offline messages, PEP nodes and
+    /// vCard; this removes the items for it in every other local roster (each leaves a
+    /// tombstone and bumps its owner's version, so clients learn of it, XEP-0237) and the
+    /// subscription requests it sent that wait for someone. Others' block lists and
+    /// privacy exceptions that name it stay: they only ever withhold, and they are their
+    /// owners' choices about an address.
+    ///
+    /// `local` are the domains the server serves: only their accounts' rosters and
+    /// requests are changed here (a database may hold other servers' accounts, as test
+    /// servers sharing one do); contacts elsewhere are told by the server.
+    ///
+    /// Returns what the server must tell others (RFC 6121 §2.5.2), or `None` if there was
+    /// no such account.
+    pub async fn delete_account(
+        &self,
+        username: &str,
+        domain: &str,
+        local: &[String],
+    ) -> Result<Option<DeletedAccount>, StoreError> {
+        let jid = format!("{username}@{domain}");
+        // Drops the gate's cached inputs this write may alter (every entry naming the
+        // account), on every way out.
+        let _forget = self.forget_naming(jid.clone());
+        let limits = self.limits();
+        let pool = pg_or_sqlite!(self, |db| db
+            .delete_account(username, domain, local, &limits));
+        let mut tx = pool.begin().await?;
+        let id: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM accounts WHERE username = $1 AND domain = $2 FOR UPDATE",
+        )
+        .bind(username)
+        .bind(domain)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(id) = id else {
+            return Ok(None);
+        };
+        let rows = sqlx::query(&format!(
+            "SELECT {} FROM roster_items ri WHERE ri.owner = $1 ORDER BY ri.contact",
+            super::roster::item_columns(&limits)
+        ))
+        .bind(&jid)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut items = Vec::with_capacity(rows.len());
+        for row in &rows {
+            items.extend(super::roster::item_from_row(&jid, row, &limits)?);
+        }
+        let waiting: Vec<String> = sqlx::query_scalar(
+            "SELECT sender FROM pending_subscriptions WHERE owner = $1 ORDER BY sender",
+        )
+        .bind(&jid)
+        .fetch_all(&mut *tx)
+        .await?;
+        // The owners' version rows first, in one order: every roster writer of an owner
+        // takes that row before its items, so this cannot deadlock with one.
+        sqlx::query(
+            "SELECT owner FROM roster_versions
+             WHERE owner IN (SELECT owner FROM roster_items WHERE contact = $1)
+               AND owner IN (SELECT jid FROM accounts WHERE domain = ANY($2))
+             ORDER BY owner FOR UPDATE",
+        )
+        .bind(&jid)
+        .bind(local)
+        .execute(&mut *tx)
+        .await?;
+        let mut owners: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM roster_items
+             WHERE contact = $1 AND owner <> $1
+               AND owner IN (SELECT jid FROM accounts WHERE domain = ANY($2))
+             RETURNING owner",
+        )
+        .bind(&jid)
+        .bind(local)
+        .fetch_all(&mut *tx)
+        .await?;
+        owners.sort();
+        owners.dedup();
+        let removed_from: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT owner, version FROM roster_versions WHERE owner = ANY($1) ORDER BY owner",
+        )
+        .bind(&owners)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut withdrawn: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM pending_subscriptions
+             WHERE sender = $1 AND owner IN (SELECT jid FROM accounts WHERE domain = ANY($2))
+             RETURNING owner",
+        )
+        .bind(&jid)
+        .bind(local)
+        .fetch_all(&mut *tx)
+        .await?;
+        withdrawn.sort();
+        sqlx::query("DELETE FROM accounts WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
             .await?;
-        Ok(result.rows_affected() > 0)
+        tx.commit().await?;
+        Ok(Some(DeletedAccount {
+            items,
+            waiting,
+            removed_from,
+            withdrawn,
+        }))
     }
 
     /// Every account's bare JID, of one domain or all, in order.

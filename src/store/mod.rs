@@ -361,6 +361,7 @@ where
 
 use crate::policy::subscription::SubState;
 pub use crate::policy::subscription::Subscription;
+pub use accounts::DeletedAccount;
 pub use last_seen::LastSeen;
 pub use offline::OfflineMessage;
 

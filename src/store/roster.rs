@@ -24,7 +24,7 @@ use super::{
 /// The columns [`item_from_row`] reads, of the table aliased `ri`. Only the first
 /// `max_roster_groups` groups leave the database: an item stored before that limit existed
 /// may hold thousands.
-fn item_columns(limits: &StoreLimits) -> String {
+pub(super) fn item_columns(limits: &StoreLimits) -> String {
     format!(
         "ri.contact, ri.name, (ri.groups)[1:{}] AS groups, ri.subscription, ri.ask, \
          ri.pending_in, ri.preapproved",
@@ -32,7 +32,7 @@ fn item_columns(limits: &StoreLimits) -> String {
     )
 }
 
-fn item_from_row(
+pub(super) fn item_from_row(
     owner: &str,
     row: &PgRow,
     limits: &StoreLimits,

@@ -2,10 +2,11 @@
 
 use sqlx::Row;
 
+use super::roster::{item_from_row, ITEM_COLUMNS};
 use super::Pools;
 use crate::sasl::scram::{ScramHash, StoredCredentials};
 use crate::store::accounts::hash_column;
-use crate::store::StoreError;
+use crate::store::{DeletedAccount, StoreError, StoreLimits};
 
 /// Inserts or replaces the credentials of one account inside a write transaction.
 async fn put_credentials(
@@ -85,13 +86,84 @@ impl Pools {
         &self,
         username: &str,
         domain: &str,
-    ) -> Result<bool, StoreError> {
-        let result = sqlx::query("DELETE FROM accounts WHERE username = ?1 AND domain = ?2")
-            .bind(username)
-            .bind(domain)
-            .execute(&self.write)
+        local: &[String],
+        limits: &StoreLimits,
+    ) -> Result<Option<DeletedAccount>, StoreError> {
+        let jid = format!("{username}@{domain}");
+        let local = serde_json::to_string(local)
+            .map_err(|e| StoreError::Corrupt(format!("domains: {e}")))?;
+        // The write lock from the start: no roster writer runs until this commits.
+        let mut tx = self.begin_write().await?;
+        let id: Option<i64> =
+            sqlx::query_scalar("SELECT id FROM accounts WHERE username = ?1 AND domain = ?2")
+                .bind(username)
+                .bind(domain)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(id) = id else {
+            return Ok(None);
+        };
+        let rows = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS} FROM roster_items ri WHERE ri.owner = ?1 ORDER BY ri.contact"
+        ))
+        .bind(&jid)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut items = Vec::with_capacity(rows.len());
+        for row in &rows {
+            items.extend(item_from_row(&jid, row, limits)?);
+        }
+        let waiting: Vec<String> = sqlx::query_scalar(
+            "SELECT sender FROM pending_subscriptions WHERE owner = ?1 ORDER BY sender",
+        )
+        .bind(&jid)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut owners: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM roster_items
+             WHERE contact = ?1 AND owner <> ?1
+               AND owner IN (SELECT jid FROM accounts
+                             WHERE domain IN (SELECT value FROM json_each(?2)))
+             RETURNING owner",
+        )
+        .bind(&jid)
+        .bind(&local)
+        .fetch_all(&mut *tx)
+        .await?;
+        owners.sort();
+        owners.dedup();
+        let mut removed_from = Vec::with_capacity(owners.len());
+        for owner in owners {
+            let version: i64 =
+                sqlx::query_scalar("SELECT version FROM roster_versions WHERE owner = ?1")
+                    .bind(&owner)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            removed_from.push((owner, version));
+        }
+        let mut withdrawn: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM pending_subscriptions
+             WHERE sender = ?1
+               AND owner IN (SELECT jid FROM accounts
+                             WHERE domain IN (SELECT value FROM json_each(?2)))
+             RETURNING owner",
+        )
+        .bind(&jid)
+        .bind(&local)
+        .fetch_all(&mut *tx)
+        .await?;
+        withdrawn.sort();
+        sqlx::query("DELETE FROM accounts WHERE id = ?1")
+            .bind(id)
+            .execute(&mut *tx)
             .await?;
-        Ok(result.rows_affected() > 0)
+        tx.commit().await?;
+        Ok(Some(DeletedAccount {
+            items,
+            waiting,
+            removed_from,
+            withdrawn,
+        }))
     }
 
     pub(in crate::store) async fn list_accounts(

@@ -10,10 +10,10 @@ use super::{json_list, parse_list, Pools};
 use crate::store::roster::{in_version_order, item_from_columns};
 use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits};
 
-const ITEM_COLUMNS: &str =
+pub(super) const ITEM_COLUMNS: &str =
     "ri.contact, ri.name, ri.groups, ri.subscription, ri.ask, ri.pending_in, ri.preapproved";
 
-fn item_from_row(
+pub(super) fn item_from_row(
     owner: &str,
     row: &SqliteRow,
     limits: &StoreLimits,
