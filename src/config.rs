@@ -581,9 +581,28 @@ pub struct LimitsConfig {
     /// presence and iq targets); a viewer beyond it is not shown the presence, since it
     /// could not be withdrawn later. At least `max_roster_items`, so a full roster fits.
     pub max_revealed_per_session: usize,
-    /// Messages kept for one user who has no available resource (XEP-0160); a chat or
-    /// normal message beyond it is answered with service-unavailable (RFC 6121 §8.5.2.2.1).
+    /// Messages kept for one user who has no available resource (XEP-0160). A contact's
+    /// message beyond it first displaces the oldest kept message of a stranger; with none
+    /// left to displace it is refused (service-unavailable, RFC 6121 §8.5.2.2.1, to a
+    /// contact the privacy gate lets see the user's online status; nothing to anyone
+    /// else). A stranger's message beyond it is dropped silently.
     pub max_offline_messages: usize,
+    /// Bytes of kept messages (serialised) for one user, counted like
+    /// `max_offline_messages`: what does not fit is refused or dropped the same way.
+    pub max_offline_bytes: usize,
+    /// Messages one contact (a sender in the user's roster with subscription `to`, `from`
+    /// or `both`) may have kept for one user; beyond it that contact's message is refused
+    /// as for a full store, so one contact cannot fill the store for the others.
+    pub max_offline_messages_per_sender: usize,
+    /// Bytes one contact may have kept for one user, counted like
+    /// `max_offline_messages_per_sender`.
+    pub max_offline_bytes_per_sender: usize,
+    /// Messages one stranger (any other sender, by bare JID) may have kept for one user;
+    /// beyond it the stranger's message is dropped silently. 0 keeps no stranger's message.
+    pub max_offline_messages_per_stranger: usize,
+    /// Bytes one stranger may have kept for one user, counted like
+    /// `max_offline_messages_per_stranger`; 0 keeps no stranger's message.
+    pub max_offline_bytes_per_stranger: usize,
     /// XEP-0163 nodes one account may have; a publish that would create one more gets
     /// not-allowed with `<max-nodes-exceeded/>` (XEP-0060 §7.1.3).
     pub max_pep_nodes: usize,
@@ -693,6 +712,11 @@ impl Default for LimitsConfig {
             max_directed_presences: 1000,
             max_revealed_per_session: 5000,
             max_offline_messages: 100,
+            max_offline_bytes: 1024 * 1024,
+            max_offline_messages_per_sender: 50,
+            max_offline_bytes_per_sender: 512 * 1024,
+            max_offline_messages_per_stranger: 5,
+            max_offline_bytes_per_stranger: 16 * 1024,
             max_pep_nodes: 64,
             max_pep_items: 32,
             max_pep_item_size: 128 * 1024,
@@ -1212,6 +1236,10 @@ impl Config {
             ("max_directed_presences", l.max_directed_presences),
             ("max_revealed_per_session", l.max_revealed_per_session),
             ("max_offline_messages", l.max_offline_messages),
+            (
+                "max_offline_messages_per_sender",
+                l.max_offline_messages_per_sender,
+            ),
             ("max_pep_nodes", l.max_pep_nodes),
             ("max_pep_items", l.max_pep_items),
             ("max_pep_item_size", l.max_pep_item_size),
@@ -1250,6 +1278,33 @@ impl Config {
             return bad(
                 "[limits] max_csi_held_bytes_per_sender must be between 1 and max_csi_held_bytes",
             );
+        }
+        let offline_bytes = [
+            ("max_offline_bytes", l.max_offline_bytes, 1),
+            (
+                "max_offline_bytes_per_sender",
+                l.max_offline_bytes_per_sender,
+                1,
+            ),
+            (
+                "max_offline_bytes_per_stranger",
+                l.max_offline_bytes_per_stranger,
+                0,
+            ),
+            (
+                "max_offline_messages_per_stranger",
+                l.max_offline_messages_per_stranger,
+                0,
+            ),
+        ];
+        for (name, v, min) in offline_bytes {
+            // Compared with PostgreSQL bigint sums; a stranger's share may be 0 (none kept).
+            if v < min || v > i64::MAX as usize {
+                return bad(&format!(
+                    "[limits] {name} must be between {min} and {}",
+                    i64::MAX
+                ));
+            }
         }
         if (l.max_revealed_per_session as i64) < l.max_roster_items {
             // A broadcast to a full roster must be able to record every contact it reaches.
@@ -1479,6 +1534,23 @@ mod tests {
         assert_eq!(cl.max_directed_presences, dl.max_directed_presences);
         assert_eq!(cl.max_revealed_per_session, dl.max_revealed_per_session);
         assert_eq!(cl.max_offline_messages, dl.max_offline_messages);
+        assert_eq!(cl.max_offline_bytes, dl.max_offline_bytes);
+        assert_eq!(
+            cl.max_offline_messages_per_sender,
+            dl.max_offline_messages_per_sender
+        );
+        assert_eq!(
+            cl.max_offline_bytes_per_sender,
+            dl.max_offline_bytes_per_sender
+        );
+        assert_eq!(
+            cl.max_offline_messages_per_stranger,
+            dl.max_offline_messages_per_stranger
+        );
+        assert_eq!(
+            cl.max_offline_bytes_per_stranger,
+            dl.max_offline_bytes_per_stranger
+        );
         assert_eq!(cl.max_pep_nodes, dl.max_pep_nodes);
         assert_eq!(cl.max_pep_items, dl.max_pep_items);
         assert_eq!(cl.max_pep_item_size, dl.max_pep_item_size);
@@ -1524,6 +1596,9 @@ mod tests {
         assert!(c.validate().is_err());
         for zero in [
             |l: &mut LimitsConfig| l.max_offline_messages = 0,
+            |l: &mut LimitsConfig| l.max_offline_bytes = 0,
+            |l: &mut LimitsConfig| l.max_offline_messages_per_sender = 0,
+            |l: &mut LimitsConfig| l.max_offline_bytes_per_sender = 0,
             |l: &mut LimitsConfig| l.max_csi_held_presences = 0,
             |l: &mut LimitsConfig| l.max_interest_items = 0,
             |l: &mut LimitsConfig| l.interest_ttl = Duration::ZERO,

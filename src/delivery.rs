@@ -401,9 +401,12 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
     let (sessions, remote) = resources_everywhere(shared, &bare).await;
     if kind.is_chat_or_normal() && targets_everywhere(&sessions, &remote, kind).is_none() {
         if !account_exists(shared, &bare).await {
-            // RFC 6121 §8.5.1: no such account.
-            bounce(shared, &el, StanzaError::service_unavailable());
-            return Outcome::Bounced;
+            // RFC 6121 §8.5.1 lets the server silently ignore a message to an account that
+            // does not exist; an error would tell anyone which accounts exist, since an
+            // existing one answers strangers nothing (crate::offline, "What a sender is
+            // told").
+            tracing::debug!(to = %bare, %sender, "message to no account dropped");
+            return Outcome::Dropped;
         }
         // No resource on any node takes it: kept for the next login (XEP-0160).
         return store_offline(shared, sender, &bare, el).await;
@@ -486,16 +489,38 @@ pub(crate) async fn sent_copies(
 }
 
 /// XEP-0160: keeps a message for local user `owner`, who has no resource to take it, if
-/// [`crate::offline::storable`] says so; beyond `[limits] max_offline_messages` the sender
-/// gets `service-unavailable` (RFC 6121 §8.5.2.2.1). The rest is dropped silently as
-/// §8.5.2.2.1 allows.
+/// [`crate::offline::storable`] says so and it fits the owner's budget (the store's
+/// [`crate::store::offline::make_room`]); the rest is dropped silently as RFC 6121
+/// §8.5.2.2.1 allows. Every producer reaches it the same way: a local client, a remote
+/// server and another cluster node's message through [`message`] on the node it arrived
+/// at, a XEP-0198 session's unacknowledged messages through [`unacked`].
+///
+/// A message that is not kept for lack of room is answered `service-unavailable`
+/// (§8.5.2.2.1) only to a sender the privacy gate lets see the owner's online status
+/// ([`gate::may_see_online`]); anyone else, strangers first, is answered nothing, as a user
+/// who is online answers nothing (the rule and why: [`crate::offline`]).
 async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Element) -> Outcome {
-    if !crate::offline::storable(&el) {
+    let sender_bare = gate::bare_of(sender);
+    let own = sender_bare == owner.as_str();
+    let item = if own {
+        None
+    } else {
+        match shared.store.roster_item(owner.as_str(), sender_bare).await {
+            Ok(item) => item.map(|i| i.subscription),
+            Err(e) => {
+                // Fails towards the stranger's smaller share and silence.
+                tracing::warn!(user = %owner, error = %e, "roster unavailable for offline storage");
+                None
+            }
+        }
+    };
+    let from_contact = crate::offline::is_contact(own, item);
+    if !crate::offline::storable(&el, from_contact) {
         return Outcome::Dropped;
     }
     match shared
         .store
-        .store_offline_message(owner.as_str(), sender, &el.to_xml())
+        .store_offline_message(owner.as_str(), sender, &el.to_xml(), from_contact)
         .await
     {
         Ok(true) => {
@@ -525,7 +550,18 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
             Outcome::Stored
         }
         Ok(false) => {
-            tracing::info!(user = %owner, %sender, "offline storage full; message refused");
+            let told = from_contact
+                && match Jid::new(sender) {
+                    Ok(from) => {
+                        gate::may_see_online(shared, &from, &owner.clone().into(), false).await
+                    }
+                    Err(_) => false,
+                };
+            tracing::info!(user = %owner, %sender, from_contact, told,
+                "offline storage: no room for the sender's message; not kept");
+            if !told {
+                return Outcome::Dropped;
+            }
             bounce(
                 shared,
                 &el,
@@ -604,7 +640,7 @@ pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
 /// - `chat` and `normal` messages are treated as sent to the bare JID: the user's
 ///   resources that take messages get it (§8.5.2.1.1, on any node), and with none it is
 ///   kept offline (XEP-0160) or, when it may not be kept, dropped as §8.5.2.2.1 allows;
-///   a full offline store answers the sender `service-unavailable`.
+///   no room in the offline store is answered as [`store_offline`] says.
 /// - `groupchat` messages and iq requests (`get`, `set`) get `service-unavailable`
 ///   (§8.5.3.2.1, RFC 6120 §10.5.3.2 / §8.3.3.19).
 /// - `headline` and `error` messages, iq results and errors, and presence are dropped

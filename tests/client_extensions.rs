@@ -364,6 +364,8 @@ async fn a_full_offline_store_answers_service_unavailable_and_keeps_nothing_more
     for u in ["alice", "bob"] {
         ts.user(u).await;
     }
+    // A contact who may see alice's presence is told; a stranger never is (tests/offline.rs).
+    ts.make_mutual("alice", "bob").await;
     let alice = ts.jid("alice");
     let mut bob = online(&ts, "bob", "desk", None).await;
     for i in 0..3 {

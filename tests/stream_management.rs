@@ -502,6 +502,8 @@ async fn more_unacked_stanzas_than_the_bound_close_the_stream_and_nothing_is_los
     let ts = TestServer::start(|c| c.limits.sm_max_unacked = 5).await;
     ts.user("alice").await;
     ts.user("bob").await;
+    // A contact: more messages than a stranger's offline share are kept.
+    ts.make_mutual("alice", "bob").await;
     let alice_bare = ts.jid("alice");
     let mut bob = online(&ts, "bob", "desk").await;
     // Bound, not available: messages to the full JID reach it, none to the bare JID.

@@ -50,7 +50,14 @@ fn unlimited() -> StoreLimits {
         max_pending_subscriptions: usize::MAX,
         max_subscription_status_length: usize::MAX,
         max_blocklist_items: usize::MAX,
-        max_offline_messages: usize::MAX,
+        offline: super::offline::OfflineQuota {
+            messages: usize::MAX,
+            bytes: usize::MAX,
+            contact_messages: usize::MAX,
+            contact_bytes: usize::MAX,
+            stranger_messages: usize::MAX,
+            stranger_bytes: usize::MAX,
+        },
         max_pep_nodes: usize::MAX,
         max_pep_items: usize::MAX,
     }

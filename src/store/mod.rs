@@ -179,9 +179,9 @@ pub struct StoreLimits {
     /// Entries per block list: a block that would exceed it fails with
     /// [`StoreError::BlocklistFull`].
     pub max_blocklist_items: usize,
-    /// Messages kept for one user while no resource is available (XEP-0160); one more is
-    /// not kept ([`Store::store_offline_message`] says so).
-    pub max_offline_messages: usize,
+    /// What one user's XEP-0160 store may hold, in all and per sender
+    /// ([`Store::store_offline_message`] applies it).
+    pub offline: offline::OfflineQuota,
     /// XEP-0163 nodes per account: a publish that would create one more is refused
     /// ([`pep::Published::TooManyNodes`]).
     pub max_pep_nodes: usize,
@@ -200,7 +200,14 @@ impl StoreLimits {
             max_pending_subscriptions: l.max_pending_subscriptions,
             max_subscription_status_length: l.max_subscription_status_length,
             max_blocklist_items: l.max_blocklist_items,
-            max_offline_messages: l.max_offline_messages,
+            offline: offline::OfflineQuota {
+                messages: l.max_offline_messages,
+                bytes: l.max_offline_bytes,
+                contact_messages: l.max_offline_messages_per_sender,
+                contact_bytes: l.max_offline_bytes_per_sender,
+                stranger_messages: l.max_offline_messages_per_stranger,
+                stranger_bytes: l.max_offline_bytes_per_stranger,
+            },
             max_pep_nodes: l.max_pep_nodes,
             max_pep_items: l.max_pep_items,
         }

@@ -2,11 +2,11 @@
 //! `offline_messages` (the SQLite twin: `sqlite/offline.rs`).
 //!
 //! Two operations, each one transaction: [`Store::store_offline_message`] keeps a message
-//! unless the owner already has `max_offline_messages` waiting, and
-//! [`Store::take_offline_messages`] hands them all out, oldest first, and deletes them in
-//! the same statement, so two resources coming online together never both get one.
-//! Which messages are kept and how they are stamped on the way out is decided above the
-//! store (`crate::offline`, `crate::delivery`).
+//! if it fits the owner's [`OfflineQuota`] ([`make_room`] decides, the same for both
+//! backends), and [`Store::take_offline_messages`] hands them all out, oldest first, and
+//! deletes them in the same statement, so two resources coming online together never both
+//! get one. Which messages are kept, who counts as a contact and what a refused sender is
+//! told is decided above the store (`crate::offline`, `crate::delivery`).
 
 use chrono::{DateTime, Utc};
 
@@ -26,41 +26,168 @@ pub struct OfflineMessage {
     pub stored_at: DateTime<Utc>,
 }
 
+/// What one user's offline store may hold (`[limits] max_offline_*`): in all, per contact
+/// and per stranger, in messages and in bytes (the stanza as stored). A sender's share is
+/// never more than the whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OfflineQuota {
+    /// Messages kept for one user.
+    pub messages: usize,
+    /// Bytes kept for one user.
+    pub bytes: usize,
+    /// Messages one contact may have kept for one user.
+    pub contact_messages: usize,
+    /// Bytes one contact may have kept for one user.
+    pub contact_bytes: usize,
+    /// Messages one stranger may have kept for one user (0: none).
+    pub stranger_messages: usize,
+    /// Bytes one stranger may have kept for one user (0: none).
+    pub stranger_bytes: usize,
+}
+
+/// What an owner's store holds, read under the owner's lock: in all, and of the sender at
+/// hand (by bare JID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Held {
+    pub items: i64,
+    pub bytes: i64,
+    pub sender_items: i64,
+    pub sender_bytes: i64,
+}
+
+fn int(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Whether a message of `size` bytes from a sender (a contact or not) fits `quota` given
+/// what is `held`, and which kept strangers' messages must go to make room: `None` when it
+/// does not fit; otherwise the ids to delete first (empty when it fits as is).
+///
+/// `strangers` lists the owner's kept messages from strangers, oldest first, as `(id,
+/// bytes)`; it is asked for only when a contact's message does not fit as is. The rules:
+/// a sender's own share (contact or stranger) is never exceeded; the whole is never
+/// exceeded; and only a contact's message displaces anything, and only strangers'
+/// messages, oldest first. So a stranger can neither push out nor block a contact's
+/// message, and no sender can push out a contact's.
+pub(crate) fn make_room(
+    quota: &OfflineQuota,
+    held: Held,
+    size: i64,
+    from_contact: bool,
+    strangers: impl FnOnce() -> Vec<(i64, i64)>,
+) -> Option<Vec<i64>> {
+    let (share_items, share_bytes) = if from_contact {
+        (quota.contact_messages, quota.contact_bytes)
+    } else {
+        (quota.stranger_messages, quota.stranger_bytes)
+    };
+    let share_items = int(share_items.min(quota.messages));
+    let share_bytes = int(share_bytes.min(quota.bytes));
+    if held.sender_items + 1 > share_items || held.sender_bytes.saturating_add(size) > share_bytes {
+        return None;
+    }
+    let mut over_items = held.items + 1 - int(quota.messages);
+    let mut over_bytes = held.bytes.saturating_add(size) - int(quota.bytes);
+    if over_items <= 0 && over_bytes <= 0 {
+        return Some(Vec::new());
+    }
+    if !from_contact {
+        return None;
+    }
+    let mut evicted = Vec::new();
+    for (id, bytes) in strangers() {
+        if over_items <= 0 && over_bytes <= 0 {
+            break;
+        }
+        evicted.push(id);
+        over_items -= 1;
+        over_bytes -= bytes;
+    }
+    (over_items <= 0 && over_bytes <= 0).then_some(evicted)
+}
+
 impl Store {
-    /// Keeps `stanza` from `sender` for `owner` (a bare JID). Returns false, keeping
-    /// nothing, when `owner` already has [`StoreLimits::max_offline_messages`] waiting;
+    /// Keeps `stanza` from `sender` for `owner` (a bare JID) if it fits the owner's
+    /// [`OfflineQuota`] as [`make_room`] decides, deleting the strangers' messages it
+    /// displaces; `from_contact` says whether the sender is one of the owner's contacts.
+    /// Returns false, keeping and deleting nothing, when it does not fit;
     /// [`StoreError::NoSuchAccount`] when `owner` is not an account.
-    ///
-    /// [`StoreLimits::max_offline_messages`]: super::StoreLimits::max_offline_messages
     pub async fn store_offline_message(
         &self,
         owner: &str,
         sender: &str,
         stanza: &str,
+        from_contact: bool,
     ) -> Result<bool, StoreError> {
-        let max = i64::try_from(self.limits().max_offline_messages).unwrap_or(i64::MAX);
-        let pool = pg_or_sqlite!(self, |db| db
-            .store_offline_message(owner, sender, stanza, max));
+        let quota = self.limits().offline;
+        let sender_bare = crate::jid::bare_of(sender);
+        let size = int(stanza.len());
+        let pool = pg_or_sqlite!(self, |db| db.store_offline_message(
+            owner,
+            sender,
+            stanza,
+            from_contact,
+            &quota
+        ));
         let mut tx = pool.begin().await?;
-        // Serialises writers for one owner so the count below cannot change before the
+        // Serialises writers for one owner so what is read below cannot change before the
         // insert; an advisory lock, so nothing else about the account is held.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('offline:' || $1, 0))")
             .bind(owner)
             .execute(&mut *tx)
             .await?;
-        let result = sqlx::query(
-            "INSERT INTO offline_messages (owner, sender, stanza)
-             SELECT $1, $2, $3
-             WHERE (SELECT count(*) FROM offline_messages WHERE owner = $1) < $4",
+        let (items, bytes, sender_items, sender_bytes): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), coalesce(sum(bytes), 0)::bigint,
+                    count(*) FILTER (WHERE sender_bare = $2),
+                    coalesce(sum(bytes) FILTER (WHERE sender_bare = $2), 0)::bigint
+             FROM offline_messages WHERE owner = $1",
+        )
+        .bind(owner)
+        .bind(sender_bare)
+        .fetch_one(&mut *tx)
+        .await?;
+        let held = Held {
+            items,
+            bytes,
+            sender_items,
+            sender_bytes,
+        };
+        // Read only when a contact's message needs room (at most `messages` rows).
+        let strangers: Vec<(i64, i64)> =
+            if from_contact && make_room(&quota, held, size, true, Vec::new).is_none() {
+                sqlx::query_as(
+                    "SELECT id, bytes::bigint FROM offline_messages
+                 WHERE owner = $1 AND NOT from_contact ORDER BY id",
+                )
+                .bind(owner)
+                .fetch_all(&mut *tx)
+                .await?
+            } else {
+                Vec::new()
+            };
+        let Some(evicted) = make_room(&quota, held, size, from_contact, || strangers) else {
+            return Ok(false);
+        };
+        if !evicted.is_empty() {
+            sqlx::query("DELETE FROM offline_messages WHERE id = ANY($1)")
+                .bind(&evicted)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(
+            "INSERT INTO offline_messages (owner, sender, sender_bare, stanza, bytes, from_contact)
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(owner)
         .bind(sender)
+        .bind(sender_bare)
         .bind(stanza)
-        .bind(max)
+        .bind(i32::try_from(size).unwrap_or(i32::MAX))
+        .bind(from_contact)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(result.rows_affected() == 1)
+        Ok(true)
     }
 
     /// Every message waiting for `owner`, oldest first, deleted as they are returned.
@@ -88,5 +215,65 @@ impl Store {
                 })
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const Q: OfflineQuota = OfflineQuota {
+        messages: 4,
+        bytes: 1000,
+        contact_messages: 3,
+        contact_bytes: 600,
+        stranger_messages: 1,
+        stranger_bytes: 100,
+    };
+
+    fn held(items: i64, bytes: i64, sender_items: i64, sender_bytes: i64) -> Held {
+        Held {
+            items,
+            bytes,
+            sender_items,
+            sender_bytes,
+        }
+    }
+
+    #[test]
+    fn each_sender_keeps_to_its_share() {
+        let none = Vec::new;
+        assert_eq!(
+            make_room(&Q, held(0, 0, 0, 0), 50, false, none),
+            Some(vec![])
+        );
+        // A stranger's second message, or one over its bytes, is not kept.
+        assert_eq!(make_room(&Q, held(1, 50, 1, 50), 10, false, none), None);
+        assert_eq!(make_room(&Q, held(0, 0, 0, 0), 101, false, none), None);
+        // A contact's share, in messages and in bytes.
+        assert_eq!(
+            make_room(&Q, held(2, 200, 2, 200), 100, true, none),
+            Some(vec![])
+        );
+        assert_eq!(make_room(&Q, held(3, 300, 3, 300), 10, true, none), None);
+        assert_eq!(make_room(&Q, held(1, 500, 1, 500), 101, true, none), None);
+        // A share larger than the whole is the whole.
+        let small = OfflineQuota { messages: 1, ..Q };
+        assert_eq!(make_room(&small, held(1, 10, 0, 0), 10, true, none), None);
+    }
+
+    #[test]
+    fn only_a_contact_displaces_and_only_strangers_oldest_first() {
+        // Full by count: two strangers' messages and two contacts'.
+        let full = held(4, 400, 0, 0);
+        let strangers = || vec![(1, 100), (3, 100)];
+        assert_eq!(make_room(&Q, full, 10, true, strangers), Some(vec![1]));
+        assert_eq!(make_room(&Q, full, 10, false, strangers), None);
+        // Full by bytes: as many of the oldest as it takes.
+        let heavy = held(3, 950, 0, 0);
+        assert_eq!(make_room(&Q, heavy, 200, true, strangers), Some(vec![1, 3]));
+        // Not enough strangers' messages to make room: nothing is deleted, nothing kept.
+        assert_eq!(make_room(&Q, heavy, 300, true, strangers), None);
+        assert_eq!(make_room(&Q, full, 10, true, Vec::new), None);
     }
 }

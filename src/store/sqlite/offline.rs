@@ -1,6 +1,7 @@
 //! SQLite twin of `store/offline.rs` (XEP-0160 messages kept for a user).
 
 use super::{parse_time, Pools};
+use crate::store::offline::{make_room, Held, OfflineQuota};
 use crate::store::{stored_jid, OfflineMessage, StoreError};
 
 impl Pools {
@@ -9,23 +10,64 @@ impl Pools {
         owner: &str,
         sender: &str,
         stanza: &str,
-        max: i64,
+        from_contact: bool,
+        quota: &OfflineQuota,
     ) -> Result<bool, StoreError> {
-        // One writer: nothing can insert between the count and the insert.
+        let sender_bare = crate::jid::bare_of(sender);
+        let size = i64::try_from(stanza.len()).unwrap_or(i64::MAX);
+        // One writer: nothing can change what is read below before the insert.
         let mut tx = self.begin_write().await?;
-        let result = sqlx::query(
-            "INSERT INTO offline_messages (owner, sender, stanza)
-             SELECT ?1, ?2, ?3
-             WHERE (SELECT count(*) FROM offline_messages WHERE owner = ?1) < ?4",
+        let (items, bytes, sender_items, sender_bytes): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), coalesce(sum(bytes), 0),
+                    coalesce(sum(CASE WHEN sender_bare = ?2 THEN 1 ELSE 0 END), 0),
+                    coalesce(sum(CASE WHEN sender_bare = ?2 THEN bytes ELSE 0 END), 0)
+             FROM offline_messages WHERE owner = ?1",
+        )
+        .bind(owner)
+        .bind(sender_bare)
+        .fetch_one(&mut *tx)
+        .await?;
+        let held = Held {
+            items,
+            bytes,
+            sender_items,
+            sender_bytes,
+        };
+        let strangers: Vec<(i64, i64)> =
+            if from_contact && make_room(quota, held, size, true, Vec::new).is_none() {
+                sqlx::query_as(
+                    "SELECT id, bytes FROM offline_messages
+                     WHERE owner = ?1 AND NOT from_contact ORDER BY id",
+                )
+                .bind(owner)
+                .fetch_all(&mut *tx)
+                .await?
+            } else {
+                Vec::new()
+            };
+        let Some(evicted) = make_room(quota, held, size, from_contact, || strangers) else {
+            return Ok(false);
+        };
+        for id in evicted {
+            sqlx::query("DELETE FROM offline_messages WHERE id = ?1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(
+            "INSERT INTO offline_messages (owner, sender, sender_bare, stanza, bytes, from_contact)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
         .bind(owner)
         .bind(sender)
+        .bind(sender_bare)
         .bind(stanza)
-        .bind(max)
+        .bind(size)
+        .bind(from_contact)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(result.rows_affected() == 1)
+        Ok(true)
     }
 
     pub(in crate::store) async fn take_offline_messages(
