@@ -76,6 +76,14 @@ pub fn eligible(msg: &Element) -> bool {
     }
 }
 
+/// XEP-0280 §11: a `<sent/>` or `<received/>` wrapper in a message from anyone but the
+/// recipient's own account is not a carbon; the receiving server removes it, so a client
+/// that trusts its server's carbons cannot be shown a forged one.
+pub fn strip_wrappers(msg: &mut Element) {
+    msg.remove_children("sent", NS_CARBONS);
+    msg.remove_children("received", NS_CARBONS);
+}
+
 /// XEP-0280 §8: the receiving server removes `<private/>` before delivering the original.
 pub fn strip_private(msg: &mut Element) {
     msg.remove_children("private", NS_CARBONS);

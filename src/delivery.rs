@@ -314,9 +314,15 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
         return Outcome::Dropped;
     }
     let kind = MessageType::of(&el);
+    let own = gate::bare_of(sender) == gate::bare_of(to.as_str());
+    if !own {
+        // XEP-0280 §11: carbons come only from the user's own account; anyone else's
+        // wrapper is a forgery, removed before anything is decided or kept.
+        carbons::strip_wrappers(&mut el);
+    }
     // XEP-0280: decided on the message as sent, before §8 removes <private/> from it; a
     // user's own resources talking to each other are all parties already.
-    let copies = carbons::eligible(&el) && gate::bare_of(sender) != gate::bare_of(to.as_str());
+    let copies = carbons::eligible(&el) && !own;
     carbons::strip_private(&mut el);
     let bare = match to.try_into_full() {
         Ok(full) => {

@@ -91,6 +91,38 @@ async fn alice_twice_and_bob(ts: &TestServer) -> (Client, Client, Client) {
     (phone, pc, bob)
 }
 
+/// XEP-0280 §11: only the user's own account sends carbons. A `<sent/>` or `<received/>`
+/// wrapper from anyone else (here bob, to both of alice's resources, full and bare JID) is
+/// removed before delivery, so no client can be fooled into showing bob's forgery as a
+/// message alice sent or received; the rest of the message arrives.
+#[tokio::test]
+async fn carbons_wrappers_from_anyone_but_the_users_own_account_are_removed() {
+    let ts = TestServer::start(|_| {}).await;
+    let (mut phone, mut pc, mut bob) = alice_twice_and_bob(&ts).await;
+    carbons(&mut pc, true).await;
+    let alice = ts.jid("alice");
+    let forged = |to: &str, body: &str| {
+        el(&format!(
+            "<message xmlns='jabber:client' to='{to}' type='chat'><body>{body}</body>\
+             <received xmlns='{NS_CARBONS}'><forwarded xmlns='urn:xmpp:forward:0'>\
+             <message xmlns='jabber:client' from='{alice}/phone' to='carol@{d}' type='chat'>\
+             <body>I never wrote this</body></message></forwarded></received>\
+             <sent xmlns='{NS_CARBONS}'><forwarded xmlns='urn:xmpp:forward:0'>\
+             <message xmlns='jabber:client' from='{alice}/pc' to='carol@{d}' type='chat'>\
+             <body>nor this</body></message></forwarded></sent></message>",
+            d = ts.domain
+        ))
+    };
+    bob.send(&forged(&format!("{alice}/phone"), "to the phone"))
+        .await;
+    bob.send(&forged(&alice, "to alice")).await;
+    for (c, body) in [(&mut phone, "to the phone"), (&mut pc, "to alice")] {
+        let got = c.expect(|e| is_body(e, body)).await;
+        assert!(!is_carbon(&got), "the wrapper was removed: {got}");
+    }
+    ts.stop().await;
+}
+
 #[tokio::test]
 async fn carbons_copy_received_and_sent_messages_to_enabled_resources_only() {
     let ts = TestServer::start(|_| {}).await;
