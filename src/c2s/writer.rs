@@ -52,6 +52,8 @@ pub(super) struct Writing {
     /// Written before anything from the mailbox (a resumption's `<resumed/>` and the
     /// stanzas it sends again).
     pub(super) prelude: String,
+    /// `[limits] write_timeout`: how long one write may wait for the client to read.
+    pub(super) write_timeout: Duration,
 }
 
 /// What a writer hands back: the mailbox and filter, for the session to go on with.
@@ -79,6 +81,7 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
         mut csi,
         mut out,
         prelude,
+        write_timeout,
     } = w;
     let mut buf = prelude;
     let mut end = WriterEnd::Closed;
@@ -161,7 +164,9 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
         }
         if !buf.is_empty() {
             let wrote = tokio::select! {
-                r = tokio::time::timeout(Duration::from_secs(30), async {
+                // A client that reads nothing is a dropped connection: its socket, its
+                // mailbox and its place under max_connections go.
+                r = tokio::time::timeout(write_timeout, async {
                     writer.write_all(buf.as_bytes()).await?;
                     writer.flush().await
                 }) => r,
