@@ -547,6 +547,12 @@ pub struct LimitsConfig {
     /// §4.9.3.4).
     #[serde(with = "secs")]
     pub negotiation_timeout: Duration,
+    /// Seconds one write to a client may wait for the client to read it (TCP, and over
+    /// WebSocket every frame, the server's answers to its Pings included). A client that
+    /// reads nothing for this long is disconnected as a dropped connection, freeing its
+    /// place under `max_connections` and what was queued for it.
+    #[serde(with = "secs")]
+    pub write_timeout: Duration,
     /// New connections accepted per source IP per minute, counted over every client-facing
     /// listener together (c2s and HTTP/WebSocket); more are closed with policy-violation
     /// (HTTP: 429) before any negotiation.
@@ -699,6 +705,7 @@ impl Default for LimitsConfig {
             max_attributes: 64,
             max_namespace_declarations: 64,
             negotiation_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
             connections_per_ip_per_minute: 120,
             max_connections: 18_000,
             max_roster_items: 1000,
@@ -1207,6 +1214,9 @@ impl Config {
         }
         if l.max_depth < 4 || l.negotiation_timeout.is_zero() || l.session_queue == 0 {
             return bad("[limits] max_depth >= 4, negotiation_timeout > 0, session_queue > 0");
+        }
+        if l.write_timeout.is_zero() {
+            return bad("[limits] write_timeout must be positive");
         }
         if l.avatar_hash_ttl.is_zero() {
             return bad("[limits] avatar_hash_ttl must be positive");

@@ -6,12 +6,51 @@
 //! for what must be rationed across connections (XEP-0077 registrations). A source is an
 //! IPv4 address or an IPv6 /64 ([`source_of`]), since one IPv6 host commonly holds a
 //! whole /64.
+//!
+//! A client's rule is [`ClientRate`], used for its stanzas (the c2s session) and, over
+//! WebSocket, for its control frames (the RFC 7395 adapter), so both are bounded by the
+//! same numbers and end the same way.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 
 use tokio::time::Instant;
+
+use crate::config::LimitsConfig;
+use crate::error::{StreamCondition, StreamError};
+use crate::metrics::{DropReason, Metrics};
+
+/// What a client may send per second: `[limits] stanzas_per_second` on average and
+/// `stanza_burst` at once. Each stanza takes a token, and over WebSocket each Ping or Pong
+/// frame too (from a bucket of its own, so neither uses up the other's allowance): a Ping
+/// costs the server a Pong, and a frame costs a read like a small stanza.
+#[derive(Debug)]
+pub struct ClientRate(TokenBucket);
+
+impl ClientRate {
+    /// A full bucket with the client limits in force now.
+    pub fn new(limits: &LimitsConfig) -> Self {
+        ClientRate(TokenBucket::new(
+            limits.stanzas_per_second,
+            limits.stanza_burst,
+        ))
+    }
+
+    /// Counts one stanza or control frame. Beyond the rate, the stream error that closes
+    /// the stream: policy-violation (RFC 6120 §4.9.3.18, "a local service policy"); the
+    /// drop is counted in the metrics.
+    pub fn take(&mut self, metrics: &Metrics) -> Result<(), StreamError> {
+        if self.0.take() {
+            return Ok(());
+        }
+        metrics.dropped(DropReason::StanzaRate);
+        Err(StreamError::new(
+            StreamCondition::PolicyViolation,
+            "too many stanzas per second",
+        ))
+    }
+}
 
 /// Tokens refill continuously at `rate` per second up to `burst`; each stanza takes one.
 #[derive(Debug)]

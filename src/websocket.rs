@@ -16,6 +16,17 @@
 //! Closing: after `<close/>` the adapter sends the WebSocket Close and keeps the connection
 //! until the client's Close comes back (bounded), as RFC 6455 §7.1.1 has the server close
 //! the TCP connection only once the closing handshake is done.
+//!
+//! What a client can make the adapter hold: its Pings and Pongs take tokens from a bucket of
+//! the client stanza rate ([`crate::rate_limit::ClientRate`]; beyond it policy-violation and
+//! the close, as for a stanza flood). tungstenite answers each Ping itself; the Pongs a
+//! client does not read wait in its write buffer, bounded here to one outbound message and
+//! 64 KiB, past which only the newest Pong is kept (RFC 6455 §5.5.3). Every write, those
+//! Pongs included (the writer flushes them when a Ping came), waits at most `[limits]
+//! write_timeout`, as on TCP: a client that reads nothing is dropped and its place under
+//! `max_connections` is free. Once c2s has written the end of its stream, the connection
+//! lasts at most two seconds more, so the negotiation timeout ends a client that keeps
+//! sending frames and reads nothing.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +34,7 @@ use std::sync::Arc;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
@@ -67,6 +78,34 @@ fn negotiate_subprotocol(req: &Request, mut resp: Response) -> Result<Response, 
     Ok(resp)
 }
 
+/// The largest message the adapter sends: what its parser of the c2s output accepts as one
+/// element (a roster result may be large).
+fn outbound_max(limits: &crate::config::LimitsConfig) -> usize {
+    limits.max_stanza_size.saturating_mul(4)
+}
+
+/// Room in tungstenite's write buffer beyond one outbound message: the frame header, the
+/// declarations [`outbound_element`] adds, and the Pongs a client that pings does not read.
+const WRITE_ROOM: usize = 64 * 1024;
+
+/// The WebSocket settings for a connection under `limits`.
+///
+/// tungstenite answers every Ping itself, and each read it does while the socket cannot
+/// take more appends that Pong to its write buffer, which by default has no bound: a
+/// client that pings and never reads made the server hold 127 bytes per Ping. The bound
+/// here is one outbound message and [`WRITE_ROOM`]; past it tungstenite keeps only the
+/// newest Pong, which RFC 6455 §5.5.3 allows ("a response to the most recent Ping"), and
+/// a message that does not fit ends the connection as a failed write does.
+fn ws_config(limits: &crate::config::LimitsConfig) -> WebSocketConfig {
+    let max = limits.max_stanza_size;
+    WebSocketConfig::default()
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max))
+        // Frames go to the socket as they are made: the c2s writer already batches.
+        .write_buffer_size(0)
+        .max_write_buffer_size(outbound_max(limits).saturating_add(WRITE_ROOM))
+}
+
 /// Completes the WebSocket handshake on `io` (whose HTTP request head may already have been
 /// read and is replayed by the caller) and serves XMPP on it until it closes.
 pub async fn serve<S>(
@@ -78,14 +117,14 @@ pub async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let max = shared.live.get().limits.max_stanza_size;
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(max))
-        .max_frame_size(Some(max));
-    let timeout = shared.live.get().limits.negotiation_timeout;
+    let limits = shared.live.get().limits.clone();
     let ws = match tokio::time::timeout(
-        timeout,
-        tokio_tungstenite::accept_hdr_async_with_config(io, negotiate_subprotocol, Some(config)),
+        limits.negotiation_timeout,
+        tokio_tungstenite::accept_hdr_async_with_config(
+            io,
+            negotiate_subprotocol,
+            Some(ws_config(&limits)),
+        ),
     )
     .await
     {
@@ -99,7 +138,9 @@ pub async fn serve<S>(
             return;
         }
     };
-    let (mut sink, mut stream) = ws.split();
+    let (sink, stream) = ws.split();
+    // Taken away as soon as the connection is of no more use, so the socket closes then.
+    let mut stream = Some(stream);
     let (c2s_side, adapter_side) = tokio::io::duplex(64 * 1024);
     let (from_c2s, mut to_c2s) = tokio::io::split(adapter_side);
     let beat = shared.liveness.beat();
@@ -109,34 +150,32 @@ pub async fn serve<S>(
         secure,
     };
     let done = CancellationToken::new();
-    let (out_tx, mut out_rx) = mpsc::channel::<Message>(64);
+    let (out_tx, out_rx) = mpsc::channel::<Message>(64);
 
     // c2s output → messages. This parses what the server itself wrote (a roster result may
     // hold thousands of elements), so only size and depth are bounded.
-    let limits = ReaderLimits::trusted(
-        shared.live.get().limits.max_stanza_size.saturating_mul(4),
-        shared.live.get().limits.max_depth.saturating_add(4),
-    );
+    let reader_limits =
+        ReaderLimits::trusted(outbound_max(&limits), limits.max_depth.saturating_add(4));
     let opened = Arc::new(AtomicBool::new(false));
-    let parser = tokio::spawn(outbound(
+    let mut parser = tokio::spawn(outbound(
         from_c2s,
-        limits,
+        reader_limits,
         out_tx.clone(),
         done.clone(),
         opened.clone(),
     ));
     // Messages → socket.
-    let writer_done = done.clone();
-    let writer = tokio::spawn(async move {
-        while let Some(m) = out_rx.recv().await {
-            let closing = matches!(m, Message::Close(_));
-            if sink.send(m).await.is_err() || closing {
-                break;
-            }
-        }
-        let _ = sink.close().await;
-        writer_done.cancel();
-    });
+    let pong_due = Arc::new(Notify::new());
+    let write_failed = Arc::new(AtomicBool::new(false));
+    let mut writer = tokio::spawn(write_messages(
+        sink,
+        out_rx,
+        pong_due.clone(),
+        limits.write_timeout,
+        write_failed.clone(),
+        done.clone(),
+        peer,
+    ));
     // The XMPP session on the c2s side of the pipe.
     let session = tokio::spawn(crate::c2s::serve_transport(
         shared.clone(),
@@ -146,6 +185,12 @@ pub async fn serve<S>(
         false,
         transport,
     ));
+    // Once the c2s side has written the end of its stream (the parser has seen it, or its
+    // end of the pipe is gone), that end has this long to reach the client; then the
+    // connection goes, whatever the client still sends. (Not the c2s task's end: a stream
+    // that resumes a XEP-0198 session hands the pipe to that session's task and ends.)
+    let mut parser_over = false;
+    let mut wind_down: Option<tokio::time::Instant> = None;
 
     // Socket → c2s, and pings.
     let h = shared.liveness.timings.heartbeat;
@@ -154,11 +199,25 @@ pub async fn serve<S>(
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ping.reset();
     let mut last_ping = tokio::time::Instant::now();
+    // Control frames take tokens like stanzas; see `ClientRate`.
+    let mut control_rate = crate::rate_limit::ClientRate::new(&limits);
     // Whether the client's side of the WebSocket has ended (its Close, an error or EOF).
     let mut peer_done = false;
-    loop {
+    // Whether the client did not take the end of its stream within the wind-down.
+    let mut stalled = false;
+    while let Some(reading) = stream.as_mut() {
         let msg = tokio::select! {
             _ = done.cancelled() => break,
+            _ = &mut parser, if !parser_over => {
+                parser_over = true;
+                wind_down = Some(tokio::time::Instant::now() + CLOSE_HANDSHAKE_WAIT);
+                continue;
+            }
+            _ = tokio::time::sleep_until(wind_down.unwrap_or_else(tokio::time::Instant::now)), if wind_down.is_some() => {
+                tracing::info!(%peer, "WebSocket client did not take the end of its stream; dropping the connection");
+                stalled = true;
+                break;
+            }
             _ = ping.tick() => {
                 if beat.silent_for(h)
                     && last_ping.elapsed() >= h
@@ -169,12 +228,22 @@ pub async fn serve<S>(
                 }
                 continue;
             }
-            m = stream.next() => m,
+            m = reading.next() => m,
         };
         let text = match msg {
             Some(Ok(Message::Text(t))) => t.to_string(),
-            Some(Ok(Message::Ping(_))) | Some(Ok(Message::Pong(_))) => {
+            Some(Ok(m @ (Message::Ping(_) | Message::Pong(_)))) => {
+                if let Err(err) = control_rate.take(&shared.metrics) {
+                    tracing::info!(%peer, "WebSocket control frames beyond the stanza rate; closing");
+                    fail(&shared, &out_tx, &opened, err).await;
+                    break;
+                }
                 beat.touch();
+                if matches!(m, Message::Ping(_)) {
+                    // tungstenite has queued the Pong (RFC 6455 §5.5.2); the writer sends it
+                    // within the write timeout, or the connection goes.
+                    pong_due.notify_one();
+                }
                 continue;
             }
             Some(Ok(Message::Binary(_))) => {
@@ -190,13 +259,13 @@ pub async fn serve<S>(
         };
         // The larger (authenticated) cost limit: c2s parses the result again with the limit
         // for the stream's state, so this only bounds what one message may cost here.
-        let bytes = match inbound(
-            &text,
-            ReaderLimits::for_peer(&shared.live.get().limits, true),
-        ) {
+        let bytes = match inbound(&text, ReaderLimits::for_peer(&limits, true)) {
             Ok(bytes) => bytes,
             Err(e) => {
-                fail(&shared, &out_tx, &opened, peer, &e).await;
+                tracing::info!(%peer, error = %e, "closing WebSocket stream with error");
+                if let Some(err) = crate::error::StreamError::of_xml(&e) {
+                    fail(&shared, &out_tx, &opened, err).await;
+                }
                 break;
             }
         };
@@ -204,17 +273,37 @@ pub async fn serve<S>(
             break;
         }
     }
+    // A client whose side ended, or that reads nothing (the writer could not write), has no
+    // use for the socket any more: it goes now, not after the session (a XEP-0198 session
+    // may wait minutes for its client to resume it elsewhere).
+    if peer_done || stalled || write_failed.load(Ordering::Acquire) {
+        stream = None;
+    }
+    if stalled {
+        writer.abort();
+    }
     // EOF to c2s: a WebSocket that closed without <close/> is a dropped connection.
     let _ = to_c2s.shutdown().await;
     drop(to_c2s);
     let _ = session.await;
-    let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, parser).await;
+    if !parser_over
+        && tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, &mut parser)
+            .await
+            .is_err()
+    {
+        parser.abort();
+    }
     drop(out_tx);
-    let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, writer).await;
+    if tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
     // RFC 6455 §5.5.1 / §7.1.1: having sent our Close, wait for the client's before the TCP
     // connection goes. Dropping it at once resets the connection under a Close already on
     // its way, which browsers and Node report as an error rather than a clean close.
-    if !peer_done {
+    if let Some(mut stream) = stream {
         let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, async {
             while let Some(m) = stream.next().await {
                 if matches!(m, Ok(Message::Close(_)) | Err(_)) {
@@ -226,25 +315,72 @@ pub async fn serve<S>(
     }
 }
 
+/// Sends the adapter's messages, and the Pongs tungstenite queued when `pong_due` is
+/// notified. Each write waits at most `write_timeout` (`[limits]`, as a TCP client's
+/// writer does): a client that reads nothing for that long is dropped, which frees its
+/// place under `max_connections`. A write that failed or timed out sets `failed`.
+async fn write_messages<S>(
+    mut sink: S,
+    mut rx: mpsc::Receiver<Message>,
+    pong_due: Arc<Notify>,
+    write_timeout: std::time::Duration,
+    failed: Arc<AtomicBool>,
+    done: CancellationToken,
+    peer: SocketAddr,
+) where
+    S: futures_util::Sink<Message> + Unpin,
+{
+    let clean = loop {
+        let next = tokio::select! {
+            biased;
+            m = rx.recv() => match m {
+                Some(m) => Some(m),
+                None => break true,
+            },
+            // A flush sends what tungstenite queued: the Pong (only the newest waits).
+            _ = pong_due.notified() => None,
+        };
+        let closing = matches!(next, Some(Message::Close(_)));
+        let wrote = tokio::time::timeout(write_timeout, async {
+            match next {
+                Some(m) => sink.send(m).await,
+                None => sink.flush().await,
+            }
+        })
+        .await;
+        match wrote {
+            Ok(Ok(())) if closing => break true,
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => break false,
+            Err(_) => {
+                tracing::info!(%peer, timeout = ?write_timeout, "WebSocket client read nothing within the write timeout; dropping the connection");
+                break false;
+            }
+        }
+    };
+    if clean {
+        let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, sink.close()).await;
+    } else {
+        failed.store(true, Ordering::Release);
+    }
+    done.cancel();
+}
+
 /// How long each step of a closing connection may take before it is cut short: the parser
 /// and the writer finishing (the writer flushes our Close), then the client answering that
 /// Close before the connection is dropped anyway.
 const CLOSE_HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Closes the stream for a message the adapter could not translate: our `<open/>` first if
-/// c2s has not answered one yet (RFC 6120 §4.9.1.1), the stream error, `<close/>` (RFC 7395
-/// §3.6) and the WebSocket close. The c2s side then sees its input end.
+/// Closes the stream with `err` from the adapter itself (a message it could not translate,
+/// control frames beyond the rate): our `<open/>` first if c2s has not answered one yet
+/// (RFC 6120 §4.9.1.1), the stream error, `<close/>` (RFC 7395 §3.6) and the WebSocket
+/// close. The c2s side then sees its input end.
 async fn fail(
     shared: &Shared,
     out: &mpsc::Sender<Message>,
     opened: &AtomicBool,
-    peer: SocketAddr,
-    e: &XmlError,
+    err: crate::error::StreamError,
 ) {
-    tracing::info!(%peer, error = %e, "closing WebSocket stream with error");
-    let Some(err) = crate::error::StreamError::of_xml(e) else {
-        return;
-    };
     let mut msgs = Vec::new();
     if !opened.load(Ordering::Acquire) {
         msgs.push(format!(

@@ -101,6 +101,7 @@ impl Bound {
             out: None,
             prelude: String::new(),
             resend: Vec::new(),
+            write_timeout: shared.live.get().limits.write_timeout,
         })));
         let mut live = shared
             .liveness
@@ -109,10 +110,7 @@ impl Bound {
             handle: handle.clone(),
             peer,
         };
-        let mut bucket = crate::rate_limit::TokenBucket::new(
-            shared.live.get().limits.stanzas_per_second,
-            shared.live.get().limits.stanza_burst,
-        );
+        let mut rate = crate::rate_limit::ClientRate::new(&shared.live.get().limits);
         let timings = shared.liveness.timings;
         // Checked four times per H so that a ping goes out within H/4 of H of silence.
         let mut ping_tick = tokio::time::interval(timings.heartbeat / 4);
@@ -248,6 +246,7 @@ impl Bound {
                         out: Some(kept),
                         prelude,
                         resend,
+                        write_timeout: shared.live.get().limits.write_timeout,
                     })));
                     read.set(next_event(Some(reader)));
                     peer = from;
@@ -288,14 +287,8 @@ impl Bound {
             };
             match ev {
                 Ok(StreamEvent::Stanza(el)) => {
-                    if !bucket.take() {
-                        shared
-                            .metrics
-                            .dropped(crate::metrics::DropReason::StanzaRate);
-                        break Some(StreamError::new(
-                            StreamCondition::PolicyViolation,
-                            "too many stanzas per second",
-                        ));
+                    if let Err(err) = rate.take(&shared.metrics) {
+                        break Some(err);
                     }
                     if let Some(nonza) = sm::Nonza::parse(&el) {
                         let answer = stream_management(

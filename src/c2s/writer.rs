@@ -58,6 +58,8 @@ pub(super) struct Writing {
     /// still holds them, written in batches as the mailbox's items are, never copied into
     /// one string.
     pub(super) resend: Vec<Arc<String>>,
+    /// `[limits] write_timeout`: how long one write may wait for the client to read.
+    pub(super) write_timeout: Duration,
 }
 
 /// What a writer hands back: the mailbox and filter, for the session to go on with.
@@ -90,6 +92,7 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
         mut out,
         prelude,
         resend,
+        write_timeout,
     } = w;
     let mut buf = prelude;
     let mut resend = resend.into_iter().peekable();
@@ -177,7 +180,9 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
         }
         if !buf.is_empty() {
             let wrote = tokio::select! {
-                r = tokio::time::timeout(Duration::from_secs(30), async {
+                // A client that reads nothing is a dropped connection: its socket, its
+                // mailbox and its place under max_connections go.
+                r = tokio::time::timeout(write_timeout, async {
                     writer.write_all(buf.as_bytes()).await?;
                     writer.flush().await
                 }) => r,
