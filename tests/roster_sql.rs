@@ -67,13 +67,19 @@ async fn sql_make_mutual_pushes_roster_and_presence_to_online_users() {
     let mut carol = online(&ts, "carol").await;
     let (a, b) = (ts.jid("alice"), ts.jid("bob"));
     ts.make_mutual("alice", "bob").await;
-    alice.expect(roster_push_for(&b, "both")).await;
-    bob.expect(roster_push_for(&a, "both")).await;
-    alice
-        .expect(|e| is_presence(e, &format!("{b}/r"), None))
-        .await;
-    bob.expect(|e| is_presence(e, &format!("{a}/r"), None))
-        .await;
+    // Each gets the contact's presence only after the roster push that names the contact
+    // (RFC 6121 §2.1.6 and §3.1.5: push first): a client such as Profanity drops presence
+    // from a JID its roster does not hold and shows the contact offline. A push read after
+    // the presence is not yet in the backlog when the presence arrives.
+    for (c, contact) in [(&mut alice, &b), (&mut bob, &a)] {
+        c.expect(|e| is_presence(e, &format!("{contact}/r"), None))
+            .await;
+        assert!(
+            c.backlog.iter().any(roster_push_for(contact, "both")),
+            "{}: {contact}'s presence came before the roster push",
+            c.jid
+        );
+    }
     // Carol is nobody's contact: she hears nothing of it.
     carol
         .expect_none(

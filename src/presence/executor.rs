@@ -155,9 +155,25 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
 /// every change [`apply`] makes, so a change this node made itself has delivered its
 /// stanzas in RFC 6121 order (e.g. `subscribed` before the presence that follows it,
 /// §3.1.5) before this looks, and then finds nothing to do.
+///
+/// One change of SQL often touches two rosters (`presenced_roster_make_mutual`), whose
+/// announcements arrive one at a time. The owner's presence may now go to a local contact
+/// whose own roster push for the owner is still waiting for its announcement, and a client
+/// drops presence from a JID its roster lacks (RFC 6121 §2.1.6: the push comes first). So
+/// the local contacts of the owner's changed items that have sessions here get their own
+/// pending pushes before the owner's presence is re-decided; their announcements, handled
+/// later, then find nothing to push.
 pub(crate) async fn apply_external(shared: &Shared, owner: &str, version: i64) {
-    let _lock = shared.roster_locks.lock(&[owner]).await;
-    replay_pushes(shared, owner, version).await;
+    let contacts = {
+        let _lock = shared.roster_locks.lock(&[owner]).await;
+        replay_pushes(shared, owner, version).await
+    };
+    let mut users = vec![owner];
+    users.extend(contacts.iter().map(String::as_str));
+    let _lock = shared.roster_locks.lock(&users).await;
+    for contact in &contacts {
+        replay_pushes(shared, contact, i64::MAX).await;
+    }
     presence_after_external(shared, owner).await;
 }
 
@@ -176,8 +192,9 @@ pub(crate) async fn apply_external_pair(shared: &Shared, a: &str, b: &str) {
 }
 
 /// Brings every session of `owner` up to `version` (or to the current version for
-/// `i64::MAX`). The caller holds the owner's roster lock.
-async fn replay_pushes(shared: &Shared, owner: &str, version: i64) {
+/// `i64::MAX`); returns the contacts of the changes pushed that are users with sessions on
+/// this node. The caller holds the owner's roster lock.
+async fn replay_pushes(shared: &Shared, owner: &str, version: i64) -> Vec<String> {
     let sessions = shared.sessions.of_user_str(owner);
     // The oldest version any session of the user has seen; presence effects are computed
     // once per user from there.
@@ -186,21 +203,21 @@ async fn replay_pushes(shared: &Shared, owner: &str, version: i64) {
         .filter_map(|s| s.read(|p| p.roster_ver))
         .min()
     else {
-        return;
+        return Vec::new();
     };
     if seen >= version {
-        return;
+        return Vec::new();
     }
     let (current, changes) = match shared.store.roster_since(owner, seen).await {
         Ok(Some(r)) => r,
-        Ok(None) => return,
+        Ok(None) => return Vec::new(),
         Err(e) => {
             tracing::warn!(owner, error = %e, "roster sync failed");
-            return;
+            return Vec::new();
         }
     };
     if changes.is_empty() {
-        return;
+        return Vec::new();
     }
     tracing::info!(
         owner,
@@ -228,6 +245,15 @@ async fn replay_pushes(shared: &Shared, owner: &str, version: i64) {
             crate::roster_push::push_to(s, current, item);
         }
     }
+    changes
+        .iter()
+        .map(|change| match change {
+            RosterChange::Upsert(i) => i.contact.as_str(),
+            RosterChange::Removed(c) => c.as_str(),
+        })
+        .filter(|c| *c != owner && !shared.sessions.of_user_str(c).is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The presence consequences of a roster change made outside this node: withdrawn from
