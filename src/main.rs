@@ -268,7 +268,7 @@ async fn run(
             out!(
                 "copied {} accounts, {} roster items, {} waiting subscription requests, \
                  {} block-list entries, {} privacy settings, {} last-seen values, {} PEP items, \
-                 {} vCards, {} secrets",
+                 {} vCards, {} offline messages, {} secrets",
                 n.accounts,
                 n.roster_items,
                 n.pending,
@@ -277,6 +277,7 @@ async fn run(
                 n.last_seen,
                 n.pep_items,
                 n.vcards,
+                n.offline_messages,
                 n.secrets
             );
             Ok(())

@@ -63,6 +63,16 @@ async fn everything(store: &Store) -> Vec<String> {
             "{jid} vcard {:?}",
             store.vcard(&jid).await.unwrap()
         ));
+        // Read without handing them out; the time compared to the microsecond, what
+        // both stores keep.
+        for (m, contact) in store.offline_messages(&jid).await.unwrap() {
+            out.push(format!(
+                "{jid} offline {} {} {contact} {}",
+                m.sender,
+                m.stanza,
+                m.stored_at.timestamp_micros()
+            ));
+        }
     }
     out
 }
@@ -209,9 +219,27 @@ async fn copy_store_round_trips_a_populated_store_through_sqlite_and_back() {
         )
         .await
         .unwrap();
+    // XEP-0160 messages kept for bob, from a contact and from a stranger.
+    for (sender, contact, body) in [
+        (format!("{alice}/phone"), true, "hi ñ"),
+        ("x@remote.example".to_owned(), false, "who"),
+    ] {
+        let stanza = format!(
+            "<message xmlns='jabber:client' from='{sender}' to='{bob}' type='chat'><body>{body}</body></message>"
+        );
+        assert!(source
+            .store_offline_message(&bob, &sender, &stanza, contact)
+            .await
+            .unwrap());
+    }
     let want = everything(&source).await;
     assert!(
         want.iter().any(|l| l.contains("<FN>Bob ñ</FN>")),
+        "{want:?}"
+    );
+    assert_eq!(
+        want.iter().filter(|l| l.contains(" offline ")).count(),
+        2,
         "{want:?}"
     );
     assert!(want.len() > 20, "the source holds data: {want:?}");

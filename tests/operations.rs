@@ -617,6 +617,62 @@ async fn check_config_fails_broken_files_and_unreachable_stores_with_their_names
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
+/// `check-config --connect` tries the operator's migrations that are not applied yet on
+/// the configured store and rolls them back: a file in the other dialect (as after
+/// `copy-store` from SQLite to PostgreSQL) fails the check, naming the file, where before
+/// the check said ok and the next start stopped on it.
+#[tokio::test]
+async fn check_config_tries_the_operators_pending_migrations_on_the_store() {
+    let setup = Setup::new("");
+    let dir = setup.dir.join("migrations.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = std::fs::read_to_string(setup.config()).unwrap();
+    let line = cfg
+        .lines()
+        .find(|l| l.starts_with("migrations = "))
+        .expect("the setup names a migrations directory")
+        .to_owned();
+    std::fs::write(
+        setup.config(),
+        cfg.replace(&line, &format!("migrations = \"{}\"", dir.display())),
+    )
+    .unwrap();
+    let table = format!("t{}", unique());
+    // PostgreSQL's dialect: runs, and is rolled back (the table is not there afterwards).
+    std::fs::write(
+        dir.join("1000_mine.sql"),
+        format!("CREATE TABLE {table} (x bigint); SELECT 1::bigint;"),
+    )
+    .unwrap();
+    let out = setup.run(&["check-config", "--connect"]).await;
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("1 not applied yet; they run on this store"),
+        "{t}"
+    );
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    let left: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(&table)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, None, "the trial was rolled back");
+    // SQLite's dialect on PostgreSQL: the check fails and names the file.
+    std::fs::write(
+        dir.join("1001_lite.sql"),
+        "INSERT INTO presenced_roster_make_mutual (a, b) VALUES ('a@x', 'b@x');",
+    )
+    .unwrap();
+    let out = setup.run(&["check-config", "--connect"]).await;
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("FAIL  [database] migrations:") && t.contains("migration 1001 (lite)"),
+        "{t}"
+    );
+}
+
 async fn make_mutual(a: &str, b: &str) {
     let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
     sqlx::query("SELECT presenced_roster_make_mutual($1, $2)")

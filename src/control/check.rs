@@ -183,6 +183,9 @@ pub async fn connect(config: &Config, store_usable: bool) -> Vec<Finding> {
             },
         );
     }
+    if store_usable {
+        out.push(operator_migrations(config).await);
+    }
     match crate::redis_conn::Target::from_config(config) {
         Ok(None) => out.push(ok(
             "Redis: none configured; liveness runs in process (single node)".into(),
@@ -200,6 +203,28 @@ pub async fn connect(config: &Config, store_usable: bool) -> Vec<Finding> {
         }
     }
     out
+}
+
+/// Whether the operator's migrations not applied yet would run on the configured store
+/// (tried and rolled back): a directory written for the other dialect, as after
+/// `copy-store` from SQLite to PostgreSQL, is found here rather than at the next start.
+async fn operator_migrations(config: &Config) -> Finding {
+    let dir = &config.database.migrations;
+    match crate::store::trial_operator_migrations(&config.database.url, dir).await {
+        Ok(crate::store::Trial::Runs(0)) => ok(format!(
+            "[database] migrations {}: nothing to apply",
+            dir.display()
+        )),
+        Ok(crate::store::Trial::Runs(n)) => ok(format!(
+            "[database] migrations {}: {n} not applied yet; they run on this store (tried, rolled back)",
+            dir.display()
+        )),
+        Ok(crate::store::Trial::NoSchemaYet) => ok(format!(
+            "[database] migrations {}: the store has no schema yet; tried at the first start",
+            dir.display()
+        )),
+        Err(e) => fail(format!("[database] migrations: {e}")),
+    }
 }
 
 async fn postgres(url: &str) -> Result<String, Finding> {

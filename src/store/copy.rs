@@ -1,7 +1,8 @@
 //! `presenced copy-store`: every account (with its SCRAM credentials, never a password),
 //! roster item, waiting subscription request, block-list entry, privacy setting, last
-//! seen, XEP-0163 node and item, XEP-0054 vCard and server secret from one store to another, in either direction between
-//! PostgreSQL and SQLite.
+//! seen, XEP-0163 node and item, XEP-0054 vCard, XEP-0160 offline message (with its time
+//! and sender, so it is handed out as it would have been) and server secret from one store
+//! to another, in either direction between PostgreSQL and SQLite.
 //!
 //! It goes through the store's own reads and writes, so each side's schema checks what
 //! arrives and its triggers version the copied rosters afresh (a client's cached roster
@@ -37,6 +38,8 @@ pub struct CopyCounts {
     pub pep_items: usize,
     /// XEP-0054 vCards.
     pub vcards: usize,
+    /// XEP-0160 offline messages.
+    pub offline_messages: usize,
 }
 
 /// Limits that refuse and cut nothing, for a copy.
@@ -135,6 +138,11 @@ async fn copy_unlimited(from: &Store, to: &Store) -> Result<CopyCounts, StoreErr
         if let Some(vcard) = from.vcard(&jid).await? {
             to.set_vcard(&jid, &vcard).await?;
             n.vcards += 1;
+        }
+        for (message, from_contact) in from.offline_messages(&jid).await? {
+            to.import_offline_message(&jid, &message, from_contact)
+                .await?;
+            n.offline_messages += 1;
         }
         if let Some(seen_there) = from.last_seen(&jid).await? {
             seen.push(seen_there);

@@ -686,6 +686,91 @@ impl Store {
     }
 }
 
+/// What [`trial_operator_migrations`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trial {
+    /// The store has no schema yet: the operator's files are tried at its first start.
+    NoSchemaYet,
+    /// This many files are not applied yet, and all of them run on the store as it is.
+    Runs(usize),
+}
+
+/// Runs the operator's migrations in `dir` that `url`'s store has not applied yet, in
+/// order, inside one transaction that is then rolled back: whether the next start or
+/// `migrate` would apply them, without changing anything. A file written for the other
+/// dialect (SQLite's `INSERT INTO presenced_roster_make_mutual` on PostgreSQL, a
+/// PostgreSQL function on SQLite) fails here with the store's own error, naming the file.
+pub async fn trial_operator_migrations(url: &str, dir: &Path) -> Result<Trial, String> {
+    if !dir.is_dir() {
+        return Ok(Trial::Runs(0));
+    }
+    let migrator = sqlx::migrate::Migrator::new(dir)
+        .await
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    // Connecting must not create the file or the database a check only looks at.
+    let exists = match sqlite::path_of(url) {
+        Some(path) => path.exists(),
+        None => {
+            use sqlx::migrate::MigrateDatabase;
+            sqlx::Postgres::database_exists(url).await.unwrap_or(false)
+        }
+    };
+    if !exists {
+        return Ok(Trial::NoSchemaYet);
+    }
+    let store = Store::connect(url, 1).await.map_err(|e| e.to_string())?;
+    let (pool, lite) = match &store.backend {
+        Backend::Postgres(pool) => (Some(pool.clone()), None),
+        Backend::Sqlite(db) => (None, Some(db.writer().clone())),
+    };
+    let applied_sql = "SELECT version FROM _sqlx_migrations WHERE success";
+    let applied: Result<Vec<i64>, sqlx::Error> = match (&pool, &lite) {
+        (Some(p), _) => sqlx::query_scalar(applied_sql).fetch_all(p).await,
+        (_, Some(l)) => sqlx::query_scalar(applied_sql).fetch_all(l).await,
+        _ => unreachable!("one backend"),
+    };
+    let Ok(applied) = applied else {
+        return Ok(Trial::NoSchemaYet);
+    };
+    let pending: Vec<_> = migrator
+        .iter()
+        .filter(|m| m.version >= OPERATOR_MIGRATIONS_FROM && !applied.contains(&m.version))
+        .collect();
+    let fail = |m: &sqlx::migrate::Migration, e: sqlx::Error| {
+        format!(
+            "{}: migration {} ({}) would fail on this store: {e}",
+            dir.display(),
+            m.version,
+            m.description
+        )
+    };
+    match (pool, lite) {
+        (Some(p), _) => {
+            let mut tx = p.begin().await.map_err(|e| e.to_string())?;
+            for m in &pending {
+                sqlx::raw_sql(&m.sql)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| fail(m, e))?;
+            }
+            tx.rollback().await.map_err(|e| e.to_string())?;
+        }
+        (_, Some(l)) => {
+            let mut tx = l.begin().await.map_err(|e| e.to_string())?;
+            for m in &pending {
+                sqlx::raw_sql(&m.sql)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| fail(m, e))?;
+            }
+            tx.rollback().await.map_err(|e| e.to_string())?;
+        }
+        _ => unreachable!("one backend"),
+    }
+    store.close().await;
+    Ok(Trial::Runs(pending.len()))
+}
+
 /// Refuses an operator's migrations directory, or a `.sql` file in it, that a user other
 /// than its owner may write (group or others' write bit), as sshd refuses such key files:
 /// whoever can write there runs SQL as the server, and `presenced migrate` is often run

@@ -190,6 +190,67 @@ impl Store {
         Ok(true)
     }
 
+    /// Every message waiting for `owner`, oldest first, with whether its sender was a
+    /// contact when it was kept; nothing is deleted (for `copy-store`).
+    pub async fn offline_messages(
+        &self,
+        owner: &str,
+    ) -> Result<Vec<(OfflineMessage, bool)>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.offline_messages(owner));
+        let rows: Vec<(String, String, DateTime<Utc>, bool)> = sqlx::query_as(
+            "SELECT sender, stanza, stored_at, from_contact FROM offline_messages
+             WHERE owner = $1 ORDER BY id",
+        )
+        .bind(owner)
+        .fetch_all(pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(sender, stanza, stored_at, contact)| {
+                let sender = stored_jid("offline_messages", owner, &sender)?;
+                Some((
+                    OfflineMessage {
+                        sender,
+                        stanza,
+                        stored_at,
+                    },
+                    contact,
+                ))
+            })
+            .collect())
+    }
+
+    /// Keeps `message` for `owner` as it was kept elsewhere, its time and contact flag
+    /// included, past every quota (for `copy-store`, which copies what the source holds).
+    pub async fn import_offline_message(
+        &self,
+        owner: &str,
+        message: &OfflineMessage,
+        from_contact: bool,
+    ) -> Result<(), StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.import_offline_message(
+            owner,
+            message,
+            from_contact
+        ));
+        let sender = message.sender.as_str();
+        sqlx::query(
+            "INSERT INTO offline_messages
+                 (owner, sender, sender_bare, stanza, bytes, from_contact, stored_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(owner)
+        .bind(sender)
+        .bind(crate::jid::bare_of(sender))
+        .bind(&message.stanza)
+        .bind(i32::try_from(message.stanza.len()).unwrap_or(i32::MAX))
+        .bind(from_contact)
+        .bind(message.stored_at)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+
     /// Every message waiting for `owner`, oldest first, deleted as they are returned.
     pub async fn take_offline_messages(
         &self,

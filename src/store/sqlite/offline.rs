@@ -70,6 +70,55 @@ impl Pools {
         Ok(true)
     }
 
+    pub(in crate::store) async fn offline_messages(
+        &self,
+        owner: &str,
+    ) -> Result<Vec<(OfflineMessage, bool)>, StoreError> {
+        let rows: Vec<(String, String, String, bool)> = sqlx::query_as(
+            "SELECT sender, stanza, stored_at, from_contact FROM offline_messages
+             WHERE owner = ?1 ORDER BY id",
+        )
+        .bind(owner)
+        .fetch_all(&self.read)
+        .await?;
+        let mut kept = Vec::with_capacity(rows.len());
+        for (sender, stanza, at, contact) in rows {
+            if let Some(sender) = stored_jid("offline_messages", owner, &sender) {
+                let message = OfflineMessage {
+                    sender,
+                    stanza,
+                    stored_at: parse_time(&at)?,
+                };
+                kept.push((message, contact));
+            }
+        }
+        Ok(kept)
+    }
+
+    pub(in crate::store) async fn import_offline_message(
+        &self,
+        owner: &str,
+        message: &OfflineMessage,
+        from_contact: bool,
+    ) -> Result<(), StoreError> {
+        let sender = message.sender.as_str();
+        sqlx::query(
+            "INSERT INTO offline_messages
+                 (owner, sender, sender_bare, stanza, bytes, from_contact, stored_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )
+        .bind(owner)
+        .bind(sender)
+        .bind(crate::jid::bare_of(sender))
+        .bind(&message.stanza)
+        .bind(i64::try_from(message.stanza.len()).unwrap_or(i64::MAX))
+        .bind(from_contact)
+        .bind(super::time_text(message.stored_at))
+        .execute(&self.write)
+        .await?;
+        Ok(())
+    }
+
     pub(in crate::store) async fn take_offline_messages(
         &self,
         owner: &str,
