@@ -69,8 +69,9 @@ async fn accept_loop(
         };
         let shared = shared.clone();
         let services = services.clone();
+        let port = stream.local_addr().map(|a| a.port()).unwrap_or(0);
         tokio::spawn(async move {
-            handle(shared, services, Box::new(stream), peer).await;
+            handle(shared, services, Box::new(stream), peer, port).await;
             drop(permit);
         });
     }
@@ -228,7 +229,13 @@ async fn read_head(
     }
 }
 
-async fn handle(shared: Arc<Shared>, services: Arc<Services>, io: BoxIo, peer: SocketAddr) {
+async fn handle(
+    shared: Arc<Shared>,
+    services: Arc<Services>,
+    io: BoxIo,
+    peer: SocketAddr,
+    local_port: u16,
+) {
     // The TLS handshake and the whole request head share one deadline: a bound on each read
     // alone lets a client trickle a byte per read and keep the connection for ever. The head
     // is HTTP's negotiation, so it gets the c2s negotiation time.
@@ -268,14 +275,25 @@ async fn handle(shared: Arc<Shared>, services: Arc<Services>, io: BoxIo, peer: S
         // choice, see [http] tls).
         return crate::websocket::serve(shared.clone(), services, replay, peer, true).await;
     }
+    let ws_url = || websocket_url(&shared, head.host.as_deref(), local_port);
     match path {
         "/.well-known/host-meta" => {
-            let body = host_meta_xml(&websocket_url(&shared, head.host.as_deref()));
-            respond(io, 200, "application/xrd+xml", &body).await
+            respond(io, 200, "application/xrd+xml", &host_meta_xml(&ws_url())).await
         }
         "/.well-known/host-meta.json" => {
-            let body = host_meta_json(&websocket_url(&shared, head.host.as_deref()));
-            respond(io, 200, "application/json", &body).await
+            respond(io, 200, "application/json", &host_meta_json(&ws_url())).await
+        }
+        // RFC 9110 §15.5.22: the resource is there, over the protocol named in Upgrade.
+        p if p == c.websocket_path => {
+            respond_with(
+                io,
+                426,
+                "text/plain",
+                "This is the XMPP WebSocket endpoint (RFC 7395): connect to it with a \
+                 WebSocket client, subprotocol xmpp.\n",
+                "Access-Control-Allow-Origin: *\r\nUpgrade: websocket\r\n",
+            )
+            .await
         }
         _ => respond(io, 404, "text/plain", "not found").await,
     }
@@ -283,14 +301,16 @@ async fn handle(shared: Arc<Shared>, services: Arc<Services>, io: BoxIo, peer: S
 
 /// The advertised WebSocket URL: the configured one, or derived from the request's Host
 /// when that names a domain served here (with the port the client used); otherwise the
-/// first served domain. Any other Host is never echoed: the document tells a web client
-/// where to log in, and a shared cache could serve a copy naming a stranger's host to
-/// everyone.
-fn websocket_url(shared: &Shared, host: Option<&str>) -> String {
+/// first served domain at the port this listener took (left out when it is the scheme's
+/// default). Any other Host is never echoed, its port neither: the document tells a web
+/// client where to log in, and a shared cache could serve a copy naming a stranger's host
+/// to everyone. A client that came by IP address is so told the port it used.
+fn websocket_url(shared: &Shared, host: Option<&str>, local_port: u16) -> String {
     let c = &shared.config.http;
     if let Some(url) = &c.websocket_url {
         return url.clone();
     }
+    let scheme = if c.tls { "wss" } else { "ws" };
     let host = host
         .filter(|h| {
             let (name, port) = match h.rsplit_once(':') {
@@ -301,8 +321,15 @@ fn websocket_url(shared: &Shared, host: Option<&str>) -> String {
             port.is_none_or(|p| p.parse::<u16>().is_ok()) && shared.config.serves(&name)
         })
         .map(str::to_owned)
-        .unwrap_or_else(|| shared.config.domains[0].clone());
-    let scheme = if c.tls { "wss" } else { "ws" };
+        .unwrap_or_else(|| {
+            let default_port = if c.tls { 443 } else { 80 };
+            let domain = &shared.config.domains[0];
+            if local_port == 0 || local_port == default_port {
+                domain.clone()
+            } else {
+                format!("{domain}:{local_port}")
+            }
+        });
     format!("{scheme}://{host}{}", c.websocket_path)
 }
 
@@ -343,6 +370,7 @@ async fn respond(io: BoxIo, status: u16, ctype: &str, body: &str) {
 async fn respond_with(mut io: BoxIo, status: u16, ctype: &str, body: &str, extra: &str) {
     let reason = match status {
         200 => "OK",
+        426 => "Upgrade Required",
         400 => "Bad Request",
         401 => "Unauthorized",
         404 => "Not Found",

@@ -396,15 +396,18 @@ async fn host_meta_advertises_the_websocket_endpoint() {
     ] {
         // A Host naming a served domain (with the port the client used) is kept; any other
         // Host is not echoed into the document, which a shared cache could hand to others
-        // as the place to send their passwords.
+        // as the place to send their passwords: the first served domain stands in, at the
+        // port the listener took (a client that came by IP address, as a new operator
+        // does, is told the port it used, never an attacker's).
         let served = format!("{}:5443", ts.domain.to_uppercase());
+        let port = ts.http_addr().port();
+        let listener = format!("ws://{}:{port}/xmpp-websocket", ts.domain);
+        let by_ip = format!("127.0.0.1:{port}");
         for (host, advertised) in [
             (served.as_str(), format!("ws://{served}/xmpp-websocket")),
-            ("evil.example", format!("ws://{}/xmpp-websocket", ts.domain)),
-            (
-                "evil.example:5443",
-                format!("ws://{}/xmpp-websocket", ts.domain),
-            ),
+            (by_ip.as_str(), listener.clone()),
+            ("evil.example", listener.clone()),
+            ("evil.example:5443", listener.clone()),
         ] {
             let body = ts.http_get(path, host).await;
             assert!(body.starts_with("HTTP/1.1 200"), "{body}");
@@ -413,6 +416,24 @@ async fn host_meta_advertises_the_websocket_endpoint() {
             assert!(!body.contains("evil"), "Host {host} echoed: {body}");
         }
     }
+    ts.stop().await;
+}
+
+/// A browser or curl pointed at the WebSocket URL without the upgrade is told what the
+/// URL is for (RFC 9110 §15.5.22 426 Upgrade Required, naming the protocol to upgrade to),
+/// not that it does not exist.
+#[tokio::test]
+async fn a_plain_get_on_the_websocket_path_is_told_to_upgrade() {
+    let ts = TestServer::start(|_| {}).await;
+    let reply = ts
+        .http_get(&ts.config.http.websocket_path, &ts.domain)
+        .await;
+    assert!(
+        reply.starts_with("HTTP/1.1 426 Upgrade Required"),
+        "{reply}"
+    );
+    assert!(reply.contains("\r\nUpgrade: websocket\r\n"), "{reply}");
+    assert!(reply.contains("RFC 7395"), "{reply}");
     ts.stop().await;
 }
 
