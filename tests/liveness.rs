@@ -1483,3 +1483,50 @@ async fn a_client_whose_stanza_the_server_is_still_handling_is_not_declared_sile
     );
     ts.stop().await;
 }
+
+/// After a clean stop nothing of the node stays in Redis for ever: every key under its
+/// prefix is gone or expires (a key without a TTL, PTTL -1, would be kept until someone
+/// deletes it by hand, and a beat ZSET with members would be swept by nobody).
+#[tokio::test]
+async fn a_clean_stop_leaves_no_key_without_an_expiry() {
+    let ts = start_on(Backend::Redis).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let mut alice = online(&ts, "alice", "phone").await;
+    let _bob = online(&ts, "bob", "pc").await;
+    alice.presence(None, None).await;
+    let mut r = ts.redis().await;
+    let prefix = ts.config.redis.key_prefix.clone();
+    // Until the node's beats are in Redis (its refreshes run every redis_refresh).
+    let deadline = Instant::now() + secs(timings(&ts).redis_refresh * 4.0 + 2.0);
+    loop {
+        let beats: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}presence:beats:*"))
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        if !beats.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no beats written");
+        tokio::time::sleep(secs(0.05)).await;
+    }
+    ts.stop().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let mut forever = Vec::new();
+    for k in &keys {
+        let t: i64 = redis::cmd("PTTL").arg(k).query_async(&mut r).await.unwrap();
+        if t == -1 {
+            forever.push(k.clone());
+        }
+    }
+    assert!(
+        forever.is_empty(),
+        "keys without an expiry after a clean stop: {forever:?}"
+    );
+}
