@@ -48,6 +48,12 @@ pub enum Request {
         /// Bare JID.
         jid: String,
     },
+    /// The account's password was changed in the store: end every session of it, which
+    /// authenticated with the old one.
+    PasswordChanged {
+        /// Bare JID.
+        jid: String,
+    },
     /// Bound sessions, of one account (bare JID), one resource (full JID) or all.
     SessionList {
         /// Bare or full JID.
@@ -229,6 +235,18 @@ async fn execute(
                 "local_contacts": deleted.local_contacts,
                 "remote_contacts": deleted.remote_contacts,
             }))
+        }
+        Request::PasswordChanged { jid } => {
+            let bare = BareJid::new(&jid).map_err(|e| format!("{jid}: {e}"))?;
+            // RFC 6120 §4.9.3.16 reset: a security-critical change; each client logs in again,
+            // and one holding only the old password no longer can.
+            let ended = crate::account_deletion::close_and_wait(
+                shared,
+                &shared.sessions.of_user(&bare),
+                &StreamError::new(StreamCondition::Reset, "the account's password was changed"),
+            )
+            .await;
+            Ok(serde_json::json!({ "sessions_ended": ended }))
         }
         Request::SessionList { jid } => {
             let sessions = select(shared, jid.as_deref())?;
@@ -496,7 +514,7 @@ pub fn render(req: &Request, answer: &serde_json::Value) -> String {
                 ));
             }
         }
-        Request::SessionKick { jid, .. } => {
+        Request::SessionKick { jid, .. } | Request::PasswordChanged { jid } => {
             out.push_str(&format!(
                 "ended {} session(s) of {jid}\n",
                 answer["sessions_ended"]

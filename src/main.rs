@@ -436,6 +436,17 @@ async fn user(action: UserAction, config: &Config, json: bool) -> Result<(), Str
             match store.set_password(&node, &domain, &pw, iterations).await {
                 Ok(true) => {
                     out!("password changed for {node}@{domain}");
+                    // A running server ends the sessions that logged in with the old one.
+                    if let Ok(path) = admin_socket(config) {
+                        let req = Request::PasswordChanged {
+                            jid: format!("{node}@{domain}"),
+                        };
+                        match presenced::admin::request(&path, &req).await {
+                            Ok(answer) => print_answer(&req, &answer, json),
+                            Err(ClientError::Unreachable(_)) => {}
+                            Err(e) => return Err(format!("ending the account's sessions: {e}")),
+                        }
+                    }
                     Ok(())
                 }
                 Ok(false) => Err(format!("no account {node}@{domain}")),

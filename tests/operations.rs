@@ -770,6 +770,26 @@ async fn admin_commands_list_kick_and_delete_against_the_running_server() {
     assert!(!out.status.success());
     assert!(text(&out).contains("no session of"), "{}", text(&out));
 
+    // A password changed while the server runs ends the sessions that logged in with the
+    // old one (RFC 6120 §4.9.3.16 reset); the new password logs in.
+    let pw = setup.dir.join("alice-new.pw");
+    std::fs::write(&pw, "new pw\n").unwrap();
+    let out = setup
+        .run(&[
+            "user",
+            "passwd",
+            &format!("alice@{d}"),
+            "--password-file",
+            pw.to_str().unwrap(),
+        ])
+        .await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("ended 1 session(s)"), "{}", text(&out));
+    let end = alice.until("</stream:stream>").await;
+    assert!(end.contains("<reset") && end.contains("password"), "{end}");
+    let (mut alice, _) = Conn::connect(server.direct_tls, &d, &[&trusted]).await;
+    alice.login(&d, "alice", "new pw", "a2").await;
+
     let (status, _) = server.terminate().await;
     assert!(status.success());
     assert!(!sock.exists(), "the socket goes with the server");
