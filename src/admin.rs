@@ -107,6 +107,10 @@ pub struct SessionInfo {
     pub since: String,
     /// Invisible (XEP-0186): shown to operators, never counted publicly.
     pub invisible: bool,
+    /// Detached (XEP-0198): the connection died and the session waits for its client to
+    /// resume it; contacts still see it online meanwhile.
+    #[serde(default)]
+    pub detached: bool,
 }
 
 /// `stats`.
@@ -122,6 +126,9 @@ pub struct Stats {
     pub sessions: usize,
     /// Of which invisible.
     pub invisible_sessions: usize,
+    /// Of which detached, waiting for their client to resume them (XEP-0198).
+    #[serde(default)]
+    pub detached_sessions: usize,
     /// Over TCP.
     pub sessions_tcp: usize,
     /// Over WebSocket.
@@ -276,6 +283,7 @@ async fn execute(
                 users_online: shared.sessions.users().len(),
                 sessions: 0,
                 invisible_sessions: 0,
+                detached_sessions: 0,
                 sessions_tcp: 0,
                 sessions_websocket: 0,
                 s2s_outgoing_links: shared.s2s.outgoing_links(),
@@ -285,6 +293,9 @@ async fn execute(
                 s.sessions += 1;
                 if h.is_invisible() {
                     s.invisible_sessions += 1;
+                }
+                if h.is_detached() {
+                    s.detached_sessions += 1;
                 }
                 match h.origin.transport {
                     "websocket" => s.sessions_websocket += 1,
@@ -445,6 +456,7 @@ fn info(s: &SessionHandle) -> SessionInfo {
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .unwrap_or_default(),
         invisible: s.is_invisible(),
+        detached: s.is_detached(),
     }
 }
 
@@ -510,7 +522,12 @@ pub fn render(req: &Request, answer: &serde_json::Value) -> String {
                     s.transport,
                     s.ip.as_deref().unwrap_or("-"),
                     s.since,
-                    if s.invisible { "\tinvisible" } else { "" }
+                    match (s.invisible, s.detached) {
+                        (true, true) => "\tinvisible\tdetached",
+                        (true, false) => "\tinvisible",
+                        (false, true) => "\tdetached",
+                        (false, false) => "",
+                    }
                 ));
             }
         }

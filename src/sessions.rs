@@ -192,6 +192,9 @@ pub struct SessionState {
     pub invisible: bool,
     /// While invisible, whether probes still go to remote contacts (XEP-0186 `probe`).
     pub probe_remote: bool,
+    /// Its connection died and it waits for its client to resume it (XEP-0198 §5): bound,
+    /// and shown to contacts as before, but no client is there; operators see it marked.
+    pub detached: bool,
     /// The session retrieved its block list, so it gets block/unblock pushes
     /// (XEP-0191 §3.3: pushes go to resources that requested the list).
     pub blocklist_interested: bool,
@@ -226,6 +229,7 @@ impl SessionState {
             carbons: false,
             invisible: false,
             probe_remote: false,
+            detached: false,
             blocklist_interested: false,
             revealed: HashMap::new(),
             directed: BTreeSet::new(),
@@ -389,6 +393,10 @@ pub struct VisibleCounts {
     pub tcp: usize,
     /// Visible sessions over WebSocket.
     pub websocket: usize,
+    /// Of the visible sessions, those detached and waiting for their client to resume them
+    /// (XEP-0198): counted above, since their contacts still see them, but no client is
+    /// connected.
+    pub detached: usize,
 }
 
 impl VisibleCounts {
@@ -561,6 +569,11 @@ impl SessionHandle {
     /// Whether this session is invisible (XEP-0186).
     pub fn is_invisible(&self) -> bool {
         self.read(|p| p.invisible)
+    }
+
+    /// Whether the session waits, detached, for its client to resume it (XEP-0198).
+    pub fn is_detached(&self) -> bool {
+        self.read(|p| p.detached)
     }
 
     /// See [`SessionState::reveal`].
@@ -749,6 +762,7 @@ impl Sessions {
             let mut any = false;
             for h in list.iter().filter(|h| !h.is_invisible()) {
                 any = true;
+                c.detached += usize::from(h.is_detached());
                 match h.origin.transport {
                     "websocket" => c.websocket += 1,
                     _ => c.tcp += 1,

@@ -304,6 +304,46 @@ async fn a_killed_connection_resumes_with_the_unacked_messages_and_no_presence_f
     );
 }
 
+/// A detached session is still online for its contacts, but no client is there: the
+/// operators' session list, `stats` and the status page mark it as detached, and stop
+/// once it is resumed.
+#[tokio::test]
+async fn a_detached_session_is_marked_as_such_for_operators_until_it_is_resumed() {
+    let ts = TestServer::start(with_window(Duration::from_secs(30))).await;
+    ts.user("alice").await;
+    let (alice, id) = resumable_online(&ts, "alice", "phone").await;
+    let full = FullJid::new(&alice.jid).unwrap();
+    let marked = |ts: &TestServer| {
+        ts.shared()
+            .sessions
+            .get(&full)
+            .is_some_and(|s| s.is_detached())
+    };
+    assert!(!marked(&ts), "attached");
+    let online = |json: &str| -> serde_json::Value {
+        serde_json::from_str::<serde_json::Value>(json.split("\r\n\r\n").nth(1).unwrap()).unwrap()
+            ["online"]
+            .clone()
+    };
+    assert_eq!(online(&ts.admin_get("/status.json").await)["detached"], 0);
+    drop(alice);
+    detached(&ts, 1).await;
+    assert!(marked(&ts), "the session list marks it detached");
+    let now = online(&ts.admin_get("/status.json").await);
+    assert_eq!(
+        (now["tcp"].clone(), now["detached"].clone()),
+        (1.into(), 1.into()),
+        "{now}"
+    );
+    let mut again = Client::authenticated(&ts, "alice").await;
+    let resumed = resume(&mut again, &id, 0).await;
+    assert!(is_sm(&resumed, "resumed"), "{resumed}");
+    detached(&ts, 0).await;
+    assert!(!marked(&ts), "resumed: attached again");
+    assert_eq!(online(&ts.admin_get("/status.json").await)["detached"], 0);
+    ts.stop().await;
+}
+
 #[tokio::test]
 async fn a_resume_while_the_old_connection_looks_alive_takes_it_over() {
     let ts = TestServer::start(with_window(Duration::from_secs(30))).await;

@@ -91,11 +91,23 @@ pub(super) struct Detached {
     /// Boxed: the timer is large and only a detached session needs one.
     pub(super) until: std::pin::Pin<Box<tokio::time::Sleep>>,
     pub(super) _counted: sm::DetachedCount,
+    pub(super) _marked: DetachedMark,
+}
+
+/// Marks the session detached in its state while it lives (operators' session list, the
+/// status page), and no longer once the session is resumed or ends.
+pub(super) struct DetachedMark(crate::sessions::SessionHandle);
+
+impl Drop for DetachedMark {
+    fn drop(&mut self) {
+        self.0.write(|p| p.detached = false);
+    }
 }
 
 impl Detached {
     pub(super) fn new(
         shared: &Shared,
+        handle: &crate::sessions::SessionHandle,
         w: WriterOut,
         r: &Option<Resumption>,
         peer: &SocketAddr,
@@ -108,6 +120,10 @@ impl Detached {
             csi: w.csi,
             until: Box::pin(tokio::time::sleep(window)),
             _counted: shared.resumable.count_detached(),
+            _marked: {
+                handle.write(|p| p.detached = true);
+                DetachedMark(handle.clone())
+            },
         }
     }
 }

@@ -201,7 +201,7 @@ impl Bound {
                     match done {
                         Some(w) if w.end == WriterEnd::Failed && resumable.is_some() => {
                             read.set(next_event(None));
-                            detached = Some(Detached::new(&shared, w, &resumable, &peer, &jid));
+                            detached = Some(Detached::new(&shared, &handle, w, &resumable, &peer, &jid));
                             continue;
                         }
                         Some(w) => leftover = Some(w.rx),
@@ -340,7 +340,9 @@ impl Bound {
                         stop.cancel();
                         match wait_writer(&mut writer_task).await {
                             Some(w) => {
-                                detached = Some(Detached::new(&shared, w, &resumable, &peer, &jid))
+                                detached = Some(Detached::new(
+                                    &shared, &handle, w, &resumable, &peer, &jid,
+                                ))
                             }
                             None => break None,
                         }
