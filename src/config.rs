@@ -129,10 +129,17 @@ pub struct AdminConfig {
     /// with mode 0600; empty: no admin socket.
     #[serde(with = "unset_if_empty")]
     pub socket: Option<PathBuf>,
-    /// Token every request to the admin listener (`/metrics`, `/status`) must carry, as
-    /// `Authorization: Bearer TOKEN` or `?token=TOKEN`; empty: none (loopback only).
+    /// Token every request for figures (`/metrics`, `/status.json`) must carry, as
+    /// `Authorization: Bearer TOKEN` (never in the URL, which logs and browser history
+    /// keep); empty: none (loopback only).
     #[serde(with = "unset_if_empty")]
     pub token: Option<String>,
+    /// Without a token: the Host names the admin listener answers besides IP addresses,
+    /// `localhost` and the served domains. Any other is refused (421), so a web page whose
+    /// name is made to point at 127.0.0.1 (DNS rebinding) cannot read the figures.
+    pub hosts: Vec<String>,
+    /// Connections to the admin listener open at once; more are closed at once.
+    pub max_connections: usize,
     /// How often the status page polls `/status.json`, in seconds (fractions allowed).
     #[serde(with = "secs")]
     pub status_poll: Duration,
@@ -146,6 +153,8 @@ impl Default for AdminConfig {
             port: 5281,
             socket: Some(PathBuf::from("presenced-admin.sock")),
             token: None,
+            hosts: Vec::new(),
+            max_connections: 64,
             status_poll: Duration::from_secs(2),
         }
     }

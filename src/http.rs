@@ -93,12 +93,18 @@ pub async fn start_admin(
     let (listener, local) = crate::node::listen::bind(addr).await?;
     tracing::info!(addr = %local, "admin http listening (/metrics, /status)");
     let shared = shared.clone();
+    let open = Arc::new(tokio::sync::Semaphore::new(c.max_connections.max(1)));
     tracker.spawn(async move {
         while let Some((stream, peer)) =
             crate::node::listen::next_connection(&listener, &shared.shutdown, "admin").await
         {
+            let Ok(permit) = open.clone().try_acquire_owned() else {
+                tracing::warn!(%peer, "admin listener: connection limit reached");
+                continue;
+            };
             let shared = shared.clone();
             tokio::spawn(async move {
+                let _permit = permit;
                 let mut io: BoxIo = Box::new(stream);
                 let deadline =
                     tokio::time::Instant::now() + shared.live.get().limits.negotiation_timeout;
@@ -107,13 +113,21 @@ pub async fn start_admin(
                     Err(None) => return,
                     Err(Some((status, text))) => (status, "text/plain", text.to_owned()),
                     Ok((head, _)) if head.method != "GET" => (405, "text/plain", "only GET".into()),
+                    Ok((head, _)) if !admin_host_allowed(&shared, head.host.as_deref()) => {
+                        tracing::warn!(%peer, host = ?head.host, "admin listener: Host not answered");
+                        (421, "text/plain", "this Host is not answered here ([admin] hosts)".into())
+                    }
+                    // The page is the same static file for everyone; the figures it polls
+                    // need the token.
+                    Ok((head, _)) if head.path.split('?').next() == Some("/status") => {
+                        (200, "text/html; charset=utf-8", crate::status::PAGE.into())
+                    }
                     Ok((head, _)) if !admin_authorized(&shared, &head) => {
                         tracing::info!(%peer, path = %head.path, "admin listener: missing or wrong token");
                         (401, "text/plain", "token required ([admin] token)".into())
                     }
                     Ok((head, _)) => match head.path.split('?').next().unwrap_or("") {
                         "/metrics" => (200, crate::metrics::CONTENT_TYPE, shared.metrics.render()),
-                        "/status" => (200, "text/html; charset=utf-8", crate::status::PAGE.into()),
                         "/status.json" => {
                             let snapshot = crate::status::snapshot(&shared).await;
                             match serde_json::to_string(&snapshot) {
@@ -138,27 +152,56 @@ pub async fn start_admin(
     Ok(Some(local))
 }
 
-/// Whether a request to the admin listener may be answered: always without `[admin]
-/// token`, else when it carries the token (`Authorization: Bearer`, RFC 6750 §2.1, or the
-/// `token` query parameter, §2.3), compared in constant time.
+/// Whether a request for figures may be answered: always without `[admin] token`, else
+/// when it carries the token as `Authorization: Bearer` (RFC 6750 §2.1), compared in
+/// constant time. Not as a query parameter (§2.3): URLs end up in logs and histories.
 fn admin_authorized(shared: &Shared, head: &Head) -> bool {
     use subtle::ConstantTimeEq;
     let Some(expected) = shared.config.admin.token.as_deref() else {
         return true;
     };
-    let bearer = head
-        .authorization
+    head.authorization
         .as_deref()
         .and_then(|a| a.strip_prefix("Bearer "))
-        .map(str::trim);
-    let query = head
-        .path
-        .split_once('?')
-        .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("token=")));
-    [bearer, query]
-        .into_iter()
-        .flatten()
-        .any(|given| bool::from(given.as_bytes().ct_eq(expected.as_bytes())))
+        .map(str::trim)
+        .is_some_and(|given| bool::from(given.as_bytes().ct_eq(expected.as_bytes())))
+}
+
+/// Whether the admin listener answers a request for `host` (its Host header). With a
+/// token, any: a page elsewhere cannot know it. Without one, an IP address, `localhost`, a
+/// served domain or a name in `[admin] hosts`: a web page whose own name an attacker
+/// points at 127.0.0.1 (DNS rebinding) is sent its Host, and is refused.
+fn admin_host_allowed(shared: &Shared, host: Option<&str>) -> bool {
+    if shared.config.admin.token.is_some() {
+        return true;
+    }
+    let Some(host) = host else {
+        // HTTP/1.0 without Host: no browser sends such a request.
+        return true;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(
+            host,
+            |(n, p)| {
+                if p.parse::<u16>().is_ok() {
+                    n
+                } else {
+                    host
+                }
+            },
+        ),
+    };
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name == "localhost"
+        || shared.config.serves(&name)
+        || shared
+            .config
+            .admin
+            .hosts
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(&name))
 }
 
 /// A parsed request head.
@@ -376,6 +419,7 @@ async fn respond_with(mut io: BoxIo, status: u16, ctype: &str, body: &str, extra
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
+        421 => "Misdirected Request",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",

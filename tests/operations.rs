@@ -867,6 +867,75 @@ fn status_setup() -> Setup {
     ))
 }
 
+/// The admin listener without a token answers only Host names that cannot be an
+/// attacker's (an IP address, localhost, a served domain, `[admin] hosts`), so a web page
+/// whose name is pointed at 127.0.0.1 (DNS rebinding) reads no figure; and it holds at
+/// most `[admin] max_connections` connections, closing more at once.
+#[tokio::test]
+async fn the_admin_listener_refuses_foreign_hosts_without_a_token_and_caps_its_connections() {
+    let setup = Setup::new("hosts = [\"prometheus-target.example\"]\nmax_connections = 2\n");
+    let server = Server::start(&setup).await;
+    let admin = server.listening("admin http listening");
+    let get = |host: String| async move {
+        let mut tcp = TcpStream::connect(admin).await.unwrap();
+        tcp.write_all(
+            format!("GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut raw = Vec::new();
+        tokio::time::timeout(WAIT, tcp.read_to_end(&mut raw))
+            .await
+            .expect("answered in time")
+            .unwrap();
+        String::from_utf8_lossy(&raw).into_owned()
+    };
+    for host in [
+        format!("127.0.0.1:{}", admin.port()),
+        "localhost".to_owned(),
+        format!("{}:5281", setup.domain),
+        "Prometheus-Target.example:9090".to_owned(),
+    ] {
+        let reply = get(host.clone()).await;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{host}: {reply}");
+    }
+    let reply = get("rebound.attacker.example:5281".to_owned()).await;
+    assert!(reply.starts_with("HTTP/1.1 421"), "{reply}");
+    assert!(!reply.contains("presenced_"), "no figure: {reply}");
+    // Two idle connections take both places; a third is closed unanswered, and once one
+    // goes a new one is answered.
+    let idle1 = TcpStream::connect(admin).await.unwrap();
+    let idle2 = TcpStream::connect(admin).await.unwrap();
+    let mut third = TcpStream::connect(admin).await.unwrap();
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(WAIT, third.read_to_end(&mut buf))
+        .await
+        .expect("closed in time")
+        .unwrap_or(0);
+    assert_eq!(
+        n,
+        0,
+        "closed without an answer: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    drop((idle1, idle2));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let mut tcp = TcpStream::connect(admin).await.unwrap();
+        let _ = tcp
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await;
+        let mut raw = Vec::new();
+        let _ = tokio::time::timeout(WAIT, tcp.read_to_end(&mut raw)).await;
+        if raw.starts_with(b"HTTP/1.1 200") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no place freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn status_json_counts_only_visible_sessions_and_reports_the_stores() {
     let setup = status_setup();
@@ -876,20 +945,27 @@ async fn status_json_counts_only_visible_sessions_and_reports_the_stores() {
     let server = Server::start(&setup).await;
     let admin = server.listening("admin http listening");
 
-    // Without the token (or with a wrong one) nothing is served, not even /metrics.
+    // Without the token (or with a wrong one) no figure is served, not even /metrics; nor
+    // with the right one in the URL, which logs and histories keep.
     for (path, headers) in [
         ("/status.json", ""),
-        ("/status", ""),
         ("/metrics", ""),
         ("/status.json", "Authorization: Bearer wrong\r\n"),
         ("/status.json?token=wrong", ""),
+        (&format!("/status.json?token={STATUS_TOKEN}"), ""),
+        (&format!("/metrics?token={STATUS_TOKEN}"), ""),
     ] {
         let (status, _) = http_get(admin, path, headers).await;
         assert_eq!(status, 401, "{path} {headers:?}");
     }
-    let (status, page) = http_get(admin, &format!("/status?token={STATUS_TOKEN}"), "").await;
+    // The page itself is the same static file for everyone; it takes the token after #.
+    let (status, page) = http_get(admin, "/status", "").await;
     assert_eq!(status, 200);
     assert!(page.contains("<svg id=\"chart-online\""), "{page}");
+    assert!(
+        page.contains("location.hash"),
+        "the page reads the token after #"
+    );
 
     // Redis counts as up once a command succeeded; the node's first writes come soon
     // after start (bounded wait, polled).
@@ -1008,7 +1084,7 @@ async fn status_page_renders_live_charts_in_headless_chromium() {
                 "--window-size=1200,900",
                 "--virtual-time-budget=5000",
                 &format!("--screenshot={}", shot.display()),
-                &format!("http://{admin}/status?token={STATUS_TOKEN}"),
+                &format!("http://{admin}/status#token={STATUS_TOKEN}"),
             ])
             .stdin(Stdio::null())
             .output(),
@@ -1031,7 +1107,7 @@ async fn status_page_renders_live_charts_in_headless_chromium() {
                 "--disable-gpu",
                 "--virtual-time-budget=5000",
                 "--dump-dom",
-                &format!("http://{admin}/status?token={STATUS_TOKEN}"),
+                &format!("http://{admin}/status#token={STATUS_TOKEN}"),
             ])
             .stdin(Stdio::null())
             .output(),
