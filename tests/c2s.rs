@@ -306,14 +306,6 @@ async fn repeated_failures_lock_the_account_without_a_password_check_until_the_d
     ts.stop().await;
 }
 
-/// One PLAIN attempt from loopback address `source` on a fresh stream; the answer.
-async fn plain_from(ts: &TestServer, source: &str, user: &str, password: &str) -> Element {
-    let mut c = Client::tcp_from(ts, source.parse().unwrap()).await;
-    c.open(&ts.domain).await.expect("stream");
-    let mut c = c.starttls(ts).await;
-    c.auth_plain(user, password).await
-}
-
 /// The back-off lock is the failing address's, not the account's: a guesser that keeps
 /// alice locked from its address cannot lock her out of one that has not failed.
 #[tokio::test]
@@ -329,22 +321,22 @@ async fn failures_from_one_address_do_not_lock_the_owner_out_of_another() {
     ts.user("alice").await;
     let (guesser, owner) = ("127.0.0.3", "127.0.0.4");
     for attempt in 1..=3 {
-        let answer = plain_from(&ts, guesser, "alice", "wrong").await;
+        let answer = Client::plain_from(&ts, guesser, "alice", "wrong").await;
         assert_eq!(condition(&answer), "not-authorized", "attempt {attempt}");
     }
-    let answer = plain_from(&ts, guesser, "alice", "pw").await;
+    let answer = Client::plain_from(&ts, guesser, "alice", "pw").await;
     assert_eq!(
         condition(&answer),
         "not-authorized",
         "locked from the guesser's address"
     );
-    let answer = plain_from(&ts, owner, "alice", "pw").await;
+    let answer = Client::plain_from(&ts, owner, "alice", "pw").await;
     assert!(
         answer.is("success", x::NS_SASL),
         "the owner's address: {answer}"
     );
     // The owner's success did not lift the guesser's lock.
-    let answer = plain_from(&ts, guesser, "alice", "pw").await;
+    let answer = Client::plain_from(&ts, guesser, "alice", "pw").await;
     assert_eq!(
         condition(&answer),
         "not-authorized",

@@ -1041,13 +1041,10 @@ async fn a_node_cut_off_from_redis_is_announced_after_t_and_shown_again_when_it_
     n2.stop().await;
 }
 
-/// One PLAIN attempt on `node` from loopback address `source`; the answer's name and,
-/// for a failure, its condition.
+/// One PLAIN attempt on `node` from loopback address `source`: `success`, or the
+/// failure's condition.
 async fn plain_from(node: &TestServer, source: &str, user: &str, pw: &str) -> String {
-    let mut c = Client::tcp_from(node, source.parse().unwrap()).await;
-    c.open(&node.domain).await.expect("stream");
-    let mut c = c.starttls(node).await;
-    let answer = c.auth_plain(user, pw).await;
+    let answer = Client::plain_from(node, source, user, pw).await;
     let cond = answer.elements().next().map(|e| e.name.clone());
     match cond {
         Some(cond) if answer.name == "failure" => cond,

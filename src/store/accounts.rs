@@ -147,13 +147,7 @@ impl Store {
         let creds = derive_all(password, iterations).await?;
         let pool = pg_or_sqlite!(self, |db| db.set_password(username, domain, &creds));
         let mut tx = pool.begin().await?;
-        let id: Option<i64> = sqlx::query_scalar(
-            "SELECT id FROM accounts WHERE username = $1 AND domain = $2 FOR UPDATE",
-        )
-        .bind(username)
-        .bind(domain)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let id = lock_account(&mut tx, username, domain).await?;
         let Some(id) = id else {
             return Ok(false);
         };
@@ -192,13 +186,7 @@ impl Store {
         let pool = pg_or_sqlite!(self, |db| db
             .delete_account(username, domain, local, &limits));
         let mut tx = pool.begin().await?;
-        let id: Option<i64> = sqlx::query_scalar(
-            "SELECT id FROM accounts WHERE username = $1 AND domain = $2 FOR UPDATE",
-        )
-        .bind(username)
-        .bind(domain)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let id = lock_account(&mut tx, username, domain).await?;
         let Some(id) = id else {
             return Ok(None);
         };
@@ -386,4 +374,22 @@ async fn put_secret(pool: &sqlx::PgPool, name: &str, value: &[u8]) -> Result<Vec
             .await?;
         Ok(value)
     }
+}
+
+/// The id of account `username@domain`, its row locked until the transaction ends (so a
+/// password change and a deletion of one account take turns), or `None`.
+async fn lock_account(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    username: &str,
+    domain: &str,
+) -> Result<Option<i64>, StoreError> {
+    Ok(
+        sqlx::query_scalar(
+            "SELECT id FROM accounts WHERE username = $1 AND domain = $2 FOR UPDATE",
+        )
+        .bind(username)
+        .bind(domain)
+        .fetch_optional(&mut **tx)
+        .await?,
+    )
 }

@@ -744,27 +744,22 @@ pub async fn trial_operator_migrations(url: &str, dir: &Path) -> Result<Trial, S
             m.description
         )
     };
+    // The same statements on either pool, in one transaction that is rolled back.
+    macro_rules! try_and_roll_back {
+        ($pool:expr) => {{
+            let mut tx = $pool.begin().await.map_err(|e| e.to_string())?;
+            for m in &pending {
+                sqlx::raw_sql(&m.sql)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| fail(m, e))?;
+            }
+            tx.rollback().await.map_err(|e| e.to_string())?;
+        }};
+    }
     match (pool, lite) {
-        (Some(p), _) => {
-            let mut tx = p.begin().await.map_err(|e| e.to_string())?;
-            for m in &pending {
-                sqlx::raw_sql(&m.sql)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| fail(m, e))?;
-            }
-            tx.rollback().await.map_err(|e| e.to_string())?;
-        }
-        (_, Some(l)) => {
-            let mut tx = l.begin().await.map_err(|e| e.to_string())?;
-            for m in &pending {
-                sqlx::raw_sql(&m.sql)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| fail(m, e))?;
-            }
-            tx.rollback().await.map_err(|e| e.to_string())?;
-        }
+        (Some(p), _) => try_and_roll_back!(p),
+        (_, Some(l)) => try_and_roll_back!(l),
         _ => unreachable!("one backend"),
     }
     store.close().await;

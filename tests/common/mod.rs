@@ -1013,6 +1013,20 @@ impl Client {
         Client::over(Box::new(tcp))
     }
 
+    /// One SASL PLAIN attempt from the local address `source` on a fresh stream after
+    /// STARTTLS; the server's answer (`<success/>` or `<failure/>`).
+    pub async fn plain_from(
+        server: &TestServer,
+        source: &str,
+        user: &str,
+        password: &str,
+    ) -> Element {
+        let mut c = Client::tcp_from(server, source.parse().expect("an IP address")).await;
+        c.open(&server.domain).await.expect("stream");
+        let mut c = c.starttls(server).await;
+        c.auth_plain(user, password).await
+    }
+
     /// [`Client::login`] from the local address `source`.
     pub async fn login_from(
         server: &TestServer,
