@@ -68,12 +68,7 @@ impl Pools {
         creds: &[(ScramHash, StoredCredentials)],
     ) -> Result<bool, StoreError> {
         let mut tx = self.begin_write().await?;
-        let id: Option<i64> =
-            sqlx::query_scalar("SELECT id FROM accounts WHERE username = ?1 AND domain = ?2")
-                .bind(username)
-                .bind(domain)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let id = account_id(&mut tx, username, domain).await?;
         let Some(id) = id else {
             return Ok(false);
         };
@@ -94,12 +89,7 @@ impl Pools {
             .map_err(|e| StoreError::Corrupt(format!("domains: {e}")))?;
         // The write lock from the start: no roster writer runs until this commits.
         let mut tx = self.begin_write().await?;
-        let id: Option<i64> =
-            sqlx::query_scalar("SELECT id FROM accounts WHERE username = ?1 AND domain = ?2")
-                .bind(username)
-                .bind(domain)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let id = account_id(&mut tx, username, domain).await?;
         let Some(id) = id else {
             return Ok(None);
         };
@@ -242,4 +232,20 @@ impl Pools {
             .await?;
         Ok(value)
     }
+}
+
+/// The id of account `username@domain`, or `None`; the caller's write transaction holds the
+/// file's write lock, so the row cannot change before it commits.
+async fn account_id(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    username: &str,
+    domain: &str,
+) -> Result<Option<i64>, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT id FROM accounts WHERE username = ?1 AND domain = ?2")
+            .bind(username)
+            .bind(domain)
+            .fetch_optional(&mut **tx)
+            .await?,
+    )
 }
