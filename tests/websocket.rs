@@ -343,6 +343,13 @@ async fn a_dropped_websocket_session_is_resumed_over_a_new_websocket() {
     }
     bob.send(&chat(&alice, "meanwhile")).await;
     barrier(&ts, &mut bob).await;
+    // A detached session is neither a closed one (announced after G) nor a silent one
+    // (announced after T and a sweep): watch past the later of the two, with a second to
+    // spare, before resuming. Bob answers pings meanwhile, as a live client does.
+    let l = &ts.config.liveness;
+    let quiet = l.grace.max(l.ttl + l.sweep_interval) + Duration::from_secs(1);
+    bob.watch_none(|e| is_presence(e, &alice, Some("unavailable")), quiet)
+        .await;
 
     let mut again = Ws::connect(&ts).await;
     again.authenticate(&ts, "alice").await;
