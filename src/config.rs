@@ -627,6 +627,9 @@ pub struct LimitsConfig {
     /// Bytes of one published item's payload, serialised; more gets not-acceptable with
     /// `<payload-too-big/>` (XEP-0060 §7.1.3.4).
     pub max_pep_item_size: usize,
+    /// Bytes of XEP-0163 payloads one account keeps in all its nodes; a publish that would
+    /// take it beyond gets resource-constraint (wait) and stores nothing.
+    pub max_pep_bytes: usize,
     /// Bytes of one vcard-temp vCard a user stores (XEP-0054), serialised with its PHOTO;
     /// more gets not-acceptable and nothing is stored.
     pub max_vcard_size: usize,
@@ -736,6 +739,7 @@ impl Default for LimitsConfig {
             max_pep_nodes: 64,
             max_pep_items: 32,
             max_pep_item_size: 128 * 1024,
+            max_pep_bytes: 2 * 1024 * 1024,
             max_vcard_size: 128 * 1024,
             max_avatar_hash_entries: 100_000,
             avatar_hash_ttl: Duration::from_secs(30),
@@ -1262,6 +1266,7 @@ impl Config {
             ("max_pep_nodes", l.max_pep_nodes),
             ("max_pep_items", l.max_pep_items),
             ("max_pep_item_size", l.max_pep_item_size),
+            ("max_pep_bytes", l.max_pep_bytes),
             ("max_vcard_size", l.max_vcard_size),
             ("max_avatar_hash_entries", l.max_avatar_hash_entries),
             ("max_caps_entries", l.max_caps_entries),
@@ -1572,6 +1577,7 @@ mod tests {
         );
         assert_eq!(cl.max_pep_nodes, dl.max_pep_nodes);
         assert_eq!(cl.max_pep_items, dl.max_pep_items);
+        assert_eq!(cl.max_pep_bytes, dl.max_pep_bytes);
         assert_eq!(cl.max_pep_item_size, dl.max_pep_item_size);
         assert_eq!(cl.max_vcard_size, dl.max_vcard_size);
         assert_eq!(cl.max_avatar_hash_entries, dl.max_avatar_hash_entries);

@@ -521,6 +521,45 @@ async fn items_are_kept_across_a_restart_and_read_as_the_access_model_says() {
     );
 }
 
+/// An account's PEP storage is bounded in bytes, not only in nodes, items and item size
+/// (64 nodes × 32 items × 128 KiB was 256 MiB): a publish that would take the account's
+/// stored payloads beyond `[limits] max_pep_bytes` is refused with resource-constraint
+/// and stores nothing; replacing items within the budget still works.
+#[tokio::test]
+async fn an_accounts_pep_storage_is_bounded_in_bytes() {
+    let ts = TestServer::start(|c| {
+        c.limits.max_pep_item_size = 4000;
+        c.limits.max_pep_bytes = 10_000;
+    })
+    .await;
+    ts.user("alice").await;
+    let alice_bare = ts.jid("alice");
+    let mut alice = ts.login("alice", "pc").await;
+    let payload = |id: &str| format!("<x xmlns='urn:example'>{id}{}</x>", "A".repeat(3000));
+    for node in ["n1", "n2", "n3"] {
+        publish(&mut alice, node, "a", &payload(node)).await;
+    }
+    let r = alice
+        .iq("set", None, publish_iq("n4", "a", &payload("n4"), &[]))
+        .await;
+    assert_error(
+        &r,
+        "resource-constraint",
+        "wait",
+        "a publish beyond max_pep_bytes",
+    );
+    assert!(
+        items(&mut alice, &alice_bare, "n4", "")
+            .await
+            .get_attr("type")
+            == Some("error"),
+        "nothing was stored"
+    );
+    // Replacing an item of the same size stays within the budget.
+    publish(&mut alice, "n1", "a", &payload("n1")).await;
+    ts.stop().await;
+}
+
 #[tokio::test]
 async fn bounds_and_options_are_answered_with_their_errors() {
     let ts = TestServer::start(|c| {

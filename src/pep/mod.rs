@@ -447,6 +447,9 @@ async fn publish(
                 Some(("max-nodes-exceeded", "")),
             );
         }
+        // RFC 6120 §8.3.3.18: the account's storage is spent; retrying after the owner
+        // deletes something may succeed.
+        Err(Refused::OverBudget) => return error(el, StanzaError::resource_constraint(), None),
         Err(Refused::Store(e)) => return internal(el, e),
     }
     iq_result(el).child(
@@ -474,6 +477,8 @@ pub(crate) enum Refused {
     AccessModelDiffers,
     /// The owner has `max_pep_nodes` nodes already.
     TooManyNodes,
+    /// The owner's payloads would exceed `max_pep_bytes`.
+    OverBudget,
     /// The store failed.
     Store(crate::store::StoreError),
 }
@@ -499,6 +504,10 @@ pub(crate) async fn store_and_notify(
         Ok(Published::TooManyNodes) => {
             tracing::info!(user = %owner, node, "PEP node limit reached");
             return Err(Refused::TooManyNodes);
+        }
+        Ok(Published::OverBudget) => {
+            tracing::info!(user = %owner, node, "PEP byte budget reached");
+            return Err(Refused::OverBudget);
         }
         Err(e) => return Err(Refused::Store(e)),
     };

@@ -394,6 +394,7 @@ fn refused(el: &Element, r: Refused) -> Element {
         // The avatar nodes' own limits and models (XEP-0060 §7.1.3): the vCard is not
         // stored either.
         Refused::TooManyNodes => reply_error(el, StanzaError::not_allowed()),
+        Refused::OverBudget => reply_error(el, StanzaError::resource_constraint()),
         Refused::AccessModelDiffers => reply_error(el, StanzaError::conflict()),
     }
 }

@@ -63,6 +63,7 @@ fn unlimited() -> StoreLimits {
         },
         max_pep_nodes: usize::MAX,
         max_pep_items: usize::MAX,
+        max_pep_bytes: usize::MAX,
     }
 }
 

@@ -187,6 +187,9 @@ pub struct StoreLimits {
     pub max_pep_nodes: usize,
     /// Items kept per XEP-0163 node; a publish beyond it deletes the oldest.
     pub max_pep_items: usize,
+    /// Bytes of XEP-0163 payloads per account: a publish that would go beyond is refused
+    /// ([`pep::Published::OverBudget`]).
+    pub max_pep_bytes: usize,
 }
 
 impl StoreLimits {
@@ -210,6 +213,7 @@ impl StoreLimits {
             },
             max_pep_nodes: l.max_pep_nodes,
             max_pep_items: l.max_pep_items,
+            max_pep_bytes: l.max_pep_bytes,
         }
     }
 }

@@ -67,6 +67,20 @@ pub enum Published {
     AccessModelDiffers,
     /// The owner already has `max_pep_nodes` nodes; nothing was stored.
     TooManyNodes,
+    /// The owner's payloads would exceed `max_pep_bytes`; nothing was stored.
+    OverBudget,
+}
+
+/// The bounds one publish is checked against (`[limits] max_pep_*`), as the store's
+/// integers.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PepBounds {
+    /// Nodes per account.
+    pub nodes: i64,
+    /// Items per node.
+    pub items: i64,
+    /// Payload bytes per account.
+    pub bytes: i64,
 }
 
 /// What a publish does with the node, given its stored access model (`None`: no node)
@@ -110,15 +124,20 @@ impl Store {
         access_model: Option<AccessModel>,
         item: &PepItem,
     ) -> Result<Published, StoreError> {
-        let max_nodes = i64::try_from(self.limits().max_pep_nodes).unwrap_or(i64::MAX);
-        let max_items = i64::try_from(self.limits().max_pep_items).unwrap_or(i64::MAX);
+        let limits = self.limits();
+        let int = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let bounds = PepBounds {
+            nodes: int(limits.max_pep_nodes),
+            items: int(limits.max_pep_items),
+            bytes: int(limits.max_pep_bytes),
+        };
+        let (max_nodes, max_items, max_bytes) = (bounds.nodes, bounds.items, bounds.bytes);
         let pool = pg_or_sqlite!(self, |db| db.pep_publish(
             owner,
             node,
             access_model,
             item,
-            max_nodes,
-            max_items
+            bounds
         ));
         let mut tx = pool.begin().await?;
         // Serialises one owner's publishes, so the node count cannot change before the
@@ -179,6 +198,17 @@ impl Store {
         .bind(max_items)
         .execute(&mut *tx)
         .await?;
+        // Counted after the item replaced and the oldest trimmed, so a publish that frees
+        // as much as it takes always passes; beyond, the transaction is dropped (nothing).
+        let bytes: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(octet_length(payload)), 0)::bigint FROM pep_items WHERE owner = $1",
+        )
+        .bind(owner)
+        .fetch_one(&mut *tx)
+        .await?;
+        if bytes > max_bytes {
+            return Ok(Published::OverBudget);
+        }
         tx.commit().await?;
         Ok(Published::Stored {
             access_model: model,

@@ -3,7 +3,8 @@
 use super::Pools;
 use crate::jid::BareJid;
 use crate::store::pep::{
-    last_items_of, nodes_of, settle, stored_access, AccessModel, PepItem, Published, Settle,
+    last_items_of, nodes_of, settle, stored_access, AccessModel, PepBounds, PepItem, Published,
+    Settle,
 };
 use crate::store::StoreError;
 
@@ -14,9 +15,9 @@ impl Pools {
         node: &str,
         access_model: Option<AccessModel>,
         item: &PepItem,
-        max_nodes: i64,
-        max_items: i64,
+        bounds: PepBounds,
     ) -> Result<Published, StoreError> {
+        let (max_nodes, max_items, max_bytes) = (bounds.nodes, bounds.items, bounds.bytes);
         // One writer: nothing can create a node or item between the count and the insert.
         let mut tx = self.begin_write().await?;
         let existing: Option<String> =
@@ -72,6 +73,16 @@ impl Pools {
         .bind(max_items)
         .execute(&mut *tx)
         .await?;
+        // As on PostgreSQL: counted after the replace and trim; beyond, nothing is kept.
+        let bytes: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM pep_items WHERE owner = ?1",
+        )
+        .bind(owner)
+        .fetch_one(&mut *tx)
+        .await?;
+        if bytes > max_bytes {
+            return Ok(Published::OverBudget);
+        }
         tx.commit().await?;
         Ok(Published::Stored {
             access_model: model,
