@@ -569,6 +569,10 @@ pub struct LimitsConfig {
     /// Simultaneous client connections, c2s and HTTP/WebSocket together; more get
     /// resource-constraint (HTTP: 503).
     pub max_connections: usize,
+    /// Simultaneous client connections from one source address (an IPv6 /64), c2s and
+    /// HTTP/WebSocket together; more get policy-violation (HTTP: 429). Generous: many
+    /// users may share one carrier-grade NAT address.
+    pub max_connections_per_ip: usize,
     /// Roster items per user. Every write that would create one more (roster set,
     /// outbound subscribe, approving a request) is refused with not-allowed.
     pub max_roster_items: i64,
@@ -720,6 +724,7 @@ impl Default for LimitsConfig {
             write_timeout: Duration::from_secs(30),
             connections_per_ip_per_minute: 120,
             max_connections: 18_000,
+            max_connections_per_ip: 1000,
             max_roster_items: 1000,
             max_roster_groups: 32,
             max_roster_group_length: 256,
@@ -1270,6 +1275,7 @@ impl Config {
             ("max_vcard_size", l.max_vcard_size),
             ("max_avatar_hash_entries", l.max_avatar_hash_entries),
             ("max_caps_entries", l.max_caps_entries),
+            ("max_connections_per_ip", l.max_connections_per_ip),
             (
                 "max_caps_queries_per_session",
                 l.max_caps_queries_per_session,
@@ -1583,6 +1589,7 @@ mod tests {
         assert_eq!(cl.max_avatar_hash_entries, dl.max_avatar_hash_entries);
         assert_eq!(cl.avatar_hash_ttl, dl.avatar_hash_ttl);
         assert_eq!(cl.max_caps_entries, dl.max_caps_entries);
+        assert_eq!(cl.max_connections_per_ip, dl.max_connections_per_ip);
         assert_eq!(
             cl.max_caps_queries_per_session,
             dl.max_caps_queries_per_session

@@ -62,6 +62,7 @@ async fn accept_loop(
                 let (status, text) = match why {
                     Refusal::Rate => (429, "too many connections from your address"),
                     Refusal::Full => (503, "the server is full"),
+                    Refusal::SourceFull => (429, "too many connections open from your address"),
                 };
                 tokio::spawn(respond(Box::new(stream), status, "text/plain", text));
                 continue;

@@ -256,6 +256,10 @@ async fn accept_loop(
                         "too many connections from your address",
                     ),
                     Refusal::Full => (StreamCondition::ResourceConstraint, "the server is full"),
+                    Refusal::SourceFull => (
+                        StreamCondition::PolicyViolation,
+                        "too many connections open from your address",
+                    ),
                 };
                 tracker.spawn(refuse(stream, shared.clone(), direct_tls, condition, text));
                 continue;

@@ -730,3 +730,42 @@ async fn in_band_registration_is_rate_limited_per_address_and_per_node() {
     }
     ts.stop().await;
 }
+
+/// One source address cannot hold every place under `max_connections`: beyond
+/// `[limits] max_connections_per_ip` open at once it is refused with policy-violation,
+/// while another address still gets in, and a closed connection gives its place back.
+#[tokio::test]
+async fn connections_open_from_one_address_are_capped() {
+    let ts = TestServer::start(|c| c.limits.max_connections_per_ip = 2).await;
+    let from = |ip: &str| ip.parse::<std::net::IpAddr>().unwrap();
+    let mut first = Client::tcp_from(&ts, from("127.0.0.7")).await;
+    first.open(&ts.domain).await.expect("first");
+    let mut second = Client::tcp_from(&ts, from("127.0.0.7")).await;
+    second.open(&ts.domain).await.expect("second");
+    let mut third = Client::tcp_from(&ts, from("127.0.0.7")).await;
+    // RFC 6120 §4.9.3.14: a local policy on what one address may hold.
+    match third.open(&ts.domain).await {
+        Err(Ended::StreamError(cond)) => assert_eq!(cond, "policy-violation"),
+        other => panic!("expected policy-violation, got {other:?}"),
+    }
+    let mut other = Client::tcp_from(&ts, from("127.0.0.8")).await;
+    other
+        .open(&ts.domain)
+        .await
+        .expect("another address gets in");
+    drop(first);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut again = Client::tcp_from(&ts, from("127.0.0.7")).await;
+        if again.open(&ts.domain).await.is_ok() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the place was not given back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    drop((second, other));
+    ts.stop().await;
+}

@@ -42,6 +42,29 @@ pub struct ListenerPolicy {
     /// Accept times per source (an IPv4 address or an IPv6 /64) within the current minute.
     per_ip: Mutex<HashMap<IpAddr, (Instant, u32)>>,
     per_ip_max: u32,
+    /// Connections open per source now, against `[limits] max_connections_per_ip`.
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    open_max: usize,
+}
+
+/// A connection's place: under the cap of all connections and under its source's; both
+/// are given back when it is dropped, with the connection.
+pub struct Admitted {
+    _permit: OwnedSemaphorePermit,
+    source: IpAddr,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.source);
+            }
+        }
+    }
 }
 
 /// Why [`ListenerPolicy::admit`] refused a connection.
@@ -52,6 +75,8 @@ pub enum Refusal {
     Rate,
     /// `[limits] max_connections` connections are open.
     Full,
+    /// The source has `[limits] max_connections_per_ip` connections open.
+    SourceFull,
 }
 
 impl ListenerPolicy {
@@ -61,19 +86,35 @@ impl ListenerPolicy {
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
             per_ip: Mutex::new(HashMap::new()),
             per_ip_max: config.limits.connections_per_ip_per_minute,
+            open: Arc::default(),
+            open_max: config.limits.max_connections_per_ip,
         }
     }
 
     /// Admits a new connection from `peer`, or says why not. The permit is the connection's
     /// place under the cap: hold it for as long as the connection lives.
-    pub fn admit(&self, peer: SocketAddr) -> Result<OwnedSemaphorePermit, Refusal> {
+    pub fn admit(&self, peer: SocketAddr) -> Result<Admitted, Refusal> {
         if !self.within_rate(peer.ip()) {
             tracing::warn!(%peer, "connection rate from this address exceeded");
             return Err(Refusal::Rate);
         }
-        self.connections.clone().try_acquire_owned().map_err(|_| {
+        let permit = self.connections.clone().try_acquire_owned().map_err(|_| {
             tracing::warn!(%peer, "connection limit reached");
             Refusal::Full
+        })?;
+        // One host (an IPv6 host holds a /64) may not take every place.
+        let source = crate::rate_limit::source_of(peer.ip());
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(source).or_insert(0);
+        if *n >= self.open_max {
+            tracing::warn!(%peer, "connections open from this address at the limit");
+            return Err(Refusal::SourceFull);
+        }
+        *n += 1;
+        Ok(Admitted {
+            _permit: permit,
+            source,
+            open: self.open.clone(),
         })
     }
 

@@ -71,6 +71,7 @@ pub fn restart_only_limits(l: &LimitsConfig) -> String {
         "{:?}",
         (
             l.max_connections,
+            l.max_connections_per_ip,
             l.connections_per_ip_per_minute,
             l.max_directed_presences,
             l.max_revealed_per_session,
