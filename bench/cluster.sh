@@ -133,6 +133,7 @@ socket = ""
 enabled = false
 [limits]
 connections_per_ip_per_minute = 1000000
+max_connections_per_ip = 100000
 max_connections = 19600
 stanzas_per_second = 100000
 stanza_burst = 100000

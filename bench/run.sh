@@ -481,6 +481,7 @@ socket = ""
 enabled = false
 [limits]
 connections_per_ip_per_minute = 1000000
+max_connections_per_ip = 100000
 # ~19k sessions in one process: below the 20,000-descriptor limit minus pools and listeners.
 max_connections = 19600
 stanzas_per_second = 100000

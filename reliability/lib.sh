@@ -87,6 +87,7 @@ enabled = false
 node_id = "$1"
 [limits]
 connections_per_ip_per_minute = 1000000
+max_connections_per_ip = 100000
 max_connections = 19600
 stanzas_per_second = 100000
 stanza_burst = 100000

@@ -702,6 +702,7 @@ last_seen_flush = 0.2
 beat_shards = {shards}
 [limits]
 connections_per_ip_per_minute = {conns_per_ip}
+max_connections_per_ip = 100000
 [http]
 enabled = false
 [admin]
