@@ -91,7 +91,8 @@ pub(super) struct Detached {
     /// Boxed: the timer is large and only a detached session needs one.
     pub(super) until: std::pin::Pin<Box<tokio::time::Sleep>>,
     pub(super) _counted: sm::DetachedCount,
-    pub(super) _marked: DetachedMark,
+    /// Boxed, as the timer: a handle is large and only a detached session needs one.
+    pub(super) _marked: Box<DetachedMark>,
 }
 
 /// Marks the session detached in its state while it lives (operators' session list, the
@@ -122,7 +123,7 @@ impl Detached {
             _counted: shared.resumable.count_detached(),
             _marked: {
                 handle.write(|p| p.detached = true);
-                DetachedMark(handle.clone())
+                Box::new(DetachedMark(handle.clone()))
             },
         }
     }
