@@ -132,20 +132,14 @@ impl Pools {
         let busy_timeout = sizes.busy_timeout;
         let named =
             |e: sqlx::Error| file_error(path, busy_timeout, &e).unwrap_or(StoreError::Database(e));
-        let write = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(options(path, sizes))
-            .await
-            .map_err(named)?;
+        let write = connect(path, sizes, 1).await.map_err(named)?;
         // Opening succeeds on a file that is no database; the first read of the schema
         // is what finds out.
         sqlx::query("SELECT count(*) FROM sqlite_master")
             .execute(&write)
             .await
             .map_err(named)?;
-        let read = SqlitePoolOptions::new()
-            .max_connections(sizes.readers.max(1))
-            .connect_with(options(path, sizes))
+        let read = connect(path, sizes, sizes.readers.max(1))
             .await
             .map_err(named)?;
         Ok(Pools {
@@ -186,6 +180,33 @@ impl Pools {
 
 /// SQLite result codes that mean the file, not the query, is the problem, with what to
 /// tell the operator.
+/// A pool of `max` connections to `path`. A connection's setup (WAL mode) on a file
+/// others are setting up at the same moment can be refused as busy at once, without
+/// SQLite's busy handler: such a refusal is retried until the busy timeout, as a lock held
+/// by another process would be waited for.
+async fn connect(path: &Path, sizes: Sizes, max: u32) -> Result<SqlitePool, sqlx::Error> {
+    let deadline = tokio::time::Instant::now() + sizes.busy_timeout;
+    loop {
+        match SqlitePoolOptions::new()
+            .max_connections(max)
+            .connect_with(options(path, sizes))
+            .await
+        {
+            Err(e) if is_busy(&e) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Whether `e` is SQLite's SQLITE_BUSY or SQLITE_LOCKED (the primary result code is the
+/// low byte of the extended one).
+fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6)))
+}
+
 fn file_error(path: &Path, busy_timeout: Duration, e: &sqlx::Error) -> Option<StoreError> {
     let reason = match e {
         sqlx::Error::Database(db) => {
