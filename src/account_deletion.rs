@@ -40,8 +40,9 @@ use crate::stanza::IqType;
 use crate::store::{RosterItem, StoreError};
 use crate::xml::{Element, NS_REGISTER};
 
-/// How long a deletion waits for the account's sessions to end before it deletes anyway.
-const SESSIONS_END_WITHIN: Duration = Duration::from_secs(5);
+/// How long a deletion (or an operator ending sessions) waits for them to end before it
+/// goes on anyway.
+pub(crate) const SESSIONS_END_WITHIN: Duration = Duration::from_secs(5);
 
 /// What a deletion did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +66,10 @@ pub async fn delete(
         return Ok(None);
     };
     let sessions = shared.sessions.of_user(account);
-    let sessions_ended = close_and_wait(shared, &sessions, &ended_by).await;
+    let sessions_ended = shared
+        .sessions
+        .close_and_wait(&sessions, &ended_by, SESSIONS_END_WITHIN)
+        .await;
     withdraw_presence(shared, account, &sessions).await;
     let deleted = shared
         .store
@@ -230,26 +234,6 @@ pub fn remote_contacts(
         .into_iter()
         .map(|(contact, _)| contact)
         .collect()
-}
-
-/// Asks each of `sessions` to end with `error` and waits, at most
-/// [`SESSIONS_END_WITHIN`], until they are gone from the registry. Returns how many
-/// there were.
-pub async fn close_and_wait(
-    shared: &Shared,
-    sessions: &[SessionHandle],
-    error: &StreamError,
-) -> usize {
-    for s in sessions {
-        tracing::info!(jid = %s.jid, condition = %error.condition, "ending session");
-        s.close(error.clone());
-    }
-    let gone = |s: &SessionHandle| shared.sessions.get(&s.jid).is_none_or(|h| h.id != s.id);
-    let deadline = tokio::time::Instant::now() + SESSIONS_END_WITHIN;
-    while !sessions.iter().all(gone) && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    sessions.len()
 }
 
 /// Step 2: every viewer the ended sessions were shown to, and every directed-presence

@@ -247,12 +247,14 @@ async fn execute(
             let bare = BareJid::new(&jid).map_err(|e| format!("{jid}: {e}"))?;
             // RFC 6120 §4.9.3.16 reset: a security-critical change; each client logs in again,
             // and one holding only the old password no longer can.
-            let ended = crate::account_deletion::close_and_wait(
-                shared,
-                &shared.sessions.of_user(&bare),
-                &StreamError::new(StreamCondition::Reset, "the account's password was changed"),
-            )
-            .await;
+            let ended = shared
+                .sessions
+                .close_and_wait(
+                    &shared.sessions.of_user(&bare),
+                    &StreamError::new(StreamCondition::Reset, "the account's password was changed"),
+                    crate::account_deletion::SESSIONS_END_WITHIN,
+                )
+                .await;
             Ok(serde_json::json!({ "sessions_ended": ended }))
         }
         Request::SessionList { jid } => {
@@ -268,12 +270,14 @@ async fn execute(
             let text = reason.unwrap_or_else(|| "disconnected by the administrator".into());
             // RFC 6120 §4.9.3.14 policy-violation: the entity broke a local service policy,
             // which is what an operator ending a session says.
-            let ended = crate::account_deletion::close_and_wait(
-                shared,
-                &sessions,
-                &StreamError::new(StreamCondition::PolicyViolation, &text),
-            )
-            .await;
+            let ended = shared
+                .sessions
+                .close_and_wait(
+                    &sessions,
+                    &StreamError::new(StreamCondition::PolicyViolation, &text),
+                    crate::account_deletion::SESSIONS_END_WITHIN,
+                )
+                .await;
             Ok(serde_json::json!({ "sessions_ended": ended }))
         }
         Request::Stats => {

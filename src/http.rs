@@ -180,20 +180,9 @@ fn admin_host_allowed(shared: &Shared, host: Option<&str>) -> bool {
         // HTTP/1.0 without Host: no browser sends such a request.
         return true;
     };
-    let name = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(
-            host,
-            |(n, p)| {
-                if p.parse::<u16>().is_ok() {
-                    n
-                } else {
-                    host
-                }
-            },
-        ),
+    let Some(name) = host_name(host) else {
+        return false;
     };
-    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
     name.parse::<std::net::IpAddr>().is_ok()
         || name == "localhost"
         || shared.config.serves(&name)
@@ -203,6 +192,25 @@ fn admin_host_allowed(shared: &Shared, host: Option<&str>) -> bool {
             .hosts
             .iter()
             .any(|h| h.eq_ignore_ascii_case(&name))
+}
+
+/// The name a Host header names, without its port (which must be a number) or a trailing
+/// root dot, lower-cased; an IPv6 literal without its brackets. `None` for a malformed one.
+fn host_name(host: &str) -> Option<String> {
+    let (name, port) = match host.strip_prefix('[') {
+        Some(v6) => {
+            let (addr, rest) = v6.split_once(']')?;
+            (addr, rest.strip_prefix(':'))
+        }
+        None => match host.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (host, None),
+        },
+    };
+    if port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return None;
+    }
+    Some(name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase())
 }
 
 /// A parsed request head.
@@ -356,14 +364,7 @@ fn websocket_url(shared: &Shared, host: Option<&str>, local_port: u16) -> String
     }
     let scheme = if c.tls { "wss" } else { "ws" };
     let host = host
-        .filter(|h| {
-            let (name, port) = match h.rsplit_once(':') {
-                Some((n, p)) => (n, Some(p)),
-                None => (*h, None),
-            };
-            let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
-            port.is_none_or(|p| p.parse::<u16>().is_ok()) && shared.config.serves(&name)
-        })
+        .filter(|h| host_name(h).is_some_and(|name| shared.config.serves(&name)))
         .map(str::to_owned)
         .unwrap_or_else(|| {
             let default_port = if c.tls { 443 } else { 80 };

@@ -773,6 +773,27 @@ impl Sessions {
         c
     }
 
+    /// Asks each of `sessions` to end with `error` and waits, at most `within`, until
+    /// they are gone from the registry (a later session that bound the same full JID does
+    /// not count as theirs). Returns how many there were.
+    pub async fn close_and_wait(
+        &self,
+        sessions: &[SessionHandle],
+        error: &StreamError,
+        within: std::time::Duration,
+    ) -> usize {
+        for s in sessions {
+            tracing::info!(jid = %s.jid, condition = %error.condition, "ending session");
+            s.close(error.clone());
+        }
+        let gone = |s: &SessionHandle| self.get(&s.jid).is_none_or(|h| h.id != s.id);
+        let deadline = tokio::time::Instant::now() + within;
+        while !sessions.iter().all(gone) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        sessions.len()
+    }
+
     /// Number of connected sessions.
     pub fn count(&self) -> usize {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());

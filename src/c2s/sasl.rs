@@ -294,12 +294,19 @@ async fn auth_locked(
     jid: &BareJid,
 ) -> Option<super::backoff::Seen> {
     let ip = peer.ip();
+    // This node's own table first: a pair it has locked costs no Redis round trip.
     let here = shared
         .auth_backoff
         .locked(ip, jid.as_str(), std::time::Instant::now());
-    let seen = super::backoff::seen(shared, ip, jid.as_str()).await;
-    let Some(left) = here.or(seen.locked) else {
-        return Some(seen);
+    let left = match here {
+        Some(left) => left,
+        None => {
+            let seen = super::backoff::seen(shared, ip, jid.as_str()).await;
+            match seen.locked {
+                Some(left) => left,
+                None => return Some(seen),
+            }
+        }
     };
     tracing::info!(%peer, %jid, ?left, "SASL refused: account locked after failures");
     None

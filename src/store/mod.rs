@@ -723,15 +723,10 @@ pub async fn trial_operator_migrations(url: &str, dir: &Path) -> Result<Trial, S
         return Ok(Trial::NoSchemaYet);
     }
     let store = Store::connect(url, 1).await.map_err(|e| e.to_string())?;
-    let (pool, lite) = match &store.backend {
-        Backend::Postgres(pool) => (Some(pool.clone()), None),
-        Backend::Sqlite(db) => (None, Some(db.writer().clone())),
-    };
     let applied_sql = "SELECT version FROM _sqlx_migrations WHERE success";
-    let applied: Result<Vec<i64>, sqlx::Error> = match (&pool, &lite) {
-        (Some(p), _) => sqlx::query_scalar(applied_sql).fetch_all(p).await,
-        (_, Some(l)) => sqlx::query_scalar(applied_sql).fetch_all(l).await,
-        _ => unreachable!("one backend"),
+    let applied: Result<Vec<i64>, sqlx::Error> = match &store.backend {
+        Backend::Postgres(p) => sqlx::query_scalar(applied_sql).fetch_all(p).await,
+        Backend::Sqlite(db) => sqlx::query_scalar(applied_sql).fetch_all(db.writer()).await,
     };
     let Ok(applied) = applied else {
         return Ok(Trial::NoSchemaYet);
@@ -761,10 +756,9 @@ pub async fn trial_operator_migrations(url: &str, dir: &Path) -> Result<Trial, S
             tx.rollback().await.map_err(|e| e.to_string())?;
         }};
     }
-    match (pool, lite) {
-        (Some(p), _) => try_and_roll_back!(p),
-        (_, Some(l)) => try_and_roll_back!(l),
-        _ => unreachable!("one backend"),
+    match &store.backend {
+        Backend::Postgres(p) => try_and_roll_back!(p),
+        Backend::Sqlite(db) => try_and_roll_back!(db.writer()),
     }
     store.close().await;
     Ok(Trial::Runs(pending.len()))
@@ -788,17 +782,15 @@ pub(crate) fn refuse_writable_by_others(dir: &Path) -> Result<(), StoreError> {
         )))
     };
     let writable = |m: &std::fs::Metadata| m.permissions().mode() & 0o022 != 0;
-    let meta = std::fs::metadata(dir).map_err(|e| StoreError::MigrationsDir {
+    let unreadable = |e: std::io::Error| StoreError::MigrationsDir {
         dir: dir.display().to_string(),
         source: sqlx::migrate::MigrateError::Source(Box::new(e)),
-    })?;
+    };
+    let meta = std::fs::metadata(dir).map_err(unreadable)?;
     if writable(&meta) {
         return refuse(dir, meta.permissions().mode());
     }
-    let entries = std::fs::read_dir(dir).map_err(|e| StoreError::MigrationsDir {
-        dir: dir.display().to_string(),
-        source: sqlx::migrate::MigrateError::Source(Box::new(e)),
-    })?;
+    let entries = std::fs::read_dir(dir).map_err(unreadable)?;
     for entry in entries.flatten() {
         let path = entry.path();
         if path.extension().is_some_and(|x| x == "sql") {
