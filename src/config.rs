@@ -1492,6 +1492,32 @@ impl Config {
     }
 }
 
+impl Default for crate::xml::reader::ReaderLimits {
+    /// The limits of an authenticated peer under the default `[limits]`.
+    fn default() -> Self {
+        crate::xml::reader::ReaderLimits::for_peer(&LimitsConfig::default(), true)
+    }
+}
+
+impl crate::xml::reader::ReaderLimits {
+    /// The limits for a peer's stream, from `[limits]`. Before authentication a stream gets
+    /// the much smaller stanza cost limit: negotiation needs a handful of small elements,
+    /// and an unauthenticated peer must not be able to make the server hold megabytes.
+    pub fn for_peer(l: &LimitsConfig, authenticated: bool) -> Self {
+        crate::xml::reader::ReaderLimits {
+            max_stanza_size: l.max_stanza_size,
+            max_depth: l.max_depth,
+            max_stanza_nodes: if authenticated {
+                l.max_stanza_nodes
+            } else {
+                l.max_stanza_nodes_unauthenticated
+            },
+            max_attributes: l.max_attributes,
+            max_namespace_declarations: l.max_namespace_declarations,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,10 +16,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
+use crate::node::io::BoxIo;
 use crate::node::listen::{ListenerPolicy, Refusal, StartError};
 use crate::node::Shared;
 use crate::services::Services;
-use crate::tls::BoxIo;
 
 /// Binds the listener (if enabled) and starts accepting. Returns the bound address.
 pub async fn start(

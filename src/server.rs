@@ -15,11 +15,11 @@ use tokio_util::task::TaskTracker;
 use crate::c2s;
 use crate::config::CheckedConfig;
 use crate::error::{StreamCondition, StreamError};
+use crate::node::io::BoxIo;
 pub use crate::node::listen::{next_connection, ListenerPolicy, Refusal, StartError};
 pub use crate::node::{RosterLocks, Shared};
 use crate::sessions::Sessions;
 use crate::store::Store;
-use crate::tls::BoxIo;
 
 /// A started server: its bound addresses and a handle to stop it.
 pub struct Running {

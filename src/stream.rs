@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::error::{StreamCondition, StreamError};
-use crate::tls::BoxIo;
+use crate::node::io::BoxIo;
 use crate::xml::reader::{ReaderLimits, StreamEvent, StreamHeader, StreamReader, XmlError};
 use crate::xml::{Element, NS_STREAM};
 

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::conditions::StanzaCondition;
 use crate::liveness::Transport;
-use crate::tls::BoxIo;
+use crate::node::io::BoxIo;
 use crate::xml::reader::StreamReader;
 use crate::xml::{Element, NS_STANZAS};
 

@@ -18,13 +18,6 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
 use crate::config::Config;
 
-/// Anything a stream can run over: TCP, TLS over TCP, or a test duplex.
-pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static> Io for T {}
-
-/// A boxed transport, so STARTTLS can wrap whatever was there before.
-pub type BoxIo = Box<dyn Io>;
-
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {

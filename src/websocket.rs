@@ -42,8 +42,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::liveness::{Transport, TransportKind};
+use crate::node::io::BoxIo;
 use crate::node::Shared;
-use crate::tls::BoxIo;
 use crate::xml::reader::{parse_chunks, ReaderLimits, StreamEvent, StreamReader, XmlError};
 use crate::xml::{self as x, escape, Element};
 

@@ -32,7 +32,7 @@ use crate::xml::reader::ReaderLimits;
 use crate::xml::{self as x, Element};
 
 pub use crate::error::iq_result;
-pub use crate::tls::{BoxIo, Io};
+pub use crate::node::io::{BoxIo, Io};
 /// A random identifier for stream ids and generated resources.
 pub use crate::xml::new_id;
 

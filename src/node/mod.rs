@@ -4,6 +4,7 @@
 //! it ([`crate::server::start`]) or the transports that run on it.
 
 pub mod federation;
+pub mod io;
 pub mod listen;
 pub mod live;
 pub mod send;

@@ -30,9 +30,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::error::{StanzaError, StreamCondition, StreamError};
 use crate::jid::Jid;
+use crate::node::io::BoxIo;
 use crate::node::Shared;
 use crate::stanza::IqType;
-use crate::tls::BoxIo;
 use crate::xml::new_id;
 use crate::xml::reader::ReaderLimits;
 use crate::xml::{Element, NS_CLIENT, NS_SASL, NS_SERVER, NS_STREAM, NS_TLS};

@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 
 use crate::config::Nameserver;
 use crate::error::{StanzaError, StreamCondition};
+use crate::node::io::BoxIo;
 use crate::node::Shared;
-use crate::tls::BoxIo;
 use crate::xml::reader::ReaderLimits;
 use crate::xml::{Element, NS_SASL, NS_SERVER, NS_TLS};
 

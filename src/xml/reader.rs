@@ -122,6 +122,8 @@ impl XmlError {
 /// and a few hundred in memory, and every attribute is checked against its siblings for
 /// duplicates (quadratic in their number). So elements and attributes are counted too, and
 /// each limit is checked before the thing it counts is stored.
+/// Built from `[limits]` by the configuration (`ReaderLimits::for_peer` and `Default` are
+/// in [`crate::config`], which this layer does not import).
 #[derive(Debug, Clone, Copy)]
 pub struct ReaderLimits {
     /// Largest stanza in bytes, as it appears on the wire.
@@ -137,30 +139,7 @@ pub struct ReaderLimits {
     pub max_namespace_declarations: usize,
 }
 
-impl Default for ReaderLimits {
-    fn default() -> Self {
-        ReaderLimits::for_peer(&crate::config::LimitsConfig::default(), true)
-    }
-}
-
 impl ReaderLimits {
-    /// The limits for a peer's stream, from `[limits]`. Before authentication a stream gets
-    /// the much smaller stanza cost limit: negotiation needs a handful of small elements,
-    /// and an unauthenticated peer must not be able to make the server hold megabytes.
-    pub fn for_peer(l: &crate::config::LimitsConfig, authenticated: bool) -> Self {
-        ReaderLimits {
-            max_stanza_size: l.max_stanza_size,
-            max_depth: l.max_depth,
-            max_stanza_nodes: if authenticated {
-                l.max_stanza_nodes
-            } else {
-                l.max_stanza_nodes_unauthenticated
-            },
-            max_attributes: l.max_attributes,
-            max_namespace_declarations: l.max_namespace_declarations,
-        }
-    }
-
     /// No cost limits beyond size and depth: for XML the server wrote itself.
     pub fn trusted(max_stanza_size: usize, max_depth: usize) -> Self {
         ReaderLimits {
