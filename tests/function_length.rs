@@ -41,7 +41,10 @@ fn code_only(text: &str) -> String {
         let prev_ident = i > 0 && ident(b[i - 1]);
         match b[i] {
             b'/' if b.get(i + 1) == Some(&b'/') => {
-                let end = b[i..].iter().position(|&c| c == b'\n').map_or(b.len(), |p| i + p);
+                let end = b[i..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(b.len(), |p| i + p);
                 blank(&mut out, i, end);
                 i = end;
             }
@@ -194,7 +197,11 @@ fn functions(code: &str) -> Vec<(String, usize, usize)> {
             continue;
         }
         let rest = code[at + 2..].trim_start();
-        let name: String = rest.bytes().take_while(|&c| ident(c)).map(char::from).collect();
+        let name: String = rest
+            .bytes()
+            .take_while(|&c| ident(c))
+            .map(char::from)
+            .collect();
         // `fn(u8) -> u8` types and `fn $name` in macros are not items with a body here.
         if name.is_empty() {
             continue;
