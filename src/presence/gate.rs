@@ -474,11 +474,7 @@ async fn settings_for_stamp(
         // A remote user's settings are applied by its own server.
         return Some(PrivacySettings::default());
     }
-    match shared
-        .store
-        .privacy_settings(prober.to_bare().as_str())
-        .await
-    {
+    match shared.store.privacy_settings(prober_bare).await {
         Ok(s) => Some(s),
         Err(e) => {
             tracing::warn!(%prober, error = %e, "privacy inputs unavailable; hiding last seen");
