@@ -118,73 +118,24 @@ pub async fn serve<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let limits = shared.live.get().limits.clone();
-    let ws = match tokio::time::timeout(
-        limits.negotiation_timeout,
-        tokio_tungstenite::accept_hdr_async_with_config(
-            io,
-            negotiate_subprotocol,
-            Some(ws_config(&limits)),
-        ),
-    )
-    .await
-    {
-        Ok(Ok(ws)) => ws,
-        Ok(Err(e)) => {
-            tracing::info!(%peer, error = %e, "WebSocket handshake failed");
-            return;
-        }
-        Err(_) => {
-            tracing::info!(%peer, "WebSocket handshake timed out");
-            return;
-        }
+    let Some(ws) = handshake(io, &limits, peer).await else {
+        return;
     };
     let (sink, stream) = ws.split();
     // Taken away as soon as the connection is of no more use, so the socket closes then.
     let mut stream = Some(stream);
-    let (c2s_side, adapter_side) = tokio::io::duplex(64 * 1024);
-    let (from_c2s, mut to_c2s) = tokio::io::split(adapter_side);
-    let beat = shared.liveness.beat();
-    let transport = Transport {
-        kind: TransportKind::WebSocket,
-        beat: beat.clone(),
-        secure,
-    };
-    let done = CancellationToken::new();
-    let (out_tx, out_rx) = mpsc::channel::<Message>(64);
-
-    // c2s output → messages. This parses what the server itself wrote (a roster result may
-    // hold thousands of elements), so only size and depth are bounded.
-    let reader_limits =
-        ReaderLimits::trusted(outbound_max(&limits), limits.max_depth.saturating_add(4));
-    let opened = Arc::new(AtomicBool::new(false));
-    let mut parser = tokio::spawn(outbound(
-        from_c2s,
-        reader_limits,
-        out_tx.clone(),
-        done.clone(),
-        opened.clone(),
-    ));
-    // Messages → socket.
-    let pong_due = Arc::new(Notify::new());
-    let write_failed = Arc::new(AtomicBool::new(false));
-    let mut writer = tokio::spawn(write_messages(
-        sink,
-        out_rx,
-        pong_due.clone(),
-        limits.write_timeout,
-        write_failed.clone(),
-        done.clone(),
-        peer,
-    ));
-    // The XMPP session on the c2s side of the pipe.
-    let session = tokio::spawn(crate::c2s::serve_transport(
-        shared.clone(),
-        services,
-        Box::new(c2s_side) as BoxIo,
-        peer,
-        false,
-        transport,
-    ));
+    let Adapter {
+        mut to_c2s,
+        beat,
+        done,
+        out_tx,
+        opened,
+        mut parser,
+        pong_due,
+        write_failed,
+        mut writer,
+        session,
+    } = Adapter::start(&shared, services, sink, peer, secure, &limits);
     // Once the c2s side has written the end of its stream (the parser has seen it, or its
     // end of the pipe is gone), that end has this long to reach the client; then the
     // connection goes, whatever the client still sends. (Not the c2s task's end: a stream
@@ -286,20 +237,11 @@ pub async fn serve<S>(
     let _ = to_c2s.shutdown().await;
     drop(to_c2s);
     let _ = session.await;
-    if !parser_over
-        && tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, &mut parser)
-            .await
-            .is_err()
-    {
-        parser.abort();
+    if !parser_over {
+        wait_or_abort(&mut parser).await;
     }
     drop(out_tx);
-    if tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
-    }
+    wait_or_abort(&mut writer).await;
     // RFC 6455 §5.5.1 / §7.1.1: having sent our Close, wait for the client's before the TCP
     // connection goes. Dropping it at once resets the connection under a Close already on
     // its way, which browsers and Node report as an error rather than a clean close.
@@ -312,6 +254,144 @@ pub async fn serve<S>(
             }
         })
         .await;
+    }
+}
+
+/// The WebSocket handshake (RFC 6455 §4.2, with the `xmpp` subprotocol of RFC 7395 §3.1),
+/// within the negotiation time limit; `None` when it failed or timed out.
+async fn handshake<S>(
+    io: S,
+    limits: &crate::config::LimitsConfig,
+    peer: SocketAddr,
+) -> Option<tokio_tungstenite::WebSocketStream<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(
+        limits.negotiation_timeout,
+        tokio_tungstenite::accept_hdr_async_with_config(
+            io,
+            negotiate_subprotocol,
+            Some(ws_config(limits)),
+        ),
+    )
+    .await
+    {
+        Ok(Ok(ws)) => Some(ws),
+        Ok(Err(e)) => {
+            tracing::info!(%peer, error = %e, "WebSocket handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::info!(%peer, "WebSocket handshake timed out");
+            None
+        }
+    }
+}
+
+/// Waits for an adapter task for the close handshake's time at most, then stops it.
+async fn wait_or_abort(task: &mut tokio::task::JoinHandle<()>) {
+    if tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, &mut *task)
+        .await
+        .is_err()
+    {
+        task.abort();
+    }
+}
+
+/// The tasks and channels between a WebSocket and the XMPP session served over it: the
+/// session writes to and reads from one end of a pipe, as over TCP; messages read from the
+/// socket go into the other end (`to_c2s`), and what the session writes is parsed into
+/// messages (`parser`) that `writer` sends.
+struct Adapter {
+    to_c2s: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    /// The connection's liveness, kept by its traffic and its Pongs.
+    beat: Arc<crate::liveness::Beat>,
+    /// Ends the parser and the writer.
+    done: CancellationToken,
+    /// Messages for the writer.
+    out_tx: mpsc::Sender<Message>,
+    /// Whether the session has opened its stream (a stream error must open one first).
+    opened: Arc<AtomicBool>,
+    parser: tokio::task::JoinHandle<()>,
+    /// A Pong tungstenite queued is for the writer to send.
+    pong_due: Arc<Notify>,
+    /// Whether the writer could not write (the client reads nothing).
+    write_failed: Arc<AtomicBool>,
+    writer: tokio::task::JoinHandle<()>,
+    session: tokio::task::JoinHandle<()>,
+}
+
+impl Adapter {
+    /// Spawns the parser of the session's output, the writer of messages to `sink`, and the
+    /// XMPP session itself.
+    fn start<W>(
+        shared: &Arc<Shared>,
+        services: Arc<crate::services::Services>,
+        sink: W,
+        peer: SocketAddr,
+        secure: bool,
+        limits: &crate::config::LimitsConfig,
+    ) -> Self
+    where
+        W: futures_util::Sink<Message> + Unpin + Send + 'static,
+    {
+        let (c2s_side, adapter_side) = tokio::io::duplex(64 * 1024);
+        let (from_c2s, to_c2s) = tokio::io::split(adapter_side);
+        let beat = shared.liveness.beat();
+        let transport = Transport {
+            kind: TransportKind::WebSocket,
+            beat: beat.clone(),
+            secure,
+        };
+        let done = CancellationToken::new();
+        let (out_tx, out_rx) = mpsc::channel::<Message>(64);
+
+        // c2s output → messages. This parses what the server itself wrote (a roster result may
+        // hold thousands of elements), so only size and depth are bounded.
+        let reader_limits =
+            ReaderLimits::trusted(outbound_max(limits), limits.max_depth.saturating_add(4));
+        let opened = Arc::new(AtomicBool::new(false));
+        let parser = tokio::spawn(outbound(
+            from_c2s,
+            reader_limits,
+            out_tx.clone(),
+            done.clone(),
+            opened.clone(),
+        ));
+        // Messages → socket.
+        let pong_due = Arc::new(Notify::new());
+        let write_failed = Arc::new(AtomicBool::new(false));
+        let writer = tokio::spawn(write_messages(
+            sink,
+            out_rx,
+            pong_due.clone(),
+            limits.write_timeout,
+            write_failed.clone(),
+            done.clone(),
+            peer,
+        ));
+        // The XMPP session on the c2s side of the pipe.
+        let session = tokio::spawn(crate::c2s::serve_transport(
+            shared.clone(),
+            services,
+            Box::new(c2s_side) as BoxIo,
+            peer,
+            false,
+            transport,
+        ));
+        Adapter {
+            to_c2s,
+            beat,
+            done,
+            out_tx,
+            opened,
+            parser,
+            pong_due,
+            write_failed,
+            writer,
+            session,
+        }
     }
 }
 
