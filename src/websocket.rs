@@ -124,18 +124,7 @@ pub async fn serve<S>(
     let (sink, stream) = ws.split();
     // Taken away as soon as the connection is of no more use, so the socket closes then.
     let mut stream = Some(stream);
-    let Adapter {
-        mut to_c2s,
-        beat,
-        done,
-        out_tx,
-        opened,
-        mut parser,
-        pong_due,
-        write_failed,
-        mut writer,
-        session,
-    } = Adapter::start(&shared, services, sink, peer, secure, &limits);
+    let mut a = Adapter::start(&shared, services, sink, peer, secure, &limits);
     // Once the c2s side has written the end of its stream (the parser has seen it, or its
     // end of the pipe is gone), that end has this long to reach the client; then the
     // connection goes, whatever the client still sends. (Not the c2s task's end: a stream
@@ -158,8 +147,8 @@ pub async fn serve<S>(
     let mut stalled = false;
     while let Some(reading) = stream.as_mut() {
         let msg = tokio::select! {
-            _ = done.cancelled() => break,
-            _ = &mut parser, if !parser_over => {
+            _ = a.done.cancelled() => break,
+            _ = &mut a.parser, if !parser_over => {
                 parser_over = true;
                 wind_down = Some(tokio::time::Instant::now() + CLOSE_HANDSHAKE_WAIT);
                 continue;
@@ -170,9 +159,9 @@ pub async fn serve<S>(
                 break;
             }
             _ = ping.tick() => {
-                if beat.silent_for(h)
+                if a.beat.silent_for(h)
                     && last_ping.elapsed() >= h
-                    && out_tx.try_send(Message::Ping(Vec::new().into())).is_ok()
+                    && a.out_tx.try_send(Message::Ping(Vec::new().into())).is_ok()
                 {
                     last_ping = tokio::time::Instant::now();
                     shared.liveness.metrics.pings_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -184,18 +173,10 @@ pub async fn serve<S>(
         let text = match msg {
             Some(Ok(Message::Text(t))) => t.to_string(),
             Some(Ok(m @ (Message::Ping(_) | Message::Pong(_)))) => {
-                if let Err(err) = control_rate.take(&shared.metrics) {
-                    tracing::info!(%peer, "WebSocket control frames beyond the stanza rate; closing");
-                    fail(&shared, &out_tx, &opened, err).await;
-                    break;
+                if a.control_frame(&shared, &mut control_rate, &m, peer).await {
+                    continue;
                 }
-                beat.touch();
-                if matches!(m, Message::Ping(_)) {
-                    // tungstenite has queued the Pong (RFC 6455 §5.5.2); the writer sends it
-                    // within the write timeout, or the connection goes.
-                    pong_due.notify_one();
-                }
-                continue;
+                break;
             }
             Some(Ok(Message::Binary(_))) => {
                 // RFC 7395 §3.2: XMPP messages are text; binary is not XMPP.
@@ -208,52 +189,30 @@ pub async fn serve<S>(
                 break;
             }
         };
-        // The larger (authenticated) cost limit: c2s parses the result again with the limit
-        // for the stream's state, so this only bounds what one message may cost here.
-        let bytes = match inbound(&text, ReaderLimits::for_peer(&limits, true)) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                tracing::info!(%peer, error = %e, "closing WebSocket stream with error");
-                if let Some(err) = crate::error::StreamError::of_xml(&e) {
-                    fail(&shared, &out_tx, &opened, err).await;
-                }
-                break;
-            }
-        };
-        if to_c2s.write_all(bytes.as_bytes()).await.is_err() {
+        if !a.forward(&shared, &text, &limits, peer).await {
             break;
         }
     }
     // A client whose side ended, or that reads nothing (the writer could not write), has no
     // use for the socket any more: it goes now, not after the session (a XEP-0198 session
     // may wait minutes for its client to resume it elsewhere).
-    if peer_done || stalled || write_failed.load(Ordering::Acquire) {
+    if peer_done || stalled || a.write_failed.load(Ordering::Acquire) {
         stream = None;
     }
     if stalled {
-        writer.abort();
+        a.writer.abort();
     }
     // EOF to c2s: a WebSocket that closed without <close/> is a dropped connection.
-    let _ = to_c2s.shutdown().await;
-    drop(to_c2s);
-    let _ = session.await;
+    let _ = a.to_c2s.shutdown().await;
+    drop(a.to_c2s);
+    let _ = a.session.await;
     if !parser_over {
-        wait_or_abort(&mut parser).await;
+        wait_or_abort(&mut a.parser).await;
     }
-    drop(out_tx);
-    wait_or_abort(&mut writer).await;
-    // RFC 6455 §5.5.1 / §7.1.1: having sent our Close, wait for the client's before the TCP
-    // connection goes. Dropping it at once resets the connection under a Close already on
-    // its way, which browsers and Node report as an error rather than a clean close.
-    if let Some(mut stream) = stream {
-        let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, async {
-            while let Some(m) = stream.next().await {
-                if matches!(m, Ok(Message::Close(_)) | Err(_)) {
-                    break;
-                }
-            }
-        })
-        .await;
+    drop(a.out_tx);
+    wait_or_abort(&mut a.writer).await;
+    if let Some(stream) = stream {
+        await_client_close(stream).await;
     }
 }
 
@@ -393,6 +352,69 @@ impl Adapter {
             session,
         }
     }
+
+    /// A Ping or Pong from the client: within the stanza rate, traffic (and for a Ping, a
+    /// Pong due); beyond it, a stream error. Whether the connection goes on.
+    async fn control_frame(
+        &self,
+        shared: &Shared,
+        control_rate: &mut crate::rate_limit::ClientRate,
+        m: &Message,
+        peer: SocketAddr,
+    ) -> bool {
+        if let Err(err) = control_rate.take(&shared.metrics) {
+            tracing::info!(%peer, "WebSocket control frames beyond the stanza rate; closing");
+            fail(shared, &self.out_tx, &self.opened, err).await;
+            return false;
+        }
+        self.beat.touch();
+        if matches!(m, Message::Ping(_)) {
+            // tungstenite has queued the Pong (RFC 6455 §5.5.2); the writer sends it
+            // within the write timeout, or the connection goes.
+            self.pong_due.notify_one();
+        }
+        true
+    }
+
+    /// Passes the XMPP of a text message to the session. Whether the connection goes on.
+    async fn forward(
+        &mut self,
+        shared: &Shared,
+        text: &str,
+        limits: &crate::config::LimitsConfig,
+        peer: SocketAddr,
+    ) -> bool {
+        // The larger (authenticated) cost limit: c2s parses the result again with the limit
+        // for the stream's state, so this only bounds what one message may cost here.
+        let bytes = match inbound(text, ReaderLimits::for_peer(limits, true)) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::info!(%peer, error = %e, "closing WebSocket stream with error");
+                if let Some(err) = crate::error::StreamError::of_xml(&e) {
+                    fail(shared, &self.out_tx, &self.opened, err).await;
+                }
+                return false;
+            }
+        };
+        self.to_c2s.write_all(bytes.as_bytes()).await.is_ok()
+    }
+}
+
+/// RFC 6455 §5.5.1 / §7.1.1: having sent our Close, wait for the client's before the TCP
+/// connection goes. Dropping it at once resets the connection under a Close already on
+/// its way, which browsers and Node report as an error rather than a clean close.
+async fn await_client_close<S>(mut stream: S)
+where
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, async {
+        while let Some(m) = stream.next().await {
+            if matches!(m, Ok(Message::Close(_)) | Err(_)) {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Sends the adapter's messages, and the Pongs tungstenite queued when `pong_due` is
