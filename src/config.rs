@@ -1225,139 +1225,7 @@ impl Config {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return bad(&format!("[log] level `{}`: {e}", self.log.level));
         }
-        let l = &self.limits;
-        if l.max_stanza_size < 10_000 {
-            // RFC 6120 §13.12: servers must accept stanzas of at least 10000 bytes.
-            return bad("[limits] max_stanza_size must be at least 10000 (RFC 6120 §13.12)");
-        }
-        if l.max_depth < 4 || l.negotiation_timeout.is_zero() || l.session_queue == 0 {
-            return bad("[limits] max_depth >= 4, negotiation_timeout > 0, session_queue > 0");
-        }
-        if l.write_timeout.is_zero() {
-            return bad("[limits] write_timeout must be positive");
-        }
-        if l.avatar_hash_ttl.is_zero() {
-            return bad("[limits] avatar_hash_ttl must be positive");
-        }
-        if l.interest_ttl.is_zero() {
-            return bad("[limits] interest_ttl must be positive");
-        }
-        if l.max_offline_messages >= l.session_queue {
-            // All of a user's kept messages are queued at once at login; a mailbox that
-            // cannot take them ends the session and loses them.
-            return bad("[limits] max_offline_messages must be less than session_queue");
-        }
-        if l.stanzas_per_second == 0 || l.max_auth_failures == 0 || l.max_roster_items <= 0 {
-            return bad("[limits] rates and counts must be positive");
-        }
-        let counts = [
-            ("max_roster_groups", l.max_roster_groups),
-            ("max_roster_group_length", l.max_roster_group_length),
-            ("max_roster_name_length", l.max_roster_name_length),
-            ("max_pending_subscriptions", l.max_pending_subscriptions),
-            (
-                "max_subscription_status_length",
-                l.max_subscription_status_length,
-            ),
-            ("max_resources_per_account", l.max_resources_per_account),
-            ("max_blocklist_items", l.max_blocklist_items),
-            ("max_directed_presences", l.max_directed_presences),
-            ("max_revealed_per_session", l.max_revealed_per_session),
-            ("max_offline_messages", l.max_offline_messages),
-            (
-                "max_offline_messages_per_sender",
-                l.max_offline_messages_per_sender,
-            ),
-            ("max_pep_nodes", l.max_pep_nodes),
-            ("max_pep_items", l.max_pep_items),
-            ("max_pep_item_size", l.max_pep_item_size),
-            ("max_pep_bytes", l.max_pep_bytes),
-            ("max_vcard_size", l.max_vcard_size),
-            ("max_avatar_hash_entries", l.max_avatar_hash_entries),
-            ("max_caps_entries", l.max_caps_entries),
-            ("max_connections_per_ip", l.max_connections_per_ip),
-            (
-                "max_caps_queries_per_session",
-                l.max_caps_queries_per_session,
-            ),
-            ("max_csi_held_presences", l.max_csi_held_presences),
-            ("max_interest_items", l.max_interest_items),
-            ("sm_max_unacked", l.sm_max_unacked),
-        ];
-        for (name, v) in counts {
-            // The store compares them with PostgreSQL integers.
-            if v == 0 || v > i32::MAX as usize {
-                return bad(&format!(
-                    "[limits] {name} must be between 1 and {}",
-                    i32::MAX
-                ));
-            }
-        }
-        if l.session_queue_bytes < 2 * l.max_stanza_size
-            || l.sm_max_unacked_bytes < 2 * l.max_stanza_size
-        {
-            // What the server writes can be a little larger than what it accepts (a delay
-            // stamp, a carbons wrapper): any one stanza must fit with room to spare.
-            return bad(
-                "[limits] session_queue_bytes and sm_max_unacked_bytes must be at least twice max_stanza_size",
-            );
-        }
-        if l.max_csi_held_bytes_per_sender == 0
-            || l.max_csi_held_bytes_per_sender > l.max_csi_held_bytes
-        {
-            return bad(
-                "[limits] max_csi_held_bytes_per_sender must be between 1 and max_csi_held_bytes",
-            );
-        }
-        let offline_bytes = [
-            ("max_offline_bytes", l.max_offline_bytes, 1),
-            (
-                "max_offline_bytes_per_sender",
-                l.max_offline_bytes_per_sender,
-                1,
-            ),
-            (
-                "max_offline_bytes_per_stranger",
-                l.max_offline_bytes_per_stranger,
-                0,
-            ),
-            (
-                "max_offline_messages_per_stranger",
-                l.max_offline_messages_per_stranger,
-                0,
-            ),
-        ];
-        for (name, v, min) in offline_bytes {
-            // Compared with PostgreSQL bigint sums; a stranger's share may be 0 (none kept).
-            if v < min || v > i64::MAX as usize {
-                return bad(&format!(
-                    "[limits] {name} must be between {min} and {}",
-                    i64::MAX
-                ));
-            }
-        }
-        if (l.max_revealed_per_session as i64) < l.max_roster_items {
-            // A broadcast to a full roster must be able to record every contact it reaches.
-            return bad("[limits] max_revealed_per_session must be at least max_roster_items");
-        }
-        // Enough for negotiation (a SASL exchange, a registration form), a stream header's
-        // attributes and namespace declarations, and a nested extension payload.
-        if l.max_stanza_nodes_unauthenticated < 32
-            || l.max_stanza_nodes < l.max_stanza_nodes_unauthenticated
-        {
-            return bad("[limits] 32 <= max_stanza_nodes_unauthenticated <= max_stanza_nodes");
-        }
-        if l.max_attributes < 16 || l.max_namespace_declarations < 8 {
-            return bad("[limits] max_attributes >= 16, max_namespace_declarations >= 8");
-        }
-        if l.auth_backoff_failures == 0
-            || l.auth_backoff_window_ms == 0
-            || l.auth_backoff_base_ms == 0
-            || l.auth_backoff_max_ms < l.auth_backoff_base_ms
-            || l.auth_backoff_max_entries == 0
-        {
-            return bad("[limits] auth_backoff_*: positive, base_ms <= max_ms");
-        }
+        self.validate_limits()?;
         self.validate_liveness()?;
         let s = &self.s2s;
         if s.queue_size == 0 || s.connect_timeout.is_zero() || s.idle_timeout.is_zero() {
@@ -1392,6 +1260,77 @@ impl Config {
         }
         if self.database.gate_cache_secs > Duration::from_secs(86_400) {
             return bad("[database] gate_cache_secs must be between 0 and 86400");
+        }
+        Ok(())
+    }
+
+    /// `[limits]` ranges and consistency.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        let l = &self.limits;
+        if l.max_stanza_size < 10_000 {
+            // RFC 6120 §13.12: servers must accept stanzas of at least 10000 bytes.
+            return bad("[limits] max_stanza_size must be at least 10000 (RFC 6120 §13.12)");
+        }
+        if l.max_depth < 4 || l.negotiation_timeout.is_zero() || l.session_queue == 0 {
+            return bad("[limits] max_depth >= 4, negotiation_timeout > 0, session_queue > 0");
+        }
+        if l.write_timeout.is_zero() {
+            return bad("[limits] write_timeout must be positive");
+        }
+        if l.avatar_hash_ttl.is_zero() {
+            return bad("[limits] avatar_hash_ttl must be positive");
+        }
+        if l.interest_ttl.is_zero() {
+            return bad("[limits] interest_ttl must be positive");
+        }
+        if l.max_offline_messages >= l.session_queue {
+            // All of a user's kept messages are queued at once at login; a mailbox that
+            // cannot take them ends the session and loses them.
+            return bad("[limits] max_offline_messages must be less than session_queue");
+        }
+        if l.stanzas_per_second == 0 || l.max_auth_failures == 0 || l.max_roster_items <= 0 {
+            return bad("[limits] rates and counts must be positive");
+        }
+        validate_counts(l)?;
+        if l.session_queue_bytes < 2 * l.max_stanza_size
+            || l.sm_max_unacked_bytes < 2 * l.max_stanza_size
+        {
+            // What the server writes can be a little larger than what it accepts (a delay
+            // stamp, a carbons wrapper): any one stanza must fit with room to spare.
+            return bad(
+                "[limits] session_queue_bytes and sm_max_unacked_bytes must be at least twice max_stanza_size",
+            );
+        }
+        if l.max_csi_held_bytes_per_sender == 0
+            || l.max_csi_held_bytes_per_sender > l.max_csi_held_bytes
+        {
+            return bad(
+                "[limits] max_csi_held_bytes_per_sender must be between 1 and max_csi_held_bytes",
+            );
+        }
+        validate_offline_bytes(l)?;
+        if (l.max_revealed_per_session as i64) < l.max_roster_items {
+            // A broadcast to a full roster must be able to record every contact it reaches.
+            return bad("[limits] max_revealed_per_session must be at least max_roster_items");
+        }
+        // Enough for negotiation (a SASL exchange, a registration form), a stream header's
+        // attributes and namespace declarations, and a nested extension payload.
+        if l.max_stanza_nodes_unauthenticated < 32
+            || l.max_stanza_nodes < l.max_stanza_nodes_unauthenticated
+        {
+            return bad("[limits] 32 <= max_stanza_nodes_unauthenticated <= max_stanza_nodes");
+        }
+        if l.max_attributes < 16 || l.max_namespace_declarations < 8 {
+            return bad("[limits] max_attributes >= 16, max_namespace_declarations >= 8");
+        }
+        if l.auth_backoff_failures == 0
+            || l.auth_backoff_window_ms == 0
+            || l.auth_backoff_base_ms == 0
+            || l.auth_backoff_max_ms < l.auth_backoff_base_ms
+            || l.auth_backoff_max_entries == 0
+        {
+            return bad("[limits] auth_backoff_*: positive, base_ms <= max_ms");
         }
         Ok(())
     }
@@ -1516,6 +1455,88 @@ impl crate::xml::reader::ReaderLimits {
             max_namespace_declarations: l.max_namespace_declarations,
         }
     }
+}
+
+/// The `[limits]` counts the store compares with PostgreSQL integers.
+fn validate_counts(l: &LimitsConfig) -> Result<(), ConfigError> {
+    let bad = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+    let counts = [
+        ("max_roster_groups", l.max_roster_groups),
+        ("max_roster_group_length", l.max_roster_group_length),
+        ("max_roster_name_length", l.max_roster_name_length),
+        ("max_pending_subscriptions", l.max_pending_subscriptions),
+        (
+            "max_subscription_status_length",
+            l.max_subscription_status_length,
+        ),
+        ("max_resources_per_account", l.max_resources_per_account),
+        ("max_blocklist_items", l.max_blocklist_items),
+        ("max_directed_presences", l.max_directed_presences),
+        ("max_revealed_per_session", l.max_revealed_per_session),
+        ("max_offline_messages", l.max_offline_messages),
+        (
+            "max_offline_messages_per_sender",
+            l.max_offline_messages_per_sender,
+        ),
+        ("max_pep_nodes", l.max_pep_nodes),
+        ("max_pep_items", l.max_pep_items),
+        ("max_pep_item_size", l.max_pep_item_size),
+        ("max_pep_bytes", l.max_pep_bytes),
+        ("max_vcard_size", l.max_vcard_size),
+        ("max_avatar_hash_entries", l.max_avatar_hash_entries),
+        ("max_caps_entries", l.max_caps_entries),
+        ("max_connections_per_ip", l.max_connections_per_ip),
+        (
+            "max_caps_queries_per_session",
+            l.max_caps_queries_per_session,
+        ),
+        ("max_csi_held_presences", l.max_csi_held_presences),
+        ("max_interest_items", l.max_interest_items),
+        ("sm_max_unacked", l.sm_max_unacked),
+    ];
+    for (name, v) in counts {
+        // The store compares them with PostgreSQL integers.
+        if v == 0 || v > i32::MAX as usize {
+            return bad(&format!(
+                "[limits] {name} must be between 1 and {}",
+                i32::MAX
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The `[limits]` byte and message budgets of offline storage.
+fn validate_offline_bytes(l: &LimitsConfig) -> Result<(), ConfigError> {
+    let bad = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+    let offline_bytes = [
+        ("max_offline_bytes", l.max_offline_bytes, 1),
+        (
+            "max_offline_bytes_per_sender",
+            l.max_offline_bytes_per_sender,
+            1,
+        ),
+        (
+            "max_offline_bytes_per_stranger",
+            l.max_offline_bytes_per_stranger,
+            0,
+        ),
+        (
+            "max_offline_messages_per_stranger",
+            l.max_offline_messages_per_stranger,
+            0,
+        ),
+    ];
+    for (name, v, min) in offline_bytes {
+        // Compared with PostgreSQL bigint sums; a stranger's share may be 0 (none kept).
+        if v < min || v > i64::MAX as usize {
+            return bad(&format!(
+                "[limits] {name} must be between {min} and {}",
+                i64::MAX
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

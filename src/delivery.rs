@@ -397,6 +397,20 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
         }
         Err(bare) => bare,
     };
+    message_to_bare(shared, sender, bare, el, kind, copies).await
+}
+
+/// The rest of [`message`] for a message to local user `bare` (§8.5.2, or a full JID with
+/// no session, §8.5.3.2.1): delivered to the resources that take it, with carbons, or kept
+/// offline. `copies`: whether the message as sent was eligible for carbons.
+async fn message_to_bare(
+    shared: &Shared,
+    sender: &str,
+    bare: BareJid,
+    el: Element,
+    kind: MessageType,
+    copies: bool,
+) -> Outcome {
     if kind == MessageType::Groupchat {
         // §8.5.2.1.1: groupchat to a bare JID of a user is service-unavailable.
         bounce(shared, &el, StanzaError::service_unavailable());

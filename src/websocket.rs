@@ -118,73 +118,13 @@ pub async fn serve<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let limits = shared.live.get().limits.clone();
-    let ws = match tokio::time::timeout(
-        limits.negotiation_timeout,
-        tokio_tungstenite::accept_hdr_async_with_config(
-            io,
-            negotiate_subprotocol,
-            Some(ws_config(&limits)),
-        ),
-    )
-    .await
-    {
-        Ok(Ok(ws)) => ws,
-        Ok(Err(e)) => {
-            tracing::info!(%peer, error = %e, "WebSocket handshake failed");
-            return;
-        }
-        Err(_) => {
-            tracing::info!(%peer, "WebSocket handshake timed out");
-            return;
-        }
+    let Some(ws) = handshake(io, &limits, peer).await else {
+        return;
     };
     let (sink, stream) = ws.split();
     // Taken away as soon as the connection is of no more use, so the socket closes then.
     let mut stream = Some(stream);
-    let (c2s_side, adapter_side) = tokio::io::duplex(64 * 1024);
-    let (from_c2s, mut to_c2s) = tokio::io::split(adapter_side);
-    let beat = shared.liveness.beat();
-    let transport = Transport {
-        kind: TransportKind::WebSocket,
-        beat: beat.clone(),
-        secure,
-    };
-    let done = CancellationToken::new();
-    let (out_tx, out_rx) = mpsc::channel::<Message>(64);
-
-    // c2s output → messages. This parses what the server itself wrote (a roster result may
-    // hold thousands of elements), so only size and depth are bounded.
-    let reader_limits =
-        ReaderLimits::trusted(outbound_max(&limits), limits.max_depth.saturating_add(4));
-    let opened = Arc::new(AtomicBool::new(false));
-    let mut parser = tokio::spawn(outbound(
-        from_c2s,
-        reader_limits,
-        out_tx.clone(),
-        done.clone(),
-        opened.clone(),
-    ));
-    // Messages → socket.
-    let pong_due = Arc::new(Notify::new());
-    let write_failed = Arc::new(AtomicBool::new(false));
-    let mut writer = tokio::spawn(write_messages(
-        sink,
-        out_rx,
-        pong_due.clone(),
-        limits.write_timeout,
-        write_failed.clone(),
-        done.clone(),
-        peer,
-    ));
-    // The XMPP session on the c2s side of the pipe.
-    let session = tokio::spawn(crate::c2s::serve_transport(
-        shared.clone(),
-        services,
-        Box::new(c2s_side) as BoxIo,
-        peer,
-        false,
-        transport,
-    ));
+    let mut a = Adapter::start(&shared, services, sink, peer, secure, &limits);
     // Once the c2s side has written the end of its stream (the parser has seen it, or its
     // end of the pipe is gone), that end has this long to reach the client; then the
     // connection goes, whatever the client still sends. (Not the c2s task's end: a stream
@@ -207,8 +147,8 @@ pub async fn serve<S>(
     let mut stalled = false;
     while let Some(reading) = stream.as_mut() {
         let msg = tokio::select! {
-            _ = done.cancelled() => break,
-            _ = &mut parser, if !parser_over => {
+            _ = a.done.cancelled() => break,
+            _ = &mut a.parser, if !parser_over => {
                 parser_over = true;
                 wind_down = Some(tokio::time::Instant::now() + CLOSE_HANDSHAKE_WAIT);
                 continue;
@@ -219,9 +159,9 @@ pub async fn serve<S>(
                 break;
             }
             _ = ping.tick() => {
-                if beat.silent_for(h)
+                if a.beat.silent_for(h)
                     && last_ping.elapsed() >= h
-                    && out_tx.try_send(Message::Ping(Vec::new().into())).is_ok()
+                    && a.out_tx.try_send(Message::Ping(Vec::new().into())).is_ok()
                 {
                     last_ping = tokio::time::Instant::now();
                     shared.liveness.metrics.pings_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -233,18 +173,10 @@ pub async fn serve<S>(
         let text = match msg {
             Some(Ok(Message::Text(t))) => t.to_string(),
             Some(Ok(m @ (Message::Ping(_) | Message::Pong(_)))) => {
-                if let Err(err) = control_rate.take(&shared.metrics) {
-                    tracing::info!(%peer, "WebSocket control frames beyond the stanza rate; closing");
-                    fail(&shared, &out_tx, &opened, err).await;
-                    break;
+                if a.control_frame(&shared, &mut control_rate, &m, peer).await {
+                    continue;
                 }
-                beat.touch();
-                if matches!(m, Message::Ping(_)) {
-                    // tungstenite has queued the Pong (RFC 6455 §5.5.2); the writer sends it
-                    // within the write timeout, or the connection goes.
-                    pong_due.notify_one();
-                }
-                continue;
+                break;
             }
             Some(Ok(Message::Binary(_))) => {
                 // RFC 7395 §3.2: XMPP messages are text; binary is not XMPP.
@@ -257,62 +189,232 @@ pub async fn serve<S>(
                 break;
             }
         };
-        // The larger (authenticated) cost limit: c2s parses the result again with the limit
-        // for the stream's state, so this only bounds what one message may cost here.
-        let bytes = match inbound(&text, ReaderLimits::for_peer(&limits, true)) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                tracing::info!(%peer, error = %e, "closing WebSocket stream with error");
-                if let Some(err) = crate::error::StreamError::of_xml(&e) {
-                    fail(&shared, &out_tx, &opened, err).await;
-                }
-                break;
-            }
-        };
-        if to_c2s.write_all(bytes.as_bytes()).await.is_err() {
+        if !a.forward(&shared, &text, &limits, peer).await {
             break;
         }
     }
     // A client whose side ended, or that reads nothing (the writer could not write), has no
     // use for the socket any more: it goes now, not after the session (a XEP-0198 session
     // may wait minutes for its client to resume it elsewhere).
-    if peer_done || stalled || write_failed.load(Ordering::Acquire) {
+    if peer_done || stalled || a.write_failed.load(Ordering::Acquire) {
         stream = None;
     }
     if stalled {
-        writer.abort();
+        a.writer.abort();
     }
     // EOF to c2s: a WebSocket that closed without <close/> is a dropped connection.
-    let _ = to_c2s.shutdown().await;
-    drop(to_c2s);
-    let _ = session.await;
-    if !parser_over
-        && tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, &mut parser)
-            .await
-            .is_err()
-    {
-        parser.abort();
+    let _ = a.to_c2s.shutdown().await;
+    drop(a.to_c2s);
+    let _ = a.session.await;
+    if !parser_over {
+        wait_or_abort(&mut a.parser).await;
     }
-    drop(out_tx);
-    if tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, &mut writer)
+    drop(a.out_tx);
+    wait_or_abort(&mut a.writer).await;
+    if let Some(stream) = stream {
+        await_client_close(stream).await;
+    }
+}
+
+/// The WebSocket handshake (RFC 6455 §4.2, with the `xmpp` subprotocol of RFC 7395 §3.1),
+/// within the negotiation time limit; `None` when it failed or timed out.
+async fn handshake<S>(
+    io: S,
+    limits: &crate::config::LimitsConfig,
+    peer: SocketAddr,
+) -> Option<tokio_tungstenite::WebSocketStream<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(
+        limits.negotiation_timeout,
+        tokio_tungstenite::accept_hdr_async_with_config(
+            io,
+            negotiate_subprotocol,
+            Some(ws_config(limits)),
+        ),
+    )
+    .await
+    {
+        Ok(Ok(ws)) => Some(ws),
+        Ok(Err(e)) => {
+            tracing::info!(%peer, error = %e, "WebSocket handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::info!(%peer, "WebSocket handshake timed out");
+            None
+        }
+    }
+}
+
+/// Waits for an adapter task for the close handshake's time at most, then stops it.
+async fn wait_or_abort(task: &mut tokio::task::JoinHandle<()>) {
+    if tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, &mut *task)
         .await
         .is_err()
     {
-        writer.abort();
+        task.abort();
     }
-    // RFC 6455 §5.5.1 / §7.1.1: having sent our Close, wait for the client's before the TCP
-    // connection goes. Dropping it at once resets the connection under a Close already on
-    // its way, which browsers and Node report as an error rather than a clean close.
-    if let Some(mut stream) = stream {
-        let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, async {
-            while let Some(m) = stream.next().await {
-                if matches!(m, Ok(Message::Close(_)) | Err(_)) {
-                    break;
+}
+
+/// The tasks and channels between a WebSocket and the XMPP session served over it: the
+/// session writes to and reads from one end of a pipe, as over TCP; messages read from the
+/// socket go into the other end (`to_c2s`), and what the session writes is parsed into
+/// messages (`parser`) that `writer` sends.
+struct Adapter {
+    to_c2s: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    /// The connection's liveness, kept by its traffic and its Pongs.
+    beat: Arc<crate::liveness::Beat>,
+    /// Ends the parser and the writer.
+    done: CancellationToken,
+    /// Messages for the writer.
+    out_tx: mpsc::Sender<Message>,
+    /// Whether the session has opened its stream (a stream error must open one first).
+    opened: Arc<AtomicBool>,
+    parser: tokio::task::JoinHandle<()>,
+    /// A Pong tungstenite queued is for the writer to send.
+    pong_due: Arc<Notify>,
+    /// Whether the writer could not write (the client reads nothing).
+    write_failed: Arc<AtomicBool>,
+    writer: tokio::task::JoinHandle<()>,
+    session: tokio::task::JoinHandle<()>,
+}
+
+impl Adapter {
+    /// Spawns the parser of the session's output, the writer of messages to `sink`, and the
+    /// XMPP session itself.
+    fn start<W>(
+        shared: &Arc<Shared>,
+        services: Arc<crate::services::Services>,
+        sink: W,
+        peer: SocketAddr,
+        secure: bool,
+        limits: &crate::config::LimitsConfig,
+    ) -> Self
+    where
+        W: futures_util::Sink<Message> + Unpin + Send + 'static,
+    {
+        let (c2s_side, adapter_side) = tokio::io::duplex(64 * 1024);
+        let (from_c2s, to_c2s) = tokio::io::split(adapter_side);
+        let beat = shared.liveness.beat();
+        let transport = Transport {
+            kind: TransportKind::WebSocket,
+            beat: beat.clone(),
+            secure,
+        };
+        let done = CancellationToken::new();
+        let (out_tx, out_rx) = mpsc::channel::<Message>(64);
+
+        // c2s output → messages. This parses what the server itself wrote (a roster result may
+        // hold thousands of elements), so only size and depth are bounded.
+        let reader_limits =
+            ReaderLimits::trusted(outbound_max(limits), limits.max_depth.saturating_add(4));
+        let opened = Arc::new(AtomicBool::new(false));
+        let parser = tokio::spawn(outbound(
+            from_c2s,
+            reader_limits,
+            out_tx.clone(),
+            done.clone(),
+            opened.clone(),
+        ));
+        // Messages → socket.
+        let pong_due = Arc::new(Notify::new());
+        let write_failed = Arc::new(AtomicBool::new(false));
+        let writer = tokio::spawn(write_messages(
+            sink,
+            out_rx,
+            pong_due.clone(),
+            limits.write_timeout,
+            write_failed.clone(),
+            done.clone(),
+            peer,
+        ));
+        // The XMPP session on the c2s side of the pipe.
+        let session = tokio::spawn(crate::c2s::serve_transport(
+            shared.clone(),
+            services,
+            Box::new(c2s_side) as BoxIo,
+            peer,
+            false,
+            transport,
+        ));
+        Adapter {
+            to_c2s,
+            beat,
+            done,
+            out_tx,
+            opened,
+            parser,
+            pong_due,
+            write_failed,
+            writer,
+            session,
+        }
+    }
+
+    /// A Ping or Pong from the client: within the stanza rate, traffic (and for a Ping, a
+    /// Pong due); beyond it, a stream error. Whether the connection goes on.
+    async fn control_frame(
+        &self,
+        shared: &Shared,
+        control_rate: &mut crate::rate_limit::ClientRate,
+        m: &Message,
+        peer: SocketAddr,
+    ) -> bool {
+        if let Err(err) = control_rate.take(&shared.metrics) {
+            tracing::info!(%peer, "WebSocket control frames beyond the stanza rate; closing");
+            fail(shared, &self.out_tx, &self.opened, err).await;
+            return false;
+        }
+        self.beat.touch();
+        if matches!(m, Message::Ping(_)) {
+            // tungstenite has queued the Pong (RFC 6455 §5.5.2); the writer sends it
+            // within the write timeout, or the connection goes.
+            self.pong_due.notify_one();
+        }
+        true
+    }
+
+    /// Passes the XMPP of a text message to the session. Whether the connection goes on.
+    async fn forward(
+        &mut self,
+        shared: &Shared,
+        text: &str,
+        limits: &crate::config::LimitsConfig,
+        peer: SocketAddr,
+    ) -> bool {
+        // The larger (authenticated) cost limit: c2s parses the result again with the limit
+        // for the stream's state, so this only bounds what one message may cost here.
+        let bytes = match inbound(text, ReaderLimits::for_peer(limits, true)) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::info!(%peer, error = %e, "closing WebSocket stream with error");
+                if let Some(err) = crate::error::StreamError::of_xml(&e) {
+                    fail(shared, &self.out_tx, &self.opened, err).await;
                 }
+                return false;
             }
-        })
-        .await;
+        };
+        self.to_c2s.write_all(bytes.as_bytes()).await.is_ok()
     }
+}
+
+/// RFC 6455 §5.5.1 / §7.1.1: having sent our Close, wait for the client's before the TCP
+/// connection goes. Dropping it at once resets the connection under a Close already on
+/// its way, which browsers and Node report as an error rather than a clean close.
+async fn await_client_close<S>(mut stream: S)
+where
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    let _ = tokio::time::timeout(CLOSE_HANDSHAKE_WAIT, async {
+        while let Some(m) = stream.next().await {
+            if matches!(m, Ok(Message::Close(_)) | Err(_)) {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Sends the adapter's messages, and the Pongs tungstenite queued when `pong_due` is

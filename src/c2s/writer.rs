@@ -120,47 +120,14 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
             let mut next = Some(first);
             let mut overflow = false;
             while let Some(msg) = next.take() {
-                match msg {
-                    item @ (Outbound::Stanza(_)
-                    | Outbound::Xml(_)
-                    | Outbound::ClientState(_)
-                    | Outbound::Interest(_)) => csi.pass(item, |item| match (&out, item) {
-                        (None, item) => {
-                            match item {
-                                Outbound::Stanza(el) => {
-                                    el.write_to(&mut buf, x::NS_CLIENT, x::NS_CLIENT)
-                                }
-                                Outbound::Xml(xml) => buf.push_str(&xml),
-                                _ => return,
-                            }
-                            crossing = crossing.saturating_add(1);
-                        }
-                        (Some(kept), item) => {
-                            if let Some(s) = serialized(item) {
-                                buf.push_str(&s);
-                                overflow |= sm::lock(kept).push(s).is_err();
-                            }
-                        }
-                    }),
-                    Outbound::SmEnabled(enabled) => {
-                        let sm::Enabled { xml, out: kept } = *enabled;
-                        buf.push_str(&xml);
-                        // §4: the count starts with the first stanza after <enabled/>.
-                        sm::lock(&kept).enable(crossing);
-                        out = Some(kept);
-                    }
-                    Outbound::SmNonza(xml) => buf.push_str(&xml),
-                    Outbound::Close(err) => {
-                        buf.push_str(&err.to_xml());
-                        buf.push_str("</stream:stream>");
-                        closing = true;
-                    }
-                    Outbound::End => {
-                        buf.push_str("</stream:stream>");
-                        closing = true;
-                    }
-                    Outbound::Finish => closing = true,
-                }
+                closing = batch_item(
+                    msg,
+                    &mut buf,
+                    &mut csi,
+                    &mut out,
+                    &mut crossing,
+                    &mut overflow,
+                );
                 if closing || overflow || buf.len() > BATCH {
                     break;
                 }
@@ -211,4 +178,58 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
         let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
     }
     WriterOut { rx, csi, end }
+}
+
+/// Adds one mailbox item to the batch in `buf`: a stanza through the CSI filter (kept for
+/// XEP-0198 once enabled, `overflow` set when too many are unacknowledged, counted in
+/// `crossing` before), stream management's own nonzas, or the end of the stream. Whether
+/// the stream closes after this batch.
+fn batch_item(
+    msg: Outbound,
+    buf: &mut String,
+    csi: &mut crate::csi::Filter,
+    out: &mut Option<sm::SharedOutgoing>,
+    crossing: &mut u32,
+    overflow: &mut bool,
+) -> bool {
+    match msg {
+        item @ (Outbound::Stanza(_)
+        | Outbound::Xml(_)
+        | Outbound::ClientState(_)
+        | Outbound::Interest(_)) => csi.pass(item, |item| match (&*out, item) {
+            (None, item) => {
+                match item {
+                    Outbound::Stanza(el) => el.write_to(buf, x::NS_CLIENT, x::NS_CLIENT),
+                    Outbound::Xml(xml) => buf.push_str(&xml),
+                    _ => return,
+                }
+                *crossing = crossing.saturating_add(1);
+            }
+            (Some(kept), item) => {
+                if let Some(s) = serialized(item) {
+                    buf.push_str(&s);
+                    *overflow |= sm::lock(kept).push(s).is_err();
+                }
+            }
+        }),
+        Outbound::SmEnabled(enabled) => {
+            let sm::Enabled { xml, out: kept } = *enabled;
+            buf.push_str(&xml);
+            // §4: the count starts with the first stanza after <enabled/>.
+            sm::lock(&kept).enable(*crossing);
+            *out = Some(kept);
+        }
+        Outbound::SmNonza(xml) => buf.push_str(&xml),
+        Outbound::Close(err) => {
+            buf.push_str(&err.to_xml());
+            buf.push_str("</stream:stream>");
+            return true;
+        }
+        Outbound::End => {
+            buf.push_str("</stream:stream>");
+            return true;
+        }
+        Outbound::Finish => return true,
+    }
+    false
 }

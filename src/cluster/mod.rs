@@ -851,58 +851,88 @@ impl Cluster {
         let Some(target) = self.inner.client.as_ref() else {
             return Ok(());
         };
-        let mut bares: Vec<String> = Vec::new();
-        // The recipients of forwards that must not read this node's copy.
-        let mut fresh: HashSet<String> = HashSet::new();
-        let mut writes = false;
-        for op in &ops {
-            match op {
-                Op::Forward { to, fresh: f, .. } => {
-                    for t in to {
-                        let bare = bare_of(t).to_owned();
-                        if *f {
-                            fresh.insert(bare.clone());
-                        }
-                        bares.push(bare);
-                    }
-                }
-                Op::Claim(..) | Op::Update(..) | Op::Release(_) | Op::ForgetDead(_) => {
-                    writes = true
-                }
-                Op::Send(..) => {}
-            }
-        }
-        bares.sort();
-        bares.dedup();
-        let must_read = !bares.is_empty() && self.has_peers();
-        let mut holders = if must_read && !writes {
-            let refs: Vec<&str> = bares.iter().map(String::as_str).collect();
-            self.read_entries(conn, &refs, Copy::BypassFor(&fresh))
-                .await?
+        let reads = Reads::of(&ops);
+        let must_read = !reads.bares.is_empty() && self.has_peers();
+        let mut holders = if must_read && !reads.writes {
+            self.read_forwarded(conn, &reads).await?
         } else {
             HashMap::new()
         };
+        let mut writes = self.queue_writes(ops);
+        // With writes in the batch, they land first and the forwards read after them (see
+        // above); without, the entries were read before and the stanzas go in this one
+        // pipeline (no round trip added).
+        let results: Vec<redis::Value> = if reads.writes {
+            let results = writes.pipe.query(conn).await?;
+            writes.pipe = SlotPipe::new();
+            if must_read {
+                holders = self.read_forwarded(conn, &reads).await?;
+            }
+            results
+        } else {
+            Vec::new()
+        };
+        let (mut stanzas, replies, published) =
+            self.queue_stanzas(target, writes.outgoing, &holders);
+        // A stanza must not reach another node before the invalidation of rows this batch
+        // wrote: a presence announcing a new priority, say, would let its recipient reply
+        // to the bare JID while its node still routes by the old copy (RFC 6121 §8.5.2.1.1).
+        // With writes in the batch the stanzas follow the invalidations (same channel, so
+        // in order); without, they go in the one pipeline.
+        if !reads.writes {
+            for (channel, c) in stanzas.drain(..) {
+                writes.pipe.add(&channel, c);
+            }
+            let _: Vec<redis::Value> = writes.pipe.query(conn).await?;
+        }
+        self.inner
+            .counters
+            .published
+            .fetch_add(published, Ordering::Relaxed);
+        for (tx, got) in replies {
+            let _ = tx.send(got);
+        }
+        let mut after = SlotPipe::new();
+        self.queue_claim_outcomes(target, &mut after, writes.claims, &results);
+        self.queue_invalidations(target, &mut after, &writes.written);
+        for (channel, c) in stanzas {
+            after.add(&channel, c);
+        }
+        after.query(conn).await?;
+        Ok(())
+    }
+
+    /// The directory entries of a batch's forwarded recipients.
+    async fn read_forwarded(
+        &self,
+        conn: &mut Conn,
+        reads: &Reads,
+    ) -> redis::RedisResult<HashMap<String, Vec<Holder>>> {
+        let refs: Vec<&str> = reads.bares.iter().map(String::as_str).collect();
+        self.read_entries(conn, &refs, Copy::BypassFor(&reads.fresh))
+            .await
+    }
+
+    /// The batch's writes in one pipeline, in the order queued; its stanzas are kept for
+    /// once the entries they need have been read.
+    fn queue_writes(&self, ops: Vec<Op>) -> Writes {
         let now = chrono::Utc::now().timestamp_millis();
         let expire = Self::user_expire_at(now);
         let live: Vec<String> = std::iter::once(self.inner.instance.clone())
             .chain(self.peers())
             .collect();
-        let mut pipe = SlotPipe::new();
-        // Results to act on after the pipeline: (index, JID, whether it is a ForgetDead).
-        let mut claims: Vec<(usize, FullJid, bool)> = Vec::new();
-        let mut replies = Vec::new();
-        let mut published = 0u64;
+        let mut w = Writes {
+            pipe: SlotPipe::new(),
+            claims: Vec::new(),
+            written: Vec::new(),
+            outgoing: Vec::new(),
+        };
         let mut idx = 0usize;
-        // Users whose rows this batch writes: the other nodes drop their copies.
-        let mut written: Vec<String> = Vec::new();
-        // The stanzas this batch publishes, in the order queued (see below for where).
-        let mut stanzas: Vec<(String, redis::Cmd)> = Vec::new();
-        let mut outgoing: Vec<Op> = Vec::new();
         for op in ops {
             if let Op::Claim(jid, _) | Op::Update(jid, _) | Op::Release(jid) = &op {
-                written.push(jid.to_bare().to_string());
+                w.written.push(jid.to_bare().to_string());
             }
-            match op {
+            let (key, jid, c, forget) = match op {
                 Op::Claim(jid, entry) => {
                     let key = self.inner.keys.user(jid.to_bare().as_str());
                     let mut c = redis::cmd("EVAL");
@@ -913,8 +943,7 @@ impl Cluster {
                         .arg(entry.encode())
                         .arg(expire)
                         .arg(&live);
-                    pipe.add(&key, c);
-                    claims.push((idx, jid, false));
+                    (key, jid, c, Some(false))
                 }
                 Op::Update(jid, entry) => {
                     let key = self.inner.keys.user(jid.to_bare().as_str());
@@ -926,7 +955,7 @@ impl Cluster {
                         .arg(entry.encode())
                         .arg(expire)
                         .arg(&self.inner.instance);
-                    pipe.add(&key, c);
+                    (key, jid, c, None)
                 }
                 Op::Release(jid) => {
                     let key = self.inner.keys.user(jid.to_bare().as_str());
@@ -936,42 +965,48 @@ impl Cluster {
                         .arg(&key)
                         .arg(jid.resource().as_str())
                         .arg(&self.inner.instance);
-                    pipe.add(&key, c);
+                    (key, jid, c, None)
                 }
                 Op::ForgetDead(jid) => {
                     // Read now, decided below: only an entry of a dead instance goes.
                     let key = self.inner.keys.user(jid.to_bare().as_str());
                     let mut c = redis::cmd("HGET");
                     c.arg(&key).arg(jid.resource().as_str());
-                    pipe.add(&key, c);
-                    claims.push((idx, jid, true));
+                    (key, jid, c, Some(true))
                 }
-                // Routed once the entries they need have been read (below).
+                // Routed once the entries they need have been read.
                 op @ (Op::Forward { .. } | Op::Send(..)) => {
-                    outgoing.push(op);
+                    w.outgoing.push(op);
                     continue;
                 }
+            };
+            w.pipe.add(&key, c);
+            if let Some(forget) = forget {
+                w.claims.push((idx, jid, forget));
             }
             idx += 1;
         }
-        written.sort();
-        written.dedup();
-        // With writes in the batch, they land first and the forwards read after them (see
-        // above); without, the entries were read before and the stanzas go in this one
-        // pipeline (no round trip added).
-        let results: Vec<redis::Value> = if writes {
-            let results = pipe.query(conn).await?;
-            pipe = SlotPipe::new();
-            if must_read {
-                let refs: Vec<&str> = bares.iter().map(String::as_str).collect();
-                holders = self
-                    .read_entries(conn, &refs, Copy::BypassFor(&fresh))
-                    .await?;
-            }
-            results
-        } else {
-            Vec::new()
-        };
+        w.written.sort();
+        w.written.dedup();
+        w
+    }
+
+    /// The publications of a batch's stanzas, in the order queued, the answers its
+    /// forwards are owed (the recipients that had somewhere to go), and their count.
+    #[allow(clippy::type_complexity)]
+    fn queue_stanzas(
+        &self,
+        target: &Target,
+        outgoing: Vec<Op>,
+        holders: &HashMap<String, Vec<Holder>>,
+    ) -> (
+        Vec<(String, redis::Cmd)>,
+        Vec<(oneshot::Sender<HashSet<String>>, HashSet<String>)>,
+        u64,
+    ) {
+        let mut stanzas = Vec::new();
+        let mut replies = Vec::new();
+        let mut published = 0u64;
         for out in outgoing {
             match out {
                 Op::Forward {
@@ -981,7 +1016,7 @@ impl Cluster {
                     reached,
                     ..
                 } => {
-                    let (per_node, got) = route(&to, &holders);
+                    let (per_node, got) = route(&to, holders);
                     for (node, recipients) in per_node {
                         for chunk in recipients.chunks(self.inner.max_recipients) {
                             let env = Envelope {
@@ -1008,27 +1043,18 @@ impl Cluster {
                 Op::Claim(..) | Op::Update(..) | Op::Release(_) | Op::ForgetDead(_) => {}
             }
         }
-        // A stanza must not reach another node before the invalidation of rows this batch
-        // wrote: a presence announcing a new priority, say, would let its recipient reply
-        // to the bare JID while its node still routes by the old copy (RFC 6121 §8.5.2.1.1).
-        // With writes in the batch the stanzas follow the invalidations (same channel, so
-        // in order); without, they go in the one pipeline.
-        if !writes {
-            for (channel, c) in stanzas.drain(..) {
-                pipe.add(&channel, c);
-            }
-            let _: Vec<redis::Value> = pipe.query(conn).await?;
-        }
-        self.inner
-            .counters
-            .published
-            .fetch_add(published, Ordering::Relaxed);
-        for (tx, got) in replies {
-            let _ = tx.send(got);
-        }
-        // Kicks of sessions a claim took over on other nodes, and directory entries of
-        // dead instances to forget.
-        let mut after = SlotPipe::new();
+        (stanzas, replies, published)
+    }
+
+    /// Kicks of sessions a claim took over on other nodes, and directory entries of dead
+    /// instances to forget, from the first pipeline's `results`.
+    fn queue_claim_outcomes(
+        &self,
+        target: &Target,
+        after: &mut SlotPipe,
+        claims: Vec<(usize, FullJid, bool)>,
+        results: &[redis::Value],
+    ) {
         for (i, jid, forget) in claims {
             let Some(redis::Value::BulkString(old)) = results.get(i) else {
                 continue;
@@ -1067,37 +1093,89 @@ impl Cluster {
                 after.add(&key, c);
             }
         }
-        // After the writes have landed (on a Redis Cluster the first pipeline's slots run in
-        // parallel, so only its reply orders them): every other live node is told which
-        // users' rows changed, one message per node for the whole batch.
-        if !written.is_empty() {
-            let mut nodes: Vec<String> = self
-                .peers()
-                .iter()
-                .map(|p| directory::node_of(p).to_owned())
-                .collect();
-            nodes.sort();
-            nodes.dedup();
-            for node in nodes {
-                let env = Envelope {
-                    kind: Kind::Invalidate,
-                    to: written.clone(),
-                    xml: Arc::default(),
-                };
-                let channel = self.inner.keys.channel(&node);
-                after.add(&channel, target.publish(&channel, &env.encode()));
-                self.inner
-                    .counters
-                    .published
-                    .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// After the writes have landed (on a Redis Cluster the first pipeline's slots run in
+    /// parallel, so only its reply orders them): every other live node is told which
+    /// users' rows changed, one message per node for the whole batch.
+    fn queue_invalidations(&self, target: &Target, after: &mut SlotPipe, written: &[String]) {
+        if written.is_empty() {
+            return;
+        }
+        let mut nodes: Vec<String> = self
+            .peers()
+            .iter()
+            .map(|p| directory::node_of(p).to_owned())
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        for node in nodes {
+            let env = Envelope {
+                kind: Kind::Invalidate,
+                to: written.to_vec(),
+                xml: Arc::default(),
+            };
+            let channel = self.inner.keys.channel(&node);
+            after.add(&channel, target.publish(&channel, &env.encode()));
+            self.inner
+                .counters
+                .published
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a batch reads from the directory: the users its forwards go to (sorted, once
+/// each), those of them that must not be read from this node's copy, and whether the
+/// batch writes (then it reads only after its writes landed).
+struct Reads {
+    bares: Vec<String>,
+    fresh: HashSet<String>,
+    writes: bool,
+}
+
+impl Reads {
+    fn of(ops: &[Op]) -> Self {
+        let mut bares: Vec<String> = Vec::new();
+        // The recipients of forwards that must not read this node's copy.
+        let mut fresh: HashSet<String> = HashSet::new();
+        let mut writes = false;
+        for op in ops {
+            match op {
+                Op::Forward { to, fresh: f, .. } => {
+                    for t in to {
+                        let bare = bare_of(t).to_owned();
+                        if *f {
+                            fresh.insert(bare.clone());
+                        }
+                        bares.push(bare);
+                    }
+                }
+                Op::Claim(..) | Op::Update(..) | Op::Release(_) | Op::ForgetDead(_) => {
+                    writes = true
+                }
+                Op::Send(..) => {}
             }
         }
-        for (channel, c) in stanzas {
-            after.add(&channel, c);
+        bares.sort();
+        bares.dedup();
+        Reads {
+            bares,
+            fresh,
+            writes,
         }
-        after.query(conn).await?;
-        Ok(())
     }
+}
+
+/// A batch's writes, queued in their pipeline.
+struct Writes {
+    pipe: SlotPipe,
+    /// Results to act on after the pipeline: (index, JID, whether it is a ForgetDead).
+    claims: Vec<(usize, FullJid, bool)>,
+    /// Users whose rows this batch writes: the other nodes drop their copies.
+    written: Vec<String>,
+    /// The stanzas, in the order queued.
+    outgoing: Vec<Op>,
 }
 
 /// Whether a directory read may be answered from this node's copy of the rows.

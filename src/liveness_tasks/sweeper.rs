@@ -334,28 +334,7 @@ async fn handle_batch(
                 .get_mut(node)
                 .expect("an undecided node has members");
             let before = members.len();
-            // Those its node received are its node's now, followed until it acts on them.
-            let now = live.clock.now_ms();
-            let mut unheard = Vec::with_capacity(before);
-            let mut handed = Vec::new();
-            for m in members.drain(..) {
-                let n = heard.next().map(|v| redis::from_redis_value::<i64>(&v));
-                if !matches!(n, Some(Ok(n)) if n > 0) {
-                    unheard.push(m);
-                } else if let Ok(jid) = FullJid::new(m.0) {
-                    handed.push(Handed {
-                        node: node.to_owned(),
-                        jid,
-                        score: m.1,
-                        at_ms: now,
-                    });
-                }
-            }
-            *members = unheard;
-            live.metrics
-                .handed_off
-                .fetch_add((before - members.len()) as u64, Ordering::Relaxed);
-            live.note_handed(handed);
+            keep_unheard(live, node, members, &mut heard);
             if members.is_empty() {
                 tracing::debug!(%node, resources = before, "stale resources handed to their node");
                 continue;
@@ -404,6 +383,39 @@ async fn handle_batch(
         c.query_async::<i64>(conn).await?;
     }
     Ok(own)
+}
+
+/// Of the hand-offs to `node` (its `members`, in the order published), those its node
+/// received are its node's now, followed until it acts on them; the members left are those
+/// it did not hear. `heard`: the publications' replies (how many received each).
+fn keep_unheard(
+    live: &crate::liveness::Liveness,
+    node: &str,
+    members: &mut Vec<(&str, i64, &str)>,
+    heard: &mut impl Iterator<Item = redis::Value>,
+) {
+    let before = members.len();
+    let now = live.clock.now_ms();
+    let mut unheard = Vec::with_capacity(before);
+    let mut handed = Vec::new();
+    for m in members.drain(..) {
+        let n = heard.next().map(|v| redis::from_redis_value::<i64>(&v));
+        if !matches!(n, Some(Ok(n)) if n > 0) {
+            unheard.push(m);
+        } else if let Ok(jid) = FullJid::new(m.0) {
+            handed.push(Handed {
+                node: node.to_owned(),
+                jid,
+                score: m.1,
+                at_ms: now,
+            });
+        }
+    }
+    *members = unheard;
+    live.metrics
+        .handed_off
+        .fetch_add((before - members.len()) as u64, Ordering::Relaxed);
+    live.note_handed(handed);
 }
 
 /// The hand-offs of earlier sweeps (their node heard them; the sweep took their beats out

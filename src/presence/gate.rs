@@ -438,18 +438,8 @@ pub async fn probe_answers(
         // visible (settings, reciprocity). A prober whose settings cannot be read gets
         // no stamp (fails closed).
         if prober_settings.is_none() {
-            prober_settings = Some(if !prober_local {
-                // A remote user's settings are applied by its own server.
-                Some(PrivacySettings::default())
-            } else {
-                match shared.store.privacy_settings(prober_bare).await {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        tracing::warn!(%prober, error = %e, "privacy inputs unavailable; hiding last seen");
-                        None
-                    }
-                }
-            });
+            prober_settings =
+                Some(settings_for_stamp(shared, prober, prober_bare, prober_local).await);
         }
         let mut p = unavailable(subject.as_str(), prober.as_str());
         if let Some(Some(vs)) = &prober_settings {
@@ -458,18 +448,7 @@ pub async fn probe_answers(
                 ..online
             };
             if decide_with(Signal::LastSeen, last_seen) {
-                // The newest of what waits to be written and what PostgreSQL has, as
-                // `liveness::last_seen::when` merges them.
-                let mem = shared
-                    .liveness
-                    .last_seen
-                    .get(subject.as_str())
-                    .map(|l| l.at);
-                let at = match (mem, row.last_seen) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    (a, b) => a.or(b),
-                };
-                if let Some(at) = at {
+                if let Some(at) = last_seen_at(shared, subject.as_str(), row.last_seen) {
                     p = stamp(p, subject.as_str(), at);
                 }
             }
@@ -480,6 +459,42 @@ pub async fn probe_answers(
         shared.cluster.reveal(&node, subjects, prober_bare);
     }
     drop(guards);
+}
+
+/// The prober's settings, for the last-seen stamp of an unavailable it is sent: a remote
+/// user's are applied by its own server; `None` when they cannot be read (no stamp: fails
+/// closed).
+async fn settings_for_stamp(
+    shared: &Shared,
+    prober: &Jid,
+    prober_bare: &str,
+    prober_local: bool,
+) -> Option<PrivacySettings> {
+    if !prober_local {
+        // A remote user's settings are applied by its own server.
+        return Some(PrivacySettings::default());
+    }
+    match shared.store.privacy_settings(prober_bare).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(%prober, error = %e, "privacy inputs unavailable; hiding last seen");
+            None
+        }
+    }
+}
+
+/// When local user `subject` was last seen: the newest of what waits to be written and what
+/// PostgreSQL has (`stored`), as `liveness::last_seen::when` merges them.
+fn last_seen_at(
+    shared: &Shared,
+    subject: &str,
+    stored: Option<chrono::DateTime<chrono::Utc>>,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    let mem = shared.liveness.last_seen.get(subject).map(|l| l.at);
+    match (mem, stored) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// The current presence of every visible resource of local user `subject`, for `viewer`
