@@ -165,7 +165,7 @@ impl Bound {
                             .attr("from", jid.domain().as_str())
                             .attr("to", jid.as_str())
                             .child(Element::new("ping", x::NS_PING));
-                        handle.send(ping);
+                        crate::node::outbox::to_handle(&handle, ping);
                         shared.liveness.metrics.pings_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     continue;

@@ -6,7 +6,7 @@
 pub mod federation;
 pub mod listen;
 pub mod live;
-pub mod send;
+pub mod outbox;
 pub mod session;
 pub mod visibility;
 
