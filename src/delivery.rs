@@ -28,10 +28,10 @@
 //! reaches the recipient's sessions on other nodes, after the decision was taken here, on
 //! the node that produced the stanza. [`message`] and [`iq`] read the directory to find a
 //! full JID or the RFC 6121 §8.5.2 targets of a bare JID wherever they are; a presence
-//! broadcast is sent once per node ([`outbox::fan_out`]); [`from_node`] is where what another node
-//! sent is handed to the sessions here, and decides nothing again, with two exceptions
-//! that need what only the holding node knows: a request (or groupchat message) to a
-//! full JID the directory does not admit the sender to, which may have revealed itself to
+//! broadcast is sent once per node ([`outbox::fan_out`]); [`from_node`] is where what
+//! another node sent is handed to the sessions here, and decides nothing again, with two
+//! exceptions that need what only the holding node knows: a request (or groupchat message)
+//! to a full JID the directory does not admit the sender to, which may have revealed itself to
 //! the sender by directed presence ([`Kind::Decide`], decided here by the same
 //! [`gate::may_reach`]), and the record that another node showed a session's presence to a
 //! viewer from the directory ([`Kind::Reveal`]), kept here so a later block withdraws it.
