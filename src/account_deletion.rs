@@ -111,7 +111,7 @@ pub async fn delete(
     for owner in &deleted.withdrawn {
         // RFC 6121 §3.1.3 / §3.3: the request the user saw is withdrawn.
         let p = crate::presence::presence(crate::stanza::PresenceType::Unsubscribe, me, owner);
-        crate::node::send::to_available(shared, owner, &p);
+        crate::node::outbox::to_available(shared, owner, &p);
     }
     let notices = remote_notices(&deleted.items, &deleted.waiting, |domain| {
         shared.config.serves(domain)
@@ -248,8 +248,8 @@ async fn withdraw_presence(shared: &Shared, account: &BareJid, sessions: &[Sessi
         let mut told = std::collections::HashSet::new();
         for to in revealed.iter().map(|(v, _)| v.to_string()).chain(directed) {
             if told.insert(to.clone()) {
-                let p = crate::node::send::unavailable(&from, &to);
-                crate::node::send::presence_to(shared, &to, p);
+                let p = crate::node::outbox::unavailable(&from, &to);
+                crate::node::outbox::presence_to(shared, &to, p);
             }
         }
     }

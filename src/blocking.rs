@@ -164,18 +164,16 @@ impl Blocking {
                 .attr("to", jid)
                 .child(payload.clone())
         };
-        for s in self.sessions.of_user_str(owner) {
-            if s.read(|p| p.blocklist_interested) {
-                s.send(to(s.jid.as_str()));
-            }
-        }
-        let elsewhere = self.cluster.holders(&[owner]).await;
-        for h in elsewhere.get(owner).into_iter().flatten() {
-            if h.entry.blocklist {
-                let xml = Arc::new(to(&h.jid).to_xml());
-                self.cluster.send(h.node(), vec![h.jid.clone()], xml);
-            }
-        }
+        crate::node::outbox::to_interested(
+            &self.sessions,
+            &self.cluster,
+            owner,
+            crate::node::outbox::Elsewhere::Read,
+            |s| s.read(|p| p.blocklist_interested),
+            |h| h.entry.blocklist,
+            to,
+        )
+        .await;
     }
 }
 

@@ -16,9 +16,9 @@
 //!   [`crate::carbons`]);
 //! - XEP-0160 offline messages: kept by [`message`] when no resource can take one, handed
 //!   out by [`offline_messages`] (which messages: [`crate::offline`]);
-//! - [`crate::node::send::to_available`] / [`xml_to_available`] / [`to_session`] / [`to_local`]: the transport
-//!   of stanzas whose admission the caller already decided (presence the gate admitted,
-//!   roster pushes, answers to a session's own request);
+//! - [`crate::node::outbox`]: the transport of stanzas whose admission the caller already
+//!   decided (presence the gate admitted, roster pushes, answers to a session's own
+//!   request), and of what is decided here;
 //! - [`bounce`]: the error reply to a stanza's sender, local or remote;
 //! - [`unavailable_from_shown`]: the unavailable of each resource a viewer was shown.
 //!
@@ -28,10 +28,10 @@
 //! reaches the recipient's sessions on other nodes, after the decision was taken here, on
 //! the node that produced the stanza. [`message`] and [`iq`] read the directory to find a
 //! full JID or the RFC 6121 §8.5.2 targets of a bare JID wherever they are; a presence
-//! broadcast is sent once per node ([`fan_out`]); [`from_node`] is where what another node
-//! sent is handed to the sessions here, and decides nothing again, with two exceptions
-//! that need what only the holding node knows: a request (or groupchat message) to a
-//! full JID the directory does not admit the sender to, which may have revealed itself to
+//! broadcast is sent once per node ([`outbox::fan_out`]); [`from_node`] is where what
+//! another node sent is handed to the sessions here, and decides nothing again, with two
+//! exceptions that need what only the holding node knows: a request (or groupchat message)
+//! to a full JID the directory does not admit the sender to, which may have revealed itself to
 //! the sender by directed presence ([`Kind::Decide`], decided here by the same
 //! [`gate::may_reach`]), and the record that another node showed a session's presence to a
 //! viewer from the directory ([`Kind::Reveal`]), kept here so a later block withdraws it.
@@ -44,9 +44,8 @@ use crate::carbons::{self, Direction};
 use crate::cluster::{Entry, Envelope, Holder, Kind};
 use crate::error::{StanzaError, StreamCondition};
 use crate::jid::{BareJid, FullJid, Jid};
-pub(crate) use crate::node::send::message_to_bare_everywhere;
-use crate::node::send::{answer, is_local, targets_everywhere, xml_to_available};
-pub(crate) use crate::node::send::{bounce, to_local, unavailable};
+use crate::node::outbox::{self, answer, is_local, targets_everywhere, Elsewhere, Reach};
+pub(crate) use crate::node::outbox::{bounce, message_to_bare_everywhere, to_local, unavailable};
 use crate::node::Shared;
 use crate::presence::gate;
 use crate::sessions::SessionHandle;
@@ -150,11 +149,11 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
             (_, _) if env.kind != Kind::Deliver && env.kind != Kind::Address => {}
             (_, Ok(full)) => {
                 if let Some(s) = shared.sessions.get(&full) {
-                    s.send_xml(bytes);
+                    outbox::to_handle(&s, bytes);
                 }
             }
             (_, Err(bare)) => {
-                xml_to_available(shared, bare.as_str(), || bytes.to_string());
+                outbox::xml_to_available(shared, bare.as_str(), || bytes);
             }
         }
     }
@@ -195,7 +194,7 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
                 .is_some_and(|h| h.entry.available);
             if !held_elsewhere {
                 tracing::info!(jid = %full, viewer, "presence shown by another node after the session ended: unavailable sent");
-                crate::node::send::presence_to(shared, viewer, unavailable(to, viewer));
+                outbox::presence_to(shared, viewer, unavailable(to, viewer));
             }
             continue;
         };
@@ -204,7 +203,7 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
         }
         if !s.is_available() {
             tracing::info!(jid = %s.jid, viewer, "presence shown by another node after the session went unavailable: unavailable sent");
-            crate::node::send::presence_to(shared, viewer, unavailable(to, viewer));
+            outbox::presence_to(shared, viewer, unavailable(to, viewer));
             continue;
         }
         let admitted = !s.is_invisible()
@@ -216,7 +215,7 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
             continue;
         }
         tracing::info!(jid = %s.jid, viewer, admitted, "presence shown by another node withdrawn");
-        crate::node::send::presence_to(shared, viewer, unavailable(s.jid.as_str(), viewer));
+        outbox::presence_to(shared, viewer, unavailable(s.jid.as_str(), viewer));
     }
 }
 
@@ -241,7 +240,7 @@ async fn decide_here(shared: &Shared, env: Envelope) {
     let session = shared.sessions.get(&to);
     if gate::may_reach(shared, &sender, &to, session.as_ref()).await {
         if let Some(s) = session {
-            s.send(el);
+            outbox::to_handle(&s, el);
             return;
         }
     }
@@ -346,9 +345,10 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
                             &bare,
                             &el,
                             &remote,
-                        );
+                        )
+                        .await;
                     }
-                    s.send(el);
+                    outbox::to_handle(&s, el);
                     return Outcome::Delivered;
                 }
                 session if kind == MessageType::Groupchat => {
@@ -358,14 +358,14 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
                     if let Some(h) = there {
                         let xml = Arc::new(el.to_xml());
                         if gate::may_reach_holder(shared, from, h).await {
-                            shared.cluster.send(h.node(), vec![h.jid.clone()], xml);
+                            outbox::to_holder(&shared.cluster, h, xml);
                         } else {
-                            shared.cluster.decide_there(h.node(), h.jid.clone(), xml);
+                            outbox::decide_there(&shared.cluster, h, xml);
                         }
                         return Outcome::Delivered;
                     } else if gate::may_reach(shared, from, &full, session.as_ref()).await {
                         if let Some(s) = session {
-                            s.send(el);
+                            outbox::to_handle(&s, el);
                             return Outcome::Delivered;
                         }
                     }
@@ -383,11 +383,10 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
                                 &bare,
                                 &el,
                                 &remote,
-                            );
+                            )
+                            .await;
                         }
-                        shared
-                            .cluster
-                            .send(h.node(), vec![h.jid.clone()], Arc::new(el.to_xml()));
+                        outbox::to_holder(&shared.cluster, h, Arc::new(el.to_xml()));
                         return Outcome::Delivered;
                     }
                     // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
@@ -443,7 +442,8 @@ async fn message_to_bare(
             &bare,
             &original,
             &remote,
-        );
+        )
+        .await;
     }
     Outcome::Delivered
 }
@@ -461,7 +461,7 @@ async fn resources_everywhere(
 /// JIDs on other nodes), which had the original: this node's sessions, and `remote`, the
 /// user's sessions on other nodes, whose directory entries say whether they enabled
 /// carbons. The caller decided that `msg` is [`carbons::eligible`].
-fn carbon_copies(
+async fn carbon_copies(
     shared: &Shared,
     direction: Direction,
     skip: (&[u64], &[&str]),
@@ -469,19 +469,16 @@ fn carbon_copies(
     msg: &Element,
     remote: &[Holder],
 ) {
-    shared.sessions.for_each_of(user.as_str(), |s| {
-        if !skip.0.contains(&s.id) && carbons::enabled(s) {
-            s.send(carbons::wrap(direction, msg, user.as_str(), s.jid.as_str()));
-        }
-    });
-    for h in remote {
-        if h.entry.carbons && !skip.1.contains(&h.jid.as_str()) {
-            let copy = carbons::wrap(direction, msg, user.as_str(), &h.jid);
-            shared
-                .cluster
-                .send(h.node(), vec![h.jid.clone()], Arc::new(copy.to_xml()));
-        }
-    }
+    outbox::to_interested(
+        &shared.sessions,
+        &shared.cluster,
+        user.as_str(),
+        Elsewhere::Known(remote),
+        |s| !skip.0.contains(&s.id) && carbons::enabled(s),
+        |h| h.entry.carbons && !skip.1.contains(&h.jid.as_str()),
+        |jid| carbons::wrap(direction, msg, user.as_str(), jid),
+    )
+    .await;
 }
 
 /// XEP-0280 §7: the copies of a message that session `from` (of local user `user`) sent
@@ -504,7 +501,8 @@ pub(crate) async fn sent_copies(
             &user,
             msg,
             &remote,
-        );
+        )
+        .await;
     }
 }
 
@@ -646,9 +644,7 @@ pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
         let domain = bare.domain().as_str();
         // Paced to the session's mailbox budget: the user's kept messages may together be
         // more than it takes at once, and must not end the session they are handed to.
-        session
-            .send_paced(crate::offline::stamped(el, domain, m.stored_at))
-            .await;
+        outbox::to_handle_paced(session, crate::offline::stamped(el, domain, m.stored_at)).await;
     }
 }
 
@@ -715,9 +711,9 @@ pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -
             // the sender by directed presence, which only that node knows: it decides.
             let xml = Arc::new(el.to_xml());
             if !is_request || own || gate::may_reach_holder(shared, from, &h).await {
-                shared.cluster.send(h.node(), vec![h.jid.clone()], xml);
+                outbox::to_holder(&shared.cluster, &h, xml);
             } else {
-                shared.cluster.decide_there(h.node(), h.jid.clone(), xml);
+                outbox::decide_there(&shared.cluster, &h, xml);
             }
             // Handed to the node holding the resource (which answers a refusal).
             return Outcome::Delivered;
@@ -725,7 +721,7 @@ pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -
     }
     match session {
         Some(s) if !is_request || own => {
-            s.send(el);
+            outbox::to_handle(&s, el);
             Outcome::Delivered
         }
         None if !is_request => Outcome::Dropped,
@@ -738,7 +734,7 @@ pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -
         session => {
             if gate::may_reach(shared, from, to, session.as_ref()).await {
                 if let Some(s) = session {
-                    s.send(el);
+                    outbox::to_handle(&s, el);
                     return Outcome::Delivered;
                 }
             }
@@ -783,12 +779,5 @@ pub(crate) async fn unavailable_of_lost(shared: &Shared, jid: &FullJid, last: Op
     };
     // The user's own available resources, on this node and the others (RFC 6121 §4.5.2).
     recipients.push(bare.to_string());
-    for to in &recipients {
-        xml_to_available(shared, to, || once.to(to));
-    }
-    shared.cluster.forward(
-        recipients,
-        Arc::new(once.unaddressed().to_owned()),
-        Kind::Address,
-    );
+    outbox::to_contacts(shared, &once, recipients, None, Reach::Send).await;
 }

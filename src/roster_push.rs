@@ -50,7 +50,7 @@ pub fn push_to(session: &SessionHandle, version: i64, item: Element) {
                 .child(item),
         );
     note_version(session, version);
-    session.send(iq);
+    crate::node::outbox::to_handle(session, iq);
 }
 
 /// Records that `session` has seen roster version `version`.
@@ -104,6 +104,6 @@ pub fn subscription_refused(session: &Client, contact: &str, kind: &str, e: &Sto
         .attr("from", session.jid().to_string())
         .attr("to", contact);
     if let Some(reply) = store_failed(StoreError::RosterFull).reply_to(&stanza) {
-        session.handle.send(reply);
+        session.deliver(reply);
     }
 }

@@ -7,8 +7,12 @@
 //! of top-level modules fails the test: no two modules import each other, directly or
 //! around a loop.
 
+mod scan;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use scan::{code_only, server_source};
 
 /// Top-level module of a file under `src/`, or `None` for files outside the library.
 fn module_of(src: &Path, file: &Path) -> Option<String> {
@@ -21,69 +25,6 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
         return None;
     }
     Some(first.trim_end_matches(".rs").to_owned())
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read src") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
-/// The code of a file with `//` comments (doc comments included) and string literals
-/// blanked, so a doc link or a log message naming a module is not an import.
-fn code_only(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    let mut in_str = false;
-    while let Some(c) = chars.next() {
-        if in_str {
-            match c {
-                '\\' => {
-                    chars.next();
-                }
-                '"' => {
-                    in_str = false;
-                    out.push('"');
-                }
-                '\n' => out.push('\n'),
-                _ => {}
-            }
-            continue;
-        }
-        match c {
-            '/' if chars.peek() == Some(&'/') => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        out.push('\n');
-                        break;
-                    }
-                }
-            }
-            '"' => {
-                in_str = true;
-                out.push('"');
-            }
-            // A char literal such as '"' must not open a string.
-            '\'' => {
-                let rest: String = chars.clone().take(3).collect();
-                if rest.starts_with("\"'") || rest.starts_with("\\\"") {
-                    chars.next();
-                    chars.next();
-                    if rest.starts_with("\\\"") {
-                        chars.next();
-                    }
-                }
-                out.push('\'');
-            }
-            _ => out.push(c),
-        }
-    }
-    out
 }
 
 fn ident_at(s: &str) -> &str {
@@ -137,9 +78,7 @@ fn referenced_modules(code: &str) -> BTreeSet<String> {
 
 /// module → modules it names.
 fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    let (src, files) = server_source();
     let modules: BTreeSet<String> = files.iter().filter_map(|f| module_of(&src, f)).collect();
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in &files {
@@ -253,9 +192,7 @@ fn names_session(code: &str) -> bool {
 /// the `Client` and lends it, with the node's services, to the router.
 #[test]
 fn no_module_names_a_session_with_the_node_state() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    let (src, files) = server_source();
     let mut naming = BTreeSet::new();
     for file in &files {
         if module_of(&src, file).is_none() {

@@ -12,6 +12,7 @@ use super::writer::{serialized, WriterOut};
 use super::{Authenticated, Halt};
 use crate::error::{StanzaCondition, StreamCondition, StreamError};
 use crate::jid::FullJid;
+use crate::node::outbox;
 use crate::node::Shared;
 use crate::sessions::Outbound;
 use crate::stream::XmlStream;
@@ -144,7 +145,7 @@ pub(super) fn stream_management(
         Err(sm::Malformed(why)) => return Err(StreamError::new(StreamCondition::BadFormat, why)),
         Ok(sm::Nonza::Enable { .. }) if handled.is_some() => {
             // §3: enabled once per stream.
-            handle.send_sm(failed(StanzaCondition::UnexpectedRequest));
+            outbox::nonza(handle, failed(StanzaCondition::UnexpectedRequest));
         }
         Ok(sm::Nonza::Enable { resume, max }) => {
             *handled = Some(0);
@@ -173,26 +174,26 @@ pub(super) fn stream_management(
                 sm::enabled(None)
             };
             tracing::debug!(jid = %handle.jid, resume, ?window, "stream management enabled");
-            handle.send_sm(Outbound::SmEnabled(Box::new(sm::Enabled {
-                xml,
-                out: kept,
-            })));
+            outbox::nonza(
+                handle,
+                Outbound::SmEnabled(Box::new(sm::Enabled { xml, out: kept })),
+            );
         }
         // §5: a bound stream resumes nothing.
         Ok(sm::Nonza::Resume { .. }) => {
-            handle.send_sm(failed(StanzaCondition::UnexpectedRequest));
+            outbox::nonza(handle, failed(StanzaCondition::UnexpectedRequest));
         }
         Ok(sm::Nonza::Request) => match handled {
             Some(h) => {
-                handle.send_sm(Outbound::SmNonza(Arc::new(sm::ack(*h))));
+                outbox::nonza(handle, Outbound::SmNonza(Arc::new(sm::ack(*h))));
             }
             None => {
-                handle.send_sm(failed(StanzaCondition::UnexpectedRequest));
+                outbox::nonza(handle, failed(StanzaCondition::UnexpectedRequest));
             }
         },
         Ok(sm::Nonza::Ack { h }) => {
             let Some(kept) = out.as_ref() else {
-                handle.send_sm(failed(StanzaCondition::UnexpectedRequest));
+                outbox::nonza(handle, failed(StanzaCondition::UnexpectedRequest));
                 return Ok(());
             };
             if let Err(too) = sm::lock(kept).ack(h) {

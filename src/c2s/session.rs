@@ -285,7 +285,7 @@ impl SessionLoop {
                 .attr("from", self.jid.domain().as_str())
                 .attr("to", self.jid.as_str())
                 .child(Element::new("ping", x::NS_PING));
-            self.handle.send(ping);
+            crate::node::outbox::to_handle(&self.handle, ping);
             self.shared
                 .liveness
                 .metrics

@@ -7,7 +7,7 @@ pub mod federation;
 pub mod io;
 pub mod listen;
 pub mod live;
-pub mod send;
+pub mod outbox;
 pub mod session;
 pub mod visibility;
 

@@ -27,9 +27,10 @@ impl Client {
         &self.handle.jid
     }
 
-    /// Delivers a stanza to this session's own client.
+    /// Delivers a stanza to this session's own client (a reply to its request, or what
+    /// the server tells it), through the outbox.
     pub fn deliver(&self, el: Element) {
-        self.handle.send(el);
+        super::outbox::to_handle(&self.handle, el);
     }
 }
 

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use crate::caps::{Caps, Lookup};
 use crate::cluster::Kind;
 use crate::jid::{BareJid, Jid};
+use crate::node::outbox;
 use crate::node::session::Client;
 use crate::node::Shared;
 use crate::presence::gate;
@@ -48,13 +49,16 @@ fn event_message(owner: &str, event: Element) -> Element {
 /// Hands `msg` (an event about `node`) to each available session of local user `bare`
 /// on this node that asked for the node.
 fn deliver_here(shared: &Shared, bare: &str, node: &str, msg: &Element) {
-    for s in shared.sessions.of_user_str(bare) {
-        if s.is_available() && wants(shared, s.jid.as_str(), node) {
+    outbox::to_each_here(
+        &shared.sessions,
+        bare,
+        |s| s.is_available() && wants(shared, s.jid.as_str(), node),
+        |jid| {
             let mut m = msg.clone();
-            m.set_attr("to", s.jid.to_string());
-            s.send(m);
-        }
-    }
+            m.set_attr("to", jid);
+            m
+        },
+    );
 }
 
 /// Sends the event `event` about `owner`'s `node` (access model `access`) to everyone
@@ -75,7 +79,7 @@ pub(super) async fn notify(
         let mut local: Vec<String> = audience
             .into_iter()
             .map(|c| c.to_string())
-            .filter(|c| crate::node::send::is_local(shared, c))
+            .filter(|c| outbox::is_local(shared, c))
             .collect();
         local.sort();
         recipients.extend(local);
@@ -84,9 +88,12 @@ pub(super) async fn notify(
     for r in &recipients {
         deliver_here(shared, r, node, &msg);
     }
-    shared
-        .cluster
-        .forward(recipients, Arc::new(msg.to_xml()), Kind::Notify);
+    outbox::to_other_nodes(
+        &shared.cluster,
+        recipients,
+        Arc::new(msg.to_xml()),
+        Kind::Notify,
+    );
 }
 
 /// An event another node decided to send (see the module docs): delivered to the
@@ -197,7 +204,7 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
             roster
                 .into_iter()
                 .filter(|i| i.subscription.has_to())
-                .filter(|i| crate::node::send::is_local(shared, i.contact.as_str()))
+                .filter(|i| outbox::is_local(shared, i.contact.as_str()))
                 .map(|i| i.contact),
         ),
         Err(e) => tracing::warn!(user = %me, error = %e, "roster unavailable; no PEP items sent"),
@@ -232,6 +239,6 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
             .child(item_element(NS_PUBSUB_EVENT, &item));
         let mut msg = event_message(owner.as_str(), event);
         msg.set_attr("to", handle.jid.to_string());
-        handle.send(msg);
+        outbox::to_handle(handle, msg);
     }
 }

@@ -20,7 +20,7 @@
 //! whole load, decide and apply, so the roster listener never sees a change half pushed.
 
 use crate::jid::BareJid;
-use crate::node::send::{bounce_unroutable, to_available, unavailable_from_shown};
+use crate::node::outbox::{bounce_unroutable, to_available, unavailable_from_shown};
 use crate::node::{route_remote, Shared};
 use crate::store::{RosterChange, RosterItem, StoreError};
 use crate::xml::Element;

@@ -47,7 +47,7 @@ use std::sync::Arc;
 
 use super::privacy::{self, Blocks, Party, PrivacySettings, Relation, Signal};
 use super::subscription::{SubState, Subscription};
-use crate::node::send::unavailable;
+use crate::node::outbox::unavailable;
 pub use crate::node::visibility::{SubjectGuard, SubjectLocks};
 use crate::node::Shared;
 use crate::stanza::MessageType;
@@ -63,7 +63,7 @@ use crate::jid::{domain_of, BareJid, FullJid, Jid};
 /// Whether `jid` is an account on a domain this server hosts (as opposed to a remote
 /// user, whose settings and block list we cannot read).
 fn is_local(shared: &Shared, jid: &Jid) -> bool {
-    crate::node::send::is_local(shared, jid.as_str())
+    crate::node::outbox::is_local(shared, jid.as_str())
 }
 
 /// Settings of a user; the defaults for a remote one (their server applies its own rules).
@@ -583,7 +583,7 @@ pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
     {
         if let Ok((_, roster)) = shared.store.roster(&user).await {
             for item in roster.into_iter().filter(|i| i.subscription.has_to()) {
-                if crate::node::send::is_local(shared, item.contact.as_str()) {
+                if crate::node::outbox::is_local(shared, item.contact.as_str()) {
                     subjects.insert(item.contact);
                 }
             }
@@ -610,7 +610,7 @@ async fn withdraw_blocked_remote(shared: &Shared, user: &BareJid) {
         };
         if blocked {
             shared.s2s.saw_unavailable(&remote, &local);
-            crate::node::send::presence_to(shared, &local, unavailable(&remote, &local));
+            crate::node::outbox::presence_to(shared, &local, unavailable(&remote, &local));
         }
     }
 }
@@ -652,7 +652,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
                 (_, Some(v)) => !blocked_either(shared, v, &s.jid).await,
             };
             if !keep && s.forget(&viewer) {
-                crate::node::send::presence_to(shared, &viewer, unavailable(&me, &viewer));
+                crate::node::outbox::presence_to(shared, &viewer, unavailable(&me, &viewer));
             }
         }
         let (available, last) = s.read(|p| (p.available, p.last.clone()));
@@ -670,7 +670,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
             }
             let mut p = last.clone();
             p.set_attr("to", viewer.clone());
-            crate::node::send::presence_to(shared, &viewer, p);
+            crate::node::outbox::presence_to(shared, &viewer, p);
         }
     }
 }

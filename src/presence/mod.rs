@@ -23,10 +23,12 @@ use std::sync::Arc;
 
 use crate::error::StanzaError;
 use crate::jid::{BareJid, FullJid, Jid};
+use crate::node::outbox;
 use crate::node::session::Client;
 use crate::node::session::Target;
 use crate::node::Shared;
 use crate::stanza::PresenceType;
+use crate::store::gate_inputs::AudienceInputs;
 use crate::store::RosterItem;
 use crate::xml::{Addressed, Element, NS_CLIENT};
 
@@ -114,8 +116,8 @@ impl Presence {
         });
         to_directory(shared, &client.handle);
         for (viewer, _) in revealed {
-            let p = crate::node::send::unavailable(&me, &viewer);
-            crate::node::send::presence_to(shared, &viewer, p);
+            let p = outbox::unavailable(&me, &viewer);
+            outbox::presence_to(shared, &viewer, p);
         }
     }
 
@@ -230,7 +232,7 @@ async fn from_client(
         },
         PresenceType::Error => {
             if let Target::LocalFull(f) = target {
-                crate::node::send::to_session(shared, &f, el);
+                outbox::to_session(shared, &f, el);
             }
         }
     }
@@ -245,151 +247,220 @@ fn priority_of(el: &Element) -> i8 {
 
 /// Broadcast of available (§4.2 initial, §4.4 update) or unavailable (§4.5) presence.
 async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_available: bool) {
-    let me = session.jid().clone();
-    let bare = me.to_bare();
     el.remove_attr("to");
-    el.set_attr("from", me.to_string());
-    let was_available = session.handle.is_available();
-    let record = |el: &Element| {
-        session.handle.write(|info| {
-            info.available = is_available;
-            info.priority = if is_available { priority_of(el) } else { 0 };
-            info.last = is_available.then(|| el.clone());
-        })
+    el.set_attr("from", session.jid().to_string());
+    let change = Change {
+        was_available: session.handle.is_available(),
+        is_available,
+        invisible: session.handle.is_invisible(),
     };
-    if !is_available && !was_available && !session.handle.read(|p| p.has_directed()) {
-        record(&el);
+    if !is_available && !change.was_available && !session.handle.read(|p| p.has_directed()) {
+        record(session, &el, is_available);
         return;
     }
-    let invisible = session.handle.is_invisible();
     // Serialised once; each copy (contacts' and own resources', here and on other nodes)
     // differs only in 'to'.
     let once = Addressed::new(&el);
-    let (inputs, successor) = {
-        let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
-        // Read under the lock, so a successor's broadcast is either done (and what it
-        // showed recorded) or not begun.
-        let successor = if is_available {
-            Successor::None
-        } else {
-            Successor::of(shared, session).await
-        };
-        // The new state is recorded under the subject lock: a reconciliation holding the
-        // lock must see the old state (and leave this resource to us) or the new one with
-        // its broadcast done (and its viewers marked revealed), never the new state before
-        // the broadcast, or it would send this presence a second time.
-        record(&el);
-        if !successor.holds_resource() {
-            to_directory(shared, &session.handle);
-        }
-        // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
-        // §4.5.2), as the privacy gate says, in one read; an invisible session (XEP-0186)
-        // shows itself to nobody.
-        // A change of an already available resource keeps the inputs for the next one;
-        // initial presence does not, so an idle session costs no cache memory.
-        let keep = was_available && is_available;
-        let (inputs, audience) = gate::roster_and_audience(shared, &me, keep).await;
-        let audience = if invisible || (!is_available && !was_available) {
-            Default::default()
-        } else {
-            audience
-        };
-        let mut recipients: BTreeSet<String> = audience.iter().map(|c| c.to_string()).collect();
-        if !is_available {
-            // Everyone who was shown this resource online learns it went away, even if
-            // a change of permissions has not withdrawn it from them yet.
-            for (viewer, rel) in session.handle.write(|p| p.take_revealed()) {
-                if rel == privacy::Relation::Subscriber {
-                    recipients.insert(viewer.to_string());
-                }
-            }
-        }
-        // Local contacts' sessions on other nodes, and the user's own there (§4.2.2).
-        let mut elsewhere = Vec::new();
-        if !successor.is_available() {
-            elsewhere.push(bare.to_string());
-        }
-        let mut reached = Vec::new();
-        // Viewers the session can still record as shown (they are recorded below, once the
-        // deliveries here and on other nodes are known).
-        let mut room = session.handle.read(|p| p.room());
-        for contact in recipients {
-            session.handle.write(|p| p.remove_directed(&contact));
-            if successor.shows(&contact, || audience.iter().any(|a| a.as_str() == contact)) {
-                // Its presence is the resource's now; this unavailable would undo it.
-                continue;
-            }
-            // A viewer the session's bounded set cannot record is not shown the presence:
-            // it could not be withdrawn from it later.
-            if is_available && !session.handle.was_revealed(&contact) {
-                if room == 0 {
-                    tracing::warn!(jid = %me, viewer = %contact, "revealed set full; presence not sent");
-                    continue;
-                }
-                room -= 1;
-            }
-            let here = if !shared.config.serves(domain_of(&contact)) {
-                // One stanza per remote contact; s2s sends them over that domain's one stream.
-                let mut p = el.clone();
-                p.set_attr("to", contact.clone());
-                crate::node::route_remote(shared, p).is_ok()
-            } else {
-                elsewhere.push(contact.clone());
-                crate::node::send::xml_to_available(shared, &contact, || once.to(&contact)) > 0
-            };
-            if here {
-                reached.push(contact);
-            }
-        }
-        // One message per other node that holds any of them.
-        let initial = is_available && !was_available;
-        reached.extend(crate::node::send::fan_out(shared, &once, elsewhere, initial).await);
-        // Remember who saw this resource online, so a lost permission withdraws it from
-        // exactly them (the subject lock makes this atomic with the delivery).
-        if is_available {
-            for contact in reached.iter().filter(|c| **c != bare.as_str()) {
-                session
-                    .handle
-                    .reveal(contact, privacy::Relation::Subscriber);
-            }
-        }
-        (inputs, successor)
-    };
+    let (inputs, successor) = show_to_audience(shared, session, &el, &once, change).await;
     // The user's own resources, the sender included (§4.2.2); they have the successor's
     // presence for this full JID, if there is one.
-    let me_id = session.handle.id;
     if !successor.is_available() {
-        shared.sessions.for_each_of(bare.as_str(), |s| {
-            if s.id == me_id || s.is_available() {
-                s.send_xml(Arc::new(once.to(s.jid.as_str())));
-            }
-        });
+        let me_id = session.handle.id;
+        let bare = session.jid().to_bare();
+        outbox::to_each_here(
+            &shared.sessions,
+            bare.as_str(),
+            |s| s.id == me_id || s.is_available(),
+            |jid| once.to(jid),
+        );
     }
     if !is_available {
-        // §4.6.3: everyone who got directed presence gets the unavailable too, except a
-        // party blocked since (XEP-0191: it already got its unavailable, nothing more)
-        // and one the successor sent its own directed presence.
-        let directed = session.handle.write(|p| p.take_directed());
-        for to in directed {
-            if successor.directed_to(&to) {
-                continue;
-            }
-            // Recorded from a `to` that was checked; fails closed otherwise.
-            let Ok(to_jid) = Jid::new(&to) else { continue };
-            if gate::blocked_either(shared, &to_jid, &me).await {
-                continue;
-            }
-            let mut p = el.clone();
-            p.set_attr("to", to.clone());
-            crate::node::send::presence_to(shared, &to, p);
+        unavailable_to_directed(shared, session, &el, &successor).await;
+    } else if !change.was_available {
+        initial_presence(shared, session, &inputs, change.invisible).await;
+    }
+}
+
+/// What a broadcast changes: the session's availability before and after, and whether it
+/// is invisible (XEP-0186).
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    was_available: bool,
+    is_available: bool,
+    invisible: bool,
+}
+
+impl Change {
+    /// The session's initial presence (§4.2).
+    fn initial(self) -> bool {
+        self.is_available && !self.was_available
+    }
+}
+
+/// Records presence `el` as the session's state (availability, priority, last presence).
+fn record(session: &Client, el: &Element, is_available: bool) {
+    session.handle.write(|info| {
+        info.available = is_available;
+        info.priority = if is_available { priority_of(el) } else { 0 };
+        info.last = is_available.then(|| el.clone());
+    })
+}
+
+/// Under the subject lock: records the new state, and sends `el` (serialised once in
+/// `once`) to the contacts who may see it, here, on other nodes and on other servers,
+/// recording who was shown an available presence. Returns the privacy inputs (whose roster
+/// the initial presence probes) and the resource's successor, if it was taken over.
+async fn show_to_audience(
+    shared: &Shared,
+    session: &Client,
+    el: &Element,
+    once: &Addressed,
+    change: Change,
+) -> (Arc<AudienceInputs>, Successor) {
+    let me = session.jid();
+    let bare = me.to_bare();
+    let is_available = change.is_available;
+    let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
+    // Read under the lock, so a successor's broadcast is either done (and what it showed
+    // recorded) or not begun.
+    let successor = if is_available {
+        Successor::None
+    } else {
+        Successor::of(shared, session).await
+    };
+    // The new state is recorded under the subject lock: a reconciliation holding the lock
+    // must see the old state (and leave this resource to us) or the new one with its
+    // broadcast done (and its viewers marked revealed), never the new state before the
+    // broadcast, or it would send this presence a second time.
+    record(session, el, is_available);
+    if !successor.holds_resource() {
+        to_directory(shared, &session.handle);
+    }
+    // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
+    // §4.5.2), as the privacy gate says, in one read; an invisible session (XEP-0186)
+    // shows itself to nobody.
+    // A change of an already available resource keeps the inputs for the next one;
+    // initial presence does not, so an idle session costs no cache memory.
+    let keep = change.was_available && is_available;
+    let (inputs, audience) = gate::roster_and_audience(shared, me, keep).await;
+    let audience = if change.invisible || (!is_available && !change.was_available) {
+        Default::default()
+    } else {
+        audience
+    };
+    let (remote, local) = recipients(shared, session, &audience, &successor, is_available);
+    let mut reached = Vec::new();
+    for contact in remote {
+        // One stanza per remote contact; s2s sends them over that domain's one stream.
+        let mut p = el.clone();
+        p.set_attr("to", contact.clone());
+        if crate::node::route_remote(shared, p).is_ok() {
+            reached.push(contact);
         }
-        return;
     }
-    if was_available {
-        return;
+    // Local contacts' sessions here, then one message per other node that holds any of
+    // them or the user's own sessions there (§4.2.2).
+    let own = (!successor.is_available()).then(|| bare.to_string());
+    let initial = outbox::Reach::Record {
+        initial: change.initial(),
+    };
+    reached.extend(outbox::to_contacts(shared, once, local, own, initial).await);
+    // Remember who saw this resource online, so a lost permission withdraws it from
+    // exactly them (the subject lock makes this atomic with the delivery).
+    if is_available {
+        for contact in reached.iter().filter(|c| **c != bare.as_str()) {
+            session
+                .handle
+                .reveal(contact, privacy::Relation::Subscriber);
+        }
     }
-    // Initial presence: probe the contacts the user is subscribed to (§4.2.2, §4.3); the
-    // local ones are answered together, from one read of the privacy inputs.
+    (inputs, successor)
+}
+
+/// The contacts a broadcast goes to, on other servers and on this one: the `audience` the
+/// gate admits and, for an unavailable, everyone who was shown this resource online (even
+/// if a change of permissions has not withdrawn it from them yet); minus those the
+/// `successor` shows its own presence to, and those the session's bounded revealed set
+/// could not record (they could not be withdrawn from later). Each leaves the session's
+/// directed set: the broadcast reaches it now.
+fn recipients(
+    shared: &Shared,
+    session: &Client,
+    audience: &std::collections::HashSet<BareJid>,
+    successor: &Successor,
+    is_available: bool,
+) -> (Vec<String>, Vec<String>) {
+    let mut all: BTreeSet<String> = audience.iter().map(|c| c.to_string()).collect();
+    if !is_available {
+        for (viewer, rel) in session.handle.write(|p| p.take_revealed()) {
+            if rel == privacy::Relation::Subscriber {
+                all.insert(viewer.to_string());
+            }
+        }
+    }
+    let (mut remote, mut local) = (Vec::new(), Vec::new());
+    // Viewers the session can still record as shown (recorded once the deliveries here and
+    // on other nodes are known).
+    let mut room = session.handle.read(|p| p.room());
+    for contact in all {
+        session.handle.write(|p| p.remove_directed(&contact));
+        if successor.shows(&contact, || audience.iter().any(|a| a.as_str() == contact)) {
+            // Its presence is the resource's now; this unavailable would undo it.
+            continue;
+        }
+        if is_available && !session.handle.was_revealed(&contact) {
+            if room == 0 {
+                tracing::warn!(jid = %session.jid(), viewer = %contact, "revealed set full; presence not sent");
+                continue;
+            }
+            room -= 1;
+        }
+        if shared.config.serves(domain_of(&contact)) {
+            local.push(contact);
+        } else {
+            remote.push(contact);
+        }
+    }
+    (remote, local)
+}
+
+/// §4.6.3: everyone who got directed presence gets the unavailable `el` too, except a
+/// party blocked since (XEP-0191: it already got its unavailable, nothing more) and one
+/// the successor sent its own directed presence.
+async fn unavailable_to_directed(
+    shared: &Shared,
+    session: &Client,
+    el: &Element,
+    successor: &Successor,
+) {
+    let directed = session.handle.write(|p| p.take_directed());
+    for to in directed {
+        if successor.directed_to(&to) {
+            continue;
+        }
+        // Recorded from a `to` that was checked; fails closed otherwise.
+        let Ok(to_jid) = Jid::new(&to) else { continue };
+        if gate::blocked_either(shared, &to_jid, session.jid()).await {
+            continue;
+        }
+        let mut p = el.clone();
+        p.set_attr("to", to.clone());
+        outbox::presence_to(shared, &to, p);
+    }
+}
+
+/// Initial presence: probes the contacts the user is subscribed to (§4.2.2, §4.3; the
+/// local ones are answered together, from one read of the privacy inputs), shows the new
+/// resource the user's other resources, and hands it the subscription requests that
+/// waited (§3.1.3).
+async fn initial_presence(
+    shared: &Shared,
+    session: &Client,
+    inputs: &AudienceInputs,
+    invisible: bool,
+) {
+    let me = session.jid();
+    let bare = me.to_bare();
     let mut local = Vec::new();
     for item in inputs.roster.iter().filter(|i| i.subscription.has_to()) {
         if shared.config.serves(item.contact.domain().as_str()) {
@@ -402,9 +473,17 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
             let _ = crate::node::route_remote(shared, probe);
         }
     }
-    answer_probes(shared, &me, &local).await;
-    // The new resource learns the presence of the user's other resources.
-    for s in shared.sessions.of_user(&bare) {
+    answer_probes(shared, me, &local).await;
+    own_resources_to_new(shared, session, &bare).await;
+    pending_requests(shared, session, &bare).await;
+}
+
+/// The new resource learns the presence of the user's other resources, here and on other
+/// nodes, invisible ones included (the directory keeps their presence; only other users'
+/// probe answers leave it out).
+async fn own_resources_to_new(shared: &Shared, session: &Client, bare: &BareJid) {
+    let me = session.jid();
+    for s in shared.sessions.of_user(bare) {
         if s.id == session.handle.id {
             continue;
         }
@@ -413,8 +492,6 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
             session.deliver(last);
         }
     }
-    // And of those on other nodes, invisible ones included (the directory keeps their
-    // presence; only other users' probe answers leave it out).
     let elsewhere = shared.cluster.holders(&[bare.as_str()]).await;
     for h in elsewhere.into_values().flatten() {
         let last = h.entry.presence.as_deref().filter(|_| h.entry.available);
@@ -423,7 +500,10 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
             session.deliver(last);
         }
     }
-    // §3.1.3: subscription requests that waited for the user to come online.
+}
+
+/// §3.1.3: subscription requests that waited for the user to come online.
+async fn pending_requests(shared: &Shared, session: &Client, bare: &BareJid) {
     match shared.store.pending_subscriptions(bare.as_str()).await {
         Ok(pending) => {
             for (from, xml) in pending {
@@ -432,7 +512,7 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
                 let Ok(from_jid) = Jid::new(&from) else {
                     continue;
                 };
-                if gate::blocked_either(shared, &from_jid, &bare).await {
+                if gate::blocked_either(shared, &from_jid, bare).await {
                     continue;
                 }
                 match crate::xml::parse_element(&xml) {
@@ -515,7 +595,7 @@ pub async fn show_again_to_other_nodes(shared: &Shared) {
                 audience.push(c);
             }
             let once = Addressed::new(&last);
-            for viewer in crate::node::send::fan_out(shared, &once, audience, false).await {
+            for viewer in outbox::fan_out(shared, &once, audience, false).await {
                 s.reveal(&viewer, privacy::Relation::Subscriber);
             }
         }
@@ -531,7 +611,7 @@ async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &BareJid) {
         return;
     };
     gate::probe_answer(shared, prober, contact, |p| {
-        prober_session.send(p);
+        outbox::to_handle(&prober_session, p);
     })
     .await;
 }
@@ -545,7 +625,7 @@ async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[BareJid]) 
         return;
     };
     gate::probe_answers(shared, prober, contacts, |p| {
-        prober_session.send(p);
+        outbox::to_handle(&prober_session, p);
     })
     .await;
 }
@@ -591,7 +671,7 @@ async fn directed(shared: &Shared, session: &Client, mut el: Element, is_availab
             p.forget(&to);
         });
     }
-    crate::node::send::to_local(shared, &to, el);
+    outbox::to_local(shared, &to, el);
 }
 
 /// Tracks `to` as a directed-presence recipient of the session, or refuses the presence

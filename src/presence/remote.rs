@@ -30,7 +30,7 @@ use crate::xml::Element;
 use super::executor::{self, Effect, Plan, Side};
 use super::subscription::{self, SubKind, SubState};
 use super::{load_side, presence};
-use crate::node::send::to_available;
+use crate::node::outbox::to_available;
 
 /// The local user sends a subscription stanza to a contact on another server (RFC 6121
 /// §3.1.2, §3.2.2, §3.3.2, §3.4): the user's item follows Appendix A.2 and the stanza is
@@ -163,7 +163,7 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
         }
         PresenceType::Error => {
             if to.resource().is_some() {
-                crate::node::send::to_local(shared, to.as_str(), el);
+                crate::node::outbox::to_local(shared, to.as_str(), el);
             }
         }
     }
@@ -289,7 +289,7 @@ async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_
         let Ok(full) = to.clone().try_into_full() else {
             return;
         };
-        if crate::node::send::to_session(shared, &full, el) {
+        if crate::node::outbox::to_session(shared, &full, el) {
             track(shared, from.as_str(), full.as_str(), is_available);
         }
         return;

@@ -181,7 +181,7 @@ pub use crate::jid::{bare_of, domain_of};
 
 pub use crate::node::route_remote;
 
-pub(crate) use crate::node::send::bounce_unroutable as bounce;
+pub(crate) use crate::node::outbox::bounce_unroutable as bounce;
 
 /// An authenticated inbound stanza, already checked for addressing: hands it to presence,
 /// or delivers it like a local one (RFC 6120 §10.5, RFC 6121 §8.5).

@@ -1,33 +1,178 @@
-//! Sending what was already decided: the transport of stanzas to local sessions (and, for
-//! a presence or an error, to another server) once the caller's question (the privacy
-//! gate, a block list, a session's own request) was answered. The decisions themselves,
-//! and the deliveries that must ask them, are in `delivery`.
+//! The outbox: the one place a stanza leaves for a session's mailbox or for another node of
+//! the cluster. Everything here sends what was already decided (the privacy gate, a block
+//! list, a session's own request, RFC 6121 §8.5.2's choice of resources); the decisions
+//! themselves, and the deliveries that must ask them, are in `delivery` and the services.
 //!
-//! Other nodes of the cluster ([`crate::cluster`]) are reached from here too: a stanza for
-//! a local JID whose sessions are (also) on another node is sent there once per node, after
-//! the decision was taken on this one.
+//! - One session the caller holds: [`to_handle`] (an element or shared bytes; a session's
+//!   reply to its own client too), [`to_handle_paced`] (a burst the session asked for),
+//!   [`nonza`] (XEP-0198 elements, which are no stanzas but travel the same mailbox).
+//! - A local JID, here and then on the other nodes: [`to_session`], [`to_available`],
+//!   [`to_local`], [`presence_to`], [`answer`], [`bounce`], [`message_to_bare_everywhere`].
+//! - Each resource of one user that wants a stanza, here and then elsewhere:
+//!   [`to_interested`] (block-list pushes, carbon copies); [`to_each_here`] for this node's
+//!   resources alone (PEP events, whose other nodes choose their own sessions; a
+//!   broadcast's own resources).
+//! - A presence serialised once to many contacts: [`xml_to_available`] here, [`to_contacts`]
+//!   here and then one message per other node ([`fan_out`] for the other nodes alone).
+//! - Another node only: [`to_holder`] (a full JID the directory placed there),
+//!   [`decide_there`] (a request only that node can admit), [`to_other_nodes`].
+//!
+//! What every stanza to a client is subject to is applied once, after this: the mailbox's
+//! count and byte budget (the handle's queueing), and in the session's writer the XEP-0352
+//! holding and the XEP-0198 counting. What stays with the callers is what needs their
+//! decision: whether a viewer may see a presence (the privacy gate), whether a resource
+//! asked for a kind of stanza (the predicates passed to [`to_interested`] and
+//! [`to_each_here`]), which viewers to record as shown (the revealed set, whose room only
+//! the subject's broadcast knows, under its lock), and XEP-0280's wrapping of each copy.
+//! A roster push records the version the session now has as it is queued
+//! (`roster_push::push_to`), so it keeps its own loop over [`to_handle`].
 
 use std::sync::Arc;
 
-use crate::cluster::{Holder, Kind};
+use crate::cluster::{Cluster, Holder, Kind};
 use crate::error::StanzaError;
 use crate::jid::{FullJid, Jid};
-use crate::sessions::SessionHandle;
+use crate::sessions::{Outbound, SessionHandle, Sessions};
 use crate::stanza::{MessageType, PresenceType};
-use crate::xml::{Element, NS_CLIENT};
+use crate::xml::{Addressed, Element, NS_CLIENT};
 
 use super::Shared;
+
+/// What a session's mailbox takes as one stanza: an element, or its bytes serialised once
+/// and shared by every session that gets the same copy ([`Outbound::Xml`]).
+pub(crate) trait Payload {
+    /// Queues it on `handle`'s mailbox; `false` if the session is gone or was ended for
+    /// not keeping up.
+    fn queue_on(self, handle: &SessionHandle) -> bool;
+}
+
+impl Payload for Element {
+    fn queue_on(self, handle: &SessionHandle) -> bool {
+        handle.send(self)
+    }
+}
+
+impl Payload for Arc<String> {
+    fn queue_on(self, handle: &SessionHandle) -> bool {
+        handle.send_xml(self)
+    }
+}
+
+impl Payload for String {
+    fn queue_on(self, handle: &SessionHandle) -> bool {
+        handle.send_xml(Arc::new(self))
+    }
+}
+
+/// Queues a stanza on a session the caller holds: a reply to the session's own client, or
+/// what the caller decided this resource gets.
+pub(crate) fn to_handle(handle: &SessionHandle, stanza: impl Payload) -> bool {
+    stanza.queue_on(handle)
+}
+
+/// [`to_handle`] for a burst the session asked for and whose size the server does not
+/// choose (XEP-0160 kept messages): waits for room in its mailbox's byte budget rather than
+/// ending the session ([`SessionHandle::send_paced`]).
+pub(crate) async fn to_handle_paced(handle: &SessionHandle, el: Element) -> bool {
+    handle.send_paced(el).await
+}
+
+/// Queues a XEP-0198 element ([`Outbound::SmEnabled`], [`Outbound::SmNonza`]) in order with
+/// the stanzas around it: no stanza, but the same mailbox and budget.
+pub(crate) fn nonza(handle: &SessionHandle, msg: Outbound) -> bool {
+    handle.send_sm(msg)
+}
+
+/// Sends each session of local user `bare` on this node that `wants` it its own copy,
+/// `build(full JID)`, under one read of the registry (no handle copies). Returns how many
+/// took one.
+pub(crate) fn to_each_here<P: Payload>(
+    sessions: &Sessions,
+    bare: &str,
+    mut wants: impl FnMut(&SessionHandle) -> bool,
+    build: impl Fn(&str) -> P,
+) -> usize {
+    let mut reached = 0;
+    sessions.for_each_of(bare, |s| {
+        if wants(s) {
+            build(s.jid.as_str()).queue_on(s);
+            reached += 1;
+        }
+    });
+    reached
+}
+
+/// Where [`to_interested`] finds a user's sessions on other nodes.
+pub(crate) enum Elsewhere<'a> {
+    /// The caller read them from the directory already, for the same delivery.
+    Known(&'a [Holder]),
+    /// Read from the directory once the sessions here have their copies.
+    Read,
+}
+
+/// Sends each resource of local user `bare` that asked for it its own copy,
+/// `build(full JID)`: first this node's sessions that `here` accepts, then the sessions on
+/// other nodes whose directory entries `there` accepts (each copy to its node). The copies
+/// differ in their address, so each is serialised for itself.
+pub(crate) async fn to_interested(
+    sessions: &Sessions,
+    cluster: &Cluster,
+    bare: &str,
+    elsewhere: Elsewhere<'_>,
+    here: impl FnMut(&SessionHandle) -> bool,
+    there: impl Fn(&Holder) -> bool,
+    build: impl Fn(&str) -> Element,
+) {
+    to_each_here(sessions, bare, here, &build);
+    let read;
+    let remote = match elsewhere {
+        Elsewhere::Known(remote) => remote,
+        Elsewhere::Read => {
+            // Boxed: the read's future is large, and the callers that pass the holders they
+            // read (a message's delivery, in its session's task) need not carry it.
+            read = Box::pin(cluster.holders(&[bare]))
+                .await
+                .remove(bare)
+                .unwrap_or_default();
+            &read
+        }
+    };
+    for h in remote.iter().filter(|h| there(h)) {
+        to_holder(cluster, h, Arc::new(build(&h.jid).to_xml()));
+    }
+}
+
+/// Sends `xml` to one session on another node, the directory's holder `h` (the caller chose
+/// it and decided that it may take the stanza).
+pub(crate) fn to_holder(cluster: &Cluster, h: &Holder, xml: Arc<String>) {
+    cluster.send(h.node(), vec![h.jid.clone()], xml);
+}
+
+/// Hands a request (or groupchat message) for holder `h` to its node, which decides with
+/// the session itself whether it may reach it ([`Kind::Decide`]).
+pub(crate) fn decide_there(cluster: &Cluster, h: &Holder, xml: Arc<String>) {
+    cluster.decide_there(h.node(), h.jid.clone(), xml);
+}
+
+/// Sends `xml` to the sessions of `to` on the other nodes as `kind` says (see
+/// [`Cluster::forward`]); nothing here.
+pub(crate) fn to_other_nodes(cluster: &Cluster, to: Vec<String>, xml: Arc<String>, kind: Kind) {
+    cluster.forward(to, xml, kind);
+}
 
 /// Queues a stanza on the session bound to `full`, if there is one. The caller decided
 /// that the stanza may reach it. On another node, it is sent there; `false` then means
 /// "not here".
 pub(crate) fn to_session(shared: &Shared, full: &FullJid, el: Element) -> bool {
     if let Some(s) = shared.sessions.get(full) {
-        return s.send(el);
+        return to_handle(&s, el);
     }
-    shared
-        .cluster
-        .forward(vec![full.to_string()], Arc::new(el.to_xml()), Kind::Deliver);
+    to_other_nodes(
+        &shared.cluster,
+        vec![full.to_string()],
+        Arc::new(el.to_xml()),
+        Kind::Deliver,
+    );
     false
 }
 
@@ -35,11 +180,14 @@ pub(crate) fn to_session(shared: &Shared, full: &FullJid, el: Element) -> bool {
 /// §3.1.3), on this node and on the others. Returns how many sessions here got it.
 pub(crate) fn to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
     let xml = std::cell::LazyCell::new(|| Arc::new(el.to_xml()));
-    let n = xml_to_available(shared, bare, || xml.to_string());
+    let n = xml_to_available(shared, bare, || Arc::clone(&xml));
     if shared.cluster.has_peers() {
-        shared
-            .cluster
-            .forward(vec![bare.to_owned()], Arc::clone(&xml), Kind::Deliver);
+        to_other_nodes(
+            &shared.cluster,
+            vec![bare.to_owned()],
+            Arc::clone(&xml),
+            Kind::Deliver,
+        );
     }
     n
 }
@@ -52,7 +200,7 @@ pub(crate) fn to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
 /// ([`crate::cluster::Cluster::forward_reaching`]).
 pub(crate) async fn fan_out(
     shared: &Shared,
-    once: &crate::xml::Addressed,
+    once: &Addressed,
     recipients: Vec<String>,
     initial: bool,
 ) -> std::collections::HashSet<String> {
@@ -66,21 +214,63 @@ pub(crate) async fn fan_out(
         .await
 }
 
-/// Delivers a serialised stanza to every available resource of local user `bare` on this
-/// node: `xml` runs
-/// at most once, only if some resource is available, and its bytes are shared by all of
-/// them (the fan-out hot path: no handle copies, no element clone per resource, one read
-/// lock on the registry).
-pub(crate) fn xml_to_available(shared: &Shared, bare: &str, xml: impl FnOnce() -> String) -> usize {
-    let bytes = std::cell::LazyCell::new(|| Arc::new(xml()));
-    let mut reached = 0;
-    shared.sessions.for_each_of(bare, |s| {
-        if s.is_available() {
-            s.send_xml(Arc::clone(&bytes));
-            reached += 1;
+/// How [`to_contacts`] reaches the other nodes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Reach {
+    /// Send and go on (nobody records whom it reached).
+    Send,
+    /// Wait for the recipients the other nodes hold ([`fan_out`]), to record them as shown.
+    /// `initial`: as [`fan_out`] says.
+    Record { initial: bool },
+}
+
+/// A presence serialised once without `to` (`once`) to the available resources of local
+/// users `recipients`, each copy addressed to its recipient: the sessions here, then one
+/// message per other node that holds any of them. `own`: the sender's bare JID, whose
+/// sessions only the other nodes are sent to here (the caller serves those on this node
+/// itself, the sender included). With [`Reach::Record`], returns the recipients reached:
+/// those with a session here that took it and those with sessions on another node.
+pub(crate) async fn to_contacts(
+    shared: &Shared,
+    once: &Addressed,
+    recipients: Vec<String>,
+    own: Option<String>,
+    reach: Reach,
+) -> Vec<String> {
+    let record = matches!(reach, Reach::Record { .. });
+    let mut reached = Vec::new();
+    for to in &recipients {
+        if xml_to_available(shared, to, || once.to(to)) > 0 && record {
+            reached.push(to.clone());
         }
-    });
+    }
+    let elsewhere: Vec<String> = own.into_iter().chain(recipients).collect();
+    match reach {
+        Reach::Send => {
+            let xml = Arc::new(once.unaddressed().to_owned());
+            to_other_nodes(&shared.cluster, elsewhere, xml, Kind::Address);
+        }
+        Reach::Record { initial } => {
+            reached.extend(fan_out(shared, once, elsewhere, initial).await);
+        }
+    }
     reached
+}
+
+/// Delivers a serialised stanza to every available resource of local user `bare` on this
+/// node: `xml` runs at most once, only if some resource is available, and its bytes are
+/// shared by all of them (the fan-out hot path: no handle copies, no element clone per
+/// resource, one read lock on the registry). Bytes already shared (`Arc<String>`) are
+/// queued as they are.
+pub(crate) fn xml_to_available<B: Into<Arc<String>>>(
+    shared: &Shared,
+    bare: &str,
+    xml: impl FnOnce() -> B,
+) -> usize {
+    let bytes = std::cell::LazyCell::new(|| -> Arc<String> { xml().into() });
+    to_each_here(&shared.sessions, bare, SessionHandle::is_available, |_| {
+        Arc::clone(&bytes)
+    })
 }
 
 /// Delivers `el` to a local JID: a full JID's session, or a bare JID's available
@@ -252,7 +442,7 @@ pub(crate) fn message_to_bare_everywhere(
     let here = locals
         .into_iter()
         .map(|s| {
-            s.send(el.clone());
+            to_handle(s, el.clone());
             s.id
         })
         .collect();
