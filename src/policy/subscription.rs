@@ -1136,6 +1136,20 @@ mod tests {
         steps
     }
 
+    /// A plan that moves only the user's item (no request kept) and sends `steps`.
+    fn user_only(old: SubState, new: SubState, push: bool, steps: Vec<Step>) -> Planned {
+        Planned {
+            user: SideChange {
+                old,
+                new,
+                push,
+                keep_request: false,
+            },
+            contact: None,
+            steps,
+        }
+    }
+
     #[test]
     fn plan_to_a_remote_contact_is_the_appendix_a2_row() {
         for (old, kind, new, route, push, fx) in OUTBOUND {
@@ -1159,17 +1173,12 @@ mod tests {
                     subject: Party::User,
                 });
             }
-            let want = Planned {
-                user: SideChange {
-                    old,
-                    new,
-                    push,
-                    keep_request: false,
-                },
-                contact: None,
-                steps,
-            };
-            assert_eq!(got, want, "out {kind:?} in {}", label(old));
+            assert_eq!(
+                got,
+                user_only(old, new, push, steps),
+                "out {kind:?} in {}",
+                label(old)
+            );
         }
     }
 
@@ -1263,16 +1272,7 @@ mod tests {
     fn plan_to_a_local_address_without_account_moves_only_the_users_item() {
         for (old, kind, new, _, push, _) in OUTBOUND {
             let got = plan(change(Direction::Out, kind, old, ContactSide::Absent));
-            let want = Planned {
-                user: SideChange {
-                    old,
-                    new,
-                    push,
-                    keep_request: false,
-                },
-                contact: None,
-                steps: Vec::new(),
-            };
+            let want = user_only(old, new, push, Vec::new());
             assert_eq!(got, want, "out {kind:?} in {}", label(old));
         }
     }
