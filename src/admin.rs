@@ -386,12 +386,10 @@ async fn roster_change(
     let changed = match add {
         Some((name, groups)) => {
             let limits = shared.store.limits();
-            if name.is_some_and(|n| n.chars().count() > limits.max_roster_name_length)
-                || groups.len() > limits.max_roster_groups
-                || groups
-                    .iter()
-                    .any(|g| g.is_empty() || g.chars().count() > limits.max_roster_group_length)
-            {
+            if let Err(refused) = crate::roster::check_item(name, groups, &limits) {
+                if refused == crate::roster::ItemRefused::DuplicateGroup {
+                    return Err("a group is named twice (RFC 6121 §2.1.2.3)".to_owned());
+                }
                 return Err(format!(
                     "name or groups beyond [limits] (name up to {} characters, up to {} \
                      non-empty groups of up to {} characters)",

@@ -182,6 +182,9 @@ impl Roster {
         owner: &BareJid,
         contact: &str,
     ) -> Result<(), StanzaError> {
+        // Both users' locks, as for any subscription change: the item read, the cancel and
+        // revoke it implies and its removal are one change of the pair.
+        let _lock = self.roster_locks.lock(&[owner.as_str(), contact]).await;
         let Some(existing) = self
             .store
             .roster_item(owner.as_str(), contact)
@@ -192,7 +195,6 @@ impl Roster {
             return Err(StanzaError::item_not_found());
         };
         self.presence.roster_removed(session, &existing).await;
-        let _lock = self.roster_locks.lock(&[owner.as_str()]).await;
         match self.store.remove_roster_item(owner.as_str(), contact).await {
             Ok(Some(version)) => push_removed(&self.sessions, owner.as_str(), version, contact),
             Ok(None) => {}
@@ -202,49 +204,77 @@ impl Roster {
     }
 }
 
-/// The name and groups of a roster-set item, within the per-item limits of `[limits]`.
-///
-/// RFC 6121 §2.3.3 answers a 'name' or a group longer than a server-configured limit, and
-/// an empty group, with not-acceptable (type modify), and duplicate groups with
-/// bad-request. It sets no bound on the number of groups; one item with thousands of them
-/// costs every roster get, so that count is a server-configured limit too and gets the
-/// same not-acceptable as the lengths. Lengths are in characters.
+/// Why an item's name or groups are refused: beyond a per-item limit of `[limits]`, or
+/// against RFC 6121 §2.1.2.3 (group names are non-empty and distinct).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ItemRefused {
+    NameTooLong(usize),
+    TooManyGroups(usize),
+    EmptyGroup,
+    GroupTooLong(usize),
+    DuplicateGroup,
+}
+
+impl ItemRefused {
+    /// RFC 6121 §2.3.3 answers a 'name' or a group longer than a server-configured limit,
+    /// and an empty group, with not-acceptable (type modify), and duplicate groups with
+    /// bad-request. It sets no bound on the number of groups; one item with thousands of
+    /// them costs every roster get, so that count is a server-configured limit too and
+    /// gets the same not-acceptable as the lengths. Lengths are in characters.
+    fn stanza_error(&self) -> StanzaError {
+        match self {
+            ItemRefused::NameTooLong(max) => StanzaError::not_acceptable()
+                .with_text(format!("an item name has at most {max} characters")),
+            ItemRefused::TooManyGroups(max) => StanzaError::not_acceptable()
+                .with_text(format!("an item is in at most {max} groups")),
+            ItemRefused::EmptyGroup => StanzaError::not_acceptable().with_text("empty group name"),
+            ItemRefused::GroupTooLong(max) => StanzaError::not_acceptable()
+                .with_text(format!("a group name has at most {max} characters")),
+            ItemRefused::DuplicateGroup => StanzaError::bad_request().with_text("duplicate group"),
+        }
+    }
+}
+
+/// The one check of an item's name and groups against the per-item limits, for every
+/// way a client or an operator names them (the roster set, `presenced roster add`).
+pub(crate) fn check_item(
+    name: Option<&str>,
+    groups: &[String],
+    limits: &crate::store::StoreLimits,
+) -> Result<(), ItemRefused> {
+    if name.is_some_and(|n| n.chars().count() > limits.max_roster_name_length) {
+        return Err(ItemRefused::NameTooLong(limits.max_roster_name_length));
+    }
+    for (i, g) in groups.iter().enumerate() {
+        if i == limits.max_roster_groups {
+            return Err(ItemRefused::TooManyGroups(limits.max_roster_groups));
+        }
+        if g.is_empty() {
+            return Err(ItemRefused::EmptyGroup);
+        }
+        if g.chars().count() > limits.max_roster_group_length {
+            return Err(ItemRefused::GroupTooLong(limits.max_roster_group_length));
+        }
+        if groups[..i].contains(g) {
+            return Err(ItemRefused::DuplicateGroup);
+        }
+    }
+    Ok(())
+}
+
+/// The name and groups of a roster-set item, within the per-item limits of `[limits]`
+/// ([`check_item`]).
 fn name_and_groups(
     item: &Element,
     limits: &crate::config::LimitsConfig,
 ) -> Result<(Option<String>, Vec<String>), StanzaError> {
     let name = item.get_attr("name").map(str::to_owned);
-    if name
-        .as_ref()
-        .is_some_and(|n| n.chars().count() > limits.max_roster_name_length)
-    {
-        return Err(StanzaError::not_acceptable().with_text(format!(
-            "an item name has at most {} characters",
-            limits.max_roster_name_length
-        )));
-    }
-    let mut groups: Vec<String> = Vec::new();
-    for g in item.elements().filter(|e| e.is("group", NS_ROSTER)) {
-        if groups.len() == limits.max_roster_groups {
-            return Err(StanzaError::not_acceptable().with_text(format!(
-                "an item is in at most {} groups",
-                limits.max_roster_groups
-            )));
-        }
-        let g = g.text_content();
-        if g.is_empty() {
-            return Err(StanzaError::not_acceptable().with_text("empty group name"));
-        }
-        if g.chars().count() > limits.max_roster_group_length {
-            return Err(StanzaError::not_acceptable().with_text(format!(
-                "a group name has at most {} characters",
-                limits.max_roster_group_length
-            )));
-        }
-        if groups.contains(&g) {
-            return Err(StanzaError::bad_request().with_text("duplicate group"));
-        }
-        groups.push(g);
-    }
+    let groups: Vec<String> = item
+        .elements()
+        .filter(|e| e.is("group", NS_ROSTER))
+        .map(Element::text_content)
+        .collect();
+    let limits = crate::store::StoreLimits::from_config(limits);
+    check_item(name.as_deref(), &groups, &limits).map_err(|e| e.stanza_error())?;
     Ok((name, groups))
 }

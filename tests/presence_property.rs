@@ -1558,7 +1558,7 @@ async fn listener_barrier(ts: &TestServer, c: &mut Client, owner: &str) -> Vec<E
 /// subscriber the contact had approved. Today the remover's roster-interested resource
 /// gets `<presence type='unavailable' from='contact bare JID'/>` (and an extra roster
 /// push of the half-removed item) from the roster listener: `presence::roster_removed`
-/// calls `outbound_subscription(.., push_user = false)`, so the remover's intermediate
+/// plans each stanza as a removal (the user's side is not pushed), so the remover's intermediate
 /// roster version is written but never pushed and the session's recorded version stays
 /// behind; the NOTIFY for that version then looks like a change made outside this node
 /// and `presence::executor::apply_external` replays it, with unavailable because the item has no `to`.

@@ -479,6 +479,231 @@ pub fn roster_remove(state: SubState) -> Vec<SubKind> {
     kinds
 }
 
+/// Which of the two parties of a subscription change a planned step concerns: the *user*
+/// (a local account, whose item the change starts from) or the *contact*.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Party {
+    /// The local user.
+    User,
+    /// The contact, local or on another server.
+    Contact,
+}
+
+impl Party {
+    /// The other party.
+    pub fn other(self) -> Party {
+        match self {
+            Party::User => Party::Contact,
+            Party::Contact => Party::User,
+        }
+    }
+}
+
+/// Which way the stanza travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// The user sends it to the contact (Appendix A.2 on the user's item, then A.3 on the
+    /// contact's when the contact is a local account).
+    Out,
+    /// The contact's stanza reaches the user's server from another server (A.3 on the
+    /// user's item).
+    In,
+}
+
+/// The contact's side as far as this server knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContactSide {
+    /// A local account; its item for the user (`SubState::NONE` if it has none).
+    Local(SubState),
+    /// A local address without an account: RFC 6121 §8.5.1, nothing reaches it and the
+    /// user's own item still moves.
+    Absent,
+    /// An account on another server, which keeps its own roster and answers over
+    /// federation.
+    Remote,
+}
+
+/// One subscription stanza to plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change {
+    /// Which way it travels (`In` only from a remote contact).
+    pub direction: Direction,
+    /// The stanza's kind.
+    pub kind: SubKind,
+    /// The user's item for the contact, pending inbound request included.
+    pub user: SubState,
+    /// The contact's side.
+    pub contact: ContactSide,
+    /// The server sends it on the user's behalf while removing the item (RFC 6121 §2.5.2):
+    /// the user's intermediate state is not pushed (the removal is), and the stanza is the
+    /// server's, so a routing failure is not bounced to the user.
+    pub removal: bool,
+}
+
+/// What one side's item does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SideChange {
+    /// The state loaded.
+    pub old: SubState,
+    /// The state to store.
+    pub new: SubState,
+    /// Push the change to the owner's interested resources (RFC 6121 §2.1.6).
+    pub push: bool,
+    /// Keep the inbound request for the owner until answered (§3.1.3).
+    pub keep_request: bool,
+}
+
+/// Something to send, in the order planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// A subscription stanza of `kind` from `from` to the other party: the one being
+    /// planned when `original` (its status and extensions kept), else the answer the
+    /// server writes on `from`'s behalf. `bounce`: a routing failure goes back to the
+    /// user, whose own stanza it is.
+    Send {
+        from: Party,
+        kind: SubKind,
+        original: bool,
+        bounce: bool,
+    },
+    /// The current presence of `subject` to the other party (§3.1.5).
+    CurrentPresence { subject: Party },
+    /// Unavailable from each resource of `subject` the other party was shown (§3.2.2,
+    /// §3.3.3).
+    UnavailableFromShown { subject: Party },
+    /// The remote contact's presence is no longer shown to the user (§3.2.3).
+    ContactWithdrawn,
+}
+
+/// The plan of one subscription stanza: both items and what to send, in RFC 6121 order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    /// The user's item.
+    pub user: SideChange,
+    /// The contact's item, when the contact is a local account the stanza reached.
+    pub contact: Option<SideChange>,
+    /// What to send, in order.
+    pub steps: Vec<Step>,
+}
+
+/// Plans one subscription stanza between a local user and a contact, local or remote, in
+/// the spirit of one function for every path: the user's row of Appendix A.2 (outbound)
+/// or A.3 (inbound), and where the stanza reaches a local contact's server, that side's
+/// row of A.3 and the automatic answer travelling back through the user's A.3.
+pub fn plan(change: Change) -> Planned {
+    let mut p = Planned {
+        user: SideChange {
+            old: change.user,
+            new: change.user,
+            push: false,
+            keep_request: false,
+        },
+        contact: None,
+        steps: Vec::new(),
+    };
+    match change.direction {
+        Direction::Out => {
+            let out = outbound(change.user, change.kind);
+            p.user.new = out.state;
+            p.user.push = out.push;
+            let reaches = change.contact != ContactSide::Absent;
+            if out.send_unavailable && reaches {
+                // §3.2.2: before the unsubscribed, while the contact still accepts it.
+                p.steps.push(Step::UnavailableFromShown {
+                    subject: Party::User,
+                });
+            }
+            if out.route {
+                match change.contact {
+                    ContactSide::Local(state) => {
+                        p.contact = Some(p.arrive(Party::Contact, state, change.kind, true));
+                    }
+                    ContactSide::Remote => p.steps.push(Step::Send {
+                        from: Party::User,
+                        kind: change.kind,
+                        original: true,
+                        bounce: !change.removal,
+                    }),
+                    ContactSide::Absent => {}
+                }
+            }
+            if out.send_presence && reaches {
+                // §3.1.5: the new subscriber gets the user's current presence.
+                p.steps.push(Step::CurrentPresence {
+                    subject: Party::User,
+                });
+            }
+        }
+        Direction::In => p.user = p.arrive(Party::User, change.user, change.kind, false),
+    }
+    if change.removal {
+        p.user.push = false;
+    }
+    p
+}
+
+impl Planned {
+    /// The other party's `kind` reaches `to`, whose item is in `state` (Appendix A.3);
+    /// `sender_here`: the sender's item is on this server too, so an automatic answer
+    /// moves it through A.3 as well, and is delivered only where that row delivers.
+    fn arrive(
+        &mut self,
+        to: Party,
+        state: SubState,
+        kind: SubKind,
+        sender_here: bool,
+    ) -> SideChange {
+        let inb = inbound(state, kind);
+        let from = to.other();
+        if inb.deliver {
+            self.steps.push(Step::Send {
+                from,
+                kind,
+                original: true,
+                bounce: false,
+            });
+        }
+        if let Some(reply) = inb.auto_reply {
+            // The server answers on `to`'s behalf (already approved, or pre-approved).
+            let deliver = if sender_here {
+                let back = inbound(self.user.new, reply);
+                self.user.new = back.state;
+                self.user.push |= back.push;
+                back.deliver
+            } else {
+                true
+            };
+            if deliver {
+                self.steps.push(Step::Send {
+                    from: to,
+                    kind: reply,
+                    original: false,
+                    bounce: false,
+                });
+            }
+        }
+        if inb.send_presence {
+            // §3.1.5 / §4.3.2: the new subscriber gets the current presence.
+            self.steps.push(Step::CurrentPresence { subject: to });
+        }
+        if inb.send_unavailable {
+            // §3.3.3: only from the resources the sender was shown.
+            self.steps.push(Step::UnavailableFromShown { subject: to });
+        }
+        if kind == SubKind::Unsubscribed && inb.deliver && !sender_here {
+            // §3.2.3: the user no longer sees the remote contact.
+            self.steps.push(Step::ContactWithdrawn);
+        }
+        SideChange {
+            old: state,
+            new: inb.state,
+            push: inb.push,
+            // §3.1.3: kept until the owner answers, and shown again at each login.
+            keep_request: inb.state.pending_in && kind == SubKind::Subscribe,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::SubKind::{Subscribe, Subscribed, Unsubscribe, Unsubscribed};
@@ -852,6 +1077,244 @@ mod tests {
                 "Both"
             ]
         );
+    }
+
+    /// The Appendix A.2 row of `(state, kind)`.
+    fn out_row(s: SubState, k: SubKind) -> (SubState, bool, bool, Fx) {
+        let r = OUTBOUND.iter().find(|r| r.0 == s && r.1 == k).unwrap();
+        (r.2, r.3, r.4, r.5)
+    }
+
+    /// The Appendix A.3 row of `(state, kind)`.
+    fn in_row(s: SubState, k: SubKind) -> (SubState, bool, bool, Fx) {
+        let r = INBOUND.iter().find(|r| r.0 == s && r.1 == k).unwrap();
+        (r.2, r.3, r.4, r.5)
+    }
+
+    fn change(direction: Direction, kind: SubKind, user: SubState, contact: ContactSide) -> Change {
+        Change {
+            direction,
+            kind,
+            user,
+            contact,
+            removal: false,
+        }
+    }
+
+    /// The steps of an A.3 row arriving at `to`, as the planner lists them; `reply` says
+    /// whether the automatic answer is sent.
+    fn arrival_steps(
+        to: Party,
+        kind: SubKind,
+        row: (SubState, bool, bool, Fx),
+        reply: bool,
+    ) -> Vec<Step> {
+        let (_, deliver, _, fx) = row;
+        let mut steps = Vec::new();
+        if deliver {
+            steps.push(Step::Send {
+                from: to.other(),
+                kind,
+                original: true,
+                bounce: false,
+            });
+        }
+        if fx == Fx::Ack && reply {
+            steps.push(Step::Send {
+                from: to,
+                kind: Subscribed,
+                original: false,
+                bounce: false,
+            });
+        }
+        if fx == Fx::Ack || fx == Fx::Pres {
+            steps.push(Step::CurrentPresence { subject: to });
+        }
+        if fx == Fx::Unav {
+            steps.push(Step::UnavailableFromShown { subject: to });
+        }
+        steps
+    }
+
+    /// A plan that moves only the user's item (no request kept) and sends `steps`.
+    fn user_only(old: SubState, new: SubState, push: bool, steps: Vec<Step>) -> Planned {
+        Planned {
+            user: SideChange {
+                old,
+                new,
+                push,
+                keep_request: false,
+            },
+            contact: None,
+            steps,
+        }
+    }
+
+    #[test]
+    fn plan_to_a_remote_contact_is_the_appendix_a2_row() {
+        for (old, kind, new, route, push, fx) in OUTBOUND {
+            let got = plan(change(Direction::Out, kind, old, ContactSide::Remote));
+            let mut steps = Vec::new();
+            if fx == Fx::Unav {
+                steps.push(Step::UnavailableFromShown {
+                    subject: Party::User,
+                });
+            }
+            if route {
+                steps.push(Step::Send {
+                    from: Party::User,
+                    kind,
+                    original: true,
+                    bounce: true,
+                });
+            }
+            if fx == Fx::Pres {
+                steps.push(Step::CurrentPresence {
+                    subject: Party::User,
+                });
+            }
+            assert_eq!(
+                got,
+                user_only(old, new, push, steps),
+                "out {kind:?} in {}",
+                label(old)
+            );
+        }
+    }
+
+    #[test]
+    fn plan_from_a_remote_contact_is_the_appendix_a3_row() {
+        for (old, kind, new, deliver, push, fx) in INBOUND {
+            let got = plan(change(Direction::In, kind, old, ContactSide::Remote));
+            let mut steps = arrival_steps(Party::User, kind, (new, deliver, push, fx), true);
+            if kind == Unsubscribed && deliver {
+                steps.push(Step::ContactWithdrawn);
+            }
+            let want = Planned {
+                user: SideChange {
+                    old,
+                    new,
+                    push,
+                    keep_request: new.pending_in && kind == Subscribe,
+                },
+                contact: None,
+                steps,
+            };
+            assert_eq!(got, want, "in {kind:?} in {}", label(old));
+        }
+    }
+
+    #[test]
+    fn plan_between_local_users_is_the_a2_row_then_the_contacts_a3_row_and_its_answer() {
+        for user in ALL_STATES {
+            for contact in ALL_STATES {
+                for kind in SubKind::ALL {
+                    let got = plan(change(
+                        Direction::Out,
+                        kind,
+                        user,
+                        ContactSide::Local(contact),
+                    ));
+                    let (mut u_new, route, mut u_push, u_fx) = out_row(user, kind);
+                    let mut steps = Vec::new();
+                    if u_fx == Fx::Unav {
+                        steps.push(Step::UnavailableFromShown {
+                            subject: Party::User,
+                        });
+                    }
+                    let mut c_side = None;
+                    if route {
+                        let c_row = in_row(contact, kind);
+                        let mut reply = false;
+                        if c_row.3 == Fx::Ack {
+                            // The answer reaches the user's item through its own A.3 row.
+                            let back = in_row(u_new, Subscribed);
+                            u_new = back.0;
+                            u_push |= back.2;
+                            reply = back.1;
+                        }
+                        steps.extend(arrival_steps(Party::Contact, kind, c_row, reply));
+                        c_side = Some(SideChange {
+                            old: contact,
+                            new: c_row.0,
+                            push: c_row.2,
+                            keep_request: c_row.0.pending_in && kind == Subscribe,
+                        });
+                    }
+                    if u_fx == Fx::Pres {
+                        steps.push(Step::CurrentPresence {
+                            subject: Party::User,
+                        });
+                    }
+                    let want = Planned {
+                        user: SideChange {
+                            old: user,
+                            new: u_new,
+                            push: u_push,
+                            keep_request: false,
+                        },
+                        contact: c_side,
+                        steps,
+                    };
+                    assert_eq!(
+                        got,
+                        want,
+                        "{kind:?} from {} to {}",
+                        label(user),
+                        label(contact)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plan_to_a_local_address_without_account_moves_only_the_users_item() {
+        for (old, kind, new, _, push, _) in OUTBOUND {
+            let got = plan(change(Direction::Out, kind, old, ContactSide::Absent));
+            let want = user_only(old, new, push, Vec::new());
+            assert_eq!(got, want, "out {kind:?} in {}", label(old));
+        }
+    }
+
+    #[test]
+    fn plan_of_a_removal_pushes_nothing_of_the_user_and_bounces_nothing() {
+        for s in ALL_STATES {
+            for kind in roster_remove(s) {
+                for contact in [
+                    ContactSide::Remote,
+                    ContactSide::Local(N),
+                    ContactSide::Absent,
+                ] {
+                    let mut c = change(Direction::Out, kind, s, contact);
+                    let plain = plan(c);
+                    c.removal = true;
+                    let got = plan(c);
+                    assert!(!got.user.push, "{kind:?} in {}", label(s));
+                    assert_eq!(got.user.new, plain.user.new);
+                    assert_eq!(got.contact, plain.contact);
+                    let no_bounce: Vec<Step> = plain
+                        .steps
+                        .iter()
+                        .map(|st| match *st {
+                            Step::Send {
+                                from,
+                                kind,
+                                original,
+                                ..
+                            } => Step::Send {
+                                from,
+                                kind,
+                                original,
+                                bounce: false,
+                            },
+                            other => other,
+                        })
+                        .collect();
+                    assert_eq!(got.steps, no_bounce, "{kind:?} in {}", label(s));
+                }
+            }
+        }
     }
 
     mod model {

@@ -1,12 +1,13 @@
 //! The one executor of subscription changes (RFC 6121 §3): whichever path a subscription
 //! stanza takes — a local user to a local contact, a local user to a remote contact, a
 //! remote contact to a local user, or the cancel and revoke of a roster removal — the
-//! caller loads the state, asks the pure table ([`subscription::outbound`] /
-//! [`subscription::inbound`]) and writes down what it said as a [`Plan`]; [`apply`] carries
-//! the plan out the same way for all of them.
+//! caller ([`super::Exchange`]) loads the state and asks the one planner
+//! ([`super::subscription::plan`]); [`Plan::of`] gives the parties' addresses to what it
+//! planned, and [`apply`] carries the plan out the same way for all of them.
 //!
-//! The order is RFC 6121's: the roster items are written in one transaction and the pending
-//! request table follows each side's inbound-request flag (§3.1.3); the roster pushes go
+//! The order is RFC 6121's: the roster items and the pending request table, which follows
+//! each side's inbound-request flag (§3.1.3), are written in one transaction; the roster
+//! pushes go
 //! next, "before locally delivering or remotely routing" the stanza (§3.1.2, §3.1.5,
 //! §3.2.2), each to the interested resources of its owner only when the table says the
 //! change is one a client can see (§2.1.6); then the stanzas and the presence the table
@@ -22,11 +23,11 @@
 use crate::jid::BareJid;
 use crate::node::outbox::{bounce_unroutable, to_available, unavailable_from_shown};
 use crate::node::{route_remote, Shared};
-use crate::store::{RosterChange, RosterItem, StoreError};
+use crate::store::{PendingChange, RosterChange, RosterItem, StoreError};
 use crate::xml::Element;
 
-use super::subscription::SubState;
-use super::{push_or_note, updated_item};
+use super::subscription::{Party, Planned, SideChange, Step, SubState};
+use super::{presence, push_or_note, updated_item};
 
 /// One owner's roster item moved through the table.
 pub(crate) struct Side {
@@ -71,6 +72,89 @@ pub(crate) struct Plan {
     pub effects: Vec<Effect>,
 }
 
+/// The two parties of a planned change: the local user and the contact, each with the
+/// roster item loaded for the other.
+pub(crate) struct Parties {
+    pub user: BareJid,
+    pub user_item: Option<RosterItem>,
+    pub contact: BareJid,
+    pub contact_item: Option<RosterItem>,
+    /// The contact is an account here (its stanzas are delivered, not routed).
+    pub contact_here: bool,
+}
+
+impl Parties {
+    fn jid(&self, party: Party) -> &BareJid {
+        match party {
+            Party::User => &self.user,
+            Party::Contact => &self.contact,
+        }
+    }
+}
+
+impl Plan {
+    /// What the planner decided, with the parties' addresses: where the contact lives
+    /// decides only whether its stanzas are delivered here or routed. `stanza` is the one
+    /// planned, stamped with both bare JIDs.
+    pub(crate) fn of(planned: Planned, parties: Parties, stanza: &Element) -> Plan {
+        let side = |owner: &BareJid, contact: &BareJid, item, c: SideChange| Side {
+            owner: owner.clone(),
+            contact: contact.clone(),
+            item,
+            old: c.old,
+            new: c.new,
+            push: c.push,
+            keep_request: c.keep_request.then(|| stanza.to_xml()),
+        };
+        let mut plan = Plan::default();
+        let p = &parties;
+        plan.sides
+            .push(side(&p.user, &p.contact, p.user_item.clone(), planned.user));
+        if let Some(c) = planned.contact {
+            plan.sides
+                .push(side(&p.contact, &p.user, p.contact_item.clone(), c));
+        }
+        for step in planned.steps {
+            plan.effects.push(match step {
+                Step::Send {
+                    from,
+                    kind,
+                    original,
+                    bounce,
+                } => {
+                    let (sender, to) = (p.jid(from), p.jid(from.other()));
+                    let stanza = if original {
+                        stanza.clone()
+                    } else {
+                        presence(kind.presence_type(), sender.as_str(), to.as_str())
+                    };
+                    if from == Party::Contact || p.contact_here {
+                        Effect::ToAvailable {
+                            user: to.clone(),
+                            stanza,
+                        }
+                    } else {
+                        Effect::Route { stanza, bounce }
+                    }
+                }
+                Step::CurrentPresence { subject } => Effect::CurrentPresence {
+                    subject: p.jid(subject).clone(),
+                    viewer: p.jid(subject.other()).clone(),
+                },
+                Step::UnavailableFromShown { subject } => Effect::UnavailableFromShown {
+                    subject: p.jid(subject).clone(),
+                    viewer: p.jid(subject.other()).clone(),
+                },
+                Step::ContactWithdrawn => Effect::RemoteWithdrawn {
+                    remote: p.contact.clone(),
+                    local: p.user.clone(),
+                },
+            });
+        }
+        plan
+    }
+}
+
 /// Carries out `plan` (see the module documentation for the order). The caller holds the
 /// roster locks of every owner in it.
 pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError> {
@@ -85,24 +169,34 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
         .zip(&written)
         .filter_map(|(s, w)| w.clone().map(|i| (s.owner.to_string(), i)))
         .collect();
-    let versions = if writes.is_empty() {
+    // The pending table follows each side's inbound-request flag (§3.1.3), in the items'
+    // transaction.
+    let pending: Vec<PendingChange> = plan
+        .sides
+        .iter()
+        .filter_map(|s| {
+            let (owner, sender) = (s.owner.as_str(), s.contact.as_str());
+            match &s.keep_request {
+                Some(stanza) => Some(PendingChange::Keep {
+                    owner,
+                    sender,
+                    stanza,
+                }),
+                None if s.old.pending_in && !s.new.pending_in => {
+                    Some(PendingChange::Drop { owner, sender })
+                }
+                None => None,
+            }
+        })
+        .collect();
+    let versions = if writes.is_empty() && pending.is_empty() {
         Vec::new()
     } else {
-        shared.store.apply_subscription_change(&writes).await?
+        shared
+            .store
+            .write_subscription_change(&writes, &pending)
+            .await?
     };
-    for side in &plan.sides {
-        if let Some(xml) = &side.keep_request {
-            shared
-                .store
-                .add_pending_subscription(side.owner.as_str(), side.contact.as_str(), xml)
-                .await?;
-        } else if side.old.pending_in && !side.new.pending_in {
-            shared
-                .store
-                .remove_pending_subscription(side.owner.as_str(), side.contact.as_str())
-                .await?;
-        }
-    }
     for (owner, version) in &versions {
         let found = plan
             .sides

@@ -32,7 +32,7 @@ use crate::store::gate_inputs::AudienceInputs;
 use crate::store::RosterItem;
 use crate::xml::{Addressed, Element, NS_CLIENT};
 
-use subscription::{SubKind, SubState};
+use subscription::{Change, ContactSide, Direction, SubKind, SubState};
 
 /// The presence service: the router hands it a client's presence stanzas and XEP-0186
 /// commands, the end of a session hands it the session, and the services that depend on
@@ -74,7 +74,8 @@ impl Presence {
         gate::visible_to(&self.node, viewer, subject).await
     }
 
-    /// RFC 6121 §2.5.2: the cancel and revoke of a roster removal by `client`.
+    /// RFC 6121 §2.5.2: the cancel and revoke of a roster removal by `client`. The caller
+    /// holds the roster locks of `client`'s user and the item's contact.
     pub async fn roster_removed(&self, client: &Client, item: &RosterItem) {
         roster_removed(&self.node, client, item).await;
     }
@@ -191,26 +192,22 @@ async fn from_client(
             let Some(kind) = SubKind::of(ty) else {
                 return;
             };
-            let contact = match target {
-                Target::LocalBare(b) => b,
-                // RFC 6121 §3.1.2: subscriptions are between bare JIDs.
-                Target::LocalFull(f) => f.to_bare(),
-                Target::Remote(j) => {
-                    // The same state machine, with the contact's side on its own server.
-                    remote::outbound_subscription(shared, session, &j.to_bare(), kind, el).await;
-                    return;
-                }
+            // RFC 6121 §3.1.2: subscriptions are between bare JIDs.
+            let (contact, local) = match target {
+                Target::LocalBare(b) => (b, true),
+                Target::LocalFull(f) => (f.to_bare(), true),
+                Target::Remote(j) => (j.to_bare(), false),
                 Target::OwnAccount | Target::LocalDomain => return,
             };
             if contact == own_bare {
                 return;
             }
             // XEP-0191 §3.5: presence (subscriptions included) to or from a blocked
-            // entity is dropped without an error, whether the other side is online or not.
-            if gate::blocked_either(shared, &own_bare, &contact).await {
+            // local entity is dropped without an error, whether it is online or not.
+            if local && gate::blocked_either(shared, &own_bare, &contact).await {
                 return;
             }
-            outbound_subscription(shared, session, &contact, kind, el, true).await;
+            outbound_subscription(shared, session, &contact, kind, el).await;
         }
         // RFC 6121 §4.3: probes are normally the server's business; a client that sends one
         // gets the same answer (and the same subscription check) as the server's own probe.
@@ -742,133 +739,94 @@ pub(crate) fn updated_item(
     item
 }
 
-/// An outbound subscription stanza from the session's user to local `contact`
-/// (RFC 6121 §3.1.2, §3.2.2, §3.3.2, §3.4), and its inbound processing on the contact's
-/// side (§3.1.3, §3.2.3, §3.3.3), stored in one transaction.
+/// A subscription stanza from the session's user to `contact`, local or remote (RFC 6121
+/// §3.1.2, §3.2.2, §3.3.2, §3.4), under both users' roster locks.
 async fn outbound_subscription(
-    shared: &Arc<Shared>,
+    shared: &Shared,
     session: &Client,
     contact: &BareJid,
     kind: SubKind,
     stanza: Element,
-    push_user: bool,
 ) {
     let user = session.jid().to_bare();
     let _locks = shared
         .roster_locks
         .lock(&[user.as_str(), contact.as_str()])
         .await;
-    if let Err(e) =
-        apply_subscription(shared, session.jid(), contact, kind, stanza, push_user).await
-    {
+    let change = Exchange {
+        user: &user,
+        contact,
+        direction: Direction::Out,
+        kind,
+        removal: false,
+    };
+    if let Err(e) = change.apply(shared, stanza).await {
         crate::roster_push::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
     }
 }
 
-async fn apply_subscription(
-    shared: &Arc<Shared>,
-    user_full: &FullJid,
-    contact: &BareJid,
-    kind: SubKind,
-    mut stanza: Element,
-    push_user: bool,
-) -> Result<(), crate::store::StoreError> {
-    use executor::{Effect, Plan, Side};
-    let user = user_full.to_bare();
-    let (u_item, u_state) = load_side(shared, user.as_str(), contact.as_str()).await?;
-    let out = subscription::outbound(u_state, kind);
-    let contact_node = contact.node().map(|n| n.as_str()).unwrap_or("");
-    let contact_exists = shared
-        .store
-        .account_exists(contact_node, contact.domain().as_str())
-        .await?;
-    // RFC 6121 §3.1.2: stamp bare JIDs on both ends.
-    stanza.set_attr("from", user.to_string());
-    stanza.set_attr("to", contact.to_string());
-    let (u, c) = (user.clone(), contact.clone());
+/// One subscription stanza between a local user and a contact, local or remote, whichever
+/// way it travels: both sides' states are loaded, [`subscription::plan`] decides, and
+/// [`executor::apply`] writes and sends. The caller holds both users' roster locks.
+pub(crate) struct Exchange<'a> {
+    /// The local user.
+    pub user: &'a BareJid,
+    /// The contact, here or on another server (`Direction::In` only from another server).
+    pub contact: &'a BareJid,
+    pub direction: Direction,
+    pub kind: SubKind,
+    /// Sent on the user's behalf while the item is removed (RFC 6121 §2.5.2).
+    pub removal: bool,
+}
 
-    let mut plan = Plan::default();
-    // §3.2.2: unavailable from each of the user's resources before the unsubscribed, but
-    // only from those the contact was shown.
-    if out.send_unavailable && contact_exists {
-        plan.effects.push(Effect::UnavailableFromShown {
-            subject: u.clone(),
-            viewer: c.clone(),
+impl Exchange<'_> {
+    /// Plans and applies the change for `stanza`.
+    pub(crate) async fn apply(
+        &self,
+        shared: &Shared,
+        mut stanza: Element,
+    ) -> Result<(), crate::store::StoreError> {
+        let (user, contact) = (self.user, self.contact);
+        let (user_item, user_state) = load_side(shared, user.as_str(), contact.as_str()).await?;
+        let contact_here = shared.config.serves(contact.domain().as_str());
+        let contact_node = contact.node().map(|n| n.as_str()).unwrap_or("");
+        let (contact_item, side) = if !contact_here {
+            (None, ContactSide::Remote)
+        } else if shared
+            .store
+            .account_exists(contact_node, contact.domain().as_str())
+            .await?
+        {
+            let (item, state) = load_side(shared, contact.as_str(), user.as_str()).await?;
+            (item, ContactSide::Local(state))
+        } else {
+            // RFC 6121 §8.5.1: nothing reaches an account that does not exist; the
+            // user's own side still moves.
+            (None, ContactSide::Absent)
+        };
+        // RFC 6121 §3.1.2: subscription stanzas travel between bare JIDs.
+        let (from, to) = match self.direction {
+            Direction::Out => (user, contact),
+            Direction::In => (contact, user),
+        };
+        stanza.set_attr("from", from.as_str());
+        stanza.set_attr("to", to.as_str());
+        let planned = subscription::plan(Change {
+            direction: self.direction,
+            kind: self.kind,
+            user: user_state,
+            contact: side,
+            removal: self.removal,
         });
+        let parties = executor::Parties {
+            user: user.clone(),
+            user_item,
+            contact: contact.clone(),
+            contact_item,
+            contact_here,
+        };
+        executor::apply(shared, executor::Plan::of(planned, parties, &stanza)).await
     }
-    let mut u_final = out.state;
-    // The user's side moved through the outbound row and, after an automatic answer, the
-    // inbound one; with push_user false the item is about to be removed and that removal
-    // is pushed instead.
-    let mut user_push = out.push;
-    // RFC 6121 §8.5.1: a subscription stanza to an account that does not exist is silently
-    // ignored; the user's own side keeps its pending request.
-    if out.route && contact_exists {
-        let (c_item, c_state) = load_side(shared, contact.as_str(), user.as_str()).await?;
-        let inb = subscription::inbound(c_state, kind);
-        let keep = (inb.state.pending_in && kind == SubKind::Subscribe).then(|| stanza.to_xml());
-        if inb.deliver {
-            plan.effects.push(Effect::ToAvailable {
-                user: c.clone(),
-                stanza: stanza.clone(),
-            });
-        }
-        if let Some(reply) = inb.auto_reply {
-            // The contact's server answers on the contact's behalf (e.g. pre-approval).
-            let back = subscription::inbound(u_final, reply);
-            u_final = back.state;
-            user_push |= back.push;
-            if back.deliver {
-                plan.effects.push(Effect::ToAvailable {
-                    user: u.clone(),
-                    stanza: presence(reply.presence_type(), c.as_str(), u.as_str()),
-                });
-            }
-        }
-        if inb.send_presence {
-            // §3.1.5 / §4.3.2: the contact's current presence goes to the new subscriber.
-            plan.effects.push(Effect::CurrentPresence {
-                subject: c.clone(),
-                viewer: u.clone(),
-            });
-        }
-        if inb.send_unavailable {
-            // §3.3.3: the user no longer sees the contact (only resources it was shown).
-            plan.effects.push(Effect::UnavailableFromShown {
-                subject: c.clone(),
-                viewer: u.clone(),
-            });
-        }
-        plan.sides.push(Side {
-            owner: c.clone(),
-            contact: u.clone(),
-            item: c_item,
-            old: c_state,
-            new: inb.state,
-            push: inb.push,
-            keep_request: keep,
-        });
-    }
-    if out.send_presence && contact_exists {
-        // §3.1.5: after approving, the contact gets the user's current presence.
-        plan.effects.push(Effect::CurrentPresence {
-            subject: u.clone(),
-            viewer: c.clone(),
-        });
-    }
-    plan.sides.insert(
-        0,
-        Side {
-            owner: u,
-            contact: c,
-            item: u_item,
-            old: u_state,
-            new: u_final,
-            push: push_user && user_push,
-            keep_request: None,
-        },
-    );
-    executor::apply(shared, plan).await
 }
 
 /// Pushes a written roster item to its owner's interested resources when `push` (the
@@ -893,20 +851,24 @@ pub(crate) fn push_or_note(
     }
 }
 
-/// RFC 6121 §2.5.2: removing a roster item cancels and revokes subscriptions first.
-async fn roster_removed(shared: &Arc<Shared>, session: &Client, item: &RosterItem) {
+/// RFC 6121 §2.5.2: removing a roster item cancels and revokes subscriptions first, as the
+/// server's own stanzas on the user's behalf, to a local or remote contact alike. The
+/// caller holds both users' roster locks.
+async fn roster_removed(shared: &Shared, session: &Client, item: &RosterItem) {
+    let user = session.jid().to_bare();
     let contact = &item.contact;
-    if !shared.config.serves(contact.domain().as_str()) {
-        remote::roster_removed(shared, session, contact, item.sub_state()).await;
-        return;
-    }
     for kind in subscription::roster_remove(item.sub_state()) {
-        let stanza = presence(
-            kind.presence_type(),
-            session.jid().as_str(),
-            contact.as_str(),
-        );
-        outbound_subscription(shared, session, contact, kind, stanza, false).await;
+        let change = Exchange {
+            user: &user,
+            contact,
+            direction: Direction::Out,
+            kind,
+            removal: true,
+        };
+        let stanza = presence(kind.presence_type(), user.as_str(), contact.as_str());
+        if let Err(e) = change.apply(shared, stanza).await {
+            crate::roster_push::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
+        }
     }
 }
 

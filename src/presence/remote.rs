@@ -1,9 +1,8 @@
 //! RFC 6121 presence with contacts on other servers: the local half of each exchange.
 //!
-//! The decisions are the same pure functions as for local contacts
-//! ([`subscription::outbound`] / [`subscription::inbound`] on the *local* user's roster
-//! item); only the other side lives on another server, which keeps its own roster and
-//! answers over federation. Everything that leaves goes through
+//! Subscription stanzas are planned and applied as for local contacts ([`Exchange`], the
+//! one planner over the *local* user's roster item); only the other side lives on another
+//! server, which keeps its own roster and answers over federation. Everything that leaves goes through
 //! [`crate::node::route_remote`], which sends it over that domain's one stream.
 //!
 //! Inbound, from an authenticated server stream:
@@ -21,111 +20,14 @@ use std::sync::Arc;
 use crate::jid::bare_of;
 use crate::jid::{BareJid, Jid};
 use crate::node::route_remote;
-use crate::node::session::Client;
 use crate::node::Shared;
 use crate::stanza::PresenceType;
 use crate::store::StoreError;
 use crate::xml::Element;
 
-use super::executor::{self, Effect, Plan, Side};
-use super::subscription::{self, SubKind, SubState};
-use super::{load_side, presence};
+use super::subscription::{Direction, SubKind};
+use super::{presence, Exchange};
 use crate::node::outbox::to_available;
-
-/// The local user sends a subscription stanza to a contact on another server (RFC 6121
-/// §3.1.2, §3.2.2, §3.3.2, §3.4): the user's item follows Appendix A.2 and the stanza is
-/// routed when the table says so.
-pub(super) async fn outbound_subscription(
-    shared: &Arc<Shared>,
-    session: &Client,
-    contact: &BareJid,
-    kind: SubKind,
-    stanza: Element,
-) {
-    let user = session.jid().to_bare();
-    // The same locks as for a local contact: one change of this pair at a time.
-    let _locks = shared
-        .roster_locks
-        .lock(&[user.as_str(), contact.as_str()])
-        .await;
-    if let Err(e) = outbound(shared, &user, contact, kind, stanza).await {
-        crate::roster_push::subscription_refused(session, contact.as_str(), kind.as_str(), &e);
-    }
-}
-
-async fn outbound(
-    shared: &Arc<Shared>,
-    user: &BareJid,
-    contact: &BareJid,
-    kind: SubKind,
-    mut stanza: Element,
-) -> Result<(), StoreError> {
-    let (item, state) = load_side(shared, user.as_str(), contact.as_str()).await?;
-    let out = subscription::outbound(state, kind);
-    // RFC 6121 §3.1.2: subscription stanzas travel between bare JIDs.
-    stanza.set_attr("from", user.as_str());
-    stanza.set_attr("to", contact.as_str());
-    let mut plan = Plan::default();
-    plan.sides.push(Side {
-        owner: user.clone(),
-        contact: contact.clone(),
-        item,
-        old: state,
-        new: out.state,
-        push: out.push,
-        keep_request: None,
-    });
-    if out.send_unavailable {
-        // §3.2.2: unavailable from each resource the contact was shown, before the
-        // unsubscribed.
-        plan.effects.push(Effect::UnavailableFromShown {
-            subject: user.clone(),
-            viewer: contact.clone(),
-        });
-    }
-    if out.route {
-        plan.effects.push(Effect::Route {
-            stanza,
-            bounce: true,
-        });
-    }
-    if out.send_presence {
-        // §3.1.5: the new subscriber gets the user's current presence.
-        plan.effects.push(Effect::CurrentPresence {
-            subject: user.clone(),
-            viewer: contact.clone(),
-        });
-    }
-    executor::apply(shared, plan).await
-}
-
-/// The local user removed a roster item for a remote contact (RFC 6121 §2.5.2): cancel and
-/// revoke on the contact's server. The item itself is removed by the roster set.
-pub(super) async fn roster_removed(
-    shared: &Arc<Shared>,
-    session: &Client,
-    contact: &BareJid,
-    state: SubState,
-) {
-    let user = session.jid().to_bare();
-    let mut plan = Plan::default();
-    for kind in subscription::roster_remove(state) {
-        if kind == SubKind::Unsubscribed && state.contact_sees_user() {
-            plan.effects.push(Effect::UnavailableFromShown {
-                subject: user.clone(),
-                viewer: contact.clone(),
-            });
-        }
-        plan.effects.push(Effect::Route {
-            stanza: presence(kind.presence_type(), user.as_str(), contact.as_str()),
-            bounce: false,
-        });
-    }
-    if let Err(e) = executor::apply(shared, plan).await {
-        tracing::warn!(%user, %contact, error = %e, "roster removal: cancel and revoke failed");
-    }
-}
-
 /// A presence stanza from an authenticated remote server (its `from` domain was checked
 /// by the stream). Dispatches by type.
 pub async fn inbound(shared: &Arc<Shared>, el: Element) {
@@ -171,71 +73,33 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
 
 /// RFC 6121 §3.1.3, §3.1.6, §3.2.3, §3.3.3 for a local user and a remote contact.
 async fn inbound_subscription(
-    shared: &Arc<Shared>,
-    user_jid: &BareJid,
-    contact_jid: &BareJid,
+    shared: &Shared,
+    user: &BareJid,
+    contact: &BareJid,
     kind: SubKind,
-    mut stanza: Element,
+    stanza: Element,
 ) -> Result<(), StoreError> {
-    let (user, contact) = (user_jid.as_str(), contact_jid.as_str());
-    let (node, domain) = user.split_once('@').unwrap_or(("", user));
-    if !shared.store.account_exists(node, domain).await? {
+    let user_node = user.node().map(|n| n.as_str()).unwrap_or("");
+    if !shared
+        .store
+        .account_exists(user_node, user.domain().as_str())
+        .await?
+    {
         // RFC 6121 §8.5.1: subscription stanzas to a non-existent account are ignored.
         return Ok(());
     }
-    if crate::presence::gate::blocked_either(shared, user_jid, contact_jid).await {
+    if crate::presence::gate::blocked_either(shared, user, contact).await {
         // XEP-0191 §3.3: nothing from a blocked entity reaches the user.
         return Ok(());
     }
-    let (item, state) = load_side(shared, user, contact).await?;
-    let inb = subscription::inbound(state, kind);
-    stanza.set_attr("from", contact);
-    stanza.set_attr("to", user);
-    let mut plan = Plan::default();
-    plan.sides.push(Side {
-        owner: user_jid.clone(),
-        contact: contact_jid.clone(),
-        item,
-        old: state,
-        new: inb.state,
-        push: inb.push,
-        // §3.1.3: kept until the user answers, and shown again at each login.
-        keep_request: (inb.state.pending_in && kind == SubKind::Subscribe).then(|| stanza.to_xml()),
-    });
-    if inb.deliver {
-        plan.effects.push(Effect::ToAvailable {
-            user: user_jid.clone(),
-            stanza,
-        });
-    }
-    if let Some(reply) = inb.auto_reply {
-        plan.effects.push(Effect::Route {
-            stanza: presence(reply.presence_type(), user, contact),
-            bounce: false,
-        });
-    }
-    if inb.send_presence {
-        plan.effects.push(Effect::CurrentPresence {
-            subject: user_jid.clone(),
-            viewer: contact_jid.clone(),
-        });
-    }
-    if inb.send_unavailable {
-        // §3.3.3: the contact stops receiving the user's presence (from the resources it
-        // was shown).
-        plan.effects.push(Effect::UnavailableFromShown {
-            subject: user_jid.clone(),
-            viewer: contact_jid.clone(),
-        });
-    }
-    if kind == SubKind::Unsubscribed && inb.deliver {
-        // §3.2.3: the user no longer sees the contact; forget what we showed.
-        plan.effects.push(Effect::RemoteWithdrawn {
-            remote: contact_jid.clone(),
-            local: user_jid.clone(),
-        });
-    }
-    executor::apply(shared, plan).await
+    let change = Exchange {
+        user,
+        contact,
+        direction: Direction::In,
+        kind,
+        removal: false,
+    };
+    change.apply(shared, stanza).await
 }
 
 /// After `owner` unblocked `removed`, the remote contacts `owner` is subscribed to that

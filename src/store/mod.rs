@@ -375,6 +375,7 @@ pub use crate::policy::subscription::Subscription;
 pub use accounts::DeletedAccount;
 pub use last_seen::LastSeen;
 pub use offline::OfflineMessage;
+pub use pending::PendingChange;
 
 /// One roster item (RFC 6121 §2.1.2) plus the server-side flags of Appendix A.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -61,7 +61,61 @@ pub(super) fn log_not_kept(owner: &str, from: &str, max: i64) {
     );
 }
 
+/// A change of the waiting requests made in the transaction of one subscription change,
+/// so a request and the roster items it goes with change together or not at all.
+#[derive(Debug, Clone, Copy)]
+pub enum PendingChange<'a> {
+    /// Keep the request stanza from `sender` (a bare JID) for `owner` until answered
+    /// (RFC 6121 §3.1.3), cut to what [`stored_request`] keeps; the first one stays.
+    Keep {
+        owner: &'a str,
+        sender: &'a str,
+        stanza: &'a str,
+    },
+    /// Drop the request from `sender`: answered, or withdrawn by its sender.
+    Drop { owner: &'a str, sender: &'a str },
+}
+
+/// A [`PendingChange`] ready for either backend: the stanza cut (`None`: drop).
+pub(super) struct PendingWrite<'a> {
+    pub owner: &'a str,
+    pub sender: &'a str,
+    pub keep: Option<String>,
+}
+
 impl Store {
+    /// `changes` cut to what is kept, with the bound of waiting requests per owner.
+    pub(super) fn pending_writes<'a>(
+        &self,
+        changes: &[PendingChange<'a>],
+    ) -> (Vec<PendingWrite<'a>>, i64) {
+        let limits = self.limits();
+        let max = i64::try_from(limits.max_pending_subscriptions).unwrap_or(i64::MAX);
+        let writes = changes
+            .iter()
+            .map(|c| match *c {
+                PendingChange::Keep {
+                    owner,
+                    sender,
+                    stanza,
+                } => PendingWrite {
+                    owner,
+                    sender,
+                    keep: Some(stored_request(
+                        stanza,
+                        limits.max_subscription_status_length,
+                    )),
+                },
+                PendingChange::Drop { owner, sender } => PendingWrite {
+                    owner,
+                    sender,
+                    keep: None,
+                },
+            })
+            .collect();
+        (writes, max)
+    }
+
     /// Keeps the request stanza from `from` (a bare JID) for `owner`, cut to what
     /// [`stored_request`] keeps. Returns false, keeping nothing new, if a request from
     /// `from` is already waiting (the first one stays) or `owner` already has
@@ -72,52 +126,18 @@ impl Store {
         from: &str,
         stanza_xml: &str,
     ) -> Result<bool, StoreError> {
-        let limits = self.limits();
-        let stanza = stored_request(stanza_xml, limits.max_subscription_status_length);
-        let max = i64::try_from(limits.max_pending_subscriptions).unwrap_or(i64::MAX);
+        let (writes, max) = self.pending_writes(&[PendingChange::Keep {
+            owner,
+            sender: from,
+            stanza: stanza_xml,
+        }]);
+        let stanza = writes[0].keep.as_deref().unwrap_or_default();
         let pool = pg_or_sqlite!(self, |db| db
-            .add_pending_subscription(owner, from, &stanza, max));
+            .add_pending_subscription(owner, from, stanza, max));
         let mut tx = pool.begin().await?;
-        // The owner's version row serialises writers of the same owner, so the count
-        // below cannot change before the insert.
-        sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?;
-        let result = sqlx::query(
-            "INSERT INTO pending_subscriptions (owner, sender, stanza)
-             SELECT $1, $2, $3
-             WHERE (SELECT count(*) FROM pending_subscriptions WHERE owner = $1) < $4
-             ON CONFLICT (owner, sender) DO NOTHING",
-        )
-        .bind(owner)
-        .bind(from)
-        .bind(&stanza)
-        .bind(max)
-        .execute(&mut *tx)
-        .await?;
-        let added = result.rows_affected() == 1;
-        if !added && !self.has_pending_in(&mut tx, owner, from).await? {
-            log_not_kept(owner, from, max);
-        }
+        let added = keep(&mut tx, owner, from, stanza, max).await?;
         tx.commit().await?;
         Ok(added)
-    }
-
-    async fn has_pending_in(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        owner: &str,
-        from: &str,
-    ) -> Result<bool, StoreError> {
-        let found: Option<i32> = sqlx::query_scalar(
-            "SELECT 1 FROM pending_subscriptions WHERE owner = $1 AND sender = $2",
-        )
-        .bind(owner)
-        .bind(from)
-        .fetch_optional(&mut *conn)
-        .await?;
-        Ok(found.is_some())
     }
 
     /// Whether a request from `from` waits for `owner`.
@@ -128,7 +148,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.has_pending_subscription(owner, from));
         let mut conn = pool.acquire().await?;
-        self.has_pending_in(&mut conn, owner, from).await
+        has_pending_in(&mut conn, owner, from).await
     }
 
     /// Requests waiting for `owner`, oldest first, as (from, stanza_xml); at most
@@ -159,14 +179,85 @@ impl Store {
         from: &str,
     ) -> Result<bool, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.remove_pending_subscription(owner, from));
-        let result =
-            sqlx::query("DELETE FROM pending_subscriptions WHERE owner = $1 AND sender = $2")
-                .bind(owner)
-                .bind(from)
-                .execute(pool)
-                .await?;
-        Ok(result.rows_affected() > 0)
+        let mut conn = pool.acquire().await?;
+        drop_one(&mut conn, owner, from).await
     }
+}
+
+/// Keeps one request inside the caller's transaction (see
+/// [`Store::add_pending_subscription`]); whether it was added.
+async fn keep(
+    conn: &mut sqlx::PgConnection,
+    owner: &str,
+    from: &str,
+    stanza: &str,
+    max: i64,
+) -> Result<bool, StoreError> {
+    // The owner's version row serialises writers of the same owner, so the count
+    // below cannot change before the insert.
+    sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
+        .bind(owner)
+        .execute(&mut *conn)
+        .await?;
+    let result = sqlx::query(
+        "INSERT INTO pending_subscriptions (owner, sender, stanza)
+         SELECT $1, $2, $3
+         WHERE (SELECT count(*) FROM pending_subscriptions WHERE owner = $1) < $4
+         ON CONFLICT (owner, sender) DO NOTHING",
+    )
+    .bind(owner)
+    .bind(from)
+    .bind(stanza)
+    .bind(max)
+    .execute(&mut *conn)
+    .await?;
+    let added = result.rows_affected() == 1;
+    if !added && !has_pending_in(conn, owner, from).await? {
+        log_not_kept(owner, from, max);
+    }
+    Ok(added)
+}
+
+async fn drop_one(
+    conn: &mut sqlx::PgConnection,
+    owner: &str,
+    from: &str,
+) -> Result<bool, StoreError> {
+    let result = sqlx::query("DELETE FROM pending_subscriptions WHERE owner = $1 AND sender = $2")
+        .bind(owner)
+        .bind(from)
+        .execute(&mut *conn)
+        .await?;
+    Ok(result.rows_affected() > 0)
+}
+
+/// Applies `writes` inside the caller's transaction.
+pub(super) async fn write_all(
+    conn: &mut sqlx::PgConnection,
+    writes: &[PendingWrite<'_>],
+    max: i64,
+) -> Result<(), StoreError> {
+    for w in writes {
+        match &w.keep {
+            Some(stanza) => keep(conn, w.owner, w.sender, stanza, max).await?,
+            None => drop_one(conn, w.owner, w.sender).await?,
+        };
+    }
+    Ok(())
+}
+
+async fn has_pending_in(
+    conn: &mut sqlx::PgConnection,
+    owner: &str,
+    from: &str,
+) -> Result<bool, StoreError> {
+    let found: Option<i32> =
+        sqlx::query_scalar("SELECT 1 FROM pending_subscriptions WHERE owner = $1 AND sender = $2")
+            .bind(owner)
+            .bind(from)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(found.is_some())
 }
 
 #[cfg(test)]

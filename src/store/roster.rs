@@ -16,6 +16,7 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
+use super::pending::PendingChange;
 use super::{
     pg_or_sqlite, stored_jid, RosterChange, RosterItem, Store, StoreError, StoreLimits,
     Subscription,
@@ -127,6 +128,18 @@ impl RosterItem {
     }
 }
 
+/// The one rule of the roster size, as SQL over the placeholders given (both dialects):
+/// an item may be written when it exists already or the owner's roster has room for one
+/// more than `max_roster_items` allows; otherwise the write fails with
+/// [`StoreError::RosterFull`], whoever makes it (RFC 6121 §2.3.3 leaves the size to the
+/// server).
+pub(super) fn roster_has_room(owner: &str, contact: &str, max: &str) -> String {
+    format!(
+        "(EXISTS (SELECT 1 FROM roster_items WHERE owner = {owner} AND contact = {contact}) \
+          OR (SELECT count(*) FROM roster_items WHERE owner = {owner}) < {max})"
+    )
+}
+
 /// Inserts or replaces one item; returns the owner's roster version after the change.
 /// Must run inside a transaction: it locks the owner's version row first, so the count it
 /// checks cannot change before the insert (a concurrent write of the same owner waits).
@@ -143,18 +156,18 @@ async fn upsert(
         .bind(owner)
         .execute(&mut *conn)
         .await?;
-    let version: Option<i64> = sqlx::query_scalar(
+    let version: Option<i64> = sqlx::query_scalar(&format!(
         "INSERT INTO roster_items
              (owner, contact, name, groups, subscription, ask, pending_in, preapproved)
          SELECT $1, $2, $3, $4, $5, $6, $7, $8
-         WHERE EXISTS (SELECT 1 FROM roster_items WHERE owner = $1 AND contact = $2)
-            OR (SELECT count(*) FROM roster_items WHERE owner = $1) < $9
+         WHERE {}
          ON CONFLICT (owner, contact) DO UPDATE
              SET name = EXCLUDED.name, groups = EXCLUDED.groups,
                  subscription = EXCLUDED.subscription, ask = EXCLUDED.ask,
                  pending_in = EXCLUDED.pending_in, preapproved = EXCLUDED.preapproved
          RETURNING version",
-    )
+        roster_has_room("$1", "$2", "$9")
+    ))
     .bind(owner)
     .bind(item.contact.as_str())
     .bind(&item.name)
@@ -310,7 +323,9 @@ impl Store {
         let _forget = self.forget_owners([owner]);
         let max_items = self.limits().max_roster_items;
         let pool = pg_or_sqlite!(self, |db| async {
-            Ok(db.upsert_roster_items(&[(owner, item)], max_items).await?[0])
+            Ok(db
+                .upsert_roster_items(&[(owner, item)], max_items, &[], 0)
+                .await?[0])
         });
         let mut tx = pool.begin().await?;
         let version = upsert(&mut tx, owner, item, max_items).await?;
@@ -379,6 +394,17 @@ impl Store {
         &self,
         changes: &[(String, RosterItem)],
     ) -> Result<Vec<(String, i64)>, StoreError> {
+        self.write_subscription_change(changes, &[]).await
+    }
+
+    /// [`Store::apply_subscription_change`] with the waiting requests that go with it
+    /// (RFC 6121 §3.1.3), in the same transaction: a request is kept or dropped exactly
+    /// when the items change.
+    pub async fn write_subscription_change(
+        &self,
+        changes: &[(String, RosterItem)],
+        pending: &[PendingChange<'_>],
+    ) -> Result<Vec<(String, i64)>, StoreError> {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_owners(changes.iter().map(|(o, _)| o.as_str()));
         // Lock owners' version rows in a fixed order so two opposite changes between the
@@ -387,14 +413,28 @@ impl Store {
         order.sort_by(|&a, &b| changes[a].0.cmp(&changes[b].0));
 
         let max_items = self.limits().max_roster_items;
+        let (pending, max_pending) = self.pending_writes(pending);
         let mut versions: Vec<Option<i64>> = vec![None; changes.len()];
         match &self.backend {
             super::Backend::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
+                // Every owner's version row, the pending requests' owners' too, in the
+                // same order.
+                let mut owners: Vec<&str> = changes.iter().map(|(o, _)| o.as_str()).collect();
+                owners.extend(pending.iter().map(|p| p.owner));
+                owners.sort_unstable();
+                owners.dedup();
+                sqlx::query(
+                    "SELECT 1 FROM roster_versions WHERE owner = ANY($1) ORDER BY owner FOR UPDATE",
+                )
+                .bind(&owners)
+                .execute(&mut *tx)
+                .await?;
                 for &i in &order {
                     let (owner, item) = &changes[i];
                     versions[i] = Some(upsert(&mut tx, owner, item, max_items).await?);
                 }
+                super::pending::write_all(&mut tx, &pending, max_pending).await?;
                 tx.commit().await?;
             }
             super::Backend::Sqlite(db) => {
@@ -403,7 +443,7 @@ impl Store {
                     .map(|&i| (changes[i].0.as_str(), &changes[i].1))
                     .collect();
                 let written = db
-                    .upsert_roster_items(&ordered, max_items)
+                    .upsert_roster_items(&ordered, max_items, &pending, max_pending)
                     .await
                     .map_err(|e| db.name_file(e))?;
                 for (&i, v) in order.iter().zip(written) {

@@ -21,12 +21,13 @@ impl Store {
     ) -> Result<(), StoreError> {
         let _forget = self.forget_owners([a, b]);
         let max_items = self.limits().max_roster_items;
-        // A new item on a full roster is refused as every other roster write refuses it;
-        // the count is read in the writing transaction, after the owners' version rows
+        // A new item on a full roster is refused by the rule every other roster write
+        // applies; it is read in the writing transaction, after the owners' version rows
         // (PostgreSQL) or the file's write lock (SQLite) are held.
-        let full_sql = "SELECT count(*) FROM roster_items r
-             WHERE r.owner = $1
-               AND NOT EXISTS (SELECT 1 FROM roster_items WHERE owner = $1 AND contact = $2)";
+        let room_sql = format!(
+            "SELECT {}",
+            super::roster::roster_has_room("$1", "$2", "$3")
+        );
         match &self.backend {
             Backend::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
@@ -38,12 +39,13 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
                 for (owner, contact) in [(a, b), (b, a)] {
-                    let n: i64 = sqlx::query_scalar(full_sql)
+                    let room: bool = sqlx::query_scalar(&room_sql)
                         .bind(owner)
                         .bind(contact)
+                        .bind(max_items)
                         .fetch_one(&mut *tx)
                         .await?;
-                    if n >= max_items {
+                    if !room {
                         return Err(StoreError::RosterFull);
                     }
                 }
@@ -79,12 +81,13 @@ impl Store {
                 let run = async {
                     let mut tx = db.begin_write().await?;
                     for (owner, contact) in [(a, b), (b, a)] {
-                        let n: i64 = sqlx::query_scalar(&full_sql.replace('$', "?"))
+                        let room: bool = sqlx::query_scalar(&room_sql.replace('$', "?"))
                             .bind(owner)
                             .bind(contact)
+                            .bind(max_items)
                             .fetch_one(&mut *tx)
                             .await?;
-                        if n >= max_items {
+                        if !room {
                             return Err(StoreError::RosterFull);
                         }
                     }

@@ -169,31 +169,7 @@ impl Pools {
         max: i64,
     ) -> Result<bool, StoreError> {
         let mut tx = self.begin_write().await?;
-        let result = sqlx::query(
-            "INSERT INTO pending_subscriptions (owner, sender, stanza)
-             SELECT ?1, ?2, ?3
-             WHERE (SELECT count(*) FROM pending_subscriptions WHERE owner = ?1) < ?4
-             ON CONFLICT (owner, sender) DO NOTHING",
-        )
-        .bind(owner)
-        .bind(from)
-        .bind(stanza)
-        .bind(max)
-        .execute(&mut *tx)
-        .await?;
-        let added = result.rows_affected() == 1;
-        if !added {
-            let waiting: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2)",
-            )
-            .bind(owner)
-            .bind(from)
-            .fetch_one(&mut *tx)
-            .await?;
-            if !waiting {
-                crate::store::pending::log_not_kept(owner, from, max);
-            }
-        }
+        let added = keep_pending(&mut tx, owner, from, stanza, max).await?;
         tx.commit().await?;
         Ok(added)
     }
@@ -235,13 +211,8 @@ impl Pools {
         owner: &str,
         from: &str,
     ) -> Result<bool, StoreError> {
-        let result =
-            sqlx::query("DELETE FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2")
-                .bind(owner)
-                .bind(from)
-                .execute(&self.write)
-                .await?;
-        Ok(result.rows_affected() > 0)
+        let mut conn = self.write.acquire().await?;
+        drop_pending(&mut conn, owner, from).await
     }
 
     pub(in crate::store) async fn record_last_seen_batch(
@@ -407,4 +378,69 @@ impl Pools {
             })
             .collect()
     }
+}
+
+/// Keeps one request inside the caller's write transaction (which holds the file's write
+/// lock, so the count cannot change before the insert); whether it was added.
+async fn keep_pending(
+    conn: &mut sqlx::SqliteConnection,
+    owner: &str,
+    from: &str,
+    stanza: &str,
+    max: i64,
+) -> Result<bool, StoreError> {
+    let result = sqlx::query(
+        "INSERT INTO pending_subscriptions (owner, sender, stanza)
+         SELECT ?1, ?2, ?3
+         WHERE (SELECT count(*) FROM pending_subscriptions WHERE owner = ?1) < ?4
+         ON CONFLICT (owner, sender) DO NOTHING",
+    )
+    .bind(owner)
+    .bind(from)
+    .bind(stanza)
+    .bind(max)
+    .execute(&mut *conn)
+    .await?;
+    let added = result.rows_affected() == 1;
+    if !added {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2)",
+        )
+        .bind(owner)
+        .bind(from)
+        .fetch_one(&mut *conn)
+        .await?;
+        if !waiting {
+            crate::store::pending::log_not_kept(owner, from, max);
+        }
+    }
+    Ok(added)
+}
+
+async fn drop_pending(
+    conn: &mut sqlx::SqliteConnection,
+    owner: &str,
+    from: &str,
+) -> Result<bool, StoreError> {
+    let result = sqlx::query("DELETE FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2")
+        .bind(owner)
+        .bind(from)
+        .execute(&mut *conn)
+        .await?;
+    Ok(result.rows_affected() > 0)
+}
+
+/// Applies `writes` inside the caller's write transaction.
+pub(super) async fn write_pending(
+    conn: &mut sqlx::SqliteConnection,
+    writes: &[crate::store::pending::PendingWrite<'_>],
+    max: i64,
+) -> Result<(), StoreError> {
+    for w in writes {
+        match &w.keep {
+            Some(stanza) => keep_pending(conn, w.owner, w.sender, stanza, max).await?,
+            None => drop_pending(conn, w.owner, w.sender).await?,
+        };
+    }
+    Ok(())
 }

@@ -7,7 +7,8 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use super::{json_list, parse_list, Pools};
-use crate::store::roster::{in_version_order, item_from_columns};
+use crate::store::pending::PendingWrite;
+use crate::store::roster::{in_version_order, item_from_columns, roster_has_room};
 use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits};
 
 pub(super) const ITEM_COLUMNS: &str =
@@ -31,17 +32,17 @@ async fn upsert(
     item: &RosterItem,
     max_items: i64,
 ) -> Result<i64, StoreError> {
-    let written = sqlx::query(
+    let written = sqlx::query(&format!(
         "INSERT INTO roster_items
              (owner, contact, name, groups, subscription, ask, pending_in, preapproved)
          SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
-         WHERE EXISTS (SELECT 1 FROM roster_items WHERE owner = ?1 AND contact = ?2)
-            OR (SELECT count(*) FROM roster_items WHERE owner = ?1) < ?9
+         WHERE {}
          ON CONFLICT (owner, contact) DO UPDATE
              SET name = excluded.name, groups = excluded.groups,
                  subscription = excluded.subscription, ask = excluded.ask,
                  pending_in = excluded.pending_in, preapproved = excluded.preapproved",
-    )
+        roster_has_room("?1", "?2", "?9")
+    ))
     .bind(owner)
     .bind(item.contact.as_str())
     .bind(&item.name)
@@ -163,18 +164,21 @@ impl Pools {
         Ok(n)
     }
 
-    /// Upserts `changes` (already in lock order) in one transaction; the version after
-    /// each, in the same order.
+    /// Upserts `changes` (already in lock order) and applies `pending` in one
+    /// transaction; the version after each change, in the same order.
     pub(in crate::store) async fn upsert_roster_items(
         &self,
         changes: &[(&str, &RosterItem)],
         max_items: i64,
+        pending: &[PendingWrite<'_>],
+        max_pending: i64,
     ) -> Result<Vec<i64>, StoreError> {
         let mut tx = self.begin_write().await?;
         let mut versions = Vec::with_capacity(changes.len());
         for (owner, item) in changes {
             versions.push(upsert(&mut tx, owner, item, max_items).await?);
         }
+        super::lists::write_pending(&mut tx, pending, max_pending).await?;
         tx.commit().await?;
         Ok(versions)
     }
