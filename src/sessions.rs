@@ -863,7 +863,7 @@ mod tests {
     use super::*;
 
     fn full(s: &str) -> FullJid {
-        FullJid::new(s).unwrap()
+        crate::jid::parse_full(s).unwrap()
     }
 
     #[tokio::test]

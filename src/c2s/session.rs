@@ -12,7 +12,6 @@ use super::resume::{
 use super::writer::{serialized, write_loop, WriterEnd, WriterOut, Writing};
 use super::{new_id, Bound, Link};
 use crate::error::{StreamCondition, StreamError};
-use crate::jid::Jid;
 use crate::liveness::TransportKind;
 use crate::node::session::Client;
 use crate::router;
@@ -446,7 +445,7 @@ pub(super) async fn handle_stanza(
     }
     if let Some(from) = el.get_attr("from") {
         // RFC 6120 §8.1.2.1: a from that is not this session's JID is an invalid-from.
-        let ok = Jid::new(from).is_ok_and(|j| {
+        let ok = crate::jid::parse(from).is_ok_and(|j| {
             j.as_str() == session.jid().as_str() || j.as_str() == session.jid().to_bare().as_str()
         });
         if !ok {

@@ -169,7 +169,7 @@ pub(super) async fn disco_answer(shared: &Shared, session: &Client, el: &Element
         vec![pending.asked.clone()]
     };
     for w in waiting {
-        let Ok(full) = crate::jid::FullJid::new(&w) else {
+        let Ok(full) = crate::jid::parse_full(&w) else {
             continue;
         };
         if let Some(handle) = shared.sessions.get(&full) {

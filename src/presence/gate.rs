@@ -558,7 +558,7 @@ pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
         .sessions
         .subjects_revealed_to(&user)
         .iter()
-        .filter_map(|s| BareJid::new(s).ok())
+        .filter_map(|s| crate::jid::parse_bare(s).ok())
         .collect();
     if shared
         .sessions
@@ -589,7 +589,7 @@ pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
 async fn withdraw_blocked_remote(shared: &Shared, user: &BareJid) {
     for (remote, local) in shared.s2s.seen_by(user.as_str()) {
         // Recorded from a checked `from`; one that is no JID is withdrawn (fails closed).
-        let blocked = match Jid::new(&remote) {
+        let blocked = match crate::jid::parse(&remote) {
             Ok(remote) => blocked_either(shared, user, &remote).await,
             Err(_) => true,
         };
@@ -603,7 +603,7 @@ async fn withdraw_blocked_remote(shared: &Shared, user: &BareJid) {
 /// Re-checks everything after the LISTEN connection was lost (notifications may be gone).
 pub async fn reconcile_all(shared: &Shared) {
     for s in shared.sessions.users() {
-        if let Ok(user) = BareJid::new(&s) {
+        if let Ok(user) = crate::jid::parse_bare(&s) {
             reconcile_user(shared, &user).await;
         }
     }
@@ -628,7 +628,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
         let revealed = s.revealed();
         for (viewer, relation) in revealed {
             // Recorded from addresses the server checked; one that is no JID is withdrawn.
-            let viewer_jid = Jid::new(&viewer).ok();
+            let viewer_jid = crate::jid::parse(&viewer).ok();
             let keep = match (relation, &viewer_jid) {
                 (_, None) => false,
                 (Relation::Subscriber, Some(v)) => audience.contains(v),
@@ -694,7 +694,7 @@ pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
                 shared.store.forget_audience(&n.payload);
             }
             // The owner column of the changed row: a local bare JID, or nobody here.
-            match BareJid::new(&n.payload) {
+            match crate::jid::parse_bare(&n.payload) {
                 Ok(owner) if is_local(&shared, &owner) => reconcile_user(&shared, &owner).await,
                 _ => {}
             }
@@ -814,7 +814,7 @@ pub async fn may_reach_holder(
 ) -> bool {
     // The directory's full JID, written by the holding node; one that is no JID is reached
     // by nobody.
-    let Ok(holder) = Jid::new(&target.jid) else {
+    let Ok(holder) = crate::jid::parse(&target.jid) else {
         return false;
     };
     target.entry.visible

@@ -375,7 +375,9 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
                 continue;
             }
             // Recorded from a `to` that was checked; fails closed otherwise.
-            let Ok(to_jid) = Jid::new(&to) else { continue };
+            let Ok(to_jid) = crate::jid::parse(&to) else {
+                continue;
+            };
             if gate::blocked_either(shared, &to_jid, &me).await {
                 continue;
             }
@@ -429,7 +431,7 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
             for (from, xml) in pending {
                 // XEP-0191 §3.5: a request from an entity blocked since it was stored is
                 // not delivered (it stays pending and reappears if unblocked).
-                let Ok(from_jid) = Jid::new(&from) else {
+                let Ok(from_jid) = crate::jid::parse(&from) else {
                     continue;
                 };
                 if gate::blocked_either(shared, &from_jid, &bare).await {
@@ -566,7 +568,9 @@ async fn directed(shared: &Shared, session: &Client, mut el: Element, is_availab
     };
     el.set_attr("from", session.jid().to_string());
     // XEP-0191 §3.5: directed presence to or from a blocked entity is dropped silently.
-    let Ok(to_jid) = Jid::new(&to) else { return };
+    let Ok(to_jid) = crate::jid::parse(&to) else {
+        return;
+    };
     if gate::blocked_either(shared, &to_jid, session.jid()).await {
         return;
     }
