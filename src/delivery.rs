@@ -208,7 +208,7 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
             continue;
         }
         let admitted = !s.is_invisible()
-            && gate::roster_and_audience(shared, &s.jid, true)
+            && gate::roster_and_audience(shared, &s, true)
                 .await
                 .1
                 .contains(&viewer_jid);

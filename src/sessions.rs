@@ -198,6 +198,9 @@ pub struct SessionState {
     /// The session retrieved its block list, so it gets block/unblock pushes
     /// (XEP-0191 §3.3: pushes go to resources that requested the list).
     pub blocklist_interested: bool,
+    /// The features of its client (XEP-0115), as the server last learnt them: shared with
+    /// the node's cache of `ver`s when verified (`caps::CapsCache`).
+    pub caps: Option<crate::caps::Features>,
     /// Viewer JID (bare for a roster contact, as addressed for directed presence) → how
     /// the viewer came to see this resource. At most `limits.max_revealed` entries. The
     /// JIDs are ids in the node's [`Names`] (K contacts are K entries in each of their
@@ -231,6 +234,7 @@ impl SessionState {
             probe_remote: false,
             detached: false,
             blocklist_interested: false,
+            caps: None,
             revealed: HashMap::new(),
             directed: BTreeSet::new(),
             limits,
@@ -362,6 +366,7 @@ impl SessionState {
         let taken = std::mem::take(&mut self.revealed);
         self.names.release_all(taken.into_keys());
         self.directed = BTreeSet::new();
+        self.caps = None;
     }
 }
 

@@ -257,11 +257,19 @@ pub async fn may_see_last_seen(shared: &Shared, viewer: &Jid, subject: &Jid) -> 
 /// that may see it online now: approved subscribers the settings admit and no block in
 /// either direction separates. Fails closed (empty).
 pub async fn online_audience(shared: &Shared, subject: &Jid) -> HashSet<BareJid> {
-    roster_and_audience(shared, subject, false).await.1
+    inputs_and_audience(shared, subject, None, false).await.1
 }
 
-/// The roster of local user `subject` (full JID of the resource whose presence goes out)
-/// and [`online_audience`], from ONE statement ([`crate::store::Store::audience_inputs`]:
+/// [`online_audience`] of a session on this node, from its cached inputs if it has them.
+pub async fn session_audience(
+    shared: &Shared,
+    session: &crate::sessions::SessionHandle,
+) -> HashSet<BareJid> {
+    roster_and_audience(shared, session, false).await.1
+}
+
+/// The roster of the user of `session` (the resource here whose presence goes out) and
+/// [`online_audience`], from ONE statement ([`crate::store::Store::audience_inputs`]:
 /// settings, roster and both directions of blocks for every contact) read by the caller
 /// under the subject's lock, or from the cache of those inputs, which every write and
 /// change notification empties before acting ([`crate::store::audience_cache`]); `keep`
@@ -269,7 +277,18 @@ pub async fn online_audience(shared: &Shared, subject: &Jid) -> HashSet<BareJid>
 /// audience: with no roster we tell nobody, never everybody.
 pub async fn roster_and_audience(
     shared: &Shared,
+    session: &crate::sessions::SessionHandle,
+    keep: bool,
+) -> (Arc<AudienceInputs>, HashSet<BareJid>) {
+    inputs_and_audience(shared, &session.jid, Some(session.id), keep).await
+}
+
+/// [`roster_and_audience`] of `subject`, through the cache entry of `session` (the id of
+/// the session whose presence goes out) when there is one.
+async fn inputs_and_audience(
+    shared: &Shared,
     subject: &Jid,
+    session: Option<u64>,
     keep: bool,
 ) -> (Arc<AudienceInputs>, HashSet<BareJid>) {
     let subject_bare = subject.to_bare();
@@ -277,7 +296,7 @@ pub async fn roster_and_audience(
         .store
         .audience_inputs_cached(
             subject_bare.as_str(),
-            subject.as_str(),
+            session,
             &match_candidates(subject.as_str()),
             keep,
         )
@@ -623,7 +642,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
         let audience = if invisible {
             HashSet::new()
         } else {
-            online_audience(shared, &s.jid).await
+            session_audience(shared, &s).await
         };
         let revealed = s.revealed();
         for (viewer, relation) in revealed {

@@ -288,7 +288,7 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
         // A change of an already available resource keeps the inputs for the next one;
         // initial presence does not, so an idle session costs no cache memory.
         let keep = was_available && is_available;
-        let (inputs, audience) = gate::roster_and_audience(shared, &me, keep).await;
+        let (inputs, audience) = gate::roster_and_audience(shared, &session.handle, keep).await;
         let audience = if invisible || (!is_available && !was_available) {
             Default::default()
         } else {
@@ -503,7 +503,7 @@ pub async fn show_again_to_other_nodes(shared: &Shared) {
             // Only viewers the session can record as shown (its bounded set) are sent it.
             let mut room = s.read(|p| p.room());
             let mut audience = Vec::new();
-            for c in gate::online_audience(shared, &s.jid).await {
+            for c in gate::session_audience(shared, &s).await {
                 let c = c.to_string();
                 if !shared.config.serves(domain_of(&c)) {
                     continue;
@@ -843,17 +843,13 @@ async fn session_ended(shared: &Arc<Shared>, session: &Client) {
         broadcast(shared, session, p, false).await;
     }
     // Nothing the session remembers about others outlives it, even while a copy of its
-    // handle is still held somewhere.
+    // handle is still held somewhere; what the node keeps for it is keyed by its id, so a
+    // new session of the same resource keeps its own.
     session.handle.write(|p| p.clear());
-    let jid = session.jid();
-    if shared.sessions.get(jid).is_some() {
-        // A new session holds the resource; what is kept per full JID is its own now.
-        return;
-    }
-    shared.caps.forget_session(jid.as_str());
+    shared.caps.forget_session(session.handle.id);
     shared
         .store
-        .forget_audience_of(jid.to_bare().as_str(), jid.as_str());
+        .forget_audience_of(session.jid().to_bare().as_str(), session.handle.id);
 }
 
 /// Who holds a session's full JID when that session's unavailable goes out, if not the
