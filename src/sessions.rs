@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{StreamCondition, StreamError};
 use crate::jid::{bare_of, BareJid, FullJid};
+use crate::liveness::Clock;
 use crate::names::{NameId, Names};
 use crate::policy::privacy::Relation;
 use crate::xml::Element;
@@ -422,17 +423,6 @@ pub struct Origin {
     pub since_ms: i64,
 }
 
-impl Origin {
-    /// A session binding now over `transport` from `peer`.
-    pub fn now(transport: &'static str, peer: Option<std::net::SocketAddr>) -> Origin {
-        Origin {
-            transport,
-            peer,
-            since_ms: chrono::Utc::now().timestamp_millis(),
-        }
-    }
-}
-
 impl SessionHandle {
     /// Queues a stanza. A session whose mailbox is full is not keeping up with its socket:
     /// it is ended rather than letting one slow client hold memory for everyone.
@@ -615,6 +605,8 @@ pub struct Sessions {
     limits: StateLimits,
     /// The JIDs the sessions' `revealed` sets name by id.
     names: Arc<Names>,
+    /// Where the time a session bound is read (the node's one clock).
+    clock: Clock,
 }
 
 /// A new session's handle plus the receiving end of its mailbox.
@@ -628,11 +620,22 @@ pub struct Registered {
 }
 
 impl Sessions {
-    /// An empty registry whose sessions' sets are bounded by `limits`.
-    pub fn new(limits: StateLimits) -> Self {
+    /// An empty registry whose sessions' sets are bounded by `limits`, reading wall time
+    /// from `clock`.
+    pub fn new(limits: StateLimits, clock: Clock) -> Self {
         Sessions {
             limits,
+            clock,
             ..Default::default()
+        }
+    }
+
+    /// A session binding now over `transport` from `peer`.
+    pub fn origin(&self, transport: &'static str, peer: Option<std::net::SocketAddr>) -> Origin {
+        Origin {
+            transport,
+            peer,
+            since_ms: self.clock.now_ms(),
         }
     }
 
@@ -644,7 +647,7 @@ impl Sessions {
         queue: QueueBudget,
         parent: &CancellationToken,
     ) -> Registered {
-        self.register_from(jid, queue, parent, Origin::now("tcp", None))
+        self.register_from(jid, queue, parent, self.origin("tcp", None))
     }
 
     /// [`Sessions::register`], recording where the session came from.

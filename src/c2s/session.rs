@@ -51,7 +51,7 @@ impl Bound {
             jid,
         } = self;
         let (reader, writer) = stream.split();
-        let origin = crate::sessions::Origin::now(
+        let origin = shared.sessions.origin(
             match transport.kind {
                 TransportKind::Tcp => "tcp",
                 TransportKind::WebSocket => "websocket",
