@@ -156,8 +156,8 @@ pub async fn inbound(shared: &Arc<Shared>, from: Jid, to: Jid, el: Element) {
             }
         }
         PresenceType::Error => {
-            if to.resource().is_some() {
-                crate::node::send::to_local(shared, to.as_str(), el);
+            if let Ok(full) = to.try_into_full() {
+                crate::node::send::to_session(shared, &full, el);
             }
         }
     }
