@@ -26,7 +26,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::error::{StreamCondition, StreamError};
-use crate::jid::{BareJid, FullJid};
+use crate::jid::BareJid;
 use crate::node::Shared;
 use crate::sessions::SessionHandle;
 
@@ -221,7 +221,7 @@ async fn execute(
             Ok(json(&users))
         }
         Request::UserDel { jid } => {
-            let bare = BareJid::new(&jid).map_err(|e| format!("{jid}: {e}"))?;
+            let bare = crate::jid::parse_bare(&jid).map_err(|e| format!("{jid}: {e}"))?;
             if bare.node().is_none() {
                 return Err(format!("{jid}: an account JID needs a localpart"));
             }
@@ -244,7 +244,7 @@ async fn execute(
             }))
         }
         Request::PasswordChanged { jid } => {
-            let bare = BareJid::new(&jid).map_err(|e| format!("{jid}: {e}"))?;
+            let bare = crate::jid::parse_bare(&jid).map_err(|e| format!("{jid}: {e}"))?;
             // RFC 6120 §4.9.3.16 reset: a security-critical change; each client logs in again,
             // and one holding only the old password no longer can.
             let ended = shared
@@ -329,7 +329,7 @@ async fn execute(
 
 /// A local account's bare JID, or why `jid` is not one.
 async fn local_account(shared: &Shared, jid: &str) -> Result<BareJid, String> {
-    let bare = BareJid::new(jid).map_err(|e| format!("{jid}: {e}"))?;
+    let bare = crate::jid::parse_bare(jid).map_err(|e| format!("{jid}: {e}"))?;
     let node = bare
         .node()
         .ok_or_else(|| format!("{jid}: an account JID needs a localpart"))?;
@@ -442,10 +442,10 @@ fn select(shared: &Shared, jid: Option<&str>) -> Result<Vec<SessionHandle>, Stri
         all.sort_by_key(|a| a.jid.to_string());
         return Ok(all);
     };
-    if let Ok(full) = FullJid::new(jid) {
+    if let Ok(full) = crate::jid::parse_full(jid) {
         return Ok(shared.sessions.get(&full).into_iter().collect());
     }
-    let bare = BareJid::new(jid).map_err(|e| format!("{jid}: {e}"))?;
+    let bare = crate::jid::parse_bare(jid).map_err(|e| format!("{jid}: {e}"))?;
     Ok(shared.sessions.of_user(&bare))
 }
 

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use sha1::Digest;
 
+use crate::jid::FullJid;
 use crate::xml::{Element, NS_DISCO_INFO};
 
 /// XEP-0115 namespace of the `<c/>` element.
@@ -164,16 +165,37 @@ pub fn features_of(query: &Element) -> HashSet<String> {
 /// A set of features.
 pub type Features = Arc<HashSet<String>>;
 
-/// One outstanding disco#info query: the `ver` it should confirm and the sessions (full
-/// JIDs) waiting for its answer.
+/// A session a query was asked of or waits for: its full JID (where the query goes and
+/// who may answer it) and its id, since a later session that binds the same full JID is
+/// another session (`sessions::SessionHandle::id`) and learns nothing meant for this one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Asker {
+    /// The bound full JID.
+    pub full: FullJid,
+    /// The session's id.
+    pub session: u64,
+}
+
+impl Asker {
+    /// The session `session` bound to `full`.
+    pub fn new(full: &FullJid, session: u64) -> Asker {
+        Asker {
+            full: full.clone(),
+            session,
+        }
+    }
+}
+
+/// One outstanding disco#info query: the `ver` it should confirm and the sessions
+/// waiting for its answer.
 #[derive(Debug, Clone)]
 pub struct Pending {
     /// The `<c/>` that made the server ask.
     pub caps: Caps,
-    /// The full JID asked.
-    pub asked: String,
-    /// Full JIDs that announced the same `ver` meanwhile.
-    pub waiting: Vec<String>,
+    /// The session asked.
+    pub asked: Asker,
+    /// Sessions that announced the same `ver` meanwhile.
+    pub waiting: Vec<Asker>,
     /// When the query was sent; past the timeout it no longer holds the `ver`.
     pub asked_at: Instant,
 }
@@ -195,12 +217,13 @@ struct Inner {
     order: VecDeque<String>,
     pending: HashMap<String, Pending>,
     pending_ver: HashMap<String, String>,
-    /// Features per full JID, from the answer that session gave (verified or not).
-    sessions: HashMap<String, Features>,
     next_id: u64,
 }
 
-/// The node's capabilities cache.
+/// The node's capabilities cache: what each `ver` stands for, and the queries out. A
+/// session's own features live in its state (`sessions::SessionState::caps`), set by
+/// the caller from what [`CapsCache::lookup`] and [`CapsCache::learn`] return, and go
+/// with it.
 pub struct CapsCache {
     max: usize,
     per_session: usize,
@@ -224,26 +247,24 @@ impl CapsCache {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// What is known about `caps` announced by `full`.
-    pub fn lookup(&self, full: &str, caps: &Caps) -> Lookup {
-        self.lookup_at(full, caps, Instant::now())
+    /// What is known about `caps` announced by the session `who`.
+    pub fn lookup(&self, who: &Asker, caps: &Caps) -> Lookup {
+        self.lookup_at(who, caps, Instant::now())
     }
 
     /// [`Self::lookup`] at time `now`.
-    fn lookup_at(&self, full: &str, caps: &Caps, now: Instant) -> Lookup {
+    fn lookup_at(&self, who: &Asker, caps: &Caps, now: Instant) -> Lookup {
         let mut g = self.lock();
         if let Some(f) = g.by_ver.get(&caps.ver) {
-            let f = Arc::clone(f);
-            g.sessions.insert(full.to_owned(), Arc::clone(&f));
-            return Lookup::Known(f);
+            return Lookup::Known(Arc::clone(f));
         }
         // Whoever waited for an expired query of this `ver` waits for the new one.
         let mut waiting = Vec::new();
         if let Some(id) = g.pending_ver.get(&caps.ver).cloned() {
             match g.pending.get_mut(&id) {
                 Some(p) if now.duration_since(p.asked_at) < self.timeout => {
-                    if p.waiting.len() < self.max && !p.waiting.iter().any(|w| w == full) {
-                        p.waiting.push(full.to_owned());
+                    if p.waiting.len() < self.max && !p.waiting.contains(who) {
+                        p.waiting.push(who.clone());
                     }
                     return Lookup::Waiting;
                 }
@@ -258,12 +279,12 @@ impl CapsCache {
         if g.pending.len() >= self.max {
             self.drop_expired(&mut g, now);
         }
-        let asked_of_this_session = g.pending.values().filter(|p| p.asked == full).count();
+        let asked_of_this_session = g.pending.values().filter(|p| p.asked == *who).count();
         if g.pending.len() >= self.max || asked_of_this_session >= self.per_session {
             return Lookup::Waiting;
         }
-        if !waiting.iter().any(|w| w == full) {
-            waiting.push(full.to_owned());
+        if !waiting.contains(who) {
+            waiting.push(who.clone());
         }
         g.next_id += 1;
         let id = format!("caps-{}", g.next_id);
@@ -272,7 +293,7 @@ impl CapsCache {
             id.clone(),
             Pending {
                 caps: caps.clone(),
-                asked: full.to_owned(),
+                asked: who.clone(),
                 waiting,
                 asked_at: now,
             },
@@ -295,11 +316,12 @@ impl CapsCache {
         }
     }
 
-    /// An answer (result or error) to query `id` from `from`: the pending query, if `id`
-    /// is one of ours and `from` is the JID asked. The caller verifies and [`Self::learn`]s.
-    pub fn answered(&self, id: &str, from: &str) -> Option<Pending> {
+    /// An answer (result or error) to query `id` from the session `from`: the pending
+    /// query, if `id` is one of ours and `from` is the session asked. The caller verifies
+    /// and [`Self::learn`]s.
+    pub fn answered(&self, id: &str, from: &Asker) -> Option<Pending> {
         let mut g = self.lock();
-        if g.pending.get(id).is_none_or(|p| p.asked != from) {
+        if g.pending.get(id).is_none_or(|p| p.asked != *from) {
             return None;
         }
         let p = g.pending.remove(id)?;
@@ -307,9 +329,11 @@ impl CapsCache {
         Some(p)
     }
 
-    /// Records `features` for the sessions of `pending`, and for the `ver` when the
-    /// answer was `verified`.
-    pub fn learn(&self, pending: &Pending, features: Features, verified: bool) {
+    /// Records `features` for the `ver` when the answer was `verified`, and returns the
+    /// sessions of `pending` they describe: every one that waited when verified, else
+    /// only the one that answered.
+    #[must_use]
+    pub fn learn(&self, pending: &Pending, features: Features, verified: bool) -> Vec<Asker> {
         let mut g = self.lock();
         if verified {
             if g.by_ver
@@ -323,29 +347,21 @@ impl CapsCache {
                     g.by_ver.remove(&old);
                 }
             }
-            for w in &pending.waiting {
-                g.sessions.insert(w.clone(), Arc::clone(&features));
-            }
+            pending.waiting.clone()
         } else {
             // Unverified: only the session that answered is believed about itself.
-            g.sessions.insert(pending.asked.clone(), features);
+            vec![pending.asked.clone()]
         }
     }
 
-    /// The features of the session bound to `full`, as last learnt.
-    pub fn session_features(&self, full: &str) -> Option<Features> {
-        self.lock().sessions.get(full).cloned()
-    }
-
-    /// Forgets a session that ended, and the queries it was asked and never answered
+    /// Forgets the queries session `session` was asked and never answered, when it ended
     /// (the next client with that `ver` is asked instead).
-    pub fn forget_session(&self, full: &str) {
+    pub fn forget_session(&self, session: u64) {
         let mut g = self.lock();
-        g.sessions.remove(full);
         let unanswered: Vec<String> = g
             .pending
             .iter()
-            .filter(|(_, p)| p.asked == full)
+            .filter(|(_, p)| p.asked.session == session)
             .map(|(id, _)| id.clone())
             .collect();
         for id in unanswered {
@@ -431,6 +447,33 @@ mod tests {
         assert_eq!(verification_string(&q), None);
     }
 
+    /// Session `letter@x/1`, whose id is its letter.
+    fn who(letter: &str) -> Asker {
+        let full = crate::jid::parse_full(&format!("{letter}@x/1")).unwrap();
+        Asker::new(&full, u64::from(letter.as_bytes()[0]))
+    }
+
+    #[test]
+    fn a_later_session_of_the_same_full_jid_is_another_asker() {
+        let cache = CapsCache::new(4, 4, Duration::from_secs(30));
+        let caps = Caps {
+            node: "n".into(),
+            ver: "v".into(),
+            hash: "sha-1".into(),
+        };
+        let full = crate::jid::parse_full("a@x/1").unwrap();
+        let (old, new) = (Asker::new(&full, 1), Asker::new(&full, 2));
+        let Lookup::Ask(id) = cache.lookup(&old, &caps) else {
+            panic!("ask");
+        };
+        // The old session's end drops its query even though the new one holds the JID,
+        // and an answer from the new session is not the old one's.
+        assert!(cache.answered(&id, &new).is_none());
+        cache.forget_session(old.session);
+        assert!(cache.answered(&id, &old).is_none());
+        assert!(matches!(cache.lookup(&new, &caps), Lookup::Ask(_)));
+    }
+
     #[test]
     fn one_query_per_ver_and_the_cache_is_bounded() {
         let cache = CapsCache::new(2, 4, Duration::from_secs(30));
@@ -439,32 +482,34 @@ mod tests {
             ver: v.into(),
             hash: "sha-1".into(),
         };
-        let Lookup::Ask(id) = cache.lookup("a@x/1", &caps("v1")) else {
+        let Lookup::Ask(id) = cache.lookup(&who("a"), &caps("v1")) else {
             panic!("first sight of a ver asks");
         };
         assert!(matches!(
-            cache.lookup("b@x/1", &caps("v1")),
+            cache.lookup(&who("b"), &caps("v1")),
             Lookup::Waiting
         ));
         // An answer from anyone but the JID asked is not taken.
-        assert!(cache.answered(&id, "c@x/1").is_none());
-        let p = cache.answered(&id, "a@x/1").expect("pending");
+        assert!(cache.answered(&id, &who("c")).is_none());
+        let p = cache.answered(&id, &who("a")).expect("pending");
         let f: Features = Arc::new(["x+notify".to_owned()].into());
-        cache.learn(&p, Arc::clone(&f), true);
-        assert_eq!(cache.session_features("b@x/1"), Some(Arc::clone(&f)));
+        assert!(cache.learn(&p, Arc::clone(&f), true).contains(&who("b")));
         assert!(matches!(
-            cache.lookup("d@x/1", &caps("v1")),
+            cache.lookup(&who("d"), &caps("v1")),
             Lookup::Known(_)
         ));
         for v in ["v2", "v3"] {
-            let Lookup::Ask(id) = cache.lookup("a@x/1", &caps(v)) else {
+            let Lookup::Ask(id) = cache.lookup(&who("a"), &caps(v)) else {
                 panic!("ask");
             };
-            let p = cache.answered(&id, "a@x/1").expect("pending");
-            cache.learn(&p, Arc::clone(&f), true);
+            let p = cache.answered(&id, &who("a")).expect("pending");
+            let _ = cache.learn(&p, Arc::clone(&f), true);
         }
         assert_eq!(cache.len(), 2);
-        assert!(matches!(cache.lookup("e@x/1", &caps("v1")), Lookup::Ask(_)));
+        assert!(matches!(
+            cache.lookup(&who("e"), &caps("v1")),
+            Lookup::Ask(_)
+        ));
     }
 
     #[test]
@@ -475,14 +520,14 @@ mod tests {
             ver: "v".into(),
             hash: "sha-1".into(),
         };
-        let Lookup::Ask(id) = cache.lookup("a@x/1", &caps) else {
+        let Lookup::Ask(id) = cache.lookup(&who("a"), &caps) else {
             panic!("ask");
         };
-        cache.lookup("b@x/1", &caps);
-        let p = cache.answered(&id, "a@x/1").expect("pending");
-        cache.learn(&p, Arc::new(HashSet::new()), false);
-        assert!(cache.session_features("a@x/1").is_some());
-        assert!(cache.session_features("b@x/1").is_none());
+        cache.lookup(&who("b"), &caps);
+        let p = cache.answered(&id, &who("a")).expect("pending");
+        let told = cache.learn(&p, Arc::new(HashSet::new()), false);
+        assert!(told.contains(&who("a")));
+        assert!(!told.contains(&who("b")));
         assert!(cache.is_empty());
     }
 
@@ -494,14 +539,20 @@ mod tests {
             ver: v.into(),
             hash: "sha-1".into(),
         };
-        assert!(matches!(cache.lookup("a@x/1", &caps("v1")), Lookup::Ask(_)));
+        assert!(matches!(
+            cache.lookup(&who("a"), &caps("v1")),
+            Lookup::Ask(_)
+        ));
         // No room for a second outstanding query.
         assert!(matches!(
-            cache.lookup("b@x/1", &caps("v2")),
+            cache.lookup(&who("b"), &caps("v2")),
             Lookup::Waiting
         ));
-        cache.forget_session("a@x/1");
-        assert!(matches!(cache.lookup("b@x/1", &caps("v1")), Lookup::Ask(_)));
+        cache.forget_session(who("a").session);
+        assert!(matches!(
+            cache.lookup(&who("b"), &caps("v1")),
+            Lookup::Ask(_)
+        ));
     }
 
     #[test]
@@ -514,22 +565,22 @@ mod tests {
         };
         let t = Instant::now();
         assert!(matches!(
-            cache.lookup_at("m@x/1", &caps("v1"), t),
+            cache.lookup_at(&who("m"), &caps("v1"), t),
             Lookup::Ask(_)
         ));
         assert!(matches!(
-            cache.lookup_at("m@x/1", &caps("v2"), t),
+            cache.lookup_at(&who("m"), &caps("v2"), t),
             Lookup::Ask(_)
         ));
         for i in 3..20 {
             assert!(matches!(
-                cache.lookup_at("m@x/1", &caps(&format!("v{i}")), t),
+                cache.lookup_at(&who("m"), &caps(&format!("v{i}")), t),
                 Lookup::Waiting
             ));
         }
         // Room is left for everyone else.
         assert!(matches!(
-            cache.lookup_at("a@x/1", &caps("w"), t),
+            cache.lookup_at(&who("a"), &caps("w"), t),
             Lookup::Ask(_)
         ));
     }
@@ -544,39 +595,39 @@ mod tests {
             hash: "sha-1".into(),
         };
         let t = Instant::now();
-        let Lookup::Ask(old) = cache.lookup_at("m@x/1", &caps("v1"), t) else {
+        let Lookup::Ask(old) = cache.lookup_at(&who("m"), &caps("v1"), t) else {
             panic!("first sight asks");
         };
         // Within the timeout the same ver waits for the query sent.
         let soon = t + timeout - Duration::from_millis(1);
         assert!(matches!(
-            cache.lookup_at("b@x/1", &caps("v1"), soon),
+            cache.lookup_at(&who("b"), &caps("v1"), soon),
             Lookup::Waiting
         ));
         // Past it: the next client with that ver is asked, and whoever waited still waits
         // for the answer; the late answer to the dropped query is not taken.
         let late = t + timeout;
-        let Lookup::Ask(id) = cache.lookup_at("d@x/1", &caps("v1"), late) else {
+        let Lookup::Ask(id) = cache.lookup_at(&who("d"), &caps("v1"), late) else {
             panic!("an expired query is asked again");
         };
-        assert!(cache.answered(&old, "m@x/1").is_none());
-        let p = cache.answered(&id, "d@x/1").expect("pending");
-        assert!(p.waiting.iter().any(|w| w == "b@x/1"), "{:?}", p.waiting);
+        assert!(cache.answered(&old, &who("m")).is_none());
+        let p = cache.answered(&id, &who("d")).expect("pending");
+        assert!(p.waiting.contains(&who("b")), "{:?}", p.waiting);
         // A full table asks nobody else until a query in it expires.
         assert!(matches!(
-            cache.lookup_at("c@x/1", &caps("v2"), late),
+            cache.lookup_at(&who("c"), &caps("v2"), late),
             Lookup::Ask(_)
         ));
         assert!(matches!(
-            cache.lookup_at("f@x/1", &caps("v3"), late),
+            cache.lookup_at(&who("f"), &caps("v3"), late),
             Lookup::Ask(_)
         ));
         assert!(matches!(
-            cache.lookup_at("g@x/1", &caps("v4"), late),
+            cache.lookup_at(&who("g"), &caps("v4"), late),
             Lookup::Waiting
         ));
         assert!(matches!(
-            cache.lookup_at("g@x/1", &caps("v4"), late + timeout),
+            cache.lookup_at(&who("g"), &caps("v4"), late + timeout),
             Lookup::Ask(_)
         ));
     }

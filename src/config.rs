@@ -1136,7 +1136,7 @@ impl Config {
     /// (RFC 7622 §3.2: `Example.ORG` is `example.org`).
     pub fn normalize_domains(&mut self) {
         for d in &mut self.domains {
-            if let Ok(j) = crate::jid::BareJid::new(d) {
+            if let Ok(j) = crate::jid::parse_bare(d) {
                 if j.node().is_none() {
                     *d = j.domain().to_string();
                 }
@@ -1197,7 +1197,7 @@ impl Config {
             return bad("[admin] status_poll must be at least 0.1 seconds");
         }
         for d in &self.domains {
-            if crate::jid::BareJid::new(d)
+            if crate::jid::parse_bare(d)
                 .map(|j| j.node().is_some())
                 .unwrap_or(true)
             {

@@ -91,7 +91,7 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
             let shared = Arc::clone(shared);
             tokio::spawn(async move {
                 for to in &env.to {
-                    match BareJid::new(to) {
+                    match crate::jid::parse_bare(to) {
                         Ok(owner) => {
                             hand_kept_to_a_taker_here(&shared, &owner).await;
                         }
@@ -109,7 +109,7 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
                 .and_then(chrono::DateTime::from_timestamp_millis);
             if let Some(at) = at {
                 for bare in &env.to {
-                    let Ok(jid) = BareJid::new(bare) else {
+                    let Ok(jid) = crate::jid::parse_bare(bare) else {
                         tracing::warn!(%bare, "cluster: malformed last seen dropped");
                         continue;
                     };
@@ -128,7 +128,7 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
     let addressed = (env.kind == Kind::Address)
         .then(|| crate::xml::Addressed::from_unaddressed(env.xml.to_string()));
     for to in &env.to {
-        let Ok(jid) = Jid::new(to) else {
+        let Ok(jid) = crate::jid::parse(to) else {
             tracing::warn!(%to, "cluster: malformed recipient dropped");
             continue;
         };
@@ -176,12 +176,12 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
 /// resource it already shows offline, which changes nothing for it.
 async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
     let viewer = env.xml.as_str();
-    let Ok(viewer_jid) = Jid::new(viewer) else {
+    let Ok(viewer_jid) = crate::jid::parse(viewer) else {
         tracing::warn!("cluster: reveal with a malformed viewer dropped");
         return;
     };
     for to in &env.to {
-        let Ok(full) = FullJid::new(to) else {
+        let Ok(full) = crate::jid::parse_full(to) else {
             continue;
         };
         let subject = full.to_bare();
@@ -207,7 +207,7 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
             continue;
         }
         let admitted = !s.is_invisible()
-            && gate::roster_and_audience(shared, &s.jid, true)
+            && gate::roster_and_audience(shared, &s, true)
                 .await
                 .1
                 .contains(&viewer_jid);
@@ -227,14 +227,14 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
 /// §8.5.3.2.1, RFC 6120 §10.5.4), as on one node.
 async fn decide_here(shared: &Shared, env: Envelope) {
     let (Some(to), Some(el)) = (
-        env.to.first().and_then(|t| FullJid::new(t).ok()),
+        env.to.first().and_then(|t| crate::jid::parse_full(t).ok()),
         crate::xml::parse_element(&env.xml),
     ) else {
         tracing::warn!("cluster: malformed decide message dropped");
         return;
     };
     // The sending node stamped the sender; one that is no JID reaches nobody.
-    let Some(sender) = el.get_attr("from").and_then(|f| Jid::new(f).ok()) else {
+    let Some(sender) = el.get_attr("from").and_then(|f| crate::jid::parse(f).ok()) else {
         return;
     };
     let session = shared.sessions.get(&to);
@@ -569,7 +569,7 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
         }
         Ok(false) => {
             let told = from_contact
-                && match Jid::new(sender) {
+                && match crate::jid::parse(sender) {
                     Ok(from) => {
                         gate::may_see_online(shared, &from, &owner.clone().into(), false).await
                     }

@@ -1,8 +1,11 @@
 //! JIDs (RFC 7622), normalised once at the edge.
 //!
 //! The maintained `jid` crate (xmpp-rs) parses and applies the stringprep profiles
-//! (nodeprep lower-cases the localpart, nameprep the domain); everything after the edge
-//! compares the normalised strings. This module adds the few helpers the server needs.
+//! (nodeprep lower-cases the localpart, nameprep the domain) and the length limits of
+//! each part; everything after the edge compares the normalised strings. This module is
+//! the one way text from the wire, the configuration, the store or an operator becomes a
+//! JID ([`parse`], [`parse_bare`], [`parse_full`], [`bare`]), so every edge applies the
+//! same rules; `tests/jid_parser.rs` fails on a parse of the crate's anywhere else.
 
 use std::borrow::Cow;
 
@@ -28,6 +31,17 @@ pub fn domain_of(jid: &str) -> &str {
 /// still ends with one after it is removed has an empty label and is malformed.
 pub fn parse(s: &str) -> Result<Jid, JidError> {
     Jid::new(&without_root_dot(s)?)
+}
+
+/// [`parse`] for a place that takes only a bare JID (`user@domain` or `domain`): one with
+/// a resource is an error.
+pub fn parse_bare(s: &str) -> Result<BareJid, JidError> {
+    BareJid::new(&without_root_dot(s)?)
+}
+
+/// [`parse`] for a place that takes only a full JID: one without a resource is an error.
+pub fn parse_full(s: &str) -> Result<FullJid, JidError> {
+    FullJid::new(&without_root_dot(s)?)
 }
 
 /// `s` without the trailing dot of its domainpart, if it has one.
@@ -56,7 +70,7 @@ pub fn node_str(jid: &Jid) -> &str {
 
 /// `user@domain` for an account.
 pub fn bare(username: &str, domain: &str) -> Result<BareJid, JidError> {
-    BareJid::new(&format!("{username}@{domain}"))
+    parse_bare(&format!("{username}@{domain}"))
 }
 
 #[cfg(test)]
@@ -65,7 +79,7 @@ mod tests {
 
     #[test]
     fn localpart_and_domain_are_case_folded_resource_is_not() {
-        let j = Jid::new("Alice@A.Example/Phone").unwrap();
+        let j = parse("Alice@A.Example/Phone").unwrap();
         assert_eq!(j.as_str(), "alice@a.example/Phone");
         assert_eq!(node_str(&j), "alice");
     }
@@ -87,13 +101,30 @@ mod tests {
         }
         for bad in ["mallory@.", "mallory@sec.example..", "."] {
             assert!(parse_opt(Some(bad)).unwrap().is_err(), "{bad}");
+            assert!(parse_bare(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn bare_and_full_parse_with_the_same_rules_and_refuse_the_other_form() {
+        let b = parse_bare("Mallory@Sec.Example.").unwrap();
+        assert_eq!(b.as_str(), "mallory@sec.example");
+        assert_eq!(parse_bare("sec.example.").unwrap().as_str(), "sec.example");
+        let f = parse_full("Mallory@Sec.Example./Phone.").unwrap();
+        assert_eq!(f.as_str(), "mallory@sec.example/Phone.");
+        assert_eq!(bare("Mallory", "sec.example.").unwrap(), b);
+        assert!(parse_bare("mallory@sec.example/phone").is_err());
+        assert!(parse_full("mallory@sec.example.").is_err());
+        assert!(parse_full("mallory@sec.example../r").is_err());
+        // The crate's length limit: 1023 bytes per part (RFC 7622 §3.3.1, §3.2.1).
+        let long = format!("{}@sec.example", "a".repeat(1024));
+        assert!(parse_bare(&long).is_err());
     }
 
     #[test]
     fn malformed_jids_are_rejected() {
         for bad in ["a@b@c", "@a.example", "a@", "a b@c.example", ""] {
-            assert!(Jid::new(bad).is_err(), "{bad}");
+            assert!(parse(bad).is_err(), "{bad}");
         }
     }
 }

@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use presenced::admin::{ClientError, Request};
 use presenced::config::{CheckedConfig, Config};
-use presenced::jid::BareJid;
 use presenced::store::{Store, StoreError};
 
 /// jemalloc rather than glibc's malloc: a login allocates tens of kilobytes that are freed
@@ -338,7 +337,8 @@ async fn connect(config: &Config) -> Result<Store, String> {
 }
 
 fn account(jid: &str, config: &Config) -> Result<(String, String), String> {
-    let bare = BareJid::new(jid).map_err(|e| format!("{jid}: not a valid JID ({e})"))?;
+    let bare =
+        presenced::jid::parse_bare(jid).map_err(|e| format!("{jid}: not a valid JID ({e})"))?;
     let node = bare
         .node()
         .map(|n| n.as_str().to_owned())

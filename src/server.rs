@@ -68,16 +68,19 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let s2s_tls =
         crate::tls::s2s_server_config_with(&certificates).map_err(crate::tls::TlsError::from)?;
     let liveness = Arc::new(crate::liveness::Liveness::new(&config));
-    let cluster = crate::cluster::Cluster::new(&config);
+    let cluster = crate::cluster::Cluster::new(&config, liveness.clock);
     let s2s = crate::s2s::new_state(&config, crate::tls::identity(&config)?);
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
     let auth_backoff = crate::sasl::backoff::AuthBackoff::new(
         crate::sasl::backoff::BackoffPolicy::from_config(&config.limits),
     );
-    let sessions = Arc::new(Sessions::new(crate::sessions::StateLimits {
-        max_directed: config.limits.max_directed_presences,
-        max_revealed: config.limits.max_revealed_per_session,
-    }));
+    let sessions = Arc::new(Sessions::new(
+        crate::sessions::StateLimits {
+            max_directed: config.limits.max_directed_presences,
+            max_revealed: config.limits.max_revealed_per_session,
+        },
+        liveness.clock,
+    ));
     let caps = crate::caps::CapsCache::new(
         config.limits.max_caps_entries,
         config.limits.max_caps_queries_per_session,

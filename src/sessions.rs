@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{StreamCondition, StreamError};
 use crate::jid::{bare_of, BareJid, FullJid};
+use crate::liveness::Clock;
 use crate::names::{NameId, Names};
 use crate::policy::privacy::Relation;
 use crate::xml::Element;
@@ -198,6 +199,9 @@ pub struct SessionState {
     /// The session retrieved its block list, so it gets block/unblock pushes
     /// (XEP-0191 §3.3: pushes go to resources that requested the list).
     pub blocklist_interested: bool,
+    /// The features of its client (XEP-0115), as the server last learnt them: shared with
+    /// the node's cache of `ver`s when verified (`caps::CapsCache`).
+    pub caps: Option<crate::caps::Features>,
     /// Viewer JID (bare for a roster contact, as addressed for directed presence) → how
     /// the viewer came to see this resource. At most `limits.max_revealed` entries. The
     /// JIDs are ids in the node's [`Names`] (K contacts are K entries in each of their
@@ -231,6 +235,7 @@ impl SessionState {
             probe_remote: false,
             detached: false,
             blocklist_interested: false,
+            caps: None,
             revealed: HashMap::new(),
             directed: BTreeSet::new(),
             limits,
@@ -362,6 +367,7 @@ impl SessionState {
         let taken = std::mem::take(&mut self.revealed);
         self.names.release_all(taken.into_keys());
         self.directed = BTreeSet::new();
+        self.caps = None;
     }
 }
 
@@ -415,17 +421,6 @@ pub struct Origin {
     pub peer: Option<std::net::SocketAddr>,
     /// When it bound, milliseconds since the Unix epoch.
     pub since_ms: i64,
-}
-
-impl Origin {
-    /// A session binding now over `transport` from `peer`.
-    pub fn now(transport: &'static str, peer: Option<std::net::SocketAddr>) -> Origin {
-        Origin {
-            transport,
-            peer,
-            since_ms: chrono::Utc::now().timestamp_millis(),
-        }
-    }
 }
 
 impl SessionHandle {
@@ -610,6 +605,8 @@ pub struct Sessions {
     limits: StateLimits,
     /// The JIDs the sessions' `revealed` sets name by id.
     names: Arc<Names>,
+    /// Where the time a session bound is read (the node's one clock).
+    clock: Clock,
 }
 
 /// A new session's handle plus the receiving end of its mailbox.
@@ -623,11 +620,22 @@ pub struct Registered {
 }
 
 impl Sessions {
-    /// An empty registry whose sessions' sets are bounded by `limits`.
-    pub fn new(limits: StateLimits) -> Self {
+    /// An empty registry whose sessions' sets are bounded by `limits`, reading wall time
+    /// from `clock`.
+    pub fn new(limits: StateLimits, clock: Clock) -> Self {
         Sessions {
             limits,
+            clock,
             ..Default::default()
+        }
+    }
+
+    /// A session binding now over `transport` from `peer`.
+    pub fn origin(&self, transport: &'static str, peer: Option<std::net::SocketAddr>) -> Origin {
+        Origin {
+            transport,
+            peer,
+            since_ms: self.clock.now_ms(),
         }
     }
 
@@ -639,7 +647,7 @@ impl Sessions {
         queue: QueueBudget,
         parent: &CancellationToken,
     ) -> Registered {
-        self.register_from(jid, queue, parent, Origin::now("tcp", None))
+        self.register_from(jid, queue, parent, self.origin("tcp", None))
     }
 
     /// [`Sessions::register`], recording where the session came from.
@@ -863,7 +871,7 @@ mod tests {
     use super::*;
 
     fn full(s: &str) -> FullJid {
-        FullJid::new(s).unwrap()
+        crate::jid::parse_full(s).unwrap()
     }
 
     #[tokio::test]

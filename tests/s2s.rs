@@ -1186,3 +1186,50 @@ async fn a_federated_contact_reaches_and_sees_a_user_on_either_node_of_a_cluster
     n1.stop().await;
     n2.stop().await;
 }
+
+/// RFC 7622 §3.2: a domainpart ending in the root dot is the same domain without it. A
+/// remote server's `bob@b.example./x` is bob, matched against alice's roster item for
+/// `bob@b.example` and shown to her without the dot; `alice@a.example.` is alice.
+#[tokio::test]
+async fn a_remote_from_with_a_root_dot_is_the_same_jid_without_it() {
+    let p = pair().await;
+    let (mut alice, _bob) = mutual(&p).await;
+    let bob_jid = p.b.jid("bob");
+    let alice_jid = p.a.jid("alice");
+
+    let mut raw = RawS2s::connect(p.a.s2s_addr(), &p.a, &p.b_domain).await;
+    let key = Secret::new(SECRET_B).key(&p.a_domain, &p.b_domain, &raw.stream_id);
+    assert_eq!(raw.dialback(&p.b_domain, &p.a_domain, &key).await, "valid");
+
+    // Presence to a bare JID reaches alice only because she is subscribed to the sender
+    // (RFC 6121 §4.2.2): the dotted JID must match her item for bob@b.example.
+    raw.send(&format!(
+        "<presence from='{bob_jid}./dot' to='{alice_jid}'><status>dotted</status></presence>"
+    ))
+    .await;
+    let seen = alice
+        .expect(|e| e.name == "presence" && has_status(e, "dotted"))
+        .await;
+    assert_eq!(
+        seen.get_attr("from"),
+        Some(format!("{bob_jid}/dot").as_str())
+    );
+
+    raw.send(&format!(
+        "<message from='{bob_jid}./dot' to='{alice_jid}.' type='chat'><body>dotted</body></message>"
+    ))
+    .await;
+    let got = alice.expect(|e| has_body(e, "dotted")).await;
+    assert_eq!(
+        got.get_attr("from"),
+        Some(format!("{bob_jid}/dot").as_str())
+    );
+    assert_eq!(got.get_attr("to"), Some(alice_jid.as_str()));
+    p.a.stop().await;
+    p.b.stop().await;
+}
+
+fn has_status(e: &Element, status: &str) -> bool {
+    e.get_child("status", NS_CLIENT)
+        .is_some_and(|s| s.text_content() == status)
+}

@@ -100,7 +100,7 @@ impl Authenticated {
             let resource = requested.unwrap_or_else(new_id);
             let domain = self.link.domain.clone().unwrap_or_default();
             let user = &self.user;
-            let jid = FullJid::new(&format!("{user}@{domain}/{resource}"));
+            let jid = crate::jid::parse_full(&format!("{user}@{domain}/{resource}"));
             let shared = self.link.shared.clone();
             let exhausted = match &jid {
                 Ok(j) => Self::resources_exhausted(&shared, j).await,

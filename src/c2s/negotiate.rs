@@ -41,7 +41,7 @@ impl Link {
         // RFC 7622 §3.2: the domain is compared after normalisation (case-folded), so
         // 'to' is prepared like any JID before it is looked up.
         let to = header.get_attr("to").map(|t| {
-            crate::jid::BareJid::new(t)
+            crate::jid::parse_bare(t)
                 .ok()
                 .filter(|j| j.node().is_none())
                 .map(|j| j.domain().as_str().to_owned())

@@ -297,7 +297,7 @@ async fn auth_locked(
     // This node's own table first: a pair it has locked costs no Redis round trip.
     let here = shared
         .auth_backoff
-        .locked(ip, jid.as_str(), std::time::Instant::now());
+        .locked(ip, jid.as_str(), shared.liveness.clock.instant());
     let left = match here {
         Some(left) => left,
         None => {
@@ -330,7 +330,7 @@ async fn auth_checked(
         }
         return;
     }
-    let here = backoff.failed(ip, jid.as_str(), std::time::Instant::now());
+    let here = backoff.failed(ip, jid.as_str(), shared.liveness.clock.instant());
     let everywhere = super::backoff::failed(shared, backoff.policy(), ip, jid.as_str()).await;
     if let Some(lock) = here.max(everywhere) {
         tracing::warn!(%peer, %jid, ?lock, "SASL failures lock the account for this address");

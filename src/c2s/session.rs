@@ -14,7 +14,7 @@ use super::resume::{
 use super::writer::{serialized, write_loop, WriterEnd, WriterOut, Writing};
 use super::{new_id, Bound, Link};
 use crate::error::{StreamCondition, StreamError};
-use crate::jid::{FullJid, Jid};
+use crate::jid::FullJid;
 use crate::liveness::{LiveSession, Timings, Transport, TransportKind};
 use crate::node::session::Client;
 use crate::node::Shared;
@@ -172,7 +172,7 @@ impl SessionLoop {
             jid,
         } = bound;
         let (reader, writer) = stream.split();
-        let origin = crate::sessions::Origin::now(
+        let origin = shared.sessions.origin(
             match transport.kind {
                 TransportKind::Tcp => "tcp",
                 TransportKind::WebSocket => "websocket",
@@ -625,7 +625,7 @@ pub(super) async fn handle_stanza(
     }
     if let Some(from) = el.get_attr("from") {
         // RFC 6120 §8.1.2.1: a from that is not this session's JID is an invalid-from.
-        let ok = Jid::new(from).is_ok_and(|j| {
+        let ok = crate::jid::parse(from).is_ok_and(|j| {
             j.as_str() == session.jid().as_str() || j.as_str() == session.jid().to_bare().as_str()
         });
         if !ok {

@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::jid::FullJid;
+use crate::liveness::Clock;
 use crate::redis_conn::{Conn, SlotPipe, Target};
 pub use directory::Entry;
 pub use envelope::{Envelope, Kind};
@@ -119,6 +120,8 @@ struct Inner {
     unreleased: Mutex<Vec<FullJid>>,
     /// This node's copy of directory rows.
     cache: cache::Cache,
+    /// Where heartbeat and directory stamps read wall time (the node's one clock).
+    clock: Clock,
 }
 
 /// How often an instance heartbeats: often enough that a dead one drops out of the live
@@ -153,8 +156,9 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// State for a checked config; nothing connects until [`Cluster::start`].
-    pub fn new(config: &Config) -> Cluster {
+    /// State for a checked config, reading wall time from `clock`; nothing connects until
+    /// [`Cluster::start`].
+    pub fn new(config: &Config, clock: Clock) -> Cluster {
         let node = config.cluster.node().to_owned();
         let instance = format!("{node}#{:016x}", rand::random::<u64>());
         let (tx, rx) = mpsc::channel(65_536);
@@ -183,6 +187,7 @@ impl Cluster {
                     config.cluster.directory_cache_entries,
                     config.cluster.directory_cache_ttl,
                 ),
+                clock,
             }),
         }
     }
@@ -653,7 +658,7 @@ impl Cluster {
             self.alone();
             return false;
         };
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = self.inner.clock.now_ms();
         let ttl = self.inner.ttl.as_millis() as i64;
         let dead_after = self.inner.node_timeout.as_millis() as i64;
         let live: redis::RedisResult<Vec<String>> = redis::cmd("EVAL")
@@ -916,7 +921,7 @@ impl Cluster {
     /// The batch's writes in one pipeline, in the order queued; its stanzas are kept for
     /// once the entries they need have been read.
     fn queue_writes(&self, ops: Vec<Op>) -> Writes {
-        let now = chrono::Utc::now().timestamp_millis();
+                let now = self.inner.clock.now_ms();
         let expire = Self::user_expire_at(now);
         let live: Vec<String> = std::iter::once(self.inner.instance.clone())
             .chain(self.peers())

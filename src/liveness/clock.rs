@@ -1,11 +1,14 @@
-//! The one source of time for liveness.
+//! The one source of time for the node: liveness, the cluster directory, the session
+//! registry and the SASL back-off read it.
 //!
 //! Two kinds of time are involved. Timers (ping ticks, the refresh tick, the grace period,
 //! the sweeper's period) use `tokio::time`, which tests can pause and advance. Beat times,
-//! Redis expiry scores and last-seen stamps are wall-clock milliseconds, because they are
-//! compared across nodes and with Redis; they are read from a [`Clock`] so that a test can
-//! make wall time follow tokio's paused clock and check the grace, TTL and sweep decisions
-//! without waiting for them.
+//! Redis expiry scores, directory stamps, last-seen stamps and the time a session bound
+//! are wall-clock milliseconds, because they are compared across nodes and with Redis;
+//! they are read from a [`Clock`] so that a test can make wall time follow tokio's paused
+//! clock and check the grace, TTL and sweep decisions without waiting for them. The SASL
+//! back-off's table measures its windows and locks on [`Clock::instant`], which follows
+//! tokio's clock in the same way.
 
 use chrono::{DateTime, Utc};
 
@@ -52,6 +55,15 @@ impl Clock {
         }
     }
 
+    /// A monotonic instant, for durations measured on this node: the system's, or tokio's
+    /// (paused in tests) for a clock that follows it.
+    pub fn instant(&self) -> std::time::Instant {
+        match self.0 {
+            Source::System => std::time::Instant::now(),
+            Source::Tokio { .. } => tokio::time::Instant::now().into_std(),
+        }
+    }
+
     /// The current time as a timestamp.
     pub fn now(&self) -> DateTime<Utc> {
         match self.0 {
@@ -87,6 +99,9 @@ mod tests {
         tokio::time::advance(Duration::from_millis(2500)).await;
         assert_eq!(clock.now_ms(), t0 + 2500);
         assert_eq!(clock.now().timestamp_millis(), t0 + 2500);
+        let i0 = clock.instant();
+        tokio::time::advance(Duration::from_secs(90)).await;
+        assert_eq!(clock.instant() - i0, Duration::from_secs(90));
     }
 
     #[test]

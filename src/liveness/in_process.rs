@@ -139,11 +139,10 @@ pub async fn writer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jid::FullJid;
 
     fn refresh(j: &str, beat_ms: i64) -> Op {
         Op::Refresh {
-            jid: FullJid::new(j).unwrap(),
+            jid: crate::jid::parse_full(j).unwrap(),
             beat_ms,
         }
     }
@@ -166,7 +165,7 @@ mod tests {
             "the old beat left no entry"
         );
         t.apply(&Op::Remove {
-            jid: FullJid::new("a@x/r").unwrap(),
+            jid: crate::jid::parse_full("a@x/r").unwrap(),
         });
         assert!(t.is_empty());
         assert!(t.take_stale(i64::MAX, 10).is_empty());

@@ -90,7 +90,7 @@ mod tests {
     #[test]
     fn keys_of_one_user_share_the_bare_jid_hash_tag() {
         let k = Keys::new("p:", 4);
-        let j = FullJid::new("alice@example.org/phone").unwrap();
+        let j = crate::jid::parse_full("alice@example.org/phone").unwrap();
         assert_eq!(k.resource(&j), "p:presence:{alice@example.org}:res:phone");
         assert_eq!(
             crate::redis_conn::slot(k.resource(&j).as_bytes()),
@@ -105,7 +105,7 @@ mod tests {
     #[test]
     fn member_names_the_node_and_splits_back() {
         let k = Keys::new("", 1);
-        let j = FullJid::new("a@b/my phone").unwrap();
+        let j = crate::jid::parse_full("a@b/my phone").unwrap();
         let m = k.member("node-1", &j);
         assert_eq!(parse_member(&m), Some(("node-1", "a@b/my phone")));
     }

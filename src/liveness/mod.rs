@@ -392,7 +392,11 @@ impl Liveness {
     pub(crate) fn local_beats(&self) -> Vec<(FullJid, i64)> {
         let map = self.local.lock().unwrap_or_else(|e| e.into_inner());
         map.iter()
-            .filter_map(|(j, l)| FullJid::new(j).ok().map(|j| (j, l.beat.last_ms())))
+            .filter_map(|(j, l)| {
+                crate::jid::parse_full(j)
+                    .ok()
+                    .map(|j| (j, l.beat.last_ms()))
+            })
             .collect()
     }
 
@@ -645,7 +649,7 @@ mod tests {
     }
 
     fn jid(s: &str) -> FullJid {
-        FullJid::new(s).unwrap()
+        crate::jid::parse_full(s).unwrap()
     }
 
     /// Everything queued for Redis so far.

@@ -366,7 +366,7 @@ async fn handle_batch(
             Some(Verdict::Dead) => orphans.extend(members.iter().filter_map(|(jid, score, _)| {
                 Some(Orphan {
                     node: node.to_owned(),
-                    jid: FullJid::new(jid).ok()?,
+                    jid: crate::jid::parse_full(jid).ok()?,
                     score: *score,
                 })
             })),
@@ -402,7 +402,7 @@ fn keep_unheard(
         let n = heard.next().map(|v| redis::from_redis_value::<i64>(&v));
         if !matches!(n, Some(Ok(n)) if n > 0) {
             unheard.push(m);
-        } else if let Ok(jid) = FullJid::new(m.0) {
+        } else if let Ok(jid) = crate::jid::parse_full(m.0) {
             handed.push(Handed {
                 node: node.to_owned(),
                 jid,
@@ -566,7 +566,7 @@ fn stale_here(shared: &Shared, jid: &str, score: i64) -> Stale {
         }
         SweptLocal::InGrace => Stale::Here,
         SweptLocal::Alive(beat) => {
-            if let Ok(j) = FullJid::new(jid) {
+            if let Ok(j) = crate::jid::parse_full(jid) {
                 live.queue_op(Op::Refresh {
                     jid: j,
                     beat_ms: beat,
@@ -575,7 +575,7 @@ fn stale_here(shared: &Shared, jid: &str, score: i64) -> Stale {
             Stale::Here
         }
         SweptLocal::NotLocal if live.ended_here_after(jid, score) => Stale::EndedHere,
-        SweptLocal::NotLocal => match FullJid::new(jid) {
+        SweptLocal::NotLocal => match crate::jid::parse_full(jid) {
             Ok(j) => Stale::Orphan(Orphan {
                 node: live.node_id.clone(),
                 jid: j,

@@ -450,7 +450,7 @@ impl S2s {
             return Err(StanzaError::bad_request());
         };
         let local = domain_of(from).to_owned();
-        let remote = match crate::jid::Jid::new(to) {
+        let remote = match crate::jid::parse(to) {
             Ok(j) => j.domain().to_string(),
             Err(_) => return Err(StanzaError::jid_malformed()),
         };

@@ -276,7 +276,7 @@ pub(crate) fn xml_to_available<B: Into<Arc<String>>>(
 /// Delivers `el` to a local JID: a full JID's session, or a bare JID's available
 /// resources.
 pub(crate) fn to_local(shared: &Shared, to: &str, el: Element) {
-    match Jid::new(to).map(Jid::try_into_full) {
+    match crate::jid::parse(to).map(Jid::try_into_full) {
         Ok(Ok(full)) => {
             to_session(shared, &full, el);
         }
@@ -309,7 +309,7 @@ pub(crate) fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
     let Some(reply) = err.reply_to(el) else {
         return;
     };
-    let Some(to) = reply.get_attr("to").and_then(|t| Jid::new(t).ok()) else {
+    let Some(to) = reply.get_attr("to").and_then(|t| crate::jid::parse(t).ok()) else {
         return;
     };
     if !shared.config.serves(to.domain().as_str()) {

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::caps::{Caps, Lookup};
+use crate::caps::{Asker, Caps, Lookup};
 use crate::cluster::Kind;
 use crate::jid::{BareJid, Jid};
 use crate::node::outbox;
@@ -29,12 +29,13 @@ use crate::xml::{Element, NS_CLIENT, NS_DISCO_INFO};
 
 use super::{item_element, may_read, NS_PUBSUB_EVENT};
 
-/// Whether the session bound to `full` asked for notifications of `node`.
-fn wants(shared: &Shared, full: &str, node: &str) -> bool {
-    shared
-        .caps
-        .session_features(full)
-        .is_some_and(|f| f.contains(&format!("{node}+notify")))
+/// Whether the session asked for notifications of `node`.
+fn wants(session: &SessionHandle, node: &str) -> bool {
+    session.read(|s| {
+        s.caps
+            .as_ref()
+            .is_some_and(|f| f.contains(&format!("{node}+notify")))
+    })
 }
 
 /// `<message type='headline'>` carrying one `<event/>` child from `owner`.
@@ -52,7 +53,7 @@ fn deliver_here(shared: &Shared, bare: &str, node: &str, msg: &Element) {
     outbox::to_each_here(
         &shared.sessions,
         bare,
-        |s| s.is_available() && wants(shared, s.jid.as_str(), node),
+        |s| s.is_available() && wants(s, node),
         |jid| {
             let mut m = msg.clone();
             m.set_attr("to", jid);
@@ -124,9 +125,17 @@ pub(super) async fn on_presence(shared: &Shared, session: &Client, el: &Element,
     let Some(caps) = Caps::of_presence(el) else {
         return;
     };
-    match shared.caps.lookup(full, &caps) {
-        Lookup::Known(_) if initial => send_last_items(shared, &session.handle).await,
-        Lookup::Known(_) | Lookup::Waiting => {}
+    match shared
+        .caps
+        .lookup(&Asker::new(session.jid(), session.handle.id), &caps)
+    {
+        Lookup::Known(features) => {
+            session.handle.write(|s| s.caps = Some(features));
+            if initial {
+                send_last_items(shared, &session.handle).await;
+            }
+        }
+        Lookup::Waiting => {}
         Lookup::Ask(id) => {
             // XEP-0115 §6.2: the server asks the client what its `ver` stands for.
             let query = Element::new("iq", NS_CLIENT)
@@ -150,7 +159,8 @@ pub(super) async fn disco_answer(shared: &Shared, session: &Client, el: &Element
     let Some(id) = el.get_attr("id") else {
         return;
     };
-    let Some(pending) = shared.caps.answered(id, session.jid().as_str()) else {
+    let asker = Asker::new(session.jid(), session.handle.id);
+    let Some(pending) = shared.caps.answered(id, &asker) else {
         return;
     };
     let query = el
@@ -165,24 +175,16 @@ pub(super) async fn disco_answer(shared: &Shared, session: &Client, el: &Element
         tracing::info!(jid = %session.jid(), ver = %pending.caps.ver,
             "disco#info does not match the caps ver; used for this session only");
     }
-    shared.caps.learn(
-        &pending,
-        Arc::new(crate::caps::features_of(query)),
-        verified,
-    );
-    let waiting: Vec<String> = if verified {
-        pending.waiting.clone()
-    } else {
-        vec![pending.asked.clone()]
-    };
-    for w in waiting {
-        let Ok(full) = crate::jid::FullJid::new(&w) else {
+    let features = Arc::new(crate::caps::features_of(query));
+    let described = shared.caps.learn(&pending, Arc::clone(&features), verified);
+    for w in described {
+        // The session that announced the `ver`, not a later one of the same JID.
+        let Some(handle) = shared.sessions.get(&w.full).filter(|h| h.id == w.session) else {
             continue;
         };
-        if let Some(handle) = shared.sessions.get(&full) {
-            if handle.is_available() {
-                send_last_items(shared, &handle).await;
-            }
+        handle.write(|s| s.caps = Some(Arc::clone(&features)));
+        if handle.is_available() {
+            send_last_items(shared, &handle).await;
         }
     }
 }
@@ -190,7 +192,7 @@ pub(super) async fn disco_answer(shared: &Shared, session: &Client, el: &Element
 /// XEP-0163 §6.2 / §4.3.1: the last item of each node the session asked for, of its own
 /// account and of each local contact whose node it may read.
 async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
-    let Some(features) = shared.caps.session_features(handle.jid.as_str()) else {
+    let Some(features) = handle.read(|s| s.caps.clone()) else {
         return;
     };
     if !features.iter().any(|f| f.ends_with("+notify")) {

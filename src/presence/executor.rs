@@ -360,7 +360,7 @@ async fn presence_after_external(shared: &Shared, owner: &str) {
         return;
     }
     // The owner of a stored roster; one that is no JID has no session.
-    if let Ok(owner) = BareJid::new(owner) {
+    if let Ok(owner) = crate::jid::parse_bare(owner) {
         super::gate::reconcile_user(shared, &owner).await;
     }
 }

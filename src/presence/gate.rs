@@ -257,11 +257,19 @@ pub async fn may_see_last_seen(shared: &Shared, viewer: &Jid, subject: &Jid) -> 
 /// that may see it online now: approved subscribers the settings admit and no block in
 /// either direction separates. Fails closed (empty).
 pub async fn online_audience(shared: &Shared, subject: &Jid) -> HashSet<BareJid> {
-    roster_and_audience(shared, subject, false).await.1
+    inputs_and_audience(shared, subject, None, false).await.1
 }
 
-/// The roster of local user `subject` (full JID of the resource whose presence goes out)
-/// and [`online_audience`], from ONE statement ([`crate::store::Store::audience_inputs`]:
+/// [`online_audience`] of a session on this node, from its cached inputs if it has them.
+pub async fn session_audience(
+    shared: &Shared,
+    session: &crate::sessions::SessionHandle,
+) -> HashSet<BareJid> {
+    roster_and_audience(shared, session, false).await.1
+}
+
+/// The roster of the user of `session` (the resource here whose presence goes out) and
+/// [`online_audience`], from ONE statement ([`crate::store::Store::audience_inputs`]:
 /// settings, roster and both directions of blocks for every contact) read by the caller
 /// under the subject's lock, or from the cache of those inputs, which every write and
 /// change notification empties before acting ([`crate::store::audience_cache`]); `keep`
@@ -269,7 +277,18 @@ pub async fn online_audience(shared: &Shared, subject: &Jid) -> HashSet<BareJid>
 /// audience: with no roster we tell nobody, never everybody.
 pub async fn roster_and_audience(
     shared: &Shared,
+    session: &crate::sessions::SessionHandle,
+    keep: bool,
+) -> (Arc<AudienceInputs>, HashSet<BareJid>) {
+    inputs_and_audience(shared, &session.jid, Some(session.id), keep).await
+}
+
+/// [`roster_and_audience`] of `subject`, through the cache entry of `session` (the id of
+/// the session whose presence goes out) when there is one.
+async fn inputs_and_audience(
+    shared: &Shared,
     subject: &Jid,
+    session: Option<u64>,
     keep: bool,
 ) -> (Arc<AudienceInputs>, HashSet<BareJid>) {
     let subject_bare = subject.to_bare();
@@ -277,7 +296,7 @@ pub async fn roster_and_audience(
         .store
         .audience_inputs_cached(
             subject_bare.as_str(),
-            subject.as_str(),
+            session,
             &match_candidates(subject.as_str()),
             keep,
         )
@@ -573,7 +592,7 @@ pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
         .sessions
         .subjects_revealed_to(&user)
         .iter()
-        .filter_map(|s| BareJid::new(s).ok())
+        .filter_map(|s| crate::jid::parse_bare(s).ok())
         .collect();
     if shared
         .sessions
@@ -604,7 +623,7 @@ pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
 async fn withdraw_blocked_remote(shared: &Shared, user: &BareJid) {
     for (remote, local) in shared.s2s.seen_by(user.as_str()) {
         // Recorded from a checked `from`; one that is no JID is withdrawn (fails closed).
-        let blocked = match Jid::new(&remote) {
+        let blocked = match crate::jid::parse(&remote) {
             Ok(remote) => blocked_either(shared, user, &remote).await,
             Err(_) => true,
         };
@@ -618,7 +637,7 @@ async fn withdraw_blocked_remote(shared: &Shared, user: &BareJid) {
 /// Re-checks everything after the LISTEN connection was lost (notifications may be gone).
 pub async fn reconcile_all(shared: &Shared) {
     for s in shared.sessions.users() {
-        if let Ok(user) = BareJid::new(&s) {
+        if let Ok(user) = crate::jid::parse_bare(&s) {
             reconcile_user(shared, &user).await;
         }
     }
@@ -638,12 +657,12 @@ pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
         let audience = if invisible {
             HashSet::new()
         } else {
-            online_audience(shared, &s.jid).await
+            session_audience(shared, &s).await
         };
         let revealed = s.revealed();
         for (viewer, relation) in revealed {
             // Recorded from addresses the server checked; one that is no JID is withdrawn.
-            let viewer_jid = Jid::new(&viewer).ok();
+            let viewer_jid = crate::jid::parse(&viewer).ok();
             let keep = match (relation, &viewer_jid) {
                 (_, None) => false,
                 (Relation::Subscriber, Some(v)) => audience.contains(v),
@@ -709,7 +728,7 @@ pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
                 shared.store.forget_audience(&n.payload);
             }
             // The owner column of the changed row: a local bare JID, or nobody here.
-            match BareJid::new(&n.payload) {
+            match crate::jid::parse_bare(&n.payload) {
                 Ok(owner) if is_local(&shared, &owner) => reconcile_user(&shared, &owner).await,
                 _ => {}
             }
@@ -829,7 +848,7 @@ pub async fn may_reach_holder(
 ) -> bool {
     // The directory's full JID, written by the holding node; one that is no JID is reached
     // by nobody.
-    let Ok(holder) = Jid::new(&target.jid) else {
+    let Ok(holder) = crate::jid::parse(&target.jid) else {
         return false;
     };
     target.entry.visible

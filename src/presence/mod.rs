@@ -246,7 +246,7 @@ fn priority_of(el: &Element) -> i8 {
 async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_available: bool) {
     el.remove_attr("to");
     el.set_attr("from", session.jid().to_string());
-    let change = Change {
+    let change = Transition {
         was_available: session.handle.is_available(),
         is_available,
         invisible: session.handle.is_invisible(),
@@ -281,13 +281,13 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
 /// What a broadcast changes: the session's availability before and after, and whether it
 /// is invisible (XEP-0186).
 #[derive(Debug, Clone, Copy)]
-struct Change {
+struct Transition {
     was_available: bool,
     is_available: bool,
     invisible: bool,
 }
 
-impl Change {
+impl Transition {
     /// The session's initial presence (§4.2).
     fn initial(self) -> bool {
         self.is_available && !self.was_available
@@ -312,7 +312,7 @@ async fn show_to_audience(
     session: &Client,
     el: &Element,
     once: &Addressed,
-    change: Change,
+    change: Transition,
 ) -> (Arc<AudienceInputs>, Successor) {
     let me = session.jid();
     let bare = me.to_bare();
@@ -339,7 +339,7 @@ async fn show_to_audience(
     // A change of an already available resource keeps the inputs for the next one;
     // initial presence does not, so an idle session costs no cache memory.
     let keep = change.was_available && is_available;
-    let (inputs, audience) = gate::roster_and_audience(shared, me, keep).await;
+    let (inputs, audience) = gate::roster_and_audience(shared, &session.handle, keep).await;
     let audience = if change.invisible || (!is_available && !change.was_available) {
         Default::default()
     } else {
@@ -436,7 +436,9 @@ async fn unavailable_to_directed(
             continue;
         }
         // Recorded from a `to` that was checked; fails closed otherwise.
-        let Ok(to_jid) = Jid::new(&to) else { continue };
+        let Ok(to_jid) = crate::jid::parse(&to) else {
+            continue;
+        };
         if gate::blocked_either(shared, &to_jid, session.jid()).await {
             continue;
         }
@@ -506,7 +508,7 @@ async fn pending_requests(shared: &Shared, session: &Client, bare: &BareJid) {
             for (from, xml) in pending {
                 // XEP-0191 §3.5: a request from an entity blocked since it was stored is
                 // not delivered (it stays pending and reappears if unblocked).
-                let Ok(from_jid) = Jid::new(&from) else {
+                let Ok(from_jid) = crate::jid::parse(&from) else {
                     continue;
                 };
                 if gate::blocked_either(shared, &from_jid, bare).await {
@@ -578,7 +580,7 @@ pub async fn show_again_to_other_nodes(shared: &Shared) {
             // Only viewers the session can record as shown (its bounded set) are sent it.
             let mut room = s.read(|p| p.room());
             let mut audience = Vec::new();
-            for c in gate::online_audience(shared, &s.jid).await {
+            for c in gate::session_audience(shared, &s).await {
                 let c = c.to_string();
                 if !shared.config.serves(domain_of(&c)) {
                     continue;
@@ -643,7 +645,9 @@ async fn directed(shared: &Shared, session: &Client, mut el: Element, is_availab
     };
     el.set_attr("from", session.jid().to_string());
     // XEP-0191 §3.5: directed presence to or from a blocked entity is dropped silently.
-    let Ok(to_jid) = Jid::new(&to) else { return };
+    let Ok(to_jid) = crate::jid::parse(&to) else {
+        return;
+    };
     if gate::blocked_either(shared, &to_jid, session.jid()).await {
         return;
     }
@@ -881,17 +885,13 @@ async fn session_ended(shared: &Arc<Shared>, session: &Client) {
         broadcast(shared, session, p, false).await;
     }
     // Nothing the session remembers about others outlives it, even while a copy of its
-    // handle is still held somewhere.
+    // handle is still held somewhere; what the node keeps for it is keyed by its id, so a
+    // new session of the same resource keeps its own.
     session.handle.write(|p| p.clear());
-    let jid = session.jid();
-    if shared.sessions.get(jid).is_some() {
-        // A new session holds the resource; what is kept per full JID is its own now.
-        return;
-    }
-    shared.caps.forget_session(jid.as_str());
+    shared.caps.forget_session(session.handle.id);
     shared
         .store
-        .forget_audience_of(jid.to_bare().as_str(), jid.as_str());
+        .forget_audience_of(session.jid().to_bare().as_str(), session.handle.id);
 }
 
 /// Who holds a session's full JID when that session's unavailable goes out, if not the

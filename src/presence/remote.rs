@@ -29,14 +29,8 @@ use super::subscription::{Direction, SubKind};
 use super::{presence, Exchange};
 use crate::node::outbox::to_available;
 /// A presence stanza from an authenticated remote server (its `from` domain was checked
-/// by the stream). Dispatches by type.
-pub async fn inbound(shared: &Arc<Shared>, el: Element) {
-    let (Some(from), Some(to)) = (
-        el.get_attr("from").and_then(|f| Jid::new(f).ok()),
-        el.get_attr("to").and_then(|t| Jid::new(t).ok()),
-    ) else {
-        return;
-    };
+/// by the stream, which parsed its addresses). Dispatches by type.
+pub async fn inbound(shared: &Arc<Shared>, from: Jid, to: Jid, el: Element) {
     // A type RFC 6121 does not define is dropped: a server's stanza gets no error back.
     let Some(ty) = PresenceType::of(&el) else {
         return;
@@ -64,8 +58,8 @@ pub async fn inbound(shared: &Arc<Shared>, el: Element) {
             }
         }
         PresenceType::Error => {
-            if to.resource().is_some() {
-                crate::node::outbox::to_local(shared, to.as_str(), el);
+            if let Ok(full) = to.try_into_full() {
+                crate::node::outbox::to_session(shared, &full, el);
             }
         }
     }

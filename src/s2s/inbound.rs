@@ -234,12 +234,14 @@ async fn negotiate(
             );
             return Err(Some((stream, e)));
         }
-        // The domain the peer claims: a bare domain that is not ours (RFC 6120 §4.7.1).
+        // The domain the peer claims: a bare domain that is not ours (RFC 6120 §4.7.1),
+        // as parsed (RFC 7622 §3.2), so it names the domain its stanzas' `from` will.
         let from = h
             .get_attr("from")
-            .filter(|f| Jid::new(f).is_ok_and(|j| j.node().is_none() && j.resource().is_none()))
-            .filter(|f| !shared.config.serves(f))
-            .map(str::to_owned);
+            .and_then(|f| crate::jid::parse_bare(f).ok())
+            .filter(|j| j.node().is_none())
+            .map(|j| j.domain().to_string())
+            .filter(|f| !shared.config.serves(f));
         let policy = match &from {
             Some(f) => shared.live.get().s2s.policy(f).clone(),
             None => shared.live.get().s2s.default_policy.clone(),
@@ -543,10 +545,12 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
                 "too many stanzas per second",
             ));
         }
-        if let Err(e) = check_origin(&shared, &el, &authed) {
-            break Some(e);
-        }
-        super::deliver_inbound(&shared, el).await;
+        let mut el = el;
+        let (from, to) = match check_origin(&shared, &mut el, &authed) {
+            Ok(addresses) => addresses,
+            Err(e) => break Some(e),
+        };
+        super::deliver_inbound(&shared, from, to, el).await;
     };
     let remotes: Vec<(String, String)> = authed
         .lock()
@@ -570,15 +574,21 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
     tracing::info!(%peer, %local_domain, "inbound s2s stream ended");
 }
 
-/// RFC 6120 §4.9.3.7 / §4.9.3.6 / §4.9.3.9, in that order.
-fn check_origin(shared: &Shared, el: &Element, authed: &Authenticated) -> Result<(), StreamError> {
+/// RFC 6120 §4.9.3.7 / §4.9.3.6 / §4.9.3.9, in that order. The stanza leaves with its
+/// addresses as parsed (RFC 7622: `bob@b.example.` is `bob@b.example`), so everything
+/// after this edge sees one spelling of each JID.
+fn check_origin(
+    shared: &Shared,
+    el: &mut Element,
+    authed: &Authenticated,
+) -> Result<(Jid, Jid), StreamError> {
     let (Some(from), Some(to)) = (el.get_attr("from"), el.get_attr("to")) else {
         return Err(StreamError::new(
             StreamCondition::ImproperAddressing,
             "stanzas between servers need both 'from' and 'to'",
         ));
     };
-    let (Ok(from), Ok(to)) = (Jid::new(from), Jid::new(to)) else {
+    let (Ok(from), Ok(to)) = (crate::jid::parse(from), crate::jid::parse(to)) else {
         return Err(StreamError::new(
             StreamCondition::ImproperAddressing,
             "malformed address",
@@ -598,7 +608,9 @@ fn check_origin(shared: &Shared, el: &Element, authed: &Authenticated) -> Result
             format!("this stream is not authenticated for '{}'", pair.0),
         ));
     }
-    Ok(())
+    el.set_attr("from", from.as_str());
+    el.set_attr("to", to.as_str());
+    Ok((from, to))
 }
 
 /// Receiving-server role: a `<db:result>` with a key (XEP-0220 §2.1.2). The check runs in
@@ -630,7 +642,11 @@ async fn on_result(
         let _ = out.send(Out::Raw(error_result("item-not-found"))).await;
         return Ok(());
     }
-    if Jid::new(&from).map(|j| j.node().is_some()).unwrap_or(true) || shared.config.serves(&from) {
+    if crate::jid::parse(&from)
+        .map(|j| j.node().is_some())
+        .unwrap_or(true)
+        || shared.config.serves(&from)
+    {
         let _ = out
             .send(Out::Raw(error_result("improper-addressing")))
             .await;
@@ -709,13 +725,7 @@ async fn on_verify(shared: &Shared, el: &Element, out: &mpsc::Sender<Out>) {
 /// A message from a remote server to a local user (RFC 6121 §8.5), delivered as a local
 /// one is ([`crate::delivery::message`]: the recipient's block list and the privacy gate
 /// apply); an error goes back over federation.
-pub(crate) async fn message(shared: &Shared, el: Element) {
-    let (Some(from), Some(to)) = (
-        el.get_attr("from").and_then(|f| Jid::new(f).ok()),
-        el.get_attr("to").and_then(|t| Jid::new(t).ok()),
-    ) else {
-        return;
-    };
+pub(crate) async fn message(shared: &Shared, from: Jid, to: Jid, el: Element) {
     if to.node().is_none() {
         // No handler for messages to the server itself (RFC 6120 §10.3.1).
         crate::delivery::bounce(shared, &el, StanzaError::service_unavailable());
@@ -728,15 +738,9 @@ pub(crate) async fn message(shared: &Shared, el: Element) {
 /// [`crate::delivery::iq`] (block list, privacy gate, the offline answer otherwise); the
 /// server answers ping (XEP-0199) to a bare JID itself; every other request gets
 /// service-unavailable so the requester is never left waiting.
-pub(crate) async fn iq(shared: &Shared, el: Element) {
+pub(crate) async fn iq(shared: &Shared, from: Jid, to: Jid, el: Element) {
     let ty = IqType::of(&el);
     let is_request = ty.is_some_and(IqType::is_request);
-    let (Some(from), Some(to)) = (
-        el.get_attr("from").and_then(|f| Jid::new(f).ok()),
-        el.get_attr("to").and_then(|t| Jid::new(t).ok()),
-    ) else {
-        return;
-    };
     let to = match to.try_into_full() {
         Ok(full) => {
             crate::delivery::iq(shared, &from, &full, el).await;

@@ -55,6 +55,7 @@ pub mod outbound;
 
 use std::sync::Arc;
 
+use crate::jid::Jid;
 use crate::node::Shared;
 use crate::xml::{Element, NS_CLIENT, NS_SERVER, NS_STREAM};
 
@@ -185,11 +186,11 @@ pub(crate) use crate::node::outbox::bounce_unroutable as bounce;
 
 /// An authenticated inbound stanza, already checked for addressing: hands it to presence,
 /// or delivers it like a local one (RFC 6120 §10.5, RFC 6121 §8.5).
-pub(crate) async fn deliver_inbound(shared: &Arc<Shared>, el: Element) {
+pub(crate) async fn deliver_inbound(shared: &Arc<Shared>, from: Jid, to: Jid, el: Element) {
     match el.name.as_str() {
-        "presence" => crate::presence::remote::inbound(shared, el).await,
-        "message" => inbound::message(shared, el).await,
-        _ => inbound::iq(shared, el).await,
+        "presence" => crate::presence::remote::inbound(shared, from, to, el).await,
+        "message" => inbound::message(shared, from, to, el).await,
+        _ => inbound::iq(shared, from, to, el).await,
     }
 }
 

@@ -23,9 +23,11 @@
 //! * `ttl` bounds the age of any entry regardless, for the case where notifications
 //!   cannot be received at all.
 //!
-//! Entries are keyed by the full JID whose presence goes out (a contact may block one
-//! resource, XEP-0016 §2.1) and filled only by presence changes of an already available
-//! resource: an idle session costs no cache memory. The session's entry goes when it ends.
+//! Entries are per session whose presence goes out (a contact may block one resource,
+//! XEP-0016 §2.1), keyed by the session's id (`sessions::SessionHandle::id`) under its
+//! user, and filled only by presence changes of an already available resource: an idle
+//! session costs no cache memory. The session's entry goes when it ends; a later session
+//! that binds the same full JID has another id, so it neither reads nor loses it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,8 +37,8 @@ use std::time::{Duration, Instant};
 use super::gate_inputs::AudienceInputs;
 use super::{Store, StoreError};
 
-/// Bare JID → (full JID, when read, inputs).
-type Entries = HashMap<String, Vec<(Box<str>, Instant, Arc<AudienceInputs>)>>;
+/// Bare JID → (session id, when read, inputs).
+type Entries = HashMap<String, Vec<(u64, Instant, Arc<AudienceInputs>)>>;
 
 /// See the module documentation.
 #[derive(Debug, Default)]
@@ -60,16 +62,16 @@ impl AudienceCache {
         }
     }
 
-    fn get(&self, bare: &str, full: &str) -> Option<Arc<AudienceInputs>> {
+    fn get(&self, bare: &str, session: u64) -> Option<Arc<AudienceInputs>> {
         let ttl = self.ttl()?;
         let map = self.lock();
         map.get(bare)?
             .iter()
-            .find(|(f, at, _)| &**f == full && at.elapsed() < ttl)
+            .find(|(s, at, _)| *s == session && at.elapsed() < ttl)
             .map(|(_, _, inputs)| Arc::clone(inputs))
     }
 
-    fn put(&self, epoch: u64, bare: &str, full: &str, inputs: &Arc<AudienceInputs>) {
+    fn put(&self, epoch: u64, bare: &str, session: u64, inputs: &Arc<AudienceInputs>) {
         if self.ttl().is_none() {
             return;
         }
@@ -78,8 +80,8 @@ impl AudienceCache {
             return; // invalidated while it was being read
         }
         let list = map.entry(bare.to_owned()).or_default();
-        list.retain(|(f, _, _)| &**f != full);
-        list.push((full.into(), Instant::now(), Arc::clone(inputs)));
+        list.retain(|(s, _, _)| *s != session);
+        list.push((session, Instant::now(), Arc::clone(inputs)));
     }
 
     fn invalidate(&self, bare: Option<&str>) {
@@ -105,10 +107,10 @@ impl AudienceCache {
         });
     }
 
-    fn remove_resource(&self, bare: &str, full: &str) {
+    fn remove_session(&self, bare: &str, session: u64) {
         let mut map = self.lock();
         if let Some(list) = map.get_mut(bare) {
-            list.retain(|(f, _, _)| &**f != full);
+            list.retain(|(s, _, _)| *s != session);
             if list.is_empty() {
                 map.remove(bare);
             }
@@ -188,24 +190,24 @@ impl Store {
         &self.audience
     }
 
-    /// [`Store::audience_inputs`] for the presence of `subject_full` (a resource of local
-    /// user `subject_bare`), from the cache when it holds them; when `keep` is set, a value
-    /// read from the database is cached for the next change.
+    /// [`Store::audience_inputs`] for the presence of local user `subject_bare`, from the
+    /// cache when `session` (the id of the session whose presence goes out) has an entry;
+    /// when `keep` is set, a value read from the database is cached for that session's
+    /// next change. Without a session nothing is cached.
     pub async fn audience_inputs_cached(
         &self,
         subject_bare: &str,
-        subject_full: &str,
+        session: Option<u64>,
         subject_forms: &[String],
         keep: bool,
     ) -> Result<Arc<AudienceInputs>, StoreError> {
-        if let Some(hit) = self.audience.get(subject_bare, subject_full) {
+        if let Some(hit) = session.and_then(|s| self.audience.get(subject_bare, s)) {
             return Ok(hit);
         }
         let epoch = self.audience.epoch.load(Ordering::Relaxed);
         let inputs = Arc::new(self.audience_inputs(subject_bare, subject_forms).await?);
-        if keep {
-            self.audience
-                .put(epoch, subject_bare, subject_full, &inputs);
+        if let Some(session) = session.filter(|_| keep) {
+            self.audience.put(epoch, subject_bare, session, &inputs);
         }
         Ok(inputs)
     }
@@ -226,15 +228,23 @@ impl Store {
         self.audience.invalidate(None);
     }
 
-    /// Drops the entry of one resource that went offline.
-    pub fn forget_audience_of(&self, owner: &str, full: &str) {
-        self.audience.remove_resource(owner, full);
+    /// Drops the entry of session `session` of `owner`, which ended.
+    pub fn forget_audience_of(&self, owner: &str, session: u64) {
+        self.audience.remove_session(owner, session);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A session id per test resource name.
+    fn id(full: &str) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        full.hash(&mut h);
+        h.finish()
+    }
 
     fn inputs() -> Arc<AudienceInputs> {
         Arc::new(AudienceInputs::default())
@@ -251,11 +261,11 @@ mod tests {
         let c = on(60_000);
         let epoch = c.epoch.load(Ordering::Relaxed);
         c.invalidate(Some("a@x"));
-        c.put(epoch, "a@x", "a@x/r", &inputs());
-        assert!(c.get("a@x", "a@x/r").is_none());
+        c.put(epoch, "a@x", id("a@x/r"), &inputs());
+        assert!(c.get("a@x", id("a@x/r")).is_none());
         let epoch = c.epoch.load(Ordering::Relaxed);
-        c.put(epoch, "a@x", "a@x/r", &inputs());
-        assert!(c.get("a@x", "a@x/r").is_some());
+        c.put(epoch, "a@x", id("a@x/r"), &inputs());
+        assert!(c.get("a@x", id("a@x/r")).is_some());
     }
 
     #[test]
@@ -263,12 +273,12 @@ mod tests {
         let c = on(60_000);
         for (b, f) in [("a@x", "a@x/1"), ("a@x", "a@x/2"), ("b@x", "b@x/1")] {
             let epoch = c.epoch.load(Ordering::Relaxed);
-            c.put(epoch, b, f, &inputs());
+            c.put(epoch, b, id(f), &inputs());
         }
         assert_eq!(c.len(), 3);
         c.invalidate(Some("a@x"));
-        assert!(c.get("a@x", "a@x/1").is_none());
-        assert!(c.get("b@x", "b@x/1").is_some());
+        assert!(c.get("a@x", id("a@x/1")).is_none());
+        assert!(c.get("b@x", id("b@x/1")).is_some());
         c.invalidate(None);
         assert!(c.is_empty());
     }
@@ -281,7 +291,7 @@ mod tests {
         let with = |contact: &str| {
             Arc::new(AudienceInputs {
                 roster: vec![AudienceContact {
-                    contact: crate::jid::BareJid::new(contact).unwrap(),
+                    contact: crate::jid::parse_bare(contact).unwrap(),
                     subscription: Subscription::Both,
                     blocks_subject: false,
                     blocked_by_subject: false,
@@ -291,21 +301,21 @@ mod tests {
         };
         for (b, contact) in [("a@x", "c@x"), ("b@x", "d@x"), ("c@x", "a@x")] {
             let epoch = c.epoch.load(Ordering::Relaxed);
-            c.put(epoch, b, &format!("{b}/r"), &with(contact));
+            c.put(epoch, b, id(&format!("{b}/r")), &with(contact));
         }
         c.invalidate_naming("c@x");
-        assert!(c.get("a@x", "a@x/r").is_none(), "lists c@x");
-        assert!(c.get("c@x", "c@x/r").is_none(), "c@x's own");
-        assert!(c.get("b@x", "b@x/r").is_some(), "unrelated");
+        assert!(c.get("a@x", id("a@x/r")).is_none(), "lists c@x");
+        assert!(c.get("c@x", id("c@x/r")).is_none(), "c@x's own");
+        assert!(c.get("b@x", id("b@x/r")).is_some(), "unrelated");
     }
 
     #[test]
     fn entries_are_per_resource_and_expire() {
         let c = on(60_000);
         let epoch = c.epoch.load(Ordering::Relaxed);
-        c.put(epoch, "a@x", "a@x/1", &inputs());
-        assert!(c.get("a@x", "a@x/2").is_none());
-        c.remove_resource("a@x", "a@x/1");
+        c.put(epoch, "a@x", id("a@x/1"), &inputs());
+        assert!(c.get("a@x", id("a@x/2")).is_none());
+        c.remove_session("a@x", id("a@x/1"));
         assert!(c.is_empty());
         // An entry read longer ago than the TTL is not used (placed directly, not slept for).
         let old = Instant::now()
@@ -314,14 +324,14 @@ mod tests {
         c.lock()
             .entry("a@x".into())
             .or_default()
-            .push(("a@x/1".into(), old, inputs()));
-        assert!(c.get("a@x", "a@x/1").is_none());
+            .push((id("a@x/1"), old, inputs()));
+        assert!(c.get("a@x", id("a@x/1")).is_none());
     }
 
     #[test]
     fn a_zero_ttl_caches_nothing() {
         let c = on(0);
-        c.put(0, "a@x", "a@x/1", &inputs());
+        c.put(0, "a@x", id("a@x/1"), &inputs());
         assert!(c.is_empty());
     }
 }
