@@ -26,10 +26,10 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio_util::task::TaskTracker;
 
 use crate::error::{StanzaError, StreamCondition, StreamError};
 use crate::jid::Jid;
+use crate::node::listen::{Handler, Listener, ListenerPolicy, StartError};
 use crate::node::Shared;
 use crate::stanza::IqType;
 use crate::tls::BoxIo;
@@ -53,67 +53,54 @@ pub struct Listening {
 }
 
 /// Binds the s2s listeners and starts accepting.
-pub async fn listen(
-    shared: &Arc<Shared>,
-    tracker: &TaskTracker,
-) -> Result<Listening, crate::node::listen::StartError> {
+pub async fn listen(shared: &Arc<Shared>) -> Result<Listening, StartError> {
     let mut out = Listening::default();
     let cfg = &shared.config.s2s;
     if !cfg.enabled {
         return Ok(out);
     }
-    let permits = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
+    // One policy for both ports, as the client listeners share theirs.
+    let policy = Arc::new(ListenerPolicy::s2s(&shared.config));
     for (port, direct) in [(cfg.port, false), (cfg.direct_tls_port, true)] {
         if direct && !cfg.direct_tls {
             continue;
         }
         let addr = SocketAddr::new(cfg.bind, port);
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| crate::node::listen::StartError::Bind(addr, e))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| crate::node::listen::StartError::Bind(addr, e))?;
+        let (listener, local) = crate::node::listen::bind(addr).await?;
         tracing::info!(addr = %local, direct_tls = direct, "s2s listening");
         if direct {
             out.direct_tls_addr = Some(local);
         } else {
             out.addr = Some(local);
         }
-        tracker.spawn(accept_loop(
-            listener,
-            shared.clone(),
-            tracker.clone(),
-            direct,
-            permits.clone(),
-        ));
+        let handler = Inbound {
+            shared: shared.clone(),
+            direct_tls: direct,
+        };
+        Listener::new("s2s", listener, Some(policy.clone()), shared).spawn(handler);
     }
     Ok(out)
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// The s2s listeners' connections: an inbound server stream each ([`serve`]).
+struct Inbound {
     shared: Arc<Shared>,
-    tracker: TaskTracker,
-    direct: bool,
-    permits: Arc<tokio::sync::Semaphore>,
-) {
-    while let Some((tcp, peer)) =
-        crate::node::listen::next_connection(&listener, &shared.shutdown, "s2s").await
-    {
-        if shared.s2s.is_severed() {
-            continue;
-        }
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "s2s connection limit reached");
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
-        let shared = shared.clone();
-        tracker.spawn(async move {
-            serve(shared, tcp, peer, direct).await;
-            drop(permit);
-        });
+    /// Whether this is the direct TLS port (XEP-0368).
+    direct_tls: bool,
+}
+
+impl Handler<TcpListener> for Inbound {
+    fn serve(
+        &self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        serve(self.shared.clone(), tcp, peer, self.direct_tls)
+    }
+
+    /// While federation is severed, inbound connections are closed as they come.
+    fn accepts(&self) -> bool {
+        !self.shared.s2s.is_severed()
     }
 }
 
