@@ -1,8 +1,8 @@
-//! Listeners, the accept loop, connection limits and shutdown.
+//! Start, the listeners and shutdown.
 //!
-//! Shaped like mini-redis: a listener accepts, each connection gets one task
-//! ([`crate::c2s::serve`]), and a [`CancellationToken`] plus a [`TaskTracker`] end them all
-//! on shutdown.
+//! Shaped like mini-redis: a listener accepts ([`crate::node::listen::Listener`]), each
+//! connection gets one task (here [`crate::c2s::serve`]), and a [`CancellationToken`] plus
+//! a [`TaskTracker`] (`Shared::tasks`) end them all on shutdown.
 
 use std::future::Future;
 use std::net::SocketAddr;

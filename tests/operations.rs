@@ -464,14 +464,18 @@ async fn sigterm_with_a_closed_log_pipe_still_stops_gracefully_and_writes_last_s
         "{status:?} after {:?}",
         child_stderr_reader_gone.elapsed()
     );
-    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
-    let seen: Option<(chrono::DateTime<chrono::Utc>,)> =
-        sqlx::query_as("SELECT seen_at FROM last_activity WHERE jid = $1")
-            .bind(format!("bob@{}", setup.domain))
-            .fetch_optional(&pool)
-            .await
-            .unwrap();
+    let seen = last_seen(&format!("bob@{}", setup.domain)).await;
     assert!(seen.is_some(), "last seen written at shutdown");
+}
+
+/// The last seen the store holds for `jid`.
+async fn last_seen(jid: &str) -> Option<(chrono::DateTime<chrono::Utc>,)> {
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    sqlx::query_as("SELECT seen_at FROM last_activity WHERE jid = $1")
+        .bind(jid)
+        .fetch_optional(&pool)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -1559,13 +1563,7 @@ async fn sigterm_waits_for_websocket_sessions_to_end_and_writes_their_last_seen(
     let (status, log) = server.terminate().await;
     assert!(status.success(), "exit after SIGTERM: {status:?}");
     assert!(log.iter().any(|l| l.contains("stopped")), "{log:?}");
-    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
-    let seen: Option<(chrono::DateTime<chrono::Utc>,)> =
-        sqlx::query_as("SELECT seen_at FROM last_activity WHERE jid = $1")
-            .bind(format!("carol@{}", setup.domain))
-            .fetch_optional(&pool)
-            .await
-            .unwrap();
+    let seen = last_seen(&format!("carol@{}", setup.domain)).await;
     assert!(
         seen.is_some(),
         "last seen of the WebSocket session written at shutdown"
