@@ -328,3 +328,40 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartEr
         .map_err(|e| StartError::Bind(addr, e))?;
     Ok((listener, local))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s2s_admission_counts_open_connections_per_source_and_not_per_minute() {
+        let mut config = Config::default();
+        config.s2s.max_connections = 10;
+        config.s2s.max_connections_per_ip = 2;
+        let policy = ListenerPolicy::s2s(&config);
+        let peer: SocketAddr = "192.0.2.1:5269".parse().unwrap();
+        let other: SocketAddr = "192.0.2.2:5269".parse().unwrap();
+        let first = policy.admit(peer).unwrap();
+        let _second = policy.admit(peer).unwrap();
+        assert_eq!(policy.admit(peer).err(), Some(Refusal::SourceFull));
+        assert!(
+            policy.admit(other).is_ok(),
+            "another source has its own budget"
+        );
+        drop(first);
+        // A place given back is free again, however many connections came this minute.
+        for _ in 0..200 {
+            drop(policy.admit(peer).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_cap_only_policy_refuses_past_the_cap_and_nothing_else() {
+        let policy = ListenerPolicy::with(1, "full");
+        let peer: SocketAddr = "[2001:db8::1]:80".parse().unwrap();
+        let held = policy.admit(peer).unwrap();
+        assert_eq!(policy.admit(peer).err(), Some(Refusal::Full));
+        drop(held);
+        assert!(policy.admit(peer).is_ok());
+    }
+}
