@@ -50,12 +50,17 @@ pub struct ListenerPolicy {
     connections: Arc<Semaphore>,
     /// What is logged when the cap refuses a connection.
     full: &'static str,
-    /// Accept times per source within the current minute, and how many a minute may hold;
-    /// `None`: no per-minute budget.
-    per_ip: Option<(Mutex<HashMap<IpAddr, (Instant, u32)>>, u32)>,
+    /// The budget of new connections per source and minute; `None`: none.
+    per_ip: Option<PerMinute>,
     /// Connections open per source now.
     open: Arc<Mutex<HashMap<IpAddr, usize>>>,
     open_max: usize,
+}
+
+/// New connections per source within the current minute, against `max`.
+struct PerMinute {
+    seen: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    max: u32,
 }
 
 /// A connection's place: under the cap of all connections and under its source's; both
@@ -122,7 +127,10 @@ impl ListenerPolicy {
     }
 
     fn per_minute(mut self, max: u32) -> Self {
-        self.per_ip = Some((Mutex::new(HashMap::new()), max));
+        self.per_ip = Some(PerMinute {
+            seen: Mutex::new(HashMap::new()),
+            max,
+        });
         self
     }
 
@@ -160,11 +168,11 @@ impl ListenerPolicy {
 
     /// Counts a new connection from `ip`; false when it is over the per-minute budget.
     fn within_rate(&self, ip: IpAddr) -> bool {
-        let Some((per_ip, max)) = &self.per_ip else {
+        let Some(PerMinute { seen, max }) = &self.per_ip else {
             return true;
         };
         let now = Instant::now();
-        let mut map = per_ip.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = seen.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() > 100_000 {
             map.retain(|_, (start, _)| now.duration_since(*start) < Duration::from_secs(60));
         }
