@@ -27,6 +27,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use crate::error::{StreamCondition, StreamError};
 use crate::jid::BareJid;
+use crate::node::listen::{Handler, Listener};
 use crate::node::Shared;
 use crate::sessions::SessionHandle;
 
@@ -162,28 +163,34 @@ pub async fn start(shared: &Arc<Shared>) -> std::io::Result<Option<PathBuf>> {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
     }
     tracing::info!(socket = %path.display(), "admin socket listening");
-    let shared = shared.clone();
-    let started = std::time::Instant::now();
+    let handler = Commands {
+        shared: shared.clone(),
+        started: std::time::Instant::now(),
+    };
     let served = path.clone();
-    tokio::spawn(async move {
-        loop {
-            let conn = tokio::select! {
-                c = listener.accept() => c,
-                _ = shared.shutdown.cancelled() => break,
-            };
-            match conn {
-                Ok((stream, _)) => {
-                    tokio::spawn(serve(shared.clone(), stream, started));
-                }
-                Err(e) => {
-                    tracing::warn!(socket = %served.display(), error = %e, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
+    // No per-source budget: only the socket file's owner can connect.
+    let listener = Listener::new("admin socket", listener, None, shared);
+    shared.tasks.spawn(async move {
+        listener.run(handler).await;
         let _ = std::fs::remove_file(&served);
     });
     Ok(Some(path))
+}
+
+/// The admin socket's connections: one command each.
+struct Commands {
+    shared: Arc<Shared>,
+    started: std::time::Instant,
+}
+
+impl Handler<UnixListener> for Commands {
+    fn serve(
+        &self,
+        stream: UnixStream,
+        _: tokio::net::unix::SocketAddr,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        serve(self.shared.clone(), stream, self.started)
+    }
 }
 
 async fn serve(shared: Arc<Shared>, stream: UnixStream, started: std::time::Instant) {

@@ -838,6 +838,12 @@ pub struct S2sConfig {
     pub stanza_burst: u32,
     /// Simultaneous inbound server connections; more are refused.
     pub max_connections: usize,
+    /// Of those, open at once from one source IP (IPv6: one /64); more are refused. A
+    /// number of its own, not `[limits] max_connections_per_ip`: one peer server holds
+    /// several streams to us (one per pair of its domain and ours it authenticates, plus a
+    /// short one for each dialback verify), and a hosting provider's server speaks for
+    /// many domains from one address, so its budget has nothing in common with a client's.
+    pub max_connections_per_ip: usize,
 }
 
 /// How much a remote domain must prove before its stanzas are accepted.
@@ -887,6 +893,7 @@ impl Default for S2sConfig {
             stanzas_per_second: 500,
             stanza_burst: 2000,
             max_connections: 1000,
+            max_connections_per_ip: 100,
         }
     }
 }
@@ -1234,8 +1241,10 @@ impl Config {
         if s.reconnect_min_ms.is_zero() || s.reconnect_max_ms < s.reconnect_min_ms {
             return bad("[s2s] 0 < reconnect_min_ms <= reconnect_max_ms");
         }
-        if s.stanzas_per_second == 0 || s.max_connections == 0 {
-            return bad("[s2s] stanzas_per_second and max_connections must be positive");
+        if s.stanzas_per_second == 0 || s.max_connections == 0 || s.max_connections_per_ip == 0 {
+            return bad(
+                "[s2s] stanzas_per_second, max_connections and max_connections_per_ip must be positive",
+            );
         }
         if self.auth.scram_iterations < 4096 {
             return bad("[auth] scram_iterations must be at least 4096 (RFC 7677 §4)");

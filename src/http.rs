@@ -6,6 +6,7 @@
 //! a WebSocket upgrade hands the connection, with the head replayed, to tokio-tungstenite.
 //! TLS uses the same certificates as c2s (`[tls]`).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,11 +14,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpListener;
-use tokio_util::task::TaskTracker;
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::node::io::BoxIo;
-use crate::node::listen::{ListenerPolicy, Refusal, StartError};
+use crate::node::listen::{Answer, Handler, Listener, ListenerPolicy, Refusal, StartError};
 use crate::node::Shared;
 use crate::services::Services;
 
@@ -25,7 +25,6 @@ use crate::services::Services;
 pub async fn start(
     shared: &Arc<Shared>,
     services: &Arc<Services>,
-    tracker: &TaskTracker,
     policy: Arc<ListenerPolicy>,
 ) -> Result<Option<SocketAddr>, StartError> {
     let c = &shared.config.http;
@@ -35,46 +34,46 @@ pub async fn start(
     let addr = SocketAddr::new(c.bind, c.port);
     let (listener, local) = crate::node::listen::bind(addr).await?;
     tracing::info!(addr = %local, tls = c.tls, path = %c.websocket_path, "http listening");
-    tracker.spawn(accept_loop(
-        listener,
-        shared.clone(),
-        services.clone(),
-        policy,
-    ));
+    let handler = Client {
+        shared: shared.clone(),
+        services: services.clone(),
+    };
+    Listener::new("http", listener, Some(policy), shared).spawn(handler);
     Ok(Some(local))
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// The client listener's connections: host-meta, or a WebSocket stream whose session ends
+/// with the connection's task.
+struct Client {
     shared: Arc<Shared>,
     services: Arc<Services>,
-    policy: Arc<ListenerPolicy>,
-) {
-    while let Some((stream, peer)) =
-        crate::node::listen::next_connection(&listener, &shared.shutdown, "http").await
-    {
-        let _ = stream.set_nodelay(true);
-        let permit = match policy.admit(peer) {
-            Ok(permit) => permit,
-            Err(why) => {
-                // RFC 6585 §4 for the rate, RFC 9110 §15.6.4 for the cap; a WebSocket client
-                // sees its handshake refused with the same status.
-                let (status, text) = match why {
-                    Refusal::Rate => (429, "too many connections from your address"),
-                    Refusal::Full => (503, "the server is full"),
-                    Refusal::SourceFull => (429, "too many connections open from your address"),
-                };
-                tokio::spawn(respond(Box::new(stream), status, "text/plain", text));
-                continue;
-            }
-        };
-        let shared = shared.clone();
-        let services = services.clone();
+}
+
+impl Handler<TcpListener> for Client {
+    fn serve(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let (shared, services) = (self.shared.clone(), self.services.clone());
         let port = stream.local_addr().map(|a| a.port()).unwrap_or(0);
-        tokio::spawn(async move {
-            handle(shared, services, Box::new(stream), peer, port).await;
-            drop(permit);
-        });
+        handle(shared, services, Box::new(stream), peer, port)
+    }
+
+    fn refuse(&self, stream: TcpStream, _: SocketAddr, why: Refusal) -> Option<Answer> {
+        // RFC 6585 §4 for the rate, RFC 9110 §15.6.4 for the cap; a WebSocket client sees
+        // its handshake refused with the same status.
+        let (status, text) = match why {
+            Refusal::Rate => (429, "too many connections from your address"),
+            Refusal::Full => (503, "the server is full"),
+            Refusal::SourceFull => (429, "too many connections open from your address"),
+        };
+        Some(Box::pin(respond(
+            Box::new(stream),
+            status,
+            "text/plain",
+            text,
+        )))
     }
 }
 
@@ -82,10 +81,7 @@ async fn accept_loop(
 /// port): `/metrics`, the status page `/status` and the figures it polls, `/status.json`.
 /// No cross-origin header: a web page a user visits must not read them. With `[admin]
 /// token` set, every request must carry it.
-pub async fn start_admin(
-    shared: &Arc<Shared>,
-    tracker: &TaskTracker,
-) -> Result<Option<SocketAddr>, StartError> {
+pub async fn start_admin(shared: &Arc<Shared>) -> Result<Option<SocketAddr>, StartError> {
     let c = &shared.config.admin;
     if !c.enabled {
         return Ok(None);
@@ -93,64 +89,77 @@ pub async fn start_admin(
     let addr = SocketAddr::new(c.bind, c.port);
     let (listener, local) = crate::node::listen::bind(addr).await?;
     tracing::info!(addr = %local, "admin http listening (/metrics, /status)");
-    let shared = shared.clone();
-    let open = Arc::new(tokio::sync::Semaphore::new(c.max_connections.max(1)));
-    tracker.spawn(async move {
-        while let Some((stream, peer)) =
-            crate::node::listen::next_connection(&listener, &shared.shutdown, "admin").await
-        {
-            let Ok(permit) = open.clone().try_acquire_owned() else {
-                tracing::warn!(%peer, "admin listener: connection limit reached");
-                continue;
-            };
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                let _permit = permit;
-                let mut io: BoxIo = Box::new(stream);
-                let deadline =
-                    tokio::time::Instant::now() + shared.live.get().limits.negotiation_timeout;
-                let max = shared.config.http.max_request_head;
-                let (status, ctype, body) = match read_head(&mut io, deadline, max, peer).await {
-                    Err(None) => return,
-                    Err(Some((status, text))) => (status, "text/plain", text.to_owned()),
-                    Ok((head, _)) if head.method != "GET" => (405, "text/plain", "only GET".into()),
-                    Ok((head, _)) if !admin_host_allowed(&shared, head.host.as_deref()) => {
-                        tracing::warn!(%peer, host = ?head.host, "admin listener: Host not answered");
-                        (421, "text/plain", "this Host is not answered here ([admin] hosts)".into())
-                    }
-                    // The page is the same static file for everyone; the figures it polls
-                    // need the token.
-                    Ok((head, _)) if head.path.split('?').next() == Some("/status") => {
-                        (200, "text/html; charset=utf-8", crate::status::PAGE.into())
-                    }
-                    Ok((head, _)) if !admin_authorized(&shared, &head) => {
-                        tracing::info!(%peer, path = %head.path, "admin listener: missing or wrong token");
-                        (401, "text/plain", "token required ([admin] token)".into())
-                    }
-                    Ok((head, _)) => match head.path.split('?').next().unwrap_or("") {
-                        "/metrics" => (200, crate::metrics::CONTENT_TYPE, shared.metrics.render()),
-                        "/status.json" => {
-                            let snapshot = crate::status::snapshot(&shared).await;
-                            match serde_json::to_string(&snapshot) {
-                                Ok(json) => (200, "application/json", json),
-                                Err(e) => (500, "text/plain", e.to_string()),
-                            }
-                        }
-                        _ => (404, "text/plain", "not found".into()),
-                    },
-                };
-                respond_with(
-                    io,
-                    status,
-                    ctype,
-                    &body,
-                    "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n",
-                )
-                .await;
-            });
-        }
-    });
+    let policy = ListenerPolicy::with(
+        c.max_connections.max(1),
+        "admin listener: connection limit reached",
+    );
+    let handler = Operators {
+        shared: shared.clone(),
+    };
+    Listener::new("admin", listener, Some(Arc::new(policy)), shared).spawn(handler);
     Ok(Some(local))
+}
+
+/// The operators' listener's connections: one request each.
+struct Operators {
+    shared: Arc<Shared>,
+}
+
+impl Handler<TcpListener> for Operators {
+    fn serve(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        admin_request(self.shared.clone(), Box::new(stream), peer)
+    }
+}
+
+/// Reads one request of the operators' listener and answers it.
+async fn admin_request(shared: Arc<Shared>, mut io: BoxIo, peer: SocketAddr) {
+    let deadline = tokio::time::Instant::now() + shared.live.get().limits.negotiation_timeout;
+    let max = shared.config.http.max_request_head;
+    let (status, ctype, body) = match read_head(&mut io, deadline, max, peer).await {
+        Err(None) => return,
+        Err(Some((status, text))) => (status, "text/plain", text.to_owned()),
+        Ok((head, _)) if head.method != "GET" => (405, "text/plain", "only GET".into()),
+        Ok((head, _)) if !admin_host_allowed(&shared, head.host.as_deref()) => {
+            tracing::warn!(%peer, host = ?head.host, "admin listener: Host not answered");
+            (
+                421,
+                "text/plain",
+                "this Host is not answered here ([admin] hosts)".into(),
+            )
+        }
+        // The page is the same static file for everyone; the figures it polls need the
+        // token.
+        Ok((head, _)) if head.path.split('?').next() == Some("/status") => {
+            (200, "text/html; charset=utf-8", crate::status::PAGE.into())
+        }
+        Ok((head, _)) if !admin_authorized(&shared, &head) => {
+            tracing::info!(%peer, path = %head.path, "admin listener: missing or wrong token");
+            (401, "text/plain", "token required ([admin] token)".into())
+        }
+        Ok((head, _)) => match head.path.split('?').next().unwrap_or("") {
+            "/metrics" => (200, crate::metrics::CONTENT_TYPE, shared.metrics.render()),
+            "/status.json" => {
+                let snapshot = crate::status::snapshot(&shared).await;
+                match serde_json::to_string(&snapshot) {
+                    Ok(json) => (200, "application/json", json),
+                    Err(e) => (500, "text/plain", e.to_string()),
+                }
+            }
+            _ => (404, "text/plain", "not found".into()),
+        },
+    };
+    respond_with(
+        io,
+        status,
+        ctype,
+        &body,
+        "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n",
+    )
+    .await;
 }
 
 /// Whether a request for figures may be answered: always without `[admin] token`, else

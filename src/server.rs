@@ -1,14 +1,15 @@
-//! Listeners, the accept loop, connection limits and shutdown.
+//! Start, the listeners and shutdown.
 //!
-//! Shaped like mini-redis: a listener accepts, each connection gets one task
-//! ([`crate::c2s::serve`]), and a [`CancellationToken`] plus a [`TaskTracker`] end them all
-//! on shutdown.
+//! Shaped like mini-redis: a listener accepts ([`crate::node::listen::Listener`]), each
+//! connection gets one task (here [`crate::c2s::serve`]), and a [`CancellationToken`] plus
+//! a [`TaskTracker`] (`Shared::tasks`) end them all on shutdown.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -16,7 +17,8 @@ use crate::c2s;
 use crate::config::CheckedConfig;
 use crate::error::{StreamCondition, StreamError};
 use crate::node::io::BoxIo;
-pub use crate::node::listen::{next_connection, ListenerPolicy, Refusal, StartError};
+use crate::node::listen::{Answer, Handler, Listener};
+pub use crate::node::listen::{ListenerPolicy, Refusal, StartError};
 pub use crate::node::{RosterLocks, Shared};
 use crate::sessions::Sessions;
 use crate::store::Store;
@@ -105,6 +107,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         tls,
         s2s_tls,
         shutdown: CancellationToken::new(),
+        tasks: TaskTracker::new(),
         cluster,
         liveness,
         roster_locks: Default::default(),
@@ -126,7 +129,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         }));
     // Block-list and settings changes made anywhere withdraw presence already shown here.
     crate::presence::gate::spawn_listener(shared.clone()).await?;
-    let tracker = TaskTracker::new();
+    let tracker = shared.tasks.clone();
     // Know the other nodes before the first client binds (what arrives on this node's
     // channel is received with the liveness tasks).
     shared.cluster.heartbeat(false).await;
@@ -135,9 +138,9 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     crate::liveness_tasks::start(&shared, &tracker);
     // One admission policy for every client-facing listener (s2s has its own limits).
     let limits = Arc::new(ListenerPolicy::new(&shared.config));
-    let http_addr = crate::http::start(&shared, &services, &tracker, limits.clone()).await?;
-    let admin_addr = crate::http::start_admin(&shared, &tracker).await?;
-    let s2s = crate::s2s::inbound::listen(&shared, &tracker).await?;
+    let http_addr = crate::http::start(&shared, &services, limits.clone()).await?;
+    let admin_addr = crate::http::start_admin(&shared).await?;
+    let s2s = crate::s2s::inbound::listen(&shared).await?;
     let bind = shared.config.c2s.bind;
     let mut c2s_addr = None;
     let mut direct_tls_addr = None;
@@ -156,14 +159,12 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         } else {
             c2s_addr = Some(local);
         }
-        tracker.spawn(accept_loop(
-            listener,
-            shared.clone(),
-            services.clone(),
-            limits.clone(),
-            tracker.clone(),
-            direct,
-        ));
+        let c2s = C2s {
+            shared: shared.clone(),
+            services: services.clone(),
+            direct_tls: direct,
+        };
+        Listener::new("c2s", listener, Some(limits.clone()), &shared).spawn(c2s);
     }
     banner(&shared);
     Ok(Running {
@@ -238,43 +239,49 @@ fn banner(shared: &Shared) {
     );
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// The c2s listeners' connections: a client stream each ([`c2s::serve`]).
+struct C2s {
     shared: Arc<Shared>,
     services: Arc<crate::services::Services>,
-    limits: Arc<ListenerPolicy>,
-    tracker: TaskTracker,
+    /// Whether this is the direct TLS port (XEP-0368).
     direct_tls: bool,
-) {
-    while let Some((stream, peer)) = next_connection(&listener, &shared.shutdown, "c2s").await {
-        // Nagle plus delayed ACK stalls small TLS records; stanzas are small.
-        let _ = stream.set_nodelay(true);
-        let permit = match limits.admit(peer) {
-            Ok(permit) => permit,
-            Err(why) => {
-                // RFC 6120 §4.9.3.14 / §4.9.3.17.
-                let (condition, text) = match why {
-                    Refusal::Rate => (
-                        StreamCondition::PolicyViolation,
-                        "too many connections from your address",
-                    ),
-                    Refusal::Full => (StreamCondition::ResourceConstraint, "the server is full"),
-                    Refusal::SourceFull => (
-                        StreamCondition::PolicyViolation,
-                        "too many connections open from your address",
-                    ),
-                };
-                tracker.spawn(refuse(stream, shared.clone(), direct_tls, condition, text));
-                continue;
-            }
-        };
-        let shared = shared.clone();
-        let services = services.clone();
-        tracker.spawn(async move {
+}
+
+impl Handler<tokio::net::TcpListener> for C2s {
+    fn serve(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let (shared, services) = (self.shared.clone(), self.services.clone());
+        let direct_tls = self.direct_tls;
+        async move {
             let direct = direct_tls || starts_with_tls(&stream).await;
             c2s::serve(shared, services, Box::new(stream) as BoxIo, peer, direct).await;
-            drop(permit);
-        });
+        }
+    }
+
+    fn refuse(&self, stream: TcpStream, _: SocketAddr, why: Refusal) -> Option<Answer> {
+        // RFC 6120 §4.9.3.14 / §4.9.3.17.
+        let (condition, text) = match why {
+            Refusal::Rate => (
+                StreamCondition::PolicyViolation,
+                "too many connections from your address",
+            ),
+            Refusal::Full => (StreamCondition::ResourceConstraint, "the server is full"),
+            Refusal::SourceFull => (
+                StreamCondition::PolicyViolation,
+                "too many connections open from your address",
+            ),
+        };
+        let shared = self.shared.clone();
+        Some(Box::pin(refuse(
+            stream,
+            shared,
+            self.direct_tls,
+            condition,
+            text,
+        )))
     }
 }
 

@@ -464,14 +464,18 @@ async fn sigterm_with_a_closed_log_pipe_still_stops_gracefully_and_writes_last_s
         "{status:?} after {:?}",
         child_stderr_reader_gone.elapsed()
     );
-    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
-    let seen: Option<(chrono::DateTime<chrono::Utc>,)> =
-        sqlx::query_as("SELECT seen_at FROM last_activity WHERE jid = $1")
-            .bind(format!("bob@{}", setup.domain))
-            .fetch_optional(&pool)
-            .await
-            .unwrap();
+    let seen = last_seen(&format!("bob@{}", setup.domain)).await;
     assert!(seen.is_some(), "last seen written at shutdown");
+}
+
+/// The last seen the store holds for `jid`.
+async fn last_seen(jid: &str) -> Option<(chrono::DateTime<chrono::Utc>,)> {
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    sqlx::query_as("SELECT seen_at FROM last_activity WHERE jid = $1")
+        .bind(jid)
+        .fetch_optional(&pool)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -1463,4 +1467,105 @@ async fn user_del_without_a_server_refuses_while_contacts_elsewhere_would_keep_t
     assert_eq!(items_for_alice().await, 0, "no roster keeps alice");
     let out = setup.run(&["user", "del", &bob]).await;
     assert!(out.status.success(), "no contact elsewhere: {}", text(&out));
+}
+
+/// Logs `user` in over the WebSocket endpoint at `addr` (RFC 7395) and sends its initial
+/// presence; returns the open connection.
+async fn websocket_login(
+    addr: std::net::SocketAddr,
+    domain: &str,
+    user: &str,
+    password: &str,
+) -> tokio_tungstenite::WebSocketStream<TcpStream> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+    let mut req = format!("ws://{domain}/xmpp-websocket")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("Sec-WebSocket-Protocol", "xmpp".parse().unwrap());
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(req, tcp)
+        .await
+        .expect("WebSocket handshake");
+    let framing = "urn:ietf:params:xml:ns:xmpp-framing";
+    let open = format!("<open xmlns='{framing}' to='{domain}' version='1.0'/>");
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("\0{user}\0{password}"));
+    let steps = [
+        (open.clone(), "</stream:features>"),
+        (
+            format!("<auth xmlns='urn:ietf:params:xml:ns:xmpp-sasl' mechanism='PLAIN'>{token}</auth>"),
+            "<success",
+        ),
+        (open, "</stream:features>"),
+        (
+            "<iq xmlns='jabber:client' type='set' id='b1'><bind xmlns='urn:ietf:params:xml:ns:xmpp-bind'>\
+             <resource>ws</resource></bind></iq>"
+                .to_owned(),
+            "id='b1'",
+        ),
+        (
+            "<presence xmlns='jabber:client'/>".to_owned(),
+            "<presence",
+        ),
+        (
+            format!("<iq xmlns='jabber:client' type='get' id='p1' to='{domain}'><ping xmlns='urn:xmpp:ping'/></iq>"),
+            "id='p1'",
+        ),
+    ];
+    for (send, expect) in steps {
+        ws.send(Message::Text(send.into())).await.unwrap();
+        loop {
+            let m = tokio::time::timeout(WAIT, ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("no `{expect}`"))
+                .unwrap_or_else(|| panic!("closed before `{expect}`"))
+                .expect("frame");
+            if matches!(&m, Message::Text(t) if t.contains(expect)) {
+                break;
+            }
+        }
+    }
+    ws
+}
+
+/// Graceful stop waits for WebSocket sessions as for TCP ones: the session's end (its
+/// unavailable presence, its last seen) is not cut off when the process exits.
+#[tokio::test]
+async fn sigterm_waits_for_websocket_sessions_to_end_and_writes_their_last_seen() {
+    let setup = Setup::new("");
+    let text = std::fs::read_to_string(setup.config()).unwrap();
+    std::fs::write(
+        setup.config(),
+        text.replace(
+            "[http]\nenabled = false",
+            "[http]\nbind = \"127.0.0.1\"\nport = 0\ntls = false",
+        ),
+    )
+    .unwrap();
+    add_user(&setup, "carol", "pw").await;
+    let server = Server::start(&setup).await;
+    let line = server
+        .log
+        .iter()
+        .find(|l| l.contains("http listening"))
+        .expect("http listening line")
+        .clone();
+    let http: std::net::SocketAddr = line
+        .split("addr=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("address")
+        .parse()
+        .unwrap();
+    let _carol = websocket_login(http, &setup.domain, "carol", "pw").await;
+    let (status, log) = server.terminate().await;
+    assert!(status.success(), "exit after SIGTERM: {status:?}");
+    assert!(log.iter().any(|l| l.contains("stopped")), "{log:?}");
+    let seen = last_seen(&format!("carol@{}", setup.domain)).await;
+    assert!(
+        seen.is_some(),
+        "last seen of the WebSocket session written at shutdown"
+    );
 }

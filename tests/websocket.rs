@@ -837,3 +837,29 @@ async fn websocket_forbidden_character_and_costly_stanza_before_authentication_e
     );
     ts.stop().await;
 }
+
+/// A graceful stop waits for WebSocket connections as for TCP ones: when it returns, a
+/// WebSocket session has ended and its connection is closed, even for a client that does
+/// not answer the end of its stream.
+#[tokio::test]
+async fn shutdown_waits_for_websocket_connections_to_end() {
+    use tokio::io::AsyncReadExt;
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    let mut web = Ws::login(&ts, "alice", "web").await;
+    web.send("<presence xmlns='jabber:client'/>").await;
+    web.recv_until(|e| e.name == "presence").await;
+    ts.stop().await;
+    // Read the raw socket (the library would answer the server's Close): what the server
+    // sent is all there, then the end of the connection.
+    let io = web.ws.get_mut();
+    let closed = tokio::time::timeout(Duration::from_millis(500), async {
+        let mut buf = [0u8; 4096];
+        while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the WebSocket connection was still open after the graceful stop"
+    );
+}

@@ -1,17 +1,23 @@
-//! What every listener shares: the reasons a start fails, the admission policy of the
-//! client-facing listeners and the accept loop's next connection.
+//! Every listener of the node: the reasons a start fails, admission (a cap on open
+//! connections, per-source budgets) and the one accept loop, which runs each admitted
+//! connection's task on the node's task tracker, the one shutdown waits for. What a
+//! listener does with a connection is its [`Handler`]'s: c2s (STARTTLS and direct TLS), the
+//! client HTTP/WebSocket listener, the operators' HTTP listener, s2s inbound and the admin
+//! Unix socket.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -32,19 +38,29 @@ pub enum StartError {
     Signal(std::io::Error),
 }
 
-/// The admission policy of every client-facing listener (c2s STARTTLS, c2s direct TLS and the
-/// HTTP listener that carries WebSocket): one per-IP budget of new connections per minute and
-/// one cap on open connections, shared by all of them, so a client cannot double its share by
-/// spreading its connections over transports.
+/// A listener's admission policy: a cap on open connections, and per source (an IPv4
+/// address or an IPv6 /64) a budget of new connections per minute and of open ones.
+///
+/// The client-facing listeners (c2s STARTTLS, c2s direct TLS and the HTTP listener that
+/// carries WebSocket) share one policy, `[limits]`, so a client cannot double its share by
+/// spreading its connections over transports. s2s inbound has its own (`[s2s]`), the
+/// operators' HTTP listener only a cap (`[admin]`).
 pub struct ListenerPolicy {
-    /// One permit per open client connection (`[limits] max_connections`).
+    /// One permit per open connection.
     connections: Arc<Semaphore>,
-    /// Accept times per source (an IPv4 address or an IPv6 /64) within the current minute.
-    per_ip: Mutex<HashMap<IpAddr, (Instant, u32)>>,
-    per_ip_max: u32,
-    /// Connections open per source now, against `[limits] max_connections_per_ip`.
+    /// What is logged when the cap refuses a connection.
+    full: &'static str,
+    /// The budget of new connections per source and minute; `None`: none.
+    per_ip: Option<PerMinute>,
+    /// Connections open per source now.
     open: Arc<Mutex<HashMap<IpAddr, usize>>>,
     open_max: usize,
+}
+
+/// New connections per source within the current minute, against `max`.
+struct PerMinute {
+    seen: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    max: u32,
 }
 
 /// A connection's place: under the cap of all connections and under its source's; both
@@ -70,25 +86,57 @@ impl Drop for Admitted {
 /// Why [`ListenerPolicy::admit`] refused a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// The source address opened more connections this minute than
-    /// `[limits] connections_per_ip_per_minute` allows.
+    /// The source address opened more connections this minute than its budget allows
+    /// (`[limits] connections_per_ip_per_minute`).
     Rate,
-    /// `[limits] max_connections` connections are open.
+    /// The listener's cap of open connections is reached (`[limits] max_connections`,
+    /// `[s2s] max_connections`, `[admin] max_connections`).
     Full,
-    /// The source has `[limits] max_connections_per_ip` connections open.
+    /// The source has its budget of open connections (`[limits] max_connections_per_ip`,
+    /// `[s2s] max_connections_per_ip`).
     SourceFull,
 }
 
 impl ListenerPolicy {
-    /// The policy `[limits]` describes.
+    /// The client-facing listeners' policy, `[limits]`.
     pub fn new(config: &Config) -> Self {
+        let l = &config.limits;
+        Self::with(l.max_connections, "connection limit reached")
+            .per_minute(l.connections_per_ip_per_minute)
+            .per_source(l.max_connections_per_ip)
+    }
+
+    /// s2s inbound's policy, `[s2s]`: a cap and a budget of open connections per source; no
+    /// per-minute budget (a peer reconnects after a lost link, and has one each way).
+    pub(crate) fn s2s(config: &Config) -> Self {
+        let s = &config.s2s;
+        Self::with(s.max_connections, "s2s connection limit reached")
+            .per_source(s.max_connections_per_ip)
+    }
+
+    /// A cap of `max` open connections and no per-source budget; `full` is logged when it
+    /// refuses one.
+    pub(crate) fn with(max: usize, full: &'static str) -> Self {
         ListenerPolicy {
-            connections: Arc::new(Semaphore::new(config.limits.max_connections)),
-            per_ip: Mutex::new(HashMap::new()),
-            per_ip_max: config.limits.connections_per_ip_per_minute,
+            connections: Arc::new(Semaphore::new(max)),
+            full,
+            per_ip: None,
             open: Arc::default(),
-            open_max: config.limits.max_connections_per_ip,
+            open_max: usize::MAX,
         }
+    }
+
+    fn per_minute(mut self, max: u32) -> Self {
+        self.per_ip = Some(PerMinute {
+            seen: Mutex::new(HashMap::new()),
+            max,
+        });
+        self
+    }
+
+    fn per_source(mut self, max: usize) -> Self {
+        self.open_max = max;
+        self
     }
 
     /// Admits a new connection from `peer`, or says why not. The permit is the connection's
@@ -99,7 +147,7 @@ impl ListenerPolicy {
             return Err(Refusal::Rate);
         }
         let permit = self.connections.clone().try_acquire_owned().map_err(|_| {
-            tracing::warn!(%peer, "connection limit reached");
+            tracing::warn!(%peer, "{}", self.full);
             Refusal::Full
         })?;
         // One host (an IPv6 host holds a /64) may not take every place.
@@ -120,8 +168,11 @@ impl ListenerPolicy {
 
     /// Counts a new connection from `ip`; false when it is over the per-minute budget.
     fn within_rate(&self, ip: IpAddr) -> bool {
+        let Some(PerMinute { seen, max }) = &self.per_ip else {
+            return true;
+        };
         let now = Instant::now();
-        let mut map = self.per_ip.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = seen.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() > 100_000 {
             map.retain(|_, (start, _)| now.duration_since(*start) < Duration::from_secs(60));
         }
@@ -133,28 +184,142 @@ impl ListenerPolicy {
             *entry = (now, 0);
         }
         entry.1 += 1;
-        entry.1 <= self.per_ip_max
+        entry.1 <= *max
     }
 }
 
-/// The next connection on `listener`, or `None` once the server shuts down. Accept errors
-/// (EMFILE and friends) are logged and backed off instead of spinning; every listener
-/// (c2s, s2s, http) accepts through here.
-pub async fn next_connection(
-    listener: &TcpListener,
-    shutdown: &CancellationToken,
-    what: &str,
-) -> Option<(TcpStream, SocketAddr)> {
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            a = listener.accept() => a,
-        };
-        match accepted {
-            Ok(a) => return Some(a),
-            Err(e) => {
-                tracing::warn!(listener = what, error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+/// A socket a [`Listener`] accepts on.
+pub(crate) trait Socket: Send + Sync + 'static {
+    /// One accepted connection.
+    type Stream: Send + 'static;
+    /// Where it comes from.
+    type Peer: Send + 'static;
+    /// The next connection.
+    fn accept(&self) -> impl Future<Output = std::io::Result<(Self::Stream, Self::Peer)>> + Send;
+    /// The address admission counts `peer` by; `None` where addresses mean nothing.
+    fn source(peer: &Self::Peer) -> Option<SocketAddr>;
+}
+
+impl Socket for TcpListener {
+    type Stream = TcpStream;
+    type Peer = SocketAddr;
+    async fn accept(&self) -> std::io::Result<(TcpStream, SocketAddr)> {
+        let (stream, peer) = TcpListener::accept(self).await?;
+        // Nagle plus delayed ACK stalls small TLS records; stanzas are small.
+        let _ = stream.set_nodelay(true);
+        Ok((stream, peer))
+    }
+    fn source(peer: &SocketAddr) -> Option<SocketAddr> {
+        Some(*peer)
+    }
+}
+
+impl Socket for UnixListener {
+    type Stream = UnixStream;
+    type Peer = tokio::net::unix::SocketAddr;
+    async fn accept(&self) -> std::io::Result<(UnixStream, Self::Peer)> {
+        UnixListener::accept(self).await
+    }
+    /// Only the socket file's owner can connect (mode 0600): no per-source budget.
+    fn source(_: &Self::Peer) -> Option<SocketAddr> {
+        None
+    }
+}
+
+/// A task a refused connection still gets (to be told why).
+pub(crate) type Answer = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What a listener does with its connections.
+pub(crate) trait Handler<S: Socket>: Send + Sync + 'static {
+    /// Serves one admitted connection: the connection's task, run on the node's tracker
+    /// while the connection holds its place under the listener's policy.
+    fn serve(&self, stream: S::Stream, peer: S::Peer) -> impl Future<Output = ()> + Send + 'static;
+
+    /// What a connection the policy refused gets before it is closed; by default nothing.
+    fn refuse(&self, _stream: S::Stream, _peer: S::Peer, _why: Refusal) -> Option<Answer> {
+        None
+    }
+
+    /// Whether connections are taken now; one that is not is closed unanswered.
+    fn accepts(&self) -> bool {
+        true
+    }
+}
+
+/// One listening socket of the node: accepts until shutdown, admits under its policy and
+/// runs each connection's task, and each refusal's answer, on the node's tracker.
+pub(crate) struct Listener<S> {
+    /// Names the listener in log lines (`c2s`, `http`, `admin`, `s2s`, `admin socket`).
+    name: &'static str,
+    socket: S,
+    policy: Option<Arc<ListenerPolicy>>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl<S: Socket> Listener<S> {
+    /// A listener on `socket` for the node `shared`; without a policy every connection is
+    /// taken.
+    pub(crate) fn new(
+        name: &'static str,
+        socket: S,
+        policy: Option<Arc<ListenerPolicy>>,
+        shared: &super::Shared,
+    ) -> Self {
+        Listener {
+            name,
+            socket,
+            policy,
+            shutdown: shared.shutdown.clone(),
+            tasks: shared.tasks.clone(),
+        }
+    }
+
+    /// Accepts on the node's tracker until shutdown.
+    pub(crate) fn spawn(self, handler: impl Handler<S>) {
+        self.tasks.clone().spawn(self.run(handler));
+    }
+
+    /// Accepts until shutdown.
+    pub(crate) async fn run(self, handler: impl Handler<S>) {
+        while let Some((stream, peer)) = self.next().await {
+            if !handler.accepts() {
+                continue;
+            }
+            let place = match (&self.policy, S::source(&peer)) {
+                (Some(policy), Some(addr)) => match policy.admit(addr) {
+                    Ok(place) => Some(place),
+                    Err(why) => {
+                        if let Some(answer) = handler.refuse(stream, peer, why) {
+                            self.tasks.spawn(answer);
+                        }
+                        continue;
+                    }
+                },
+                _ => None,
+            };
+            let task = handler.serve(stream, peer);
+            self.tasks.spawn(async move {
+                task.await;
+                drop(place);
+            });
+        }
+    }
+
+    /// The next connection, or `None` once the server shuts down. Accept errors (EMFILE
+    /// and friends) are logged and backed off instead of spinning.
+    async fn next(&self) -> Option<(S::Stream, S::Peer)> {
+        loop {
+            let accepted = tokio::select! {
+                _ = self.shutdown.cancelled() => return None,
+                a = self.socket.accept() => a,
+            };
+            match accepted {
+                Ok(a) => return Some(a),
+                Err(e) => {
+                    tracing::warn!(listener = self.name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
     }
@@ -170,4 +335,41 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartEr
         .local_addr()
         .map_err(|e| StartError::Bind(addr, e))?;
     Ok((listener, local))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s2s_admission_counts_open_connections_per_source_and_not_per_minute() {
+        let mut config = Config::default();
+        config.s2s.max_connections = 10;
+        config.s2s.max_connections_per_ip = 2;
+        let policy = ListenerPolicy::s2s(&config);
+        let peer: SocketAddr = "192.0.2.1:5269".parse().unwrap();
+        let other: SocketAddr = "192.0.2.2:5269".parse().unwrap();
+        let first = policy.admit(peer).unwrap();
+        let _second = policy.admit(peer).unwrap();
+        assert_eq!(policy.admit(peer).err(), Some(Refusal::SourceFull));
+        assert!(
+            policy.admit(other).is_ok(),
+            "another source has its own budget"
+        );
+        drop(first);
+        // A place given back is free again, however many connections came this minute.
+        for _ in 0..200 {
+            drop(policy.admit(peer).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_cap_only_policy_refuses_past_the_cap_and_nothing_else() {
+        let policy = ListenerPolicy::with(1, "full");
+        let peer: SocketAddr = "[2001:db8::1]:80".parse().unwrap();
+        let held = policy.admit(peer).unwrap();
+        assert_eq!(policy.admit(peer).err(), Some(Refusal::Full));
+        drop(held);
+        assert!(policy.admit(peer).is_ok());
+    }
 }

@@ -39,6 +39,9 @@ pub struct Shared {
     pub s2s_tls: Arc<rustls::ServerConfig>,
     /// Cancelled on shutdown; every session's token is a child.
     pub shutdown: CancellationToken,
+    /// The tasks shutdown waits for: every listener's accept loop and every connection's
+    /// task, so a session's end (its unavailable presence, its last seen) is not cut off.
+    pub tasks: tokio_util::task::TaskTracker,
     /// The other nodes on the same database and Redis prefix: the session directory and
     /// this node's channel.
     pub cluster: crate::cluster::Cluster,

@@ -26,11 +26,11 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio_util::task::TaskTracker;
 
 use crate::error::{StanzaError, StreamCondition, StreamError};
 use crate::jid::Jid;
 use crate::node::io::BoxIo;
+use crate::node::listen::{Handler, Listener, ListenerPolicy, StartError};
 use crate::node::Shared;
 use crate::stanza::IqType;
 use crate::xml::new_id;
@@ -53,67 +53,54 @@ pub struct Listening {
 }
 
 /// Binds the s2s listeners and starts accepting.
-pub async fn listen(
-    shared: &Arc<Shared>,
-    tracker: &TaskTracker,
-) -> Result<Listening, crate::node::listen::StartError> {
+pub async fn listen(shared: &Arc<Shared>) -> Result<Listening, StartError> {
     let mut out = Listening::default();
     let cfg = &shared.config.s2s;
     if !cfg.enabled {
         return Ok(out);
     }
-    let permits = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
+    // One policy for both ports, as the client listeners share theirs.
+    let policy = Arc::new(ListenerPolicy::s2s(&shared.config));
     for (port, direct) in [(cfg.port, false), (cfg.direct_tls_port, true)] {
         if direct && !cfg.direct_tls {
             continue;
         }
         let addr = SocketAddr::new(cfg.bind, port);
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| crate::node::listen::StartError::Bind(addr, e))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| crate::node::listen::StartError::Bind(addr, e))?;
+        let (listener, local) = crate::node::listen::bind(addr).await?;
         tracing::info!(addr = %local, direct_tls = direct, "s2s listening");
         if direct {
             out.direct_tls_addr = Some(local);
         } else {
             out.addr = Some(local);
         }
-        tracker.spawn(accept_loop(
-            listener,
-            shared.clone(),
-            tracker.clone(),
-            direct,
-            permits.clone(),
-        ));
+        let handler = Inbound {
+            shared: shared.clone(),
+            direct_tls: direct,
+        };
+        Listener::new("s2s", listener, Some(policy.clone()), shared).spawn(handler);
     }
     Ok(out)
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// The s2s listeners' connections: an inbound server stream each ([`serve`]).
+struct Inbound {
     shared: Arc<Shared>,
-    tracker: TaskTracker,
-    direct: bool,
-    permits: Arc<tokio::sync::Semaphore>,
-) {
-    while let Some((tcp, peer)) =
-        crate::node::listen::next_connection(&listener, &shared.shutdown, "s2s").await
-    {
-        if shared.s2s.is_severed() {
-            continue;
-        }
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "s2s connection limit reached");
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
-        let shared = shared.clone();
-        tracker.spawn(async move {
-            serve(shared, tcp, peer, direct).await;
-            drop(permit);
-        });
+    /// Whether this is the direct TLS port (XEP-0368).
+    direct_tls: bool,
+}
+
+impl Handler<TcpListener> for Inbound {
+    fn serve(
+        &self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        serve(self.shared.clone(), tcp, peer, self.direct_tls)
+    }
+
+    /// While federation is severed, inbound connections are closed as they come.
+    fn accepts(&self) -> bool {
+        !self.shared.s2s.is_severed()
     }
 }
 
@@ -171,6 +158,8 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct
     run(shared, n, peer, deadline).await;
 }
 
+/// How a negotiation ended early: with the stream error to send on the stream, or with
+/// nothing more to write (the peer went away, a TLS handshake failed).
 type Refusal = Option<(XmlStream, StreamError)>;
 
 /// A secured inbound stream, ready for stanzas or dialback.
@@ -186,205 +175,210 @@ struct Negotiated {
     pending: Option<Element>,
 }
 
-/// Reads and answers the peer's header (RFC 6120 §4.7); STARTTLS if not yet secure; then
-/// SASL EXTERNAL if the peer's certificate proves the domain it claims (XEP-0178).
+// Negotiation is a typestate, as c2s's is: a stream is `Connected` (plain TCP), then
+// `Secured` (TLS: STARTTLS or XEP-0368 direct TLS), then, when its certificate proves the
+// domain its header claims, `Offered` SASL EXTERNAL (XEP-0178), then `External` (the
+// restarted stream of a domain EXTERNAL authenticated), and finally `Negotiated`. Each
+// step consumes one state and returns the next, or the `Refusal` that ends the stream:
+// only `Secured` can be offered EXTERNAL, only `Offered` can authenticate.
+
+/// A stream over plain TCP: it can only start TLS (RFC 7590: federation only over TLS).
+struct Connected {
+    stream: XmlStream,
+}
+
+/// A stream over TLS, its peer's certificates at hand, its header not read yet.
+struct Secured {
+    stream: XmlStream,
+    certs: PeerCerts,
+}
+
+/// A secured stream whose certificate proves the domain its header claims: EXTERNAL is
+/// offered, and the next element may be `<auth/>`.
+struct Offered {
+    stream: XmlStream,
+    header: Opened,
+    /// The domain the header claims and the certificate proves.
+    claimed: String,
+    /// Failed attempts so far.
+    failures: u32,
+}
+
+/// A stream SASL EXTERNAL authenticated for `remote`, restarted (RFC 6120 §6.4.6): the
+/// new stream's header is still to be read.
+struct External {
+    stream: XmlStream,
+    remote: String,
+}
+
+/// Where a secured stream goes after its header: to EXTERNAL, or straight on.
+enum AfterHeader {
+    Offered(Offered),
+    Negotiated(Negotiated),
+}
+
+/// Where an offer of EXTERNAL goes: authenticated, or on without SASL (the peer prefers
+/// dialback, or sends stanzas under a pair it authenticates otherwise).
+enum AfterOffer {
+    External(External),
+    Negotiated(Negotiated),
+}
+
+/// Negotiates an inbound stream (RFC 6120 §4.3): STARTTLS unless TLS is direct, then SASL
+/// EXTERNAL if the peer's certificate proves the domain it claims (XEP-0178).
 async fn negotiate(
     shared: &Arc<Shared>,
-    mut stream: XmlStream,
-    mut secure: bool,
-    mut certs: PeerCerts,
+    stream: XmlStream,
+    direct_tls: bool,
+    certs: PeerCerts,
     peer: SocketAddr,
 ) -> Result<Negotiated, Refusal> {
-    let mut external: Option<String> = None;
-    let mut failures = 0u32;
-    loop {
-        let h = match stream.read_header().await {
-            Ok(h) => h,
-            Err(Fail::Stream(e)) => return Err(Some((stream, e))),
-            Err(_) => return Err(None),
-        };
-        let to = h.get_attr("to").unwrap_or_default().to_owned();
-        let id = new_id();
-        let our_from = if shared.config.serves(&to) {
-            to.clone()
-        } else {
-            shared.config.domains[0].clone()
-        };
-        let head = header(Some(&our_from), h.get_attr("from"), Some(&id));
-        if stream.write(&head).await.is_err() {
-            return Err(None);
+    let secured = if direct_tls {
+        Secured { stream, certs }
+    } else {
+        Connected { stream }.starttls(shared, peer).await?
+    };
+    let offered = match secured.open(shared).await? {
+        AfterHeader::Offered(offered) => offered,
+        AfterHeader::Negotiated(n) => return Ok(n),
+    };
+    match offered.authenticate(shared, peer).await? {
+        AfterOffer::External(external) => external.open(shared).await,
+        AfterOffer::Negotiated(n) => Ok(n),
+    }
+}
+
+/// A stream header read, answered and found acceptable.
+struct Opened {
+    /// The local domain it is opened to.
+    to: String,
+    /// Our stream id.
+    id: String,
+    /// The domain the peer claims: a bare domain that is not ours (RFC 6120 §4.7.1).
+    from: Option<String>,
+    /// The policy for that domain (the default one without a claim).
+    policy: crate::config::S2sPolicy,
+}
+
+/// Reads and answers the peer's header (RFC 6120 §4.7). `Err(None)`: the peer went away.
+async fn read_header(
+    shared: &Shared,
+    stream: &mut XmlStream,
+) -> Result<Opened, Option<StreamError>> {
+    let h = match stream.read_header().await {
+        Ok(h) => h,
+        Err(Fail::Stream(e)) => return Err(Some(e)),
+        Err(_) => return Err(None),
+    };
+    let to = h.get_attr("to").unwrap_or_default().to_owned();
+    let id = new_id();
+    let our_from = if shared.config.serves(&to) {
+        to.clone()
+    } else {
+        shared.config.domains[0].clone()
+    };
+    let head = header(Some(&our_from), h.get_attr("from"), Some(&id));
+    if stream.write(&head).await.is_err() {
+        return Err(None);
+    }
+    if h.name != "stream" || h.ns != NS_STREAM {
+        let e = StreamError::new(StreamCondition::InvalidNamespace, "not a stream element");
+        return Err(Some(e));
+    }
+    if h.default_ns.as_deref() != Some(NS_SERVER) {
+        // RFC 6120 §4.8.2 / §4.9.3.10.
+        return Err(Some(StreamError::new(
+            StreamCondition::InvalidNamespace,
+            "a server stream's content namespace is jabber:server",
+        )));
+    }
+    if !shared.config.serves(&to) {
+        // RFC 6120 §4.9.3.6.
+        return Err(Some(StreamError::new(
+            StreamCondition::HostUnknown,
+            format!("this server does not serve '{to}'"),
+        )));
+    }
+    // As parsed (RFC 7622 §3.2), so it names the domain its stanzas' `from` will.
+    let from = h
+        .get_attr("from")
+        .and_then(|f| crate::jid::parse_bare(f).ok())
+        .filter(|j| j.node().is_none())
+        .map(|j| j.domain().to_string())
+        .filter(|f| !shared.config.serves(f));
+    let policy = match &from {
+        Some(f) => shared.live.get().s2s.policy(f).clone(),
+        None => shared.live.get().s2s.default_policy.clone(),
+    };
+    Ok(Opened {
+        to,
+        id,
+        from,
+        policy,
+    })
+}
+
+/// The header read on `stream`, or the refusal that ends it.
+async fn opened(shared: &Shared, mut stream: XmlStream) -> Result<(XmlStream, Opened), Refusal> {
+    match read_header(shared, &mut stream).await {
+        Ok(h) => Ok((stream, h)),
+        Err(e) => Err(e.map(|e| (stream, e))),
+    }
+}
+
+/// Writes `s`; a write that fails ends the stream with nothing more to say.
+async fn send(stream: &mut XmlStream, s: &str) -> Result<(), Refusal> {
+    stream.write(s).await.map_err(|_| None)
+}
+
+/// The next element, or the refusal that ends the stream.
+async fn next(mut stream: XmlStream) -> Result<(XmlStream, Element), Refusal> {
+    match stream.next_element().await {
+        Ok(el) => Ok((stream, el)),
+        Err(Fail::Stream(e)) => Err(Some((stream, e))),
+        Err(_) => Err(None),
+    }
+}
+
+/// The features of a secured stream: EXTERNAL when offered, dialback where policy allows.
+fn secured_features(offer_external: bool, policy: &crate::config::S2sPolicy) -> String {
+    let mut features = String::from("<stream:features>");
+    if offer_external {
+        features.push_str(&format!(
+            "<mechanisms xmlns='{NS_SASL}'><mechanism>EXTERNAL</mechanism></mechanisms>"
+        ));
+    }
+    if policy.allow_dialback && !policy.require_verified_cert {
+        features.push_str(&format!(
+            "<dialback xmlns='{NS_DIALBACK_FEATURE}'><errors/></dialback>"
+        ));
+    }
+    features.push_str("</stream:features>");
+    features
+}
+
+impl Negotiated {
+    fn new(stream: XmlStream, header: Opened, external: Option<String>) -> Self {
+        Negotiated {
+            stream,
+            local_domain: header.to,
+            stream_id: header.id,
+            external,
+            pending: None,
         }
-        if h.name != "stream" || h.ns != NS_STREAM {
-            let e = StreamError::new(StreamCondition::InvalidNamespace, "not a stream element");
-            return Err(Some((stream, e)));
-        }
-        if h.default_ns.as_deref() != Some(NS_SERVER) {
-            // RFC 6120 §4.8.2 / §4.9.3.10.
-            let e = StreamError::new(
-                StreamCondition::InvalidNamespace,
-                "a server stream's content namespace is jabber:server",
-            );
-            return Err(Some((stream, e)));
-        }
-        if !shared.config.serves(&to) {
-            // RFC 6120 §4.9.3.6.
-            let e = StreamError::new(
-                StreamCondition::HostUnknown,
-                format!("this server does not serve '{to}'"),
-            );
-            return Err(Some((stream, e)));
-        }
-        // The domain the peer claims: a bare domain that is not ours (RFC 6120 §4.7.1),
-        // as parsed (RFC 7622 §3.2), so it names the domain its stanzas' `from` will.
-        let from = h
-            .get_attr("from")
-            .and_then(|f| crate::jid::parse_bare(f).ok())
-            .filter(|j| j.node().is_none())
-            .map(|j| j.domain().to_string())
-            .filter(|f| !shared.config.serves(f));
-        let policy = match &from {
-            Some(f) => shared.live.get().s2s.policy(f).clone(),
-            None => shared.live.get().s2s.default_policy.clone(),
-        };
-        // XEP-0178 §3: EXTERNAL only when the certificate proves the header's domain, and
-        // only once per stream.
-        let offer_external = secure
-            && external.is_none()
-            && from.as_deref().is_some_and(|f| {
-                super::cert::proves_domain(
-                    shared.s2s.roots.as_deref(),
-                    policy.allow_self_signed,
-                    &certs,
-                    f,
-                )
-            });
-        let mut features = String::from("<stream:features>");
-        if !secure {
-            // RFC 7590: federation only over TLS.
-            features.push_str(&format!(
-                "<starttls xmlns='{NS_TLS}'><required/></starttls>"
-            ));
-        } else {
-            if offer_external {
-                features.push_str(&format!(
-                    "<mechanisms xmlns='{NS_SASL}'><mechanism>EXTERNAL</mechanism></mechanisms>"
-                ));
-            }
-            if policy.allow_dialback && !policy.require_verified_cert {
-                features.push_str(&format!(
-                    "<dialback xmlns='{NS_DIALBACK_FEATURE}'><errors/></dialback>"
-                ));
-            }
-        }
-        features.push_str("</stream:features>");
-        if stream.write(&features).await.is_err() {
-            return Err(None);
-        }
-        if secure {
-            if !offer_external {
-                return Ok(Negotiated {
-                    stream,
-                    local_domain: to,
-                    stream_id: id,
-                    external,
-                    pending: None,
-                });
-            }
-            // Wait for <auth/>; anything else (a db:result from a peer that prefers
-            // dialback, a stanza) is handed on unread.
-            loop {
-                let el = match stream.next_element().await {
-                    Ok(el) => el,
-                    Err(Fail::Stream(e)) => return Err(Some((stream, e))),
-                    Err(_) => return Err(None),
-                };
-                if !el.is("auth", NS_SASL) {
-                    return Ok(Negotiated {
-                        stream,
-                        local_domain: to,
-                        stream_id: id,
-                        external: None,
-                        pending: Some(el),
-                    });
-                }
-                let mechanism = el.get_attr("mechanism").unwrap_or_default().to_owned();
-                let mut response = el.text_content();
-                if response.is_empty() {
-                    // No initial response: an empty challenge asks for it (RFC 6120 §6.4.3).
-                    if stream
-                        .write(&format!("<challenge xmlns='{NS_SASL}'/>"))
-                        .await
-                        .is_err()
-                    {
-                        return Err(None);
-                    }
-                    match stream.next_element().await {
-                        Ok(r) if r.is("response", NS_SASL) => response = r.text_content(),
-                        Ok(r) if r.is("abort", NS_SASL) => {
-                            // RFC 6120 §6.4.5.
-                            let f = format!("<failure xmlns='{NS_SASL}'><aborted/></failure>");
-                            if stream.write(&f).await.is_err() {
-                                return Err(None);
-                            }
-                            continue;
-                        }
-                        Ok(_) => {
-                            let e = StreamError::new(
-                                StreamCondition::PolicyViolation,
-                                "expected a SASL response",
-                            );
-                            return Err(Some((stream, e)));
-                        }
-                        Err(Fail::Stream(e)) => return Err(Some((stream, e))),
-                        Err(_) => return Err(None),
-                    }
-                }
-                match super::cert::decide_external(
-                    &mechanism,
-                    offer_external,
-                    from.as_deref(),
-                    &response,
-                ) {
-                    Ok(domain) => {
-                        if stream
-                            .write(&format!("<success xmlns='{NS_SASL}'/>"))
-                            .await
-                            .is_err()
-                        {
-                            return Err(None);
-                        }
-                        tracing::info!(%peer, remote = %domain, local = %to, "inbound s2s stream authenticated by SASL EXTERNAL");
-                        external = Some(domain);
-                        // RFC 6120 §6.4.6: a new stream on the same TLS layer; the
-                        // certificate stays the one already checked.
-                        stream = stream.restart();
-                        certs.clear();
-                        break;
-                    }
-                    Err(condition) => {
-                        tracing::warn!(%peer, claimed = ?from, %mechanism, %condition, "SASL EXTERNAL refused");
-                        let f = format!("<failure xmlns='{NS_SASL}'><{condition}/></failure>");
-                        if stream.write(&f).await.is_err() {
-                            return Err(None);
-                        }
-                        failures += 1;
-                        if failures >= shared.live.get().limits.max_auth_failures {
-                            let e = StreamError::new(
-                                StreamCondition::PolicyViolation,
-                                "too many failed authentication attempts",
-                            );
-                            return Err(Some((stream, e)));
-                        }
-                    }
-                }
-            }
-            continue;
-        }
-        let el = match stream.next_element().await {
-            Ok(el) => el,
-            Err(Fail::Stream(e)) => return Err(Some((stream, e))),
-            Err(_) => return Err(None),
-        };
+    }
+}
+
+impl Connected {
+    /// Answers the header with STARTTLS as the only feature, and takes the TLS handshake
+    /// that must follow (RFC 6120 §5.4).
+    async fn starttls(self, shared: &Arc<Shared>, peer: SocketAddr) -> Result<Secured, Refusal> {
+        let (mut stream, _) = opened(shared, self.stream).await?;
+        let features = format!(
+            "<stream:features><starttls xmlns='{NS_TLS}'><required/></starttls></stream:features>"
+        );
+        send(&mut stream, &features).await?;
+        let (mut stream, el) = next(stream).await?;
         if !el.is("starttls", NS_TLS) {
             let e = StreamError::new(
                 StreamCondition::PolicyViolation,
@@ -392,26 +386,135 @@ async fn negotiate(
             );
             return Err(Some((stream, e)));
         }
-        if stream
-            .write(&format!("<proceed xmlns='{NS_TLS}'/>"))
-            .await
-            .is_err()
-        {
-            return Err(None);
-        }
+        send(&mut stream, &format!("<proceed xmlns='{NS_TLS}'/>")).await?;
         let limits = ReaderLimits::for_peer(&shared.live.get().limits, false);
         let acceptor = tokio_rustls::TlsAcceptor::from(shared.s2s_tls.clone());
         match acceptor.accept(stream.into_io()).await {
-            Ok(tls) => {
-                certs = peer_certs(tls.get_ref().1);
-                stream = XmlStream::new(Box::new(tls), limits, NS_SERVER);
-                secure = true;
-            }
+            Ok(tls) => Ok(Secured {
+                certs: peer_certs(tls.get_ref().1),
+                stream: XmlStream::new(Box::new(tls), limits, NS_SERVER),
+            }),
             Err(e) => {
                 tracing::info!(%peer, error = %e, "s2s STARTTLS handshake failed");
-                return Err(None);
+                Err(None)
             }
         }
+    }
+}
+
+impl Secured {
+    /// Answers the header; offers EXTERNAL only when the certificate proves the domain the
+    /// header claims (XEP-0178 §3).
+    async fn open(self, shared: &Shared) -> Result<AfterHeader, Refusal> {
+        let (mut stream, header) = opened(shared, self.stream).await?;
+        let claimed = header.from.clone().filter(|f| {
+            super::cert::proves_domain(
+                shared.s2s.roots.as_deref(),
+                header.policy.allow_self_signed,
+                &self.certs,
+                f,
+            )
+        });
+        send(
+            &mut stream,
+            &secured_features(claimed.is_some(), &header.policy),
+        )
+        .await?;
+        Ok(match claimed {
+            Some(claimed) => AfterHeader::Offered(Offered {
+                stream,
+                header,
+                claimed,
+                failures: 0,
+            }),
+            None => AfterHeader::Negotiated(Negotiated::new(stream, header, None)),
+        })
+    }
+}
+
+impl Offered {
+    /// Waits for `<auth/>`; anything else (a db:result from a peer that prefers dialback,
+    /// a stanza) is handed on unread. Failed attempts may be retried, up to `[limits]
+    /// max_auth_failures`.
+    async fn authenticate(
+        mut self,
+        shared: &Shared,
+        peer: SocketAddr,
+    ) -> Result<AfterOffer, Refusal> {
+        loop {
+            let (stream, el) = next(self.stream).await?;
+            self.stream = stream;
+            if !el.is("auth", NS_SASL) {
+                let mut n = Negotiated::new(self.stream, self.header, None);
+                n.pending = Some(el);
+                return Ok(AfterOffer::Negotiated(n));
+            }
+            let mechanism = el.get_attr("mechanism").unwrap_or_default().to_owned();
+            let mut response = el.text_content();
+            if response.is_empty() {
+                let (offered, answer) = self.challenge().await?;
+                self = offered;
+                match answer {
+                    Some(r) => response = r,
+                    None => continue,
+                }
+            }
+            let from = self.header.from.as_deref();
+            match super::cert::decide_external(&mechanism, true, Some(&self.claimed), &response) {
+                Ok(domain) => {
+                    send(&mut self.stream, &format!("<success xmlns='{NS_SASL}'/>")).await?;
+                    let local = &self.header.to;
+                    tracing::info!(%peer, remote = %domain, %local, "inbound s2s stream authenticated by SASL EXTERNAL");
+                    // RFC 6120 §6.4.6: a new stream on the same TLS layer; the certificate
+                    // stays the one already checked.
+                    return Ok(AfterOffer::External(External {
+                        stream: self.stream.restart(),
+                        remote: domain,
+                    }));
+                }
+                Err(condition) => {
+                    tracing::warn!(%peer, claimed = ?from, %mechanism, %condition, "SASL EXTERNAL refused");
+                    let f = format!("<failure xmlns='{NS_SASL}'><{condition}/></failure>");
+                    send(&mut self.stream, &f).await?;
+                    self.failures += 1;
+                    if self.failures >= shared.live.get().limits.max_auth_failures {
+                        let e = StreamError::new(
+                            StreamCondition::PolicyViolation,
+                            "too many failed authentication attempts",
+                        );
+                        return Err(Some((self.stream, e)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// An `<auth/>` without an initial response: an empty challenge asks for it (RFC 6120
+    /// §6.4.3). `None`: the peer aborted (§6.4.5) and may try again.
+    async fn challenge(mut self) -> Result<(Self, Option<String>), Refusal> {
+        send(&mut self.stream, &format!("<challenge xmlns='{NS_SASL}'/>")).await?;
+        let (stream, r) = next(self.stream).await?;
+        self.stream = stream;
+        if r.is("response", NS_SASL) {
+            return Ok((self, Some(r.text_content())));
+        }
+        if r.is("abort", NS_SASL) {
+            let f = format!("<failure xmlns='{NS_SASL}'><aborted/></failure>");
+            send(&mut self.stream, &f).await?;
+            return Ok((self, None));
+        }
+        let e = StreamError::new(StreamCondition::PolicyViolation, "expected a SASL response");
+        Err(Some((self.stream, e)))
+    }
+}
+
+impl External {
+    /// Answers the restarted stream's header: EXTERNAL is not offered again (once per
+    /// stream), dialback where policy allows, for further domain pairs.
+    async fn open(self, shared: &Shared) -> Result<Negotiated, Refusal> {
+        let (mut stream, header) = opened(shared, self.stream).await?;
+        send(&mut stream, &secured_features(false, &header.policy)).await?;
+        Ok(Negotiated::new(stream, header, Some(self.remote)))
     }
 }
 
@@ -429,39 +532,16 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
         external,
         mut pending,
     } = n;
-    let (mut reader, mut writer) = stream.split();
+    let (mut reader, writer) = stream.split();
     // Dialback authenticates without a stream restart, in a task of its own: the stanza
     // cost limit is raised through this, read by the reader at every stanza start.
     let node_limit = Arc::new(AtomicUsize::new(
         ReaderLimits::for_peer(&shared.live.get().limits, external.is_some()).max_stanza_nodes,
     ));
     reader.share_node_limit(node_limit.clone());
-    let (out_tx, mut out_rx) = mpsc::channel::<Out>(64);
-    let writer_task = tokio::spawn(async move {
-        while let Some(m) = out_rx.recv().await {
-            let (s, last) = match m {
-                Out::Raw(s) => (s, false),
-                Out::Error(e) => (format!("{}</stream:stream>", e.to_xml()), true),
-            };
-            let ok = tokio::time::timeout(Duration::from_secs(30), async {
-                writer.write_all(s.as_bytes()).await?;
-                writer.flush().await
-            })
-            .await;
-            if !matches!(ok, Ok(Ok(()))) || last {
-                break;
-            }
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
-    });
-    let authed: Authenticated = Arc::default();
-    if let Some(remote) = external {
-        if let Ok(mut a) = authed.lock() {
-            a.insert((remote.clone(), local_domain.clone()));
-        }
-        shared.s2s.authenticated(AuthMethod::External, true);
-        super::link_up(&shared, &remote);
-    }
+    let (out_tx, out_rx) = mpsc::channel::<Out>(64);
+    let writer_task = tokio::spawn(write(writer, out_rx));
+    let authed = authenticated(&shared, external, &local_domain);
     let mut bucket = crate::rate_limit::TokenBucket::new(
         shared.config.s2s.stanzas_per_second,
         shared.config.s2s.stanza_burst,
@@ -552,6 +632,73 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
         };
         super::deliver_inbound(&shared, from, to, el).await;
     };
+    let ending = Ending {
+        error,
+        clean,
+        out_tx,
+        writer_task,
+    };
+    end(&shared, peer, ending, &authed, &cut).await;
+    tracing::info!(%peer, %local_domain, "inbound s2s stream ended");
+}
+
+/// The pairs a new stream starts with: the one SASL EXTERNAL authenticated, if it did.
+fn authenticated(shared: &Arc<Shared>, external: Option<String>, local: &str) -> Authenticated {
+    let authed: Authenticated = Arc::default();
+    if let Some(remote) = external {
+        if let Ok(mut a) = authed.lock() {
+            a.insert((remote.clone(), local.to_owned()));
+        }
+        shared.s2s.authenticated(AuthMethod::External, true);
+        super::link_up(shared, &remote);
+    }
+    authed
+}
+
+/// Writes what the stream's tasks send, each write within 30 s; a stream error is the last.
+async fn write(mut writer: tokio::io::WriteHalf<BoxIo>, mut out_rx: mpsc::Receiver<Out>) {
+    while let Some(m) = out_rx.recv().await {
+        let (s, last) = match m {
+            Out::Raw(s) => (s, false),
+            Out::Error(e) => (format!("{}</stream:stream>", e.to_xml()), true),
+        };
+        let ok = tokio::time::timeout(Duration::from_secs(30), async {
+            writer.write_all(s.as_bytes()).await?;
+            writer.flush().await
+        })
+        .await;
+        if !matches!(ok, Ok(Ok(()))) || last {
+            break;
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
+}
+
+/// How a stream's reading ended, and its writer.
+struct Ending {
+    /// The stream error to send, if any.
+    error: Option<StreamError>,
+    /// Whether the peer closed its stream.
+    clean: bool,
+    out_tx: mpsc::Sender<Out>,
+    writer_task: tokio::task::JoinHandle<()>,
+}
+
+/// Sends the stream error, if any; a stream that died (EOF without `</stream:stream>`)
+/// loses its links; the writer gets 5 s to finish unless federation was cut.
+async fn end(
+    shared: &Arc<Shared>,
+    peer: SocketAddr,
+    ending: Ending,
+    authed: &Authenticated,
+    cut: &tokio_util::sync::CancellationToken,
+) {
+    let Ending {
+        error,
+        clean,
+        out_tx,
+        writer_task,
+    } = ending;
     let remotes: Vec<(String, String)> = authed
         .lock()
         .map(|a| a.iter().cloned().collect())
@@ -562,7 +709,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
     } else if !clean && !cut.is_cancelled() && !shared.shutdown.is_cancelled() {
         // EOF without </stream:stream>: the peer or the network died.
         for (remote, local) in &remotes {
-            super::link_lost(&shared, local, remote);
+            super::link_lost(shared, local, remote);
         }
     }
     drop(out_tx);
@@ -571,7 +718,6 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
     } else {
         let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
     }
-    tracing::info!(%peer, %local_domain, "inbound s2s stream ended");
 }
 
 /// RFC 6120 §4.9.3.7 / §4.9.3.6 / §4.9.3.9, in that order. The stanza leaves with its
