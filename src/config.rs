@@ -204,7 +204,7 @@ impl Default for ClusterConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
-    /// tracing filter directives, e.g. `"info"` or `"info,presenced::s2s=debug"`.
+    /// tracing filter directives, e.g. `"info"` or `"info,presenced::transport::s2s=debug"`.
     /// `RUST_LOG`, when set, replaces it. Reloaded on SIGHUP.
     pub level: String,
     /// `text` (one human-readable line per event) or `json` (one object per line).
@@ -1035,11 +1035,13 @@ fn duration_from<'de, D: serde::Deserializer<'de>>(d: D, unit: f64) -> Result<Du
 mod secs {
     use std::time::Duration;
 
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Duration, D::Error> {
         super::duration_from(d, 1.0)
     }
 
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
 }
@@ -1049,7 +1051,7 @@ mod secs {
 mod unset_if_empty {
     use serde::Deserialize;
 
-    pub fn deserialize<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+    pub(super) fn deserialize<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
     where
         D: serde::Deserializer<'de>,
         T: From<String>,
@@ -1058,7 +1060,7 @@ mod unset_if_empty {
         Ok((!s.is_empty()).then(|| T::from(s)))
     }
 
-    pub fn serialize<S, T>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error>
+    pub(super) fn serialize<S, T>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error>
     where
         S: serde::Serializer,
         T: serde::Serialize,
@@ -1074,11 +1076,13 @@ mod unset_if_empty {
 mod millis {
     use std::time::Duration;
 
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Duration, D::Error> {
         super::duration_from(d, 1e-3)
     }
 
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64() * 1e3)
     }
 }
@@ -1143,7 +1147,7 @@ impl Config {
     /// (RFC 7622 §3.2: `Example.ORG` is `example.org`).
     pub fn normalize_domains(&mut self) {
         for d in &mut self.domains {
-            if let Ok(j) = crate::jid::parse_bare(d) {
+            if let Ok(j) = crate::protocol::jid::parse_bare(d) {
                 if j.node().is_none() {
                     *d = j.domain().to_string();
                 }
@@ -1204,7 +1208,7 @@ impl Config {
             return bad("[admin] status_poll must be at least 0.1 seconds");
         }
         for d in &self.domains {
-            if crate::jid::parse_bare(d)
+            if crate::protocol::jid::parse_bare(d)
                 .map(|j| j.node().is_some())
                 .unwrap_or(true)
             {
@@ -1440,19 +1444,19 @@ impl Config {
     }
 }
 
-impl Default for crate::xml::reader::ReaderLimits {
+impl Default for crate::protocol::xml::reader::ReaderLimits {
     /// The limits of an authenticated peer under the default `[limits]`.
     fn default() -> Self {
-        crate::xml::reader::ReaderLimits::for_peer(&LimitsConfig::default(), true)
+        crate::protocol::xml::reader::ReaderLimits::for_peer(&LimitsConfig::default(), true)
     }
 }
 
-impl crate::xml::reader::ReaderLimits {
+impl crate::protocol::xml::reader::ReaderLimits {
     /// The limits for a peer's stream, from `[limits]`. Before authentication a stream gets
     /// the much smaller stanza cost limit: negotiation needs a handful of small elements,
     /// and an unauthenticated peer must not be able to make the server hold megabytes.
     pub fn for_peer(l: &LimitsConfig, authenticated: bool) -> Self {
-        crate::xml::reader::ReaderLimits {
+        crate::protocol::xml::reader::ReaderLimits {
             max_stanza_size: l.max_stanza_size,
             max_depth: l.max_depth,
             max_stanza_nodes: if authenticated {

@@ -1,74 +1,46 @@
 //! presenced: a federated XMPP server whose centre is presence.
 //!
-//! # Layout
+//! The crate is folders by layer; each imports only the layers below it (the ranks are
+//! checked by `tests/layers.rs`; ARCHITECTURE.md draws them and the path of a stanza):
 //!
 //! ```text
-//! socket ─▶ tls (rustls) ─▶ xml::reader (quick-xml, incremental, bounded)
-//!        ─▶ c2s negotiation (STARTTLS → SASL → bind) ─▶ stanza checks
-//!        ─▶ router ─┬▶ local handlers (roster, presence, disco, ping)
-//!                   └▶ delivery (blocks, privacy gate) ─▶ sessions (bounded mpsc to the
-//!                      task that owns the socket)
+//! app/        the composition root and the operator's side: server start and stop,
+//!             signals and reload, check-config, the admin socket, logging
+//! transport/  bytes to stanzas and back: the one listener, TLS, the XML stream, c2s, s2s,
+//!             HTTP and WebSocket, the status page
+//! routing/    where a stanza goes: the client stanza router, delivery to a local user
+//! services/   what the server does with stanzas: presence, roster, PEP, blocking,
+//!             privacy lists, carbons, offline messages, CSI, the session lifecycle
+//! node/       the state of one node: session registry, the outbox, locks, federation
+//!             queues, stream-management sessions, live settings
+//! liveness/   heartbeats, Redis liveness keys, the clock, last-seen batching
+//! cluster/    the other nodes: session directory, node channels, the Redis connection
+//! store/      PostgreSQL or SQLite: accounts, rosters, lists, offline messages, PEP
+//! policy/     pure decisions: the RFC 6121 subscription tables, the privacy rule, rates
+//! config      the configuration file and its checks
+//! metrics     the Prometheus registry
+//! clock       wall time and instants for everything time-dependent; tests pause it
+//! protocol/   XMPP itself: JIDs, XML, stanzas, conditions and errors, SASL
 //! ```
 //!
-//! Stanzas from other servers, the liveness sweeper's announcements and the presence
-//! consequences of roster changes made in SQL reach sessions through the same `delivery`
-//! module.
-//!
-//! Pure decision code (the RFC 6121 subscription table in [`policy::subscription`],
-//! SCRAM in [`sasl::scram`]) is kept apart from I/O so it can be tested on tables.
-
 //! Modules are `pub(crate)` unless `main.rs`, the integration tests, the benchmark generator
-//! or the fuzz crate name them, so that rustc reports code nothing calls.
+//! or the fuzz crate name them, so that rustc reports code nothing calls; `unreachable_pub`
+//! keeps an item of a crate-private module from claiming more.
+#![deny(unreachable_pub)]
 
-// First: the macro it declares is used by the modules below.
+// First: the macro its `wire` module declares is used by the modules below.
 #[macro_use]
-mod wire;
+pub mod protocol;
 
-pub mod account_deletion;
-pub mod admin;
-pub mod blocking;
-pub mod c2s;
-pub(crate) mod caps;
-pub(crate) mod carbons;
+pub mod app;
+pub mod clock;
 pub mod cluster;
-pub(crate) mod conditions;
 pub mod config;
-pub mod control;
-pub(crate) mod csi;
-pub(crate) mod delivery;
-pub(crate) mod error;
-pub(crate) mod http;
-pub(crate) mod interest;
-pub(crate) mod invisible;
-pub mod jid;
 pub mod liveness;
-pub mod liveness_tasks;
-pub mod logging;
 pub(crate) mod metrics;
-pub(crate) mod names;
-pub(crate) mod node;
-pub(crate) mod offline;
-pub(crate) mod pep;
+pub mod node;
 pub(crate) mod policy;
-pub mod presence;
-pub(crate) mod privacy_iq;
-pub(crate) mod pubsub;
-pub(crate) mod rate_limit;
-pub mod redis_conn;
-pub(crate) mod roster;
-pub(crate) mod roster_push;
-pub(crate) mod roster_sync;
-pub(crate) mod router;
-pub mod s2s;
-pub mod sasl;
-pub mod server;
+pub(crate) mod routing;
 pub mod services;
-pub mod sessions;
-pub(crate) mod stanza;
-pub(crate) mod status;
 pub mod store;
-pub(crate) mod stream;
-pub(crate) mod stream_management;
-pub mod tls;
-pub(crate) mod websocket;
-pub mod xml;
+pub mod transport;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use presenced::admin::{ClientError, Request};
+use presenced::app::admin::{ClientError, Request};
 use presenced::config::{CheckedConfig, Config};
 use presenced::store::{Store, StoreError};
 
@@ -24,10 +24,10 @@ pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muz
 
 /// `println!` that stops quietly when standard output is closed (`presenced … | head`).
 macro_rules! out {
-    ($($t:tt)*) => { presenced::logging::println_safe(&format!($($t)*)) };
+    ($($t:tt)*) => { presenced::app::logging::println_safe(&format!($($t)*)) };
 }
 
-use presenced::logging::eprintln_safe;
+use presenced::app::logging::eprintln_safe;
 
 /// A federated XMPP server whose centre is presence.
 #[derive(Parser)]
@@ -187,9 +187,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    presenced::logging::init(&config.log);
+    presenced::app::logging::init(&config.log);
     if let Command::Reload = cli.command {
-        return match presenced::control::send_reload(&cli.config) {
+        return match presenced::app::control::send_reload(&cli.config) {
             Ok(pid) => {
                 out!("sent SIGHUP to pid {pid}; the server logs what it reloaded");
                 ExitCode::SUCCESS
@@ -226,12 +226,12 @@ async fn run(
     json: bool,
 ) -> Result<(), String> {
     match command {
-        Command::Serve => presenced::control::run(config, path)
+        Command::Serve => presenced::app::control::run(config, path)
             .await
             .map_err(|e| e.to_string()),
         Command::Reload => unreachable!("handled before the runtime starts"),
         Command::CheckConfig { connect } => {
-            use presenced::control::check;
+            use presenced::app::control::check;
             let mut findings = check::files(&config).await;
             let store = check::store(&config, connect).await;
             let usable = store.level == check::Level::Ok;
@@ -337,8 +337,8 @@ async fn connect(config: &Config) -> Result<Store, String> {
 }
 
 fn account(jid: &str, config: &Config) -> Result<(String, String), String> {
-    let bare =
-        presenced::jid::parse_bare(jid).map_err(|e| format!("{jid}: not a valid JID ({e})"))?;
+    let bare = presenced::protocol::jid::parse_bare(jid)
+        .map_err(|e| format!("{jid}: not a valid JID ({e})"))?;
     let node = bare
         .node()
         .map(|n| n.as_str().to_owned())
@@ -390,7 +390,7 @@ fn read_password(file: Option<PathBuf>) -> Result<String, String> {
 /// One admin command against the running server, its answer printed.
 async fn admin(config: &Config, req: Request, json: bool) -> Result<(), String> {
     let path = admin_socket(config)?;
-    let answer = presenced::admin::request(&path, &req)
+    let answer = presenced::app::admin::request(&path, &req)
         .await
         .map_err(|e| e.to_string())?;
     print_answer(&req, &answer, json);
@@ -409,7 +409,7 @@ fn print_answer(req: &Request, answer: &serde_json::Value, json: bool) {
     if json {
         out!("{answer}");
     } else {
-        out!("{}", presenced::admin::render(req, answer).trim_end());
+        out!("{}", presenced::app::admin::render(req, answer).trim_end());
     }
 }
 
@@ -441,7 +441,7 @@ async fn user(action: UserAction, config: &Config, json: bool) -> Result<(), Str
                         let req = Request::PasswordChanged {
                             jid: format!("{node}@{domain}"),
                         };
-                        match presenced::admin::request(&path, &req).await {
+                        match presenced::app::admin::request(&path, &req).await {
                             Ok(answer) => print_answer(&req, &answer, json),
                             Err(ClientError::Unreachable(_)) => {}
                             Err(e) => return Err(format!("ending the account's sessions: {e}")),
@@ -457,12 +457,12 @@ async fn user(action: UserAction, config: &Config, json: bool) -> Result<(), Str
         UserAction::Del { jid, local_only } => {
             let (node, domain) = account(&jid, config)?;
             // A running server ends the account's sessions, deletes it and tells its
-            // contacts (crate::account_deletion); without one there is no session to end.
+            // contacts (crate::services::account_deletion); without one there is no session to end.
             if let Ok(path) = admin_socket(config) {
                 let req = Request::UserDel {
                     jid: format!("{node}@{domain}"),
                 };
-                match presenced::admin::request(&path, &req).await {
+                match presenced::app::admin::request(&path, &req).await {
                     Ok(answer) => {
                         print_answer(&req, &answer, json);
                         return Ok(());
@@ -484,9 +484,10 @@ async fn user(action: UserAction, config: &Config, json: bool) -> Result<(), Str
                 .into_iter()
                 .map(|(sender, _)| sender)
                 .collect();
-            let remote = presenced::account_deletion::remote_contacts(&items, &waiting, |d| {
-                config.serves(d)
-            });
+            let remote =
+                presenced::services::account_deletion::remote_contacts(&items, &waiting, |d| {
+                    config.serves(d)
+                });
             if !remote.is_empty() && !local_only {
                 return Err(format!(
                     "{bare} has {} contact(s) on other servers ({}), which only a running \

@@ -25,7 +25,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 /// The Content-Type of [`Metrics::render`]'s output.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A single-label set, as the families here use.
 type Label = [(&'static str, &'static str); 1];
@@ -121,7 +121,7 @@ impl Metrics {
     }
 
     /// Lets the registry read the running server's own figures at scrape time (called once by
-    /// [`crate::server::start`]). The server hands in the reader, so this module knows
+    /// [`crate::app::server::start`]). The server hands in the reader, so this module knows
     /// nothing of the server's state and sits below everything that counts.
     pub fn attach(&self, read: NodeFigures) {
         let _ = self.node.read.set(read);
@@ -179,7 +179,7 @@ impl Metrics {
 
 /// Writes, at scrape time, the figures whose owners keep them as plain state (the server's
 /// sessions, liveness counters, federation counts): given by [`Metrics::attach`].
-pub type NodeFigures =
+pub(crate) type NodeFigures =
     Box<dyn Fn(&mut DescriptorEncoder) -> Result<(), std::fmt::Error> + Send + Sync>;
 
 /// Reads, at scrape time, the figures whose owners keep them as plain state.
@@ -204,7 +204,7 @@ impl Collector for NodeCollector {
 }
 
 /// Encodes one counter read from an atomic owned elsewhere (`name` without `_total`).
-pub fn counter(
+pub(crate) fn counter(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -215,7 +215,7 @@ pub fn counter(
 }
 
 /// Encodes one gauge read from state owned elsewhere.
-pub fn gauge(
+pub(crate) fn gauge(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::stores::Db;
 use common::*;
-use presenced::admin::Request;
-use presenced::xml::{parse_element, Element, NS_CLIENT};
+use presenced::app::admin::Request;
+use presenced::protocol::xml::{parse_element, Element, NS_CLIENT};
 
 const NS_ROSTER: &str = "jabber:iq:roster";
 const NS_PUBSUB: &str = "http://jabber.org/protocol/pubsub";
@@ -34,7 +34,7 @@ fn admin_socket(c: &mut presenced::config::Config) -> PathBuf {
 
 /// Opens the admin socket the config names, as the server's control loop does.
 async fn open_admin(ts: &TestServer) {
-    presenced::admin::start(ts.shared())
+    presenced::app::admin::start(ts.shared())
         .await
         .expect("admin socket")
         .expect("configured");
@@ -42,7 +42,7 @@ async fn open_admin(ts: &TestServer) {
 
 /// `presenced user del JID` against the running server.
 async fn user_del(sock: &std::path::Path, jid: &str) -> serde_json::Value {
-    presenced::admin::request(sock, &Request::UserDel { jid: jid.into() })
+    presenced::app::admin::request(sock, &Request::UserDel { jid: jid.into() })
         .await
         .unwrap_or_else(|e| panic!("user del {jid}: {e}"))
 }

@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
-use presenced::xml::{NS_DELAY, NS_DISCO_INFO};
+use presenced::protocol::xml::{NS_DELAY, NS_DISCO_INFO};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -223,7 +223,7 @@ async fn publish_avatar(ts: &TestServer, c: &mut Client, png: &str) {
             ),
         ),
     ] {
-        let publish = presenced::xml::parse_element(&format!(
+        let publish = presenced::protocol::xml::parse_element(&format!(
             "<pubsub xmlns='http://jabber.org/protocol/pubsub'><publish node='{node}'>\
              <item id='{id}'>{payload}</item></publish></pubsub>"
         ))

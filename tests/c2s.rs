@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use common::*;
-use presenced::xml::{self as x, Element, NS_CLIENT, NS_ROSTER};
+use presenced::protocol::xml::{self as x, Element, NS_CLIENT, NS_ROSTER};
 
 /// How long a slixmpp script may take before the test fails.
 const SCRIPT_LIMIT: Duration = Duration::from_secs(40);
@@ -1069,7 +1069,7 @@ async fn message_to_unknown_user_and_to_offline_user_are_both_unanswered() {
     // RFC 6121 §8.5.1 (no such account) lets the server ignore the message, and
     // §8.5.2.2.1 / §8.5.3.2.1 (an existing account with no resource to take it: kept for
     // later, XEP-0160) let it answer nothing: the same silence, so the reply tells neither
-    // whether the account exists nor whether the user is online (src/offline.rs).
+    // whether the account exists nor whether the user is online (src/services/offline.rs).
     for to in [
         ts.jid("nobody"),
         format!("{}/gone", ts.jid("nobody")),

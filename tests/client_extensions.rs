@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use presenced::xml::{parse_element, Element, NS_CLIENT};
+use presenced::protocol::xml::{parse_element, Element, NS_CLIENT};
 
 const NS_CARBONS: &str = "urn:xmpp:carbons:2";
 const NS_FORWARD: &str = "urn:xmpp:forward:0";
@@ -452,7 +452,7 @@ async fn messages_from_a_blocked_sender_are_never_kept_nor_handed_out() {
     let mut bob = online(&ts, "bob", "desk", None).await;
     // Alice's session is gone once the registry no longer lists it.
     let shared = ts.shared().clone();
-    let alice_bare = presenced::jid::BareJid::new(&alice).unwrap();
+    let alice_bare = presenced::protocol::jid::BareJid::new(&alice).unwrap();
     for _ in 0..200 {
         if shared.sessions.of_user(&alice_bare).is_empty() {
             break;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures_util::StreamExt as _;
 use presenced::config::Config;
-use presenced::xml::{parse_element, Element, NS_CLIENT};
+use presenced::protocol::xml::{parse_element, Element, NS_CLIENT};
 
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
 const NS_INVISIBLE: &str = "urn:xmpp:invisible:0";
@@ -161,7 +161,7 @@ async fn see_each_other(nodes: &[&TestServer]) {
 /// Waits (bounded) until the directory, as `node` reads it, holds `jid` on another node
 /// (and, if `available`, with initial presence sent).
 async fn in_directory(node: &TestServer, jid: &str, available: bool) {
-    let full = presenced::jid::FullJid::new(jid).unwrap();
+    let full = presenced::protocol::jid::FullJid::new(jid).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         if let Some(h) = node.shared().cluster.holder_of(&full).await {
@@ -853,7 +853,7 @@ async fn sigkill_of_a_node_announces_its_users_to_viewers_on_another_node_within
     );
     assert!(after <= upper, "announced after {after:?}, bound {upper:?}");
     // The directory forgets the dead node's session.
-    let full = presenced::jid::FullJid::new(&alice_full).unwrap();
+    let full = presenced::protocol::jid::FullJid::new(&alice_full).unwrap();
     let deadline = Instant::now() + l.ttl;
     while n1.shared().cluster.holder_of(&full).await.is_some() {
         assert!(
@@ -1029,7 +1029,7 @@ async fn a_node_cut_off_from_redis_is_announced_after_t_and_shown_again_when_it_
         .await
         .expect("alice shown again once node 2 is back");
     // The directory forgets the tab that ended while node 2 could not write it.
-    let tab = presenced::jid::FullJid::new(&tab_full).unwrap();
+    let tab = presenced::protocol::jid::FullJid::new(&tab_full).unwrap();
     let deadline = Instant::now() + Duration::from_secs(3);
     while n1.shared().cluster.holder_of(&tab).await.is_some() {
         assert!(
@@ -1106,7 +1106,7 @@ async fn resources_bound_on_other_nodes_count_against_the_per_account_limit(redi
     // directory for good: the broadcast at the end of its grace period does not write it
     // back.
     drop(c);
-    let one = presenced::jid::FullJid::new(&format!("{}/one", n1.jid("alice"))).unwrap();
+    let one = presenced::protocol::jid::FullJid::new(&format!("{}/one", n1.jid("alice"))).unwrap();
     drop(_one);
     let deadline = Instant::now() + n1.config.liveness.grace + Duration::from_secs(3);
     while n1.shared().liveness.is_tracked(&one) {
@@ -1142,7 +1142,7 @@ async fn enable_carbons(c: &mut Client) {
 
 /// Waits (bounded) until `node` reads `jid`'s directory entry with carbons `on` or off.
 async fn carbons_in_directory(node: &TestServer, jid: &str, on: bool) {
-    let full = presenced::jid::FullJid::new(jid).unwrap();
+    let full = presenced::protocol::jid::FullJid::new(jid).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while node
         .shared()
@@ -2074,8 +2074,11 @@ async fn redis_cluster_master_failover_during_traffic_loses_only_a_bounded_windo
     let channel =
         presenced::cluster::directory::Keys::new(&n2.config.redis.key_prefix).channel(&node2);
     let node_url = n1.config.cluster.redis_nodes[0].clone();
-    let (master, replica) =
-        master_and_replica(&node_url, presenced::redis_conn::slot(channel.as_bytes())).await;
+    let (master, replica) = master_and_replica(
+        &node_url,
+        presenced::cluster::redis_conn::slot(channel.as_bytes()),
+    )
+    .await;
     let timeout = n2.config.redis.timeout;
     const N: usize = 160;
     const EVERY: Duration = Duration::from_millis(25);
@@ -2329,13 +2332,13 @@ async fn redis_cluster_master_killed_during_traffic_loses_only_a_bounded_window(
         .channel(n2.config.cluster.node());
     let (master, replica) = master_and_replica(
         &start_nodes[0],
-        presenced::redis_conn::slot(channel.as_bytes()),
+        presenced::cluster::redis_conn::slot(channel.as_bytes()),
     )
     .await;
     let mut i = 0;
     let bob_name = loop {
         let name = format!("bob{i}");
-        let slot = presenced::redis_conn::slot(n1.jid(&name).as_bytes());
+        let slot = presenced::cluster::redis_conn::slot(n1.jid(&name).as_bytes());
         if master_and_replica(&start_nodes[0], slot).await.0 == master {
             break name;
         }
@@ -2469,7 +2472,7 @@ async fn a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_n
     redis: Redis,
 ) {
     let n1 = node_one(redis, |_| {}).await;
-    let target = presenced::redis_conn::Target::from_config(&n1.config)
+    let target = presenced::cluster::redis_conn::Target::from_config(&n1.config)
         .unwrap()
         .expect("on Redis");
     let mut conn = target.connect(Duration::from_secs(2)).await.unwrap();
@@ -2482,12 +2485,12 @@ async fn a_stale_beat_of_a_node_that_heartbeats_but_does_not_listen_is_retried_n
     let now_ms = || chrono::Utc::now().timestamp_millis();
     let ttl = n1.config.liveness.ttl;
     let stale = now_ms() - 3 * ttl.as_millis() as i64;
-    let score = |mut conn: presenced::redis_conn::Conn| {
+    let score = |mut conn: presenced::cluster::redis_conn::Conn| {
         let mut c = redis::cmd("ZSCORE");
         c.arg(&beats).arg(&member);
         async move { c.query_async::<Option<f64>>(&mut conn).await.unwrap() }
     };
-    let heartbeat = |mut conn: presenced::redis_conn::Conn| {
+    let heartbeat = |mut conn: presenced::cluster::redis_conn::Conn| {
         let mut c = redis::cmd("ZADD");
         c.arg(&nodes).arg(now_ms()).arg("ghost#1");
         async move { c.query_async::<i64>(&mut conn).await.unwrap() }
@@ -2722,7 +2725,7 @@ async fn a_bare_jid_whose_sessions_on_another_node_went_away_is_answered_as_offl
     b1.close().await;
     drop(b2);
     for full in [&b1_full, &b2_full] {
-        let full = presenced::jid::FullJid::new(full).unwrap();
+        let full = presenced::protocol::jid::FullJid::new(full).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while n1.shared().cluster.holder_of(&full).await.is_some() {
             assert!(Instant::now() < deadline, "{full} still in the directory");

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
-use presenced::presence::privacy::{PrivacySettings, Visibility};
-use presenced::sasl::scram::ScramHash;
+use presenced::protocol::sasl::scram::ScramHash;
+use presenced::services::presence::privacy::{PrivacySettings, Visibility};
 use presenced::store::{LastSeen, RosterItem, Store, StoreError, Subscription};
 
 #[path = "common/stores.rs"]

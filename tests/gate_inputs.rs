@@ -9,8 +9,8 @@
 use std::collections::BTreeSet;
 
 use chrono::{TimeZone, Utc};
-use presenced::jid::BareJid;
-use presenced::presence::privacy::{PrivacySettings, Visibility};
+use presenced::protocol::jid::BareJid;
+use presenced::services::presence::privacy::{PrivacySettings, Visibility};
 use presenced::store::blocks::match_candidates;
 use presenced::store::last_seen::LastSeen;
 use presenced::store::{RosterItem, Store, Subscription};

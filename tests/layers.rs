@@ -1,11 +1,14 @@
-//! The modules' imports point one way (ARCHITECTURE.md, "Layers").
+//! The layers of `src/` and their order (ARCHITECTURE.md, "Layers").
 //!
 //! Reads every file under `src/` (the server library; `main.rs` and the benchmark generator
-//! are outside it), maps each to its top-level module (`src/router.rs` → `router`,
-//! `src/presence/gate.rs` → `presence`) and collects every `crate::<module>` path outside
-//! comments, grouped imports (`use crate::{a, b}`) included. Any edge that lies on a cycle
-//! of top-level modules fails the test: no two modules import each other, directly or
-//! around a loop.
+//! are outside it) and collects every `crate::` path outside comments and strings, grouped
+//! imports (`use crate::{a, b::{c, d}}`) included.
+//!
+//! - Each top-level entry of `src/` is a layer with a rank in [`LAYERS`]; a file may name
+//!   only its own layer and the layers below it, so the arrows between layers point one way
+//!   and a new top-level module must be given a place.
+//! - Inside a layer, its modules (`transport::c2s`, `services::presence`, …) may not import
+//!   each other around a loop.
 
 mod scan;
 
@@ -14,17 +17,46 @@ use std::path::Path;
 
 use scan::{code_only, server_source};
 
-/// Top-level module of a file under `src/`, or `None` for files outside the library.
+/// The layers, top first. A file may import its own layer and those after it.
+const LAYERS: &[&str] = &[
+    "app",
+    "transport",
+    "routing",
+    "services",
+    "node",
+    "liveness",
+    "cluster",
+    "store",
+    "policy",
+    "config",
+    "metrics",
+    "clock",
+    "protocol",
+];
+
+fn rank(layer: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| *l == layer)
+}
+
+/// Module path of a file under `src/` (`src/transport/c2s/session.rs` →
+/// `transport::c2s::session`, `src/node/mod.rs` → `node`, `src/config.rs` → `config`);
+/// `None` for files outside the library.
 fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).ok()?;
-    let mut parts = rel
+    let mut parts: Vec<String> = rel
         .components()
-        .map(|c| c.as_os_str().to_string_lossy().into_owned());
-    let first = parts.next()?;
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let first = parts.first()?;
     if first == "bin" || first == "main.rs" || first == "lib.rs" {
         return None;
     }
-    Some(first.trim_end_matches(".rs").to_owned())
+    if parts.last().is_some_and(|l| l == "mod.rs") {
+        parts.pop();
+    }
+    let last = parts.pop()?;
+    parts.push(last.trim_end_matches(".rs").to_owned());
+    Some(parts.join("::"))
 }
 
 fn ident_at(s: &str) -> &str {
@@ -34,8 +66,9 @@ fn ident_at(s: &str) -> &str {
     &s[..end]
 }
 
-/// Top-level modules named by `crate::` paths in `code`.
-fn referenced_modules(code: &str) -> BTreeSet<String> {
+/// The paths after `crate::` in `code`, groups expanded (`crate::{a, b::{c, d}}` → `a`,
+/// `b::c`, `b::d`).
+fn referenced_paths(code: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     let mut rest = code;
     while let Some(i) = rest.find("crate::") {
@@ -45,35 +78,63 @@ fn referenced_modules(code: &str) -> BTreeSet<String> {
         if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$') {
             continue;
         }
-        let rest_trim = rest.trim_start();
-        if let Some(group) = rest_trim.strip_prefix('{') {
-            // use crate::{a, b::c, d::{e, f}}: the first segment of each top-level item.
-            let mut depth = 0usize;
-            let mut at_item_start = true;
-            let mut i = 0;
-            let bytes = group.as_bytes();
-            while i < bytes.len() {
-                match bytes[i] {
-                    b'{' => depth += 1,
-                    b'}' if depth == 0 => break,
-                    b'}' => depth -= 1,
-                    b',' if depth == 0 => at_item_start = true,
-                    c if at_item_start && (c.is_ascii_alphabetic() || c == b'_') => {
-                        found.insert(ident_at(&group[i..]).to_owned());
-                        at_item_start = false;
-                    }
-                    _ => {}
-                }
-                i += 1;
-            }
-        } else {
-            let name = ident_at(rest_trim);
-            if !name.is_empty() {
-                found.insert(name.to_owned());
-            }
-        }
+        path_items(rest, &[], &mut found);
     }
     found
+}
+
+/// Adds the items of the path (or group) at the start of `s`, below `prefix`.
+fn path_items(s: &str, prefix: &[String], found: &mut BTreeSet<String>) {
+    let s = s.trim_start();
+    if let Some(group) = s.strip_prefix('{') {
+        // Split the group's top-level items at depth 0 commas.
+        let mut depth = 0usize;
+        let mut item_start = 0;
+        for (i, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    path_items(&group[item_start..i], prefix, found);
+                    return;
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    path_items(&group[item_start..i], prefix, found);
+                    item_start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        return;
+    }
+    let name = ident_at(s);
+    if name.is_empty() || name == "self" {
+        if !prefix.is_empty() {
+            found.insert(prefix.join("::"));
+        }
+        return;
+    }
+    let mut path = prefix.to_vec();
+    path.push(name.to_owned());
+    if let Some(next) = s[name.len()..].strip_prefix("::") {
+        return path_items(next, &path, found);
+    }
+    found.insert(path.join("::"));
+}
+
+/// The module a path names: its longest prefix that is a module of `modules` (a file), or
+/// its first segment.
+fn module_named(path: &str, modules: &BTreeSet<String>) -> String {
+    let mut prefix = path;
+    loop {
+        if modules.contains(prefix) {
+            return prefix.to_owned();
+        }
+        match prefix.rfind("::") {
+            Some(i) => prefix = &prefix[..i],
+            None => return prefix.to_owned(),
+        }
+    }
 }
 
 /// module → modules it names.
@@ -87,7 +148,8 @@ fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
         };
         let text = std::fs::read_to_string(file).expect("read source");
         let deps = graph.entry(from.clone()).or_default();
-        for to in referenced_modules(&code_only(&text)) {
+        for path in referenced_paths(&code_only(&text)) {
+            let to = module_named(&path, &modules);
             // Macros exported at the crate root (`crate::some_macro!`) are not modules.
             if to != from && modules.contains(&to) {
                 deps.insert(to);
@@ -95,6 +157,48 @@ fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
         }
     }
     graph
+}
+
+fn layer(module: &str) -> &str {
+    module.split("::").next().unwrap_or_default()
+}
+
+#[test]
+fn every_top_level_entry_of_src_is_a_layer_with_a_rank() {
+    let graph = import_graph();
+    let unranked: BTreeSet<&str> = graph
+        .keys()
+        .map(|m| layer(m))
+        .filter(|l| rank(l).is_none())
+        .collect();
+    assert!(
+        unranked.is_empty(),
+        "top-level modules with no place in LAYERS (put them in a layer's folder, or rank \
+         them): {unranked:?}"
+    );
+    assert!(
+        graph.len() > 20,
+        "the scan found too few modules: is src/ where it should be?"
+    );
+}
+
+#[test]
+fn each_layer_imports_only_itself_and_the_layers_below_it() {
+    let mut upward = Vec::new();
+    for (from, deps) in import_graph() {
+        for to in deps {
+            if let (Some(a), Some(b)) = (rank(layer(&from)), rank(layer(&to))) {
+                if b < a {
+                    upward.push(format!("{from} -> {to}"));
+                }
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "imports that point up the layers (top first: {LAYERS:?}; ARCHITECTURE.md, \
+         \"Layers\"): {upward:?}"
+    );
 }
 
 /// Whether `to` reaches `from` (so the edge `from → to` closes a cycle).
@@ -125,7 +229,7 @@ fn cyclic_edges(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<(String,
 }
 
 #[test]
-fn no_import_cycle_between_top_level_modules() {
+fn no_import_cycle_between_the_modules_of_a_layer() {
     let graph = import_graph();
     assert!(
         graph.len() > 5,
@@ -138,8 +242,8 @@ fn no_import_cycle_between_top_level_modules() {
         .collect();
     assert!(
         cyclic.is_empty(),
-        "imports that close a cycle between top-level modules (arrows must point one way, \
-         see ARCHITECTURE.md): {cyclic:?}"
+        "imports that close a cycle between modules (arrows must point one way, see \
+         ARCHITECTURE.md): {cyclic:?}"
     );
 }
 
@@ -150,11 +254,19 @@ fn the_scan_sees_plain_grouped_and_nested_crate_paths_but_not_comments_or_string
          // crate::commented\n/// [`crate::doc`]\nlet s = \"crate::quoted\";\nlet q = '\"';\n\
          let y = crate::after_char_literal::z;\nmacro_rules! m { () => { $crate::dollar } }",
     );
-    let found = referenced_modules(&code);
-    let want: BTreeSet<String> = ["a", "c", "d", "g", "h", "after_char_literal"]
-        .into_iter()
-        .map(String::from)
-        .collect();
+    let found = referenced_paths(&code);
+    let want: BTreeSet<String> = [
+        "a::B",
+        "c",
+        "d::e",
+        "d::f",
+        "g",
+        "h::i",
+        "after_char_literal::z",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
     assert_eq!(found, want);
 }
 

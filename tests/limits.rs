@@ -6,14 +6,14 @@
 mod common;
 
 use common::*;
-use presenced::xml::{parse_element, Element, NS_CLIENT};
+use presenced::protocol::xml::{parse_element, Element, NS_CLIENT};
 
 const NS_ROSTER: &str = "jabber:iq:roster";
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
 const NS_NICK: &str = "http://jabber.org/protocol/nick";
 
-fn bare(jid: &str) -> presenced::jid::BareJid {
-    presenced::jid::BareJid::new(jid).expect("a bare JID")
+fn bare(jid: &str) -> presenced::protocol::jid::BareJid {
+    presenced::protocol::jid::BareJid::new(jid).expect("a bare JID")
 }
 
 fn el(xml: &str) -> Element {

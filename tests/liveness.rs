@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
-use presenced::xml::{Element, NS_CLIENT, NS_DELAY, NS_PING};
+use presenced::protocol::xml::{Element, NS_CLIENT, NS_DELAY, NS_PING};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -308,7 +308,7 @@ async fn reconnect_within_grace(backend: Backend) {
     let mut bob = online(&ts, "bob", "pc").await;
     let mut alice = ts.login("alice", "phone").await;
     // XEP-0319 idle and show=away are the client's; the server passes them on untouched.
-    let away = presenced::xml::parse_element(
+    let away = presenced::protocol::xml::parse_element(
         "<presence><show>away</show><idle xmlns='urn:xmpp:idle:1' since='2026-01-01T00:00:00Z'/></presence>",
     )
     .unwrap();
@@ -392,7 +392,9 @@ async fn old_end_after_new_presence(backend: Backend) {
     let locks = &ts.shared().subject_locks;
     let subject = ts.jid("alice");
     let held = locks.lock_subject(&subject).await;
-    let back = presenced::xml::parse_element("<presence><status>back</status></presence>").unwrap();
+    let back =
+        presenced::protocol::xml::parse_element("<presence><status>back</status></presence>")
+            .unwrap();
     again.send(&back).await;
     let until_queued = |n: usize, within: f64| {
         let locks = &ts.shared().subject_locks;
@@ -562,10 +564,10 @@ async fn concurrent_sweepers_take_each_stale_resource_exactly_once() {
     members.push(("fresh@x/r".into(), now));
     write_beats(&mut c, &key, &members).await;
     let sweeper = |conn: redis::aio::MultiplexedConnection, key: String| async move {
-        let mut conn = presenced::redis_conn::Conn::Single(conn);
+        let mut conn = presenced::cluster::redis_conn::Conn::Single(conn);
         let mut got = Vec::new();
         loop {
-            let batch = presenced::liveness_tasks::sweeper::sweep_once(
+            let batch = presenced::services::lifecycle::sweeper::sweep_once(
                 &mut conn,
                 &key,
                 now - 5000,
@@ -648,12 +650,12 @@ async fn a_sweep_returns_every_stale_member_once_and_leaves_the_callers_own_in_p
         stale.push((format!("b y{i}@x/r"), now - 10_000 - i));
     }
     write_beats(&mut c, &key, &stale).await;
-    let mut conn = presenced::redis_conn::Conn::Single(
+    let mut conn = presenced::cluster::redis_conn::Conn::Single(
         client.get_multiplexed_async_connection().await.unwrap(),
     );
     let (mut got, mut own) = (Vec::new(), 0);
     loop {
-        let batch = presenced::liveness_tasks::sweeper::sweep_once(
+        let batch = presenced::services::lifecycle::sweeper::sweep_once(
             &mut conn,
             &key,
             now - 5000,
@@ -973,7 +975,7 @@ async fn redis_outage_keeps_logins_and_messages_and_liveness_is_repaired_after_r
     // Redis is gone. A message still arrives promptly.
     let sent = Instant::now();
     bob.send(
-        &presenced::xml::parse_element(&format!(
+        &presenced::protocol::xml::parse_element(&format!(
             "<message to='{}' type='chat'><body>still here</body></message>",
             ts.jid("alice")
         ))
@@ -1067,7 +1069,7 @@ async fn postgres_outage_keeps_existing_sessions_routing_and_last_seen_waits() {
     // The database becomes unreachable: every query now fails at once.
     ts.shared().store.close().await;
     let msg = |to: &str, body: &str| {
-        presenced::xml::parse_element(&format!(
+        presenced::protocol::xml::parse_element(&format!(
             "<message to='{to}' type='chat'><body>{body}</body></message>"
         ))
         .unwrap()
@@ -1096,7 +1098,7 @@ async fn postgres_outage_keeps_existing_sessions_routing_and_last_seen_waits() {
     }
     assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 0);
     // The pending value is still served from memory.
-    let at = presenced::presence::last_seen(ts.shared(), &ts.jid("alice"))
+    let at = presenced::services::presence::last_seen(ts.shared(), &ts.jid("alice"))
         .await
         .expect("last seen kept in memory");
     assert!((at - closed).num_milliseconds().abs() < 1000);
@@ -1240,7 +1242,7 @@ async fn flush_rounds(ts: &TestServer, n: u64) {
 /// Plants the beat of `name/res` held by a node that no longer exists, older than T.
 async fn plant_crashed_beat(ts: &TestServer, name: &str, res: &str) -> i64 {
     let bare = ts.jid(name);
-    let full = presenced::jid::FullJid::new(&format!("{bare}/{res}")).unwrap();
+    let full = presenced::protocol::jid::FullJid::new(&format!("{bare}/{res}")).unwrap();
     let keys = &ts.shared().liveness.keys;
     let last_beat =
         ts.shared().liveness.clock.now_ms() - ts.config.liveness.ttl.as_millis() as i64 - 500;
@@ -1283,8 +1285,8 @@ async fn orphan_announcement_reaches_only_viewers_the_gate_admits() {
         .unwrap();
     let except: std::collections::BTreeSet<_> =
         [::jid::BareJid::new(&ts.jid("dave")).unwrap()].into();
-    let settings = presenced::presence::privacy::PrivacySettings {
-        online: presenced::presence::privacy::Visibility::ContactsExcept(except),
+    let settings = presenced::services::presence::privacy::PrivacySettings {
+        online: presenced::services::presence::privacy::Visibility::ContactsExcept(except),
         ..Default::default()
     };
     store.set_privacy_settings(&alice, &settings).await.unwrap();
@@ -1292,7 +1294,7 @@ async fn orphan_announcement_reaches_only_viewers_the_gate_admits() {
     let mut carol = online(&ts, "carol", "pc").await;
     let mut dave = online(&ts, "dave", "pc").await;
     plant_crashed_beat(&ts, "alice", "phone").await;
-    let swept = presenced::liveness_tasks::sweeper::sweep_all(ts.shared()).await;
+    let swept = presenced::services::lifecycle::sweeper::sweep_all(ts.shared()).await;
     assert!(swept >= 1, "the planted beat was not swept");
     let full = c_jid(&ts, "alice", "phone");
     // Control: the permitted subscriber is told.
@@ -1333,7 +1335,7 @@ async fn orphan_of_a_resource_that_reconnected_is_not_announced() {
         .await
         .expect("bob sees alice/phone online");
     plant_crashed_beat(&ts, "alice", "phone").await;
-    let swept = presenced::liveness_tasks::sweeper::sweep_all(ts.shared()).await;
+    let swept = presenced::services::lifecycle::sweeper::sweep_all(ts.shared()).await;
     assert!(swept >= 1, "the planted beat was not swept");
     barrier(&ts, &mut bob).await;
     barrier(&ts, &mut alice).await;
@@ -1422,8 +1424,8 @@ async fn a_client_whose_stanza_the_server_is_still_handling_is_not_declared_sile
     let mut alice = online(&ts, "alice", "phone").await;
     bob.expect(|e| is_presence(e, &alice.jid, None)).await;
     let roster_set = |contact: &str| {
-        Element::new("query", presenced::xml::NS_ROSTER)
-            .child(Element::new("item", presenced::xml::NS_ROSTER).attr("jid", contact))
+        Element::new("query", presenced::protocol::xml::NS_ROSTER)
+            .child(Element::new("item", presenced::protocol::xml::NS_ROSTER).attr("jid", contact))
     };
     // Alice's version row exists (make_mutual wrote her roster); hold its lock.
     let pool = sqlx::PgPool::connect(&database_url()).await.expect("pg");

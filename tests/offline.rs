@@ -2,13 +2,13 @@
 //! answers to its messages whether an account exists or whether its user is online
 //! (visible or XEP-0186 invisible), and no sender, stranger or contact, can fill a user's
 //! store so that the user's contacts are refused. The budgets are `[limits]`
-//! `max_offline_*`; the rules are `presenced::offline`'s module documentation.
+//! `max_offline_*`; the rules are `presenced::services::offline`'s module documentation.
 
 mod common;
 
 use common::*;
-use presenced::presence::privacy::{PrivacySettings, Visibility};
-use presenced::xml::{parse_element, Element, NS_CLIENT};
+use presenced::protocol::xml::{parse_element, Element, NS_CLIENT};
+use presenced::services::presence::privacy::{PrivacySettings, Visibility};
 
 const NS_HINTS: &str = "urn:xmpp:hints";
 const NS_RECEIPTS: &str = "urn:xmpp:receipts";
@@ -494,7 +494,7 @@ async fn a_stranger_on_another_cluster_node_gets_the_same_silence() {
     barrier(&n2, &mut inv).await;
     // Node 1 reads where "on" and "inv" are from the directory.
     for name in ["on", "inv"] {
-        let full = presenced::jid::FullJid::new(&format!("{}/r", n1.jid(name))).unwrap();
+        let full = presenced::protocol::jid::FullJid::new(&format!("{}/r", n1.jid(name))).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while !n1
             .shared()

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use common::*;
-use presenced::xml::{parse_element, Element, NS_CLIENT};
+use presenced::protocol::xml::{parse_element, Element, NS_CLIENT};
 use sha1::Digest;
 
 const NS_PUBSUB: &str = "http://jabber.org/protocol/pubsub";
@@ -1067,7 +1067,7 @@ async fn slixmpp_pep_plugins() {
 /// Waits (bounded) until `node` reads `jid` from the cluster directory as available on
 /// another node.
 async fn available_elsewhere(node: &TestServer, jid: &str) {
-    let full = presenced::jid::FullJid::new(jid).unwrap();
+    let full = presenced::protocol::jid::FullJid::new(jid).unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !node
         .shared()

@@ -4,7 +4,7 @@
 //! account; and the XEP-0054 vCard table beside them. Every test works on its own random
 //! domain.
 
-use presenced::jid::BareJid;
+use presenced::protocol::jid::BareJid;
 use presenced::store::pep::{AccessModel, PepItem, Published};
 use presenced::store::{Store, StoreError, StoreLimits};
 

@@ -72,8 +72,8 @@ use std::fmt;
 use std::time::Duration;
 
 use common::{unique, Client, TestServer, WAIT};
-use presenced::jid::FullJid;
-use presenced::xml::{Element, NS_CLIENT};
+use presenced::protocol::jid::FullJid;
+use presenced::protocol::xml::{Element, NS_CLIENT};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
 
@@ -650,8 +650,8 @@ impl<'a> World<'a> {
                     .attr("type", "set")
                     .attr("id", id.clone())
                     .child(
-                        Element::new("query", presenced::xml::NS_ROSTER).child(
-                            Element::new("item", presenced::xml::NS_ROSTER)
+                        Element::new("query", presenced::protocol::xml::NS_ROSTER).child(
+                            Element::new("item", presenced::protocol::xml::NS_ROSTER)
                                 .attr("jid", self.bare(contact))
                                 .attr("subscription", "remove"),
                         ),
@@ -674,7 +674,7 @@ impl<'a> World<'a> {
                 let iq = Element::new("iq", NS_CLIENT)
                     .attr("type", "get")
                     .attr("id", id.clone())
-                    .child(Element::new("query", presenced::xml::NS_ROSTER));
+                    .child(Element::new("query", presenced::protocol::xml::NS_ROSTER));
                 let c = &mut self
                     .sessions
                     .get_mut(&(user, res))
@@ -1247,7 +1247,7 @@ async fn run_case(ts: &TestServer, steps: &[Step]) -> Outcome {
         .iq(
             "get",
             None,
-            Element::new("query", presenced::xml::NS_ROSTER),
+            Element::new("query", presenced::protocol::xml::NS_ROSTER),
         )
         .await;
     let mut world = World {
@@ -1530,7 +1530,9 @@ async fn listener_barrier(ts: &TestServer, c: &mut Client, owner: &str) -> Vec<E
         .store
         .upsert_roster_item(
             owner,
-            &presenced::store::RosterItem::new(presenced::jid::BareJid::new(&marker).unwrap()),
+            &presenced::store::RosterItem::new(
+                presenced::protocol::jid::BareJid::new(&marker).unwrap(),
+            ),
         )
         .await
         .expect("marker item");
@@ -1572,7 +1574,7 @@ async fn removing_an_unapproved_contact_sends_the_remover_no_presence_from_it() 
     c.iq(
         "get",
         None,
-        Element::new("query", presenced::xml::NS_ROSTER),
+        Element::new("query", presenced::protocol::xml::NS_ROSTER),
     )
     .await;
     c.presence(None, None).await;
@@ -1580,8 +1582,8 @@ async fn removing_an_unapproved_contact_sends_the_remover_no_presence_from_it() 
         .attr("to", ts.jid(&b))
         .attr("type", "subscribe");
     c.send(&sub).await;
-    let remove = Element::new("query", presenced::xml::NS_ROSTER).child(
-        Element::new("item", presenced::xml::NS_ROSTER)
+    let remove = Element::new("query", presenced::protocol::xml::NS_ROSTER).child(
+        Element::new("item", presenced::protocol::xml::NS_ROSTER)
             .attr("jid", ts.jid(&b))
             .attr("subscription", "remove"),
     );

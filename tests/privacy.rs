@@ -9,9 +9,9 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
-use presenced::jid::Jid;
-use presenced::presence::privacy::{PrivacySettings, Visibility};
-use presenced::xml::{parse_element, Element, NS_CLIENT};
+use presenced::protocol::jid::Jid;
+use presenced::protocol::xml::{parse_element, Element, NS_CLIENT};
+use presenced::services::presence::privacy::{PrivacySettings, Visibility};
 
 const NS_BLOCKING: &str = "urn:xmpp:blocking";
 const NS_PRIVACY: &str = "urn:presenced:privacy:0";
@@ -1146,7 +1146,7 @@ async fn run_model(ops: Vec<model::Op>, homes: Homes) {
                     let ts = homes.of(a);
                     let fresh = ts.login(USERS[a], &format!("r{step}")).await;
                     let old = std::mem::replace(&mut clients[a], fresh);
-                    let old_jid = presenced::jid::FullJid::new(&old.jid).unwrap();
+                    let old_jid = presenced::protocol::jid::FullJid::new(&old.jid).unwrap();
                     old.close().await;
                     let deadline = std::time::Instant::now() + WAIT;
                     while ts.shared().sessions.get(&old_jid).is_some() {
@@ -1386,7 +1386,7 @@ fn privacy_seed() -> u64 {
 
 #[tokio::test]
 async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() {
-    use presenced::presence::gate;
+    use presenced::services::presence::gate;
     let ts = TestServer::start(|_| {}).await;
     ts.user("alice").await;
     ts.user("bob").await;
@@ -1431,7 +1431,7 @@ async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() 
     ));
     let t = std::time::Instant::now();
     for _ in 0..rounds {
-        use presenced::blocking::{inbound_from_blocked, outbound_to_blocked, Verdict};
+        use presenced::services::blocking::{inbound_from_blocked, outbound_to_blocked, Verdict};
         let out = outbound_to_blocked(&shared.store, &format!("{bob}/pc"), &alice, &msg).await;
         let inb = inbound_from_blocked(&shared.store, &format!("{bob}/pc"), &alice, &msg).await;
         assert_eq!((out, inb), (Verdict::Pass, Verdict::Pass));

@@ -5,13 +5,13 @@
 mod common;
 
 use common::*;
-use presenced::xml::NS_ROSTER;
+use presenced::protocol::xml::NS_ROSTER;
 use std::time::Duration;
 
 fn roster_push_for<'a>(
     contact: &'a str,
     sub: &'a str,
-) -> impl Fn(&presenced::xml::Element) -> bool + 'a {
+) -> impl Fn(&presenced::protocol::xml::Element) -> bool + 'a {
     move |e| {
         e.name == "iq"
             && e.get_attr("type") == Some("set")
@@ -35,7 +35,7 @@ async fn online_without_roster(ts: &TestServer, name: &str) -> Client {
 }
 
 async fn online_fetching_roster(ts: &TestServer, name: &str, fetch: bool) -> Client {
-    let query = presenced::xml::Element::new("query", NS_ROSTER);
+    let query = presenced::protocol::xml::Element::new("query", NS_ROSTER);
     online_with_roster_query(ts, name, fetch.then_some(query)).await
 }
 
@@ -43,7 +43,7 @@ async fn online_fetching_roster(ts: &TestServer, name: &str, fetch: bool) -> Cli
 async fn online_with_roster_query(
     ts: &TestServer,
     name: &str,
-    query: Option<presenced::xml::Element>,
+    query: Option<presenced::protocol::xml::Element>,
 ) -> Client {
     let mut c = ts.login(name, "r").await;
     if let Some(q) = query {
@@ -224,8 +224,8 @@ async fn a_change_of_the_pending_request_alone_is_stored_but_not_pushed() {
     let mut alice = online_without_roster(&ts, "alice").await;
     let mut bob = online(&ts, "bob").await;
     // bob keeps alice on his roster without any subscription.
-    let set = presenced::xml::Element::new("query", NS_ROSTER)
-        .child(presenced::xml::Element::new("item", NS_ROSTER).attr("jid", a.clone()));
+    let set = presenced::protocol::xml::Element::new("query", NS_ROSTER)
+        .child(presenced::protocol::xml::Element::new("item", NS_ROSTER).attr("jid", a.clone()));
     let r = bob.iq("set", None, set).await;
     assert_eq!(r.get_attr("type"), Some("result"), "{r}");
     bob.expect(roster_push_for(&a, "none")).await;
@@ -252,7 +252,7 @@ async fn a_change_of_the_pending_request_alone_is_stored_but_not_pushed() {
 /// Logs in, asks for the roster with a version (XEP-0237) when `versioned`, and sends
 /// initial presence.
 async fn online_versioned(ts: &TestServer, name: &str, versioned: bool) -> Client {
-    let query = presenced::xml::Element::new("query", NS_ROSTER).attr("ver", "");
+    let query = presenced::protocol::xml::Element::new("query", NS_ROSTER).attr("ver", "");
     online_with_roster_query(ts, name, versioned.then_some(query)).await
 }
 

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use presenced::s2s::dialback::Secret;
-use presenced::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
-use presenced::xml::{Element, NS_CLIENT, NS_SASL};
+use presenced::protocol::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
+use presenced::protocol::xml::{Element, NS_CLIENT, NS_SASL};
+use presenced::transport::s2s::dialback::Secret;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
@@ -565,7 +565,7 @@ async fn cut_federation_link_marks_contacts_unavailable_and_restored_link_shows_
         .await;
     assert!(
         stale
-            .get_child("link-lost", presenced::s2s::NS_STALE)
+            .get_child("link-lost", presenced::transport::s2s::NS_STALE)
             .is_some(),
         "generated unavailable is marked: {stale}"
     );
@@ -790,7 +790,7 @@ async fn require_verified_cert_refuses_a_peer_without_a_verifiable_cert_and_boun
     let n = p.a.shared().s2s.auth_counts();
     assert_eq!(
         n,
-        presenced::s2s::AuthCounts::default(),
+        presenced::transport::s2s::AuthCounts::default(),
         "a authenticated nothing: {n:?}"
     );
     p.a.stop().await;

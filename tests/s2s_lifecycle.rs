@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use presenced::config::Config;
-use presenced::s2s::outbound::reconnect_delay;
-use presenced::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
-use presenced::xml::{Element, NS_CLIENT, NS_PING, NS_STANZAS};
+use presenced::protocol::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
+use presenced::protocol::xml::{Element, NS_CLIENT, NS_PING, NS_STANZAS};
+use presenced::transport::s2s::outbound::reconnect_delay;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::AsyncWriteExt;
@@ -130,8 +130,8 @@ impl Drop for FakePeer {
 /// server accepts an unverified certificate and authenticates with dialback).
 fn tls_acceptor(domain: &str) -> tokio_rustls::TlsAcceptor {
     let dir = std::env::temp_dir().join(format!("presenced-test-{domain}"));
-    let (cert, key) =
-        presenced::tls::ensure_self_signed(&dir, &[domain.to_owned()]).expect("certificate");
+    let (cert, key) = presenced::transport::tls::ensure_self_signed(&dir, &[domain.to_owned()])
+        .expect("certificate");
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert)
         .unwrap()
         .map(|c| c.unwrap())
@@ -740,7 +740,7 @@ async fn silent_client_on_one_domain_is_seen_unavailable_on_the_other_within_the
     eprintln!("measured: remote contact saw the silent death {after:.3}s after the last beat");
     assert_eq!(got.get_attr("from"), Some(phone.as_str()));
     assert!(
-        got.get_child("link-lost", presenced::s2s::NS_STALE)
+        got.get_child("link-lost", presenced::transport::s2s::NS_STALE)
             .is_none(),
         "a real unavailable from A, not one B generated for a lost link: {got}"
     );

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use presenced::jid::FullJid;
-use presenced::xml::{Element, NS_CLIENT};
+use presenced::protocol::jid::FullJid;
+use presenced::protocol::xml::{Element, NS_CLIENT};
 use tokio::time::Instant;
 
 struct Counting;
@@ -351,7 +351,7 @@ async fn read_until_presence_of(
             continue;
         }
         let from = el.get_attr("from").unwrap_or_default().to_owned();
-        if presenced::jid::bare_of(&from) == stop {
+        if presenced::protocol::jid::bare_of(&from) == stop {
             return (c, seen);
         }
         seen.insert(from);
@@ -436,7 +436,7 @@ async fn presence_held_for_an_inactive_client_from_one_remote_domain_is_bounded_
     barrier(&p.a, &mut victim).await;
     // Authenticated as b for real (dialback, b's key): b's server names its JIDs at will.
     let mut raw = RawS2s::connect(p.a.s2s_addr(), &p.a, &p.b_domain).await;
-    let key = presenced::s2s::dialback::Secret::new(SECRET_B).key(
+    let key = presenced::transport::s2s::dialback::Secret::new(SECRET_B).key(
         &p.a.domain,
         &p.b_domain,
         &raw.stream_id,
@@ -512,7 +512,7 @@ async fn s2s_pair(tweak: impl Fn(&mut presenced::config::Config)) -> Pair {
 
 /// A raw server-to-server client that plays the originating server by hand.
 struct RawS2s {
-    reader: presenced::xml::reader::StreamReader<tokio::io::ReadHalf<Box<dyn Io>>>,
+    reader: presenced::protocol::xml::reader::StreamReader<tokio::io::ReadHalf<Box<dyn Io>>>,
     writer: tokio::io::WriteHalf<Box<dyn Io>>,
     stream_id: String,
 }
@@ -541,9 +541,9 @@ impl RawS2s {
     fn over(io: Box<dyn Io>) -> RawS2s {
         let (r, w) = tokio::io::split(io);
         RawS2s {
-            reader: presenced::xml::reader::StreamReader::new(
+            reader: presenced::protocol::xml::reader::StreamReader::new(
                 r,
-                presenced::xml::reader::ReaderLimits::default(),
+                presenced::protocol::xml::reader::ReaderLimits::default(),
             ),
             writer: w,
             stream_id: String::new(),
@@ -560,7 +560,7 @@ impl RawS2s {
     }
 
     async fn open(&mut self, from: &str, to: &str) {
-        use presenced::xml::reader::StreamEvent;
+        use presenced::protocol::xml::reader::StreamEvent;
         self.send(&format!(
             "<?xml version='1.0'?><stream:stream xmlns='jabber:server' \
              xmlns:stream='http://etherx.jabber.org/streams' xmlns:db='jabber:server:dialback' \
@@ -580,7 +580,7 @@ impl RawS2s {
     }
 
     async fn next_element(&mut self) -> Result<Element, String> {
-        use presenced::xml::reader::StreamEvent;
+        use presenced::protocol::xml::reader::StreamEvent;
         loop {
             match tokio::time::timeout(WAIT, self.reader.next()).await {
                 Ok(Ok(StreamEvent::Stanza(el))) if el.name == "error" => {

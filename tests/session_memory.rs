@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use common::{Client, TestServer};
-use presenced::xml::{Element, NS_ROSTER};
+use presenced::protocol::xml::{Element, NS_ROSTER};
 
 /// Counts bytes currently allocated by the whole process.
 struct Counting;
@@ -283,7 +283,7 @@ async fn idle_tls_session_heap_stays_under_bound() {
     print_breakdown(&sizes_before, &by_size(), MEASURED);
     let per = (after - before) / MEASURED as isize;
     let (io, _peer_side) = tokio::io::duplex(1);
-    let conn = presenced::c2s::serve(
+    let conn = presenced::transport::c2s::serve(
         fleet.server.shared().clone(),
         fleet.server.services().clone(),
         Box::new(io),
@@ -294,7 +294,7 @@ async fn idle_tls_session_heap_stays_under_bound() {
     drop(conn);
     println!(
         "connection future: {conn_future} B; mailbox item: {} B",
-        std::mem::size_of::<presenced::sessions::Outbound>()
+        std::mem::size_of::<presenced::node::sessions::Outbound>()
     );
     println!(
         "server heap: {before} B with {WARM} sessions, {after} B with {} sessions: {per} B per idle TLS session",

@@ -10,7 +10,7 @@ use sqlx::Connection as _;
 
 /// The default `[database] sqlite_busy_timeout`, which `Store::connect` uses.
 /// Block-list entries as the strings they are on the wire.
-fn names(v: Vec<presenced::jid::Jid>) -> Vec<String> {
+fn names(v: Vec<presenced::protocol::jid::Jid>) -> Vec<String> {
     v.iter().map(|j| j.to_string()).collect()
 }
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
-use presenced::jid::BareJid;
-use presenced::sasl::scram::{self, ScramError, ScramHash, ScramServer};
+use presenced::protocol::jid::BareJid;
+use presenced::protocol::sasl::scram::{self, ScramError, ScramHash, ScramServer};
 use presenced::store::{notify, RosterChange, RosterItem, Store, StoreError, Subscription};
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
@@ -892,9 +892,9 @@ async fn pending_subscriptions_are_kept_once_per_sender(db: Db) {
         .unwrap()
         .into_iter()
         .map(|(from, xml)| {
-            let p = presenced::xml::parse_element(&xml).expect("stored stanza parses");
+            let p = presenced::protocol::xml::parse_element(&xml).expect("stored stanza parses");
             let status = p
-                .get_child("status", presenced::xml::NS_CLIENT)
+                .get_child("status", presenced::protocol::xml::NS_CLIENT)
                 .map(|s| s.text_content());
             (from, p.get_attr("type").map(str::to_owned), status)
         })

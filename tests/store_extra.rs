@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use presenced::jid::{BareJid, Jid};
-use presenced::presence::privacy::{PrivacySettings, Visibility};
+use presenced::protocol::jid::{BareJid, Jid};
+use presenced::services::presence::privacy::{PrivacySettings, Visibility};
 use presenced::store::last_seen::LastSeen;
 use presenced::store::notify::{
     self, parse_roster_notification, Notification, BLOCK_CHANNEL, PRIVACY_CHANNEL, ROSTER_CHANNEL,
@@ -391,7 +391,7 @@ async fn privacy_settings_round_trip_and_default_to_subscribers(db: Db) {
     );
     let except: BTreeSet<_> = ["bob@b.example", "c.example"]
         .iter()
-        .map(|j| presenced::jid::BareJid::new(j).unwrap())
+        .map(|j| presenced::protocol::jid::BareJid::new(j).unwrap())
         .collect();
     let settings = PrivacySettings {
         online: Visibility::ContactsExcept(except),

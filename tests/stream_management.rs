@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::*;
 use presenced::config::Config;
-use presenced::jid::FullJid;
-use presenced::xml::{parse_element, Element, NS_CLIENT};
+use presenced::protocol::jid::FullJid;
+use presenced::protocol::xml::{parse_element, Element, NS_CLIENT};
 use tokio::time::Instant;
 
 const NS_SM: &str = "urn:xmpp:sm:3";

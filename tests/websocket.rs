@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::*;
 use futures_util::{SinkExt, StreamExt};
-use presenced::xml::{parse_element, Element};
+use presenced::protocol::xml::{parse_element, Element};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -128,10 +128,10 @@ impl Ws {
         let features = c.open(&ts.domain).await;
         // RFC 7395 §3.6: TLS is the WebSocket's; STARTTLS is not offered.
         assert!(features
-            .get_child("starttls", presenced::xml::NS_TLS)
+            .get_child("starttls", presenced::protocol::xml::NS_TLS)
             .is_none());
         assert!(features
-            .get_child("mechanisms", presenced::xml::NS_SASL)
+            .get_child("mechanisms", presenced::protocol::xml::NS_SASL)
             .is_some());
         let creds = base64::engine::general_purpose::STANDARD.encode(format!("\0{user}\0pw"));
         c.send(&format!(
@@ -142,7 +142,7 @@ impl Ws {
         assert_eq!(ok.name, "success", "{ok}");
         let features = c.open(&ts.domain).await;
         assert!(features
-            .get_child("bind", presenced::xml::NS_BIND)
+            .get_child("bind", presenced::protocol::xml::NS_BIND)
             .is_some());
     }
 }
@@ -184,7 +184,7 @@ async fn websocket_client_logs_in_exchanges_presence_and_is_found_dead_when_it_s
     .await;
     let m = alice.recv_until(|e| e.name == "message").await;
     assert_eq!(
-        m.get_child("body", presenced::xml::NS_CLIENT)
+        m.get_child("body", presenced::protocol::xml::NS_CLIENT)
             .map(|b| b.text_content()),
         Some("hi".into())
     );
@@ -364,7 +364,7 @@ async fn a_dropped_websocket_session_is_resumed_over_a_new_websocket() {
     assert_eq!(resumed.name, "resumed", "{resumed}");
     let got = again.recv_until(|e| e.name == "message").await;
     assert_eq!(
-        got.get_child("body", presenced::xml::NS_CLIENT)
+        got.get_child("body", presenced::protocol::xml::NS_CLIENT)
             .map(|b| b.text_content())
             .as_deref(),
         Some("meanwhile")
@@ -750,7 +750,7 @@ async fn next_message_is_a_fresh_marker(carol: &mut Client, bob: &mut Client) {
         .await;
     let got = bob.expect(|e| e.name == "message").await;
     assert_eq!(
-        got.get_child("body", presenced::xml::NS_CLIENT)
+        got.get_child("body", presenced::protocol::xml::NS_CLIENT)
             .map(|b| b.text_content()),
         Some(marker),
         "{got}"
@@ -760,7 +760,7 @@ async fn next_message_is_a_fresh_marker(carol: &mut Client, bob: &mut Client) {
 /// Reads until the stream error and returns its condition; then `<close/>` must follow.
 async fn stream_error_then_close(c: &mut Ws) -> String {
     let err = c
-        .recv_until(|e| e.is("error", presenced::xml::NS_STREAM))
+        .recv_until(|e| e.is("error", presenced::protocol::xml::NS_STREAM))
         .await;
     let close = c.recv().await;
     assert!(close.is("close", FRAMING), "{close}");
@@ -790,7 +790,7 @@ async fn two_elements_in_one_websocket_message_get_a_stream_error_and_neither_is
     alice.send(&one("single")).await;
     let got = bob.expect(|e| e.name == "message").await;
     assert_eq!(
-        got.get_child("body", presenced::xml::NS_CLIENT)
+        got.get_child("body", presenced::protocol::xml::NS_CLIENT)
             .map(|b| b.text_content()),
         Some("single".into())
     );

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::*;
 use futures_util::SinkExt;
-use presenced::xml::{parse_element, Element};
+use presenced::protocol::xml::{parse_element, Element};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -227,7 +227,7 @@ fn stream_error(texts: &[String]) -> Option<String> {
     texts
         .iter()
         .filter_map(|t| parse_element(t))
-        .find(|e| e.is("error", presenced::xml::NS_STREAM))
+        .find(|e| e.is("error", presenced::protocol::xml::NS_STREAM))
         .and_then(|e| e.elements().next().map(|c| c.name.clone()))
 }
 

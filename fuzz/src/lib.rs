@@ -1,4 +1,4 @@
-//! The invariants the fuzz targets check on `presenced::xml::reader::parse_chunks`.
+//! The invariants the fuzz targets check on `presenced::protocol::xml::reader::parse_chunks`.
 //!
 //! Kept in a library so both targets (classic stream, RFC 7395 framed) and the seed replay test
 //! share one definition of "correct".
@@ -18,8 +18,8 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use presenced::xml::reader::{parse_chunks, ReaderLimits, StreamEvent, StreamReader, XmlError};
-use presenced::xml::Element;
+use presenced::protocol::xml::reader::{parse_chunks, ReaderLimits, StreamEvent, StreamReader, XmlError};
+use presenced::protocol::xml::Element;
 use tokio::io::{AsyncRead, ReadBuf};
 
 /// Stanza size limits the first byte chooses between; small ones so the limit path is hit.
@@ -139,13 +139,13 @@ pub fn check_roundtrip(el: &Element, max_depth: usize) {
     }
 }
 
-/// Bugs already reported, with a failing (`#[ignore]`d) unit test in `src/xml/reader.rs`.
+/// Bugs already reported, with a failing (`#[ignore]`d) unit test in `src/protocol/xml/reader.rs`.
 ///
 /// Without the `strict` feature the targets step around exactly these input classes so a run
 /// can find something new instead of rediscovering them; `--features strict` checks everything.
 /// Remove an entry when its bug is fixed. None is open at present (fuzz/README.md).
 pub mod known {
-    use presenced::xml::Element;
+    use presenced::protocol::xml::Element;
 
     /// Stanza shapes whose `to_xml` does not re-parse to an equal element.
     pub fn roundtrip_breaker(_el: &Element) -> bool {

@@ -27,6 +27,8 @@
 pub mod cache;
 pub mod directory;
 pub mod envelope;
+pub(crate) mod pubsub;
+pub mod redis_conn;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,10 +38,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Clock;
+use crate::cluster::redis_conn::{Conn, SlotPipe, Target};
 use crate::config::Config;
-use crate::jid::FullJid;
-use crate::liveness::Clock;
-use crate::redis_conn::{Conn, SlotPipe, Target};
+use crate::protocol::jid::FullJid;
 pub use directory::Entry;
 pub use envelope::{Envelope, Kind};
 
@@ -921,7 +923,7 @@ impl Cluster {
     /// The batch's writes in one pipeline, in the order queued; its stanzas are kept for
     /// once the entries they need have been read.
     fn queue_writes(&self, ops: Vec<Op>) -> Writes {
-                let now = self.inner.clock.now_ms();
+        let now = self.inner.clock.now_ms();
         let expire = Self::user_expire_at(now);
         let live: Vec<String> = std::iter::once(self.inner.instance.clone())
             .chain(self.peers())
@@ -1244,7 +1246,7 @@ pub async fn listen(
     let timeout = cluster.inner.timeout;
     let deliver = &deliver;
     let cluster = &cluster;
-    crate::pubsub::subscribe(
+    crate::cluster::pubsub::subscribe(
         target,
         channel,
         timeout,

@@ -142,7 +142,7 @@ mod tests {
 
     fn refresh(j: &str, beat_ms: i64) -> Op {
         Op::Refresh {
-            jid: crate::jid::parse_full(j).unwrap(),
+            jid: crate::protocol::jid::parse_full(j).unwrap(),
             beat_ms,
         }
     }
@@ -165,7 +165,7 @@ mod tests {
             "the old beat left no entry"
         );
         t.apply(&Op::Remove {
-            jid: crate::jid::parse_full("a@x/r").unwrap(),
+            jid: crate::protocol::jid::parse_full("a@x/r").unwrap(),
         });
         assert!(t.is_empty());
         assert!(t.take_stale(i64::MAX, 10).is_empty());

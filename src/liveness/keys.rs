@@ -12,7 +12,7 @@
 //! stale resource to its owner (which knows whether the client is really silent and owns
 //! the socket) and announce it itself only when no owner listens (a crashed node).
 
-use crate::jid::FullJid;
+use crate::protocol::jid::FullJid;
 
 /// Builds key names under one prefix.
 #[derive(Debug, Clone)]
@@ -90,11 +90,11 @@ mod tests {
     #[test]
     fn keys_of_one_user_share_the_bare_jid_hash_tag() {
         let k = Keys::new("p:", 4);
-        let j = crate::jid::parse_full("alice@example.org/phone").unwrap();
+        let j = crate::protocol::jid::parse_full("alice@example.org/phone").unwrap();
         assert_eq!(k.resource(&j), "p:presence:{alice@example.org}:res:phone");
         assert_eq!(
-            crate::redis_conn::slot(k.resource(&j).as_bytes()),
-            crate::redis_conn::slot(b"alice@example.org"),
+            crate::cluster::redis_conn::slot(k.resource(&j).as_bytes()),
+            crate::cluster::redis_conn::slot(b"alice@example.org"),
             "one slot per user"
         );
         assert!(k
@@ -105,7 +105,7 @@ mod tests {
     #[test]
     fn member_names_the_node_and_splits_back() {
         let k = Keys::new("", 1);
-        let j = crate::jid::parse_full("a@b/my phone").unwrap();
+        let j = crate::protocol::jid::parse_full("a@b/my phone").unwrap();
         let m = k.member("node-1", &j);
         assert_eq!(parse_member(&m), Some(("node-1", "a@b/my phone")));
     }

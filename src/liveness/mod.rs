@@ -30,10 +30,9 @@
 //!   [`in_process`]): sessions, refresh, grace, sweeps and last seen run the same code on
 //!   the same timings, and only the writer and the sweep's source differ, so a single node
 //!   without Redis announces a silent death within the same bounds.
-//! - Wall-clock times (beats, expiry scores, last seen) come from one [`clock::Clock`] and
+//! - Wall-clock times (beats, expiry scores, last seen) come from one [`crate::clock::Clock`] and
 //!   timers from `tokio::time`, so the decisions below can be tested on paused time.
 
-pub mod clock;
 pub mod in_process;
 pub mod keys;
 pub mod last_seen;
@@ -50,9 +49,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::jid::FullJid;
+use crate::protocol::jid::FullJid;
 
-pub use clock::Clock;
+pub use crate::clock::Clock;
 pub use metrics::Metrics;
 
 /// The `[liveness]` timings as durations.
@@ -256,7 +255,7 @@ impl Backend {
 }
 
 /// Liveness state of one node. Lives in [`crate::node::Shared`]; its tasks are started by
-/// [`crate::liveness_tasks::start`].
+/// [`crate::services::lifecycle::start`].
 pub struct Liveness {
     /// The timings.
     pub timings: Timings,
@@ -289,7 +288,7 @@ pub struct Liveness {
 
 impl Liveness {
     /// State for a checked config on the system clock; nothing connects until
-    /// [`crate::liveness_tasks::start`].
+    /// [`crate::services::lifecycle::start`].
     pub fn new(config: &Config) -> Liveness {
         Liveness::with_clock(config, Clock::system())
     }
@@ -393,7 +392,7 @@ impl Liveness {
         let map = self.local.lock().unwrap_or_else(|e| e.into_inner());
         map.iter()
             .filter_map(|(j, l)| {
-                crate::jid::parse_full(j)
+                crate::protocol::jid::parse_full(j)
                     .ok()
                     .map(|j| (j, l.beat.last_ms()))
             })
@@ -444,7 +443,7 @@ impl Liveness {
         drop(ended);
         self.last_seen.push(crate::store::LastSeen {
             jid: jid.to_bare(),
-            at: clock::to_datetime(at_ms),
+            at: crate::clock::to_datetime(at_ms),
             status: None,
         });
     }
@@ -649,7 +648,7 @@ mod tests {
     }
 
     fn jid(s: &str) -> FullJid {
-        crate::jid::parse_full(s).unwrap()
+        crate::protocol::jid::parse_full(s).unwrap()
     }
 
     /// Everything queued for Redis so far.

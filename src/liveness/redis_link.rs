@@ -1,6 +1,6 @@
 //! The Redis connection for liveness, and the commands the writer task sends for [`Op`]s.
 //!
-//! Redis (one server or a Redis Cluster, [`crate::redis_conn`]) may be down at start or
+//! Redis (one server or a Redis Cluster, [`crate::cluster::redis_conn`]) may be down at start or
 //! vanish at any time. [`RedisLink::conn`] hands out a multiplexed connection or `None` at
 //! once (never blocking a caller longer than the connect timeout, and only when a
 //! reconnection attempt is due); a failed command calls [`RedisLink::failed`], which drops
@@ -21,8 +21,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Metrics, Op};
+use crate::cluster::redis_conn::{backoff, Conn, SlotPipe, Target};
 use crate::config::Config;
-use crate::redis_conn::{backoff, Conn, SlotPipe, Target};
 
 /// Shared Redis connection with backoff.
 pub struct RedisLink {

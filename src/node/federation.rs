@@ -1,6 +1,6 @@
 //! Federation state of this node: the outgoing queues by domain pair, which remote
 //! presence local users see (for the stale-link rules), the dialback secret, the peer
-//! roots and the authentication counters. The s2s transport ([`crate::s2s`]) runs the
+//! roots and the authentication counters. The s2s transport ([`crate::transport::s2s`]) runs the
 //! links; it learns of a new one through [`S2s::take_new_links`], so this state, and every
 //! service that routes a stanza to another server, needs nothing from the transport.
 
@@ -13,10 +13,10 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use crate::config::Config;
-use crate::error::StanzaError;
-use crate::jid::{bare_of, domain_of};
-use crate::stanza::PresenceType;
-use crate::xml::Element;
+use crate::protocol::error::StanzaError;
+use crate::protocol::jid::{bare_of, domain_of};
+use crate::protocol::stanza::PresenceType;
+use crate::protocol::xml::Element;
 
 /// The outgoing queue of one domain pair.
 struct Link {
@@ -124,7 +124,7 @@ struct RemotePresence {
 
 impl S2s {
     /// Builds the federation state from the configuration and this server's certificate
-    /// chain and key ([`crate::tls::identity`]).
+    /// chain and key ([`crate::transport::tls::identity`]).
     pub fn new(
         config: &Config,
         identity: (
@@ -203,7 +203,7 @@ impl S2s {
     }
 
     /// The receiving end of the requests for new outgoing links, taken once by the s2s
-    /// transport ([`crate::s2s::attach`]); until then nothing is routed.
+    /// transport ([`crate::transport::s2s::attach`]); until then nothing is routed.
     pub fn take_new_links(&self) -> Option<mpsc::UnboundedReceiver<NewLink>> {
         let rx = self
             .new_links_rx
@@ -450,7 +450,7 @@ impl S2s {
             return Err(StanzaError::bad_request());
         };
         let local = domain_of(from).to_owned();
-        let remote = match crate::jid::parse(to) {
+        let remote = match crate::protocol::jid::parse(to) {
             Ok(j) => j.domain().to_string(),
             Err(_) => return Err(StanzaError::jid_malformed()),
         };

@@ -1,7 +1,7 @@
 //! The bytes under every XML stream, whatever carries them: TCP, TLS over TCP, the
 //! WebSocket adapter, or a test duplex. It is the node's type rather than the transports'
 //! because a stream-management session outlives its transport: the node keeps a detached
-//! session's stream halves ([`crate::stream_management`]) until a new connection resumes it.
+//! session's stream halves ([`crate::node::stream_management`]) until a new connection resumes it.
 
 /// Anything a stream can run over.
 pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {}

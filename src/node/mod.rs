@@ -1,14 +1,17 @@
 //! The state of one node, shared by every task: the composition root's *type*. Its fields
 //! are types of the layers below (store, sessions, liveness, federation state, metrics),
 //! so every service and transport can hold it without importing the server that builds
-//! it ([`crate::server::start`]) or the transports that run on it.
+//! it ([`crate::app::server::start`]) or the transports that run on it.
 
+pub(crate) mod caps;
 pub mod federation;
 pub mod io;
-pub mod listen;
 pub mod live;
+pub(crate) mod names;
 pub mod outbox;
 pub mod session;
+pub mod sessions;
+pub(crate) mod stream_management;
 pub mod visibility;
 
 use std::sync::Arc;
@@ -16,10 +19,10 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::CheckedConfig;
-use crate::error::StanzaError;
-use crate::sessions::Sessions;
+use crate::node::sessions::Sessions;
+use crate::protocol::error::StanzaError;
+use crate::protocol::xml::Element;
 use crate::store::Store;
-use crate::xml::Element;
 
 /// State shared by every task of the server.
 pub struct Shared {
@@ -58,18 +61,18 @@ pub struct Shared {
     /// The Prometheus registry behind `/metrics` and the counters fed into it.
     pub metrics: crate::metrics::Metrics,
     /// Failed SASL password checks per account, across this node's streams.
-    pub auth_backoff: crate::sasl::backoff::AuthBackoff,
+    pub auth_backoff: crate::policy::auth_backoff::AuthBackoff,
     /// Key of the fake SCRAM salts of unknown users; kept in the store so the salts are
     /// the same after a restart and on every node, as a real account's are.
     pub fake_salt_secret: Vec<u8>,
     /// XEP-0198 sessions of this node a new stream may resume, by resume id.
-    pub resumable: crate::stream_management::Resumable,
+    pub resumable: crate::node::stream_management::Resumable,
     /// XEP-0115 capabilities of clients on this node (which PEP nodes each wants).
-    pub caps: crate::caps::CapsCache,
+    pub caps: crate::node::caps::CapsCache,
     /// XEP-0153 avatar hashes by bare JID, so an available presence costs no store read.
     pub avatar_hashes: crate::cluster::cache::Cache<Option<String>>,
     /// XEP-0077 registrations left this hour, per source address and for this node.
-    pub registrations: crate::rate_limit::SourceBudget,
+    pub registrations: crate::policy::rate_limit::SourceBudget,
 }
 
 /// Striped async locks keyed by bare JID: bounded memory, no cleanup, and two users' locks

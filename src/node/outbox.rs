@@ -30,11 +30,11 @@
 use std::sync::Arc;
 
 use crate::cluster::{Cluster, Holder, Kind};
-use crate::error::StanzaError;
-use crate::jid::{FullJid, Jid};
-use crate::sessions::{Outbound, SessionHandle, Sessions};
-use crate::stanza::{MessageType, PresenceType};
-use crate::xml::{Addressed, Element, NS_CLIENT};
+use crate::node::sessions::{Outbound, SessionHandle, Sessions};
+use crate::protocol::error::StanzaError;
+use crate::protocol::jid::{FullJid, Jid};
+use crate::protocol::stanza::{MessageType, PresenceType};
+use crate::protocol::xml::{Addressed, Element, NS_CLIENT};
 
 use super::Shared;
 
@@ -276,7 +276,7 @@ pub(crate) fn xml_to_available<B: Into<Arc<String>>>(
 /// Delivers `el` to a local JID: a full JID's session, or a bare JID's available
 /// resources.
 pub(crate) fn to_local(shared: &Shared, to: &str, el: Element) {
-    match crate::jid::parse(to).map(Jid::try_into_full) {
+    match crate::protocol::jid::parse(to).map(Jid::try_into_full) {
         Ok(Ok(full)) => {
             to_session(shared, &full, el);
         }
@@ -289,8 +289,8 @@ pub(crate) fn to_local(shared: &Shared, to: &str, el: Element) {
 
 /// Whether `jid` is an account on a domain this server hosts.
 pub(crate) fn is_local(shared: &Shared, jid: &str) -> bool {
-    let bare = crate::jid::bare_of(jid);
-    bare.contains('@') && shared.config.serves(crate::jid::domain_of(bare))
+    let bare = crate::protocol::jid::bare_of(jid);
+    bare.contains('@') && shared.config.serves(crate::protocol::jid::domain_of(bare))
 }
 
 /// Sends a presence the caller's decision admitted to `to`: locally as [`to_local`], to
@@ -309,7 +309,10 @@ pub(crate) fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
     let Some(reply) = err.reply_to(el) else {
         return;
     };
-    let Some(to) = reply.get_attr("to").and_then(|t| crate::jid::parse(t).ok()) else {
+    let Some(to) = reply
+        .get_attr("to")
+        .and_then(|t| crate::protocol::jid::parse(t).ok())
+    else {
         return;
     };
     if !shared.config.serves(to.domain().as_str()) {
@@ -381,7 +384,7 @@ pub(crate) fn targets_everywhere<'a>(
             .map(|p| p.is_some_and(|p| p >= 0))
             .collect()
     } else {
-        crate::sessions::highest_priority(local_prio.chain(remote_prio))
+        crate::node::sessions::highest_priority(local_prio.chain(remote_prio))
     };
     if !chosen.iter().any(|&c| c) {
         return None;
@@ -479,9 +482,10 @@ pub(crate) fn bounce_unroutable(shared: &Shared, el: &Element, err: StanzaError)
         let ty = PresenceType::of(el);
         if ty == Some(PresenceType::Probe) {
             if let (Some(f), Some(t)) = (el.get_attr("from"), el.get_attr("to")) {
-                shared
-                    .s2s
-                    .probe_failed(crate::jid::bare_of(f), crate::jid::bare_of(t));
+                shared.s2s.probe_failed(
+                    crate::protocol::jid::bare_of(f),
+                    crate::protocol::jid::bare_of(t),
+                );
             }
         }
         if ty != Some(PresenceType::Subscribe) {

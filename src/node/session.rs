@@ -1,17 +1,17 @@
 //! A bound client session's state as the services see it, and where an address points
-//! from this node. The session's task (the transport, [`crate::c2s`]) owns the value and
+//! from this node. The session's task (the transport, [`crate::transport::c2s`]) owns the value and
 //! lends it to the router and the services, which therefore need nothing from the
 //! transport.
 
 use std::net::SocketAddr;
 
-use crate::error::StanzaError;
-use crate::jid::{BareJid, FullJid, Jid};
-use crate::sessions::SessionHandle;
-use crate::xml::Element;
+use crate::node::sessions::SessionHandle;
+use crate::protocol::error::StanzaError;
+use crate::protocol::jid::{BareJid, FullJid, Jid};
+use crate::protocol::xml::Element;
 
 /// The bound session a handler acts for: its registry entry (the JID, the session's one
-/// [`crate::sessions::SessionState`], and the mailbox its own stanzas go to) and its remote
+/// [`crate::node::sessions::SessionState`], and the mailbox its own stanzas go to) and its remote
 /// address. This, the services it uses and what it was sent are all a service handler is
 /// given (see [`crate::services::Services`]).
 pub struct Client {
@@ -44,7 +44,7 @@ pub enum Target {
     /// An account (existing or not) on a local domain.
     LocalBare(BareJid),
     /// A resource of an account on a local domain.
-    LocalFull(crate::jid::FullJid),
+    LocalFull(crate::protocol::jid::FullJid),
     /// Another domain.
     Remote(Jid),
 }
@@ -54,7 +54,7 @@ pub fn classify(shared: &crate::node::Shared, to: Option<&str>) -> Result<Target
     let Some(to) = to else {
         return Ok(Target::OwnAccount);
     };
-    let jid = crate::jid::parse(to).map_err(|_| StanzaError::jid_malformed())?;
+    let jid = crate::protocol::jid::parse(to).map_err(|_| StanzaError::jid_malformed())?;
     if !shared.config.serves(jid.domain().as_str()) {
         return Ok(Target::Remote(jid));
     }

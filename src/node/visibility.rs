@@ -1,6 +1,6 @@
 //! The per-subject lock that serialises presence decisions and deliveries about one user.
 //! What each session was shown and whether it is invisible live in its own state
-//! ([`crate::sessions::SessionState`]); the gate ([`crate::presence::gate`]) decides, under
+//! ([`crate::node::sessions::SessionState`]); the gate ([`crate::services::presence::gate`]) decides, under
 //! this lock, and records there.
 
 use std::collections::HashMap;

@@ -4,5 +4,7 @@
 //! Nothing here does I/O or imports anything above the model, so the store can hold these
 //! types in its rows and the services above it can ask the same functions.
 
+pub(crate) mod auth_backoff;
 pub mod privacy;
+pub(crate) mod rate_limit;
 pub mod subscription;

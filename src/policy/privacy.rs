@@ -188,7 +188,7 @@ mod tests {
     use crate::policy::subscription::Subscription;
 
     fn jid(s: &str) -> BareJid {
-        crate::jid::parse_bare(s).expect("test JID is valid")
+        crate::protocol::jid::parse_bare(s).expect("test JID is valid")
     }
 
     fn except(names: &[&str]) -> Visibility {

@@ -22,7 +22,7 @@
 
 use thiserror::Error;
 
-use crate::stanza::PresenceType;
+use crate::protocol::stanza::PresenceType;
 
 /// A roster attribute value that is not one RFC 6121 defines.
 ///

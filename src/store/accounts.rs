@@ -8,7 +8,7 @@ use rand::RngCore;
 use sqlx::Row;
 
 use super::{pg_or_sqlite, RosterItem, Store, StoreError};
-use crate::sasl::scram::{self, ScramHash, StoredCredentials, SALT_LEN};
+use crate::protocol::sasl::scram::{self, ScramHash, StoredCredentials, SALT_LEN};
 
 /// What deleting an account removed that others must hear of: the server tells them as
 /// if the user had removed each roster item (RFC 6121 §2.5.2).

@@ -291,7 +291,7 @@ mod tests {
         let with = |contact: &str| {
             Arc::new(AudienceInputs {
                 roster: vec![AudienceContact {
-                    contact: crate::jid::parse_bare(contact).unwrap(),
+                    contact: crate::protocol::jid::parse_bare(contact).unwrap(),
                     subscription: Subscription::Both,
                     blocks_subject: false,
                     blocked_by_subject: false,

@@ -15,7 +15,7 @@
 //! The copy is not one transaction; run it while no server uses either store.
 
 use super::{RosterItem, Store, StoreError, StoreLimits};
-use crate::sasl::scram::ScramHash;
+use crate::protocol::sasl::scram::ScramHash;
 
 /// How much [`copy`] moved.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -21,7 +21,7 @@
 //! are addressed by username and domain separately. JIDs read back in a row (a roster
 //! contact, a tombstone, a block-list entry, a last-seen account, an offline message's
 //! sender) are parsed once, where the row is read (`stored_jid`), so callers hold the
-//! types of [`crate::jid`] and never parse again.
+//! types of [`crate::protocol::jid`] and never parse again.
 
 mod accounts;
 pub mod audience_cache;

@@ -6,7 +6,7 @@
 //! backends), and [`Store::take_offline_messages`] hands them all out, oldest first, and
 //! deletes them in the same statement, so two resources coming online together never both
 //! get one. Which messages are kept, who counts as a contact and what a refused sender is
-//! told is decided above the store (`crate::offline`, `crate::delivery`).
+//! told is decided above the store (`crate::services::offline`, `crate::routing::delivery`).
 
 use chrono::{DateTime, Utc};
 
@@ -120,7 +120,7 @@ impl Store {
         from_contact: bool,
     ) -> Result<bool, StoreError> {
         let quota = self.limits().offline;
-        let sender_bare = crate::jid::bare_of(sender);
+        let sender_bare = crate::protocol::jid::bare_of(sender);
         let size = int(stanza.len());
         let pool = pg_or_sqlite!(self, |db| db.store_offline_message(
             owner,
@@ -241,7 +241,7 @@ impl Store {
         )
         .bind(owner)
         .bind(sender)
-        .bind(crate::jid::bare_of(sender))
+        .bind(crate::protocol::jid::bare_of(sender))
         .bind(&message.stanza)
         .bind(i32::try_from(message.stanza.len()).unwrap_or(i32::MAX))
         .bind(from_contact)

@@ -13,7 +13,7 @@
 
 use super::roster::truncate_chars;
 use super::{pg_or_sqlite, Store, StoreError};
-use crate::xml::{Element, NS_CLIENT};
+use crate::protocol::xml::{Element, NS_CLIENT};
 
 /// XEP-0172 user nickname, the one extension a waiting request keeps.
 const NS_NICK: &str = "http://jabber.org/protocol/nick";
@@ -22,9 +22,9 @@ const NS_NICK: &str = "http://jabber.org/protocol/nick";
 /// type subscribe, the first `<status/>` and the XEP-0172 `<nick/>`, texts cut to
 /// `max_text` characters. Anything else (other languages' statuses, priority, unknown
 /// extensions) is dropped: only these are shown to the user deciding.
-pub fn stored_request(xml: &str, max_text: usize) -> String {
+pub(super) fn stored_request(xml: &str, max_text: usize) -> String {
     let mut kept = Element::new("presence", NS_CLIENT).attr("type", "subscribe");
-    let Some(el) = crate::xml::parse_element(xml) else {
+    let Some(el) = crate::protocol::xml::parse_element(xml) else {
         return kept.to_xml();
     };
     for a in ["from", "to"] {
@@ -36,8 +36,9 @@ pub fn stored_request(xml: &str, max_text: usize) -> String {
         let mut text = child.map(Element::text_content).unwrap_or_default();
         truncate_chars(&mut text, max_text);
         if !text.is_empty() {
-            kept.children
-                .push(crate::xml::Node::Element(Element::new(name, ns).text(text)));
+            kept.children.push(crate::protocol::xml::Node::Element(
+                Element::new(name, ns).text(text),
+            ));
         }
     };
     // A status is in the stanza's own namespace (jabber:client, or jabber:server when the
@@ -270,7 +271,7 @@ mod tests {
                    to='c@d.example' id='x'><status>héllo wörld</status><status xml:lang='de'>\
                    zwei</status><nick xmlns='http://jabber.org/protocol/nick'>ñickname</nick>\
                    <x xmlns='urn:example'>big</x><priority>3</priority></presence>";
-        let kept = crate::xml::parse_element(&stored_request(xml, 5)).unwrap();
+        let kept = crate::protocol::xml::parse_element(&stored_request(xml, 5)).unwrap();
         assert_eq!(kept.ns, NS_CLIENT);
         assert_eq!(kept.get_attr("type"), Some("subscribe"));
         assert_eq!(kept.get_attr("from"), Some("a@b.example"));
@@ -292,10 +293,13 @@ mod tests {
     fn a_request_without_status_or_unparseable_keeps_only_its_type() {
         let bare = stored_request("<presence type='subscribe'/>", 10);
         assert_eq!(
-            crate::xml::parse_element(&bare).unwrap().elements().count(),
+            crate::protocol::xml::parse_element(&bare)
+                .unwrap()
+                .elements()
+                .count(),
             0
         );
-        let junk = crate::xml::parse_element(&stored_request("<presence", 10)).unwrap();
+        let junk = crate::protocol::xml::parse_element(&stored_request("<presence", 10)).unwrap();
         assert_eq!(junk.get_attr("type"), Some("subscribe"));
     }
 }

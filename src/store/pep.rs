@@ -6,7 +6,7 @@
 //! same id, and keeps the node's newest [`StoreLimits::max_pep_items`] items (XEP-0060
 //! §7.1.1: the oldest are deleted), all in one transaction serialised per owner. What a
 //! publish means for whom (access models, notifications) is decided above the store
-//! (`crate::pep`). The rows go with the account (`ON DELETE CASCADE`).
+//! (`crate::services::pep`). The rows go with the account (`ON DELETE CASCADE`).
 //!
 //! [`StoreLimits::max_pep_nodes`]: super::StoreLimits::max_pep_nodes
 //! [`StoreLimits::max_pep_items`]: super::StoreLimits::max_pep_items

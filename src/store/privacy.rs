@@ -38,7 +38,7 @@ pub(super) fn from_columns(mode: &str, except: Vec<String>) -> Result<Visibility
             let set = except
                 .iter()
                 .map(|s| {
-                    crate::jid::parse_bare(s)
+                    crate::protocol::jid::parse_bare(s)
                         .map_err(|e| StoreError::Corrupt(format!("privacy exception {s:?}: {e}")))
                 })
                 .collect::<Result<BTreeSet<BareJid>, StoreError>>()?;

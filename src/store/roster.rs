@@ -7,7 +7,7 @@
 //! Size: every write that creates an item goes through [`upsert`], which refuses one
 //! beyond `max_roster_items`, so a roster set, an outbound subscribe and an approval share
 //! one check. The size of one item is checked where a client supplies it (the roster set,
-//! `crate::roster`); items stored before those limits existed are served cut to them (the
+//! `crate::services::roster`); items stored before those limits existed are served cut to them (the
 //! first `max_roster_groups` groups, names cut to their length), so what one roster get
 //! costs stays bounded, and the next change of such an item stores it cut.
 

@@ -1,6 +1,6 @@
 //! XEP-0054 vcard-temp: each account's own vCard, table `vcards` (the SQLite twin:
 //! `sqlite/vcard.rs`). The vCard is kept without its PHOTO, which is the account's
-//! XEP-0084 avatar in its PEP nodes (`crate::pep::vcard`, XEP-0398). Who may read it is
+//! XEP-0084 avatar in its PEP nodes (`crate::services::pep::vcard`, XEP-0398). Who may read it is
 //! decided above the store; the row goes with the account (`ON DELETE CASCADE`).
 
 use super::{pg_or_sqlite, Store, StoreError};

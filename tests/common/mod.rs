@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use presenced::app::server::{self, Running};
 use presenced::config::Config;
-use presenced::server::{self, Running};
-use presenced::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
-use presenced::xml::{Element, NS_CLIENT};
+use presenced::protocol::xml::reader::{ReaderLimits, StreamEvent, StreamReader};
+use presenced::protocol::xml::{Element, NS_CLIENT};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
@@ -473,7 +473,7 @@ pub struct Client {
     /// The bound full JID, once bound.
     pub jid: String,
     /// The stream header the server last sent.
-    pub header: Option<presenced::xml::reader::StreamHeader>,
+    pub header: Option<presenced::protocol::xml::reader::StreamHeader>,
     /// Stream features the server last sent.
     pub features: Option<Element>,
 }
@@ -678,7 +678,7 @@ impl Client {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match self.next_event(left).await? {
                 StreamEvent::Stanza(el)
-                    if el.name == "error" && el.ns == presenced::xml::NS_STREAM =>
+                    if el.name == "error" && el.ns == presenced::protocol::xml::NS_STREAM =>
                 {
                     return Err(Ended::StreamError(condition(&el)))
                 }
@@ -856,7 +856,9 @@ impl Client {
 fn pong(el: &Element) -> Option<Element> {
     if el.name != "iq"
         || el.get_attr("type") != Some("get")
-        || el.get_child("ping", presenced::xml::NS_PING).is_none()
+        || el
+            .get_child("ping", presenced::protocol::xml::NS_PING)
+            .is_none()
     {
         return None;
     }
@@ -1054,7 +1056,7 @@ impl Client {
             match self.next_event(WAIT).await {
                 Ok(StreamEvent::Open(h)) => self.header = Some(h),
                 Ok(StreamEvent::Stanza(el))
-                    if el.name == "error" && el.ns == presenced::xml::NS_STREAM =>
+                    if el.name == "error" && el.ns == presenced::protocol::xml::NS_STREAM =>
                 {
                     return Ended::StreamError(condition(&el))
                 }
@@ -1073,7 +1075,7 @@ impl Client {
             match self.next_event(WAIT).await {
                 Ok(StreamEvent::Close) => return true,
                 Ok(StreamEvent::Stanza(el))
-                    if el.name == "error" && el.ns == presenced::xml::NS_STREAM =>
+                    if el.name == "error" && el.ns == presenced::protocol::xml::NS_STREAM =>
                 {
                     return false
                 }
@@ -1177,10 +1179,10 @@ pub async fn disco_features(c: &mut Client, to: &str) -> Vec<String> {
         .iq(
             "get",
             Some(to),
-            Element::new("query", presenced::xml::NS_DISCO_INFO),
+            Element::new("query", presenced::protocol::xml::NS_DISCO_INFO),
         )
         .await;
-    r.get_child("query", presenced::xml::NS_DISCO_INFO)
+    r.get_child("query", presenced::protocol::xml::NS_DISCO_INFO)
         .expect("disco#info result")
         .elements()
         .filter(|f| f.name == "feature")

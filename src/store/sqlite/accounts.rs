@@ -4,7 +4,7 @@ use sqlx::Row;
 
 use super::roster::{item_from_row, ITEM_COLUMNS};
 use super::Pools;
-use crate::sasl::scram::{ScramHash, StoredCredentials};
+use crate::protocol::sasl::scram::{ScramHash, StoredCredentials};
 use crate::store::accounts::hash_column;
 use crate::store::{DeletedAccount, StoreError, StoreLimits};
 

@@ -4,8 +4,8 @@
 //! expanded with `json_each`, where PostgreSQL takes a `text[]`.
 
 use super::{json_list, parse_list, parse_time, time_text, Pools};
-use crate::jid::{BareJid, Jid};
 use crate::policy::privacy::PrivacySettings;
+use crate::protocol::jid::{BareJid, Jid};
 use crate::store::blocks::entries;
 use crate::store::gate_inputs::{
     probe_rows, settings_from, subscription_from, AudienceContact, AudienceInputs, ProbeSubject,

@@ -13,7 +13,7 @@ impl Pools {
         from_contact: bool,
         quota: &OfflineQuota,
     ) -> Result<bool, StoreError> {
-        let sender_bare = crate::jid::bare_of(sender);
+        let sender_bare = crate::protocol::jid::bare_of(sender);
         let size = i64::try_from(stanza.len()).unwrap_or(i64::MAX);
         // One writer: nothing can change what is read below before the insert.
         let mut tx = self.begin_write().await?;
@@ -109,7 +109,7 @@ impl Pools {
         )
         .bind(owner)
         .bind(sender)
-        .bind(crate::jid::bare_of(sender))
+        .bind(crate::protocol::jid::bare_of(sender))
         .bind(&message.stanza)
         .bind(i64::try_from(message.stanza.len()).unwrap_or(i64::MAX))
         .bind(from_contact)

@@ -1,7 +1,7 @@
 //! SQLite twin of `store/pep.rs` (XEP-0163 nodes and items).
 
 use super::Pools;
-use crate::jid::BareJid;
+use crate::protocol::jid::BareJid;
 use crate::store::pep::{
     last_items_of, nodes_of, settle, stored_access, AccessModel, PepBounds, PepItem, Published,
     Settle,

@@ -1,8 +1,0 @@
-//! SASL (RFC 6120 §6): the mechanisms the server offers, kept free of I/O so the c2s
-//! negotiation feeds them bytes and sends back what they return.
-//!
-//! - [`scram`]: SCRAM-SHA-1 and SCRAM-SHA-256, plus [`scram::verify_plain`] so PLAIN
-//!   checks a password against the same stored SCRAM credentials.
-//! - [`backoff`]: per-account back-off after repeated failures, shared by every stream.
-pub mod backoff;
-pub mod scram;

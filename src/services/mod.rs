@@ -1,0 +1,78 @@
+//! The services of one node, each a struct holding its own dependencies, built once by the
+//! composition root ([`crate::app::server::start`]) and lent by the c2s session task to the
+//! router, which hands each handler the service it uses and the
+//! [`crate::node::session::Client`] it acts for. A handler's signature therefore says
+//! what it depends on, instead of reaching into the node state. Presence and PEP, whose
+//! work spans the node (the privacy gate, delivery to the other nodes and over
+//! federation), hold the node state inside their service; the router, which routes
+//! anywhere, works on it too ([`Services::node`]).
+
+pub mod account_deletion;
+pub mod blocking;
+pub(crate) mod carbons;
+pub(crate) mod csi;
+pub(crate) mod interest;
+pub(crate) mod invisible;
+pub mod lifecycle;
+pub(crate) mod offline;
+pub(crate) mod pep;
+pub mod presence;
+pub(crate) mod privacy_iq;
+pub(crate) mod roster;
+
+use std::sync::Arc;
+
+use crate::node::Shared;
+use crate::services::blocking::Blocking;
+use crate::services::lifecycle::last_seen::LastSeen;
+use crate::services::pep::Pep;
+use crate::services::presence::Presence;
+use crate::services::privacy_iq::Privacy;
+use crate::services::roster::Roster;
+
+/// The node's services.
+pub struct Services {
+    /// Presence, as the other services ask it (RFC 6121 §3–§4, the privacy gate).
+    pub presence: Arc<Presence>,
+    /// RFC 6121 §2 roster management.
+    pub roster: Roster,
+    /// XEP-0191 block lists.
+    pub blocking: Blocking,
+    /// XEP-0012 last activity.
+    pub last_seen: LastSeen,
+    /// The visibility settings iq (who sees the user online, and last seen).
+    pub privacy: Privacy,
+    /// XEP-0163 personal eventing and the XEP-0054 vCards built on it.
+    pub pep: Pep,
+    /// The node state the router works on: it delivers to sessions here, on the other
+    /// nodes and over federation, and checks blocks and the privacy gate on the way
+    /// (RFC 6120 §10).
+    pub node: Arc<Shared>,
+}
+
+impl Services {
+    /// Builds every service from the node state, each taking only what it uses.
+    pub fn new(node: &Arc<Shared>) -> Self {
+        let presence = Arc::new(Presence::new(node.clone()));
+        Services {
+            roster: Roster::new(
+                node.store.clone(),
+                node.sessions.clone(),
+                node.live.clone(),
+                node.roster_locks.clone(),
+                presence.clone(),
+            ),
+            blocking: Blocking::new(
+                node.store.clone(),
+                node.sessions.clone(),
+                node.cluster.clone(),
+                presence.clone(),
+            ),
+            last_seen: LastSeen::new(node.liveness.clone(), node.store.clone(), presence.clone()),
+            privacy: Privacy::new(node.store.clone(), node.live.clone(), presence.clone()),
+            pep: Pep::new(node.clone()),
+            presence,
+            node: node.clone(),
+        }
+    }
+}

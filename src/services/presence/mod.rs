@@ -1,0 +1,1025 @@
+//! RFC 6121 presence: broadcast (§4.2, §4.4, §4.5), probes (§4.3), directed presence (§4.6)
+//! and subscription handling (§3), for local users.
+//!
+//! Decisions come from pure code: [`subscription`] says what a subscription stanza does to
+//! both roster items, [`privacy`] says who may see what. This module loads state, asks them,
+//! stores the result in one transaction, and sends what they said to send.
+//!
+//! Who receives a user's presence: contacts whose item says `from` or `both` (the contact's
+//! own item says `to`/`both` — checked again on the contact's side when answering probes,
+//! so a stale or one-sided row never leaks presence), the user's own available resources,
+//! and anyone the user sent directed presence to. Nobody else.
+
+pub(crate) mod executor;
+pub mod gate;
+pub mod remote;
+
+/// The pure decisions presence asks; they live in `policy` so the store can use
+/// their types without importing presence.
+pub use crate::policy::{privacy, subscription};
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::node::outbox;
+use crate::node::session::Client;
+use crate::node::session::Target;
+use crate::node::Shared;
+use crate::protocol::error::StanzaError;
+use crate::protocol::jid::{BareJid, FullJid, Jid};
+use crate::protocol::stanza::PresenceType;
+use crate::protocol::xml::{Addressed, Element, NS_CLIENT};
+use crate::store::gate_inputs::AudienceInputs;
+use crate::store::RosterItem;
+
+use subscription::{Change, ContactSide, Direction, SubKind, SubState};
+
+/// The presence service: the router hands it a client's presence stanzas and XEP-0186
+/// commands, the end of a session hands it the session, and the services that depend on
+/// presence (blocking, roster, last seen, visibility settings) ask it what they need.
+/// Presence reaches the store, the sessions here and on the other nodes, liveness and
+/// federation, so it holds the node state rather than a part of it.
+pub struct Presence {
+    node: Arc<Shared>,
+}
+
+impl Presence {
+    /// The service over the node state.
+    pub fn new(node: Arc<Shared>) -> Self {
+        Presence { node }
+    }
+
+    /// See [`to_directory`].
+    pub(crate) fn to_directory(&self, handle: &crate::node::sessions::SessionHandle) {
+        to_directory(&self.node, handle);
+    }
+
+    /// See [`gate::reconcile_user`].
+    pub async fn reconcile_user(&self, user: &BareJid) {
+        gate::reconcile_user(&self.node, user).await;
+    }
+
+    /// See [`remote::probe_unblocked`].
+    pub async fn probe_unblocked(&self, owner: &BareJid, removed: &[Jid]) {
+        remote::probe_unblocked(&self.node, owner, removed).await;
+    }
+
+    /// See [`gate::may_see_last_seen`].
+    pub async fn may_see_last_seen(&self, viewer: &Jid, subject: &Jid) -> bool {
+        gate::may_see_last_seen(&self.node, viewer, subject).await
+    }
+
+    /// See [`gate::visible_to`].
+    pub async fn visible_to(&self, viewer: &Jid, subject: &BareJid) -> bool {
+        gate::visible_to(&self.node, viewer, subject).await
+    }
+
+    /// RFC 6121 §2.5.2: the cancel and revoke of a roster removal by `client`. The caller
+    /// holds the roster locks of `client`'s user and the item's contact.
+    pub async fn roster_removed(&self, client: &Client, item: &RosterItem) {
+        roster_removed(&self.node, client, item).await;
+    }
+
+    /// Handles a presence stanza from `client`'s own client, of type `ty` as the router
+    /// read it (`None`: a type RFC 6121 does not define), to `target`.
+    pub async fn from_client(
+        &self,
+        client: &Client,
+        el: Element,
+        ty: Option<PresenceType>,
+        target: Target,
+    ) {
+        from_client(&self.node, client, el, ty, target).await;
+    }
+
+    /// `client`'s session ended: if it was available or sent directed presence, the
+    /// unavailable its client did not send goes out (RFC 6121 §4.5.2, §4.6.3).
+    pub async fn session_ended(&self, client: &Client) {
+        session_ended(&self.node, client).await;
+    }
+
+    /// XEP-0186 §3.1: `client`'s session becomes invisible. Every viewer this resource's
+    /// presence reached (subscribers and directed recipients) gets unavailable from it;
+    /// the directed set goes with it, so its later unavailable repeats nothing. `probe`:
+    /// the command asked that remote contacts still be probed.
+    pub async fn become_invisible(&self, client: &Client, probe: bool) {
+        let shared = &self.node;
+        let me = client.jid().to_string();
+        let _guard = shared
+            .subject_locks
+            .lock_subject(crate::protocol::jid::bare_of(&me))
+            .await;
+        let revealed = client.handle.write(|p| {
+            p.invisible = true;
+            p.probe_remote = probe;
+            p.take_directed();
+            p.take_revealed()
+        });
+        to_directory(shared, &client.handle);
+        for (viewer, _) in revealed {
+            let p = outbox::unavailable(&me, &viewer);
+            outbox::presence_to(shared, &viewer, p);
+        }
+    }
+
+    /// XEP-0186 §3.2: `client`'s session becomes visible again, and its last presence, if
+    /// it sent one, is shown to everyone the privacy gate admits, as a broadcast would.
+    pub async fn become_visible(&self, client: &Client) {
+        client.handle.write(|p| {
+            p.invisible = false;
+            p.probe_remote = false;
+        });
+        to_directory(&self.node, &client.handle);
+        gate::reconcile_subject(&self.node, &client.jid().to_bare()).await;
+    }
+}
+
+pub(crate) fn presence(ty: PresenceType, from: &str, to: &str) -> Element {
+    let mut p = Element::new("presence", NS_CLIENT)
+        .attr("from", from)
+        .attr("to", to);
+    if let Some(t) = ty.as_attr() {
+        p.set_attr("type", t);
+    }
+    p
+}
+
+/// Handles a presence stanza from the session's own client, of type `ty` as the router
+/// read it (`None`: a type RFC 6121 does not define).
+async fn from_client(
+    shared: &Arc<Shared>,
+    session: &Client,
+    el: Element,
+    ty: Option<PresenceType>,
+    target: Target,
+) {
+    let own_bare = session.jid().to_bare();
+    let Some(ty) = ty else {
+        if let Some(r) = StanzaError::bad_request().reply_to(&el) {
+            session.deliver(r);
+        }
+        return;
+    };
+    match ty {
+        PresenceType::Available | PresenceType::Unavailable => {
+            let available = ty == PresenceType::Available;
+            let is_available = available;
+            match target {
+                Target::OwnAccount => broadcast(shared, session, el, available).await,
+                Target::LocalBare(b) if b == own_bare => {
+                    broadcast(shared, session, el, available).await
+                }
+                Target::LocalDomain => {}
+                Target::Remote(j) => {
+                    if is_available {
+                        if !track_directed(session, j.as_str(), &el) {
+                            return;
+                        }
+                    } else {
+                        session.handle.write(|p| p.remove_directed(j.as_str()));
+                    }
+                    let _ = crate::node::route_remote(shared, el);
+                }
+                Target::LocalBare(_) | Target::LocalFull(_) => {
+                    directed(shared, session, el, available).await
+                }
+            }
+        }
+        PresenceType::Subscribe
+        | PresenceType::Subscribed
+        | PresenceType::Unsubscribe
+        | PresenceType::Unsubscribed => {
+            let Some(kind) = SubKind::of(ty) else {
+                return;
+            };
+            // RFC 6121 §3.1.2: subscriptions are between bare JIDs.
+            let (contact, local) = match target {
+                Target::LocalBare(b) => (b, true),
+                Target::LocalFull(f) => (f.to_bare(), true),
+                Target::Remote(j) => (j.to_bare(), false),
+                Target::OwnAccount | Target::LocalDomain => return,
+            };
+            if contact == own_bare {
+                return;
+            }
+            // XEP-0191 §3.5: presence (subscriptions included) to or from a blocked
+            // local entity is dropped without an error, whether it is online or not.
+            if local && gate::blocked_either(shared, &own_bare, &contact).await {
+                return;
+            }
+            outbound_subscription(shared, session, &contact, kind, el).await;
+        }
+        // RFC 6121 §4.3: probes are normally the server's business; a client that sends one
+        // gets the same answer (and the same subscription check) as the server's own probe.
+        PresenceType::Probe => match target {
+            Target::LocalBare(b) if b != own_bare => {
+                let me = session.jid().clone();
+                answer_probe(shared, &me, &b).await;
+            }
+            Target::LocalFull(f) => {
+                let me = session.jid().clone();
+                answer_probe(shared, &me, &f.to_bare()).await;
+            }
+            Target::Remote(_) => {
+                let mut p = el;
+                p.set_attr("from", own_bare.to_string());
+                let _ = crate::node::route_remote(shared, p);
+            }
+            _ => {}
+        },
+        PresenceType::Error => {
+            if let Target::LocalFull(f) = target {
+                outbox::to_session(shared, &f, el);
+            }
+        }
+    }
+}
+
+/// The priority of an available presence (RFC 6121 §4.7.2.3); out of range or absent is 0.
+fn priority_of(el: &Element) -> i8 {
+    el.get_child("priority", NS_CLIENT)
+        .and_then(|p| p.text_content().trim().parse::<i8>().ok())
+        .unwrap_or(0)
+}
+
+/// Broadcast of available (§4.2 initial, §4.4 update) or unavailable (§4.5) presence.
+async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_available: bool) {
+    el.remove_attr("to");
+    el.set_attr("from", session.jid().to_string());
+    let change = Transition {
+        was_available: session.handle.is_available(),
+        is_available,
+        invisible: session.handle.is_invisible(),
+    };
+    if !is_available && !change.was_available && !session.handle.read(|p| p.has_directed()) {
+        record(session, &el, is_available);
+        return;
+    }
+    // Serialised once; each copy (contacts' and own resources', here and on other nodes)
+    // differs only in 'to'.
+    let once = Addressed::new(&el);
+    let (inputs, successor) = show_to_audience(shared, session, &el, &once, change).await;
+    // The user's own resources, the sender included (§4.2.2); they have the successor's
+    // presence for this full JID, if there is one.
+    if !successor.is_available() {
+        let me_id = session.handle.id;
+        let bare = session.jid().to_bare();
+        outbox::to_each_here(
+            &shared.sessions,
+            bare.as_str(),
+            |s| s.id == me_id || s.is_available(),
+            |jid| once.to(jid),
+        );
+    }
+    if !is_available {
+        unavailable_to_directed(shared, session, &el, &successor).await;
+    } else if !change.was_available {
+        initial_presence(shared, session, &inputs, change.invisible).await;
+    }
+}
+
+/// What a broadcast changes: the session's availability before and after, and whether it
+/// is invisible (XEP-0186).
+#[derive(Debug, Clone, Copy)]
+struct Transition {
+    was_available: bool,
+    is_available: bool,
+    invisible: bool,
+}
+
+impl Transition {
+    /// The session's initial presence (§4.2).
+    fn initial(self) -> bool {
+        self.is_available && !self.was_available
+    }
+}
+
+/// Records presence `el` as the session's state (availability, priority, last presence).
+fn record(session: &Client, el: &Element, is_available: bool) {
+    session.handle.write(|info| {
+        info.available = is_available;
+        info.priority = if is_available { priority_of(el) } else { 0 };
+        info.last = is_available.then(|| el.clone());
+    })
+}
+
+/// Under the subject lock: records the new state, and sends `el` (serialised once in
+/// `once`) to the contacts who may see it, here, on other nodes and on other servers,
+/// recording who was shown an available presence. Returns the privacy inputs (whose roster
+/// the initial presence probes) and the resource's successor, if it was taken over.
+async fn show_to_audience(
+    shared: &Shared,
+    session: &Client,
+    el: &Element,
+    once: &Addressed,
+    change: Transition,
+) -> (Arc<AudienceInputs>, Successor) {
+    let me = session.jid();
+    let bare = me.to_bare();
+    let is_available = change.is_available;
+    let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
+    // Read under the lock, so a successor's broadcast is either done (and what it showed
+    // recorded) or not begun.
+    let successor = if is_available {
+        Successor::None
+    } else {
+        Successor::of(shared, session).await
+    };
+    // The new state is recorded under the subject lock: a reconciliation holding the lock
+    // must see the old state (and leave this resource to us) or the new one with its
+    // broadcast done (and its viewers marked revealed), never the new state before the
+    // broadcast, or it would send this presence a second time.
+    record(session, el, is_available);
+    if !successor.holds_resource() {
+        to_directory(shared, &session.handle);
+    }
+    // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
+    // §4.5.2), as the privacy gate says, in one read; an invisible session (XEP-0186)
+    // shows itself to nobody.
+    // A change of an already available resource keeps the inputs for the next one;
+    // initial presence does not, so an idle session costs no cache memory.
+    let keep = change.was_available && is_available;
+    let (inputs, audience) = gate::roster_and_audience(shared, &session.handle, keep).await;
+    let audience = if change.invisible || (!is_available && !change.was_available) {
+        Default::default()
+    } else {
+        audience
+    };
+    let (remote, local) = recipients(shared, session, &audience, &successor, is_available);
+    let mut reached = Vec::new();
+    for contact in remote {
+        // One stanza per remote contact; s2s sends them over that domain's one stream.
+        let mut p = el.clone();
+        p.set_attr("to", contact.clone());
+        if crate::node::route_remote(shared, p).is_ok() {
+            reached.push(contact);
+        }
+    }
+    // Local contacts' sessions here, then one message per other node that holds any of
+    // them or the user's own sessions there (§4.2.2).
+    let own = (!successor.is_available()).then(|| bare.to_string());
+    let initial = outbox::Reach::Record {
+        initial: change.initial(),
+    };
+    reached.extend(outbox::to_contacts(shared, once, local, own, initial).await);
+    // Remember who saw this resource online, so a lost permission withdraws it from
+    // exactly them (the subject lock makes this atomic with the delivery).
+    if is_available {
+        for contact in reached.iter().filter(|c| **c != bare.as_str()) {
+            session
+                .handle
+                .reveal(contact, privacy::Relation::Subscriber);
+        }
+    }
+    (inputs, successor)
+}
+
+/// The contacts a broadcast goes to, on other servers and on this one: the `audience` the
+/// gate admits and, for an unavailable, everyone who was shown this resource online (even
+/// if a change of permissions has not withdrawn it from them yet); minus those the
+/// `successor` shows its own presence to, and those the session's bounded revealed set
+/// could not record (they could not be withdrawn from later). Each leaves the session's
+/// directed set: the broadcast reaches it now.
+fn recipients(
+    shared: &Shared,
+    session: &Client,
+    audience: &std::collections::HashSet<BareJid>,
+    successor: &Successor,
+    is_available: bool,
+) -> (Vec<String>, Vec<String>) {
+    let mut all: BTreeSet<String> = audience.iter().map(|c| c.to_string()).collect();
+    if !is_available {
+        for (viewer, rel) in session.handle.write(|p| p.take_revealed()) {
+            if rel == privacy::Relation::Subscriber {
+                all.insert(viewer.to_string());
+            }
+        }
+    }
+    let (mut remote, mut local) = (Vec::new(), Vec::new());
+    // Viewers the session can still record as shown (recorded once the deliveries here and
+    // on other nodes are known).
+    let mut room = session.handle.read(|p| p.room());
+    for contact in all {
+        session.handle.write(|p| p.remove_directed(&contact));
+        if successor.shows(&contact, || audience.iter().any(|a| a.as_str() == contact)) {
+            // Its presence is the resource's now; this unavailable would undo it.
+            continue;
+        }
+        if is_available && !session.handle.was_revealed(&contact) {
+            if room == 0 {
+                tracing::warn!(jid = %session.jid(), viewer = %contact, "revealed set full; presence not sent");
+                continue;
+            }
+            room -= 1;
+        }
+        if shared.config.serves(domain_of(&contact)) {
+            local.push(contact);
+        } else {
+            remote.push(contact);
+        }
+    }
+    (remote, local)
+}
+
+/// §4.6.3: everyone who got directed presence gets the unavailable `el` too, except a
+/// party blocked since (XEP-0191: it already got its unavailable, nothing more) and one
+/// the successor sent its own directed presence.
+async fn unavailable_to_directed(
+    shared: &Shared,
+    session: &Client,
+    el: &Element,
+    successor: &Successor,
+) {
+    let directed = session.handle.write(|p| p.take_directed());
+    for to in directed {
+        if successor.directed_to(&to) {
+            continue;
+        }
+        // Recorded from a `to` that was checked; fails closed otherwise.
+        let Ok(to_jid) = crate::protocol::jid::parse(&to) else {
+            continue;
+        };
+        if gate::blocked_either(shared, &to_jid, session.jid()).await {
+            continue;
+        }
+        let mut p = el.clone();
+        p.set_attr("to", to.clone());
+        outbox::presence_to(shared, &to, p);
+    }
+}
+
+/// Initial presence: probes the contacts the user is subscribed to (§4.2.2, §4.3; the
+/// local ones are answered together, from one read of the privacy inputs), shows the new
+/// resource the user's other resources, and hands it the subscription requests that
+/// waited (§3.1.3).
+async fn initial_presence(
+    shared: &Shared,
+    session: &Client,
+    inputs: &AudienceInputs,
+    invisible: bool,
+) {
+    let me = session.jid();
+    let bare = me.to_bare();
+    let mut local = Vec::new();
+    for item in inputs.roster.iter().filter(|i| i.subscription.has_to()) {
+        if shared.config.serves(item.contact.domain().as_str()) {
+            local.push(item.contact.clone());
+        } else if !invisible || session.handle.read(|p| p.probe_remote) {
+            // A probe tells the remote server the user is online; an invisible session
+            // sends one only if it asked to (XEP-0186 `probe='true'`).
+            // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
+            let probe = presence(PresenceType::Probe, bare.as_str(), item.contact.as_str());
+            let _ = crate::node::route_remote(shared, probe);
+        }
+    }
+    answer_probes(shared, me, &local).await;
+    own_resources_to_new(shared, session, &bare).await;
+    pending_requests(shared, session, &bare).await;
+}
+
+/// The new resource learns the presence of the user's other resources, here and on other
+/// nodes, invisible ones included (the directory keeps their presence; only other users'
+/// probe answers leave it out).
+async fn own_resources_to_new(shared: &Shared, session: &Client, bare: &BareJid) {
+    let me = session.jid();
+    for s in shared.sessions.of_user(bare) {
+        if s.id == session.handle.id {
+            continue;
+        }
+        if let Some(mut last) = s.last_presence() {
+            last.set_attr("to", me.to_string());
+            session.deliver(last);
+        }
+    }
+    let elsewhere = shared.cluster.holders(&[bare.as_str()]).await;
+    for h in elsewhere.into_values().flatten() {
+        let last = h.entry.presence.as_deref().filter(|_| h.entry.available);
+        if let Some(mut last) = last.and_then(crate::protocol::xml::parse_element) {
+            last.set_attr("to", me.to_string());
+            session.deliver(last);
+        }
+    }
+}
+
+/// §3.1.3: subscription requests that waited for the user to come online.
+async fn pending_requests(shared: &Shared, session: &Client, bare: &BareJid) {
+    match shared.store.pending_subscriptions(bare.as_str()).await {
+        Ok(pending) => {
+            for (from, xml) in pending {
+                // XEP-0191 §3.5: a request from an entity blocked since it was stored is
+                // not delivered (it stays pending and reappears if unblocked).
+                let Ok(from_jid) = crate::protocol::jid::parse(&from) else {
+                    continue;
+                };
+                if gate::blocked_either(shared, &from_jid, bare).await {
+                    continue;
+                }
+                match crate::protocol::xml::parse_element(&xml) {
+                    Some(mut p) => {
+                        p.set_attr("to", bare.to_string());
+                        p.set_attr("from", from);
+                        session.deliver(p);
+                    }
+                    None => tracing::warn!(user = %bare, "unparseable stored subscription request"),
+                }
+            }
+        }
+        Err(e) => tracing::warn!(user = %bare, error = %e, "pending subscriptions unavailable"),
+    }
+}
+
+/// Writes what the cluster directory says about this session (availability, priority,
+/// visibility, and its last available presence, which other nodes show to the user's own
+/// resources and, only while visible (XEP-0186), in probe answers; and whether it takes
+/// XEP-0280 copies and XEP-0191 block-list pushes) from its current state: after every
+/// broadcast, visibility change, carbons switch and block-list retrieval.
+pub(crate) fn to_directory(shared: &Shared, handle: &crate::node::sessions::SessionHandle) {
+    let (available, priority, shown, invisible, carbons, blocklist) = handle.read(|p| {
+        let shown = p.last.as_ref().filter(|_| p.available).map(|l| {
+            let mut l = l.clone();
+            l.remove_attr("to");
+            l.to_xml()
+        });
+        (
+            p.available,
+            p.priority,
+            shown,
+            p.invisible,
+            p.carbons,
+            p.blocklist_interested,
+        )
+    });
+    let entry = crate::cluster::Entry {
+        // Set by the cluster to this instance.
+        instance: String::new(),
+        available,
+        priority,
+        visible: !invisible,
+        carbons,
+        blocklist,
+        presence: shown,
+    };
+    shared.cluster.update(&handle.jid, entry);
+}
+
+/// After this node was cut off from Redis, the other nodes may have announced its users
+/// unavailable (their sweepers found no beats): each visible, available session here shows
+/// its current presence again, through the gate as a broadcast would, to its contacts on
+/// the other nodes (one message per node and session). Contacts on this node never lost it.
+pub async fn show_again_to_other_nodes(shared: &Shared) {
+    for user in shared.sessions.users() {
+        for s in shared.sessions.of_user_str(&user) {
+            let Some(last) = s.read(|p| p.last.clone().filter(|_| p.available)) else {
+                continue;
+            };
+            if s.is_invisible() {
+                continue;
+            }
+            to_directory(shared, &s);
+            let _guard = shared.subject_locks.lock_subject(&user).await;
+            // Only viewers the session can record as shown (its bounded set) are sent it.
+            let mut room = s.read(|p| p.room());
+            let mut audience = Vec::new();
+            for c in gate::session_audience(shared, &s).await {
+                let c = c.to_string();
+                if !shared.config.serves(domain_of(&c)) {
+                    continue;
+                }
+                if !s.was_revealed(&c) {
+                    if room == 0 {
+                        continue;
+                    }
+                    room -= 1;
+                }
+                audience.push(c);
+            }
+            let once = Addressed::new(&last);
+            for viewer in outbox::fan_out(shared, &once, audience, false).await {
+                s.reveal(&viewer, privacy::Relation::Subscriber);
+            }
+        }
+    }
+}
+
+pub use crate::protocol::jid::domain_of;
+
+/// Answers, on the contact's behalf, a probe from `prober` for local contact `contact`
+/// (RFC 6121 §4.3.2), through the privacy gate ([`gate::probe_answer`]).
+async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &BareJid) {
+    let Some(prober_session) = shared.sessions.get(prober) else {
+        return;
+    };
+    gate::probe_answer(shared, prober, contact, |p| {
+        outbox::to_handle(&prober_session, p);
+    })
+    .await;
+}
+
+/// [`answer_probe`] for several local contacts at once (the probes of a login).
+async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[BareJid]) {
+    if contacts.is_empty() {
+        return;
+    }
+    let Some(prober_session) = shared.sessions.get(prober) else {
+        return;
+    };
+    gate::probe_answers(shared, prober, contacts, |p| {
+        outbox::to_handle(&prober_session, p);
+    })
+    .await;
+}
+
+/// When a local user was last seen, if known: the last heartbeat of a silent death or the
+/// close time of a clean one (see [`crate::liveness::last_seen`]).
+pub async fn last_seen(shared: &Shared, bare: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    crate::liveness::last_seen::when(&shared.liveness, &shared.store, bare)
+        .await
+        .map(|l| l.at)
+}
+
+/// Directed presence (RFC 6121 §4.6): delivered to the one recipient and remembered, so the
+/// user's unavailable reaches it too.
+async fn directed(shared: &Shared, session: &Client, mut el: Element, is_available: bool) {
+    let Some(to) = el.get_attr("to").map(str::to_owned) else {
+        return;
+    };
+    el.set_attr("from", session.jid().to_string());
+    // XEP-0191 §3.5: directed presence to or from a blocked entity is dropped silently.
+    let Ok(to_jid) = crate::protocol::jid::parse(&to) else {
+        return;
+    };
+    if gate::blocked_either(shared, &to_jid, session.jid()).await {
+        return;
+    }
+    if is_available {
+        // An invisible session may still send directed presence (XEP-0186 §3.1); it
+        // gets the matching unavailable later, like any other.
+        let (available, invisible) = session.handle.read(|p| (p.available, p.invisible));
+        if (available || invisible) && !track_directed(session, &to, &el) {
+            return;
+        }
+        if !session
+            .handle
+            .reveal(&to, privacy::Relation::DirectedPresence)
+        {
+            session.handle.write(|p| p.remove_directed(&to));
+            refuse_directed(session, &el, "revealed set full");
+            return;
+        }
+    } else {
+        session.handle.write(|p| {
+            p.remove_directed(&to);
+            p.forget(&to);
+        });
+    }
+    outbox::to_local(shared, &to, el);
+}
+
+/// Tracks `to` as a directed-presence recipient of the session, or refuses the presence
+/// when the session's set is full (`max_directed_presences`): a target that cannot be
+/// tracked would never get the unavailable RFC 6121 §4.6.3 promises it, so it is not sent
+/// the available either, and the client gets `resource-constraint` (RFC 6120 §8.3.3.18).
+fn track_directed(session: &Client, to: &str, el: &Element) -> bool {
+    if session.handle.write(|p| p.add_directed(to)) {
+        return true;
+    }
+    refuse_directed(session, el, "directed presence set full");
+    false
+}
+
+fn refuse_directed(session: &Client, el: &Element, why: &str) {
+    tracing::warn!(peer = %session.peer, jid = %session.jid(), to = ?el.get_attr("to"), "{why}; directed presence refused");
+    if let Some(reply) = StanzaError::resource_constraint().reply_to(el) {
+        session.deliver(reply);
+    }
+}
+
+/// Loads one side's item and Appendix A state; the pending inbound request lives in the
+/// pending table when no roster item exists (RFC 6121 §3.1.3: a request creates no item).
+pub(crate) async fn load_side(
+    shared: &Shared,
+    owner: &str,
+    contact: &str,
+) -> Result<(Option<RosterItem>, SubState), crate::store::StoreError> {
+    let item = shared.store.roster_item(owner, contact).await?;
+    let mut state = item.as_ref().map(|i| i.sub_state()).unwrap_or_default();
+    if !state.pending_in {
+        state.pending_in = shared
+            .store
+            .has_pending_subscription(owner, contact)
+            .await?;
+    }
+    Ok((item, state.normalized()))
+}
+
+/// What must be written for one side after a transition: the item, or nothing when the
+/// item does not exist and the new state is a bare pending inbound request, which is kept in
+/// the pending table instead: RFC 6121 §3.1.3, a request creates no roster item, so every
+/// stored item is part of the roster the user sees.
+pub(crate) fn updated_item(
+    owner_item: Option<RosterItem>,
+    contact: &BareJid,
+    state: SubState,
+) -> Option<RosterItem> {
+    let mut item = owner_item.clone();
+    let invisible = state.subscription == subscription::Subscription::None
+        && !state.pending_out
+        && !state.preapproved;
+    match &mut item {
+        Some(i) => {
+            if i.sub_state() == state {
+                return None;
+            }
+            i.set_sub_state(state);
+        }
+        None if invisible => return None,
+        None => {
+            let mut i = RosterItem::new(contact.clone());
+            i.set_sub_state(state);
+            // A pending inbound request without an item is kept in the pending table.
+            item = Some(i);
+        }
+    }
+    item
+}
+
+/// A subscription stanza from the session's user to `contact`, local or remote (RFC 6121
+/// §3.1.2, §3.2.2, §3.3.2, §3.4), under both users' roster locks.
+async fn outbound_subscription(
+    shared: &Shared,
+    session: &Client,
+    contact: &BareJid,
+    kind: SubKind,
+    stanza: Element,
+) {
+    let user = session.jid().to_bare();
+    let _locks = shared
+        .roster_locks
+        .lock(&[user.as_str(), contact.as_str()])
+        .await;
+    let change = Exchange {
+        user: &user,
+        contact,
+        direction: Direction::Out,
+        kind,
+        removal: false,
+    };
+    if let Err(e) = change.apply(shared, stanza).await {
+        crate::services::roster::push::subscription_refused(
+            session,
+            contact.as_str(),
+            kind.as_str(),
+            &e,
+        );
+    }
+}
+
+/// One subscription stanza between a local user and a contact, local or remote, whichever
+/// way it travels: both sides' states are loaded, [`subscription::plan`] decides, and
+/// [`executor::apply`] writes and sends. The caller holds both users' roster locks.
+pub(crate) struct Exchange<'a> {
+    /// The local user.
+    pub user: &'a BareJid,
+    /// The contact, here or on another server (`Direction::In` only from another server).
+    pub contact: &'a BareJid,
+    pub direction: Direction,
+    pub kind: SubKind,
+    /// Sent on the user's behalf while the item is removed (RFC 6121 §2.5.2).
+    pub removal: bool,
+}
+
+impl Exchange<'_> {
+    /// Plans and applies the change for `stanza`.
+    pub(crate) async fn apply(
+        &self,
+        shared: &Shared,
+        mut stanza: Element,
+    ) -> Result<(), crate::store::StoreError> {
+        let (user, contact) = (self.user, self.contact);
+        let (user_item, user_state) = load_side(shared, user.as_str(), contact.as_str()).await?;
+        let contact_here = shared.config.serves(contact.domain().as_str());
+        let contact_node = contact.node().map(|n| n.as_str()).unwrap_or("");
+        let (contact_item, side) = if !contact_here {
+            (None, ContactSide::Remote)
+        } else if shared
+            .store
+            .account_exists(contact_node, contact.domain().as_str())
+            .await?
+        {
+            let (item, state) = load_side(shared, contact.as_str(), user.as_str()).await?;
+            (item, ContactSide::Local(state))
+        } else {
+            // RFC 6121 §8.5.1: nothing reaches an account that does not exist; the
+            // user's own side still moves.
+            (None, ContactSide::Absent)
+        };
+        // RFC 6121 §3.1.2: subscription stanzas travel between bare JIDs.
+        let (from, to) = match self.direction {
+            Direction::Out => (user, contact),
+            Direction::In => (contact, user),
+        };
+        stanza.set_attr("from", from.as_str());
+        stanza.set_attr("to", to.as_str());
+        let planned = subscription::plan(Change {
+            direction: self.direction,
+            kind: self.kind,
+            user: user_state,
+            contact: side,
+            removal: self.removal,
+        });
+        let parties = executor::Parties {
+            user: user.clone(),
+            user_item,
+            contact: contact.clone(),
+            contact_item,
+            contact_here,
+        };
+        executor::apply(shared, executor::Plan::of(planned, parties, &stanza)).await
+    }
+}
+
+/// Pushes a written roster item to its owner's interested resources when `push` (the
+/// subscription table's decision: the change is one a client can see, RFC 6121 §2.1.6);
+/// otherwise the sessions still count as having seen this version, or the roster
+/// listener would replay it as a change made elsewhere.
+pub(crate) fn push_or_note(
+    shared: &Shared,
+    owner: &str,
+    version: i64,
+    item: &RosterItem,
+    push: bool,
+) {
+    if push {
+        crate::services::roster::push::push_item(&shared.sessions, owner, version, item);
+        return;
+    }
+    for s in shared.sessions.of_user_str(owner) {
+        if s.read(|p| p.roster_ver).is_some() {
+            crate::services::roster::push::note_version(&s, version);
+        }
+    }
+}
+
+/// RFC 6121 §2.5.2: removing a roster item cancels and revokes subscriptions first, as the
+/// server's own stanzas on the user's behalf, to a local or remote contact alike. The
+/// caller holds both users' roster locks.
+async fn roster_removed(shared: &Shared, session: &Client, item: &RosterItem) {
+    let user = session.jid().to_bare();
+    let contact = &item.contact;
+    for kind in subscription::roster_remove(item.sub_state()) {
+        let change = Exchange {
+            user: &user,
+            contact,
+            direction: Direction::Out,
+            kind,
+            removal: true,
+        };
+        let stanza = presence(kind.presence_type(), user.as_str(), contact.as_str());
+        if let Err(e) = change.apply(shared, stanza).await {
+            crate::services::roster::push::subscription_refused(
+                session,
+                contact.as_str(),
+                kind.as_str(),
+                &e,
+            );
+        }
+    }
+}
+
+/// Called when a session ends: an available session's contacts get unavailable
+/// (RFC 6121 §4.5.2: the server does this when the client did not).
+async fn session_ended(shared: &Arc<Shared>, session: &Client) {
+    let (available, directed) = session.handle.read(|p| (p.available, p.has_directed()));
+    if available || directed {
+        let p = Element::new("presence", NS_CLIENT).attr("type", PresenceType::Unavailable.name());
+        broadcast(shared, session, p, false).await;
+    }
+    // Nothing the session remembers about others outlives it, even while a copy of its
+    // handle is still held somewhere; what the node keeps for it is keyed by its id, so a
+    // new session of the same resource keeps its own.
+    session.handle.write(|p| p.clear());
+    shared.caps.forget_session(session.handle.id);
+    shared
+        .store
+        .forget_audience_of(session.jid().to_bare().as_str(), session.handle.id);
+}
+
+/// Who holds a session's full JID when that session's unavailable goes out, if not the
+/// session itself: a new session of the same resource (a reconnect within the grace
+/// period, or a bind that replaced it, RFC 6120 §7.7.2.2). Its presence is the resource's
+/// now, so the old session's unavailable reaches only those the successor has not shown
+/// itself to: the user's own resources and the viewers it reached would otherwise be told
+/// that a resource which is online is offline. Read under the subject's lock, where the
+/// successor's broadcast is either done and recorded or not begun.
+enum Successor {
+    /// Nobody else: the unavailable goes to everyone it concerns.
+    None,
+    /// A session on this node: exactly the viewers it recorded as shown.
+    Here(crate::node::sessions::SessionHandle),
+    /// A session on another node (the directory): the node broadcast it to the audience
+    /// the gate admits, if it is available and visible.
+    Elsewhere { available: bool, shown: bool },
+}
+
+impl Successor {
+    async fn of(shared: &Shared, session: &Client) -> Successor {
+        let me = session.jid();
+        match shared.sessions.get(me) {
+            Some(s) if s.id != session.handle.id => return Successor::Here(s),
+            // Still the registered session: the client's own unavailable.
+            Some(_) => return Successor::None,
+            None => {}
+        }
+        match shared.cluster.holder_of(me).await {
+            Some(h) => Successor::Elsewhere {
+                available: h.entry.available,
+                shown: h.entry.available && h.entry.visible,
+            },
+            None => Successor::None,
+        }
+    }
+
+    /// Whether another session holds the resource (and with it the directory entry).
+    fn holds_resource(&self) -> bool {
+        !matches!(self, Successor::None)
+    }
+
+    /// Whether the successor is available: the user's own resources have its presence.
+    fn is_available(&self) -> bool {
+        match self {
+            Successor::None => false,
+            Successor::Here(s) => s.is_available(),
+            Successor::Elsewhere { available, .. } => *available,
+        }
+    }
+
+    /// Whether the successor's presence reached `viewer` (`in_audience`: whether the gate
+    /// admits it now, which is whom a broadcast on another node reached).
+    fn shows(&self, viewer: &str, in_audience: impl FnOnce() -> bool) -> bool {
+        match self {
+            Successor::None => false,
+            Successor::Here(s) => s.is_available() && s.was_revealed(viewer),
+            Successor::Elsewhere { shown, .. } => *shown && in_audience(),
+        }
+    }
+
+    /// Whether the successor sent `to` directed presence of its own (known only here).
+    fn directed_to(&self, to: &str) -> bool {
+        match self {
+            Successor::Here(s) => s.read(|p| p.is_directed(to)),
+            _ => false,
+        }
+    }
+}
+
+/// The unavailable of resource `jid`, whose session died with its node (RFC 6121 §4.5.2),
+/// to the user's other resources and to the local contacts that may see it now.
+///
+/// What the session had been shown to died with the node; the viewers the privacy gate
+/// admits now ([`gate::online_audience`]: approved subscribers that no block, setting or
+/// lost subscription excludes) stand in for it, so a blocked or hidden contact learns
+/// nothing; contacts on other nodes of the cluster get it there. Remote contacts are told by their own server when the federation link breaks.
+///
+/// A resource its directory entry says was invisible (XEP-0186) or never available had
+/// been shown to no contact, so none is told: an unavailable from its full JID would say
+/// it had been online. (Without an entry to read, the gate's audience is told as before.)
+///
+/// `last` is that entry, read by the caller for a whole batch of lost resources in one
+/// pipeline ([`crate::cluster::Cluster::last_entry_read`]).
+pub(crate) async fn unavailable_of_lost(
+    shared: &Shared,
+    jid: &FullJid,
+    last: Option<&crate::cluster::Entry>,
+) {
+    let bare = jid.to_bare();
+    let shown = last.is_none_or(|e| e.available && e.visible);
+    // Its directory entry goes too, once its node is no longer live.
+    shared.cluster.forget_if_dead(jid);
+    // One stanza, addressed to each recipient: here per session, elsewhere one message per
+    // node holding any of them (not one per recipient).
+    let once = crate::protocol::xml::Addressed::new(&crate::node::outbox::unavailable(
+        jid.as_str(),
+        bare.as_str(),
+    ));
+    let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
+    let mut recipients: Vec<String> = if shown {
+        gate::online_audience(shared, jid)
+            .await
+            .into_iter()
+            .map(|contact| contact.to_string())
+            .filter(|contact| crate::node::outbox::is_local(shared, contact))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    // The user's own available resources, on this node and the others (RFC 6121 §4.5.2).
+    recipients.push(bare.to_string());
+    crate::node::outbox::to_contacts(
+        shared,
+        &once,
+        recipients,
+        None,
+        crate::node::outbox::Reach::Send,
+    )
+    .await;
+}

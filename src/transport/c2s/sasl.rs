@@ -1,0 +1,338 @@
+//! The SASL exchange of a client stream (RFC 6120 §6): SCRAM-SHA-256, SCRAM-SHA-1 and PLAIN,
+//! the back-off per source address and account, and the failures that end the stream. The mechanisms are
+//! [`crate::protocol::sasl`].
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+
+use super::negotiate::Offer;
+use super::{limits, Authenticated, Fail, Halt, Secured};
+use crate::protocol::conditions::SaslCondition;
+use crate::protocol::error::{StreamCondition, StreamError};
+use std::net::SocketAddr;
+
+use crate::node::Shared;
+use crate::protocol::jid::{BareJid, Jid};
+use crate::protocol::sasl::scram::{self, ScramHash, ScramServer};
+use crate::protocol::xml::{self as x, Element};
+
+impl Secured {
+    /// RFC 6120 §6: the features offer the SASL mechanisms (and XEP-0077 registration);
+    /// after `<success/>` both sides restart the stream (§6.4.6), with the reader limits of
+    /// an authenticated peer.
+    pub(super) async fn authenticate(mut self) -> Result<Authenticated, Halt> {
+        step!(self.link, self.link.open(Offer::Sasl));
+        let user = step!(self.link, self.sasl());
+        let Secured { mut link } = self;
+        link.stream = link.stream.restart_with(limits(&link.shared, true));
+        Ok(Authenticated { link, user })
+    }
+
+    async fn sasl_failure(
+        &mut self,
+        condition: SaslCondition,
+        failures: &mut u32,
+    ) -> Result<(), Fail> {
+        let f =
+            Element::new("failure", x::NS_SASL).child(Element::new(condition.as_str(), x::NS_SASL));
+        self.link.write_el(&f).await?;
+        *failures += 1;
+        self.link.shared.metrics.auth_failure();
+        tracing::info!(peer = %self.link.peer, %condition, failures = *failures, "SASL failure");
+        if *failures >= self.link.shared.live.get().limits.max_auth_failures {
+            // RFC 6120 §6.4.5: after the configured number of retries, end the stream.
+            return Err(Fail::Stream(StreamError::new(
+                StreamCondition::PolicyViolation,
+                "too many failed authentication attempts",
+            )));
+        }
+        Ok(())
+    }
+
+    /// RFC 6120 §6: SASL with SCRAM-SHA-256, SCRAM-SHA-1, or PLAIN, up to the account's
+    /// localpart; also XEP-0077 registration.
+    async fn sasl(&mut self) -> Result<String, Fail> {
+        let mut failures = 0u32;
+        loop {
+            let el = self.link.next_element().await?;
+            if el.is("iq", x::NS_CLIENT) {
+                if let Some(q) = el.get_child("query", x::NS_REGISTER) {
+                    let q = q.clone();
+                    self.register(&el, &q).await?;
+                    continue;
+                }
+            }
+            if !el.is("auth", x::NS_SASL) {
+                // RFC 6120 §4.9.3.12: stanzas before authentication.
+                return Err(Fail::Stream(StreamError::new(
+                    StreamCondition::NotAuthorized,
+                    "authenticate first",
+                )));
+            }
+            let mech = el.get_attr("mechanism").unwrap_or("").to_owned();
+            let initial = match decode_b64(&el.text_content()) {
+                Some(v) => v,
+                None => {
+                    self.sasl_failure(SaslCondition::IncorrectEncoding, &mut failures)
+                        .await?;
+                    continue;
+                }
+            };
+            let outcome = match mech.as_str() {
+                "SCRAM-SHA-256" => self.scram(ScramHash::Sha256, initial).await?,
+                "SCRAM-SHA-1" => self.scram(ScramHash::Sha1, initial).await?,
+                // Only a `Secured` stream gets here: PLAIN never crosses the wire in the clear.
+                "PLAIN" if self.link.shared.config.auth.allow_plain => self.plain(&initial).await?,
+                _ => Err(SaslCondition::InvalidMechanism),
+            };
+            match outcome {
+                Ok(user) => {
+                    tracing::info!(peer = %self.link.peer, %user, mech, "authenticated");
+                    return Ok(user);
+                }
+                Err(condition) => self.sasl_failure(condition, &mut failures).await?,
+            }
+        }
+    }
+
+    /// SCRAM exchange (RFC 5802 §5). Returns the localpart or a SASL failure condition.
+    async fn scram(
+        &mut self,
+        hash: ScramHash,
+        mut initial: Vec<u8>,
+    ) -> Result<Result<String, SaslCondition>, Fail> {
+        // Unknown users get a salt and iteration count as an account would, so the answer
+        // does not reveal whether the user exists (RFC 5802 §9 leaves this to the server).
+        let mut server = ScramServer::new(hash)
+            .with_unknown_user_iterations(self.link.shared.config.auth.scram_iterations)
+            .with_fake_salt_secret(&self.link.shared.fake_salt_secret);
+        if initial.is_empty() {
+            // RFC 6120 §6.4.2: no initial response, so ask for it with an empty challenge.
+            self.link
+                .write_el(&Element::new("challenge", x::NS_SASL))
+                .await?;
+            initial = match self.sasl_response().await? {
+                Some(r) => r,
+                None => return Ok(Err(SaslCondition::Aborted)),
+            };
+        }
+        let first = match server.client_first(&initial) {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(e.condition())),
+        };
+        let account = self.link.account(&first.username);
+        let mut seen = super::backoff::Seen::default();
+        if let Some(jid) = &account {
+            match auth_locked(&self.link.shared, self.link.peer, jid).await {
+                Some(s) => seen = s,
+                None => return Ok(Err(SaslCondition::NotAuthorized)),
+            }
+            server.set_fake_salt_name(jid.as_str());
+        }
+        let creds = match &account {
+            Some(jid) => self
+                .link
+                .shared
+                .store
+                .scram_credentials(
+                    crate::protocol::jid::node_str(&Jid::from(jid.clone())),
+                    jid.domain().as_str(),
+                    hash,
+                )
+                .await
+                .map_err(|e| {
+                    tracing::error!(peer = %self.link.peer, error = %e, "credential lookup failed");
+                    Fail::Stream(StreamError::new(
+                        StreamCondition::InternalServerError,
+                        "storage unavailable",
+                    ))
+                })?,
+            None => None,
+        };
+        if let (Some(authz), Some(jid)) = (&first.authzid, &account) {
+            if authz != jid.as_str() {
+                return Ok(Err(SaslCondition::InvalidAuthzid));
+            }
+        }
+        let challenge = server.server_first(creds.as_ref());
+        self.link
+            .write_el(&Element::new("challenge", x::NS_SASL).text(B64.encode(challenge)))
+            .await?;
+        let Some(response) = self.sasl_response().await? else {
+            return Ok(Err(SaslCondition::Aborted));
+        };
+        let verdict = server.client_final(&response);
+        if let Some(jid) = &account {
+            let ok = verdict.is_ok() && creds.is_some();
+            auth_checked(&self.link.shared, self.link.peer, jid, ok, seen).await;
+        }
+        match verdict {
+            Ok(server_final) if creds.is_some() => {
+                self.link
+                    .write_el(&Element::new("success", x::NS_SASL).text(B64.encode(server_final)))
+                    .await?;
+                Ok(Ok(account
+                    .map(|j| crate::protocol::jid::node_str(&Jid::from(j)).to_owned())
+                    .unwrap_or_default()))
+            }
+            Ok(_) => Ok(Err(SaslCondition::NotAuthorized)),
+            Err(e) => Ok(Err(e.condition())),
+        }
+    }
+
+    /// Reads `<response/>`; `None` for `<abort/>` (RFC 6120 §6.4.4).
+    async fn sasl_response(&mut self) -> Result<Option<Vec<u8>>, Fail> {
+        let el = self.link.next_element().await?;
+        if el.is("abort", x::NS_SASL) {
+            return Ok(None);
+        }
+        if !el.is("response", x::NS_SASL) {
+            return Err(Fail::Stream(StreamError::new(
+                StreamCondition::NotAuthorized,
+                "expected a SASL response",
+            )));
+        }
+        decode_b64(&el.text_content()).map(Some).ok_or_else(|| {
+            Fail::Stream(StreamError::new(
+                StreamCondition::BadFormat,
+                "SASL response is not base64",
+            ))
+        })
+    }
+
+    /// SASL PLAIN (RFC 4616), checked against the stored SCRAM-SHA-256 credentials.
+    async fn plain(&mut self, msg: &[u8]) -> Result<Result<String, SaslCondition>, Fail> {
+        let mut parts = msg.split(|b| *b == 0);
+        let (Some(authz), Some(authc), Some(pass), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Ok(Err(SaslCondition::MalformedRequest));
+        };
+        let (Ok(authz), Ok(authc), Ok(pass)) = (
+            std::str::from_utf8(authz),
+            std::str::from_utf8(authc),
+            std::str::from_utf8(pass),
+        ) else {
+            return Ok(Err(SaslCondition::MalformedRequest));
+        };
+        let Some(jid) = self.link.account(authc) else {
+            return Ok(Err(SaslCondition::NotAuthorized));
+        };
+        if !authz.is_empty() && authz != jid.as_str() {
+            return Ok(Err(SaslCondition::InvalidAuthzid));
+        }
+        let Some(seen) = auth_locked(&self.link.shared, self.link.peer, &jid).await else {
+            return Ok(Err(SaslCondition::NotAuthorized));
+        };
+        let local = crate::protocol::jid::node_str(&Jid::from(jid.clone())).to_owned();
+        let creds = self
+            .link
+            .shared
+            .store
+            .scram_credentials(&local, jid.domain().as_str(), ScramHash::Sha256)
+            .await
+            .map_err(|_| {
+                Fail::Stream(StreamError::new(
+                    StreamCondition::InternalServerError,
+                    "storage",
+                ))
+            })?;
+        // An unknown user is checked against made-up credentials with the configured
+        // iterations, so both cost the same PBKDF2 work and the time taken does not tell
+        // whether the account exists.
+        let (creds, exists) = match creds {
+            Some(c) => (c, true),
+            None => (
+                scram::fake_credentials(
+                    ScramHash::Sha256,
+                    jid.as_str(),
+                    &self.link.shared.fake_salt_secret,
+                    self.link.shared.config.auth.scram_iterations,
+                ),
+                false,
+            ),
+        };
+        let pass = pass.to_owned();
+        // PBKDF2 is CPU-heavy: keep it off the async workers.
+        let matched = tokio::task::spawn_blocking(move || {
+            scram::verify_plain(ScramHash::Sha256, &creds, &pass)
+        })
+        .await
+        .unwrap_or(false);
+        let ok = matched && exists;
+        auth_checked(&self.link.shared, self.link.peer, &jid, ok, seen).await;
+        if !ok {
+            return Ok(Err(SaslCondition::NotAuthorized));
+        }
+        self.link
+            .write_el(&Element::new("success", x::NS_SASL))
+            .await?;
+        Ok(Ok(local))
+    }
+}
+
+fn decode_b64(text: &str) -> Option<Vec<u8>> {
+    let t = text.trim();
+    // RFC 6120 §6.4.2: "=" is an empty initial response.
+    if t.is_empty() || t == "=" {
+        return Some(Vec::new());
+    }
+    B64.decode(t).ok()
+}
+
+/// Back-off per source address and account, the same for every mechanism: `None` if
+/// `jid` is locked for this peer's address after repeated failures from it (on this
+/// node, or with Redis on any node, [`super::backoff`]), and the attempt must be refused
+/// without a password check; else what Redis said, for [`auth_checked`].
+/// The refusal is RFC 6120 §6.5.10 not-authorized ("some generic authentication
+/// failure ... the receiving entity does not wish to disclose specific information
+/// about the cause"): §6.5.11 temporary-auth-failure is for an error within the
+/// server, and would tell a guesser which answers to ignore.
+async fn auth_locked(
+    shared: &Shared,
+    peer: SocketAddr,
+    jid: &BareJid,
+) -> Option<super::backoff::Seen> {
+    let ip = peer.ip();
+    // This node's own table first: a pair it has locked costs no Redis round trip.
+    let here = shared
+        .auth_backoff
+        .locked(ip, jid.as_str(), shared.liveness.clock.instant());
+    let left = match here {
+        Some(left) => left,
+        None => {
+            let seen = super::backoff::seen(shared, ip, jid.as_str()).await;
+            match seen.locked {
+                Some(left) => left,
+                None => return Some(seen),
+            }
+        }
+    };
+    tracing::info!(%peer, %jid, ?left, "SASL refused: account locked after failures");
+    None
+}
+
+/// Records the outcome of a password check for `jid` in the back-off table, and with
+/// Redis for every node.
+async fn auth_checked(
+    shared: &Shared,
+    peer: SocketAddr,
+    jid: &BareJid,
+    ok: bool,
+    seen: super::backoff::Seen,
+) {
+    let ip = peer.ip();
+    let backoff = &shared.auth_backoff;
+    if ok {
+        backoff.succeeded(ip, jid.as_str());
+        if seen.failures {
+            super::backoff::succeeded(shared, ip, jid.as_str()).await;
+        }
+        return;
+    }
+    let here = backoff.failed(ip, jid.as_str(), shared.liveness.clock.instant());
+    let everywhere = super::backoff::failed(shared, backoff.policy(), ip, jid.as_str()).await;
+    if let Some(lock) = here.max(everywhere) {
+        tracing::warn!(%peer, %jid, ?lock, "SASL failures lock the account for this address");
+    }
+}
