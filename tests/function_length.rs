@@ -8,20 +8,11 @@
 //! a test helper) are skipped, and so are files that a `#[cfg(test)] mod name;` declares.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+mod scan;
+
+use std::path::Path;
 
 const MAX_LINES: usize = 120;
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read src") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// `text` with comments, string literals and char literals replaced by spaces; newlines are
 /// kept so that byte offsets and line numbers stay those of the file.
@@ -218,8 +209,7 @@ fn functions(code: &str) -> Vec<(String, usize, usize)> {
 
 /// Every non-test function longer than `MAX_LINES`, as `path:line fn name (N lines)`.
 fn long_functions(src: &Path) -> (Vec<String>, usize) {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
+    let (_, mut files) = scan::server_source();
     files.sort();
     let mut parsed = Vec::new();
     let mut test_files = BTreeSet::new();

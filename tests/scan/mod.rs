@@ -1,6 +1,9 @@
 //! Reading the server's own source, for the tests that check how its modules use each
 //! other (`tests/layers.rs`, `tests/outbox.rs`).
 
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 
 /// The server's `src/` folder and every `.rs` file below it.
