@@ -29,13 +29,10 @@ use crate::store::pep::AccessModel;
 
 use super::{item_element, may_read, NS_PUBSUB_EVENT};
 
-/// Whether the session asked for notifications of `node`.
-fn wants(session: &SessionHandle, node: &str) -> bool {
-    session.read(|s| {
-        s.caps
-            .as_ref()
-            .is_some_and(|f| f.contains(&format!("{node}+notify")))
-    })
+/// Whether the session asked for notifications of a node (`notify`: its `<node>+notify`
+/// feature, built once per event rather than once per session).
+fn wants(session: &SessionHandle, notify: &str) -> bool {
+    session.read(|s| s.caps.as_ref().is_some_and(|f| f.contains(notify)))
 }
 
 /// `<message type='headline'>` carrying one `<event/>` child from `owner`.
@@ -50,10 +47,11 @@ fn event_message(owner: &str, event: Element) -> Element {
 /// Hands `msg` (an event about `node`) to each available session of local user `bare`
 /// on this node that asked for the node.
 fn deliver_here(shared: &Shared, bare: &str, node: &str, msg: &Element) {
+    let notify = format!("{node}+notify");
     outbox::to_each_here(
         &shared.sessions,
         bare,
-        |s| s.is_available() && wants(s, node),
+        |s| s.is_available() && wants(s, &notify),
         |jid| {
             let mut m = msg.clone();
             m.set_attr("to", jid);
