@@ -105,10 +105,12 @@ const WARM: usize = 20;
 /// Sessions measured.
 const MEASURED: usize = 200;
 /// Upper bound on server heap bytes per idle TLS session (debug build, as `cargo test`
-/// runs). Measured 14.7 kB when set, of which rustls holds about 7 kB (4 KiB read buffer,
-/// connection state, two AEAD keys); the margin absorbs shared structures that grow in
-/// steps (hash maps, queue blocks) and land inside the measured window.
-const BOUND_PER_SESSION: isize = 20_000;
+/// runs), of which rustls holds about 7 kB (4 KiB read buffer, connection state, two AEAD
+/// keys). Measured 16.4 kB when set; the margin absorbs shared structures that grow in
+/// steps (hash maps, queue blocks) and land inside the measured window, and is smaller
+/// than the 1.9 kB a connection task cost when the listener held its future twice
+/// (18.8 kB), so that regression fails here.
+const BOUND_PER_SESSION: isize = 18_000;
 /// Upper bound on the future of one client connection (debug build). Measured 1,864 B when
 /// set; it was 6,600 B while negotiation state and the reader were inline in it.
 const BOUND_CONNECTION_FUTURE: usize = 3_000;

@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -298,11 +299,8 @@ impl<S: Socket> Listener<S> {
                 },
                 _ => None,
             };
-            let task = handler.serve(stream, peer);
-            self.tasks.spawn(async move {
-                task.await;
-                drop(place);
-            });
+            self.tasks
+                .spawn(holding(handler.serve(stream, peer), place));
         }
     }
 
@@ -323,6 +321,13 @@ impl<S: Socket> Listener<S> {
             }
         }
     }
+}
+
+/// Runs `task` and then gives back the connection's place. `map` keeps the task's future
+/// once; an `async move { task.await; drop(place) }` block would hold it twice (the
+/// captured value and the awaited one), doubling the memory of every idle connection.
+fn holding<F: Future<Output = ()>>(task: F, place: Option<Admitted>) -> impl Future<Output = ()> {
+    task.map(move |()| drop(place))
 }
 
 /// Binds a TCP listener; returns it with the address it got (port 0 picks one). The error
@@ -361,6 +366,24 @@ mod tests {
         for _ in 0..200 {
             drop(policy.admit(peer).unwrap());
         }
+    }
+
+    #[test]
+    fn a_connection_task_holds_its_future_once() {
+        let policy = ListenerPolicy::with(1, "full");
+        let place = policy.admit("192.0.2.1:1".parse().unwrap()).ok();
+        let state = [7u8; 4096];
+        let task = async move {
+            tokio::task::yield_now().await;
+            std::hint::black_box(&state);
+        };
+        let alone = std::mem::size_of_val(&task);
+        let held = holding(task, place);
+        assert!(
+            std::mem::size_of_val(&held) < alone + 256,
+            "{} B held against {alone} B alone",
+            std::mem::size_of_val(&held)
+        );
     }
 
     #[test]
