@@ -228,17 +228,23 @@ struct Local {
 /// (expiry T after the newest beat, beats never moved back, a sweep takes each stale resource
 /// once, in batches), so the bounds on announcing a silent death are the same.
 pub enum Backend {
-    /// Redis, shared by every node of a cluster (may be down; see [`redis_link`]).
-    Redis(redis_link::RedisLink),
+    /// Redis, shared by every node of a cluster (may be down; see [`redis_link`]). Boxed:
+    /// the link is several times the size of the table, and there is one per node.
+    Redis(Box<redis_link::RedisLink>),
     /// This process's memory: a single node without Redis (see [`in_process`]).
     InProcess(in_process::Table),
 }
 
 impl Backend {
     /// Redis when `[redis] url` or `[cluster] redis_nodes` is set, in process otherwise.
-    fn from_config(config: &Config, metrics: &Arc<Metrics>) -> Backend {
+    /// The Redis link's back-off reads `clock`.
+    fn from_config(config: &Config, metrics: &Arc<Metrics>, clock: Clock) -> Backend {
         if config.uses_redis() {
-            Backend::Redis(redis_link::RedisLink::new(config, metrics.clone()))
+            Backend::Redis(Box::new(redis_link::RedisLink::new(
+                config,
+                metrics.clone(),
+                clock,
+            )))
         } else {
             metrics.in_process.store(true, Ordering::Relaxed);
             Backend::InProcess(in_process::Table::default())
@@ -302,7 +308,7 @@ impl Liveness {
             clock,
             node_id: config.cluster.node().to_owned(),
             keys: keys::Keys::new(&config.redis.key_prefix, config.liveness.beat_shards),
-            backend: Backend::from_config(config, &metrics),
+            backend: Backend::from_config(config, &metrics, clock),
             metrics,
             ops: tx,
             ops_rx: Mutex::new(Some(rx)),
@@ -319,7 +325,7 @@ impl Liveness {
     /// The Redis link, when liveness runs on Redis.
     pub fn redis(&self) -> Option<&redis_link::RedisLink> {
         match &self.backend {
-            Backend::Redis(link) => Some(link),
+            Backend::Redis(link) => Some(&**link),
             Backend::InProcess(_) => None,
         }
     }
