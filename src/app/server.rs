@@ -88,6 +88,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         config.limits.max_caps_entries,
         config.limits.max_caps_queries_per_session,
         config.limits.caps_query_timeout,
+        liveness.clock,
     );
     let avatar_hashes = crate::cluster::cache::Cache::new(
         config.limits.max_avatar_hash_entries,
