@@ -1,18 +1,35 @@
-//! The one source of time for the node: liveness, the cluster directory, the session
-//! registry and the SASL back-off read it.
+//! The one source of time for the node's decisions that depend on time. One [`Clock`] is
+//! made per node (`Liveness::clock`, the system's in production) and handed to every reader:
 //!
-//! Two kinds of time are involved. Timers (ping ticks, the refresh tick, the grace period,
-//! the sweeper's period) use `tokio::time`, which tests can pause and advance. Beat times,
-//! Redis expiry scores, directory stamps, last-seen stamps and the time a session bound
-//! are wall-clock milliseconds, because they are compared across nodes and with Redis;
-//! they are read from a [`Clock`] so that a test can make wall time follow tokio's paused
-//! clock and check the grace, TTL and sweep decisions without waiting for them. The SASL
-//! back-off's table measures its windows and locks on [`Clock::instant`], which follows
-//! tokio's clock in the same way.
+//! - wall-clock milliseconds ([`Clock::now_ms`], [`Clock::now`]): liveness beats, Redis
+//!   expiry scores, sweep cutoffs and last-seen stamps (`crate::liveness`,
+//!   `crate::services::lifecycle`), the cluster directory's heartbeat and entry stamps
+//!   (`crate::cluster`), and the time a session bound (`crate::node::sessions`). These are
+//!   compared across nodes and with Redis, so they are wall time;
+//! - monotonic instants ([`Clock::instant`]), for durations measured on this node: the
+//!   SASL back-off's windows and locks (`crate::policy::auth_backoff`, from its caller), the
+//!   stanza and registration token buckets (`crate::policy::rate_limit`, from their
+//!   callers), the age of an outstanding entity-capabilities query (`crate::node::caps`),
+//!   the age of a cached privacy-gate input (`crate::store::audience_cache`, via
+//!   `Store::set_clock`) and the Redis link's reconnect back-off
+//!   (`crate::liveness::redis_link`).
+//!
+//! A [`Clock::tokio`] makes both kinds follow tokio's clock, so a test on paused time checks
+//! the grace, TTL, sweep, back-off, refill and expiry decisions without waiting for them.
+//!
+//! Timers are the other kind of time: ping ticks, the refresh tick, the grace period, the
+//! sweeper's period, and the deadlines that only bound a wait (stream negotiation and
+//! WebSocket close deadlines, the delivery pacing wait in `crate::node::sessions`, the CSI
+//! and interest-list expiry in `crate::services`, the SQLite busy retry, the notification
+//! listener's prune period in `crate::store::notify`). They use `tokio::time` directly,
+//! which already follows a paused test clock. The admin socket's uptime and
+//! `Store::ping`'s timing measure real elapsed time for an operator and read the system's
+//! monotonic clock. The per-address connection rate (`crate::transport::listener`) and the
+//! cluster's avatar-hash copies (`crate::cluster::cache`) also read it directly.
 
 use chrono::{DateTime, Utc};
 
-/// Where liveness reads wall-clock time (ms since the Unix epoch).
+/// The node's clock: wall-clock time (ms since the Unix epoch) and monotonic instants.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock(Source);
 

@@ -71,6 +71,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let s2s_tls = crate::transport::tls::s2s_server_config_with(&certificates)
         .map_err(crate::transport::tls::TlsError::from)?;
     let liveness = Arc::new(crate::liveness::Liveness::new(&config));
+    store.set_clock(liveness.clock);
     let cluster = crate::cluster::Cluster::new(&config, liveness.clock);
     let s2s = crate::transport::s2s::new_state(&config, crate::transport::tls::identity(&config)?);
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
@@ -88,6 +89,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         config.limits.max_caps_entries,
         config.limits.max_caps_queries_per_session,
         config.limits.caps_query_timeout,
+        liveness.clock,
     );
     let avatar_hashes = crate::cluster::cache::Cache::new(
         config.limits.max_avatar_hash_entries,

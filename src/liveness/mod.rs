@@ -228,17 +228,23 @@ struct Local {
 /// (expiry T after the newest beat, beats never moved back, a sweep takes each stale resource
 /// once, in batches), so the bounds on announcing a silent death are the same.
 pub enum Backend {
-    /// Redis, shared by every node of a cluster (may be down; see [`redis_link`]).
-    Redis(redis_link::RedisLink),
+    /// Redis, shared by every node of a cluster (may be down; see [`redis_link`]). Boxed:
+    /// the link is several times the size of the table, and there is one per node.
+    Redis(Box<redis_link::RedisLink>),
     /// This process's memory: a single node without Redis (see [`in_process`]).
     InProcess(in_process::Table),
 }
 
 impl Backend {
     /// Redis when `[redis] url` or `[cluster] redis_nodes` is set, in process otherwise.
-    fn from_config(config: &Config, metrics: &Arc<Metrics>) -> Backend {
+    /// The Redis link's back-off reads `clock`.
+    fn from_config(config: &Config, metrics: &Arc<Metrics>, clock: Clock) -> Backend {
         if config.uses_redis() {
-            Backend::Redis(redis_link::RedisLink::new(config, metrics.clone()))
+            Backend::Redis(Box::new(redis_link::RedisLink::new(
+                config,
+                metrics.clone(),
+                clock,
+            )))
         } else {
             metrics.in_process.store(true, Ordering::Relaxed);
             Backend::InProcess(in_process::Table::default())
@@ -302,7 +308,7 @@ impl Liveness {
             clock,
             node_id: config.cluster.node().to_owned(),
             keys: keys::Keys::new(&config.redis.key_prefix, config.liveness.beat_shards),
-            backend: Backend::from_config(config, &metrics),
+            backend: Backend::from_config(config, &metrics, clock),
             metrics,
             ops: tx,
             ops_rx: Mutex::new(Some(rx)),
@@ -319,7 +325,7 @@ impl Liveness {
     /// The Redis link, when liveness runs on Redis.
     pub fn redis(&self) -> Option<&redis_link::RedisLink> {
         match &self.backend {
-            Backend::Redis(link) => Some(link),
+            Backend::Redis(link) => Some(&**link),
             Backend::InProcess(_) => None,
         }
     }
@@ -963,5 +969,136 @@ mod tests {
         assert!(live.ended_here_after(j.as_str(), score));
         tokio::time::advance(ms(101)).await;
         assert!(!live.ended_here_after(j.as_str(), score));
+    }
+
+    /// What the session loop of [`run_session`] saw at its end.
+    struct Ended {
+        /// When it ended, on the node's clock.
+        at_ms: i64,
+        /// Whether the sweeper ended it (rather than the local fallback).
+        by_sweeper: bool,
+        dead_at: Option<i64>,
+    }
+
+    /// Starts the tasks of an in-process node: the real writer, and the sweeper's sweep
+    /// (`sweeper::sweep_table`) every sweep period from `phase` on, as `sweeper::run` does
+    /// after its random start. Both stop with `stop`.
+    fn start_in_process_node(live: &Arc<Liveness>, phase: Duration, stop: &CancellationToken) {
+        let rx = live.take_ops_rx().expect("the writer runs once");
+        let (l, s) = (live.clone(), stop.clone());
+        tokio::spawn(async move { in_process::writer(&l, table(&l), rx, s).await });
+        let (l, s) = (live.clone(), stop.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(phase).await;
+            let mut tick = tokio::time::interval(l.timings.sweep);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = s.cancelled() => return,
+                }
+                crate::services::lifecycle::sweeper::sweep_table(&l, table(&l));
+            }
+        });
+    }
+
+    /// Binds `j` and runs the liveness part of the c2s session loop: a refresh every
+    /// `redis_refresh` with the local fallback checked then, and the end when the sweeper
+    /// says so. A silent death is then finished at its last beat, as `session_over`
+    /// announces it (at once: T has been waited). Returns the end token to watch.
+    fn run_session(
+        live: &Arc<Liveness>,
+        j: FullJid,
+        beat: Arc<Beat>,
+    ) -> (CancellationToken, tokio::task::JoinHandle<Ended>) {
+        let mut s = live.bind(&j, 1, beat);
+        let end = s.end.clone();
+        let (l, told) = (live.clone(), end.clone());
+        let task = tokio::spawn(async move {
+            let mut refresh = tokio::time::interval(l.timings.refresh);
+            refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            refresh.reset();
+            loop {
+                tokio::select! {
+                    _ = told.cancelled() => break,
+                    _ = refresh.tick() => {
+                        s.refresh(&l);
+                        if s.locally_dead(&l) {
+                            s.mark_dead();
+                            break;
+                        }
+                    }
+                }
+            }
+            let by_sweeper = told.is_cancelled();
+            if by_sweeper {
+                s.mark_dead();
+            }
+            if let Some(at) = s.dead_at() {
+                l.finished(&j, 1, at);
+            }
+            Ended {
+                at_ms: l.clock.now_ms(),
+                by_sweeper,
+                dead_at: s.dead_at(),
+            }
+        });
+        (end, task)
+    }
+
+    /// Bounds, with H = 400 ms, T = 2 s, sweep = 200 ms, refresh = 600 ms: a client that
+    /// talks every 100 ms is never ended in 3 T (longer than the T + sweep of silence that
+    /// ends one), and once silent it is ended no sooner than T and no later than T + one
+    /// sweep after its last beat, by the sweeper (the local fallback would take T + 2
+    /// sweeps), dead at its last beat. Checked for four phases of the sweeper against the
+    /// traffic, since a node's sweeper starts at a random point of its period.
+    #[tokio::test(start_paused = true)]
+    async fn in_process_a_client_gone_silent_is_ended_after_t_and_within_t_plus_a_sweep_of_its_last_beat(
+    ) {
+        for quarter in 0..4u32 {
+            let live = Arc::new(Liveness::with_clock(&config(), Clock::tokio()));
+            let (ttl, sweep) = (live.timings.ttl, live.timings.sweep);
+            let stop = CancellationToken::new();
+            start_in_process_node(&live, sweep * quarter / 4, &stop);
+            let beat = live.beat();
+            let (end, session) = run_session(&live, jid("a@x/r"), beat.clone());
+            let mut talked = Duration::ZERO;
+            while talked < ttl * 3 {
+                tokio::time::sleep(ms(100)).await;
+                talked += ms(100);
+                beat.touch();
+                assert!(
+                    !end.is_cancelled(),
+                    "phase {quarter}/4: ended while talking, at {talked:?}"
+                );
+            }
+            let last = beat.last_ms();
+            tokio::time::sleep(ttl - ms(1)).await;
+            assert!(
+                !end.is_cancelled(),
+                "phase {quarter}/4: ended {} ms after the last beat, before T",
+                live.clock.now_ms() - last
+            );
+            let ended = session.await.expect("the session task");
+            let after = ended.at_ms - last;
+            let (t, s) = (ttl.as_millis() as i64, sweep.as_millis() as i64);
+            assert!(
+                ended.by_sweeper,
+                "phase {quarter}/4: the local fallback, not the sweeper, ended it"
+            );
+            assert!(
+                after >= t && after <= t + s,
+                "phase {quarter}/4: ended {after} ms after the last beat"
+            );
+            assert_eq!(ended.dead_at, Some(last), "dead at the last beat");
+            // The end is written: the entry goes, and last seen is the last beat.
+            tokio::time::sleep(ms(1)).await;
+            assert!(table(&live).is_empty(), "phase {quarter}/4");
+            assert_eq!(
+                live.last_seen.get("a@x").map(|e| e.at.timestamp_millis()),
+                Some(last)
+            );
+            stop.cancel();
+        }
     }
 }

@@ -4,7 +4,8 @@
 //! vanish at any time. [`RedisLink::conn`] hands out a multiplexed connection or `None` at
 //! once (never blocking a caller longer than the connect timeout, and only when a
 //! reconnection attempt is due); a failed command calls [`RedisLink::failed`], which drops
-//! the connection and backs off (doubling, jittered). The first successful connect after a
+//! the connection and backs off (doubling, jittered; measured on the node's
+//! [`Clock::instant`], so a test on paused time controls when the next attempt is due). The first successful connect after a
 //! failure sets `repair`, and the writer then rewrites every local resource, so a restarted
 //! (empty) Redis gets the liveness state back.
 //!
@@ -16,11 +17,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::time::Instant;
-
-use super::{Metrics, Op};
+use super::{Clock, Metrics, Op};
 use crate::cluster::redis_conn::{backoff, Conn, SlotPipe, Target};
 use crate::config::Config;
 
@@ -37,6 +36,8 @@ pub struct RedisLink {
     /// `host:port` (or socket path) of the server, or the cluster's start nodes, named in every
     /// log line about it.
     described: Box<str>,
+    /// Where the back-off reads the time (the node's one clock).
+    clock: Clock,
 }
 
 struct LinkState {
@@ -49,8 +50,8 @@ struct LinkState {
 impl RedisLink {
     /// A link to the config's Redis (`[redis] url` or `[cluster] redis_nodes`); nothing
     /// connects yet. A malformed URL leaves Redis off for good (logged), which degrades
-    /// presence but keeps the server up.
-    pub fn new(config: &Config, metrics: Arc<Metrics>) -> RedisLink {
+    /// presence but keeps the server up. The back-off is measured on `clock`.
+    pub fn new(config: &Config, metrics: Arc<Metrics>, clock: Clock) -> RedisLink {
         let target = match Target::from_config(config) {
             Ok(t) => t,
             Err(e) => {
@@ -67,7 +68,7 @@ impl RedisLink {
             described,
             state: tokio::sync::Mutex::new(LinkState {
                 conn: None,
-                next_attempt: Instant::now(),
+                next_attempt: clock.instant(),
                 failures: 0,
             }),
             timeout: config.redis.timeout,
@@ -75,6 +76,7 @@ impl RedisLink {
             up: AtomicBool::new(false),
             repair: AtomicBool::new(false),
             metrics,
+            clock,
         }
     }
 
@@ -105,7 +107,7 @@ impl RedisLink {
         if let Some(c) = &st.conn {
             return Some(c.clone());
         }
-        if Instant::now() < st.next_attempt {
+        if self.clock.instant() < st.next_attempt {
             return None;
         }
         match target.connect(self.timeout).await {
@@ -122,7 +124,7 @@ impl RedisLink {
             Err(e) => {
                 let wait = backoff(st.failures, self.reconnect_max);
                 tracing::warn!(redis = %self.described, error = %e, retry_in = ?wait, "Redis unreachable");
-                st.next_attempt = Instant::now() + wait;
+                st.next_attempt = self.clock.instant() + wait;
                 st.failures = st.failures.saturating_add(1);
                 None
             }
@@ -138,7 +140,7 @@ impl RedisLink {
         }
         let mut st = self.state.lock().await;
         st.conn = None;
-        st.next_attempt = Instant::now() + backoff(st.failures, self.reconnect_max);
+        st.next_attempt = self.clock.instant() + backoff(st.failures, self.reconnect_max);
         st.failures = st.failures.saturating_add(1);
     }
 
@@ -214,5 +216,54 @@ impl ShardExpiry {
     /// Every shard is due again (after a reconnect: Redis may have lost everything).
     pub(crate) fn reset(&mut self) {
         self.last.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Failed connection attempts so far (the back-off's exponent).
+    async fn attempts(link: &RedisLink) -> u32 {
+        link.state.lock().await.failures
+    }
+
+    /// A Redis that is never there: a Unix socket path that does not exist, so every
+    /// attempt fails at once without the network.
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_redis_is_tried_again_only_once_its_back_off_delay_has_passed() {
+        let mut config = Config::default();
+        config.redis.url = "redis+unix:///nonexistent/presenced-redis-link-test.sock".into();
+        let link = RedisLink::new(&config, Arc::new(Metrics::default()), Clock::tokio());
+        assert!(link.conn().await.is_none());
+        assert_eq!(attempts(&link).await, 1);
+        // The first delay is 100 ms jittered down to 50-100 ms; time is measured from the
+        // failure, which is now (each advance below is relative to it).
+        tokio::time::advance(Duration::from_millis(49)).await;
+        assert!(link.conn().await.is_none());
+        assert_eq!(
+            attempts(&link).await,
+            1,
+            "no attempt before the shortest delay"
+        );
+        tokio::time::advance(Duration::from_millis(51)).await;
+        assert!(link.conn().await.is_none());
+        assert_eq!(
+            attempts(&link).await,
+            2,
+            "tried again after the longest delay"
+        );
+        // The delay doubles: 100-200 ms after the second failure.
+        tokio::time::advance(Duration::from_millis(99)).await;
+        assert!(link.conn().await.is_none());
+        assert_eq!(
+            attempts(&link).await,
+            2,
+            "no attempt before the doubled delay"
+        );
+        tokio::time::advance(Duration::from_millis(101)).await;
+        assert!(link.conn().await.is_none());
+        assert_eq!(attempts(&link).await, 3);
+        assert!(!link.is_up());
     }
 }

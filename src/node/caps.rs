@@ -18,7 +18,8 @@
 //! `[limits] max_caps_queries_per_session` queries outstanding (a further `ver` is not
 //! asked; its next presence asks again once one is answered), and a query unanswered
 //! after `[limits] caps_query_timeout` is dropped, so the next client announcing that
-//! `ver` is asked instead of waiting for a session that never answers.
+//! `ver` is asked instead of waiting for a session that never answers. That timeout is
+//! measured on the node's clock ([`Clock::instant`]), which a test can pause.
 //!
 //! This is node state (one cache per node); nothing here sends a stanza.
 
@@ -29,6 +30,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use sha1::Digest;
 
+use crate::clock::Clock;
 use crate::protocol::jid::FullJid;
 use crate::protocol::xml::{Element, NS_DISCO_INFO};
 
@@ -228,17 +230,21 @@ pub struct CapsCache {
     max: usize,
     per_session: usize,
     timeout: Duration,
+    /// Where the time a query was sent, and its age, are read (the node's one clock).
+    clock: Clock,
     inner: Mutex<Inner>,
 }
 
 impl CapsCache {
     /// A cache remembering at most `max` `ver`s, with at most as many queries outstanding,
-    /// `per_session` of them asked of one session, each dropped `timeout` after it was sent.
-    pub fn new(max: usize, per_session: usize, timeout: Duration) -> CapsCache {
+    /// `per_session` of them asked of one session, each dropped `timeout` after it was sent
+    /// (as `clock` measures it).
+    pub fn new(max: usize, per_session: usize, timeout: Duration, clock: Clock) -> CapsCache {
         CapsCache {
             max: max.max(1),
             per_session: per_session.max(1),
             timeout,
+            clock,
             inner: Mutex::default(),
         }
     }
@@ -249,7 +255,7 @@ impl CapsCache {
 
     /// What is known about `caps` announced by the session `who`.
     pub fn lookup(&self, who: &Asker, caps: &Caps) -> Lookup {
-        self.lookup_at(who, caps, Instant::now())
+        self.lookup_at(who, caps, self.clock.instant())
     }
 
     /// [`Self::lookup`] at time `now`.
@@ -455,7 +461,7 @@ mod tests {
 
     #[test]
     fn a_later_session_of_the_same_full_jid_is_another_asker() {
-        let cache = CapsCache::new(4, 4, Duration::from_secs(30));
+        let cache = CapsCache::new(4, 4, Duration::from_secs(30), Clock::system());
         let caps = Caps {
             node: "n".into(),
             ver: "v".into(),
@@ -476,7 +482,7 @@ mod tests {
 
     #[test]
     fn one_query_per_ver_and_the_cache_is_bounded() {
-        let cache = CapsCache::new(2, 4, Duration::from_secs(30));
+        let cache = CapsCache::new(2, 4, Duration::from_secs(30), Clock::system());
         let caps = |v: &str| Caps {
             node: "n".into(),
             ver: v.into(),
@@ -514,7 +520,7 @@ mod tests {
 
     #[test]
     fn an_unverified_answer_is_believed_only_about_its_own_session() {
-        let cache = CapsCache::new(4, 4, Duration::from_secs(30));
+        let cache = CapsCache::new(4, 4, Duration::from_secs(30), Clock::system());
         let caps = Caps {
             node: "n".into(),
             ver: "v".into(),
@@ -533,7 +539,7 @@ mod tests {
 
     #[test]
     fn a_query_never_answered_is_dropped_with_its_session() {
-        let cache = CapsCache::new(1, 4, Duration::from_secs(30));
+        let cache = CapsCache::new(1, 4, Duration::from_secs(30), Clock::system());
         let caps = |v: &str| Caps {
             node: "n".into(),
             ver: v.into(),
@@ -557,7 +563,7 @@ mod tests {
 
     #[test]
     fn one_session_has_at_most_its_share_of_outstanding_queries() {
-        let cache = CapsCache::new(10, 2, Duration::from_secs(30));
+        let cache = CapsCache::new(10, 2, Duration::from_secs(30), Clock::system());
         let caps = |v: &str| Caps {
             node: "n".into(),
             ver: v.into(),
@@ -588,7 +594,7 @@ mod tests {
     #[test]
     fn a_query_unanswered_past_the_timeout_is_asked_of_the_next_client() {
         let timeout = Duration::from_secs(30);
-        let cache = CapsCache::new(2, 1, timeout);
+        let cache = CapsCache::new(2, 1, timeout, Clock::system());
         let caps = |v: &str| Caps {
             node: "n".into(),
             ver: v.into(),
@@ -630,5 +636,32 @@ mod tests {
             cache.lookup_at(&who("g"), &caps("v4"), late + timeout),
             Lookup::Ask(_)
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_query_unanswered_for_the_timeout_on_the_nodes_clock_is_asked_of_the_next_client() {
+        let timeout = Duration::from_secs(30);
+        let cache = CapsCache::new(4, 4, timeout, Clock::tokio());
+        let caps = Caps {
+            node: "n".into(),
+            ver: "v".into(),
+            hash: "sha-1".into(),
+        };
+        let Lookup::Ask(first) = cache.lookup(&who("a"), &caps) else {
+            panic!("first sight asks");
+        };
+        tokio::time::advance(timeout - Duration::from_millis(1)).await;
+        assert!(
+            matches!(cache.lookup(&who("b"), &caps), Lookup::Waiting),
+            "within the timeout the query sent holds the ver"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let Lookup::Ask(second) = cache.lookup(&who("c"), &caps) else {
+            panic!("a query as old as the timeout is asked again");
+        };
+        assert_ne!(first, second);
+        assert!(cache.answered(&first, &who("a")).is_none(), "dropped");
+        let p = cache.answered(&second, &who("c")).expect("pending");
+        assert!(p.waiting.contains(&who("b")), "{:?}", p.waiting);
     }
 }

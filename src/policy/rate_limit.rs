@@ -10,12 +10,15 @@
 //! A client's rule is [`ClientRate`], used for its stanzas (the c2s session) and, over
 //! WebSocket, for its control frames (the RFC 7395 adapter), so both are bounded by the
 //! same numbers and end the same way.
+//!
+//! Pure decisions: every call takes the time `now` from its caller, which reads the node's
+//! clock ([`crate::clock::Clock::instant`]), so a test on paused time controls refills.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::config::LimitsConfig;
 use crate::metrics::{DropReason, Metrics};
@@ -37,11 +40,11 @@ impl ClientRate {
         ))
     }
 
-    /// Counts one stanza or control frame. Beyond the rate, the stream error that closes
-    /// the stream: policy-violation (RFC 6120 §4.9.3.18, "a local service policy"); the
-    /// drop is counted in the metrics.
-    pub(crate) fn take(&mut self, metrics: &Metrics) -> Result<(), StreamError> {
-        if self.0.take() {
+    /// Counts one stanza or control frame at `now`. Beyond the rate, the stream error that
+    /// closes the stream: policy-violation (RFC 6120 §4.9.3.18, "a local service policy");
+    /// the drop is counted in the metrics.
+    pub(crate) fn take(&mut self, metrics: &Metrics, now: Instant) -> Result<(), StreamError> {
+        if self.0.take(now) {
             return Ok(());
         }
         metrics.dropped(DropReason::StanzaRate);
@@ -58,7 +61,9 @@ pub(crate) struct TokenBucket {
     rate: f64,
     burst: f64,
     tokens: f64,
-    last: Instant,
+    /// When tokens were last counted; `None` while the bucket is as full as when made
+    /// (a full bucket stays full however long it waits, so its age does not matter).
+    last: Option<Instant>,
 }
 
 impl TokenBucket {
@@ -69,7 +74,7 @@ impl TokenBucket {
             rate: rate as f64,
             burst,
             tokens: burst,
-            last: Instant::now(),
+            last: None,
         }
     }
 
@@ -80,9 +85,9 @@ impl TokenBucket {
         b
     }
 
-    /// Takes one token; false when the stream is over its rate.
-    pub(crate) fn take(&mut self) -> bool {
-        self.refill(Instant::now());
+    /// Takes one token at `now`; false when the stream is over its rate.
+    pub(crate) fn take(&mut self, now: Instant) -> bool {
+        self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -92,8 +97,10 @@ impl TokenBucket {
     }
 
     fn refill(&mut self, now: Instant) {
-        let dt = now.duration_since(self.last).as_secs_f64();
-        self.last = now;
+        let dt = self.last.map_or(0.0, |last| {
+            now.saturating_duration_since(last).as_secs_f64()
+        });
+        self.last = Some(now);
         self.tokens = (self.tokens + dt * self.rate).min(self.burst);
     }
 }
@@ -132,10 +139,9 @@ impl SourceBudget {
         }
     }
 
-    /// Takes one from `ip`'s source and one from the total, or neither: false when either
-    /// is spent.
-    pub fn take(&self, ip: IpAddr) -> bool {
-        let now = Instant::now();
+    /// Takes one from `ip`'s source and one from the total at `now`, or neither: false
+    /// when either is spent.
+    pub fn take(&self, ip: IpAddr, now: Instant) -> bool {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let (sources, total) = &mut *g;
         if sources.len() >= MAX_SOURCES {
@@ -164,14 +170,55 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    #[tokio::test(start_paused = true)]
-    async fn burst_is_spent_then_refills_at_the_rate() {
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn burst_is_spent_then_refills_at_the_rate() {
+        let t = Instant::now();
         let mut b = TokenBucket::new(10, 3);
-        assert!(b.take() && b.take() && b.take());
-        assert!(!b.take(), "burst of 3 spent");
-        tokio::time::advance(Duration::from_millis(100)).await;
-        assert!(b.take(), "one token after 1/rate seconds");
-        assert!(!b.take());
+        assert!(b.take(t) && b.take(t) && b.take(t));
+        assert!(!b.take(t), "burst of 3 spent");
+        assert!(!b.take(t + ms(99)), "no whole token before 1/rate seconds");
+        assert!(b.take(t + ms(100)), "one token after 1/rate seconds");
+        assert!(!b.take(t + ms(100)));
+    }
+
+    #[test]
+    fn a_full_bucket_holds_its_burst_however_long_it_waited_before_its_first_take() {
+        let t = Instant::now();
+        let mut b = TokenBucket::new(10, 2);
+        let later = t + Duration::from_secs(3600);
+        assert!(b.take(later) && b.take(later));
+        assert!(
+            !b.take(later),
+            "an hour idle is still a burst of 2, not more"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_rate_read_on_the_nodes_clock_refills_when_paused_time_advances() {
+        let clock = crate::clock::Clock::tokio();
+        let metrics = Metrics::new();
+        let limits = LimitsConfig {
+            stanzas_per_second: 4,
+            stanza_burst: 1,
+            ..LimitsConfig::default()
+        };
+        let mut rate = ClientRate::new(&limits);
+        assert!(rate.take(&metrics, clock.instant()).is_ok());
+        assert!(rate.take(&metrics, clock.instant()).is_err(), "burst spent");
+        tokio::time::advance(ms(249)).await;
+        assert!(
+            rate.take(&metrics, clock.instant()).is_err(),
+            "249 ms < 1/rate"
+        );
+        tokio::time::advance(ms(1)).await;
+        assert!(
+            rate.take(&metrics, clock.instant()).is_ok(),
+            "refilled at 1/rate"
+        );
     }
 
     #[test]
@@ -185,22 +232,23 @@ mod tests {
         assert_eq!(source_of(mapped), "192.0.2.7".parse::<IpAddr>().unwrap());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_source_budget_refuses_past_either_share_and_refills_over_the_hour() {
+    #[test]
+    fn a_source_budget_refuses_past_either_share_and_refills_over_the_hour() {
+        let t = Instant::now();
         let budget = SourceBudget::per_hour(2, 3);
         let (one, two): (IpAddr, IpAddr) =
             ("192.0.2.1".parse().unwrap(), "2001:db8::1".parse().unwrap());
         let same_64: IpAddr = "2001:db8::ffff".parse().unwrap();
-        assert!(budget.take(one) && budget.take(one));
-        assert!(!budget.take(one), "the source's share is spent");
-        assert!(budget.take(two));
-        assert!(!budget.take(same_64), "the node's total is spent");
+        assert!(budget.take(one, t) && budget.take(one, t));
+        assert!(!budget.take(one, t), "the source's share is spent");
+        assert!(budget.take(two, t));
+        assert!(!budget.take(same_64, t), "the node's total is spent");
         // A refused take costs nothing: the other /64 still has its second token once
         // the total refills (one token of the total per 20 minutes).
-        tokio::time::advance(Duration::from_secs(1200)).await;
-        assert!(budget.take(same_64));
+        let later = t + Duration::from_secs(1200);
+        assert!(budget.take(same_64, later));
         assert!(
-            !budget.take(one),
+            !budget.take(one, later),
             "the total's one new token went to the /64"
         );
     }

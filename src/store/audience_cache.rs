@@ -21,7 +21,8 @@
 //! * A read that raced an invalidation is not stored: each invalidation bumps an epoch,
 //!   and a value read under an older epoch is returned to its caller but not kept.
 //! * `ttl` bounds the age of any entry regardless, for the case where notifications
-//!   cannot be received at all.
+//!   cannot be received at all. Ages are measured on the node's clock
+//!   ([`Store::set_clock`]; the system's until it is set), which a test can pause.
 //!
 //! Entries are per session whose presence goes out (a contact may block one resource,
 //! XEP-0016 §2.1), keyed by the session's id (`sessions::SessionHandle::id`) under its
@@ -36,23 +37,36 @@ use std::time::{Duration, Instant};
 
 use super::gate_inputs::AudienceInputs;
 use super::{Store, StoreError};
+use crate::clock::Clock;
 
 /// Bare JID → (session id, when read, inputs).
 type Entries = HashMap<String, Vec<(u64, Instant, Arc<AudienceInputs>)>>;
+
+/// The entries, and the clock their read times are taken on and aged by (under one lock,
+/// since every read of an entry reads the time too).
+#[derive(Debug, Default)]
+struct Table {
+    entries: Entries,
+    clock: Clock,
+}
 
 /// See the module documentation.
 #[derive(Debug, Default)]
 pub struct AudienceCache {
     /// Longest time an entry is used, in milliseconds; 0 turns the cache off.
     ttl_ms: AtomicU64,
-    /// Bumped (under `entries`' lock) by every invalidation.
+    /// Bumped (under `table`'s lock) by every invalidation.
     epoch: AtomicU64,
-    entries: Mutex<Entries>,
+    table: Mutex<Table>,
 }
 
 impl AudienceCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_clock(&self, clock: Clock) {
+        self.lock().clock = clock;
     }
 
     fn ttl(&self) -> Option<Duration> {
@@ -64,10 +78,13 @@ impl AudienceCache {
 
     fn get(&self, bare: &str, session: u64) -> Option<Arc<AudienceInputs>> {
         let ttl = self.ttl()?;
-        let map = self.lock();
-        map.get(bare)?
+        let table = self.lock();
+        let now = table.clock.instant();
+        table
+            .entries
+            .get(bare)?
             .iter()
-            .find(|(s, at, _)| *s == session && at.elapsed() < ttl)
+            .find(|(s, at, _)| *s == session && now.saturating_duration_since(*at) < ttl)
             .map(|(_, _, inputs)| Arc::clone(inputs))
     }
 
@@ -75,17 +92,19 @@ impl AudienceCache {
         if self.ttl().is_none() {
             return;
         }
-        let mut map = self.lock();
+        let mut table = self.lock();
         if self.epoch.load(Ordering::Relaxed) != epoch {
             return; // invalidated while it was being read
         }
-        let list = map.entry(bare.to_owned()).or_default();
+        let now = table.clock.instant();
+        let list = table.entries.entry(bare.to_owned()).or_default();
         list.retain(|(s, _, _)| *s != session);
-        list.push((session, Instant::now(), Arc::clone(inputs)));
+        list.push((session, now, Arc::clone(inputs)));
     }
 
     fn invalidate(&self, bare: Option<&str>) {
-        let mut map = self.lock();
+        let mut table = self.lock();
+        let map = &mut table.entries;
         self.epoch.fetch_add(1, Ordering::Relaxed);
         match bare {
             Some(b) => {
@@ -98,7 +117,8 @@ impl AudienceCache {
     /// Drops `jid`'s own entries and every entry whose roster lists `jid`: the inputs a
     /// change of `jid`'s block list (or account) can alter.
     fn invalidate_naming(&self, jid: &str) {
-        let mut map = self.lock();
+        let mut table = self.lock();
+        let map = &mut table.entries;
         self.epoch.fetch_add(1, Ordering::Relaxed);
         map.remove(jid);
         map.retain(|_, list| {
@@ -108,7 +128,8 @@ impl AudienceCache {
     }
 
     fn remove_session(&self, bare: &str, session: u64) {
-        let mut map = self.lock();
+        let mut table = self.lock();
+        let map = &mut table.entries;
         if let Some(list) = map.get_mut(bare) {
             list.retain(|(s, _, _)| *s != session);
             if list.is_empty() {
@@ -119,7 +140,7 @@ impl AudienceCache {
 
     /// Number of cached resources (for tests and metrics).
     pub fn len(&self) -> usize {
-        self.lock().values().map(Vec::len).sum()
+        self.lock().entries.values().map(Vec::len).sum()
     }
 
     /// Whether nothing is cached.
@@ -183,6 +204,11 @@ impl Store {
         if ms == 0 {
             self.audience.invalidate(None);
         }
+    }
+
+    /// Reads the time on `clock` (the node's) from now on: the audience cache's entry ages.
+    pub fn set_clock(&self, clock: Clock) {
+        self.audience.set_clock(clock);
     }
 
     /// The cache itself (for tests).
@@ -310,22 +336,30 @@ mod tests {
     }
 
     #[test]
-    fn entries_are_per_resource_and_expire() {
+    fn entries_are_per_session_and_go_with_it() {
         let c = on(60_000);
         let epoch = c.epoch.load(Ordering::Relaxed);
         c.put(epoch, "a@x", id("a@x/1"), &inputs());
+        assert!(c.get("a@x", id("a@x/1")).is_some());
         assert!(c.get("a@x", id("a@x/2")).is_none());
         c.remove_session("a@x", id("a@x/1"));
         assert!(c.is_empty());
-        // An entry read longer ago than the TTL is not used (placed directly, not slept for).
-        let old = Instant::now()
-            .checked_sub(Duration::from_secs(61))
-            .expect("the machine has been up for a minute");
-        c.lock()
-            .entry("a@x".into())
-            .or_default()
-            .push((id("a@x/1"), old, inputs()));
-        assert!(c.get("a@x", id("a@x/1")).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_ages_out_once_the_ttl_has_passed_on_the_nodes_clock() {
+        let c = on(60_000);
+        c.set_clock(Clock::tokio());
+        let epoch = c.epoch.load(Ordering::Relaxed);
+        c.put(epoch, "a@x", id("a@x/1"), &inputs());
+        tokio::time::advance(Duration::from_millis(59_999)).await;
+        assert!(c.get("a@x", id("a@x/1")).is_some(), "younger than the TTL");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(c.get("a@x", id("a@x/1")).is_none(), "as old as the TTL");
+        // A new read starts a new age.
+        let epoch = c.epoch.load(Ordering::Relaxed);
+        c.put(epoch, "a@x", id("a@x/1"), &inputs());
+        assert!(c.get("a@x", id("a@x/1")).is_some());
     }
 
     #[test]

@@ -364,7 +364,7 @@ impl Adapter {
         m: &Message,
         peer: SocketAddr,
     ) -> bool {
-        if let Err(err) = control_rate.take(&shared.metrics) {
+        if let Err(err) = control_rate.take(&shared.metrics, shared.liveness.clock.instant()) {
             tracing::info!(%peer, "WebSocket control frames beyond the stanza rate; closing");
             fail(shared, &self.out_tx, &self.opened, err).await;
             return false;

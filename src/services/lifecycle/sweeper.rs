@@ -46,7 +46,7 @@ use std::sync::Arc;
 use crate::cluster::redis_conn::{Conn, SlotPipe};
 use crate::cluster::{Cluster, Entry};
 use crate::liveness::redis_link::RedisLink;
-use crate::liveness::{in_process, keys, Backend, Handed, Op, SweptLocal};
+use crate::liveness::{in_process, keys, Backend, Handed, Liveness, Op, SweptLocal};
 use crate::node::Shared;
 use crate::protocol::jid::FullJid;
 
@@ -136,14 +136,15 @@ pub async fn run(shared: Arc<Shared>) {
 pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
     match &shared.liveness.backend {
         Backend::Redis(link) => sweep_redis(shared, link).await,
-        Backend::InProcess(table) => sweep_table(shared, table).await,
+        Backend::InProcess(table) => sweep_table(&shared.liveness, table),
     }
 }
 
 /// The in-process sweep: the same cutoff, batches and per-resource decision as in Redis.
-/// Every entry is this node's, so each goes to [`handle_stale`] directly.
-async fn sweep_table(shared: &Arc<Shared>, table: &in_process::Table) -> usize {
-    let live = &shared.liveness;
+/// Every entry is this node's, so each goes to [`handle_stale`] directly. It needs only the
+/// liveness state (what it decides reaches the session through its end token), so the
+/// liveness tests run it on paused time without a node.
+pub(crate) fn sweep_table(live: &Liveness, table: &in_process::Table) -> usize {
     live.metrics.sweeps.fetch_add(1, Ordering::Relaxed);
     let cutoff = live.sweep_cutoff_ms();
     let batch = live.sweep_batch();
@@ -156,7 +157,7 @@ async fn sweep_table(shared: &Arc<Shared>, table: &in_process::Table) -> usize {
             .swept
             .fetch_add(got.len() as u64, Ordering::Relaxed);
         for (jid, score) in got {
-            handle_stale(shared, &jid, score).await;
+            handle_stale(live, &jid, score);
         }
         if !full {
             return total;
@@ -294,7 +295,7 @@ async fn handle_batch(
         };
         if node == live.node_id {
             own += 1;
-            match stale_here(shared, jid, *score) {
+            match stale_here(live, jid, *score) {
                 Stale::Here => {}
                 Stale::EndedHere => own_done.push((member, *score)),
                 Stale::Orphan(o) => {
@@ -515,7 +516,7 @@ pub async fn listen(shared: Arc<Shared>) {
                     let Ok(score) = score.parse::<i64>() else {
                         continue;
                     };
-                    if let Stale::Orphan(o) = stale_here(&shared, jid, score) {
+                    if let Stale::Orphan(o) = stale_here(&shared.liveness, jid, score) {
                         orphans.push(o);
                     }
                 }
@@ -535,8 +536,8 @@ pub async fn listen(shared: Arc<Shared>) {
 }
 
 /// The in-process table's decision for one stale resource (every one is this node's).
-async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
-    if let Stale::Orphan(_) = stale_here(shared, jid, score) {
+fn handle_stale(live: &Liveness, jid: &str, score: i64) {
+    if let Stale::Orphan(_) = stale_here(live, jid, score) {
         // In process every entry was written by this node for a session it tracks, so an
         // untracked one has no other node to belong to: its end was handled here.
         tracing::debug!(%jid, "sweeper: stale entry of a session no longer tracked");
@@ -557,8 +558,7 @@ enum Stale {
 }
 
 /// Decides a stale resource whose beat names this node.
-fn stale_here(shared: &Shared, jid: &str, score: i64) -> Stale {
-    let live = &shared.liveness;
+fn stale_here(live: &Liveness, jid: &str, score: i64) -> Stale {
     match live.swept_local(jid, score) {
         SweptLocal::Ended => {
             tracing::info!(%jid, last_beat = score, "sweeper: silent for longer than ttl");

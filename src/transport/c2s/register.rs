@@ -48,7 +48,11 @@ impl Secured {
         };
         // Taken only for a well-formed request, before the store is asked whether the name is
         // free, so a refused attempt tells nothing about the name either.
-        if !self.link.shared.registrations.take(self.link.peer.ip()) {
+        let shared = &self.link.shared;
+        if !shared
+            .registrations
+            .take(self.link.peer.ip(), shared.liveness.clock.instant())
+        {
             tracing::warn!(peer = %self.link.peer, "in-band registration budget spent; refused");
             // XEP-0077 §3.1 lets the server refuse when it is too busy: resource-constraint,
             // type wait (RFC 6120 §8.3.3.18), so the client may try again later.

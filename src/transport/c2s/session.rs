@@ -481,7 +481,8 @@ impl SessionLoop {
     /// One stanza or nonza from the client: within its rate, a stream management nonza is
     /// answered here, anything else is routed and counted (XEP-0198).
     async fn on_stanza(&mut self, el: Element) -> ControlFlow<Option<StreamError>> {
-        if let Err(err) = self.rate.take(&self.shared.metrics) {
+        let now = self.shared.liveness.clock.instant();
+        if let Err(err) = self.rate.take(&self.shared.metrics, now) {
             return ControlFlow::Break(Some(err));
         }
         if let Some(nonza) = sm::Nonza::parse(&el) {

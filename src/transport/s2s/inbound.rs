@@ -619,7 +619,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
                 format!("<{}/> is not a stanza", el.name),
             ));
         }
-        if !bucket.take() {
+        if !bucket.take(shared.liveness.clock.instant()) {
             break Some(StreamError::new(
                 StreamCondition::PolicyViolation,
                 "too many stanzas per second",
