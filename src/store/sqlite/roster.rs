@@ -9,6 +9,7 @@ use sqlx::Row;
 use super::{json_list, parse_list, Pools};
 use crate::store::pending::PendingWrite;
 use crate::store::roster::{in_version_order, item_from_columns, roster_has_room};
+use crate::store::roster_admin::{room_query, AdminSql, HAD_ITEM};
 use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits};
 
 pub(super) const ITEM_COLUMNS: &str =
@@ -232,5 +233,68 @@ impl Pools {
             .await?;
         tx.commit().await?;
         Ok(pruned.rows_affected())
+    }
+}
+
+/// The operators' roster operations' statements (`store/roster_admin.rs`); the file's
+/// write lock, held by the caller's write transaction, holds every other writer off.
+impl AdminSql for sqlx::SqliteConnection {
+    async fn lock_owners(&mut self, _a: &str, _b: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn has_room(&mut self, owner: &str, contact: &str, max: i64) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(&room_query())
+            .bind(owner)
+            .bind(contact)
+            .bind(max)
+            .fetch_one(&mut *self)
+            .await?)
+    }
+
+    async fn make_mutual(&mut self, a: &str, b: &str) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO presenced_roster_make_mutual (a, b) VALUES (?1, ?2)")
+            .bind(a)
+            .bind(b)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn set_name(&mut self, a: &str, b: &str, name: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE roster_items SET name = ?3 WHERE owner = ?1 AND contact = ?2")
+            .bind(a)
+            .bind(b)
+            .bind(name)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn set_groups(&mut self, a: &str, b: &str, groups: &[String]) -> Result<(), StoreError> {
+        sqlx::query("UPDATE roster_items SET groups = ?3 WHERE owner = ?1 AND contact = ?2")
+            .bind(a)
+            .bind(b)
+            .bind(json_list(groups))
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn items_for(&mut self, a: &str, b: &str) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(HAD_ITEM)
+            .bind(a)
+            .bind(b)
+            .fetch_one(&mut *self)
+            .await?)
+    }
+
+    async fn unpair(&mut self, a: &str, b: &str) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO presenced_roster_unpair (a, b) VALUES (?1, ?2)")
+            .bind(a)
+            .bind(b)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
     }
 }
