@@ -434,7 +434,7 @@ impl Store {
                     let (owner, item) = &changes[i];
                     versions[i] = Some(upsert(&mut tx, owner, item, max_items).await?);
                 }
-                super::pending::write_all(&mut tx, &pending, max_pending).await?;
+                super::pending::write_all(&mut *tx, &pending, max_pending).await?;
                 tx.commit().await?;
             }
             super::Backend::Sqlite(db) => {

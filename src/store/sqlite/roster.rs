@@ -179,7 +179,7 @@ impl Pools {
         for (owner, item) in changes {
             versions.push(upsert(&mut tx, owner, item, max_items).await?);
         }
-        super::lists::write_pending(&mut tx, pending, max_pending).await?;
+        crate::store::pending::write_all(&mut *tx, pending, max_pending).await?;
         tx.commit().await?;
         Ok(versions)
     }
