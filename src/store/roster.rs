@@ -101,6 +101,14 @@ pub(super) fn in_version_order(
     changes.into_iter().map(|(_, c)| c).collect()
 }
 
+/// Whether changes since a client's `version` can be told (XEP-0237 §2.4) from a roster
+/// at version `current` whose tombstones below `floor` are pruned: not newer than the
+/// roster, nor older than what its tombstones still cover. Otherwise the client gets the
+/// whole roster.
+pub(super) fn diffable(version: i64, floor: i64, current: i64) -> bool {
+    floor <= version && version <= current
+}
+
 /// `s` cut to at most `max` characters.
 pub(crate) fn truncate_chars(s: &mut String, max: usize) {
     if let Some((at, _)) = s.char_indices().nth(max) {
@@ -249,7 +257,7 @@ impl Store {
         let Some((current, floor)) = bounds else {
             return Ok(None);
         };
-        if version < floor || version > current {
+        if !diffable(version, floor, current) {
             return Ok(None);
         }
         let rows = sqlx::query(&format!(
@@ -465,5 +473,23 @@ impl Store {
         // Report in order of first appearance in `changes`.
         result.sort_by_key(|(o, _)| changes.iter().position(|(c, _)| c == o));
         Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::diffable;
+
+    #[test]
+    fn a_version_is_diffed_only_from_the_floor_up_to_the_current_version() {
+        // Floor 3, current 7: 3 ..= 7 can be told their changes.
+        for v in 3..=7 {
+            assert!(diffable(v, 3, 7), "{v}");
+        }
+        // Older than the pruned tombstones, or newer than the roster (another
+        // incarnation of the account): the whole roster.
+        assert!(!diffable(2, 3, 7));
+        assert!(!diffable(8, 3, 7));
+        assert!(diffable(0, 0, 0));
     }
 }

@@ -8,7 +8,7 @@ use sqlx::Row;
 
 use super::{json_list, parse_list, Pools};
 use crate::store::pending::PendingWrite;
-use crate::store::roster::{in_version_order, item_from_columns, roster_has_room};
+use crate::store::roster::{diffable, in_version_order, item_from_columns, roster_has_room};
 use crate::store::roster_admin::{room_query, AdminSql, HAD_ITEM};
 use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits};
 
@@ -110,7 +110,7 @@ impl Pools {
         let Some((current, floor)) = bounds else {
             return Ok(None);
         };
-        if version < floor || version > current {
+        if !diffable(version, floor, current) {
             return Ok(None);
         }
         let rows = sqlx::query(&format!(
