@@ -2,7 +2,9 @@
 //! `roster_tombstones`).
 //!
 //! Versions and tombstones are maintained by triggers in the schema; the methods here
-//! read the version the trigger produced in the same transaction as the change.
+//! read the version the trigger produced in the same transaction as the change. What a
+//! diff since a version holds is decided once for both stores ([`changes_since`] over
+//! their [`DiffSql`] reads).
 //!
 //! Size: every write that creates an item goes through [`upsert`], which refuses one
 //! beyond `max_roster_items`, so a roster set, an outbound subscribe and an approval share
@@ -190,6 +192,93 @@ async fn upsert(
     version.ok_or(StoreError::RosterFull)
 }
 
+/// The reads of a roster diff (XEP-0237 §2.4) on one backend's connection, inside the
+/// caller's snapshot; [`changes_since`] is the rule that uses them.
+pub(super) trait DiffSql {
+    /// `owner`'s current version and floor, `None` when it has no roster row.
+    async fn bounds(&mut self, owner: &str) -> Result<Option<(i64, i64)>, StoreError>;
+    /// `owner`'s items changed after `version`, each with its version, cut to `limits`.
+    async fn changed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+        limits: &StoreLimits,
+    ) -> Result<Vec<(i64, RosterItem)>, StoreError>;
+    /// `owner`'s tombstones after `version`, as (contact, version).
+    async fn removed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError>;
+}
+
+/// [`Store::roster_since`] inside the caller's snapshot.
+pub(super) async fn changes_since<C: DiffSql>(
+    conn: &mut C,
+    owner: &str,
+    version: i64,
+    limits: &StoreLimits,
+) -> Result<Option<(i64, Vec<RosterChange>)>, StoreError> {
+    let Some((current, floor)) = conn.bounds(owner).await? else {
+        return Ok(None);
+    };
+    if !diffable(version, floor, current) {
+        return Ok(None);
+    }
+    let changed = conn.changed_since(owner, version, limits).await?;
+    let removed = conn.removed_since(owner, version).await?;
+    Ok(Some((current, in_version_order(owner, changed, removed))))
+}
+
+impl DiffSql for sqlx::PgConnection {
+    async fn bounds(&mut self, owner: &str) -> Result<Option<(i64, i64)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = $1")
+                .bind(owner)
+                .fetch_optional(&mut *self)
+                .await?,
+        )
+    }
+
+    async fn changed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+        limits: &StoreLimits,
+    ) -> Result<Vec<(i64, RosterItem)>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {}, ri.version FROM roster_items ri
+             WHERE ri.owner = $1 AND ri.version > $2",
+            item_columns(limits)
+        ))
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *self)
+        .await?;
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(item) = item_from_row(owner, row, limits)? {
+                changed.push((row.try_get("version")?, item));
+            }
+        }
+        Ok(changed)
+    }
+
+    async fn removed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT contact, version FROM roster_tombstones WHERE owner = $1 AND version > $2",
+        )
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *self)
+        .await?)
+    }
+}
+
 /// Starts a read-only transaction that sees one snapshot, so a version and the items
 /// read after it agree.
 async fn snapshot(
@@ -249,41 +338,11 @@ impl Store {
         let limits = self.limits();
         let pool = pg_or_sqlite!(self, |db| db.roster_since(owner, version, &limits));
         let mut tx = snapshot(pool).await?;
-        let bounds: Option<(i64, i64)> =
-            sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = $1")
-                .bind(owner)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some((current, floor)) = bounds else {
-            return Ok(None);
-        };
-        if !diffable(version, floor, current) {
-            return Ok(None);
+        let since = changes_since(&mut *tx, owner, version, &limits).await?;
+        if since.is_some() {
+            tx.commit().await?;
         }
-        let rows = sqlx::query(&format!(
-            "SELECT {}, ri.version FROM roster_items ri
-             WHERE ri.owner = $1 AND ri.version > $2",
-            item_columns(&limits)
-        ))
-        .bind(owner)
-        .bind(version)
-        .fetch_all(&mut *tx)
-        .await?;
-        let removed: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT contact, version FROM roster_tombstones WHERE owner = $1 AND version > $2",
-        )
-        .bind(owner)
-        .bind(version)
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        let mut changed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if let Some(item) = item_from_row(owner, row, &limits)? {
-                changed.push((row.try_get("version")?, item));
-            }
-        }
-        Ok(Some((current, in_version_order(owner, changed, removed))))
+        Ok(since)
     }
 
     /// One item of `owner`'s roster, if present.
@@ -478,7 +537,63 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::diffable;
+    use super::*;
+
+    /// A roster at version 7 with floor 3, one changed item and one tombstone after 5;
+    /// what was read, in order.
+    #[derive(Default)]
+    struct Rows {
+        asked: Vec<&'static str>,
+    }
+
+    impl DiffSql for Rows {
+        async fn bounds(&mut self, owner: &str) -> Result<Option<(i64, i64)>, StoreError> {
+            self.asked.push("bounds");
+            Ok((owner == "u@h").then_some((7, 3)))
+        }
+
+        async fn changed_since(
+            &mut self,
+            _owner: &str,
+            _version: i64,
+            _limits: &StoreLimits,
+        ) -> Result<Vec<(i64, RosterItem)>, StoreError> {
+            self.asked.push("changed");
+            let contact = crate::protocol::jid::parse_bare("c@x").unwrap();
+            Ok(vec![(7, RosterItem::new(contact))])
+        }
+
+        async fn removed_since(
+            &mut self,
+            _owner: &str,
+            _version: i64,
+        ) -> Result<Vec<(String, i64)>, StoreError> {
+            self.asked.push("removed");
+            Ok(vec![("r@x".to_owned(), 6)])
+        }
+    }
+
+    #[tokio::test]
+    async fn a_diff_is_read_only_for_a_diffable_version_and_comes_oldest_first() {
+        let limits = StoreLimits::default();
+        let mut rows = Rows::default();
+        let (current, changes) = changes_since(&mut rows, "u@h", 5, &limits)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(current, 7);
+        assert!(matches!(
+            &changes[..],
+            [RosterChange::Removed(_), RosterChange::Upsert(_)]
+        ));
+        assert_eq!(rows.asked, ["bounds", "changed", "removed"]);
+        for (owner, version) in [("u@h", 2), ("u@h", 8), ("nobody@h", 5)] {
+            let mut rows = Rows::default();
+            let since = changes_since(&mut rows, owner, version, &limits).await;
+            assert!(since.unwrap().is_none(), "{owner} {version}");
+            assert_eq!(rows.asked, ["bounds"]);
+        }
+    }
 
     #[test]
     fn a_version_is_diffed_only_from_the_floor_up_to_the_current_version() {

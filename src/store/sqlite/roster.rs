@@ -8,7 +8,7 @@ use sqlx::Row;
 
 use super::{json_list, parse_list, Pools};
 use crate::store::pending::PendingWrite;
-use crate::store::roster::{diffable, in_version_order, item_from_columns, roster_has_room};
+use crate::store::roster::{changes_since, item_from_columns, roster_has_room, DiffSql};
 use crate::store::roster_admin::{room_query, AdminSql, HAD_ITEM};
 use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits};
 
@@ -68,6 +68,55 @@ async fn upsert(
     Ok(version)
 }
 
+/// The reads of a roster diff (`store/roster.rs` holds the rule).
+impl DiffSql for sqlx::SqliteConnection {
+    async fn bounds(&mut self, owner: &str) -> Result<Option<(i64, i64)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = ?1")
+                .bind(owner)
+                .fetch_optional(&mut *self)
+                .await?,
+        )
+    }
+
+    async fn changed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+        limits: &StoreLimits,
+    ) -> Result<Vec<(i64, RosterItem)>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS}, ri.version FROM roster_items ri
+             WHERE ri.owner = ?1 AND ri.version > ?2"
+        ))
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *self)
+        .await?;
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(item) = item_from_row(owner, row, limits)? {
+                changed.push((row.try_get("version")?, item));
+            }
+        }
+        Ok(changed)
+    }
+
+    async fn removed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT contact, version FROM roster_tombstones WHERE owner = ?1 AND version > ?2",
+        )
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *self)
+        .await?)
+    }
+}
+
 impl Pools {
     pub(in crate::store) async fn roster(
         &self,
@@ -102,40 +151,11 @@ impl Pools {
         limits: &StoreLimits,
     ) -> Result<Option<(i64, Vec<RosterChange>)>, StoreError> {
         let mut tx = self.read.begin().await?;
-        let bounds: Option<(i64, i64)> =
-            sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = ?1")
-                .bind(owner)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some((current, floor)) = bounds else {
-            return Ok(None);
-        };
-        if !diffable(version, floor, current) {
-            return Ok(None);
+        let since = changes_since(&mut *tx, owner, version, limits).await?;
+        if since.is_some() {
+            tx.commit().await?;
         }
-        let rows = sqlx::query(&format!(
-            "SELECT {ITEM_COLUMNS}, ri.version FROM roster_items ri
-             WHERE ri.owner = ?1 AND ri.version > ?2"
-        ))
-        .bind(owner)
-        .bind(version)
-        .fetch_all(&mut *tx)
-        .await?;
-        let removed: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT contact, version FROM roster_tombstones WHERE owner = ?1 AND version > ?2",
-        )
-        .bind(owner)
-        .bind(version)
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        let mut changed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if let Some(item) = item_from_row(owner, row, limits)? {
-                changed.push((row.try_get("version")?, item));
-            }
-        }
-        Ok(Some((current, in_version_order(owner, changed, removed))))
+        Ok(since)
     }
 
     pub(in crate::store) async fn roster_item(
