@@ -7,7 +7,7 @@
 use super::{json_list, parse_list, parse_time, time_text, Pools};
 use crate::policy::privacy::PrivacySettings;
 use crate::protocol::jid::{BareJid, Jid};
-use crate::store::blocks::entries;
+use crate::store::blocks::{add, entries, BlockSql};
 use crate::store::gate_inputs::{
     probe_rows, settings_from, subscription_from, AudienceContact, AudienceInputs, ProbeSubject,
 };
@@ -30,6 +30,44 @@ fn settings_from_text(
     settings_from((cols.0, list(cols.1)?, cols.2, list(cols.3)?), defaults)
 }
 
+/// The statements of a block (`store/blocks.rs` holds the rule).
+impl BlockSql for sqlx::SqliteConnection {
+    async fn lock_owner(&mut self, _owner: &str) -> Result<(), StoreError> {
+        // The caller's write transaction holds the file's write lock already.
+        Ok(())
+    }
+
+    async fn count_with(&mut self, owner: &str, jids: &[String]) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM blocklist WHERE owner = ?1)
+                  + (SELECT count(DISTINCT j.value) FROM json_each(?2) j
+                     WHERE NOT EXISTS (SELECT 1 FROM blocklist
+                                       WHERE owner = ?1 AND blocked = j.value))",
+        )
+        .bind(owner)
+        .bind(json_list(jids))
+        .fetch_one(&mut *self)
+        .await?)
+    }
+
+    async fn insert_new(
+        &mut self,
+        owner: &str,
+        jids: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO blocklist (owner, blocked)
+             SELECT DISTINCT ?1, j.value FROM json_each(?2) j WHERE true
+             ON CONFLICT (owner, blocked) DO NOTHING
+             RETURNING blocked",
+        )
+        .bind(owner)
+        .bind(json_list(jids))
+        .fetch_all(&mut *self)
+        .await?)
+    }
+}
+
 impl Pools {
     pub(in crate::store) async fn block(
         &self,
@@ -37,31 +75,8 @@ impl Pools {
         jids: &[String],
         max: i64,
     ) -> Result<Vec<Jid>, StoreError> {
-        let list = json_list(jids);
         let mut tx = self.begin_write().await?;
-        let after: i64 = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM blocklist WHERE owner = ?1)
-                  + (SELECT count(DISTINCT j.value) FROM json_each(?2) j
-                     WHERE NOT EXISTS (SELECT 1 FROM blocklist
-                                       WHERE owner = ?1 AND blocked = j.value))",
-        )
-        .bind(owner)
-        .bind(&list)
-        .fetch_one(&mut *tx)
-        .await?;
-        if after > max {
-            return Err(StoreError::BlocklistFull);
-        }
-        let mut added: Vec<String> = sqlx::query_scalar(
-            "INSERT INTO blocklist (owner, blocked)
-             SELECT DISTINCT ?1, j.value FROM json_each(?2) j WHERE true
-             ON CONFLICT (owner, blocked) DO NOTHING
-             RETURNING blocked",
-        )
-        .bind(owner)
-        .bind(&list)
-        .fetch_all(&mut *tx)
-        .await?;
+        let mut added = add(&mut *tx, owner, jids, max).await?;
         tx.commit().await?;
         added.sort();
         Ok(entries(owner, added))
