@@ -14,11 +14,11 @@
 //! (`roster::diffable`, `offline::make_room`, `pep::settle`), or, where a rule interleaves
 //! with statements in one transaction, a function generic over a small trait of that
 //! module (`accounts::AccountSql`, `blocks::BlockSql`, `roster::DiffSql`,
-//! `pending::PendingSql`, `pep::PepSql`, `offline::OfflineSql`, `roster_admin::AdminSql`)
-//! whose two implementations, on `PgConnection` beside it and on `SqliteConnection` in
-//! [`sqlite`], hold the statements and nothing else. Where the statement text itself is
-//! the same it is one string for both (sqlx binds SQLite's `$N` parameters by their
-//! number, as PostgreSQL does).
+//! `roster::ItemSql`, `pending::PendingSql`, `pep::PepSql`, `offline::OfflineSql`,
+//! `roster_admin::AdminSql`) whose two implementations, on `PgConnection` beside it and on
+//! `SqliteConnection` in [`sqlite`], hold the statements and nothing else. Where the
+//! statement text itself is the same it is one string for both (sqlx binds SQLite's `$N`
+//! parameters by their number, as PostgreSQL does).
 //!
 //! The schemas (`migrations/*.sql` for PostgreSQL, `migrations/sqlite/*.sql` for SQLite)
 //! are compiled into the binary and applied by [`Store::migrate`], followed by the

@@ -3,8 +3,9 @@
 //!
 //! Versions and tombstones are maintained by triggers in the schema; the methods here
 //! read the version the trigger produced in the same transaction as the change. What a
-//! diff since a version holds is decided once for both stores ([`changes_since`] over
-//! their [`DiffSql`] reads).
+//! diff since a version holds, and the order of a subscription change's writes, are
+//! decided once for both stores ([`changes_since`] over their [`DiffSql`] reads,
+//! [`write_items`] over their [`ItemSql`] writes).
 //!
 //! Size: every write that creates an item goes through [`upsert`], which refuses one
 //! beyond `max_roster_items`, so a roster set, an outbound subscribe and an approval share
@@ -18,7 +19,7 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::pending::PendingChange;
+use super::pending::{PendingChange, PendingSql, PendingWrite};
 use super::{
     pg_or_sqlite, stored_jid, RosterChange, RosterItem, Store, StoreError, StoreLimits,
     Subscription,
@@ -279,6 +280,68 @@ impl DiffSql for sqlx::PgConnection {
     }
 }
 
+/// The item writes of a subscription change on one backend's connection, inside the
+/// caller's transaction; [`write_items`] is the rule that uses them.
+pub(super) trait ItemSql {
+    /// Holds the writers of each of `owners` (sorted, distinct) off until the transaction
+    /// ends, taken in that order so two opposite changes between the same users cannot
+    /// deadlock.
+    async fn lock_owners(&mut self, owners: &[&str]) -> Result<(), StoreError>;
+    /// Inserts or replaces one item; the owner's version after it, or
+    /// [`StoreError::RosterFull`] for a new item beyond `max_items` ([`roster_has_room`]).
+    async fn upsert_item(
+        &mut self,
+        owner: &str,
+        item: &RosterItem,
+        max_items: i64,
+    ) -> Result<i64, StoreError>;
+}
+
+/// Upserts `changes` (in lock order) and applies `pending` inside the caller's
+/// transaction, every owner concerned held first; the version after each change, in the
+/// same order.
+pub(super) async fn write_items<C: ItemSql + PendingSql>(
+    conn: &mut C,
+    changes: &[(&str, &RosterItem)],
+    max_items: i64,
+    pending: &[PendingWrite<'_>],
+    max_pending: i64,
+) -> Result<Vec<i64>, StoreError> {
+    // Every owner's writers, the pending requests' owners' too, in one order.
+    let mut owners: Vec<&str> = changes.iter().map(|(o, _)| *o).collect();
+    owners.extend(pending.iter().map(|p| p.owner));
+    owners.sort_unstable();
+    owners.dedup();
+    conn.lock_owners(&owners).await?;
+    let mut versions = Vec::with_capacity(changes.len());
+    for (owner, item) in changes {
+        versions.push(conn.upsert_item(owner, item, max_items).await?);
+    }
+    super::pending::write_all(conn, pending, max_pending).await?;
+    Ok(versions)
+}
+
+impl ItemSql for sqlx::PgConnection {
+    async fn lock_owners(&mut self, owners: &[&str]) -> Result<(), StoreError> {
+        sqlx::query(
+            "SELECT 1 FROM roster_versions WHERE owner = ANY($1) ORDER BY owner FOR UPDATE",
+        )
+        .bind(owners)
+        .execute(&mut *self)
+        .await?;
+        Ok(())
+    }
+
+    async fn upsert_item(
+        &mut self,
+        owner: &str,
+        item: &RosterItem,
+        max_items: i64,
+    ) -> Result<i64, StoreError> {
+        upsert(self, owner, item, max_items).await
+    }
+}
+
 /// Starts a read-only transaction that sees one snapshot, so a version and the items
 /// read after it agree.
 async fn snapshot(
@@ -482,41 +545,25 @@ impl Store {
         let max_items = self.limits().max_roster_items;
         let (pending, max_pending) = self.pending_writes(pending);
         let mut versions: Vec<Option<i64>> = vec![None; changes.len()];
-        match &self.backend {
+        let ordered: Vec<(&str, &RosterItem)> = order
+            .iter()
+            .map(|&i| (changes[i].0.as_str(), &changes[i].1))
+            .collect();
+        let written = match &self.backend {
             super::Backend::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
-                // Every owner's version row, the pending requests' owners' too, in the
-                // same order.
-                let mut owners: Vec<&str> = changes.iter().map(|(o, _)| o.as_str()).collect();
-                owners.extend(pending.iter().map(|p| p.owner));
-                owners.sort_unstable();
-                owners.dedup();
-                sqlx::query(
-                    "SELECT 1 FROM roster_versions WHERE owner = ANY($1) ORDER BY owner FOR UPDATE",
-                )
-                .bind(&owners)
-                .execute(&mut *tx)
-                .await?;
-                for &i in &order {
-                    let (owner, item) = &changes[i];
-                    versions[i] = Some(upsert(&mut tx, owner, item, max_items).await?);
-                }
-                super::pending::write_all(&mut *tx, &pending, max_pending).await?;
+                let written =
+                    write_items(&mut *tx, &ordered, max_items, &pending, max_pending).await?;
                 tx.commit().await?;
+                written
             }
-            super::Backend::Sqlite(db) => {
-                let ordered: Vec<(&str, &RosterItem)> = order
-                    .iter()
-                    .map(|&i| (changes[i].0.as_str(), &changes[i].1))
-                    .collect();
-                let written = db
-                    .upsert_roster_items(&ordered, max_items, &pending, max_pending)
-                    .await
-                    .map_err(|e| db.name_file(e))?;
-                for (&i, v) in order.iter().zip(written) {
-                    versions[i] = Some(v);
-                }
-            }
+            super::Backend::Sqlite(db) => db
+                .upsert_roster_items(&ordered, max_items, &pending, max_pending)
+                .await
+                .map_err(|e| db.name_file(e))?,
+        };
+        for (&i, v) in order.iter().zip(written) {
+            versions[i] = Some(v);
         }
 
         let mut result: Vec<(String, i64)> = Vec::new();
@@ -571,6 +618,81 @@ mod tests {
             self.asked.push("removed");
             Ok(vec![("r@x".to_owned(), 6)])
         }
+    }
+
+    /// Writes of items and requests in memory: what was asked, in order.
+    #[derive(Default)]
+    struct Writes {
+        asked: Vec<String>,
+    }
+
+    impl ItemSql for Writes {
+        async fn lock_owners(&mut self, owners: &[&str]) -> Result<(), StoreError> {
+            self.asked.push(format!("lock {}", owners.join(" ")));
+            Ok(())
+        }
+
+        async fn upsert_item(
+            &mut self,
+            owner: &str,
+            _item: &RosterItem,
+            _max_items: i64,
+        ) -> Result<i64, StoreError> {
+            self.asked.push(format!("upsert {owner}"));
+            Ok(i64::try_from(self.asked.len()).unwrap())
+        }
+    }
+
+    impl PendingSql for Writes {
+        async fn lock_owner(&mut self, _owner: &str) -> Result<(), StoreError> {
+            Ok(())
+        }
+
+        async fn insert_if_room(
+            &mut self,
+            owner: &str,
+            sender: &str,
+            _stanza: &str,
+            _max: i64,
+        ) -> Result<bool, StoreError> {
+            self.asked.push(format!("keep {owner} {sender}"));
+            Ok(true)
+        }
+
+        async fn is_waiting(&mut self, _owner: &str, _sender: &str) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+
+        async fn delete(&mut self, owner: &str, sender: &str) -> Result<bool, StoreError> {
+            self.asked.push(format!("drop {owner} {sender}"));
+            Ok(true)
+        }
+    }
+
+    #[tokio::test]
+    async fn every_owner_is_held_once_in_order_before_items_then_requests_are_written() {
+        let item = RosterItem::new(crate::protocol::jid::parse_bare("c@x").unwrap());
+        let changes = [("b@h", &item), ("b@h", &item), ("c@h", &item)];
+        let pending = [PendingWrite {
+            owner: "a@h",
+            sender: "c@x",
+            keep: Some("<presence/>".to_owned()),
+        }];
+        let mut w = Writes::default();
+        let versions = write_items(&mut w, &changes, 10, &pending, 10)
+            .await
+            .unwrap();
+        assert_eq!(versions, [2, 3, 4]);
+        assert_eq!(
+            w.asked,
+            [
+                "lock a@h b@h c@h",
+                "upsert b@h",
+                "upsert b@h",
+                "upsert c@h",
+                "keep a@h c@x"
+            ]
+        );
     }
 
     #[tokio::test]

@@ -8,7 +8,9 @@ use sqlx::Row;
 
 use super::{json_list, parse_list, Pools};
 use crate::store::pending::PendingWrite;
-use crate::store::roster::{changes_since, item_from_columns, roster_has_room, DiffSql};
+use crate::store::roster::{
+    changes_since, item_from_columns, roster_has_room, write_items, DiffSql, ItemSql,
+};
 use crate::store::roster_admin::{room_query, AdminSql, HAD_ITEM};
 use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits};
 
@@ -66,6 +68,23 @@ async fn upsert(
             .fetch_one(&mut *conn)
             .await?;
     Ok(version)
+}
+
+/// The item writes of a subscription change (`store/roster.rs` holds the rule).
+impl ItemSql for sqlx::SqliteConnection {
+    async fn lock_owners(&mut self, _owners: &[&str]) -> Result<(), StoreError> {
+        // The caller's write transaction holds the file's write lock already.
+        Ok(())
+    }
+
+    async fn upsert_item(
+        &mut self,
+        owner: &str,
+        item: &RosterItem,
+        max_items: i64,
+    ) -> Result<i64, StoreError> {
+        upsert(self, owner, item, max_items).await
+    }
 }
 
 /// The reads of a roster diff (`store/roster.rs` holds the rule).
@@ -195,11 +214,7 @@ impl Pools {
         max_pending: i64,
     ) -> Result<Vec<i64>, StoreError> {
         let mut tx = self.begin_write().await?;
-        let mut versions = Vec::with_capacity(changes.len());
-        for (owner, item) in changes {
-            versions.push(upsert(&mut tx, owner, item, max_items).await?);
-        }
-        crate::store::pending::write_all(&mut *tx, pending, max_pending).await?;
+        let versions = write_items(&mut *tx, changes, max_items, pending, max_pending).await?;
         tx.commit().await?;
         Ok(versions)
     }
