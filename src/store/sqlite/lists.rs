@@ -9,7 +9,7 @@ use crate::policy::privacy::PrivacySettings;
 use crate::protocol::jid::{BareJid, Jid};
 use crate::store::blocks::{add, entries, BlockSql};
 use crate::store::gate_inputs::{
-    probe_rows, settings_from, subscription_from, AudienceContact, AudienceInputs, ProbeSubject,
+    audience_roster, probe_rows, settings_from, subscription_from, AudienceInputs, ProbeSubject,
 };
 use crate::store::pending::{keep, PendingSql};
 use crate::store::{stored_jid, LastSeen, StoreError};
@@ -317,19 +317,7 @@ impl Pools {
                 settings_from_text((Some(a), Some(b), Some(c), Some(d)), defaults)?
             }
         };
-        let roster = rows
-            .into_iter()
-            .map(|(contact, sub, blocks_subject, blocked_by_subject)| {
-                AudienceContact::from_columns(
-                    subject,
-                    &contact,
-                    &sub,
-                    blocks_subject,
-                    blocked_by_subject,
-                )
-            })
-            .filter_map(Result::transpose)
-            .collect::<Result<Vec<_>, StoreError>>()?;
+        let roster = audience_roster(subject, rows)?;
         Ok(AudienceInputs { settings, roster })
     }
 
