@@ -4,7 +4,8 @@
 //! domain, or domain/resource. Whether a given sender is blocked is decided by the JID
 //! matching rules of XEP-0016 §2.1, which XEP-0191 §6 adopts; see [`match_candidates`].
 //!
-//! Each change is one statement, so one transaction; a trigger sends
+//! Each change is one transaction (a block's bound is checked in it, [`add`], the one rule
+//! for both stores over their [`BlockSql`] statements); a trigger sends
 //! `NOTIFY presenced_block, '<owner>'` for every change so other nodes drop their caches.
 //! Empty item lists change nothing here: XEP-0191 gives `<unblock/>` without items the
 //! meaning "unblock all", and the caller picks [`Store::unblock_all`] for that.
@@ -55,6 +56,75 @@ pub fn match_candidates(jid: &str) -> Vec<String> {
     out
 }
 
+/// The statements of a block on one backend's connection, inside the caller's
+/// transaction; [`add`] is the rule that uses them.
+pub(super) trait BlockSql {
+    /// Holds `owner`'s other writers off until the transaction ends, so the count cannot
+    /// change between the check and the insert.
+    async fn lock_owner(&mut self, owner: &str) -> Result<(), StoreError>;
+    /// How many entries `owner`'s list would hold with `jids` added.
+    async fn count_with(&mut self, owner: &str, jids: &[String]) -> Result<i64, StoreError>;
+    /// Adds those of `jids` not on the list yet; those, in any order.
+    async fn insert_new(&mut self, owner: &str, jids: &[String])
+        -> Result<Vec<String>, StoreError>;
+}
+
+/// [`Store::block`] inside the caller's transaction: the entries added, in any order, or
+/// [`StoreError::BlocklistFull`] (nothing added) when the list would hold more than `max`.
+pub(super) async fn add<C: BlockSql>(
+    conn: &mut C,
+    owner: &str,
+    jids: &[String],
+    max: i64,
+) -> Result<Vec<String>, StoreError> {
+    conn.lock_owner(owner).await?;
+    if conn.count_with(owner, jids).await? > max {
+        return Err(StoreError::BlocklistFull);
+    }
+    conn.insert_new(owner, jids).await
+}
+
+impl BlockSql for sqlx::PgConnection {
+    async fn lock_owner(&mut self, owner: &str) -> Result<(), StoreError> {
+        // The owner's version row, which serialises writers of the same owner.
+        sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
+            .bind(owner)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn count_with(&mut self, owner: &str, jids: &[String]) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM blocklist WHERE owner = $1)
+                  + (SELECT count(DISTINCT b) FROM unnest($2::text[]) AS b
+                     WHERE NOT EXISTS (SELECT 1 FROM blocklist
+                                       WHERE owner = $1 AND blocked = b))",
+        )
+        .bind(owner)
+        .bind(jids)
+        .fetch_one(&mut *self)
+        .await?)
+    }
+
+    async fn insert_new(
+        &mut self,
+        owner: &str,
+        jids: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO blocklist (owner, blocked)
+             SELECT DISTINCT $1, b FROM unnest($2::text[]) AS b
+             ON CONFLICT (owner, blocked) DO NOTHING
+             RETURNING blocked",
+        )
+        .bind(owner)
+        .bind(jids)
+        .fetch_all(&mut *self)
+        .await?)
+    }
+}
+
 impl Store {
     /// Adds `jids` to `owner`'s block list and returns those that were not on it yet
     /// (sorted), which are the ones to announce in the XEP-0191 §3.3 block push.
@@ -71,35 +141,7 @@ impl Store {
         let max = i64::try_from(self.limits().max_blocklist_items).unwrap_or(i64::MAX);
         let pool = pg_or_sqlite!(self, |db| db.block(owner, jids, max));
         let mut tx = pool.begin().await?;
-        // The owner's version row serialises writers of the same owner, so the count
-        // cannot change between the check and the insert.
-        sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?;
-        let after: i64 = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM blocklist WHERE owner = $1)
-                  + (SELECT count(DISTINCT b) FROM unnest($2::text[]) AS b
-                     WHERE NOT EXISTS (SELECT 1 FROM blocklist
-                                       WHERE owner = $1 AND blocked = b))",
-        )
-        .bind(owner)
-        .bind(jids)
-        .fetch_one(&mut *tx)
-        .await?;
-        if after > max {
-            return Err(StoreError::BlocklistFull);
-        }
-        let mut added: Vec<String> = sqlx::query_scalar(
-            "INSERT INTO blocklist (owner, blocked)
-             SELECT DISTINCT $1, b FROM unnest($2::text[]) AS b
-             ON CONFLICT (owner, blocked) DO NOTHING
-             RETURNING blocked",
-        )
-        .bind(owner)
-        .bind(jids)
-        .fetch_all(&mut *tx)
-        .await?;
+        let mut added = add(&mut *tx, owner, jids, max).await?;
         tx.commit().await?;
         added.sort();
         Ok(entries(owner, added))
@@ -171,7 +213,63 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::match_candidates;
+    use super::*;
+
+    /// A block list in memory, and what was asked in which order.
+    #[derive(Default)]
+    struct Rows {
+        list: Vec<String>,
+        asked: Vec<&'static str>,
+    }
+
+    impl BlockSql for Rows {
+        async fn lock_owner(&mut self, _owner: &str) -> Result<(), StoreError> {
+            self.asked.push("lock");
+            Ok(())
+        }
+
+        async fn count_with(&mut self, _owner: &str, jids: &[String]) -> Result<i64, StoreError> {
+            self.asked.push("count");
+            let mut all = self.list.clone();
+            all.extend(jids.iter().cloned());
+            all.sort();
+            all.dedup();
+            Ok(i64::try_from(all.len()).unwrap())
+        }
+
+        async fn insert_new(
+            &mut self,
+            _owner: &str,
+            jids: &[String],
+        ) -> Result<Vec<String>, StoreError> {
+            self.asked.push("insert");
+            let mut added = Vec::new();
+            for j in jids {
+                if !self.list.contains(j) && !added.contains(j) {
+                    added.push(j.clone());
+                }
+            }
+            self.list.extend(added.iter().cloned());
+            Ok(added)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_block_is_counted_under_the_owners_lock_and_one_that_overfills_adds_nothing() {
+        let mut rows = Rows::default();
+        let jids = ["a@x".to_owned(), "b@x".to_owned()];
+        assert_eq!(add(&mut rows, "u@h", &jids, 2).await.unwrap(), jids);
+        assert_eq!(rows.asked, ["lock", "count", "insert"]);
+        // Entries already there count once.
+        let again = ["b@x".to_owned()];
+        assert!(add(&mut rows, "u@h", &again, 2).await.unwrap().is_empty());
+        rows.asked.clear();
+        let third = ["c@x".to_owned()];
+        let full = add(&mut rows, "u@h", &third, 2).await;
+        assert!(matches!(full, Err(StoreError::BlocklistFull)));
+        assert_eq!(rows.asked, ["lock", "count"]);
+        assert_eq!(rows.list, jids);
+    }
 
     #[test]
     fn candidates_follow_the_xep0016_order_for_every_jid_form() {

@@ -64,6 +64,27 @@ impl AudienceContact {
     }
 }
 
+/// A subject's roster as read, one `(contact, subscription, blocks_subject,
+/// blocked_by_subject)` a row in contact order: the contacts that are JIDs
+/// ([`AudienceContact::from_columns`]), in that order. The one reading for both stores.
+pub(super) fn audience_roster(
+    subject: &str,
+    rows: impl IntoIterator<Item = (String, String, bool, bool)>,
+) -> Result<Vec<AudienceContact>, StoreError> {
+    rows.into_iter()
+        .map(|(contact, sub, blocks_subject, blocked_by_subject)| {
+            AudienceContact::from_columns(
+                subject,
+                &contact,
+                &sub,
+                blocks_subject,
+                blocked_by_subject,
+            )
+        })
+        .filter_map(Result::transpose)
+        .collect()
+}
+
 /// Everything a subject's broadcast decision needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AudienceInputs {
@@ -195,21 +216,12 @@ impl Store {
                 "audience arrays differ in length".into(),
             ));
         }
-        let roster = contacts
+        let rows = contacts
             .into_iter()
             .zip(subs)
             .zip(by_c.into_iter().zip(by_s))
-            .map(|((contact, sub), (blocks_subject, blocked_by_subject))| {
-                AudienceContact::from_columns(
-                    subject,
-                    &contact,
-                    &sub,
-                    blocks_subject,
-                    blocked_by_subject,
-                )
-            })
-            .filter_map(Result::transpose)
-            .collect::<Result<Vec<_>, StoreError>>()?;
+            .map(|((contact, sub), (blocks, blocked))| (contact, sub, blocks, blocked));
+        let roster = audience_roster(subject, rows)?;
         Ok(AudienceInputs { settings, roster })
     }
 
@@ -287,5 +299,34 @@ impl Store {
                 },
             )
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_audience_keeps_its_order_and_leaves_out_a_contact_that_is_no_jid() {
+        let row = |c: &str, s: &str, blocks| (c.to_owned(), s.to_owned(), blocks, false);
+        let rows = [
+            row("a@x", "both", false),
+            row("not a jid@@", "both", false),
+            row("c@x", "to", true),
+        ];
+        let roster = audience_roster("u@h", rows).unwrap();
+        let read: Vec<(&str, Subscription, bool)> = roster
+            .iter()
+            .map(|c| (c.contact.as_str(), c.subscription, c.blocks_subject))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                ("a@x", Subscription::Both, false),
+                ("c@x", Subscription::To, true)
+            ]
+        );
+        let corrupt = audience_roster("u@h", [row("a@x", "sometimes", false)]);
+        assert!(matches!(corrupt, Err(StoreError::Corrupt(_))));
     }
 }

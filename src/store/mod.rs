@@ -8,6 +8,18 @@
 //! [`sqlite`]). Each method runs the query of the backend in use; callers never know
 //! which. Queries are runtime-checked (`sqlx::query`), so building needs no database.
 //!
+//! The two backends differ only in SQL. Every rule that is not SQL (a bound checked, what
+//! is kept, what a refusal logs, how rows become values) is written once, in the module of
+//! `store/` that owns it, and both backends run it: a pure function both call
+//! (`roster::diffable`, `offline::make_room`, `pep::settle`), or, where a rule interleaves
+//! with statements in one transaction, a function generic over a small trait of that
+//! module (`accounts::AccountSql`, `blocks::BlockSql`, `roster::DiffSql`,
+//! `roster::ItemSql`, `pending::PendingSql`, `pep::PepSql`, `offline::OfflineSql`,
+//! `roster_admin::AdminSql`) whose two implementations, on `PgConnection` beside it and on
+//! `SqliteConnection` in [`sqlite`], hold the statements and nothing else. Where the
+//! statement text itself is the same it is one string for both (sqlx binds SQLite's `$N`
+//! parameters by their number, as PostgreSQL does).
+//!
 //! The schemas (`migrations/*.sql` for PostgreSQL, `migrations/sqlite/*.sql` for SQLite)
 //! are compiled into the binary and applied by [`Store::migrate`], followed by the
 //! operator's own migration directory, so operators can add files without a rebuild.

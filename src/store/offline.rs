@@ -7,6 +7,8 @@
 //! deletes them in the same statement, so two resources coming online together never both
 //! get one. Which messages are kept, who counts as a contact and what a refused sender is
 //! told is decided above the store (`crate::services::offline`, `crate::routing::delivery`).
+//! The steps of keeping one are written once ([`keep_if_room`]); each backend gives only its
+//! statements ([`OfflineSql`]).
 
 use chrono::{DateTime, Utc};
 
@@ -106,6 +108,131 @@ pub(crate) fn make_room(
     (over_items <= 0 && over_bytes <= 0).then_some(evicted)
 }
 
+/// The statements of keeping one message on one backend's connection, inside the caller's
+/// transaction; [`keep_if_room`] is the rule that uses them.
+pub(super) trait OfflineSql {
+    /// Holds `owner`'s other writers off until the transaction ends, so what is read
+    /// cannot change before the insert.
+    async fn lock_owner(&mut self, owner: &str) -> Result<(), StoreError>;
+    /// What `owner`'s store holds, in all and from `sender_bare`.
+    async fn held(&mut self, owner: &str, sender_bare: &str) -> Result<Held, StoreError>;
+    /// `owner`'s kept messages from strangers, oldest first, as `(id, bytes)`.
+    async fn strangers(&mut self, owner: &str) -> Result<Vec<(i64, i64)>, StoreError>;
+    /// Deletes the messages `ids`.
+    async fn evict(&mut self, ids: &[i64]) -> Result<(), StoreError>;
+    /// Inserts one message of `size` bytes.
+    async fn insert(
+        &mut self,
+        owner: &str,
+        sender: &str,
+        stanza: &str,
+        size: i64,
+        from_contact: bool,
+    ) -> Result<(), StoreError>;
+}
+
+/// [`Store::store_offline_message`] inside the caller's transaction: whether the message
+/// was kept. When it was not, nothing was written.
+pub(super) async fn keep_if_room<C: OfflineSql>(
+    conn: &mut C,
+    quota: &OfflineQuota,
+    owner: &str,
+    sender: &str,
+    stanza: &str,
+    from_contact: bool,
+) -> Result<bool, StoreError> {
+    let sender_bare = crate::protocol::jid::bare_of(sender);
+    let size = int(stanza.len());
+    conn.lock_owner(owner).await?;
+    let held = conn.held(owner, sender_bare).await?;
+    // Read only when a contact's message needs room (at most `messages` rows).
+    let strangers = if from_contact && make_room(quota, held, size, true, Vec::new).is_none() {
+        conn.strangers(owner).await?
+    } else {
+        Vec::new()
+    };
+    let Some(evicted) = make_room(quota, held, size, from_contact, || strangers) else {
+        return Ok(false);
+    };
+    if !evicted.is_empty() {
+        conn.evict(&evicted).await?;
+    }
+    conn.insert(owner, sender, stanza, size, from_contact)
+        .await?;
+    Ok(true)
+}
+
+impl OfflineSql for sqlx::PgConnection {
+    async fn lock_owner(&mut self, owner: &str) -> Result<(), StoreError> {
+        // An advisory lock, so nothing else about the account is held.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('offline:' || $1, 0))")
+            .bind(owner)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn held(&mut self, owner: &str, sender_bare: &str) -> Result<Held, StoreError> {
+        let (items, bytes, sender_items, sender_bytes): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), coalesce(sum(bytes), 0)::bigint,
+                    count(*) FILTER (WHERE sender_bare = $2),
+                    coalesce(sum(bytes) FILTER (WHERE sender_bare = $2), 0)::bigint
+             FROM offline_messages WHERE owner = $1",
+        )
+        .bind(owner)
+        .bind(sender_bare)
+        .fetch_one(&mut *self)
+        .await?;
+        Ok(Held {
+            items,
+            bytes,
+            sender_items,
+            sender_bytes,
+        })
+    }
+
+    async fn strangers(&mut self, owner: &str) -> Result<Vec<(i64, i64)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT id, bytes::bigint FROM offline_messages
+             WHERE owner = $1 AND NOT from_contact ORDER BY id",
+        )
+        .bind(owner)
+        .fetch_all(&mut *self)
+        .await?)
+    }
+
+    async fn evict(&mut self, ids: &[i64]) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM offline_messages WHERE id = ANY($1)")
+            .bind(ids)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn insert(
+        &mut self,
+        owner: &str,
+        sender: &str,
+        stanza: &str,
+        size: i64,
+        from_contact: bool,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO offline_messages (owner, sender, sender_bare, stanza, bytes, from_contact)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(owner)
+        .bind(sender)
+        .bind(crate::protocol::jid::bare_of(sender))
+        .bind(stanza)
+        .bind(i32::try_from(size).unwrap_or(i32::MAX))
+        .bind(from_contact)
+        .execute(&mut *self)
+        .await?;
+        Ok(())
+    }
+}
+
 impl Store {
     /// Keeps `stanza` from `sender` for `owner` (a bare JID) if it fits the owner's
     /// [`OfflineQuota`] as [`make_room`] decides, deleting the strangers' messages it
@@ -120,8 +247,6 @@ impl Store {
         from_contact: bool,
     ) -> Result<bool, StoreError> {
         let quota = self.limits().offline;
-        let sender_bare = crate::protocol::jid::bare_of(sender);
-        let size = int(stanza.len());
         let pool = pg_or_sqlite!(self, |db| db.store_offline_message(
             owner,
             sender,
@@ -130,64 +255,11 @@ impl Store {
             &quota
         ));
         let mut tx = pool.begin().await?;
-        // Serialises writers for one owner so what is read below cannot change before the
-        // insert; an advisory lock, so nothing else about the account is held.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('offline:' || $1, 0))")
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?;
-        let (items, bytes, sender_items, sender_bytes): (i64, i64, i64, i64) = sqlx::query_as(
-            "SELECT count(*), coalesce(sum(bytes), 0)::bigint,
-                    count(*) FILTER (WHERE sender_bare = $2),
-                    coalesce(sum(bytes) FILTER (WHERE sender_bare = $2), 0)::bigint
-             FROM offline_messages WHERE owner = $1",
-        )
-        .bind(owner)
-        .bind(sender_bare)
-        .fetch_one(&mut *tx)
-        .await?;
-        let held = Held {
-            items,
-            bytes,
-            sender_items,
-            sender_bytes,
-        };
-        // Read only when a contact's message needs room (at most `messages` rows).
-        let strangers: Vec<(i64, i64)> =
-            if from_contact && make_room(&quota, held, size, true, Vec::new).is_none() {
-                sqlx::query_as(
-                    "SELECT id, bytes::bigint FROM offline_messages
-                 WHERE owner = $1 AND NOT from_contact ORDER BY id",
-                )
-                .bind(owner)
-                .fetch_all(&mut *tx)
-                .await?
-            } else {
-                Vec::new()
-            };
-        let Some(evicted) = make_room(&quota, held, size, from_contact, || strangers) else {
-            return Ok(false);
-        };
-        if !evicted.is_empty() {
-            sqlx::query("DELETE FROM offline_messages WHERE id = ANY($1)")
-                .bind(&evicted)
-                .execute(&mut *tx)
-                .await?;
+        let kept = keep_if_room(&mut *tx, &quota, owner, sender, stanza, from_contact).await?;
+        if kept {
+            tx.commit().await?;
         }
-        sqlx::query(
-            "INSERT INTO offline_messages (owner, sender, sender_bare, stanza, bytes, from_contact)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(owner)
-        .bind(sender)
-        .bind(sender_bare)
-        .bind(stanza)
-        .bind(i32::try_from(size).unwrap_or(i32::MAX))
-        .bind(from_contact)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(true)
+        Ok(kept)
     }
 
     /// Every message waiting for `owner`, oldest first, with whether its sender was a
@@ -299,6 +371,89 @@ mod tests {
             sender_items,
             sender_bytes,
         }
+    }
+
+    /// One owner's messages in memory as `(id, sender_bare, bytes, from_contact)`, and
+    /// what was asked in which order.
+    #[derive(Default)]
+    struct Rows {
+        kept: Vec<(i64, String, i64, bool)>,
+        asked: Vec<&'static str>,
+    }
+
+    impl OfflineSql for Rows {
+        async fn lock_owner(&mut self, _owner: &str) -> Result<(), StoreError> {
+            self.asked.push("lock");
+            Ok(())
+        }
+
+        async fn held(&mut self, _owner: &str, sender_bare: &str) -> Result<Held, StoreError> {
+            self.asked.push("held");
+            let from: Vec<_> = self.kept.iter().filter(|m| m.1 == sender_bare).collect();
+            Ok(Held {
+                items: i64::try_from(self.kept.len()).unwrap(),
+                bytes: self.kept.iter().map(|m| m.2).sum(),
+                sender_items: i64::try_from(from.len()).unwrap(),
+                sender_bytes: from.iter().map(|m| m.2).sum(),
+            })
+        }
+
+        async fn strangers(&mut self, _owner: &str) -> Result<Vec<(i64, i64)>, StoreError> {
+            self.asked.push("strangers");
+            Ok(self
+                .kept
+                .iter()
+                .filter(|m| !m.3)
+                .map(|m| (m.0, m.2))
+                .collect())
+        }
+
+        async fn evict(&mut self, ids: &[i64]) -> Result<(), StoreError> {
+            self.asked.push("evict");
+            self.kept.retain(|m| !ids.contains(&m.0));
+            Ok(())
+        }
+
+        async fn insert(
+            &mut self,
+            _owner: &str,
+            sender: &str,
+            _stanza: &str,
+            size: i64,
+            from_contact: bool,
+        ) -> Result<(), StoreError> {
+            self.asked.push("insert");
+            let id = self.kept.iter().map(|m| m.0).max().unwrap_or(0) + 1;
+            let bare = crate::protocol::jid::bare_of(sender).to_owned();
+            self.kept.push((id, bare, size, from_contact));
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn strangers_are_read_and_displaced_only_for_a_contact_that_does_not_fit() {
+        let mut rows = Rows::default();
+        let stanza = "x".repeat(100);
+        for (sender, contact) in [("s@x/r", false), ("c@y/r", true), ("d@y/r", true)] {
+            assert!(keep_if_room(&mut rows, &Q, "u@h", sender, &stanza, contact)
+                .await
+                .unwrap());
+        }
+        assert_eq!(rows.asked, ["lock", "held", "insert"].repeat(3));
+        // Full by count: another stranger is refused, nothing written.
+        rows.kept.push((9, "c@y".to_owned(), 100, true));
+        rows.asked.clear();
+        assert!(!keep_if_room(&mut rows, &Q, "u@h", "t@x", &stanza, false)
+            .await
+            .unwrap());
+        assert_eq!(rows.asked, ["lock", "held"]);
+        // A contact's message displaces the stranger's, which goes before it is kept.
+        rows.asked.clear();
+        assert!(keep_if_room(&mut rows, &Q, "u@h", "e@y/r", &stanza, true)
+            .await
+            .unwrap());
+        assert_eq!(rows.asked, ["lock", "held", "strangers", "evict", "insert"]);
+        assert!(rows.kept.iter().all(|m| m.3));
     }
 
     #[test]

@@ -136,7 +136,7 @@ impl Store {
         let pool = pg_or_sqlite!(self, |db| db
             .add_pending_subscription(owner, from, stanza, max));
         let mut tx = pool.begin().await?;
-        let added = keep(&mut tx, owner, from, stanza, max).await?;
+        let added = keep(&mut *tx, owner, from, stanza, max).await?;
         tx.commit().await?;
         Ok(added)
     }
@@ -149,7 +149,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.has_pending_subscription(owner, from));
         let mut conn = pool.acquire().await?;
-        has_pending_in(&mut conn, owner, from).await
+        conn.is_waiting(owner, from).await
     }
 
     /// Requests waiting for `owner`, oldest first, as (from, stanza_xml); at most
@@ -181,89 +181,217 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let pool = pg_or_sqlite!(self, |db| db.remove_pending_subscription(owner, from));
         let mut conn = pool.acquire().await?;
-        drop_one(&mut conn, owner, from).await
+        conn.delete(owner, from).await
     }
 }
 
-/// Keeps one request inside the caller's transaction (see
-/// [`Store::add_pending_subscription`]); whether it was added.
-async fn keep(
-    conn: &mut sqlx::PgConnection,
+/// The statements on waiting requests of one backend's connection; the rules that use
+/// them are written once ([`keep`], [`write_all`]).
+pub(super) trait PendingSql {
+    /// Holds `owner`'s other writers off until the transaction ends, so the count
+    /// [`PendingSql::insert_if_room`] reads cannot change before its insert.
+    async fn lock_owner(&mut self, owner: &str) -> Result<(), StoreError>;
+    /// Inserts the request from `sender` unless one from `sender` waits already (the first
+    /// one stays) or `owner` has `max` waiting; whether it was inserted.
+    async fn insert_if_room(
+        &mut self,
+        owner: &str,
+        sender: &str,
+        stanza: &str,
+        max: i64,
+    ) -> Result<bool, StoreError>;
+    /// Whether a request from `sender` waits for `owner`.
+    async fn is_waiting(&mut self, owner: &str, sender: &str) -> Result<bool, StoreError>;
+    /// Drops the request from `sender`; whether one was waiting.
+    async fn delete(&mut self, owner: &str, sender: &str) -> Result<bool, StoreError>;
+}
+
+/// Keeps one request (already cut, [`stored_request`]) inside the caller's transaction
+/// (see [`Store::add_pending_subscription`]); whether it was added. A request not kept
+/// for the count, not because one from `from` waits, is logged ([`log_not_kept`]).
+pub(super) async fn keep<C: PendingSql>(
+    conn: &mut C,
     owner: &str,
     from: &str,
     stanza: &str,
     max: i64,
 ) -> Result<bool, StoreError> {
-    // The owner's version row serialises writers of the same owner, so the count
-    // below cannot change before the insert.
-    sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
-        .bind(owner)
-        .execute(&mut *conn)
-        .await?;
-    let result = sqlx::query(
-        "INSERT INTO pending_subscriptions (owner, sender, stanza)
-         SELECT $1, $2, $3
-         WHERE (SELECT count(*) FROM pending_subscriptions WHERE owner = $1) < $4
-         ON CONFLICT (owner, sender) DO NOTHING",
-    )
-    .bind(owner)
-    .bind(from)
-    .bind(stanza)
-    .bind(max)
-    .execute(&mut *conn)
-    .await?;
-    let added = result.rows_affected() == 1;
-    if !added && !has_pending_in(conn, owner, from).await? {
+    conn.lock_owner(owner).await?;
+    let added = conn.insert_if_room(owner, from, stanza, max).await?;
+    if !added && !conn.is_waiting(owner, from).await? {
         log_not_kept(owner, from, max);
     }
     Ok(added)
 }
 
-async fn drop_one(
-    conn: &mut sqlx::PgConnection,
-    owner: &str,
-    from: &str,
-) -> Result<bool, StoreError> {
-    let result = sqlx::query("DELETE FROM pending_subscriptions WHERE owner = $1 AND sender = $2")
-        .bind(owner)
-        .bind(from)
-        .execute(&mut *conn)
-        .await?;
-    Ok(result.rows_affected() > 0)
-}
-
-/// Applies `writes` inside the caller's transaction.
-pub(super) async fn write_all(
-    conn: &mut sqlx::PgConnection,
+/// Applies `writes` inside the caller's transaction, in order.
+pub(super) async fn write_all<C: PendingSql>(
+    conn: &mut C,
     writes: &[PendingWrite<'_>],
     max: i64,
 ) -> Result<(), StoreError> {
     for w in writes {
         match &w.keep {
             Some(stanza) => keep(conn, w.owner, w.sender, stanza, max).await?,
-            None => drop_one(conn, w.owner, w.sender).await?,
+            None => conn.delete(w.owner, w.sender).await?,
         };
     }
     Ok(())
 }
 
-async fn has_pending_in(
-    conn: &mut sqlx::PgConnection,
-    owner: &str,
-    from: &str,
-) -> Result<bool, StoreError> {
-    let found: Option<i32> =
-        sqlx::query_scalar("SELECT 1 FROM pending_subscriptions WHERE owner = $1 AND sender = $2")
+impl PendingSql for sqlx::PgConnection {
+    async fn lock_owner(&mut self, owner: &str) -> Result<(), StoreError> {
+        // The owner's version row, which serialises writers of the same owner.
+        sqlx::query("SELECT 1 FROM roster_versions WHERE owner = $1 FOR UPDATE")
             .bind(owner)
-            .bind(from)
-            .fetch_optional(&mut *conn)
+            .execute(&mut *self)
             .await?;
-    Ok(found.is_some())
+        Ok(())
+    }
+
+    async fn insert_if_room(
+        &mut self,
+        owner: &str,
+        sender: &str,
+        stanza: &str,
+        max: i64,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "INSERT INTO pending_subscriptions (owner, sender, stanza)
+             SELECT $1, $2, $3
+             WHERE (SELECT count(*) FROM pending_subscriptions WHERE owner = $1) < $4
+             ON CONFLICT (owner, sender) DO NOTHING",
+        )
+        .bind(owner)
+        .bind(sender)
+        .bind(stanza)
+        .bind(max)
+        .execute(&mut *self)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    async fn is_waiting(&mut self, owner: &str, sender: &str) -> Result<bool, StoreError> {
+        let found: Option<i32> = sqlx::query_scalar(
+            "SELECT 1 FROM pending_subscriptions WHERE owner = $1 AND sender = $2",
+        )
+        .bind(owner)
+        .bind(sender)
+        .fetch_optional(&mut *self)
+        .await?;
+        Ok(found.is_some())
+    }
+
+    async fn delete(&mut self, owner: &str, sender: &str) -> Result<bool, StoreError> {
+        let result =
+            sqlx::query("DELETE FROM pending_subscriptions WHERE owner = $1 AND sender = $2")
+                .bind(owner)
+                .bind(sender)
+                .execute(&mut *self)
+                .await?;
+        Ok(result.rows_affected() > 0)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Waiting requests in memory, with the statements' meaning, and what was asked in
+    /// which order.
+    #[derive(Default)]
+    struct Rows {
+        waiting: Vec<(String, String)>,
+        asked: Vec<String>,
+    }
+
+    impl PendingSql for Rows {
+        async fn lock_owner(&mut self, owner: &str) -> Result<(), StoreError> {
+            self.asked.push(format!("lock {owner}"));
+            Ok(())
+        }
+
+        async fn insert_if_room(
+            &mut self,
+            owner: &str,
+            sender: &str,
+            _stanza: &str,
+            max: i64,
+        ) -> Result<bool, StoreError> {
+            self.asked.push(format!("insert {owner} {sender}"));
+            let held = self.waiting.iter().filter(|(o, _)| o == owner).count();
+            let there = self.waiting.iter().any(|(o, s)| o == owner && s == sender);
+            if there || i64::try_from(held).unwrap() >= max {
+                return Ok(false);
+            }
+            self.waiting.push((owner.to_owned(), sender.to_owned()));
+            Ok(true)
+        }
+
+        async fn is_waiting(&mut self, owner: &str, sender: &str) -> Result<bool, StoreError> {
+            self.asked.push(format!("waiting {owner} {sender}"));
+            Ok(self.waiting.iter().any(|(o, s)| o == owner && s == sender))
+        }
+
+        async fn delete(&mut self, owner: &str, sender: &str) -> Result<bool, StoreError> {
+            self.asked.push(format!("delete {owner} {sender}"));
+            let before = self.waiting.len();
+            self.waiting.retain(|(o, s)| !(o == owner && s == sender));
+            Ok(self.waiting.len() < before)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_is_counted_under_the_owners_lock_and_a_refusal_asks_why() {
+        let mut rows = Rows::default();
+        assert!(keep(&mut rows, "u@h", "a@x", "<presence/>", 1)
+            .await
+            .unwrap());
+        assert_eq!(rows.asked, ["lock u@h", "insert u@h a@x"]);
+        // Not kept: whether one from the sender waits tells the count from a repeat.
+        rows.asked.clear();
+        assert!(!keep(&mut rows, "u@h", "b@x", "<presence/>", 1)
+            .await
+            .unwrap());
+        assert_eq!(
+            rows.asked,
+            ["lock u@h", "insert u@h b@x", "waiting u@h b@x"]
+        );
+    }
+
+    #[tokio::test]
+    async fn writes_are_applied_in_order_keeps_and_drops_alike() {
+        let mut rows = Rows::default();
+        let writes = [
+            PendingWrite {
+                owner: "u@h",
+                sender: "a@x",
+                keep: Some("<presence/>".to_owned()),
+            },
+            PendingWrite {
+                owner: "u@h",
+                sender: "a@x",
+                keep: None,
+            },
+            PendingWrite {
+                owner: "u@h",
+                sender: "b@x",
+                keep: Some("<presence/>".to_owned()),
+            },
+        ];
+        write_all(&mut rows, &writes, 5).await.unwrap();
+        assert_eq!(rows.waiting, [("u@h".to_owned(), "b@x".to_owned())]);
+        assert_eq!(
+            rows.asked,
+            [
+                "lock u@h",
+                "insert u@h a@x",
+                "delete u@h a@x",
+                "lock u@h",
+                "insert u@h b@x"
+            ]
+        );
+    }
 
     #[test]
     fn a_stored_request_keeps_type_one_status_and_the_nick_cut_to_length() {

@@ -6,7 +6,9 @@
 //! same id, and keeps the node's newest [`StoreLimits::max_pep_items`] items (XEP-0060
 //! §7.1.1: the oldest are deleted), all in one transaction serialised per owner. What a
 //! publish means for whom (access models, notifications) is decided above the store
-//! (`crate::services::pep`). The rows go with the account (`ON DELETE CASCADE`).
+//! (`crate::services::pep`). The rows go with the account (`ON DELETE CASCADE`). The
+//! publish's steps are written once ([`publish`]); each backend gives only its statements
+//! ([`PepSql`]).
 //!
 //! [`StoreLimits::max_pep_nodes`]: super::StoreLimits::max_pep_nodes
 //! [`StoreLimits::max_pep_items`]: super::StoreLimits::max_pep_items
@@ -113,6 +115,163 @@ pub(super) fn settle(
     })
 }
 
+/// The statements of a publish on one backend's connection, inside the caller's
+/// transaction; [`publish`] is the rule that uses them.
+pub(super) trait PepSql {
+    /// Holds `owner`'s other publishes off until the transaction ends, so the node count
+    /// cannot change before the insert and the item sequence strictly increases.
+    async fn lock_owner(&mut self, owner: &str) -> Result<(), StoreError>;
+    /// The stored access model of `owner`'s `node`, `None` when there is no such node.
+    async fn access_model(&mut self, owner: &str, node: &str)
+        -> Result<Option<String>, StoreError>;
+    /// How many nodes `owner` has.
+    async fn node_count(&mut self, owner: &str) -> Result<i64, StoreError>;
+    /// Creates `owner`'s `node` with `model`.
+    async fn create_node(
+        &mut self,
+        owner: &str,
+        node: &str,
+        model: AccessModel,
+    ) -> Result<(), StoreError>;
+    /// Stores `item` as the node's newest, replacing one with the same id.
+    async fn put_item(&mut self, owner: &str, node: &str, item: &PepItem)
+        -> Result<(), StoreError>;
+    /// Deletes all but the node's newest `keep` items.
+    async fn trim(&mut self, owner: &str, node: &str, keep: i64) -> Result<(), StoreError>;
+    /// The bytes of all `owner`'s payloads.
+    async fn payload_bytes(&mut self, owner: &str) -> Result<i64, StoreError>;
+}
+
+/// One publish inside the caller's transaction (see [`Store::pep_publish`]): what it did.
+/// The caller commits only [`Published::Stored`]; for the others the transaction is
+/// dropped, so nothing of it stays.
+pub(super) async fn publish<C: PepSql>(
+    conn: &mut C,
+    owner: &str,
+    node: &str,
+    access_model: Option<AccessModel>,
+    item: &PepItem,
+    bounds: PepBounds,
+) -> Result<Published, StoreError> {
+    conn.lock_owner(owner).await?;
+    let existing = conn.access_model(owner, node).await?;
+    let model = match settle(existing, access_model)? {
+        Settle::Keep(m) => m,
+        Settle::Differs => return Ok(Published::AccessModelDiffers),
+        Settle::Create(m) => {
+            if conn.node_count(owner).await? >= bounds.nodes {
+                return Ok(Published::TooManyNodes);
+            }
+            conn.create_node(owner, node, m).await?;
+            m
+        }
+    };
+    conn.put_item(owner, node, item).await?;
+    conn.trim(owner, node, bounds.items).await?;
+    // Counted after the item replaced and the oldest trimmed, so a publish that frees as
+    // much as it takes always passes.
+    if conn.payload_bytes(owner).await? > bounds.bytes {
+        return Ok(Published::OverBudget);
+    }
+    Ok(Published::Stored {
+        access_model: model,
+    })
+}
+
+impl PepSql for sqlx::PgConnection {
+    async fn lock_owner(&mut self, owner: &str) -> Result<(), StoreError> {
+        // An advisory lock, so nothing else about the account is held.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('pep:' || $1, 0))")
+            .bind(owner)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn access_model(
+        &mut self,
+        owner: &str,
+        node: &str,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT access_model FROM pep_nodes WHERE owner = $1 AND node = $2")
+                .bind(owner)
+                .bind(node)
+                .fetch_optional(&mut *self)
+                .await?,
+        )
+    }
+
+    async fn node_count(&mut self, owner: &str) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM pep_nodes WHERE owner = $1")
+                .bind(owner)
+                .fetch_one(&mut *self)
+                .await?,
+        )
+    }
+
+    async fn create_node(
+        &mut self,
+        owner: &str,
+        node: &str,
+        model: AccessModel,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO pep_nodes (owner, node, access_model) VALUES ($1, $2, $3)")
+            .bind(owner)
+            .bind(node)
+            .bind(model.as_str())
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn put_item(
+        &mut self,
+        owner: &str,
+        node: &str,
+        item: &PepItem,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO pep_items (owner, node, item_id, payload, seq)
+             VALUES ($1, $2, $3, $4, (SELECT coalesce(max(seq), 0) + 1 FROM pep_items
+                                      WHERE owner = $1 AND node = $2))
+             ON CONFLICT (owner, node, item_id) DO UPDATE
+             SET payload = excluded.payload, seq = excluded.seq, published_at = now()",
+        )
+        .bind(owner)
+        .bind(node)
+        .bind(&item.id)
+        .bind(&item.payload)
+        .execute(&mut *self)
+        .await?;
+        Ok(())
+    }
+
+    async fn trim(&mut self, owner: &str, node: &str, keep: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "DELETE FROM pep_items WHERE owner = $1 AND node = $2 AND item_id NOT IN
+             (SELECT item_id FROM pep_items WHERE owner = $1 AND node = $2
+              ORDER BY seq DESC LIMIT $3)",
+        )
+        .bind(owner)
+        .bind(node)
+        .bind(keep)
+        .execute(&mut *self)
+        .await?;
+        Ok(())
+    }
+
+    async fn payload_bytes(&mut self, owner: &str) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT coalesce(sum(octet_length(payload)), 0)::bigint FROM pep_items WHERE owner = $1",
+        )
+        .bind(owner)
+        .fetch_one(&mut *self)
+        .await?)
+    }
+}
+
 impl Store {
     /// Publishes `item` to `owner`'s `node`, creating the node with `access_model` (or
     /// `presence` when `None`) if it does not exist. An existing node must have the asked
@@ -131,7 +290,6 @@ impl Store {
             items: int(limits.max_pep_items),
             bytes: int(limits.max_pep_bytes),
         };
-        let (max_nodes, max_items, max_bytes) = (bounds.nodes, bounds.items, bounds.bytes);
         let pool = pg_or_sqlite!(self, |db| db.pep_publish(
             owner,
             node,
@@ -140,79 +298,11 @@ impl Store {
             bounds
         ));
         let mut tx = pool.begin().await?;
-        // Serialises one owner's publishes, so the node count cannot change before the
-        // insert and the item sequence is strictly increasing.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('pep:' || $1, 0))")
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?;
-        let existing: Option<String> =
-            sqlx::query_scalar("SELECT access_model FROM pep_nodes WHERE owner = $1 AND node = $2")
-                .bind(owner)
-                .bind(node)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let model = match settle(existing, access_model)? {
-            Settle::Keep(m) => m,
-            Settle::Differs => return Ok(Published::AccessModelDiffers),
-            Settle::Create(m) => {
-                let count: i64 =
-                    sqlx::query_scalar("SELECT count(*) FROM pep_nodes WHERE owner = $1")
-                        .bind(owner)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                if count >= max_nodes {
-                    return Ok(Published::TooManyNodes);
-                }
-                sqlx::query(
-                    "INSERT INTO pep_nodes (owner, node, access_model) VALUES ($1, $2, $3)",
-                )
-                .bind(owner)
-                .bind(node)
-                .bind(m.as_str())
-                .execute(&mut *tx)
-                .await?;
-                m
-            }
-        };
-        sqlx::query(
-            "INSERT INTO pep_items (owner, node, item_id, payload, seq)
-             VALUES ($1, $2, $3, $4, (SELECT coalesce(max(seq), 0) + 1 FROM pep_items
-                                      WHERE owner = $1 AND node = $2))
-             ON CONFLICT (owner, node, item_id) DO UPDATE
-             SET payload = excluded.payload, seq = excluded.seq, published_at = now()",
-        )
-        .bind(owner)
-        .bind(node)
-        .bind(&item.id)
-        .bind(&item.payload)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "DELETE FROM pep_items WHERE owner = $1 AND node = $2 AND item_id NOT IN
-             (SELECT item_id FROM pep_items WHERE owner = $1 AND node = $2
-              ORDER BY seq DESC LIMIT $3)",
-        )
-        .bind(owner)
-        .bind(node)
-        .bind(max_items)
-        .execute(&mut *tx)
-        .await?;
-        // Counted after the item replaced and the oldest trimmed, so a publish that frees
-        // as much as it takes always passes; beyond, the transaction is dropped (nothing).
-        let bytes: i64 = sqlx::query_scalar(
-            "SELECT coalesce(sum(octet_length(payload)), 0)::bigint FROM pep_items WHERE owner = $1",
-        )
-        .bind(owner)
-        .fetch_one(&mut *tx)
-        .await?;
-        if bytes > max_bytes {
-            return Ok(Published::OverBudget);
+        let published = publish(&mut *tx, owner, node, access_model, item, bounds).await?;
+        if matches!(published, Published::Stored { .. }) {
+            tx.commit().await?;
         }
-        tx.commit().await?;
-        Ok(Published::Stored {
-            access_model: model,
-        })
+        Ok(published)
     }
 
     /// The access model of `owner`'s `node`, `None` when there is no such node.
@@ -355,4 +445,125 @@ pub(super) fn last_items_of(
             Some((owner, node, model, PepItem { id, payload }))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One owner's nodes and items in memory (items oldest first), with the statements'
+    /// meaning.
+    #[derive(Default)]
+    struct Rows {
+        nodes: Vec<(String, String)>,
+        items: Vec<(String, PepItem)>,
+    }
+
+    impl PepSql for Rows {
+        async fn lock_owner(&mut self, _owner: &str) -> Result<(), StoreError> {
+            Ok(())
+        }
+
+        async fn access_model(
+            &mut self,
+            _owner: &str,
+            node: &str,
+        ) -> Result<Option<String>, StoreError> {
+            Ok(self
+                .nodes
+                .iter()
+                .find(|(n, _)| n == node)
+                .map(|(_, m)| m.clone()))
+        }
+
+        async fn node_count(&mut self, _owner: &str) -> Result<i64, StoreError> {
+            Ok(i64::try_from(self.nodes.len()).unwrap())
+        }
+
+        async fn create_node(
+            &mut self,
+            _owner: &str,
+            node: &str,
+            model: AccessModel,
+        ) -> Result<(), StoreError> {
+            self.nodes
+                .push((node.to_owned(), model.as_str().to_owned()));
+            Ok(())
+        }
+
+        async fn put_item(
+            &mut self,
+            _owner: &str,
+            node: &str,
+            item: &PepItem,
+        ) -> Result<(), StoreError> {
+            self.items.retain(|(n, i)| !(n == node && i.id == item.id));
+            self.items.push((node.to_owned(), item.clone()));
+            Ok(())
+        }
+
+        async fn trim(&mut self, _owner: &str, node: &str, keep: i64) -> Result<(), StoreError> {
+            let mut kept = usize::try_from(keep).unwrap();
+            let mut items = std::mem::take(&mut self.items);
+            items.reverse();
+            items.retain(|(n, _)| {
+                if n != node {
+                    return true;
+                }
+                let stays = kept > 0;
+                kept = kept.saturating_sub(1);
+                stays
+            });
+            items.reverse();
+            self.items = items;
+            Ok(())
+        }
+
+        async fn payload_bytes(&mut self, _owner: &str) -> Result<i64, StoreError> {
+            let bytes: usize = self.items.iter().map(|(_, i)| i.payload.len()).sum();
+            Ok(i64::try_from(bytes).unwrap())
+        }
+    }
+
+    fn item(id: &str, bytes: usize) -> PepItem {
+        PepItem {
+            id: id.to_owned(),
+            payload: "x".repeat(bytes),
+        }
+    }
+
+    const BOUNDS: PepBounds = PepBounds {
+        nodes: 1,
+        items: 1,
+        bytes: 15,
+    };
+
+    #[tokio::test]
+    async fn a_first_publish_creates_the_node_with_presence_unless_asked_otherwise() {
+        let mut rows = Rows::default();
+        let done = publish(&mut rows, "u@h", "n", None, &item("1", 5), BOUNDS).await;
+        assert_eq!(
+            done.unwrap(),
+            Published::Stored {
+                access_model: AccessModel::Presence
+            }
+        );
+        let asked = Some(AccessModel::Open);
+        let done = publish(&mut rows, "u@h", "n", asked, &item("2", 5), BOUNDS).await;
+        assert_eq!(done.unwrap(), Published::AccessModelDiffers);
+    }
+
+    #[tokio::test]
+    async fn a_node_beyond_the_count_is_refused_and_bytes_count_after_the_trim() {
+        let mut rows = Rows::default();
+        let first = publish(&mut rows, "u@h", "a", None, &item("1", 10), BOUNDS).await;
+        assert!(matches!(first.unwrap(), Published::Stored { .. }));
+        let other = publish(&mut rows, "u@h", "b", None, &item("1", 1), BOUNDS).await;
+        assert_eq!(other.unwrap(), Published::TooManyNodes);
+        // One item per node: the newer replaces the older before the bytes are counted.
+        let next = publish(&mut rows, "u@h", "a", None, &item("2", 15), BOUNDS).await;
+        assert!(matches!(next.unwrap(), Published::Stored { .. }));
+        let big = publish(&mut rows, "u@h", "a", None, &item("3", 16), BOUNDS).await;
+        assert_eq!(big.unwrap(), Published::OverBudget);
+    }
 }

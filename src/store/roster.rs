@@ -2,7 +2,10 @@
 //! `roster_tombstones`).
 //!
 //! Versions and tombstones are maintained by triggers in the schema; the methods here
-//! read the version the trigger produced in the same transaction as the change.
+//! read the version the trigger produced in the same transaction as the change. What a
+//! diff since a version holds, and the order of a subscription change's writes, are
+//! decided once for both stores ([`changes_since`] over their [`DiffSql`] reads,
+//! [`write_items`] over their [`ItemSql`] writes).
 //!
 //! Size: every write that creates an item goes through [`upsert`], which refuses one
 //! beyond `max_roster_items`, so a roster set, an outbound subscribe and an approval share
@@ -16,7 +19,7 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::pending::PendingChange;
+use super::pending::{PendingChange, PendingSql, PendingWrite};
 use super::{
     pg_or_sqlite, stored_jid, RosterChange, RosterItem, Store, StoreError, StoreLimits,
     Subscription,
@@ -101,6 +104,14 @@ pub(super) fn in_version_order(
     changes.into_iter().map(|(_, c)| c).collect()
 }
 
+/// Whether changes since a client's `version` can be told (XEP-0237 §2.4) from a roster
+/// at version `current` whose tombstones below `floor` are pruned: not newer than the
+/// roster, nor older than what its tombstones still cover. Otherwise the client gets the
+/// whole roster.
+pub(super) fn diffable(version: i64, floor: i64, current: i64) -> bool {
+    floor <= version && version <= current
+}
+
 /// `s` cut to at most `max` characters.
 pub(crate) fn truncate_chars(s: &mut String, max: usize) {
     if let Some((at, _)) = s.char_indices().nth(max) {
@@ -182,6 +193,155 @@ async fn upsert(
     version.ok_or(StoreError::RosterFull)
 }
 
+/// The reads of a roster diff (XEP-0237 §2.4) on one backend's connection, inside the
+/// caller's snapshot; [`changes_since`] is the rule that uses them.
+pub(super) trait DiffSql {
+    /// `owner`'s current version and floor, `None` when it has no roster row.
+    async fn bounds(&mut self, owner: &str) -> Result<Option<(i64, i64)>, StoreError>;
+    /// `owner`'s items changed after `version`, each with its version, cut to `limits`.
+    async fn changed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+        limits: &StoreLimits,
+    ) -> Result<Vec<(i64, RosterItem)>, StoreError>;
+    /// `owner`'s tombstones after `version`, as (contact, version).
+    async fn removed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError>;
+}
+
+/// [`Store::roster_since`] inside the caller's snapshot.
+pub(super) async fn changes_since<C: DiffSql>(
+    conn: &mut C,
+    owner: &str,
+    version: i64,
+    limits: &StoreLimits,
+) -> Result<Option<(i64, Vec<RosterChange>)>, StoreError> {
+    let Some((current, floor)) = conn.bounds(owner).await? else {
+        return Ok(None);
+    };
+    if !diffable(version, floor, current) {
+        return Ok(None);
+    }
+    let changed = conn.changed_since(owner, version, limits).await?;
+    let removed = conn.removed_since(owner, version).await?;
+    Ok(Some((current, in_version_order(owner, changed, removed))))
+}
+
+impl DiffSql for sqlx::PgConnection {
+    async fn bounds(&mut self, owner: &str) -> Result<Option<(i64, i64)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = $1")
+                .bind(owner)
+                .fetch_optional(&mut *self)
+                .await?,
+        )
+    }
+
+    async fn changed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+        limits: &StoreLimits,
+    ) -> Result<Vec<(i64, RosterItem)>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {}, ri.version FROM roster_items ri
+             WHERE ri.owner = $1 AND ri.version > $2",
+            item_columns(limits)
+        ))
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *self)
+        .await?;
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(item) = item_from_row(owner, row, limits)? {
+                changed.push((row.try_get("version")?, item));
+            }
+        }
+        Ok(changed)
+    }
+
+    async fn removed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT contact, version FROM roster_tombstones WHERE owner = $1 AND version > $2",
+        )
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *self)
+        .await?)
+    }
+}
+
+/// The item writes of a subscription change on one backend's connection, inside the
+/// caller's transaction; [`write_items`] is the rule that uses them.
+pub(super) trait ItemSql {
+    /// Holds the writers of each of `owners` (sorted, distinct) off until the transaction
+    /// ends, taken in that order so two opposite changes between the same users cannot
+    /// deadlock.
+    async fn lock_owners(&mut self, owners: &[&str]) -> Result<(), StoreError>;
+    /// Inserts or replaces one item; the owner's version after it, or
+    /// [`StoreError::RosterFull`] for a new item beyond `max_items` ([`roster_has_room`]).
+    async fn upsert_item(
+        &mut self,
+        owner: &str,
+        item: &RosterItem,
+        max_items: i64,
+    ) -> Result<i64, StoreError>;
+}
+
+/// Upserts `changes` (in lock order) and applies `pending` inside the caller's
+/// transaction, every owner concerned held first; the version after each change, in the
+/// same order.
+pub(super) async fn write_items<C: ItemSql + PendingSql>(
+    conn: &mut C,
+    changes: &[(&str, &RosterItem)],
+    max_items: i64,
+    pending: &[PendingWrite<'_>],
+    max_pending: i64,
+) -> Result<Vec<i64>, StoreError> {
+    // Every owner's writers, the pending requests' owners' too, in one order.
+    let mut owners: Vec<&str> = changes.iter().map(|(o, _)| *o).collect();
+    owners.extend(pending.iter().map(|p| p.owner));
+    owners.sort_unstable();
+    owners.dedup();
+    conn.lock_owners(&owners).await?;
+    let mut versions = Vec::with_capacity(changes.len());
+    for (owner, item) in changes {
+        versions.push(conn.upsert_item(owner, item, max_items).await?);
+    }
+    super::pending::write_all(conn, pending, max_pending).await?;
+    Ok(versions)
+}
+
+impl ItemSql for sqlx::PgConnection {
+    async fn lock_owners(&mut self, owners: &[&str]) -> Result<(), StoreError> {
+        sqlx::query(
+            "SELECT 1 FROM roster_versions WHERE owner = ANY($1) ORDER BY owner FOR UPDATE",
+        )
+        .bind(owners)
+        .execute(&mut *self)
+        .await?;
+        Ok(())
+    }
+
+    async fn upsert_item(
+        &mut self,
+        owner: &str,
+        item: &RosterItem,
+        max_items: i64,
+    ) -> Result<i64, StoreError> {
+        upsert(self, owner, item, max_items).await
+    }
+}
+
 /// Starts a read-only transaction that sees one snapshot, so a version and the items
 /// read after it agree.
 async fn snapshot(
@@ -241,41 +401,11 @@ impl Store {
         let limits = self.limits();
         let pool = pg_or_sqlite!(self, |db| db.roster_since(owner, version, &limits));
         let mut tx = snapshot(pool).await?;
-        let bounds: Option<(i64, i64)> =
-            sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = $1")
-                .bind(owner)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some((current, floor)) = bounds else {
-            return Ok(None);
-        };
-        if version < floor || version > current {
-            return Ok(None);
+        let since = changes_since(&mut *tx, owner, version, &limits).await?;
+        if since.is_some() {
+            tx.commit().await?;
         }
-        let rows = sqlx::query(&format!(
-            "SELECT {}, ri.version FROM roster_items ri
-             WHERE ri.owner = $1 AND ri.version > $2",
-            item_columns(&limits)
-        ))
-        .bind(owner)
-        .bind(version)
-        .fetch_all(&mut *tx)
-        .await?;
-        let removed: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT contact, version FROM roster_tombstones WHERE owner = $1 AND version > $2",
-        )
-        .bind(owner)
-        .bind(version)
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        let mut changed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if let Some(item) = item_from_row(owner, row, &limits)? {
-                changed.push((row.try_get("version")?, item));
-            }
-        }
-        Ok(Some((current, in_version_order(owner, changed, removed))))
+        Ok(since)
     }
 
     /// One item of `owner`'s roster, if present.
@@ -415,41 +545,25 @@ impl Store {
         let max_items = self.limits().max_roster_items;
         let (pending, max_pending) = self.pending_writes(pending);
         let mut versions: Vec<Option<i64>> = vec![None; changes.len()];
-        match &self.backend {
+        let ordered: Vec<(&str, &RosterItem)> = order
+            .iter()
+            .map(|&i| (changes[i].0.as_str(), &changes[i].1))
+            .collect();
+        let written = match &self.backend {
             super::Backend::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
-                // Every owner's version row, the pending requests' owners' too, in the
-                // same order.
-                let mut owners: Vec<&str> = changes.iter().map(|(o, _)| o.as_str()).collect();
-                owners.extend(pending.iter().map(|p| p.owner));
-                owners.sort_unstable();
-                owners.dedup();
-                sqlx::query(
-                    "SELECT 1 FROM roster_versions WHERE owner = ANY($1) ORDER BY owner FOR UPDATE",
-                )
-                .bind(&owners)
-                .execute(&mut *tx)
-                .await?;
-                for &i in &order {
-                    let (owner, item) = &changes[i];
-                    versions[i] = Some(upsert(&mut tx, owner, item, max_items).await?);
-                }
-                super::pending::write_all(&mut tx, &pending, max_pending).await?;
+                let written =
+                    write_items(&mut *tx, &ordered, max_items, &pending, max_pending).await?;
                 tx.commit().await?;
+                written
             }
-            super::Backend::Sqlite(db) => {
-                let ordered: Vec<(&str, &RosterItem)> = order
-                    .iter()
-                    .map(|&i| (changes[i].0.as_str(), &changes[i].1))
-                    .collect();
-                let written = db
-                    .upsert_roster_items(&ordered, max_items, &pending, max_pending)
-                    .await
-                    .map_err(|e| db.name_file(e))?;
-                for (&i, v) in order.iter().zip(written) {
-                    versions[i] = Some(v);
-                }
-            }
+            super::Backend::Sqlite(db) => db
+                .upsert_roster_items(&ordered, max_items, &pending, max_pending)
+                .await
+                .map_err(|e| db.name_file(e))?,
+        };
+        for (&i, v) in order.iter().zip(written) {
+            versions[i] = Some(v);
         }
 
         let mut result: Vec<(String, i64)> = Vec::new();
@@ -465,5 +579,154 @@ impl Store {
         // Report in order of first appearance in `changes`.
         result.sort_by_key(|(o, _)| changes.iter().position(|(c, _)| c == o));
         Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A roster at version 7 with floor 3, one changed item and one tombstone after 5;
+    /// what was read, in order.
+    #[derive(Default)]
+    struct Rows {
+        asked: Vec<&'static str>,
+    }
+
+    impl DiffSql for Rows {
+        async fn bounds(&mut self, owner: &str) -> Result<Option<(i64, i64)>, StoreError> {
+            self.asked.push("bounds");
+            Ok((owner == "u@h").then_some((7, 3)))
+        }
+
+        async fn changed_since(
+            &mut self,
+            _owner: &str,
+            _version: i64,
+            _limits: &StoreLimits,
+        ) -> Result<Vec<(i64, RosterItem)>, StoreError> {
+            self.asked.push("changed");
+            let contact = crate::protocol::jid::parse_bare("c@x").unwrap();
+            Ok(vec![(7, RosterItem::new(contact))])
+        }
+
+        async fn removed_since(
+            &mut self,
+            _owner: &str,
+            _version: i64,
+        ) -> Result<Vec<(String, i64)>, StoreError> {
+            self.asked.push("removed");
+            Ok(vec![("r@x".to_owned(), 6)])
+        }
+    }
+
+    /// Writes of items and requests in memory: what was asked, in order.
+    #[derive(Default)]
+    struct Writes {
+        asked: Vec<String>,
+    }
+
+    impl ItemSql for Writes {
+        async fn lock_owners(&mut self, owners: &[&str]) -> Result<(), StoreError> {
+            self.asked.push(format!("lock {}", owners.join(" ")));
+            Ok(())
+        }
+
+        async fn upsert_item(
+            &mut self,
+            owner: &str,
+            _item: &RosterItem,
+            _max_items: i64,
+        ) -> Result<i64, StoreError> {
+            self.asked.push(format!("upsert {owner}"));
+            Ok(i64::try_from(self.asked.len()).unwrap())
+        }
+    }
+
+    impl PendingSql for Writes {
+        async fn lock_owner(&mut self, _owner: &str) -> Result<(), StoreError> {
+            Ok(())
+        }
+
+        async fn insert_if_room(
+            &mut self,
+            owner: &str,
+            sender: &str,
+            _stanza: &str,
+            _max: i64,
+        ) -> Result<bool, StoreError> {
+            self.asked.push(format!("keep {owner} {sender}"));
+            Ok(true)
+        }
+
+        async fn is_waiting(&mut self, _owner: &str, _sender: &str) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+
+        async fn delete(&mut self, owner: &str, sender: &str) -> Result<bool, StoreError> {
+            self.asked.push(format!("drop {owner} {sender}"));
+            Ok(true)
+        }
+    }
+
+    #[tokio::test]
+    async fn every_owner_is_held_once_in_order_before_items_then_requests_are_written() {
+        let item = RosterItem::new(crate::protocol::jid::parse_bare("c@x").unwrap());
+        let changes = [("b@h", &item), ("b@h", &item), ("c@h", &item)];
+        let pending = [PendingWrite {
+            owner: "a@h",
+            sender: "c@x",
+            keep: Some("<presence/>".to_owned()),
+        }];
+        let mut w = Writes::default();
+        let versions = write_items(&mut w, &changes, 10, &pending, 10)
+            .await
+            .unwrap();
+        assert_eq!(versions, [2, 3, 4]);
+        assert_eq!(
+            w.asked,
+            [
+                "lock a@h b@h c@h",
+                "upsert b@h",
+                "upsert b@h",
+                "upsert c@h",
+                "keep a@h c@x"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_diff_is_read_only_for_a_diffable_version_and_comes_oldest_first() {
+        let limits = StoreLimits::default();
+        let mut rows = Rows::default();
+        let (current, changes) = changes_since(&mut rows, "u@h", 5, &limits)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(current, 7);
+        assert!(matches!(
+            &changes[..],
+            [RosterChange::Removed(_), RosterChange::Upsert(_)]
+        ));
+        assert_eq!(rows.asked, ["bounds", "changed", "removed"]);
+        for (owner, version) in [("u@h", 2), ("u@h", 8), ("nobody@h", 5)] {
+            let mut rows = Rows::default();
+            let since = changes_since(&mut rows, owner, version, &limits).await;
+            assert!(since.unwrap().is_none(), "{owner} {version}");
+            assert_eq!(rows.asked, ["bounds"]);
+        }
+    }
+
+    #[test]
+    fn a_version_is_diffed_only_from_the_floor_up_to_the_current_version() {
+        // Floor 3, current 7: 3 ..= 7 can be told their changes.
+        for v in 3..=7 {
+            assert!(diffable(v, 3, 7), "{v}");
+        }
+        // Older than the pruned tombstones, or newer than the roster (another
+        // incarnation of the account): the whole roster.
+        assert!(!diffable(2, 3, 7));
+        assert!(!diffable(8, 3, 7));
+        assert!(diffable(0, 0, 0));
     }
 }

@@ -5,35 +5,156 @@ use sqlx::Row;
 use super::roster::{item_from_row, ITEM_COLUMNS};
 use super::Pools;
 use crate::protocol::sasl::scram::{ScramHash, StoredCredentials};
-use crate::store::accounts::hash_column;
-use crate::store::{DeletedAccount, StoreError, StoreLimits};
+use crate::store::accounts::{
+    create, credentials_from_row, delete, hash_column, iterations_column, set_credentials,
+    AccountSql,
+};
+use crate::store::{DeletedAccount, RosterItem, StoreError, StoreLimits};
 
-/// Inserts or replaces the credentials of one account inside a write transaction.
-async fn put_credentials(
-    tx: &mut sqlx::SqliteConnection,
-    account_id: i64,
-    creds: &[(ScramHash, StoredCredentials)],
-) -> Result<(), StoreError> {
-    for (hash, c) in creds {
-        let iterations = i32::try_from(c.iterations).map_err(|_| StoreError::InvalidIterations)?;
-        sqlx::query(
-            "INSERT INTO scram_credentials
-                 (account_id, hash, salt, iterations, stored_key, server_key)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT (account_id, hash) DO UPDATE
-                 SET salt = excluded.salt, iterations = excluded.iterations,
-                     stored_key = excluded.stored_key, server_key = excluded.server_key",
+/// The statements on accounts (`store/accounts.rs` holds the rules). The caller's write
+/// transaction holds the file's write lock, so no row read can change before it commits.
+impl AccountSql for sqlx::SqliteConnection {
+    async fn insert_account(
+        &mut self,
+        username: &str,
+        domain: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO accounts (username, domain) VALUES (?1, ?2)
+             ON CONFLICT DO NOTHING
+             RETURNING id",
         )
-        .bind(account_id)
-        .bind(hash_column(*hash))
-        .bind(&c.salt)
-        .bind(iterations)
-        .bind(&c.stored_key)
-        .bind(&c.server_key)
-        .execute(&mut *tx)
-        .await?;
+        .bind(username)
+        .bind(domain)
+        .fetch_optional(&mut *self)
+        .await?)
     }
-    Ok(())
+
+    async fn lock_account(
+        &mut self,
+        username: &str,
+        domain: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT id FROM accounts WHERE username = ?1 AND domain = ?2")
+                .bind(username)
+                .bind(domain)
+                .fetch_optional(&mut *self)
+                .await?,
+        )
+    }
+
+    async fn put_credentials(
+        &mut self,
+        id: i64,
+        creds: &[(ScramHash, StoredCredentials)],
+    ) -> Result<(), StoreError> {
+        for (hash, c) in creds {
+            let iterations = iterations_column(c.iterations)?;
+            sqlx::query(
+                "INSERT INTO scram_credentials
+                     (account_id, hash, salt, iterations, stored_key, server_key)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (account_id, hash) DO UPDATE
+                     SET salt = excluded.salt, iterations = excluded.iterations,
+                         stored_key = excluded.stored_key, server_key = excluded.server_key",
+            )
+            .bind(id)
+            .bind(hash_column(*hash))
+            .bind(&c.salt)
+            .bind(iterations)
+            .bind(&c.stored_key)
+            .bind(&c.server_key)
+            .execute(&mut *self)
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn own_items(
+        &mut self,
+        jid: &str,
+        limits: &StoreLimits,
+    ) -> Result<Vec<RosterItem>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS} FROM roster_items ri WHERE ri.owner = ?1 ORDER BY ri.contact"
+        ))
+        .bind(jid)
+        .fetch_all(&mut *self)
+        .await?;
+        let mut items = Vec::with_capacity(rows.len());
+        for row in &rows {
+            items.extend(item_from_row(jid, row, limits)?);
+        }
+        Ok(items)
+    }
+
+    async fn waiting_for(&mut self, jid: &str) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT sender FROM pending_subscriptions WHERE owner = ?1 ORDER BY sender",
+        )
+        .bind(jid)
+        .fetch_all(&mut *self)
+        .await?)
+    }
+
+    async fn remove_from_others(
+        &mut self,
+        jid: &str,
+        local: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "DELETE FROM roster_items
+             WHERE contact = ?1 AND owner <> ?1
+               AND owner IN (SELECT jid FROM accounts
+                             WHERE domain IN (SELECT value FROM json_each(?2)))
+             RETURNING owner",
+        )
+        .bind(jid)
+        .bind(domains(local)?)
+        .fetch_all(&mut *self)
+        .await?)
+    }
+
+    async fn versions(&mut self, owners: &[String]) -> Result<Vec<(String, i64)>, StoreError> {
+        let mut versions = Vec::with_capacity(owners.len());
+        for owner in owners {
+            let version: i64 =
+                sqlx::query_scalar("SELECT version FROM roster_versions WHERE owner = ?1")
+                    .bind(owner)
+                    .fetch_one(&mut *self)
+                    .await?;
+            versions.push((owner.clone(), version));
+        }
+        Ok(versions)
+    }
+
+    async fn withdraw(&mut self, jid: &str, local: &[String]) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "DELETE FROM pending_subscriptions
+             WHERE sender = ?1
+               AND owner IN (SELECT jid FROM accounts
+                             WHERE domain IN (SELECT value FROM json_each(?2)))
+             RETURNING owner",
+        )
+        .bind(jid)
+        .bind(domains(local)?)
+        .fetch_all(&mut *self)
+        .await?)
+    }
+
+    async fn delete_account(&mut self, id: i64) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM accounts WHERE id = ?1")
+            .bind(id)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+}
+
+/// The local domains as the JSON list `json_each` expands.
+fn domains(local: &[String]) -> Result<String, StoreError> {
+    serde_json::to_string(local).map_err(|e| StoreError::Corrupt(format!("domains: {e}")))
 }
 
 impl Pools {
@@ -44,19 +165,7 @@ impl Pools {
         creds: &[(ScramHash, StoredCredentials)],
     ) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
-        let id: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO accounts (username, domain) VALUES (?1, ?2)
-             ON CONFLICT DO NOTHING
-             RETURNING id",
-        )
-        .bind(username)
-        .bind(domain)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(id) = id else {
-            return Err(StoreError::AccountExists);
-        };
-        put_credentials(&mut tx, id, creds).await?;
+        create(&mut *tx, username, domain, creds).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -68,13 +177,11 @@ impl Pools {
         creds: &[(ScramHash, StoredCredentials)],
     ) -> Result<bool, StoreError> {
         let mut tx = self.begin_write().await?;
-        let id = account_id(&mut tx, username, domain).await?;
-        let Some(id) = id else {
-            return Ok(false);
-        };
-        put_credentials(&mut tx, id, creds).await?;
-        tx.commit().await?;
-        Ok(true)
+        let found = set_credentials(&mut *tx, username, domain, creds).await?;
+        if found {
+            tx.commit().await?;
+        }
+        Ok(found)
     }
 
     pub(in crate::store) async fn delete_account(
@@ -84,76 +191,13 @@ impl Pools {
         local: &[String],
         limits: &StoreLimits,
     ) -> Result<Option<DeletedAccount>, StoreError> {
-        let jid = format!("{username}@{domain}");
-        let local = serde_json::to_string(local)
-            .map_err(|e| StoreError::Corrupt(format!("domains: {e}")))?;
         // The write lock from the start: no roster writer runs until this commits.
         let mut tx = self.begin_write().await?;
-        let id = account_id(&mut tx, username, domain).await?;
-        let Some(id) = id else {
-            return Ok(None);
-        };
-        let rows = sqlx::query(&format!(
-            "SELECT {ITEM_COLUMNS} FROM roster_items ri WHERE ri.owner = ?1 ORDER BY ri.contact"
-        ))
-        .bind(&jid)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut items = Vec::with_capacity(rows.len());
-        for row in &rows {
-            items.extend(item_from_row(&jid, row, limits)?);
+        let deleted = delete(&mut *tx, username, domain, local, limits).await?;
+        if deleted.is_some() {
+            tx.commit().await?;
         }
-        let waiting: Vec<String> = sqlx::query_scalar(
-            "SELECT sender FROM pending_subscriptions WHERE owner = ?1 ORDER BY sender",
-        )
-        .bind(&jid)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut owners: Vec<String> = sqlx::query_scalar(
-            "DELETE FROM roster_items
-             WHERE contact = ?1 AND owner <> ?1
-               AND owner IN (SELECT jid FROM accounts
-                             WHERE domain IN (SELECT value FROM json_each(?2)))
-             RETURNING owner",
-        )
-        .bind(&jid)
-        .bind(&local)
-        .fetch_all(&mut *tx)
-        .await?;
-        owners.sort();
-        owners.dedup();
-        let mut removed_from = Vec::with_capacity(owners.len());
-        for owner in owners {
-            let version: i64 =
-                sqlx::query_scalar("SELECT version FROM roster_versions WHERE owner = ?1")
-                    .bind(&owner)
-                    .fetch_one(&mut *tx)
-                    .await?;
-            removed_from.push((owner, version));
-        }
-        let mut withdrawn: Vec<String> = sqlx::query_scalar(
-            "DELETE FROM pending_subscriptions
-             WHERE sender = ?1
-               AND owner IN (SELECT jid FROM accounts
-                             WHERE domain IN (SELECT value FROM json_each(?2)))
-             RETURNING owner",
-        )
-        .bind(&jid)
-        .bind(&local)
-        .fetch_all(&mut *tx)
-        .await?;
-        withdrawn.sort();
-        sqlx::query("DELETE FROM accounts WHERE id = ?1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Some(DeletedAccount {
-            items,
-            waiting,
-            removed_from,
-            withdrawn,
-        }))
+        Ok(deleted)
     }
 
     pub(in crate::store) async fn list_accounts(
@@ -205,13 +249,7 @@ impl Pools {
             return Ok(None);
         };
         let iterations: i64 = row.try_get("iterations")?;
-        Ok(Some(StoredCredentials {
-            salt: row.try_get("salt")?,
-            iterations: u32::try_from(iterations)
-                .map_err(|_| StoreError::Corrupt(format!("iterations {iterations}")))?,
-            stored_key: row.try_get("stored_key")?,
-            server_key: row.try_get("server_key")?,
-        }))
+        credentials_from_row(&row, iterations).map(Some)
     }
 
     pub(in crate::store) async fn server_secret(
@@ -232,20 +270,4 @@ impl Pools {
             .await?;
         Ok(value)
     }
-}
-
-/// The id of account `username@domain`, or `None`; the caller's write transaction holds the
-/// file's write lock, so the row cannot change before it commits.
-async fn account_id(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    username: &str,
-    domain: &str,
-) -> Result<Option<i64>, StoreError> {
-    Ok(
-        sqlx::query_scalar("SELECT id FROM accounts WHERE username = ?1 AND domain = ?2")
-            .bind(username)
-            .bind(domain)
-            .fetch_optional(&mut **tx)
-            .await?,
-    )
 }

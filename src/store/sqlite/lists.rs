@@ -1,15 +1,17 @@
 //! Block lists, privacy settings, waiting subscription requests, last seen and the
 //! privacy gate's batched reads on SQLite (twins of `store/blocks.rs`, `privacy.rs`,
 //! `pending.rs`, `last_seen.rs` and `gate_inputs.rs`). Lists travel as JSON arrays and are
-//! expanded with `json_each`, where PostgreSQL takes a `text[]`.
+//! expanded with `json_each`, where PostgreSQL takes a `text[]`. What is done with waiting
+//! requests is decided in `pending.rs`; here are only their statements ([`PendingSql`]).
 
 use super::{json_list, parse_list, parse_time, time_text, Pools};
 use crate::policy::privacy::PrivacySettings;
 use crate::protocol::jid::{BareJid, Jid};
-use crate::store::blocks::entries;
+use crate::store::blocks::{add, entries, BlockSql};
 use crate::store::gate_inputs::{
-    probe_rows, settings_from, subscription_from, AudienceContact, AudienceInputs, ProbeSubject,
+    audience_roster, probe_rows, settings_from, subscription_from, AudienceInputs, ProbeSubject,
 };
+use crate::store::pending::{keep, PendingSql};
 use crate::store::{stored_jid, LastSeen, StoreError};
 
 /// The four settings columns as stored (lists as JSON).
@@ -28,6 +30,44 @@ fn settings_from_text(
     settings_from((cols.0, list(cols.1)?, cols.2, list(cols.3)?), defaults)
 }
 
+/// The statements of a block (`store/blocks.rs` holds the rule).
+impl BlockSql for sqlx::SqliteConnection {
+    async fn lock_owner(&mut self, _owner: &str) -> Result<(), StoreError> {
+        // The caller's write transaction holds the file's write lock already.
+        Ok(())
+    }
+
+    async fn count_with(&mut self, owner: &str, jids: &[String]) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM blocklist WHERE owner = ?1)
+                  + (SELECT count(DISTINCT j.value) FROM json_each(?2) j
+                     WHERE NOT EXISTS (SELECT 1 FROM blocklist
+                                       WHERE owner = ?1 AND blocked = j.value))",
+        )
+        .bind(owner)
+        .bind(json_list(jids))
+        .fetch_one(&mut *self)
+        .await?)
+    }
+
+    async fn insert_new(
+        &mut self,
+        owner: &str,
+        jids: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO blocklist (owner, blocked)
+             SELECT DISTINCT ?1, j.value FROM json_each(?2) j WHERE true
+             ON CONFLICT (owner, blocked) DO NOTHING
+             RETURNING blocked",
+        )
+        .bind(owner)
+        .bind(json_list(jids))
+        .fetch_all(&mut *self)
+        .await?)
+    }
+}
+
 impl Pools {
     pub(in crate::store) async fn block(
         &self,
@@ -35,31 +75,8 @@ impl Pools {
         jids: &[String],
         max: i64,
     ) -> Result<Vec<Jid>, StoreError> {
-        let list = json_list(jids);
         let mut tx = self.begin_write().await?;
-        let after: i64 = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM blocklist WHERE owner = ?1)
-                  + (SELECT count(DISTINCT j.value) FROM json_each(?2) j
-                     WHERE NOT EXISTS (SELECT 1 FROM blocklist
-                                       WHERE owner = ?1 AND blocked = j.value))",
-        )
-        .bind(owner)
-        .bind(&list)
-        .fetch_one(&mut *tx)
-        .await?;
-        if after > max {
-            return Err(StoreError::BlocklistFull);
-        }
-        let mut added: Vec<String> = sqlx::query_scalar(
-            "INSERT INTO blocklist (owner, blocked)
-             SELECT DISTINCT ?1, j.value FROM json_each(?2) j WHERE true
-             ON CONFLICT (owner, blocked) DO NOTHING
-             RETURNING blocked",
-        )
-        .bind(owner)
-        .bind(&list)
-        .fetch_all(&mut *tx)
-        .await?;
+        let mut added = add(&mut *tx, owner, jids, max).await?;
         tx.commit().await?;
         added.sort();
         Ok(entries(owner, added))
@@ -169,7 +186,7 @@ impl Pools {
         max: i64,
     ) -> Result<bool, StoreError> {
         let mut tx = self.begin_write().await?;
-        let added = keep_pending(&mut tx, owner, from, stanza, max).await?;
+        let added = keep(&mut *tx, owner, from, stanza, max).await?;
         tx.commit().await?;
         Ok(added)
     }
@@ -179,14 +196,8 @@ impl Pools {
         owner: &str,
         from: &str,
     ) -> Result<bool, StoreError> {
-        let found: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2)",
-        )
-        .bind(owner)
-        .bind(from)
-        .fetch_one(&self.read)
-        .await?;
-        Ok(found)
+        let mut conn = self.read.acquire().await?;
+        conn.is_waiting(owner, from).await
     }
 
     pub(in crate::store) async fn pending_subscriptions(
@@ -212,7 +223,7 @@ impl Pools {
         from: &str,
     ) -> Result<bool, StoreError> {
         let mut conn = self.write.acquire().await?;
-        drop_pending(&mut conn, owner, from).await
+        conn.delete(owner, from).await
     }
 
     pub(in crate::store) async fn record_last_seen_batch(
@@ -306,19 +317,7 @@ impl Pools {
                 settings_from_text((Some(a), Some(b), Some(c), Some(d)), defaults)?
             }
         };
-        let roster = rows
-            .into_iter()
-            .map(|(contact, sub, blocks_subject, blocked_by_subject)| {
-                AudienceContact::from_columns(
-                    subject,
-                    &contact,
-                    &sub,
-                    blocks_subject,
-                    blocked_by_subject,
-                )
-            })
-            .filter_map(Result::transpose)
-            .collect::<Result<Vec<_>, StoreError>>()?;
+        let roster = audience_roster(subject, rows)?;
         Ok(AudienceInputs { settings, roster })
     }
 
@@ -380,67 +379,53 @@ impl Pools {
     }
 }
 
-/// Keeps one request inside the caller's write transaction (which holds the file's write
-/// lock, so the count cannot change before the insert); whether it was added.
-async fn keep_pending(
-    conn: &mut sqlx::SqliteConnection,
-    owner: &str,
-    from: &str,
-    stanza: &str,
-    max: i64,
-) -> Result<bool, StoreError> {
-    let result = sqlx::query(
-        "INSERT INTO pending_subscriptions (owner, sender, stanza)
-         SELECT ?1, ?2, ?3
-         WHERE (SELECT count(*) FROM pending_subscriptions WHERE owner = ?1) < ?4
-         ON CONFLICT (owner, sender) DO NOTHING",
-    )
-    .bind(owner)
-    .bind(from)
-    .bind(stanza)
-    .bind(max)
-    .execute(&mut *conn)
-    .await?;
-    let added = result.rows_affected() == 1;
-    if !added {
-        let waiting: bool = sqlx::query_scalar(
+/// The statements on waiting requests (`store/pending.rs` holds the rules).
+impl PendingSql for sqlx::SqliteConnection {
+    async fn lock_owner(&mut self, _owner: &str) -> Result<(), StoreError> {
+        // The caller's write transaction holds the file's write lock already.
+        Ok(())
+    }
+
+    async fn insert_if_room(
+        &mut self,
+        owner: &str,
+        sender: &str,
+        stanza: &str,
+        max: i64,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "INSERT INTO pending_subscriptions (owner, sender, stanza)
+             SELECT ?1, ?2, ?3
+             WHERE (SELECT count(*) FROM pending_subscriptions WHERE owner = ?1) < ?4
+             ON CONFLICT (owner, sender) DO NOTHING",
+        )
+        .bind(owner)
+        .bind(sender)
+        .bind(stanza)
+        .bind(max)
+        .execute(&mut *self)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    async fn is_waiting(&mut self, owner: &str, sender: &str) -> Result<bool, StoreError> {
+        let found: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2)",
         )
         .bind(owner)
-        .bind(from)
-        .fetch_one(&mut *conn)
+        .bind(sender)
+        .fetch_one(&mut *self)
         .await?;
-        if !waiting {
-            crate::store::pending::log_not_kept(owner, from, max);
-        }
+        Ok(found)
     }
-    Ok(added)
-}
 
-async fn drop_pending(
-    conn: &mut sqlx::SqliteConnection,
-    owner: &str,
-    from: &str,
-) -> Result<bool, StoreError> {
-    let result = sqlx::query("DELETE FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2")
-        .bind(owner)
-        .bind(from)
-        .execute(&mut *conn)
-        .await?;
-    Ok(result.rows_affected() > 0)
-}
-
-/// Applies `writes` inside the caller's write transaction.
-pub(super) async fn write_pending(
-    conn: &mut sqlx::SqliteConnection,
-    writes: &[crate::store::pending::PendingWrite<'_>],
-    max: i64,
-) -> Result<(), StoreError> {
-    for w in writes {
-        match &w.keep {
-            Some(stanza) => keep_pending(conn, w.owner, w.sender, stanza, max).await?,
-            None => drop_pending(conn, w.owner, w.sender).await?,
-        };
+    async fn delete(&mut self, owner: &str, sender: &str) -> Result<bool, StoreError> {
+        let result =
+            sqlx::query("DELETE FROM pending_subscriptions WHERE owner = ?1 AND sender = ?2")
+                .bind(owner)
+                .bind(sender)
+                .execute(&mut *self)
+                .await?;
+        Ok(result.rows_affected() > 0)
     }
-    Ok(())
 }

@@ -1,7 +1,9 @@
 //! The embedded store: the same tables as PostgreSQL in one SQLite file, for a server
 //! that needs nothing installed. [`super::Store`] holds either backend; each public
 //! method of the store runs its PostgreSQL query or the SQLite twin here, so callers
-//! never see which one is in use.
+//! never see which one is in use. Only SQL is here: the rules around it (bounds, what is
+//! kept, how rows become values) are the `store/` modules' own, run by both backends (see
+//! [`super`]).
 //!
 //! The schema is `migrations/sqlite/`, compiled into the binary. Shape of the file:
 //!

@@ -1,8 +1,78 @@
 //! SQLite twin of `store/offline.rs` (XEP-0160 messages kept for a user).
 
 use super::{parse_time, Pools};
-use crate::store::offline::{make_room, Held, OfflineQuota};
+use crate::store::offline::{keep_if_room, Held, OfflineQuota, OfflineSql};
 use crate::store::{stored_jid, OfflineMessage, StoreError};
+
+/// The statements of keeping one message (`store/offline.rs` holds the rule).
+impl OfflineSql for sqlx::SqliteConnection {
+    async fn lock_owner(&mut self, _owner: &str) -> Result<(), StoreError> {
+        // One writer: the caller's write transaction holds the file's write lock already.
+        Ok(())
+    }
+
+    async fn held(&mut self, owner: &str, sender_bare: &str) -> Result<Held, StoreError> {
+        let (items, bytes, sender_items, sender_bytes): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), coalesce(sum(bytes), 0),
+                    coalesce(sum(CASE WHEN sender_bare = ?2 THEN 1 ELSE 0 END), 0),
+                    coalesce(sum(CASE WHEN sender_bare = ?2 THEN bytes ELSE 0 END), 0)
+             FROM offline_messages WHERE owner = ?1",
+        )
+        .bind(owner)
+        .bind(sender_bare)
+        .fetch_one(&mut *self)
+        .await?;
+        Ok(Held {
+            items,
+            bytes,
+            sender_items,
+            sender_bytes,
+        })
+    }
+
+    async fn strangers(&mut self, owner: &str) -> Result<Vec<(i64, i64)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT id, bytes FROM offline_messages
+             WHERE owner = ?1 AND NOT from_contact ORDER BY id",
+        )
+        .bind(owner)
+        .fetch_all(&mut *self)
+        .await?)
+    }
+
+    async fn evict(&mut self, ids: &[i64]) -> Result<(), StoreError> {
+        for id in ids {
+            sqlx::query("DELETE FROM offline_messages WHERE id = ?1")
+                .bind(id)
+                .execute(&mut *self)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn insert(
+        &mut self,
+        owner: &str,
+        sender: &str,
+        stanza: &str,
+        size: i64,
+        from_contact: bool,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO offline_messages (owner, sender, sender_bare, stanza, bytes, from_contact)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .bind(owner)
+        .bind(sender)
+        .bind(crate::protocol::jid::bare_of(sender))
+        .bind(stanza)
+        .bind(size)
+        .bind(from_contact)
+        .execute(&mut *self)
+        .await?;
+        Ok(())
+    }
+}
 
 impl Pools {
     pub(in crate::store) async fn store_offline_message(
@@ -13,61 +83,12 @@ impl Pools {
         from_contact: bool,
         quota: &OfflineQuota,
     ) -> Result<bool, StoreError> {
-        let sender_bare = crate::protocol::jid::bare_of(sender);
-        let size = i64::try_from(stanza.len()).unwrap_or(i64::MAX);
-        // One writer: nothing can change what is read below before the insert.
         let mut tx = self.begin_write().await?;
-        let (items, bytes, sender_items, sender_bytes): (i64, i64, i64, i64) = sqlx::query_as(
-            "SELECT count(*), coalesce(sum(bytes), 0),
-                    coalesce(sum(CASE WHEN sender_bare = ?2 THEN 1 ELSE 0 END), 0),
-                    coalesce(sum(CASE WHEN sender_bare = ?2 THEN bytes ELSE 0 END), 0)
-             FROM offline_messages WHERE owner = ?1",
-        )
-        .bind(owner)
-        .bind(sender_bare)
-        .fetch_one(&mut *tx)
-        .await?;
-        let held = Held {
-            items,
-            bytes,
-            sender_items,
-            sender_bytes,
-        };
-        let strangers: Vec<(i64, i64)> =
-            if from_contact && make_room(quota, held, size, true, Vec::new).is_none() {
-                sqlx::query_as(
-                    "SELECT id, bytes FROM offline_messages
-                     WHERE owner = ?1 AND NOT from_contact ORDER BY id",
-                )
-                .bind(owner)
-                .fetch_all(&mut *tx)
-                .await?
-            } else {
-                Vec::new()
-            };
-        let Some(evicted) = make_room(quota, held, size, from_contact, || strangers) else {
-            return Ok(false);
-        };
-        for id in evicted {
-            sqlx::query("DELETE FROM offline_messages WHERE id = ?1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+        let kept = keep_if_room(&mut *tx, quota, owner, sender, stanza, from_contact).await?;
+        if kept {
+            tx.commit().await?;
         }
-        sqlx::query(
-            "INSERT INTO offline_messages (owner, sender, sender_bare, stanza, bytes, from_contact)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )
-        .bind(owner)
-        .bind(sender)
-        .bind(sender_bare)
-        .bind(stanza)
-        .bind(size)
-        .bind(from_contact)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(true)
+        Ok(kept)
     }
 
     pub(in crate::store) async fn offline_messages(

@@ -3,52 +3,62 @@
 use super::Pools;
 use crate::protocol::jid::BareJid;
 use crate::store::pep::{
-    last_items_of, nodes_of, settle, stored_access, AccessModel, PepBounds, PepItem, Published,
-    Settle,
+    last_items_of, nodes_of, publish, stored_access, AccessModel, PepBounds, PepItem, PepSql,
+    Published,
 };
 use crate::store::StoreError;
 
-impl Pools {
-    pub(in crate::store) async fn pep_publish(
-        &self,
+/// The statements of a publish (`store/pep.rs` holds the rule).
+impl PepSql for sqlx::SqliteConnection {
+    async fn lock_owner(&mut self, _owner: &str) -> Result<(), StoreError> {
+        // One writer: the caller's write transaction holds the file's write lock already.
+        Ok(())
+    }
+
+    async fn access_model(
+        &mut self,
         owner: &str,
         node: &str,
-        access_model: Option<AccessModel>,
-        item: &PepItem,
-        bounds: PepBounds,
-    ) -> Result<Published, StoreError> {
-        let (max_nodes, max_items, max_bytes) = (bounds.nodes, bounds.items, bounds.bytes);
-        // One writer: nothing can create a node or item between the count and the insert.
-        let mut tx = self.begin_write().await?;
-        let existing: Option<String> =
+    ) -> Result<Option<String>, StoreError> {
+        Ok(
             sqlx::query_scalar("SELECT access_model FROM pep_nodes WHERE owner = ?1 AND node = ?2")
                 .bind(owner)
                 .bind(node)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let model = match settle(existing, access_model)? {
-            Settle::Keep(m) => m,
-            Settle::Differs => return Ok(Published::AccessModelDiffers),
-            Settle::Create(m) => {
-                let count: i64 =
-                    sqlx::query_scalar("SELECT count(*) FROM pep_nodes WHERE owner = ?1")
-                        .bind(owner)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                if count >= max_nodes {
-                    return Ok(Published::TooManyNodes);
-                }
-                sqlx::query(
-                    "INSERT INTO pep_nodes (owner, node, access_model) VALUES (?1, ?2, ?3)",
-                )
+                .fetch_optional(&mut *self)
+                .await?,
+        )
+    }
+
+    async fn node_count(&mut self, owner: &str) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM pep_nodes WHERE owner = ?1")
                 .bind(owner)
-                .bind(node)
-                .bind(m.as_str())
-                .execute(&mut *tx)
-                .await?;
-                m
-            }
-        };
+                .fetch_one(&mut *self)
+                .await?,
+        )
+    }
+
+    async fn create_node(
+        &mut self,
+        owner: &str,
+        node: &str,
+        model: AccessModel,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO pep_nodes (owner, node, access_model) VALUES (?1, ?2, ?3)")
+            .bind(owner)
+            .bind(node)
+            .bind(model.as_str())
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn put_item(
+        &mut self,
+        owner: &str,
+        node: &str,
+        item: &PepItem,
+    ) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO pep_items (owner, node, item_id, payload, seq)
              VALUES (?1, ?2, ?3, ?4, (SELECT coalesce(max(seq), 0) + 1 FROM pep_items
@@ -61,8 +71,12 @@ impl Pools {
         .bind(node)
         .bind(&item.id)
         .bind(&item.payload)
-        .execute(&mut *tx)
+        .execute(&mut *self)
         .await?;
+        Ok(())
+    }
+
+    async fn trim(&mut self, owner: &str, node: &str, keep: i64) -> Result<(), StoreError> {
         sqlx::query(
             "DELETE FROM pep_items WHERE owner = ?1 AND node = ?2 AND item_id NOT IN
              (SELECT item_id FROM pep_items WHERE owner = ?1 AND node = ?2
@@ -70,23 +84,37 @@ impl Pools {
         )
         .bind(owner)
         .bind(node)
-        .bind(max_items)
-        .execute(&mut *tx)
+        .bind(keep)
+        .execute(&mut *self)
         .await?;
-        // As on PostgreSQL: counted after the replace and trim; beyond, nothing is kept.
-        let bytes: i64 = sqlx::query_scalar(
+        Ok(())
+    }
+
+    async fn payload_bytes(&mut self, owner: &str) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
             "SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM pep_items WHERE owner = ?1",
         )
         .bind(owner)
-        .fetch_one(&mut *tx)
-        .await?;
-        if bytes > max_bytes {
-            return Ok(Published::OverBudget);
+        .fetch_one(&mut *self)
+        .await?)
+    }
+}
+
+impl Pools {
+    pub(in crate::store) async fn pep_publish(
+        &self,
+        owner: &str,
+        node: &str,
+        access_model: Option<AccessModel>,
+        item: &PepItem,
+        bounds: PepBounds,
+    ) -> Result<Published, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let published = publish(&mut *tx, owner, node, access_model, item, bounds).await?;
+        if matches!(published, Published::Stored { .. }) {
+            tx.commit().await?;
         }
-        tx.commit().await?;
-        Ok(Published::Stored {
-            access_model: model,
-        })
+        Ok(published)
     }
 
     pub(in crate::store) async fn pep_node(

@@ -8,7 +8,10 @@ use sqlx::Row;
 
 use super::{json_list, parse_list, Pools};
 use crate::store::pending::PendingWrite;
-use crate::store::roster::{in_version_order, item_from_columns, roster_has_room};
+use crate::store::roster::{
+    changes_since, item_from_columns, roster_has_room, write_items, DiffSql, ItemSql,
+};
+use crate::store::roster_admin::{room_query, AdminSql, HAD_ITEM};
 use crate::store::{RosterChange, RosterItem, StoreError, StoreLimits};
 
 pub(super) const ITEM_COLUMNS: &str =
@@ -67,6 +70,72 @@ async fn upsert(
     Ok(version)
 }
 
+/// The item writes of a subscription change (`store/roster.rs` holds the rule).
+impl ItemSql for sqlx::SqliteConnection {
+    async fn lock_owners(&mut self, _owners: &[&str]) -> Result<(), StoreError> {
+        // The caller's write transaction holds the file's write lock already.
+        Ok(())
+    }
+
+    async fn upsert_item(
+        &mut self,
+        owner: &str,
+        item: &RosterItem,
+        max_items: i64,
+    ) -> Result<i64, StoreError> {
+        upsert(self, owner, item, max_items).await
+    }
+}
+
+/// The reads of a roster diff (`store/roster.rs` holds the rule).
+impl DiffSql for sqlx::SqliteConnection {
+    async fn bounds(&mut self, owner: &str) -> Result<Option<(i64, i64)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = ?1")
+                .bind(owner)
+                .fetch_optional(&mut *self)
+                .await?,
+        )
+    }
+
+    async fn changed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+        limits: &StoreLimits,
+    ) -> Result<Vec<(i64, RosterItem)>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS}, ri.version FROM roster_items ri
+             WHERE ri.owner = ?1 AND ri.version > ?2"
+        ))
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *self)
+        .await?;
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(item) = item_from_row(owner, row, limits)? {
+                changed.push((row.try_get("version")?, item));
+            }
+        }
+        Ok(changed)
+    }
+
+    async fn removed_since(
+        &mut self,
+        owner: &str,
+        version: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT contact, version FROM roster_tombstones WHERE owner = ?1 AND version > ?2",
+        )
+        .bind(owner)
+        .bind(version)
+        .fetch_all(&mut *self)
+        .await?)
+    }
+}
+
 impl Pools {
     pub(in crate::store) async fn roster(
         &self,
@@ -101,40 +170,11 @@ impl Pools {
         limits: &StoreLimits,
     ) -> Result<Option<(i64, Vec<RosterChange>)>, StoreError> {
         let mut tx = self.read.begin().await?;
-        let bounds: Option<(i64, i64)> =
-            sqlx::query_as("SELECT version, floor FROM roster_versions WHERE owner = ?1")
-                .bind(owner)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some((current, floor)) = bounds else {
-            return Ok(None);
-        };
-        if version < floor || version > current {
-            return Ok(None);
+        let since = changes_since(&mut *tx, owner, version, limits).await?;
+        if since.is_some() {
+            tx.commit().await?;
         }
-        let rows = sqlx::query(&format!(
-            "SELECT {ITEM_COLUMNS}, ri.version FROM roster_items ri
-             WHERE ri.owner = ?1 AND ri.version > ?2"
-        ))
-        .bind(owner)
-        .bind(version)
-        .fetch_all(&mut *tx)
-        .await?;
-        let removed: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT contact, version FROM roster_tombstones WHERE owner = ?1 AND version > ?2",
-        )
-        .bind(owner)
-        .bind(version)
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        let mut changed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if let Some(item) = item_from_row(owner, row, limits)? {
-                changed.push((row.try_get("version")?, item));
-            }
-        }
-        Ok(Some((current, in_version_order(owner, changed, removed))))
+        Ok(since)
     }
 
     pub(in crate::store) async fn roster_item(
@@ -174,11 +214,7 @@ impl Pools {
         max_pending: i64,
     ) -> Result<Vec<i64>, StoreError> {
         let mut tx = self.begin_write().await?;
-        let mut versions = Vec::with_capacity(changes.len());
-        for (owner, item) in changes {
-            versions.push(upsert(&mut tx, owner, item, max_items).await?);
-        }
-        super::lists::write_pending(&mut tx, pending, max_pending).await?;
+        let versions = write_items(&mut *tx, changes, max_items, pending, max_pending).await?;
         tx.commit().await?;
         Ok(versions)
     }
@@ -232,5 +268,68 @@ impl Pools {
             .await?;
         tx.commit().await?;
         Ok(pruned.rows_affected())
+    }
+}
+
+/// The operators' roster operations' statements (`store/roster_admin.rs`); the file's
+/// write lock, held by the caller's write transaction, holds every other writer off.
+impl AdminSql for sqlx::SqliteConnection {
+    async fn lock_owners(&mut self, _a: &str, _b: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn has_room(&mut self, owner: &str, contact: &str, max: i64) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(&room_query())
+            .bind(owner)
+            .bind(contact)
+            .bind(max)
+            .fetch_one(&mut *self)
+            .await?)
+    }
+
+    async fn make_mutual(&mut self, a: &str, b: &str) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO presenced_roster_make_mutual (a, b) VALUES (?1, ?2)")
+            .bind(a)
+            .bind(b)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn set_name(&mut self, a: &str, b: &str, name: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE roster_items SET name = ?3 WHERE owner = ?1 AND contact = ?2")
+            .bind(a)
+            .bind(b)
+            .bind(name)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn set_groups(&mut self, a: &str, b: &str, groups: &[String]) -> Result<(), StoreError> {
+        sqlx::query("UPDATE roster_items SET groups = ?3 WHERE owner = ?1 AND contact = ?2")
+            .bind(a)
+            .bind(b)
+            .bind(json_list(groups))
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn items_for(&mut self, a: &str, b: &str) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(HAD_ITEM)
+            .bind(a)
+            .bind(b)
+            .fetch_one(&mut *self)
+            .await?)
+    }
+
+    async fn unpair(&mut self, a: &str, b: &str) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO presenced_roster_unpair (a, b) VALUES (?1, ?2)")
+            .bind(a)
+            .bind(b)
+            .execute(&mut *self)
+            .await?;
+        Ok(())
     }
 }
