@@ -38,6 +38,7 @@ pub mod keys;
 pub mod last_seen;
 pub mod metrics;
 pub mod redis_link;
+pub(crate) mod stale;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
@@ -981,7 +982,7 @@ mod tests {
     }
 
     /// Starts the tasks of an in-process node: the real writer, and the sweeper's sweep
-    /// (`sweeper::sweep_table`) every sweep period from `phase` on, as `sweeper::run` does
+    /// (`stale::sweep_table`) every sweep period from `phase` on, as `sweeper::run` does
     /// after its random start. Both stop with `stop`.
     fn start_in_process_node(live: &Arc<Liveness>, phase: Duration, stop: &CancellationToken) {
         let rx = live.take_ops_rx().expect("the writer runs once");
@@ -997,7 +998,7 @@ mod tests {
                     _ = tick.tick() => {}
                     _ = s.cancelled() => return,
                 }
-                crate::services::lifecycle::sweeper::sweep_table(&l, table(&l));
+                super::stale::sweep_table(&l, table(&l));
             }
         });
     }

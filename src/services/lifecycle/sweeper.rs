@@ -46,9 +46,9 @@ use std::sync::Arc;
 use crate::cluster::redis_conn::{Conn, SlotPipe};
 use crate::cluster::{Cluster, Entry};
 use crate::liveness::redis_link::RedisLink;
-use crate::liveness::{in_process, keys, Backend, Handed, Liveness, Op, SweptLocal};
+use crate::liveness::stale::{stale_here, sweep_table, Orphan, Stale};
+use crate::liveness::{keys, Backend, Handed};
 use crate::node::Shared;
-use crate::protocol::jid::FullJid;
 
 /// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size, ARGV[3]: the
 /// calling node's member prefix (`"<node> "`), ARGV[4]: stale members to skip (the
@@ -137,31 +137,6 @@ pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
     match &shared.liveness.backend {
         Backend::Redis(link) => sweep_redis(shared, link).await,
         Backend::InProcess(table) => sweep_table(&shared.liveness, table),
-    }
-}
-
-/// The in-process sweep: the same cutoff, batches and per-resource decision as in Redis.
-/// Every entry is this node's, so each goes to [`handle_stale`] directly. It needs only the
-/// liveness state (what it decides reaches the session through its end token), so the
-/// liveness tests run it on paused time without a node.
-pub(crate) fn sweep_table(live: &Liveness, table: &in_process::Table) -> usize {
-    live.metrics.sweeps.fetch_add(1, Ordering::Relaxed);
-    let cutoff = live.sweep_cutoff_ms();
-    let batch = live.sweep_batch();
-    let mut total = 0;
-    loop {
-        let got = table.take_stale(cutoff, batch);
-        let full = got.len() >= batch;
-        total += got.len();
-        live.metrics
-            .swept
-            .fetch_add(got.len() as u64, Ordering::Relaxed);
-        for (jid, score) in got {
-            handle_stale(live, &jid, score);
-        }
-        if !full {
-            return total;
-        }
     }
 }
 
@@ -259,13 +234,6 @@ enum Verdict {
     Deaf,
     /// Nobody, and the node no longer heartbeats: it is gone, and so are its sessions.
     Dead,
-}
-
-/// A stale resource whose session is gone with its node (`node`: the one its beat named).
-struct Orphan {
-    node: String,
-    jid: FullJid,
-    score: i64,
 }
 
 /// One batch of stale members from beat ZSET `key`: this node's are decided here; the
@@ -533,57 +501,6 @@ pub async fn listen(shared: Arc<Shared>) {
         },
     )
     .await;
-}
-
-/// The in-process table's decision for one stale resource (every one is this node's).
-fn handle_stale(live: &Liveness, jid: &str, score: i64) {
-    if let Stale::Orphan(_) = stale_here(live, jid, score) {
-        // In process every entry was written by this node for a session it tracks, so an
-        // untracked one has no other node to belong to: its end was handled here.
-        tracing::debug!(%jid, "sweeper: stale entry of a session no longer tracked");
-    }
-}
-
-/// What became of a stale resource whose beat names this node.
-enum Stale {
-    /// A session here has it: ended, left to its grace task or rewritten (its beat is
-    /// newer); that session's own write (end or refresh) takes care of the beat.
-    Here,
-    /// No session here has it, and one ended here after that beat (its unavailable went
-    /// out then).
-    EndedHere,
-    /// No session here has it and none ended after that beat: its session died with an
-    /// earlier run of this node.
-    Orphan(Orphan),
-}
-
-/// Decides a stale resource whose beat names this node.
-fn stale_here(live: &Liveness, jid: &str, score: i64) -> Stale {
-    match live.swept_local(jid, score) {
-        SweptLocal::Ended => {
-            tracing::info!(%jid, last_beat = score, "sweeper: silent for longer than ttl");
-            Stale::Here
-        }
-        SweptLocal::InGrace => Stale::Here,
-        SweptLocal::Alive(beat) => {
-            if let Ok(j) = crate::protocol::jid::parse_full(jid) {
-                live.queue_op(Op::Refresh {
-                    jid: j,
-                    beat_ms: beat,
-                });
-            }
-            Stale::Here
-        }
-        SweptLocal::NotLocal if live.ended_here_after(jid, score) => Stale::EndedHere,
-        SweptLocal::NotLocal => match crate::protocol::jid::parse_full(jid) {
-            Ok(j) => Stale::Orphan(Orphan {
-                node: live.node_id.clone(),
-                jid: j,
-                score,
-            }),
-            Err(_) => Stale::EndedHere,
-        },
-    }
 }
 
 /// Stale resources with no session on this node (their node crashed): tell each user's
