@@ -287,7 +287,8 @@ impl Default for C2sConfig {
     }
 }
 
-/// `[tls]`: certificates, one pair per domain or one pair for all.
+/// `[tls]`: the certificate (one pair for all domains) and the client listeners' session
+/// tickets (`crate::transport::tls::tickets`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
@@ -1608,6 +1609,10 @@ mod tests {
             d.limits.max_namespace_declarations
         );
         assert_eq!(c.c2s.port, d.c2s.port);
+        assert_eq!(
+            (c.tls.tickets, &c.tls.ticket_secret, c.tls.ticket_rotation),
+            (d.tls.tickets, &d.tls.ticket_secret, d.tls.ticket_rotation)
+        );
         assert_eq!(c.auth.scram_iterations, d.auth.scram_iterations);
         assert_eq!(
             c.auth.registrations_per_ip_per_hour,
