@@ -100,11 +100,21 @@ async fn a_new_secret_refuses_old_tickets_with_a_full_handshake() {
     let (first, _) = Client::direct_tls_with(&server, tls.clone()).await;
     first.close().await;
 
-    // What a reload with a new `[tls] ticket_secret` does.
-    let mut changed = server.config.tls.clone();
-    changed.ticket_secret = Some("a new secret for the whole cluster".into());
+    // A reload (SIGHUP) of a file with a new `[tls] ticket_secret`.
     let running = server.running.as_ref().unwrap();
-    assert!(running.tickets.reload(&changed));
+    let mut changed = server.config.clone();
+    changed.tls.ticket_secret = Some("a new secret for the whole cluster".into());
+    let checked = changed.clone().check().expect("valid");
+    let outcome = presenced::app::control::reload::apply(&server.config, &checked, running)
+        .await
+        .expect("reloads");
+    assert!(
+        outcome
+            .reloaded
+            .iter()
+            .any(|r| r.starts_with("TLS session tickets")),
+        "{outcome:?}"
+    );
 
     let (mut refused, kind) = Client::direct_tls_with(&server, tls.clone()).await;
     assert_eq!(kind, Some(HandshakeKind::Full), "the old ticket is refused");
@@ -117,8 +127,8 @@ async fn a_new_secret_refuses_old_tickets_with_a_full_handshake() {
     resumed.close().await;
 
     // With tickets off, TLS 1.3 resumes from the node's session cache.
-    changed.tickets = false;
-    assert!(running.tickets.reload(&changed));
+    changed.tls.tickets = false;
+    assert!(running.tickets.reload(&changed.tls));
     let (full, kind) = Client::direct_tls_with(&server, tls.clone()).await;
     assert_eq!(kind, Some(HandshakeKind::Full), "a ticket is not opened");
     full.close().await;

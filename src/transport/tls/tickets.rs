@@ -361,6 +361,17 @@ mod tests {
         assert_eq!(t.lifetime(), 7200);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn on_the_nodes_clock_a_ticket_opens_for_two_periods_at_most() {
+        use rustls::server::ProducesTickets;
+        let t = Tickets::new(&config(None, HOUR), b"stored".to_vec(), Clock::tokio());
+        let sealed = t.encrypt(b"state").unwrap();
+        tokio::time::advance(Duration::from_secs(HOUR)).await;
+        assert_eq!(t.decrypt(&sealed).unwrap(), b"state", "the next period");
+        tokio::time::advance(Duration::from_secs(HOUR)).await;
+        assert_eq!(t.decrypt(&sealed), None, "two periods on");
+    }
+
     #[test]
     fn the_system_clock_seals_tickets_that_open() {
         use rustls::server::ProducesTickets;
