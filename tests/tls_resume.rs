@@ -1,6 +1,6 @@
 //! TLS 1.3 session resumption on the client listeners (RFC 8446 §4.6.1), over real sockets
-//! and real TLS: a client that connected once resumes on its next connection (direct TLS and
-//! STARTTLS) and logs in as usual; a ticket issued by one node opens on another node on the
+//! and real TLS: a client that connected once resumes on its next connection (direct TLS,
+//! STARTTLS and the HTTPS listener of WebSocket) and logs in as usual; a ticket issued by one node opens on another node on the
 //! same database (the cluster case); a changed ticket secret makes the next connection a
 //! full handshake, not an error. The ignored `handshake_cpu` measures what resumption saves.
 
@@ -53,6 +53,32 @@ async fn a_client_that_connected_once_resumes_and_logs_in() {
     assert_eq!(kind, Some(HandshakeKind::Resumed), "STARTTLS resumes");
     log_in(&mut upgraded, &server, "alice").await;
     upgraded.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_https_listener_of_websocket_resumes_too() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start(|c| c.http.tls = true).await;
+    let tls = resuming_client(&server);
+    let connector = tokio_rustls::TlsConnector::from(tls);
+    for expected in [HandshakeKind::Full, HandshakeKind::Resumed] {
+        let tcp = tokio::net::TcpStream::connect(server.http_addr())
+            .await
+            .unwrap();
+        let name = rustls_pki_types::ServerName::try_from(server.domain.clone()).unwrap();
+        let mut https = connector.connect(name, tcp).await.expect("handshake");
+        assert_eq!(https.get_ref().1.handshake_kind(), Some(expected));
+        // Reading the answer also reads the tickets sent after the handshake.
+        let request = format!(
+            "GET /.well-known/host-meta HTTP/1.1\r\nHost: {}\r\n\r\n",
+            server.domain
+        );
+        https.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = [0u8; 12];
+        https.read_exact(&mut answer).await.expect("an answer");
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+    }
     server.stop().await;
 }
 
