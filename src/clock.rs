@@ -4,8 +4,10 @@
 //! - wall-clock milliseconds ([`Clock::now_ms`], [`Clock::now`]): liveness beats, Redis
 //!   expiry scores, sweep cutoffs and last-seen stamps (`crate::liveness`,
 //!   `crate::services::lifecycle`), the cluster directory's heartbeat and entry stamps
-//!   (`crate::cluster`), and the time a session bound (`crate::node::sessions`). These are
-//!   compared across nodes and with Redis, so they are wall time;
+//!   (`crate::cluster`), the time a session bound (`crate::node::sessions`), and the
+//!   period whose key seals and opens TLS session tickets (`crate::transport::tls::tickets`,
+//!   via `app::server`). These are compared across nodes and with Redis, so they are wall
+//!   time;
 //! - monotonic instants ([`Clock::instant`]), for durations measured on this node: the
 //!   SASL back-off's windows and locks (`crate::policy::auth_backoff`, from its caller), the
 //!   stanza and registration token buckets (`crate::policy::rate_limit`, from their

@@ -287,7 +287,8 @@ impl Default for C2sConfig {
     }
 }
 
-/// `[tls]`: certificates, one pair per domain or one pair for all.
+/// `[tls]`: the certificate (one pair for all domains) and the client listeners' session
+/// tickets (`crate::transport::tls::tickets`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
@@ -300,6 +301,19 @@ pub struct TlsConfig {
     pub key: Option<PathBuf>,
     /// Where generated development certificates are written (never committed).
     pub certs_dir: PathBuf,
+    /// Stateless session tickets on the client listeners (RFC 8446 §4.6.1), which every
+    /// node sharing `ticket_secret` (or the database) accepts. Off: resumption only on the
+    /// node that made the session, from its in-memory cache.
+    pub tickets: bool,
+    /// Secret the ticket keys are derived from, the same on every node of a cluster, at
+    /// least 16 bytes. Unset (`""`): one generated once and kept in the database.
+    #[serde(with = "unset_if_empty")]
+    pub ticket_secret: Option<String>,
+    /// Seconds of one ticket key period: a ticket is accepted in the period it was issued
+    /// in and the next, so for at most twice this; at least 60, at most 7 days (RFC 8446
+    /// §4.6.1's ceiling on a ticket's lifetime).
+    #[serde(with = "secs")]
+    pub ticket_rotation: Duration,
 }
 
 impl Default for TlsConfig {
@@ -308,9 +322,18 @@ impl Default for TlsConfig {
             cert: None,
             key: None,
             certs_dir: PathBuf::from("certs"),
+            tickets: true,
+            ticket_secret: None,
+            ticket_rotation: Duration::from_secs(12 * 3600),
         }
     }
 }
+
+/// Shortest `[tls] ticket_rotation`: shorter periods only cost full handshakes.
+const MIN_TICKET_ROTATION: Duration = Duration::from_secs(60);
+/// Longest `[tls] ticket_rotation`: a ticket's advertised lifetime is one period, and
+/// RFC 8446 §4.6.1 caps that at 7 days.
+const MAX_TICKET_ROTATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// `[database]`: the durable store, PostgreSQL or an SQLite file.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -1218,6 +1241,17 @@ impl Config {
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return bad("[tls] cert and key must be given together");
         }
+        if self
+            .tls
+            .ticket_secret
+            .as_ref()
+            .is_some_and(|s| s.len() < 16)
+        {
+            return bad("[tls] ticket_secret must be at least 16 bytes (or \"\" for a stored one)");
+        }
+        if !(MIN_TICKET_ROTATION..=MAX_TICKET_ROTATION).contains(&self.tls.ticket_rotation) {
+            return bad("[tls] ticket_rotation must be between 60 seconds and 7 days (604800)");
+        }
         if self.admin.enabled && self.admin.port != 0 {
             let clients = [
                 (self.c2s.bind, self.c2s.port),
@@ -1575,6 +1609,10 @@ mod tests {
             d.limits.max_namespace_declarations
         );
         assert_eq!(c.c2s.port, d.c2s.port);
+        assert_eq!(
+            (c.tls.tickets, &c.tls.ticket_secret, c.tls.ticket_rotation),
+            (d.tls.tickets, &d.tls.ticket_secret, d.tls.ticket_rotation)
+        );
         assert_eq!(c.auth.scram_iterations, d.auth.scram_iterations);
         assert_eq!(
             c.auth.registrations_per_ip_per_hour,
@@ -1805,6 +1843,33 @@ mod tests {
         c.liveness.heartbeat_interval = Duration::ZERO;
         let err = c.validate().expect_err("zero H").to_string();
         assert!(err.contains("heartbeat_interval"), "{err}");
+    }
+
+    #[test]
+    fn ticket_settings_have_defaults_and_bounds() {
+        let c = Config::parse("[tls]\nticket_secret = \"\"").expect("parses");
+        assert!(c.tls.tickets);
+        assert_eq!(c.tls.ticket_secret, None);
+        assert_eq!(c.tls.ticket_rotation, Duration::from_secs(43200));
+        let c = Config::parse(
+            "[tls]\ntickets = false\nticket_secret = \"0123456789abcdef\"\nticket_rotation = 3600",
+        )
+        .expect("parses");
+        assert!(!c.tls.tickets);
+        assert_eq!(c.tls.ticket_secret.as_deref(), Some("0123456789abcdef"));
+        assert_eq!(c.tls.ticket_rotation, Duration::from_secs(3600));
+        c.validate().expect("valid");
+        for (secret, rotation, what) in [
+            ("short", 3600, "ticket_secret"),
+            ("0123456789abcdef", 59, "ticket_rotation"),
+            ("0123456789abcdef", 604_801, "ticket_rotation"),
+        ] {
+            let mut c = Config::default();
+            c.tls.ticket_secret = Some(secret.into());
+            c.tls.ticket_rotation = Duration::from_secs(rotation);
+            let err = c.validate().expect_err(what).to_string();
+            assert!(err.contains(what), "{err}");
+        }
     }
 
     #[test]

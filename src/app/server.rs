@@ -41,6 +41,8 @@ pub struct Running {
     pub services: Arc<crate::services::Services>,
     /// The certificate every listener presents; a reload replaces it.
     pub certificates: Arc<crate::transport::tls::Certificates>,
+    /// The client listeners' session ticketer; a reload takes new ticket settings.
+    pub tickets: Arc<crate::transport::tls::tickets::Tickets>,
     tracker: TaskTracker,
 }
 
@@ -65,12 +67,17 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     store.set_audience_cache_ttl(config.database.gate_cache_secs);
     store.set_limits(crate::store::StoreLimits::from_config(&config.limits));
     store.set_privacy_defaults(&config.privacy);
+    let liveness = Arc::new(crate::liveness::Liveness::new(&config));
     let certificates = crate::transport::tls::Certificates::load(&config)?;
-    let tls = crate::transport::tls::c2s_server_config(&certificates)
+    let tickets = Arc::new(crate::transport::tls::tickets::Tickets::new(
+        &config.tls,
+        store.server_secret("tls_session_tickets").await?,
+        liveness.clock,
+    ));
+    let tls = crate::transport::tls::c2s_server_config(&certificates, Some(tickets.clone()))
         .map_err(crate::transport::tls::TlsError::from)?;
     let s2s_tls = crate::transport::tls::s2s_server_config_with(&certificates)
         .map_err(crate::transport::tls::TlsError::from)?;
-    let liveness = Arc::new(crate::liveness::Liveness::new(&config));
     store.set_clock(liveness.clock);
     let cluster = crate::cluster::Cluster::new(&config, liveness.clock);
     let s2s = crate::transport::s2s::new_state(&config, crate::transport::tls::identity(&config)?);
@@ -164,6 +171,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         shared,
         services,
         certificates,
+        tickets,
         tracker,
     })
 }

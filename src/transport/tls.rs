@@ -4,6 +4,12 @@
 //! One certificate serves every configured domain (its subject alternative names list them
 //! all), so SNI needs no per-domain lookup; production deployments point `[tls] cert/key`
 //! at a certificate covering their domains (certs/README.md).
+//!
+//! Client listeners resume TLS 1.3 sessions from stateless tickets that every node of a
+//! cluster opens ([`tickets`]); TLS 1.2 clients that do not ask for tickets, and s2s
+//! listeners, resume from a small per-node session-ID cache.
+
+pub mod tickets;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -35,21 +41,29 @@ pub enum TlsError {
     Write(String, std::io::Error),
 }
 
-/// Loads the configured certificate, or generates and reuses a self-signed one.
+/// Loads the configured certificate, or generates and reuses a self-signed one (no
+/// session tickets: resumption from the in-memory cache only).
 pub fn server_config(config: &Config) -> Result<Arc<ServerConfig>, TlsError> {
-    Ok(c2s_server_config(&Certificates::load(config)?)?)
+    Ok(c2s_server_config(&Certificates::load(config)?, None)?)
 }
 
 /// The TLS configuration of client listeners, presenting whatever `certs` holds at each
-/// handshake.
-pub fn c2s_server_config(certs: &Arc<Certificates>) -> Result<Arc<ServerConfig>, rustls::Error> {
+/// handshake and issuing session tickets from `tickets` while they are enabled.
+pub fn c2s_server_config(
+    certs: &Arc<Certificates>,
+    tickets: Option<Arc<tickets::Tickets>>,
+) -> Result<Arc<ServerConfig>, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut server = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_cert_resolver(certs.clone());
-    // Small session cache: resumption helps reconnect storms, memory stays bounded.
+    // Small session cache: resumption helps reconnect storms, memory stays bounded. With
+    // tickets on it serves only TLS 1.2 clients that do not ask for a ticket.
     server.session_storage = rustls::server::ServerSessionMemoryCache::new(1024);
+    if let Some(tickets) = tickets {
+        server.ticketer = tickets;
+    }
     Ok(Arc::new(server))
 }
 

@@ -574,32 +574,56 @@ impl Client {
     }
 
     /// STARTTLS (pinning the test certificate) and a new stream header.
-    pub async fn starttls(mut self, server: &TestServer) -> Client {
+    pub async fn starttls(self, server: &TestServer) -> Client {
+        self.starttls_with(server, tls_client(&server.cert)).await.0
+    }
+
+    /// STARTTLS with the client configuration `tls` (whose session cache a test may keep
+    /// across connections) and a new stream header; and how the handshake went.
+    pub async fn starttls_with(
+        mut self,
+        server: &TestServer,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> (Client, Option<rustls::HandshakeKind>) {
         self.send_raw("<starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
             .await;
         let proceed = self.next_stanza(WAIT).await.expect("proceed");
         assert_eq!(proceed.name, "proceed", "{proceed}");
         let Client { reader, writer, .. } = self;
         let io = reader.into_inner().unsplit(writer);
-        let connector = tokio_rustls::TlsConnector::from(tls_client(&server.cert));
+        let connector = tokio_rustls::TlsConnector::from(tls);
         let name = ServerName::try_from(server.domain.clone()).unwrap();
         let tls = connector.connect(name, io).await.expect("TLS handshake");
+        let kind = tls.get_ref().1.handshake_kind();
         let mut c = Client::over(Box::new(tls));
         c.open(&server.domain).await.expect("stream after TLS");
-        c
+        (c, kind)
     }
 
     /// A direct TLS (XEP-0368) connection with the stream opened.
     pub async fn direct_tls(server: &TestServer) -> Client {
+        Client::direct_tls_with(server, tls_client(&server.cert))
+            .await
+            .0
+    }
+
+    /// A direct TLS connection made with the client configuration `tls`, with the stream
+    /// opened (which also reads the session tickets sent after the handshake); and how the
+    /// handshake went.
+    pub async fn direct_tls_with(
+        server: &TestServer,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> (Client, Option<rustls::HandshakeKind>) {
         let tcp = TcpStream::connect(server.direct_addr)
             .await
             .expect("connect");
-        let connector = tokio_rustls::TlsConnector::from(tls_client(&server.cert));
+        let connector = tokio_rustls::TlsConnector::from(tls);
         let name = ServerName::try_from(server.domain.clone()).unwrap();
         let tls = connector.connect(name, tcp).await.expect("TLS handshake");
+        let kind = tls.get_ref().1.handshake_kind();
         let mut c = Client::over(Box::new(tls));
         c.open(&server.domain).await.expect("stream");
-        c
+        (c, kind)
     }
 
     /// SASL PLAIN; returns the name of the top-level answer (success or failure).

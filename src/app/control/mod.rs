@@ -4,7 +4,7 @@
 //! | signal | effect |
 //! |---|---|
 //! | SIGTERM, SIGINT, SIGQUIT | graceful stop: every session gets `system-shutdown`, grace timers and last seen are flushed |
-//! | SIGHUP | reload ([`reload`]): certificates, the log filter, `[limits]`, `[s2s]` routes and policies, `[privacy]` defaults; other changes are named as needing a restart |
+//! | SIGHUP | reload ([`reload`]): certificates, TLS session ticket settings, the log filter, `[limits]`, `[s2s]` routes and policies, `[privacy]` defaults; other changes are named as needing a restart |
 //! | SIGUSR1, SIGUSR2 | logged and ignored |
 //!
 //! SIGPIPE is ignored by the Rust runtime, so a closed pipe is a write error, never a kill.

@@ -5,6 +5,9 @@
 //! * the TLS certificate and key (c2s, direct TLS, HTTPS, s2s listeners and the client
 //!   certificate of new outgoing s2s streams; a handshake takes the certificate current
 //!   when it starts, so established sessions are untouched);
+//! * the TLS session ticket settings (`[tls] tickets`, `ticket_secret`, `ticket_rotation`,
+//!   [`crate::transport::tls::tickets`]): a changed secret or rotation refuses the tickets
+//!   issued before, whose clients then make one full handshake;
 //! * `[log] level`;
 //! * `[limits]` ([`crate::node::live`]): what a connection copies at its start (stanza size,
 //!   depth, rates, queue) applies to new connections, what is checked per request (roster,
@@ -88,6 +91,13 @@ pub async fn apply(
             .unwrap_or(&new.tls.certs_dir)
             .display()
     ));
+    if running.tickets.reload(&new.tls) {
+        outcome.reloaded.push(format!(
+            "TLS session tickets ({}, rotation {} s)",
+            if new.tls.tickets { "on" } else { "off" },
+            new.tls.ticket_rotation.as_secs()
+        ));
+    }
     if let Some(filter) = crate::app::logging::reload(&new.log) {
         outcome.reloaded.push(format!("log filter `{filter}`"));
     }
