@@ -72,7 +72,10 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         .map_err(crate::transport::tls::TlsError::from)?;
     let liveness = Arc::new(crate::liveness::Liveness::new(&config));
     let cluster = crate::cluster::Cluster::new(&config, liveness.clock);
-    let s2s = crate::transport::s2s::new_state(&config, crate::transport::tls::identity(&config)?);
+    let s2s = Arc::new(crate::transport::s2s::new_state(
+        &config,
+        crate::transport::tls::identity(&config)?,
+    ));
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
     let auth_backoff = crate::policy::auth_backoff::AuthBackoff::new(
         crate::policy::auth_backoff::BackoffPolicy::from_config(&config.limits),
@@ -97,7 +100,14 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         config.auth.registrations_per_ip_per_hour,
         config.auth.registrations_per_hour,
     );
+    let outbox = Arc::new(crate::node::outbox::Outbox::new(
+        sessions.clone(),
+        cluster.clone(),
+        s2s.clone(),
+        Arc::new(config.clone()),
+    ));
     let shared = Arc::new(Shared {
+        outbox,
         caps,
         avatar_hashes,
         registrations,

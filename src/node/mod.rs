@@ -20,8 +20,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::CheckedConfig;
 use crate::node::sessions::Sessions;
-use crate::protocol::error::StanzaError;
-use crate::protocol::xml::Element;
 use crate::store::Store;
 
 /// State shared by every task of the server.
@@ -57,7 +55,10 @@ pub struct Shared {
     /// The per-subject presence locks (each session's own state is behind its handle).
     pub subject_locks: visibility::SubjectLocks,
     /// Federation: outgoing links, dialback secret, remote presence state.
-    pub s2s: federation::S2s,
+    pub s2s: Arc<federation::S2s>,
+    /// Where stanzas leave for a session, another node or another domain (built from
+    /// `sessions`, `cluster`, `s2s` and `config`).
+    pub outbox: Arc<outbox::Outbox>,
     /// The Prometheus registry behind `/metrics` and the counters fed into it.
     pub metrics: crate::metrics::Metrics,
     /// Failed SASL password checks per account, across this node's streams.
@@ -107,11 +108,4 @@ impl RosterLocks {
         }
         guards
     }
-}
-
-/// Sends a stanza whose `to` is on a domain this server does not host. `from` is already
-/// stamped with a local JID. `Err` is the stanza error to bounce to the sender now
-/// (RFC 6120 §8.3.3.16); later failures are bounced by the link's task.
-pub fn route_remote(shared: &Shared, stanza: Element) -> Result<(), StanzaError> {
-    shared.s2s.route(&shared.config, stanza)
 }

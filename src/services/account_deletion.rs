@@ -115,7 +115,7 @@ pub async fn delete(
             me,
             owner,
         );
-        crate::node::outbox::to_available(shared, owner, &p);
+        shared.outbox.to_available(owner, &p);
     }
     let notices = remote_notices(&deleted.items, &deleted.waiting, |domain| {
         shared.config.serves(domain)
@@ -123,7 +123,7 @@ pub async fn delete(
     for (contact, kinds) in &notices {
         for kind in kinds {
             let p = crate::services::presence::presence(kind.presence_type(), me, contact);
-            if let Err(e) = crate::node::route_remote(shared, p) {
+            if let Err(e) = shared.outbox.route_remote(p) {
                 tracing::info!(%account, contact, error = ?e, "account deleted: contact's server not told");
             }
         }
@@ -253,7 +253,7 @@ async fn withdraw_presence(shared: &Shared, account: &BareJid, sessions: &[Sessi
         for to in revealed.iter().map(|(v, _)| v.to_string()).chain(directed) {
             if told.insert(to.clone()) {
                 let p = crate::node::outbox::unavailable(&from, &to);
-                crate::node::outbox::presence_to(shared, &to, p);
+                shared.outbox.presence_to(&to, p);
             }
         }
     }

@@ -78,7 +78,7 @@ pub(super) async fn notify(
         let mut local: Vec<String> = audience
             .into_iter()
             .map(|c| c.to_string())
-            .filter(|c| outbox::is_local(shared, c))
+            .filter(|c| shared.outbox.is_local(c))
             .collect();
         local.sort();
         recipients.extend(local);
@@ -204,7 +204,7 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
             roster
                 .into_iter()
                 .filter(|i| i.subscription.has_to())
-                .filter(|i| outbox::is_local(shared, i.contact.as_str()))
+                .filter(|i| shared.outbox.is_local(i.contact.as_str()))
                 .map(|i| i.contact),
         ),
         Err(e) => tracing::warn!(user = %me, error = %e, "roster unavailable; no PEP items sent"),

@@ -118,7 +118,7 @@ impl Presence {
         to_directory(shared, &client.handle);
         for (viewer, _) in revealed {
             let p = outbox::unavailable(&me, &viewer);
-            outbox::presence_to(shared, &viewer, p);
+            shared.outbox.presence_to(&viewer, p);
         }
     }
 
@@ -178,7 +178,7 @@ async fn from_client(
                     } else {
                         session.handle.write(|p| p.remove_directed(j.as_str()));
                     }
-                    let _ = crate::node::route_remote(shared, el);
+                    let _ = shared.outbox.route_remote(el);
                 }
                 Target::LocalBare(_) | Target::LocalFull(_) => {
                     directed(shared, session, el, available).await
@@ -223,13 +223,13 @@ async fn from_client(
             Target::Remote(_) => {
                 let mut p = el;
                 p.set_attr("from", own_bare.to_string());
-                let _ = crate::node::route_remote(shared, p);
+                let _ = shared.outbox.route_remote(p);
             }
             _ => {}
         },
         PresenceType::Error => {
             if let Target::LocalFull(f) = target {
-                outbox::to_session(shared, &f, el);
+                shared.outbox.to_session(&f, el);
             }
         }
     }
@@ -351,7 +351,7 @@ async fn show_to_audience(
         // One stanza per remote contact; s2s sends them over that domain's one stream.
         let mut p = el.clone();
         p.set_attr("to", contact.clone());
-        if crate::node::route_remote(shared, p).is_ok() {
+        if shared.outbox.route_remote(p).is_ok() {
             reached.push(contact);
         }
     }
@@ -361,7 +361,7 @@ async fn show_to_audience(
     let initial = outbox::Reach::Record {
         initial: change.initial(),
     };
-    reached.extend(outbox::to_contacts(shared, once, local, own, initial).await);
+    reached.extend(shared.outbox.to_contacts(once, local, own, initial).await);
     // Remember who saw this resource online, so a lost permission withdraws it from
     // exactly them (the subject lock makes this atomic with the delivery).
     if is_available {
@@ -444,7 +444,7 @@ async fn unavailable_to_directed(
         }
         let mut p = el.clone();
         p.set_attr("to", to.clone());
-        outbox::presence_to(shared, &to, p);
+        shared.outbox.presence_to(&to, p);
     }
 }
 
@@ -469,7 +469,7 @@ async fn initial_presence(
             // sends one only if it asked to (XEP-0186 `probe='true'`).
             // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
             let probe = presence(PresenceType::Probe, bare.as_str(), item.contact.as_str());
-            let _ = crate::node::route_remote(shared, probe);
+            let _ = shared.outbox.route_remote(probe);
         }
     }
     answer_probes(shared, me, &local).await;
@@ -594,7 +594,7 @@ pub async fn show_again_to_other_nodes(shared: &Shared) {
                 audience.push(c);
             }
             let once = Addressed::new(&last);
-            for viewer in outbox::fan_out(shared, &once, audience, false).await {
+            for viewer in shared.outbox.fan_out(&once, audience, false).await {
                 s.reveal(&viewer, privacy::Relation::Subscriber);
             }
         }
@@ -672,7 +672,7 @@ async fn directed(shared: &Shared, session: &Client, mut el: Element, is_availab
             p.forget(&to);
         });
     }
-    outbox::to_local(shared, &to, el);
+    shared.outbox.to_local(&to, el);
 }
 
 /// Tracks `to` as a directed-presence recipient of the session, or refuses the presence
@@ -1007,19 +1007,15 @@ pub(crate) async fn unavailable_of_lost(
             .await
             .into_iter()
             .map(|contact| contact.to_string())
-            .filter(|contact| crate::node::outbox::is_local(shared, contact))
+            .filter(|contact| shared.outbox.is_local(contact))
             .collect()
     } else {
         Vec::new()
     };
     // The user's own available resources, on this node and the others (RFC 6121 §4.5.2).
     recipients.push(bare.to_string());
-    crate::node::outbox::to_contacts(
-        shared,
-        &once,
-        recipients,
-        None,
-        crate::node::outbox::Reach::Send,
-    )
-    .await;
+    shared
+        .outbox
+        .to_contacts(&once, recipients, None, crate::node::outbox::Reach::Send)
+        .await;
 }
