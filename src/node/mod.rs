@@ -53,7 +53,7 @@ pub struct Shared {
     /// send (which would push twice and send presence for a change already handled).
     pub roster_locks: Arc<RosterLocks>,
     /// The per-subject presence locks (each session's own state is behind its handle).
-    pub subject_locks: visibility::SubjectLocks,
+    pub subject_locks: Arc<visibility::SubjectLocks>,
     /// Federation: outgoing links, dialback secret, remote presence state.
     pub s2s: Arc<federation::S2s>,
     /// Where stanzas leave for a session, another node or another domain (built from

@@ -305,13 +305,9 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
             // XEP-0077 with the server's domain as `to`: the session's own account.
             let query = el.elements().next().cloned();
             if let Some(reply) = query.and_then(|q| {
-                crate::services::account_deletion::registration_iq(
-                    &services.node,
-                    session,
-                    &el,
-                    ty,
-                    &q,
-                )
+                services
+                    .account_deletion
+                    .registration_iq(session, &el, ty, &q)
             }) {
                 session.deliver(reply);
             }
@@ -331,13 +327,9 @@ async fn own_account_iq(services: &Services, session: &Client, el: Element, ty: 
     let reply = if payload.is("query", x::NS_ROSTER) {
         services.roster.handle(session, &el, ty, &payload).await
     } else if payload.is("query", x::NS_REGISTER) {
-        crate::services::account_deletion::registration_iq(
-            &services.node,
-            session,
-            &el,
-            ty,
-            &payload,
-        )
+        services
+            .account_deletion
+            .registration_iq(session, &el, ty, &payload)
     } else if payload.is("session", x::NS_SESSION) {
         // RFC 3921 §3 session establishment: a no-op kept for old clients.
         Some(iq_result(&el))

@@ -23,6 +23,7 @@ pub(crate) mod roster;
 use std::sync::Arc;
 
 use crate::node::Shared;
+use crate::services::account_deletion::AccountDeletion;
 use crate::services::blocking::Blocking;
 use crate::services::lifecycle::last_seen::LastSeen;
 use crate::services::pep::Pep;
@@ -44,6 +45,8 @@ pub struct Services {
     pub privacy: Privacy,
     /// XEP-0163 personal eventing and the XEP-0054 vCards built on it.
     pub pep: Pep,
+    /// The one deletion of an account (XEP-0077 `<remove/>`, the admin socket).
+    pub account_deletion: Arc<AccountDeletion>,
     /// The node state the router works on: it delivers to sessions here, on the other
     /// nodes and over federation, and checks blocks and the privacy gate on the way
     /// (RFC 6120 §10).
@@ -71,6 +74,16 @@ impl Services {
             last_seen: LastSeen::new(node.liveness.clone(), node.store.clone(), presence.clone()),
             privacy: Privacy::new(node.store.clone(), node.live.clone(), presence.clone()),
             pep: Pep::new(node.clone()),
+            account_deletion: Arc::new(AccountDeletion::new(
+                node.store.clone(),
+                node.sessions.clone(),
+                node.subject_locks.clone(),
+                node.outbox.clone(),
+                node.s2s.clone(),
+                presence.clone(),
+                node.config.domains.clone(),
+                node.config.auth.allow_registration,
+            )),
             presence,
             node: node.clone(),
         }

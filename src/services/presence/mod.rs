@@ -54,6 +54,11 @@ impl Presence {
         to_directory(&self.node, handle);
     }
 
+    /// See [`executor::apply_external`].
+    pub(crate) async fn apply_external(&self, owner: &str, version: i64) {
+        executor::apply_external(&self.node, owner, version).await;
+    }
+
     /// See [`gate::reconcile_user`].
     pub async fn reconcile_user(&self, user: &BareJid) {
         gate::reconcile_user(&self.node, user).await;
