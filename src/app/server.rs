@@ -146,7 +146,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     shared.cluster.heartbeat(false).await;
     shared.cluster.start(&tracker, shared.shutdown.clone());
     tracker.spawn(crate::services::roster::sync::run(shared.clone()));
-    crate::services::lifecycle::start(&shared, &tracker);
+    crate::services::lifecycle::start(&services.lifecycle, &tracker);
     // Stanzas other nodes of the cluster send this one, handed to the delivery module
     // (the layer above the services, so it is wired here).
     let receiver = shared.clone();

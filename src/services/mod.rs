@@ -26,6 +26,7 @@ use crate::node::Shared;
 use crate::services::account_deletion::AccountDeletion;
 use crate::services::blocking::Blocking;
 use crate::services::lifecycle::last_seen::LastSeen;
+use crate::services::lifecycle::{Lifecycle, LifecycleSettings};
 use crate::services::pep::Pep;
 use crate::services::presence::Presence;
 use crate::services::privacy_iq::Privacy;
@@ -45,6 +46,8 @@ pub struct Services {
     pub privacy: Privacy,
     /// XEP-0163 personal eventing and the XEP-0054 vCards built on it.
     pub pep: Pep,
+    /// The tasks around a session's life: liveness, the sweeper, a session's end.
+    pub lifecycle: Arc<Lifecycle>,
     /// The one deletion of an account (XEP-0077 `<remove/>`, the admin socket).
     pub account_deletion: Arc<AccountDeletion>,
     /// The node state the router works on: it delivers to sessions here, on the other
@@ -74,6 +77,19 @@ impl Services {
             last_seen: LastSeen::new(node.liveness.clone(), node.store.clone(), presence.clone()),
             privacy: Privacy::new(node.store.clone(), node.live.clone(), presence.clone()),
             pep: Pep::new(node.clone()),
+            lifecycle: Arc::new(Lifecycle::new(
+                node.liveness.clone(),
+                node.cluster.clone(),
+                node.sessions.clone(),
+                node.store.clone(),
+                presence.clone(),
+                node.shutdown.clone(),
+                LifecycleSettings {
+                    sweeper: node.config.liveness.sweeper,
+                    metrics_log_interval: node.config.liveness.metrics_log_interval,
+                    reconnect_max: node.config.redis.reconnect_max,
+                },
+            )),
             account_deletion: Arc::new(AccountDeletion::new(
                 node.store.clone(),
                 node.sessions.clone(),

@@ -47,8 +47,8 @@ use crate::cluster::redis_conn::{Conn, SlotPipe};
 use crate::cluster::{Cluster, Entry};
 use crate::liveness::redis_link::RedisLink;
 use crate::liveness::{in_process, keys, Backend, Handed, Op, SweptLocal};
-use crate::node::Shared;
 use crate::protocol::jid::FullJid;
+use crate::services::lifecycle::Lifecycle;
 
 /// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size, ARGV[3]: the
 /// calling node's member prefix (`"<node> "`), ARGV[4]: stale members to skip (the
@@ -110,40 +110,40 @@ pub async fn sweep_once(
 
 /// Sweeps every `sweep_interval` (first run after a random fraction of it, so nodes started
 /// together do not sweep in lockstep).
-pub async fn run(shared: Arc<Shared>) {
-    if !shared.config.liveness.sweeper {
+pub async fn run(life: Arc<Lifecycle>) {
+    if !life.sweeper {
         return;
     }
-    let period = shared.liveness.timings.sweep;
+    let period = life.liveness.timings.sweep;
     let jitter = period.mul_f64(rand::random::<f64>());
     tokio::select! {
         _ = tokio::time::sleep(jitter) => {}
-        _ = shared.shutdown.cancelled() => return,
+        _ = life.shutdown.cancelled() => return,
     }
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = shared.shutdown.cancelled() => return,
+            _ = life.shutdown.cancelled() => return,
         }
-        sweep_all(&shared).await;
+        sweep_all(&life).await;
     }
 }
 
 /// One sweep of the backend (every shard in Redis, the table in process). Public so tests
 /// can drive it without waiting for the timer.
-pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
-    match &shared.liveness.backend {
-        Backend::Redis(link) => sweep_redis(shared, link).await,
-        Backend::InProcess(table) => sweep_table(shared, table).await,
+pub async fn sweep_all(life: &Arc<Lifecycle>) -> usize {
+    match &life.liveness.backend {
+        Backend::Redis(link) => sweep_redis(life, link).await,
+        Backend::InProcess(table) => sweep_table(life, table).await,
     }
 }
 
 /// The in-process sweep: the same cutoff, batches and per-resource decision as in Redis.
 /// Every entry is this node's, so each goes to [`handle_stale`] directly.
-async fn sweep_table(shared: &Arc<Shared>, table: &in_process::Table) -> usize {
-    let live = &shared.liveness;
+async fn sweep_table(life: &Arc<Lifecycle>, table: &in_process::Table) -> usize {
+    let live = &life.liveness;
     live.metrics.sweeps.fetch_add(1, Ordering::Relaxed);
     let cutoff = live.sweep_cutoff_ms();
     let batch = live.sweep_batch();
@@ -156,7 +156,7 @@ async fn sweep_table(shared: &Arc<Shared>, table: &in_process::Table) -> usize {
             .swept
             .fetch_add(got.len() as u64, Ordering::Relaxed);
         for (jid, score) in got {
-            handle_stale(shared, &jid, score).await;
+            handle_stale(life, &jid, score).await;
         }
         if !full {
             return total;
@@ -164,8 +164,8 @@ async fn sweep_table(shared: &Arc<Shared>, table: &in_process::Table) -> usize {
     }
 }
 
-async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
-    let live = &shared.liveness;
+async fn sweep_redis(life: &Arc<Lifecycle>, link: &RedisLink) -> usize {
+    let live = &life.liveness;
     let Some(mut conn) = link.conn().await else {
         return 0;
     };
@@ -173,7 +173,7 @@ async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
     let cutoff = live.sweep_cutoff_ms();
     let batch = live.sweep_batch();
     let mut sweep = Sweep::default();
-    if let Err(e) = follow_up_handed(shared, link, &mut conn, &mut sweep).await {
+    if let Err(e) = follow_up_handed(life, link, &mut conn, &mut sweep).await {
         link.failed(&e).await;
         return 0;
     }
@@ -195,7 +195,7 @@ async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
             live.metrics
                 .swept
                 .fetch_add(got.len() as u64, Ordering::Relaxed);
-            match handle_batch(shared, link, &mut conn, &key, got, &mut sweep).await {
+            match handle_batch(life, link, &mut conn, &key, got, &mut sweep).await {
                 Ok(own_in_batch) => own += own_in_batch,
                 Err(e) => {
                     link.failed(&e).await;
@@ -240,15 +240,15 @@ struct Sweep {
 /// read afresh once per sweep before a node is called deaf: the copy the heartbeat keeps
 /// may be up to a heartbeat period old, which would delay a dead node's announcement by
 /// that much. A failed read decides nothing (the node counts as live, its beats go back).
-async fn still_live(shared: &Shared, node: &str, live_set_read: &mut bool) -> bool {
-    if !shared.cluster.node_is_live(node) {
+async fn still_live(life: &Lifecycle, node: &str, live_set_read: &mut bool) -> bool {
+    if !life.cluster.node_is_live(node) {
         return false;
     }
     if *live_set_read {
         return true;
     }
     *live_set_read = true;
-    !shared.cluster.heartbeat(false).await || shared.cluster.node_is_live(node)
+    !life.cluster.heartbeat(false).await || life.cluster.node_is_live(node)
 }
 
 /// What a node that received none of its stale resources' hand-offs is taken to be.
@@ -273,14 +273,14 @@ struct Orphan {
 /// (resources of dead nodes, and of this node's earlier runs) is announced together.
 /// Returns how many of the batch were this node's (left in the ZSET by the script).
 async fn handle_batch(
-    shared: &Arc<Shared>,
+    life: &Arc<Lifecycle>,
     link: &RedisLink,
     conn: &mut Conn,
     key: &str,
     got: Vec<(String, i64)>,
     sweep: &mut Sweep,
 ) -> redis::RedisResult<usize> {
-    let live = &shared.liveness;
+    let live = &life.liveness;
     let mut own = 0;
     let mut orphans = Vec::new();
     // This node's members with no session here: removed once decided (announced as
@@ -294,7 +294,7 @@ async fn handle_batch(
         };
         if node == live.node_id {
             own += 1;
-            match stale_here(shared, jid, *score) {
+            match stale_here(life, jid, *score) {
                 Stale::Here => {}
                 Stale::EndedHere => own_done.push((member, *score)),
                 Stale::Orphan(o) => {
@@ -339,7 +339,7 @@ async fn handle_batch(
                 tracing::debug!(%node, resources = before, "stale resources handed to their node");
                 continue;
             }
-            let verdict = if still_live(shared, node, &mut sweep.live_set_read).await {
+            let verdict = if still_live(life, node, &mut sweep.live_set_read).await {
                 Verdict::Deaf
             } else {
                 Verdict::Dead
@@ -373,7 +373,7 @@ async fn handle_batch(
             None => {}
         }
     }
-    announce_orphans(shared, link, conn, orphans).await;
+    announce_orphans(life, link, conn, orphans).await;
     if !own_done.is_empty() {
         let mut c = redis::cmd("EVAL");
         c.arg(REMOVE_UNCHANGED).arg(1).arg(key);
@@ -425,12 +425,12 @@ fn keep_unheard(
 /// having acted is announced here, as the resource of a dead node it is; one whose node
 /// stays live is followed for at most 3T. One pipeline per sweep while any are open.
 async fn follow_up_handed(
-    shared: &Arc<Shared>,
+    life: &Arc<Lifecycle>,
     link: &RedisLink,
     conn: &mut Conn,
     sweep: &mut Sweep,
 ) -> redis::RedisResult<()> {
-    let live = &shared.liveness;
+    let live = &life.liveness;
     let open = live.take_handed();
     if open.is_empty() {
         return Ok(());
@@ -441,7 +441,7 @@ async fn follow_up_handed(
         let mut c = redis::cmd("ZSCORE");
         c.arg(&beats).arg(live.keys.member(&h.node, &h.jid));
         pipe.add(&beats, c);
-        let (key, c) = shared.cluster.last_entry_read(&h.jid);
+        let (key, c) = life.cluster.last_entry_read(&h.jid);
         pipe.add(&key, c);
     }
     let replies = match pipe.query(conn).await {
@@ -467,7 +467,7 @@ async fn follow_up_handed(
         if crate::cluster::directory::node_of(&entry.instance) != h.node {
             continue;
         }
-        if still_live(shared, &h.node, &mut sweep.live_set_read).await {
+        if still_live(life, &h.node, &mut sweep.live_set_read).await {
             if h.at_ms >= horizon {
                 still_open.push(h);
             }
@@ -482,14 +482,14 @@ async fn follow_up_handed(
         });
     }
     live.note_handed(still_open);
-    announce_orphans(shared, link, conn, orphans).await;
+    announce_orphans(life, link, conn, orphans).await;
     Ok(())
 }
 
 /// Listens on this node's channel for stale resources other nodes' sweepers found
 /// (`<last beat> <full JID>`), and handles them like its own. Reconnects with backoff.
-pub async fn listen(shared: Arc<Shared>) {
-    let live = &shared.liveness;
+pub async fn listen(life: Arc<Lifecycle>) {
+    let live = &life.liveness;
     let Some(link) = live.redis() else {
         return;
     };
@@ -497,15 +497,15 @@ pub async fn listen(shared: Arc<Shared>) {
         return;
     };
     let channel = live.keys.node_channel(&live.node_id);
-    let handler = shared.clone();
+    let handler = life.clone();
     crate::cluster::pubsub::subscribe(
         target,
         channel,
         link.timeout(),
-        shared.config.redis.reconnect_max,
-        shared.shutdown.clone(),
+        life.reconnect_max,
+        life.shutdown.clone(),
         |text| {
-            let shared = handler.clone();
+            let life = handler.clone();
             async move {
                 let mut orphans = Vec::new();
                 for line in text.lines() {
@@ -515,18 +515,18 @@ pub async fn listen(shared: Arc<Shared>) {
                     let Ok(score) = score.parse::<i64>() else {
                         continue;
                     };
-                    if let Stale::Orphan(o) = stale_here(&shared, jid, score) {
+                    if let Stale::Orphan(o) = stale_here(&life, jid, score) {
                         orphans.push(o);
                     }
                 }
                 if orphans.is_empty() {
                     return;
                 }
-                let Some(link) = shared.liveness.redis() else {
+                let Some(link) = life.liveness.redis() else {
                     return;
                 };
                 if let Some(mut conn) = link.conn().await {
-                    announce_orphans(&shared, link, &mut conn, orphans).await;
+                    announce_orphans(&life, link, &mut conn, orphans).await;
                 }
             }
         },
@@ -535,8 +535,8 @@ pub async fn listen(shared: Arc<Shared>) {
 }
 
 /// The in-process table's decision for one stale resource (every one is this node's).
-async fn handle_stale(shared: &Arc<Shared>, jid: &str, score: i64) {
-    if let Stale::Orphan(_) = stale_here(shared, jid, score) {
+async fn handle_stale(life: &Arc<Lifecycle>, jid: &str, score: i64) {
+    if let Stale::Orphan(_) = stale_here(life, jid, score) {
         // In process every entry was written by this node for a session it tracks, so an
         // untracked one has no other node to belong to: its end was handled here.
         tracing::debug!(%jid, "sweeper: stale entry of a session no longer tracked");
@@ -557,8 +557,8 @@ enum Stale {
 }
 
 /// Decides a stale resource whose beat names this node.
-fn stale_here(shared: &Shared, jid: &str, score: i64) -> Stale {
-    let live = &shared.liveness;
+fn stale_here(life: &Lifecycle, jid: &str, score: i64) -> Stale {
+    let live = &life.liveness;
     match live.swept_local(jid, score) {
         SweptLocal::Ended => {
             tracing::info!(%jid, last_beat = score, "sweeper: silent for longer than ttl");
@@ -599,13 +599,13 @@ fn stale_here(shared: &Shared, jid: &str, score: i64) -> Stale {
 /// So a batch costs one Redis round trip per slot for those, and each announcement its
 /// own gate read.
 async fn announce_orphans(
-    shared: &Arc<Shared>,
+    life: &Arc<Lifecycle>,
     link: &RedisLink,
     conn: &mut Conn,
     mut orphans: Vec<Orphan>,
 ) {
     orphans.retain(|o| {
-        let back = shared.sessions.get(&o.jid).is_some();
+        let back = life.sessions.get(&o.jid).is_some();
         if back {
             tracing::debug!(jid = %o.jid, "sweeper: stale beat of a resource that is back here");
         }
@@ -616,14 +616,14 @@ async fn announce_orphans(
     }
     // Per orphan its resource key and its directory entry: both have the user's bare JID
     // as hash tag, so a batch is one pipeline per slot on a Redis Cluster.
-    let keys = &shared.liveness.keys;
+    let keys = &life.liveness.keys;
     let mut pipe = SlotPipe::new();
     for o in &orphans {
         let key = keys.resource(&o.jid);
         let mut c = redis::cmd("GET");
         c.arg(&key);
         pipe.add(&key, c);
-        let (key, c) = shared.cluster.last_entry_read(&o.jid);
+        let (key, c) = life.cluster.last_entry_read(&o.jid);
         pipe.add(&key, c);
     }
     let replies = match pipe.query(conn).await {
@@ -661,27 +661,27 @@ async fn announce_orphans(
     // statement for the whole batch made every announcement wait for one backend
     // (BENCHMARKS.md, "Cluster").
     // Tasks, not futures of this one: the announcements run on every worker thread.
-    let limit = shared.liveness.sweep_concurrency();
+    let limit = life.liveness.sweep_concurrency();
     let mut running = tokio::task::JoinSet::new();
     for (o, last) in lost {
         if running.len() >= limit {
             running.join_next().await;
         }
-        running.spawn(announce_lost(shared.clone(), o, last));
+        running.spawn(announce_lost(life.clone(), o, last));
     }
     while running.join_next().await.is_some() {}
 }
 
-async fn announce_lost(shared: Arc<Shared>, o: Orphan, last: Option<Entry>) {
+async fn announce_lost(life: Arc<Lifecycle>, o: Orphan, last: Option<Entry>) {
     let Orphan { jid, score, .. } = o;
     tracing::info!(%jid, last_beat = score, "sweeper: resource of no live node");
     let bare = jid.to_bare();
     // Its last seen to each other node, its directory entry, one message of unavailables.
-    let ops = shared.cluster.peers().len() + 2;
-    shared.cluster.wait_for_room(ops).await;
-    shared.cluster.seen(bare.as_str(), score);
-    crate::services::presence::unavailable_of_lost(&shared, &jid, last.as_ref()).await;
-    shared.liveness.last_seen.push(crate::store::LastSeen {
+    let ops = life.cluster.peers().len() + 2;
+    life.cluster.wait_for_room(ops).await;
+    life.cluster.seen(bare.as_str(), score);
+    life.presence.unavailable_of_lost(&jid, last.as_ref()).await;
+    life.liveness.last_seen.push(crate::store::LastSeen {
         jid: bare,
         at: chrono::DateTime::from_timestamp_millis(score).unwrap_or_else(chrono::Utc::now),
         status: None,

@@ -54,6 +54,20 @@ impl Presence {
         to_directory(&self.node, handle);
     }
 
+    /// See [`unavailable_of_lost`].
+    pub(crate) async fn unavailable_of_lost(
+        &self,
+        jid: &FullJid,
+        last: Option<&crate::cluster::Entry>,
+    ) {
+        unavailable_of_lost(&self.node, jid, last).await;
+    }
+
+    /// See [`show_again_to_other_nodes`].
+    pub(crate) async fn show_again_to_other_nodes(&self) {
+        show_again_to_other_nodes(&self.node).await;
+    }
+
     /// See [`executor::apply_external`].
     pub(crate) async fn apply_external(&self, owner: &str, version: i64) {
         executor::apply_external(&self.node, owner, version).await;
