@@ -87,15 +87,15 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         },
         liveness.clock,
     ));
-    let caps = crate::node::caps::CapsCache::new(
+    let caps = Arc::new(crate::node::caps::CapsCache::new(
         config.limits.max_caps_entries,
         config.limits.max_caps_queries_per_session,
         config.limits.caps_query_timeout,
-    );
-    let avatar_hashes = crate::cluster::cache::Cache::new(
+    ));
+    let avatar_hashes = Arc::new(crate::cluster::cache::Cache::new(
         config.limits.max_avatar_hash_entries,
         config.limits.avatar_hash_ttl,
-    );
+    ));
     let registrations = crate::policy::rate_limit::SourceBudget::per_hour(
         config.auth.registrations_per_ip_per_hour,
         config.auth.registrations_per_hour,
@@ -149,12 +149,12 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     crate::services::lifecycle::start(&services.lifecycle, &tracker);
     // Stanzas other nodes of the cluster send this one, handed to the delivery module
     // (the layer above the services, so it is wired here).
-    let receiver = shared.clone();
+    let receiver = (shared.clone(), services.clone());
     tracker.spawn(crate::cluster::listen(
         shared.cluster.clone(),
         shared.shutdown.clone(),
         shared.config.redis.reconnect_max,
-        move |env| crate::routing::delivery::from_node(&receiver, env),
+        move |env| crate::routing::delivery::from_node(&receiver.0, &receiver.1.pep, env),
     ));
     // One admission policy for every client-facing listener (s2s has its own limits).
     let limits = Arc::new(ListenerPolicy::new(&shared.config));

@@ -69,9 +69,9 @@ pub struct Shared {
     /// XEP-0198 sessions of this node a new stream may resume, by resume id.
     pub resumable: crate::node::stream_management::Resumable,
     /// XEP-0115 capabilities of clients on this node (which PEP nodes each wants).
-    pub caps: crate::node::caps::CapsCache,
+    pub caps: Arc<crate::node::caps::CapsCache>,
     /// XEP-0153 avatar hashes by bare JID, so an available presence costs no store read.
-    pub avatar_hashes: crate::cluster::cache::Cache<Option<String>>,
+    pub avatar_hashes: Arc<crate::cluster::cache::Cache<Option<String>>>,
     /// XEP-0077 registrations left this hour, per source address and for this node.
     pub registrations: crate::policy::rate_limit::SourceBudget,
 }

@@ -71,10 +71,10 @@ pub(crate) enum Outcome {
 /// session, a bare JID its available sessions; a `kick` ends the session bound to that full
 /// JID, which a newer session on another node took over (RFC 6120 §7.7.2.2). The two
 /// exceptions, `reveal` and `decide`, need the session's own state and run as tasks.
-pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
+pub(crate) fn from_node(shared: &Arc<Shared>, pep: &crate::services::pep::Pep, env: Envelope) {
     match env.kind {
         Kind::Notify => {
-            crate::services::pep::from_node(shared, &env.to, &env.xml);
+            crate::services::pep::from_node(pep, &env.to, &env.xml);
             return;
         }
         Kind::Reveal => {

@@ -76,7 +76,20 @@ impl Services {
             ),
             last_seen: LastSeen::new(node.liveness.clone(), node.store.clone(), presence.clone()),
             privacy: Privacy::new(node.store.clone(), node.live.clone(), presence.clone()),
-            pep: Pep::new(node.clone()),
+            pep: Pep::new(
+                node.store.clone(),
+                node.sessions.clone(),
+                node.outbox.clone(),
+                node.cluster.clone(),
+                node.caps.clone(),
+                node.avatar_hashes.clone(),
+                presence.clone(),
+                crate::services::pep::PepLimits {
+                    max_pep_items: node.config.limits.max_pep_items,
+                    max_pep_item_size: node.config.limits.max_pep_item_size,
+                    max_vcard_size: node.config.limits.max_vcard_size,
+                },
+            ),
             lifecycle: Arc::new(Lifecycle::new(
                 node.liveness.clone(),
                 node.cluster.clone(),

@@ -68,6 +68,24 @@ impl Presence {
         show_again_to_other_nodes(&self.node).await;
     }
 
+    /// See [`gate::blocked_either`].
+    pub(crate) async fn blocked_either(&self, a: &Jid, b: &Jid) -> bool {
+        gate::blocked_either(&self.node, a, b).await
+    }
+
+    /// See [`gate::may_see_online`].
+    pub(crate) async fn may_see_online(&self, viewer: &Jid, subject: &Jid, directed: bool) -> bool {
+        gate::may_see_online(&self.node, viewer, subject, directed).await
+    }
+
+    /// See [`gate::online_audience`].
+    pub(crate) async fn online_audience(
+        &self,
+        subject: &Jid,
+    ) -> std::collections::HashSet<BareJid> {
+        gate::online_audience(&self.node, subject).await
+    }
+
     /// See [`executor::apply_external`].
     pub(crate) async fn apply_external(&self, owner: &str, version: i64) {
         executor::apply_external(&self.node, owner, version).await;
