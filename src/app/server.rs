@@ -145,7 +145,13 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     // channel is received with the liveness tasks).
     shared.cluster.heartbeat(false).await;
     shared.cluster.start(&tracker, shared.shutdown.clone());
-    tracker.spawn(crate::services::roster::sync::run(shared.clone()));
+    tracker.spawn(crate::services::roster::sync::run(
+        shared.config.database.clone(),
+        shared.store.clone(),
+        shared.sessions.clone(),
+        services.presence.clone(),
+        shared.shutdown.clone(),
+    ));
     crate::services::lifecycle::start(&services.lifecycle, &tracker);
     // Stanzas other nodes of the cluster send this one, handed to the delivery module
     // (the layer above the services, so it is wired here).
