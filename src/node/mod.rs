@@ -1,7 +1,9 @@
 //! The state of one node, shared by every task: the composition root's *type*. Its fields
 //! are types of the layers below (store, sessions, liveness, federation state, metrics),
-//! so every service and transport can hold it without importing the server that builds
-//! it ([`crate::app::server::start`]) or the transports that run on it.
+//! so every transport can hold it without importing the server that builds it
+//! ([`crate::app::server::start`]) or the transports that run on it. The parts a service
+//! holds are behind `Arc`s (or cheap clones), so the composition root builds each
+//! service from the parts it uses rather than from the whole state.
 
 pub(crate) mod caps;
 pub mod federation;

@@ -2,10 +2,13 @@
 //! composition root ([`crate::app::server::start`]) and lent by the c2s session task to the
 //! router, which hands each handler the service it uses and the
 //! [`crate::node::session::Client`] it acts for. A handler's signature therefore says
-//! what it depends on, instead of reaching into the node state. Presence and PEP, whose
-//! work spans the node (the privacy gate, delivery to the other nodes and over
-//! federation), hold the node state inside their service; the router, which routes
-//! anywhere, works on it too ([`Services::node`]).
+//! what it depends on, instead of reaching into the node state: [`Services::new`] gives
+//! each service the parts of the node it uses (the store, the session registry, the
+//! outbox, ...), never the node state itself. Presence, whose work spans the node (the
+//! privacy gate, delivery to the other nodes and over federation), still holds the node
+//! state inside its service, and the other services ask it through its methods; the
+//! router, which routes anywhere, works on the node state too ([`Services::node`]).
+//! `tests/layers.rs` keeps every other service off `node::Shared`.
 
 pub mod account_deletion;
 pub mod blocking;
@@ -57,7 +60,7 @@ pub struct Services {
 }
 
 impl Services {
-    /// Builds every service from the node state, each taking only what it uses.
+    /// Builds every service from the parts of the node state it uses.
     pub fn new(node: &Arc<Shared>) -> Self {
         let presence = Arc::new(Presence::new(node.clone()));
         Services {
