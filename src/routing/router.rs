@@ -47,8 +47,8 @@ pub(crate) fn remote(shared: &Shared, el: Element) {
     }
 }
 
-/// The one bounce ([`crate::node::outbox::Outbox::bounce`]): the session's stanzas carry its full JID
-/// as `from`, so the reply comes back to it.
+/// The one bounce ([`crate::node::outbox::Outbox::bounce`]): the session's stanzas carry
+/// its full JID as `from`, so the reply comes back to it.
 fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
     shared.outbox.bounce(el, err);
 }
