@@ -145,23 +145,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     // channel is received with the liveness tasks).
     shared.cluster.heartbeat(false).await;
     shared.cluster.start(&tracker, shared.shutdown.clone());
-    tracker.spawn(crate::services::roster::sync::run(
-        shared.config.database.clone(),
-        shared.store.clone(),
-        shared.sessions.clone(),
-        services.presence.clone(),
-        shared.shutdown.clone(),
-    ));
-    crate::services::lifecycle::start(&services.lifecycle, &tracker);
-    // Stanzas other nodes of the cluster send this one, handed to the delivery module
-    // (the layer above the services, so it is wired here).
-    let receiver = (shared.clone(), services.clone());
-    tracker.spawn(crate::cluster::listen(
-        shared.cluster.clone(),
-        shared.shutdown.clone(),
-        shared.config.redis.reconnect_max,
-        move |env| crate::routing::delivery::from_node(&receiver.0, &receiver.1.pep, env),
-    ));
+    spawn_tasks(&shared, &services, &tracker);
     // One admission policy for every client-facing listener (s2s has its own limits).
     let limits = Arc::new(ListenerPolicy::new(&shared.config));
     let http_addr = crate::transport::http::start(&shared, &services, limits.clone()).await?;
@@ -180,6 +164,32 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         certificates,
         tracker,
     })
+}
+
+/// The node's background tasks, each given the parts of the node it uses: the roster
+/// sync, the lifecycle tasks and the receiver of this node's cluster channel.
+fn spawn_tasks(
+    shared: &Arc<Shared>,
+    services: &Arc<crate::services::Services>,
+    tracker: &TaskTracker,
+) {
+    tracker.spawn(crate::services::roster::sync::run(
+        shared.config.database.clone(),
+        shared.store.clone(),
+        shared.sessions.clone(),
+        services.presence.clone(),
+        shared.shutdown.clone(),
+    ));
+    crate::services::lifecycle::start(&services.lifecycle, tracker);
+    // Stanzas other nodes of the cluster send this one, handed to the delivery module
+    // (the layer above the services, so it is wired here).
+    let receiver = (shared.clone(), services.clone());
+    tracker.spawn(crate::cluster::listen(
+        shared.cluster.clone(),
+        shared.shutdown.clone(),
+        shared.config.redis.reconnect_max,
+        move |env| crate::routing::delivery::from_node(&receiver.0, &receiver.1.pep, env),
+    ));
 }
 
 /// The c2s listeners (plain with STARTTLS, and direct TLS when configured); their
