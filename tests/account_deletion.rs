@@ -34,7 +34,7 @@ fn admin_socket(c: &mut presenced::config::Config) -> PathBuf {
 
 /// Opens the admin socket the config names, as the server's control loop does.
 async fn open_admin(ts: &TestServer) {
-    presenced::app::admin::start(ts.shared())
+    presenced::app::admin::start(ts.shared(), ts.services())
         .await
         .expect("admin socket")
         .expect("configured");

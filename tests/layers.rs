@@ -9,6 +9,9 @@
 //!   and a new top-level module must be given a place.
 //! - Inside a layer, its modules (`transport::c2s`, `services::presence`, …) may not import
 //!   each other around a loop.
+//! - No module names a `Session` bundling a client with the node state, and no service
+//!   but those listed in [`SERVICES_ON_THE_NODE_STATE`] names the node state (`Shared`)
+//!   at all.
 
 mod scan;
 
@@ -287,15 +290,20 @@ fn a_two_module_loop_and_a_three_module_loop_are_both_found() {
     assert_eq!(names, ["ab", "ba", "cd", "de", "ec"]);
 }
 
+/// Whether `code` names the identifier `name` itself, not a longer one that contains it.
+fn names_ident(code: &str, name: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    code.match_indices(name).any(|(i, _)| {
+        let before = code[..i].chars().last();
+        let after = code[i + name.len()..].chars().next();
+        !before.is_some_and(ident) && !after.is_some_and(ident)
+    })
+}
+
 /// Whether `code` names the identifier `Session` itself (not `SessionHandle`,
 /// `LiveSession`, `sessions::Session…`).
 fn names_session(code: &str) -> bool {
-    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    code.match_indices("Session").any(|(i, _)| {
-        let before = code[..i].chars().last();
-        let after = code[i + "Session".len()..].chars().next();
-        !before.is_some_and(ident) && !after.is_some_and(ident)
-    })
+    names_ident(code, "Session")
 }
 
 /// No module names a `Session` type: a handler given a session bundled with the whole node
@@ -333,4 +341,69 @@ fn the_session_scan_sees_the_type_but_not_longer_names() {
     assert!(!names_session(&code_only(
         "// a Session in a comment\nlet s = \"Session\";"
     )));
+}
+
+/// Files under `src/services/` that still name the node state, `node::Shared`: presence,
+/// whose service holds it until its functions take the parts they use, and `mod.rs`,
+/// whose `Services` lends it to the router.
+const SERVICES_ON_THE_NODE_STATE: &[&str] = &[
+    "services/mod.rs",
+    "services/presence/executor.rs",
+    "services/presence/gate.rs",
+    "services/presence/mod.rs",
+    "services/presence/remote.rs",
+];
+
+/// A service holds what it uses and no more, so its signatures say what it depends on:
+/// no other file under `src/services/` names `Shared`, the whole node state
+/// (ARCHITECTURE.md, "Layers"). The composition root builds each service from the node's
+/// parts.
+#[test]
+fn services_do_not_name_the_node_state() {
+    let (src, files) = server_source();
+    let mut naming = BTreeSet::new();
+    let mut services = 0;
+    for file in &files {
+        let rel = file
+            .strip_prefix(&src)
+            .expect("under src")
+            .to_string_lossy()
+            .replace('\\', "/");
+        if !rel.starts_with("services/") {
+            continue;
+        }
+        services += 1;
+        let text = std::fs::read_to_string(file).expect("read source");
+        if names_ident(&code_only(&text), "Shared")
+            && !SERVICES_ON_THE_NODE_STATE.contains(&rel.as_str())
+        {
+            naming.insert(rel);
+        }
+    }
+    assert!(
+        services > SERVICES_ON_THE_NODE_STATE.len(),
+        "the scan found no services"
+    );
+    assert!(
+        naming.is_empty(),
+        "these services name node::Shared; give the service the parts of the node it uses \
+         (the composition root builds it from them) instead: {naming:?}"
+    );
+}
+
+#[test]
+fn the_ident_scan_sees_the_node_state_but_not_longer_names() {
+    assert!(names_ident("fn f(s: &Shared) {}", "Shared"));
+    assert!(names_ident(
+        "use crate::node::{Shared, RosterLocks};",
+        "Shared"
+    ));
+    assert!(!names_ident(
+        "fn f(s: &SharedBytes, t: &NotShared) {}",
+        "Shared"
+    ));
+    assert!(!names_ident(
+        &code_only("// the Shared state\nlet s = \"Shared\";"),
+        "Shared"
+    ));
 }

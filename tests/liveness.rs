@@ -1294,7 +1294,7 @@ async fn orphan_announcement_reaches_only_viewers_the_gate_admits() {
     let mut carol = online(&ts, "carol", "pc").await;
     let mut dave = online(&ts, "dave", "pc").await;
     plant_crashed_beat(&ts, "alice", "phone").await;
-    let swept = presenced::services::lifecycle::sweeper::sweep_all(ts.shared()).await;
+    let swept = presenced::services::lifecycle::sweeper::sweep_all(&ts.services().lifecycle).await;
     assert!(swept >= 1, "the planted beat was not swept");
     let full = c_jid(&ts, "alice", "phone");
     // Control: the permitted subscriber is told.
@@ -1335,7 +1335,7 @@ async fn orphan_of_a_resource_that_reconnected_is_not_announced() {
         .await
         .expect("bob sees alice/phone online");
     plant_crashed_beat(&ts, "alice", "phone").await;
-    let swept = presenced::services::lifecycle::sweeper::sweep_all(ts.shared()).await;
+    let swept = presenced::services::lifecycle::sweeper::sweep_all(&ts.services().lifecycle).await;
     assert!(swept >= 1, "the planted beat was not swept");
     barrier(&ts, &mut bob).await;
     barrier(&ts, &mut alice).await;

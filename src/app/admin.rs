@@ -10,7 +10,7 @@
 //! Sessions are ended the way the server ends any session: a stream error on the stream
 //! (RFC 6120 §4.9), then the session's own end path, so contacts learn of it as of any
 //! closed connection, through the privacy gate, after `[liveness] grace`. `user del` is
-//! [`crate::services::account_deletion::delete`], which tells the account's contacts at once.
+//! [`AccountDeletion::delete`], which tells the account's contacts at once.
 //!
 //! Roster changes are the schema's own operator operations (`presenced_roster_make_mutual`
 //! and `presenced_roster_unpair`, through [`crate::store::Store::roster_make_mutual`]); the
@@ -29,6 +29,7 @@ use crate::node::sessions::SessionHandle;
 use crate::node::Shared;
 use crate::protocol::error::{StreamCondition, StreamError};
 use crate::protocol::jid::BareJid;
+use crate::services::account_deletion::AccountDeletion;
 use crate::transport::listener::{Handler, Listener};
 
 /// Longest request line read; every request is far shorter.
@@ -142,7 +143,10 @@ pub struct Stats {
 
 /// Binds `[admin] socket` (if set) and serves it until shutdown. A socket file left by a
 /// crashed server is replaced; one a running server answers on is not.
-pub async fn start(shared: &Arc<Shared>) -> std::io::Result<Option<PathBuf>> {
+pub async fn start(
+    shared: &Arc<Shared>,
+    services: &crate::services::Services,
+) -> std::io::Result<Option<PathBuf>> {
     let Some(path) = shared.config.admin.socket.clone() else {
         return Ok(None);
     };
@@ -165,6 +169,7 @@ pub async fn start(shared: &Arc<Shared>) -> std::io::Result<Option<PathBuf>> {
     tracing::info!(socket = %path.display(), "admin socket listening");
     let handler = Commands {
         shared: shared.clone(),
+        deletion: services.account_deletion.clone(),
         started: std::time::Instant::now(),
     };
     let served = path.clone();
@@ -180,6 +185,7 @@ pub async fn start(shared: &Arc<Shared>) -> std::io::Result<Option<PathBuf>> {
 /// The admin socket's connections: one command each.
 struct Commands {
     shared: Arc<Shared>,
+    deletion: Arc<AccountDeletion>,
     started: std::time::Instant,
 }
 
@@ -189,11 +195,21 @@ impl Handler<UnixListener> for Commands {
         stream: UnixStream,
         _: tokio::net::unix::SocketAddr,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        serve(self.shared.clone(), stream, self.started)
+        serve(
+            self.shared.clone(),
+            self.deletion.clone(),
+            stream,
+            self.started,
+        )
     }
 }
 
-async fn serve(shared: Arc<Shared>, stream: UnixStream, started: std::time::Instant) {
+async fn serve(
+    shared: Arc<Shared>,
+    deletion: Arc<AccountDeletion>,
+    stream: UnixStream,
+    started: std::time::Instant,
+) {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(read).take(MAX_REQUEST);
@@ -201,7 +217,7 @@ async fn serve(shared: Arc<Shared>, stream: UnixStream, started: std::time::Inst
         Ok(_) => match serde_json::from_str::<Request>(&line) {
             Ok(req) => {
                 tracing::info!(request = ?req, "admin command");
-                execute(&shared, req, started).await
+                execute(&shared, &deletion, req, started).await
             }
             Err(e) => Err(format!("bad request: {e}")),
         },
@@ -214,6 +230,7 @@ async fn serve(shared: Arc<Shared>, stream: UnixStream, started: std::time::Inst
 
 async fn execute(
     shared: &Shared,
+    deletion: &AccountDeletion,
     req: Request,
     started: std::time::Instant,
 ) -> Result<serde_json::Value, String> {
@@ -239,7 +256,8 @@ async fn execute(
             // going.
             let ended_by =
                 StreamError::new(StreamCondition::NotAuthorized, "the account was deleted");
-            let deleted = crate::services::account_deletion::delete(shared, &bare, ended_by)
+            let deleted = deletion
+                .delete(&bare, ended_by)
                 .await
                 .map_err(|e| e.to_string())?
                 .ok_or_else(|| format!("no account {bare}"))?;

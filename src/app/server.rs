@@ -80,7 +80,10 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         .map_err(crate::transport::tls::TlsError::from)?;
     store.set_clock(liveness.clock);
     let cluster = crate::cluster::Cluster::new(&config, liveness.clock);
-    let s2s = crate::transport::s2s::new_state(&config, crate::transport::tls::identity(&config)?);
+    let s2s = Arc::new(crate::transport::s2s::new_state(
+        &config,
+        crate::transport::tls::identity(&config)?,
+    ));
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
     let auth_backoff = crate::policy::auth_backoff::AuthBackoff::new(
         crate::policy::auth_backoff::BackoffPolicy::from_config(&config.limits),
@@ -92,21 +95,28 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         },
         liveness.clock,
     ));
-    let caps = crate::node::caps::CapsCache::new(
+    let caps = Arc::new(crate::node::caps::CapsCache::new(
         config.limits.max_caps_entries,
         config.limits.max_caps_queries_per_session,
         config.limits.caps_query_timeout,
         liveness.clock,
-    );
-    let avatar_hashes = crate::cluster::cache::Cache::new(
+    ));
+    let avatar_hashes = Arc::new(crate::cluster::cache::Cache::new(
         config.limits.max_avatar_hash_entries,
         config.limits.avatar_hash_ttl,
-    );
+    ));
     let registrations = crate::policy::rate_limit::SourceBudget::per_hour(
         config.auth.registrations_per_ip_per_hour,
         config.auth.registrations_per_hour,
     );
+    let outbox = Arc::new(crate::node::outbox::Outbox::new(
+        sessions.clone(),
+        cluster.clone(),
+        s2s.clone(),
+        Arc::new(config.clone()),
+    ));
     let shared = Arc::new(Shared {
+        outbox,
         caps,
         avatar_hashes,
         registrations,
@@ -144,17 +154,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     // channel is received with the liveness tasks).
     shared.cluster.heartbeat(false).await;
     shared.cluster.start(&tracker, shared.shutdown.clone());
-    tracker.spawn(crate::services::roster::sync::run(shared.clone()));
-    crate::services::lifecycle::start(&shared, &tracker);
-    // Stanzas other nodes of the cluster send this one, handed to the delivery module
-    // (the layer above the services, so it is wired here).
-    let receiver = shared.clone();
-    tracker.spawn(crate::cluster::listen(
-        shared.cluster.clone(),
-        shared.shutdown.clone(),
-        shared.config.redis.reconnect_max,
-        move |env| crate::routing::delivery::from_node(&receiver, env),
-    ));
+    spawn_tasks(&shared, &services, &tracker);
     // One admission policy for every client-facing listener (s2s has its own limits).
     let limits = Arc::new(ListenerPolicy::new(&shared.config));
     let http_addr = crate::transport::http::start(&shared, &services, limits.clone()).await?;
@@ -174,6 +174,32 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         tickets,
         tracker,
     })
+}
+
+/// The node's background tasks, each given the parts of the node it uses: the roster
+/// sync, the lifecycle tasks and the receiver of this node's cluster channel.
+fn spawn_tasks(
+    shared: &Arc<Shared>,
+    services: &Arc<crate::services::Services>,
+    tracker: &TaskTracker,
+) {
+    tracker.spawn(crate::services::roster::sync::run(
+        shared.config.database.clone(),
+        shared.store.clone(),
+        shared.sessions.clone(),
+        services.presence.clone(),
+        shared.shutdown.clone(),
+    ));
+    crate::services::lifecycle::start(&services.lifecycle, tracker);
+    // Stanzas other nodes of the cluster send this one, handed to the delivery module
+    // (the layer above the services, so it is wired here).
+    let receiver = (shared.clone(), services.clone());
+    tracker.spawn(crate::cluster::listen(
+        shared.cluster.clone(),
+        shared.shutdown.clone(),
+        shared.config.redis.reconnect_max,
+        move |env| crate::routing::delivery::from_node(&receiver.0, &receiver.1.pep, env),
+    ));
 }
 
 /// The c2s listeners (plain with STARTTLS, and direct TLS when configured); their

@@ -1,7 +1,9 @@
 //! The state of one node, shared by every task: the composition root's *type*. Its fields
 //! are types of the layers below (store, sessions, liveness, federation state, metrics),
-//! so every service and transport can hold it without importing the server that builds
-//! it ([`crate::app::server::start`]) or the transports that run on it.
+//! so every transport can hold it without importing the server that builds it
+//! ([`crate::app::server::start`]) or the transports that run on it. The parts a service
+//! holds are behind `Arc`s (or cheap clones), so the composition root builds each
+//! service from the parts it uses rather than from the whole state.
 
 pub(crate) mod caps;
 pub mod federation;
@@ -20,8 +22,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::CheckedConfig;
 use crate::node::sessions::Sessions;
-use crate::protocol::error::StanzaError;
-use crate::protocol::xml::Element;
 use crate::store::Store;
 
 /// State shared by every task of the server.
@@ -55,9 +55,12 @@ pub struct Shared {
     /// send (which would push twice and send presence for a change already handled).
     pub roster_locks: Arc<RosterLocks>,
     /// The per-subject presence locks (each session's own state is behind its handle).
-    pub subject_locks: visibility::SubjectLocks,
+    pub subject_locks: Arc<visibility::SubjectLocks>,
     /// Federation: outgoing links, dialback secret, remote presence state.
-    pub s2s: federation::S2s,
+    pub s2s: Arc<federation::S2s>,
+    /// Where stanzas leave for a session, another node or another domain (built from
+    /// `sessions`, `cluster`, `s2s` and `config`).
+    pub outbox: Arc<outbox::Outbox>,
     /// The Prometheus registry behind `/metrics` and the counters fed into it.
     pub metrics: crate::metrics::Metrics,
     /// Failed SASL password checks per account, across this node's streams.
@@ -68,9 +71,9 @@ pub struct Shared {
     /// XEP-0198 sessions of this node a new stream may resume, by resume id.
     pub resumable: crate::node::stream_management::Resumable,
     /// XEP-0115 capabilities of clients on this node (which PEP nodes each wants).
-    pub caps: crate::node::caps::CapsCache,
+    pub caps: Arc<crate::node::caps::CapsCache>,
     /// XEP-0153 avatar hashes by bare JID, so an available presence costs no store read.
-    pub avatar_hashes: crate::cluster::cache::Cache<Option<String>>,
+    pub avatar_hashes: Arc<crate::cluster::cache::Cache<Option<String>>>,
     /// XEP-0077 registrations left this hour, per source address and for this node.
     pub registrations: crate::policy::rate_limit::SourceBudget,
 }
@@ -107,11 +110,4 @@ impl RosterLocks {
         }
         guards
     }
-}
-
-/// Sends a stanza whose `to` is on a domain this server does not host. `from` is already
-/// stamped with a local JID. `Err` is the stanza error to bounce to the sender now
-/// (RFC 6120 §8.3.3.16); later failures are bounced by the link's task.
-pub fn route_remote(shared: &Shared, stanza: Element) -> Result<(), StanzaError> {
-    shared.s2s.route(&shared.config, stanza)
 }

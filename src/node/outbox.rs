@@ -1,19 +1,28 @@
-//! The outbox: the one place a stanza leaves for a session's mailbox or for another node of
-//! the cluster. Everything here sends what was already decided (the privacy gate, a block
-//! list, a session's own request, RFC 6121 §8.5.2's choice of resources); the decisions
-//! themselves, and the deliveries that must ask them, are in `delivery` and the services.
+//! The outbox: the one place a stanza leaves for a session's mailbox, for another node of
+//! the cluster or for another domain. Everything here sends what was already decided (the
+//! privacy gate, a block list, a session's own request, RFC 6121 §8.5.2's choice of
+//! resources); the decisions themselves, and the deliveries that must ask them, are in
+//! `delivery` and the services.
+//!
+//! What needs only a handle or the cluster is a free function; what finds its recipient by
+//! address is a method of [`Outbox`], which holds exactly what that reads (the session
+//! registry, the cluster, the federation state, the served domains), so a caller that
+//! holds an `Outbox` needs nothing else of the node to send.
 //!
 //! - One session the caller holds: [`to_handle`] (an element or shared bytes; a session's
 //!   reply to its own client too), [`to_handle_paced`] (a burst the session asked for),
 //!   [`nonza`] (XEP-0198 elements, which are no stanzas but travel the same mailbox).
-//! - A local JID, here and then on the other nodes: [`to_session`], [`to_available`],
-//!   [`to_local`], [`presence_to`], [`answer`], [`bounce`], [`message_to_bare_everywhere`].
+//! - A local JID, here and then on the other nodes: [`Outbox::to_session`],
+//!   [`Outbox::to_available`], [`Outbox::to_local`], [`Outbox::presence_to`],
+//!   [`Outbox::answer`], [`Outbox::bounce`], [`message_to_bare_everywhere`].
+//! - Another domain: [`Outbox::route_remote`] (the federation state's queue for it).
 //! - Each resource of one user that wants a stanza, here and then elsewhere:
 //!   [`to_interested`] (block-list pushes, carbon copies); [`to_each_here`] for this node's
 //!   resources alone (PEP events, whose other nodes choose their own sessions; a
 //!   broadcast's own resources).
-//! - A presence serialised once to many contacts: [`xml_to_available`] here, [`to_contacts`]
-//!   here and then one message per other node ([`fan_out`] for the other nodes alone).
+//! - A presence serialised once to many contacts: [`Outbox::xml_to_available`] here,
+//!   [`Outbox::to_contacts`] here and then one message per other node
+//!   ([`Outbox::fan_out`] for the other nodes alone).
 //! - Another node only: [`to_holder`] (a full JID the directory placed there),
 //!   [`decide_there`] (a request only that node can admit), [`to_other_nodes`].
 //!
@@ -36,7 +45,8 @@ use crate::protocol::jid::{FullJid, Jid};
 use crate::protocol::stanza::{MessageType, PresenceType};
 use crate::protocol::xml::{Addressed, Element, NS_CLIENT};
 
-use super::Shared;
+use crate::config::CheckedConfig;
+use crate::node::federation::S2s;
 
 /// What a session's mailbox takes as one stanza: an element, or its bytes serialised once
 /// and shared by every session that gets the same copy ([`Outbound::Xml`]).
@@ -160,208 +170,14 @@ pub(crate) fn to_other_nodes(cluster: &Cluster, to: Vec<String>, xml: Arc<String
     cluster.forward(to, xml, kind);
 }
 
-/// Queues a stanza on the session bound to `full`, if there is one. The caller decided
-/// that the stanza may reach it. On another node, it is sent there; `false` then means
-/// "not here".
-pub(crate) fn to_session(shared: &Shared, full: &FullJid, el: Element) -> bool {
-    if let Some(s) = shared.sessions.get(full) {
-        return to_handle(&s, el);
-    }
-    to_other_nodes(
-        &shared.cluster,
-        vec![full.to_string()],
-        Arc::new(el.to_xml()),
-        Kind::Deliver,
-    );
-    false
-}
-
-/// Delivers `el` to every available resource of local user `bare` (RFC 6121 §4.2.3,
-/// §3.1.3), on this node and on the others. Returns how many sessions here got it.
-pub(crate) fn to_available(shared: &Shared, bare: &str, el: &Element) -> usize {
-    let xml = std::cell::LazyCell::new(|| Arc::new(el.to_xml()));
-    let n = xml_to_available(shared, bare, || Arc::clone(&xml));
-    if shared.cluster.has_peers() {
-        to_other_nodes(
-            &shared.cluster,
-            vec![bare.to_owned()],
-            Arc::clone(&xml),
-            Kind::Deliver,
-        );
-    }
-    n
-}
-
-/// Sends a presence broadcast, serialised once without `to` (`once`), to the available
-/// resources of `recipients` (local bare JIDs) on other nodes: one message per node that
-/// holds any of them, each copy addressed to its recipient there. Returns the recipients
-/// that have sessions on another node. `initial`: the session's initial presence, whose
-/// recipients are looked up in Redis rather than this node's copy of the directory
-/// ([`crate::cluster::Cluster::forward_reaching`]).
-pub(crate) async fn fan_out(
-    shared: &Shared,
-    once: &Addressed,
-    recipients: Vec<String>,
-    initial: bool,
-) -> std::collections::HashSet<String> {
-    if !shared.cluster.has_peers() || recipients.is_empty() {
-        return Default::default();
-    }
-    let xml = Arc::new(once.unaddressed().to_owned());
-    shared
-        .cluster
-        .forward_reaching(recipients, xml, Kind::Address, initial)
-        .await
-}
-
-/// How [`to_contacts`] reaches the other nodes.
+/// How [`Outbox::to_contacts`] reaches the other nodes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Reach {
     /// Send and go on (nobody records whom it reached).
     Send,
-    /// Wait for the recipients the other nodes hold ([`fan_out`]), to record them as shown.
-    /// `initial`: as [`fan_out`] says.
+    /// Wait for the recipients the other nodes hold ([`Outbox::fan_out`]), to record them as
+    /// shown. `initial`: as [`Outbox::fan_out`] says.
     Record { initial: bool },
-}
-
-/// A presence serialised once without `to` (`once`) to the available resources of local
-/// users `recipients`, each copy addressed to its recipient: the sessions here, then one
-/// message per other node that holds any of them. `own`: the sender's bare JID, whose
-/// sessions only the other nodes are sent to here (the caller serves those on this node
-/// itself, the sender included). With [`Reach::Record`], returns the recipients reached:
-/// those with a session here that took it and those with sessions on another node.
-pub(crate) async fn to_contacts(
-    shared: &Shared,
-    once: &Addressed,
-    recipients: Vec<String>,
-    own: Option<String>,
-    reach: Reach,
-) -> Vec<String> {
-    let record = matches!(reach, Reach::Record { .. });
-    let mut reached = Vec::new();
-    for to in &recipients {
-        if xml_to_available(shared, to, || once.to(to)) > 0 && record {
-            reached.push(to.clone());
-        }
-    }
-    let elsewhere: Vec<String> = own.into_iter().chain(recipients).collect();
-    match reach {
-        Reach::Send => {
-            let xml = Arc::new(once.unaddressed().to_owned());
-            to_other_nodes(&shared.cluster, elsewhere, xml, Kind::Address);
-        }
-        Reach::Record { initial } => {
-            reached.extend(fan_out(shared, once, elsewhere, initial).await);
-        }
-    }
-    reached
-}
-
-/// Delivers a serialised stanza to every available resource of local user `bare` on this
-/// node: `xml` runs at most once, only if some resource is available, and its bytes are
-/// shared by all of them (the fan-out hot path: no handle copies, no element clone per
-/// resource, one read lock on the registry). Bytes already shared (`Arc<String>`) are
-/// queued as they are.
-pub(crate) fn xml_to_available<B: Into<Arc<String>>>(
-    shared: &Shared,
-    bare: &str,
-    xml: impl FnOnce() -> B,
-) -> usize {
-    let bytes = std::cell::LazyCell::new(|| -> Arc<String> { xml().into() });
-    to_each_here(&shared.sessions, bare, SessionHandle::is_available, |_| {
-        Arc::clone(&bytes)
-    })
-}
-
-/// Delivers `el` to a local JID: a full JID's session, or a bare JID's available
-/// resources.
-pub(crate) fn to_local(shared: &Shared, to: &str, el: Element) {
-    match crate::protocol::jid::parse(to).map(Jid::try_into_full) {
-        Ok(Ok(full)) => {
-            to_session(shared, &full, el);
-        }
-        Ok(Err(bare)) => {
-            to_available(shared, bare.as_str(), &el);
-        }
-        Err(_) => {}
-    }
-}
-
-/// Whether `jid` is an account on a domain this server hosts.
-pub(crate) fn is_local(shared: &Shared, jid: &str) -> bool {
-    let bare = crate::protocol::jid::bare_of(jid);
-    bare.contains('@') && shared.config.serves(crate::protocol::jid::domain_of(bare))
-}
-
-/// Sends a presence the caller's decision admitted to `to`: locally as [`to_local`], to
-/// another domain over federation.
-pub(crate) fn presence_to(shared: &Shared, to: &str, el: Element) {
-    if is_local(shared, to) {
-        to_local(shared, to, el);
-    } else {
-        let _ = crate::node::route_remote(shared, el);
-    }
-}
-
-/// Answers `el` with `err` (RFC 6120 §8.3.1), wherever its sender is: a local session, a
-/// local user's resources, or a remote server. Nothing answers an error.
-pub(crate) fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
-    let Some(reply) = err.reply_to(el) else {
-        return;
-    };
-    let Some(to) = reply
-        .get_attr("to")
-        .and_then(|t| crate::protocol::jid::parse(t).ok())
-    else {
-        return;
-    };
-    if !shared.config.serves(to.domain().as_str()) {
-        let _ = crate::node::route_remote(shared, reply);
-        return;
-    }
-    match (reply.name.as_str(), to.try_into_full()) {
-        (_, Ok(full)) => {
-            to_session(shared, &full, reply);
-        }
-        ("presence", Err(bare)) => {
-            to_available(shared, bare.as_str(), &reply);
-        }
-        (_, Err(bare)) => {
-            // RFC 6121 §8.5.2 over the user's resources on every node: the directory read
-            // is awaited off the caller's path (a bounce is answered from sync code).
-            let sessions = shared.sessions.of_user(&bare);
-            if !shared.cluster.has_peers() {
-                message_to_bare_everywhere(
-                    &shared.cluster,
-                    &sessions,
-                    &[],
-                    reply,
-                    MessageType::Error,
-                );
-                return;
-            }
-            let cluster = shared.cluster.clone();
-            tokio::spawn(async move {
-                let remote = cluster
-                    .holders(&[bare.as_str()])
-                    .await
-                    .remove(bare.as_str())
-                    .unwrap_or_default();
-                message_to_bare_everywhere(&cluster, &sessions, &remote, reply, MessageType::Error);
-            });
-        }
-    }
-}
-
-/// Sends a reply built elsewhere (already addressed) back to its recipient.
-pub(crate) fn answer(shared: &Shared, reply: Element) {
-    match reply.get_attr("to").map(str::to_owned) {
-        Some(to) if is_local(shared, &to) => to_local(shared, &to, reply),
-        Some(_) => {
-            let _ = crate::node::route_remote(shared, reply);
-        }
-        None => {}
-    }
 }
 
 /// RFC 6121 §8.5.2 over the resources of one user on every node: this node's `local`
@@ -460,37 +276,273 @@ pub(crate) fn unavailable(from: &str, to: &str) -> Element {
         .attr("to", to)
 }
 
-/// Sends `viewer` (local or remote, bare or full) an unavailable from each available
-/// resource of local user `subject` that it had been shown, and forgets that it was
-/// shown (RFC 6121 §3.2.2, §3.3.3, XEP-0191 §3.3). A resource the viewer was not shown (an
-/// invisible one, one hidden by the settings or a block) sends nothing: an unavailable
-/// from a full JID would itself reveal that the resource was online.
-pub(crate) fn unavailable_from_shown(shared: &Shared, subject: &str, viewer: &str) {
-    for s in shared.sessions.of_user_str(subject) {
-        if !s.is_available() || !s.forget(viewer) {
-            continue;
-        }
-        presence_to(shared, viewer, unavailable(s.jid.as_str(), viewer));
-    }
+/// What the outbox's deliveries by address read, and nothing else: this node's session
+/// registry, the other nodes (the session directory and their channels), the federation
+/// state that queues a stanza for another domain, and the configuration the node started
+/// with (which domains it serves, whether federation is on: neither changes on reload).
+/// Built once by the composition root; a handler that holds the node state reaches it as
+/// [`crate::node::Shared::outbox`].
+pub struct Outbox {
+    sessions: Arc<Sessions>,
+    cluster: Cluster,
+    s2s: Arc<S2s>,
+    config: Arc<CheckedConfig>,
 }
 
-/// Returns a stanza that could not be sent to its local sender as an error (RFC 6120
-/// §8.3.1). Presence is not bounced except subscription requests: a failed broadcast is
-/// nothing the user can act on; a failed probe is remembered and repeated instead.
-pub(crate) fn bounce_unroutable(shared: &Shared, el: &Element, err: StanzaError) {
-    if el.name == "presence" {
-        let ty = PresenceType::of(el);
-        if ty == Some(PresenceType::Probe) {
-            if let (Some(f), Some(t)) = (el.get_attr("from"), el.get_attr("to")) {
-                shared.s2s.probe_failed(
-                    crate::protocol::jid::bare_of(f),
-                    crate::protocol::jid::bare_of(t),
-                );
-            }
-        }
-        if ty != Some(PresenceType::Subscribe) {
-            return;
+impl Outbox {
+    /// The outbox of the node whose parts these are.
+    pub fn new(
+        sessions: Arc<Sessions>,
+        cluster: Cluster,
+        s2s: Arc<S2s>,
+        config: Arc<CheckedConfig>,
+    ) -> Self {
+        Outbox {
+            sessions,
+            cluster,
+            s2s,
+            config,
         }
     }
-    bounce(shared, el, err);
+
+    /// Sends a stanza whose `to` is on a domain this server does not host. `from` is already
+    /// stamped with a local JID. `Err` is the stanza error to bounce to the sender now
+    /// (RFC 6120 §8.3.3.16); later failures are bounced by the link's task.
+    pub fn route_remote(&self, stanza: Element) -> Result<(), StanzaError> {
+        self.s2s.route(&self.config, stanza)
+    }
+
+    /// Queues a stanza on the session bound to `full`, if there is one. The caller decided
+    /// that the stanza may reach it. On another node, it is sent there; `false` then means
+    /// "not here".
+    pub(crate) fn to_session(&self, full: &FullJid, el: Element) -> bool {
+        if let Some(s) = self.sessions.get(full) {
+            return to_handle(&s, el);
+        }
+        to_other_nodes(
+            &self.cluster,
+            vec![full.to_string()],
+            Arc::new(el.to_xml()),
+            Kind::Deliver,
+        );
+        false
+    }
+
+    /// Delivers `el` to every available resource of local user `bare` (RFC 6121 §4.2.3,
+    /// §3.1.3), on this node and on the others. Returns how many sessions here got it.
+    pub(crate) fn to_available(&self, bare: &str, el: &Element) -> usize {
+        let xml = std::cell::LazyCell::new(|| Arc::new(el.to_xml()));
+        let n = self.xml_to_available(bare, || Arc::clone(&xml));
+        if self.cluster.has_peers() {
+            to_other_nodes(
+                &self.cluster,
+                vec![bare.to_owned()],
+                Arc::clone(&xml),
+                Kind::Deliver,
+            );
+        }
+        n
+    }
+
+    /// Sends a presence broadcast, serialised once without `to` (`once`), to the available
+    /// resources of `recipients` (local bare JIDs) on other nodes: one message per node that
+    /// holds any of them, each copy addressed to its recipient there. Returns the recipients
+    /// that have sessions on another node. `initial`: the session's initial presence, whose
+    /// recipients are looked up in Redis rather than this node's copy of the directory
+    /// ([`crate::cluster::Cluster::forward_reaching`]).
+    pub(crate) async fn fan_out(
+        &self,
+        once: &Addressed,
+        recipients: Vec<String>,
+        initial: bool,
+    ) -> std::collections::HashSet<String> {
+        if !self.cluster.has_peers() || recipients.is_empty() {
+            return Default::default();
+        }
+        let xml = Arc::new(once.unaddressed().to_owned());
+        self.cluster
+            .forward_reaching(recipients, xml, Kind::Address, initial)
+            .await
+    }
+
+    /// A presence serialised once without `to` (`once`) to the available resources of local
+    /// users `recipients`, each copy addressed to its recipient: the sessions here, then one
+    /// message per other node that holds any of them. `own`: the sender's bare JID, whose
+    /// sessions only the other nodes are sent to here (the caller serves those on this node
+    /// itself, the sender included). With [`Reach::Record`], returns the recipients reached:
+    /// those with a session here that took it and those with sessions on another node.
+    pub(crate) async fn to_contacts(
+        &self,
+        once: &Addressed,
+        recipients: Vec<String>,
+        own: Option<String>,
+        reach: Reach,
+    ) -> Vec<String> {
+        let record = matches!(reach, Reach::Record { .. });
+        let mut reached = Vec::new();
+        for to in &recipients {
+            if self.xml_to_available(to, || once.to(to)) > 0 && record {
+                reached.push(to.clone());
+            }
+        }
+        let elsewhere: Vec<String> = own.into_iter().chain(recipients).collect();
+        match reach {
+            Reach::Send => {
+                let xml = Arc::new(once.unaddressed().to_owned());
+                to_other_nodes(&self.cluster, elsewhere, xml, Kind::Address);
+            }
+            Reach::Record { initial } => {
+                reached.extend(self.fan_out(once, elsewhere, initial).await);
+            }
+        }
+        reached
+    }
+
+    /// Delivers a serialised stanza to every available resource of local user `bare` on this
+    /// node: `xml` runs at most once, only if some resource is available, and its bytes are
+    /// shared by all of them (the fan-out hot path: no handle copies, no element clone per
+    /// resource, one read lock on the registry). Bytes already shared (`Arc<String>`) are
+    /// queued as they are.
+    pub(crate) fn xml_to_available<B: Into<Arc<String>>>(
+        &self,
+        bare: &str,
+        xml: impl FnOnce() -> B,
+    ) -> usize {
+        let bytes = std::cell::LazyCell::new(|| -> Arc<String> { xml().into() });
+        to_each_here(&self.sessions, bare, SessionHandle::is_available, |_| {
+            Arc::clone(&bytes)
+        })
+    }
+
+    /// Delivers `el` to a local JID: a full JID's session, or a bare JID's available
+    /// resources.
+    pub(crate) fn to_local(&self, to: &str, el: Element) {
+        match crate::protocol::jid::parse(to).map(Jid::try_into_full) {
+            Ok(Ok(full)) => {
+                self.to_session(&full, el);
+            }
+            Ok(Err(bare)) => {
+                self.to_available(bare.as_str(), &el);
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Whether `jid` is an account on a domain this server hosts.
+    pub(crate) fn is_local(&self, jid: &str) -> bool {
+        let bare = crate::protocol::jid::bare_of(jid);
+        bare.contains('@') && self.config.serves(crate::protocol::jid::domain_of(bare))
+    }
+
+    /// Sends a presence the caller's decision admitted to `to`: locally as [`Self::to_local`], to
+    /// another domain over federation.
+    pub(crate) fn presence_to(&self, to: &str, el: Element) {
+        if self.is_local(to) {
+            self.to_local(to, el);
+        } else {
+            let _ = self.route_remote(el);
+        }
+    }
+
+    /// Answers `el` with `err` (RFC 6120 §8.3.1), wherever its sender is: a local session, a
+    /// local user's resources, or a remote server. Nothing answers an error.
+    pub(crate) fn bounce(&self, el: &Element, err: StanzaError) {
+        let Some(reply) = err.reply_to(el) else {
+            return;
+        };
+        let Some(to) = reply
+            .get_attr("to")
+            .and_then(|t| crate::protocol::jid::parse(t).ok())
+        else {
+            return;
+        };
+        if !self.config.serves(to.domain().as_str()) {
+            let _ = self.route_remote(reply);
+            return;
+        }
+        match (reply.name.as_str(), to.try_into_full()) {
+            (_, Ok(full)) => {
+                self.to_session(&full, reply);
+            }
+            ("presence", Err(bare)) => {
+                self.to_available(bare.as_str(), &reply);
+            }
+            (_, Err(bare)) => {
+                // RFC 6121 §8.5.2 over the user's resources on every node: the directory read
+                // is awaited off the caller's path (a bounce is answered from sync code).
+                let sessions = self.sessions.of_user(&bare);
+                if !self.cluster.has_peers() {
+                    message_to_bare_everywhere(
+                        &self.cluster,
+                        &sessions,
+                        &[],
+                        reply,
+                        MessageType::Error,
+                    );
+                    return;
+                }
+                let cluster = self.cluster.clone();
+                tokio::spawn(async move {
+                    let remote = cluster
+                        .holders(&[bare.as_str()])
+                        .await
+                        .remove(bare.as_str())
+                        .unwrap_or_default();
+                    message_to_bare_everywhere(
+                        &cluster,
+                        &sessions,
+                        &remote,
+                        reply,
+                        MessageType::Error,
+                    );
+                });
+            }
+        }
+    }
+
+    /// Sends a reply built elsewhere (already addressed) back to its recipient.
+    pub(crate) fn answer(&self, reply: Element) {
+        match reply.get_attr("to").map(str::to_owned) {
+            Some(to) if self.is_local(&to) => self.to_local(&to, reply),
+            Some(_) => {
+                let _ = self.route_remote(reply);
+            }
+            None => {}
+        }
+    }
+
+    /// Sends `viewer` (local or remote, bare or full) an unavailable from each available
+    /// resource of local user `subject` that it had been shown, and forgets that it was
+    /// shown (RFC 6121 §3.2.2, §3.3.3, XEP-0191 §3.3). A resource the viewer was not shown (an
+    /// invisible one, one hidden by the settings or a block) sends nothing: an unavailable
+    /// from a full JID would itself reveal that the resource was online.
+    pub(crate) fn unavailable_from_shown(&self, subject: &str, viewer: &str) {
+        for s in self.sessions.of_user_str(subject) {
+            if !s.is_available() || !s.forget(viewer) {
+                continue;
+            }
+            self.presence_to(viewer, unavailable(s.jid.as_str(), viewer));
+        }
+    }
+
+    /// Returns a stanza that could not be sent to its local sender as an error (RFC 6120
+    /// §8.3.1). Presence is not bounced except subscription requests: a failed broadcast is
+    /// nothing the user can act on; a failed probe is remembered and repeated instead.
+    pub(crate) fn bounce_unroutable(&self, el: &Element, err: StanzaError) {
+        if el.name == "presence" {
+            let ty = PresenceType::of(el);
+            if ty == Some(PresenceType::Probe) {
+                if let (Some(f), Some(t)) = (el.get_attr("from"), el.get_attr("to")) {
+                    self.s2s.probe_failed(
+                        crate::protocol::jid::bare_of(f),
+                        crate::protocol::jid::bare_of(t),
+                    );
+                }
+            }
+            if ty != Some(PresenceType::Subscribe) {
+                return;
+            }
+        }
+        self.bounce(el, err);
+    }
 }

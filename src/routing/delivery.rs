@@ -28,7 +28,7 @@
 //! reaches the recipient's sessions on other nodes, after the decision was taken here, on
 //! the node that produced the stanza. [`message`] and [`iq`] read the directory to find a
 //! full JID or the RFC 6121 §8.5.2 targets of a bare JID wherever they are; a presence
-//! broadcast is sent once per node ([`outbox::fan_out`]); [`from_node`] is where what
+//! broadcast is sent once per node ([`outbox::Outbox::fan_out`]); [`from_node`] is where what
 //! another node sent is handed to the sessions here, and decides nothing again, with two
 //! exceptions that need what only the holding node knows: a request (or groupchat message)
 //! to a full JID the directory does not admit the sender to, which may have revealed itself to
@@ -40,8 +40,8 @@
 //! XEP-0280 copies reach resources on other nodes from the directory's carbons flag.
 
 use crate::cluster::{Envelope, Holder, Kind};
-use crate::node::outbox::{self, answer, targets_everywhere, Elsewhere};
-pub(crate) use crate::node::outbox::{bounce, message_to_bare_everywhere, to_local, unavailable};
+use crate::node::outbox::{self, targets_everywhere, Elsewhere};
+pub(crate) use crate::node::outbox::{message_to_bare_everywhere, unavailable};
 use crate::node::sessions::SessionHandle;
 use crate::node::Shared;
 use crate::protocol::error::{StanzaError, StreamCondition};
@@ -71,10 +71,10 @@ pub(crate) enum Outcome {
 /// session, a bare JID its available sessions; a `kick` ends the session bound to that full
 /// JID, which a newer session on another node took over (RFC 6120 §7.7.2.2). The two
 /// exceptions, `reveal` and `decide`, need the session's own state and run as tasks.
-pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
+pub(crate) fn from_node(shared: &Arc<Shared>, pep: &crate::services::pep::Pep, env: Envelope) {
     match env.kind {
         Kind::Notify => {
-            crate::services::pep::from_node(shared, &env.to, &env.xml);
+            crate::services::pep::from_node(pep, &env.to, &env.xml);
             return;
         }
         Kind::Reveal => {
@@ -153,7 +153,7 @@ pub(crate) fn from_node(shared: &Arc<Shared>, env: Envelope) {
                 }
             }
             (_, Err(bare)) => {
-                outbox::xml_to_available(shared, bare.as_str(), || bytes);
+                shared.outbox.xml_to_available(bare.as_str(), || bytes);
             }
         }
     }
@@ -194,7 +194,7 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
                 .is_some_and(|h| h.entry.available);
             if !held_elsewhere {
                 tracing::info!(jid = %full, viewer, "presence shown by another node after the session ended: unavailable sent");
-                outbox::presence_to(shared, viewer, unavailable(to, viewer));
+                shared.outbox.presence_to(viewer, unavailable(to, viewer));
             }
             continue;
         };
@@ -203,7 +203,7 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
         }
         if !s.is_available() {
             tracing::info!(jid = %s.jid, viewer, "presence shown by another node after the session went unavailable: unavailable sent");
-            outbox::presence_to(shared, viewer, unavailable(to, viewer));
+            shared.outbox.presence_to(viewer, unavailable(to, viewer));
             continue;
         }
         let admitted = !s.is_invisible()
@@ -215,7 +215,9 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
             continue;
         }
         tracing::info!(jid = %s.jid, viewer, admitted, "presence shown by another node withdrawn");
-        outbox::presence_to(shared, viewer, unavailable(s.jid.as_str(), viewer));
+        shared
+            .outbox
+            .presence_to(viewer, unavailable(s.jid.as_str(), viewer));
     }
 }
 
@@ -249,7 +251,9 @@ async fn decide_here(shared: &Shared, env: Envelope) {
             return;
         }
     }
-    bounce(shared, &el, StanzaError::service_unavailable());
+    shared
+        .outbox
+        .bounce(&el, StanzaError::service_unavailable());
 }
 
 /// The sessions of local user `bare` on other nodes (empty without any).
@@ -277,7 +281,7 @@ pub(crate) async fn admit_from(
     }
     match inbound_from_blocked(&shared.store, sender, recipient, el).await {
         Verdict::Reject(reply) => {
-            answer(shared, reply);
+            shared.outbox.answer(reply);
             Verdict::Drop
         }
         v => v,
@@ -374,7 +378,9 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
                             return Outcome::Delivered;
                         }
                     }
-                    bounce(shared, &el, StanzaError::service_unavailable());
+                    shared
+                        .outbox
+                        .bounce(&el, StanzaError::service_unavailable());
                     return Outcome::Bounced;
                 }
                 _ => match there {
@@ -417,7 +423,9 @@ async fn message_to_bare(
 ) -> Outcome {
     if kind == MessageType::Groupchat {
         // §8.5.2.1.1: groupchat to a bare JID of a user is service-unavailable.
-        bounce(shared, &el, StanzaError::service_unavailable());
+        shared
+            .outbox
+            .bounce(&el, StanzaError::service_unavailable());
         return Outcome::Bounced;
     }
     // One look at the registry (and, with other nodes, the directory) serves the
@@ -585,8 +593,7 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
             if !told {
                 return Outcome::Dropped;
             }
-            bounce(
-                shared,
+            shared.outbox.bounce(
                 &el,
                 StanzaError::service_unavailable().with_text("offline storage is full"),
             );
@@ -686,13 +693,17 @@ pub(crate) async fn unacked(shared: &Shared, owner: &BareJid, el: Element) -> Ou
                 store_offline(shared, &sender, owner, el).await
             }
             MessageType::Groupchat => {
-                bounce(shared, &el, StanzaError::service_unavailable());
+                shared
+                    .outbox
+                    .bounce(&el, StanzaError::service_unavailable());
                 Outcome::Bounced
             }
             MessageType::Headline | MessageType::Error => Outcome::Dropped,
         },
         "iq" if IqType::of(&el).is_some_and(IqType::is_request) => {
-            bounce(shared, &el, StanzaError::service_unavailable());
+            shared
+                .outbox
+                .bounce(&el, StanzaError::service_unavailable());
             Outcome::Bounced
         }
         _ => Outcome::Dropped,
@@ -735,7 +746,9 @@ pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -
         }
         None if !is_request => Outcome::Dropped,
         None if own => {
-            bounce(shared, &el, StanzaError::service_unavailable());
+            shared
+                .outbox
+                .bounce(&el, StanzaError::service_unavailable());
             Outcome::Bounced
         }
         // A request from anyone else takes the same decision whether the resource is online
@@ -747,7 +760,9 @@ pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -
                     return Outcome::Delivered;
                 }
             }
-            bounce(shared, &el, StanzaError::service_unavailable());
+            shared
+                .outbox
+                .bounce(&el, StanzaError::service_unavailable());
             Outcome::Bounced
         }
     }

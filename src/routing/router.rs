@@ -9,7 +9,7 @@
 //! | local full JID, online  | that session                         | that session                 |
 //! | local full JID, offline | as bare JID (chat/normal)            | service-unavailable          |
 //! | unknown local user      | service-unavailable                  | service-unavailable          |
-//! | other domain            | federation (`node::route_remote`)    | federation                   |
+//! | other domain            | federation (`Outbox::route_remote`) | federation                   |
 //!
 //! Presence goes to [`crate::services::presence`], which applies RFC 6121 §3–§4.
 //!
@@ -42,15 +42,15 @@ pub(crate) use crate::node::session::{classify, Target};
 /// Hands a stanza for another domain to federation; bounces it if that fails.
 pub(crate) fn remote(shared: &Shared, el: Element) {
     let copy = el.clone();
-    if let Err(e) = crate::node::route_remote(shared, el) {
+    if let Err(e) = shared.outbox.route_remote(el) {
         bounce(shared, &copy, e);
     }
 }
 
-/// The one bounce ([`crate::routing::delivery::bounce`]): the session's stanzas carry its full JID
-/// as `from`, so the reply comes back to it.
+/// The one bounce ([`crate::node::outbox::Outbox::bounce`]): the session's stanzas carry
+/// its full JID as `from`, so the reply comes back to it.
 fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
-    crate::routing::delivery::bounce(shared, el, err);
+    shared.outbox.bounce(el, err);
 }
 
 /// Routes one stanza whose `from` has been stamped by the session.
@@ -305,13 +305,9 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
             // XEP-0077 with the server's domain as `to`: the session's own account.
             let query = el.elements().next().cloned();
             if let Some(reply) = query.and_then(|q| {
-                crate::services::account_deletion::registration_iq(
-                    &services.node,
-                    session,
-                    &el,
-                    ty,
-                    &q,
-                )
+                services
+                    .account_deletion
+                    .registration_iq(session, &el, ty, &q)
             }) {
                 session.deliver(reply);
             }
@@ -331,13 +327,9 @@ async fn own_account_iq(services: &Services, session: &Client, el: Element, ty: 
     let reply = if payload.is("query", x::NS_ROSTER) {
         services.roster.handle(session, &el, ty, &payload).await
     } else if payload.is("query", x::NS_REGISTER) {
-        crate::services::account_deletion::registration_iq(
-            &services.node,
-            session,
-            &el,
-            ty,
-            &payload,
-        )
+        services
+            .account_deletion
+            .registration_iq(session, &el, ty, &payload)
     } else if payload.is("session", x::NS_SESSION) {
         // RFC 3921 §3 session establishment: a no-op kept for old clients.
         Some(iq_result(&el))

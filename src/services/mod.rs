@@ -2,10 +2,13 @@
 //! composition root ([`crate::app::server::start`]) and lent by the c2s session task to the
 //! router, which hands each handler the service it uses and the
 //! [`crate::node::session::Client`] it acts for. A handler's signature therefore says
-//! what it depends on, instead of reaching into the node state. Presence and PEP, whose
-//! work spans the node (the privacy gate, delivery to the other nodes and over
-//! federation), hold the node state inside their service; the router, which routes
-//! anywhere, works on it too ([`Services::node`]).
+//! what it depends on, instead of reaching into the node state: [`Services::new`] gives
+//! each service the parts of the node it uses (the store, the session registry, the
+//! outbox, ...), never the node state itself. Presence, whose work spans the node (the
+//! privacy gate, delivery to the other nodes and over federation), still holds the node
+//! state inside its service, and the other services ask it through its methods; the
+//! router, which routes anywhere, works on the node state too ([`Services::node`]).
+//! `tests/layers.rs` keeps every other service off `node::Shared`.
 
 pub mod account_deletion;
 pub mod blocking;
@@ -23,8 +26,10 @@ pub(crate) mod roster;
 use std::sync::Arc;
 
 use crate::node::Shared;
+use crate::services::account_deletion::AccountDeletion;
 use crate::services::blocking::Blocking;
 use crate::services::lifecycle::last_seen::LastSeen;
+use crate::services::lifecycle::{Lifecycle, LifecycleSettings};
 use crate::services::pep::Pep;
 use crate::services::presence::Presence;
 use crate::services::privacy_iq::Privacy;
@@ -44,6 +49,10 @@ pub struct Services {
     pub privacy: Privacy,
     /// XEP-0163 personal eventing and the XEP-0054 vCards built on it.
     pub pep: Pep,
+    /// The tasks around a session's life: liveness, the sweeper, a session's end.
+    pub lifecycle: Arc<Lifecycle>,
+    /// The one deletion of an account (XEP-0077 `<remove/>`, the admin socket).
+    pub account_deletion: Arc<AccountDeletion>,
     /// The node state the router works on: it delivers to sessions here, on the other
     /// nodes and over federation, and checks blocks and the privacy gate on the way
     /// (RFC 6120 §10).
@@ -51,7 +60,7 @@ pub struct Services {
 }
 
 impl Services {
-    /// Builds every service from the node state, each taking only what it uses.
+    /// Builds every service from the parts of the node state it uses.
     pub fn new(node: &Arc<Shared>) -> Self {
         let presence = Arc::new(Presence::new(node.clone()));
         Services {
@@ -70,7 +79,43 @@ impl Services {
             ),
             last_seen: LastSeen::new(node.liveness.clone(), node.store.clone(), presence.clone()),
             privacy: Privacy::new(node.store.clone(), node.live.clone(), presence.clone()),
-            pep: Pep::new(node.clone()),
+            pep: Pep::new(
+                node.store.clone(),
+                node.sessions.clone(),
+                node.outbox.clone(),
+                node.cluster.clone(),
+                node.caps.clone(),
+                node.avatar_hashes.clone(),
+                presence.clone(),
+                crate::services::pep::PepLimits {
+                    max_pep_items: node.config.limits.max_pep_items,
+                    max_pep_item_size: node.config.limits.max_pep_item_size,
+                    max_vcard_size: node.config.limits.max_vcard_size,
+                },
+            ),
+            lifecycle: Arc::new(Lifecycle::new(
+                node.liveness.clone(),
+                node.cluster.clone(),
+                node.sessions.clone(),
+                node.store.clone(),
+                presence.clone(),
+                node.shutdown.clone(),
+                LifecycleSettings {
+                    sweeper: node.config.liveness.sweeper,
+                    metrics_log_interval: node.config.liveness.metrics_log_interval,
+                    reconnect_max: node.config.redis.reconnect_max,
+                },
+            )),
+            account_deletion: Arc::new(AccountDeletion::new(
+                node.store.clone(),
+                node.sessions.clone(),
+                node.subject_locks.clone(),
+                node.outbox.clone(),
+                node.s2s.clone(),
+                presence.clone(),
+                node.config.domains.clone(),
+                node.config.auth.allow_registration,
+            )),
             presence,
             node: node.clone(),
         }

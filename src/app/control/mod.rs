@@ -40,7 +40,7 @@ pub async fn run(config: CheckedConfig, config_path: PathBuf) -> Result<(), Star
             },
         }
     };
-    if let Err(e) = crate::app::admin::start(&running.shared).await {
+    if let Err(e) = crate::app::admin::start(&running.shared, &running.services).await {
         running.shutdown().await;
         return Err(StartError::Admin(e));
     }

@@ -7,38 +7,35 @@ use std::time::Duration;
 use crate::liveness::last_seen::NS_LAST;
 use crate::liveness::Liveness;
 use crate::node::session::Client;
-use crate::node::Shared;
 use crate::protocol::error::{iq_result, StanzaError};
 use crate::protocol::jid::BareJid;
 use crate::protocol::xml::Element;
+use crate::services::lifecycle::Lifecycle;
 use crate::services::presence::Presence;
 use crate::store::Store;
 
 /// Flushes every `last_seen_flush`; at shutdown waits for grace periods, then flushes.
-pub async fn run(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(shared.liveness.timings.flush);
+pub async fn run(life: Arc<Lifecycle>) {
+    let mut tick = tokio::time::interval(life.liveness.timings.flush);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = shared.shutdown.cancelled() => break,
+            _ = life.shutdown.cancelled() => break,
         }
-        shared
-            .liveness
+        life.liveness
             .last_seen
-            .flush(&shared.store, &shared.liveness.metrics)
+            .flush(&life.store, &life.liveness.metrics)
             .await;
-        shared
-            .liveness
+        life.liveness
             .metrics
             .flush_rounds
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    shared.liveness.wait_grace(Duration::from_secs(3)).await;
-    shared
-        .liveness
+    life.liveness.wait_grace(Duration::from_secs(3)).await;
+    life.liveness
         .last_seen
-        .flush(&shared.store, &shared.liveness.metrics)
+        .flush(&life.store, &life.liveness.metrics)
         .await;
 }
 

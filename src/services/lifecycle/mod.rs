@@ -1,7 +1,9 @@
 //! The tasks and handlers of liveness ([`crate::liveness`] holds its state and decisions):
 //! the Redis writer, the sweeper, the last-seen flush, the counter log, the end of a
 //! session (grace period, then unavailable through presence) and `jabber:iq:last`. They
-//! need the node's shared state, which holds the [`crate::liveness::Liveness`] they work on.
+//! run on [`Lifecycle`], which holds the [`crate::liveness::Liveness`] they work on and
+//! the few other parts of the node they reach; `jabber:iq:last` is its own service,
+//! [`last_seen::LastSeen`].
 
 pub mod last_seen;
 pub mod sweeper;
@@ -13,10 +15,68 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use crate::liveness::{Backend, LiveSession, Op};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::Cluster;
+use crate::liveness::{Backend, LiveSession, Liveness, Op};
 use crate::node::session::Client;
-use crate::node::Shared;
+use crate::node::sessions::Sessions;
 use crate::services::presence::Presence;
+use crate::store::Store;
+
+/// What the tasks around a session's life use: the liveness state they work on, the
+/// cluster (the directory, last seen to the other nodes, the rejoin signal), this node's
+/// sessions, the store (last seen), presence (the unavailable of an ended or lost
+/// resource), the node's shutdown and the liveness settings the server started with.
+pub struct Lifecycle {
+    liveness: Arc<Liveness>,
+    cluster: Cluster,
+    sessions: Arc<Sessions>,
+    store: Store,
+    presence: Arc<Presence>,
+    shutdown: CancellationToken,
+    /// `[liveness] sweeper`.
+    sweeper: bool,
+    /// `[liveness] metrics_log_interval`.
+    metrics_log_interval: Duration,
+    /// `[redis] reconnect_max`.
+    reconnect_max: Duration,
+}
+
+/// The settings [`Lifecycle`] reads from the configuration the server started with.
+pub struct LifecycleSettings {
+    /// `[liveness] sweeper`.
+    pub sweeper: bool,
+    /// `[liveness] metrics_log_interval`.
+    pub metrics_log_interval: Duration,
+    /// `[redis] reconnect_max`.
+    pub reconnect_max: Duration,
+}
+
+impl Lifecycle {
+    /// The service over these parts of the node.
+    pub fn new(
+        liveness: Arc<Liveness>,
+        cluster: Cluster,
+        sessions: Arc<Sessions>,
+        store: Store,
+        presence: Arc<Presence>,
+        shutdown: CancellationToken,
+        settings: LifecycleSettings,
+    ) -> Self {
+        Lifecycle {
+            liveness,
+            cluster,
+            sessions,
+            store,
+            presence,
+            shutdown,
+            sweeper: settings.sweeper,
+            metrics_log_interval: settings.metrics_log_interval,
+            reconnect_max: settings.reconnect_max,
+        }
+    }
+}
 
 /// Called by c2s once the session's read loop is over and it left the session registry.
 ///
@@ -25,19 +85,14 @@ use crate::services::presence::Presence;
 /// if the same resource is available again by then, contacts hear nothing (they already got
 /// its new presence), otherwise they get unavailable through the normal presence path.
 /// Either way the session's last-seen time is queued once.
-pub async fn session_over(
-    shared: Arc<Shared>,
-    presence: Arc<Presence>,
-    client: Client,
-    live: LiveSession,
-) {
-    let l = &shared.liveness;
+pub async fn session_over(life: Arc<Lifecycle>, client: Client, live: LiveSession) {
+    let l = &life.liveness;
     if let Some(at) = live.dead_at() {
         l.metrics.silent_deaths.fetch_add(1, Ordering::Relaxed);
         tracing::info!(jid = %live.jid, last_beat = at, "silent death: announcing unavailable");
         // Other nodes know the last seen before their users hear of the end.
-        shared.cluster.seen(live.jid.to_bare().as_str(), at);
-        presence.session_ended(&client).await;
+        life.cluster.seen(live.jid.to_bare().as_str(), at);
+        life.presence.session_ended(&client).await;
         l.finished(&live.jid, live.id, at);
         return;
     }
@@ -50,42 +105,42 @@ pub async fn session_over(
         beat_ms: closed,
     });
     let grace = l.timings.grace;
-    let node = shared.clone();
+    let waiting = life.clone();
     l.spawn_grace(async move {
-        let shared = node;
+        let life = waiting;
         tokio::select! {
             _ = tokio::time::sleep(grace) => {}
-            _ = shared.shutdown.cancelled() => {}
+            _ = life.shutdown.cancelled() => {}
         }
         // Back here, or bound again on another node of the cluster (the directory).
-        let back = shared
+        let back = life
             .sessions
             .get(&live.jid)
             .is_some_and(|s| s.is_available())
-            || shared.cluster.holder_of(&live.jid).await.is_some();
+            || life.cluster.holder_of(&live.jid).await.is_some();
         if back {
             tracing::debug!(jid = %live.jid, "resource came back within the grace period");
-            shared.liveness.forget(&live.jid, live.id);
+            life.liveness.forget(&live.jid, live.id);
             return;
         }
-        shared.cluster.seen(live.jid.to_bare().as_str(), closed);
-        presence.session_ended(&client).await;
-        shared.liveness.finished(&live.jid, live.id, closed);
+        life.cluster.seen(live.jid.to_bare().as_str(), closed);
+        life.presence.session_ended(&client).await;
+        life.liveness.finished(&live.jid, live.id, closed);
     });
 }
 
 /// Starts the writer, the sweeper, the last-seen batcher, the counter log, the receiver of
 /// this node's cluster channel and what follows a return to Redis.
-pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
-    let rx = shared.liveness.take_ops_rx();
+pub fn start(life: &Arc<Lifecycle>, tracker: &TaskTracker) {
+    let rx = life.liveness.take_ops_rx();
     // The mode, stated once per start: the README's mode table names this line.
-    let backend = &shared.liveness.backend;
+    let backend = &life.liveness.backend;
     let mode = match backend {
         Backend::Redis(_) => "resource state in Redis (any number of nodes)",
         Backend::InProcess(_) => "no [redis] url: resource state in process (single node)",
     };
     tracing::info!(backend = backend.name(), "liveness: {mode}");
-    if matches!(backend, Backend::InProcess(_)) && !shared.config.liveness.sweeper {
+    if matches!(backend, Backend::InProcess(_)) && !life.sweeper {
         // No other node can sweep for this one: only each session's own fallback is left.
         tracing::warn!(
             "liveness: sweeper = false without Redis: silent deaths are found only after \
@@ -93,7 +148,7 @@ pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
         );
     }
     if let Some(rx) = rx {
-        let s = shared.clone();
+        let s = life.clone();
         tracker.spawn(async move {
             match &s.liveness.backend {
                 Backend::Redis(_) => writer(s.clone(), rx).await,
@@ -104,28 +159,28 @@ pub fn start(shared: &Arc<Shared>, tracker: &TaskTracker) {
             }
         });
     }
-    tracker.spawn(sweeper::run(shared.clone()));
-    tracker.spawn(sweeper::listen(shared.clone()));
-    let rejoin = shared.clone();
+    tracker.spawn(sweeper::run(life.clone()));
+    tracker.spawn(sweeper::listen(life.clone()));
+    let rejoin = life.clone();
     tracker.spawn(async move {
         loop {
             tokio::select! {
                 _ = rejoin.cluster.rejoined() => {}
                 _ = rejoin.shutdown.cancelled() => return,
             }
-            crate::services::presence::show_again_to_other_nodes(&rejoin).await;
+            rejoin.presence.show_again_to_other_nodes().await;
         }
     });
-    tracker.spawn(last_seen::run(shared.clone()));
-    tracker.spawn(log_loop(shared.clone()));
+    tracker.spawn(last_seen::run(life.clone()));
+    tracker.spawn(log_loop(life.clone()));
 }
 
 /// Applies queued ops in pipelines (one round trip for whatever is queued). Each op is one
 /// resource write in the counters. Ops that cannot be written are dropped: the repair after
 /// the reconnect rewrites the live state, and stale beats of ended sessions are ignored by
 /// the sweeper (`Liveness::ended_here_after`).
-pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
-    let Some(link) = shared.liveness.redis() else {
+pub async fn writer(life: Arc<Lifecycle>, mut rx: mpsc::Receiver<Op>) {
+    let Some(link) = life.liveness.redis() else {
         return;
     };
     let mut batch = Vec::with_capacity(256);
@@ -146,9 +201,9 @@ pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
                     let _ = link.conn().await;
                 }
             }
-            _ = shared.shutdown.cancelled() => return,
+            _ = life.shutdown.cancelled() => return,
         }
-        let live = &shared.liveness;
+        let live = &life.liveness;
         let Some(mut conn) = link.conn().await else {
             if !batch.is_empty() {
                 live.metrics
@@ -194,8 +249,8 @@ pub async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Op>) {
 }
 
 /// Logs the counters every `metrics_log_interval` (0 = never).
-pub async fn log_loop(shared: Arc<Shared>) {
-    let every = shared.config.liveness.metrics_log_interval;
+pub async fn log_loop(life: Arc<Lifecycle>) {
+    let every = life.metrics_log_interval;
     if every.is_zero() {
         return;
     }
@@ -204,9 +259,9 @@ pub async fn log_loop(shared: Arc<Shared>) {
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = shared.shutdown.cancelled() => return,
+            _ = life.shutdown.cancelled() => return,
         }
-        let m = &shared.liveness.metrics;
+        let m = &life.liveness.metrics;
         tracing::info!(
             liveness_writes = crate::liveness::metrics::get(&m.liveness_writes),
             redis_writes = crate::liveness::metrics::get(&m.redis_writes),
@@ -217,7 +272,7 @@ pub async fn log_loop(shared: Arc<Shared>) {
             pings_sent = crate::liveness::metrics::get(&m.pings_sent),
             sweeps = crate::liveness::metrics::get(&m.sweeps),
             swept = crate::liveness::metrics::get(&m.swept),
-            sessions = shared.sessions.count(),
+            sessions = life.sessions.count(),
             "liveness counters"
         );
     }

@@ -48,7 +48,7 @@ use crate::cluster::{Cluster, Entry};
 use crate::liveness::redis_link::RedisLink;
 use crate::liveness::stale::{stale_here, sweep_table, Orphan, Stale};
 use crate::liveness::{keys, Backend, Handed};
-use crate::node::Shared;
+use crate::services::lifecycle::Lifecycle;
 
 /// KEYS[1]: beats ZSET. ARGV[1]: cutoff score (ms), ARGV[2]: batch size, ARGV[3]: the
 /// calling node's member prefix (`"<node> "`), ARGV[4]: stale members to skip (the
@@ -110,38 +110,38 @@ pub async fn sweep_once(
 
 /// Sweeps every `sweep_interval` (first run after a random fraction of it, so nodes started
 /// together do not sweep in lockstep).
-pub async fn run(shared: Arc<Shared>) {
-    if !shared.config.liveness.sweeper {
+pub async fn run(life: Arc<Lifecycle>) {
+    if !life.sweeper {
         return;
     }
-    let period = shared.liveness.timings.sweep;
+    let period = life.liveness.timings.sweep;
     let jitter = period.mul_f64(rand::random::<f64>());
     tokio::select! {
         _ = tokio::time::sleep(jitter) => {}
-        _ = shared.shutdown.cancelled() => return,
+        _ = life.shutdown.cancelled() => return,
     }
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = shared.shutdown.cancelled() => return,
+            _ = life.shutdown.cancelled() => return,
         }
-        sweep_all(&shared).await;
+        sweep_all(&life).await;
     }
 }
 
 /// One sweep of the backend (every shard in Redis, the table in process). Public so tests
 /// can drive it without waiting for the timer.
-pub async fn sweep_all(shared: &Arc<Shared>) -> usize {
-    match &shared.liveness.backend {
-        Backend::Redis(link) => sweep_redis(shared, link).await,
-        Backend::InProcess(table) => sweep_table(&shared.liveness, table),
+pub async fn sweep_all(life: &Arc<Lifecycle>) -> usize {
+    match &life.liveness.backend {
+        Backend::Redis(link) => sweep_redis(life, link).await,
+        Backend::InProcess(table) => sweep_table(&life.liveness, table),
     }
 }
 
-async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
-    let live = &shared.liveness;
+async fn sweep_redis(life: &Arc<Lifecycle>, link: &RedisLink) -> usize {
+    let live = &life.liveness;
     let Some(mut conn) = link.conn().await else {
         return 0;
     };
@@ -149,7 +149,7 @@ async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
     let cutoff = live.sweep_cutoff_ms();
     let batch = live.sweep_batch();
     let mut sweep = Sweep::default();
-    if let Err(e) = follow_up_handed(shared, link, &mut conn, &mut sweep).await {
+    if let Err(e) = follow_up_handed(life, link, &mut conn, &mut sweep).await {
         link.failed(&e).await;
         return 0;
     }
@@ -171,7 +171,7 @@ async fn sweep_redis(shared: &Arc<Shared>, link: &RedisLink) -> usize {
             live.metrics
                 .swept
                 .fetch_add(got.len() as u64, Ordering::Relaxed);
-            match handle_batch(shared, link, &mut conn, &key, got, &mut sweep).await {
+            match handle_batch(life, link, &mut conn, &key, got, &mut sweep).await {
                 Ok(own_in_batch) => own += own_in_batch,
                 Err(e) => {
                     link.failed(&e).await;
@@ -216,15 +216,15 @@ struct Sweep {
 /// read afresh once per sweep before a node is called deaf: the copy the heartbeat keeps
 /// may be up to a heartbeat period old, which would delay a dead node's announcement by
 /// that much. A failed read decides nothing (the node counts as live, its beats go back).
-async fn still_live(shared: &Shared, node: &str, live_set_read: &mut bool) -> bool {
-    if !shared.cluster.node_is_live(node) {
+async fn still_live(life: &Lifecycle, node: &str, live_set_read: &mut bool) -> bool {
+    if !life.cluster.node_is_live(node) {
         return false;
     }
     if *live_set_read {
         return true;
     }
     *live_set_read = true;
-    !shared.cluster.heartbeat(false).await || shared.cluster.node_is_live(node)
+    !life.cluster.heartbeat(false).await || life.cluster.node_is_live(node)
 }
 
 /// What a node that received none of its stale resources' hand-offs is taken to be.
@@ -242,14 +242,14 @@ enum Verdict {
 /// (resources of dead nodes, and of this node's earlier runs) is announced together.
 /// Returns how many of the batch were this node's (left in the ZSET by the script).
 async fn handle_batch(
-    shared: &Arc<Shared>,
+    life: &Arc<Lifecycle>,
     link: &RedisLink,
     conn: &mut Conn,
     key: &str,
     got: Vec<(String, i64)>,
     sweep: &mut Sweep,
 ) -> redis::RedisResult<usize> {
-    let live = &shared.liveness;
+    let live = &life.liveness;
     let mut own = 0;
     let mut orphans = Vec::new();
     // This node's members with no session here: removed once decided (announced as
@@ -308,7 +308,7 @@ async fn handle_batch(
                 tracing::debug!(%node, resources = before, "stale resources handed to their node");
                 continue;
             }
-            let verdict = if still_live(shared, node, &mut sweep.live_set_read).await {
+            let verdict = if still_live(life, node, &mut sweep.live_set_read).await {
                 Verdict::Deaf
             } else {
                 Verdict::Dead
@@ -342,7 +342,7 @@ async fn handle_batch(
             None => {}
         }
     }
-    announce_orphans(shared, link, conn, orphans).await;
+    announce_orphans(life, link, conn, orphans).await;
     if !own_done.is_empty() {
         let mut c = redis::cmd("EVAL");
         c.arg(REMOVE_UNCHANGED).arg(1).arg(key);
@@ -394,12 +394,12 @@ fn keep_unheard(
 /// having acted is announced here, as the resource of a dead node it is; one whose node
 /// stays live is followed for at most 3T. One pipeline per sweep while any are open.
 async fn follow_up_handed(
-    shared: &Arc<Shared>,
+    life: &Arc<Lifecycle>,
     link: &RedisLink,
     conn: &mut Conn,
     sweep: &mut Sweep,
 ) -> redis::RedisResult<()> {
-    let live = &shared.liveness;
+    let live = &life.liveness;
     let open = live.take_handed();
     if open.is_empty() {
         return Ok(());
@@ -410,7 +410,7 @@ async fn follow_up_handed(
         let mut c = redis::cmd("ZSCORE");
         c.arg(&beats).arg(live.keys.member(&h.node, &h.jid));
         pipe.add(&beats, c);
-        let (key, c) = shared.cluster.last_entry_read(&h.jid);
+        let (key, c) = life.cluster.last_entry_read(&h.jid);
         pipe.add(&key, c);
     }
     let replies = match pipe.query(conn).await {
@@ -436,7 +436,7 @@ async fn follow_up_handed(
         if crate::cluster::directory::node_of(&entry.instance) != h.node {
             continue;
         }
-        if still_live(shared, &h.node, &mut sweep.live_set_read).await {
+        if still_live(life, &h.node, &mut sweep.live_set_read).await {
             if h.at_ms >= horizon {
                 still_open.push(h);
             }
@@ -451,14 +451,14 @@ async fn follow_up_handed(
         });
     }
     live.note_handed(still_open);
-    announce_orphans(shared, link, conn, orphans).await;
+    announce_orphans(life, link, conn, orphans).await;
     Ok(())
 }
 
 /// Listens on this node's channel for stale resources other nodes' sweepers found
 /// (`<last beat> <full JID>`), and handles them like its own. Reconnects with backoff.
-pub async fn listen(shared: Arc<Shared>) {
-    let live = &shared.liveness;
+pub async fn listen(life: Arc<Lifecycle>) {
+    let live = &life.liveness;
     let Some(link) = live.redis() else {
         return;
     };
@@ -466,15 +466,15 @@ pub async fn listen(shared: Arc<Shared>) {
         return;
     };
     let channel = live.keys.node_channel(&live.node_id);
-    let handler = shared.clone();
+    let handler = life.clone();
     crate::cluster::pubsub::subscribe(
         target,
         channel,
         link.timeout(),
-        shared.config.redis.reconnect_max,
-        shared.shutdown.clone(),
+        life.reconnect_max,
+        life.shutdown.clone(),
         |text| {
-            let shared = handler.clone();
+            let life = handler.clone();
             async move {
                 let mut orphans = Vec::new();
                 for line in text.lines() {
@@ -484,18 +484,18 @@ pub async fn listen(shared: Arc<Shared>) {
                     let Ok(score) = score.parse::<i64>() else {
                         continue;
                     };
-                    if let Stale::Orphan(o) = stale_here(&shared.liveness, jid, score) {
+                    if let Stale::Orphan(o) = stale_here(&life.liveness, jid, score) {
                         orphans.push(o);
                     }
                 }
                 if orphans.is_empty() {
                     return;
                 }
-                let Some(link) = shared.liveness.redis() else {
+                let Some(link) = life.liveness.redis() else {
                     return;
                 };
                 if let Some(mut conn) = link.conn().await {
-                    announce_orphans(&shared, link, &mut conn, orphans).await;
+                    announce_orphans(&life, link, &mut conn, orphans).await;
                 }
             }
         },
@@ -516,13 +516,13 @@ pub async fn listen(shared: Arc<Shared>) {
 /// So a batch costs one Redis round trip per slot for those, and each announcement its
 /// own gate read.
 async fn announce_orphans(
-    shared: &Arc<Shared>,
+    life: &Arc<Lifecycle>,
     link: &RedisLink,
     conn: &mut Conn,
     mut orphans: Vec<Orphan>,
 ) {
     orphans.retain(|o| {
-        let back = shared.sessions.get(&o.jid).is_some();
+        let back = life.sessions.get(&o.jid).is_some();
         if back {
             tracing::debug!(jid = %o.jid, "sweeper: stale beat of a resource that is back here");
         }
@@ -533,14 +533,14 @@ async fn announce_orphans(
     }
     // Per orphan its resource key and its directory entry: both have the user's bare JID
     // as hash tag, so a batch is one pipeline per slot on a Redis Cluster.
-    let keys = &shared.liveness.keys;
+    let keys = &life.liveness.keys;
     let mut pipe = SlotPipe::new();
     for o in &orphans {
         let key = keys.resource(&o.jid);
         let mut c = redis::cmd("GET");
         c.arg(&key);
         pipe.add(&key, c);
-        let (key, c) = shared.cluster.last_entry_read(&o.jid);
+        let (key, c) = life.cluster.last_entry_read(&o.jid);
         pipe.add(&key, c);
     }
     let replies = match pipe.query(conn).await {
@@ -578,27 +578,27 @@ async fn announce_orphans(
     // statement for the whole batch made every announcement wait for one backend
     // (BENCHMARKS.md, "Cluster").
     // Tasks, not futures of this one: the announcements run on every worker thread.
-    let limit = shared.liveness.sweep_concurrency();
+    let limit = life.liveness.sweep_concurrency();
     let mut running = tokio::task::JoinSet::new();
     for (o, last) in lost {
         if running.len() >= limit {
             running.join_next().await;
         }
-        running.spawn(announce_lost(shared.clone(), o, last));
+        running.spawn(announce_lost(life.clone(), o, last));
     }
     while running.join_next().await.is_some() {}
 }
 
-async fn announce_lost(shared: Arc<Shared>, o: Orphan, last: Option<Entry>) {
+async fn announce_lost(life: Arc<Lifecycle>, o: Orphan, last: Option<Entry>) {
     let Orphan { jid, score, .. } = o;
     tracing::info!(%jid, last_beat = score, "sweeper: resource of no live node");
     let bare = jid.to_bare();
     // Its last seen to each other node, its directory entry, one message of unavailables.
-    let ops = shared.cluster.peers().len() + 2;
-    shared.cluster.wait_for_room(ops).await;
-    shared.cluster.seen(bare.as_str(), score);
-    crate::services::presence::unavailable_of_lost(&shared, &jid, last.as_ref()).await;
-    shared.liveness.last_seen.push(crate::store::LastSeen {
+    let ops = life.cluster.peers().len() + 2;
+    life.cluster.wait_for_room(ops).await;
+    life.cluster.seen(bare.as_str(), score);
+    life.presence.unavailable_of_lost(&jid, last.as_ref()).await;
+    life.liveness.last_seen.push(crate::store::LastSeen {
         jid: bare,
         at: chrono::DateTime::from_timestamp_millis(score).unwrap_or_else(chrono::Utc::now),
         status: None,

@@ -28,14 +28,20 @@ pub(crate) use notify::from_node;
 
 use std::sync::Arc;
 
+use crate::cluster::cache::Cache;
+use crate::cluster::Cluster;
+use crate::node::caps::CapsCache;
+use crate::node::outbox::Outbox;
 use crate::node::session::Client;
-use crate::node::Shared;
+use crate::node::sessions::Sessions;
 use crate::protocol::error::{iq_result, StanzaError};
 use crate::protocol::jid::{BareJid, Jid};
 use crate::protocol::stanza::IqType;
 use crate::protocol::xml::{Element, NS_DISCO_INFO, NS_DISCO_ITEMS};
 use crate::services::presence::gate;
+use crate::services::presence::Presence;
 use crate::store::pep::{AccessModel, PepItem, Published};
+use crate::store::Store;
 
 /// XEP-0060 namespaces.
 pub(crate) const NS_PUBSUB: &str = "http://jabber.org/protocol/pubsub";
@@ -71,15 +77,54 @@ const FEATURES: &[&str] = &[
 /// The personal eventing service of every account here, with the vCards built on it
 /// (XEP-0054, XEP-0398) and the XEP-0115 capabilities that say who is notified. Its reads
 /// and notifications pass the privacy gate, which reads the store, the sessions here and
-/// the cluster directory, so it holds the node state.
+/// the cluster directory, which it asks through presence.
 pub struct Pep {
-    node: Arc<Shared>,
+    store: Store,
+    sessions: Arc<Sessions>,
+    outbox: Arc<Outbox>,
+    cluster: Cluster,
+    /// XEP-0115: which PEP nodes each client here wants (the node's cache).
+    caps: Arc<CapsCache>,
+    /// XEP-0153 avatar hashes by bare JID (the node's cache).
+    avatar_hashes: Arc<Cache<Option<String>>>,
+    presence: Arc<Presence>,
+    limits: PepLimits,
+}
+
+/// The `[limits]` PEP checks, as the server started with them.
+#[derive(Debug, Clone, Copy)]
+pub struct PepLimits {
+    /// `max_pep_items`.
+    pub max_pep_items: usize,
+    /// `max_pep_item_size`.
+    pub max_pep_item_size: usize,
+    /// `max_vcard_size`.
+    pub max_vcard_size: usize,
 }
 
 impl Pep {
-    /// The service over the node state.
-    pub fn new(node: Arc<Shared>) -> Self {
-        Pep { node }
+    /// The service over these parts of the node.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        store: Store,
+        sessions: Arc<Sessions>,
+        outbox: Arc<Outbox>,
+        cluster: Cluster,
+        caps: Arc<CapsCache>,
+        avatar_hashes: Arc<Cache<Option<String>>>,
+        presence: Arc<Presence>,
+        limits: PepLimits,
+    ) -> Self {
+        Pep {
+            store,
+            sessions,
+            outbox,
+            cluster,
+            caps,
+            avatar_hashes,
+            presence,
+            limits,
+        }
     }
 
     /// See [`handle_iq`].
@@ -90,7 +135,7 @@ impl Pep {
         ty: IqType,
         owner: &BareJid,
     ) -> Element {
-        handle_iq(&self.node, client, el, ty, owner).await
+        handle_iq(self, client, el, ty, owner).await
     }
 
     /// See [`vcard::handle_iq`].
@@ -101,29 +146,29 @@ impl Pep {
         ty: IqType,
         owner: &BareJid,
     ) -> Element {
-        vcard::handle_iq(&self.node, client, el, ty, owner).await
+        vcard::handle_iq(self, client, el, ty, owner).await
     }
 
     /// See [`notify::on_presence`].
     pub(crate) async fn on_presence(&self, client: &Client, el: &Element, initial: bool) {
-        notify::on_presence(&self.node, client, el, initial).await;
+        notify::on_presence(self, client, el, initial).await;
     }
 
     /// See [`notify::disco_answer`].
     pub(crate) async fn disco_answer(&self, client: &Client, el: &Element, ty: IqType) {
-        notify::disco_answer(&self.node, client, el, ty).await;
+        notify::disco_answer(self, client, el, ty).await;
     }
 
     /// See [`vcard::stamp_presence`].
     pub(crate) async fn stamp_presence(&self, owner: &str, presence: &mut Element) {
-        vcard::stamp_presence(&self.node, owner, presence).await;
+        vcard::stamp_presence(self, owner, presence).await;
     }
 }
 
 /// May `viewer` (any JID) read, and be notified of, a node of local user `owner` with
 /// this access model? Blocks count either way; `presence` is the privacy gate's decision.
 pub(crate) async fn may_read(
-    shared: &Shared,
+    pep: &Pep,
     access: AccessModel,
     viewer: &Jid,
     owner: &BareJid,
@@ -132,8 +177,8 @@ pub(crate) async fn may_read(
         return true;
     }
     match access {
-        AccessModel::Open => !gate::blocked_either(shared, viewer, owner).await,
-        AccessModel::Presence => gate::may_see_online(shared, viewer, owner, false).await,
+        AccessModel::Open => !pep.presence.blocked_either(viewer, owner).await,
+        AccessModel::Presence => pep.presence.may_see_online(viewer, owner, false).await,
         AccessModel::Whitelist => false,
     }
 }
@@ -188,7 +233,7 @@ pub(crate) fn describe_account(query: Element) -> Element {
 /// Answers a pubsub or node-list iq request `el` of type `ty` sent by `session` to the
 /// account `owner` (its own, or another local user's).
 async fn handle_iq(
-    shared: &Shared,
+    pep: &Pep,
     session: &Client,
     el: &Element,
     ty: IqType,
@@ -202,7 +247,7 @@ async fn handle_iq(
     let get = ty == IqType::Get;
     if payload.is("query", NS_DISCO_ITEMS) {
         return if get {
-            node_list(shared, el, &requester, owner).await
+            node_list(pep, el, &requester, owner).await
         } else {
             error(el, StanzaError::bad_request(), None)
         };
@@ -211,15 +256,15 @@ async fn handle_iq(
         return error(el, StanzaError::bad_request(), None);
     };
     match (payload.ns.as_str(), op.name.as_str(), get) {
-        (NS_PUBSUB, "items", true) => items(shared, el, op, &requester, owner).await,
+        (NS_PUBSUB, "items", true) => items(pep, el, op, &requester, owner).await,
         _ if !own => {
             // XEP-0163 §4: only the owner publishes to, or manages, their own service.
             error(el, StanzaError::forbidden(), None)
         }
-        (NS_PUBSUB, "publish", false) => publish(shared, session, el, payload, op).await,
-        (NS_PUBSUB, "retract", false) => retract(shared, el, op, owner).await,
-        (NS_PUBSUB_OWNER, "delete", false) => drop_node(shared, el, op, owner, "delete").await,
-        (NS_PUBSUB_OWNER, "purge", false) => drop_node(shared, el, op, owner, "purge").await,
+        (NS_PUBSUB, "publish", false) => publish(pep, session, el, payload, op).await,
+        (NS_PUBSUB, "retract", false) => retract(pep, el, op, owner).await,
+        (NS_PUBSUB_OWNER, "delete", false) => drop_node(pep, el, op, owner, "delete").await,
+        (NS_PUBSUB_OWNER, "purge", false) => drop_node(pep, el, op, owner, "purge").await,
         _ => error(
             el,
             StanzaError::feature_not_implemented(),
@@ -229,14 +274,14 @@ async fn handle_iq(
 }
 
 /// disco#items of an account: the nodes `requester` may read (XEP-0060 §5.2).
-async fn node_list(shared: &Shared, el: &Element, requester: &Jid, owner: &BareJid) -> Element {
-    let nodes = match shared.store.pep_nodes(owner.as_str()).await {
+async fn node_list(pep: &Pep, el: &Element, requester: &Jid, owner: &BareJid) -> Element {
+    let nodes = match pep.store.pep_nodes(owner.as_str()).await {
         Ok(n) => n,
         Err(e) => return internal(el, e),
     };
     let mut q = Element::new("query", NS_DISCO_ITEMS);
     for (node, access) in nodes {
-        if may_read(shared, access, requester, owner).await {
+        if may_read(pep, access, requester, owner).await {
             q = q.child(
                 Element::new("item", NS_DISCO_ITEMS)
                     .attr("jid", owner.as_str())
@@ -250,7 +295,7 @@ async fn node_list(shared: &Shared, el: &Element, requester: &Jid, owner: &BareJ
 /// The node `op` names and its access model, or the error reply (no `node`: XEP-0060
 /// `nodeid-required`; no such node: `item-not-found`).
 async fn existing_node<'a>(
-    shared: &Shared,
+    pep: &Pep,
     el: &Element,
     op: &'a Element,
     owner: &BareJid,
@@ -262,7 +307,7 @@ async fn existing_node<'a>(
             Some(("nodeid-required", "")),
         ));
     };
-    match shared.store.pep_node(owner.as_str(), node).await {
+    match pep.store.pep_node(owner.as_str(), node).await {
         Ok(Some(access)) => Ok((node, access)),
         Ok(None) => Err(error(el, StanzaError::item_not_found(), None)),
         Err(e) => Err(internal(el, e)),
@@ -282,18 +327,12 @@ fn refused(el: &Element, access: AccessModel) -> Element {
 }
 
 /// XEP-0060 §6.5: items of a node, newest `max_items` or the ones named.
-async fn items(
-    shared: &Shared,
-    el: &Element,
-    op: &Element,
-    requester: &Jid,
-    owner: &BareJid,
-) -> Element {
-    let (node, access) = match existing_node(shared, el, op, owner).await {
+async fn items(pep: &Pep, el: &Element, op: &Element, requester: &Jid, owner: &BareJid) -> Element {
+    let (node, access) = match existing_node(pep, el, op, owner).await {
         Ok(n) => n,
         Err(reply) => return reply,
     };
-    if !may_read(shared, access, requester, owner).await {
+    if !may_read(pep, access, requester, owner).await {
         return refused(el, access);
     }
     let ids: Vec<String> = op
@@ -302,15 +341,11 @@ async fn items(
         .filter_map(|i| i.get_attr("id").map(str::to_owned))
         .collect();
     let max = match op.get_attr("max_items").map(str::parse::<usize>) {
-        None => shared.config.limits.max_pep_items,
+        None => pep.limits.max_pep_items,
         Some(Ok(n)) => n,
         Some(Err(_)) => return error(el, StanzaError::bad_request(), None),
     };
-    let mut found = match shared
-        .store
-        .pep_items(owner.as_str(), node, &ids, max)
-        .await
-    {
+    let mut found = match pep.store.pep_items(owner.as_str(), node, &ids, max).await {
         Ok(f) => f,
         Err(e) => return internal(el, e),
     };
@@ -336,7 +371,7 @@ fn item_element(ns: &str, item: &PepItem) -> Element {
 /// The access model and `max_items` asked by `<publish-options>` (XEP-0060 §7.1.5), or
 /// the reply refusing them.
 fn publish_options(
-    shared: &Shared,
+    pep: &Pep,
     el: &Element,
     pubsub: &Element,
 ) -> Result<Option<AccessModel>, Element> {
@@ -367,7 +402,7 @@ fn publish_options(
                 None => return Err(precondition()),
             },
             "pubsub#max_items" => {
-                let limit = shared.config.limits.max_pep_items;
+                let limit = pep.limits.max_pep_items;
                 if value != "max" && value.parse::<usize>().map_or(true, |n| n > limit) {
                     return Err(precondition());
                 }
@@ -383,7 +418,7 @@ fn publish_options(
 
 /// XEP-0060 §7.1 with XEP-0163 §3 auto-create.
 async fn publish(
-    shared: &Shared,
+    pep: &Pep,
     session: &Client,
     el: &Element,
     pubsub: &Element,
@@ -412,14 +447,14 @@ async fn publish(
         );
     };
     let payload = payload.to_xml();
-    if too_big(shared, owner.as_str(), node, &payload) {
+    if too_big(pep, owner.as_str(), node, &payload) {
         return error(
             el,
             StanzaError::not_acceptable(),
             Some(("payload-too-big", "")),
         );
     }
-    let access = match publish_options(shared, el, pubsub) {
+    let access = match publish_options(pep, el, pubsub) {
         Ok(a) => a,
         Err(reply) => return reply,
     };
@@ -431,7 +466,7 @@ async fn publish(
             .unwrap_or_else(crate::protocol::xml::new_id),
         payload,
     };
-    match store_and_notify(shared, &owner, node, access, &stored).await {
+    match store_and_notify(pep, &owner, node, access, &stored).await {
         Ok(()) => {}
         Err(Refused::AccessModelDiffers) => {
             return error(
@@ -462,8 +497,8 @@ async fn publish(
 }
 
 /// Whether a payload (serialised) is over `max_pep_item_size` (XEP-0060 §7.1.3.4).
-fn too_big(shared: &Shared, owner: &str, node: &str, payload: &str) -> bool {
-    let limit = shared.config.limits.max_pep_item_size;
+fn too_big(pep: &Pep, owner: &str, node: &str, payload: &str) -> bool {
+    let limit = pep.limits.max_pep_item_size;
     let over = payload.len() > limit;
     if over {
         tracing::info!(user = %owner, node, bytes = payload.len(), limit, "PEP item too big");
@@ -487,17 +522,17 @@ pub(crate) enum Refused {
 /// when none is asked, XEP-0163 §3) and notifies everyone the node's access model admits:
 /// the one publish path, for clients' publishes and the vCard conversion alike.
 pub(crate) async fn store_and_notify(
-    shared: &Shared,
+    pep: &Pep,
     owner: &BareJid,
     node: &str,
     access: Option<AccessModel>,
     item: &PepItem,
 ) -> Result<(), Refused> {
-    let result = shared
+    let result = pep
         .store
         .pep_publish(owner.as_str(), node, access, item)
         .await;
-    vcard::metadata_written(shared, owner.as_str(), node);
+    vcard::metadata_written(pep, owner.as_str(), node);
     let access = match result {
         Ok(Published::Stored { access_model }) => access_model,
         Ok(Published::AccessModelDiffers) => return Err(Refused::AccessModelDiffers),
@@ -514,24 +549,24 @@ pub(crate) async fn store_and_notify(
     let event = Element::new("items", NS_PUBSUB_EVENT)
         .attr("node", node)
         .child(item_element(NS_PUBSUB_EVENT, item));
-    notify::notify(shared, owner, node, access, event).await;
+    notify::notify(pep, owner, node, access, event).await;
     Ok(())
 }
 
 /// XEP-0060 §7.2: deletes an item; notifies with `<retract/>` when asked to.
-async fn retract(shared: &Shared, el: &Element, op: &Element, owner: &BareJid) -> Element {
+async fn retract(pep: &Pep, el: &Element, op: &Element, owner: &BareJid) -> Element {
     let Some(id) = op
         .get_child("item", NS_PUBSUB)
         .and_then(|i| i.get_attr("id"))
     else {
         return error(el, StanzaError::bad_request(), Some(("item-required", "")));
     };
-    let (node, access) = match existing_node(shared, el, op, owner).await {
+    let (node, access) = match existing_node(pep, el, op, owner).await {
         Ok(n) => n,
         Err(reply) => return reply,
     };
-    let retracted = shared.store.pep_retract(owner.as_str(), node, id).await;
-    vcard::metadata_written(shared, owner.as_str(), node);
+    let retracted = pep.store.pep_retract(owner.as_str(), node, id).await;
+    vcard::metadata_written(pep, owner.as_str(), node);
     match retracted {
         Ok(true) => {}
         Ok(false) => return error(el, StanzaError::item_not_found(), None),
@@ -541,35 +576,29 @@ async fn retract(shared: &Shared, el: &Element, op: &Element, owner: &BareJid) -
         let event = Element::new("items", NS_PUBSUB_EVENT)
             .attr("node", node)
             .child(Element::new("retract", NS_PUBSUB_EVENT).attr("id", id));
-        notify::notify(shared, owner, node, access, event).await;
+        notify::notify(pep, owner, node, access, event).await;
     }
     iq_result(el)
 }
 
 /// XEP-0060 §8.4 delete and §8.5 purge, each with its event to those notified.
-async fn drop_node(
-    shared: &Shared,
-    el: &Element,
-    op: &Element,
-    owner: &BareJid,
-    what: &str,
-) -> Element {
-    let (node, access) = match existing_node(shared, el, op, owner).await {
+async fn drop_node(pep: &Pep, el: &Element, op: &Element, owner: &BareJid, what: &str) -> Element {
+    let (node, access) = match existing_node(pep, el, op, owner).await {
         Ok(n) => n,
         Err(reply) => return reply,
     };
     let done = if what == "delete" {
-        shared.store.pep_delete_node(owner.as_str(), node).await
+        pep.store.pep_delete_node(owner.as_str(), node).await
     } else {
-        shared.store.pep_purge(owner.as_str(), node).await
+        pep.store.pep_purge(owner.as_str(), node).await
     };
-    vcard::metadata_written(shared, owner.as_str(), node);
+    vcard::metadata_written(pep, owner.as_str(), node);
     match done {
         Ok(true) => {}
         Ok(false) => return error(el, StanzaError::item_not_found(), None),
         Err(e) => return internal(el, e),
     }
     let event = Element::new(what, NS_PUBSUB_EVENT).attr("node", node);
-    notify::notify(shared, owner, node, access, event).await;
+    notify::notify(pep, owner, node, access, event).await;
     iq_result(el)
 }

@@ -1,7 +1,8 @@
 //! Who hears of a publish, and when (XEP-0163 §4.3, §6.2): the owner's own resources and
 //! the contacts the access model admits ([`super::may_read`]'s people, found in one read
-//! by [`gate::online_audience`]), and among their resources only those whose XEP-0115
-//! capabilities say `<node>+notify` (§4.4 filtered notifications, [`crate::node::caps`]).
+//! by [`crate::services::presence::gate::online_audience`]), and among their resources
+//! only those whose XEP-0115 capabilities say `<node>+notify` (§4.4 filtered
+//! notifications, [`crate::node::caps`]).
 //!
 //! Across the cluster the decision is taken here, on the publisher's node; each other
 //! node holding a recipient's sessions gets the event once
@@ -15,16 +16,15 @@
 
 use std::sync::Arc;
 
+use super::Pep;
 use crate::cluster::Kind;
 use crate::node::caps::{Asker, Caps, Lookup};
 use crate::node::outbox;
 use crate::node::session::Client;
 use crate::node::sessions::SessionHandle;
-use crate::node::Shared;
 use crate::protocol::jid::{BareJid, Jid};
 use crate::protocol::stanza::IqType;
 use crate::protocol::xml::{Element, NS_CLIENT, NS_DISCO_INFO};
-use crate::services::presence::gate;
 use crate::store::pep::AccessModel;
 
 use super::{item_element, may_read, NS_PUBSUB_EVENT};
@@ -46,10 +46,10 @@ fn event_message(owner: &str, event: Element) -> Element {
 
 /// Hands `msg` (an event about `node`) to each available session of local user `bare`
 /// on this node that asked for the node.
-fn deliver_here(shared: &Shared, bare: &str, node: &str, msg: &Element) {
+fn deliver_here(pep: &Pep, bare: &str, node: &str, msg: &Element) {
     let notify = format!("{node}+notify");
     outbox::to_each_here(
-        &shared.sessions,
+        &pep.sessions,
         bare,
         |s| s.is_available() && wants(s, &notify),
         |jid| {
@@ -63,7 +63,7 @@ fn deliver_here(shared: &Shared, bare: &str, node: &str, msg: &Element) {
 /// Sends the event `event` about `owner`'s `node` (access model `access`) to everyone
 /// the access model admits, wherever their sessions are.
 pub(super) async fn notify(
-    shared: &Shared,
+    pep: &Pep,
     owner: &BareJid,
     node: &str,
     access: AccessModel,
@@ -74,21 +74,21 @@ pub(super) async fn notify(
         // The presence audience: approved subscribers the gate admits (an `open` node
         // notifies the same people, XEP-0163 §4.1: PEP subscriptions come from presence
         // subscriptions).
-        let audience = gate::online_audience(shared, owner).await;
+        let audience = pep.presence.online_audience(owner).await;
         let mut local: Vec<String> = audience
             .into_iter()
             .map(|c| c.to_string())
-            .filter(|c| outbox::is_local(shared, c))
+            .filter(|c| pep.outbox.is_local(c))
             .collect();
         local.sort();
         recipients.extend(local);
     }
     let msg = event_message(owner.as_str(), event);
     for r in &recipients {
-        deliver_here(shared, r, node, &msg);
+        deliver_here(pep, r, node, &msg);
     }
     outbox::to_other_nodes(
-        &shared.cluster,
+        &pep.cluster,
         recipients,
         Arc::new(msg.to_xml()),
         Kind::Notify,
@@ -97,7 +97,7 @@ pub(super) async fn notify(
 
 /// An event another node decided to send (see the module docs): delivered to the
 /// sessions here of each recipient in `to` that asked for its node.
-pub(crate) fn from_node(shared: &Shared, to: &[String], xml: &str) {
+pub(crate) fn from_node(pep: &Pep, to: &[String], xml: &str) {
     let Some(msg) = crate::protocol::xml::parse_element(xml) else {
         tracing::warn!("cluster: unparseable PEP event dropped");
         return;
@@ -111,26 +111,26 @@ pub(crate) fn from_node(shared: &Shared, to: &[String], xml: &str) {
         return;
     };
     for bare in to {
-        deliver_here(shared, crate::protocol::jid::bare_of(bare), &node, &msg);
+        deliver_here(pep, crate::protocol::jid::bare_of(bare), &node, &msg);
     }
 }
 
 /// After the session's own available presence `el` was broadcast: learns its client's
 /// capabilities (asking its disco#info once per `ver`) and, on initial presence, sends
 /// the last items it asked for. `initial`: the session was not available before.
-pub(super) async fn on_presence(shared: &Shared, session: &Client, el: &Element, initial: bool) {
+pub(super) async fn on_presence(pep: &Pep, session: &Client, el: &Element, initial: bool) {
     let full = session.jid().as_str();
     let Some(caps) = Caps::of_presence(el) else {
         return;
     };
-    match shared
+    match pep
         .caps
         .lookup(&Asker::new(session.jid(), session.handle.id), &caps)
     {
         Lookup::Known(features) => {
             session.handle.write(|s| s.caps = Some(features));
             if initial {
-                send_last_items(shared, &session.handle).await;
+                send_last_items(pep, &session.handle).await;
             }
         }
         Lookup::Waiting => {}
@@ -153,12 +153,12 @@ pub(super) async fn on_presence(shared: &Shared, session: &Client, el: &Element,
 /// An iq result or error (`ty`) a client sent to the server: if it answers one of our caps
 /// queries, the features are learnt (verified against the `ver`, XEP-0115 §5.4) and the
 /// sessions that waited for them get their last items.
-pub(super) async fn disco_answer(shared: &Shared, session: &Client, el: &Element, ty: IqType) {
+pub(super) async fn disco_answer(pep: &Pep, session: &Client, el: &Element, ty: IqType) {
     let Some(id) = el.get_attr("id") else {
         return;
     };
     let asker = Asker::new(session.jid(), session.handle.id);
-    let Some(pending) = shared.caps.answered(id, &asker) else {
+    let Some(pending) = pep.caps.answered(id, &asker) else {
         return;
     };
     let query = el
@@ -174,22 +174,22 @@ pub(super) async fn disco_answer(shared: &Shared, session: &Client, el: &Element
             "disco#info does not match the caps ver; used for this session only");
     }
     let features = Arc::new(crate::node::caps::features_of(query));
-    let described = shared.caps.learn(&pending, Arc::clone(&features), verified);
+    let described = pep.caps.learn(&pending, Arc::clone(&features), verified);
     for w in described {
         // The session that announced the `ver`, not a later one of the same JID.
-        let Some(handle) = shared.sessions.get(&w.full).filter(|h| h.id == w.session) else {
+        let Some(handle) = pep.sessions.get(&w.full).filter(|h| h.id == w.session) else {
             continue;
         };
         handle.write(|s| s.caps = Some(Arc::clone(&features)));
         if handle.is_available() {
-            send_last_items(shared, &handle).await;
+            send_last_items(pep, &handle).await;
         }
     }
 }
 
 /// XEP-0163 §6.2 / §4.3.1: the last item of each node the session asked for, of its own
 /// account and of each local contact whose node it may read.
-async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
+async fn send_last_items(pep: &Pep, handle: &SessionHandle) {
     let Some(features) = handle.read(|s| s.caps.clone()) else {
         return;
     };
@@ -199,17 +199,17 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
     let me = handle.jid.to_bare();
     let viewer = Jid::from(handle.jid.clone());
     let mut owners = vec![me.clone()];
-    match shared.store.roster(me.as_str()).await {
+    match pep.store.roster(me.as_str()).await {
         Ok((_, roster)) => owners.extend(
             roster
                 .into_iter()
                 .filter(|i| i.subscription.has_to())
-                .filter(|i| outbox::is_local(shared, i.contact.as_str()))
+                .filter(|i| pep.outbox.is_local(i.contact.as_str()))
                 .map(|i| i.contact),
         ),
         Err(e) => tracing::warn!(user = %me, error = %e, "roster unavailable; no PEP items sent"),
     }
-    let last = match shared.store.pep_last_items(&owners).await {
+    let last = match pep.store.pep_last_items(&owners).await {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(user = %me, error = %e, "PEP items unavailable; none sent");
@@ -226,7 +226,7 @@ async fn send_last_items(shared: &Shared, handle: &SessionHandle) {
         let ok = match decided.get(&key) {
             Some(ok) => *ok,
             None => {
-                let ok = may_read(shared, access, &viewer, &owner).await;
+                let ok = may_read(pep, access, &viewer, &owner).await;
                 decided.insert(key, ok);
                 ok
             }

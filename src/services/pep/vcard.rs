@@ -26,8 +26,8 @@
 use base64::Engine as _;
 use sha1::{Digest, Sha1};
 
+use super::Pep;
 use crate::node::session::Client;
-use crate::node::Shared;
 use crate::protocol::error::{iq_result, StanzaError};
 use crate::protocol::jid::{BareJid, Jid};
 use crate::protocol::stanza::IqType;
@@ -57,7 +57,7 @@ pub(crate) fn handles(payload: &Element) -> bool {
 /// Answers a vcard-temp iq request `el` of type `ty` sent by `session` to the account
 /// `owner` (its own, or another local user's).
 pub(super) async fn handle_iq(
-    shared: &Shared,
+    pep: &Pep,
     session: &Client,
     el: &Element,
     ty: IqType,
@@ -69,7 +69,7 @@ pub(super) async fn handle_iq(
         return reply_error(el, StanzaError::bad_request());
     };
     match ty {
-        IqType::Get => match view(shared, &requester, owner).await {
+        IqType::Get => match view(pep, &requester, owner).await {
             Ok(Some(card)) => iq_result(el).child(card),
             // XEP-0054 §3.1: the own account's empty vCard.
             Ok(None) if own => iq_result(el).child(Element::new("vCard", NS_VCARD)),
@@ -78,7 +78,7 @@ pub(super) async fn handle_iq(
             Err(e) => internal(el, e),
         },
         // XEP-0054 §3.2: only the user sets their own vCard.
-        IqType::Set if own => set(shared, el, card, owner).await,
+        IqType::Set if own => set(pep, el, card, owner).await,
         _ => reply_error(el, StanzaError::forbidden()),
     }
 }
@@ -101,7 +101,7 @@ struct Avatar {
 
 /// May `viewer` read nodes of these access models? One gate question per model.
 struct Reader<'a> {
-    shared: &'a Shared,
+    pep: &'a Pep,
     viewer: &'a Jid,
     owner: &'a BareJid,
     known: Vec<(AccessModel, bool)>,
@@ -112,7 +112,7 @@ impl Reader<'_> {
         if let Some((_, b)) = self.known.iter().find(|(a, _)| *a == access) {
             return *b;
         }
-        let b = may_read(self.shared, access, self.viewer, self.owner).await;
+        let b = may_read(self.pep, access, self.viewer, self.owner).await;
         self.known.push((access, b));
         b
     }
@@ -122,26 +122,26 @@ impl Reader<'_> {
 /// read a `presence` node of the owner, with the PEP avatar as PHOTO if the viewer may
 /// read both avatar nodes; `None` when neither is there for this viewer.
 pub(crate) async fn view(
-    shared: &Shared,
+    pep: &Pep,
     viewer: &Jid,
     owner: &BareJid,
 ) -> Result<Option<Element>, StoreError> {
     let mut reader = Reader {
-        shared,
+        pep,
         viewer,
         owner,
         known: Vec::new(),
     };
     let mut card = None;
     if reader.may(AccessModel::Presence).await {
-        if let Some(stored) = shared.store.vcard(owner.as_str()).await? {
+        if let Some(stored) = pep.store.vcard(owner.as_str()).await? {
             match crate::protocol::xml::parse_element(&stored) {
                 Some(c) if handles(&c) => card = Some(c),
                 _ => tracing::warn!(user = %owner, "unparseable stored vCard left out"),
             }
         }
     }
-    if let Some(avatar) = avatar(shared, &mut reader).await? {
+    if let Some(avatar) = avatar(pep, &mut reader).await? {
         let card = card.get_or_insert_with(|| Element::new("vCard", NS_VCARD));
         card.remove_children("PHOTO", NS_VCARD);
         card.children.push(Node::Element(
@@ -156,12 +156,12 @@ pub(crate) async fn view(
 /// The newest item of `owner`'s `node` (of those with `ids`, when given), parsed, with
 /// the node's access model. A node without items costs one read.
 async fn newest(
-    shared: &Shared,
+    pep: &Pep,
     owner: &str,
     node: &str,
     ids: &[String],
 ) -> Result<Option<(AccessModel, Element)>, StoreError> {
-    let items = shared.store.pep_items(owner, node, ids, 1).await?;
+    let items = pep.store.pep_items(owner, node, ids, 1).await?;
     let Some(payload) = items
         .into_iter()
         .next()
@@ -169,7 +169,7 @@ async fn newest(
     else {
         return Ok(None);
     };
-    Ok(shared
+    Ok(pep
         .store
         .pep_node(owner, node)
         .await?
@@ -191,9 +191,9 @@ fn info_of(metadata: &Element) -> Option<(String, String)> {
 }
 
 /// The avatar the reader's viewer may see: the newest metadata's image from the data node.
-async fn avatar(shared: &Shared, reader: &mut Reader<'_>) -> Result<Option<Avatar>, StoreError> {
+async fn avatar(pep: &Pep, reader: &mut Reader<'_>) -> Result<Option<Avatar>, StoreError> {
     let owner = reader.owner.as_str();
-    let Some((access, metadata)) = newest(shared, owner, NODE_METADATA, &[]).await? else {
+    let Some((access, metadata)) = newest(pep, owner, NODE_METADATA, &[]).await? else {
         return Ok(None);
     };
     if !reader.may(access).await {
@@ -202,7 +202,7 @@ async fn avatar(shared: &Shared, reader: &mut Reader<'_>) -> Result<Option<Avata
     let Some((id, mime)) = info_of(&metadata) else {
         return Ok(None);
     };
-    let Some((access, data)) = newest(shared, owner, NODE_DATA, std::slice::from_ref(&id)).await?
+    let Some((access, data)) = newest(pep, owner, NODE_DATA, std::slice::from_ref(&id)).await?
     else {
         return Ok(None);
     };
@@ -238,27 +238,27 @@ fn sha1_hex(bytes: &[u8]) -> String {
 /// `Some("")` when the metadata says there is none (XEP-0084 §4.5), `None` when the user
 /// never published metadata or keeps it to themselves (`whitelist`).
 ///
-/// Kept in [`Shared::avatar_hashes`] so that a presence costs no store read; every write to
+/// Kept in [`Pep::avatar_hashes`] so that a presence costs no store read; every write to
 /// the metadata node on this node drops the kept value ([`metadata_written`]).
-pub(crate) async fn photo_hash(shared: &Shared, owner: &str) -> Result<Option<String>, StoreError> {
-    let noted = match shared.avatar_hashes.get(owner) {
+pub(crate) async fn photo_hash(pep: &Pep, owner: &str) -> Result<Option<String>, StoreError> {
+    let noted = match pep.avatar_hashes.get(owner) {
         Ok(kept) => return Ok(kept),
         Err(noted) => noted,
     };
-    let hash = match newest(shared, owner, NODE_METADATA, &[]).await? {
+    let hash = match newest(pep, owner, NODE_METADATA, &[]).await? {
         None => None,
         Some((AccessModel::Whitelist, _)) => None,
         Some((_, metadata)) => Some(info_of(&metadata).map(|(id, _)| id).unwrap_or_default()),
     };
-    shared.avatar_hashes.put(owner, noted, hash.clone());
+    pep.avatar_hashes.put(owner, noted, hash.clone());
     Ok(hash)
 }
 
 /// Called after every store write to one of `owner`'s PEP nodes (publish, retract, purge,
 /// delete): a write to the avatar metadata node makes the kept hash stale.
-pub(crate) fn metadata_written(shared: &Shared, owner: &str, node: &str) {
+pub(crate) fn metadata_written(pep: &Pep, owner: &str, node: &str) {
     if node == NODE_METADATA {
-        shared.avatar_hashes.invalidate(owner);
+        pep.avatar_hashes.invalidate(owner);
     }
 }
 
@@ -266,7 +266,7 @@ pub(crate) fn metadata_written(shared: &Shared, owner: &str, node: &str) {
 /// user has avatar metadata, unless the client said it has no avatar to show (an empty
 /// `<photo/>`, which is left alone); an `<x/>` without `<photo/>` or with another hash is
 /// overwritten.
-pub(super) async fn stamp_presence(shared: &Shared, owner: &str, presence: &mut Element) {
+pub(super) async fn stamp_presence(pep: &Pep, owner: &str, presence: &mut Element) {
     let client_photo = presence
         .get_child("x", NS_VCARD_UPDATE)
         .and_then(|x| x.get_child("photo", NS_VCARD_UPDATE))
@@ -274,7 +274,7 @@ pub(super) async fn stamp_presence(shared: &Shared, owner: &str, presence: &mut 
     if client_photo.is_some_and(|p| p.trim().is_empty()) {
         return;
     }
-    let hash = match photo_hash(shared, owner).await {
+    let hash = match photo_hash(pep, owner).await {
         Ok(Some(h)) => h,
         Ok(None) => return,
         Err(e) => {
@@ -305,12 +305,12 @@ fn sniff(image: &[u8]) -> &'static str {
 
 /// XEP-0054 §3.2 set with XEP-0398 §3.2: the PHOTO becomes the PEP avatar, the rest is
 /// stored.
-async fn set(shared: &Shared, el: &Element, card: &Element, owner_jid: &BareJid) -> Element {
+async fn set(pep: &Pep, el: &Element, card: &Element, owner_jid: &BareJid) -> Element {
     let owner = owner_jid.as_str();
     if !handles(card) {
         return reply_error(el, StanzaError::bad_request());
     }
-    let limit = shared.config.limits.max_vcard_size;
+    let limit = pep.limits.max_vcard_size;
     let size = card.to_xml().len();
     if size > limit {
         tracing::info!(user = %owner, bytes = size, limit, "vCard too big");
@@ -343,7 +343,7 @@ async fn set(shared: &Shared, el: &Element, card: &Element, owner_jid: &BareJid)
             id: id.clone(),
             payload: Element::new("data", NODE_DATA).text(binval).to_xml(),
         };
-        if super::too_big(shared, owner, NODE_DATA, &data.payload) {
+        if super::too_big(pep, owner, NODE_DATA, &data.payload) {
             return reply_error(el, StanzaError::not_acceptable());
         }
         let metadata = PepItem {
@@ -359,21 +359,19 @@ async fn set(shared: &Shared, el: &Element, card: &Element, owner_jid: &BareJid)
         };
         // XEP-0084 §4.1: the data first, so a client told of the metadata finds it.
         for (node, item) in [(NODE_DATA, &data), (NODE_METADATA, &metadata)] {
-            if let Err(r) = store_and_notify(shared, owner_jid, node, None, item).await {
+            if let Err(r) = store_and_notify(pep, owner_jid, node, None, item).await {
                 return refused(el, r);
             }
         }
     } else {
-        match photo_hash(shared, owner).await {
+        match photo_hash(pep, owner).await {
             Ok(Some(h)) if !h.is_empty() => {
                 // XEP-0084 §4.5: a vCard without a picture disables the avatar.
                 let none = PepItem {
                     id: "current".to_owned(),
                     payload: Element::new("metadata", NODE_METADATA).to_xml(),
                 };
-                if let Err(r) =
-                    store_and_notify(shared, owner_jid, NODE_METADATA, None, &none).await
-                {
+                if let Err(r) = store_and_notify(pep, owner_jid, NODE_METADATA, None, &none).await {
                     return refused(el, r);
                 }
             }
@@ -381,7 +379,7 @@ async fn set(shared: &Shared, el: &Element, card: &Element, owner_jid: &BareJid)
             Err(e) => return internal(el, e),
         }
     }
-    match shared.store.set_vcard(owner, &stored.to_xml()).await {
+    match pep.store.set_vcard(owner, &stored.to_xml()).await {
         Ok(()) => iq_result(el),
         Err(e) => internal(el, e),
     }

@@ -20,8 +20,7 @@
 //! The caller holds the roster locks of both users ([`crate::node::RosterLocks`]) for the
 //! whole load, decide and apply, so the roster listener never sees a change half pushed.
 
-use crate::node::outbox::{bounce_unroutable, to_available, unavailable_from_shown};
-use crate::node::{route_remote, Shared};
+use crate::node::Shared;
 use crate::protocol::jid::BareJid;
 use crate::protocol::xml::Element;
 use crate::store::{PendingChange, RosterChange, RosterItem, StoreError};
@@ -210,12 +209,12 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
     for effect in plan.effects {
         match effect {
             Effect::ToAvailable { user, stanza } => {
-                to_available(shared, user.as_str(), &stanza);
+                shared.outbox.to_available(user.as_str(), &stanza);
             }
             Effect::Route { stanza, bounce } => {
-                if let Err(e) = route_remote(shared, stanza.clone()) {
+                if let Err(e) = shared.outbox.route_remote(stanza.clone()) {
                     if bounce {
-                        bounce_unroutable(shared, &stanza, e);
+                        shared.outbox.bounce_unroutable(&stanza, e);
                     }
                 }
             }
@@ -223,15 +222,17 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
                 let local = shared.config.serves(viewer.domain().as_str());
                 super::gate::current_presence(shared, &subject, &viewer, |p| {
                     if local {
-                        to_available(shared, viewer.as_str(), &p);
+                        shared.outbox.to_available(viewer.as_str(), &p);
                     } else {
-                        let _ = route_remote(shared, p);
+                        let _ = shared.outbox.route_remote(p);
                     }
                 })
                 .await;
             }
             Effect::UnavailableFromShown { subject, viewer } => {
-                unavailable_from_shown(shared, subject.as_str(), viewer.as_str());
+                shared
+                    .outbox
+                    .unavailable_from_shown(subject.as_str(), viewer.as_str());
             }
             Effect::RemoteWithdrawn { remote, local } => {
                 shared.s2s.saw_unavailable(remote.as_str(), local.as_str());

@@ -63,7 +63,7 @@ use crate::protocol::jid::{domain_of, BareJid, FullJid, Jid};
 /// Whether `jid` is an account on a domain this server hosts (as opposed to a remote
 /// user, whose settings and block list we cannot read).
 fn is_local(shared: &Shared, jid: &Jid) -> bool {
-    crate::node::outbox::is_local(shared, jid.as_str())
+    shared.outbox.is_local(jid.as_str())
 }
 
 /// Settings of a user; the defaults for a remote one (their server applies its own rules).
@@ -602,7 +602,7 @@ pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
     {
         if let Ok((_, roster)) = shared.store.roster(&user).await {
             for item in roster.into_iter().filter(|i| i.subscription.has_to()) {
-                if crate::node::outbox::is_local(shared, item.contact.as_str()) {
+                if shared.outbox.is_local(item.contact.as_str()) {
                     subjects.insert(item.contact);
                 }
             }
@@ -629,7 +629,9 @@ async fn withdraw_blocked_remote(shared: &Shared, user: &BareJid) {
         };
         if blocked {
             shared.s2s.saw_unavailable(&remote, &local);
-            crate::node::outbox::presence_to(shared, &local, unavailable(&remote, &local));
+            shared
+                .outbox
+                .presence_to(&local, unavailable(&remote, &local));
         }
     }
 }
@@ -671,7 +673,9 @@ pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
                 (_, Some(v)) => !blocked_either(shared, v, &s.jid).await,
             };
             if !keep && s.forget(&viewer) {
-                crate::node::outbox::presence_to(shared, &viewer, unavailable(&me, &viewer));
+                shared
+                    .outbox
+                    .presence_to(&viewer, unavailable(&me, &viewer));
             }
         }
         let (available, last) = s.read(|p| (p.available, p.last.clone()));
@@ -689,7 +693,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
             }
             let mut p = last.clone();
             p.set_attr("to", viewer.clone());
-            crate::node::outbox::presence_to(shared, &viewer, p);
+            shared.outbox.presence_to(&viewer, p);
         }
     }
 }

@@ -54,6 +54,43 @@ impl Presence {
         to_directory(&self.node, handle);
     }
 
+    /// See [`unavailable_of_lost`].
+    pub(crate) async fn unavailable_of_lost(
+        &self,
+        jid: &FullJid,
+        last: Option<&crate::cluster::Entry>,
+    ) {
+        unavailable_of_lost(&self.node, jid, last).await;
+    }
+
+    /// See [`show_again_to_other_nodes`].
+    pub(crate) async fn show_again_to_other_nodes(&self) {
+        show_again_to_other_nodes(&self.node).await;
+    }
+
+    /// See [`gate::blocked_either`].
+    pub(crate) async fn blocked_either(&self, a: &Jid, b: &Jid) -> bool {
+        gate::blocked_either(&self.node, a, b).await
+    }
+
+    /// See [`gate::may_see_online`].
+    pub(crate) async fn may_see_online(&self, viewer: &Jid, subject: &Jid, directed: bool) -> bool {
+        gate::may_see_online(&self.node, viewer, subject, directed).await
+    }
+
+    /// See [`gate::online_audience`].
+    pub(crate) async fn online_audience(
+        &self,
+        subject: &Jid,
+    ) -> std::collections::HashSet<BareJid> {
+        gate::online_audience(&self.node, subject).await
+    }
+
+    /// See [`executor::apply_external`].
+    pub(crate) async fn apply_external(&self, owner: &str, version: i64) {
+        executor::apply_external(&self.node, owner, version).await;
+    }
+
     /// See [`gate::reconcile_user`].
     pub async fn reconcile_user(&self, user: &BareJid) {
         gate::reconcile_user(&self.node, user).await;
@@ -118,7 +155,7 @@ impl Presence {
         to_directory(shared, &client.handle);
         for (viewer, _) in revealed {
             let p = outbox::unavailable(&me, &viewer);
-            outbox::presence_to(shared, &viewer, p);
+            shared.outbox.presence_to(&viewer, p);
         }
     }
 
@@ -178,7 +215,7 @@ async fn from_client(
                     } else {
                         session.handle.write(|p| p.remove_directed(j.as_str()));
                     }
-                    let _ = crate::node::route_remote(shared, el);
+                    let _ = shared.outbox.route_remote(el);
                 }
                 Target::LocalBare(_) | Target::LocalFull(_) => {
                     directed(shared, session, el, available).await
@@ -223,13 +260,13 @@ async fn from_client(
             Target::Remote(_) => {
                 let mut p = el;
                 p.set_attr("from", own_bare.to_string());
-                let _ = crate::node::route_remote(shared, p);
+                let _ = shared.outbox.route_remote(p);
             }
             _ => {}
         },
         PresenceType::Error => {
             if let Target::LocalFull(f) = target {
-                outbox::to_session(shared, &f, el);
+                shared.outbox.to_session(&f, el);
             }
         }
     }
@@ -351,7 +388,7 @@ async fn show_to_audience(
         // One stanza per remote contact; s2s sends them over that domain's one stream.
         let mut p = el.clone();
         p.set_attr("to", contact.clone());
-        if crate::node::route_remote(shared, p).is_ok() {
+        if shared.outbox.route_remote(p).is_ok() {
             reached.push(contact);
         }
     }
@@ -361,7 +398,7 @@ async fn show_to_audience(
     let initial = outbox::Reach::Record {
         initial: change.initial(),
     };
-    reached.extend(outbox::to_contacts(shared, once, local, own, initial).await);
+    reached.extend(shared.outbox.to_contacts(once, local, own, initial).await);
     // Remember who saw this resource online, so a lost permission withdraws it from
     // exactly them (the subject lock makes this atomic with the delivery).
     if is_available {
@@ -444,7 +481,7 @@ async fn unavailable_to_directed(
         }
         let mut p = el.clone();
         p.set_attr("to", to.clone());
-        outbox::presence_to(shared, &to, p);
+        shared.outbox.presence_to(&to, p);
     }
 }
 
@@ -469,7 +506,7 @@ async fn initial_presence(
             // sends one only if it asked to (XEP-0186 `probe='true'`).
             // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
             let probe = presence(PresenceType::Probe, bare.as_str(), item.contact.as_str());
-            let _ = crate::node::route_remote(shared, probe);
+            let _ = shared.outbox.route_remote(probe);
         }
     }
     answer_probes(shared, me, &local).await;
@@ -594,7 +631,7 @@ pub async fn show_again_to_other_nodes(shared: &Shared) {
                 audience.push(c);
             }
             let once = Addressed::new(&last);
-            for viewer in outbox::fan_out(shared, &once, audience, false).await {
+            for viewer in shared.outbox.fan_out(&once, audience, false).await {
                 s.reveal(&viewer, privacy::Relation::Subscriber);
             }
         }
@@ -672,7 +709,7 @@ async fn directed(shared: &Shared, session: &Client, mut el: Element, is_availab
             p.forget(&to);
         });
     }
-    outbox::to_local(shared, &to, el);
+    shared.outbox.to_local(&to, el);
 }
 
 /// Tracks `to` as a directed-presence recipient of the session, or refuses the presence
@@ -1007,19 +1044,15 @@ pub(crate) async fn unavailable_of_lost(
             .await
             .into_iter()
             .map(|contact| contact.to_string())
-            .filter(|contact| crate::node::outbox::is_local(shared, contact))
+            .filter(|contact| shared.outbox.is_local(contact))
             .collect()
     } else {
         Vec::new()
     };
     // The user's own available resources, on this node and the others (RFC 6121 §4.5.2).
     recipients.push(bare.to_string());
-    crate::node::outbox::to_contacts(
-        shared,
-        &once,
-        recipients,
-        None,
-        crate::node::outbox::Reach::Send,
-    )
-    .await;
+    shared
+        .outbox
+        .to_contacts(&once, recipients, None, crate::node::outbox::Reach::Send)
+        .await;
 }

@@ -3,7 +3,7 @@
 //! Subscription stanzas are planned and applied as for local contacts ([`Exchange`], the
 //! one planner over the *local* user's roster item); only the other side lives on another
 //! server, which keeps its own roster and answers over federation. Everything that leaves goes through
-//! [`crate::node::route_remote`], which sends it over that domain's one stream.
+//! [`crate::node::outbox::Outbox::route_remote`], which sends it over that domain's one stream.
 //!
 //! Inbound, from an authenticated server stream:
 //!
@@ -17,7 +17,6 @@
 
 use std::sync::Arc;
 
-use crate::node::route_remote;
 use crate::node::Shared;
 use crate::protocol::jid::bare_of;
 use crate::protocol::jid::{BareJid, Jid};
@@ -27,7 +26,6 @@ use crate::store::StoreError;
 
 use super::subscription::{Direction, SubKind};
 use super::{presence, Exchange};
-use crate::node::outbox::to_available;
 /// A presence stanza from an authenticated remote server (its `from` domain was checked
 /// by the stream, which parsed its addresses). Dispatches by type.
 pub async fn inbound(shared: &Arc<Shared>, from: Jid, to: Jid, el: Element) {
@@ -59,7 +57,7 @@ pub async fn inbound(shared: &Arc<Shared>, from: Jid, to: Jid, el: Element) {
         }
         PresenceType::Error => {
             if let Ok(full) = to.try_into_full() {
-                crate::node::outbox::to_session(shared, &full, el);
+                shared.outbox.to_session(&full, el);
             }
         }
     }
@@ -120,7 +118,9 @@ pub async fn probe_unblocked(shared: &Shared, owner_jid: &BareJid, removed: &[Ji
         {
             continue;
         }
-        let _ = route_remote(shared, presence(PresenceType::Probe, owner, contact));
+        let _ = shared
+            .outbox
+            .route_remote(presence(PresenceType::Probe, owner, contact));
     }
 }
 
@@ -135,7 +135,7 @@ async fn probe(shared: &Shared, prober: &Jid, user: &Jid) {
         &prober.to_bare(),
         &user.to_bare(),
         |p| {
-            let _ = route_remote(shared, p);
+            let _ = shared.outbox.route_remote(p);
         },
     )
     .await;
@@ -153,7 +153,7 @@ async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_
         let Ok(full) = to.clone().try_into_full() else {
             return;
         };
-        if crate::node::outbox::to_session(shared, &full, el) {
+        if shared.outbox.to_session(&full, el) {
             track(shared, from.as_str(), full.as_str(), is_available);
         }
         return;
@@ -170,7 +170,7 @@ async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_
     if !subscribed {
         return;
     }
-    if to_available(shared, user, &el) > 0 || !is_available {
+    if shared.outbox.to_available(user, &el) > 0 || !is_available {
         track(shared, from.as_str(), user, is_available);
     }
 }

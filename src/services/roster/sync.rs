@@ -17,37 +17,45 @@
 
 use std::sync::Arc;
 
-use crate::node::Shared;
-use crate::services::presence::executor;
-use crate::store::notify::{self, parse_roster_notification, ROSTER_CHANNEL};
+use tokio_util::sync::CancellationToken;
 
-/// Listens for roster notifications until shutdown.
-pub(crate) async fn run(shared: Arc<Shared>) {
-    let db = &shared.config.database;
-    let options = notify::ListenOptions::from_config(db);
+use crate::config::DatabaseConfig;
+use crate::node::sessions::Sessions;
+use crate::services::presence::Presence;
+use crate::store::notify::{self, parse_roster_notification, ROSTER_CHANNEL};
+use crate::store::Store;
+
+/// Listens for roster notifications on `db` until `shutdown`, and has `presence` apply each
+/// change to this node's `sessions`; `store` holds the gate's cached inputs it invalidates.
+pub(crate) async fn run(
+    db: DatabaseConfig,
+    store: Store,
+    sessions: Arc<Sessions>,
+    presence: Arc<Presence>,
+    shutdown: CancellationToken,
+) {
+    let options = notify::ListenOptions::from_config(&db);
     let mut rx = match notify::listen_with(&db.url, &[ROSTER_CHANNEL], options).await {
         Ok(rx) => rx,
         Err(e) => {
             tracing::error!(error = %e, "cannot LISTEN for roster changes; SQL-made changes reach clients at their next login");
             // Without notifications another node's roster change would not reach the gate's
             // cached inputs: read them for every presence change instead.
-            shared
-                .store
-                .set_audience_cache_ttl(std::time::Duration::ZERO);
+            store.set_audience_cache_ttl(std::time::Duration::ZERO);
             return;
         }
     };
     loop {
         let n = tokio::select! {
-            _ = shared.shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => return,
             n = rx.recv() => n,
         };
         let Some(n) = n else { return };
         if n.is_resync() {
             // Notifications may have been lost while disconnected: check everyone online.
-            shared.store.forget_all_audiences();
-            for owner in shared.sessions.users() {
-                executor::apply_external(&shared, &owner, i64::MAX).await;
+            store.forget_all_audiences();
+            for owner in sessions.users() {
+                presence.apply_external(&owner, i64::MAX).await;
             }
             continue;
         }
@@ -56,8 +64,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             // owner's, and those of everyone with the owner on their roster, since a
             // subscription changes both sides' items and the two notifications may be
             // handled apart (the contact's first).
-            shared.store.forget_audiences_naming(&owner);
-            executor::apply_external(&shared, &owner, version).await;
+            store.forget_audiences_naming(&owner);
+            presence.apply_external(&owner, version).await;
         }
     }
 }

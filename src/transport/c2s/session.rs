@@ -573,9 +573,10 @@ impl SessionLoop {
             Box::pin(return_unacked(&shared, &jid, kept, rest)).await;
         }
         // Unavailable now (silent death) or after the grace period (close or drop).
-        let presence = services.presence.clone();
         Box::pin(crate::services::lifecycle::session_over(
-            shared, presence, client, live,
+            services.lifecycle.clone(),
+            client,
+            live,
         ))
         .await;
     }

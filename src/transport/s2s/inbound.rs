@@ -877,7 +877,9 @@ async fn on_verify(shared: &Shared, el: &Element, out: &mpsc::Sender<Out>) {
 pub(crate) async fn message(shared: &Shared, from: Jid, to: Jid, el: Element) {
     if to.node().is_none() {
         // No handler for messages to the server itself (RFC 6120 §10.3.1).
-        crate::routing::delivery::bounce(shared, &el, StanzaError::service_unavailable());
+        shared
+            .outbox
+            .bounce(&el, StanzaError::service_unavailable());
         return;
     }
     crate::routing::delivery::message(shared, &from, to, el).await;
@@ -919,5 +921,5 @@ pub(crate) async fn iq(shared: &Shared, from: Jid, to: Jid, el: Element) {
             None => return,
         }
     };
-    let _ = super::route_remote(shared, reply);
+    let _ = shared.outbox.route_remote(reply);
 }

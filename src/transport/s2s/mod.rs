@@ -26,7 +26,7 @@
 //! # Shape
 //!
 //! - **Outgoing** ([`outbound`]): one task and one bounded queue per (local domain, remote
-//!   domain) pair, created by the first stanza for that pair ([`route_remote`]). The task
+//!   domain) pair, created by the first stanza for that pair ([`crate::node::outbox::Outbox::route_remote`]). The task
 //!   connects (a static route `host:port` means STARTTLS, `xmpps://host:port` direct TLS
 //!   per XEP-0368), secures and authenticates the stream, then drains the queue onto it;
 //!   it closes the stream with `</stream:stream>` after `[s2s] idle_timeout` without
@@ -156,7 +156,7 @@ fn grace_expired(shared: &Shared, remote: &str, generation: u64) {
                     Element::new("status", NS_CLIENT).text(format!("Connection to {remote} lost")),
                 )
                 .child(Element::new("link-lost", NS_STALE).attr("domain", remote));
-            crate::routing::delivery::to_local(shared, &local, p);
+            shared.outbox.to_local(&local, p);
         }
     }
 }
@@ -179,10 +179,6 @@ pub(crate) fn link_up(shared: &Shared, remote: &str) {
 }
 
 pub use crate::protocol::jid::{bare_of, domain_of};
-
-pub use crate::node::route_remote;
-
-pub(crate) use crate::node::outbox::bounce_unroutable as bounce;
 
 /// An authenticated inbound stanza, already checked for addressing: hands it to presence,
 /// or delivers it like a local one (RFC 6120 §10.5, RFC 6121 §8.5).

@@ -616,7 +616,7 @@ pub async fn run(
             shared.s2s.enqueue(&local, &remote, el.clone())
         };
         if let Err(e) = routed {
-            super::bounce(&shared, &el, e);
+            shared.outbox.bounce_unroutable(&el, e);
         }
     }
 }
@@ -634,7 +634,7 @@ fn fail_queue(
     }
     pending.fetch_sub(queue.len(), Ordering::SeqCst);
     for el in queue.drain(..) {
-        super::bounce(shared, &el, err.clone());
+        shared.outbox.bounce_unroutable(&el, err.clone());
     }
 }
 
