@@ -12,6 +12,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use common::*;
 use hmac::{Hmac, Mac};
+use presenced::protocol::jid::FullJid;
 use presenced::protocol::xml::{Element, NS_CLIENT};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -261,6 +262,16 @@ async fn bind2_enables_sm_carbons_and_csi_inline() {
     assert_eq!(enabled.get_attr("resume"), Some("true"), "{enabled}");
     assert!(enabled.get_attr("id").is_some(), "{enabled}");
     c.jid = jid.clone();
+    // XEP-0388 §2.2.1: the installation's id is kept with the session.
+    let session = ts
+        .shared()
+        .sessions
+        .get(&FullJid::new(&jid).unwrap())
+        .expect("bound session");
+    assert_eq!(
+        session.read(|p| p.user_agent.clone()).as_deref(),
+        Some("d4565fa7-4d72-4749-b3d3-740edbf87770")
+    );
 
     // XEP-0198: counting started with the stream going on (the client's own presence
     // comes back later: XEP-0352 holds it while inactive).

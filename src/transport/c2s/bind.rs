@@ -112,7 +112,6 @@ impl Authenticated {
                         additional,
                         before,
                         bind,
-                        user_agent: request.user_agent,
                     };
                     return Ok(Ok(Bound {
                         link,

@@ -75,6 +75,8 @@ struct Link {
     transport: Transport,
     /// When negotiation must be over.
     deadline: Instant,
+    /// XEP-0388 `<user-agent id/>` of a SASL2 authentication, kept in the session's state.
+    user_agent: Option<Box<str>>,
 }
 
 /// A stream whose transport is not encrypted: it can only start TLS (RFC 6120 §5.3.1).
@@ -122,8 +124,6 @@ struct Inline {
     /// XML for `<success/>` before `<bound/>` (an inline resumption's `<failed/>`).
     before: String,
     bind: sasl2::Bind,
-    /// XEP-0388 `<user-agent id/>`.
-    user_agent: Option<String>,
 }
 
 /// How a negotiation ended before a resource was bound.
@@ -226,6 +226,7 @@ async fn negotiate(
         domain: None,
         transport,
         deadline,
+        user_agent: None,
     };
     let bound = async {
         let secured = if secure {

@@ -81,6 +81,7 @@ impl Secured {
         let sasl2 = match sasl2 {
             Some(request) => {
                 link.stream.set_limits(limits);
+                link.user_agent = request.user_agent.as_deref().map(Into::into);
                 Some(Box::new(Sasl2 {
                     request: *request,
                     additional: authed.additional,

@@ -175,6 +175,7 @@ impl SessionLoop {
                     stream,
                     peer,
                     transport,
+                    user_agent,
                     ..
                 },
             jid,
@@ -201,6 +202,10 @@ impl SessionLoop {
             tracing::info!(%peer, %jid, "resource conflict: older session replaced");
         }
         let handle = reg.handle;
+        if user_agent.is_some() {
+            tracing::debug!(%peer, %jid, ?user_agent, "client installation (XEP-0388)");
+            handle.write(|p| p.user_agent = user_agent);
+        }
         // The resource is this node's cluster-wide now: a session of the same full JID on
         // another node is ended there, as a local one was just above.
         shared.cluster.claim(&jid);
@@ -285,7 +290,6 @@ impl SessionLoop {
             additional,
             before,
             bind,
-            user_agent,
         } = inline;
         let mut results = String::new();
         if let Some((resume, max)) = bind.sm {
@@ -307,7 +311,7 @@ impl SessionLoop {
         if let Some(active) = bind.csi {
             handle.set_client_state(active);
         }
-        tracing::debug!(%jid, ?user_agent, carbons = bind.carbons, csi = ?bind.csi, "bound inline (XEP-0386)");
+        tracing::debug!(%jid, carbons = bind.carbons, csi = ?bind.csi, "bound inline (XEP-0386)");
         let inner = format!("{before}{}", super::sasl2::bound(&results));
         super::sasl2::success(additional.as_deref(), jid.as_str(), &inner)
     }
