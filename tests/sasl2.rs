@@ -126,8 +126,8 @@ async fn scram_sha_256(
     (c.next_stanza(WAIT).await.expect("SASL2 outcome"), signature)
 }
 
-/// XEP-0388 §2.1: offered after TLS beside SASL1, with the same mechanisms and what may
-/// come inline; never before TLS.
+/// XEP-0388 "Discovering Support": offered after TLS beside SASL1, with the same
+/// mechanisms and what may come inline; never before TLS.
 #[tokio::test]
 async fn sasl2_is_offered_beside_sasl1_after_tls_only() {
     let ts = TestServer::start(|_| {}).await;
@@ -159,7 +159,7 @@ async fn sasl2_is_offered_beside_sasl1_after_tls_only() {
     ts.stop().await;
 }
 
-/// XEP-0388 §2.3: SCRAM-SHA-256 in SASL2 framing; the server-final comes in
+/// XEP-0388 "Success": SCRAM-SHA-256 in SASL2 framing; the server-final comes in
 /// `<additional-data/>`, the identifier is the bare JID without a bind, and the stream goes
 /// on without a restart: the client binds by iq on it.
 #[tokio::test]
@@ -184,9 +184,9 @@ async fn scram_sha_256_succeeds_without_a_restart() {
     ts.stop().await;
 }
 
-/// XEP-0388 §2.4: a wrong password is a `<failure/>` with the RFC 6120 §6.5 condition; the
-/// failures count towards the same back-off as SASL1's, which then refuses even the right
-/// password from this address.
+/// XEP-0388 "Failure": a wrong password is a `<failure/>` with the RFC 6120 §6.5
+/// condition; the failures count towards the same back-off as SASL1's, which then refuses
+/// even the right password from this address.
 #[tokio::test]
 async fn wrong_passwords_fail_and_lock_the_account_as_sasl1_does() {
     let ts = TestServer::start(|c| {
@@ -229,7 +229,7 @@ async fn wrong_passwords_fail_and_lock_the_account_as_sasl1_does() {
     ts.stop().await;
 }
 
-/// XEP-0386 §3: a bind inline: the resource starts with the tag, the identifier is the
+/// XEP-0386: a bind inline: the resource starts with the tag, the identifier is the
 /// full JID, `<bound/>` carries XEP-0198's `<enabled/>`; carbons (XEP-0280) and the
 /// inactive state (XEP-0352) are in force from the first stanza.
 #[tokio::test]
@@ -262,7 +262,7 @@ async fn bind2_enables_sm_carbons_and_csi_inline() {
     assert_eq!(enabled.get_attr("resume"), Some("true"), "{enabled}");
     assert!(enabled.get_attr("id").is_some(), "{enabled}");
     c.jid = jid.clone();
-    // XEP-0388 §2.2.1: the installation's id is kept with the session.
+    // XEP-0388 "Initiation": the installation's id is kept with the session.
     let session = ts
         .shared()
         .sessions

@@ -116,7 +116,7 @@ impl Link {
                 for m in &names {
                     mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text(*m));
                 }
-                // XEP-0388 §2.1: SASL2 is offered beside SASL1, with the same mechanisms.
+                // XEP-0388 "Discovering Support": SASL2 beside SASL1, the same mechanisms.
                 f = f.child(mechs).child(super::sasl2::feature(&names));
                 if self.shared.config.auth.allow_registration {
                     f = f.child(Element::new("register", x::NS_REGISTER_FEATURE));

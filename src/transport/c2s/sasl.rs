@@ -35,7 +35,8 @@ impl Framing {
         }
     }
 
-    /// `<challenge/>`, base64 (RFC 6120 §6.4.2; XEP-0388 §2.3 the same in its namespace).
+    /// `<challenge/>`, base64 (RFC 6120 §6.4.2; XEP-0388 "Challenges and Responses": the
+    /// same in its namespace).
     fn challenge(self, data: &[u8]) -> Element {
         let c = Element::new("challenge", self.ns());
         if data.is_empty() {
@@ -45,7 +46,7 @@ impl Framing {
         }
     }
 
-    /// `<failure/>` with the RFC 6120 §6.5 condition (XEP-0388 §2.4: in the SASL
+    /// `<failure/>` with the RFC 6120 §6.5 condition (XEP-0388 "Failure": in the SASL
     /// namespace, inside the SASL2 failure).
     fn failure(self, condition: SaslCondition) -> Element {
         Element::new("failure", self.ns()).child(Element::new(condition.as_str(), x::NS_SASL))
@@ -70,7 +71,7 @@ struct Attempt {
 impl Secured {
     /// RFC 6120 §6: the features offer the SASL mechanisms, XEP-0388 SASL2 with them (and
     /// XEP-0077 registration). After SASL1 `<success/>` both sides restart the stream
-    /// (§6.4.6); after SASL2 the stream goes on (XEP-0388 §2.3) and its `<success/>` waits
+    /// (§6.4.6); after SASL2 the stream goes on (XEP-0388 "Success") and its `<success/>` waits
     /// for what the `<authenticate/>` asked inline (`Authenticated::bind`). Either way the
     /// reader takes the limits of an authenticated peer.
     pub(super) async fn authenticate(mut self) -> Result<Authenticated, Halt> {
@@ -282,7 +283,7 @@ impl Secured {
         }
     }
 
-    /// Reads `<response/>`; `None` for `<abort/>` (RFC 6120 §6.4.4, XEP-0388 §2.3).
+    /// Reads `<response/>`; `None` for `<abort/>` (RFC 6120 §6.4.4, XEP-0388 "Aborting").
     async fn sasl_response(&mut self, framing: Framing) -> Result<Option<Vec<u8>>, Fail> {
         let el = self.link.next_element().await?;
         if el.is("abort", framing.ns()) {

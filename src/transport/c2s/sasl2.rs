@@ -8,18 +8,18 @@ use crate::node::stream_management as sm;
 use crate::protocol::xml::{self as x, escape, Element};
 use crate::services::{carbons::NS_CARBONS, csi::NS_CSI};
 
-/// XEP-0388 §2.
+/// The XEP-0388 namespace.
 pub(super) const NS_SASL2: &str = "urn:xmpp:sasl:2";
-/// XEP-0386 §2.
+/// The XEP-0386 namespace.
 pub(super) const NS_BIND2: &str = "urn:xmpp:bind:0";
 
-/// The longest `<tag/>` a client's resource starts with (XEP-0386 §3: the server may
+/// The longest `<tag/>` a client's resource starts with (XEP-0386: the server may
 /// shorten it); the random part follows it.
 const MAX_TAG: usize = 64;
 
-/// The `<authentication/>` feature: the mechanisms SASL1 offers, and what may come inline
-/// (XEP-0388 §2.1): Bind 2 with the features it can enable (XEP-0386 §2), and XEP-0198
-/// resumption.
+/// The `<authentication/>` feature (XEP-0388 "Discovering Support"): the mechanisms SASL1
+/// offers, and what may come inline: Bind 2 with the features it can enable (XEP-0386),
+/// and XEP-0198 resumption.
 pub(super) fn feature(mechanisms: &[&str]) -> Element {
     let mut f = Element::new("authentication", NS_SASL2);
     for m in mechanisms {
@@ -36,12 +36,12 @@ pub(super) fn feature(mechanisms: &[&str]) -> Element {
     )
 }
 
-/// What a client's `<authenticate/>` asks for (XEP-0388 §2.2).
+/// What a client's `<authenticate/>` asks for (XEP-0388 "Initiation").
 pub(super) struct Request {
     pub(super) mechanism: String,
     /// The base64 `<initial-response/>`, empty when there is none.
     pub(super) initial: String,
-    /// `<user-agent id/>` (XEP-0388 §2.2.1): the client installation, stable across its
+    /// `<user-agent id/>` (XEP-0388 "Initiation"): the client installation, stable across its
     /// logins.
     pub(super) user_agent: Option<String>,
     /// XEP-0198 `<resume/>` inline.
@@ -53,7 +53,7 @@ pub(super) struct Request {
 /// A XEP-0386 `<bind/>` request and what it enables inline.
 #[derive(Default)]
 pub(super) struct Bind {
-    /// `<tag/>`: what the server's resource starts with (XEP-0386 §3).
+    /// `<tag/>`: what the server's resource starts with (XEP-0386).
     pub(super) tag: Option<String>,
     /// XEP-0198 `<enable/>`: resumable, and the client's preferred window.
     pub(super) sm: Option<(bool, Option<u64>)>,
@@ -114,7 +114,7 @@ impl Bind {
         Ok(bind)
     }
 
-    /// XEP-0386 §3: the resource is the server's, the client's tag a prefix of it, so two
+    /// XEP-0386: the resource is the server's, the client's tag a prefix of it, so two
     /// installations with the same tag never take each other's resource.
     pub(super) fn resource(&self) -> String {
         match &self.tag {
@@ -124,7 +124,7 @@ impl Bind {
     }
 }
 
-/// XEP-0388 §2.3 `<success/>`: the mechanism's additional data (SCRAM's server-final), the
+/// XEP-0388 "Success": the mechanism's additional data (SCRAM's server-final), the
 /// authorization identifier (the full JID once a resource is bound, else the bare JID),
 /// then what the inline requests gave (`inner`, already XML).
 pub(super) fn success(additional: Option<&[u8]>, authzid: &str, inner: &str) -> String {
@@ -141,7 +141,7 @@ pub(super) fn success(additional: Option<&[u8]>, authzid: &str, inner: &str) -> 
     )
 }
 
-/// XEP-0386 §3 `<bound/>` with what was enabled inline (XEP-0198's `<enabled/>`).
+/// XEP-0386 `<bound/>` with what was enabled inline (XEP-0198's `<enabled/>`).
 pub(super) fn bound(inner: &str) -> String {
     format!("<bound xmlns='{NS_BIND2}'>{inner}</bound>")
 }

@@ -274,7 +274,7 @@ impl SessionLoop {
         (session, reader)
     }
 
-    /// XEP-0386 §3: what a bind inline in a XEP-0388 authentication enabled, applied as the
+    /// XEP-0386: what a bind inline in a XEP-0388 authentication enabled, applied as the
     /// stanza forms are (XEP-0198 `enable`, XEP-0280 `carbons::switch`, XEP-0352's client
     /// state, queued before anything else), and the SASL2 `<success/>` the writer starts
     /// with: the full JID, and `<bound/>` with XEP-0198's `<enabled/>`. Counting starts
