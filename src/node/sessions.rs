@@ -199,6 +199,10 @@ pub struct SessionState {
     /// The session retrieved its block list, so it gets block/unblock pushes
     /// (XEP-0191 §3.3: pushes go to resources that requested the list).
     pub blocklist_interested: bool,
+    /// XEP-0388 `<user-agent id/>` of the client installation that authenticated this
+    /// session with SASL2: stable across its logins, what per-installation credentials are
+    /// bound to.
+    pub user_agent: Option<Box<str>>,
     /// The features of its client (XEP-0115), as the server last learnt them: shared with
     /// the node's cache of `ver`s when verified (`caps::CapsCache`).
     pub caps: Option<crate::node::caps::Features>,
@@ -235,6 +239,7 @@ impl SessionState {
             probe_remote: false,
             detached: false,
             blocklist_interested: false,
+            user_agent: None,
             caps: None,
             revealed: HashMap::new(),
             directed: BTreeSet::new(),

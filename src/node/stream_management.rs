@@ -350,7 +350,14 @@ pub struct Handoff {
     pub transport: Transport,
     /// Told when the session took the stream over.
     pub taken: oneshot::Sender<()>,
+    /// For a resumption asked inline in another exchange (XEP-0388 SASL2 authentication):
+    /// what the session writes in place of `<resumed/>`, from its full JID and the
+    /// `<resumed/>` element.
+    pub frame: Option<Frame>,
 }
+
+/// Wraps `<resumed/>` for a resumption that answers another exchange ([`Handoff::frame`]).
+pub(crate) type Frame = Box<dyn FnOnce(&str, &str) -> String + Send>;
 
 /// One resumable session as the registry knows it.
 struct Entry {

@@ -127,9 +127,14 @@ pub(crate) fn handle_iq(
                 .unwrap_or_else(|| reply_skeleton(iq, "result"))
         }
     };
+    switch(session, on);
+    reply_skeleton(iq, "result")
+}
+
+/// Switches carbons for `session` alone: by the iq, or inline in a XEP-0386 bind.
+pub(crate) fn switch(session: &SessionHandle, on: bool) {
     session.write(|info| info.carbons = on);
     tracing::debug!(jid = %session.jid, on, "carbons switched");
-    reply_skeleton(iq, "result")
 }
 
 #[cfg(test)]

@@ -113,6 +113,13 @@ impl XmlStream {
         XmlStream::new(self.into_io(), limits, ns)
     }
 
+    /// The same stream and parser with other limits from the next stanza on: an
+    /// authentication that continues the stream rather than restarting it (XEP-0388).
+    pub fn set_limits(&mut self, limits: ReaderLimits) {
+        self.reader.set_limits(limits);
+        self.limits = limits;
+    }
+
     /// Writes and flushes raw XML.
     pub async fn write(&mut self, s: &str) -> std::io::Result<()> {
         self.writer.write_all(s.as_bytes()).await?;

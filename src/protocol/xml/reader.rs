@@ -769,6 +769,14 @@ impl<R: AsyncRead + Unpin> StreamReader<R> {
         }
     }
 
+    /// Other limits from the next stanza on, for a stream whose peer authenticated without
+    /// a restart (XEP-0388: the stream goes on after SASL2 success). Called between stanzas.
+    pub fn set_limits(&mut self, limits: ReaderLimits) {
+        self.grant = (limits.max_stanza_size as u64).saturating_add(READ_BUF as u64);
+        self.builder.limits = limits;
+        self.limits = limits;
+    }
+
     /// The next event. Not cancel-safe: call it from one task that owns the reader, or keep
     /// the pending future alive across `select!` iterations.
     pub async fn next(&mut self) -> Result<StreamEvent, XmlError> {

@@ -3,8 +3,8 @@
 //! mailbox onto the socket.
 //!
 //! Negotiation is a typestate: a stream is [`Connected`], then [`Secured`] (TLS, RFC 6120
-//! §5), then [`Authenticated`] (SASL, §6, and the restart that follows it), then [`Bound`]
-//! (a resource, §7). Each step is a function that consumes one state and returns the next,
+//! §5), then [`Authenticated`] (SASL, §6, and the restart that follows it; XEP-0388 SASL2
+//! has no restart), then [`Bound`] (a resource, §7, or XEP-0386 Bind 2 inline in SASL2). Each step is a function that consumes one state and returns the next,
 //! or the [`Halt`] that ends the stream: only `Secured` can authenticate, only
 //! `Authenticated` can bind or resume (XEP-0198), only `Bound` reads stanzas, so no other
 //! order can be written. XEP-0368 direct TLS and RFC 7395 WebSocket streams (whose TLS is
@@ -13,8 +13,9 @@
 //! is logged with the peer address.
 //!
 //! The parts: `negotiate` (stream headers, features, STARTTLS, how a negotiation ends),
-//! `sasl`, `register` (XEP-0077), `bind`, `resume` (XEP-0198 detach and resume), `session`
-//! (the stanza loop), `writer` (the mailbox onto the socket).
+//! `sasl`, `sasl2` (XEP-0388 and XEP-0386 framing), `register` (XEP-0077), `bind`, `resume`
+//! (XEP-0198 detach and resume), `session` (the stanza loop), `writer` (the mailbox onto
+//! the socket).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -54,6 +55,7 @@ mod negotiate;
 mod register;
 mod resume;
 mod sasl;
+mod sasl2;
 mod session;
 mod writer;
 
@@ -73,6 +75,8 @@ struct Link {
     transport: Transport,
     /// When negotiation must be over.
     deadline: Instant,
+    /// XEP-0388 `<user-agent id/>` of a SASL2 authentication, kept in the session's state.
+    user_agent: Option<Box<str>>,
 }
 
 /// A stream whose transport is not encrypted: it can only start TLS (RFC 6120 §5.3.1).
@@ -86,18 +90,40 @@ struct Secured {
     link: Link,
 }
 
-/// An authenticated account's restarted stream: it can bind a resource (RFC 6120 §7) or
-/// resume a session (XEP-0198 §5).
+/// An authenticated account's restarted stream (or, after XEP-0388 SASL2, the same stream):
+/// it can bind a resource (RFC 6120 §7) or resume a session (XEP-0198 §5).
 struct Authenticated {
     link: Link,
     /// The account's localpart.
     user: String,
+    /// A SASL2 authentication whose `<success/>` is still to be written, with what it asked
+    /// for inline.
+    sasl2: Option<Box<Sasl2>>,
+}
+
+/// A XEP-0388 authentication that succeeded: the request, and the mechanism's additional
+/// data for its `<success/>`.
+struct Sasl2 {
+    request: sasl2::Request,
+    additional: Option<Vec<u8>>,
 }
 
 /// A bound resource: the stream the session loop reads stanzas from.
 struct Bound {
     link: Link,
     jid: FullJid,
+    /// A XEP-0386 bind: the SASL2 `<success/>` the session writes first, with the features
+    /// enabled inline.
+    inline: Option<Box<Inline>>,
+}
+
+/// What a XEP-0386 bind enables with the resource, applied by the session as its stanza
+/// forms would be, and the parts of the SASL2 `<success/>` around them.
+struct Inline {
+    additional: Option<Vec<u8>>,
+    /// XML for `<success/>` before `<bound/>` (an inline resumption's `<failed/>`).
+    before: String,
+    bind: sasl2::Bind,
 }
 
 /// How a negotiation ended before a resource was bound.
@@ -125,7 +151,7 @@ async fn within<T>(
 
 /// The reader's limits for the stream's state: before SASL success the stanza cost limit is
 /// the small one (the stream restarts after authentication, RFC 6120 §6.4.6, and so gets a
-/// new reader with the larger limit).
+/// new reader with the larger limit; after XEP-0388 SASL2 the same reader takes it).
 fn limits(shared: &Shared, authenticated: bool) -> ReaderLimits {
     ReaderLimits::for_peer(&shared.live.get().limits, authenticated)
 }
@@ -200,6 +226,7 @@ async fn negotiate(
         domain: None,
         transport,
         deadline,
+        user_agent: None,
     };
     let bound = async {
         let secured = if secure {

@@ -13,7 +13,8 @@ use crate::transport::stream::XmlStream;
 pub(super) enum Offer {
     /// STARTTLS, required.
     Tls,
-    /// The SASL mechanisms, and XEP-0077 registration if configured.
+    /// The SASL mechanisms (RFC 6120 and XEP-0388 SASL2), and XEP-0077 registration if
+    /// configured.
     Sasl,
     /// Resource binding and what a bound session may enable.
     Bind,
@@ -107,14 +108,16 @@ impl Link {
                 );
             }
             Offer::Sasl => {
-                let mut mechs = Element::new("mechanisms", x::NS_SASL);
-                for m in ["SCRAM-SHA-256", "SCRAM-SHA-1"] {
-                    mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text(m));
-                }
+                let mut names = vec!["SCRAM-SHA-256", "SCRAM-SHA-1"];
                 if self.shared.config.auth.allow_plain {
-                    mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text("PLAIN"));
+                    names.push("PLAIN");
                 }
-                f = f.child(mechs);
+                let mut mechs = Element::new("mechanisms", x::NS_SASL);
+                for m in &names {
+                    mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text(*m));
+                }
+                // XEP-0388 "Discovering Support": SASL2 beside SASL1, the same mechanisms.
+                f = f.child(mechs).child(super::sasl2::feature(&names));
                 if self.shared.config.auth.allow_registration {
                     f = f.child(Element::new("register", x::NS_REGISTER_FEATURE));
                 }

@@ -26,7 +26,21 @@ impl Authenticated {
     /// and the client may bind instead): expired, never issued, another account's, or held
     /// by another node of the cluster, which this node cannot resume, so the client binds a
     /// new resource.
-    pub(super) async fn resume(mut self, previd: &str, h: u32) -> Result<Self, Halt> {
+    pub(super) async fn resume(self, previd: &str, h: u32) -> Result<Self, Halt> {
+        let (mut me, failed) = self.hand_over(previd, h, None).await?;
+        step!(me.link, me.link.write(&failed));
+        Ok(me)
+    }
+
+    /// The hand-over of [`Self::resume`], for the stream itself or inline in a XEP-0388
+    /// authentication (`frame` wraps `<resumed/>` in its `<success/>`). When the stream
+    /// comes back, the `<failed/>` to answer with, not yet written.
+    pub(super) async fn hand_over(
+        self,
+        previd: &str,
+        h: u32,
+        frame: Option<sm::Frame>,
+    ) -> Result<(Self, String), Halt> {
         let Some(account) = self.link.account(&self.user) else {
             return Err(Halt::Gone);
         };
@@ -34,12 +48,14 @@ impl Authenticated {
             Ok(tx) => tx,
             Err(refused) => {
                 tracing::info!(peer = %self.link.peer, %account, ?refused, "stream resumption refused");
-                let failed = sm::failed(refused.condition(), None);
-                step!(self.link, self.link.write(&failed));
-                return Ok(self);
+                return Ok((self, sm::failed(refused.condition(), None)));
             }
         };
-        let Authenticated { mut link, user } = self;
+        let Authenticated {
+            mut link,
+            user,
+            sasl2,
+        } = self;
         let limits = link.stream.limits();
         let (reader, writer) = link.stream.split();
         let (taken, was_taken) = tokio::sync::oneshot::channel();
@@ -50,6 +66,7 @@ impl Authenticated {
             peer: link.peer,
             transport: link.transport.clone(),
             taken,
+            frame,
         });
         let deadline = link.deadline;
         match tokio::time::timeout_at(deadline, tx.send(handoff)).await {
@@ -58,13 +75,8 @@ impl Authenticated {
                 // The session ended meanwhile.
                 let sm::Handoff { reader, writer, .. } = *back.0;
                 link.stream = XmlStream::from_halves(reader, writer, limits, x::NS_CLIENT);
-                let mut me = Authenticated { link, user };
-                step!(
-                    me.link,
-                    me.link
-                        .write(&sm::failed(StanzaCondition::ItemNotFound, None))
-                );
-                return Ok(me);
+                let me = Authenticated { link, user, sasl2 };
+                return Ok((me, sm::failed(StanzaCondition::ItemNotFound, None)));
             }
             Err(_) => return Err(Halt::Gone),
         }
@@ -130,6 +142,47 @@ impl Detached {
     }
 }
 
+/// Enables XEP-0198 for a bound session (§3), asked by `<enable/>` on the stream or inline
+/// in a XEP-0386 bind: the counters, a resumption if asked for and configured, and the
+/// `<enabled/>` to answer with, which the caller writes before any counted stanza.
+pub(super) fn enable(
+    shared: &Shared,
+    handle: &crate::node::sessions::SessionHandle,
+    out: &mut Option<sm::SharedOutgoing>,
+    handled: &mut Option<u32>,
+    resumable: &mut Option<Resumption>,
+    resume: bool,
+    max: Option<u64>,
+) -> (String, sm::SharedOutgoing) {
+    *handled = Some(0);
+    let limits = &shared.live.get().limits;
+    let kept: sm::SharedOutgoing = Arc::new(std::sync::Mutex::new(sm::Outgoing::new(
+        limits.sm_max_unacked,
+        limits.sm_max_unacked_bytes,
+    )));
+    *out = Some(kept.clone());
+    let configured = shared.live.get().limits.sm_resume_timeout;
+    // §3: the client's `max` is its preference; the shorter window wins.
+    let window = match max.filter(|&m| m > 0) {
+        Some(m) => configured.min(Duration::from_secs(m)),
+        None => configured,
+    };
+    let xml = if resume && !window.is_zero() {
+        let (tx, rx) = mpsc::channel(1);
+        let account = handle.jid.to_bare();
+        let id = shared
+            .resumable
+            .register(account.as_str(), tx, kept.clone());
+        let xml = sm::enabled(Some((&id, window.as_secs().max(1))));
+        *resumable = Some(Resumption { id, rx, window });
+        xml
+    } else {
+        sm::enabled(None)
+    };
+    tracing::debug!(jid = %handle.jid, resume, ?window, "stream management enabled");
+    (xml, kept)
+}
+
 /// Handles a XEP-0198 element of a bound session's client; `Err` ends the stream.
 pub(super) fn stream_management(
     shared: &Shared,
@@ -148,32 +201,7 @@ pub(super) fn stream_management(
             outbox::nonza(handle, failed(StanzaCondition::UnexpectedRequest));
         }
         Ok(sm::Nonza::Enable { resume, max }) => {
-            *handled = Some(0);
-            let limits = &shared.live.get().limits;
-            let kept: sm::SharedOutgoing = Arc::new(std::sync::Mutex::new(sm::Outgoing::new(
-                limits.sm_max_unacked,
-                limits.sm_max_unacked_bytes,
-            )));
-            *out = Some(kept.clone());
-            let configured = shared.live.get().limits.sm_resume_timeout;
-            // §3: the client's `max` is its preference; the shorter window wins.
-            let window = match max.filter(|&m| m > 0) {
-                Some(m) => configured.min(Duration::from_secs(m)),
-                None => configured,
-            };
-            let xml = if resume && !window.is_zero() {
-                let (tx, rx) = mpsc::channel(1);
-                let account = handle.jid.to_bare();
-                let id = shared
-                    .resumable
-                    .register(account.as_str(), tx, kept.clone());
-                let xml = sm::enabled(Some((&id, window.as_secs().max(1))));
-                *resumable = Some(Resumption { id, rx, window });
-                xml
-            } else {
-                sm::enabled(None)
-            };
-            tracing::debug!(jid = %handle.jid, resume, ?window, "stream management enabled");
+            let (xml, kept) = enable(shared, handle, out, handled, resumable, resume, max);
             outbox::nonza(
                 handle,
                 Outbound::SmEnabled(Box::new(sm::Enabled { xml, out: kept })),

@@ -1,12 +1,14 @@
 //! The SASL exchange of a client stream (RFC 6120 §6): SCRAM-SHA-256, SCRAM-SHA-1 and PLAIN,
 //! the back-off per source address and account, and the failures that end the stream. The mechanisms are
-//! [`crate::protocol::sasl`].
+//! [`crate::protocol::sasl`]. One exchange, two framings: RFC 6120 SASL and XEP-0388 SASL2
+//! (whose request and success are read and written by `sasl2`).
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 
 use super::negotiate::Offer;
-use super::{limits, Authenticated, Fail, Halt, Secured};
+use super::sasl2::{Request, NS_SASL2};
+use super::{limits, Authenticated, Fail, Halt, Sasl2, Secured};
 use crate::protocol::conditions::SaslCondition;
 use crate::protocol::error::{StreamCondition, StreamError};
 use std::net::SocketAddr;
@@ -16,26 +18,95 @@ use crate::protocol::jid::{BareJid, Jid};
 use crate::protocol::sasl::scram::{self, ScramHash, ScramServer};
 use crate::protocol::xml::{self as x, Element};
 
+/// How the elements of one SASL exchange are framed: RFC 6120 §6.4 (`<auth/>`, restart
+/// after `<success/>`) or XEP-0388 SASL2 (`<authenticate/>`, the stream goes on). The
+/// mechanisms, the back-off and the failure count are the same for both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Sasl1,
+    Sasl2,
+}
+
+impl Framing {
+    fn ns(self) -> &'static str {
+        match self {
+            Framing::Sasl1 => x::NS_SASL,
+            Framing::Sasl2 => NS_SASL2,
+        }
+    }
+
+    /// `<challenge/>`, base64 (RFC 6120 §6.4.2; XEP-0388 "Challenges and Responses": the
+    /// same in its namespace).
+    fn challenge(self, data: &[u8]) -> Element {
+        let c = Element::new("challenge", self.ns());
+        if data.is_empty() {
+            c
+        } else {
+            c.text(B64.encode(data))
+        }
+    }
+
+    /// `<failure/>` with the RFC 6120 §6.5 condition (XEP-0388 "Failure": in the SASL
+    /// namespace, inside the SASL2 failure).
+    fn failure(self, condition: SaslCondition) -> Element {
+        Element::new("failure", self.ns()).child(Element::new(condition.as_str(), x::NS_SASL))
+    }
+}
+
+/// A mechanism exchange that succeeded: the account's localpart and the data `<success/>`
+/// carries (SCRAM's server-final, RFC 5802 §5.1).
+struct Authed {
+    user: String,
+    additional: Option<Vec<u8>>,
+}
+
+/// What one SASL element asked for, before its mechanism runs.
+struct Attempt {
+    framing: Framing,
+    mechanism: String,
+    initial: Vec<u8>,
+    sasl2: Option<Box<Request>>,
+}
+
 impl Secured {
-    /// RFC 6120 §6: the features offer the SASL mechanisms (and XEP-0077 registration);
-    /// after `<success/>` both sides restart the stream (§6.4.6), with the reader limits of
-    /// an authenticated peer.
+    /// RFC 6120 §6: the features offer the SASL mechanisms, XEP-0388 SASL2 with them (and
+    /// XEP-0077 registration). After SASL1 `<success/>` both sides restart the stream
+    /// (§6.4.6); after SASL2 the stream goes on (XEP-0388 "Success") and its `<success/>` waits
+    /// for what the `<authenticate/>` asked inline (`Authenticated::bind`). Either way the
+    /// reader takes the limits of an authenticated peer.
     pub(super) async fn authenticate(mut self) -> Result<Authenticated, Halt> {
         step!(self.link, self.link.open(Offer::Sasl));
-        let user = step!(self.link, self.sasl());
+        let (authed, sasl2) = step!(self.link, self.sasl());
         let Secured { mut link } = self;
-        link.stream = link.stream.restart_with(limits(&link.shared, true));
-        Ok(Authenticated { link, user })
+        let limits = limits(&link.shared, true);
+        let sasl2 = match sasl2 {
+            Some(request) => {
+                link.stream.set_limits(limits);
+                link.user_agent = request.user_agent.as_deref().map(Into::into);
+                Some(Box::new(Sasl2 {
+                    request: *request,
+                    additional: authed.additional,
+                }))
+            }
+            None => {
+                link.stream = link.stream.restart_with(limits);
+                None
+            }
+        };
+        Ok(Authenticated {
+            link,
+            user: authed.user,
+            sasl2,
+        })
     }
 
     async fn sasl_failure(
         &mut self,
+        framing: Framing,
         condition: SaslCondition,
         failures: &mut u32,
     ) -> Result<(), Fail> {
-        let f =
-            Element::new("failure", x::NS_SASL).child(Element::new(condition.as_str(), x::NS_SASL));
-        self.link.write_el(&f).await?;
+        self.link.write_el(&framing.failure(condition)).await?;
         *failures += 1;
         self.link.shared.metrics.auth_failure();
         tracing::info!(peer = %self.link.peer, %condition, failures = *failures, "SASL failure");
@@ -49,10 +120,9 @@ impl Secured {
         Ok(())
     }
 
-    /// RFC 6120 §6: SASL with SCRAM-SHA-256, SCRAM-SHA-1, or PLAIN, up to the account's
-    /// localpart; also XEP-0077 registration.
-    async fn sasl(&mut self) -> Result<String, Fail> {
-        let mut failures = 0u32;
+    /// The next authentication attempt, SASL1 or SASL2; XEP-0077 registration is answered
+    /// on the way.
+    async fn attempt(&mut self) -> Result<Result<Attempt, (Framing, SaslCondition)>, Fail> {
         loop {
             let el = self.link.next_element().await?;
             if el.is("iq", x::NS_CLIENT) {
@@ -62,35 +132,73 @@ impl Secured {
                     continue;
                 }
             }
-            if !el.is("auth", x::NS_SASL) {
+            let (framing, mechanism, initial, sasl2) = if el.is("auth", x::NS_SASL) {
+                let mech = el.get_attr("mechanism").unwrap_or("").to_owned();
+                (Framing::Sasl1, mech, el.text_content(), None)
+            } else if el.is("authenticate", NS_SASL2) {
+                let request = Request::parse(&el)
+                    .map_err(|m| Fail::Stream(StreamError::new(StreamCondition::BadFormat, m.0)))?;
+                let (mech, initial) = (request.mechanism.clone(), request.initial.clone());
+                (Framing::Sasl2, mech, initial, Some(Box::new(request)))
+            } else {
                 // RFC 6120 §4.9.3.12: stanzas before authentication.
                 return Err(Fail::Stream(StreamError::new(
                     StreamCondition::NotAuthorized,
                     "authenticate first",
                 )));
-            }
-            let mech = el.get_attr("mechanism").unwrap_or("").to_owned();
-            let initial = match decode_b64(&el.text_content()) {
-                Some(v) => v,
-                None => {
-                    self.sasl_failure(SaslCondition::IncorrectEncoding, &mut failures)
-                        .await?;
+            };
+            let Some(initial) = decode_b64(&initial) else {
+                return Ok(Err((framing, SaslCondition::IncorrectEncoding)));
+            };
+            return Ok(Ok(Attempt {
+                framing,
+                mechanism,
+                initial,
+                sasl2,
+            }));
+        }
+    }
+
+    /// RFC 6120 §6: SASL with SCRAM-SHA-256, SCRAM-SHA-1, or PLAIN, framed as SASL1 or
+    /// XEP-0388 SASL2, up to the account's localpart; also XEP-0077 registration. SASL1's
+    /// `<success/>` is written here; SASL2's comes with the inline results.
+    async fn sasl(&mut self) -> Result<(Authed, Option<Box<Request>>), Fail> {
+        let mut failures = 0u32;
+        loop {
+            let attempt = match self.attempt().await? {
+                Ok(a) => a,
+                Err((framing, condition)) => {
+                    self.sasl_failure(framing, condition, &mut failures).await?;
                     continue;
                 }
             };
+            let Attempt {
+                framing,
+                mechanism: mech,
+                initial,
+                sasl2,
+            } = attempt;
             let outcome = match mech.as_str() {
-                "SCRAM-SHA-256" => self.scram(ScramHash::Sha256, initial).await?,
-                "SCRAM-SHA-1" => self.scram(ScramHash::Sha1, initial).await?,
+                "SCRAM-SHA-256" => self.scram(framing, ScramHash::Sha256, initial).await?,
+                "SCRAM-SHA-1" => self.scram(framing, ScramHash::Sha1, initial).await?,
                 // Only a `Secured` stream gets here: PLAIN never crosses the wire in the clear.
                 "PLAIN" if self.link.shared.config.auth.allow_plain => self.plain(&initial).await?,
                 _ => Err(SaslCondition::InvalidMechanism),
             };
             match outcome {
-                Ok(user) => {
-                    tracing::info!(peer = %self.link.peer, %user, mech, "authenticated");
-                    return Ok(user);
+                Ok(authed) => {
+                    let user = &authed.user;
+                    tracing::info!(peer = %self.link.peer, %user, mech, ?framing, "authenticated");
+                    if framing == Framing::Sasl1 {
+                        let mut ok = Element::new("success", x::NS_SASL);
+                        if let Some(data) = &authed.additional {
+                            ok = ok.text(B64.encode(data));
+                        }
+                        self.link.write_el(&ok).await?;
+                    }
+                    return Ok((authed, sasl2));
                 }
-                Err(condition) => self.sasl_failure(condition, &mut failures).await?,
+                Err(condition) => self.sasl_failure(framing, condition, &mut failures).await?,
             }
         }
     }
@@ -98,9 +206,10 @@ impl Secured {
     /// SCRAM exchange (RFC 5802 §5). Returns the localpart or a SASL failure condition.
     async fn scram(
         &mut self,
+        framing: Framing,
         hash: ScramHash,
         mut initial: Vec<u8>,
-    ) -> Result<Result<String, SaslCondition>, Fail> {
+    ) -> Result<Result<Authed, SaslCondition>, Fail> {
         // Unknown users get a salt and iteration count as an account would, so the answer
         // does not reveal whether the user exists (RFC 5802 §9 leaves this to the server).
         let mut server = ScramServer::new(hash)
@@ -108,10 +217,8 @@ impl Secured {
             .with_fake_salt_secret(&self.link.shared.fake_salt_secret);
         if initial.is_empty() {
             // RFC 6120 §6.4.2: no initial response, so ask for it with an empty challenge.
-            self.link
-                .write_el(&Element::new("challenge", x::NS_SASL))
-                .await?;
-            initial = match self.sasl_response().await? {
+            self.link.write_el(&framing.challenge(&[])).await?;
+            initial = match self.sasl_response(framing).await? {
                 Some(r) => r,
                 None => return Ok(Err(SaslCondition::Aborted)),
             };
@@ -155,10 +262,8 @@ impl Secured {
             }
         }
         let challenge = server.server_first(creds.as_ref());
-        self.link
-            .write_el(&Element::new("challenge", x::NS_SASL).text(B64.encode(challenge)))
-            .await?;
-        let Some(response) = self.sasl_response().await? else {
+        self.link.write_el(&framing.challenge(&challenge)).await?;
+        let Some(response) = self.sasl_response(framing).await? else {
             return Ok(Err(SaslCondition::Aborted));
         };
         let verdict = server.client_final(&response);
@@ -167,26 +272,24 @@ impl Secured {
             auth_checked(&self.link.shared, self.link.peer, jid, ok, seen).await;
         }
         match verdict {
-            Ok(server_final) if creds.is_some() => {
-                self.link
-                    .write_el(&Element::new("success", x::NS_SASL).text(B64.encode(server_final)))
-                    .await?;
-                Ok(Ok(account
+            Ok(server_final) if creds.is_some() => Ok(Ok(Authed {
+                user: account
                     .map(|j| crate::protocol::jid::node_str(&Jid::from(j)).to_owned())
-                    .unwrap_or_default()))
-            }
+                    .unwrap_or_default(),
+                additional: Some(server_final),
+            })),
             Ok(_) => Ok(Err(SaslCondition::NotAuthorized)),
             Err(e) => Ok(Err(e.condition())),
         }
     }
 
-    /// Reads `<response/>`; `None` for `<abort/>` (RFC 6120 §6.4.4).
-    async fn sasl_response(&mut self) -> Result<Option<Vec<u8>>, Fail> {
+    /// Reads `<response/>`; `None` for `<abort/>` (RFC 6120 §6.4.4, XEP-0388 "Aborting").
+    async fn sasl_response(&mut self, framing: Framing) -> Result<Option<Vec<u8>>, Fail> {
         let el = self.link.next_element().await?;
-        if el.is("abort", x::NS_SASL) {
+        if el.is("abort", framing.ns()) {
             return Ok(None);
         }
-        if !el.is("response", x::NS_SASL) {
+        if !el.is("response", framing.ns()) {
             return Err(Fail::Stream(StreamError::new(
                 StreamCondition::NotAuthorized,
                 "expected a SASL response",
@@ -201,7 +304,7 @@ impl Secured {
     }
 
     /// SASL PLAIN (RFC 4616), checked against the stored SCRAM-SHA-256 credentials.
-    async fn plain(&mut self, msg: &[u8]) -> Result<Result<String, SaslCondition>, Fail> {
+    async fn plain(&mut self, msg: &[u8]) -> Result<Result<Authed, SaslCondition>, Fail> {
         let mut parts = msg.split(|b| *b == 0);
         let (Some(authz), Some(authc), Some(pass), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -264,10 +367,10 @@ impl Secured {
         if !ok {
             return Ok(Err(SaslCondition::NotAuthorized));
         }
-        self.link
-            .write_el(&Element::new("success", x::NS_SASL))
-            .await?;
-        Ok(Ok(local))
+        Ok(Ok(Authed {
+            user: local,
+            additional: None,
+        }))
     }
 }
 

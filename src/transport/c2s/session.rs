@@ -127,6 +127,14 @@ fn liveness_timeout() -> StreamError {
     )
 }
 
+/// XEP-0198 as a session starts with it: nothing, or enabled inline (XEP-0386).
+#[derive(Default)]
+struct SmState {
+    handled: Option<u32>,
+    out: Option<sm::SharedOutgoing>,
+    resumable: Option<Resumption>,
+}
+
 /// The state of one bound session's task, with one step per thing that can happen to it:
 /// a stream event read, a timer, the writer ending, a resumption, an item kept while
 /// detached, and the end.
@@ -167,9 +175,11 @@ impl SessionLoop {
                     stream,
                     peer,
                     transport,
+                    user_agent,
                     ..
                 },
             jid,
+            inline,
         } = bound;
         let (reader, writer) = stream.split();
         let origin = shared.sessions.origin(
@@ -192,6 +202,10 @@ impl SessionLoop {
             tracing::info!(%peer, %jid, "resource conflict: older session replaced");
         }
         let handle = reg.handle;
+        if user_agent.is_some() {
+            tracing::debug!(%peer, %jid, ?user_agent, "client installation (XEP-0388)");
+            handle.write(|p| p.user_agent = user_agent);
+        }
         // The resource is this node's cluster-wide now: a session of the same full JID on
         // another node is ended there, as a local one was just above.
         shared.cluster.claim(&jid);
@@ -211,6 +225,11 @@ impl SessionLoop {
                 jid.domain().as_str(),
             )
         };
+        let mut sm = SmState::default();
+        let prelude = match inline {
+            Some(inline) => Self::inline(&shared, &handle, &jid, *inline, &mut sm),
+            None => String::new(),
+        };
         let stop = CancellationToken::new();
         let writer_task = Some(tokio::spawn(write_loop(Writing {
             writer,
@@ -218,8 +237,8 @@ impl SessionLoop {
             kill: handle.kill.clone(),
             stop: stop.clone(),
             csi,
-            out: None,
-            prelude: String::new(),
+            out: sm.out.clone(),
+            prelude,
             resend: Vec::new(),
             write_timeout: shared.live.get().limits.write_timeout,
         })));
@@ -246,13 +265,55 @@ impl SessionLoop {
             rate,
             timings,
             last_ping: tokio::time::Instant::now(),
-            handled: None,
-            out: None,
-            resumable: None,
+            handled: sm.handled,
+            out: sm.out,
+            resumable: sm.resumable,
             detached: None,
             leftover: None,
         };
         (session, reader)
+    }
+
+    /// XEP-0386: what a bind inline in a XEP-0388 authentication enabled, applied as the
+    /// stanza forms are (XEP-0198 `enable`, XEP-0280 `carbons::switch`, XEP-0352's client
+    /// state, queued before anything else), and the SASL2 `<success/>` the writer starts
+    /// with: the full JID, and `<bound/>` with XEP-0198's `<enabled/>`. Counting starts
+    /// after it, with the first stanza written.
+    fn inline(
+        shared: &Shared,
+        handle: &SessionHandle,
+        jid: &FullJid,
+        inline: super::Inline,
+        sm: &mut SmState,
+    ) -> String {
+        let super::Inline {
+            additional,
+            before,
+            bind,
+        } = inline;
+        let mut results = String::new();
+        if let Some((resume, max)) = bind.sm {
+            let (xml, kept) = super::resume::enable(
+                shared,
+                handle,
+                &mut sm.out,
+                &mut sm.handled,
+                &mut sm.resumable,
+                resume,
+                max,
+            );
+            sm::lock(&kept).enable(0);
+            results.push_str(&xml);
+        }
+        if bind.carbons {
+            crate::services::carbons::switch(handle, true);
+        }
+        if let Some(active) = bind.csi {
+            handle.set_client_state(active);
+        }
+        tracing::debug!(%jid, carbons = bind.carbons, csi = ?bind.csi, "bound inline (XEP-0386)");
+        let inner = format!("{before}{}", super::sasl2::bound(&results));
+        super::sasl2::success(additional.as_deref(), jid.as_str(), &inner)
     }
 
     /// The ping timer: keeps a detached session's liveness, follows a resumed transport's own
@@ -365,6 +426,7 @@ impl SessionLoop {
             peer: from,
             transport: over,
             taken,
+            frame,
         } = *handoff;
         let kept = self.out.clone()?;
         let (prelude, resend) = {
@@ -377,9 +439,13 @@ impl SessionLoop {
                 .as_ref()
                 .map(|r| r.id.as_str())
                 .unwrap_or_default();
+            let resumed = sm::resumed(id, self.handled.unwrap_or(0));
             // The stanzas go again as they are kept: shared, not copied.
             (
-                sm::resumed(id, self.handled.unwrap_or(0)),
+                match frame {
+                    Some(frame) => frame(self.jid.as_str(), &resumed),
+                    None => resumed,
+                },
                 o.unacked().cloned().collect::<Vec<_>>(),
             )
         };

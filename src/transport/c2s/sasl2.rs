@@ -1,0 +1,200 @@
+//! XEP-0388 Extensible SASL Profile (SASL2) and XEP-0386 Bind 2 on a client stream: what
+//! the features offer, what an `<authenticate/>` asks for, and the `<success/>` that answers
+//! it. The mechanism exchange itself is the one of `sasl` (one implementation, two framings);
+//! binding, XEP-0198, XEP-0280 and XEP-0352 keep their own rules (`bind`, `resume`,
+//! `session`), this module only reads and writes their inline form.
+
+use crate::node::stream_management as sm;
+use crate::protocol::xml::{self as x, escape, Element};
+use crate::services::{carbons::NS_CARBONS, csi::NS_CSI};
+
+/// The XEP-0388 namespace.
+pub(super) const NS_SASL2: &str = "urn:xmpp:sasl:2";
+/// The XEP-0386 namespace.
+pub(super) const NS_BIND2: &str = "urn:xmpp:bind:0";
+
+/// The longest `<tag/>` a client's resource starts with (XEP-0386: the server may
+/// shorten it); the random part follows it.
+const MAX_TAG: usize = 64;
+
+/// The `<authentication/>` feature (XEP-0388 "Discovering Support"): the mechanisms SASL1
+/// offers, and what may come inline: Bind 2 with the features it can enable (XEP-0386),
+/// and XEP-0198 resumption.
+pub(super) fn feature(mechanisms: &[&str]) -> Element {
+    let mut f = Element::new("authentication", NS_SASL2);
+    for m in mechanisms {
+        f = f.child(Element::new("mechanism", NS_SASL2).text(*m));
+    }
+    let mut bind = Element::new("inline", NS_BIND2);
+    for var in [sm::NS_SM, NS_CARBONS, NS_CSI] {
+        bind = bind.child(Element::new("feature", NS_BIND2).attr("var", var));
+    }
+    f.child(
+        Element::new("inline", NS_SASL2)
+            .child(Element::new("bind", NS_BIND2).child(bind))
+            .child(Element::new("sm", sm::NS_SM)),
+    )
+}
+
+/// What a client's `<authenticate/>` asks for (XEP-0388 "Initiation").
+pub(super) struct Request {
+    pub(super) mechanism: String,
+    /// The base64 `<initial-response/>`, empty when there is none.
+    pub(super) initial: String,
+    /// `<user-agent id/>` (XEP-0388 "Initiation"): the client installation, stable across its
+    /// logins.
+    pub(super) user_agent: Option<String>,
+    /// XEP-0198 `<resume/>` inline.
+    pub(super) resume: Option<(String, u32)>,
+    /// XEP-0386 `<bind/>`.
+    pub(super) bind: Option<Bind>,
+}
+
+/// A XEP-0386 `<bind/>` request and what it enables inline.
+#[derive(Default)]
+pub(super) struct Bind {
+    /// `<tag/>`: what the server's resource starts with (XEP-0386).
+    pub(super) tag: Option<String>,
+    /// XEP-0198 `<enable/>`: resumable, and the client's preferred window.
+    pub(super) sm: Option<(bool, Option<u64>)>,
+    /// XEP-0280 `<enable/>`.
+    pub(super) carbons: bool,
+    /// XEP-0352 `<active/>` or `<inactive/>`.
+    pub(super) csi: Option<bool>,
+}
+
+impl Request {
+    /// Reads `<authenticate/>`; `Err` for a malformed inline XEP-0198 element.
+    pub(super) fn parse(el: &Element) -> Result<Request, sm::Malformed> {
+        let resume = match el.get_child("resume", sm::NS_SM).map(sm::Nonza::parse) {
+            Some(Some(Ok(sm::Nonza::Resume { previd, h }))) => Some((previd, h)),
+            Some(Some(Err(e))) => return Err(e),
+            _ => None,
+        };
+        let bind = match el.get_child("bind", NS_BIND2) {
+            Some(b) => Some(Bind::parse(b)?),
+            None => None,
+        };
+        Ok(Request {
+            mechanism: el.get_attr("mechanism").unwrap_or("").to_owned(),
+            initial: el
+                .get_child("initial-response", NS_SASL2)
+                .map(|r| r.text_content())
+                .unwrap_or_default(),
+            user_agent: el
+                .get_child("user-agent", NS_SASL2)
+                .and_then(|u| u.get_attr("id"))
+                .map(str::to_owned),
+            resume,
+            bind,
+        })
+    }
+}
+
+impl Bind {
+    fn parse(el: &Element) -> Result<Bind, sm::Malformed> {
+        let mut bind = Bind {
+            tag: el
+                .get_child("tag", NS_BIND2)
+                .map(|t| t.text_content().trim().chars().take(MAX_TAG).collect())
+                .filter(|t: &String| !t.is_empty()),
+            ..Bind::default()
+        };
+        for child in el.elements() {
+            if let Some(Ok(sm::Nonza::Enable { resume, max })) = sm::Nonza::parse(child) {
+                bind.sm = Some((resume, max));
+            } else if let Some(Err(e)) = sm::Nonza::parse(child) {
+                return Err(e);
+            } else if child.is("enable", NS_CARBONS) {
+                bind.carbons = true;
+            } else if let Some(active) = crate::services::csi::nonza(child) {
+                bind.csi = Some(active);
+            }
+        }
+        Ok(bind)
+    }
+
+    /// XEP-0386: the resource is the server's, the client's tag a prefix of it, so two
+    /// installations with the same tag never take each other's resource.
+    pub(super) fn resource(&self) -> String {
+        match &self.tag {
+            Some(tag) => format!("{tag}.{}", x::new_id()),
+            None => x::new_id(),
+        }
+    }
+}
+
+/// XEP-0388 "Success": the mechanism's additional data (SCRAM's server-final), the
+/// authorization identifier (the full JID once a resource is bound, else the bare JID),
+/// then what the inline requests gave (`inner`, already XML).
+pub(super) fn success(additional: Option<&[u8]>, authzid: &str, inner: &str) -> String {
+    use base64::Engine as _;
+    let additional = additional
+        .map(|a| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(a);
+            format!("<additional-data>{b64}</additional-data>")
+        })
+        .unwrap_or_default();
+    format!(
+        "<success xmlns='{NS_SASL2}'>{additional}<authorization-identifier>{}</authorization-identifier>{inner}</success>",
+        escape(authzid)
+    )
+}
+
+/// XEP-0386 `<bound/>` with what was enabled inline (XEP-0198's `<enabled/>`).
+pub(super) fn bound(inner: &str) -> String {
+    format!("<bound xmlns='{NS_BIND2}'>{inner}</bound>")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::xml::parse_element;
+
+    #[test]
+    fn an_authenticate_with_bind_and_its_inline_features_is_read() {
+        let el = parse_element(
+            "<authenticate xmlns='urn:xmpp:sasl:2' mechanism='SCRAM-SHA-256'>\
+             <initial-response>biwsbj1q</initial-response>\
+             <user-agent id='d4565fa7-4d72-4749-b3d3-740edbf87770'><software>x</software></user-agent>\
+             <bind xmlns='urn:xmpp:bind:0'><tag>Phone</tag>\
+             <enable xmlns='urn:xmpp:sm:3' resume='true' max='60'/>\
+             <enable xmlns='urn:xmpp:carbons:2'/><inactive xmlns='urn:xmpp:csi:0'/></bind>\
+             </authenticate>",
+        )
+        .unwrap();
+        let r = Request::parse(&el).unwrap();
+        assert_eq!(r.mechanism, "SCRAM-SHA-256");
+        assert_eq!(r.initial, "biwsbj1q");
+        assert_eq!(
+            r.user_agent.as_deref(),
+            Some("d4565fa7-4d72-4749-b3d3-740edbf87770")
+        );
+        assert!(r.resume.is_none());
+        let b = r.bind.unwrap();
+        assert_eq!(b.tag.as_deref(), Some("Phone"));
+        assert_eq!(b.sm, Some((true, Some(60))));
+        assert!(b.carbons);
+        assert_eq!(b.csi, Some(false));
+        assert!(b.resource().starts_with("Phone."));
+    }
+
+    #[test]
+    fn an_inline_resume_without_h_is_malformed() {
+        let el = parse_element(
+            "<authenticate xmlns='urn:xmpp:sasl:2' mechanism='PLAIN'>\
+             <resume xmlns='urn:xmpp:sm:3' previd='x'/></authenticate>",
+        )
+        .unwrap();
+        assert!(Request::parse(&el).is_err());
+    }
+
+    #[test]
+    fn success_carries_additional_data_then_the_identifier() {
+        assert_eq!(
+            success(Some(b"v=abc"), "a@b/c", "<x/>"),
+            "<success xmlns='urn:xmpp:sasl:2'><additional-data>dj1hYmM=</additional-data>\
+             <authorization-identifier>a@b/c</authorization-identifier><x/></success>"
+        );
+    }
+}
