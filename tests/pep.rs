@@ -1123,3 +1123,46 @@ async fn events_reach_resources_that_asked_on_another_node_of_the_cluster() {
     barrier(&n2, &mut carol).await;
     carol.expect_none(is_any_event, QUIET).await;
 }
+
+/// A reload applies `[limits]` checked per request at once: the PEP bounds are read when a
+/// publish is handled, not copied at start (as the README's reload row says).
+#[tokio::test]
+async fn a_reload_applies_the_pep_bounds_to_the_next_publish() {
+    let ts = TestServer::start(|c| {
+        c.limits.max_pep_items = 1;
+        c.limits.max_pep_item_size = 200;
+    })
+    .await;
+    ts.user("alice").await;
+    let alice_bare = ts.jid("alice");
+    let mut alice = ts.login("alice", "pc").await;
+    let big = format!("<x xmlns='urn:example'>{}</x>", "A".repeat(300));
+    let r = alice
+        .iq("set", None, publish_iq("n1", "big", &big, &[]))
+        .await;
+    assert_error(&r, "not-acceptable", "modify", "before the reload");
+
+    let running = ts.running.as_ref().unwrap();
+    let mut changed = ts.config.clone();
+    changed.limits.max_pep_items = 3;
+    changed.limits.max_pep_item_size = 4000;
+    let checked = changed.check().expect("valid");
+    let outcome = presenced::app::control::reload::apply(&ts.config, &checked, running)
+        .await
+        .expect("reloads");
+    assert!(
+        outcome.reloaded.iter().any(|r| r == "[limits]"),
+        "{outcome:?}"
+    );
+
+    publish(&mut alice, "n1", "big", &big).await;
+    for id in ["b", "c"] {
+        publish(&mut alice, "n1", id, "<x xmlns='urn:example'/>").await;
+    }
+    // Three items kept: the new max_pep_items, where the old one kept one.
+    assert_eq!(
+        item_ids(&items(&mut alice, &alice_bare, "n1", "").await),
+        ["big", "b", "c"]
+    );
+    ts.stop().await;
+}

@@ -87,11 +87,7 @@ impl Services {
                 node.caps.clone(),
                 node.avatar_hashes.clone(),
                 presence.clone(),
-                crate::services::pep::PepLimits {
-                    max_pep_items: node.config.limits.max_pep_items,
-                    max_pep_item_size: node.config.limits.max_pep_item_size,
-                    max_vcard_size: node.config.limits.max_vcard_size,
-                },
+                node.live.clone(),
             ),
             lifecycle: Arc::new(Lifecycle::new(
                 node.liveness.clone(),

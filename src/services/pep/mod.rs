@@ -31,6 +31,7 @@ use std::sync::Arc;
 use crate::cluster::cache::Cache;
 use crate::cluster::Cluster;
 use crate::node::caps::CapsCache;
+use crate::node::live::Live;
 use crate::node::outbox::Outbox;
 use crate::node::session::Client;
 use crate::node::sessions::Sessions;
@@ -88,18 +89,10 @@ pub struct Pep {
     /// XEP-0153 avatar hashes by bare JID (the node's cache).
     avatar_hashes: Arc<Cache<Option<String>>>,
     presence: Arc<Presence>,
-    limits: PepLimits,
-}
-
-/// The `[limits]` PEP checks, as the server started with them.
-#[derive(Debug, Clone, Copy)]
-pub struct PepLimits {
-    /// `max_pep_items`.
-    pub max_pep_items: usize,
-    /// `max_pep_item_size`.
-    pub max_pep_item_size: usize,
-    /// `max_vcard_size`.
-    pub max_vcard_size: usize,
+    /// The reloadable settings: the `[limits]` PEP checks (`max_pep_items`,
+    /// `max_pep_item_size`, `max_vcard_size`) are read per request, so a reload applies to
+    /// the next one.
+    live: Arc<Live>,
 }
 
 impl Pep {
@@ -113,7 +106,7 @@ impl Pep {
         caps: Arc<CapsCache>,
         avatar_hashes: Arc<Cache<Option<String>>>,
         presence: Arc<Presence>,
-        limits: PepLimits,
+        live: Arc<Live>,
     ) -> Self {
         Pep {
             store,
@@ -123,7 +116,7 @@ impl Pep {
             caps,
             avatar_hashes,
             presence,
-            limits,
+            live,
         }
     }
 
@@ -341,7 +334,7 @@ async fn items(pep: &Pep, el: &Element, op: &Element, requester: &Jid, owner: &B
         .filter_map(|i| i.get_attr("id").map(str::to_owned))
         .collect();
     let max = match op.get_attr("max_items").map(str::parse::<usize>) {
-        None => pep.limits.max_pep_items,
+        None => pep.live.get().limits.max_pep_items,
         Some(Ok(n)) => n,
         Some(Err(_)) => return error(el, StanzaError::bad_request(), None),
     };
@@ -402,7 +395,7 @@ fn publish_options(
                 None => return Err(precondition()),
             },
             "pubsub#max_items" => {
-                let limit = pep.limits.max_pep_items;
+                let limit = pep.live.get().limits.max_pep_items;
                 if value != "max" && value.parse::<usize>().map_or(true, |n| n > limit) {
                     return Err(precondition());
                 }
@@ -498,7 +491,7 @@ async fn publish(
 
 /// Whether a payload (serialised) is over `max_pep_item_size` (XEP-0060 §7.1.3.4).
 fn too_big(pep: &Pep, owner: &str, node: &str, payload: &str) -> bool {
-    let limit = pep.limits.max_pep_item_size;
+    let limit = pep.live.get().limits.max_pep_item_size;
     let over = payload.len() > limit;
     if over {
         tracing::info!(user = %owner, node, bytes = payload.len(), limit, "PEP item too big");

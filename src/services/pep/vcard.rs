@@ -310,7 +310,7 @@ async fn set(pep: &Pep, el: &Element, card: &Element, owner_jid: &BareJid) -> El
     if !handles(card) {
         return reply_error(el, StanzaError::bad_request());
     }
-    let limit = pep.limits.max_vcard_size;
+    let limit = pep.live.get().limits.max_vcard_size;
     let size = card.to_xml().len();
     if size > limit {
         tracing::info!(user = %owner, bytes = size, limit, "vCard too big");
