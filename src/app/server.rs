@@ -148,7 +148,12 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
             None => Ok(()),
         }));
     // Block-list and settings changes made anywhere withdraw presence already shown here.
-    crate::services::presence::gate::spawn_listener(shared.clone()).await?;
+    crate::services::presence::gate::spawn_listener(
+        services.presence.clone(),
+        &shared.config.database,
+        shared.shutdown.clone(),
+    )
+    .await?;
     let tracker = shared.tasks.clone();
     // Know the other nodes before the first client binds (what arrives on this node's
     // channel is received with the liveness tasks).
@@ -159,7 +164,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let limits = Arc::new(ListenerPolicy::new(&shared.config));
     let http_addr = crate::transport::http::start(&shared, &services, limits.clone()).await?;
     let admin_addr = crate::transport::http::start_admin(&shared).await?;
-    let s2s = crate::transport::s2s::inbound::listen(&shared).await?;
+    let s2s = crate::transport::s2s::inbound::listen(&shared, &services.presence).await?;
     let (c2s_addr, direct_tls_addr) = c2s_listeners(&shared, &services, &limits).await?;
     banner(&shared);
     Ok(Running {
@@ -193,12 +198,12 @@ fn spawn_tasks(
     crate::services::lifecycle::start(&services.lifecycle, tracker);
     // Stanzas other nodes of the cluster send this one, handed to the delivery module
     // (the layer above the services, so it is wired here).
-    let receiver = (shared.clone(), services.clone());
+    let receiver = services.clone();
     tracker.spawn(crate::cluster::listen(
         shared.cluster.clone(),
         shared.shutdown.clone(),
         shared.config.redis.reconnect_max,
-        move |env| crate::routing::delivery::from_node(&receiver.0, &receiver.1.pep, env),
+        move |env| crate::routing::delivery::from_node(&receiver.presence, &receiver.pep, env),
     ));
 }
 

@@ -35,6 +35,7 @@ use crate::protocol::error::{iq_result, StanzaError};
 use crate::protocol::jid::{BareJid, Jid};
 use crate::protocol::stanza::{IqType, PresenceType};
 use crate::protocol::xml::{self as x, Element};
+use crate::services::presence::Presence;
 use crate::services::Services;
 
 pub(crate) use crate::node::session::{classify, Target};
@@ -84,11 +85,12 @@ pub(crate) async fn from_client(services: &Services, session: &Client, el: Eleme
                 // messages (initial presence, or a negative priority raised), after
                 // everything the presence itself brought (probe answers, waiting
                 // subscription requests).
-                crate::routing::delivery::offline_messages(shared, &session.handle).await;
+                crate::routing::delivery::offline_messages(&services.presence, &session.handle)
+                    .await;
             }
         }
         "iq" => iq(services, session, el, target).await,
-        _ => message(shared, session, el, target).await,
+        _ => message(shared, &services.presence, session, el, target).await,
     }
 }
 
@@ -102,8 +104,8 @@ fn is_own(session: &Client, target: &Target) -> bool {
 }
 
 /// Whether `bare` is an account here (see [`crate::routing::delivery::account_exists`]).
-pub(crate) async fn account_exists(shared: &Shared, bare: &BareJid) -> bool {
-    crate::routing::delivery::account_exists(shared, bare).await
+pub(crate) async fn account_exists(presence: &Presence, bare: &BareJid) -> bool {
+    crate::routing::delivery::account_exists(presence, bare).await
 }
 
 /// XEP-0191 §3.5 on the sender's side, and the side-channel filter, for a message or iq
@@ -112,6 +114,7 @@ pub(crate) async fn account_exists(shared: &Shared, bare: &BareJid) -> bool {
 /// block list, the privacy gate) is [`crate::routing::delivery`]'s, as for stanzas from anywhere.
 async fn privacy_checks(
     shared: &Shared,
+    presence: &Presence,
     session: &Client,
     el: Element,
     target: &Target,
@@ -151,7 +154,7 @@ async fn privacy_checks(
                 .handle
                 .was_revealed(crate::protocol::jid::bare_of(recipient.as_str()));
         return crate::services::presence::gate::filter_signals(
-            shared,
+            presence,
             &session.handle,
             session.jid(),
             &recipient,
@@ -163,18 +166,24 @@ async fn privacy_checks(
     Some(el)
 }
 
-async fn message(shared: &Shared, session: &Client, el: Element, target: Target) {
+async fn message(
+    shared: &Shared,
+    presence: &Presence,
+    session: &Client,
+    el: Element,
+    target: Target,
+) {
     if !matches!(target, Target::LocalDomain) {
         // Counted before the recipient's block list and sessions are looked at: the figure
         // is public and must not tell a sender whether it is blocked or the recipient online.
         shared.metrics.message_routed();
     }
-    let Some(el) = privacy_checks(shared, session, el, &target).await else {
+    let Some(el) = privacy_checks(shared, presence, session, el, &target).await else {
         return;
     };
     if !matches!(target, Target::LocalDomain) {
         // XEP-0280 §7: the user's other resources see what this one sent.
-        crate::routing::delivery::sent_copies(shared, &session.handle, el.get_attr("to"), &el)
+        crate::routing::delivery::sent_copies(presence, &session.handle, el.get_attr("to"), &el)
             .await;
     }
     let to = match target {
@@ -188,19 +197,19 @@ async fn message(shared: &Shared, session: &Client, el: Element, target: Target)
         Target::LocalBare(bare) => Jid::from(bare),
         Target::OwnAccount => Jid::from(session.jid().to_bare()),
     };
-    crate::routing::delivery::message(shared, session.jid(), to, el).await;
+    crate::routing::delivery::message(presence, session.jid(), to, el).await;
 }
 
 /// An iq to a local resource, through delivery's checks.
 async fn iq_to_resource(
-    shared: &Shared,
+    presence: &Presence,
     session: &Client,
     el: Element,
     full: &crate::protocol::jid::FullJid,
     is_request: bool,
 ) {
     let to_other = full.to_bare() != session.jid().to_bare();
-    let outcome = crate::routing::delivery::iq(shared, session.jid(), full, el).await;
+    let outcome = crate::routing::delivery::iq(presence, session.jid(), full, el).await;
     if is_request && to_other && outcome == crate::routing::delivery::Outcome::Delivered {
         // The requester disclosed itself to this resource by its own act. With the
         // session's set full it is not recorded, and the resource's own requests back take
@@ -224,12 +233,14 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
         // RFC 6120 §8.2.3 item 6: a request has exactly one payload.
         return bounce(shared, &el, StanzaError::bad_request());
     }
-    let Some(el) = privacy_checks(shared, session, el, &target).await else {
+    let Some(el) = privacy_checks(shared, &services.presence, session, el, &target).await else {
         return;
     };
     match target {
         Target::Remote(_) => remote(shared, el),
-        Target::LocalFull(full) => iq_to_resource(shared, session, el, &full, is_request).await,
+        Target::LocalFull(full) => {
+            iq_to_resource(&services.presence, session, el, &full, is_request).await
+        }
         Target::LocalDomain if !is_request => {
             // Answers to the server's own queries (XEP-0115 disco#info of a client's caps).
             services.pep.disco_answer(session, &el, ty).await;
@@ -244,7 +255,7 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
         }
         Target::LocalBare(bare)
             if crate::routing::delivery::admit_from(
-                shared,
+                &services.presence,
                 session.jid().as_str(),
                 bare.as_str(),
                 &el,
@@ -270,7 +281,7 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
         {
             // XEP-0054 §3.3: another local user's vCard, answered by the server. A viewer
             // the user blocks was answered above with the same error as "no vCard".
-            let reply = if account_exists(shared, &bare).await {
+            let reply = if account_exists(&services.presence, &bare).await {
                 services.pep.vcard_iq(session, &el, ty, &bare).await
             } else {
                 account_iq(&el, ty, false)
@@ -284,7 +295,7 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
                 .is_some_and(crate::services::pep::handles) =>
         {
             // XEP-0163: another local user's personal eventing service.
-            let reply = if account_exists(shared, &bare).await {
+            let reply = if account_exists(&services.presence, &bare).await {
                 services.pep.handle_iq(session, &el, ty, &bare).await
             } else {
                 account_iq(&el, ty, false)
@@ -292,7 +303,7 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
             session.deliver(reply);
         }
         Target::LocalBare(bare) => {
-            let exists = account_exists(shared, &bare).await;
+            let exists = account_exists(&services.presence, &bare).await;
             let reply = account_iq(&el, ty, exists);
             session.deliver(reply);
         }

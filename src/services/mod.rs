@@ -4,11 +4,11 @@
 //! [`crate::node::session::Client`] it acts for. A handler's signature therefore says
 //! what it depends on, instead of reaching into the node state: [`Services::new`] gives
 //! each service the parts of the node it uses (the store, the session registry, the
-//! outbox, ...), never the node state itself. Presence, whose work spans the node (the
-//! privacy gate, delivery to the other nodes and over federation), still holds the node
-//! state inside its service, and the other services ask it through its methods; the
-//! router, which routes anywhere, works on the node state too ([`Services::node`]).
-//! `tests/layers.rs` keeps every other service off `node::Shared`.
+//! outbox, ...), never the node state itself. The other services ask presence (the
+//! privacy gate) through its methods, and delivery works on the parts presence holds;
+//! the router, which routes anywhere, still reads the node state for the rest
+//! ([`Services::node`]). `tests/layers.rs` keeps every service but this module off
+//! `node::Shared`.
 
 pub mod account_deletion;
 pub mod blocking;
@@ -53,16 +53,27 @@ pub struct Services {
     pub lifecycle: Arc<Lifecycle>,
     /// The one deletion of an account (XEP-0077 `<remove/>`, the admin socket).
     pub account_deletion: Arc<AccountDeletion>,
-    /// The node state the router works on: it delivers to sessions here, on the other
-    /// nodes and over federation, and checks blocks and the privacy gate on the way
-    /// (RFC 6120 §10).
+    /// The node state the router reads besides the services and delivery (which works on
+    /// `presence`): the sender's block list, the metrics, the limits and the
+    /// configuration (RFC 6120 §10).
     pub node: Arc<Shared>,
 }
 
 impl Services {
     /// Builds every service from the parts of the node state it uses.
     pub fn new(node: &Arc<Shared>) -> Self {
-        let presence = Arc::new(Presence::new(node.clone()));
+        let presence = Arc::new(Presence {
+            store: node.store.clone(),
+            sessions: node.sessions.clone(),
+            outbox: node.outbox.clone(),
+            liveness: node.liveness.clone(),
+            cluster: node.cluster.clone(),
+            subject_locks: node.subject_locks.clone(),
+            roster_locks: node.roster_locks.clone(),
+            s2s: node.s2s.clone(),
+            caps: node.caps.clone(),
+            domains: node.config.domains.clone(),
+        });
         Services {
             roster: Roster::new(
                 node.store.clone(),
