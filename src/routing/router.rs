@@ -30,7 +30,6 @@
 //!   online ([`crate::services::presence::gate::filter_signals`]).
 
 use crate::node::session::Client;
-use crate::node::Shared;
 use crate::protocol::error::{iq_result, StanzaError};
 use crate::protocol::jid::{BareJid, Jid};
 use crate::protocol::stanza::{IqType, PresenceType};
@@ -41,25 +40,25 @@ use crate::services::Services;
 pub(crate) use crate::node::session::{classify, Target};
 
 /// Hands a stanza for another domain to federation; bounces it if that fails.
-pub(crate) fn remote(shared: &Shared, el: Element) {
+pub(crate) fn remote(presence: &Presence, el: Element) {
     let copy = el.clone();
-    if let Err(e) = shared.outbox.route_remote(el) {
-        bounce(shared, &copy, e);
+    if let Err(e) = presence.outbox.route_remote(el) {
+        bounce(presence, &copy, e);
     }
 }
 
 /// The one bounce ([`crate::node::outbox::Outbox::bounce`]): the session's stanzas carry
 /// its full JID as `from`, so the reply comes back to it.
-fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
-    shared.outbox.bounce(el, err);
+fn bounce(presence: &Presence, el: &Element, err: StanzaError) {
+    presence.outbox.bounce(el, err);
 }
 
 /// Routes one stanza whose `from` has been stamped by the session.
 pub(crate) async fn from_client(services: &Services, session: &Client, el: Element) {
-    let shared = &services.node;
-    let target = match classify(shared, el.get_attr("to")) {
+    let presence = &services.presence;
+    let target = match classify(|d| presence.serves(d), el.get_attr("to")) {
         Ok(t) => t,
-        Err(e) => return bounce(shared, &el, e),
+        Err(e) => return bounce(presence, &el, e),
     };
     match el.name.as_str() {
         "presence" => {
@@ -90,7 +89,7 @@ pub(crate) async fn from_client(services: &Services, session: &Client, el: Eleme
             }
         }
         "iq" => iq(services, session, el, target).await,
-        _ => message(shared, &services.presence, session, el, target).await,
+        _ => message(services, session, el, target).await,
     }
 }
 
@@ -113,8 +112,7 @@ pub(crate) async fn account_exists(presence: &Presence, bare: &BareJid) -> bool 
 /// removed), or `None` when it was answered or dropped here. The recipient's side (its
 /// block list, the privacy gate) is [`crate::routing::delivery`]'s, as for stanzas from anywhere.
 async fn privacy_checks(
-    shared: &Shared,
-    presence: &Presence,
+    services: &Services,
     session: &Client,
     el: Element,
     target: &Target,
@@ -136,9 +134,12 @@ async fn privacy_checks(
     // The sender's own block list (XEP-0191 §3.6: the sender is told, so the public
     // figure may count it). The recipient's list is delivery's and is not counted: it is
     // answered as if the recipient were absent, and a count would say otherwise.
-    let verdict = outbound_to_blocked(&shared.store, me, recipient.as_str(), &el).await;
+    let verdict = outbound_to_blocked(&services.presence.store, me, recipient.as_str(), &el).await;
     if !matches!(verdict, Verdict::Pass) {
-        shared.metrics.dropped(DropReason::BlockedBySender);
+        services
+            .routing
+            .metrics
+            .dropped(DropReason::BlockedBySender);
     }
     match verdict {
         Verdict::Pass => {}
@@ -154,7 +155,7 @@ async fn privacy_checks(
                 .handle
                 .was_revealed(crate::protocol::jid::bare_of(recipient.as_str()));
         return crate::services::presence::gate::filter_signals(
-            presence,
+            &services.presence,
             &session.handle,
             session.jid(),
             &recipient,
@@ -166,19 +167,14 @@ async fn privacy_checks(
     Some(el)
 }
 
-async fn message(
-    shared: &Shared,
-    presence: &Presence,
-    session: &Client,
-    el: Element,
-    target: Target,
-) {
+async fn message(services: &Services, session: &Client, el: Element, target: Target) {
+    let presence = &services.presence;
     if !matches!(target, Target::LocalDomain) {
         // Counted before the recipient's block list and sessions are looked at: the figure
         // is public and must not tell a sender whether it is blocked or the recipient online.
-        shared.metrics.message_routed();
+        services.routing.metrics.message_routed();
     }
-    let Some(el) = privacy_checks(shared, presence, session, el, &target).await else {
+    let Some(el) = privacy_checks(services, session, el, &target).await else {
         return;
     };
     if !matches!(target, Target::LocalDomain) {
@@ -187,11 +183,11 @@ async fn message(
             .await;
     }
     let to = match target {
-        Target::Remote(_) => return remote(shared, el),
+        Target::Remote(_) => return remote(presence, el),
         Target::LocalDomain => {
             // Messages to the server itself have no handler; RFC 6120 §10.3.1 lets us drop
             // them, but an error tells the client why nothing happened.
-            return bounce(shared, &el, StanzaError::service_unavailable());
+            return bounce(presence, &el, StanzaError::service_unavailable());
         }
         Target::LocalFull(full) => Jid::from(full),
         Target::LocalBare(bare) => Jid::from(bare),
@@ -222,22 +218,22 @@ async fn iq_to_resource(
 }
 
 async fn iq(services: &Services, session: &Client, el: Element, target: Target) {
-    let shared = &services.node;
+    let presence = &services.presence;
     // Owned: the stanza moves into the privacy checks below.
     let (Some(ty), Some(_)) = (IqType::of(&el), el.get_attr("id")) else {
         // RFC 6120 §8.2.3: id and a known type are required.
-        return bounce(shared, &el, StanzaError::bad_request());
+        return bounce(presence, &el, StanzaError::bad_request());
     };
     let is_request = ty.is_request();
     if is_request && el.elements().count() != 1 {
         // RFC 6120 §8.2.3 item 6: a request has exactly one payload.
-        return bounce(shared, &el, StanzaError::bad_request());
+        return bounce(presence, &el, StanzaError::bad_request());
     }
-    let Some(el) = privacy_checks(shared, &services.presence, session, el, &target).await else {
+    let Some(el) = privacy_checks(services, session, el, &target).await else {
         return;
     };
     match target {
-        Target::Remote(_) => remote(shared, el),
+        Target::Remote(_) => remote(presence, el),
         Target::LocalFull(full) => {
             iq_to_resource(&services.presence, session, el, &full, is_request).await
         }
@@ -324,7 +320,7 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
             }
         }
         Target::LocalDomain => {
-            let reply = server_iq(shared, &el, ty);
+            let reply = server_iq(services.routing.allow_registration, &el, ty);
             session.deliver(reply);
         }
     }
@@ -356,7 +352,7 @@ async fn own_account_iq(services: &Services, session: &Client, el: Element, ty: 
         services.presence.to_directory(&session.handle);
         Some(reply)
     } else if payload.ns == crate::services::interest::NS_INTEREST {
-        let limits = &services.node.live.get().limits;
+        let limits = &services.routing.live.get().limits;
         Some(crate::services::interest::handle_iq(
             &session.handle,
             &el,
@@ -416,7 +412,7 @@ fn feature(var: &str) -> Element {
 }
 
 /// Iq addressed to the server itself: disco (XEP-0030), ping (XEP-0199).
-fn server_iq(shared: &Shared, el: &Element, ty: IqType) -> Element {
+fn server_iq(allow_registration: bool, el: &Element, ty: IqType) -> Element {
     let payload = el.elements().next();
     let get = ty == IqType::Get;
     let reply = match payload {
@@ -450,7 +446,7 @@ fn server_iq(shared: &Shared, el: &Element, ty: IqType) -> Element {
                 // XEP-0054 §4: accounts' vCards (built on their avatars, XEP-0398).
                 crate::services::pep::vcard::NS_VCARD,
             ];
-            if shared.config.auth.allow_registration {
+            if allow_registration {
                 features.push(x::NS_REGISTER);
             }
             for f in features {

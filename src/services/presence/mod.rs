@@ -46,7 +46,7 @@ use subscription::{Change, ContactSide, Direction, SubKind, SubState};
 /// commands, the end of a session hands it the session, and the services that depend on
 /// presence (blocking, roster, last seen, visibility settings) ask it what they need.
 /// Presence reaches the store, the sessions here and on the other nodes, liveness and
-/// federation, so it holds those parts of the node (built by [`crate::services::Services::new`]);
+/// federation, so it holds those parts of the node (built by the composition root);
 /// delivery, which asks the privacy gate on every stanza, works on the same parts.
 pub struct Presence {
     /// Rosters, block lists, visibility settings and the gate's cached inputs.
