@@ -1098,7 +1098,7 @@ async fn postgres_outage_keeps_existing_sessions_routing_and_last_seen_waits() {
     }
     assert_eq!(ts.metric(|m| m.pg_rows.load(Ordering::Relaxed)), 0);
     // The pending value is still served from memory.
-    let at = presenced::services::presence::last_seen(ts.shared(), &ts.jid("alice"))
+    let at = presenced::services::presence::last_seen(&ts.services().presence, &ts.jid("alice"))
         .await
         .expect("last seen kept in memory");
     assert!((at - closed).num_milliseconds().abs() < 1000);

@@ -1415,7 +1415,7 @@ async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() 
                 .unwrap();
         }
         let t = std::time::Instant::now();
-        let sees = gate::may_see_online(&shared, &bob_pc, &alice_jid, false).await;
+        let sees = gate::may_see_online(&ts.services().presence, &bob_pc, &alice_jid, false).await;
         spent += t.elapsed();
         // No cache: the change committed just before is what the very next decision sees.
         assert_eq!(sees, !blocked, "round {i}");
@@ -1462,7 +1462,7 @@ async fn every_decision_reads_the_current_block_list_and_its_cost_is_reported() 
     let (_, roster) = shared.store.roster(&alice).await.unwrap();
     let t = std::time::Instant::now();
     let alice_phone = Jid::new(&format!("{alice}/phone")).unwrap();
-    let audience = gate::online_audience(&shared, &alice_phone).await;
+    let audience = gate::online_audience(&ts.services().presence, &alice_phone).await;
     let took = t.elapsed();
     // bob ends unblocked (the last round is odd) and every tenth contact blocks alice.
     assert_eq!(audience.len(), 1 + contacts - contacts / 10);

@@ -30,6 +30,7 @@ use crate::node::Shared;
 use crate::protocol::error::{StreamCondition, StreamError};
 use crate::protocol::jid::BareJid;
 use crate::services::account_deletion::AccountDeletion;
+use crate::services::presence::Presence;
 use crate::transport::listener::{Handler, Listener};
 
 /// Longest request line read; every request is far shorter.
@@ -170,6 +171,7 @@ pub async fn start(
     let handler = Commands {
         shared: shared.clone(),
         deletion: services.account_deletion.clone(),
+        presence: services.presence.clone(),
         started: std::time::Instant::now(),
     };
     let served = path.clone();
@@ -186,6 +188,7 @@ pub async fn start(
 struct Commands {
     shared: Arc<Shared>,
     deletion: Arc<AccountDeletion>,
+    presence: Arc<Presence>,
     started: std::time::Instant,
 }
 
@@ -198,6 +201,7 @@ impl Handler<UnixListener> for Commands {
         serve(
             self.shared.clone(),
             self.deletion.clone(),
+            self.presence.clone(),
             stream,
             self.started,
         )
@@ -207,6 +211,7 @@ impl Handler<UnixListener> for Commands {
 async fn serve(
     shared: Arc<Shared>,
     deletion: Arc<AccountDeletion>,
+    presence: Arc<Presence>,
     stream: UnixStream,
     started: std::time::Instant,
 ) {
@@ -217,7 +222,7 @@ async fn serve(
         Ok(_) => match serde_json::from_str::<Request>(&line) {
             Ok(req) => {
                 tracing::info!(request = ?req, "admin command");
-                execute(&shared, &deletion, req, started).await
+                execute(&shared, &deletion, &presence, req, started).await
             }
             Err(e) => Err(format!("bad request: {e}")),
         },
@@ -231,6 +236,7 @@ async fn serve(
 async fn execute(
     shared: &Shared,
     deletion: &AccountDeletion,
+    presence: &Presence,
     req: Request,
     started: std::time::Instant,
 ) -> Result<serde_json::Value, String> {
@@ -315,13 +321,16 @@ async fn execute(
         } => {
             roster_change(
                 shared,
+                presence,
                 &jid,
                 &contact,
                 Some((name.as_deref(), groups.as_slice())),
             )
             .await
         }
-        Request::RosterRemove { jid, contact } => roster_change(shared, &jid, &contact, None).await,
+        Request::RosterRemove { jid, contact } => {
+            roster_change(shared, presence, &jid, &contact, None).await
+        }
     }
 }
 
@@ -401,6 +410,7 @@ async fn roster_show(shared: &Shared, jid: &str) -> Result<serde_json::Value, St
 /// sessions on this node (other nodes hear of it through the store's announcement).
 async fn roster_change(
     shared: &Shared,
+    presence: &Presence,
     jid: &str,
     contact: &str,
     add: Option<(Option<&str>, &[String])>,
@@ -445,7 +455,7 @@ async fn roster_change(
             .await
             .map_err(|e| e.to_string())?,
     };
-    crate::services::presence::executor::apply_external_pair(shared, a, b).await;
+    crate::services::presence::executor::apply_external_pair(presence, a, b).await;
     Ok(serde_json::json!({ "jid": a, "contact": b, "changed": changed }))
 }
 

@@ -133,13 +133,13 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         roster_locks: Default::default(),
         subject_locks: Default::default(),
         s2s,
-        metrics: crate::metrics::Metrics::new(),
+        metrics: Arc::new(crate::metrics::Metrics::new()),
         auth_backoff,
         fake_salt_secret,
         resumable: Default::default(),
     });
     crate::transport::s2s::attach(&shared);
-    let services = Arc::new(crate::services::Services::new(&shared));
+    let services = Arc::new(build_services(&shared));
     let weak = Arc::downgrade(&shared);
     shared
         .metrics
@@ -148,7 +148,12 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
             None => Ok(()),
         }));
     // Block-list and settings changes made anywhere withdraw presence already shown here.
-    crate::services::presence::gate::spawn_listener(shared.clone()).await?;
+    crate::services::presence::gate::spawn_listener(
+        services.presence.clone(),
+        &shared.config.database,
+        shared.shutdown.clone(),
+    )
+    .await?;
     let tracker = shared.tasks.clone();
     // Know the other nodes before the first client binds (what arrives on this node's
     // channel is received with the liveness tasks).
@@ -159,7 +164,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     let limits = Arc::new(ListenerPolicy::new(&shared.config));
     let http_addr = crate::transport::http::start(&shared, &services, limits.clone()).await?;
     let admin_addr = crate::transport::http::start_admin(&shared).await?;
-    let s2s = crate::transport::s2s::inbound::listen(&shared).await?;
+    let s2s = crate::transport::s2s::inbound::listen(&shared, &services.presence).await?;
     let (c2s_addr, direct_tls_addr) = c2s_listeners(&shared, &services, &limits).await?;
     banner(&shared);
     Ok(Running {
@@ -174,6 +179,88 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         tickets,
         tracker,
     })
+}
+
+/// Builds every service from the parts of the node state it uses (the services never see
+/// the node state itself).
+fn build_services(node: &Arc<Shared>) -> crate::services::Services {
+    use crate::services::account_deletion::AccountDeletion;
+    use crate::services::blocking::Blocking;
+    use crate::services::lifecycle::last_seen::LastSeen;
+    use crate::services::lifecycle::{Lifecycle, LifecycleSettings};
+    use crate::services::pep::Pep;
+    use crate::services::presence::Presence;
+    use crate::services::privacy_iq::Privacy;
+    use crate::services::roster::Roster;
+    use crate::services::RouterParts;
+    let presence = Arc::new(Presence {
+        store: node.store.clone(),
+        sessions: node.sessions.clone(),
+        outbox: node.outbox.clone(),
+        liveness: node.liveness.clone(),
+        cluster: node.cluster.clone(),
+        subject_locks: node.subject_locks.clone(),
+        roster_locks: node.roster_locks.clone(),
+        s2s: node.s2s.clone(),
+        caps: node.caps.clone(),
+        domains: node.config.domains.clone(),
+    });
+    crate::services::Services {
+        roster: Roster::new(
+            node.store.clone(),
+            node.sessions.clone(),
+            node.live.clone(),
+            node.roster_locks.clone(),
+            presence.clone(),
+        ),
+        blocking: Blocking::new(
+            node.store.clone(),
+            node.sessions.clone(),
+            node.cluster.clone(),
+            presence.clone(),
+        ),
+        last_seen: LastSeen::new(node.liveness.clone(), node.store.clone(), presence.clone()),
+        privacy: Privacy::new(node.store.clone(), node.live.clone(), presence.clone()),
+        pep: Pep::new(
+            node.store.clone(),
+            node.sessions.clone(),
+            node.outbox.clone(),
+            node.cluster.clone(),
+            node.caps.clone(),
+            node.avatar_hashes.clone(),
+            presence.clone(),
+            node.live.clone(),
+        ),
+        lifecycle: Arc::new(Lifecycle::new(
+            node.liveness.clone(),
+            node.cluster.clone(),
+            node.sessions.clone(),
+            node.store.clone(),
+            presence.clone(),
+            node.shutdown.clone(),
+            LifecycleSettings {
+                sweeper: node.config.liveness.sweeper,
+                metrics_log_interval: node.config.liveness.metrics_log_interval,
+                reconnect_max: node.config.redis.reconnect_max,
+            },
+        )),
+        account_deletion: Arc::new(AccountDeletion::new(
+            node.store.clone(),
+            node.sessions.clone(),
+            node.subject_locks.clone(),
+            node.outbox.clone(),
+            node.s2s.clone(),
+            presence.clone(),
+            node.config.domains.clone(),
+            node.config.auth.allow_registration,
+        )),
+        presence,
+        routing: RouterParts {
+            metrics: node.metrics.clone(),
+            live: node.live.clone(),
+            allow_registration: node.config.auth.allow_registration,
+        },
+    }
 }
 
 /// The node's background tasks, each given the parts of the node it uses: the roster
@@ -193,12 +280,12 @@ fn spawn_tasks(
     crate::services::lifecycle::start(&services.lifecycle, tracker);
     // Stanzas other nodes of the cluster send this one, handed to the delivery module
     // (the layer above the services, so it is wired here).
-    let receiver = (shared.clone(), services.clone());
+    let receiver = services.clone();
     tracker.spawn(crate::cluster::listen(
         shared.cluster.clone(),
         shared.shutdown.clone(),
         shared.config.redis.reconnect_max,
-        move |env| crate::routing::delivery::from_node(&receiver.0, &receiver.1.pep, env),
+        move |env| crate::routing::delivery::from_node(&receiver.presence, &receiver.pep, env),
     ));
 }
 

@@ -61,8 +61,9 @@ pub struct Shared {
     /// Where stanzas leave for a session, another node or another domain (built from
     /// `sessions`, `cluster`, `s2s` and `config`).
     pub outbox: Arc<outbox::Outbox>,
-    /// The Prometheus registry behind `/metrics` and the counters fed into it.
-    pub metrics: crate::metrics::Metrics,
+    /// The Prometheus registry behind `/metrics` and the counters fed into it (shared with
+    /// the router, which counts routed and refused stanzas).
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Failed SASL password checks per account, across this node's streams.
     pub auth_backoff: crate::policy::auth_backoff::AuthBackoff,
     /// Key of the fake SCRAM salts of unknown users; kept in the store so the salts are

@@ -50,12 +50,14 @@ pub enum Target {
 }
 
 /// Classifies a `to` attribute. `Err` means jid-malformed (RFC 6120 §8.3.3.8).
-pub fn classify(shared: &crate::node::Shared, to: Option<&str>) -> Result<Target, StanzaError> {
+///
+/// `serves`: whether this server hosts a domain.
+pub fn classify(serves: impl Fn(&str) -> bool, to: Option<&str>) -> Result<Target, StanzaError> {
     let Some(to) = to else {
         return Ok(Target::OwnAccount);
     };
     let jid = crate::protocol::jid::parse(to).map_err(|_| StanzaError::jid_malformed())?;
-    if !shared.config.serves(jid.domain().as_str()) {
+    if !serves(jid.domain().as_str()) {
         return Ok(Target::Remote(jid));
     }
     if jid.node().is_none() {

@@ -22,7 +22,9 @@
 //! - [`bounce`]: the error reply to a stanza's sender, local or remote;
 //! - [`unavailable_from_shown`]: the unavailable of each resource a viewer was shown.
 //!
-//! Nothing here knows the transport's session type: callers pass [`Shared`] and JIDs.
+//! Nothing here knows the transport's session type: callers pass [`Presence`] (the privacy
+//! gate, and the parts of the node delivery reaches: store, sessions, cluster, outbox)
+//! and JIDs.
 //!
 //! Other nodes of the cluster ([`crate::cluster`]): every transport function here also
 //! reaches the recipient's sessions on other nodes, after the decision was taken here, on
@@ -43,7 +45,6 @@ use crate::cluster::{Envelope, Holder, Kind};
 use crate::node::outbox::{self, targets_everywhere, Elsewhere};
 pub(crate) use crate::node::outbox::{message_to_bare_everywhere, unavailable};
 use crate::node::sessions::SessionHandle;
-use crate::node::Shared;
 use crate::protocol::error::{StanzaError, StreamCondition};
 use crate::protocol::jid::{BareJid, FullJid, Jid};
 use crate::protocol::stanza::{IqType, MessageType};
@@ -51,6 +52,7 @@ use crate::protocol::xml::Element;
 use crate::services::blocking::{inbound_from_blocked, Verdict};
 use crate::services::carbons::{self, Direction};
 use crate::services::presence::gate;
+use crate::services::presence::Presence;
 use std::sync::Arc;
 
 /// What became of a message or iq handed to [`message`] or [`iq`].
@@ -71,29 +73,29 @@ pub(crate) enum Outcome {
 /// session, a bare JID its available sessions; a `kick` ends the session bound to that full
 /// JID, which a newer session on another node took over (RFC 6120 §7.7.2.2). The two
 /// exceptions, `reveal` and `decide`, need the session's own state and run as tasks.
-pub(crate) fn from_node(shared: &Arc<Shared>, pep: &crate::services::pep::Pep, env: Envelope) {
+pub(crate) fn from_node(presence: &Arc<Presence>, pep: &crate::services::pep::Pep, env: Envelope) {
     match env.kind {
         Kind::Notify => {
             crate::services::pep::from_node(pep, &env.to, &env.xml);
             return;
         }
         Kind::Reveal => {
-            let shared = Arc::clone(shared);
-            tokio::spawn(async move { revealed_elsewhere(&shared, env).await });
+            let presence = Arc::clone(presence);
+            tokio::spawn(async move { revealed_elsewhere(&presence, env).await });
             return;
         }
         Kind::Decide => {
-            let shared = Arc::clone(shared);
-            tokio::spawn(async move { decide_here(&shared, env).await });
+            let presence = Arc::clone(presence);
+            tokio::spawn(async move { decide_here(&presence, env).await });
             return;
         }
         Kind::Collect => {
-            let shared = Arc::clone(shared);
+            let presence = Arc::clone(presence);
             tokio::spawn(async move {
                 for to in &env.to {
                     match crate::protocol::jid::parse_bare(to) {
                         Ok(owner) => {
-                            hand_kept_to_a_taker_here(&shared, &owner).await;
+                            hand_kept_to_a_taker_here(&presence, &owner).await;
                         }
                         Err(_) => tracing::warn!(%to, "cluster: malformed collect dropped"),
                     }
@@ -118,7 +120,7 @@ pub(crate) fn from_node(shared: &Arc<Shared>, pep: &crate::services::pep::Pep, e
                         at,
                         status: None,
                     };
-                    shared.liveness.last_seen.note_elsewhere(seen);
+                    presence.liveness.last_seen.note_elsewhere(seen);
                 }
             }
             return;
@@ -138,7 +140,7 @@ pub(crate) fn from_node(shared: &Arc<Shared>, pep: &crate::services::pep::Pep, e
         };
         match (env.kind, jid.try_into_full()) {
             (Kind::Kick, Ok(full)) => {
-                if let Some(s) = shared.sessions.get(&full) {
+                if let Some(s) = presence.sessions.get(&full) {
                     tracing::info!(jid = %full, "resource bound on another node; closing here");
                     s.close(crate::protocol::error::StreamError::new(
                         StreamCondition::Conflict,
@@ -148,12 +150,12 @@ pub(crate) fn from_node(shared: &Arc<Shared>, pep: &crate::services::pep::Pep, e
             }
             (_, _) if env.kind != Kind::Deliver && env.kind != Kind::Address => {}
             (_, Ok(full)) => {
-                if let Some(s) = shared.sessions.get(&full) {
+                if let Some(s) = presence.sessions.get(&full) {
                     outbox::to_handle(&s, bytes);
                 }
             }
             (_, Err(bare)) => {
-                shared.outbox.xml_to_available(bare.as_str(), || bytes);
+                presence.outbox.xml_to_available(bare.as_str(), || bytes);
             }
         }
     }
@@ -174,7 +176,7 @@ pub(crate) fn from_node(shared: &Arc<Shared>, pep: &crate::services::pep::Pep, e
 /// the full JID is held again, here or on another node: that successor's presence is the
 /// resource's now. A viewer the broadcast did reach gets a second unavailable for a
 /// resource it already shows offline, which changes nothing for it.
-async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
+async fn revealed_elsewhere(presence: &Presence, env: Envelope) {
     let viewer = env.xml.as_str();
     let Ok(viewer_jid) = crate::protocol::jid::parse(viewer) else {
         tracing::warn!("cluster: reveal with a malformed viewer dropped");
@@ -185,16 +187,16 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
             continue;
         };
         let subject = full.to_bare();
-        let _guard = shared.subject_locks.lock_subject(subject.as_str()).await;
-        let Some(s) = shared.sessions.get(&full) else {
-            let held_elsewhere = shared
+        let _guard = presence.subject_locks.lock_subject(subject.as_str()).await;
+        let Some(s) = presence.sessions.get(&full) else {
+            let held_elsewhere = presence
                 .cluster
                 .holder_of(&full)
                 .await
                 .is_some_and(|h| h.entry.available);
             if !held_elsewhere {
                 tracing::info!(jid = %full, viewer, "presence shown by another node after the session ended: unavailable sent");
-                shared.outbox.presence_to(viewer, unavailable(to, viewer));
+                presence.outbox.presence_to(viewer, unavailable(to, viewer));
             }
             continue;
         };
@@ -203,11 +205,11 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
         }
         if !s.is_available() {
             tracing::info!(jid = %s.jid, viewer, "presence shown by another node after the session went unavailable: unavailable sent");
-            shared.outbox.presence_to(viewer, unavailable(to, viewer));
+            presence.outbox.presence_to(viewer, unavailable(to, viewer));
             continue;
         }
         let admitted = !s.is_invisible()
-            && gate::roster_and_audience(shared, &s, true)
+            && gate::roster_and_audience(presence, &s, true)
                 .await
                 .1
                 .contains(&viewer_jid);
@@ -215,7 +217,7 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
             continue;
         }
         tracing::info!(jid = %s.jid, viewer, admitted, "presence shown by another node withdrawn");
-        shared
+        presence
             .outbox
             .presence_to(viewer, unavailable(s.jid.as_str(), viewer));
     }
@@ -227,7 +229,7 @@ async fn revealed_elsewhere(shared: &Shared, env: Envelope) {
 /// itself ([`gate::may_reach`]: its directed presence, visibility, availability), and a
 /// refusal is the `service-unavailable` of a resource that does not exist (RFC 6121
 /// §8.5.3.2.1, RFC 6120 §10.5.4), as on one node.
-async fn decide_here(shared: &Shared, env: Envelope) {
+async fn decide_here(presence: &Presence, env: Envelope) {
     let (Some(to), Some(el)) = (
         env.to
             .first()
@@ -244,21 +246,21 @@ async fn decide_here(shared: &Shared, env: Envelope) {
     else {
         return;
     };
-    let session = shared.sessions.get(&to);
-    if gate::may_reach(shared, &sender, &to, session.as_ref()).await {
+    let session = presence.sessions.get(&to);
+    if gate::may_reach(presence, &sender, &to, session.as_ref()).await {
         if let Some(s) = session {
             outbox::to_handle(&s, el);
             return;
         }
     }
-    shared
+    presence
         .outbox
         .bounce(&el, StanzaError::service_unavailable());
 }
 
 /// The sessions of local user `bare` on other nodes (empty without any).
-async fn elsewhere(shared: &Shared, bare: &BareJid) -> Vec<Holder> {
-    shared
+async fn elsewhere(presence: &Presence, bare: &BareJid) -> Vec<Holder> {
+    presence
         .cluster
         .holders(&[bare.as_str()])
         .await
@@ -270,7 +272,7 @@ async fn elsewhere(shared: &Shared, bare: &BareJid) -> Vec<Holder> {
 /// `Pass` routes on; a rejected stanza has been answered already. One question for every
 /// producer (c2s, s2s), asked before anything reaches the recipient.
 pub(crate) async fn admit_from(
-    shared: &Shared,
+    presence: &Presence,
     sender: &str,
     recipient: &str,
     el: &Element,
@@ -279,9 +281,9 @@ pub(crate) async fn admit_from(
         // A user's own resources: nobody else's block list is involved.
         return Verdict::Pass;
     }
-    match inbound_from_blocked(&shared.store, sender, recipient, el).await {
+    match inbound_from_blocked(&presence.store, sender, recipient, el).await {
         Verdict::Reject(reply) => {
-            shared.outbox.answer(reply);
+            presence.outbox.answer(reply);
             Verdict::Drop
         }
         v => v,
@@ -290,9 +292,9 @@ pub(crate) async fn admit_from(
 
 /// Whether `bare` is an account here. A store failure counts as "no" (and is logged) so a
 /// database outage degrades to errors for offline users, never a stalled session.
-pub(crate) async fn account_exists(shared: &Shared, bare: &BareJid) -> bool {
+pub(crate) async fn account_exists(presence: &Presence, bare: &BareJid) -> bool {
     let node = bare.node().map(|n| n.as_str()).unwrap_or("");
-    match shared
+    match presence
         .store
         .account_exists(node, bare.domain().as_str())
         .await
@@ -316,9 +318,9 @@ pub(crate) async fn account_exists(shared: &Shared, bare: &BareJid) -> bool {
 /// A message a resource takes is copied to the recipient's other carbons-enabled
 /// resources ([`crate::services::carbons`], XEP-0280 §6); a chat or normal message no resource can
 /// take is kept for the user's next login ([`store_offline`], XEP-0160).
-pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Element) -> Outcome {
+pub(crate) async fn message(presence: &Presence, from: &Jid, to: Jid, mut el: Element) -> Outcome {
     let sender = from.as_str();
-    if admit_from(shared, sender, to.as_str(), &el).await != Verdict::Pass {
+    if admit_from(presence, sender, to.as_str(), &el).await != Verdict::Pass {
         return Outcome::Dropped;
     }
     let kind = MessageType::of(&el);
@@ -335,11 +337,11 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
     let bare = match to.try_into_full() {
         Ok(full) => {
             let bare = full.to_bare();
-            let session = shared.sessions.get(&full);
+            let session = presence.sessions.get(&full);
             // The user's sessions on other nodes: where the full JID may be bound, and
             // who else takes a copy. Read once; nothing without another node.
             let remote = if session.is_none() || (copies && kind != MessageType::Groupchat) {
-                elsewhere(shared, &bare).await
+                elsewhere(presence, &bare).await
             } else {
                 Vec::new()
             };
@@ -348,7 +350,7 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
                 Some(s) if kind != MessageType::Groupchat => {
                     if copies {
                         carbon_copies(
-                            shared,
+                            presence,
                             Direction::Received,
                             (&[s.id], &[]),
                             &bare,
@@ -366,19 +368,19 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
                     // that node knows (directed presence) is decided there.
                     if let Some(h) = there {
                         let xml = Arc::new(el.to_xml());
-                        if gate::may_reach_holder(shared, from, h).await {
-                            outbox::to_holder(&shared.cluster, h, xml);
+                        if gate::may_reach_holder(presence, from, h).await {
+                            outbox::to_holder(&presence.cluster, h, xml);
                         } else {
-                            outbox::decide_there(&shared.cluster, h, xml);
+                            outbox::decide_there(&presence.cluster, h, xml);
                         }
                         return Outcome::Delivered;
-                    } else if gate::may_reach(shared, from, &full, session.as_ref()).await {
+                    } else if gate::may_reach(presence, from, &full, session.as_ref()).await {
                         if let Some(s) = session {
                             outbox::to_handle(&s, el);
                             return Outcome::Delivered;
                         }
                     }
-                    shared
+                    presence
                         .outbox
                         .bounce(&el, StanzaError::service_unavailable());
                     return Outcome::Bounced;
@@ -388,7 +390,7 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
                     Some(h) => {
                         if copies {
                             carbon_copies(
-                                shared,
+                                presence,
                                 Direction::Received,
                                 (&[], &[h.jid.as_str()]),
                                 &bare,
@@ -397,7 +399,7 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
                             )
                             .await;
                         }
-                        outbox::to_holder(&shared.cluster, h, Arc::new(el.to_xml()));
+                        outbox::to_holder(&presence.cluster, h, Arc::new(el.to_xml()));
                         return Outcome::Delivered;
                     }
                     // §8.5.3.2.1: a full JID with no session is treated as the bare JID.
@@ -407,14 +409,14 @@ pub(crate) async fn message(shared: &Shared, from: &Jid, to: Jid, mut el: Elemen
         }
         Err(bare) => bare,
     };
-    message_to_bare(shared, sender, bare, el, kind, copies).await
+    message_to_bare(presence, sender, bare, el, kind, copies).await
 }
 
 /// The rest of [`message`] for a message to local user `bare` (§8.5.2, or a full JID with
 /// no session, §8.5.3.2.1): delivered to the resources that take it, with carbons, or kept
 /// offline. `copies`: whether the message as sent was eligible for carbons.
 async fn message_to_bare(
-    shared: &Shared,
+    presence: &Presence,
     sender: &str,
     bare: BareJid,
     el: Element,
@@ -423,16 +425,16 @@ async fn message_to_bare(
 ) -> Outcome {
     if kind == MessageType::Groupchat {
         // §8.5.2.1.1: groupchat to a bare JID of a user is service-unavailable.
-        shared
+        presence
             .outbox
             .bounce(&el, StanzaError::service_unavailable());
         return Outcome::Bounced;
     }
     // One look at the registry (and, with other nodes, the directory) serves the
     // existence check and the delivery.
-    let (sessions, remote) = resources_everywhere(shared, &bare).await;
+    let (sessions, remote) = resources_everywhere(presence, &bare).await;
     if kind.is_chat_or_normal() && targets_everywhere(&sessions, &remote, kind).is_none() {
-        if !account_exists(shared, &bare).await {
+        if !account_exists(presence, &bare).await {
             // RFC 6121 §8.5.1 lets the server silently ignore a message to an account that
             // does not exist; an error would tell anyone which accounts exist, since an
             // existing one answers strangers nothing (crate::services::offline, "What a sender is
@@ -441,15 +443,15 @@ async fn message_to_bare(
             return Outcome::Dropped;
         }
         // No resource on any node takes it: kept for the next login (XEP-0160).
-        return store_offline(shared, sender, &bare, el).await;
+        return store_offline(presence, sender, &bare, el).await;
     }
     let original = copies.then(|| el.clone());
-    let (here, there) = message_to_bare_everywhere(&shared.cluster, &sessions, &remote, el, kind);
+    let (here, there) = message_to_bare_everywhere(&presence.cluster, &sessions, &remote, el, kind);
     // XEP-0280 copies go to the user's other resources that enabled carbons, on any node.
     if let Some(original) = original.filter(|_| !here.is_empty() || !there.is_empty()) {
         let there: Vec<&str> = there.iter().map(String::as_str).collect();
         carbon_copies(
-            shared,
+            presence,
             Direction::Received,
             (&here, &there),
             &bare,
@@ -463,10 +465,13 @@ async fn message_to_bare(
 
 /// The sessions of local user `bare` on this node and those other nodes hold.
 async fn resources_everywhere(
-    shared: &Shared,
+    presence: &Presence,
     bare: &BareJid,
 ) -> (Vec<SessionHandle>, Vec<crate::cluster::Holder>) {
-    (shared.sessions.of_user(bare), elsewhere(shared, bare).await)
+    (
+        presence.sessions.of_user(bare),
+        elsewhere(presence, bare).await,
+    )
 }
 
 /// XEP-0280: a copy of `msg` (wrapped as `direction` says) for each carbons-enabled
@@ -475,7 +480,7 @@ async fn resources_everywhere(
 /// user's sessions on other nodes, whose directory entries say whether they enabled
 /// carbons. The caller decided that `msg` is [`carbons::eligible`].
 async fn carbon_copies(
-    shared: &Shared,
+    presence: &Presence,
     direction: Direction,
     skip: (&[u64], &[&str]),
     user: &BareJid,
@@ -483,8 +488,8 @@ async fn carbon_copies(
     remote: &[Holder],
 ) {
     outbox::to_interested(
-        &shared.sessions,
-        &shared.cluster,
+        &presence.sessions,
+        &presence.cluster,
         user.as_str(),
         Elsewhere::Known(remote),
         |s| !skip.0.contains(&s.id) && carbons::enabled(s),
@@ -498,7 +503,7 @@ async fn carbon_copies(
 /// to `to`, for the user's other carbons-enabled resources on every node. The caller
 /// routes the original; messages to the user's own account are not copied.
 pub(crate) async fn sent_copies(
-    shared: &Shared,
+    presence: &Presence,
     from: &SessionHandle,
     to: Option<&str>,
     msg: &Element,
@@ -506,9 +511,9 @@ pub(crate) async fn sent_copies(
     let user = from.jid.to_bare();
     let to_self = to.is_none_or(|t| gate::bare_of(t) == user.as_str());
     if !to_self && carbons::eligible(msg) {
-        let remote = elsewhere(shared, &user).await;
+        let remote = elsewhere(presence, &user).await;
         carbon_copies(
-            shared,
+            presence,
             Direction::Sent,
             (&[from.id], &[]),
             &user,
@@ -530,13 +535,17 @@ pub(crate) async fn sent_copies(
 /// (§8.5.2.2.1) only to a sender the privacy gate lets see the owner's online status
 /// ([`gate::may_see_online`]); anyone else, strangers first, is answered nothing, as a user
 /// who is online answers nothing (the rule and why: [`crate::services::offline`]).
-async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Element) -> Outcome {
+async fn store_offline(presence: &Presence, sender: &str, owner: &BareJid, el: Element) -> Outcome {
     let sender_bare = gate::bare_of(sender);
     let own = sender_bare == owner.as_str();
     let item = if own {
         None
     } else {
-        match shared.store.roster_item(owner.as_str(), sender_bare).await {
+        match presence
+            .store
+            .roster_item(owner.as_str(), sender_bare)
+            .await
+        {
             Ok(item) => item.map(|i| i.subscription),
             Err(e) => {
                 // Fails towards the stranger's smaller share and silence.
@@ -549,7 +558,7 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
     if !crate::services::offline::storable(&el, from_contact) {
         return Outcome::Dropped;
     }
-    match shared
+    match presence
         .store
         .store_offline_message(owner.as_str(), sender, &el.to_xml(), from_contact)
         .await
@@ -562,12 +571,12 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
             // now it is stored: a resource here that takes messages by now gets it from
             // the store (XEP-0160: kept messages go to the user once available; the store
             // hands each one out once, whichever take comes first).
-            if !hand_kept_to_a_taker_here(shared, owner).await {
+            if !hand_kept_to_a_taker_here(presence, owner).await {
                 // The same race with a session on another node: every node holding one of
                 // the user's sessions (available or not, as the directory said a moment
                 // ago) looks there. A session that became available after this lookup
                 // saw the stored message in its own take.
-                let mut nodes: Vec<String> = elsewhere(shared, owner)
+                let mut nodes: Vec<String> = elsewhere(presence, owner)
                     .await
                     .iter()
                     .map(|h| h.node().to_owned())
@@ -575,7 +584,7 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
                 nodes.sort_unstable();
                 nodes.dedup();
                 for node in nodes {
-                    shared.cluster.collect_there(&node, owner.as_str());
+                    presence.cluster.collect_there(&node, owner.as_str());
                 }
             }
             Outcome::Stored
@@ -584,7 +593,7 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
             let told = from_contact
                 && match crate::protocol::jid::parse(sender) {
                     Ok(from) => {
-                        gate::may_see_online(shared, &from, &owner.clone().into(), false).await
+                        gate::may_see_online(presence, &from, &owner.clone().into(), false).await
                     }
                     Err(_) => false,
                 };
@@ -593,7 +602,7 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
             if !told {
                 return Outcome::Dropped;
             }
-            shared.outbox.bounce(
+            presence.outbox.bounce(
                 &el,
                 StanzaError::service_unavailable().with_text("offline storage is full"),
             );
@@ -610,15 +619,15 @@ async fn store_offline(shared: &Shared, sender: &str, owner: &BareJid, el: Eleme
 
 /// Hands `owner`'s kept messages to a session on this node that takes messages, if one
 /// does; whether one did.
-async fn hand_kept_to_a_taker_here(shared: &Shared, owner: &BareJid) -> bool {
-    match shared
+async fn hand_kept_to_a_taker_here(presence: &Presence, owner: &BareJid) -> bool {
+    match presence
         .sessions
         .of_user(owner)
         .into_iter()
         .find(takes_messages)
     {
         Some(s) => {
-            offline_messages(shared, &s).await;
+            offline_messages(presence, &s).await;
             true
         }
         None => false,
@@ -636,9 +645,9 @@ pub(crate) fn takes_messages(session: &SessionHandle) -> bool {
 /// messages: initial presence with a non-negative priority, or a negative priority raised
 /// (a negative one takes none, RFC 6121 §8.5.2.1.1). A message whose sender the user has blocked
 /// since is dropped: the same question [`admit_from`] asks of every delivery.
-pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
+pub(crate) async fn offline_messages(presence: &Presence, session: &SessionHandle) {
     let bare = session.jid.to_bare();
-    let kept = match shared.store.take_offline_messages(bare.as_str()).await {
+    let kept = match presence.store.take_offline_messages(bare.as_str()).await {
         Ok(kept) => kept,
         Err(e) => {
             tracing::warn!(user = %bare, error = %e, "offline messages unavailable");
@@ -650,7 +659,7 @@ pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
             tracing::warn!(user = %bare, "unparseable stored message");
             continue;
         };
-        if admit_from(shared, m.sender.as_str(), bare.as_str(), &el).await != Verdict::Pass {
+        if admit_from(presence, m.sender.as_str(), bare.as_str(), &el).await != Verdict::Pass {
             continue;
         }
         let domain = bare.domain().as_str();
@@ -680,20 +689,20 @@ pub(crate) async fn offline_messages(shared: &Shared, session: &SessionHandle) {
 ///
 /// A message handed out of offline storage and not acknowledged goes back there, with its
 /// original delay stamp ([`crate::services::offline::stamped`] keeps it).
-pub(crate) async fn unacked(shared: &Shared, owner: &BareJid, el: Element) -> Outcome {
+pub(crate) async fn unacked(presence: &Presence, owner: &BareJid, el: Element) -> Outcome {
     match el.name.as_str() {
         "message" => match MessageType::of(&el) {
             kind @ (MessageType::Chat | MessageType::Normal) => {
                 let sender = el.get_attr("from").unwrap_or_default().to_owned();
-                let (sessions, remote) = resources_everywhere(shared, owner).await;
+                let (sessions, remote) = resources_everywhere(presence, owner).await;
                 if targets_everywhere(&sessions, &remote, kind).is_some() {
-                    message_to_bare_everywhere(&shared.cluster, &sessions, &remote, el, kind);
+                    message_to_bare_everywhere(&presence.cluster, &sessions, &remote, el, kind);
                     return Outcome::Delivered;
                 }
-                store_offline(shared, &sender, owner, el).await
+                store_offline(presence, &sender, owner, el).await
             }
             MessageType::Groupchat => {
-                shared
+                presence
                     .outbox
                     .bounce(&el, StanzaError::service_unavailable());
                 Outcome::Bounced
@@ -701,7 +710,7 @@ pub(crate) async fn unacked(shared: &Shared, owner: &BareJid, el: Element) -> Ou
             MessageType::Headline | MessageType::Error => Outcome::Dropped,
         },
         "iq" if IqType::of(&el).is_some_and(IqType::is_request) => {
-            shared
+            presence
                 .outbox
                 .bounce(&el, StanzaError::service_unavailable());
             Outcome::Bounced
@@ -716,24 +725,24 @@ pub(crate) async fn unacked(shared: &Shared, owner: &BareJid, el: Element) -> Ou
 /// is the sender's own account; otherwise, and when there is no such session, the sender
 /// gets the `service-unavailable` an offline resource gives. Results and errors reach the
 /// session if there is one.
-pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -> Outcome {
+pub(crate) async fn iq(presence: &Presence, from: &Jid, to: &FullJid, el: Element) -> Outcome {
     let sender = from.as_str();
-    if admit_from(shared, sender, to.as_str(), &el).await != Verdict::Pass {
+    if admit_from(presence, sender, to.as_str(), &el).await != Verdict::Pass {
         return Outcome::Dropped;
     }
     let is_request = IqType::of(&el).is_some_and(IqType::is_request);
     let own = gate::bare_of(sender) == to.to_bare().as_str();
-    let session = shared.sessions.get(to);
+    let session = presence.sessions.get(to);
     if session.is_none() {
-        if let Some(h) = shared.cluster.holder_of(to).await {
+        if let Some(h) = presence.cluster.holder_of(to).await {
             // Bound on another node: the same rules, with what the directory says; a
             // request it does not admit may still reach a resource that revealed itself to
             // the sender by directed presence, which only that node knows: it decides.
             let xml = Arc::new(el.to_xml());
-            if !is_request || own || gate::may_reach_holder(shared, from, &h).await {
-                outbox::to_holder(&shared.cluster, &h, xml);
+            if !is_request || own || gate::may_reach_holder(presence, from, &h).await {
+                outbox::to_holder(&presence.cluster, &h, xml);
             } else {
-                outbox::decide_there(&shared.cluster, &h, xml);
+                outbox::decide_there(&presence.cluster, &h, xml);
             }
             // Handed to the node holding the resource (which answers a refusal).
             return Outcome::Delivered;
@@ -746,7 +755,7 @@ pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -
         }
         None if !is_request => Outcome::Dropped,
         None if own => {
-            shared
+            presence
                 .outbox
                 .bounce(&el, StanzaError::service_unavailable());
             Outcome::Bounced
@@ -754,13 +763,13 @@ pub(crate) async fn iq(shared: &Shared, from: &Jid, to: &FullJid, el: Element) -
         // A request from anyone else takes the same decision whether the resource is online
         // or not, so neither the answer nor its timing tells them apart.
         session => {
-            if gate::may_reach(shared, from, to, session.as_ref()).await {
+            if gate::may_reach(presence, from, to, session.as_ref()).await {
                 if let Some(s) = session {
                     outbox::to_handle(&s, el);
                     return Outcome::Delivered;
                 }
             }
-            shared
+            presence
                 .outbox
                 .bounce(&el, StanzaError::service_unavailable());
             Outcome::Bounced

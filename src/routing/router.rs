@@ -30,35 +30,35 @@
 //!   online ([`crate::services::presence::gate::filter_signals`]).
 
 use crate::node::session::Client;
-use crate::node::Shared;
 use crate::protocol::error::{iq_result, StanzaError};
 use crate::protocol::jid::{BareJid, Jid};
 use crate::protocol::stanza::{IqType, PresenceType};
 use crate::protocol::xml::{self as x, Element};
+use crate::services::presence::Presence;
 use crate::services::Services;
 
 pub(crate) use crate::node::session::{classify, Target};
 
 /// Hands a stanza for another domain to federation; bounces it if that fails.
-pub(crate) fn remote(shared: &Shared, el: Element) {
+pub(crate) fn remote(presence: &Presence, el: Element) {
     let copy = el.clone();
-    if let Err(e) = shared.outbox.route_remote(el) {
-        bounce(shared, &copy, e);
+    if let Err(e) = presence.outbox.route_remote(el) {
+        bounce(presence, &copy, e);
     }
 }
 
 /// The one bounce ([`crate::node::outbox::Outbox::bounce`]): the session's stanzas carry
 /// its full JID as `from`, so the reply comes back to it.
-fn bounce(shared: &Shared, el: &Element, err: StanzaError) {
-    shared.outbox.bounce(el, err);
+fn bounce(presence: &Presence, el: &Element, err: StanzaError) {
+    presence.outbox.bounce(el, err);
 }
 
 /// Routes one stanza whose `from` has been stamped by the session.
 pub(crate) async fn from_client(services: &Services, session: &Client, el: Element) {
-    let shared = &services.node;
-    let target = match classify(shared, el.get_attr("to")) {
+    let presence = &services.presence;
+    let target = match classify(|d| presence.serves(d), el.get_attr("to")) {
         Ok(t) => t,
-        Err(e) => return bounce(shared, &el, e),
+        Err(e) => return bounce(presence, &el, e),
     };
     match el.name.as_str() {
         "presence" => {
@@ -84,11 +84,12 @@ pub(crate) async fn from_client(services: &Services, session: &Client, el: Eleme
                 // messages (initial presence, or a negative priority raised), after
                 // everything the presence itself brought (probe answers, waiting
                 // subscription requests).
-                crate::routing::delivery::offline_messages(shared, &session.handle).await;
+                crate::routing::delivery::offline_messages(&services.presence, &session.handle)
+                    .await;
             }
         }
         "iq" => iq(services, session, el, target).await,
-        _ => message(shared, session, el, target).await,
+        _ => message(services, session, el, target).await,
     }
 }
 
@@ -102,8 +103,8 @@ fn is_own(session: &Client, target: &Target) -> bool {
 }
 
 /// Whether `bare` is an account here (see [`crate::routing::delivery::account_exists`]).
-pub(crate) async fn account_exists(shared: &Shared, bare: &BareJid) -> bool {
-    crate::routing::delivery::account_exists(shared, bare).await
+pub(crate) async fn account_exists(presence: &Presence, bare: &BareJid) -> bool {
+    crate::routing::delivery::account_exists(presence, bare).await
 }
 
 /// XEP-0191 §3.5 on the sender's side, and the side-channel filter, for a message or iq
@@ -111,7 +112,7 @@ pub(crate) async fn account_exists(shared: &Shared, bare: &BareJid) -> bool {
 /// removed), or `None` when it was answered or dropped here. The recipient's side (its
 /// block list, the privacy gate) is [`crate::routing::delivery`]'s, as for stanzas from anywhere.
 async fn privacy_checks(
-    shared: &Shared,
+    services: &Services,
     session: &Client,
     el: Element,
     target: &Target,
@@ -133,9 +134,12 @@ async fn privacy_checks(
     // The sender's own block list (XEP-0191 §3.6: the sender is told, so the public
     // figure may count it). The recipient's list is delivery's and is not counted: it is
     // answered as if the recipient were absent, and a count would say otherwise.
-    let verdict = outbound_to_blocked(&shared.store, me, recipient.as_str(), &el).await;
+    let verdict = outbound_to_blocked(&services.presence.store, me, recipient.as_str(), &el).await;
     if !matches!(verdict, Verdict::Pass) {
-        shared.metrics.dropped(DropReason::BlockedBySender);
+        services
+            .routing
+            .metrics
+            .dropped(DropReason::BlockedBySender);
     }
     match verdict {
         Verdict::Pass => {}
@@ -151,7 +155,7 @@ async fn privacy_checks(
                 .handle
                 .was_revealed(crate::protocol::jid::bare_of(recipient.as_str()));
         return crate::services::presence::gate::filter_signals(
-            shared,
+            &services.presence,
             &session.handle,
             session.jid(),
             &recipient,
@@ -163,44 +167,45 @@ async fn privacy_checks(
     Some(el)
 }
 
-async fn message(shared: &Shared, session: &Client, el: Element, target: Target) {
+async fn message(services: &Services, session: &Client, el: Element, target: Target) {
+    let presence = &services.presence;
     if !matches!(target, Target::LocalDomain) {
         // Counted before the recipient's block list and sessions are looked at: the figure
         // is public and must not tell a sender whether it is blocked or the recipient online.
-        shared.metrics.message_routed();
+        services.routing.metrics.message_routed();
     }
-    let Some(el) = privacy_checks(shared, session, el, &target).await else {
+    let Some(el) = privacy_checks(services, session, el, &target).await else {
         return;
     };
     if !matches!(target, Target::LocalDomain) {
         // XEP-0280 §7: the user's other resources see what this one sent.
-        crate::routing::delivery::sent_copies(shared, &session.handle, el.get_attr("to"), &el)
+        crate::routing::delivery::sent_copies(presence, &session.handle, el.get_attr("to"), &el)
             .await;
     }
     let to = match target {
-        Target::Remote(_) => return remote(shared, el),
+        Target::Remote(_) => return remote(presence, el),
         Target::LocalDomain => {
             // Messages to the server itself have no handler; RFC 6120 §10.3.1 lets us drop
             // them, but an error tells the client why nothing happened.
-            return bounce(shared, &el, StanzaError::service_unavailable());
+            return bounce(presence, &el, StanzaError::service_unavailable());
         }
         Target::LocalFull(full) => Jid::from(full),
         Target::LocalBare(bare) => Jid::from(bare),
         Target::OwnAccount => Jid::from(session.jid().to_bare()),
     };
-    crate::routing::delivery::message(shared, session.jid(), to, el).await;
+    crate::routing::delivery::message(presence, session.jid(), to, el).await;
 }
 
 /// An iq to a local resource, through delivery's checks.
 async fn iq_to_resource(
-    shared: &Shared,
+    presence: &Presence,
     session: &Client,
     el: Element,
     full: &crate::protocol::jid::FullJid,
     is_request: bool,
 ) {
     let to_other = full.to_bare() != session.jid().to_bare();
-    let outcome = crate::routing::delivery::iq(shared, session.jid(), full, el).await;
+    let outcome = crate::routing::delivery::iq(presence, session.jid(), full, el).await;
     if is_request && to_other && outcome == crate::routing::delivery::Outcome::Delivered {
         // The requester disclosed itself to this resource by its own act. With the
         // session's set full it is not recorded, and the resource's own requests back take
@@ -213,23 +218,25 @@ async fn iq_to_resource(
 }
 
 async fn iq(services: &Services, session: &Client, el: Element, target: Target) {
-    let shared = &services.node;
+    let presence = &services.presence;
     // Owned: the stanza moves into the privacy checks below.
     let (Some(ty), Some(_)) = (IqType::of(&el), el.get_attr("id")) else {
         // RFC 6120 §8.2.3: id and a known type are required.
-        return bounce(shared, &el, StanzaError::bad_request());
+        return bounce(presence, &el, StanzaError::bad_request());
     };
     let is_request = ty.is_request();
     if is_request && el.elements().count() != 1 {
         // RFC 6120 §8.2.3 item 6: a request has exactly one payload.
-        return bounce(shared, &el, StanzaError::bad_request());
+        return bounce(presence, &el, StanzaError::bad_request());
     }
-    let Some(el) = privacy_checks(shared, session, el, &target).await else {
+    let Some(el) = privacy_checks(services, session, el, &target).await else {
         return;
     };
     match target {
-        Target::Remote(_) => remote(shared, el),
-        Target::LocalFull(full) => iq_to_resource(shared, session, el, &full, is_request).await,
+        Target::Remote(_) => remote(presence, el),
+        Target::LocalFull(full) => {
+            iq_to_resource(&services.presence, session, el, &full, is_request).await
+        }
         Target::LocalDomain if !is_request => {
             // Answers to the server's own queries (XEP-0115 disco#info of a client's caps).
             services.pep.disco_answer(session, &el, ty).await;
@@ -244,7 +251,7 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
         }
         Target::LocalBare(bare)
             if crate::routing::delivery::admit_from(
-                shared,
+                &services.presence,
                 session.jid().as_str(),
                 bare.as_str(),
                 &el,
@@ -270,7 +277,7 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
         {
             // XEP-0054 §3.3: another local user's vCard, answered by the server. A viewer
             // the user blocks was answered above with the same error as "no vCard".
-            let reply = if account_exists(shared, &bare).await {
+            let reply = if account_exists(&services.presence, &bare).await {
                 services.pep.vcard_iq(session, &el, ty, &bare).await
             } else {
                 account_iq(&el, ty, false)
@@ -284,7 +291,7 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
                 .is_some_and(crate::services::pep::handles) =>
         {
             // XEP-0163: another local user's personal eventing service.
-            let reply = if account_exists(shared, &bare).await {
+            let reply = if account_exists(&services.presence, &bare).await {
                 services.pep.handle_iq(session, &el, ty, &bare).await
             } else {
                 account_iq(&el, ty, false)
@@ -292,7 +299,7 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
             session.deliver(reply);
         }
         Target::LocalBare(bare) => {
-            let exists = account_exists(shared, &bare).await;
+            let exists = account_exists(&services.presence, &bare).await;
             let reply = account_iq(&el, ty, exists);
             session.deliver(reply);
         }
@@ -313,7 +320,7 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
             }
         }
         Target::LocalDomain => {
-            let reply = server_iq(shared, &el, ty);
+            let reply = server_iq(services.routing.allow_registration, &el, ty);
             session.deliver(reply);
         }
     }
@@ -345,7 +352,7 @@ async fn own_account_iq(services: &Services, session: &Client, el: Element, ty: 
         services.presence.to_directory(&session.handle);
         Some(reply)
     } else if payload.ns == crate::services::interest::NS_INTEREST {
-        let limits = &services.node.live.get().limits;
+        let limits = &services.routing.live.get().limits;
         Some(crate::services::interest::handle_iq(
             &session.handle,
             &el,
@@ -405,7 +412,7 @@ fn feature(var: &str) -> Element {
 }
 
 /// Iq addressed to the server itself: disco (XEP-0030), ping (XEP-0199).
-fn server_iq(shared: &Shared, el: &Element, ty: IqType) -> Element {
+fn server_iq(allow_registration: bool, el: &Element, ty: IqType) -> Element {
     let payload = el.elements().next();
     let get = ty == IqType::Get;
     let reply = match payload {
@@ -439,7 +446,7 @@ fn server_iq(shared: &Shared, el: &Element, ty: IqType) -> Element {
                 // XEP-0054 §4: accounts' vCards (built on their avatars, XEP-0398).
                 crate::services::pep::vcard::NS_VCARD,
             ];
-            if shared.config.auth.allow_registration {
+            if allow_registration {
                 features.push(x::NS_REGISTER);
             }
             for f in features {

@@ -2,13 +2,12 @@
 //! composition root ([`crate::app::server::start`]) and lent by the c2s session task to the
 //! router, which hands each handler the service it uses and the
 //! [`crate::node::session::Client`] it acts for. A handler's signature therefore says
-//! what it depends on, instead of reaching into the node state: [`Services::new`] gives
+//! what it depends on, instead of reaching into the node state: the composition root gives
 //! each service the parts of the node it uses (the store, the session registry, the
-//! outbox, ...), never the node state itself. Presence, whose work spans the node (the
-//! privacy gate, delivery to the other nodes and over federation), still holds the node
-//! state inside its service, and the other services ask it through its methods; the
-//! router, which routes anywhere, works on the node state too ([`Services::node`]).
-//! `tests/layers.rs` keeps every other service off `node::Shared`.
+//! outbox, ...), never the node state itself. The other services ask presence (the
+//! privacy gate) through its methods, delivery works on the parts presence holds, and
+//! the router reads the rest from [`RouterParts`]. `tests/layers.rs` keeps every service
+//! off `node::Shared`.
 
 pub mod account_deletion;
 pub mod blocking;
@@ -25,11 +24,10 @@ pub(crate) mod roster;
 
 use std::sync::Arc;
 
-use crate::node::Shared;
 use crate::services::account_deletion::AccountDeletion;
 use crate::services::blocking::Blocking;
 use crate::services::lifecycle::last_seen::LastSeen;
-use crate::services::lifecycle::{Lifecycle, LifecycleSettings};
+use crate::services::lifecycle::Lifecycle;
 use crate::services::pep::Pep;
 use crate::services::presence::Presence;
 use crate::services::privacy_iq::Privacy;
@@ -53,67 +51,19 @@ pub struct Services {
     pub lifecycle: Arc<Lifecycle>,
     /// The one deletion of an account (XEP-0077 `<remove/>`, the admin socket).
     pub account_deletion: Arc<AccountDeletion>,
-    /// The node state the router works on: it delivers to sessions here, on the other
-    /// nodes and over federation, and checks blocks and the privacy gate on the way
-    /// (RFC 6120 §10).
-    pub node: Arc<Shared>,
+    /// What the router reads besides the services and delivery (which works on
+    /// `presence`).
+    pub routing: RouterParts,
 }
 
-impl Services {
-    /// Builds every service from the parts of the node state it uses.
-    pub fn new(node: &Arc<Shared>) -> Self {
-        let presence = Arc::new(Presence::new(node.clone()));
-        Services {
-            roster: Roster::new(
-                node.store.clone(),
-                node.sessions.clone(),
-                node.live.clone(),
-                node.roster_locks.clone(),
-                presence.clone(),
-            ),
-            blocking: Blocking::new(
-                node.store.clone(),
-                node.sessions.clone(),
-                node.cluster.clone(),
-                presence.clone(),
-            ),
-            last_seen: LastSeen::new(node.liveness.clone(), node.store.clone(), presence.clone()),
-            privacy: Privacy::new(node.store.clone(), node.live.clone(), presence.clone()),
-            pep: Pep::new(
-                node.store.clone(),
-                node.sessions.clone(),
-                node.outbox.clone(),
-                node.cluster.clone(),
-                node.caps.clone(),
-                node.avatar_hashes.clone(),
-                presence.clone(),
-                node.live.clone(),
-            ),
-            lifecycle: Arc::new(Lifecycle::new(
-                node.liveness.clone(),
-                node.cluster.clone(),
-                node.sessions.clone(),
-                node.store.clone(),
-                presence.clone(),
-                node.shutdown.clone(),
-                LifecycleSettings {
-                    sweeper: node.config.liveness.sweeper,
-                    metrics_log_interval: node.config.liveness.metrics_log_interval,
-                    reconnect_max: node.config.redis.reconnect_max,
-                },
-            )),
-            account_deletion: Arc::new(AccountDeletion::new(
-                node.store.clone(),
-                node.sessions.clone(),
-                node.subject_locks.clone(),
-                node.outbox.clone(),
-                node.s2s.clone(),
-                presence.clone(),
-                node.config.domains.clone(),
-                node.config.auth.allow_registration,
-            )),
-            presence,
-            node: node.clone(),
-        }
-    }
+/// What the router reads that no service lends it: the counters of routed and refused
+/// stanzas, the limits a reload changes, and whether in-band registration is offered
+/// (the server's disco#info).
+pub struct RouterParts {
+    /// The node's counters (`/metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// `[limits]`, as last reloaded.
+    pub live: Arc<crate::node::live::Live>,
+    /// `[auth] allow_registration`.
+    pub allow_registration: bool,
 }

@@ -119,7 +119,7 @@ pub async fn apply(
         // and each online user's presence is reconciled with what its viewers may see now.
         shared.store.forget_all_audiences();
         let users = shared.sessions.users().len();
-        crate::services::presence::gate::reconcile_all(shared).await;
+        crate::services::presence::gate::reconcile_all(&running.services.presence).await;
         outcome.reloaded.push(format!(
             "[privacy] defaults (online {:?}, last seen {:?}; {users} online users re-decided)",
             new.privacy.online, new.privacy.last_seen,

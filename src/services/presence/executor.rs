@@ -20,7 +20,7 @@
 //! The caller holds the roster locks of both users ([`crate::node::RosterLocks`]) for the
 //! whole load, decide and apply, so the roster listener never sees a change half pushed.
 
-use crate::node::Shared;
+use super::Presence;
 use crate::protocol::jid::BareJid;
 use crate::protocol::xml::Element;
 use crate::store::{PendingChange, RosterChange, RosterItem, StoreError};
@@ -156,7 +156,7 @@ impl Plan {
 
 /// Carries out `plan` (see the module documentation for the order). The caller holds the
 /// roster locks of every owner in it.
-pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError> {
+pub(crate) async fn apply(pres: &Presence, plan: Plan) -> Result<(), StoreError> {
     let written: Vec<Option<RosterItem>> = plan
         .sides
         .iter()
@@ -191,8 +191,7 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
     let versions = if writes.is_empty() && pending.is_empty() {
         Vec::new()
     } else {
-        shared
-            .store
+        pres.store
             .write_subscription_change(&writes, &pending)
             .await?
     };
@@ -203,39 +202,38 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
             .zip(&written)
             .find(|(s, w)| s.owner.as_str() == owner && w.is_some());
         if let Some((side, Some(item))) = found {
-            push_or_note(shared, owner, *version, item, side.push);
+            push_or_note(pres, owner, *version, item, side.push);
         }
     }
     for effect in plan.effects {
         match effect {
             Effect::ToAvailable { user, stanza } => {
-                shared.outbox.to_available(user.as_str(), &stanza);
+                pres.outbox.to_available(user.as_str(), &stanza);
             }
             Effect::Route { stanza, bounce } => {
-                if let Err(e) = shared.outbox.route_remote(stanza.clone()) {
+                if let Err(e) = pres.outbox.route_remote(stanza.clone()) {
                     if bounce {
-                        shared.outbox.bounce_unroutable(&stanza, e);
+                        pres.outbox.bounce_unroutable(&stanza, e);
                     }
                 }
             }
             Effect::CurrentPresence { subject, viewer } => {
-                let local = shared.config.serves(viewer.domain().as_str());
-                super::gate::current_presence(shared, &subject, &viewer, |p| {
+                let local = pres.serves(viewer.domain().as_str());
+                super::gate::current_presence(pres, &subject, &viewer, |p| {
                     if local {
-                        shared.outbox.to_available(viewer.as_str(), &p);
+                        pres.outbox.to_available(viewer.as_str(), &p);
                     } else {
-                        let _ = shared.outbox.route_remote(p);
+                        let _ = pres.outbox.route_remote(p);
                     }
                 })
                 .await;
             }
             Effect::UnavailableFromShown { subject, viewer } => {
-                shared
-                    .outbox
+                pres.outbox
                     .unavailable_from_shown(subject.as_str(), viewer.as_str());
             }
             Effect::RemoteWithdrawn { remote, local } => {
-                shared.s2s.saw_unavailable(remote.as_str(), local.as_str());
+                pres.s2s.saw_unavailable(remote.as_str(), local.as_str());
             }
         }
     }
@@ -258,39 +256,39 @@ pub(crate) async fn apply(shared: &Shared, plan: Plan) -> Result<(), StoreError>
 /// the local contacts of the owner's changed items that have sessions here get their own
 /// pending pushes before the owner's presence is re-decided; their announcements, handled
 /// later, then find nothing to push.
-pub(crate) async fn apply_external(shared: &Shared, owner: &str, version: i64) {
+pub(crate) async fn apply_external(pres: &Presence, owner: &str, version: i64) {
     let contacts = {
-        let _lock = shared.roster_locks.lock(&[owner]).await;
-        replay_pushes(shared, owner, version).await
+        let _lock = pres.roster_locks.lock(&[owner]).await;
+        replay_pushes(pres, owner, version).await
     };
     let mut users = vec![owner];
     users.extend(contacts.iter().map(String::as_str));
-    let _lock = shared.roster_locks.lock(&users).await;
+    let _lock = pres.roster_locks.lock(&users).await;
     for contact in &contacts {
-        replay_pushes(shared, contact, i64::MAX).await;
+        replay_pushes(pres, contact, i64::MAX).await;
     }
-    presence_after_external(shared, owner).await;
+    presence_after_external(pres, owner).await;
 }
 
 /// [`apply_external`] for a change that touched two users' rosters at once (an
 /// operator's roster command): both users' sessions get their roster pushes before either
 /// sees the presence that follows, as a client-made subscription orders them (the push,
 /// RFC 6121 §3.1.5 and §2.1.6, then the presence).
-pub(crate) async fn apply_external_pair(shared: &Shared, a: &str, b: &str) {
-    let _lock = shared.roster_locks.lock(&[a, b]).await;
+pub(crate) async fn apply_external_pair(pres: &Presence, a: &str, b: &str) {
+    let _lock = pres.roster_locks.lock(&[a, b]).await;
     for owner in [a, b] {
-        replay_pushes(shared, owner, i64::MAX).await;
+        replay_pushes(pres, owner, i64::MAX).await;
     }
     for owner in [a, b] {
-        presence_after_external(shared, owner).await;
+        presence_after_external(pres, owner).await;
     }
 }
 
 /// Brings every session of `owner` up to `version` (or to the current version for
 /// `i64::MAX`); returns the contacts of the changes pushed that are users with sessions on
 /// this node. The caller holds the owner's roster lock.
-async fn replay_pushes(shared: &Shared, owner: &str, version: i64) -> Vec<String> {
-    let sessions = shared.sessions.of_user_str(owner);
+async fn replay_pushes(pres: &Presence, owner: &str, version: i64) -> Vec<String> {
+    let sessions = pres.sessions.of_user_str(owner);
     // The oldest version any session of the user has seen; presence effects are computed
     // once per user from there.
     let Some(seen) = sessions
@@ -303,7 +301,7 @@ async fn replay_pushes(shared: &Shared, owner: &str, version: i64) -> Vec<String
     if seen >= version {
         return Vec::new();
     }
-    let (current, changes) = match shared.store.roster_since(owner, seen).await {
+    let (current, changes) = match pres.store.roster_since(owner, seen).await {
         Ok(Some(r)) => r,
         Ok(None) => return Vec::new(),
         Err(e) => {
@@ -346,7 +344,7 @@ async fn replay_pushes(shared: &Shared, owner: &str, version: i64) -> Vec<String
             RosterChange::Upsert(i) => i.contact.as_str(),
             RosterChange::Removed(c) => c.as_str(),
         })
-        .filter(|c| *c != owner && !shared.sessions.of_user_str(c).is_empty())
+        .filter(|c| *c != owner && !pres.sessions.of_user_str(c).is_empty())
         .map(str::to_owned)
         .collect()
 }
@@ -356,12 +354,12 @@ async fn replay_pushes(shared: &Shared, owner: &str, version: i64) -> Vec<String
 /// those that gained it ([`super::gate::reconcile_user`]). They follow the stored rosters,
 /// not the versions a client fetched: a client that never asked for its roster sees its
 /// contacts' presence come and go all the same. The caller holds the owner's roster lock.
-async fn presence_after_external(shared: &Shared, owner: &str) {
-    if shared.sessions.of_user_str(owner).is_empty() {
+async fn presence_after_external(pres: &Presence, owner: &str) {
+    if pres.sessions.of_user_str(owner).is_empty() {
         return;
     }
     // The owner of a stored roster; one that is no JID has no session.
     if let Ok(owner) = crate::protocol::jid::parse_bare(owner) {
-        super::gate::reconcile_user(shared, &owner).await;
+        super::gate::reconcile_user(pres, &owner).await;
     }
 }

@@ -47,9 +47,9 @@ use std::sync::Arc;
 
 use super::privacy::{self, Blocks, Party, PrivacySettings, Relation, Signal};
 use super::subscription::{SubState, Subscription};
+use super::Presence;
 use crate::node::outbox::unavailable;
 pub use crate::node::visibility::{SubjectGuard, SubjectLocks};
-use crate::node::Shared;
 use crate::protocol::stanza::MessageType;
 use crate::protocol::xml::{Element, NS_CLIENT};
 use crate::store::blocks::match_candidates;
@@ -62,14 +62,14 @@ use crate::protocol::jid::{domain_of, BareJid, FullJid, Jid};
 
 /// Whether `jid` is an account on a domain this server hosts (as opposed to a remote
 /// user, whose settings and block list we cannot read).
-fn is_local(shared: &Shared, jid: &Jid) -> bool {
-    shared.outbox.is_local(jid.as_str())
+fn is_local(pres: &Presence, jid: &Jid) -> bool {
+    pres.outbox.is_local(jid.as_str())
 }
 
 /// Settings of a user; the defaults for a remote one (their server applies its own rules).
-async fn settings_of(shared: &Shared, jid: &BareJid) -> Result<PrivacySettings, StoreError> {
-    if is_local(shared, jid) {
-        shared.store.privacy_settings(jid.as_str()).await
+async fn settings_of(pres: &Presence, jid: &BareJid) -> Result<PrivacySettings, StoreError> {
+    if is_local(pres, jid) {
+        pres.store.privacy_settings(jid.as_str()).await
     } else {
         Ok(PrivacySettings::default())
     }
@@ -77,10 +77,9 @@ async fn settings_of(shared: &Shared, jid: &BareJid) -> Result<PrivacySettings, 
 
 /// Whether local user `owner` blocks `jid` (XEP-0016 §2.1 matching); false for a remote
 /// owner, whose block list is not ours to read.
-async fn owner_blocks(shared: &Shared, owner: &Jid, jid: &Jid) -> Result<bool, StoreError> {
-    if is_local(shared, owner) {
-        shared
-            .store
+async fn owner_blocks(pres: &Presence, owner: &Jid, jid: &Jid) -> Result<bool, StoreError> {
+    if is_local(pres, owner) {
+        pres.store
             .is_blocked(bare_of(owner.as_str()), jid.as_str())
             .await
     } else {
@@ -91,13 +90,13 @@ async fn owner_blocks(shared: &Shared, owner: &Jid, jid: &Jid) -> Result<bool, S
 /// The block flags between `viewer` and `subject` (JIDs in any form: a full JID also
 /// matches full-JID and domain/resource entries).
 pub async fn blocks_between(
-    shared: &Shared,
+    pres: &Presence,
     viewer: &Jid,
     subject: &Jid,
 ) -> Result<Blocks, StoreError> {
     let (by_subject, by_viewer) = tokio::try_join!(
-        owner_blocks(shared, subject, viewer),
-        owner_blocks(shared, viewer, subject)
+        owner_blocks(pres, subject, viewer),
+        owner_blocks(pres, viewer, subject)
     )?;
     Ok(Blocks {
         by_subject,
@@ -106,8 +105,8 @@ pub async fn blocks_between(
 }
 
 /// Whether either party blocks the other; a store failure counts as blocked.
-pub async fn blocked_either(shared: &Shared, a: &Jid, b: &Jid) -> bool {
-    match blocks_between(shared, a, b).await {
+pub async fn blocked_either(pres: &Presence, a: &Jid, b: &Jid) -> bool {
+    match blocks_between(pres, a, b).await {
         Ok(b) => b.by_subject || b.by_viewer,
         Err(e) => {
             tracing::warn!(error = %e, "block lists unavailable; treating as blocked");
@@ -118,7 +117,7 @@ pub async fn blocked_either(shared: &Shared, a: &Jid, b: &Jid) -> bool {
 
 /// Everything one decision needs, read fresh.
 async fn decide(
-    shared: &Shared,
+    pres: &Presence,
     signal: Signal,
     viewer: &Jid,
     subject: &Jid,
@@ -131,16 +130,15 @@ async fn decide(
     }
     let viewer_settings = async {
         if signal == Signal::LastSeen {
-            settings_of(shared, &viewer_bare).await
+            settings_of(pres, &viewer_bare).await
         } else {
             // Reciprocity concerns last seen only; online never reads the viewer's row.
             Ok(PrivacySettings::default())
         }
     };
     let item = async {
-        if is_local(shared, &subject_bare) {
-            shared
-                .store
+        if is_local(pres, &subject_bare) {
+            pres.store
                 .roster_item(subject_bare.as_str(), viewer_bare.as_str())
                 .await
         } else {
@@ -148,10 +146,10 @@ async fn decide(
         }
     };
     let (subject_settings, viewer_settings, item, blocks) = tokio::try_join!(
-        settings_of(shared, &subject_bare),
+        settings_of(pres, &subject_bare),
         viewer_settings,
         item,
-        blocks_between(shared, viewer, subject)
+        blocks_between(pres, viewer, subject)
     )?;
     Ok(decide_with(
         signal,
@@ -212,8 +210,8 @@ fn decide_with(signal: Signal, i: Inputs<'_>) -> bool {
 
 /// May `viewer` learn that `subject` is online? `directed` is true when the subject's
 /// session sent the viewer directed presence (RFC 6121 §4.6). Fails closed.
-pub async fn may_see_online(shared: &Shared, viewer: &Jid, subject: &Jid, directed: bool) -> bool {
-    decide(shared, Signal::Online, viewer, subject, directed)
+pub async fn may_see_online(pres: &Presence, viewer: &Jid, subject: &Jid, directed: bool) -> bool {
+    decide(pres, Signal::Online, viewer, subject, directed)
         .await
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, "privacy inputs unavailable; hiding online status");
@@ -226,14 +224,14 @@ pub async fn may_see_online(shared: &Shared, viewer: &Jid, subject: &Jid, direct
 /// not invisible.
 /// For answers such as XEP-0012 `seconds='0'`; anyone for whom this is false must get the
 /// answer an offline subject gives.
-pub async fn visible_to(shared: &Shared, viewer: &Jid, subject: &BareJid) -> bool {
+pub async fn visible_to(pres: &Presence, viewer: &Jid, subject: &BareJid) -> bool {
     // The decision is taken whether the subject is online or not: a short cut on "offline"
     // would answer faster, and the delay alone would tell the viewer which.
-    let permitted = may_see_online(shared, viewer, subject, false).await;
+    let permitted = may_see_online(pres, viewer, subject, false).await;
     let subject = subject.as_str();
-    let here = shared.sessions.shows_online_here(subject);
+    let here = pres.sessions.shows_online_here(subject);
     // The user's resources on other nodes, as the directory has them (read either way).
-    let elsewhere = shared
+    let elsewhere = pres
         .cluster
         .holders(&[subject])
         .await
@@ -244,8 +242,8 @@ pub async fn visible_to(shared: &Shared, viewer: &Jid, subject: &BareJid) -> boo
 
 /// May `viewer` learn when `subject` was last seen (XEP-0012, delay stamps on
 /// unavailable)? Applies reciprocity. Fails closed.
-pub async fn may_see_last_seen(shared: &Shared, viewer: &Jid, subject: &Jid) -> bool {
-    decide(shared, Signal::LastSeen, viewer, subject, false)
+pub async fn may_see_last_seen(pres: &Presence, viewer: &Jid, subject: &Jid) -> bool {
+    decide(pres, Signal::LastSeen, viewer, subject, false)
         .await
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, "privacy inputs unavailable; hiding last seen");
@@ -256,16 +254,16 @@ pub async fn may_see_last_seen(shared: &Shared, viewer: &Jid, subject: &Jid) -> 
 /// The roster contacts of `subject` (full JID of the resource whose presence goes out)
 /// that may see it online now: approved subscribers the settings admit and no block in
 /// either direction separates. Fails closed (empty).
-pub async fn online_audience(shared: &Shared, subject: &Jid) -> HashSet<BareJid> {
-    inputs_and_audience(shared, subject, None, false).await.1
+pub async fn online_audience(pres: &Presence, subject: &Jid) -> HashSet<BareJid> {
+    inputs_and_audience(pres, subject, None, false).await.1
 }
 
 /// [`online_audience`] of a session on this node, from its cached inputs if it has them.
 pub async fn session_audience(
-    shared: &Shared,
+    pres: &Presence,
     session: &crate::node::sessions::SessionHandle,
 ) -> HashSet<BareJid> {
-    roster_and_audience(shared, session, false).await.1
+    roster_and_audience(pres, session, false).await.1
 }
 
 /// The roster of the user of `session` (the resource here whose presence goes out) and
@@ -276,23 +274,23 @@ pub async fn session_audience(
 /// caches a fresh read for the next change. A failed read gives an empty roster and
 /// audience: with no roster we tell nobody, never everybody.
 pub async fn roster_and_audience(
-    shared: &Shared,
+    pres: &Presence,
     session: &crate::node::sessions::SessionHandle,
     keep: bool,
 ) -> (Arc<AudienceInputs>, HashSet<BareJid>) {
-    inputs_and_audience(shared, &session.jid, Some(session.id), keep).await
+    inputs_and_audience(pres, &session.jid, Some(session.id), keep).await
 }
 
 /// [`roster_and_audience`] of `subject`, through the cache entry of `session` (the id of
 /// the session whose presence goes out) when there is one.
 async fn inputs_and_audience(
-    shared: &Shared,
+    pres: &Presence,
     subject: &Jid,
     session: Option<u64>,
     keep: bool,
 ) -> (Arc<AudienceInputs>, HashSet<BareJid>) {
     let subject_bare = subject.to_bare();
-    match shared
+    match pres
         .store
         .audience_inputs_cached(
             subject_bare.as_str(),
@@ -355,12 +353,12 @@ fn audience_of(subject_bare: &BareJid, inputs: &AudienceInputs) -> HashSet<BareJ
 /// online, exactly what an offline subject gives: unavailable from the bare JID, stamped
 /// with the last seen only where [`may_see_last_seen`] allows.
 pub async fn probe_answer(
-    shared: &Shared,
+    pres: &Presence,
     prober: &Jid,
     subject: &BareJid,
     deliver: impl FnMut(Element),
 ) {
-    probe_answers(shared, prober, std::slice::from_ref(subject), deliver).await;
+    probe_answers(pres, prober, std::slice::from_ref(subject), deliver).await;
 }
 
 /// [`probe_answer`] for several local subjects at once, as at the prober's login
@@ -372,7 +370,7 @@ pub async fn probe_answer(
 /// (Every other holder takes one subject lock at a time, and the multi-lockers all take
 /// them in the same order, so this cannot deadlock.)
 pub async fn probe_answers(
-    shared: &Shared,
+    pres: &Presence,
     prober: &Jid,
     subjects: &[BareJid],
     mut deliver: impl FnMut(Element),
@@ -384,9 +382,9 @@ pub async fn probe_answers(
     subjects.dedup();
     let mut guards = Vec::with_capacity(subjects.len());
     for s in &subjects {
-        guards.push(shared.subject_locks.lock_subject(s.as_str()).await);
+        guards.push(pres.subject_locks.lock_subject(s.as_str()).await);
     }
-    let rows = match shared
+    let rows = match pres
         .store
         .probe_inputs(prober_bare, &match_candidates(prober.as_str()), &subjects)
         .await
@@ -397,11 +395,11 @@ pub async fn probe_answers(
             return;
         }
     };
-    let prober_local = is_local(shared, prober);
+    let prober_local = is_local(pres, prober);
     let subject_refs: Vec<&str> = subjects.iter().map(|j| j.as_str()).collect();
     // From Redis, not the node's copy: a login's probes must see a contact who came
     // online on another node a moment ago (`Cluster::holders_fresh`).
-    let mut elsewhere = remote_presences(shared, &subject_refs, true).await;
+    let mut elsewhere = remote_presences(pres, &subject_refs, true).await;
     // Read at most once, and only when an unavailable may carry a stamp.
     let mut prober_settings: Option<Option<PrivacySettings>> = None;
     let default = PrivacySettings::default();
@@ -433,7 +431,7 @@ pub async fn probe_answers(
         };
         let mut sent = false;
         if decide_with(Signal::Online, online) {
-            for s in visible_sessions(shared, subject.as_str()) {
+            for s in visible_sessions(pres, subject.as_str()) {
                 if let Some(mut last) = s.last_presence() {
                     if !s.reveal(prober_bare, Relation::Subscriber) {
                         continue;
@@ -458,7 +456,7 @@ pub async fn probe_answers(
         // no stamp (fails closed).
         if prober_settings.is_none() {
             prober_settings =
-                Some(settings_for_stamp(shared, prober, prober_bare, prober_local).await);
+                Some(settings_for_stamp(pres, prober, prober_bare, prober_local).await);
         }
         let mut p = unavailable(subject.as_str(), prober.as_str());
         if let Some(Some(vs)) = &prober_settings {
@@ -467,7 +465,7 @@ pub async fn probe_answers(
                 ..online
             };
             if decide_with(Signal::LastSeen, last_seen) {
-                if let Some(at) = last_seen_at(shared, subject.as_str(), row.last_seen) {
+                if let Some(at) = last_seen_at(pres, subject.as_str(), row.last_seen) {
                     p = stamp(p, subject.as_str(), at);
                 }
             }
@@ -475,7 +473,7 @@ pub async fn probe_answers(
         deliver(p);
     }
     for (node, subjects) in reveals {
-        shared.cluster.reveal(&node, subjects, prober_bare);
+        pres.cluster.reveal(&node, subjects, prober_bare);
     }
     drop(guards);
 }
@@ -484,7 +482,7 @@ pub async fn probe_answers(
 /// user's are applied by its own server; `None` when they cannot be read (no stamp: fails
 /// closed).
 async fn settings_for_stamp(
-    shared: &Shared,
+    pres: &Presence,
     prober: &Jid,
     prober_bare: &str,
     prober_local: bool,
@@ -493,7 +491,7 @@ async fn settings_for_stamp(
         // A remote user's settings are applied by its own server.
         return Some(PrivacySettings::default());
     }
-    match shared.store.privacy_settings(prober_bare).await {
+    match pres.store.privacy_settings(prober_bare).await {
         Ok(s) => Some(s),
         Err(e) => {
             tracing::warn!(%prober, error = %e, "privacy inputs unavailable; hiding last seen");
@@ -505,11 +503,11 @@ async fn settings_for_stamp(
 /// When local user `subject` was last seen: the newest of what waits to be written and what
 /// PostgreSQL has (`stored`), as `liveness::last_seen::when` merges them.
 fn last_seen_at(
-    shared: &Shared,
+    pres: &Presence,
     subject: &str,
     stored: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Option<chrono::DateTime<chrono::Utc>> {
-    let mem = shared.liveness.last_seen.get(subject).map(|l| l.at);
+    let mem = pres.liveness.last_seen.get(subject).map(|l| l.at);
     match (mem, stored) {
         (Some(a), Some(b)) => Some(a.max(b)),
         (a, b) => a.or(b),
@@ -521,17 +519,17 @@ fn last_seen_at(
 /// approval, and anything else that shows presence on demand. Delivered through `deliver`
 /// under the subject's lock; the viewer is recorded as shown.
 pub async fn current_presence(
-    shared: &Shared,
+    pres: &Presence,
     subject: &BareJid,
     viewer_jid: &Jid,
     mut deliver: impl FnMut(Element),
 ) {
-    let _guard = shared.subject_locks.lock_subject(subject.as_str()).await;
-    if !may_see_online(shared, viewer_jid, subject, false).await {
+    let _guard = pres.subject_locks.lock_subject(subject.as_str()).await;
+    if !may_see_online(pres, viewer_jid, subject, false).await {
         return;
     }
     let (subject, viewer) = (subject.as_str(), viewer_jid.as_str());
-    for s in visible_sessions(shared, subject) {
+    for s in visible_sessions(pres, subject) {
         // Shown already as to a subscriber (a reconciliation after the same roster change
         // got here first): every update since reached the viewer, so it has this presence.
         if s.revealed_relation(viewer) == Some(Relation::Subscriber) {
@@ -545,7 +543,7 @@ pub async fn current_presence(
             deliver(last);
         }
     }
-    for (h, mut p) in remote_presences(shared, &[subject], false)
+    for (h, mut p) in remote_presences(pres, &[subject], false)
         .await
         .remove(subject)
         .unwrap_or_default()
@@ -553,7 +551,7 @@ pub async fn current_presence(
         p.set_attr("to", viewer);
         deliver(p);
         let node = h.node().to_owned();
-        shared.cluster.reveal(&node, vec![h.jid], viewer);
+        pres.cluster.reveal(&node, vec![h.jid], viewer);
     }
 }
 
@@ -563,9 +561,8 @@ fn stamp(p: Element, subject: &str, at: chrono::DateTime<chrono::Utc>) -> Elemen
 }
 
 /// Available sessions of local user `subject` that are not invisible (XEP-0186).
-fn visible_sessions(shared: &Shared, subject: &str) -> Vec<crate::node::sessions::SessionHandle> {
-    shared
-        .sessions
+fn visible_sessions(pres: &Presence, subject: &str) -> Vec<crate::node::sessions::SessionHandle> {
+    pres.sessions
         .of_user_str(subject)
         .into_iter()
         .filter(|s| s.is_available() && !s.is_invisible())
@@ -583,26 +580,26 @@ fn visible_sessions(shared: &Shared, subject: &str) -> Vec<crate::node::sessions
 ///
 /// Idempotent; called by the iq handlers right after their write and by the NOTIFY
 /// consumer for changes made elsewhere (another node, an operator's SQL).
-pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
-    reconcile_subject(shared, user_jid).await;
+pub async fn reconcile_user(pres: &Presence, user_jid: &BareJid) {
+    reconcile_subject(pres, user_jid).await;
     let user = user_jid.to_string();
     // Addresses of sessions; one that is no JID has no session whose presence could need
     // withdrawing.
-    let mut subjects: HashSet<BareJid> = shared
+    let mut subjects: HashSet<BareJid> = pres
         .sessions
         .subjects_revealed_to(&user)
         .iter()
         .filter_map(|s| crate::protocol::jid::parse_bare(s).ok())
         .collect();
-    if shared
+    if pres
         .sessions
         .of_user_str(&user)
         .iter()
         .any(|s| s.is_available())
     {
-        if let Ok((_, roster)) = shared.store.roster(&user).await {
+        if let Ok((_, roster)) = pres.store.roster(&user).await {
             for item in roster.into_iter().filter(|i| i.subscription.has_to()) {
-                if shared.outbox.is_local(item.contact.as_str()) {
+                if pres.outbox.is_local(item.contact.as_str()) {
                     subjects.insert(item.contact);
                 }
             }
@@ -610,9 +607,9 @@ pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
     }
     subjects.remove(user_jid);
     for s in &subjects {
-        reconcile_subject(shared, s).await;
+        reconcile_subject(pres, s).await;
     }
-    withdraw_blocked_remote(shared, user_jid).await;
+    withdraw_blocked_remote(pres, user_jid).await;
 }
 
 /// The viewer half for remote subjects: what they show is their server's decision, but a
@@ -620,46 +617,45 @@ pub async fn reconcile_user(shared: &Shared, user_jid: &BareJid) {
 /// `user` and that a block now separates from them gets its unavailable delivered to the
 /// recipient it reached (XEP-0191 §3.3: the blocker's resources get unavailable from the
 /// blocked contact's), and later presence from it is dropped on arrival.
-async fn withdraw_blocked_remote(shared: &Shared, user: &BareJid) {
-    for (remote, local) in shared.s2s.seen_by(user.as_str()) {
+async fn withdraw_blocked_remote(pres: &Presence, user: &BareJid) {
+    for (remote, local) in pres.s2s.seen_by(user.as_str()) {
         // Recorded from a checked `from`; one that is no JID is withdrawn (fails closed).
         let blocked = match crate::protocol::jid::parse(&remote) {
-            Ok(remote) => blocked_either(shared, user, &remote).await,
+            Ok(remote) => blocked_either(pres, user, &remote).await,
             Err(_) => true,
         };
         if blocked {
-            shared.s2s.saw_unavailable(&remote, &local);
-            shared
-                .outbox
+            pres.s2s.saw_unavailable(&remote, &local);
+            pres.outbox
                 .presence_to(&local, unavailable(&remote, &local));
         }
     }
 }
 
 /// Re-checks everything after the LISTEN connection was lost (notifications may be gone).
-pub async fn reconcile_all(shared: &Shared) {
-    for s in shared.sessions.users() {
+pub async fn reconcile_all(pres: &Presence) {
+    for s in pres.sessions.users() {
         if let Ok(user) = crate::protocol::jid::parse_bare(&s) {
-            reconcile_user(shared, &user).await;
+            reconcile_user(pres, &user).await;
         }
     }
 }
 
 /// The subject half of [`reconcile_user`].
-pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
+pub async fn reconcile_subject(pres: &Presence, subject: &BareJid) {
     let subject = subject.as_str();
-    let sessions = shared.sessions.of_user_str(subject);
+    let sessions = pres.sessions.of_user_str(subject);
     if sessions.is_empty() {
         return;
     }
-    let _guard = shared.subject_locks.lock_subject(subject).await;
+    let _guard = pres.subject_locks.lock_subject(subject).await;
     for s in sessions {
         let me = s.jid.to_string();
         let invisible = s.is_invisible();
         let audience = if invisible {
             HashSet::new()
         } else {
-            session_audience(shared, &s).await
+            session_audience(pres, &s).await
         };
         let revealed = s.revealed();
         for (viewer, relation) in revealed {
@@ -670,12 +666,10 @@ pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
                 (Relation::Subscriber, Some(v)) => audience.contains(v),
                 // Directed presence was the user's own act; only a block withdraws it
                 // (invisibility does not: XEP-0186 keeps directed presence working).
-                (_, Some(v)) => !blocked_either(shared, v, &s.jid).await,
+                (_, Some(v)) => !blocked_either(pres, v, &s.jid).await,
             };
             if !keep && s.forget(&viewer) {
-                shared
-                    .outbox
-                    .presence_to(&viewer, unavailable(&me, &viewer));
+                pres.outbox.presence_to(&viewer, unavailable(&me, &viewer));
             }
         }
         let (available, last) = s.read(|p| (p.available, p.last.clone()));
@@ -693,7 +687,7 @@ pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
             }
             let mut p = last.clone();
             p.set_attr("to", viewer.clone());
-            shared.outbox.presence_to(&viewer, p);
+            pres.outbox.presence_to(&viewer, p);
         }
     }
 }
@@ -701,16 +695,18 @@ pub async fn reconcile_subject(shared: &Shared, subject: &BareJid) {
 /// Spawns the consumer of the `presenced_block` and `presenced_privacy` channels: each
 /// change, wherever it was made, reconciles its owner on this node; a lost connection
 /// reconciles everyone.
-pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
+pub async fn spawn_listener(
+    pres: Arc<Presence>,
+    db: &crate::config::DatabaseConfig,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(), StoreError> {
     use crate::store::notify::{listen_with, ListenOptions, BLOCK_CHANNEL, PRIVACY_CHANNEL};
-    let db = &shared.config.database;
     let mut rx = listen_with(
         &db.url,
         &[BLOCK_CHANNEL, PRIVACY_CHANNEL],
         ListenOptions::from_config(db),
     )
     .await?;
-    let shutdown = shared.shutdown.clone();
     tokio::spawn(async move {
         loop {
             let n = tokio::select! {
@@ -722,18 +718,18 @@ pub async fn spawn_listener(shared: Arc<Shared>) -> Result<(), StoreError> {
             // possibly missed notifications; for a block change the owner's and those of
             // everyone with the owner on their roster; for a settings change the owner's.
             if n.is_resync() {
-                shared.store.forget_all_audiences();
-                reconcile_all(&shared).await;
+                pres.store.forget_all_audiences();
+                reconcile_all(&pres).await;
                 continue;
             }
             if n.channel == BLOCK_CHANNEL {
-                shared.store.forget_audiences_naming(&n.payload);
+                pres.store.forget_audiences_naming(&n.payload);
             } else {
-                shared.store.forget_audience(&n.payload);
+                pres.store.forget_audience(&n.payload);
             }
             // The owner column of the changed row: a local bare JID, or nobody here.
             match crate::protocol::jid::parse_bare(&n.payload) {
-                Ok(owner) if is_local(&shared, &owner) => reconcile_user(&shared, &owner).await,
+                Ok(owner) if is_local(&pres, &owner) => reconcile_user(&pres, &owner).await,
                 _ => {}
             }
         }
@@ -779,7 +775,7 @@ fn is_content(child: &Element) -> bool {
 /// user's own act and goes through without them. Checks the database only for messages
 /// that carry such a signal. Fails closed.
 pub async fn filter_signals(
-    shared: &Shared,
+    pres: &Presence,
     sender_session: &crate::node::sessions::SessionHandle,
     sender: &Jid,
     recipient: &Jid,
@@ -790,8 +786,7 @@ pub async fn filter_signals(
         return Some(el);
     }
     let allowed = directed
-        || (!sender_session.is_invisible()
-            && may_see_online(shared, recipient, sender, false).await);
+        || (!sender_session.is_invisible() && may_see_online(pres, recipient, sender, false).await);
     if allowed {
         return Some(el);
     }
@@ -810,11 +805,11 @@ pub async fn filter_signals(
 /// delivered where the sender could not know the resource is online would be answered by
 /// the client, which tells online from offline.
 pub async fn may_reach_resource(
-    shared: &Shared,
+    pres: &Presence,
     sender: &Jid,
     target: &crate::node::sessions::SessionHandle,
 ) -> bool {
-    may_reach(shared, sender, &target.jid, Some(target)).await
+    may_reach(pres, sender, &target.jid, Some(target)).await
 }
 
 /// [`may_reach_resource`] for a full JID that may have no session: `target` is its session
@@ -822,31 +817,31 @@ pub async fn may_reach_resource(
 /// so a sender who may not know the resource is online cannot tell online from offline by
 /// how long the answer takes.
 pub async fn may_reach(
-    shared: &Shared,
+    pres: &Presence,
     sender: &Jid,
     full: &FullJid,
     target: Option<&crate::node::sessions::SessionHandle>,
 ) -> bool {
     let Some(target) = target else {
-        may_see_online(shared, sender, full, false).await;
+        may_see_online(pres, sender, full, false).await;
         return false;
     };
     let own_act = [sender.as_str(), bare_of(sender.as_str())]
         .iter()
         .any(|v| target.revealed_relation(v) == Some(Relation::DirectedPresence));
     if own_act {
-        return !blocked_either(shared, sender, &target.jid).await;
+        return !blocked_either(pres, sender, &target.jid).await;
     }
     !target.is_invisible()
         && target.is_available()
-        && may_see_online(shared, sender, &target.jid, false).await
+        && may_see_online(pres, sender, &target.jid, false).await
 }
 
 /// [`may_reach_resource`] for a session on another node, from its directory entry. What
 /// that node's session revealed by its own act (directed presence) is not in the entry, so
 /// only a visible, available resource the sender may see online is reached.
 pub async fn may_reach_holder(
-    shared: &Shared,
+    pres: &Presence,
     sender: &Jid,
     target: &crate::cluster::Holder,
 ) -> bool {
@@ -857,7 +852,7 @@ pub async fn may_reach_holder(
     };
     target.entry.visible
         && target.entry.available
-        && may_see_online(shared, sender, &holder, false).await
+        && may_see_online(pres, sender, &holder, false).await
 }
 
 /// The presence each visible, available resource of `subject` on other nodes shows, from
@@ -866,16 +861,16 @@ pub async fn may_reach_holder(
 /// ([`crate::cluster::Cluster::reveal`]), which records it as for a probe answer of its
 /// own, so that a later block or privacy change withdraws it there.
 async fn remote_presences(
-    shared: &Shared,
+    pres: &Presence,
     subjects: &[&str],
     fresh: bool,
 ) -> std::collections::HashMap<String, Vec<(crate::cluster::Holder, Element)>> {
     let mut out: std::collections::HashMap<String, Vec<(crate::cluster::Holder, Element)>> =
         Default::default();
     let holders = if fresh {
-        shared.cluster.holders_fresh(subjects).await
+        pres.cluster.holders_fresh(subjects).await
     } else {
-        shared.cluster.holders(subjects).await
+        pres.cluster.holders(subjects).await
     };
     for (subject, holders) in holders {
         for h in holders {

@@ -21,16 +21,24 @@ pub use crate::policy::{privacy, subscription};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::cluster::Cluster;
+use crate::liveness::Liveness;
+use crate::node::caps::CapsCache;
+use crate::node::federation::S2s;
 use crate::node::outbox;
+use crate::node::outbox::Outbox;
 use crate::node::session::Client;
 use crate::node::session::Target;
-use crate::node::Shared;
+use crate::node::sessions::Sessions;
+use crate::node::visibility::SubjectLocks;
+use crate::node::RosterLocks;
 use crate::protocol::error::StanzaError;
 use crate::protocol::jid::{BareJid, FullJid, Jid};
 use crate::protocol::stanza::PresenceType;
 use crate::protocol::xml::{Addressed, Element, NS_CLIENT};
 use crate::store::gate_inputs::AudienceInputs;
 use crate::store::RosterItem;
+use crate::store::Store;
 
 use subscription::{Change, ContactSide, Direction, SubKind, SubState};
 
@@ -38,20 +46,40 @@ use subscription::{Change, ContactSide, Direction, SubKind, SubState};
 /// commands, the end of a session hands it the session, and the services that depend on
 /// presence (blocking, roster, last seen, visibility settings) ask it what they need.
 /// Presence reaches the store, the sessions here and on the other nodes, liveness and
-/// federation, so it holds the node state rather than a part of it.
+/// federation, so it holds those parts of the node (built by the composition root);
+/// delivery, which asks the privacy gate on every stanza, works on the same parts.
 pub struct Presence {
-    node: Arc<Shared>,
+    /// Rosters, block lists, visibility settings and the gate's cached inputs.
+    pub(crate) store: Store,
+    /// The sessions of this node.
+    pub(crate) sessions: Arc<Sessions>,
+    /// Where presence leaves for a session, another node or another domain.
+    pub(crate) outbox: Arc<Outbox>,
+    /// Last seen times, for the stamp on a probe's answer.
+    pub(crate) liveness: Arc<Liveness>,
+    /// The directory of sessions on the other nodes and their channels.
+    pub(crate) cluster: Cluster,
+    /// The per-subject presence locks.
+    pub(crate) subject_locks: Arc<SubjectLocks>,
+    /// Serialises a roster change and its push per user (with the roster NOTIFY listener).
+    pub(crate) roster_locks: Arc<RosterLocks>,
+    /// Federation: remote presence state (who was shown what over s2s).
+    pub(crate) s2s: Arc<S2s>,
+    /// XEP-0115 capabilities of clients on this node, forgotten with their session.
+    pub(crate) caps: Arc<CapsCache>,
+    /// The domains this server hosts.
+    pub(crate) domains: Vec<String>,
 }
 
 impl Presence {
-    /// The service over the node state.
-    pub fn new(node: Arc<Shared>) -> Self {
-        Presence { node }
+    /// Whether `domain` is one this server hosts.
+    pub(crate) fn serves(&self, domain: &str) -> bool {
+        self.domains.iter().any(|d| d == domain)
     }
 
     /// See [`to_directory`].
     pub(crate) fn to_directory(&self, handle: &crate::node::sessions::SessionHandle) {
-        to_directory(&self.node, handle);
+        to_directory(self, handle);
     }
 
     /// See [`unavailable_of_lost`].
@@ -60,22 +88,22 @@ impl Presence {
         jid: &FullJid,
         last: Option<&crate::cluster::Entry>,
     ) {
-        unavailable_of_lost(&self.node, jid, last).await;
+        unavailable_of_lost(self, jid, last).await;
     }
 
     /// See [`show_again_to_other_nodes`].
     pub(crate) async fn show_again_to_other_nodes(&self) {
-        show_again_to_other_nodes(&self.node).await;
+        show_again_to_other_nodes(self).await;
     }
 
     /// See [`gate::blocked_either`].
     pub(crate) async fn blocked_either(&self, a: &Jid, b: &Jid) -> bool {
-        gate::blocked_either(&self.node, a, b).await
+        gate::blocked_either(self, a, b).await
     }
 
     /// See [`gate::may_see_online`].
     pub(crate) async fn may_see_online(&self, viewer: &Jid, subject: &Jid, directed: bool) -> bool {
-        gate::may_see_online(&self.node, viewer, subject, directed).await
+        gate::may_see_online(self, viewer, subject, directed).await
     }
 
     /// See [`gate::online_audience`].
@@ -83,38 +111,38 @@ impl Presence {
         &self,
         subject: &Jid,
     ) -> std::collections::HashSet<BareJid> {
-        gate::online_audience(&self.node, subject).await
+        gate::online_audience(self, subject).await
     }
 
     /// See [`executor::apply_external`].
     pub(crate) async fn apply_external(&self, owner: &str, version: i64) {
-        executor::apply_external(&self.node, owner, version).await;
+        executor::apply_external(self, owner, version).await;
     }
 
     /// See [`gate::reconcile_user`].
     pub async fn reconcile_user(&self, user: &BareJid) {
-        gate::reconcile_user(&self.node, user).await;
+        gate::reconcile_user(self, user).await;
     }
 
     /// See [`remote::probe_unblocked`].
     pub async fn probe_unblocked(&self, owner: &BareJid, removed: &[Jid]) {
-        remote::probe_unblocked(&self.node, owner, removed).await;
+        remote::probe_unblocked(self, owner, removed).await;
     }
 
     /// See [`gate::may_see_last_seen`].
     pub async fn may_see_last_seen(&self, viewer: &Jid, subject: &Jid) -> bool {
-        gate::may_see_last_seen(&self.node, viewer, subject).await
+        gate::may_see_last_seen(self, viewer, subject).await
     }
 
     /// See [`gate::visible_to`].
     pub async fn visible_to(&self, viewer: &Jid, subject: &BareJid) -> bool {
-        gate::visible_to(&self.node, viewer, subject).await
+        gate::visible_to(self, viewer, subject).await
     }
 
     /// RFC 6121 §2.5.2: the cancel and revoke of a roster removal by `client`. The caller
     /// holds the roster locks of `client`'s user and the item's contact.
     pub async fn roster_removed(&self, client: &Client, item: &RosterItem) {
-        roster_removed(&self.node, client, item).await;
+        roster_removed(self, client, item).await;
     }
 
     /// Handles a presence stanza from `client`'s own client, of type `ty` as the router
@@ -126,13 +154,13 @@ impl Presence {
         ty: Option<PresenceType>,
         target: Target,
     ) {
-        from_client(&self.node, client, el, ty, target).await;
+        from_client(self, client, el, ty, target).await;
     }
 
     /// `client`'s session ended: if it was available or sent directed presence, the
     /// unavailable its client did not send goes out (RFC 6121 §4.5.2, §4.6.3).
     pub async fn session_ended(&self, client: &Client) {
-        session_ended(&self.node, client).await;
+        session_ended(self, client).await;
     }
 
     /// XEP-0186 §3.1: `client`'s session becomes invisible. Every viewer this resource's
@@ -140,9 +168,8 @@ impl Presence {
     /// the directed set goes with it, so its later unavailable repeats nothing. `probe`:
     /// the command asked that remote contacts still be probed.
     pub async fn become_invisible(&self, client: &Client, probe: bool) {
-        let shared = &self.node;
         let me = client.jid().to_string();
-        let _guard = shared
+        let _guard = self
             .subject_locks
             .lock_subject(crate::protocol::jid::bare_of(&me))
             .await;
@@ -152,10 +179,10 @@ impl Presence {
             p.take_directed();
             p.take_revealed()
         });
-        to_directory(shared, &client.handle);
+        to_directory(self, &client.handle);
         for (viewer, _) in revealed {
             let p = outbox::unavailable(&me, &viewer);
-            shared.outbox.presence_to(&viewer, p);
+            self.outbox.presence_to(&viewer, p);
         }
     }
 
@@ -166,8 +193,8 @@ impl Presence {
             p.invisible = false;
             p.probe_remote = false;
         });
-        to_directory(&self.node, &client.handle);
-        gate::reconcile_subject(&self.node, &client.jid().to_bare()).await;
+        to_directory(self, &client.handle);
+        gate::reconcile_subject(self, &client.jid().to_bare()).await;
     }
 }
 
@@ -184,7 +211,7 @@ pub(crate) fn presence(ty: PresenceType, from: &str, to: &str) -> Element {
 /// Handles a presence stanza from the session's own client, of type `ty` as the router
 /// read it (`None`: a type RFC 6121 does not define).
 async fn from_client(
-    shared: &Arc<Shared>,
+    pres: &Presence,
     session: &Client,
     el: Element,
     ty: Option<PresenceType>,
@@ -202,9 +229,9 @@ async fn from_client(
             let available = ty == PresenceType::Available;
             let is_available = available;
             match target {
-                Target::OwnAccount => broadcast(shared, session, el, available).await,
+                Target::OwnAccount => broadcast(pres, session, el, available).await,
                 Target::LocalBare(b) if b == own_bare => {
-                    broadcast(shared, session, el, available).await
+                    broadcast(pres, session, el, available).await
                 }
                 Target::LocalDomain => {}
                 Target::Remote(j) => {
@@ -215,10 +242,10 @@ async fn from_client(
                     } else {
                         session.handle.write(|p| p.remove_directed(j.as_str()));
                     }
-                    let _ = shared.outbox.route_remote(el);
+                    let _ = pres.outbox.route_remote(el);
                 }
                 Target::LocalBare(_) | Target::LocalFull(_) => {
-                    directed(shared, session, el, available).await
+                    directed(pres, session, el, available).await
                 }
             }
         }
@@ -241,32 +268,32 @@ async fn from_client(
             }
             // XEP-0191 §3.5: presence (subscriptions included) to or from a blocked
             // local entity is dropped without an error, whether it is online or not.
-            if local && gate::blocked_either(shared, &own_bare, &contact).await {
+            if local && gate::blocked_either(pres, &own_bare, &contact).await {
                 return;
             }
-            outbound_subscription(shared, session, &contact, kind, el).await;
+            outbound_subscription(pres, session, &contact, kind, el).await;
         }
         // RFC 6121 §4.3: probes are normally the server's business; a client that sends one
         // gets the same answer (and the same subscription check) as the server's own probe.
         PresenceType::Probe => match target {
             Target::LocalBare(b) if b != own_bare => {
                 let me = session.jid().clone();
-                answer_probe(shared, &me, &b).await;
+                answer_probe(pres, &me, &b).await;
             }
             Target::LocalFull(f) => {
                 let me = session.jid().clone();
-                answer_probe(shared, &me, &f.to_bare()).await;
+                answer_probe(pres, &me, &f.to_bare()).await;
             }
             Target::Remote(_) => {
                 let mut p = el;
                 p.set_attr("from", own_bare.to_string());
-                let _ = shared.outbox.route_remote(p);
+                let _ = pres.outbox.route_remote(p);
             }
             _ => {}
         },
         PresenceType::Error => {
             if let Target::LocalFull(f) = target {
-                shared.outbox.to_session(&f, el);
+                pres.outbox.to_session(&f, el);
             }
         }
     }
@@ -280,7 +307,7 @@ fn priority_of(el: &Element) -> i8 {
 }
 
 /// Broadcast of available (§4.2 initial, §4.4 update) or unavailable (§4.5) presence.
-async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_available: bool) {
+async fn broadcast(pres: &Presence, session: &Client, mut el: Element, is_available: bool) {
     el.remove_attr("to");
     el.set_attr("from", session.jid().to_string());
     let change = Transition {
@@ -295,23 +322,23 @@ async fn broadcast(shared: &Arc<Shared>, session: &Client, mut el: Element, is_a
     // Serialised once; each copy (contacts' and own resources', here and on other nodes)
     // differs only in 'to'.
     let once = Addressed::new(&el);
-    let (inputs, successor) = show_to_audience(shared, session, &el, &once, change).await;
+    let (inputs, successor) = show_to_audience(pres, session, &el, &once, change).await;
     // The user's own resources, the sender included (§4.2.2); they have the successor's
     // presence for this full JID, if there is one.
     if !successor.is_available() {
         let me_id = session.handle.id;
         let bare = session.jid().to_bare();
         outbox::to_each_here(
-            &shared.sessions,
+            &pres.sessions,
             bare.as_str(),
             |s| s.id == me_id || s.is_available(),
             |jid| once.to(jid),
         );
     }
     if !is_available {
-        unavailable_to_directed(shared, session, &el, &successor).await;
+        unavailable_to_directed(pres, session, &el, &successor).await;
     } else if !change.was_available {
-        initial_presence(shared, session, &inputs, change.invisible).await;
+        initial_presence(pres, session, &inputs, change.invisible).await;
     }
 }
 
@@ -345,7 +372,7 @@ fn record(session: &Client, el: &Element, is_available: bool) {
 /// recording who was shown an available presence. Returns the privacy inputs (whose roster
 /// the initial presence probes) and the resource's successor, if it was taken over.
 async fn show_to_audience(
-    shared: &Shared,
+    pres: &Presence,
     session: &Client,
     el: &Element,
     once: &Addressed,
@@ -354,13 +381,13 @@ async fn show_to_audience(
     let me = session.jid();
     let bare = me.to_bare();
     let is_available = change.is_available;
-    let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
+    let _guard = pres.subject_locks.lock_subject(bare.as_str()).await;
     // Read under the lock, so a successor's broadcast is either done (and what it showed
     // recorded) or not begun.
     let successor = if is_available {
         Successor::None
     } else {
-        Successor::of(shared, session).await
+        Successor::of(pres, session).await
     };
     // The new state is recorded under the subject lock: a reconciliation holding the lock
     // must see the old state (and leave this resource to us) or the new one with its
@@ -368,7 +395,7 @@ async fn show_to_audience(
     // broadcast, or it would send this presence a second time.
     record(session, el, is_available);
     if !successor.holds_resource() {
-        to_directory(shared, &session.handle);
+        to_directory(pres, &session.handle);
     }
     // The roster and the contacts who may see the user (RFC 6121 §4.2.2 / §4.4.2 /
     // §4.5.2), as the privacy gate says, in one read; an invisible session (XEP-0186)
@@ -376,19 +403,19 @@ async fn show_to_audience(
     // A change of an already available resource keeps the inputs for the next one;
     // initial presence does not, so an idle session costs no cache memory.
     let keep = change.was_available && is_available;
-    let (inputs, audience) = gate::roster_and_audience(shared, &session.handle, keep).await;
+    let (inputs, audience) = gate::roster_and_audience(pres, &session.handle, keep).await;
     let audience = if change.invisible || (!is_available && !change.was_available) {
         Default::default()
     } else {
         audience
     };
-    let (remote, local) = recipients(shared, session, &audience, &successor, is_available);
+    let (remote, local) = recipients(pres, session, &audience, &successor, is_available);
     let mut reached = Vec::new();
     for contact in remote {
         // One stanza per remote contact; s2s sends them over that domain's one stream.
         let mut p = el.clone();
         p.set_attr("to", contact.clone());
-        if shared.outbox.route_remote(p).is_ok() {
+        if pres.outbox.route_remote(p).is_ok() {
             reached.push(contact);
         }
     }
@@ -398,7 +425,7 @@ async fn show_to_audience(
     let initial = outbox::Reach::Record {
         initial: change.initial(),
     };
-    reached.extend(shared.outbox.to_contacts(once, local, own, initial).await);
+    reached.extend(pres.outbox.to_contacts(once, local, own, initial).await);
     // Remember who saw this resource online, so a lost permission withdraws it from
     // exactly them (the subject lock makes this atomic with the delivery).
     if is_available {
@@ -418,7 +445,7 @@ async fn show_to_audience(
 /// could not record (they could not be withdrawn from later). Each leaves the session's
 /// directed set: the broadcast reaches it now.
 fn recipients(
-    shared: &Shared,
+    pres: &Presence,
     session: &Client,
     audience: &std::collections::HashSet<BareJid>,
     successor: &Successor,
@@ -449,7 +476,7 @@ fn recipients(
             }
             room -= 1;
         }
-        if shared.config.serves(domain_of(&contact)) {
+        if pres.serves(domain_of(&contact)) {
             local.push(contact);
         } else {
             remote.push(contact);
@@ -462,7 +489,7 @@ fn recipients(
 /// party blocked since (XEP-0191: it already got its unavailable, nothing more) and one
 /// the successor sent its own directed presence.
 async fn unavailable_to_directed(
-    shared: &Shared,
+    pres: &Presence,
     session: &Client,
     el: &Element,
     successor: &Successor,
@@ -476,12 +503,12 @@ async fn unavailable_to_directed(
         let Ok(to_jid) = crate::protocol::jid::parse(&to) else {
             continue;
         };
-        if gate::blocked_either(shared, &to_jid, session.jid()).await {
+        if gate::blocked_either(pres, &to_jid, session.jid()).await {
             continue;
         }
         let mut p = el.clone();
         p.set_attr("to", to.clone());
-        shared.outbox.presence_to(&to, p);
+        pres.outbox.presence_to(&to, p);
     }
 }
 
@@ -490,7 +517,7 @@ async fn unavailable_to_directed(
 /// resource the user's other resources, and hands it the subscription requests that
 /// waited (§3.1.3).
 async fn initial_presence(
-    shared: &Shared,
+    pres: &Presence,
     session: &Client,
     inputs: &AudienceInputs,
     invisible: bool,
@@ -499,27 +526,27 @@ async fn initial_presence(
     let bare = me.to_bare();
     let mut local = Vec::new();
     for item in inputs.roster.iter().filter(|i| i.subscription.has_to()) {
-        if shared.config.serves(item.contact.domain().as_str()) {
+        if pres.serves(item.contact.domain().as_str()) {
             local.push(item.contact.clone());
         } else if !invisible || session.handle.read(|p| p.probe_remote) {
             // A probe tells the remote server the user is online; an invisible session
             // sends one only if it asked to (XEP-0186 `probe='true'`).
             // RFC 6121 §4.3.1: probes to remote contacts go from the user's bare JID.
             let probe = presence(PresenceType::Probe, bare.as_str(), item.contact.as_str());
-            let _ = shared.outbox.route_remote(probe);
+            let _ = pres.outbox.route_remote(probe);
         }
     }
-    answer_probes(shared, me, &local).await;
-    own_resources_to_new(shared, session, &bare).await;
-    pending_requests(shared, session, &bare).await;
+    answer_probes(pres, me, &local).await;
+    own_resources_to_new(pres, session, &bare).await;
+    pending_requests(pres, session, &bare).await;
 }
 
 /// The new resource learns the presence of the user's other resources, here and on other
 /// nodes, invisible ones included (the directory keeps their presence; only other users'
 /// probe answers leave it out).
-async fn own_resources_to_new(shared: &Shared, session: &Client, bare: &BareJid) {
+async fn own_resources_to_new(pres: &Presence, session: &Client, bare: &BareJid) {
     let me = session.jid();
-    for s in shared.sessions.of_user(bare) {
+    for s in pres.sessions.of_user(bare) {
         if s.id == session.handle.id {
             continue;
         }
@@ -528,7 +555,7 @@ async fn own_resources_to_new(shared: &Shared, session: &Client, bare: &BareJid)
             session.deliver(last);
         }
     }
-    let elsewhere = shared.cluster.holders(&[bare.as_str()]).await;
+    let elsewhere = pres.cluster.holders(&[bare.as_str()]).await;
     for h in elsewhere.into_values().flatten() {
         let last = h.entry.presence.as_deref().filter(|_| h.entry.available);
         if let Some(mut last) = last.and_then(crate::protocol::xml::parse_element) {
@@ -539,8 +566,8 @@ async fn own_resources_to_new(shared: &Shared, session: &Client, bare: &BareJid)
 }
 
 /// §3.1.3: subscription requests that waited for the user to come online.
-async fn pending_requests(shared: &Shared, session: &Client, bare: &BareJid) {
-    match shared.store.pending_subscriptions(bare.as_str()).await {
+async fn pending_requests(pres: &Presence, session: &Client, bare: &BareJid) {
+    match pres.store.pending_subscriptions(bare.as_str()).await {
         Ok(pending) => {
             for (from, xml) in pending {
                 // XEP-0191 §3.5: a request from an entity blocked since it was stored is
@@ -548,7 +575,7 @@ async fn pending_requests(shared: &Shared, session: &Client, bare: &BareJid) {
                 let Ok(from_jid) = crate::protocol::jid::parse(&from) else {
                     continue;
                 };
-                if gate::blocked_either(shared, &from_jid, bare).await {
+                if gate::blocked_either(pres, &from_jid, bare).await {
                     continue;
                 }
                 match crate::protocol::xml::parse_element(&xml) {
@@ -570,7 +597,7 @@ async fn pending_requests(shared: &Shared, session: &Client, bare: &BareJid) {
 /// resources and, only while visible (XEP-0186), in probe answers; and whether it takes
 /// XEP-0280 copies and XEP-0191 block-list pushes) from its current state: after every
 /// broadcast, visibility change, carbons switch and block-list retrieval.
-pub(crate) fn to_directory(shared: &Shared, handle: &crate::node::sessions::SessionHandle) {
+pub(crate) fn to_directory(pres: &Presence, handle: &crate::node::sessions::SessionHandle) {
     let (available, priority, shown, invisible, carbons, blocklist) = handle.read(|p| {
         let shown = p.last.as_ref().filter(|_| p.available).map(|l| {
             let mut l = l.clone();
@@ -596,30 +623,30 @@ pub(crate) fn to_directory(shared: &Shared, handle: &crate::node::sessions::Sess
         blocklist,
         presence: shown,
     };
-    shared.cluster.update(&handle.jid, entry);
+    pres.cluster.update(&handle.jid, entry);
 }
 
 /// After this node was cut off from Redis, the other nodes may have announced its users
 /// unavailable (their sweepers found no beats): each visible, available session here shows
 /// its current presence again, through the gate as a broadcast would, to its contacts on
 /// the other nodes (one message per node and session). Contacts on this node never lost it.
-pub async fn show_again_to_other_nodes(shared: &Shared) {
-    for user in shared.sessions.users() {
-        for s in shared.sessions.of_user_str(&user) {
+pub async fn show_again_to_other_nodes(pres: &Presence) {
+    for user in pres.sessions.users() {
+        for s in pres.sessions.of_user_str(&user) {
             let Some(last) = s.read(|p| p.last.clone().filter(|_| p.available)) else {
                 continue;
             };
             if s.is_invisible() {
                 continue;
             }
-            to_directory(shared, &s);
-            let _guard = shared.subject_locks.lock_subject(&user).await;
+            to_directory(pres, &s);
+            let _guard = pres.subject_locks.lock_subject(&user).await;
             // Only viewers the session can record as shown (its bounded set) are sent it.
             let mut room = s.read(|p| p.room());
             let mut audience = Vec::new();
-            for c in gate::session_audience(shared, &s).await {
+            for c in gate::session_audience(pres, &s).await {
                 let c = c.to_string();
-                if !shared.config.serves(domain_of(&c)) {
+                if !pres.serves(domain_of(&c)) {
                     continue;
                 }
                 if !s.was_revealed(&c) {
@@ -631,7 +658,7 @@ pub async fn show_again_to_other_nodes(shared: &Shared) {
                 audience.push(c);
             }
             let once = Addressed::new(&last);
-            for viewer in shared.outbox.fan_out(&once, audience, false).await {
+            for viewer in pres.outbox.fan_out(&once, audience, false).await {
                 s.reveal(&viewer, privacy::Relation::Subscriber);
             }
         }
@@ -642,25 +669,25 @@ pub use crate::protocol::jid::domain_of;
 
 /// Answers, on the contact's behalf, a probe from `prober` for local contact `contact`
 /// (RFC 6121 §4.3.2), through the privacy gate ([`gate::probe_answer`]).
-async fn answer_probe(shared: &Shared, prober: &FullJid, contact: &BareJid) {
-    let Some(prober_session) = shared.sessions.get(prober) else {
+async fn answer_probe(pres: &Presence, prober: &FullJid, contact: &BareJid) {
+    let Some(prober_session) = pres.sessions.get(prober) else {
         return;
     };
-    gate::probe_answer(shared, prober, contact, |p| {
+    gate::probe_answer(pres, prober, contact, |p| {
         outbox::to_handle(&prober_session, p);
     })
     .await;
 }
 
 /// [`answer_probe`] for several local contacts at once (the probes of a login).
-async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[BareJid]) {
+async fn answer_probes(pres: &Presence, prober: &FullJid, contacts: &[BareJid]) {
     if contacts.is_empty() {
         return;
     }
-    let Some(prober_session) = shared.sessions.get(prober) else {
+    let Some(prober_session) = pres.sessions.get(prober) else {
         return;
     };
-    gate::probe_answers(shared, prober, contacts, |p| {
+    gate::probe_answers(pres, prober, contacts, |p| {
         outbox::to_handle(&prober_session, p);
     })
     .await;
@@ -668,15 +695,15 @@ async fn answer_probes(shared: &Shared, prober: &FullJid, contacts: &[BareJid]) 
 
 /// When a local user was last seen, if known: the last heartbeat of a silent death or the
 /// close time of a clean one (see [`crate::liveness::last_seen`]).
-pub async fn last_seen(shared: &Shared, bare: &str) -> Option<chrono::DateTime<chrono::Utc>> {
-    crate::liveness::last_seen::when(&shared.liveness, &shared.store, bare)
+pub async fn last_seen(pres: &Presence, bare: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    crate::liveness::last_seen::when(&pres.liveness, &pres.store, bare)
         .await
         .map(|l| l.at)
 }
 
 /// Directed presence (RFC 6121 §4.6): delivered to the one recipient and remembered, so the
 /// user's unavailable reaches it too.
-async fn directed(shared: &Shared, session: &Client, mut el: Element, is_available: bool) {
+async fn directed(pres: &Presence, session: &Client, mut el: Element, is_available: bool) {
     let Some(to) = el.get_attr("to").map(str::to_owned) else {
         return;
     };
@@ -685,7 +712,7 @@ async fn directed(shared: &Shared, session: &Client, mut el: Element, is_availab
     let Ok(to_jid) = crate::protocol::jid::parse(&to) else {
         return;
     };
-    if gate::blocked_either(shared, &to_jid, session.jid()).await {
+    if gate::blocked_either(pres, &to_jid, session.jid()).await {
         return;
     }
     if is_available {
@@ -709,7 +736,7 @@ async fn directed(shared: &Shared, session: &Client, mut el: Element, is_availab
             p.forget(&to);
         });
     }
-    shared.outbox.to_local(&to, el);
+    pres.outbox.to_local(&to, el);
 }
 
 /// Tracks `to` as a directed-presence recipient of the session, or refuses the presence
@@ -734,17 +761,14 @@ fn refuse_directed(session: &Client, el: &Element, why: &str) {
 /// Loads one side's item and Appendix A state; the pending inbound request lives in the
 /// pending table when no roster item exists (RFC 6121 §3.1.3: a request creates no item).
 pub(crate) async fn load_side(
-    shared: &Shared,
+    pres: &Presence,
     owner: &str,
     contact: &str,
 ) -> Result<(Option<RosterItem>, SubState), crate::store::StoreError> {
-    let item = shared.store.roster_item(owner, contact).await?;
+    let item = pres.store.roster_item(owner, contact).await?;
     let mut state = item.as_ref().map(|i| i.sub_state()).unwrap_or_default();
     if !state.pending_in {
-        state.pending_in = shared
-            .store
-            .has_pending_subscription(owner, contact)
-            .await?;
+        state.pending_in = pres.store.has_pending_subscription(owner, contact).await?;
     }
     Ok((item, state.normalized()))
 }
@@ -783,14 +807,14 @@ pub(crate) fn updated_item(
 /// A subscription stanza from the session's user to `contact`, local or remote (RFC 6121
 /// §3.1.2, §3.2.2, §3.3.2, §3.4), under both users' roster locks.
 async fn outbound_subscription(
-    shared: &Shared,
+    pres: &Presence,
     session: &Client,
     contact: &BareJid,
     kind: SubKind,
     stanza: Element,
 ) {
     let user = session.jid().to_bare();
-    let _locks = shared
+    let _locks = pres
         .roster_locks
         .lock(&[user.as_str(), contact.as_str()])
         .await;
@@ -801,7 +825,7 @@ async fn outbound_subscription(
         kind,
         removal: false,
     };
-    if let Err(e) = change.apply(shared, stanza).await {
+    if let Err(e) = change.apply(pres, stanza).await {
         crate::services::roster::push::subscription_refused(
             session,
             contact.as_str(),
@@ -829,21 +853,21 @@ impl Exchange<'_> {
     /// Plans and applies the change for `stanza`.
     pub(crate) async fn apply(
         &self,
-        shared: &Shared,
+        pres: &Presence,
         mut stanza: Element,
     ) -> Result<(), crate::store::StoreError> {
         let (user, contact) = (self.user, self.contact);
-        let (user_item, user_state) = load_side(shared, user.as_str(), contact.as_str()).await?;
-        let contact_here = shared.config.serves(contact.domain().as_str());
+        let (user_item, user_state) = load_side(pres, user.as_str(), contact.as_str()).await?;
+        let contact_here = pres.serves(contact.domain().as_str());
         let contact_node = contact.node().map(|n| n.as_str()).unwrap_or("");
         let (contact_item, side) = if !contact_here {
             (None, ContactSide::Remote)
-        } else if shared
+        } else if pres
             .store
             .account_exists(contact_node, contact.domain().as_str())
             .await?
         {
-            let (item, state) = load_side(shared, contact.as_str(), user.as_str()).await?;
+            let (item, state) = load_side(pres, contact.as_str(), user.as_str()).await?;
             (item, ContactSide::Local(state))
         } else {
             // RFC 6121 §8.5.1: nothing reaches an account that does not exist; the
@@ -871,7 +895,7 @@ impl Exchange<'_> {
             contact_item,
             contact_here,
         };
-        executor::apply(shared, executor::Plan::of(planned, parties, &stanza)).await
+        executor::apply(pres, executor::Plan::of(planned, parties, &stanza)).await
     }
 }
 
@@ -880,17 +904,17 @@ impl Exchange<'_> {
 /// otherwise the sessions still count as having seen this version, or the roster
 /// listener would replay it as a change made elsewhere.
 pub(crate) fn push_or_note(
-    shared: &Shared,
+    pres: &Presence,
     owner: &str,
     version: i64,
     item: &RosterItem,
     push: bool,
 ) {
     if push {
-        crate::services::roster::push::push_item(&shared.sessions, owner, version, item);
+        crate::services::roster::push::push_item(&pres.sessions, owner, version, item);
         return;
     }
-    for s in shared.sessions.of_user_str(owner) {
+    for s in pres.sessions.of_user_str(owner) {
         if s.read(|p| p.roster_ver).is_some() {
             crate::services::roster::push::note_version(&s, version);
         }
@@ -900,7 +924,7 @@ pub(crate) fn push_or_note(
 /// RFC 6121 §2.5.2: removing a roster item cancels and revokes subscriptions first, as the
 /// server's own stanzas on the user's behalf, to a local or remote contact alike. The
 /// caller holds both users' roster locks.
-async fn roster_removed(shared: &Shared, session: &Client, item: &RosterItem) {
+async fn roster_removed(pres: &Presence, session: &Client, item: &RosterItem) {
     let user = session.jid().to_bare();
     let contact = &item.contact;
     for kind in subscription::roster_remove(item.sub_state()) {
@@ -912,7 +936,7 @@ async fn roster_removed(shared: &Shared, session: &Client, item: &RosterItem) {
             removal: true,
         };
         let stanza = presence(kind.presence_type(), user.as_str(), contact.as_str());
-        if let Err(e) = change.apply(shared, stanza).await {
+        if let Err(e) = change.apply(pres, stanza).await {
             crate::services::roster::push::subscription_refused(
                 session,
                 contact.as_str(),
@@ -925,19 +949,18 @@ async fn roster_removed(shared: &Shared, session: &Client, item: &RosterItem) {
 
 /// Called when a session ends: an available session's contacts get unavailable
 /// (RFC 6121 §4.5.2: the server does this when the client did not).
-async fn session_ended(shared: &Arc<Shared>, session: &Client) {
+async fn session_ended(pres: &Presence, session: &Client) {
     let (available, directed) = session.handle.read(|p| (p.available, p.has_directed()));
     if available || directed {
         let p = Element::new("presence", NS_CLIENT).attr("type", PresenceType::Unavailable.name());
-        broadcast(shared, session, p, false).await;
+        broadcast(pres, session, p, false).await;
     }
     // Nothing the session remembers about others outlives it, even while a copy of its
     // handle is still held somewhere; what the node keeps for it is keyed by its id, so a
     // new session of the same resource keeps its own.
     session.handle.write(|p| p.clear());
-    shared.caps.forget_session(session.handle.id);
-    shared
-        .store
+    pres.caps.forget_session(session.handle.id);
+    pres.store
         .forget_audience_of(session.jid().to_bare().as_str(), session.handle.id);
 }
 
@@ -959,15 +982,15 @@ enum Successor {
 }
 
 impl Successor {
-    async fn of(shared: &Shared, session: &Client) -> Successor {
+    async fn of(pres: &Presence, session: &Client) -> Successor {
         let me = session.jid();
-        match shared.sessions.get(me) {
+        match pres.sessions.get(me) {
             Some(s) if s.id != session.handle.id => return Successor::Here(s),
             // Still the registered session: the client's own unavailable.
             Some(_) => return Successor::None,
             None => {}
         }
-        match shared.cluster.holder_of(me).await {
+        match pres.cluster.holder_of(me).await {
             Some(h) => Successor::Elsewhere {
                 available: h.entry.available,
                 shown: h.entry.available && h.entry.visible,
@@ -1024,35 +1047,34 @@ impl Successor {
 /// `last` is that entry, read by the caller for a whole batch of lost resources in one
 /// pipeline ([`crate::cluster::Cluster::last_entry_read`]).
 pub(crate) async fn unavailable_of_lost(
-    shared: &Shared,
+    pres: &Presence,
     jid: &FullJid,
     last: Option<&crate::cluster::Entry>,
 ) {
     let bare = jid.to_bare();
     let shown = last.is_none_or(|e| e.available && e.visible);
     // Its directory entry goes too, once its node is no longer live.
-    shared.cluster.forget_if_dead(jid);
+    pres.cluster.forget_if_dead(jid);
     // One stanza, addressed to each recipient: here per session, elsewhere one message per
     // node holding any of them (not one per recipient).
     let once = crate::protocol::xml::Addressed::new(&crate::node::outbox::unavailable(
         jid.as_str(),
         bare.as_str(),
     ));
-    let _guard = shared.subject_locks.lock_subject(bare.as_str()).await;
+    let _guard = pres.subject_locks.lock_subject(bare.as_str()).await;
     let mut recipients: Vec<String> = if shown {
-        gate::online_audience(shared, jid)
+        gate::online_audience(pres, jid)
             .await
             .into_iter()
             .map(|contact| contact.to_string())
-            .filter(|contact| shared.outbox.is_local(contact))
+            .filter(|contact| pres.outbox.is_local(contact))
             .collect()
     } else {
         Vec::new()
     };
     // The user's own available resources, on this node and the others (RFC 6121 §4.5.2).
     recipients.push(bare.to_string());
-    shared
-        .outbox
+    pres.outbox
         .to_contacts(&once, recipients, None, crate::node::outbox::Reach::Send)
         .await;
 }

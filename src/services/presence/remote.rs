@@ -15,9 +15,7 @@
 //!   resources only if the user is subscribed to the sender (`to`/`both`); presence to a
 //!   full JID is directed presence (RFC 6121 §4.6) and reaches that resource.
 
-use std::sync::Arc;
-
-use crate::node::Shared;
+use super::Presence;
 use crate::protocol::jid::bare_of;
 use crate::protocol::jid::{BareJid, Jid};
 use crate::protocol::stanza::PresenceType;
@@ -28,16 +26,16 @@ use super::subscription::{Direction, SubKind};
 use super::{presence, Exchange};
 /// A presence stanza from an authenticated remote server (its `from` domain was checked
 /// by the stream, which parsed its addresses). Dispatches by type.
-pub async fn inbound(shared: &Arc<Shared>, from: Jid, to: Jid, el: Element) {
+pub async fn inbound(pres: &Presence, from: Jid, to: Jid, el: Element) {
     // A type RFC 6121 does not define is dropped: a server's stanza gets no error back.
     let Some(ty) = PresenceType::of(&el) else {
         return;
     };
     match ty {
         PresenceType::Available | PresenceType::Unavailable => {
-            presence_update(shared, &from, &to, el, ty == PresenceType::Available).await
+            presence_update(pres, &from, &to, el, ty == PresenceType::Available).await
         }
-        PresenceType::Probe => probe(shared, &from, &to).await,
+        PresenceType::Probe => probe(pres, &from, &to).await,
         PresenceType::Subscribe
         | PresenceType::Subscribed
         | PresenceType::Unsubscribe
@@ -47,17 +45,17 @@ pub async fn inbound(shared: &Arc<Shared>, from: Jid, to: Jid, el: Element) {
                 return;
             };
             let (contact, user) = (from.to_bare(), to.to_bare());
-            let _locks = shared
+            let _locks = pres
                 .roster_locks
                 .lock(&[user.as_str(), contact.as_str()])
                 .await;
-            if let Err(e) = inbound_subscription(shared, &user, &contact, kind, el).await {
+            if let Err(e) = inbound_subscription(pres, &user, &contact, kind, el).await {
                 tracing::warn!(%user, %contact, error = %e, "inbound remote subscription failed");
             }
         }
         PresenceType::Error => {
             if let Ok(full) = to.try_into_full() {
-                shared.outbox.to_session(&full, el);
+                pres.outbox.to_session(&full, el);
             }
         }
     }
@@ -65,14 +63,14 @@ pub async fn inbound(shared: &Arc<Shared>, from: Jid, to: Jid, el: Element) {
 
 /// RFC 6121 §3.1.3, §3.1.6, §3.2.3, §3.3.3 for a local user and a remote contact.
 async fn inbound_subscription(
-    shared: &Shared,
+    pres: &Presence,
     user: &BareJid,
     contact: &BareJid,
     kind: SubKind,
     stanza: Element,
 ) -> Result<(), StoreError> {
     let user_node = user.node().map(|n| n.as_str()).unwrap_or("");
-    if !shared
+    if !pres
         .store
         .account_exists(user_node, user.domain().as_str())
         .await?
@@ -80,7 +78,7 @@ async fn inbound_subscription(
         // RFC 6121 §8.5.1: subscription stanzas to a non-existent account are ignored.
         return Ok(());
     }
-    if crate::services::presence::gate::blocked_either(shared, user, contact).await {
+    if crate::services::presence::gate::blocked_either(pres, user, contact).await {
         // XEP-0191 §3.3: nothing from a blocked entity reaches the user.
         return Ok(());
     }
@@ -91,7 +89,7 @@ async fn inbound_subscription(
         kind,
         removal: false,
     };
-    change.apply(shared, stanza).await
+    change.apply(pres, stanza).await
 }
 
 /// After `owner` unblocked `removed`, the remote contacts `owner` is subscribed to that
@@ -99,26 +97,26 @@ async fn inbound_subscription(
 /// §4.3.1): what the block withdrew here their servers never knew to show again. Only
 /// while the user has a visible available resource, since a probe says the user is
 /// online (XEP-0186); otherwise the user's next initial presence probes them.
-pub async fn probe_unblocked(shared: &Shared, owner_jid: &BareJid, removed: &[Jid]) {
+pub async fn probe_unblocked(pres: &Presence, owner_jid: &BareJid, removed: &[Jid]) {
     let owner = owner_jid.as_str();
-    let shown = shared.sessions.shows_online_here(owner);
+    let shown = pres.sessions.shows_online_here(owner);
     if !shown || removed.is_empty() {
         return;
     }
-    let Ok((_, roster)) = shared.store.roster(owner).await else {
+    let Ok((_, roster)) = pres.store.roster(owner).await else {
         return;
     };
     for item in roster.iter().filter(|i| i.subscription.has_to()) {
         let contact = item.contact.as_str();
-        if shared.config.serves(item.contact.domain().as_str())
+        if pres.serves(item.contact.domain().as_str())
             || !crate::store::blocks::match_candidates(contact)
                 .iter()
                 .any(|c| removed.iter().any(|r| r.as_str() == c))
-            || super::gate::blocked_either(shared, owner_jid, &item.contact).await
+            || super::gate::blocked_either(pres, owner_jid, &item.contact).await
         {
             continue;
         }
-        let _ = shared
+        let _ = pres
             .outbox
             .route_remote(presence(PresenceType::Probe, owner, contact));
     }
@@ -126,25 +124,19 @@ pub async fn probe_unblocked(shared: &Shared, owner_jid: &BareJid, removed: &[Ji
 
 /// RFC 6121 §4.3.2: a remote server probes a local user for its user `prober`. Only an
 /// approved subscriber who is not blocked gets an answer.
-async fn probe(shared: &Shared, prober: &Jid, user: &Jid) {
+async fn probe(pres: &Presence, prober: &Jid, user: &Jid) {
     let Some(_) = user.node() else { return };
     // The same gate as local probes (approved subscription, blocks, settings,
     // invisibility); the answer goes back over federation.
-    crate::services::presence::gate::probe_answer(
-        shared,
-        &prober.to_bare(),
-        &user.to_bare(),
-        |p| {
-            let _ = shared.outbox.route_remote(p);
-        },
-    )
+    crate::services::presence::gate::probe_answer(pres, &prober.to_bare(), &user.to_bare(), |p| {
+        let _ = pres.outbox.route_remote(p);
+    })
     .await;
 }
 
 /// Available or unavailable presence from a remote contact.
-async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_available: bool) {
-    if crate::services::presence::gate::blocked_either(shared, &to.to_bare(), &from.to_bare()).await
-    {
+async fn presence_update(pres: &Presence, from: &Jid, to: &Jid, el: Element, is_available: bool) {
+    if crate::services::presence::gate::blocked_either(pres, &to.to_bare(), &from.to_bare()).await {
         // XEP-0191 §3.3: a blocked entity's presence is not delivered.
         return;
     }
@@ -153,14 +145,14 @@ async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_
         let Ok(full) = to.clone().try_into_full() else {
             return;
         };
-        if shared.outbox.to_session(&full, el) {
-            track(shared, from.as_str(), full.as_str(), is_available);
+        if pres.outbox.to_session(&full, el) {
+            track(pres, from.as_str(), full.as_str(), is_available);
         }
         return;
     }
     let Some(_) = to.node() else { return };
     let user = to.as_str();
-    let subscribed = match shared.store.roster_item(user, bare_of(from.as_str())).await {
+    let subscribed = match pres.store.roster_item(user, bare_of(from.as_str())).await {
         Ok(item) => item.is_some_and(|i| i.subscription.has_to()),
         Err(e) => {
             tracing::warn!(user, error = %e, "remote presence: roster unavailable");
@@ -170,15 +162,15 @@ async fn presence_update(shared: &Shared, from: &Jid, to: &Jid, el: Element, is_
     if !subscribed {
         return;
     }
-    if shared.outbox.to_available(user, &el) > 0 || !is_available {
-        track(shared, from.as_str(), user, is_available);
+    if pres.outbox.to_available(user, &el) > 0 || !is_available {
+        track(pres, from.as_str(), user, is_available);
     }
 }
 
-fn track(shared: &Shared, remote: &str, local: &str, is_available: bool) {
+fn track(pres: &Presence, remote: &str, local: &str, is_available: bool) {
     if is_available {
-        shared.s2s.saw_available(remote, local);
+        pres.s2s.saw_available(remote, local);
     } else {
-        shared.s2s.saw_unavailable(remote, local);
+        pres.s2s.saw_unavailable(remote, local);
     }
 }

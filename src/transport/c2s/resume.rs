@@ -243,7 +243,7 @@ pub(super) fn stream_management(
 /// mailbox), after the session ended: each is handled as RFC 6121 §8 handles a stanza for
 /// a resource that went away ([`crate::routing::delivery::unacked`]).
 pub(super) async fn return_unacked(
-    shared: &Shared,
+    presence: &crate::services::presence::Presence,
     jid: &FullJid,
     out: &sm::SharedOutgoing,
     rest: Option<crate::node::sessions::Mailbox>,
@@ -264,7 +264,7 @@ pub(super) async fn return_unacked(
         let Some(el) = x::parse_element(&xml) else {
             continue;
         };
-        crate::routing::delivery::unacked(shared, &owner, el).await;
+        crate::routing::delivery::unacked(presence, &owner, el).await;
         handled += 1;
     }
     if handled > 0 {

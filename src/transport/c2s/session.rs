@@ -636,7 +636,7 @@ impl SessionLoop {
         tracing::info!(%peer, %jid, "session ended");
         if let Some(kept) = &out {
             // XEP-0198: what the client did not acknowledge is not lost with the session.
-            Box::pin(return_unacked(&shared, &jid, kept, rest)).await;
+            Box::pin(return_unacked(&services.presence, &jid, kept, rest)).await;
         }
         // Unavailable now (silent death) or after the grace period (close or drop).
         Box::pin(crate::services::lifecycle::session_over(

@@ -35,6 +35,7 @@ use crate::protocol::stanza::IqType;
 use crate::protocol::xml::new_id;
 use crate::protocol::xml::reader::ReaderLimits;
 use crate::protocol::xml::{Element, NS_CLIENT, NS_SASL, NS_SERVER, NS_STREAM, NS_TLS};
+use crate::services::presence::Presence;
 use crate::transport::listener::{Handler, Listener, ListenerPolicy, StartError};
 use rustls::pki_types::CertificateDer;
 
@@ -53,7 +54,10 @@ pub struct Listening {
 }
 
 /// Binds the s2s listeners and starts accepting.
-pub async fn listen(shared: &Arc<Shared>) -> Result<Listening, StartError> {
+pub async fn listen(
+    shared: &Arc<Shared>,
+    presence: &Arc<Presence>,
+) -> Result<Listening, StartError> {
     let mut out = Listening::default();
     let cfg = &shared.config.s2s;
     if !cfg.enabled {
@@ -75,6 +79,7 @@ pub async fn listen(shared: &Arc<Shared>) -> Result<Listening, StartError> {
         }
         let handler = Inbound {
             shared: shared.clone(),
+            presence: presence.clone(),
             direct_tls: direct,
         };
         Listener::new("s2s", listener, Some(policy.clone()), shared).spawn(handler);
@@ -85,6 +90,8 @@ pub async fn listen(shared: &Arc<Shared>) -> Result<Listening, StartError> {
 /// The s2s listeners' connections: an inbound server stream each ([`serve`]).
 struct Inbound {
     shared: Arc<Shared>,
+    /// Presence, and the privacy gate the stanzas the streams carry go through.
+    presence: Arc<Presence>,
     /// Whether this is the direct TLS port (XEP-0368).
     direct_tls: bool,
 }
@@ -95,7 +102,13 @@ impl Handler<TcpListener> for Inbound {
         tcp: TcpStream,
         peer: SocketAddr,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        serve(self.shared.clone(), tcp, peer, self.direct_tls)
+        serve(
+            self.shared.clone(),
+            self.presence.clone(),
+            tcp,
+            peer,
+            self.direct_tls,
+        )
     }
 
     /// While federation is severed, inbound connections are closed as they come.
@@ -117,7 +130,13 @@ fn peer_certs(conn: &rustls::ServerConnection) -> PeerCerts {
 }
 
 /// Serves one inbound server connection.
-pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct_tls: bool) {
+pub async fn serve(
+    shared: Arc<Shared>,
+    presence: Arc<Presence>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    direct_tls: bool,
+) {
     let limits = ReaderLimits::for_peer(&shared.live.get().limits, false);
     let deadline = tokio::time::Instant::now() + shared.live.get().limits.negotiation_timeout;
     let mut certs = PeerCerts::new();
@@ -155,7 +174,7 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, direct
             return;
         }
     };
-    run(shared, n, peer, deadline).await;
+    run(shared, presence, n, peer, deadline).await;
 }
 
 /// How a negotiation ended early: with the stream error to send on the stream, or with
@@ -518,13 +537,42 @@ impl External {
     }
 }
 
+/// SASL was not offered on this stream (the certificate proves nothing, or the stream
+/// already authenticated): refuse, but keep the stream so the peer can fall back to
+/// dialback (XEP-0178 §3, RFC 6120 §6.5.10). The stream error once the refusals reach
+/// `[limits] max_auth_failures`.
+async fn refuse_sasl(
+    shared: &Shared,
+    el: &Element,
+    peer: SocketAddr,
+    out_tx: &mpsc::Sender<Out>,
+    refusals: &mut u32,
+) -> Option<StreamError> {
+    tracing::warn!(%peer, mechanism = ?el.get_attr("mechanism"), "SASL attempted where it was not offered; not-authorized");
+    let f = format!("<failure xmlns='{NS_SASL}'><not-authorized/></failure>");
+    let _ = out_tx.send(Out::Raw(f)).await;
+    *refusals += 1;
+    (*refusals >= shared.live.get().limits.max_auth_failures).then(|| {
+        StreamError::new(
+            StreamCondition::PolicyViolation,
+            "too many failed authentication attempts",
+        )
+    })
+}
+
 /// What the writer task is asked to do.
 enum Out {
     Raw(String),
     Error(StreamError),
 }
 
-async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tokio::time::Instant) {
+async fn run(
+    shared: Arc<Shared>,
+    presence: Arc<Presence>,
+    n: Negotiated,
+    peer: SocketAddr,
+    deadline: tokio::time::Instant,
+) {
     let Negotiated {
         stream,
         local_domain,
@@ -593,20 +641,10 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
             continue;
         }
         if el.is("auth", NS_SASL) {
-            // SASL was not offered on this stream (the certificate proves nothing, or the
-            // stream already authenticated): refuse, but keep the stream so the peer can
-            // fall back to dialback (XEP-0178 §3, RFC 6120 §6.5.10).
-            tracing::warn!(%peer, mechanism = ?el.get_attr("mechanism"), "SASL attempted where it was not offered; not-authorized");
-            let f = format!("<failure xmlns='{NS_SASL}'><not-authorized/></failure>");
-            let _ = out_tx.send(Out::Raw(f)).await;
-            sasl_refusals += 1;
-            if sasl_refusals >= shared.live.get().limits.max_auth_failures {
-                break Some(StreamError::new(
-                    StreamCondition::PolicyViolation,
-                    "too many failed authentication attempts",
-                ));
+            match refuse_sasl(&shared, &el, peer, &out_tx, &mut sasl_refusals).await {
+                Some(e) => break Some(e),
+                None => continue,
             }
-            continue;
         }
         if el.is("error", NS_STREAM) {
             tracing::info!(%peer, error = %el, "peer ended its s2s stream with an error");
@@ -630,7 +668,7 @@ async fn run(shared: Arc<Shared>, n: Negotiated, peer: SocketAddr, deadline: tok
             Ok(addresses) => addresses,
             Err(e) => break Some(e),
         };
-        super::deliver_inbound(&shared, from, to, el).await;
+        super::deliver_inbound(&presence, from, to, el).await;
     };
     let ending = Ending {
         error,
@@ -874,27 +912,27 @@ async fn on_verify(shared: &Shared, el: &Element, out: &mpsc::Sender<Out>) {
 /// A message from a remote server to a local user (RFC 6121 §8.5), delivered as a local
 /// one is ([`crate::routing::delivery::message`]: the recipient's block list and the privacy gate
 /// apply); an error goes back over federation.
-pub(crate) async fn message(shared: &Shared, from: Jid, to: Jid, el: Element) {
+pub(crate) async fn message(presence: &Presence, from: Jid, to: Jid, el: Element) {
     if to.node().is_none() {
         // No handler for messages to the server itself (RFC 6120 §10.3.1).
-        shared
+        presence
             .outbox
             .bounce(&el, StanzaError::service_unavailable());
         return;
     }
-    crate::routing::delivery::message(shared, &from, to, el).await;
+    crate::routing::delivery::message(presence, &from, to, el).await;
 }
 
 /// An iq from a remote server (RFC 6120 §10.5): to a local full JID it goes through
 /// [`crate::routing::delivery::iq`] (block list, privacy gate, the offline answer otherwise); the
 /// server answers ping (XEP-0199) to a bare JID itself; every other request gets
 /// service-unavailable so the requester is never left waiting.
-pub(crate) async fn iq(shared: &Shared, from: Jid, to: Jid, el: Element) {
+pub(crate) async fn iq(presence: &Presence, from: Jid, to: Jid, el: Element) {
     let ty = IqType::of(&el);
     let is_request = ty.is_some_and(IqType::is_request);
     let to = match to.try_into_full() {
         Ok(full) => {
-            crate::routing::delivery::iq(shared, &from, &full, el).await;
+            crate::routing::delivery::iq(presence, &from, &full, el).await;
             return;
         }
         Err(bare) => bare,
@@ -903,7 +941,7 @@ pub(crate) async fn iq(shared: &Shared, from: Jid, to: Jid, el: Element) {
         return;
     }
     if to.node().is_some()
-        && crate::routing::delivery::admit_from(shared, from.as_str(), to.as_str(), &el).await
+        && crate::routing::delivery::admit_from(presence, from.as_str(), to.as_str(), &el).await
             != crate::services::blocking::Verdict::Pass
     {
         return;
@@ -921,5 +959,5 @@ pub(crate) async fn iq(shared: &Shared, from: Jid, to: Jid, el: Element) {
             None => return,
         }
     };
-    let _ = shared.outbox.route_remote(reply);
+    let _ = presence.outbox.route_remote(reply);
 }

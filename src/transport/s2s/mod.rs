@@ -182,11 +182,16 @@ pub use crate::protocol::jid::{bare_of, domain_of};
 
 /// An authenticated inbound stanza, already checked for addressing: hands it to presence,
 /// or delivers it like a local one (RFC 6120 §10.5, RFC 6121 §8.5).
-pub(crate) async fn deliver_inbound(shared: &Arc<Shared>, from: Jid, to: Jid, el: Element) {
+pub(crate) async fn deliver_inbound(
+    presence: &crate::services::presence::Presence,
+    from: Jid,
+    to: Jid,
+    el: Element,
+) {
     match el.name.as_str() {
-        "presence" => crate::services::presence::remote::inbound(shared, from, to, el).await,
-        "message" => inbound::message(shared, from, to, el).await,
-        _ => inbound::iq(shared, from, to, el).await,
+        "presence" => crate::services::presence::remote::inbound(presence, from, to, el).await,
+        "message" => inbound::message(presence, from, to, el).await,
+        _ => inbound::iq(presence, from, to, el).await,
     }
 }
 
