@@ -203,7 +203,6 @@ fn build_services(node: &Arc<Shared>) -> crate::services::Services {
         roster_locks: node.roster_locks.clone(),
         s2s: node.s2s.clone(),
         caps: node.caps.clone(),
-        domains: node.config.domains.clone(),
     });
     crate::services::Services {
         roster: Roster::new(
@@ -251,7 +250,6 @@ fn build_services(node: &Arc<Shared>) -> crate::services::Services {
             node.outbox.clone(),
             node.s2s.clone(),
             presence.clone(),
-            node.config.domains.clone(),
             node.config.auth.allow_registration,
         )),
         presence,

@@ -290,6 +290,16 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    /// Whether `domain` is one this server hosts: the one answer every service asks.
+    pub(crate) fn serves(&self, domain: &str) -> bool {
+        self.config.serves(domain)
+    }
+
+    /// The domains this server hosts.
+    pub(crate) fn domains(&self) -> &[String] {
+        &self.config.domains
+    }
+
     /// The outbox of the node whose parts these are.
     pub fn new(
         sessions: Arc<Sessions>,
@@ -431,7 +441,7 @@ impl Outbox {
     /// Whether `jid` is an account on a domain this server hosts.
     pub(crate) fn is_local(&self, jid: &str) -> bool {
         let bare = crate::protocol::jid::bare_of(jid);
-        bare.contains('@') && self.config.serves(crate::protocol::jid::domain_of(bare))
+        bare.contains('@') && self.serves(crate::protocol::jid::domain_of(bare))
     }
 
     /// Sends a presence the caller's decision admitted to `to`: locally as [`Self::to_local`], to
@@ -456,7 +466,7 @@ impl Outbox {
         else {
             return;
         };
-        if !self.config.serves(to.domain().as_str()) {
+        if !self.serves(to.domain().as_str()) {
             let _ = self.route_remote(reply);
             return;
         }

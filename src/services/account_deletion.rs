@@ -61,7 +61,7 @@ pub struct Deleted {
 /// The deletion of accounts, with what it reaches: the store, this node's sessions and
 /// their presence locks, the outbox, the federation state (what remote servers were
 /// shown), presence (the re-decision after a roster change made outside a client) and the
-/// node's configured domains and registration switch.
+/// node's registration switch (the hosted domains are the outbox's).
 pub struct AccountDeletion {
     store: Store,
     sessions: Arc<Sessions>,
@@ -69,8 +69,6 @@ pub struct AccountDeletion {
     outbox: Arc<Outbox>,
     s2s: Arc<S2s>,
     presence: Arc<Presence>,
-    /// `domains` of the configuration the server started with.
-    domains: Vec<String>,
     /// `[auth] allow_registration` as the server started with it.
     allow_registration: bool,
 }
@@ -85,7 +83,6 @@ impl AccountDeletion {
         outbox: Arc<Outbox>,
         s2s: Arc<S2s>,
         presence: Arc<Presence>,
-        domains: Vec<String>,
         allow_registration: bool,
     ) -> Self {
         AccountDeletion {
@@ -95,13 +92,12 @@ impl AccountDeletion {
             outbox,
             s2s,
             presence,
-            domains,
             allow_registration,
         }
     }
 
     fn serves(&self, domain: &str) -> bool {
-        self.domains.iter().any(|d| d == domain)
+        self.outbox.serves(domain)
     }
 
     /// Deletes local account `account` (see the module documentation), ending its sessions here
@@ -122,7 +118,11 @@ impl AccountDeletion {
         self.withdraw_presence(account, &sessions).await;
         let deleted = self
             .store
-            .delete_account(node.as_str(), account.domain().as_str(), &self.domains)
+            .delete_account(
+                node.as_str(),
+                account.domain().as_str(),
+                self.outbox.domains(),
+            )
             .await?;
         // A session bound while the row was still there (a login racing the deletion) has an
         // account no more.

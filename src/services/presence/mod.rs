@@ -67,14 +67,12 @@ pub struct Presence {
     pub(crate) s2s: Arc<S2s>,
     /// XEP-0115 capabilities of clients on this node, forgotten with their session.
     pub(crate) caps: Arc<CapsCache>,
-    /// The domains this server hosts.
-    pub(crate) domains: Vec<String>,
 }
 
 impl Presence {
     /// Whether `domain` is one this server hosts.
     pub(crate) fn serves(&self, domain: &str) -> bool {
-        self.domains.iter().any(|d| d == domain)
+        self.outbox.serves(domain)
     }
 
     /// See [`to_directory`].
