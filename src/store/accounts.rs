@@ -197,6 +197,15 @@ pub(super) async fn delete<C: AccountSql>(
     }))
 }
 
+/// One account's credentials for one hash, inserted or replaced: the same statement on both
+/// backends (sqlx binds `$N` on SQLite too).
+pub(super) const UPSERT_CREDENTIALS: &str = "INSERT INTO scram_credentials
+     (account_id, hash, salt, iterations, stored_key, server_key)
+ VALUES ($1, $2, $3, $4, $5, $6)
+ ON CONFLICT (account_id, hash) DO UPDATE
+     SET salt = excluded.salt, iterations = excluded.iterations,
+         stored_key = excluded.stored_key, server_key = excluded.server_key";
+
 impl AccountSql for sqlx::PgConnection {
     async fn insert_account(
         &mut self,
@@ -235,22 +244,15 @@ impl AccountSql for sqlx::PgConnection {
     ) -> Result<(), StoreError> {
         for (hash, c) in creds {
             let iterations = iterations_column(c.iterations)?;
-            sqlx::query(
-                "INSERT INTO scram_credentials
-                     (account_id, hash, salt, iterations, stored_key, server_key)
-                 VALUES ($1, $2, $3, $4, $5, $6)
-                 ON CONFLICT (account_id, hash) DO UPDATE
-                     SET salt = EXCLUDED.salt, iterations = EXCLUDED.iterations,
-                         stored_key = EXCLUDED.stored_key, server_key = EXCLUDED.server_key",
-            )
-            .bind(id)
-            .bind(hash_column(*hash))
-            .bind(&c.salt)
-            .bind(iterations)
-            .bind(&c.stored_key)
-            .bind(&c.server_key)
-            .execute(&mut *self)
-            .await?;
+            sqlx::query(UPSERT_CREDENTIALS)
+                .bind(id)
+                .bind(hash_column(*hash))
+                .bind(&c.salt)
+                .bind(iterations)
+                .bind(&c.stored_key)
+                .bind(&c.server_key)
+                .execute(&mut *self)
+                .await?;
         }
         Ok(())
     }

@@ -51,22 +51,15 @@ impl AccountSql for sqlx::SqliteConnection {
     ) -> Result<(), StoreError> {
         for (hash, c) in creds {
             let iterations = iterations_column(c.iterations)?;
-            sqlx::query(
-                "INSERT INTO scram_credentials
-                     (account_id, hash, salt, iterations, stored_key, server_key)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                 ON CONFLICT (account_id, hash) DO UPDATE
-                     SET salt = excluded.salt, iterations = excluded.iterations,
-                         stored_key = excluded.stored_key, server_key = excluded.server_key",
-            )
-            .bind(id)
-            .bind(hash_column(*hash))
-            .bind(&c.salt)
-            .bind(iterations)
-            .bind(&c.stored_key)
-            .bind(&c.server_key)
-            .execute(&mut *self)
-            .await?;
+            sqlx::query(crate::store::accounts::UPSERT_CREDENTIALS)
+                .bind(id)
+                .bind(hash_column(*hash))
+                .bind(&c.salt)
+                .bind(iterations)
+                .bind(&c.stored_key)
+                .bind(&c.server_key)
+                .execute(&mut *self)
+                .await?;
         }
         Ok(())
     }
