@@ -15,7 +15,6 @@ use hmac::{Hmac, Mac};
 use presenced::protocol::jid::FullJid;
 use presenced::protocol::xml::{Element, NS_CLIENT};
 use sha2::{Digest, Sha256};
-use tokio::time::Instant;
 
 const NS_SASL2: &str = "urn:xmpp:sasl:2";
 const NS_SASL: &str = "urn:ietf:params:xml:ns:xmpp-sasl";
@@ -333,11 +332,7 @@ async fn sm_resumes_inline_in_sasl2() {
     c.expect(|e| e.name == "message" && e.get_attr("id") == Some("m1"))
         .await;
     drop(c);
-    let deadline = Instant::now() + WAIT;
-    while ts.shared().resumable.detached() != 1 {
-        assert!(Instant::now() < deadline, "never detached");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("detached", WAIT, || ts.shared().resumable.detached() == 1).await;
 
     let mut c = secured(&ts).await;
     let success = authenticate_plain(

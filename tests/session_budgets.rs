@@ -20,7 +20,6 @@ use std::time::Duration;
 use common::*;
 use presenced::protocol::jid::FullJid;
 use presenced::protocol::xml::{Element, NS_CLIENT};
-use tokio::time::Instant;
 
 struct Counting;
 
@@ -140,15 +139,6 @@ async fn sink(mut c: Client) -> Ended {
             Ok(_) => {}
             Err(e) => return e,
         }
-    }
-}
-
-/// Waits (bounded) until `cond` holds.
-async fn until(what: &str, wait: Duration, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + wait;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within {wait:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

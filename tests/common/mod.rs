@@ -1236,3 +1236,16 @@ pub async fn until_a_backend_waits_on(pool: &sqlx::PgPool, holder: i32) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Waits until `cond` holds, checking every 10 ms, and fails naming `what` if it does not
+/// within `wait`: for state a test cannot await (a session detached, a counter reached).
+pub async fn until(what: &str, wait: Duration, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + wait;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {wait:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -101,10 +101,9 @@ impl Bind {
             ..Bind::default()
         };
         for child in el.elements() {
-            if let Some(Ok(sm::Nonza::Enable { resume, max })) = sm::Nonza::parse(child) {
+            let nonza = sm::Nonza::parse(child).transpose()?;
+            if let Some(sm::Nonza::Enable { resume, max }) = nonza {
                 bind.sm = Some((resume, max));
-            } else if let Some(Err(e)) = sm::Nonza::parse(child) {
-                return Err(e);
             } else if child.is("enable", NS_CARBONS) {
                 bind.carbons = true;
             } else if let Some(active) = crate::services::csi::nonza(child) {
