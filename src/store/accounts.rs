@@ -483,7 +483,7 @@ impl Store {
     /// Every account as (username, domain), ordered by domain and username.
     pub async fn accounts(&self) -> Result<Vec<(String, String)>, StoreError> {
         const SQL: &str = "SELECT username, domain FROM accounts ORDER BY domain, username";
-        let pool = pg_or_sqlite!(self, |db| async {
+        let pool = pg_or_sqlite!(self, "accounts", |db| async {
             Ok(sqlx::query_as(SQL).fetch_all(db.reader()).await?)
         });
         Ok(sqlx::query_as(SQL).fetch_all(pool).await?)
@@ -492,7 +492,7 @@ impl Store {
     /// Every server secret as (name, value).
     pub async fn server_secrets(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         const SQL: &str = "SELECT name, value FROM server_secrets ORDER BY name";
-        let pool = pg_or_sqlite!(self, |db| async {
+        let pool = pg_or_sqlite!(self, "server_secrets", |db| async {
             Ok(sqlx::query_as(SQL).fetch_all(db.reader()).await?)
         });
         Ok(sqlx::query_as(SQL).fetch_all(pool).await?)

@@ -38,6 +38,7 @@
 mod accounts;
 pub mod audience_cache;
 pub mod blocks;
+pub mod calls;
 pub mod copy;
 pub mod gate_inputs;
 pub mod last_seen;
@@ -71,6 +72,8 @@ pub struct Store {
     /// The settings of a user with no `privacy_settings` row ([`Store::set_privacy_defaults`]);
     /// shared by clones.
     privacy_defaults: std::sync::Arc<std::sync::RwLock<crate::policy::privacy::PrivacySettings>>,
+    /// How often each operation reached the database ([`calls`]); shared by clones.
+    calls: std::sync::Arc<calls::Calls>,
 }
 
 /// Which store `url` names and whether it can be used, without creating or changing
@@ -158,16 +161,27 @@ pub enum Dialect {
 }
 
 /// The PostgreSQL pool of `$store`, or the value of running `$call` on its SQLite pools
-/// (bound to `$db`), with errors about the file itself naming it.
+/// (bound to `$db`), with errors about the file itself naming it. Counts the call
+/// ([`calls`]) under `$name`, or under the name of the backend's method `$call` calls.
 macro_rules! pg_or_sqlite {
-    ($store:expr, |$db:ident| $call:expr) => {
+    ($store:expr, $name:literal, |$db:ident| $call:expr) => {{
+        $store.calls.count($name);
         match &$store.backend {
             $crate::store::Backend::Postgres(pool) => pool,
             $crate::store::Backend::Sqlite($db) => {
                 return $call.await.map_err(|e| $db.name_file(e));
             }
         }
-    };
+    }};
+    ($store:expr, |$db:ident| $recv:ident . $method:ident ( $($args:tt)* )) => {{
+        $store.calls.count(stringify!($method));
+        match &$store.backend {
+            $crate::store::Backend::Postgres(pool) => pool,
+            $crate::store::Backend::Sqlite($db) => {
+                return $recv.$method($($args)*).await.map_err(|e| $db.name_file(e));
+            }
+        }
+    }};
 }
 pub(crate) use pg_or_sqlite;
 
@@ -513,6 +527,7 @@ impl Store {
             audience: Default::default(),
             limits: Default::default(),
             privacy_defaults: Default::default(),
+            calls: Default::default(),
         }
     }
 

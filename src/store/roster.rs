@@ -452,7 +452,7 @@ impl Store {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_owners([owner]);
         let max_items = self.limits().max_roster_items;
-        let pool = pg_or_sqlite!(self, |db| async {
+        let pool = pg_or_sqlite!(self, "upsert_roster_item", |db| async {
             Ok(db
                 .upsert_roster_items(&[(owner, item)], max_items, &[], 0)
                 .await?[0])
@@ -537,6 +537,7 @@ impl Store {
     ) -> Result<Vec<(String, i64)>, StoreError> {
         // Drops the gate's cached inputs this write may alter, on every way out.
         let _forget = self.forget_owners(changes.iter().map(|(o, _)| o.as_str()));
+        self.calls.count("write_subscription_change");
         // Lock owners' version rows in a fixed order so two opposite changes between the
         // same users cannot deadlock; a stable sort keeps each owner's changes in order.
         let mut order: Vec<usize> = (0..changes.len()).collect();

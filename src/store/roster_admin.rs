@@ -161,6 +161,7 @@ impl Store {
         groups: &[String],
     ) -> Result<(), StoreError> {
         let _forget = self.forget_owners([a, b]);
+        self.calls.count("roster_make_mutual");
         let max_items = self.limits().max_roster_items;
         match &self.backend {
             Backend::Postgres(pool) => {
@@ -185,6 +186,7 @@ impl Store {
     /// (`presenced_roster_unpair`). Returns whether `a` had `b` on its roster.
     pub async fn roster_unpair(&self, a: &str, b: &str) -> Result<bool, StoreError> {
         let _forget = self.forget_owners([a, b]);
+        self.calls.count("roster_unpair");
         match &self.backend {
             Backend::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
