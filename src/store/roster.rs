@@ -213,6 +213,33 @@ pub(super) trait DiffSql {
     ) -> Result<Vec<(String, i64)>, StoreError>;
 }
 
+/// What a client holding roster `version` is told (XEP-0237 §2.3), from the roster's
+/// `(current, floor)` bounds alone ([`DiffSql::bounds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Since {
+    /// The whole roster: no roster row, or a version that cannot be diffed ([`diffable`]).
+    Whole,
+    /// Nothing: its version is the current one. This is the usual login of a client that
+    /// keeps the roster, so it reads no item and no tombstone.
+    Unchanged(i64),
+    /// The items and tombstones after its version, up to the current one.
+    Diff(i64),
+}
+
+/// The one rule of [`Since`].
+pub(super) fn since(version: i64, bounds: Option<(i64, i64)>) -> Since {
+    match bounds {
+        Some((current, floor)) if diffable(version, floor, current) => {
+            if version == current {
+                Since::Unchanged(current)
+            } else {
+                Since::Diff(current)
+            }
+        }
+        _ => Since::Whole,
+    }
+}
+
 /// [`Store::roster_since`] inside the caller's snapshot.
 pub(super) async fn changes_since<C: DiffSql>(
     conn: &mut C,
@@ -220,12 +247,11 @@ pub(super) async fn changes_since<C: DiffSql>(
     version: i64,
     limits: &StoreLimits,
 ) -> Result<Option<(i64, Vec<RosterChange>)>, StoreError> {
-    let Some((current, floor)) = conn.bounds(owner).await? else {
-        return Ok(None);
+    let current = match since(version, conn.bounds(owner).await?) {
+        Since::Whole => return Ok(None),
+        Since::Unchanged(current) => return Ok(Some((current, Vec::new()))),
+        Since::Diff(current) => current,
     };
-    if !diffable(version, floor, current) {
-        return Ok(None);
-    }
     let changed = conn.changed_since(owner, version, limits).await?;
     let removed = conn.removed_since(owner, version).await?;
     Ok(Some((current, in_version_order(owner, changed, removed))))
@@ -398,6 +424,15 @@ impl Store {
         owner: &str,
         version: i64,
     ) -> Result<Option<(i64, Vec<RosterChange>)>, StoreError> {
+        // The bounds first, in one statement: a client whose version is current (XEP-0237
+        // §2.3, RFC 6121 §2.6.3: the usual login of a client that keeps its roster) is
+        // answered from them, and one that gets the whole roster needs no snapshot either.
+        // Only a diff opens the snapshot, which reads the bounds again with the changes.
+        match since(version, self.roster_version(owner).await?) {
+            Since::Whole => return Ok(None),
+            Since::Unchanged(current) => return Ok(Some((current, Vec::new()))),
+            Since::Diff(_) => {}
+        }
         let limits = self.limits();
         let pool = pg_or_sqlite!(self, |db| db.roster_since(owner, version, &limits));
         let mut tx = snapshot(pool).await?;
@@ -406,6 +441,14 @@ impl Store {
             tx.commit().await?;
         }
         Ok(since)
+    }
+
+    /// The current version and the tombstone floor of `owner`'s roster (XEP-0237), `None`
+    /// when it has no roster row (no account). One statement.
+    pub async fn roster_version(&self, owner: &str) -> Result<Option<(i64, i64)>, StoreError> {
+        let pool = pg_or_sqlite!(self, |db| db.roster_version(owner));
+        let mut conn = pool.acquire().await?;
+        conn.bounds(owner).await
     }
 
     /// One item of `owner`'s roster, if present.
@@ -710,6 +753,14 @@ mod tests {
             [RosterChange::Removed(_), RosterChange::Upsert(_)]
         ));
         assert_eq!(rows.asked, ["bounds", "changed", "removed"]);
+        // The current version: nothing to tell, and nothing read but the bounds.
+        let mut rows = Rows::default();
+        let (current, changes) = changes_since(&mut rows, "u@h", 7, &limits)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((current, changes.len()), (7, 0));
+        assert_eq!(rows.asked, ["bounds"]);
         for (owner, version) in [("u@h", 2), ("u@h", 8), ("nobody@h", 5)] {
             let mut rows = Rows::default();
             let since = changes_since(&mut rows, owner, version, &limits).await;
@@ -729,5 +780,14 @@ mod tests {
         assert!(!diffable(2, 3, 7));
         assert!(!diffable(8, 3, 7));
         assert!(diffable(0, 0, 0));
+    }
+
+    #[test]
+    fn only_the_current_version_is_unchanged() {
+        assert_eq!(since(7, Some((7, 3))), Since::Unchanged(7));
+        assert_eq!(since(5, Some((7, 3))), Since::Diff(7));
+        assert_eq!(since(2, Some((7, 3))), Since::Whole);
+        assert_eq!(since(8, Some((7, 3))), Since::Whole);
+        assert_eq!(since(0, None), Since::Whole, "no roster row");
     }
 }

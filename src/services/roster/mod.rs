@@ -87,6 +87,9 @@ impl Roster {
                 if let Some((current, changes)) =
                     store.roster_since(&owner, v).await.map_err(store_failed)?
                 {
+                    // The session has the roster at `current` now: a change made in SQL or
+                    // on another node after it is replayed from there (roster sync).
+                    note_version(&session.handle, current);
                     let reply = iq_result(iq);
                     session.deliver(reply);
                     for change in changes {

@@ -163,6 +163,14 @@ impl Pools {
         Ok((version.unwrap_or(0), items))
     }
 
+    pub(in crate::store) async fn roster_version(
+        &self,
+        owner: &str,
+    ) -> Result<Option<(i64, i64)>, StoreError> {
+        let mut conn = self.read.acquire().await?;
+        conn.bounds(owner).await
+    }
+
     pub(in crate::store) async fn roster_since(
         &self,
         owner: &str,
