@@ -25,6 +25,7 @@ on_both_stores!(
     audience_inputs_of_a_user_without_roster_or_settings_are_empty_defaults,
     probe_inputs_equal_the_single_reads_for_every_subject_in_order,
     a_stored_contact_that_is_no_jid_is_left_out_of_the_audience,
+    a_login_read_is_the_roster_and_the_audience_inputs_in_one,
 );
 
 fn domain(tag: &str) -> String {
@@ -170,6 +171,42 @@ async fn audience_inputs_equal_the_single_reads_for_every_contact(db: Db) {
     // bob (full JID), erin (domain/resource), alice→carol (bare), alice→dave (domain).
     assert_eq!(blocked_pairs, 4, "the world has four matching blocks");
     assert_eq!(contacts.len(), roster.len());
+}
+
+/// `Store::login_roster` is the roster result (`Store::roster`) and the gate's inputs
+/// (`Store::audience_inputs`) read as one, for a full world and for a user with nothing.
+async fn a_login_read_is_the_roster_and_the_audience_inputs_in_one(db: Db) {
+    let store = db.open().await;
+    let (alice, alice_full, _) = world(&store).await;
+    let lonely = account(&store, "lonely", &domain("lonely")).await;
+    for (user, full) in [
+        (alice.clone(), alice_full),
+        (lonely.clone(), format!("{lonely}/r")),
+    ] {
+        let forms = match_candidates(&full);
+        let before = store.calls();
+        let login = store.login_roster(&user, &forms).await.expect("login read");
+        let calls = store.calls_since(&before);
+        assert_eq!(calls.into_iter().collect::<Vec<_>>(), [("login_roster", 1)]);
+        let (version, items) = store.roster(&user).await.unwrap();
+        assert_eq!(login.version, version, "{user}");
+        assert_eq!(login.items, items, "{user}");
+        assert_eq!(
+            login.inputs,
+            store.audience_inputs(&user, &forms).await.unwrap(),
+            "{user}"
+        );
+    }
+    // A current version is answered from the version alone (XEP-0237 §2.3).
+    let (version, _) = store.roster(&alice).await.unwrap();
+    let before = store.calls();
+    let since = store.roster_since(&alice, version).await.unwrap();
+    assert_eq!(since, Some((version, Vec::new())));
+    let calls = store.calls_since(&before);
+    assert_eq!(
+        calls.into_iter().collect::<Vec<_>>(),
+        [("roster_version", 1)]
+    );
 }
 
 async fn audience_inputs_of_a_user_without_roster_or_settings_are_empty_defaults(db: Db) {

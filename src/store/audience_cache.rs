@@ -238,6 +238,29 @@ impl Store {
         Ok(inputs)
     }
 
+    /// The version and items of [`Store::login_roster`] of local user `subject_bare`, for
+    /// the session `session`, whose presence goes out as `subject_forms`; when `keep` is
+    /// set, the gate's part of the same read is cached
+    /// for that session as a presence change's would be, so the initial presence that
+    /// follows the roster get (RFC 6121 §2.2) decides on the same read instead of reading
+    /// the roster again. The initial presence drops the entry once it used it
+    /// ([`Store::forget_audience_of`]), so an idle session still costs no cache memory.
+    pub async fn login_roster_for(
+        &self,
+        subject_bare: &str,
+        session: u64,
+        subject_forms: &[String],
+        keep: bool,
+    ) -> Result<(i64, Vec<super::RosterItem>), StoreError> {
+        let epoch = self.audience.epoch.load(Ordering::Relaxed);
+        let login = self.login_roster(subject_bare, subject_forms).await?;
+        if keep {
+            let inputs = Arc::new(login.inputs);
+            self.audience.put(epoch, subject_bare, session, &inputs);
+        }
+        Ok((login.version, login.items))
+    }
+
     /// Drops the cached inputs of local user `owner` (its roster or settings changed).
     pub fn forget_audience(&self, owner: &str) {
         self.audience.invalidate(Some(owner));

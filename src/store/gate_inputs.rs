@@ -24,7 +24,9 @@ use chrono::{DateTime, Utc};
 use ::jid::BareJid;
 
 use super::privacy::from_columns;
-use super::{pg_or_sqlite, stored_jid, Store, StoreError, Subscription};
+use sqlx::Row;
+
+use super::{pg_or_sqlite, stored_jid, RosterItem, Store, StoreError, Subscription};
 use crate::policy::privacy::PrivacySettings;
 
 /// One roster item of a subject, with the blocks between the subject and that contact.
@@ -92,6 +94,39 @@ pub struct AudienceInputs {
     pub settings: PrivacySettings,
     /// The subject's whole roster, ordered by contact.
     pub roster: Vec<AudienceContact>,
+}
+
+/// One login's read of a user's roster ([`Store::login_roster`]): what the roster result
+/// shows and what the privacy gate decides the initial broadcast and the probes on, from
+/// the same rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoginRoster {
+    /// The roster's XEP-0237 version (0 without a roster row).
+    pub version: i64,
+    /// The items, ordered by contact, cut to the limits.
+    pub items: Vec<RosterItem>,
+    /// The gate's inputs for the user's presence.
+    pub inputs: AudienceInputs,
+}
+
+impl LoginRoster {
+    /// Adds one row as read: its item (`None`: its contact is no JID, left out of both)
+    /// with the block flags between the user and that contact.
+    pub(super) fn push(
+        &mut self,
+        item: Option<RosterItem>,
+        blocks_subject: bool,
+        blocked_by_subject: bool,
+    ) {
+        let Some(item) = item else { return };
+        self.inputs.roster.push(AudienceContact {
+            contact: item.contact.clone(),
+            subscription: item.subscription,
+            blocks_subject,
+            blocked_by_subject,
+        });
+        self.items.push(item);
+    }
 }
 
 /// One probed subject, as seen from the prober.
@@ -223,6 +258,77 @@ impl Store {
             .map(|((contact, sub), (blocks, blocked))| (contact, sub, blocks, blocked));
         let roster = audience_roster(subject, rows)?;
         Ok(AudienceInputs { settings, roster })
+    }
+
+    /// What a login reads of local user `subject` (bare JID), in ONE statement: the whole
+    /// roster with its version, for the roster result, and [`Store::audience_inputs`]
+    /// (settings, and the blocks between each contact and `subject_forms`) from the same
+    /// rows, for the initial broadcast and the choice of whom to probe. A row whose
+    /// contact is no JID is left out of both.
+    pub async fn login_roster(
+        &self,
+        subject: &str,
+        subject_forms: &[String],
+    ) -> Result<LoginRoster, StoreError> {
+        let defaults = self.privacy_defaults();
+        let limits = self.limits();
+        let pool = pg_or_sqlite!(self, |db| db.login_roster(
+            subject,
+            subject_forms,
+            &defaults,
+            &limits
+        ));
+        // The settings ride on every row (a login's exception lists are short next to a
+        // second round trip); the outer joins give one row for an empty roster.
+        let rows = sqlx::query(&format!(
+            "SELECT v.roster_version, ps.online, ps.online_except, ps.last_seen,
+                    ps.last_seen_except, {},
+                    EXISTS (SELECT 1 FROM blocklist b
+                            WHERE b.owner = ri.contact AND b.blocked = ANY($2::text[]))
+                        AS blocks_subject,
+                    EXISTS (SELECT 1 FROM blocklist b
+                            WHERE b.owner = $1
+                              AND b.blocked IN (ri.contact,
+                                                substr(ri.contact, strpos(ri.contact, '@') + 1)))
+                        AS blocked_by_subject
+             FROM (SELECT coalesce((SELECT version FROM roster_versions WHERE owner = $1), 0)
+                          AS roster_version) v
+             LEFT JOIN privacy_settings ps ON ps.owner = $1
+             LEFT JOIN roster_items ri ON ri.owner = $1
+             ORDER BY ri.contact",
+            super::roster::item_columns(&limits)
+        ))
+        .bind(subject)
+        .bind(subject_forms)
+        .fetch_all(pool)
+        .await?;
+        let mut login = LoginRoster::default();
+        if let Some(first) = rows.first() {
+            login.version = first.try_get("roster_version")?;
+            login.inputs.settings = settings_from(
+                (
+                    first.try_get("online")?,
+                    first.try_get("online_except")?,
+                    first.try_get("last_seen")?,
+                    first.try_get("last_seen_except")?,
+                ),
+                &defaults,
+            )?;
+        } else {
+            login.inputs.settings = defaults;
+        }
+        for row in &rows {
+            if row.try_get::<Option<String>, _>("contact")?.is_none() {
+                continue;
+            }
+            let item = super::roster::item_from_row(subject, row, &limits)?;
+            login.push(
+                item,
+                row.try_get("blocks_subject")?,
+                row.try_get("blocked_by_subject")?,
+            );
+        }
+        Ok(login)
     }
 
     /// For each of `subjects` (local bare JIDs): its roster item for `prober` (bare JID),

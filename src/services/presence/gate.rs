@@ -358,7 +358,7 @@ pub async fn probe_answer(
     subject: &BareJid,
     deliver: impl FnMut(Element),
 ) {
-    probe_answers(pres, prober, std::slice::from_ref(subject), deliver).await;
+    probe_answers(pres, prober, std::slice::from_ref(subject), None, deliver).await;
 }
 
 /// [`probe_answer`] for several local subjects at once, as at the prober's login
@@ -368,11 +368,14 @@ pub async fn probe_answer(
 /// order, before that read and held until the answers are handed over, so no block or
 /// settings change can commit and be reconciled between a decision and its delivery.
 /// (Every other holder takes one subject lock at a time, and the multi-lockers all take
-/// them in the same order, so this cannot deadlock.)
+/// them in the same order, so this cannot deadlock.) `prober_settings`: the local
+/// prober's own settings when the caller read them already (a login, with its roster);
+/// otherwise they are read if a stamp is in question.
 pub async fn probe_answers(
     pres: &Presence,
     prober: &Jid,
     subjects: &[BareJid],
+    prober_settings: Option<&PrivacySettings>,
     mut deliver: impl FnMut(Element),
 ) {
     let prober_bare_jid = prober.to_bare();
@@ -401,7 +404,8 @@ pub async fn probe_answers(
     // online on another node a moment ago (`Cluster::holders_fresh`).
     let mut elsewhere = remote_presences(pres, &subject_refs, true).await;
     // Read at most once, and only when an unavailable may carry a stamp.
-    let mut prober_settings: Option<Option<PrivacySettings>> = None;
+    let mut prober_settings: Option<Option<PrivacySettings>> =
+        prober_settings.map(|s| Some(s.clone()));
     let default = PrivacySettings::default();
     // Sessions on other nodes shown to the prober, one message per node.
     let mut reveals: std::collections::BTreeMap<String, Vec<String>> = Default::default();

@@ -402,6 +402,12 @@ async fn show_to_audience(
     // initial presence does not, so an idle session costs no cache memory.
     let keep = change.was_available && is_available;
     let (inputs, audience) = gate::roster_and_audience(pres, &session.handle, keep).await;
+    if change.initial() {
+        // The roster get's read, if it kept one for this broadcast (RFC 6121 §2.2), is
+        // used now; an idle session keeps nothing.
+        pres.store
+            .forget_audience_of(bare.as_str(), session.handle.id);
+    }
     let audience = if change.invisible || (!is_available && !change.was_available) {
         Default::default()
     } else {
@@ -534,7 +540,9 @@ async fn initial_presence(
             let _ = pres.outbox.route_remote(probe);
         }
     }
-    answer_probes(pres, me, &local).await;
+    // The user's settings come from the same read as the roster: they decide the
+    // last-seen stamps of the answers (reciprocity).
+    answer_probes(pres, me, &local, &inputs.settings).await;
     own_resources_to_new(pres, session, &bare).await;
     pending_requests(pres, session, &bare).await;
 }
@@ -678,14 +686,19 @@ async fn answer_probe(pres: &Presence, prober: &FullJid, contact: &BareJid) {
 }
 
 /// [`answer_probe`] for several local contacts at once (the probes of a login).
-async fn answer_probes(pres: &Presence, prober: &FullJid, contacts: &[BareJid]) {
+async fn answer_probes(
+    pres: &Presence,
+    prober: &FullJid,
+    contacts: &[BareJid],
+    settings: &privacy::PrivacySettings,
+) {
     if contacts.is_empty() {
         return;
     }
     let Some(prober_session) = pres.sessions.get(prober) else {
         return;
     };
-    gate::probe_answers(pres, prober, contacts, |p| {
+    gate::probe_answers(pres, prober, contacts, Some(settings), |p| {
         outbox::to_handle(&prober_session, p);
     })
     .await;

@@ -18,6 +18,7 @@ use crate::protocol::jid::BareJid;
 use crate::protocol::stanza::IqType;
 use crate::protocol::xml::{Element, NS_CLIENT, NS_ROSTER};
 use crate::services::presence::Presence;
+use crate::store::blocks::match_candidates;
 use crate::store::{RosterChange, RosterItem, Store};
 
 /// The RFC 6121 §2 roster service: the owner's items in the store, written under the
@@ -114,7 +115,19 @@ impl Roster {
                 }
             }
         }
-        let (version, items) = store.roster(&owner).await.map_err(store_failed)?;
+        // RFC 6121 §2.2: a client asks for the roster before its initial presence, so a
+        // session not yet available keeps the privacy gate's part of this one read for
+        // that broadcast and its probes (the store's cache drops it on any change).
+        let keep = !session.handle.is_available();
+        let (version, items) = store
+            .login_roster_for(
+                &owner,
+                session.handle.id,
+                &match_candidates(session.jid().as_str()),
+                keep,
+            )
+            .await
+            .map_err(store_failed)?;
         note_version(&session.handle, version);
         let mut q = Element::new("query", NS_ROSTER).attr("ver", version.to_string());
         for item in &items {

@@ -22,6 +22,25 @@ type SettingsText = (
     Option<String>,
 );
 
+/// `owner`'s settings inside a read transaction (the defaults without a row of its own).
+pub(super) async fn settings_of(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    owner: &str,
+    defaults: &PrivacySettings,
+) -> Result<PrivacySettings, StoreError> {
+    let row: Option<(String, String, String, String)> = sqlx::query_as(
+        "SELECT online, online_except, last_seen, last_seen_except
+         FROM privacy_settings WHERE owner = ?1",
+    )
+    .bind(owner)
+    .fetch_optional(&mut **tx)
+    .await?;
+    match row {
+        None => Ok(defaults.clone()),
+        Some((a, b, c, d)) => settings_from_text((Some(a), Some(b), Some(c), Some(d)), defaults),
+    }
+}
+
 fn settings_from_text(
     cols: SettingsText,
     defaults: &PrivacySettings,
@@ -286,13 +305,7 @@ impl Pools {
         defaults: &PrivacySettings,
     ) -> Result<AudienceInputs, StoreError> {
         let mut tx = self.read.begin().await?;
-        let settings: Option<(String, String, String, String)> = sqlx::query_as(
-            "SELECT online, online_except, last_seen, last_seen_except
-             FROM privacy_settings WHERE owner = ?1",
-        )
-        .bind(subject)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let settings = settings_of(&mut tx, subject, defaults).await?;
         // substr(c, instr(c, '@') + 1) is the domain of a bare JID and the whole of a
         // domain JID, as match_candidates splits them.
         let rows: Vec<(String, String, bool, bool)> = sqlx::query_as(
@@ -311,12 +324,6 @@ impl Pools {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        let settings = match settings {
-            None => defaults.clone(),
-            Some((a, b, c, d)) => {
-                settings_from_text((Some(a), Some(b), Some(c), Some(d)), defaults)?
-            }
-        };
         let roster = audience_roster(subject, rows)?;
         Ok(AudienceInputs { settings, roster })
     }

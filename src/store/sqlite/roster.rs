@@ -7,6 +7,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use super::{json_list, parse_list, Pools};
+use crate::store::gate_inputs::LoginRoster;
 use crate::store::pending::PendingWrite;
 use crate::store::roster::{
     changes_since, item_from_columns, roster_has_room, write_items, DiffSql, ItemSql,
@@ -161,6 +162,56 @@ impl Pools {
             items.extend(item_from_row(owner, row, limits)?);
         }
         Ok((version.unwrap_or(0), items))
+    }
+
+    pub(in crate::store) async fn login_roster(
+        &self,
+        owner: &str,
+        subject_forms: &[String],
+        defaults: &crate::policy::privacy::PrivacySettings,
+        limits: &StoreLimits,
+    ) -> Result<LoginRoster, StoreError> {
+        // One read transaction is one snapshot: version, settings and items agree.
+        let mut tx = self.read.begin().await?;
+        let version: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM roster_versions WHERE owner = ?1")
+                .bind(owner)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let settings = super::lists::settings_of(&mut tx, owner, defaults).await?;
+        // substr(c, instr(c, '@') + 1) is the domain of a bare JID and the whole of a
+        // domain JID, as match_candidates splits them.
+        let rows = sqlx::query(&format!(
+            "SELECT {ITEM_COLUMNS},
+                    EXISTS (SELECT 1 FROM blocklist b
+                            WHERE b.owner = ri.contact
+                              AND b.blocked IN (SELECT value FROM json_each(?2)))
+                        AS blocks_subject,
+                    EXISTS (SELECT 1 FROM blocklist b
+                            WHERE b.owner = ri.owner
+                              AND b.blocked IN (ri.contact,
+                                                substr(ri.contact, instr(ri.contact, '@') + 1)))
+                        AS blocked_by_subject
+             FROM roster_items ri WHERE ri.owner = ?1 ORDER BY ri.contact"
+        ))
+        .bind(owner)
+        .bind(super::json_list(subject_forms))
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut login = LoginRoster {
+            version: version.unwrap_or(0),
+            ..LoginRoster::default()
+        };
+        login.inputs.settings = settings;
+        for row in &rows {
+            login.push(
+                item_from_row(owner, row, limits)?,
+                row.try_get("blocks_subject")?,
+                row.try_get("blocked_by_subject")?,
+            );
+        }
+        Ok(login)
     }
 
     pub(in crate::store) async fn roster_version(
