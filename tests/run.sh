@@ -238,7 +238,8 @@ cargo test --all-targets --no-fail-fast
 
 # The integration binaries that lean on the store again, in the embedded mode: their servers
 # on an SQLite file and liveness in process (an empty REDIS_URL means no Redis). The store
-# tests themselves (store, store_extra, gate_inputs, ...) run every case on both stores.
+# tests themselves (store, store_extra, gate_inputs, login_reads, ...) run every case on
+# both stores, login_reads with its SQLite servers already in the embedded mode.
 PRESENCED_TEST_STORE=sqlite REDIS_URL= cargo test --no-fail-fast \
   --test roster_sql --test privacy --test limits --test presence_property
 # PEP on the embedded store; its cluster case needs Redis and ran above.

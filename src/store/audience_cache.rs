@@ -26,8 +26,10 @@
 //!
 //! Entries are per session whose presence goes out (a contact may block one resource,
 //! XEP-0016 §2.1), keyed by the session's id (`sessions::SessionHandle::id`) under its
-//! user, and filled only by presence changes of an already available resource: an idle
-//! session costs no cache memory. The session's entry goes when it ends; a later session
+//! user, and filled only by presence changes of an already available resource and by a
+//! roster get before the session's initial presence (RFC 6121 §2.2), whose read that
+//! initial presence then uses and drops ([`Store::login_roster_for`]): an idle session
+//! costs no cache memory. The session's entry goes when it ends; a later session
 //! that binds the same full JID has another id, so it neither reads nor loses it.
 
 use std::collections::HashMap;

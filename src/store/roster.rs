@@ -385,8 +385,9 @@ impl Store {
     /// has no account). Items are ordered by contact.
     pub async fn roster(&self, owner: &str) -> Result<(i64, Vec<RosterItem>), StoreError> {
         // One statement sees one snapshot, so the version and the items agree without a
-        // transaction: this is read at every login and was five round trips (begin, set
-        // isolation, two selects, commit). The outer join yields one row with NULL item
+        // transaction (it was five round trips: begin, set isolation, two selects, commit).
+        // A login's roster get reads `Store::login_roster` instead, which is this with the
+        // gate's inputs. The outer join yields one row with NULL item
         // columns for an empty roster.
         let limits = self.limits();
         let pool = pg_or_sqlite!(self, |db| db.roster(owner, &limits));

@@ -3,8 +3,9 @@
 //!
 //! [`super::privacy`] is pure; this module does the reading. Every decision reads the
 //! subject's settings, the subject's roster item for the viewer and both block lists
-//! fresh from PostgreSQL, except a broadcast by a resource that was already available,
-//! whose inputs come from [`crate::store::audience_cache`]: every store write drops what it
+//! fresh from PostgreSQL, except a broadcast by a resource that was already available, and
+//! an initial presence that follows the roster get (whose read it uses), whose inputs come
+//! from [`crate::store::audience_cache`]: every store write drops what it
 //! alters before returning, so a block or a settings change is out of the cache before the
 //! iq that made it is answered and the very next stanza on this node sees it; another
 //! node's change reaches it by NOTIFY (that module says why the gap is safe).
