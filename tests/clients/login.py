@@ -5,7 +5,8 @@ Usage: login.py HOST PORT DOMAIN USER PASSWORD MECHANISM CAFILE [direct_tls]
 
 Connects to HOST:PORT (STARTTLS, or XEP-0368 direct TLS when the last argument is
 "direct_tls"), verifies the server certificate against CAFILE, authenticates with exactly
-MECHANISM (slixmpp also checks the SCRAM server signature), binds a server-generated
+MECHANISM ("any": the one slixmpp prefers among those offered; slixmpp also checks the SCRAM
+server signature), binds a server-generated
 resource, fetches the roster, sends initial presence and waits for the server to echo it
 back (RFC 6121 §4.2.2). Prints one JSON line and exits 0 on success; on any failure it
 prints a JSON line with "error" and exits 1.
@@ -23,7 +24,7 @@ TIMEOUT = 20
 
 class Login(slixmpp.ClientXMPP):
     def __init__(self, jid, password, mechanism, cafile, direct_tls):
-        super().__init__(jid, password, sasl_mech=mechanism)
+        super().__init__(jid, password, sasl_mech=None if mechanism == "any" else mechanism)
         self.ca_certs = Path(cafile)
         # slixmpp tries direct TLS first on any port unless told otherwise.
         self.enable_direct_tls = direct_tls

@@ -600,6 +600,29 @@ impl Client {
         (c, kind)
     }
 
+    /// STARTTLS as [`Client::starttls_with`], handing back also what `inspect` reads off the
+    /// client's TLS connection (its version, its exporter) once the handshake is done.
+    pub async fn starttls_inspect<T>(
+        mut self,
+        server: &TestServer,
+        tls: Arc<rustls::ClientConfig>,
+        inspect: impl FnOnce(&rustls::ClientConnection) -> T,
+    ) -> (Client, T) {
+        self.send_raw("<starttls xmlns='urn:ietf:params:xml:ns:xmpp-tls'/>")
+            .await;
+        let proceed = self.next_stanza(WAIT).await.expect("proceed");
+        assert_eq!(proceed.name, "proceed", "{proceed}");
+        let Client { reader, writer, .. } = self;
+        let io = reader.into_inner().unsplit(writer);
+        let connector = tokio_rustls::TlsConnector::from(tls);
+        let name = ServerName::try_from(server.domain.clone()).unwrap();
+        let tls = connector.connect(name, io).await.expect("TLS handshake");
+        let seen = inspect(tls.get_ref().1);
+        let mut c = Client::over(Box::new(tls));
+        c.open(&server.domain).await.expect("stream after TLS");
+        (c, seen)
+    }
+
     /// A direct TLS (XEP-0368) connection with the stream opened.
     pub async fn direct_tls(server: &TestServer) -> Client {
         Client::direct_tls_with(server, tls_client(&server.cert))

@@ -6,9 +6,12 @@
 //! ServerKey), which is all the store keeps.
 //!
 //! Decisions worth knowing:
-//! - Channel binding is not offered (no `-PLUS` mechanism), so a client-first with
-//!   `p=` fails and `y` is accepted (RFC 5802 §6: `y` is only an error when the server
-//!   does support channel binding).
+//! - Channel binding (`-PLUS`, RFC 5802 §6) is what the caller says it is for this
+//!   connection ([`Binding`], see [`super::channel_binding`]): with none offered, `p=`
+//!   fails and `y` is accepted; with a `-PLUS` mechanism offered, `y` is a downgrade and
+//!   fails; with a `-PLUS` mechanism chosen, `c=` must carry the channel's binding data.
+//! - XEP-0474 (0.5.0): given the lists the server advertised, server-first carries their
+//!   hash in `h=` ([`ScramServer::with_downgrade_protection`]), which the client proof signs.
 //! - An unknown user gets a server-first with a salt derived from the username and a
 //!   secret the caller keeps across restarts (the server stores it in the database), and
 //!   the iteration count real accounts use, so the exchange looks the same as for an
@@ -34,6 +37,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::protocol::conditions::SaslCondition;
+use crate::protocol::sasl::channel_binding::{self as cb, Binding, Gs2Error};
 
 /// Salt length in bytes used for new credentials and for fake salts of unknown users,
 /// so the two cannot be told apart by length.
@@ -64,6 +68,22 @@ impl ScramHash {
         match self {
             ScramHash::Sha1 => "SCRAM-SHA-1",
             ScramHash::Sha256 => "SCRAM-SHA-256",
+        }
+    }
+
+    /// The channel-binding variant's name (RFC 5802 §4: the name with `-PLUS`).
+    pub fn plus_mechanism(&self) -> &'static str {
+        match self {
+            ScramHash::Sha1 => "SCRAM-SHA-1-PLUS",
+            ScramHash::Sha256 => "SCRAM-SHA-256-PLUS",
+        }
+    }
+
+    /// Maps any SCRAM mechanism name, `-PLUS` or not, to its hash and whether it binds.
+    pub fn from_any_mechanism(name: &str) -> Option<(ScramHash, bool)> {
+        match name.strip_suffix("-PLUS") {
+            Some(base) => ScramHash::from_mechanism(base).map(|h| (h, true)),
+            None => ScramHash::from_mechanism(name).map(|h| (h, false)),
         }
     }
 
@@ -200,6 +220,15 @@ pub enum ScramError {
     /// The client asked for channel binding (`p=`) but no -PLUS mechanism is offered.
     #[error("channel binding requested but not supported")]
     ChannelBindingNotSupported,
+    /// `p=` names a channel-binding type other than the one offered.
+    #[error("unsupported channel binding type")]
+    UnsupportedChannelBindingType,
+    /// A -PLUS mechanism without `p=` in the gs2 header.
+    #[error("a -PLUS mechanism requires channel binding")]
+    ChannelBindingRequired,
+    /// `y` although the server offered a -PLUS mechanism: someone removed it on the way.
+    #[error("client thinks the server lacks channel binding, but it was offered")]
+    ChannelBindingDowngrade,
     /// A mandatory extension (`m=`) was sent; RFC 5802 §5.1 says the server must fail.
     #[error("mandatory SCRAM extension not supported")]
     ExtensionsNotSupported,
@@ -223,11 +252,17 @@ impl ScramError {
         match self {
             ScramError::MalformedRequest(_)
             | ScramError::ExtensionsNotSupported
+            | ScramError::ChannelBindingRequired
             | ScramError::UnexpectedStep => SaslCondition::MalformedRequest,
             // §6.5.7: the client used a mechanism variant (-PLUS) we did not offer.
             ScramError::ChannelBindingNotSupported => SaslCondition::InvalidMechanism,
             // §6.5.10: authentication failed; tampering looks the same as a bad password.
+            // RFC 5802 would say e=channel-bindings-dont-match, e=server-does-support-
+            // channel-binding, e=unsupported-channel-binding-type; RFC 6120 has no closer
+            // condition than not-authorized.
             ScramError::ChannelBindingMismatch
+            | ScramError::ChannelBindingDowngrade
+            | ScramError::UnsupportedChannelBindingType
             | ScramError::NonceMismatch
             | ScramError::InvalidProof => SaslCondition::NotAuthorized,
         }
@@ -250,14 +285,15 @@ enum State {
     Initial,
     /// client-first parsed; waiting for the caller to look up credentials.
     GotClientFirst {
-        gs2_header: String,
+        /// What client-final's `c=` must decode to.
+        cbind_input: Vec<u8>,
         client_first_bare: String,
         client_nonce: String,
         username: String,
     },
     /// server-first sent; waiting for client-final.
     SentServerFirst {
-        gs2_header: String,
+        cbind_input: Vec<u8>,
         client_first_bare: String,
         server_first: String,
         nonce: String,
@@ -284,6 +320,10 @@ pub struct ScramServer {
     fake_salt_name: Option<String>,
     /// Server part of the nonce: random, or fixed by tests.
     server_nonce: String,
+    /// Channel binding on this connection for this mechanism.
+    binding: Binding,
+    /// XEP-0474 `h=` for server-first, when the caller gave the advertised lists.
+    downgrade_hash: Option<String>,
     /// Progress of the exchange.
     state: State,
 }
@@ -304,8 +344,30 @@ impl ScramServer {
             fake_salt_secret: None,
             fake_salt_name: None,
             server_nonce,
+            binding: Binding::NotOffered,
+            downgrade_hash: None,
             state: State::Initial,
         }
+    }
+
+    /// Sets what channel binding this connection offers for the chosen mechanism (RFC 5802
+    /// §6); without it none is offered.
+    pub fn with_channel_binding(mut self, binding: Binding) -> Self {
+        self.binding = binding;
+        self
+    }
+
+    /// XEP-0474 (0.5.0): server-first carries `h=`, the base64 hash (with this mechanism's
+    /// hash function) of the advertised mechanisms and, when XEP-0440 advertised any, the
+    /// channel-binding types ([`cb::downgrade_protection_input`]).
+    pub fn with_downgrade_protection(
+        mut self,
+        mechanisms: &[&str],
+        channel_bindings: Option<&[&str]>,
+    ) -> Self {
+        let input = cb::downgrade_protection_input(mechanisms, channel_bindings);
+        self.downgrade_hash = Some(BASE64.encode(self.hash.hash(&input)));
+        self
     }
 
     /// Sets the iteration count told to unknown users; pass the count real accounts are
@@ -347,7 +409,7 @@ impl ScramServer {
             self.state = State::Failed;
             return Err(ScramError::UnexpectedStep);
         }
-        match parse_client_first(msg) {
+        match parse_client_first(msg, &self.binding) {
             Ok((parsed, state)) => {
                 self.state = state;
                 Ok(parsed)
@@ -365,7 +427,7 @@ impl ScramServer {
     pub fn server_first(&mut self, creds: Option<&StoredCredentials>) -> Vec<u8> {
         let state = std::mem::replace(&mut self.state, State::Failed);
         let State::GotClientFirst {
-            gs2_header,
+            cbind_input,
             client_first_bare,
             client_nonce,
             username,
@@ -379,14 +441,19 @@ impl ScramServer {
             None => (self.fake_credentials(&username), true),
         };
         let nonce = format!("{client_nonce}{}", self.server_nonce);
-        let server_first = format!(
+        let mut server_first = format!(
             "r={nonce},s={},i={}",
             BASE64.encode(&creds.salt),
             creds.iterations
         );
+        if let Some(h) = &self.downgrade_hash {
+            // RFC 5802 §7: extensions follow the iteration count.
+            server_first.push_str(",h=");
+            server_first.push_str(h);
+        }
         let out = server_first.clone().into_bytes();
         self.state = State::SentServerFirst {
-            gs2_header,
+            cbind_input,
             client_first_bare,
             server_first,
             nonce,
@@ -411,7 +478,7 @@ impl ScramServer {
     pub fn client_final(&mut self, msg: &[u8]) -> Result<Vec<u8>, ScramError> {
         let state = std::mem::replace(&mut self.state, State::Failed);
         let State::SentServerFirst {
-            gs2_header,
+            cbind_input,
             client_first_bare,
             server_first,
             nonce,
@@ -453,8 +520,8 @@ impl ScramServer {
         for ext in attrs {
             check_extension(ext)?;
         }
-        // RFC 5802 §5.1: c= carries the gs2 header (no cbind-data without -PLUS).
-        if cbind != gs2_header.as_bytes() {
+        // RFC 5802 §7: c= carries the gs2 header, then with -PLUS the channel's binding data.
+        if !bool::from(cbind.ct_eq(&cbind_input)) {
             return Err(ScramError::ChannelBindingMismatch);
         }
         if client_nonce != nonce {
@@ -480,6 +547,18 @@ impl ScramServer {
         let server_signature = hash.hmac(&creds.server_key, auth_message.as_bytes());
         self.state = State::Done;
         Ok(format!("v={}", BASE64.encode(server_signature)).into_bytes())
+    }
+}
+
+impl From<Gs2Error> for ScramError {
+    fn from(e: Gs2Error) -> Self {
+        match e {
+            Gs2Error::Malformed(why) => ScramError::MalformedRequest(why),
+            Gs2Error::NotSupported => ScramError::ChannelBindingNotSupported,
+            Gs2Error::UnsupportedType => ScramError::UnsupportedChannelBindingType,
+            Gs2Error::BindingRequired => ScramError::ChannelBindingRequired,
+            Gs2Error::Downgrade => ScramError::ChannelBindingDowngrade,
+        }
     }
 }
 
@@ -523,32 +602,13 @@ fn process_secret() -> &'static [u8] {
     })
 }
 
-fn parse_client_first(msg: &[u8]) -> Result<(ClientFirst, State), ScramError> {
+fn parse_client_first(msg: &[u8], binding: &Binding) -> Result<(ClientFirst, State), ScramError> {
     let msg = std::str::from_utf8(msg)
         .map_err(|_| ScramError::MalformedRequest("client-first is not UTF-8"))?;
-    let mut parts = msg.splitn(3, ',');
-    let flag = parts.next().unwrap_or_default();
-    let authz = parts
-        .next()
-        .ok_or(ScramError::MalformedRequest("missing gs2 header"))?;
-    let bare = parts
-        .next()
-        .ok_or(ScramError::MalformedRequest("missing gs2 header"))?;
-    match flag {
-        // "y": the client could bind but thinks we cannot, which is true (RFC 5802 §6).
-        "n" | "y" => {}
-        f if f.starts_with("p=") => return Err(ScramError::ChannelBindingNotSupported),
-        _ => return Err(ScramError::MalformedRequest("bad gs2 channel binding flag")),
-    }
-    let authzid = if authz.is_empty() {
-        None
-    } else {
-        let name = authz
-            .strip_prefix("a=")
-            .ok_or(ScramError::MalformedRequest("bad gs2 authzid"))?;
-        Some(decode_saslname(name)?)
-    };
-    let gs2_header = msg[..flag.len() + authz.len() + 2].to_owned();
+    let (gs2, bare) = cb::split_client_first(msg)?;
+    binding.check(&gs2.flag)?;
+    let authzid = gs2.authzid.as_deref().map(decode_saslname).transpose()?;
+    let cbind_input = binding.cbind_input(&gs2.raw);
 
     let mut attrs = bare.split(',');
     let first = attrs.next().unwrap_or_default();
@@ -580,7 +640,7 @@ fn parse_client_first(msg: &[u8]) -> Result<(ClientFirst, State), ScramError> {
             authzid,
         },
         State::GotClientFirst {
-            gs2_header,
+            cbind_input,
             client_first_bare: bare.to_owned(),
             client_nonce: client_nonce.to_owned(),
             username,
@@ -631,6 +691,8 @@ mod tests {
         hash: ScramHash,
         password: String,
         gs2_header: String,
+        /// Channel-binding data sent after the gs2 header in `c=` (empty without -PLUS).
+        cb_data: Vec<u8>,
         client_first_bare: String,
         client_nonce: String,
         server_signature: Vec<u8>,
@@ -653,6 +715,7 @@ mod tests {
                 hash,
                 password: password.to_owned(),
                 gs2_header,
+                cb_data: Vec::new(),
                 client_first_bare: format!("n={},r={client_nonce}", encode_saslname(username)),
                 client_nonce,
                 server_signature: Vec::new(),
@@ -686,7 +749,9 @@ mod tests {
             );
             let client_key = h.hmac(&salted, b"Client Key");
             let stored_key = h.hash(&client_key);
-            let without_proof = format!("c={},r={nonce}", BASE64.encode(&self.gs2_header));
+            let mut cbind_input = self.gs2_header.as_bytes().to_vec();
+            cbind_input.extend_from_slice(&self.cb_data);
+            let without_proof = format!("c={},r={nonce}", BASE64.encode(cbind_input));
             let auth_message = format!("{},{sf},{without_proof}", self.client_first_bare);
             let signature = h.hmac(&stored_key, auth_message.as_bytes());
             let proof: Vec<u8> = client_key
@@ -1049,5 +1114,181 @@ mod tests {
         assert!(password_is_preparable("pencil"));
         assert!(!password_is_preparable(""));
         assert!(!password_is_preparable("a\u{0007}b"));
+    }
+
+    fn exporter(byte: u8) -> Binding {
+        Binding::Required {
+            cb_type: cb::TLS_EXPORTER,
+            data: vec![byte; 32],
+        }
+    }
+
+    /// A whole exchange against a server with `binding`, the client sending `gs2` and
+    /// binding `cb_data`.
+    fn run_bound(
+        hash: ScramHash,
+        binding: Binding,
+        gs2: &str,
+        cb_data: &[u8],
+    ) -> Result<bool, ScramError> {
+        let creds = derive_credentials(hash, "pw", b"0123456789abcdef", 4096);
+        let mut client = Client::new(hash, "user", "pw", None);
+        client.gs2_header = gs2.to_owned();
+        client.cb_data = cb_data.to_vec();
+        let mut server = ScramServer::new(hash).with_channel_binding(binding);
+        server.client_first(&client.first())?;
+        let sf = server.server_first(Some(&creds));
+        let cf = client.final_message(&sf);
+        server.client_final(&cf).map(|v| client.verify_server(&v))
+    }
+
+    #[test]
+    fn plus_succeeds_only_with_the_channels_binding_data() {
+        for hash in ScramHash::ALL {
+            let right = run_bound(hash, exporter(7), "p=tls-exporter,,", &[7; 32]);
+            assert_eq!(right, Ok(true), "{hash:?}");
+            let wrong = run_bound(hash, exporter(7), "p=tls-exporter,,", &[8; 32]);
+            assert_eq!(wrong, Err(ScramError::ChannelBindingMismatch));
+            // The gs2 header alone in c=, as a client not binding would send it.
+            let missing = run_bound(hash, exporter(7), "p=tls-exporter,,", &[]);
+            assert_eq!(missing, Err(ScramError::ChannelBindingMismatch));
+        }
+        assert_eq!(
+            ScramError::ChannelBindingMismatch.condition(),
+            SaslCondition::NotAuthorized
+        );
+    }
+
+    #[test]
+    fn plus_refuses_other_types_and_unbound_flags() {
+        let h = ScramHash::Sha256;
+        assert_eq!(
+            run_bound(h, exporter(1), "p=tls-unique,,", &[1; 32]),
+            Err(ScramError::UnsupportedChannelBindingType)
+        );
+        for gs2 in ["n,,", "y,,"] {
+            assert_eq!(
+                run_bound(h, exporter(1), gs2, &[]),
+                Err(ScramError::ChannelBindingRequired)
+            );
+        }
+        assert_eq!(
+            ScramError::UnsupportedChannelBindingType.condition(),
+            SaslCondition::NotAuthorized
+        );
+    }
+
+    #[test]
+    fn y_is_a_downgrade_only_when_plus_was_offered() {
+        let h = ScramHash::Sha1;
+        assert_eq!(
+            run_bound(h, Binding::Offered, "y,,", &[]),
+            Err(ScramError::ChannelBindingDowngrade)
+        );
+        assert_eq!(
+            ScramError::ChannelBindingDowngrade.condition(),
+            SaslCondition::NotAuthorized
+        );
+        assert_eq!(run_bound(h, Binding::Offered, "n,,", &[]), Ok(true));
+        assert_eq!(run_bound(h, Binding::NotOffered, "y,,", &[]), Ok(true));
+        assert_eq!(
+            run_bound(h, Binding::Offered, "p=tls-exporter,,", &[]),
+            Err(ScramError::ChannelBindingNotSupported)
+        );
+    }
+
+    /// The lists a TLS 1.3 connection with PLAIN allowed advertises.
+    const ADVERTISED: [&str; 5] = [
+        "SCRAM-SHA-256-PLUS",
+        "SCRAM-SHA-1-PLUS",
+        "SCRAM-SHA-256",
+        "SCRAM-SHA-1",
+        "PLAIN",
+    ];
+
+    fn h_attr(server_first: &[u8]) -> Option<String> {
+        std::str::from_utf8(server_first)
+            .unwrap()
+            .split(',')
+            .find_map(|a| a.strip_prefix("h="))
+            .map(str::to_owned)
+    }
+
+    #[test]
+    fn server_first_carries_the_xep_0474_hash_of_the_advertised_lists() {
+        // Expected values computed independently (Python's hashlib over
+        // b"PLAIN\x1eSCRAM-SHA-1\x1eSCRAM-SHA-1-PLUS\x1eSCRAM-SHA-256\x1eSCRAM-SHA-256-PLUS\x1ftls-exporter").
+        let cases = [
+            (
+                ScramHash::Sha256,
+                "HOCahVXz+V8p+Esg88C95qG5k09nEAJUDMu7QMK43gY=",
+            ),
+            (ScramHash::Sha1, "hop3N83xH2iyA6y2T5aMBtq/Wjo="),
+        ];
+        for (hash, want) in cases {
+            let mut server = ScramServer::new(hash)
+                .with_downgrade_protection(&ADVERTISED, Some(&[cb::TLS_EXPORTER]));
+            server.client_first(b"n,,n=user,r=abc").unwrap();
+            let sf = server.server_first(None);
+            assert_eq!(h_attr(&sf).as_deref(), Some(want), "{hash:?}");
+            assert!(String::from_utf8(sf).unwrap().contains(",i=4096,h="));
+        }
+        // Without XEP-0440 lists there is no 0x1F part: SHA-256 of
+        // b"SCRAM-SHA-1\x1eSCRAM-SHA-256".
+        let mut server = ScramServer::new(ScramHash::Sha256)
+            .with_downgrade_protection(&["SCRAM-SHA-256", "SCRAM-SHA-1"], None);
+        server.client_first(b"n,,n=user,r=abc").unwrap();
+        assert_eq!(
+            h_attr(&server.server_first(None)).as_deref(),
+            Some("0/NIECGLXv63MqTb7NyUI9Tqxi40YVZyx61umRrH924=")
+        );
+        // XEP-0474's own example: SHA-1 of its lists.
+        let mut server = ScramServer::new(ScramHash::Sha1).with_downgrade_protection(
+            &["SCRAM-SHA-1", "SCRAM-SHA-1-PLUS"],
+            Some(&["tls-exporter", "tls-server-end-point"]),
+        );
+        server.client_first(b"n,,n=user,r=abc").unwrap();
+        assert_eq!(
+            h_attr(&server.server_first(None)).as_deref(),
+            Some("G6k/rBLDqgOhRRaCuuatSDFkJ08=")
+        );
+        // No lists given: no h=.
+        let mut server = ScramServer::new(ScramHash::Sha1);
+        server.client_first(b"n,,n=user,r=abc").unwrap();
+        assert_eq!(h_attr(&server.server_first(None)), None);
+    }
+
+    #[test]
+    fn the_client_proof_signs_the_hash_so_the_exchange_still_succeeds() {
+        for hash in ScramHash::ALL {
+            let creds = derive_credentials(hash, "pw", b"0123456789abcdef", 4096);
+            let mut client = Client::new(hash, "user", "pw", None);
+            client.gs2_header = "p=tls-exporter,,".into();
+            client.cb_data = vec![9; 32];
+            let mut server = ScramServer::new(hash)
+                .with_channel_binding(exporter(9))
+                .with_downgrade_protection(&ADVERTISED, Some(&[cb::TLS_EXPORTER]));
+            server.client_first(&client.first()).unwrap();
+            let sf = server.server_first(Some(&creds));
+            let cf = client.final_message(&sf);
+            let v = server.client_final(&cf).unwrap();
+            assert!(client.verify_server(&v), "{hash:?}");
+        }
+    }
+
+    #[test]
+    fn plus_mechanism_names_map_to_their_hash() {
+        for hash in ScramHash::ALL {
+            assert_eq!(
+                ScramHash::from_any_mechanism(hash.plus_mechanism()),
+                Some((hash, true))
+            );
+            assert_eq!(
+                ScramHash::from_any_mechanism(hash.mechanism()),
+                Some((hash, false))
+            );
+        }
+        assert_eq!(ScramHash::from_any_mechanism("PLAIN-PLUS"), None);
+        assert_eq!(ScramHash::from_any_mechanism("SCRAM-SHA-512"), None);
     }
 }

@@ -51,6 +51,7 @@ macro_rules! step {
 
 mod backoff;
 mod bind;
+mod binding;
 mod negotiate;
 mod register;
 mod resume;
@@ -77,6 +78,9 @@ struct Link {
     deadline: Instant,
     /// XEP-0388 `<user-agent id/>` of a SASL2 authentication, kept in the session's state.
     user_agent: Option<Box<str>>,
+    /// RFC 9266 `tls-exporter` of the TLS 1.3 connection this process terminated, taken when
+    /// the handshake completed; `None` offers no `-PLUS` (see `binding`).
+    channel_binding: Option<binding::TlsExporter>,
 }
 
 /// A stream whose transport is not encrypted: it can only start TLS (RFC 6120 §5.3.1).
@@ -200,11 +204,15 @@ async fn negotiate(
     let timeout = shared.live.get().limits.negotiation_timeout;
     let deadline = Instant::now() + timeout;
     let secure = direct_tls || transport.secure;
+    let mut channel_binding = None;
     let io = if direct_tls {
         // XEP-0368: TLS starts before any XML.
         let acceptor = tokio_rustls::TlsAcceptor::from(shared.tls.clone());
         match tokio::time::timeout_at(deadline, acceptor.accept(io)).await {
-            Ok(Ok(tls)) => Box::new(tls) as BoxIo,
+            Ok(Ok(tls)) => {
+                channel_binding = binding::TlsExporter::of(tls.get_ref().1);
+                Box::new(tls) as BoxIo
+            }
             Ok(Err(e)) => {
                 tracing::info!(%peer, error = %e, "direct TLS handshake failed");
                 return None;
@@ -227,6 +235,7 @@ async fn negotiate(
         transport,
         deadline,
         user_agent: None,
+        channel_binding,
     };
     let bound = async {
         let secured = if secure {

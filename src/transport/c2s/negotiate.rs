@@ -108,16 +108,17 @@ impl Link {
                 );
             }
             Offer::Sasl => {
-                let mut names = vec!["SCRAM-SHA-256", "SCRAM-SHA-1"];
-                if self.shared.config.auth.allow_plain {
-                    names.push("PLAIN");
-                }
+                let names = self.mechanisms();
                 let mut mechs = Element::new("mechanisms", x::NS_SASL);
                 for m in &names {
                     mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text(*m));
                 }
                 // XEP-0388 "Discovering Support": SASL2 beside SASL1, the same mechanisms.
                 f = f.child(mechs).child(super::sasl2::feature(&names));
+                // XEP-0440: the channel-binding types, when -PLUS is offered.
+                if let Some(cb) = self.channel_binding_feature() {
+                    f = f.child(cb);
+                }
                 if self.shared.config.auth.allow_registration {
                     f = f.child(Element::new("register", x::NS_REGISTER_FEATURE));
                 }
@@ -191,6 +192,7 @@ impl Connected {
                 return Err(Halt::Gone);
             }
         };
+        link.channel_binding = super::binding::TlsExporter::of(tls.get_ref().1);
         let io = Box::new(tls) as BoxIo;
         link.stream = XmlStream::new(io, limits(&link.shared, false), x::NS_CLIENT);
         Ok(Secured { link })

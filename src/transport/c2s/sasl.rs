@@ -178,11 +178,13 @@ impl Secured {
                 initial,
                 sasl2,
             } = attempt;
-            let outcome = match mech.as_str() {
-                "SCRAM-SHA-256" => self.scram(framing, ScramHash::Sha256, initial).await?,
-                "SCRAM-SHA-1" => self.scram(framing, ScramHash::Sha1, initial).await?,
+            // SCRAM and its -PLUS variants as this stream offers them (`binding`).
+            let outcome = match (self.link.scram_server(&mech), mech.as_str()) {
+                (Some(server), _) => self.scram(framing, server, initial).await?,
                 // Only a `Secured` stream gets here: PLAIN never crosses the wire in the clear.
-                "PLAIN" if self.link.shared.config.auth.allow_plain => self.plain(&initial).await?,
+                (None, "PLAIN") if self.link.shared.config.auth.allow_plain => {
+                    self.plain(&initial).await?
+                }
                 _ => Err(SaslCondition::InvalidMechanism),
             };
             match outcome {
@@ -207,14 +209,10 @@ impl Secured {
     async fn scram(
         &mut self,
         framing: Framing,
-        hash: ScramHash,
+        mut server: ScramServer,
         mut initial: Vec<u8>,
     ) -> Result<Result<Authed, SaslCondition>, Fail> {
-        // Unknown users get a salt and iteration count as an account would, so the answer
-        // does not reveal whether the user exists (RFC 5802 §9 leaves this to the server).
-        let mut server = ScramServer::new(hash)
-            .with_unknown_user_iterations(self.link.shared.config.auth.scram_iterations)
-            .with_fake_salt_secret(&self.link.shared.fake_salt_secret);
+        let hash = server.hash();
         if initial.is_empty() {
             // RFC 6120 §6.4.2: no initial response, so ask for it with an empty challenge.
             self.link.write_el(&framing.challenge(&[])).await?;
