@@ -154,7 +154,9 @@ pub(super) async fn create<C: AccountSql>(
 }
 
 /// [`Store::set_password`] inside the caller's transaction: whether the account exists.
-pub(super) async fn set_credentials<C: AccountSql>(
+/// The account's XEP-0484 tokens go with the old password: a client that was only given a
+/// token logs in with the new password again.
+pub(super) async fn set_credentials<C: AccountSql + super::fast::TokenSql>(
     conn: &mut C,
     username: &str,
     domain: &str,
@@ -164,6 +166,7 @@ pub(super) async fn set_credentials<C: AccountSql>(
         return Ok(false);
     };
     conn.put_credentials(id, creds).await?;
+    conn.revoke(id, None).await?;
     Ok(true)
 }
 
@@ -608,6 +611,43 @@ mod tests {
         }
     }
 
+    impl crate::store::fast::TokenSql for Rows {
+        async fn account_id(&mut self, _u: &str, _d: &str) -> Result<Option<i64>, StoreError> {
+            unreachable!("no token is issued here")
+        }
+
+        async fn insert_token(
+            &mut self,
+            _account: i64,
+            _issue: &crate::store::fast::Issue<'_>,
+            _nonce: &[u8],
+        ) -> Result<i64, StoreError> {
+            unreachable!("no token is issued here")
+        }
+
+        async fn prune(
+            &mut self,
+            _account: i64,
+            _issue: &crate::store::fast::Issue<'_>,
+            _newest: i64,
+        ) -> Result<(), StoreError> {
+            unreachable!("no token is issued here")
+        }
+
+        async fn revoke(&mut self, id: i64, client: Option<&str>) -> Result<u64, StoreError> {
+            self.asked.push(format!("revoke {id} {client:?}"));
+            Ok(1)
+        }
+
+        async fn retire_older(&mut self, _id: i64) -> Result<(), StoreError> {
+            unreachable!("no token is used here")
+        }
+
+        async fn raise_count(&mut self, _id: i64, _count: i64) -> Result<bool, StoreError> {
+            unreachable!("no token is used here")
+        }
+    }
+
     #[tokio::test]
     async fn a_deletion_reports_each_holder_once_in_order_and_no_account_changes_nothing() {
         let mut rows = Rows::default();
@@ -632,7 +672,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn credentials_are_written_only_for_a_new_or_an_existing_account() {
+    async fn credentials_are_written_only_for_a_new_or_an_existing_account_and_a_new_password_revokes_its_tokens(
+    ) {
         let mut rows = Rows::default();
         assert!(matches!(
             create(&mut rows, "a", "h", &[]).await,
@@ -649,6 +690,7 @@ mod tests {
                 "credentials 8",
                 "lock a",
                 "credentials 7",
+                "revoke 7 None",
                 "lock z"
             ]
         );

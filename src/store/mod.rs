@@ -40,6 +40,7 @@ pub mod audience_cache;
 pub mod blocks;
 pub mod calls;
 pub mod copy;
+pub mod fast;
 pub mod gate_inputs;
 pub mod last_seen;
 pub mod notify;

@@ -7,5 +7,8 @@
 //! - [`channel_binding`]: the gs2 header's channel-binding rules (RFC 5802 §6) and the
 //!   XEP-0474 downgrade-protection input.
 //! - [`backoff`]: per-account back-off after repeated failures, shared by every stream.
+//! - [`ht`]: HT-SHA-256-NONE, the XEP-0484 FAST token mechanism, and how tokens are
+//!   derived from what the store keeps.
 pub mod channel_binding;
+pub mod ht;
 pub mod scram;
