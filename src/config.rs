@@ -329,6 +329,33 @@ impl Default for TlsConfig {
     }
 }
 
+/// Shortest `[auth] fast_token_lifetime`.
+const MIN_FAST_LIFETIME: Duration = Duration::from_secs(60);
+/// Longest `[auth] fast_token_lifetime`: a year.
+const MAX_FAST_LIFETIME: Duration = Duration::from_secs(365 * 86400);
+
+impl Config {
+    /// The `[auth]` FAST numbers: a secret long enough, a lifetime within bounds and a
+    /// rotation inside it, at least one client per account.
+    fn check_fast(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        let a = &self.auth;
+        if a.fast_secret.as_ref().is_some_and(|s| s.len() < 16) {
+            return bad("[auth] fast_secret must be at least 16 bytes (or \"\" for a stored one)");
+        }
+        if !(MIN_FAST_LIFETIME..=MAX_FAST_LIFETIME).contains(&a.fast_token_lifetime) {
+            return bad("[auth] fast_token_lifetime must be between 60 seconds and 365 days");
+        }
+        if a.fast_token_rotation.is_zero() || a.fast_token_rotation >= a.fast_token_lifetime {
+            return bad("[auth] fast_token_rotation must be above 0 and below fast_token_lifetime");
+        }
+        if a.max_fast_clients == 0 {
+            return bad("[auth] max_fast_clients must be at least 1");
+        }
+        Ok(())
+    }
+}
+
 /// Shortest `[tls] ticket_rotation`: shorter periods only cost full handshakes.
 const MIN_TICKET_ROTATION: Duration = Duration::from_secs(60);
 /// Longest `[tls] ticket_rotation`: a ticket's advertised lifetime is one period, and
@@ -543,6 +570,25 @@ pub struct AuthConfig {
     /// In-band registrations this node accepts per hour from everyone together; beyond it
     /// resource-constraint (wait).
     pub registrations_per_hour: u32,
+    /// XEP-0484 FAST: a client that logs in over XEP-0388 SASL2 may ask for a token and log
+    /// in with it next time in one round trip, without PBKDF2.
+    pub fast: bool,
+    /// Secret FAST tokens are derived from (with a random nonce per token, which is all
+    /// the database keeps), the same on every node of a cluster, at least 16 bytes. Unset
+    /// (`""`): one generated once and kept in the database, which then alone can make the
+    /// tokens. Changing it revokes every token: clients log in with their password again.
+    #[serde(with = "unset_if_empty")]
+    pub fast_secret: Option<String>,
+    /// Seconds a FAST token logs in for after it is issued.
+    #[serde(with = "secs")]
+    pub fast_token_lifetime: Duration,
+    /// Seconds after which a login with a FAST token is given a new one (XEP-0484 "Token
+    /// rotation"); the old one keeps working until the client uses the new one.
+    #[serde(with = "secs")]
+    pub fast_token_rotation: Duration,
+    /// Client installations (XEP-0388 user-agent ids) an account keeps FAST tokens for;
+    /// a token for one more drops the client that was issued one least recently.
+    pub max_fast_clients: u32,
 }
 
 impl Default for AuthConfig {
@@ -553,6 +599,11 @@ impl Default for AuthConfig {
             allow_registration: false,
             registrations_per_ip_per_hour: 5,
             registrations_per_hour: 100,
+            fast: true,
+            fast_secret: None,
+            fast_token_lifetime: Duration::from_secs(21 * 86400),
+            fast_token_rotation: Duration::from_secs(86400),
+            max_fast_clients: 32,
         }
     }
 }
@@ -1252,6 +1303,7 @@ impl Config {
         if !(MIN_TICKET_ROTATION..=MAX_TICKET_ROTATION).contains(&self.tls.ticket_rotation) {
             return bad("[tls] ticket_rotation must be between 60 seconds and 7 days (604800)");
         }
+        self.check_fast()?;
         if self.admin.enabled && self.admin.port != 0 {
             let clients = [
                 (self.c2s.bind, self.c2s.port),
@@ -1867,6 +1919,39 @@ mod tests {
             let mut c = Config::default();
             c.tls.ticket_secret = Some(secret.into());
             c.tls.ticket_rotation = Duration::from_secs(rotation);
+            let err = c.validate().expect_err(what).to_string();
+            assert!(err.contains(what), "{err}");
+        }
+    }
+
+    #[test]
+    fn fast_settings_have_defaults_and_bounds() {
+        let c = Config::parse("[auth]\nfast_secret = \"\"").expect("parses");
+        assert!(c.auth.fast);
+        assert_eq!(c.auth.fast_secret, None);
+        assert_eq!(c.auth.fast_token_lifetime, Duration::from_secs(21 * 86400));
+        assert_eq!(c.auth.fast_token_rotation, Duration::from_secs(86400));
+        assert_eq!(c.auth.max_fast_clients, 32);
+        c.validate().expect("valid");
+        let cases: [(&str, u64, u64, u32, &str); 5] = [
+            ("short", 3600, 60, 1, "fast_secret"),
+            ("0123456789abcdef", 59, 30, 1, "fast_token_lifetime"),
+            (
+                "0123456789abcdef",
+                366 * 86400,
+                60,
+                1,
+                "fast_token_lifetime",
+            ),
+            ("0123456789abcdef", 3600, 3600, 1, "fast_token_rotation"),
+            ("0123456789abcdef", 3600, 60, 0, "max_fast_clients"),
+        ];
+        for (secret, lifetime, rotation, clients, what) in cases {
+            let mut c = Config::default();
+            c.auth.fast_secret = Some(secret.into());
+            c.auth.fast_token_lifetime = Duration::from_secs(lifetime);
+            c.auth.fast_token_rotation = Duration::from_secs(rotation);
+            c.auth.max_fast_clients = clients;
             let err = c.validate().expect_err(what).to_string();
             assert!(err.contains(what), "{err}");
         }

@@ -85,6 +85,10 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         crate::transport::tls::identity(&config)?,
     ));
     let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
+    let fast_secret = match &config.auth.fast_secret {
+        Some(s) => s.as_bytes().to_vec(),
+        None => store.server_secret("fast_tokens").await?,
+    };
     let auth_backoff = crate::policy::auth_backoff::AuthBackoff::new(
         crate::policy::auth_backoff::BackoffPolicy::from_config(&config.limits),
     );
@@ -136,6 +140,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         metrics: Arc::new(crate::metrics::Metrics::new()),
         auth_backoff,
         fake_salt_secret,
+        fast_secret,
         resumable: Default::default(),
     });
     crate::transport::s2s::attach(&shared);

@@ -69,6 +69,9 @@ pub struct Shared {
     /// Key of the fake SCRAM salts of unknown users; kept in the store so the salts are
     /// the same after a restart and on every node, as a real account's are.
     pub fake_salt_secret: Vec<u8>,
+    /// Key XEP-0484 FAST tokens are derived with (`[auth] fast_secret`, else one kept in
+    /// the store): the same on every node, so a token works on each.
+    pub fast_secret: Vec<u8>,
     /// XEP-0198 sessions of this node a new stream may resume, by resume id.
     pub resumable: crate::node::stream_management::Resumable,
     /// XEP-0115 capabilities of clients on this node (which PEP nodes each wants).

@@ -91,17 +91,19 @@ impl Authenticated {
         let Sasl2 {
             request,
             additional,
+            token,
         } = sasl2;
-        let mut before = String::new();
+        // XEP-0484: a new token goes in whichever `<success/>` is written.
+        let mut before = token.clone();
         if let Some((previd, h)) = &request.resume {
             let data = additional.clone();
             let frame: sm::Frame = Box::new(move |jid: &str, resumed: &str| {
-                super::sasl2::success(data.as_deref(), jid, resumed)
+                super::sasl2::success(data.as_deref(), jid, &format!("{token}{resumed}"))
             });
             let (me, failed) = self.hand_over(previd, h.to_owned(), Some(frame)).await?;
             self = me;
             // The resumption failed; the authentication still succeeds, and says so.
-            before = failed;
+            before.push_str(&failed);
         }
         if let Some(bind) = request.bind {
             match self.bindable(&bind.resource()).await {

@@ -13,7 +13,8 @@
 //! is logged with the peer address.
 //!
 //! The parts: `negotiate` (stream headers, features, STARTTLS, how a negotiation ends),
-//! `sasl`, `sasl2` (XEP-0388 and XEP-0386 framing), `register` (XEP-0077), `bind`, `resume`
+//! `sasl`, `sasl2` (XEP-0388 and XEP-0386 framing), `fast` (XEP-0484 tokens: logging in
+//! with one, issuing and rotating them), `register` (XEP-0077), `bind`, `resume`
 //! (XEP-0198 detach and resume), `session` (the stanza loop), `writer` (the mailbox onto
 //! the socket).
 
@@ -52,6 +53,7 @@ macro_rules! step {
 mod backoff;
 mod bind;
 mod binding;
+mod fast;
 mod negotiate;
 mod register;
 mod resume;
@@ -110,6 +112,8 @@ struct Authenticated {
 struct Sasl2 {
     request: sasl2::Request,
     additional: Option<Vec<u8>>,
+    /// A XEP-0484 `<token/>` for the `<success/>` (XML), or empty.
+    token: String,
 }
 
 /// A bound resource: the stream the session loop reads stanzas from.

@@ -113,8 +113,14 @@ impl Link {
                 for m in &names {
                     mechs = mechs.child(Element::new("mechanism", x::NS_SASL).text(*m));
                 }
-                // XEP-0388 "Discovering Support": SASL2 beside SASL1, the same mechanisms.
-                f = f.child(mechs).child(super::sasl2::feature(&names));
+                // XEP-0388 "Discovering Support": SASL2 beside SASL1, the same mechanisms;
+                // XEP-0484 FAST inside it.
+                let fast: &[&str] = if self.shared.config.auth.fast {
+                    &crate::protocol::sasl::ht::MECHANISMS
+                } else {
+                    &[]
+                };
+                f = f.child(mechs).child(super::sasl2::feature(&names, fast));
                 // XEP-0440: the channel-binding types, when -PLUS is offered.
                 if let Some(cb) = self.channel_binding_feature() {
                     f = f.child(cb);

@@ -55,9 +55,11 @@ impl Framing {
 
 /// A mechanism exchange that succeeded: the account's localpart and the data `<success/>`
 /// carries (SCRAM's server-final, RFC 5802 §5.1).
-struct Authed {
-    user: String,
-    additional: Option<Vec<u8>>,
+pub(super) struct Authed {
+    pub(super) user: String,
+    pub(super) additional: Option<Vec<u8>>,
+    /// The XEP-0484 token a FAST login used.
+    pub(super) token: Option<super::fast::Used>,
 }
 
 /// What one SASL element asked for, before its mechanism runs.
@@ -77,6 +79,10 @@ impl Secured {
     pub(super) async fn authenticate(mut self) -> Result<Authenticated, Halt> {
         step!(self.link, self.link.open(Offer::Sasl));
         let (authed, sasl2) = step!(self.link, self.sasl());
+        let token = match &sasl2 {
+            Some(request) => self.fast_token(&authed, request).await,
+            None => String::new(),
+        };
         let Secured { mut link } = self;
         let limits = limits(&link.shared, true);
         let sasl2 = match sasl2 {
@@ -86,6 +92,7 @@ impl Secured {
                 Some(Box::new(Sasl2 {
                     request: *request,
                     additional: authed.additional,
+                    token,
                 }))
             }
             None => {
@@ -138,6 +145,14 @@ impl Secured {
             } else if el.is("authenticate", NS_SASL2) {
                 let request = Request::parse(&el)
                     .map_err(|m| Fail::Stream(StreamError::new(StreamCondition::BadFormat, m.0)))?;
+                if request
+                    .user_agent
+                    .as_ref()
+                    .is_some_and(|id| id.is_empty() || id.len() > super::sasl2::MAX_USER_AGENT_ID)
+                {
+                    // RFC 6120 §6.5.8: a request the mechanism's rules cannot take.
+                    return Ok(Err((Framing::Sasl2, SaslCondition::MalformedRequest)));
+                }
                 let (mech, initial) = (request.mechanism.clone(), request.initial.clone());
                 (Framing::Sasl2, mech, initial, Some(Box::new(request)))
             } else {
@@ -184,6 +199,15 @@ impl Secured {
                 // Only a `Secured` stream gets here: PLAIN never crosses the wire in the clear.
                 (None, "PLAIN") if self.link.shared.config.auth.allow_plain => {
                     self.plain(&initial).await?
+                }
+                // XEP-0484: a token is only used inside a SASL2 authentication.
+                (None, m)
+                    if crate::protocol::sasl::ht::offered(m)
+                        && self.link.shared.config.auth.fast
+                        && sasl2.is_some() =>
+                {
+                    let request = sasl2.as_deref().expect("checked");
+                    self.fast(m, &initial, request).await?
                 }
                 _ => Err(SaslCondition::InvalidMechanism),
             };
@@ -275,6 +299,7 @@ impl Secured {
                     .map(|j| crate::protocol::jid::node_str(&Jid::from(j)).to_owned())
                     .unwrap_or_default(),
                 additional: Some(server_final),
+                token: None,
             })),
             Ok(_) => Ok(Err(SaslCondition::NotAuthorized)),
             Err(e) => Ok(Err(e.condition())),
@@ -368,6 +393,7 @@ impl Secured {
         Ok(Ok(Authed {
             user: local,
             additional: None,
+            token: None,
         }))
     }
 }
@@ -389,7 +415,7 @@ fn decode_b64(text: &str) -> Option<Vec<u8>> {
 /// failure ... the receiving entity does not wish to disclose specific information
 /// about the cause"): §6.5.11 temporary-auth-failure is for an error within the
 /// server, and would tell a guesser which answers to ignore.
-async fn auth_locked(
+pub(super) async fn auth_locked(
     shared: &Shared,
     peer: SocketAddr,
     jid: &BareJid,
@@ -415,7 +441,7 @@ async fn auth_locked(
 
 /// Records the outcome of a password check for `jid` in the back-off table, and with
 /// Redis for every node.
-async fn auth_checked(
+pub(super) async fn auth_checked(
     shared: &Shared,
     peer: SocketAddr,
     jid: &BareJid,

@@ -12,6 +12,12 @@ use crate::services::{carbons::NS_CARBONS, csi::NS_CSI};
 pub(super) const NS_SASL2: &str = "urn:xmpp:sasl:2";
 /// The XEP-0386 namespace.
 pub(super) const NS_BIND2: &str = "urn:xmpp:bind:0";
+/// The XEP-0484 namespace.
+pub(super) const NS_FAST: &str = "urn:xmpp:fast:0";
+
+/// The longest `<user-agent id/>` kept (XEP-0388 suggests a UUID, 36 characters): it is
+/// stored with each FAST token and kept in the session's state.
+pub(super) const MAX_USER_AGENT_ID: usize = 256;
 
 /// The longest `<tag/>` a client's resource starts with (XEP-0386: the server may
 /// shorten it); the random part follows it.
@@ -19,8 +25,9 @@ const MAX_TAG: usize = 64;
 
 /// The `<authentication/>` feature (XEP-0388 "Discovering Support"): the mechanisms SASL1
 /// offers, and what may come inline: Bind 2 with the features it can enable (XEP-0386),
-/// and XEP-0198 resumption.
-pub(super) fn feature(mechanisms: &[&str]) -> Element {
+/// XEP-0198 resumption, and the XEP-0484 FAST mechanisms (`fast`, offered only here: a
+/// token is only ever used inside a SASL2 authentication).
+pub(super) fn feature(mechanisms: &[&str], fast: &[&str]) -> Element {
     let mut f = Element::new("authentication", NS_SASL2);
     for m in mechanisms {
         f = f.child(Element::new("mechanism", NS_SASL2).text(*m));
@@ -29,11 +36,17 @@ pub(super) fn feature(mechanisms: &[&str]) -> Element {
     for var in [sm::NS_SM, NS_CARBONS, NS_CSI] {
         bind = bind.child(Element::new("feature", NS_BIND2).attr("var", var));
     }
-    f.child(
-        Element::new("inline", NS_SASL2)
-            .child(Element::new("bind", NS_BIND2).child(bind))
-            .child(Element::new("sm", sm::NS_SM)),
-    )
+    let mut inline = Element::new("inline", NS_SASL2)
+        .child(Element::new("bind", NS_BIND2).child(bind))
+        .child(Element::new("sm", sm::NS_SM));
+    if !fast.is_empty() {
+        let mut offer = Element::new("fast", NS_FAST);
+        for m in fast {
+            offer = offer.child(Element::new("mechanism", NS_FAST).text(*m));
+        }
+        inline = inline.child(offer);
+    }
+    f.child(inline)
 }
 
 /// What a client's `<authenticate/>` asks for (XEP-0388 "Initiation").
@@ -48,6 +61,19 @@ pub(super) struct Request {
     pub(super) resume: Option<(String, u32)>,
     /// XEP-0386 `<bind/>`.
     pub(super) bind: Option<Bind>,
+    /// XEP-0484 `<request-token mechanism/>`: the mechanism the client wants a token for.
+    pub(super) request_token: Option<String>,
+    /// XEP-0484 `<fast/>`, sent with an authentication by token.
+    pub(super) fast: Option<Fast>,
+}
+
+/// XEP-0484 `<fast/>` in an authentication by token.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Fast {
+    /// `count`: higher on every use of the token, so a replay is refused.
+    pub(super) count: Option<i64>,
+    /// `invalidate='true'`: the token ends with this login (the client is logging out).
+    pub(super) invalidate: bool,
 }
 
 /// A XEP-0386 `<bind/>` request and what it enables inline.
@@ -87,6 +113,13 @@ impl Request {
                 .map(str::to_owned),
             resume,
             bind,
+            request_token: el
+                .get_child("request-token", NS_FAST)
+                .map(|r| r.get_attr("mechanism").unwrap_or("").to_owned()),
+            fast: el.get_child("fast", NS_FAST).map(|f| Fast {
+                count: f.get_attr("count").and_then(|c| c.parse().ok()),
+                invalidate: matches!(f.get_attr("invalidate"), Some("true" | "1")),
+            }),
         })
     }
 }
@@ -140,6 +173,16 @@ pub(super) fn success(additional: Option<&[u8]>, authzid: &str, inner: &str) -> 
     )
 }
 
+/// XEP-0484 `<token/>` for `<success/>`: the token, and when it stops logging in (an
+/// XEP-0082 date-time).
+pub(super) fn token(token: &str, expiry: chrono::DateTime<chrono::Utc>) -> String {
+    format!(
+        "<token xmlns='{NS_FAST}' expiry='{}' token='{}'/>",
+        expiry.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        escape(token)
+    )
+}
+
 /// XEP-0386 `<bound/>` with what was enabled inline (XEP-0198's `<enabled/>`).
 pub(super) fn bound(inner: &str) -> String {
     format!("<bound xmlns='{NS_BIND2}'>{inner}</bound>")
@@ -176,6 +219,59 @@ mod tests {
         assert!(b.carbons);
         assert_eq!(b.csi, Some(false));
         assert!(b.resource().starts_with("Phone."));
+    }
+
+    #[test]
+    fn a_fast_authentication_and_a_token_request_are_read() {
+        let el = parse_element(
+            "<authenticate xmlns='urn:xmpp:sasl:2' mechanism='HT-SHA-256-NONE'>\
+             <initial-response>YQ==</initial-response>\
+             <fast xmlns='urn:xmpp:fast:0' count='7' invalidate='true'/>\
+             <request-token xmlns='urn:xmpp:fast:0' mechanism='HT-SHA-256-NONE'/>\
+             </authenticate>",
+        )
+        .unwrap();
+        let r = Request::parse(&el).unwrap();
+        assert_eq!(
+            r.fast,
+            Some(Fast {
+                count: Some(7),
+                invalidate: true
+            })
+        );
+        assert_eq!(r.request_token.as_deref(), Some("HT-SHA-256-NONE"));
+        let plain = parse_element(
+            "<authenticate xmlns='urn:xmpp:sasl:2' mechanism='PLAIN'><fast xmlns='urn:xmpp:fast:0'/></authenticate>",
+        )
+        .unwrap();
+        let r = Request::parse(&plain).unwrap();
+        assert_eq!(r.fast, Some(Fast::default()));
+        assert!(r.request_token.is_none());
+    }
+
+    #[test]
+    fn the_feature_offers_fast_mechanisms_only_inline() {
+        let f = feature(&["SCRAM-SHA-256"], &["HT-SHA-256-NONE"]);
+        let mechs: Vec<String> = f
+            .elements()
+            .filter(|m| m.is("mechanism", NS_SASL2))
+            .map(|m| m.text_content())
+            .collect();
+        assert_eq!(mechs, ["SCRAM-SHA-256"]);
+        let fast = f
+            .get_child("inline", NS_SASL2)
+            .and_then(|i| i.get_child("fast", NS_FAST))
+            .unwrap();
+        assert_eq!(
+            fast.get_child("mechanism", NS_FAST).unwrap().text_content(),
+            "HT-SHA-256-NONE"
+        );
+        let without = feature(&["SCRAM-SHA-256"], &[]);
+        assert!(without
+            .get_child("inline", NS_SASL2)
+            .unwrap()
+            .get_child("fast", NS_FAST)
+            .is_none());
     }
 
     #[test]
