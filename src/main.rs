@@ -157,6 +157,16 @@ enum UserAction {
         #[arg(long)]
         password_file: Option<PathBuf>,
     },
+    /// End an account's XEP-0484 FAST tokens, of one client installation or all: the
+    /// client logs in with its password next time. Sessions already logged in go on
+    /// (`presenced session kick` ends them).
+    Revoke {
+        /// The account's bare JID.
+        jid: String,
+        /// Only the tokens of this client (its XEP-0388 user-agent id).
+        #[arg(long)]
+        client: Option<String>,
+    },
     /// Accounts, of one domain or all (over the admin socket).
     List {
         /// Only this domain.
@@ -450,6 +460,21 @@ async fn user(action: UserAction, config: &Config, json: bool) -> Result<(), Str
                     Ok(())
                 }
                 Ok(false) => Err(format!("no account {node}@{domain}")),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        UserAction::Revoke { jid, client } => {
+            let (node, domain) = account(&jid, config)?;
+            let store = connect(config).await?;
+            match store
+                .revoke_fast_tokens(&node, &domain, client.as_deref())
+                .await
+            {
+                Ok(Some(n)) => {
+                    out!("revoked {n} FAST token(s) of {node}@{domain}");
+                    Ok(())
+                }
+                Ok(None) => Err(format!("no account {node}@{domain}")),
                 Err(e) => Err(e.to_string()),
             }
         }

@@ -1759,69 +1759,13 @@ async fn connections_over_the_per_ip_rate_get_policy_violation() {
 // ---------------------------------------------------------------------------------------
 // The operator command line.
 
-struct Cli {
-    dir: std::path::PathBuf,
-    config: std::path::PathBuf,
-}
-
-impl Cli {
-    /// A config file for `ts`'s domain and database.
-    fn for_server(ts: &TestServer) -> Cli {
-        let dir = std::env::temp_dir().join(format!("presenced-cli-{}", unique()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = dir.join("presenced.toml");
-        // The schema is built in; no operator migrations.
-        let migrations = common::no_operator_migrations();
-        std::fs::write(
-            &config,
-            format!(
-                "domains = [\"{}\"]\n[database]\nurl = \"{}\"\nmigrations = \"{}\"\n\
-                 [tls]\ncerts_dir = \"{}\"\n",
-                ts.domain,
-                database_url(),
-                migrations.display(),
-                dir.display()
-            ),
-        )
-        .unwrap();
-        Cli { dir, config }
-    }
-
-    fn password_file(&self, pw: &str) -> String {
-        let p = self.dir.join(format!("pw-{}", unique()));
-        // A trailing newline, as `echo pw > file` writes: only the first line counts.
-        std::fs::write(&p, format!("{pw}\n")).unwrap();
-        p.display().to_string()
-    }
-
-    async fn run(&self, args: &[&str]) -> std::process::Output {
-        run_presenced(&self.config, args).await
-    }
-}
-
-async fn run_presenced(config: &std::path::Path, args: &[&str]) -> std::process::Output {
-    let cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_presenced"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        // Each config names its store; the environment must not override it.
-        .env_remove("DATABASE_URL")
-        .kill_on_drop(true)
-        .output();
-    tokio::time::timeout(Duration::from_secs(30), cmd)
-        .await
-        .expect("presenced CLI finished in time")
-        .expect("run presenced")
-}
-
 /// `user add` with neither a terminal nor `--password-file` (a script, a container's `exec`
 /// without `-t`) says what to pass instead of the terminal library's "No such device or
 /// address", and creates nothing.
 #[tokio::test]
 async fn cli_user_add_without_a_terminal_points_to_password_file() {
     let ts = TestServer::start(|_| {}).await;
-    let cli = Cli::for_server(&ts);
+    let cli = Cli::for_server(env!("CARGO_BIN_EXE_presenced"), &ts);
     let jid = ts.jid("dora");
     // run_presenced gives the child a null standard input: not a terminal.
     let out = cli.run(&["user", "add", &jid]).await;
@@ -1851,7 +1795,7 @@ async fn plain_attempt(ts: &TestServer, user: &str, pw: &str) -> String {
 #[tokio::test]
 async fn cli_user_add_passwd_del_control_who_can_log_in() {
     let ts = TestServer::start(|_| {}).await;
-    let cli = Cli::for_server(&ts);
+    let cli = Cli::for_server(env!("CARGO_BIN_EXE_presenced"), &ts);
     let jid = ts.jid("carol");
 
     let out = cli
@@ -1924,7 +1868,7 @@ async fn cli_user_add_passwd_del_control_who_can_log_in() {
 async fn cli_check_config_accepts_the_example_and_rejects_a_broken_file() {
     let example =
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("presenced.example.toml");
-    let out = run_presenced(&example, &["check-config"]).await;
+    let out = run_presenced(env!("CARGO_BIN_EXE_presenced"), &example, &["check-config"]).await;
     assert!(out.status.success(), "example config: {out:?}");
     // The example runs embedded; check-config names the file (relative to the config)
     // and does not create it.
@@ -1986,7 +1930,7 @@ async fn cli_check_config_accepts_the_example_and_rejects_a_broken_file() {
     for (what, text) in cases {
         let f = dir.join("broken.toml");
         std::fs::write(&f, text).unwrap();
-        let out = run_presenced(&f, &["check-config"]).await;
+        let out = run_presenced(env!("CARGO_BIN_EXE_presenced"), &f, &["check-config"]).await;
         assert!(!out.status.success(), "{what} accepted: {out:?}");
         assert!(!out.stderr.is_empty(), "{what}: no message on stderr");
     }

@@ -1272,3 +1272,71 @@ pub async fn until(what: &str, wait: Duration, cond: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The `presenced` binary with a config file of its own for a test server's domain and
+/// store: the operator's command line.
+pub struct Cli {
+    /// The binary: `env!("CARGO_BIN_EXE_presenced")` in the test that runs it (the bench
+    /// harness shares this file and has no such binary).
+    pub bin: &'static str,
+    pub dir: std::path::PathBuf,
+    pub config: std::path::PathBuf,
+}
+
+impl Cli {
+    /// A config file for `ts`'s domain and database.
+    pub fn for_server(bin: &'static str, ts: &TestServer) -> Cli {
+        let dir = std::env::temp_dir().join(format!("presenced-cli-{}", unique()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("presenced.toml");
+        // The schema is built in; no operator migrations.
+        let migrations = no_operator_migrations();
+        std::fs::write(
+            &config,
+            format!(
+                "domains = [\"{}\"]\n[database]\nurl = \"{}\"\nmigrations = \"{}\"\n\
+                 [tls]\ncerts_dir = \"{}\"\n",
+                ts.domain,
+                database_url(),
+                migrations.display(),
+                dir.display()
+            ),
+        )
+        .unwrap();
+        Cli { bin, dir, config }
+    }
+
+    /// A file holding `pw`, for `--password-file`.
+    pub fn password_file(&self, pw: &str) -> String {
+        let p = self.dir.join(format!("pw-{}", unique()));
+        // A trailing newline, as `echo pw > file` writes: only the first line counts.
+        std::fs::write(&p, format!("{pw}\n")).unwrap();
+        p.display().to_string()
+    }
+
+    /// Runs `presenced --config <this> args…` and waits for it.
+    pub async fn run(&self, args: &[&str]) -> std::process::Output {
+        run_presenced(self.bin, &self.config, args).await
+    }
+}
+
+/// Runs `presenced --config config args…`, with no terminal and the config's own store.
+pub async fn run_presenced(
+    bin: &str,
+    config: &std::path::Path,
+    args: &[&str],
+) -> std::process::Output {
+    let cmd = tokio::process::Command::new(bin)
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        // Each config names its store; the environment must not override it.
+        .env_remove("DATABASE_URL")
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(30), cmd)
+        .await
+        .expect("presenced CLI finished in time")
+        .expect("run presenced")
+}
