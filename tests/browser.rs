@@ -373,34 +373,48 @@ fn node_major() -> u32 {
         .unwrap_or_else(|| panic!("node --version: {v}"))
 }
 
-/// @xmpp/client logs in over TCP with STARTTLS (verifying the server's certificate for
-/// its domain, trusted through `NODE_EXTRA_CA_CERTS` as the README says) and over
-/// WebSocket, sends the contact a message and gets the answer, with no error stanza.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn xmpp_client_logs_in_over_tcp_and_websocket_and_chats() {
-    // @xmpp/client's WebSocket transport is Node's WebSocket: behind a flag in Node 20,
-    // built in from 22.
-    let major = node_major();
-    assert!(
-        major >= 20,
-        "@xmpp/client needs Node 20 or later, this is {major}"
-    );
-    let (ts, mut bob) = with_contact_online(|_| {}).await;
-    let (alice, bob_jid) = (ts.jid("alice"), ts.jid("bob"));
-
-    for (resource, service) in [
+/// Where @xmpp/client connects, by name: TCP with STARTTLS, and WebSocket on the test
+/// server's HTTP listener, plain on loopback, which @xmpp/client counts as secure.
+fn xmpp_client_services(ts: &TestServer) -> [(&'static str, String); 2] {
+    [
         ("tcp", format!("xmpp://127.0.0.1:{}", ts.addr.port())),
         (
             "websocket",
-            // The test server's HTTP listener is plain on loopback, which @xmpp/client
-            // counts as secure.
             format!(
                 "ws://127.0.0.1:{}{}",
                 ts.http_addr().port(),
                 ts.config.http.websocket_path
             ),
         ),
-    ] {
+    ]
+}
+
+/// The environment @xmpp/client runs in: the test certificate trusted, and Node's
+/// WebSocket (behind a flag in Node 20, built in from 22).
+fn xmpp_client_env(ts: &TestServer) -> Vec<(&'static str, &Path)> {
+    static FLAG: std::sync::LazyLock<PathBuf> =
+        std::sync::LazyLock::new(|| PathBuf::from("--experimental-websocket"));
+    let major = node_major();
+    assert!(
+        major >= 20,
+        "@xmpp/client needs Node 20 or later, this is {major}"
+    );
+    let mut env: Vec<(&str, &Path)> = vec![("NODE_EXTRA_CA_CERTS", &ts.cert)];
+    if major < 22 {
+        env.push(("NODE_OPTIONS", FLAG.as_path()));
+    }
+    env
+}
+
+/// @xmpp/client logs in over TCP with STARTTLS (verifying the server's certificate for
+/// its domain, trusted through `NODE_EXTRA_CA_CERTS` as the README says) and over
+/// WebSocket, sends the contact a message and gets the answer, with no error stanza.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xmpp_client_logs_in_over_tcp_and_websocket_and_chats() {
+    let (ts, mut bob) = with_contact_online(|_| {}).await;
+    let (alice, bob_jid) = (ts.jid("alice"), ts.jid("bob"));
+
+    for (resource, service) in xmpp_client_services(&ts) {
         let send_body = format!("hello from @xmpp/client over {resource} {}", unique());
         let expect_body = format!("answer over {resource} {}", unique());
         let config = json!({
@@ -414,12 +428,7 @@ async fn xmpp_client_logs_in_over_tcp_and_websocket_and_chats() {
             "expect_body": expect_body,
             "timeout_ms": 20_000,
         });
-        let mut env: Vec<(&str, &Path)> = vec![("NODE_EXTRA_CA_CERTS", &ts.cert)];
-        let flag = PathBuf::from("--experimental-websocket");
-        if major < 22 {
-            env.push(("NODE_OPTIONS", &flag));
-        }
-        let mut xmpp = Driver::start("xmpp-client.mjs", &config, &env).await;
+        let mut xmpp = Driver::start("xmpp-client.mjs", &config, &xmpp_client_env(&ts)).await;
         eprintln!("@xmpp/client over {service}");
         let online = xmpp.step("online").await;
         // It authenticates with XEP-0388 SASL2 and binds with XEP-0386, whose resource is
@@ -435,6 +444,38 @@ async fn xmpp_client_logs_in_over_tcp_and_websocket_and_chats() {
         let report = xmpp.step("report").await;
         assert_eq!(report["from"], bob.jid.as_str(), "{report}");
         assert_eq!(report["errors"], json!([]), "{resource}: {report}");
+        xmpp.finish().await;
+    }
+    ts.stop().await;
+}
+
+/// XEP-0484 with a stock client: @xmpp/client logs in with its password over SASL2 and
+/// keeps the token the server gives it; it then reconnects as the same installation with
+/// a wrong password, so only the token can log it in, and is online again; the same token
+/// from another installation is refused. Over TCP and WebSocket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xmpp_client_reconnects_with_a_fast_token_over_tcp_and_websocket() {
+    let ts = TestServer::start(|_| {}).await;
+    ts.user("alice").await;
+    let alice = ts.jid("alice");
+    for (resource, service) in xmpp_client_services(&ts) {
+        let config = json!({
+            "service": service,
+            "domain": ts.domain,
+            "username": "alice",
+            "password": "pw",
+            "resource": resource,
+            "timeout_ms": 30_000,
+        });
+        let mut xmpp = Driver::start("xmpp-client-fast.mjs", &config, &xmpp_client_env(&ts)).await;
+        eprintln!("@xmpp/client FAST over {service}");
+        let token = xmpp.step("token").await;
+        assert_eq!(token["mechanism"], "HT-SHA-256-NONE", "{token}");
+        let fast = xmpp.step("fast").await;
+        let full = fast["jid"].as_str().unwrap_or_default();
+        assert!(full.starts_with(&format!("{alice}/{resource}.")), "{fast}");
+        let refused = xmpp.step("refused").await;
+        assert_eq!(refused["error"], "not-authorized", "{refused}");
         xmpp.finish().await;
     }
     ts.stop().await;
