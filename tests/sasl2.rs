@@ -32,12 +32,26 @@ fn plain(user: &str, password: &str) -> String {
     B64.encode(format!("\0{user}\0{password}"))
 }
 
+/// The installation most tests log in as (XEP-0388 `<user-agent id/>`).
+const AGENT: &str = "d4565fa7-4d72-4749-b3d3-740edbf87770";
+
 /// Sends a SASL2 PLAIN `<authenticate/>` with `inner` inline and returns the answer.
 async fn authenticate_plain(c: &mut Client, user: &str, password: &str, inner: &str) -> Element {
+    authenticate_plain_as(c, AGENT, user, password, inner).await
+}
+
+/// [`authenticate_plain`] from installation `agent`.
+async fn authenticate_plain_as(
+    c: &mut Client,
+    agent: &str,
+    user: &str,
+    password: &str,
+    inner: &str,
+) -> Element {
     c.send_raw(&format!(
         "<authenticate xmlns='{NS_SASL2}' mechanism='PLAIN'>\
          <initial-response>{}</initial-response>\
-         <user-agent id='d4565fa7-4d72-4749-b3d3-740edbf87770'><software>test</software></user-agent>\
+         <user-agent id='{agent}'><software>test</software></user-agent>\
          {inner}</authenticate>",
         plain(user, password)
     ))
@@ -269,7 +283,7 @@ async fn bind2_enables_sm_carbons_and_csi_inline() {
         .expect("bound session");
     assert_eq!(
         session.read(|p| p.user_agent.clone()).as_deref(),
-        Some("d4565fa7-4d72-4749-b3d3-740edbf87770")
+        Some(AGENT)
     );
 
     // XEP-0198: counting started with the stream going on (the client's own presence
@@ -373,6 +387,88 @@ async fn sm_resumes_inline_in_sasl2() {
     );
     child(&success, "bound", NS_BIND2);
     assert!(authzid(&success).starts_with(&format!("{}/Phone.", ts.jid("alice"))));
+    bob.close().await;
+    ts.stop().await;
+}
+
+/// XEP-0386 "Resource identifier generation": an installation (its `<user-agent id/>`)
+/// gets the same resource on every login, which shows nothing of the id and differs for
+/// another installation, account or tag. So a phone that lost its connection and logs in
+/// again within the grace period takes its session's place and its contacts see no
+/// unavailable; one that logs in while its old connection still stands replaces it
+/// (`conflict`, RFC 6120 §7.7.2.2).
+#[tokio::test]
+async fn an_installation_keeps_its_resource_and_a_reconnect_within_grace_shows_no_flap() {
+    let ts = TestServer::start(common::fast_liveness).await;
+    let g = ts.config.liveness.grace;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.make_mutual("alice", "bob").await;
+    let bind = format!("<bind xmlns='{NS_BIND2}'><tag>Phone</tag></bind>");
+    let login = |agent: &'static str, user: &'static str, bind: String| {
+        let ts = &ts;
+        async move {
+            let mut c = secured(ts).await;
+            let success = authenticate_plain_as(&mut c, agent, user, "pw", &bind).await;
+            assert!(success.is("success", NS_SASL2), "{success}");
+            c.jid = authzid(&success);
+            c
+        }
+    };
+    let mut phone = login(AGENT, "alice", bind.clone()).await;
+    let jid = phone.jid.clone();
+    assert!(
+        jid.starts_with(&format!("{}/Phone.", ts.jid("alice"))),
+        "{jid}"
+    );
+    assert!(!jid.contains(AGENT), "{jid}");
+    phone.presence(None, None).await;
+    let mut bob = ts.login("bob", "pc").await;
+    bob.presence(None, None).await;
+    bob.expect(|e| is_presence(e, &jid, None)).await;
+
+    // Another installation, another account, another tag: other resources.
+    let suffix = |j: &str| j.rsplit('.').next().unwrap().to_owned();
+    let laptop = login("another-installation", "alice", bind.clone()).await;
+    assert_ne!(laptop.jid, jid);
+    let bobs = login(AGENT, "bob", bind.clone()).await;
+    assert_ne!(suffix(&bobs.jid), suffix(&jid));
+    let tagged = login(
+        AGENT,
+        "alice",
+        format!("<bind xmlns='{NS_BIND2}'><tag>Other</tag></bind>"),
+    )
+    .await;
+    assert_ne!(suffix(&tagged.jid), suffix(&jid));
+    for c in [laptop, bobs, tagged] {
+        c.close().await;
+    }
+
+    // The connection drops; once the server has seen it, the phone is back.
+    let started = ts.metric(|m| m.grace_started.load(std::sync::atomic::Ordering::Relaxed));
+    drop(phone);
+    until("the drop seen", WAIT, || {
+        ts.metric(|m| m.grace_started.load(std::sync::atomic::Ordering::Relaxed)) > started
+    })
+    .await;
+    let mut phone = login(AGENT, "alice", bind.clone()).await;
+    assert_eq!(phone.jid, jid, "the same resource again");
+    phone.presence(None, None).await;
+    // Nothing unavailable within G and a generous margin.
+    bob.watch_none(
+        |e| is_presence(e, &jid, Some("unavailable")),
+        g + Duration::from_secs(1),
+    )
+    .await;
+
+    // Logging in again while the old connection stands: the old one ends with conflict.
+    let again = login(AGENT, "alice", bind).await;
+    assert_eq!(again.jid, jid);
+    match phone.expect_stream_end().await {
+        Ended::StreamError(cond) => assert_eq!(cond, "conflict"),
+        other => panic!("expected conflict, got {other:?}"),
+    }
+    again.close().await;
     bob.close().await;
     ts.stop().await;
 }

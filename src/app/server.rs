@@ -89,6 +89,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         Some(s) => s.as_bytes().to_vec(),
         None => store.server_secret("fast_tokens").await?,
     };
+    let resource_secret = store.server_secret("bind2_resources").await?;
     let auth_backoff = crate::policy::auth_backoff::AuthBackoff::new(
         crate::policy::auth_backoff::BackoffPolicy::from_config(&config.limits),
     );
@@ -141,6 +142,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         auth_backoff,
         fake_salt_secret,
         fast_secret,
+        resource_secret,
         resumable: Default::default(),
     });
     crate::transport::s2s::attach(&shared);

@@ -72,6 +72,9 @@ pub struct Shared {
     /// Key XEP-0484 FAST tokens are derived with (`[auth] fast_secret`, else one kept in
     /// the store): the same on every node, so a token works on each.
     pub fast_secret: Vec<u8>,
+    /// Key of the stable XEP-0386 resources (kept in the store): the same on every node, so
+    /// an installation that reconnects to another node binds the resource it had.
+    pub resource_secret: Vec<u8>,
     /// XEP-0198 sessions of this node a new stream may resume, by resume id.
     pub resumable: crate::node::stream_management::Resumable,
     /// XEP-0115 capabilities of clients on this node (which PEP nodes each wants).

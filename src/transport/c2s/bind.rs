@@ -106,7 +106,16 @@ impl Authenticated {
             before.push_str(&failed);
         }
         if let Some(bind) = request.bind {
-            match self.bindable(&bind.resource()).await {
+            let stable = match (&request.user_agent, self.link.account(&self.user)) {
+                (Some(agent), Some(account)) => Some(super::sasl2::stable_id(
+                    &self.link.shared.resource_secret,
+                    account.as_str(),
+                    agent,
+                    bind.tag.as_deref(),
+                )),
+                _ => None,
+            };
+            match self.bindable(&bind.resource(stable)).await {
                 Ok(jid) => {
                     tracing::info!(peer = %self.link.peer, %jid, "resource bound inline (XEP-0386)");
                     let Authenticated { link, .. } = self;

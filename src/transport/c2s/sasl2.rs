@@ -146,14 +146,37 @@ impl Bind {
         Ok(bind)
     }
 
-    /// XEP-0386: the resource is the server's, the client's tag a prefix of it, so two
-    /// installations with the same tag never take each other's resource.
-    pub(super) fn resource(&self) -> String {
+    /// XEP-0386 "Resource identifier generation": the resource is the server's, the
+    /// client's tag a prefix of it, so two installations with the same tag never take each
+    /// other's resource. With the client's `<user-agent id/>` (`stable`, see
+    /// [`stable_id`]) the server's part is the same on every login of that installation,
+    /// so a reconnect binds the resource it had: a session still in its grace period
+    /// goes on with no unavailable seen, and a session of the same installation that is
+    /// still bound is replaced (XEP-0386: earlier sessions of the same client end).
+    /// Without an id, a random part.
+    pub(super) fn resource(&self, stable: Option<String>) -> String {
+        let id = stable.unwrap_or_else(x::new_id);
         match &self.tag {
-            Some(tag) => format!("{tag}.{}", x::new_id()),
-            None => x::new_id(),
+            Some(tag) => format!("{tag}.{id}"),
+            None => id,
         }
     }
+}
+
+/// The server's part of a stable XEP-0386 resource: an HMAC, keyed with a server secret
+/// every node shares, over the account, the installation's `<user-agent id/>` and the tag,
+/// so it is the same on every node and restart, says nothing of the id (XEP-0386: the id
+/// MUST NOT be exposed), and differs between accounts and tags of one installation.
+pub(super) fn stable_id(secret: &[u8], account: &str, agent: &str, tag: Option<&str>) -> String {
+    use base64::Engine as _;
+    use hmac::Mac as _;
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("any key length");
+    for part in [account, agent, tag.unwrap_or("")] {
+        m.update(&(part.len() as u64).to_be_bytes());
+        m.update(part.as_bytes());
+    }
+    // 72 bits: no two installations of an account meet by chance.
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&m.finalize().into_bytes()[..9])
 }
 
 /// XEP-0388 "Success": the mechanism's additional data (SCRAM's server-final), the
@@ -218,7 +241,9 @@ mod tests {
         assert_eq!(b.sm, Some((true, Some(60))));
         assert!(b.carbons);
         assert_eq!(b.csi, Some(false));
-        assert!(b.resource().starts_with("Phone."));
+        assert!(b.resource(None).starts_with("Phone."));
+        assert_ne!(b.resource(None), b.resource(None));
+        assert_eq!(b.resource(Some("abc".into())), "Phone.abc");
     }
 
     #[test]
