@@ -11,7 +11,10 @@
 //! - `buffer`: each connection's task owns a 4 KiB read buffer and awaits a read into it,
 //!   as a straightforward session loop does (and presenced's did);
 //! - `shared`: each task awaits the socket's readability with no buffer of its own, then
-//!   reads into one buffer per thread, so an idle connection holds no read buffer.
+//!   reads into one buffer per thread, so an idle connection holds no read buffer (as
+//!   presenced's reader, `IdleBuf`, frees its buffer while the peer is idle);
+//! - `plain`: `shared` without TLS, which leaves tokio's own share: what rustls holds per
+//!   connection is the difference between the two.
 //!
 //! Run (release): `cargo run --release --example tls_floor -- --connections 10000 --mode
 //! buffer`; it starts itself again as the client process (`--client`), which opens the
@@ -60,14 +63,51 @@ fn rss_bytes() -> u64 {
 enum Mode {
     Buffer,
     Shared,
+    Plain,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Buffer => "buffer",
+            Mode::Shared => "shared",
+            Mode::Plain => "plain",
+        }
+    }
 }
 
 thread_local! {
     static SHARED: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 16 * 1024]);
 }
 
+/// A plain TCP connection: echo what comes, reading into the thread's buffer on readiness.
+async fn serve_plain(mut tcp: TcpStream) {
+    loop {
+        if tcp.readable().await.is_err() {
+            return;
+        }
+        let got = SHARED.with(|b| {
+            let mut b = b.borrow_mut();
+            tcp.try_read(&mut b).map(|n| b[..n].to_vec())
+        });
+        match got {
+            Ok(v) if v.is_empty() => return,
+            Ok(v) => {
+                if tcp.write_all(&v).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
+        }
+    }
+}
+
 /// One connection: the TLS handshake, then echo what comes until the client closes.
 async fn serve(tcp: TcpStream, acceptor: tokio_rustls::TlsAcceptor, mode: Mode) {
+    if mode == Mode::Plain {
+        return serve_plain(tcp).await;
+    }
     let Ok(mut tls) = acceptor.accept(tcp).await else {
         return;
     };
@@ -80,6 +120,7 @@ async fn serve(tcp: TcpStream, acceptor: tokio_rustls::TlsAcceptor, mode: Mode) 
                 }
             }
         }
+        Mode::Plain => unreachable!("served above"),
         Mode::Shared => loop {
             if tls.get_ref().0.readable().await.is_err() {
                 return;
@@ -118,6 +159,7 @@ fn server(args: &[String]) {
     let n: usize = arg(args, "--connections").map_or(10_000, |v| v.parse().unwrap());
     let mode = match arg(args, "--mode").as_deref() {
         Some("shared") => Mode::Shared,
+        Some("plain") => Mode::Plain,
         _ => Mode::Buffer,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -157,6 +199,7 @@ fn server(args: &[String]) {
         let mut client = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--client",
+                mode.name(),
                 &addr.to_string(),
                 &n.to_string(),
                 cert_path.to_str().unwrap(),
@@ -180,7 +223,7 @@ fn server(args: &[String]) {
         let per = (rss.saturating_sub(base)) as f64 / n as f64;
         println!(
             "{{\"mode\":\"{}\",\"connections\":{n},\"accepted\":{},\"rss_base\":{base},\"rss\":{rss},\"bytes_per_connection\":{per:.0}}}",
-            if mode == Mode::Buffer { "buffer" } else { "shared" },
+            mode.name(),
             accepted.load(std::sync::atomic::Ordering::Relaxed),
         );
         let _ = client.kill();
@@ -189,7 +232,7 @@ fn server(args: &[String]) {
     });
 }
 
-fn client(addr: SocketAddr, n: usize, cert: &str) {
+fn client(plain: bool, addr: SocketAddr, n: usize, cert: &str) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -216,12 +259,17 @@ fn client(addr: SocketAddr, n: usize, cert: &str) {
             let (connector, name, sem) = (connector.clone(), name.clone(), sem.clone());
             tasks.spawn(async move {
                 let _permit = sem.acquire().await.unwrap();
-                let tcp = TcpStream::connect(addr).await.unwrap();
+                let mut tcp = TcpStream::connect(addr).await.unwrap();
+                let mut back = vec![0u8; HELLO.len()];
+                if plain {
+                    tcp.write_all(HELLO).await.unwrap();
+                    tcp.read_exact(&mut back).await.unwrap();
+                    return Box::new(tcp) as Box<dyn Send>;
+                }
                 let mut tls = connector.connect(name, tcp).await.unwrap();
                 tls.write_all(HELLO).await.unwrap();
-                let mut back = vec![0u8; HELLO.len()];
                 tls.read_exact(&mut back).await.unwrap();
-                tls
+                Box::new(tls)
             });
         }
         while let Some(t) = tasks.join_next().await {
@@ -241,9 +289,10 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--client") {
         client(
-            args[i + 1].parse().unwrap(),
+            args[i + 1] == "plain",
             args[i + 2].parse().unwrap(),
-            &args[i + 3],
+            args[i + 3].parse().unwrap(),
+            &args[i + 4],
         );
     } else {
         server(&args);

@@ -24,10 +24,11 @@ def main(directory):
     what = {
         "buffer": "a 4 KiB read buffer per connection, awaited",
         "shared": "readiness awaited, one read buffer per thread",
+        "plain": "the same without TLS (tokio's share)",
     }
     print("| how a connection waits | connections | runs | kB per idle connection, median (range) |")
     print("|---|---:|---:|---:|")
-    for mode in ("buffer", "shared"):
+    for mode in ("buffer", "shared", "plain"):
         if mode not in runs:
             continue
         kb = [b / 1000 for b, _ in runs[mode]]
