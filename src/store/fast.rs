@@ -318,11 +318,21 @@ impl Store {
         Ok(rows.into_iter().map(from_row).collect())
     }
 
-    /// A login with token `id` succeeded: the client holds it, so its older tokens go. With
-    /// a XEP-0484 `count`, false (nothing changed) unless it is above every count the token
-    /// carried before: a replayed authentication repeats one.
-    pub async fn fast_token_used(&self, id: i64, count: Option<i64>) -> Result<bool, StoreError> {
-        in_write!(self, used(id, count))
+    /// A login with token `id` succeeded: the client holds it, so its older tokens go
+    /// (`older`: the caller saw some in its read). With a XEP-0484 `count`, false (nothing
+    /// changed) unless it is above every count the token carried before: a replayed
+    /// authentication repeats one. With neither, nothing is written: the usual FAST login
+    /// costs the store one read.
+    pub async fn fast_token_used(
+        &self,
+        id: i64,
+        count: Option<i64>,
+        older: bool,
+    ) -> Result<bool, StoreError> {
+        if count.is_none() && !older {
+            return Ok(true);
+        }
+        in_write!(self, used(id, count, older))
     }
 
     /// Deletes the tokens of account `username@domain`, of one client or all; how many, or
@@ -338,12 +348,19 @@ impl Store {
 }
 
 /// [`Store::fast_token_used`] inside the caller's transaction.
-async fn used<C: TokenSql>(conn: &mut C, id: i64, count: Option<i64>) -> Result<bool, StoreError> {
+async fn used<C: TokenSql>(
+    conn: &mut C,
+    id: i64,
+    count: Option<i64>,
+    older: bool,
+) -> Result<bool, StoreError> {
     if let Some(count) = count {
         if !conn.raise_count(id, count).await? {
             return Ok(false);
         }
     }
-    conn.retire_older(id).await?;
+    if older {
+        conn.retire_older(id).await?;
+    }
     Ok(true)
 }

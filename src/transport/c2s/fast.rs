@@ -87,9 +87,11 @@ impl Secured {
             Some(t) if t.expires_at <= now => Err(SaslCondition::CredentialsExpired),
             Some(t) => {
                 let count = request.fast.as_ref().and_then(|f| f.count);
+                // The rows read are newest first: one after `t` is older.
+                let older = tokens.iter().any(|o| o.id < t.id);
                 let fresh = shared
                     .store
-                    .fast_token_used(t.id, count)
+                    .fast_token_used(t.id, count, older)
                     .await
                     .map_err(|e| storage(self.link.peer, e))?;
                 if fresh {
