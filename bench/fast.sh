@@ -10,7 +10,8 @@
 #   fast   SASL2 with the password and a token request first, then FAST with the token over
 #          a resumed TLS 1.3 session on every reconnect
 #
-# Usage: bench/fast.sh OUT_DIR     (N=1000 K=10 RUNS=3 CERT_KIND=ecdsa MODES="sasl1 sasl2 fast")
+# Usage: bench/fast.sh OUT_DIR     (N=1000 K=10 RUNS=3 CERT_KIND=ecdsa MODES="sasl1 sasl2 fast"
+#                                  FIRST_RUN=1: the number of the first run, to add runs)
 # Each run's JSON goes to OUT_DIR/<cert>-n<N>-k<K>-<run>-<mode>/ with run.json: the commit,
 # the machine and the load averages. bench/fast_table.py OUT_DIR prints the table.
 set -euo pipefail
@@ -32,7 +33,8 @@ export SERVERS=presenced STORM=1 STORM_CAUSES="${STORM_CAUSES:-cut,relogin}"
 commit="$(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src bench/generator || echo -dirty)"
 machine="$(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(free -m | awk '/^Mem:/ {print $2 " MB RAM"}'), $(uname -sr)"
 mkdir -p "$OUT"
-for run in $(seq 1 "$RUNS"); do
+FIRST_RUN="${FIRST_RUN:-1}"
+for run in $(seq "$FIRST_RUN" $((FIRST_RUN + RUNS - 1))); do
     for mode in $MODES; do
         dir="$OUT/$CERT_KIND-n$N-k$K-$run-$mode"
         rm -rf "$dir"
