@@ -44,7 +44,10 @@
 #                        and comes back on the clients' back-off, once per cause of
 #                        STORM_CAUSES="cut,restart" (cut: the generator closes every client
 #                        socket; restart: this script stops the server process and starts
-#                        it again when the generator asks, through $DATA/<server>/storm/);
+#                        it again when the generator asks, through $DATA/<server>/storm/;
+#                        relogin: every stream closed, then every client logs in again:
+#                        the CPU per reconnect; `-- --login sasl2|fast` for SASL2 or FAST
+#                        reconnects, see bench/fast.sh);
 #                        STORM_WAIT=300 s at most per storm. One generator process.
 #   CERT_KIND=ecdsa      the certificate every server serves: ecdsa (P-256) or rsa2048
 #                        (BENCHMARKS.md, "TLS session resumption: handshake CPU")
