@@ -86,6 +86,9 @@ STORM_FIGURES = [
     ("rss_mb_before", "server RSS before the drop (MB)", False),
     ("peak_rss_mb", "server peak RSS during the storm (MB)", False),
 ]
+# The storms' causes as the tables title them.
+STORM_TITLES = {"cut": "Network cut", "restart": "Server restart",
+                "relogin": "Every client logs in again"}
 STORM_TARGET = 1 / 3
 PEERS = ["prosody", "ejabberd"]
 OURS = ["presenced", "embedded"]
@@ -362,7 +365,7 @@ def storm_table(runs, present, repeated):
     if repeated:
         print("\n" + RATIO_NOTE)
     for cause in first.get("storm_causes", []):
-        print(f"\n**{'Network cut' if cause == 'cut' else 'Server restart'}** ({cause})\n")
+        print(f"\n**{STORM_TITLES.get(cause, cause)}** ({cause})\n")
         print_ratio_head(present, ours)
         for key, label, higher in STORM_FIGURES:
             cells = {n: Spread([(run[n] or {}).get(f"{cause}_{key}") for run in runs])

@@ -48,8 +48,13 @@
 #                        and comes back on the clients' back-off, once per cause of
 #                        STORM_CAUSES="cut,restart" (cut: the generator closes every client
 #                        socket; restart: this script stops the server process and starts
-#                        it again when the generator asks, through $DATA/<server>/storm/);
+#                        it again when the generator asks, through $DATA/<server>/storm/;
+#                        relogin: every stream closed, then every client logs in again:
+#                        the CPU per reconnect; `-- --login sasl2|fast` for SASL2 or FAST
+#                        reconnects, see bench/fast.sh);
 #                        STORM_WAIT=300 s at most per storm. One generator process.
+#   CERT_KIND=ecdsa      the certificate every server serves: ecdsa (P-256) or rsa2048
+#                        (BENCHMARKS.md, "TLS session resumption: handshake CPU")
 #   --record             append the results block to BENCHMARKS.md
 #   --fresh              wipe server data (re-provision) first
 #   --provision-only     provision what is missing for this N/K (untimed) and stop
@@ -74,6 +79,12 @@ SERVERS="${SERVERS:-prosody ejabberd presenced embedded}"
 WORK="${BENCH_WORK:-/tmp/presenced-bench}"
 RESULTS="${RESULTS:-$WORK/results}"
 DOMAIN=bench.example
+CERT_KIND="${CERT_KIND:-ecdsa}"
+case "$CERT_KIND" in
+    ecdsa) CERT_BASE=bench ;;
+    rsa2048) CERT_BASE=bench-rsa2048 ;;
+    *) echo "CERT_KIND must be ecdsa or rsa2048" >&2; exit 2 ;;
+esac
 PROSODY_PORT="${PROSODY_PORT:-29222}"
 EJABBERD_PORT="${EJABBERD_PORT:-29422}"
 PROSODY_STORAGE="${PROSODY_STORAGE:-sql}"
@@ -147,12 +158,14 @@ build_bench() {
 # ---------------------------------------------------------------- TLS (same for all)
 make_cert() {
     mkdir -p "$WORK/tls"
-    if [ ! -f "$WORK/tls/bench.crt" ]; then
-        log "self-signed ECDSA P-256 certificate for $DOMAIN"
-        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    local key=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1)
+    [ "$CERT_KIND" = rsa2048 ] && key=(-newkey rsa:2048)
+    if [ ! -f "$WORK/tls/$CERT_BASE.crt" ]; then
+        log "self-signed $CERT_KIND certificate for $DOMAIN"
+        openssl req -x509 "${key[@]}" -nodes \
             -days 30 -subj "/CN=$DOMAIN" -addext "subjectAltName=DNS:$DOMAIN" \
-            -keyout "$WORK/tls/bench.key" -out "$WORK/tls/bench.crt" 2>/dev/null
-        cat "$WORK/tls/bench.crt" "$WORK/tls/bench.key" > "$WORK/tls/bench.pem"
+            -keyout "$WORK/tls/$CERT_BASE.key" -out "$WORK/tls/$CERT_BASE.crt" 2>/dev/null
+        cat "$WORK/tls/$CERT_BASE.crt" "$WORK/tls/$CERT_BASE.key" > "$WORK/tls/$CERT_BASE.pem"
     fi
 }
 
@@ -224,9 +237,9 @@ allow_registration = true -- provisioning uses XEP-0077 (no throttle: min_second
 c2s_require_encryption = true
 authentication = "internal_hashed"
 $(prosody_storage)
-ssl = { certificate = "$WORK/tls/bench.crt"; key = "$WORK/tls/bench.key" }
+ssl = { certificate = "$WORK/tls/$CERT_BASE.crt"; key = "$WORK/tls/$CERT_BASE.key" }
 VirtualHost "$DOMAIN"
-    ssl = { certificate = "$WORK/tls/bench.crt"; key = "$WORK/tls/bench.key" }
+    ssl = { certificate = "$WORK/tls/$CERT_BASE.crt"; key = "$WORK/tls/$CERT_BASE.key" }
 CFG
 }
 prosody_start() {
@@ -292,7 +305,7 @@ ejabberd_config() {
     # (EJABBERD_NODE lets two sizes be provisioned side by side on two ports).
     [ -f "$d/node" ] || echo "${EJABBERD_NODE:-ejabberd-bench@localhost}" > "$d/node"
     EJ_NODE="$(cat "$d/node")"
-    cp "$WORK/tls/bench.pem" "$d/bench.pem"
+    cp "$WORK/tls/$CERT_BASE.pem" "$d/bench.pem"
     cp /etc/ejabberd/inetrc "$d/inetrc" 2>/dev/null || true
     # Tuned as an operator with this working set would: ejabberd's caches (global
     # `cache_size`, 1,000 entries by default) hold the whole working set, every user's
@@ -504,9 +517,9 @@ bind = "127.0.0.1"
 port = $2
 direct_tls = false
 [tls]
-# The same ECDSA P-256 certificate the peers serve (same TLS cost for every server).
-cert = "$WORK/tls/bench.crt"
-key = "$WORK/tls/bench.key"
+# The same certificate the peers serve (same TLS cost for every server; CERT_KIND).
+cert = "$WORK/tls/$CERT_BASE.crt"
+key = "$WORK/tls/$CERT_BASE.key"
 certs_dir = "$DATA/$1/certs"
 $4
 [http]
@@ -735,8 +748,9 @@ run_one() { # name port
     if [ "$STORM" = 1 ]; then
         local smoke=()
         [ "$SMOKE" = 1 ] && smoke=(--smoke)
-        run_storm "$name" "${common[@]}" "${pidargs[@]}" "${smoke[@]}" --label "$name" \
-            --json "$RESULTS/$name.json" "${EXTRA[@]}" || rc=$?
+        # The stores' CPU is charged to presenced in the storms' login figures too.
+        run_storm "$name" "${common[@]}" "${pidargs[@]}" "${smoke[@]}" "${REST_ARGS[@]}" \
+            --label "$name" --json "$RESULTS/$name.json" "${EXTRA[@]}" || rc=$?
     else
     # The same idle window for every server (see REST_SECS): same timeline for all.
     "$BENCH" "${common[@]}" "${pidargs[@]}" "${mode[@]}" --rest-secs "$REST_SECS" \

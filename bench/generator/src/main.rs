@@ -300,6 +300,12 @@ struct Cli {
     /// … up to this, s.
     #[arg(long, default_value_t = 60.0)]
     backoff_cap: f64,
+    /// How clients log in (storm runs): `sasl1` (SCRAM, stream restart, bind: every login
+    /// the same), `sasl2` (SASL2 SCRAM with Bind 2 inline, full TLS handshake every time)
+    /// or `fast` (first login `sasl2` asking for a XEP-0484 token, every reconnect with
+    /// the token over a resumed TLS 1.3 session).
+    #[arg(long, value_enum, default_value = "sasl1")]
+    login: session::LoginMode,
 }
 
 impl Cli {
@@ -361,6 +367,11 @@ fn main() -> ExitCode {
     }
     if !cli.storm.is_empty() && cli.procs != 1 {
         eprintln!("--storm needs --procs 1 (a watcher's view is kept in one process)");
+        return ExitCode::from(2);
+    }
+    if cli.login != session::LoginMode::Sasl1 && cli.storm.is_empty() {
+        // The other modes measure one login each; reconnects happen in the storms.
+        eprintln!("--login sasl2|fast needs --storm");
         return ExitCode::from(2);
     }
     if cli.csi && cli.procs != 1 && cli.worker.is_none() {
@@ -569,6 +580,15 @@ async fn storm_main(
         source_addrs: cli.source_addrs,
         dir: cli.storm_dir.clone(),
         server_pids: cli.server_pids.clone(),
+        stores: StoreProbe {
+            pids: cli.store_pids.clone(),
+            pg: cli
+                .pg_stats
+                .clone()
+                .filter(|_| cli.pg_backends)
+                .map(|u| (u, cli.pg_stats_db.clone())),
+        },
+        login: cli.login,
     };
     let mut rep = storm::run(plan, target, graph).await?;
     rep.label = cli

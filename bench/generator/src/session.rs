@@ -25,6 +25,13 @@ use crate::xml::{escape, Element, Frame, Framer};
 
 const NS_TLS: &str = "urn:ietf:params:xml:ns:xmpp-tls";
 const NS_SASL: &str = "urn:ietf:params:xml:ns:xmpp-sasl";
+const NS_SASL2: &str = "urn:xmpp:sasl:2";
+const NS_BIND2: &str = "urn:xmpp:bind:0";
+const NS_FAST: &str = "urn:xmpp:fast:0";
+/// The XEP-0484 mechanism the bench uses: HMAC-SHA-256 of the token, no channel binding.
+const HT: &str = "HT-SHA-256-NONE";
+/// The Bind 2 tag (XEP-0386 §3): the server binds `<tag>.<id>`.
+const BIND2_TAG: &str = "bench";
 /// Status text prefix that marks a timed presence change: `b1 <phase> <seq> <unix-ns>`.
 pub const STATUS_TAG: &str = "b1";
 /// Largest element the bench accepts from a server (rosters of a few thousand items fit).
@@ -76,6 +83,78 @@ pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
         .with_no_client_auth();
     cfg.resumption = rustls::client::Resumption::disabled();
     Ok(Arc::new(cfg))
+}
+
+/// How a client logs in (`--login`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoginMode {
+    /// RFC 6120 SASL with SCRAM, stream restart, bind by iq: every login the same.
+    Sasl1,
+    /// XEP-0388 SASL2 with the password (SCRAM) and XEP-0386 Bind 2 inline, on a full TLS
+    /// handshake: every login the same (the password login of `fast`, without a token).
+    Sasl2,
+    /// The first login as `sasl2` asking for a XEP-0484 token; every later one with the
+    /// token (HT-SHA-256-NONE, one round trip, no PBKDF2) over a TLS 1.3 connection that
+    /// resumes the installation's previous session with a ticket (RFC 8446 §2.2).
+    Fast,
+}
+
+/// One client installation across its reconnects: its own TLS session store, its stable
+/// XEP-0388 user-agent id, and its FAST token with the count of its uses.
+pub struct Installation {
+    tls: Arc<rustls::ClientConfig>,
+    agent_id: String,
+    token: Option<String>,
+    /// XEP-0484 §4: `count` must rise on every use of a token, failed or not.
+    count: u64,
+}
+
+impl Installation {
+    /// User `i`'s installation on `base`'s TLS settings. `fast` gives it a session store of
+    /// its own, so its reconnect resumes its own session and no other client's; without
+    /// it every handshake is full, as [`tls_config`]'s.
+    pub fn new(base: &Arc<rustls::ClientConfig>, i: u32, fast: bool) -> Installation {
+        let tls = if fast {
+            let mut cfg = (**base).clone();
+            // TLS 1.3 tickets are single-use (RFC 8446 §C.4); the server sends a few per
+            // connection, so a small store always holds a fresh one.
+            cfg.resumption = rustls::client::Resumption::in_memory_sessions(4);
+            Arc::new(cfg)
+        } else {
+            base.clone()
+        };
+        Installation {
+            tls,
+            agent_id: agent_id(i),
+            token: None,
+            count: 0,
+        }
+    }
+}
+
+/// A stable id for user `i`'s installation in the form of a UUID (XEP-0388 §2.2.1 asks
+/// for a stable, preferably UUID, id): the same on every run, so a server sees one
+/// installation per user, as it would a fleet of phones.
+fn agent_id(i: u32) -> String {
+    use sha2::Digest;
+    let h = sha2::Sha256::digest(format!("presenced-bench installation {i}"));
+    let x: String = h[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-4{}-8{}-{}",
+        &x[..8],
+        &x[8..12],
+        &x[13..16],
+        &x[17..20],
+        &x[20..32]
+    )
+}
+
+fn hmac_sha256(key: &[u8], data: &[u8]) -> Vec<u8> {
+    use hmac::Mac;
+    let mut m = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(key)
+        .expect("HMAC accepts keys of any length");
+    m.update(data);
+    m.finalize().into_bytes().to_vec()
 }
 
 /// Which SCRAM variant to use.
@@ -245,6 +324,15 @@ async fn open_secure(
     target: &Target,
     source: IpAddr,
 ) -> Result<(Conn<TlsStream<TcpStream>>, Element), String> {
+    open_secure_with(target, &target.tls, source).await
+}
+
+/// [`open_secure`] with the TLS configuration `tls` (an installation's own).
+async fn open_secure_with(
+    target: &Target,
+    tls: &Arc<rustls::ClientConfig>,
+    source: IpAddr,
+) -> Result<(Conn<TlsStream<TcpStream>>, Element), String> {
     let tcp = connect(target, source).await?;
     let mut plain = Conn::new(tcp);
     let features = plain.open_stream(&target.domain).await?;
@@ -261,7 +349,7 @@ async fn open_secure(
         return Err("data after <proceed/>".into());
     }
     let name = ServerName::try_from(target.domain.clone()).map_err(|e| format!("sni: {e}"))?;
-    let tls = TlsConnector::from(target.tls.clone())
+    let tls = TlsConnector::from(tls.clone())
         .connect(name, plain.io)
         .await
         .map_err(|e| format!("tls handshake: {e}"))?;
@@ -275,6 +363,10 @@ fn choose_mechanism(features: &Element, pref: MechPref) -> Result<ScramHash, Str
         .child("mechanisms")
         .map(|m| m.children.iter().map(|c| c.text.trim()).collect())
         .unwrap_or_default();
+    choose_among(&offered, pref)
+}
+
+fn choose_among(offered: &[&str], pref: MechPref) -> Result<ScramHash, String> {
     let has = |m: &str| offered.contains(&m);
     let pick = match pref {
         MechPref::Auto if has("SCRAM-SHA-256") => Some(ScramHash::Sha256),
@@ -379,6 +471,10 @@ pub struct LoggedIn {
     /// What the login negotiated: `<TLS version> <cipher suite> <SASL mechanism>`, so a
     /// report shows that every server was measured with the same handshake.
     pub negotiated: String,
+    /// The TLS handshake resumed an earlier session (RFC 8446 §2.2).
+    pub resumed: bool,
+    /// The login used a FAST token (XEP-0484).
+    pub fast: bool,
 }
 
 /// The whole login of user `i`: STARTTLS, SCRAM, bind, roster get, initial presence.
@@ -403,7 +499,7 @@ pub async fn login_with_presence(
         &target.password(i),
     )
     .await?;
-    let negotiated = negotiated(conn.io.get_ref().1, mech);
+    let negotiated = negotiated(conn.io.get_ref().1, mech.mechanism());
     // RFC 6120 §6.4.6: the stream restarts after SASL success.
     let features = conn.open_stream(&target.domain).await?;
     if features.child("bind").is_none() {
@@ -437,12 +533,221 @@ pub async fn login_with_presence(
         conn,
         roster,
         negotiated,
+        resumed: false,
+        fast: false,
     })
+}
+
+/// User `i`'s login as `mode` says, from installation `inst` (which keeps what a later
+/// login needs: its TLS sessions and its FAST token). [`LoginMode::Sasl1`] is [`login`].
+pub async fn login_as(
+    target: &Target,
+    mode: LoginMode,
+    i: u32,
+    source: IpAddr,
+    initial: &str,
+    inst: &mut Installation,
+) -> Result<LoggedIn, String> {
+    match mode {
+        LoginMode::Sasl1 => login_with_presence(target, i, source, initial).await,
+        LoginMode::Sasl2 | LoginMode::Fast => {
+            let (mut conn, features) = open_secure_with(target, &inst.tls, source).await?;
+            let tls = conn.io.get_ref().1;
+            let resumed = tls.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+            let auth = features
+                .child("authentication")
+                .ok_or("server does not offer SASL2 (XEP-0388)")?;
+            let (mech, fast) = match (mode, inst.token.clone()) {
+                (LoginMode::Fast, Some(token)) => {
+                    fast_login(&mut conn, target, auth, i, &token, inst).await?;
+                    (HT.to_string(), true)
+                }
+                _ => {
+                    let want = mode == LoginMode::Fast;
+                    let hash = sasl2_password_login(&mut conn, target, auth, i, inst, want).await?;
+                    (hash.mechanism().to_string(), false)
+                }
+            };
+            let negotiated = negotiated(conn.io.get_ref().1, &mech);
+            // XEP-0388 §2.6: no stream restart after a SASL2 success; the resource is bound
+            // (checked in the success), so the session's stanzas follow at once.
+            let roster = fetch_roster(&mut conn).await?;
+            conn.send(initial).await?;
+            Ok(LoggedIn {
+                conn,
+                roster,
+                negotiated,
+                resumed,
+                fast,
+            })
+        }
+    }
+}
+
+/// `<user-agent/>` (XEP-0388 §2.2.1) and `<bind/>` (XEP-0386 §3), as every SASL2
+/// `<authenticate/>` of the bench carries them.
+fn agent_and_bind(inst: &Installation) -> String {
+    format!(
+        "<user-agent id='{}'><software>presenced-bench</software></user-agent>\
+         <bind xmlns='{NS_BIND2}'><tag>{BIND2_TAG}</tag></bind>",
+        escape(&inst.agent_id)
+    )
+}
+
+/// SASL2 SCRAM with the password (XEP-0388 §2.3–2.6), asking for a FAST token when
+/// `request_token` (XEP-0484 §3.2). Returns the SCRAM variant.
+async fn sasl2_password_login<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+    target: &Target,
+    auth: &Element,
+    i: u32,
+    inst: &mut Installation,
+    request_token: bool,
+) -> Result<ScramHash, String> {
+    let offered: Vec<&str> = auth
+        .children
+        .iter()
+        .filter(|c| c.name == "mechanism")
+        .map(|c| c.text.trim())
+        .collect();
+    let hash = choose_among(&offered, target.mech)?;
+    if request_token && !offers_fast(auth) {
+        return Err(format!("server does not offer {HT} in SASL2's <inline/>"));
+    }
+    let user = target.user(i);
+    let mut scram = ScramClient::with_random_nonce(hash, &user, &target.password(i));
+    let request = if request_token {
+        format!("<request-token xmlns='{NS_FAST}' mechanism='{HT}'/>")
+    } else {
+        String::new()
+    };
+    conn.send(&format!(
+        "<authenticate xmlns='{NS_SASL2}' mechanism='{}'><initial-response>{}</initial-response>\
+         {}{request}</authenticate>",
+        hash.mechanism(),
+        B64.encode(scram.first()),
+        agent_and_bind(inst)
+    ))
+    .await?;
+    let challenge = conn.element().await?;
+    if challenge.name != "challenge" {
+        return Err(format!(
+            "sasl2: {} {}",
+            challenge.name,
+            describe(&challenge)
+        ));
+    }
+    let server_first = decode_b64_text(&challenge)?;
+    let client_final = scram
+        .respond(&server_first, &target.cache)
+        .map_err(|e| e.to_string())?;
+    conn.send(&format!(
+        "<response xmlns='{NS_SASL2}'>{}</response>",
+        B64.encode(client_final)
+    ))
+    .await?;
+    let success = conn.element().await?;
+    if success.name != "success" {
+        return Err(format!("sasl2: {} {}", success.name, describe(&success)));
+    }
+    // XEP-0388 §2.6: SCRAM's server-final comes in <additional-data/>.
+    let server_final = success
+        .child("additional-data")
+        .ok_or("sasl2: no <additional-data/> (SCRAM server-final) in <success/>")?;
+    scram
+        .verify(&decode_b64_text(server_final)?)
+        .map_err(|e| e.to_string())?;
+    check_bound(&success, target, i)?;
+    if request_token {
+        let token = success
+            .child("token")
+            .and_then(|t| t.attr("token"))
+            .ok_or("sasl2: <request-token/> answered without a <token/>")?;
+        inst.token = Some(token.to_string());
+    }
+    Ok(hash)
+}
+
+/// XEP-0484 §3.3: the token logs in in one round trip. The initial response is the
+/// username, NUL, and HMAC-SHA-256 keyed with the token over "Initiator" (channel binding
+/// data empty for -NONE); the server proves it holds the token with the HMAC over
+/// "Responder" in `<additional-data/>`, which is checked. A new `<token/>` (rotation) is
+/// kept; a refused token is dropped, so the next attempt uses the password.
+async fn fast_login<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+    target: &Target,
+    auth: &Element,
+    i: u32,
+    token: &str,
+    inst: &mut Installation,
+) -> Result<(), String> {
+    if !offers_fast(auth) {
+        return Err(format!("server does not offer {HT} in SASL2's <inline/>"));
+    }
+    inst.count += 1;
+    let mut initial = format!("{}\0", target.user(i)).into_bytes();
+    initial.extend(hmac_sha256(token.as_bytes(), b"Initiator"));
+    conn.send(&format!(
+        "<authenticate xmlns='{NS_SASL2}' mechanism='{HT}'><initial-response>{}</initial-response>\
+         {}<fast xmlns='{NS_FAST}' count='{}'/></authenticate>",
+        B64.encode(initial),
+        agent_and_bind(inst),
+        inst.count
+    ))
+    .await?;
+    let answer = conn.element().await?;
+    if answer.name != "success" {
+        // XEP-0484 §3.3: a refused token (credentials-expired, not-authorized) is no use
+        // again; the installation falls back to its password.
+        if answer.name == "failure" {
+            inst.token = None;
+        }
+        return Err(format!("fast: {} {}", answer.name, describe(&answer)));
+    }
+    let proof = answer
+        .child("additional-data")
+        .ok_or("fast: no <additional-data/> (the server's proof) in <success/>")?;
+    let proof = B64
+        .decode(proof.text.trim())
+        .map_err(|e| format!("fast: base64: {e}"))?;
+    if proof != hmac_sha256(token.as_bytes(), b"Responder") {
+        return Err("fast: the server's proof does not match the token".into());
+    }
+    check_bound(&answer, target, i)?;
+    if let Some(t) = answer.child("token").and_then(|t| t.attr("token")) {
+        inst.token = Some(t.to_string());
+    }
+    Ok(())
+}
+
+/// Whether SASL2's `<inline/>` offers [`HT`] (XEP-0484 §3.1).
+fn offers_fast(auth: &Element) -> bool {
+    auth.child("inline")
+        .and_then(|i| i.child("fast"))
+        .is_some_and(|f| f.children.iter().any(|m| m.text.trim() == HT))
+}
+
+/// The `<success/>` bound a resource for user `i` (XEP-0386 §3): `<bound/>` and the full
+/// JID in `<authorization-identifier/>`.
+fn check_bound(success: &Element, target: &Target, i: u32) -> Result<(), String> {
+    if success.child("bound").is_none() {
+        return Err("sasl2: no <bound/> in <success/> (Bind 2 refused)".into());
+    }
+    let jid = success
+        .child("authorization-identifier")
+        .map(|a| a.text.trim())
+        .unwrap_or_default();
+    if !jid.starts_with(&format!("{}/", target.bare(i))) {
+        return Err(format!(
+            "sasl2: authorization-identifier {jid:?} is not a full JID of the user"
+        ));
+    }
+    Ok(())
 }
 
 /// `<TLS version> <cipher suite> <SASL mechanism>` of one login, e.g.
 /// `TLSv1_3 TLS13_AES_256_GCM_SHA384 SCRAM-SHA-1` (rustls' names).
-fn negotiated(tls: &rustls::ClientConnection, mech: ScramHash) -> String {
+fn negotiated(tls: &rustls::ClientConnection, mech: &str) -> String {
     let version = tls
         .protocol_version()
         .map(|v| format!("{v:?}"))
@@ -451,7 +756,7 @@ fn negotiated(tls: &rustls::ClientConnection, mech: ScramHash) -> String {
         .negotiated_cipher_suite()
         .map(|s| format!("{:?}", s.suite()))
         .unwrap_or_else(|| "?".into());
-    format!("{version} {suite} {}", mech.mechanism())
+    format!("{version} {suite} {mech}")
 }
 
 async fn fetch_roster<S: AsyncRead + AsyncWrite + Unpin>(

@@ -13,6 +13,16 @@
 //!   server process (SIGTERM), starts it again and, once it listens, writes
 //!   `<storm-dir>/pids`: `<listening ns> <pid>…`. The clients find their streams ended.
 //!
+//! * **relogin**: every client closes its stream (`</stream:stream>`); once the server is
+//!   quiet, all log in again through `--login-concurrency` as the first logins did, with
+//!   no back-off. This is the window for the CPU per reconnect (server and stores, from
+//!   /proc), free of the work of dropped connections.
+//!
+//! With `--login fast` a client's first login is SASL2 with its password and a token
+//! request, and every later one a FAST login with that token over a resumed TLS session
+//! (session.rs, [`Installation`](crate::session::Installation)); the logins, resumed
+//! handshakes and FAST logins of each window are counted.
+//!
 //! The client model is that of XEP-0198-less clients: a client that lost its connection
 //! waits a random delay in `[--backoff-min, --backoff-max]` s (1–5 s) before its first
 //! attempt and doubles the delay after each failed one (a refused connection, a login that
@@ -40,9 +50,12 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::graph::ContactGraph;
-use crate::procfs::ServerProbe;
+use crate::procfs::{cpu_between, ServerProbe, StoreProbe};
 use crate::report::{json_str, num};
-use crate::session::{self, Command, Mode, Shared, Target};
+use crate::session::{self, Command, Installation, LoginMode, Mode, Shared, Target};
+
+/// The pause between the last stream closed and the relogin window (see [`Cause::Relogin`]).
+const RELOGIN_PAUSE: Duration = Duration::from_secs(12);
 
 /// What drops every session at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -51,6 +64,9 @@ pub enum Cause {
     Cut,
     /// The server process is stopped and started again (by whoever runs it).
     Restart,
+    /// Every client closes its stream; once the server is quiet all log in again through
+    /// the login concurrency (the CPU per reconnect).
+    Relogin,
 }
 
 impl Cause {
@@ -59,6 +75,7 @@ impl Cause {
         match self {
             Cause::Cut => "cut",
             Cause::Restart => "restart",
+            Cause::Relogin => "relogin",
         }
     }
 }
@@ -160,8 +177,70 @@ pub struct Plan {
     pub source_addrs: u32,
     /// Where the restart is asked for and told about (see the module documentation).
     pub dir: Option<PathBuf>,
-    /// The server's process(es) before any restart, for RSS.
+    /// The server's process(es) before any restart, for RSS and CPU.
     pub server_pids: Vec<u32>,
+    /// The server's storage processes, whose CPU is charged to it too.
+    pub stores: StoreProbe,
+    /// How the clients log in.
+    pub login: LoginMode,
+}
+
+/// CPU of a window and the logins in it.
+#[derive(Debug, Clone, Default)]
+pub struct LoginCost {
+    /// Logins completed in the window.
+    pub logins: u64,
+    /// Of those, over a resumed TLS session, and with a FAST token.
+    pub resumed: u64,
+    pub fast: u64,
+    /// CPU seconds of the server and of its stores (None: not watched) over the window.
+    pub cpu_s: Option<f64>,
+    pub store_cpu_s: Option<f64>,
+}
+
+impl LoginCost {
+    /// Server plus stores, ms per completed login.
+    pub fn total_ms_per_login(&self) -> Option<f64> {
+        let cpu = self.cpu_s? + self.store_cpu_s.unwrap_or(0.0);
+        (self.logins > 0).then(|| cpu * 1000.0 / self.logins as f64)
+    }
+}
+
+/// Readings at the start of a window, for [`LoginCost`].
+struct Mark {
+    server: Option<f64>,
+    stores: crate::procfs::CpuByPid,
+    logins: u64,
+    resumed: u64,
+    fast: u64,
+}
+
+async fn mark(probe: &Option<ServerProbe>, stores: &StoreProbe, counts: &Counts) -> Mark {
+    Mark {
+        server: probe.as_ref().map(|p| p.sample().cpu_secs),
+        stores: stores.sample().await,
+        logins: counts.logins.load(Ordering::Relaxed),
+        resumed: counts.resumed.load(Ordering::Relaxed),
+        fast: counts.fast.load(Ordering::Relaxed),
+    }
+}
+
+async fn cost_since(
+    m: &Mark,
+    probe: &Option<ServerProbe>,
+    stores: &StoreProbe,
+    counts: &Counts,
+) -> LoginCost {
+    let now = mark(probe, stores, counts).await;
+    LoginCost {
+        logins: now.logins - m.logins,
+        resumed: now.resumed - m.resumed,
+        fast: now.fast - m.fast,
+        cpu_s: now.server.zip(m.server).map(|(a, b)| a - b),
+        store_cpu_s: stores
+            .enabled()
+            .then(|| cpu_between(&m.stores, &now.stores)),
+    }
 }
 
 /// The figures of one storm.
@@ -189,6 +268,9 @@ pub struct StormFigures {
     /// new process).
     pub rss_kb_before: Option<u64>,
     pub peak_rss_kb: Option<u64>,
+    /// The logins of this storm and their CPU (cut and relogin; a restart's new process
+    /// has no CPU reading from before the drop).
+    pub cost: LoginCost,
 }
 
 /// The whole storm run.
@@ -202,6 +284,11 @@ pub struct StormReport {
     /// First logins: ok, and sessions that saw all K contacts after settling.
     pub logins_ok: u64,
     pub sessions_all_contacts_seen: u64,
+    /// How the clients logged in, and the first logins' CPU.
+    pub login: Option<LoginMode>,
+    pub first: LoginCost,
+    /// What the logins negotiated (TLS version, cipher suite, SASL mechanism).
+    pub negotiated: Vec<String>,
     pub storms: Vec<(Cause, StormFigures)>,
     pub errors: Vec<String>,
 }
@@ -222,6 +309,9 @@ pub fn time_by(times: &[f64], n: u64, share: f64) -> Option<f64> {
 enum UserCmd {
     Cut,
     Close,
+    /// Close the stream and wait for Resume.
+    Park,
+    Resume,
 }
 
 /// Counters of the user tasks.
@@ -231,6 +321,10 @@ struct Counts {
     failed: [AtomicU64; 4],
     /// Per user: `now_ns()` of its latest completed login.
     back_at: Vec<AtomicU64>,
+    /// Completed logins; of those over a resumed TLS session, and with a FAST token.
+    logins: AtomicU64,
+    resumed: AtomicU64,
+    fast: AtomicU64,
 }
 
 /// Runs the storms and returns their figures.
@@ -247,7 +341,15 @@ pub async fn run(
         attempts: AtomicU64::new(0),
         failed: Default::default(),
         back_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        logins: AtomicU64::new(0),
+        resumed: AtomicU64::new(0),
+        fast: AtomicU64::new(0),
     });
+    // A vanished server process (a restart) must not end the run: no probe, no CPU.
+    let probe = ServerProbe::new(plan.server_pids.clone())
+        .ok()
+        .filter(|p| p.enabled());
+    let first_mark = mark(&probe, &plan.stores, &counts).await;
     if plan.causes.contains(&Cause::Restart) && plan.dir.is_none() {
         return Err("--storm restart needs --storm-dir (where the restart is asked for)".into());
     }
@@ -273,6 +375,7 @@ pub async fn run(
             login_timeout: plan.login_timeout,
             backoff: plan.backoff,
             source: session::source_addr(i, plan.source_addrs),
+            login: plan.login,
         };
         tokio::spawn(u.run(rx));
     }
@@ -300,6 +403,9 @@ pub async fn run(
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Read as soon as presence has settled, as the timed run's logins.
+    rep.first = cost_since(&first_mark, &probe, &plan.stores, &counts).await;
+    rep.login = Some(plan.login);
     crate::wait_quiet(
         &shared,
         Duration::from_millis(500),
@@ -328,6 +434,7 @@ pub async fn run(
             &graph,
             &bares,
             &mut pids,
+            &probe,
         )
         .await?;
         eprintln!(
@@ -349,6 +456,11 @@ pub async fn run(
     }
     close(&users).await;
     rep.errors = crate::errors_of(&shared);
+    rep.negotiated = shared
+        .negotiated
+        .lock()
+        .map(|v| v.clone())
+        .unwrap_or_default();
     Ok(rep)
 }
 
@@ -386,6 +498,7 @@ async fn storm(
     graph: &ContactGraph,
     bares: &[String],
     pids: &mut Vec<u32>,
+    probe: &Option<ServerProbe>,
 ) -> Result<StormFigures, String> {
     let n = bares.len() as u64;
     let mut fig = StormFigures::default();
@@ -397,15 +510,42 @@ async fn storm(
     };
     fig.rss_kb_before = rss(pids.as_slice());
     // Returning sessions name this storm in their initial presence from now on.
-    shared.storm.begin(epoch);
+    if cause != Cause::Relogin {
+        shared.storm.begin(epoch);
+    }
+    let mut restarted = false;
+    if cause == Cause::Relogin {
+        // Every stream closed and the server done with them before the window opens, so
+        // it holds the logins' work only.
+        eprintln!("storm relogin: closing every stream");
+        for tx in users {
+            let _ = tx.send(UserCmd::Park).await;
+        }
+        let until = Instant::now() + Duration::from_secs(60);
+        while counts.online.load(Ordering::Relaxed) > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Longer than a server's grace before it tells contacts of a close (presenced's
+        // [liveness] grace, 10 s by default): every login of the window is then a return
+        // the contacts hear of, however fast the logins of a mode are.
+        tokio::time::sleep(RELOGIN_PAUSE).await;
+        shared.storm.begin(epoch);
+    }
+    let m = mark(probe, &plan.stores, counts).await;
     let attempts0 = counts.attempts.load(Ordering::Relaxed);
     let failed0: Vec<u64> = counts
         .failed
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
         .collect();
-    let mut restarted = false;
     match cause {
+        Cause::Relogin => {
+            eprintln!("storm relogin: every client logs in again");
+            fig.t0_ns = session::now_ns();
+            for tx in users {
+                let _ = tx.send(UserCmd::Resume).await;
+            }
+        }
         Cause::Cut => {
             eprintln!("storm cut: closing every client socket");
             fig.t0_ns = session::now_ns();
@@ -445,13 +585,18 @@ async fn storm(
                 *pids = v[1..].iter().map(|&p| p as u32).collect();
             }
         }
-        if cause == Cause::Cut || restarted {
+        if cause != Cause::Restart || restarted {
             if let Some(r) = rss(pids.as_slice()) {
                 peak = Some(peak.map_or(r, |p| p.max(r)));
             }
         }
         let restored = restore_times(shared, graph, bares, fig.t0_ns).len() as u64;
         if restored == n || t0.elapsed() > wait {
+            if cause != Cause::Restart {
+                fig.cost = cost_since(&m, probe, &plan.stores, counts).await;
+            } else {
+                fig.cost = cost_since(&m, &None, &StoreProbe::default(), counts).await;
+            }
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -519,6 +664,7 @@ struct User {
     login_timeout: Duration,
     backoff: Backoff,
     source: std::net::IpAddr,
+    login: LoginMode,
 }
 
 impl User {
@@ -531,6 +677,7 @@ impl User {
         let mut failed: u32 = 0;
         let mut lost = false;
         let bare = self.target.bare(self.i);
+        let mut inst = Installation::new(&self.target.tls, self.i, self.login == LoginMode::Fast);
         loop {
             if lost || failed > 0 {
                 let wait = tokio::time::sleep(self.backoff.delay(failed, rng.gen()));
@@ -540,7 +687,7 @@ impl User {
                         _ = &mut wait => break,
                         cmd = rx.recv() => match cmd {
                             Some(UserCmd::Close) | None => return,
-                            Some(UserCmd::Cut) => {} // already down
+                            Some(UserCmd::Cut | UserCmd::Park | UserCmd::Resume) => {} // already down
                         }
                     }
                 }
@@ -557,7 +704,14 @@ impl User {
             self.counts.attempts.fetch_add(1, Ordering::Relaxed);
             let attempt = tokio::time::timeout(
                 self.login_timeout,
-                session::login_with_presence(&self.target, self.i, self.source, &presence),
+                session::login_as(
+                    &self.target,
+                    self.login,
+                    self.i,
+                    self.source,
+                    &presence,
+                    &mut inst,
+                ),
             );
             let r = if first {
                 let Ok(_permit) = self.sem.acquire().await else {
@@ -582,6 +736,14 @@ impl User {
             };
             first = false;
             failed = 0;
+            self.shared.note_negotiated(&logged.negotiated);
+            self.counts.logins.fetch_add(1, Ordering::Relaxed);
+            if logged.resumed {
+                self.counts.resumed.fetch_add(1, Ordering::Relaxed);
+            }
+            if logged.fast {
+                self.counts.fast.fetch_add(1, Ordering::Relaxed);
+            }
             self.counts.back_at[self.i as usize].store(session::now_ns(), Ordering::Relaxed);
             self.counts.online.fetch_add(1, Ordering::Relaxed);
             let (tx, srx) = mpsc::channel(4);
@@ -593,13 +755,18 @@ impl User {
                 self.shared.clone(),
                 srx,
             ));
-            let closing = tokio::select! {
-                _ = &mut h => None, // lost: the server ended it
-                cmd = rx.recv() => match cmd {
-                    Some(UserCmd::Cut) => Some(Command::Leave { drop: true }),
-                    Some(UserCmd::Close) | None => Some(Command::Close),
+            let closing = loop {
+                tokio::select! {
+                    _ = &mut h => break None, // lost: the server ended it
+                    cmd = rx.recv() => match cmd {
+                        Some(UserCmd::Cut) => break Some(Command::Leave { drop: true }),
+                        Some(UserCmd::Park) => break Some(Command::Leave { drop: false }),
+                        Some(UserCmd::Close) | None => break Some(Command::Close),
+                        Some(UserCmd::Resume) => {} // not parked: nothing to do
+                    }
                 }
             };
+            let parked = matches!(closing, Some(Command::Leave { drop: false }));
             self.counts.online.fetch_sub(1, Ordering::Relaxed);
             lost = true;
             match closing {
@@ -613,6 +780,18 @@ impl User {
                     let _ = tx.send(leave).await;
                     let _ = h.await;
                 }
+            }
+            if parked {
+                // Back at once on Resume, through the login concurrency as a first login.
+                loop {
+                    match rx.recv().await {
+                        Some(UserCmd::Resume) => break,
+                        Some(UserCmd::Close) | None => return,
+                        Some(UserCmd::Cut | UserCmd::Park) => {}
+                    }
+                }
+                lost = false;
+                first = true;
             }
         }
     }
@@ -645,7 +824,23 @@ pub fn to_json(r: &StormReport) -> String {
             "sessions_all_contacts_seen".into(),
             r.sessions_all_contacts_seen.to_string(),
         ),
+        (
+            "login".into(),
+            json_str(r.login.map_or("sasl1", login_name)),
+        ),
+        (
+            "negotiated".into(),
+            format!(
+                "[{}]",
+                r.negotiated
+                    .iter()
+                    .map(|e| json_str(e))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        ),
     ];
+    cost_json(&mut f, "first", &r.first);
     for (cause, s) in &r.storms {
         let c = cause.name();
         let u = |v: Option<u64>| num(v.map(|x| x as f64));
@@ -670,6 +865,7 @@ pub fn to_json(r: &StormReport) -> String {
         add("failed", s.failed.iter().sum::<u64>().to_string());
         add("rss_kb_before", u(s.rss_kb_before));
         add("peak_rss_kb", u(s.peak_rss_kb));
+        cost_json(&mut f, c, &s.cost);
     }
     f.push((
         "errors".into(),
@@ -686,11 +882,51 @@ pub fn to_json(r: &StormReport) -> String {
     format!("{{\n{}\n}}\n", body.join(",\n"))
 }
 
+/// The `--login` value's name, as the JSON records it.
+pub fn login_name(m: LoginMode) -> &'static str {
+    match m {
+        LoginMode::Sasl1 => "sasl1",
+        LoginMode::Sasl2 => "sasl2",
+        LoginMode::Fast => "fast",
+    }
+}
+
+/// `<prefix>_logins`, `_resumed`, `_fast`, `_cpu_s`, `_store_cpu_s` and
+/// `_total_cpu_ms_per_login` (server plus stores).
+fn cost_json(f: &mut Vec<(String, String)>, prefix: &str, c: &LoginCost) {
+    let mut add = |k: &str, v: String| f.push((format!("{prefix}_{k}"), v));
+    add("logins", c.logins.to_string());
+    add("resumed", c.resumed.to_string());
+    add("fast", c.fast.to_string());
+    add("cpu_s", num(c.cpu_s));
+    add("store_cpu_s", num(c.store_cpu_s));
+    add("total_cpu_ms_per_login", num(c.total_ms_per_login()));
+}
+
+fn cost_text(c: &LoginCost) -> String {
+    format!(
+        "{} logins ({} resumed TLS, {} FAST), CPU server {} s + stores {} s = {} ms per login",
+        c.logins,
+        c.resumed,
+        c.fast,
+        c.cpu_s.map_or("?".into(), |v| format!("{v:.2}")),
+        c.store_cpu_s.map_or("?".into(), |v| format!("{v:.2}")),
+        c.total_ms_per_login()
+            .map_or("?".into(), |v| format!("{v:.3}"))
+    )
+}
+
 /// A short table of a storm run for the terminal.
 pub fn to_table(r: &StormReport) -> String {
     let mut out = format!(
-        "{}: N = {}, K = {}, first logins {}, sessions seeing all contacts {}\n",
-        r.label, r.users, r.contacts, r.logins_ok, r.sessions_all_contacts_seen
+        "{}: N = {}, K = {}, login {}, first logins {}, sessions seeing all contacts {}\nfirst logins: {}\n",
+        r.label,
+        r.users,
+        r.contacts,
+        r.login.map_or("sasl1", login_name),
+        r.logins_ok,
+        r.sessions_all_contacts_seen,
+        cost_text(&r.first)
     );
     for (cause, s) in &r.storms {
         out.push_str(&format!(
@@ -715,6 +951,7 @@ pub fn to_table(r: &StormReport) -> String {
             s.server_down_s
                 .map_or(String::new(), |d| format!("; server down {d:.2} s")),
         ));
+        out.push_str(&format!("{}: {}\n", cause.name(), cost_text(&s.cost)));
     }
     out
 }

@@ -596,3 +596,36 @@ async fn storm_mode_brings_every_session_back_after_a_cut_and_a_restart() {
     assert!(n("restart_server_down_s") >= 0.0, "{json}");
     ts.stop().await;
 }
+
+/// `--login fast --storm relogin` at N = 6, K = 2: the first logins are SASL2 with the
+/// password asking for a XEP-0484 token, then every client closes its stream and logs in
+/// again with its token (HT-SHA-256-NONE, Bind 2 inline) over a TLS 1.3 session resumed
+/// with a ticket, and comes back with its presence at each of its watchers.
+#[tokio::test]
+async fn fast_login_mode_reconnects_with_its_token_over_a_resumed_tls_session() {
+    let ts = TestServer::start(|c| {
+        c.limits.stanzas_per_second = 10_000;
+        c.limits.stanza_burst = 10_000;
+    })
+    .await;
+    let bench = env!("CARGO_BIN_EXE_presenced-bench");
+    let common = server_args(&ts, &["-n", "6", "-k", "2"]);
+    provision(bench, &common).await;
+    let mut args: Vec<&str> = common.iter().map(String::as_str).collect();
+    args.extend(["--storm", "relogin", "--login", "fast"]);
+    args.extend(["--storm-wait", "60", "--settle-secs", "10"]);
+    let (json, err) = run_for_json(bench, "fast", &args).await;
+    let n = |k: &str| json_num(&json, k).unwrap_or_else(|| panic!("{k} in {json}\n{err}"));
+    assert_eq!(n("logins_ok"), 6.0, "{json}");
+    // The first logins used the password (and a full handshake: no ticket yet).
+    assert_eq!(n("first_logins"), 6.0, "{json}");
+    assert_eq!(n("first_fast"), 0.0, "{json}");
+    assert_eq!(n("first_resumed"), 0.0, "{json}");
+    // Every reconnect: the token, over a resumed session, and presence restored.
+    assert_eq!(n("relogin_logins"), 6.0, "{json}\n{err}");
+    assert_eq!(n("relogin_fast"), 6.0, "{json}\n{err}");
+    assert_eq!(n("relogin_resumed"), 6.0, "{json}\n{err}");
+    assert_eq!(n("relogin_restored"), 6.0, "{json}\n{err}");
+    assert!(json.contains("HT-SHA-256-NONE"), "{json}");
+    ts.stop().await;
+}
