@@ -60,13 +60,37 @@ impl Running {
     }
 }
 
-/// Connects the stores, applies migrations, binds the listeners and starts accepting.
-pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
+/// The store, migrated and set up with the config's limits and defaults.
+async fn open_store(config: &CheckedConfig) -> Result<Store, StartError> {
     let store = Store::open(&config.database).await?;
     store.migrate(&config.database.migrations).await?;
     store.set_audience_cache_ttl(config.database.gate_cache_secs);
     store.set_limits(crate::store::StoreLimits::from_config(&config.limits));
     store.set_privacy_defaults(&config.privacy);
+    Ok(store)
+}
+
+/// The keys logins derive from, the same on every node and after a restart (kept in the
+/// store, created by the first node that asks): unknown users' fake SCRAM salts, XEP-0484
+/// FAST tokens (`[auth] fast_secret` when set) and stable XEP-0386 resources.
+async fn login_secrets(
+    config: &CheckedConfig,
+    store: &Store,
+) -> Result<[Vec<u8>; 3], crate::store::StoreError> {
+    let fast = match &config.auth.fast_secret {
+        Some(s) => s.as_bytes().to_vec(),
+        None => store.server_secret("fast_tokens").await?,
+    };
+    Ok([
+        store.server_secret("scram_fake_salt").await?,
+        fast,
+        store.server_secret("bind2_resources").await?,
+    ])
+}
+
+/// Connects the stores, applies migrations, binds the listeners and starts accepting.
+pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
+    let store = open_store(&config).await?;
     let liveness = Arc::new(crate::liveness::Liveness::new(&config));
     let certificates = crate::transport::tls::Certificates::load(&config)?;
     let tickets = Arc::new(crate::transport::tls::tickets::Tickets::new(
@@ -84,12 +108,7 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
         &config,
         crate::transport::tls::identity(&config)?,
     ));
-    let fake_salt_secret = store.server_secret("scram_fake_salt").await?;
-    let fast_secret = match &config.auth.fast_secret {
-        Some(s) => s.as_bytes().to_vec(),
-        None => store.server_secret("fast_tokens").await?,
-    };
-    let resource_secret = store.server_secret("bind2_resources").await?;
+    let [fake_salt_secret, fast_secret, resource_secret] = login_secrets(&config, &store).await?;
     let auth_backoff = crate::policy::auth_backoff::AuthBackoff::new(
         crate::policy::auth_backoff::BackoffPolicy::from_config(&config.limits),
     );
