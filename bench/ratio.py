@@ -75,6 +75,7 @@ STORM_FIGURES = [
     ("restored_50_s", "time until 50 % restored (s)", False),
     ("restored_99_s", "time until 99 % restored (s)", False),
     ("restored_100_s", "time until 100 % restored (s)", False),
+    ("taken_back", "restored sessions then announced unavailable (watched one grace period and a margin after)", None),
     ("back_99_s", "time until 99 % logged in again (s)", False),
     ("back_100_s", "time until 100 % logged in again (s)", False),
     ("server_down_s", "server down: stop to listening again (s)", False),

@@ -291,6 +291,11 @@ struct Cli {
     /// Storm: longest wait for every session to be restored, s.
     #[arg(long, default_value_t = 300)]
     storm_wait: u64,
+    /// Storm: after the last restore, seconds to go on watching for a restored presence
+    /// taken back by an unavailable (a server's grace period, 10 s for presenced, and a
+    /// margin).
+    #[arg(long, default_value_t = 15)]
+    storm_watch: u64,
     /// Storm: a client's first reconnection delay is uniform between this …, s.
     #[arg(long, default_value_t = 1.0)]
     backoff_min: f64,
@@ -324,6 +329,7 @@ impl Cli {
             self.rest_secs = self.rest_secs.min(3);
             self.csi_secs = self.csi_secs.min(2);
             self.storm_wait = self.storm_wait.min(60);
+            self.storm_watch = self.storm_watch.min(3);
             self.time_limit = self
                 .time_limit
                 .min(if self.storm.is_empty() { 120 } else { 240 });
@@ -577,6 +583,7 @@ async fn storm_main(
         login_timeout: Duration::from_secs(cli.login_timeout),
         settle_secs: cli.settle_secs,
         wait_secs: cli.storm_wait,
+        watch_secs: cli.storm_watch,
         source_addrs: cli.source_addrs,
         dir: cli.storm_dir.clone(),
         server_pids: cli.server_pids.clone(),

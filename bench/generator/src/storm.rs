@@ -173,6 +173,10 @@ pub struct Plan {
     pub settle_secs: u64,
     /// Longest wait for one storm to be over, s.
     pub wait_secs: u64,
+    /// After the last session is restored, how long to go on watching for a presence that
+    /// is taken back (an unavailable of a restored session), s: a server's grace period
+    /// and a margin, so a wrong announcement of a session that came back in time is seen.
+    pub watch_secs: u64,
     /// Source addresses to spread connections over.
     pub source_addrs: u32,
     /// Where the restart is asked for and told about (see the module documentation).
@@ -261,6 +265,12 @@ pub struct StormFigures {
     pub restored_50_s: Option<f64>,
     pub restored_99_s: Option<f64>,
     pub restored_100_s: Option<f64>,
+    /// Restored sessions whose presence an unavailable then took back at some watcher
+    /// within [`Plan::watch_secs`] after the last restore: contacts told of an end that
+    /// did not happen (a session back within the grace period must not be announced).
+    pub taken_back: u64,
+    /// Seconds watched after the last restore (0: not watched, not all were restored).
+    pub watched_s: f64,
     /// Login attempts during the storm, and the failed ones per [`Failure`].
     pub attempts: u64,
     pub failed: [u64; 4],
@@ -618,6 +628,17 @@ async fn storm(
     fig.restored_50_s = time_by(&restored, n, 0.5);
     fig.restored_99_s = time_by(&restored, n, 0.99);
     fig.restored_100_s = time_by(&restored, n, 1.0);
+    if fig.restored == n && plan.watch_secs > 0 {
+        eprintln!(
+            "storm {}: every session restored; watching {} s for presences taken back",
+            cause.name(),
+            plan.watch_secs
+        );
+        tokio::time::sleep(Duration::from_secs(plan.watch_secs)).await;
+        let still = restore_times(shared, graph, bares, fig.t0_ns).len() as u64;
+        fig.taken_back = fig.restored.saturating_sub(still);
+        fig.watched_s = plan.watch_secs as f64;
+    }
     fig.attempts = counts.attempts.load(Ordering::Relaxed) - attempts0;
     for f in Failure::ALL {
         fig.failed[f.index()] =
@@ -855,6 +876,8 @@ pub fn to_json(r: &StormReport) -> String {
         add("restored_50_s", num(s.restored_50_s));
         add("restored_99_s", num(s.restored_99_s));
         add("restored_100_s", num(s.restored_100_s));
+        add("taken_back", s.taken_back.to_string());
+        add("watched_s", num(Some(s.watched_s)));
         add("attempts", s.attempts.to_string());
         for why in Failure::ALL {
             add(
@@ -931,6 +954,7 @@ pub fn to_table(r: &StormReport) -> String {
     for (cause, s) in &r.storms {
         out.push_str(&format!(
             "{}: back {} (99 % {}, 100 % {}); restored {} (50 % {}, 99 % {}, 100 % {}); \
+             taken back within {} s after: {}; \
              attempts {}, failed: refused {} timeout {} stream {} other {}; \
              RSS before {} kB, peak {} kB{}\n",
             cause.name(),
@@ -941,6 +965,8 @@ pub fn to_table(r: &StormReport) -> String {
             secs(s.restored_50_s),
             secs(s.restored_99_s),
             secs(s.restored_100_s),
+            s.watched_s,
+            s.taken_back,
             s.attempts,
             s.failed[0],
             s.failed[1],

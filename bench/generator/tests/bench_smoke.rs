@@ -592,7 +592,11 @@ async fn storm_mode_brings_every_session_back_after_a_cut_and_a_restart() {
         let (p99, all) = (f("restored_99_s"), f("restored_100_s"));
         assert!(p99 >= 1.0 && p99 <= all, "{cause}: {json}");
         assert!(f("back_100_s") >= 1.0, "{cause}: {json}");
+        // Watched past the 1 s grace after the last restore.
+        assert_eq!(f("watched_s"), 3.0, "{cause}: {json}");
     }
+    // A client back within the grace period is never announced gone.
+    assert_eq!(n("cut_taken_back"), 0.0, "{json}\n{err}");
     assert!(n("restart_server_down_s") >= 0.0, "{json}");
     ts.stop().await;
 }
