@@ -29,6 +29,8 @@ FIGURES = [
     ("login_p99_ms", "login latency p99 (ms)", False),
     ("fixed_delivered", "deliveries received at fixed load", None),
     ("sat_deliveries_per_s", "presence deliveries/s at saturation", True),
+    ("sat_missing", "deliveries owed at saturation and never received (after the drain)", None),
+    ("sat_repeated", "deliveries received twice at saturation", None),
     ("fixed_p50_ms", "delivery latency p50 at fixed load (ms)", False),
     ("fixed_p99_ms", "delivery latency p99 at fixed load (ms)", False),
     ("fixed_max_ms", "delivery latency max at fixed load (ms)", False),

@@ -1096,6 +1096,7 @@ fn sum_counts(replies: &[Reply]) -> ([u64; PHASES], [u64; PHASES]) {
         if let Reply::Count {
             sent: s,
             delivered: d,
+            ..
         } = r
         {
             for p in 0..PHASES {
@@ -1105,6 +1106,17 @@ fn sum_counts(replies: &[Reply]) -> ([u64; PHASES], [u64; PHASES]) {
         }
     }
     (sent, delivered)
+}
+
+/// Sums the `Count` replies' repeated deliveries of `phase`.
+fn sum_repeated(replies: &[Reply], phase: usize) -> u64 {
+    replies
+        .iter()
+        .map(|r| match r {
+            Reply::Count { repeated, .. } => repeated[phase],
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Sums the `Phase` replies: (issued, drops, longest seconds).
@@ -1454,8 +1466,16 @@ async fn timed_run(
             Duration::from_secs(cli.drain_secs),
         )
         .await?;
-        let (sent, _) = sum_counts(&workers.all(Cmd::Count).await?);
+        // Every delivery accounted for: each change is owed to the sender's K watchers.
+        let counts = workers.all(Cmd::Count).await?;
+        let (sent, delivered) = sum_counts(&counts);
         rep.sat_sent = sent[SAT_PHASE];
+        rep.sat_expected = sent[SAT_PHASE] * k;
+        rep.sat_received = delivered[SAT_PHASE];
+        rep.sat_repeated = sum_repeated(&counts, SAT_PHASE);
+        rep.sat_missing = rep
+            .sat_expected
+            .saturating_sub(rep.sat_received - rep.sat_repeated.min(rep.sat_received));
     }
     let drops2 = latency_ladder(cli, &mut workers, &mut rep, k).await?;
     rep.client_backlog_drops = drops0 + drops1 + drops2;

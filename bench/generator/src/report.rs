@@ -177,6 +177,12 @@ pub struct Report {
     pub sat_delivered: u64,
     /// Deliveries per second at saturation.
     pub sat_deliveries_per_s: Option<f64>,
+    /// After the drain: deliveries owed (changes sent × K), received, received again
+    /// (duplicates), and owed but never received.
+    pub sat_expected: u64,
+    pub sat_received: u64,
+    pub sat_repeated: u64,
+    pub sat_missing: u64,
     /// Latency at saturation p50, ms (queueing included, for orientation only).
     pub sat_p50_ms: Option<f64>,
     /// p99 at saturation, ms.
@@ -334,6 +340,10 @@ impl Report {
             ("sat_sent", self.sat_sent.to_string()),
             ("sat_delivered", self.sat_delivered.to_string()),
             ("sat_deliveries_per_s", num(self.sat_deliveries_per_s)),
+            ("sat_expected", self.sat_expected.to_string()),
+            ("sat_received", self.sat_received.to_string()),
+            ("sat_repeated", self.sat_repeated.to_string()),
+            ("sat_missing", self.sat_missing.to_string()),
             ("sat_p50_ms", num(self.sat_p50_ms)),
             ("sat_p99_ms", num(self.sat_p99_ms)),
             (
@@ -574,6 +584,13 @@ impl Report {
             (
                 "deliveries/s at saturation".into(),
                 cell(self.sat_deliveries_per_s),
+            ),
+            (
+                "saturation, after the drain: owed / received / duplicates / missing".into(),
+                format!(
+                    "{} / {} / {} / {}",
+                    self.sat_expected, self.sat_received, self.sat_repeated, self.sat_missing
+                ),
             ),
             (
                 "saturation latency p50 / p99 (ms)".into(),

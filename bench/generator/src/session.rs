@@ -811,6 +811,10 @@ pub struct PhaseStats {
     pub sent: AtomicU64,
     /// Timed presences received at watchers.
     pub delivered: AtomicU64,
+    /// Of those, presences a watcher had already had, or an older one than it had, from
+    /// the same contact (a contact's changes carry rising sequence numbers): duplicates
+    /// (XMPP keeps the order between two parties, RFC 6120 §10.1).
+    pub repeated: AtomicU64,
     /// Send-to-receipt latency of each delivery, µs.
     pub latency: Histogram,
 }
@@ -1068,6 +1072,8 @@ pub async fn run(
 ) {
     let mut conn = logged.conn;
     let mut seen: Option<HashSet<String>> = Some(HashSet::new());
+    // The latest timed change's sequence number from each contact (duplicates counted).
+    let mut last_seq: HashMap<String, u64> = HashMap::new();
     let mut pending_roster: Option<tokio::sync::oneshot::Sender<Vec<String>>> = None;
     let mut csi = CsiState::default();
     if mode == Mode::Storm {
@@ -1092,7 +1098,7 @@ pub async fn run(
                         if mode == Mode::Storm {
                             shared.storm.note(&own_bare, &el, now);
                         }
-                        if let Some(reply) = on_presence(&el, &own_bare, contacts, mode, now, &shared, &mut seen) {
+                        if let Some(reply) = on_presence(&el, &own_bare, contacts, mode, now, &shared, &mut seen, &mut last_seq) {
                             conn.send(&reply).await?;
                         }
                     }
@@ -1276,6 +1282,7 @@ fn on_message(el: &Element, shared: &Shared) {
 }
 
 /// Handles one received presence; returns a stanza to send back, if any.
+#[allow(clippy::too_many_arguments)]
 fn on_presence(
     el: &Element,
     own_bare: &str,
@@ -1284,6 +1291,7 @@ fn on_presence(
     now: u64,
     shared: &Shared,
     seen: &mut Option<HashSet<String>>,
+    last_seq: &mut HashMap<String, u64>,
 ) -> Option<String> {
     let from = el.attr("from").unwrap_or("");
     let from_bare = bare_of(from);
@@ -1340,6 +1348,17 @@ fn on_presence(
             if let Some(p) = shared.phases.get(phase) {
                 p.delivered.fetch_add(1, Ordering::Relaxed);
                 p.latency.record(now.saturating_sub(sent) / 1000);
+                if let Some(seq) = seq {
+                    match last_seq.get_mut(from_bare) {
+                        Some(last) if seq <= *last => {
+                            p.repeated.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(last) => *last = seq,
+                        None => {
+                            last_seq.insert(from_bare.to_owned(), seq);
+                        }
+                    }
+                }
             }
         }
         return None;
@@ -1409,6 +1428,35 @@ mod tests {
     }
 
     #[test]
+    fn a_change_received_again_or_out_of_order_is_counted_as_repeated() {
+        let shared = Shared::default();
+        let mut last = HashMap::new();
+        let mut got = |from: &str, seq: u64| {
+            let el = Element::parse(&format!(
+                "<presence from='{from}/r'><status>{STATUS_TAG} 1 {seq} 5</status></presence>"
+            ))
+            .expect("valid");
+            on_presence(
+                &el,
+                "u1@d",
+                2,
+                Mode::Measure,
+                9,
+                &shared,
+                &mut None,
+                &mut last,
+            );
+        };
+        got("u2@d", 3);
+        got("u3@d", 1); // another contact's own numbers
+        got("u2@d", 3); // the same change again
+        got("u2@d", 2); // an older one after a newer
+        got("u2@d", 8);
+        assert_eq!(shared.phases[1].delivered.load(Ordering::Relaxed), 5);
+        assert_eq!(shared.phases[1].repeated.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
     fn timed_presence_from_a_contact_is_recorded_with_its_latency() {
         let shared = Shared::default();
         let sent = 1_000_000_000u64;
@@ -1425,6 +1473,7 @@ mod tests {
             sent + 2_500_000,
             &shared,
             &mut seen,
+            &mut HashMap::new(),
         );
         assert!(r.is_none());
         assert_eq!(shared.phases[1].delivered.load(Ordering::Relaxed), 1);
@@ -1438,7 +1487,16 @@ mod tests {
         let mut seen = Some(HashSet::new());
         for from in ["u1@d/b", "u2@d/b", "u2@d/c", "u3@d/b"] {
             let el = Element::parse(&format!("<presence from='{from}'/>")).expect("valid");
-            on_presence(&el, "u1@d", 2, Mode::Measure, 0, &shared, &mut seen);
+            on_presence(
+                &el,
+                "u1@d",
+                2,
+                Mode::Measure,
+                0,
+                &shared,
+                &mut seen,
+                &mut HashMap::new(),
+            );
         }
         assert_eq!(shared.initial_presences.load(Ordering::Relaxed), 3);
         assert_eq!(shared.sessions_all_contacts_seen.load(Ordering::Relaxed), 1);
@@ -1474,7 +1532,16 @@ mod tests {
         let mut seen = None;
         let mut got = |xml: &str, now: u64| {
             let el = Element::parse(xml).expect("valid");
-            on_presence(&el, "u1@d", 2, Mode::Measure, now, &shared, &mut seen);
+            on_presence(
+                &el,
+                "u1@d",
+                2,
+                Mode::Measure,
+                now,
+                &shared,
+                &mut seen,
+                &mut HashMap::new(),
+            );
         };
         // At login u3 was offline: its server answered the probe from its bare JID.
         got("<presence from='u3@d' type='unavailable'/>", 1);
@@ -1553,9 +1620,29 @@ mod tests {
         let shared = Shared::default();
         let el = Element::parse("<presence from='u2@d' type='subscribe'/>").expect("valid");
         let mut seen = None;
-        assert!(on_presence(&el, "u1@d", 1, Mode::Measure, 0, &shared, &mut seen).is_none());
+        assert!(on_presence(
+            &el,
+            "u1@d",
+            1,
+            Mode::Measure,
+            0,
+            &shared,
+            &mut seen,
+            &mut HashMap::new()
+        )
+        .is_none());
         assert_eq!(
-            on_presence(&el, "u1@d", 1, Mode::Provision, 0, &shared, &mut seen).as_deref(),
+            on_presence(
+                &el,
+                "u1@d",
+                1,
+                Mode::Provision,
+                0,
+                &shared,
+                &mut seen,
+                &mut HashMap::new()
+            )
+            .as_deref(),
             Some("<presence to='u2@d' type='subscribed'/>")
         );
     }

@@ -106,6 +106,7 @@ pub enum Reply {
     Count {
         sent: [u64; PHASES],
         delivered: [u64; PHASES],
+        repeated: [u64; PHASES],
     },
     /// Latency histograms per phase, lost sessions, first errors.
     Stats {
@@ -260,9 +261,13 @@ impl Reply {
                 drops,
                 secs,
             } => format!("phase\t{issued}\t{drops}\t{secs}"),
-            Reply::Count { sent, delivered } => {
+            Reply::Count {
+                sent,
+                delivered,
+                repeated,
+            } => {
                 let mut s = "count".to_string();
-                for v in sent.iter().chain(delivered) {
+                for v in sent.iter().chain(delivered).chain(repeated) {
                     s.push_str(&format!("\t{v}"));
                 }
                 s
@@ -327,12 +332,18 @@ impl Reply {
                 secs: f.get(3).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
             },
             "count" => {
-                let (mut sent, mut delivered) = ([0; PHASES], [0; PHASES]);
-                for (i, (s, d)) in sent.iter_mut().zip(&mut delivered).enumerate() {
-                    *s = num(1 + i)?;
-                    *d = num(1 + PHASES + i)?;
+                let (mut sent, mut delivered, mut repeated) =
+                    ([0; PHASES], [0; PHASES], [0; PHASES]);
+                for i in 0..PHASES {
+                    sent[i] = num(1 + i)?;
+                    delivered[i] = num(1 + PHASES + i)?;
+                    repeated[i] = num(1 + 2 * PHASES + i)?;
                 }
-                Reply::Count { sent, delivered }
+                Reply::Count {
+                    sent,
+                    delivered,
+                    repeated,
+                }
             }
             "stats" => {
                 let mut lat: [Histogram; PHASES] = Default::default();
@@ -461,6 +472,7 @@ impl Worker {
                 Reply::Count {
                     sent: std::array::from_fn(|i| p[i].sent.load(Ordering::Relaxed)),
                     delivered: std::array::from_fn(|i| p[i].delivered.load(Ordering::Relaxed)),
+                    repeated: std::array::from_fn(|i| p[i].repeated.load(Ordering::Relaxed)),
                 }
             }
             Cmd::Stats => {
@@ -1010,11 +1022,18 @@ mod tests {
         // Every phase's counts and histogram cross the pipe, the ladder's last one too.
         let sent: [u64; PHASES] = std::array::from_fn(|i| i as u64 + 1);
         let delivered: [u64; PHASES] = std::array::from_fn(|i| 100 + i as u64);
-        match Reply::decode(&Reply::Count { sent, delivered }.encode()) {
+        let repeated: [u64; PHASES] = std::array::from_fn(|i| 200 + i as u64);
+        let count = Reply::Count {
+            sent,
+            delivered,
+            repeated,
+        };
+        match Reply::decode(&count.encode()) {
             Ok(Reply::Count {
                 sent: s,
                 delivered: d,
-            }) => assert_eq!((s, d), (sent, delivered)),
+                repeated: r,
+            }) => assert_eq!((s, d, r), (sent, delivered, repeated)),
             other => panic!("{other:?}"),
         }
         let lat: [Histogram; PHASES] = Default::default();

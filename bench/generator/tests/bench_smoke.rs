@@ -162,6 +162,11 @@ async fn load_generator_smoke_run_logs_in_and_delivers_presence() {
         json.contains("\"redis_writes_per_session_per_min\": null"),
         "{json}"
     );
+    // Saturation: every delivery owed arrived, once.
+    let n = |k: &str| json_num(&json, k).unwrap_or_else(|| panic!("{k} in {json}"));
+    assert!(n("sat_expected") > 0.0, "{json}");
+    assert_eq!(n("sat_received"), n("sat_expected"), "{json}");
+    assert_eq!((n("sat_missing"), n("sat_repeated")), (0.0, 0.0), "{json}");
     // --smoke: 2 s per rate; 10 and 20 changes/s, each reaching all 3 watchers.
     assert_ladder_delivered(&json, &[10.0, 20.0], 2.0, 3.0, "presenced");
     assert!(
