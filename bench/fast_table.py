@@ -16,31 +16,14 @@ import re
 import sys
 from statistics import median
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ratio import Spread  # noqa: E402  (one median-and-range cell for every table)
+
 TARGET = 0.25
 MODES = {"sasl1": "SASL1 SCRAM (stream restart, bind by iq)",
          "sasl2": "SASL2 SCRAM, Bind 2 inline",
          "fast": "FAST token, resumed TLS 1.3, Bind 2 inline"}
 CERTS = {"ecdsa": "ECDSA P-256", "rsa2048": "RSA-2048"}
-
-
-class Spread:
-    def __init__(self, values):
-        self.values = [v for v in values if v is not None]
-
-    def __bool__(self):
-        return bool(self.values)
-
-    @property
-    def median(self):
-        return median(self.values)
-
-    def cell(self, fmt="{:.3g}"):
-        if not self.values:
-            return ""
-        m, lo, hi = self.median, min(self.values), max(self.values)
-        if len(self.values) == 1 or lo == hi:
-            return fmt.format(m)
-        return f"{fmt.format(m)} ({fmt.format(lo)}–{fmt.format(hi)})"
 
 
 def load(root):
@@ -85,7 +68,7 @@ def table(cfg, modes):
     print("|---|" + "---:|" * len(present))
 
     def row(label, fn, fmt="{:.3g}"):
-        cells = [Spread([fn(rep) for _, rep, _ in modes[m]]).cell(fmt) for m in present]
+        cells = [Spread([fn(rep) for _, rep, _ in modes[m]]).cell(fmt.format) for m in present]
         if any(cells):
             print(f"| {label} | " + " | ".join(cells) + " |")
 

@@ -152,12 +152,13 @@ class Spread:
     def hi(self):
         return max(self.values)
 
-    def cell(self):
+    def cell(self, form=fmt):
+        """median (min–max), each value written by `form`."""
         if not self.values:
             return ""
         if self.lo == self.hi:
-            return fmt(self.values[0])
-        return f"{fmt(self.median)} ({fmt(self.lo)}–{fmt(self.hi)})"
+            return form(self.values[0])
+        return f"{form(self.median)} ({form(self.lo)}–{form(self.hi)})"
 
 
 def separated(ours, peer):
