@@ -1230,6 +1230,7 @@ async fn timed_run(
     // --- logins ---
     let s0 = probe.sample();
     let store_rss0 = stores.fixed_rss_kb();
+    let pg_private0 = stores.pg_private_kb().await;
     let st0 = stores.sample().await;
     let login_hist = Histogram::default();
     eprintln!("logging in {} sessions from {p} process(es)...", cli.users);
@@ -1306,6 +1307,15 @@ async fn timed_run(
         rep.total_rss_kb_per_session = rep
             .rss_kb_per_session
             .map(|server| server + store_rss / rep.logins_ok as f64);
+        // Its PostgreSQL backends' private memory too (their shared buffers are the
+        // database's, not the sessions').
+        if let (Some(p0), Some(p1)) = (pg_private0, stores.pg_private_kb().await) {
+            rep.pg_private_kb_per_session = Some((p1 as f64 - p0 as f64) / rep.logins_ok as f64);
+            rep.all_rss_kb_per_session = rep
+                .total_rss_kb_per_session
+                .zip(rep.pg_private_kb_per_session)
+                .map(|(t, pg)| t + pg);
+        }
         [
             rep.cpu_s_per_1000_logins,
             rep.store_cpu_s_per_1000_logins,

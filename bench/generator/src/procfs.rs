@@ -88,6 +88,20 @@ impl StoreProbe {
             .sum()
     }
 
+    /// Private memory (not shared: no shared buffers, no code) of the PostgreSQL backends
+    /// connected to the server's database now, kB; None without them. What the backends
+    /// keep for the server's sessions (catalog and plan caches, work memory) shows here.
+    pub async fn pg_private_kb(&self) -> Option<u64> {
+        let (url, db) = self.pg.as_ref()?;
+        let pids = pg_backends(url, db).await.ok()?;
+        Some(
+            pids.iter()
+                .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
+                .map(|t| parse_private_kb(&t))
+                .sum(),
+        )
+    }
+
     /// CPU seconds of each backing process now. A backend that starts during a phase counts
     /// from zero; one that exits during it is lost (the server's pool keeps them for minutes,
     /// far longer than a phase).
@@ -137,6 +151,15 @@ fn read_pid(pid: u32) -> Result<Sample, String> {
     })
 }
 
+/// Private_Clean + Private_Dirty in kB from the text of /proc/PID/smaps_rollup.
+fn parse_private_kb(smaps: &str) -> u64 {
+    smaps
+        .lines()
+        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
 /// VmRSS in kB from the text of /proc/PID/status.
 fn parse_vm_rss(status: &str) -> Option<u64> {
     status
@@ -161,6 +184,15 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn private_memory_is_the_clean_and_dirty_private_pages() {
+        let smaps = "Rss:                5000 kB\nPss:                 900 kB\n\
+                     Shared_Clean:       3000 kB\nShared_Dirty:       1200 kB\n\
+                     Private_Clean:       300 kB\nPrivate_Dirty:       500 kB\n";
+        assert_eq!(parse_private_kb(smaps), 800);
+        assert_eq!(parse_private_kb(""), 0);
+    }
 
     #[test]
     fn cpu_ticks_are_counted_after_a_command_name_with_spaces_and_parens() {

@@ -145,6 +145,10 @@ pub struct Report {
     /// The same plus the growth of the server's private Redis (--store-pid) per session:
     /// for presenced, whose liveness keys live there.
     pub total_rss_kb_per_session: Option<f64>,
+    /// Growth of the private memory of the server's PostgreSQL backends (--pg-backends)
+    /// per session, kB, and the total with it.
+    pub pg_private_kb_per_session: Option<f64>,
+    pub all_rss_kb_per_session: Option<f64>,
     /// Server CPU seconds per 1,000 logins (login phase incl. initial presence fan-out).
     pub cpu_s_per_1000_logins: Option<f64>,
     /// CPU seconds of the server's storage processes (--store-pid, --pg-backends) per
@@ -319,6 +323,11 @@ impl Report {
                 "total_rss_kb_per_session",
                 num(self.total_rss_kb_per_session),
             ),
+            (
+                "pg_private_kb_per_session",
+                num(self.pg_private_kb_per_session),
+            ),
+            ("all_rss_kb_per_session", num(self.all_rss_kb_per_session)),
             ("cpu_s_per_1000_logins", num(self.cpu_s_per_1000_logins)),
             (
                 "store_cpu_s_per_1000_logins",
@@ -553,11 +562,12 @@ impl Report {
                 ),
             ),
             (
-                "RSS per idle session (kB; with its Redis)".into(),
+                "RSS per idle session (kB; with its Redis; and its PostgreSQL backends' private memory)".into(),
                 format!(
-                    "{} ; {}",
+                    "{} ; {} ; {}",
                     cell(self.rss_kb_per_session),
-                    cell(self.total_rss_kb_per_session)
+                    cell(self.total_rss_kb_per_session),
+                    cell(self.all_rss_kb_per_session)
                 ),
             ),
             (
