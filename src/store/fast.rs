@@ -17,7 +17,7 @@
 
 use rand::RngCore;
 
-use super::{Backend, Store, StoreError};
+use super::{pg_or_sqlite, Store, StoreError};
 use crate::protocol::sasl::ht::NONCE_LEN;
 
 /// One stored token, as read for a login.
@@ -241,26 +241,21 @@ pub(super) async fn revoke<C: TokenSql>(
     conn.revoke(account, user_agent).await.map(Some)
 }
 
-/// Runs `$rule(&mut *tx, args…)` in a write transaction of either backend and commits.
+/// Runs `$rule(&mut *tx, args…)` in a write transaction of the store's backend and commits,
+/// counted under `$name` as every store operation is ([`pg_or_sqlite!`]).
 macro_rules! in_write {
-    ($store:expr, $rule:ident ( $($arg:expr),* )) => {
-        match &$store.backend {
-            Backend::Postgres(pool) => {
-                let mut tx = pool.begin().await?;
-                let out = $rule(&mut *tx, $($arg),*).await?;
-                tx.commit().await?;
-                Ok(out)
-            }
-            Backend::Sqlite(db) => async {
-                let mut tx = db.begin_write().await?;
-                let out = $rule(&mut *tx, $($arg),*).await?;
-                tx.commit().await?;
-                Ok(out)
-            }
-            .await
-            .map_err(|e| db.name_file(e)),
-        }
-    };
+    ($store:expr, $name:literal, $rule:ident ( $($arg:expr),* )) => {{
+        let pool = pg_or_sqlite!($store, $name, |db| async {
+            let mut tx = db.begin_write().await?;
+            let out = $rule(&mut *tx, $($arg),*).await?;
+            tx.commit().await?;
+            Ok(out)
+        });
+        let mut tx = pool.begin().await?;
+        let out = $rule(&mut *tx, $($arg),*).await?;
+        tx.commit().await?;
+        Ok(out)
+    }};
 }
 
 /// The rows of a [`TOKENS`] read.
@@ -287,7 +282,7 @@ impl Store {
         domain: &str,
         req: Issue<'_>,
     ) -> Result<Option<FastToken>, StoreError> {
-        in_write!(self, issue(username, domain, &req))
+        in_write!(self, "issue_fast_token", issue(username, domain, &req))
     }
 
     /// The tokens of a client, newest first, expired ones included (a login with one is
@@ -298,24 +293,23 @@ impl Store {
         domain: &str,
         user_agent: &str,
     ) -> Result<Vec<FastToken>, StoreError> {
-        let rows: Vec<TokenRow> = match &self.backend {
-            Backend::Postgres(pool) => {
-                sqlx::query_as(TOKENS)
-                    .bind(username)
-                    .bind(domain)
-                    .bind(user_agent)
-                    .fetch_all(pool)
-                    .await?
-            }
-            Backend::Sqlite(db) => sqlx::query_as(TOKENS)
+        let read = |rows: Vec<TokenRow>| rows.into_iter().map(from_row).collect();
+        let pool = pg_or_sqlite!(self, "fast_tokens", |db| async {
+            let rows = sqlx::query_as(TOKENS)
                 .bind(username)
                 .bind(domain)
                 .bind(user_agent)
                 .fetch_all(db.reader())
-                .await
-                .map_err(|e| db.name_file(e.into()))?,
-        };
-        Ok(rows.into_iter().map(from_row).collect())
+                .await?;
+            Ok(read(rows))
+        });
+        let rows = sqlx::query_as(TOKENS)
+            .bind(username)
+            .bind(domain)
+            .bind(user_agent)
+            .fetch_all(pool)
+            .await?;
+        Ok(read(rows))
     }
 
     /// A login with token `id` succeeded: the client holds it, so its older tokens go
@@ -332,7 +326,7 @@ impl Store {
         if count.is_none() && !older {
             return Ok(true);
         }
-        in_write!(self, used(id, count, older))
+        in_write!(self, "fast_token_used", used(id, count, older))
     }
 
     /// Deletes the tokens of account `username@domain`, of one client or all; how many, or
@@ -343,7 +337,11 @@ impl Store {
         domain: &str,
         user_agent: Option<&str>,
     ) -> Result<Option<u64>, StoreError> {
-        in_write!(self, revoke(username, domain, user_agent))
+        in_write!(
+            self,
+            "revoke_fast_tokens",
+            revoke(username, domain, user_agent)
+        )
     }
 }
 

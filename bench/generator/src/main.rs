@@ -314,6 +314,19 @@ struct Cli {
 }
 
 impl Cli {
+    /// The server's storage processes whose CPU and memory are charged to it: its private
+    /// Redis (--store-pid) and, with --pg-backends, the backends of its database.
+    fn store_probe(&self) -> StoreProbe {
+        StoreProbe {
+            pids: self.store_pids.clone(),
+            pg: self
+                .pg_stats
+                .clone()
+                .filter(|_| self.pg_backends)
+                .map(|u| (u, self.pg_stats_db.clone())),
+        }
+    }
+
     fn apply_smoke(&mut self) {
         if self.smoke {
             self.users = 20;
@@ -587,14 +600,7 @@ async fn storm_main(
         source_addrs: cli.source_addrs,
         dir: cli.storm_dir.clone(),
         server_pids: cli.server_pids.clone(),
-        stores: StoreProbe {
-            pids: cli.store_pids.clone(),
-            pg: cli
-                .pg_stats
-                .clone()
-                .filter(|_| cli.pg_backends)
-                .map(|u| (u, cli.pg_stats_db.clone())),
-        },
+        stores: cli.store_probe(),
         login: cli.login,
     };
     let mut rep = storm::run(plan, target, graph).await?;
@@ -1189,14 +1195,7 @@ async fn timed_run(
     graph: &Arc<ContactGraph>,
 ) -> Result<Report, String> {
     let probe = ServerProbe::new(cli.server_pids.clone())?;
-    let stores = StoreProbe {
-        pids: cli.store_pids.clone(),
-        pg: cli
-            .pg_stats
-            .clone()
-            .filter(|_| cli.pg_backends)
-            .map(|u| (u, cli.pg_stats_db.clone())),
-    };
+    let stores = cli.store_probe();
     let k = u64::from(graph.k());
     let mut rep = Report {
         label: cli

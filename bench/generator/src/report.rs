@@ -277,6 +277,12 @@ fn rate(v: Option<f64>) -> String {
     }
 }
 
+/// A JSON array of strings.
+pub(crate) fn json_strs(items: &[String]) -> String {
+    let items: Vec<String> = items.iter().map(|e| json_str(e)).collect();
+    format!("[{}]", items.join(", "))
+}
+
 /// A JSON string.
 pub(crate) fn json_str(s: &str) -> String {
     let mut out = String::from("\"");
@@ -443,28 +449,8 @@ impl Report {
             ),
             ("pg_xacts_per_session_per_min", num(self.rest.pg_xacts)),
             ("pg_rows_per_session_per_min", num(self.rest.pg_rows)),
-            (
-                "negotiated",
-                format!(
-                    "[{}]",
-                    self.negotiated
-                        .iter()
-                        .map(|e| json_str(e))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ),
-            (
-                "errors",
-                format!(
-                    "[{}]",
-                    self.errors
-                        .iter()
-                        .map(|e| json_str(e))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ),
+            ("negotiated", json_strs(&self.negotiated)),
+            ("errors", json_strs(&self.errors)),
         ];
         let mut fields: Vec<(String, String)> = fields
             .into_iter()

@@ -393,20 +393,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
         B64.encode(scram.first())
     ))
     .await?;
-    let challenge = conn.element().await?;
-    if challenge.name != "challenge" {
-        return Err(format!("sasl: {} {}", challenge.name, describe(&challenge)));
-    }
-    let server_first = decode_b64_text(&challenge)?;
-    let client_final = scram
-        .respond(&server_first, &target.cache)
-        .map_err(|e| e.to_string())?;
-    conn.send(&format!(
-        "<response xmlns='{NS_SASL}'>{}</response>",
-        B64.encode(client_final)
-    ))
-    .await?;
-    let mut answer = conn.element().await?;
+    let mut answer = scram_round(conn, &mut scram, target, NS_SASL, "sasl").await?;
     if answer.name == "challenge" {
         // RFC 6120 §6.4.5 allows the server-final in a challenge; acknowledge it empty.
         let server_final = decode_b64_text(&answer)?;
@@ -424,6 +411,36 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     let server_final = decode_b64_text(&answer)?;
     scram.verify(&server_final).map_err(|e| e.to_string())?;
     Ok(hash)
+}
+
+/// SCRAM's middle round (RFC 5802 §3) in the framing of namespace `ns` (SASL or SASL2,
+/// named `what` in errors): the server-first in a `<challenge/>`, the client-final in a
+/// `<response/>`; the element that answers it.
+async fn scram_round<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+    scram: &mut ScramClient,
+    target: &Target,
+    ns: &str,
+    what: &str,
+) -> Result<Element, String> {
+    let challenge = conn.element().await?;
+    if challenge.name != "challenge" {
+        return Err(format!(
+            "{what}: {} {}",
+            challenge.name,
+            describe(&challenge)
+        ));
+    }
+    let server_first = decode_b64_text(&challenge)?;
+    let client_final = scram
+        .respond(&server_first, &target.cache)
+        .map_err(|e| e.to_string())?;
+    conn.send(&format!(
+        "<response xmlns='{ns}'>{}</response>",
+        B64.encode(client_final)
+    ))
+    .await?;
+    conn.element().await
 }
 
 fn decode_b64_text(e: &Element) -> Result<String, String> {
@@ -629,24 +646,7 @@ async fn sasl2_password_login<S: AsyncRead + AsyncWrite + Unpin>(
         agent_and_bind(inst)
     ))
     .await?;
-    let challenge = conn.element().await?;
-    if challenge.name != "challenge" {
-        return Err(format!(
-            "sasl2: {} {}",
-            challenge.name,
-            describe(&challenge)
-        ));
-    }
-    let server_first = decode_b64_text(&challenge)?;
-    let client_final = scram
-        .respond(&server_first, &target.cache)
-        .map_err(|e| e.to_string())?;
-    conn.send(&format!(
-        "<response xmlns='{NS_SASL2}'>{}</response>",
-        B64.encode(client_final)
-    ))
-    .await?;
-    let success = conn.element().await?;
+    let success = scram_round(conn, &mut scram, target, NS_SASL2, "sasl2").await?;
     if success.name != "success" {
         return Err(format!("sasl2: {} {}", success.name, describe(&success)));
     }

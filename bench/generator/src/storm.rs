@@ -51,7 +51,7 @@ use tokio::sync::{mpsc, Semaphore};
 
 use crate::graph::ContactGraph;
 use crate::procfs::{cpu_between, ServerProbe, StoreProbe};
-use crate::report::{json_str, num};
+use crate::report::{json_str, json_strs, num};
 use crate::session::{self, Command, Installation, LoginMode, Mode, Shared, Target};
 
 /// The pause between the last stream closed and the relogin window (see [`Cause::Relogin`]).
@@ -849,17 +849,7 @@ pub fn to_json(r: &StormReport) -> String {
             "login".into(),
             json_str(r.login.map_or("sasl1", login_name)),
         ),
-        (
-            "negotiated".into(),
-            format!(
-                "[{}]",
-                r.negotiated
-                    .iter()
-                    .map(|e| json_str(e))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-        ),
+        ("negotiated".into(), json_strs(&r.negotiated)),
     ];
     cost_json(&mut f, "first", &r.first);
     for (cause, s) in &r.storms {
@@ -890,17 +880,7 @@ pub fn to_json(r: &StormReport) -> String {
         add("peak_rss_kb", u(s.peak_rss_kb));
         cost_json(&mut f, c, &s.cost);
     }
-    f.push((
-        "errors".into(),
-        format!(
-            "[{}]",
-            r.errors
-                .iter()
-                .map(|e| json_str(e))
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
-    ));
+    f.push(("errors".into(), json_strs(&r.errors)));
     let body: Vec<String> = f.iter().map(|(k, v)| format!("  \"{k}\": {v}")).collect();
     format!("{{\n{}\n}}\n", body.join(",\n"))
 }

@@ -95,20 +95,26 @@ pub struct Binding<'a> {
 }
 
 /// The token of a stored `nonce` with `binding`, keyed with the server's `secret`: what the
-/// client received and now keys its HMACs with. Every part is length-prefixed, so no two
-/// bindings share an input.
+/// client received and now keys its HMACs with.
 pub fn token(secret: &[u8], nonce: &[u8], binding: Binding<'_>) -> String {
-    let mut m = hmac(secret, &[b"presenced FAST token"]);
-    for part in [
+    let parts = [
         nonce,
         binding.account.as_bytes(),
         binding.user_agent.as_bytes(),
         binding.mechanism.as_bytes(),
-    ] {
+    ];
+    B64URL.encode(derive(secret, b"presenced FAST token", &parts))
+}
+
+/// A value derived from a server secret: HMAC-SHA-256 keyed with `secret` over `label`,
+/// then each part preceded by its length, so no two lists of parts share an input.
+pub fn derive(secret: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut m = hmac(secret, &[label]);
+    for part in parts {
         m.update(&(part.len() as u64).to_be_bytes());
         m.update(part);
     }
-    B64URL.encode(m.finalize().into_bytes())
+    m.finalize().into_bytes().into()
 }
 
 #[cfg(test)]

@@ -74,18 +74,17 @@ impl Secured {
             user_agent: agent,
             mechanism,
         };
-        let matched = tokens.iter().find(|t| {
-            t.mechanism == mechanism
-                && ht::initiator_matches(
-                    &ht::token(&shared.fast_secret, &t.nonce, binding),
-                    &msg.hashed_token,
-                )
-        });
+        // Each stored token derived once; the one that matches also makes the proof.
+        let matched = tokens
+            .iter()
+            .filter(|t| t.mechanism == mechanism)
+            .map(|t| (t, ht::token(&shared.fast_secret, &t.nonce, binding)))
+            .find(|(_, token)| ht::initiator_matches(token, &msg.hashed_token));
         let now = shared.liveness.clock.now().timestamp();
         let outcome = match matched {
             None => Err(SaslCondition::NotAuthorized),
-            Some(t) if t.expires_at <= now => Err(SaslCondition::CredentialsExpired),
-            Some(t) => {
+            Some((t, _)) if t.expires_at <= now => Err(SaslCondition::CredentialsExpired),
+            Some((t, token)) => {
                 let count = request.fast.as_ref().and_then(|f| f.count);
                 // The rows read are newest first: one after `t` is older.
                 let older = tokens.iter().any(|o| o.id < t.id);
@@ -95,7 +94,7 @@ impl Secured {
                     .await
                     .map_err(|e| storage(self.link.peer, e))?;
                 if fresh {
-                    Ok(t)
+                    Ok((t, token))
                 } else {
                     tracing::warn!(peer = %self.link.peer, %jid, "FAST token count replayed");
                     Err(SaslCondition::NotAuthorized)
@@ -103,13 +102,9 @@ impl Secured {
             }
         };
         auth_checked(&shared, self.link.peer, &jid, outcome.is_ok(), seen).await;
-        Ok(outcome.map(|t: &FastToken| Authed {
+        Ok(outcome.map(|(t, token): (&FastToken, String)| Authed {
             user: local,
-            additional: Some(ht::responder(&ht::token(
-                &shared.fast_secret,
-                &t.nonce,
-                binding,
-            ))),
+            additional: Some(ht::responder(&token)),
             token: Some(Used {
                 id: t.id,
                 issued_at: t.issued_at,

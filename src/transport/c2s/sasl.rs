@@ -194,19 +194,18 @@ impl Secured {
                 sasl2,
             } = attempt;
             // SCRAM and its -PLUS variants as this stream offers them (`binding`).
-            let outcome = match (self.link.scram_server(&mech), mech.as_str()) {
-                (Some(server), _) => self.scram(framing, server, initial).await?,
+            let scram = self.link.scram_server(&mech);
+            let outcome = match (scram, mech.as_str(), sasl2.as_deref()) {
+                (Some(server), _, _) => self.scram(framing, server, initial).await?,
                 // Only a `Secured` stream gets here: PLAIN never crosses the wire in the clear.
-                (None, "PLAIN") if self.link.shared.config.auth.allow_plain => {
+                (None, "PLAIN", _) if self.link.shared.config.auth.allow_plain => {
                     self.plain(&initial).await?
                 }
                 // XEP-0484: a token is only used inside a SASL2 authentication.
-                (None, m)
+                (None, m, Some(request))
                     if crate::protocol::sasl::ht::offered(m)
-                        && self.link.shared.config.auth.fast
-                        && sasl2.is_some() =>
+                        && self.link.shared.config.auth.fast =>
                 {
-                    let request = sasl2.as_deref().expect("checked");
                     self.fast(m, &initial, request).await?
                 }
                 _ => Err(SaslCondition::InvalidMechanism),

@@ -169,14 +169,10 @@ impl Bind {
 /// MUST NOT be exposed), and differs between accounts and tags of one installation.
 pub(super) fn stable_id(secret: &[u8], account: &str, agent: &str, tag: Option<&str>) -> String {
     use base64::Engine as _;
-    use hmac::Mac as _;
-    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("any key length");
-    for part in [account, agent, tag.unwrap_or("")] {
-        m.update(&(part.len() as u64).to_be_bytes());
-        m.update(part.as_bytes());
-    }
+    let parts = [account, agent, tag.unwrap_or("")].map(str::as_bytes);
+    let digest = crate::protocol::sasl::ht::derive(secret, b"", &parts);
     // 72 bits: no two installations of an account meet by chance.
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&m.finalize().into_bytes()[..9])
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&digest[..9])
 }
 
 /// XEP-0388 "Success": the mechanism's additional data (SCRAM's server-final), the
