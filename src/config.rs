@@ -69,6 +69,8 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// The privacy settings of users who never chose their own.
     pub privacy: PrivacyConfig,
+    /// XEP-0357 push notifications for clients that sleep.
+    pub push: PushConfig,
 }
 
 impl Default for Config {
@@ -88,6 +90,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             cluster: ClusterConfig::default(),
             privacy: PrivacyConfig::default(),
+            push: PushConfig::default(),
         }
     }
 }
@@ -113,6 +116,65 @@ pub enum DefaultVisibility {
     Subscribers,
     /// No one but the user.
     Nobody,
+}
+
+/// `[push]`: XEP-0357 notifications to the app servers of clients that sleep (see
+/// [`crate::services::push`] for when one is sent and what it says).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PushConfig {
+    /// Whether clients may enable push at all (the `urn:xmpp:push:0` feature).
+    pub enabled: bool,
+    /// What a notification's summary form tells the app server, which is a third party.
+    pub summary: PushSummary,
+    /// How long a push-enabled session whose connection died stays resumable (XEP-0198),
+    /// keeping and pushing what arrives for it. After T of silence it shows unavailable to
+    /// its contacts meanwhile ("hibernated").
+    #[serde(with = "secs")]
+    pub hibernation: Duration,
+    /// Registrations (app server and node) an account keeps; enabling one more replaces
+    /// the oldest.
+    pub max_registrations: u32,
+    /// Bytes of a registration's publish options (the client's secret form) kept.
+    pub max_options_bytes: usize,
+    /// Notifications one registration may send at once ...
+    pub burst: u32,
+    /// ... and per minute after that: a flood of messages wakes a phone a few times, not
+    /// once per message.
+    pub per_minute: u32,
+    /// Error answers in a row from the app server after which the registration is removed
+    /// (XEP-0357 §9: the server may stop notifying a node that fails).
+    pub max_errors: u32,
+}
+
+impl Default for PushConfig {
+    fn default() -> Self {
+        PushConfig {
+            enabled: true,
+            summary: PushSummary::Counts,
+            hibernation: Duration::from_secs(72 * 3600),
+            max_registrations: 8,
+            max_options_bytes: 2048,
+            burst: 5,
+            per_minute: 6,
+            max_errors: 3,
+        }
+    }
+}
+
+/// `[push] summary`: the fields of XEP-0357's `urn:xmpp:push:summary` form that are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PushSummary {
+    /// No form: the app server learns only that something arrived.
+    None,
+    /// `message-count` and `pending-subscription-count` only: no sender, no text.
+    #[default]
+    Counts,
+    /// The counts and `last-message-sender`.
+    Sender,
+    /// The counts, the sender and `last-message-body`.
+    Body,
 }
 
 /// `[admin]`: what only operators reach.
@@ -1280,6 +1342,11 @@ impl Config {
         }
         if self.admin.status_poll < Duration::from_millis(100) {
             return bad("[admin] status_poll must be at least 0.1 seconds");
+        }
+        if self.push.enabled
+            && (self.push.max_registrations == 0 || self.push.max_options_bytes == 0)
+        {
+            return bad("[push] max_registrations and max_options_bytes must be at least 1");
         }
         for d in &self.domains {
             if crate::protocol::jid::parse_bare(d)

@@ -114,6 +114,10 @@ pub struct SessionInfo {
     /// resume it; contacts still see it online meanwhile.
     #[serde(default)]
     pub detached: bool,
+    /// Hibernated (XEP-0357): detached for longer than T with push enabled; resumable,
+    /// woken by push, shown unavailable to contacts meanwhile.
+    #[serde(default)]
+    pub hibernated: bool,
 }
 
 /// `stats`.
@@ -132,6 +136,9 @@ pub struct Stats {
     /// Of which detached, waiting for their client to resume them (XEP-0198).
     #[serde(default)]
     pub detached_sessions: usize,
+    /// Of the detached, hibernated: shown unavailable, woken by push (XEP-0357).
+    #[serde(default)]
+    pub hibernated_sessions: usize,
     /// Over TCP.
     pub sessions_tcp: usize,
     /// Over WebSocket.
@@ -343,6 +350,7 @@ fn stats(shared: &Shared, started: std::time::Instant) -> Stats {
         sessions: 0,
         invisible_sessions: 0,
         detached_sessions: 0,
+        hibernated_sessions: 0,
         sessions_tcp: 0,
         sessions_websocket: 0,
         s2s_outgoing_links: shared.s2s.outgoing_links(),
@@ -355,6 +363,9 @@ fn stats(shared: &Shared, started: std::time::Instant) -> Stats {
         }
         if h.is_detached() {
             s.detached_sessions += 1;
+        }
+        if h.is_hibernated() {
+            s.hibernated_sessions += 1;
         }
         match h.origin.transport {
             "websocket" => s.sessions_websocket += 1,
@@ -495,8 +506,10 @@ fn info(s: &SessionHandle) -> SessionInfo {
         since: chrono::DateTime::from_timestamp_millis(s.origin.since_ms)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .unwrap_or_default(),
-        invisible: s.is_invisible(),
+        // Invisible by the user's choice, not only for a hibernation.
+        invisible: s.read(|p| p.invisible && !p.hibernated.is_some_and(|h| h.hid)),
         detached: s.is_detached(),
+        hibernated: s.is_hibernated(),
     }
 }
 
@@ -557,17 +570,14 @@ pub fn render(req: &Request, answer: &serde_json::Value) -> String {
             let list: Vec<SessionInfo> = serde_json::from_value(answer.clone()).unwrap_or_default();
             for s in list {
                 out.push_str(&format!(
-                    "{}\t{}\t{}\t{}{}\n",
+                    "{}\t{}\t{}\t{}{}{}{}\n",
                     s.jid,
                     s.transport,
                     s.ip.as_deref().unwrap_or("-"),
                     s.since,
-                    match (s.invisible, s.detached) {
-                        (true, true) => "\tinvisible\tdetached",
-                        (true, false) => "\tinvisible",
-                        (false, true) => "\tdetached",
-                        (false, false) => "",
-                    }
+                    if s.invisible { "\tinvisible" } else { "" },
+                    if s.detached { "\tdetached" } else { "" },
+                    if s.hibernated { "\thibernated" } else { "" },
                 ));
             }
         }

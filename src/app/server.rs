@@ -166,13 +166,13 @@ pub async fn start(config: CheckedConfig) -> Result<Running, StartError> {
     });
     crate::transport::s2s::attach(&shared);
     let services = Arc::new(build_services(&shared));
-    let weak = Arc::downgrade(&shared);
-    shared
-        .metrics
-        .attach(Box::new(move |encoder| match weak.upgrade() {
-            Some(shared) => node_figures(&shared, encoder),
-            None => Ok(()),
-        }));
+    let (weak, push) = (Arc::downgrade(&shared), Arc::downgrade(&services.push));
+    shared.metrics.attach(Box::new(move |encoder| {
+        match (weak.upgrade(), push.upgrade()) {
+            (Some(shared), Some(push)) => node_figures(&shared, &push, encoder),
+            _ => Ok(()),
+        }
+    }));
     // Block-list and settings changes made anywhere withdraw presence already shown here.
     crate::services::presence::gate::spawn_listener(
         services.presence.clone(),
@@ -219,6 +219,13 @@ fn build_services(node: &Arc<Shared>) -> crate::services::Services {
     use crate::services::privacy_iq::Privacy;
     use crate::services::roster::Roster;
     use crate::services::RouterParts;
+    let push = Arc::new(crate::services::push::Push::new(
+        node.store.clone(),
+        node.outbox.clone(),
+        node.sessions.clone(),
+        node.liveness.clock,
+        node.config.push.clone(),
+    ));
     let presence = Arc::new(Presence {
         store: node.store.clone(),
         sessions: node.sessions.clone(),
@@ -229,6 +236,7 @@ fn build_services(node: &Arc<Shared>) -> crate::services::Services {
         roster_locks: node.roster_locks.clone(),
         s2s: node.s2s.clone(),
         caps: node.caps.clone(),
+        push: push.clone(),
     });
     crate::services::Services {
         roster: Roster::new(
@@ -279,6 +287,7 @@ fn build_services(node: &Arc<Shared>) -> crate::services::Services {
             node.config.auth.allow_registration,
         )),
         presence,
+        push,
         routing: RouterParts {
             metrics: node.metrics.clone(),
             live: node.live.clone(),
@@ -352,6 +361,7 @@ async fn c2s_listeners(
 /// the registry: the server owns its metrics, not the other way round).
 fn node_figures(
     shared: &Shared,
+    push: &crate::services::push::Push,
     encoder: &mut prometheus_client::encoding::DescriptorEncoder,
 ) -> Result<(), std::fmt::Error> {
     use prometheus_client::encoding::EncodeMetric;
@@ -365,6 +375,20 @@ fn node_figures(
         "Bound client sessions on this node, invisible ones not counted.",
         visible_sessions(shared) as i64,
     )?;
+    let (detached, hibernated) = shared.sessions.kept_counts();
+    crate::metrics::gauge(
+        encoder,
+        "sessions_detached",
+        "Sessions whose connection died, kept for their client to resume (XEP-0198).",
+        detached as i64,
+    )?;
+    crate::metrics::gauge(
+        encoder,
+        "sessions_hibernated",
+        "Of those, hibernated: push enabled, silent for T, shown unavailable (XEP-0357).",
+        hibernated as i64,
+    )?;
+    push.encode(encoder)?;
     let n = shared.s2s.auth_counts();
     let counter = ConstCounter::new(0u64);
     let mut family = encoder.encode_descriptor(

@@ -507,6 +507,15 @@ impl LiveSession {
         );
     }
 
+    /// Marks the session dead as of `at_ms`, when its client was last heard: a session
+    /// kept past its client's silence (a XEP-0357 hibernation) ends as a silent death
+    /// then, not at its end.
+    pub fn mark_dead_at(&self, at_ms: i64) {
+        let _ = self
+            .swept
+            .compare_exchange(0, at_ms.max(1), Ordering::Relaxed, Ordering::Relaxed);
+    }
+
     /// The last beat, if the session was found dead (sweeper or local fallback).
     pub fn dead_at(&self) -> Option<i64> {
         Some(self.swept.load(Ordering::Relaxed)).filter(|&v| v > 0)

@@ -196,6 +196,14 @@ pub struct SessionState {
     /// Its connection died and it waits for its client to resume it (XEP-0198 §5): bound,
     /// and shown to contacts as before, but no client is there; operators see it marked.
     pub detached: bool,
+    /// Detached for longer than T with push enabled: kept resumable for `[push]
+    /// hibernation`, shown unavailable to contacts meanwhile. `hid` says whether its
+    /// presence was withdrawn for it (not when the user was invisible already), so that a
+    /// resume shows it again.
+    pub hibernated: Option<Hibernated>,
+    /// The XEP-0357 registration this session's client enabled, if any: whom to notify
+    /// while it is detached ([`crate::services::push`]).
+    pub push: Option<Arc<PushTarget>>,
     /// The session retrieved its block list, so it gets block/unblock pushes
     /// (XEP-0191 §3.3: pushes go to resources that requested the list).
     pub blocklist_interested: bool,
@@ -238,6 +246,8 @@ impl SessionState {
             invisible: false,
             probe_remote: false,
             detached: false,
+            hibernated: None,
+            push: None,
             blocklist_interested: false,
             user_agent: None,
             caps: None,
@@ -374,6 +384,25 @@ impl SessionState {
         self.directed = BTreeSet::new();
         self.caps = None;
     }
+}
+
+/// A session's hibernation ([`SessionState::hibernated`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hibernated {
+    /// Whether its presence was withdrawn from its viewers when it began.
+    pub hid: bool,
+}
+
+/// Where a XEP-0357 notification goes: the app server, its node for the device, and the
+/// publish options (the client's secret form, serialized) sent with each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushTarget {
+    /// The app server's JID.
+    pub app_jid: String,
+    /// The node on it.
+    pub node: String,
+    /// The publish options, or empty.
+    pub options: String,
 }
 
 /// One connected resource.
@@ -571,6 +600,11 @@ impl SessionHandle {
         self.read(|p| p.invisible)
     }
 
+    /// Whether the session hibernates: detached for longer than T with push enabled.
+    pub fn is_hibernated(&self) -> bool {
+        self.read(|p| p.hibernated.is_some())
+    }
+
     /// Whether the session waits, detached, for its client to resume it (XEP-0198).
     pub fn is_detached(&self) -> bool {
         self.read(|p| p.detached)
@@ -720,6 +754,22 @@ impl Sessions {
     pub fn for_each(&self, f: impl FnMut(&SessionHandle)) {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
         map.values().flatten().for_each(f);
+    }
+
+    /// Detached sessions and, of them, hibernated ones, leaving out those the user made
+    /// invisible (XEP-0186), which no public figure counts.
+    pub fn kept_counts(&self) -> (usize, usize) {
+        let (mut detached, mut hibernated) = (0, 0);
+        self.for_each(|h| {
+            h.read(|p| {
+                if p.invisible && !p.hibernated.is_some_and(|h| h.hid) {
+                    return;
+                }
+                detached += usize::from(p.detached);
+                hibernated += usize::from(p.hibernated.is_some());
+            })
+        });
+        (detached, hibernated)
     }
 
     /// The session bound to exactly this full JID.

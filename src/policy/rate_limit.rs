@@ -85,6 +85,22 @@ impl TokenBucket {
         b
     }
 
+    /// A full bucket of `burst` tokens refilling at `per_minute` a minute.
+    pub(crate) fn per_minute(per_minute: u32, burst: u32) -> Self {
+        let mut b = TokenBucket::new(0, burst);
+        b.rate = per_minute as f64 / 60.0;
+        b
+    }
+
+    /// Whether the bucket would be full at `now`: it then equals a fresh one and can be
+    /// forgotten.
+    pub(crate) fn is_full_at(&self, now: Instant) -> bool {
+        let dt = self.last.map_or(0.0, |last| {
+            now.saturating_duration_since(last).as_secs_f64()
+        });
+        self.tokens + dt * self.rate >= self.burst
+    }
+
     /// Takes one token at `now`; false when the stream is over its rate.
     pub(crate) fn take(&mut self, now: Instant) -> bool {
         self.refill(now);

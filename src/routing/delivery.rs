@@ -586,6 +586,10 @@ async fn store_offline(presence: &Presence, sender: &str, owner: &BareJid, el: E
                 for node in nodes {
                     presence.cluster.collect_there(&node, owner.as_str());
                 }
+                // XEP-0357: nobody here took it; the user's sleeping clients are woken.
+                if let Some(trigger) = crate::services::push::Trigger::of(&el) {
+                    presence.push.kept_for(owner, &trigger).await;
+                }
             }
             Outcome::Stored
         }

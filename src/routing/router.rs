@@ -241,6 +241,11 @@ async fn iq(services: &Services, session: &Client, el: Element, target: Target) 
             // Answers to the server's own queries (XEP-0115 disco#info of a client's caps).
             services.pep.disco_answer(session, &el, ty).await;
         }
+        Target::LocalBare(_) | Target::OwnAccount if !is_request => {
+            // An app server's answer to a XEP-0357 notification sent from the account;
+            // anything else needs no further handling.
+            services.push.answer(&el);
+        }
         _ if !is_request => {
             // Results and errors for the server (roster push acknowledgements, ping
             // answers) need no further handling.
@@ -367,6 +372,8 @@ async fn own_account_iq(services: &Services, session: &Client, el: Element, ty: 
     } else if crate::services::pep::vcard::handles(&payload) {
         let owner = session.jid().to_bare();
         Some(services.pep.vcard_iq(session, &el, ty, &owner).await)
+    } else if payload.ns == crate::services::push::NS_PUSH {
+        Some(services.push.handle_iq(session, &el, ty, &payload).await)
     } else if payload.ns == crate::services::invisible::NS_INVISIBLE {
         Some(
             crate::services::invisible::handle(&services.presence, session, &el, ty, &payload)
@@ -396,7 +403,9 @@ fn account_iq(el: &Element, ty: IqType, exists: bool) -> Element {
                             .attr("type", "registered"),
                     )
                     .child(feature(x::NS_DISCO_INFO))
-                    .child(feature(crate::liveness::last_seen::NS_LAST));
+                    .child(feature(crate::liveness::last_seen::NS_LAST))
+                    // XEP-0357 §4: clients look for push on their own account.
+                    .child(feature(crate::services::push::NS_PUSH));
                 // XEP-0163 §1: every account is a PEP service.
                 return iq_result(el).child(crate::services::pep::describe_account(q));
             }

@@ -20,6 +20,7 @@ pub(crate) mod offline;
 pub(crate) mod pep;
 pub mod presence;
 pub(crate) mod privacy_iq;
+pub mod push;
 pub(crate) mod roster;
 
 use std::sync::Arc;
@@ -51,6 +52,8 @@ pub struct Services {
     pub lifecycle: Arc<Lifecycle>,
     /// The one deletion of an account (XEP-0077 `<remove/>`, the admin socket).
     pub account_deletion: Arc<AccountDeletion>,
+    /// XEP-0357 push notifications (the same service presence holds for delivery).
+    pub push: Arc<crate::services::push::Push>,
     /// What the router reads besides the services and delivery (which works on
     /// `presence`).
     pub routing: RouterParts,

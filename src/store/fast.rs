@@ -17,7 +17,7 @@
 
 use rand::RngCore;
 
-use super::{pg_or_sqlite, Store, StoreError};
+use super::{in_write, pg_or_sqlite, Store, StoreError};
 use crate::protocol::sasl::ht::NONCE_LEN;
 
 /// One stored token, as read for a login.
@@ -239,23 +239,6 @@ pub(super) async fn revoke<C: TokenSql>(
         return Ok(None);
     };
     conn.revoke(account, user_agent).await.map(Some)
-}
-
-/// Runs `$rule(&mut *tx, args…)` in a write transaction of the store's backend and commits,
-/// counted under `$name` as every store operation is ([`pg_or_sqlite!`]).
-macro_rules! in_write {
-    ($store:expr, $name:literal, $rule:ident ( $($arg:expr),* )) => {{
-        let pool = pg_or_sqlite!($store, $name, |db| async {
-            let mut tx = db.begin_write().await?;
-            let out = $rule(&mut *tx, $($arg),*).await?;
-            tx.commit().await?;
-            Ok(out)
-        });
-        let mut tx = pool.begin().await?;
-        let out = $rule(&mut *tx, $($arg),*).await?;
-        tx.commit().await?;
-        Ok(out)
-    }};
 }
 
 /// The rows of a [`TOKENS`] read.

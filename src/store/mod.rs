@@ -48,6 +48,7 @@ pub mod offline;
 mod pending;
 pub mod pep;
 mod privacy;
+pub mod push;
 mod roster;
 mod roster_admin;
 pub mod sqlite;
@@ -185,6 +186,24 @@ macro_rules! pg_or_sqlite {
     }};
 }
 pub(crate) use pg_or_sqlite;
+
+/// Runs `$rule(&mut *tx, args…)` in a write transaction of the store's backend and commits,
+/// counted under `$name` as every store operation is ([`pg_or_sqlite!`]).
+macro_rules! in_write {
+    ($store:expr, $name:literal, $rule:ident ( $($arg:expr),* )) => {{
+        let pool = $crate::store::pg_or_sqlite!($store, $name, |db| async {
+            let mut tx = db.begin_write().await?;
+            let out = $rule(&mut *tx, $($arg),*).await?;
+            tx.commit().await?;
+            Ok(out)
+        });
+        let mut tx = pool.begin().await?;
+        let out = $rule(&mut *tx, $($arg),*).await?;
+        tx.commit().await?;
+        Ok(out)
+    }};
+}
+pub(crate) use in_write;
 
 /// The `[limits]` numbers the store enforces itself, so that every path that writes a
 /// roster item, a waiting subscription request or a block-list entry shares one check.

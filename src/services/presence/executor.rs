@@ -208,7 +208,10 @@ pub(crate) async fn apply(pres: &Presence, plan: Plan) -> Result<(), StoreError>
     for effect in plan.effects {
         match effect {
             Effect::ToAvailable { user, stanza } => {
-                pres.outbox.to_available(user.as_str(), &stanza);
+                let here = pres.outbox.to_available(user.as_str(), &stanza);
+                if here == 0 {
+                    wake_for_request(pres, &user, &stanza).await;
+                }
             }
             Effect::Route { stanza, bounce } => {
                 if let Err(e) = pres.outbox.route_remote(stanza.clone()) {
@@ -362,4 +365,27 @@ async fn presence_after_external(pres: &Presence, owner: &str) {
     if let Ok(owner) = crate::protocol::jid::parse_bare(owner) {
         super::gate::reconcile_user(pres, &owner).await;
     }
+}
+
+/// XEP-0357: a subscription request for a local user with no available resource here or
+/// on another node is kept (the pending table) for the next login; the user's sleeping
+/// clients are woken for it.
+async fn wake_for_request(pres: &Presence, owner: &BareJid, stanza: &Element) {
+    let Some(trigger) = crate::services::push::Trigger::of(stanza) else {
+        return;
+    };
+    if !pres.outbox.is_local(owner.as_str()) {
+        return;
+    }
+    if pres.cluster.has_peers()
+        && pres
+            .cluster
+            .holders(&[owner.as_str()])
+            .await
+            .get(owner.as_str())
+            .is_some_and(|h| !h.is_empty())
+    {
+        return;
+    }
+    pres.push.kept_for(owner, &trigger).await;
 }

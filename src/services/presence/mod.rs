@@ -67,6 +67,8 @@ pub struct Presence {
     pub(crate) s2s: Arc<S2s>,
     /// XEP-0115 capabilities of clients on this node, forgotten with their session.
     pub(crate) caps: Arc<CapsCache>,
+    /// XEP-0357: who is woken when delivery keeps something for a user.
+    pub(crate) push: Arc<crate::services::push::Push>,
 }
 
 impl Presence {
@@ -181,6 +183,38 @@ impl Presence {
         for (viewer, _) in revealed {
             let p = outbox::unavailable(&me, &viewer);
             self.outbox.presence_to(&viewer, p);
+        }
+    }
+
+    /// A push-enabled session has been detached for T (XEP-0357 with XEP-0198): its
+    /// client sleeps, so it is no longer "online". Its viewers get its unavailable as from
+    /// an invisible session (XEP-0186 §3.1), and its last seen is the last time its client
+    /// was heard (`at_ms`), as a session's end records it; the session itself stays, takes
+    /// what arrives for it and wakes its client. An invisible session has nothing to hide.
+    pub async fn hibernate(&self, client: &Client, at_ms: i64) {
+        let hid = !client.handle.is_invisible();
+        if hid {
+            self.become_invisible(client, false).await;
+        }
+        client
+            .handle
+            .write(|p| p.hibernated = Some(crate::node::sessions::Hibernated { hid }));
+        let bare = client.jid().to_bare();
+        self.cluster.seen(bare.as_str(), at_ms);
+        self.liveness.last_seen.push(crate::store::LastSeen {
+            jid: bare,
+            at: crate::clock::to_datetime(at_ms),
+            status: None,
+        });
+    }
+
+    /// A hibernated session was resumed: its presence goes again to everyone the gate
+    /// admits, who all saw it leave. Nothing for a session that was not hibernated: its
+    /// viewers never saw it go.
+    pub async fn wake(&self, client: &Client) {
+        let was = client.handle.write(|p| p.hibernated.take());
+        if was.is_some_and(|h| h.hid) {
+            self.become_visible(client).await;
         }
     }
 

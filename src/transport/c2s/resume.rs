@@ -103,6 +103,14 @@ pub(super) struct Detached {
     pub(super) csi: crate::services::csi::Filter,
     /// Boxed: the timer is large and only a detached session needs one.
     pub(super) until: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// With push enabled (XEP-0357), when the session hibernates: T after its client was
+    /// last heard. `None` without push, or once it hibernates.
+    pub(super) hibernate: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// The push registration to wake the client through while detached.
+    pub(super) push: Option<Arc<crate::node::sessions::PushTarget>>,
+    /// When its client was last heard (ms since the epoch): its last seen if it
+    /// hibernates (the session's own beat goes on while it is kept).
+    pub(super) last_heard: i64,
     pub(super) _counted: sm::DetachedCount,
     /// Boxed, as the timer: a handle is large and only a detached session needs one.
     pub(super) _marked: Box<DetachedMark>,
@@ -118,21 +126,68 @@ impl Drop for DetachedMark {
     }
 }
 
+/// How a session is kept once detached: how long it stays resumable, and with push
+/// enabled, the registration and when it hibernates.
+pub(super) struct Keep {
+    pub(super) window: Duration,
+    pub(super) last_heard: i64,
+    pub(super) push: Option<(Arc<crate::node::sessions::PushTarget>, Duration)>,
+}
+
+impl Keep {
+    /// XEP-0198's window; with a push registration (XEP-0357) the push hibernation time
+    /// if longer, hibernating once the client has been silent for `ttl` (it was silent
+    /// for `silent` already when its connection was found dead).
+    pub(super) fn of(
+        r: &Option<Resumption>,
+        push: Option<Arc<crate::node::sessions::PushTarget>>,
+        hibernation: Duration,
+        ttl: Duration,
+        (last_heard, now): (i64, i64),
+    ) -> Keep {
+        let window = r.as_ref().map_or(Duration::ZERO, |r| r.window);
+        let silent = Duration::from_millis(u64::try_from(now - last_heard).unwrap_or(0));
+        match push {
+            Some(target) if !window.is_zero() => Keep {
+                window: window.max(hibernation),
+                last_heard,
+                push: Some((target, ttl.saturating_sub(silent))),
+            },
+            _ => Keep {
+                window,
+                last_heard,
+                push: None,
+            },
+        }
+    }
+}
+
 impl Detached {
     pub(super) fn new(
         shared: &Shared,
         handle: &crate::node::sessions::SessionHandle,
         w: WriterOut,
-        r: &Option<Resumption>,
+        keep: Keep,
         peer: &SocketAddr,
         jid: &FullJid,
     ) -> Detached {
-        let window = r.as_ref().map_or(Duration::ZERO, |r| r.window);
-        tracing::info!(%peer, %jid, ?window, "connection lost; session kept for resumption (XEP-0198)");
+        let Keep {
+            window,
+            push,
+            last_heard,
+        } = keep;
+        tracing::info!(%peer, %jid, ?window, push = push.is_some(), "connection lost; session kept for resumption (XEP-0198)");
+        let (push, hibernate) = match push {
+            Some((target, after)) => (Some(target), Some(Box::pin(tokio::time::sleep(after)))),
+            None => (None, None),
+        };
         Detached {
             rx: w.rx,
             csi: w.csi,
             until: Box::pin(tokio::time::sleep(window)),
+            hibernate,
+            push,
+            last_heard,
             _counted: shared.resumable.count_detached(),
             _marked: {
                 handle.write(|p| p.detached = true);
@@ -283,14 +338,33 @@ pub(super) async fn next_handoff(r: &mut Option<Resumption>) -> Box<sm::Handoff>
     }
 }
 
-/// While detached: the next item of the mailbox, or `None` when the window is over; never
-/// completes while attached.
-pub(super) async fn next_detached(d: &mut Option<Detached>) -> Option<Outbound> {
+/// What happens to a detached session next.
+pub(super) enum DetachedEvent {
+    /// An item for it, or `None` when the window is over.
+    Item(Option<Outbound>),
+    /// With push enabled, it is due to hibernate (once).
+    Hibernate,
+}
+
+/// While detached: the next item of the mailbox, the end of the window, or the
+/// hibernation; never completes while attached.
+pub(super) async fn next_detached(d: &mut Option<Detached>) -> DetachedEvent {
     let Some(d) = d.as_mut() else {
         return std::future::pending().await;
     };
-    tokio::select! {
-        m = d.rx.recv() => m,
-        _ = d.until.as_mut() => None,
+    let hibernate = async {
+        match d.hibernate.as_mut() {
+            Some(at) => at.as_mut().await,
+            None => std::future::pending().await,
+        }
+    };
+    let ev = tokio::select! {
+        m = d.rx.recv() => DetachedEvent::Item(m),
+        _ = d.until.as_mut() => DetachedEvent::Item(None),
+        _ = hibernate => DetachedEvent::Hibernate,
+    };
+    if matches!(ev, DetachedEvent::Hibernate) {
+        d.hibernate = None;
     }
+    ev
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::resume::{
-    next_detached, next_handoff, return_unacked, stream_management, Detached, Resumption,
+    next_detached, next_handoff, return_unacked, stream_management, Detached, DetachedEvent, Keep,
+    Resumption,
 };
 use super::writer::{serialized, write_loop, WriterEnd, WriterOut, Writing};
 use super::{new_id, Bound, Link};
@@ -99,9 +100,15 @@ impl Bound {
                         None => break None,
                     }
                 }
-                event = next_detached(&mut s.detached) => match s.on_detached_item(event) {
-                    ControlFlow::Continue(()) => continue,
-                    ControlFlow::Break(()) => break None,
+                event = next_detached(&mut s.detached) => match event {
+                    DetachedEvent::Hibernate => {
+                        s.on_hibernate().await;
+                        continue;
+                    }
+                    DetachedEvent::Item(item) => match s.on_detached_item(item) {
+                        ControlFlow::Continue(()) => continue,
+                        ControlFlow::Break(()) => break None,
+                    },
                 },
             };
             if let ControlFlow::Break(end) = s.on_event(ev).await {
@@ -110,6 +117,10 @@ impl Bound {
         };
         if s.live.end.is_cancelled() {
             s.live.mark_dead();
+        }
+        if let Some(at) = s.hibernated_at {
+            // Its contacts heard it leave when it began; its last seen stays then.
+            s.live.mark_dead_at(at);
         }
         // Stop reading; the reader (and with it the read half of the socket) goes now.
         read.set(next_event(None));
@@ -162,6 +173,8 @@ struct SessionLoop {
     detached: Option<Detached>,
     /// What the writer left in the mailbox when it ended.
     leftover: Option<crate::node::sessions::Mailbox>,
+    /// While hibernated (XEP-0357): when its client was last heard, its last seen.
+    hibernated_at: Option<i64>,
 }
 
 impl SessionLoop {
@@ -270,6 +283,7 @@ impl SessionLoop {
             resumable: sm.resumable,
             detached: None,
             leftover: None,
+            hibernated_at: None,
         };
         (session, reader)
     }
@@ -392,16 +406,45 @@ impl SessionLoop {
         }
     }
 
-    /// Detaches the session from a connection that died (XEP-0198 §5).
+    /// Detaches the session from a connection that died (XEP-0198 §5), for longer with
+    /// push enabled (XEP-0357).
     fn detach(&mut self, w: WriterOut) {
+        let push = &self.services.push;
+        let target = self
+            .handle
+            .read(|p| p.push.clone())
+            .filter(|_| push.enabled());
+        let heard = (
+            self.transport.beat.last_ms(),
+            self.shared.liveness.clock.now_ms(),
+        );
+        let keep = Keep::of(
+            &self.resumable,
+            target,
+            push.hibernation(),
+            self.timings.ttl,
+            heard,
+        );
         self.detached = Some(Detached::new(
             &self.shared,
             &self.handle,
             w,
-            &self.resumable,
+            keep,
             &self.peer,
             &self.jid,
         ));
+    }
+
+    /// A push-enabled session detached for T: its contacts see it unavailable, with the
+    /// last time its client was heard as its last seen; it stays resumable.
+    async fn on_hibernate(&mut self) {
+        let jid = &self.jid;
+        tracing::info!(%jid, "client silent for the liveness timeout; session hibernates (XEP-0357)");
+        let Some(at) = self.detached.as_ref().map(|d| d.last_heard) else {
+            return;
+        };
+        self.hibernated_at = Some(at);
+        self.services.presence.hibernate(&self.client, at).await;
     }
 
     /// XEP-0198 §5: a new stream of the same account resumes this session. Its reader, to be
@@ -470,6 +513,9 @@ impl SessionLoop {
         let _ = taken.send(());
         let (peer, jid) = (&self.peer, &self.jid);
         tracing::info!(%peer, %jid, resent, "stream resumed (XEP-0198)");
+        // Seen unavailable while it hibernated: shown again to everyone who may see it.
+        self.hibernated_at = None;
+        self.services.presence.wake(&self.client).await;
         Some(reader)
     }
 
@@ -493,6 +539,10 @@ impl SessionLoop {
                 let Some(kept) = self.out.as_ref() else {
                     return ControlFlow::Break(());
                 };
+                if let Some(target) = &d.push {
+                    // XEP-0357: the client sleeps; wake it for what would wake a person.
+                    wake_for(&self.services.push, jid, target, &item);
+                }
                 d.csi.pass(item, |o| {
                     if let Some(s) = serialized(o) {
                         overflow |= sm::lock(kept).push(s).is_err();
@@ -645,6 +695,33 @@ impl SessionLoop {
             live,
         ))
         .await;
+    }
+}
+
+/// Notifies `target` if `item`, queued for detached session `jid`, is worth waking its
+/// client for ([`crate::services::push::Trigger`]).
+fn wake_for(
+    push: &crate::services::push::Push,
+    jid: &FullJid,
+    target: &Arc<crate::node::sessions::PushTarget>,
+    item: &Outbound,
+) {
+    let parsed;
+    let el = match item {
+        Outbound::Stanza(el) => &**el,
+        Outbound::Xml(xml) if xml.starts_with("<message") || xml.starts_with("<presence") => {
+            match x::parse_element(xml) {
+                Some(el) => {
+                    parsed = el;
+                    &parsed
+                }
+                None => return,
+            }
+        }
+        _ => return,
+    };
+    if let Some(trigger) = crate::services::push::Trigger::of(el) {
+        push.notify(&jid.to_bare(), target.clone(), &trigger);
     }
 }
 

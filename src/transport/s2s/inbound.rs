@@ -938,6 +938,10 @@ pub(crate) async fn iq(presence: &Presence, from: Jid, to: Jid, el: Element) {
         Err(bare) => bare,
     };
     if !is_request {
+        // A remote app server's answer to a XEP-0357 notification from the account.
+        if to.node().is_some() {
+            presence.push.answer(&el);
+        }
         return;
     }
     if to.node().is_some()
