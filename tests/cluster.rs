@@ -108,6 +108,7 @@ on_both!(
     ),
     a_bare_jid_whose_sessions_on_another_node_went_away_is_answered_as_offline,
     contacts_coming_online_on_two_nodes_at_the_same_moment_see_each_other("multi_thread"),
+    a_phone_suspended_on_one_node_is_woken_for_a_message_sent_on_the_other,
 );
 
 /// Two nodes of one cluster: same domain, database and Redis prefix, distinct node ids.
@@ -468,6 +469,65 @@ async fn a_reconnect_within_grace_on_the_other_node_announces_nothing(redis: Red
             .load(Ordering::Relaxed)
             >= 1
     );
+    n1.stop().await;
+    n2.stop().await;
+}
+
+/// XEP-0357 across nodes: alice's phone enabled push on node 1 and its connection died
+/// (a detached, resumable session); bob on node 2 writes to her bare JID. The message
+/// reaches her session on node 1 through the directory, node 1 notifies the app server (a
+/// session on node 2) and keeps the message, and the resumed phone gets it.
+async fn a_phone_suspended_on_one_node_is_woken_for_a_message_sent_on_the_other(redis: Redis) {
+    let (n1, n2) = two_nodes_with(redis, &["alice", "bob", "app"], &[("alice", "bob")]).await;
+    let mut app = online(&n2, "app", "server").await;
+    let mut bob = online(&n2, "bob", "desk").await;
+    let mut alice = n1.login("alice", "phone").await;
+    alice
+        .send_raw("<enable xmlns='urn:xmpp:sm:3' resume='true'/>")
+        .await;
+    let enabled = alice.expect(|e| e.name == "enabled").await;
+    let id = enabled.get_attr("id").expect("resume id").to_owned();
+    alice.presence(None, None).await;
+    let alice_full = alice.jid.clone();
+    alice.expect(|e| is_presence(e, &alice_full, None)).await;
+    let enable = parse_element(&format!(
+        "<enable xmlns='urn:xmpp:push:0' jid='{}' node='phone-node'/>",
+        app.jid
+    ))
+    .unwrap();
+    let r = alice.iq("set", None, enable).await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    in_directory(&n2, &alice_full, true).await;
+    drop(alice);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while n1.shared().resumable.detached() != 1 {
+        assert!(Instant::now() < deadline, "alice's session never detached");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    bob.send(&message(&n1.jid("alice"), "wake up")).await;
+    let n = app
+        .watch(
+            &|e| e.name == "iq" && e.to_xml().contains("urn:xmpp:push:0"),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("node 1 notifies the app server on node 2");
+    assert_eq!(n.get_attr("from"), Some(n1.jid("alice").as_str()), "{n}");
+    assert!(n.to_xml().contains("phone-node"), "{n}");
+    assert!(!n.to_xml().contains("wake up"), "no text by default: {n}");
+
+    let mut again = Client::authenticated(&n1, "alice").await;
+    again
+        .send_raw(&format!(
+            "<resume xmlns='urn:xmpp:sm:3' previd='{id}' h='0'/>"
+        ))
+        .await;
+    let r = again
+        .expect(|e| e.name == "resumed" || e.name == "failed")
+        .await;
+    assert_eq!(r.name, "resumed", "{r}");
+    again.expect(|e| has_body(e, "wake up")).await;
     n1.stop().await;
     n2.stop().await;
 }

@@ -631,3 +631,57 @@ async fn a_notification_reaches_an_app_server_on_another_server() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The app server is slixmpp, a client this project did not write: it receives the
+/// notification of a sleeping phone as its pubsub publish, with the node and the secret
+/// the phone gave, the default summary (a count, no sender, no text), and answers it.
+#[tokio::test]
+async fn slixmpp_as_the_app_server_receives_and_answers_the_notification() {
+    let ts = TestServer::start(tweak(|_| {})).await;
+    ts.user("alice").await;
+    ts.user("bob").await;
+    ts.user("app").await;
+    ts.make_mutual("alice", "bob").await;
+    let args = client_script_args(&ts, &["app", "pw", "push", "20"]);
+    let script = tokio::spawn(async move {
+        run_client_script("push_app.py", &args, Duration::from_secs(60)).await
+    });
+    // The app server is online once its session is available.
+    let app_full = FullJid::new(&format!("{}/push", ts.jid("app"))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ts
+        .shared()
+        .sessions
+        .get(&app_full)
+        .is_some_and(|s| s.is_available())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "slixmpp app server never came online"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (alice, _) = push_phone(&ts, "alice", "phone", app_full.as_str(), "slix-node").await;
+    drop(alice);
+    detached(&ts, 1).await;
+    let mut bob = online(&ts, "bob", "desk").await;
+    bob.send(&chat(&ts.jid("alice"), "secret text")).await;
+    let out = script.await.expect("script task");
+    assert_eq!(out.code, Some(0), "push_app.py failed: {out:?}");
+    assert_eq!(
+        out.get("from").as_deref(),
+        Some(ts.jid("alice").as_str()),
+        "{out:?}"
+    );
+    assert_eq!(out.get("node").as_deref(), Some("slix-node"), "{out:?}");
+    assert_eq!(out.get("secret").as_deref(), Some(SECRET), "{out:?}");
+    assert!(out.report.contains("\"message-count\": \"1\""), "{out:?}");
+    assert!(
+        !out.report.contains("secret text") && !out.report.contains("bob@"),
+        "{out:?}"
+    );
+    // Its result was taken as success: no error counted.
+    let push = &ts.services().push.counters;
+    assert_eq!(push.sent.load(Ordering::Relaxed), 1);
+    assert_eq!(push.errors.load(Ordering::Relaxed), 0);
+}
