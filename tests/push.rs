@@ -6,7 +6,8 @@
 //! that keeps failing is removed; a flood wakes a phone a bounded number of times. The
 //! presence timeline of a suspended phone: nothing inside T, unavailable with its last
 //! seen at T while it hibernates, available again when it resumes. Over federation, the
-//! app server sits on another server.
+//! app server sits on another server, or on another node of a cluster (tests/cluster.rs);
+//! client state and interest lists hold across a hibernation; slixmpp plays an app server.
 
 mod common;
 
@@ -684,4 +685,108 @@ async fn slixmpp_as_the_app_server_receives_and_answers_the_notification() {
     let push = &ts.services().push.counters;
     assert_eq!(push.sent.load(Ordering::Relaxed), 1);
     assert_eq!(push.errors.load(Ordering::Relaxed), 0);
+}
+
+async fn show(ts: &TestServer, c: &mut Client, show: &str) {
+    c.send(&el(&format!(
+        "<presence xmlns='jabber:client'><show>{show}</show></presence>"
+    )))
+    .await;
+    // The broadcast is queued for every contact before this answer is.
+    barrier(ts, c).await;
+}
+
+fn show_of(e: &Element) -> Option<String> {
+    e.get_child("show", NS_CLIENT).map(Element::text_content)
+}
+
+/// XEP-0352 and the interest list go on through a hibernation: the phone went inactive
+/// with an interest in bob before it slept; while it hibernates, bob's change is kept for
+/// it and carol's only held (her latest), and after the resume carol's latest comes only
+/// when the phone says it is active.
+#[tokio::test]
+async fn client_state_and_the_interest_list_hold_across_a_hibernation() {
+    let ts = TestServer::start(tweak(|_| {})).await;
+    for u in ["alice", "bob", "carol"] {
+        ts.user(u).await;
+    }
+    ts.make_mutual("alice", "bob").await;
+    ts.make_mutual("alice", "carol").await;
+    let app = AppServer::start(&ts).await;
+    let mut bob = online(&ts, "bob", "b").await;
+    let mut carol = online(&ts, "carol", "c").await;
+    let (mut alice, id) = push_phone(&ts, "alice", "phone", &app.jid.clone(), "n").await;
+    let alice_jid = alice.jid.clone();
+    let (bob_jid, carol_jid) = (bob.jid.clone(), carol.jid.clone());
+    alice.expect(|e| is_presence(e, &bob_jid, None)).await;
+    alice.expect(|e| is_presence(e, &carol_jid, None)).await;
+    let items = format!("<item jid='{}'/>", ts.jid("bob"));
+    let r = alice
+        .iq(
+            "set",
+            None,
+            el(&format!(
+                "<interest xmlns='urn:presenced:interest:0'>{items}</interest>"
+            )),
+        )
+        .await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    alice.send_raw("<inactive xmlns='urn:xmpp:csi:0'/>").await;
+    barrier(&ts, &mut alice).await;
+    drop(alice);
+    detached(&ts, 1).await;
+    // Bob and carol answer the server's pings while alice's phone sleeps for T.
+    let full = FullJid::new(&alice_jid).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !ts
+        .shared()
+        .sessions
+        .get(&full)
+        .is_some_and(|s| s.is_hibernated())
+    {
+        assert!(Instant::now() < deadline, "alice never hibernated");
+        for c in [&mut bob, &mut carol] {
+            let _ = c.watch(&|_| false, Duration::from_millis(100)).await;
+        }
+    }
+    bob.watch(&|e| is_presence(e, &alice_jid, Some("unavailable")), WAIT)
+        .await
+        .expect("bob sees alice leave when she hibernates");
+
+    show(&ts, &mut carol, "dnd").await;
+    show(&ts, &mut carol, "xa").await;
+    show(&ts, &mut bob, "away").await;
+    // h = 0: what came before the sleep comes again too; the changes since are what count.
+    let mut again = resumed(&ts, "alice", &id, &alice_jid).await;
+    let p = again
+        .expect(|e| is_presence(e, &bob_jid, None) && show_of(e).is_some())
+        .await;
+    assert_eq!(
+        show_of(&p).as_deref(),
+        Some("away"),
+        "bob's, named in the interest list: {p}"
+    );
+    barrier(&ts, &mut again).await;
+    assert!(
+        !again
+            .backlog
+            .iter()
+            .any(|e| is_presence(e, &carol_jid, None) && show_of(e).is_some()),
+        "carol's changes are held while inactive: {:?}",
+        again.backlog
+    );
+    again.send_raw("<active xmlns='urn:xmpp:csi:0'/>").await;
+    let p = again
+        .expect(|e| is_presence(e, &carol_jid, None) && show_of(e).is_some())
+        .await;
+    assert_eq!(show_of(&p).as_deref(), Some("xa"), "only her latest: {p}");
+    barrier(&ts, &mut again).await;
+    assert!(
+        !again
+            .backlog
+            .iter()
+            .any(|e| show_of(e).as_deref() == Some("dnd")),
+        "{:?}",
+        again.backlog
+    );
 }
