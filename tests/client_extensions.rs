@@ -496,19 +496,6 @@ async fn messages_from_a_blocked_sender_are_never_kept_nor_handed_out() {
 
 const NS_CSI: &str = "urn:xmpp:csi:0";
 
-async fn show(ts: &TestServer, c: &mut Client, show: &str) {
-    c.send(&el(&format!(
-        "<presence xmlns='jabber:client'><show>{show}</show></presence>"
-    )))
-    .await;
-    // The broadcast is queued for every contact before this answer is.
-    barrier(ts, c).await;
-}
-
-fn show_of(e: &Element) -> Option<String> {
-    e.get_child("show", NS_CLIENT).map(Element::text_content)
-}
-
 /// alice (resource phone) with her mutual contacts bob (b) and carol (c), all online, once
 /// alice has seen both and her backlog is empty.
 async fn alice_with_bob_and_carol(ts: &TestServer) -> (Client, Client, Client) {

@@ -167,18 +167,6 @@ fn field(n: &Element, var: &str) -> Option<String> {
     value
 }
 
-/// Waits (bounded) until `n` sessions of the server are detached.
-async fn detached(ts: &TestServer, n: usize) {
-    let deadline = Instant::now() + WAIT;
-    while ts.shared().resumable.detached() != n {
-        assert!(
-            Instant::now() < deadline,
-            "detached sessions never reached {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Sends `<resume/>` for `id` on a new authenticated stream of `name`.
 async fn resumed(ts: &TestServer, name: &str, id: &str, jid: &str) -> Client {
     let mut again = Client::authenticated(ts, name).await;
@@ -525,6 +513,13 @@ async fn a_suspended_phone_shows_unavailable_at_t_and_available_again_when_it_re
     assert!(session.is_hibernated() && session.is_detached());
     let stats = ts.admin_get("/metrics").await;
     assert!(stats.contains("presenced_sessions_hibernated 1"), "{stats}");
+    // The status page counts it as hibernated, not online.
+    let status = ts.admin_get("/status.json").await;
+    assert!(status.contains("\"hibernated\":1"), "{status}");
+    assert!(
+        status.contains("\"users\":2"),
+        "bob and the app server only: {status}"
+    );
     // Last seen: not "online now".
     let last = bob
         .iq(
@@ -685,19 +680,6 @@ async fn slixmpp_as_the_app_server_receives_and_answers_the_notification() {
     let push = &ts.services().push.counters;
     assert_eq!(push.sent.load(Ordering::Relaxed), 1);
     assert_eq!(push.errors.load(Ordering::Relaxed), 0);
-}
-
-async fn show(ts: &TestServer, c: &mut Client, show: &str) {
-    c.send(&el(&format!(
-        "<presence xmlns='jabber:client'><show>{show}</show></presence>"
-    )))
-    .await;
-    // The broadcast is queued for every contact before this answer is.
-    barrier(ts, c).await;
-}
-
-fn show_of(e: &Element) -> Option<String> {
-    e.get_child("show", NS_CLIENT).map(Element::text_content)
 }
 
 /// XEP-0352 and the interest list go on through a hibernation: the phone went inactive

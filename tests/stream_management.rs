@@ -72,18 +72,6 @@ async fn online(ts: &TestServer, name: &str, res: &str) -> Client {
     c
 }
 
-/// Waits (bounded) until `n` sessions of the server are detached.
-async fn detached(ts: &TestServer, n: usize) {
-    let deadline = Instant::now() + WAIT;
-    while ts.shared().resumable.detached() != n {
-        assert!(
-            Instant::now() < deadline,
-            "detached sessions never reached {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Waits (bounded) until `owner` has `n` offline messages.
 async fn offline_reaches(ts: &TestServer, owner: &str, n: i64) {
     let deadline = Instant::now() + Duration::from_secs(10);

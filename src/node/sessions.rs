@@ -437,6 +437,9 @@ pub struct VisibleCounts {
     /// (XEP-0198): counted above, since their contacts still see them, but no client is
     /// connected.
     pub detached: usize,
+    /// Sessions hibernated (XEP-0357): asleep, woken by push, shown offline to their
+    /// contacts, so not counted above. Sessions the user made invisible are left out.
+    pub hibernated: usize,
 }
 
 impl VisibleCounts {
@@ -823,7 +826,15 @@ impl Sessions {
         let mut c = VisibleCounts::default();
         for list in map.values() {
             let mut any = false;
-            for h in list.iter().filter(|h| !h.is_invisible()) {
+            for h in list {
+                let (invisible, hibernated) =
+                    h.read(|p| (p.invisible, p.hibernated.is_some_and(|h| h.hid)));
+                if hibernated {
+                    c.hibernated += 1;
+                }
+                if invisible {
+                    continue;
+                }
                 any = true;
                 c.detached += usize::from(h.is_detached());
                 match h.origin.transport {

@@ -1340,3 +1340,28 @@ pub async fn run_presenced(
         .expect("presenced CLI finished in time")
         .expect("run presenced")
 }
+
+/// Sends an available presence with `<show>show</show>` and waits until the server handled
+/// it: the broadcast is queued for every contact before the answer to the ping is.
+pub async fn show(ts: &TestServer, c: &mut Client, show: &str) {
+    c.send(&Element::new("presence", NS_CLIENT).child(Element::new("show", NS_CLIENT).text(show)))
+        .await;
+    barrier(ts, c).await;
+}
+
+/// The `<show/>` of a presence, if it has one.
+pub fn show_of(e: &Element) -> Option<String> {
+    e.get_child("show", NS_CLIENT).map(Element::text_content)
+}
+
+/// Waits (bounded) until `n` sessions of the server are detached (XEP-0198).
+pub async fn detached(ts: &TestServer, n: usize) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while ts.shared().resumable.detached() != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "detached sessions never reached {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

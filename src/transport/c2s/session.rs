@@ -444,7 +444,9 @@ impl SessionLoop {
             return;
         };
         self.hibernated_at = Some(at);
-        self.services.presence.hibernate(&self.client, at).await;
+        // Boxed: a presence change is a deep future, which would otherwise size this
+        // long-lived session future for as long as the session lives.
+        Box::pin(self.services.presence.hibernate(&self.client, at)).await;
     }
 
     /// XEP-0198 §5: a new stream of the same account resumes this session. Its reader, to be
@@ -515,7 +517,7 @@ impl SessionLoop {
         tracing::info!(%peer, %jid, resent, "stream resumed (XEP-0198)");
         // Seen unavailable while it hibernated: shown again to everyone who may see it.
         self.hibernated_at = None;
-        self.services.presence.wake(&self.client).await;
+        Box::pin(self.services.presence.wake(&self.client)).await;
         Some(reader)
     }
 
