@@ -9,6 +9,10 @@
 #   sasl2  SASL2 SCRAM with Bind 2 inline, full TLS handshake every time
 #   fast   SASL2 with the password and a token request first, then FAST with the token over
 #          a resumed TLS 1.3 session on every reconnect
+#   fast-resume  as fast, with XEP-0198 resumption enabled in the first login's Bind 2 and
+#          every reconnect resuming the session inline in its FAST authentication (no
+#          roster get, no presence); its relogin window cuts the sockets instead of
+#          closing the streams, so the server keeps the sessions (not in MODES by default)
 #
 # Usage: bench/fast.sh OUT_DIR     (N=1000 K=10 RUNS=3 CERT_KIND=ecdsa MODES="sasl1 sasl2 fast"
 #                                  FIRST_RUN=1: the number of the first run, to add runs)

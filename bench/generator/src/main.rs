@@ -307,8 +307,10 @@ struct Cli {
     backoff_cap: f64,
     /// How clients log in (storm runs): `sasl1` (SCRAM, stream restart, bind: every login
     /// the same), `sasl2` (SASL2 SCRAM with Bind 2 inline, full TLS handshake every time)
-    /// or `fast` (first login `sasl2` asking for a XEP-0484 token, every reconnect with
-    /// the token over a resumed TLS 1.3 session).
+    /// `fast` (first login `sasl2` asking for a XEP-0484 token, every reconnect with
+    /// the token over a resumed TLS 1.3 session) or `fast-resume` (`fast`, with XEP-0198
+    /// enabled in the first login's Bind 2 and every reconnect resuming the session inline
+    /// in its SASL2 authentication: no roster get, no initial presence).
     #[arg(long, value_enum, default_value = "sasl1")]
     login: session::LoginMode,
 }
@@ -390,7 +392,7 @@ fn main() -> ExitCode {
     }
     if cli.login != session::LoginMode::Sasl1 && cli.storm.is_empty() {
         // The other modes measure one login each; reconnects happen in the storms.
-        eprintln!("--login sasl2|fast needs --storm");
+        eprintln!("--login sasl2|fast|fast-resume needs --storm");
         return ExitCode::from(2);
     }
     if cli.csi && cli.procs != 1 && cli.worker.is_none() {

@@ -1,10 +1,12 @@
 //! One XMPP client session of the load generator: connect, STARTTLS, SASL SCRAM, bind,
 //! roster, initial presence (RFC 6120 §5–7, RFC 6121 §2.2 and §4.2), then a loop that
-//! sends presence changes on command and timestamps every presence it receives.
+//! sends presence changes on command and timestamps every presence it receives. With
+//! `--login fast-resume` a session also keeps XEP-0198 stream management: it counts the
+//! stanzas it handled, answers the server's `<r/>`, and a reconnect resumes it.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -28,6 +30,7 @@ const NS_SASL: &str = "urn:ietf:params:xml:ns:xmpp-sasl";
 const NS_SASL2: &str = "urn:xmpp:sasl:2";
 const NS_BIND2: &str = "urn:xmpp:bind:0";
 const NS_FAST: &str = "urn:xmpp:fast:0";
+const NS_SM: &str = "urn:xmpp:sm:3";
 /// The XEP-0484 mechanism the bench uses: HMAC-SHA-256 of the token, no channel binding.
 const HT: &str = "HT-SHA-256-NONE";
 /// The Bind 2 tag (XEP-0386 §3): the server binds `<tag>.<id>`.
@@ -97,24 +100,53 @@ pub enum LoginMode {
     /// token (HT-SHA-256-NONE, one round trip, no PBKDF2) over a TLS 1.3 connection that
     /// resumes the installation's previous session with a ticket (RFC 8446 §2.2).
     Fast,
+    /// As `fast`, and the first login also enables XEP-0198 with resumption inside Bind 2;
+    /// every later login carries `<resume previd h/>` in the same `<authenticate/>`
+    /// (XEP-0198 §5 inline in XEP-0388), as Conversations and Monal reconnect. A resumed
+    /// session sends no roster get and no initial presence (its state was kept); a refused
+    /// resumption binds anew, with roster and presence, and is counted.
+    FastResume,
+}
+
+impl LoginMode {
+    /// Whether later logins use a FAST token over a resumed TLS session.
+    pub fn uses_token(self) -> bool {
+        matches!(self, LoginMode::Fast | LoginMode::FastResume)
+    }
 }
 
 /// One client installation across its reconnects: its own TLS session store, its stable
-/// XEP-0388 user-agent id, and its FAST token with the count of its uses.
+/// XEP-0388 user-agent id, its FAST token with the count of its uses, and (`fast-resume`)
+/// its XEP-0198 session.
 pub struct Installation {
     tls: Arc<rustls::ClientConfig>,
     agent_id: String,
     token: Option<String>,
     /// XEP-0484 §4: `count` must rise on every use of a token, failed or not.
     count: u64,
+    /// Whether its logins enable XEP-0198 resumption and resume (`fast-resume`).
+    stream_management: bool,
+    /// The resumable XEP-0198 session the server granted it last.
+    sm: Option<SmSession>,
+}
+
+/// A resumable XEP-0198 session as its client knows it (§3–§5).
+struct SmSession {
+    /// `<enabled id/>`: what `<resume previd/>` names.
+    id: String,
+    /// Stanzas received and handled since `<enabled/>` (§4 `h`, modulo 2^32): shared with
+    /// the connection that reads them, kept across its end for the resumption.
+    handled: Arc<AtomicU32>,
+    /// `<enabled max/>`: how long the server keeps it after a lost connection, s.
+    max: Option<u64>,
 }
 
 impl Installation {
-    /// User `i`'s installation on `base`'s TLS settings. `fast` gives it a session store of
-    /// its own, so its reconnect resumes its own session and no other client's; without
-    /// it every handshake is full, as [`tls_config`]'s.
-    pub fn new(base: &Arc<rustls::ClientConfig>, i: u32, fast: bool) -> Installation {
-        let tls = if fast {
+    /// User `i`'s installation on `base`'s TLS settings for `mode`. A mode with FAST
+    /// tokens gives it a session store of its own, so its reconnect resumes its own session
+    /// and no other client's; otherwise every handshake is full, as [`tls_config`]'s.
+    pub fn new(base: &Arc<rustls::ClientConfig>, i: u32, mode: LoginMode) -> Installation {
+        let tls = if mode.uses_token() {
             let mut cfg = (**base).clone();
             // TLS 1.3 tickets are single-use (RFC 8446 §C.4); the server sends a few per
             // connection, so a small store always holds a fresh one.
@@ -128,7 +160,15 @@ impl Installation {
             agent_id: agent_id(i),
             token: None,
             count: 0,
+            stream_management: mode == LoginMode::FastResume,
+            sm: None,
         }
+    }
+
+    /// The XEP-0198 window the server granted this installation's session (`<enabled
+    /// max/>`, s), if it has one.
+    pub fn sm_window(&self) -> Option<u64> {
+        self.sm.as_ref().and_then(|s| s.max)
     }
 }
 
@@ -225,6 +265,8 @@ pub struct Conn<S> {
     io: S,
     framer: Framer,
     rbuf: Vec<u8>,
+    /// XEP-0198 §4: stanzas handled since `<enabled/>`, once stream management is on.
+    sm: Option<Arc<AtomicU32>>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
@@ -233,7 +275,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             io,
             framer: Framer::new(MAX_ELEMENT),
             rbuf: vec![0u8; 4096],
+            sm: None,
         }
+    }
+
+    /// The next frame already read, if one is complete. With stream management on, a
+    /// stanza counts as handled as it is taken (XEP-0198 §4: every `<message/>`,
+    /// `<presence/>` and `<iq/>` after `<enabled/>`, whatever the client then does with it).
+    fn next_frame(&mut self) -> Result<Option<Frame>, String> {
+        let f = self.framer.next_frame()?;
+        if let (Some(Frame::Element(e)), Some(h)) = (&f, &self.sm) {
+            if matches!(e.name.as_str(), "message" | "presence" | "iq") {
+                h.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(f)
+    }
+
+    /// The answer to the server's `<r/>` (XEP-0198 §4), when `e` is one and stream
+    /// management is on. The server asks again only once it has its answer, so every
+    /// request is answered, during the login too: unanswered, its unacknowledged stanzas
+    /// pile up until it closes the stream.
+    fn ack_for(&self, e: &Element) -> Option<String> {
+        let h = self.sm.as_ref().filter(|_| e.name == "r")?;
+        Some(format!(
+            "<a xmlns='{NS_SM}' h='{}'/>",
+            h.load(Ordering::Relaxed)
+        ))
     }
 
     async fn send(&mut self, s: &str) -> Result<(), String> {
@@ -247,7 +315,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// Reads until one frame is complete.
     async fn frame(&mut self) -> Result<Frame, String> {
         loop {
-            if let Some(f) = self.framer.next_frame()? {
+            if let Some(f) = self.next_frame()? {
+                if let Frame::Element(e) = &f {
+                    if let Some(a) = self.ack_for(e) {
+                        self.send(&a).await?;
+                        continue;
+                    }
+                }
                 return Ok(f);
             }
             let n = self
@@ -492,6 +566,12 @@ pub struct LoggedIn {
     pub resumed: bool,
     /// The login used a FAST token (XEP-0484).
     pub fast: bool,
+    /// The login resumed the installation's XEP-0198 session (`<resumed/>` in the
+    /// `<success/>`): no roster get, no initial presence, the session's state kept.
+    pub sm_resumed: bool,
+    /// The login asked to resume and the server refused (`<failed/>`): a new resource
+    /// was bound instead, with roster get and initial presence.
+    pub sm_failed: bool,
 }
 
 /// The whole login of user `i`: STARTTLS, SCRAM, bind, roster get, initial presence.
@@ -552,6 +632,8 @@ pub async fn login_with_presence(
         negotiated,
         resumed: false,
         fast: false,
+        sm_resumed: false,
+        sm_failed: false,
     })
 }
 
@@ -567,25 +649,58 @@ pub async fn login_as(
 ) -> Result<LoggedIn, String> {
     match mode {
         LoginMode::Sasl1 => login_with_presence(target, i, source, initial).await,
-        LoginMode::Sasl2 | LoginMode::Fast => {
+        LoginMode::Sasl2 | LoginMode::Fast | LoginMode::FastResume => {
             let (mut conn, features) = open_secure_with(target, &inst.tls, source).await?;
             let tls = conn.io.get_ref().1;
             let resumed = tls.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
             let auth = features
                 .child("authentication")
                 .ok_or("server does not offer SASL2 (XEP-0388)")?;
-            let (mech, fast) = match (mode, inst.token.clone()) {
-                (LoginMode::Fast, Some(token)) => {
-                    fast_login(&mut conn, target, auth, i, &token, inst).await?;
-                    (HT.to_string(), true)
+            // XEP-0198 §5 inline in XEP-0388: the session the installation left, with the
+            // stanzas it handled, resumed in the same round trip as the authentication.
+            let resume = inst
+                .sm
+                .as_ref()
+                .filter(|_| inst.stream_management)
+                .map(|s| {
+                    format!(
+                        "<resume xmlns='{NS_SM}' previd='{}' h='{}'/>",
+                        escape(&s.id),
+                        s.handled.load(Ordering::Relaxed)
+                    )
+                })
+                .unwrap_or_default();
+            let (mech, fast, success) = match (mode.uses_token(), inst.token.clone()) {
+                (true, Some(token)) => {
+                    let s = fast_login(&mut conn, target, auth, i, &token, inst, &resume).await?;
+                    (HT.to_string(), true, s)
                 }
-                _ => {
-                    let want = mode == LoginMode::Fast;
-                    let hash = sasl2_password_login(&mut conn, target, auth, i, inst, want).await?;
-                    (hash.mechanism().to_string(), false)
+                (want, _) => {
+                    let (hash, s) =
+                        sasl2_password_login(&mut conn, target, auth, i, inst, want, &resume)
+                            .await?;
+                    (hash.mechanism().to_string(), false, s)
                 }
             };
             let negotiated = negotiated(conn.io.get_ref().1, &mech);
+            let sm_failed = !resume.is_empty();
+            match sasl2_outcome(&success, target, i, inst)? {
+                Outcome::Resumed(handled) => {
+                    // XEP-0198 §5: the session goes on as it was; what the server had not
+                    // seen acknowledged comes again and is counted as it is read.
+                    conn.sm = Some(handled);
+                    return Ok(LoggedIn {
+                        conn,
+                        roster: RosterSummary::default(),
+                        negotiated,
+                        resumed,
+                        fast,
+                        sm_resumed: true,
+                        sm_failed: false,
+                    });
+                }
+                Outcome::Bound(handled) => conn.sm = handled,
+            }
             // XEP-0388 §2.6: no stream restart after a SASL2 success; the resource is bound
             // (checked in the success), so the session's stanzas follow at once.
             let roster = fetch_roster(&mut conn).await?;
@@ -596,23 +711,88 @@ pub async fn login_as(
                 negotiated,
                 resumed,
                 fast,
+                sm_resumed: false,
+                sm_failed,
             })
         }
     }
 }
 
+/// What a SASL2 `<success/>` gave the installation.
+enum Outcome {
+    /// XEP-0198 `<resumed/>` of its session, whose count goes on.
+    Resumed(Arc<AtomicU32>),
+    /// A resource bound (XEP-0386), with the count of its new XEP-0198 session if the
+    /// installation enabled stream management.
+    Bound(Option<Arc<AtomicU32>>),
+}
+
+/// Reads user `i`'s SASL2 `<success/>`: `<resumed/>` of the installation's XEP-0198
+/// session (checked to name it, for a full JID of the user), or `<bound/>` (checked as
+/// [`check_bound`]) and, when the installation asked for it, the `<enabled/>` inside it,
+/// whose session a later login resumes.
+fn sasl2_outcome(
+    success: &Element,
+    target: &Target,
+    i: u32,
+    inst: &mut Installation,
+) -> Result<Outcome, String> {
+    if let Some(r) = success.child("resumed") {
+        let sm = inst
+            .sm
+            .as_ref()
+            .ok_or("sasl2: <resumed/> without a <resume/> asked")?;
+        if r.attr("previd") != Some(sm.id.as_str()) {
+            return Err(format!(
+                "sasl2: <resumed previd={:?}/> is not the session {:?}",
+                r.attr("previd"),
+                sm.id
+            ));
+        }
+        check_full_jid(success, target, i)?;
+        return Ok(Outcome::Resumed(sm.handled.clone()));
+    }
+    check_bound(success, target, i)?;
+    if !inst.stream_management {
+        return Ok(Outcome::Bound(None));
+    }
+    let enabled = success
+        .child("bound")
+        .and_then(|b| b.child("enabled"))
+        .filter(|e| e.attr("resume") == Some("true"))
+        .ok_or("sasl2: no resumable <enabled/> in <bound/> (XEP-0198 refused)")?;
+    let id = enabled
+        .attr("id")
+        .ok_or("sasl2: <enabled resume='true'/> without an id")?;
+    let handled = Arc::new(AtomicU32::new(0));
+    inst.sm = Some(SmSession {
+        id: id.to_string(),
+        handled: handled.clone(),
+        max: enabled.attr("max").and_then(|m| m.parse().ok()),
+    });
+    Ok(Outcome::Bound(Some(handled)))
+}
+
 /// `<user-agent/>` (XEP-0388 §2.2.1) and `<bind/>` (XEP-0386 §3), as every SASL2
-/// `<authenticate/>` of the bench carries them.
-fn agent_and_bind(inst: &Installation) -> String {
+/// `<authenticate/>` of the bench carries them; `fast-resume` enables XEP-0198 with
+/// resumption inside the bind (XEP-0386 §3.2), after `resume` (XEP-0198 §5 inline, empty
+/// when there is nothing to resume): the bind applies only if the resumption fails.
+fn agent_and_bind(inst: &Installation, resume: &str) -> String {
+    let enable = if inst.stream_management {
+        format!("<enable xmlns='{NS_SM}' resume='true'/>")
+    } else {
+        String::new()
+    };
     format!(
         "<user-agent id='{}'><software>presenced-bench</software></user-agent>\
-         <bind xmlns='{NS_BIND2}'><tag>{BIND2_TAG}</tag></bind>",
+         {resume}<bind xmlns='{NS_BIND2}'><tag>{BIND2_TAG}</tag>{enable}</bind>",
         escape(&inst.agent_id)
     )
 }
 
 /// SASL2 SCRAM with the password (XEP-0388 §2.3–2.6), asking for a FAST token when
-/// `request_token` (XEP-0484 §3.2). Returns the SCRAM variant.
+/// `request_token` (XEP-0484 §3.2), with `resume` inline (see [`agent_and_bind`]).
+/// Returns the SCRAM variant and the `<success/>`, its bind or resumption not yet read.
 async fn sasl2_password_login<S: AsyncRead + AsyncWrite + Unpin>(
     conn: &mut Conn<S>,
     target: &Target,
@@ -620,7 +800,8 @@ async fn sasl2_password_login<S: AsyncRead + AsyncWrite + Unpin>(
     i: u32,
     inst: &mut Installation,
     request_token: bool,
-) -> Result<ScramHash, String> {
+    resume: &str,
+) -> Result<(ScramHash, Element), String> {
     let offered: Vec<&str> = auth
         .children
         .iter()
@@ -643,7 +824,7 @@ async fn sasl2_password_login<S: AsyncRead + AsyncWrite + Unpin>(
          {}{request}</authenticate>",
         hash.mechanism(),
         B64.encode(scram.first()),
-        agent_and_bind(inst)
+        agent_and_bind(inst, resume)
     ))
     .await?;
     let success = scram_round(conn, &mut scram, target, NS_SASL2, "sasl2").await?;
@@ -657,7 +838,6 @@ async fn sasl2_password_login<S: AsyncRead + AsyncWrite + Unpin>(
     scram
         .verify(&decode_b64_text(server_final)?)
         .map_err(|e| e.to_string())?;
-    check_bound(&success, target, i)?;
     if request_token {
         let token = success
             .child("token")
@@ -665,14 +845,16 @@ async fn sasl2_password_login<S: AsyncRead + AsyncWrite + Unpin>(
             .ok_or("sasl2: <request-token/> answered without a <token/>")?;
         inst.token = Some(token.to_string());
     }
-    Ok(hash)
+    Ok((hash, success))
 }
 
 /// XEP-0484 §3.3: the token logs in in one round trip. The initial response is the
 /// username, NUL, and HMAC-SHA-256 keyed with the token over "Initiator" (channel binding
 /// data empty for -NONE); the server proves it holds the token with the HMAC over
 /// "Responder" in `<additional-data/>`, which is checked. A new `<token/>` (rotation) is
-/// kept; a refused token is dropped, so the next attempt uses the password.
+/// kept; a refused token is dropped, so the next attempt uses the password. `resume` goes
+/// inline (see [`agent_and_bind`]); returns the `<success/>`, its bind or resumption not
+/// yet read.
 async fn fast_login<S: AsyncRead + AsyncWrite + Unpin>(
     conn: &mut Conn<S>,
     target: &Target,
@@ -680,7 +862,8 @@ async fn fast_login<S: AsyncRead + AsyncWrite + Unpin>(
     i: u32,
     token: &str,
     inst: &mut Installation,
-) -> Result<(), String> {
+    resume: &str,
+) -> Result<Element, String> {
     if !offers_fast(auth) {
         return Err(format!("server does not offer {HT} in SASL2's <inline/>"));
     }
@@ -691,7 +874,7 @@ async fn fast_login<S: AsyncRead + AsyncWrite + Unpin>(
         "<authenticate xmlns='{NS_SASL2}' mechanism='{HT}'><initial-response>{}</initial-response>\
          {}<fast xmlns='{NS_FAST}' count='{}'/></authenticate>",
         B64.encode(initial),
-        agent_and_bind(inst),
+        agent_and_bind(inst, resume),
         inst.count
     ))
     .await?;
@@ -713,11 +896,10 @@ async fn fast_login<S: AsyncRead + AsyncWrite + Unpin>(
     if proof != hmac_sha256(token.as_bytes(), b"Responder") {
         return Err("fast: the server's proof does not match the token".into());
     }
-    check_bound(&answer, target, i)?;
     if let Some(t) = answer.child("token").and_then(|t| t.attr("token")) {
         inst.token = Some(t.to_string());
     }
-    Ok(())
+    Ok(answer)
 }
 
 /// Whether SASL2's `<inline/>` offers [`HT`] (XEP-0484 §3.1).
@@ -733,6 +915,11 @@ fn check_bound(success: &Element, target: &Target, i: u32) -> Result<(), String>
     if success.child("bound").is_none() {
         return Err("sasl2: no <bound/> in <success/> (Bind 2 refused)".into());
     }
+    check_full_jid(success, target, i)
+}
+
+/// The `<success/>`'s `<authorization-identifier/>` is a full JID of user `i`.
+fn check_full_jid(success: &Element, target: &Target, i: u32) -> Result<(), String> {
     let jid = success
         .child("authorization-identifier")
         .map(|a| a.text.trim())
@@ -897,6 +1084,9 @@ pub struct StormBoard {
     pub epoch: AtomicU64,
     /// watcher → contact → `now_ns()` of the arrival.
     pub seen: Mutex<HashMap<String, HashMap<String, u64>>>,
+    /// Contacts an unavailable of whose (from a full JID) reached any watcher since the
+    /// storm began: told gone, so a XEP-0198 resumption alone does not restore them.
+    pub gone: Mutex<HashSet<String>>,
 }
 
 impl StormBoard {
@@ -905,6 +1095,9 @@ impl StormBoard {
         if let Ok(mut s) = self.seen.lock() {
             self.epoch.store(epoch, Ordering::Relaxed);
             s.clear();
+        }
+        if let Ok(mut g) = self.gone.lock() {
+            g.clear();
         }
     }
 
@@ -944,6 +1137,9 @@ impl StormBoard {
                     if let Some(m) = s.get_mut(watcher) {
                         m.remove(contact);
                     }
+                }
+                if let Ok(mut g) = self.gone.lock() {
+                    g.insert(contact.to_string());
                 }
             }
             Some(_) => {}
@@ -1076,17 +1272,22 @@ pub async fn run(
     let mut last_seq: HashMap<String, u64> = HashMap::new();
     let mut pending_roster: Option<tokio::sync::oneshot::Sender<Vec<String>>> = None;
     let mut csi = CsiState::default();
-    if mode == Mode::Storm {
+    // A resumed XEP-0198 session is the same session: what reached it stays.
+    if mode == Mode::Storm && !logged.sm_resumed {
         shared.storm.connected(&own_bare);
     }
     let result: Result<(), String> = async {
         loop {
-            while let Some(frame) = conn.framer.next_frame()? {
+            while let Some(frame) = conn.next_frame()? {
                 let el = match frame {
                     Frame::Element(e) => e,
                     Frame::StreamClose => return Err("server closed the stream".into()),
                     Frame::StreamOpen(_) => return Err("unexpected stream header".into()),
                 };
+                if let Some(a) = conn.ack_for(&el) {
+                    conn.send(&a).await?;
+                    continue;
+                }
                 let now = now_ns();
                 shared.stanzas_in.fetch_add(1, Ordering::Relaxed);
                 match el.name.as_str() {
@@ -1417,6 +1618,39 @@ pub fn source_addr(i: u32, count: u32) -> IpAddr {
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn stanzas_count_as_handled_and_every_request_is_answered_with_the_count() {
+        let (ours, mut server) = tokio::io::duplex(4096);
+        let mut conn = Conn::new(ours);
+        conn.framer.feed(b"<stream:stream version='1.0'>");
+        assert!(matches!(conn.next_frame(), Ok(Some(Frame::StreamOpen(_)))));
+        // Before <enabled/> nothing is counted.
+        conn.framer.feed(b"<presence/>");
+        conn.next_frame().expect("frame");
+        let handled = Arc::new(AtomicU32::new(0));
+        conn.sm = Some(handled.clone());
+        conn.framer.feed(
+            b"<presence/><iq type='get' id='p'/><r xmlns='urn:xmpp:sm:3'/>\
+              <message><body>x</body></message><a xmlns='urn:xmpp:sm:3' h='0'/>",
+        );
+        // The request is answered as it is read, with the stanzas before it; nonzas (the
+        // request, the server's own ack) are not counted.
+        match conn.frame().await.expect("frame") {
+            Frame::Element(e) => assert_eq!(e.name, "presence"),
+            other => panic!("{other:?}"),
+        }
+        conn.frame().await.expect("iq");
+        match conn.frame().await.expect("frame") {
+            Frame::Element(e) => assert_eq!(e.name, "message"),
+            other => panic!("{other:?}"),
+        }
+        conn.frame().await.expect("a");
+        assert_eq!(handled.load(Ordering::Relaxed), 3);
+        let mut sent = vec![0u8; 64];
+        let n = server.read(&mut sent).await.expect("ack");
+        assert_eq!(&sent[..n], b"<a xmlns='urn:xmpp:sm:3' h='2'/>");
+    }
+
     #[test]
     fn source_addresses_stay_in_loopback_and_cycle() {
         assert_eq!(source_addr(0, 50), IpAddr::from([127, 0, 0, 2]));
@@ -1586,8 +1820,11 @@ mod tests {
         // A probe's answer from the bare JID leaves it; the session's end takes it back.
         got("<presence from='u2@d' type='unavailable'/>", 6);
         assert_eq!(board.arrival("u1@d", "u2@d"), Some(4));
+        assert!(board.gone.lock().unwrap().is_empty());
         got("<presence from='u2@d/b' type='unavailable'/>", 7);
         assert_eq!(board.arrival("u1@d", "u2@d"), None);
+        // An end told to a watcher: a XEP-0198 resumption alone no longer restores u2.
+        assert!(board.gone.lock().unwrap().contains("u2@d"));
         got(
             "<presence from='u2@d/b'><status>s1 2</status></presence>",
             8,
@@ -1608,6 +1845,7 @@ mod tests {
         );
         board.begin(3);
         assert_eq!(board.arrival("u1@d", "u2@d"), None);
+        assert!(board.gone.lock().unwrap().is_empty());
         got(
             "<presence from='u2@d/b'><status>s1 2</status></presence>",
             11,

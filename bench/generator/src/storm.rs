@@ -16,12 +16,17 @@
 //! * **relogin**: every client closes its stream (`</stream:stream>`); once the server is
 //!   quiet, all log in again through `--login-concurrency` as the first logins did, with
 //!   no back-off. This is the window for the CPU per reconnect (server and stores, from
-//!   /proc), free of the work of dropped connections.
+//!   /proc), free of the work of dropped connections. With `--login fast-resume` every
+//!   client socket is closed instead, without `</stream:stream>` (a phone losing its
+//!   network), so the server keeps each session detached for its XEP-0198 window; after
+//!   the same pause all come back through the same concurrency and resume inline.
 //!
 //! With `--login fast` a client's first login is SASL2 with its password and a token
 //! request, and every later one a FAST login with that token over a resumed TLS session
-//! (session.rs, [`Installation`](crate::session::Installation)); the logins, resumed
-//! handshakes and FAST logins of each window are counted.
+//! (session.rs, [`Installation`](crate::session::Installation)); `fast-resume` adds
+//! XEP-0198: enabled with resumption in the first login's Bind 2, resumed inline in every
+//! later `<authenticate/>`. The logins, resumed handshakes, FAST logins, XEP-0198
+//! resumptions and refused resumptions of each window are counted.
 //!
 //! The client model is that of XEP-0198-less clients: a client that lost its connection
 //! waits a random delay in `[--backoff-min, --backoff-max]` s (1–5 s) before its first
@@ -37,7 +42,10 @@
 //! it is logged in again and each of its K watchers has its presence of this storm: the
 //! time is the arrival at the last of them, counted from the drop (the cut, or the stop
 //! of the server). Presences of sessions from before the storm (a probe answered from a
-//! session the server still holds) do not count.
+//! session the server still holds) do not count. A session resumed with XEP-0198 sends no
+//! new presence: its watchers keep the one they had, so it is restored when it is resumed,
+//! unless an unavailable of it reached any watcher since the storm began (its contacts
+//! were told it was gone: then only a new presence of this storm restores it).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -197,6 +205,10 @@ pub struct LoginCost {
     /// Of those, over a resumed TLS session, and with a FAST token.
     pub resumed: u64,
     pub fast: u64,
+    /// Of those, resuming a XEP-0198 session, and asking to resume but refused (bound
+    /// anew instead).
+    pub sm_resumed: u64,
+    pub sm_failed: u64,
     /// CPU seconds of the server and of its stores (None: not watched) over the window.
     pub cpu_s: Option<f64>,
     pub store_cpu_s: Option<f64>,
@@ -217,6 +229,8 @@ struct Mark {
     logins: u64,
     resumed: u64,
     fast: u64,
+    sm_resumed: u64,
+    sm_failed: u64,
 }
 
 async fn mark(probe: &Option<ServerProbe>, stores: &StoreProbe, counts: &Counts) -> Mark {
@@ -226,6 +240,8 @@ async fn mark(probe: &Option<ServerProbe>, stores: &StoreProbe, counts: &Counts)
         logins: counts.logins.load(Ordering::Relaxed),
         resumed: counts.resumed.load(Ordering::Relaxed),
         fast: counts.fast.load(Ordering::Relaxed),
+        sm_resumed: counts.sm_resumed.load(Ordering::Relaxed),
+        sm_failed: counts.sm_failed.load(Ordering::Relaxed),
     }
 }
 
@@ -240,6 +256,8 @@ async fn cost_since(
         logins: now.logins - m.logins,
         resumed: now.resumed - m.resumed,
         fast: now.fast - m.fast,
+        sm_resumed: now.sm_resumed - m.sm_resumed,
+        sm_failed: now.sm_failed - m.sm_failed,
         cpu_s: now.server.zip(m.server).map(|(a, b)| a - b),
         store_cpu_s: stores
             .enabled()
@@ -297,6 +315,9 @@ pub struct StormReport {
     /// How the clients logged in, and the first logins' CPU.
     pub login: Option<LoginMode>,
     pub first: LoginCost,
+    /// The shortest XEP-0198 resumption window the server granted a client (`<enabled
+    /// max/>`, s), when they enabled it: the relogin pause and the back-off fit in it.
+    pub sm_window_s: Option<u64>,
     /// What the logins negotiated (TLS version, cipher suite, SASL mechanism).
     pub negotiated: Vec<String>,
     pub storms: Vec<(Cause, StormFigures)>,
@@ -316,11 +337,14 @@ pub fn time_by(times: &[f64], n: u64, share: f64) -> Option<f64> {
 }
 
 /// A driver's order to one user's task.
+#[derive(Debug, Clone, Copy)]
 enum UserCmd {
     Cut,
     Close,
     /// Close the stream and wait for Resume.
     Park,
+    /// Close the socket without closing the stream (as Cut) and wait for Resume.
+    CutPark,
     Resume,
 }
 
@@ -331,10 +355,18 @@ struct Counts {
     failed: [AtomicU64; 4],
     /// Per user: `now_ns()` of its latest completed login.
     back_at: Vec<AtomicU64>,
-    /// Completed logins; of those over a resumed TLS session, and with a FAST token.
+    /// Completed logins; of those over a resumed TLS session, with a FAST token,
+    /// resuming a XEP-0198 session, and refused a XEP-0198 resumption.
     logins: AtomicU64,
     resumed: AtomicU64,
     fast: AtomicU64,
+    sm_resumed: AtomicU64,
+    sm_failed: AtomicU64,
+    /// Per user: `now_ns()` of its latest login if that login resumed its XEP-0198
+    /// session, else 0.
+    sm_resumed_at: Vec<AtomicU64>,
+    /// The shortest XEP-0198 window granted (s; u64::MAX: none).
+    sm_window_s: AtomicU64,
 }
 
 /// Runs the storms and returns their figures.
@@ -354,6 +386,10 @@ pub async fn run(
         logins: AtomicU64::new(0),
         resumed: AtomicU64::new(0),
         fast: AtomicU64::new(0),
+        sm_resumed: AtomicU64::new(0),
+        sm_failed: AtomicU64::new(0),
+        sm_resumed_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        sm_window_s: AtomicU64::new(u64::MAX),
     });
     // A vanished server process (a restart) must not end the run: no probe, no CPU.
     let probe = ServerProbe::new(plan.server_pids.clone())
@@ -416,6 +452,15 @@ pub async fn run(
     // Read as soon as presence has settled, as the timed run's logins.
     rep.first = cost_since(&first_mark, &probe, &plan.stores, &counts).await;
     rep.login = Some(plan.login);
+    rep.sm_window_s = Some(counts.sm_window_s.load(Ordering::Relaxed)).filter(|&w| w != u64::MAX);
+    if let Some(w) = rep.sm_window_s {
+        if Duration::from_secs(w) <= RELOGIN_PAUSE + plan.login_timeout {
+            eprintln!(
+                "storm: the server keeps a lost session {w} s, not past the relogin pause \
+                 and a login: resumptions will be refused"
+            );
+        }
+    }
     crate::wait_quiet(
         &shared,
         Duration::from_millis(500),
@@ -519,17 +564,28 @@ async fn storm(
             .map(|p| p.sample().rss_kb)
     };
     fig.rss_kb_before = rss(pids.as_slice());
+    // With XEP-0198 the relogin's sockets are cut and the sessions resumed: the storm
+    // begins before the cut, so an unavailable of a session in the pause (a session the
+    // server did not keep) is seen.
+    let resuming = cause == Cause::Relogin && plan.login == LoginMode::FastResume;
     // Returning sessions name this storm in their initial presence from now on.
-    if cause != Cause::Relogin {
+    if cause != Cause::Relogin || resuming {
         shared.storm.begin(epoch);
     }
     let mut restarted = false;
     if cause == Cause::Relogin {
         // Every stream closed and the server done with them before the window opens, so
-        // it holds the logins' work only.
-        eprintln!("storm relogin: closing every stream");
+        // it holds the logins' work only. fast-resume: every socket closed without a
+        // stream close, the sessions detached and kept (XEP-0198 §5), none announced.
+        let park = if resuming {
+            eprintln!("storm relogin: closing every client socket (sessions kept for resumption)");
+            UserCmd::CutPark
+        } else {
+            eprintln!("storm relogin: closing every stream");
+            UserCmd::Park
+        };
         for tx in users {
-            let _ = tx.send(UserCmd::Park).await;
+            let _ = tx.send(park).await;
         }
         let until = Instant::now() + Duration::from_secs(60);
         while counts.online.load(Ordering::Relaxed) > 0 && Instant::now() < until {
@@ -537,9 +593,14 @@ async fn storm(
         }
         // Longer than a server's grace before it tells contacts of a close (presenced's
         // [liveness] grace, 10 s by default): every login of the window is then a return
-        // the contacts hear of, however fast the logins of a mode are.
+        // the contacts hear of, however fast the logins of a mode are. fast-resume: the
+        // same pause, well within the XEP-0198 window (presenced's sm_resume_timeout,
+        // 300 s by default), past the grace, so a session the server failed to keep
+        // would have been announced by then.
         tokio::time::sleep(RELOGIN_PAUSE).await;
-        shared.storm.begin(epoch);
+        if !resuming {
+            shared.storm.begin(epoch);
+        }
     }
     let m = mark(probe, &plan.stores, counts).await;
     let attempts0 = counts.attempts.load(Ordering::Relaxed);
@@ -600,7 +661,7 @@ async fn storm(
                 peak = Some(peak.map_or(r, |p| p.max(r)));
             }
         }
-        let restored = restore_times(shared, graph, bares, fig.t0_ns).len() as u64;
+        let restored = restore_times(shared, counts, graph, bares, fig.t0_ns).len() as u64;
         if restored == n || t0.elapsed() > wait {
             if cause != Cause::Restart {
                 fig.cost = cost_since(&m, probe, &plan.stores, counts).await;
@@ -623,7 +684,7 @@ async fn storm(
     fig.back = back.len() as u64;
     fig.back_99_s = time_by(&back, n, 0.99);
     fig.back_100_s = time_by(&back, n, 1.0);
-    let restored = restore_times(shared, graph, bares, fig.t0_ns);
+    let restored = restore_times(shared, counts, graph, bares, fig.t0_ns);
     fig.restored = restored.len() as u64;
     fig.restored_50_s = time_by(&restored, n, 0.5);
     fig.restored_99_s = time_by(&restored, n, 0.99);
@@ -635,7 +696,7 @@ async fn storm(
             plan.watch_secs
         );
         tokio::time::sleep(Duration::from_secs(plan.watch_secs)).await;
-        let still = restore_times(shared, graph, bares, fig.t0_ns).len() as u64;
+        let still = restore_times(shared, counts, graph, bares, fig.t0_ns).len() as u64;
         fig.taken_back = fig.restored.saturating_sub(still);
         fig.watched_s = plan.watch_secs as f64;
     }
@@ -648,14 +709,30 @@ async fn storm(
 }
 
 /// For each restored session, the seconds from `t0_ns` to its presence's arrival at the
-/// last of its watchers (a session of the mutual graph is watched by its contacts).
-fn restore_times(shared: &Shared, graph: &ContactGraph, bares: &[String], t0_ns: u64) -> Vec<f64> {
+/// last of its watchers (a session of the mutual graph is watched by its contacts), or,
+/// for a session resumed with XEP-0198 since `t0_ns` whose watchers were told of no end
+/// of it in this storm, to its resumption (its watchers kept the presence they had).
+fn restore_times(
+    shared: &Shared,
+    counts: &Counts,
+    graph: &ContactGraph,
+    bares: &[String],
+    t0_ns: u64,
+) -> Vec<f64> {
     let Ok(seen) = shared.storm.seen.lock() else {
+        return Vec::new();
+    };
+    let Ok(gone) = shared.storm.gone.lock() else {
         return Vec::new();
     };
     let empty = HashMap::new();
     let mut out = Vec::new();
     'users: for (i, bare) in bares.iter().enumerate() {
+        let resumed_at = counts.sm_resumed_at[i].load(Ordering::Relaxed);
+        if resumed_at > t0_ns && !gone.contains(bare) {
+            out.push((resumed_at - t0_ns) as f64 / 1e9);
+            continue;
+        }
         let mut last = 0u64;
         for w in graph.contacts(i as u32) {
             let at = seen
@@ -698,7 +775,7 @@ impl User {
         let mut failed: u32 = 0;
         let mut lost = false;
         let bare = self.target.bare(self.i);
-        let mut inst = Installation::new(&self.target.tls, self.i, self.login == LoginMode::Fast);
+        let mut inst = Installation::new(&self.target.tls, self.i, self.login);
         loop {
             if lost || failed > 0 {
                 let wait = tokio::time::sleep(self.backoff.delay(failed, rng.gen()));
@@ -708,7 +785,7 @@ impl User {
                         _ = &mut wait => break,
                         cmd = rx.recv() => match cmd {
                             Some(UserCmd::Close) | None => return,
-                            Some(UserCmd::Cut | UserCmd::Park | UserCmd::Resume) => {} // already down
+                            Some(UserCmd::Cut | UserCmd::Park | UserCmd::CutPark | UserCmd::Resume) => {} // already down
                         }
                     }
                 }
@@ -765,6 +842,21 @@ impl User {
             if logged.fast {
                 self.counts.fast.fetch_add(1, Ordering::Relaxed);
             }
+            if logged.sm_resumed {
+                self.counts.sm_resumed.fetch_add(1, Ordering::Relaxed);
+            }
+            if logged.sm_failed {
+                self.counts.sm_failed.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(w) = inst.sm_window() {
+                self.counts.sm_window_s.fetch_min(w, Ordering::Relaxed);
+            }
+            let resumed_at = if logged.sm_resumed {
+                session::now_ns()
+            } else {
+                0
+            };
+            self.counts.sm_resumed_at[self.i as usize].store(resumed_at, Ordering::Relaxed);
             self.counts.back_at[self.i as usize].store(session::now_ns(), Ordering::Relaxed);
             self.counts.online.fetch_add(1, Ordering::Relaxed);
             let (tx, srx) = mpsc::channel(4);
@@ -776,18 +868,18 @@ impl User {
                 self.shared.clone(),
                 srx,
             ));
-            let closing = loop {
+            let (closing, parked) = loop {
                 tokio::select! {
-                    _ = &mut h => break None, // lost: the server ended it
+                    _ = &mut h => break (None, false), // lost: the server ended it
                     cmd = rx.recv() => match cmd {
-                        Some(UserCmd::Cut) => break Some(Command::Leave { drop: true }),
-                        Some(UserCmd::Park) => break Some(Command::Leave { drop: false }),
-                        Some(UserCmd::Close) | None => break Some(Command::Close),
+                        Some(UserCmd::Cut) => break (Some(Command::Leave { drop: true }), false),
+                        Some(UserCmd::Park) => break (Some(Command::Leave { drop: false }), true),
+                        Some(UserCmd::CutPark) => break (Some(Command::Leave { drop: true }), true),
+                        Some(UserCmd::Close) | None => break (Some(Command::Close), false),
                         Some(UserCmd::Resume) => {} // not parked: nothing to do
                     }
                 }
             };
-            let parked = matches!(closing, Some(Command::Leave { drop: false }));
             self.counts.online.fetch_sub(1, Ordering::Relaxed);
             lost = true;
             match closing {
@@ -808,7 +900,7 @@ impl User {
                     match rx.recv().await {
                         Some(UserCmd::Resume) => break,
                         Some(UserCmd::Close) | None => return,
-                        Some(UserCmd::Cut | UserCmd::Park) => {}
+                        Some(UserCmd::Cut | UserCmd::Park | UserCmd::CutPark) => {}
                     }
                 }
                 lost = false;
@@ -850,6 +942,7 @@ pub fn to_json(r: &StormReport) -> String {
             json_str(r.login.map_or("sasl1", login_name)),
         ),
         ("negotiated".into(), json_strs(&r.negotiated)),
+        ("sm_window_s".into(), num(r.sm_window_s.map(|w| w as f64))),
     ];
     cost_json(&mut f, "first", &r.first);
     for (cause, s) in &r.storms {
@@ -891,16 +984,19 @@ pub fn login_name(m: LoginMode) -> &'static str {
         LoginMode::Sasl1 => "sasl1",
         LoginMode::Sasl2 => "sasl2",
         LoginMode::Fast => "fast",
+        LoginMode::FastResume => "fast-resume",
     }
 }
 
-/// `<prefix>_logins`, `_resumed`, `_fast`, `_cpu_s`, `_store_cpu_s` and
-/// `_total_cpu_ms_per_login` (server plus stores).
+/// `<prefix>_logins`, `_resumed` (TLS), `_fast`, `_sm_resumed` and `_sm_failed`
+/// (XEP-0198), `_cpu_s`, `_store_cpu_s` and `_total_cpu_ms_per_login` (server plus stores).
 fn cost_json(f: &mut Vec<(String, String)>, prefix: &str, c: &LoginCost) {
     let mut add = |k: &str, v: String| f.push((format!("{prefix}_{k}"), v));
     add("logins", c.logins.to_string());
     add("resumed", c.resumed.to_string());
     add("fast", c.fast.to_string());
+    add("sm_resumed", c.sm_resumed.to_string());
+    add("sm_failed", c.sm_failed.to_string());
     add("cpu_s", num(c.cpu_s));
     add("store_cpu_s", num(c.store_cpu_s));
     add("total_cpu_ms_per_login", num(c.total_ms_per_login()));
@@ -908,10 +1004,13 @@ fn cost_json(f: &mut Vec<(String, String)>, prefix: &str, c: &LoginCost) {
 
 fn cost_text(c: &LoginCost) -> String {
     format!(
-        "{} logins ({} resumed TLS, {} FAST), CPU server {} s + stores {} s = {} ms per login",
+        "{} logins ({} resumed TLS, {} FAST, {} XEP-0198 resumed, {} refused), \
+         CPU server {} s + stores {} s = {} ms per login",
         c.logins,
         c.resumed,
         c.fast,
+        c.sm_resumed,
+        c.sm_failed,
         c.cpu_s.map_or("?".into(), |v| format!("{v:.2}")),
         c.store_cpu_s.map_or("?".into(), |v| format!("{v:.2}")),
         c.total_ms_per_login()
@@ -922,13 +1021,15 @@ fn cost_text(c: &LoginCost) -> String {
 /// A short table of a storm run for the terminal.
 pub fn to_table(r: &StormReport) -> String {
     let mut out = format!(
-        "{}: N = {}, K = {}, login {}, first logins {}, sessions seeing all contacts {}\nfirst logins: {}\n",
+        "{}: N = {}, K = {}, login {}, first logins {}, sessions seeing all contacts {}{}\nfirst logins: {}\n",
         r.label,
         r.users,
         r.contacts,
         r.login.map_or("sasl1", login_name),
         r.logins_ok,
         r.sessions_all_contacts_seen,
+        r.sm_window_s
+            .map_or(String::new(), |w| format!(", XEP-0198 window {w} s")),
         cost_text(&r.first)
     );
     for (cause, s) in &r.storms {

@@ -638,3 +638,50 @@ async fn fast_login_mode_reconnects_with_its_token_over_a_resumed_tls_session() 
     assert!(json.contains("HT-SHA-256-NONE"), "{json}");
     ts.stop().await;
 }
+
+/// `--login fast-resume --storm cut,relogin` at N = 6, K = 2: the first logins enable
+/// XEP-0198 with resumption inside Bind 2; after the cut and again in the relogin window
+/// (sockets closed without a stream close, then a pause past the grace and the liveness
+/// TTL) every client authenticates with its FAST token over a resumed TLS session and
+/// resumes its session inline, sends no roster get and no presence, and no watcher is told
+/// of an end: every session counts as restored by its resumption alone, none taken back.
+#[tokio::test]
+async fn fast_resume_login_mode_resumes_every_session_inline_with_no_presence_flap() {
+    let ts = TestServer::start(|c| {
+        c.limits.stanzas_per_second = 10_000;
+        c.limits.stanza_burst = 10_000;
+    })
+    .await;
+    let bench = env!("CARGO_BIN_EXE_presenced-bench");
+    let common = server_args(&ts, &["-n", "6", "-k", "2"]);
+    provision(bench, &common).await;
+    let mut args: Vec<&str> = common.iter().map(String::as_str).collect();
+    args.extend(["--storm", "cut,relogin", "--login", "fast-resume"]);
+    args.extend([
+        "--storm-wait",
+        "60",
+        "--settle-secs",
+        "10",
+        "--storm-watch",
+        "3",
+    ]);
+    args.extend(["--backoff-min", "0.5", "--backoff-max", "1"]);
+    let (json, err) = run_for_json(bench, "fast-resume", &args).await;
+    let n = |k: &str| json_num(&json, k).unwrap_or_else(|| panic!("{k} in {json}\n{err}"));
+    assert_eq!(n("logins_ok"), 6.0, "{json}");
+    assert_eq!(n("first_logins"), 6.0, "{json}");
+    assert_eq!(n("first_sm_resumed"), 0.0, "{json}");
+    assert!(n("sm_window_s") > 12.0, "{json}");
+    for storm in ["cut", "relogin"] {
+        let m = |k: &str| n(&format!("{storm}_{k}"));
+        assert_eq!(m("logins"), 6.0, "{storm}: {json}\n{err}");
+        assert_eq!(m("fast"), 6.0, "{storm}: {json}\n{err}");
+        assert_eq!(m("resumed"), 6.0, "{storm}: {json}\n{err}");
+        assert_eq!(m("sm_resumed"), 6.0, "{storm}: {json}\n{err}");
+        assert_eq!(m("sm_failed"), 0.0, "{storm}: {json}\n{err}");
+        assert_eq!(m("restored"), 6.0, "{storm}: {json}\n{err}");
+        // Watched past the grace after the last resumption: nobody was told of an end.
+        assert_eq!(m("taken_back"), 0.0, "{storm}: {json}\n{err}");
+    }
+    ts.stop().await;
+}
