@@ -487,6 +487,11 @@ def load_table(metas, present):
             if m:
                 rows.append((m["started"], i + 1, m.get("position"), n, m["load_before"],
                              m.get("load_at_restart") or "", m["load_after"]))
+    # Where the processes ran (bench/run.sh PIN): said once per table, or per run when it
+    # varied. Runs recorded before pinning existed were not pinned.
+    pins = sorted({m.get("pin", "not pinned") for meta in metas for m in meta.values() if m})
+    if pins:
+        print("\nCPU placement: " + "; ".join(pins) + ".")
     if rows:
         restart = any(r[5] for r in rows)
         print("\n| run | order | server | started (UTC) | load average before |"

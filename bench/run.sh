@@ -55,6 +55,12 @@
 #                        STORM_WAIT=300 s at most per storm. One generator process.
 #   CERT_KIND=ecdsa      the certificate every server serves: ecdsa (P-256) or rsa2048
 #                        (BENCHMARKS.md, "TLS session resumption: handshake CPU")
+#   PIN=auto             where the processes run: with 2 or more cores and taskset, the
+#                        generator on CPU 0 and every server under test (with presenced's
+#                        private Redis) on the other cores, so the load never takes the
+#                        server's core; PIN=0 leaves it to the scheduler. The machine's
+#                        PostgreSQL is not pinned (it serves presenced and Prosody alike).
+#                        Recorded as "pin" in each <server>.meta.json.
 #   --record             append the results block to BENCHMARKS.md
 #   --fresh              wipe server data (re-provision) first
 #   --provision-only     provision what is missing for this N/K (untimed) and stop
@@ -76,6 +82,22 @@ REPO="$(cd "$HERE/.." && pwd)"
 N="${N:-1000}"
 K="${K:-10}"
 SERVERS="${SERVERS:-prosody ejabberd presenced embedded}"
+# CPU pinning (PIN above): GEN_PIN and SRV_PIN prefix the generator's and the servers'
+# commands, and PIN_DESC says which in the results.
+PIN="${PIN:-auto}"
+if [ "$PIN" = auto ]; then
+    if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null 2>&1; then PIN=1; else PIN=0; fi
+fi
+if [ "$PIN" = 1 ]; then
+    GEN_PIN=(taskset -c 0)
+    SRV_PIN=(taskset -c "1-$(($(nproc) - 1))")
+    if [ "$(nproc)" = 2 ]; then PIN_DESC="generator on CPU 0, server on CPU 1"
+    else PIN_DESC="generator on CPU 0, server on CPUs 1-$(($(nproc) - 1))"; fi
+else
+    GEN_PIN=()
+    SRV_PIN=()
+    PIN_DESC="not pinned"
+fi
 WORK="${BENCH_WORK:-/tmp/presenced-bench}"
 RESULTS="${RESULTS:-$WORK/results}"
 DOMAIN=bench.example
@@ -243,7 +265,7 @@ VirtualHost "$DOMAIN"
 CFG
 }
 prosody_start() {
-    prosody -F --config "$DATA/prosody/prosody.cfg.lua" >>"$DATA/prosody/stdout.log" 2>&1 &
+    "${SRV_PIN[@]}" prosody -F --config "$DATA/prosody/prosody.cfg.lua" >>"$DATA/prosody/stdout.log" 2>&1 &
     SERVER_PID=$!
     wait_port "$PROSODY_PORT" 60 "$SERVER_PID" || return 1
     SERVER_PIDS=("$SERVER_PID")
@@ -385,7 +407,7 @@ ejabberd_start() {
     # A port can be held for a moment by another program (eaddrinuse, and ejabberd exits),
     # most likely when PORT variables put it in the ephemeral range. Then try again.
     for try in 1 2 3; do
-        ejabberdctl --ctl-config "$d/ejabberdctl.cfg" foreground >>"$d/stdout.log" 2>&1 &
+        "${SRV_PIN[@]}" ejabberdctl --ctl-config "$d/ejabberdctl.cfg" foreground >>"$d/stdout.log" 2>&1 &
         SERVER_PID=$!
         wait_port "$EJABBERD_PORT" 300 "$SERVER_PID" && break
         wait "$SERVER_PID" 2>/dev/null
@@ -563,7 +585,7 @@ presenced_start() {
         presenced_bin
         PRESENCED_CMD="$PRESENCED_BIN --config $DATA/presenced/presenced.toml serve"
     fi
-    redis-server --port "$BENCH_REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    "${SRV_PIN[@]}" redis-server --port "$BENCH_REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
         --dir "$DATA/presenced" --logfile "$DATA/presenced/redis.log" &
     BENCH_REDIS_PID=$!
     wait_port "$BENCH_REDIS_PORT" 30 "$BENCH_REDIS_PID" || return 1
@@ -576,7 +598,7 @@ launch_presenced() { # name port command
     # As ejabberd's, its port can be held for a moment by another program (it then exits
     # with "Address already in use"). Then try again.
     for try in 1 2 3; do
-        env -u DATABASE_URL -u REDIS_URL bash -c "exec $3" >>"$DATA/$1/stdout.log" 2>&1 &
+        env -u DATABASE_URL -u REDIS_URL "${SRV_PIN[@]}" bash -c "exec $3" >>"$DATA/$1/stdout.log" 2>&1 &
         SERVER_PID=$!
         wait_port "$2" 120 "$SERVER_PID" && break
         wait "$SERVER_PID" 2>/dev/null || true
@@ -654,7 +676,7 @@ run_storm() { # name generator-args...
     shift
     rm -rf "$sd"
     mkdir -p "$sd"
-    "$BENCH" "$@" --storm "$STORM_CAUSES" --storm-dir "$sd" --storm-wait "$STORM_WAIT" \
+    "${GEN_PIN[@]}" "$BENCH" "$@" --storm "$STORM_CAUSES" --storm-dir "$sd" --storm-wait "$STORM_WAIT" \
         >"$RESULTS/$name.txt" &
     gen=$!
     while kill -0 "$gen" 2>/dev/null; do
@@ -753,7 +775,7 @@ run_one() { # name port
             --label "$name" --json "$RESULTS/$name.json" "${EXTRA[@]}" || rc=$?
     else
     # The same idle window for every server (see REST_SECS): same timeline for all.
-    "$BENCH" "${common[@]}" "${pidargs[@]}" "${mode[@]}" --rest-secs "$REST_SECS" \
+    "${GEN_PIN[@]}" "$BENCH" "${common[@]}" "${pidargs[@]}" "${mode[@]}" --rest-secs "$REST_SECS" \
         "${REST_ARGS[@]}" --label "$name" \
         --json "$RESULTS/$name.json" "${EXTRA[@]}" | tee "$RESULTS/$name.txt" || rc=$?
     fi
@@ -763,8 +785,8 @@ run_one() { # name port
     local at_restart=""
     [ "$STORM" = 1 ] && [ -f "$DATA/$name/storm/load_at_restart" ] \
         && at_restart="$(cat "$DATA/$name/storm/load_at_restart")"
-    printf '{"started": "%s", "position": %d, "load_before": "%s", "load_after": "%s", "load_at_restart": "%s"}\n' \
-        "$started" "$POSITION" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" "$at_restart" \
+    printf '{"started": "%s", "position": %d, "load_before": "%s", "load_after": "%s", "load_at_restart": "%s", "pin": "%s"}\n' \
+        "$started" "$POSITION" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" "$at_restart" "$PIN_DESC" \
         > "$RESULTS/$name.meta.json"
     return $rc
 }
