@@ -343,6 +343,9 @@ async fn an_app_server_that_keeps_failing_loses_the_registration_and_disable_rem
     let ts = TestServer::start(tweak(|c| c.push.max_errors = 2)).await;
     ts.user("alice").await;
     ts.user("bob").await;
+    // Contacts: a stranger's share of offline storage would stop keeping bob's messages
+    // (and so notifying) before the end of this test.
+    ts.make_mutual("alice", "bob").await;
     let mut app = AppServer::start(&ts).await;
     let app_jid = app.jid.clone();
     let (alice, _) = push_phone(&ts, "alice", "phone", &app_jid, "n").await;
@@ -423,6 +426,29 @@ async fn an_app_server_that_keeps_failing_loses_the_registration_and_disable_rem
     gone(&ts, "alice").await;
     bob.send(&chat(&alice_bare, "five")).await;
     app.none(Duration::from_millis(800)).await;
+
+    // An account that blocks alice is no app server of hers, whatever she names.
+    let mut alice = ts.login("alice", "phone").await;
+    let r = alice.iq("set", None, enable_payload(&app_jid, "n")).await;
+    assert_eq!(r.get_attr("type"), Some("result"), "{r}");
+    alice.close().await;
+    gone(&ts, "alice").await;
+    let app_bare = ts.jid("app");
+    ts.shared()
+        .store
+        .block(&app_bare, std::slice::from_ref(&alice_bare))
+        .await
+        .expect("block");
+    bob.send(&chat(&alice_bare, "six")).await;
+    app.none(Duration::from_millis(800)).await;
+    // Positive control: unblocked, the same registration notifies again.
+    ts.shared()
+        .store
+        .unblock(&app_bare, std::slice::from_ref(&alice_bare))
+        .await
+        .expect("unblock");
+    bob.send(&chat(&alice_bare, "seven")).await;
+    app.next().await;
 }
 
 #[tokio::test]

@@ -430,7 +430,22 @@ impl Push {
         self.counters.sent.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(%owner, app = %target.app_jid, "push notification sent (XEP-0357)");
         if self.outbox.is_local(&target.app_jid) {
-            self.outbox.to_local(&target.app_jid, iq);
+            // An app server that is an account here takes the notifications of whoever
+            // named it, unless it blocks them (XEP-0191 §3.3, as for any iq to it): an
+            // account cannot be made a target of another's notifications against its will.
+            // A remote app server's own server applies its rules.
+            let (store, outbox) = (self.store.clone(), self.outbox.clone());
+            let app = target.app_jid.clone();
+            let owner = owner.to_string();
+            tokio::spawn(async move {
+                let blocked = store
+                    .is_blocked(crate::protocol::jid::bare_of(&app), &owner)
+                    .await
+                    .unwrap_or(true);
+                if !blocked {
+                    outbox.to_local(&app, iq);
+                }
+            });
         } else if let Err(e) = self.outbox.route_remote(iq) {
             tracing::info!(%owner, app = %target.app_jid, error = ?e, "push notification not routed");
             self.answered_with(&id, None, false);
