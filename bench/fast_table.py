@@ -47,6 +47,10 @@ def load(root):
         if os.path.exists(os.path.join(path, "run.json")):
             with open(os.path.join(path, "run.json")) as f:
                 meta = json.load(f)
+        # bench/run.sh's own record of the run: where the processes ran (PIN).
+        if os.path.exists(os.path.join(path, "presenced.meta.json")):
+            with open(os.path.join(path, "presenced.meta.json")) as f:
+                meta.setdefault("pin", json.load(f).get("pin", "not pinned"))
         out.setdefault((cert, int(n), int(k)), {}).setdefault(mode, []).append(
             (int(run), rep, meta))
     return out
@@ -170,6 +174,8 @@ def table(cfg, modes):
     machines = sorted({meta.get("machine") for _, _, m, meta in rows if meta.get("machine")})
     if machines:
         print("\nMachine: " + "; ".join(machines))
+    pins = sorted({meta.get("pin", "not pinned") for _, _, m, meta in rows})
+    print("\nCPU placement: " + "; ".join(pins) + ".")
     print()
 
 
