@@ -506,8 +506,7 @@ fn info(s: &SessionHandle) -> SessionInfo {
         since: chrono::DateTime::from_timestamp_millis(s.origin.since_ms)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .unwrap_or_default(),
-        // Invisible by the user's choice, not only for a hibernation.
-        invisible: s.read(|p| p.invisible && !p.hibernated.is_some_and(|h| h.hid)),
+        invisible: s.read(|p| p.invisible_by_choice()),
         detached: s.is_detached(),
         hibernated: s.is_hibernated(),
     }

@@ -378,6 +378,12 @@ impl SessionState {
     }
 
     /// Drops everything the session remembers about others (it ended).
+    /// Invisible because the user chose it (XEP-0186), not only for a hibernation: what
+    /// no public figure may count, and what operators see as "invisible".
+    pub fn invisible_by_choice(&self) -> bool {
+        self.invisible && !self.hibernated.is_some_and(|h| h.hid)
+    }
+
     pub fn clear(&mut self) {
         let taken = std::mem::take(&mut self.revealed);
         self.names.release_all(taken.into_keys());
@@ -759,22 +765,6 @@ impl Sessions {
         map.values().flatten().for_each(f);
     }
 
-    /// Detached sessions and, of them, hibernated ones, leaving out those the user made
-    /// invisible (XEP-0186), which no public figure counts.
-    pub fn kept_counts(&self) -> (usize, usize) {
-        let (mut detached, mut hibernated) = (0, 0);
-        self.for_each(|h| {
-            h.read(|p| {
-                if p.invisible && !p.hibernated.is_some_and(|h| h.hid) {
-                    return;
-                }
-                detached += usize::from(p.detached);
-                hibernated += usize::from(p.hibernated.is_some());
-            })
-        });
-        (detached, hibernated)
-    }
-
     /// The session bound to exactly this full JID.
     pub fn get(&self, jid: &FullJid) -> Option<SessionHandle> {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
@@ -827,16 +817,16 @@ impl Sessions {
         for list in map.values() {
             let mut any = false;
             for h in list {
-                let (invisible, hibernated) =
-                    h.read(|p| (p.invisible, p.hibernated.is_some_and(|h| h.hid)));
-                if hibernated {
+                let (invisible, hid, detached) =
+                    h.read(|p| (p.invisible, p.hibernated.is_some_and(|h| h.hid), p.detached));
+                if hid {
                     c.hibernated += 1;
                 }
                 if invisible {
                     continue;
                 }
                 any = true;
-                c.detached += usize::from(h.is_detached());
+                c.detached += usize::from(detached);
                 match h.origin.transport {
                     "websocket" => c.websocket += 1,
                     _ => c.tcp += 1,

@@ -77,7 +77,6 @@ const REGISTRATIONS: &str = "SELECT p.id, p.app_jid, p.node, p.resource, p.optio
  FROM push_registrations p JOIN accounts a ON a.id = p.account_id
  WHERE a.username = $1 AND a.domain = $2
  ORDER BY p.id";
-const REMOVE: &str = "DELETE FROM push_registrations WHERE id = $1";
 
 /// One body of [`PushSql`] for each backend's connection: the statements are the same.
 macro_rules! push_sql {
@@ -221,17 +220,5 @@ impl Store {
             .fetch_all(pool)
             .await?;
         Ok(read(rows))
-    }
-
-    /// Removes registration `id` (its app server kept failing).
-    pub async fn remove_push_registration(&self, id: i64) -> Result<(), StoreError> {
-        let pool = pg_or_sqlite!(self, "remove_push_registration", |db| async {
-            let mut tx = db.begin_write().await?;
-            sqlx::query(REMOVE).bind(id).execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(())
-        });
-        sqlx::query(REMOVE).bind(id).execute(pool).await?;
-        Ok(())
     }
 }
