@@ -41,10 +41,10 @@ FIGURES = [
      False),
     ("cpu_s_per_1000_logins", "CPU s per 1,000 logins (server process)", False),
     ("total_cpu_s_per_1000_logins",
-     "CPU s per 1,000 logins, server + its PostgreSQL and Redis", False),
+     "CPU s per 1,000 logins, server + its stores (PostgreSQL backends, Redis)", False),
     ("cpu_s_per_1000_deliveries", "CPU s per 1,000 deliveries (server process)", False),
     ("total_cpu_s_per_1000_deliveries",
-     "CPU s per 1,000 deliveries, server + its PostgreSQL and Redis", False),
+     "CPU s per 1,000 deliveries, server + its stores (PostgreSQL backends, Redis)", False),
 ]
 # Client state indication runs (bench/run.sh CSI=1): (json key, label). Counts per client
 # are presence stanzas the clients received, the same count for every server.
@@ -101,7 +101,8 @@ OURS = ["presenced", "embedded"]
 SERVERS = PEERS + OURS
 TITLES = {"prosody": "Prosody", "ejabberd": "ejabberd", "presenced": "presenced PG+Redis",
           "embedded": "presenced embedded"}
-# Figures only presenced measures (writes at rest); the peers' cells say n/a.
+# Figures of the stores at rest: presenced's own counters, its Redis, and the PostgreSQL
+# database of any server that has one (presenced, Prosody on SQL storage); otherwise n/a.
 PRESENCED_ONLY = [
     ("redis_writes_per_session_per_min", "Redis writes/session/min at rest (server counter)"),
     ("redis_write_cmds_per_session_per_min",
@@ -446,7 +447,8 @@ def main():
         cells = {n: spread(n, key) for n in present}
         print_ratio_row(label, cells, present, ours, higher, repeated)
     for key, label in PRESENCED_ONLY:
-        cells = [spread(n, key).cell() if n in OURS else "n/a" for n in present]
+        # A peer on SQL storage (Prosody) has its PostgreSQL figures measured too.
+        cells = [spread(n, key).cell() or ("" if n in OURS else "n/a") for n in present]
         if all(c in ("", "n/a") for c in cells):
             continue
         print(f"| {label} | " + " | ".join(cells) + " |" + " |" * len(ours))
@@ -492,6 +494,11 @@ def load_table(metas, present):
     pins = sorted({m.get("pin", "not pinned") for meta in metas for m in meta.values() if m})
     if pins:
         print("\nCPU placement: " + "; ".join(pins) + ".")
+    # The machine and the commit built, recorded by bench/run.sh since 2026-12-06 05:20Z.
+    for key, what in (("machine", "Machine"), ("commit", "Commit built")):
+        seen = sorted({m[key] for meta in metas for m in meta.values() if m and m.get(key)})
+        if seen:
+            print(f"\n{what}: " + "; ".join(seen) + ".")
     if rows:
         restart = any(r[5] for r in rows)
         print("\n| run | order | server | started (UTC) | load average before |"

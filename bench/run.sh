@@ -98,6 +98,11 @@ else
     SRV_PIN=()
     PIN_DESC="not pinned"
 fi
+# What every run's meta.json says of where it ran: the commit of the server and generator
+# built from this checkout ("-dirty" with uncommitted changes), and the machine.
+BENCH_COMMIT="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+git -C "$REPO" diff --quiet HEAD -- 2>/dev/null || BENCH_COMMIT="$BENCH_COMMIT-dirty"
+BENCH_MACHINE="$(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(awk '/^MemTotal/ {printf "%.0f GB", $2 / 1048576}' /proc/meminfo), Linux $(uname -r)"
 WORK="${BENCH_WORK:-/tmp/presenced-bench}"
 RESULTS="${RESULTS:-$WORK/results}"
 DOMAIN=bench.example
@@ -762,6 +767,11 @@ run_one() { # name port
     fi
     REST_ARGS=()
     [ "$name" = presenced ] && presenced_rest_args
+    # Prosody on SQL storage: its PostgreSQL backends work for it as presenced's do, so
+    # their CPU goes into its "server + stores" figures and its statements at rest count.
+    [ "$name" = prosody ] && [ "$PROSODY_STORAGE" = sql ] \
+        && REST_ARGS=(--pg-stats "postgres://postgres@127.0.0.1:5432/postgres"
+                      --pg-stats-db "$PROSODY_DB" --pg-backends)
     # The embedded server's own counters (its liveness table writes) at rest.
     [ "$name" = embedded ] && REST_ARGS=(--metrics-url "http://127.0.0.1:$EMBEDDED_HTTP_PORT/metrics")
     local rc=0 load_before started
@@ -785,8 +795,9 @@ run_one() { # name port
     local at_restart=""
     [ "$STORM" = 1 ] && [ -f "$DATA/$name/storm/load_at_restart" ] \
         && at_restart="$(cat "$DATA/$name/storm/load_at_restart")"
-    printf '{"started": "%s", "position": %d, "load_before": "%s", "load_after": "%s", "load_at_restart": "%s", "pin": "%s"}\n' \
+    printf '{"started": "%s", "position": %d, "load_before": "%s", "load_after": "%s", "load_at_restart": "%s", "pin": "%s", "commit": "%s", "machine": "%s"}\n' \
         "$started" "$POSITION" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" "$at_restart" "$PIN_DESC" \
+        "$BENCH_COMMIT" "$BENCH_MACHINE" \
         > "$RESULTS/$name.meta.json"
     return $rc
 }
