@@ -54,7 +54,7 @@
 #                        reconnects, see bench/fast.sh);
 #                        STORM_WAIT=300 s at most per storm. One generator process.
 #   CERT_KIND=ecdsa      the certificate every server serves: ecdsa (P-256) or rsa2048
-#                        (BENCHMARKS.md, "TLS session resumption: handshake CPU")
+#                        (BENCHMARKS-ARCHIVE.md, "TLS session resumption: handshake CPU")
 #   PIN=auto             where the processes run: with 2 or more cores and taskset, the
 #                        generator on CPU 0 and every server under test (with presenced's
 #                        private Redis) on the other cores, so the load never takes the

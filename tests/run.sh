@@ -271,6 +271,10 @@ REDIS_URL= DATABASE_URL="sqlite://${SQLITE_CONF_DIR}/conformance.db" RUN_DIR="${
   bash conformance/presenced.sh
 rm -rf "${SQLITE_CONF_DIR}"
 
+# Every generated table in BENCHMARKS.md and BENCHMARKS-ARCHIVE.md still matches what its
+# script prints from the committed raw results under bench/results/ (no table by hand).
+python3 bench/tables.py --check
+
 # The fuzz crate's decoder tests and every seed document under all limit choices (its own
 # workspace; no fuzzer needed for these).
 (cd fuzz && cargo test --lib)

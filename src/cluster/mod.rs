@@ -852,7 +852,7 @@ impl Cluster {
     /// available (its write came after its local record), or the contact's probe, which
     /// reads after its own write landed, finds this session available. Reading before the
     /// writes, both could miss each other, and two users logging in on two nodes at once
-    /// would never see each other online (BENCHMARKS.md, "Cluster", has the login storm
+    /// would never see each other online (BENCHMARKS-ARCHIVE.md, "Cluster", has the login storm
     /// in which some did not).
     async fn apply(&self, conn: &mut Conn, ops: Vec<Op>) -> redis::RedisResult<()> {
         let Some(target) = self.inner.client.as_ref() else {

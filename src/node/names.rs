@@ -5,7 +5,7 @@
 //! with K contacts, K entries per session, and the same bare JIDs in the sets of all of
 //! those contacts' sessions. As strings that was about 90 bytes per entry (the string, its
 //! heap block and a hash-map slot of 32 bytes), the largest part of an idle session's
-//! memory at K = 300 (BENCHMARKS.md, "Memory and login cost per contact (K = 300)"). Here
+//! memory at K = 300 (BENCHMARKS-ARCHIVE.md, "Memory and login cost per contact (K = 300)"). Here
 //! each distinct JID is stored once, with a count of the entries that name it; an id is
 //! taken by [`Names::acquire`] and given back by [`Names::release`], and at zero the
 //! string is dropped and the id reused, so the table holds only what some session

@@ -576,7 +576,7 @@ async fn announce_orphans(
     // Each announcement reads its own gate inputs, `sweep_concurrency` at a time, under its
     // subject's lock: the reads run on the pool's connections side by side, where one
     // statement for the whole batch made every announcement wait for one backend
-    // (BENCHMARKS.md, "Cluster").
+    // (BENCHMARKS-ARCHIVE.md, "Cluster").
     // Tasks, not futures of this one: the announcements run on every worker thread.
     let limit = life.liveness.sweep_concurrency();
     let mut running = tokio::task::JoinSet::new();
