@@ -201,6 +201,12 @@ def ratio_interval(ours, peer):
     return (ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1])
 
 
+def fmt_ratio(x):
+    """Two decimals; below 0.01, two significant digits (8.83 ms against 4,391 is 0.0020,
+    not 0.00)."""
+    return f"{x:.2f}" if x >= 0.01 or x == 0 else f"{x:.2g}"
+
+
 def ratio_cell(ours, peers, higher, repeated):
     """ours ÷ best peer; with repeated runs the ratio of medians with its 95 % bootstrap
     interval, claimed only where the interval excludes 1."""
@@ -210,14 +216,14 @@ def ratio_cell(ours, peers, higher, repeated):
     best = (max if higher else min)(peers, key=lambda s: s.median)
     if not best.median:
         return ""
-    r = f"{ours.median / best.median:.2f}"
+    r = fmt_ratio(ours.median / best.median)
     if not repeated:
         return r
     ci = ratio_interval(ours, best)
     if ci is None:
         return ""
     lo, hi = ci
-    interval = f"{r} [{lo:.2f}–{hi:.2f}]"
+    interval = f"{r} [{fmt_ratio(lo)}–{fmt_ratio(hi)}]"
     return interval if lo > 1 or hi < 1 else f"{interval}, not apart"
 
 
