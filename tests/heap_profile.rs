@@ -11,7 +11,10 @@
 //! (`tests/fleet`). `WARM` sessions log in first, so the pools, caches and maps that grow
 //! once are in place; then dhat starts, `HEAP_PROFILE_SESSIONS` more sessions (default 500)
 //! log in, fetch the roster, send initial presence and go idle, and dhat stops while they
-//! are all still connected. Its `eb` per allocation site (bytes still allocated at the end,
+//! are all still connected. With `HEAP_PROFILE_CONTACTS=K` (even, default 0) each profiled
+//! session has K mutual contacts among the others (a ring: the K/2 users after it and the
+//! K/2 before), all online, and dhat stops once every one has been shown to each of its
+//! contacts. Its `eb` per allocation site (bytes still allocated at the end,
 //! allocated while it ran) is therefore what those idle sessions hold, plus whatever the
 //! node's shared structures grew by meanwhile. `bench/heap_table.py` turns the written
 //! `dhat-heap.json` into the table, per session.
@@ -46,15 +49,34 @@ async fn heap_profile_of_idle_sessions() {
     let dir = PathBuf::from(
         std::env::var("HEAP_PROFILE_DIR").unwrap_or_else(|_| "target/heap-profile".into()),
     );
+    let contacts: usize = std::env::var("HEAP_PROFILE_CONTACTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        contacts % 2 == 0 && contacts < sessions,
+        "HEAP_PROFILE_CONTACTS must be even and below the number of sessions"
+    );
     std::fs::create_dir_all(&dir).unwrap();
     let mut fleet = Fleet::start(&[("u", WARM), ("u", sessions)]).await;
+    for i in 0..sessions {
+        for step in 1..=contacts / 2 {
+            let j = (i + step) % sessions;
+            fleet
+                .server
+                .make_mutual(&format!("u{}", WARM + i), &format!("u{}", WARM + j))
+                .await;
+        }
+    }
     fleet.batch_done(WARM, 0).await;
     let profiler = dhat::Profiler::builder()
         .file_name(dir.join("dhat-heap.json"))
         .trim_backtraces(Some(40))
         .build();
     fleet.next_batch();
-    fleet.batch_done(WARM + sessions, 0).await;
+    // Every profiled session was shown to each of its contacts (its broadcast or their
+    // probes) before the profile ends.
+    fleet.batch_done(WARM + sessions, sessions * contacts).await;
     let stats = dhat::HeapStats::get();
     let build = if cfg!(debug_assertions) {
         "debug"
@@ -63,13 +85,13 @@ async fn heap_profile_of_idle_sessions() {
     };
     let per = stats.curr_bytes as f64 / sessions as f64;
     println!(
-        "{sessions} idle sessions: {} B live allocated while profiling, {per:.0} B per session ({build} build)",
+        "{sessions} idle sessions with {contacts} contacts each: {} B live allocated while profiling, {per:.0} B per session ({build} build)",
         stats.curr_bytes
     );
     std::fs::write(
         dir.join("profile.json"),
         format!(
-            "{{\"sessions\": {sessions}, \"warm\": {WARM}, \"build\": \"{build}\", \"live_bytes\": {}, \"live_blocks\": {}}}\n",
+            "{{\"sessions\": {sessions}, \"contacts\": {contacts}, \"warm\": {WARM}, \"build\": \"{build}\", \"live_bytes\": {}, \"live_blocks\": {}}}\n",
             stats.curr_bytes, stats.curr_blocks
         ),
     )
