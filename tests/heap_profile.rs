@@ -59,15 +59,7 @@ async fn heap_profile_of_idle_sessions() {
     );
     std::fs::create_dir_all(&dir).unwrap();
     let mut fleet = Fleet::start(&[("u", WARM), ("u", sessions)]).await;
-    for i in 0..sessions {
-        for step in 1..=contacts / 2 {
-            let j = (i + step) % sessions;
-            fleet
-                .server
-                .make_mutual(&format!("u{}", WARM + i), &format!("u{}", WARM + j))
-                .await;
-        }
-    }
+    fleet.ring("u", WARM, sessions, contacts).await;
     fleet.batch_done(WARM, 0).await;
     let profiler = dhat::Profiler::builder()
         .file_name(dir.join("dhat-heap.json"))

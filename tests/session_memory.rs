@@ -179,15 +179,7 @@ async fn idle_session_heap_per_contact_stays_under_bound() {
     let batches = [("u", WARM), ("plain", MEASURED), ("ring", MEASURED)];
     let mut fleet = Fleet::start(&batches).await;
     let first = WARM + MEASURED;
-    for i in 0..MEASURED {
-        for step in 1..=CONTACTS / 2 {
-            let j = (i + step) % MEASURED;
-            fleet
-                .server
-                .make_mutual(&format!("ring{}", first + i), &format!("ring{}", first + j))
-                .await;
-        }
-    }
+    fleet.ring("ring", first, MEASURED, CONTACTS).await;
     fleet.batch_done(WARM, 0).await;
     let warm = live();
     let sizes_warm = by_size();

@@ -123,6 +123,23 @@ impl Fleet {
         }
     }
 
+    /// Makes users `<prefix><first>` to `<prefix><first + count - 1>` a ring of mutual
+    /// contacts: each the contact of the `contacts / 2` users after it and the `contacts / 2`
+    /// before it, so each has `contacts` (even, below `count`).
+    pub async fn ring(&self, prefix: &str, first: usize, count: usize, contacts: usize) {
+        for i in 0..count {
+            for step in 1..=contacts / 2 {
+                let j = (i + step) % count;
+                self.server
+                    .make_mutual(
+                        &format!("{prefix}{}", first + i),
+                        &format!("{prefix}{}", first + j),
+                    )
+                    .await;
+            }
+        }
+    }
+
     /// Waits for the client to finish its next batch and the server to hold `sessions`
     /// sessions and `tracked` entries in their viewer sets.
     pub async fn batch_done(&mut self, sessions: usize, tracked: usize) {
