@@ -90,8 +90,8 @@ def main():
         groups[key] = (b + eb, k + ebk)
         cb, ck = crates.get(site[0], (0, 0))
         crates[site[0]] = (cb + eb, ck + ebk)
-    k = meta.get("contacts", 0)
-    print(f"{n} idle sessions profiled, {k} mutual contacts each, all online "
+    contacts = meta.get("contacts", 0)
+    print(f"{n} idle sessions profiled, {contacts} mutual contacts each, all online "
           f"({meta['build']} build, after {meta['warm']} warm-up "
           f"sessions): {total_b / n:,.0f} B in {total_k / n:.1f} blocks per session still "
           "allocated when the profile ended.")

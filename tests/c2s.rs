@@ -372,10 +372,7 @@ async fn plain_failure_medians(ts: &TestServer, samples: usize) -> (Duration, Du
 async fn plain_costs_an_unknown_user_the_same_password_check_as_an_existing_one() {
     // 100 pairs by default keep the suite quick; PLAIN_TIMING_SAMPLES=200 (or more) for a
     // measurement to report.
-    let samples: usize = std::env::var("PLAIN_TIMING_SAMPLES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100);
+    let samples: usize = common::env_or("PLAIN_TIMING_SAMPLES", 100);
     let ts = TestServer::start(|c| {
         c.limits.max_auth_failures = 2 * samples as u32 + 1;
         c.limits.auth_backoff_failures = 2 * samples as u32 + 1;

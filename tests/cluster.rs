@@ -2233,10 +2233,7 @@ struct OwnCluster {
 
 impl OwnCluster {
     async fn start() -> OwnCluster {
-        let shared_base: u16 = std::env::var("PRESENCED_REDIS_CLUSTER_PORT_BASE")
-            .ok()
-            .and_then(|b| b.parse().ok())
-            .unwrap_or(30301);
+        let shared_base: u16 = common::env_or("PRESENCED_REDIS_CLUSTER_PORT_BASE", 30301);
         let base = shared_base + 20;
         let dir = std::env::temp_dir().join(format!("presenced-own-cluster-{}", unique()));
         let mut servers = Vec::new();

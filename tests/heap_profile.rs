@@ -42,17 +42,11 @@ async fn client_fleet() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a profile, not a check: run by hand (see the module's comment)"]
 async fn heap_profile_of_idle_sessions() {
-    let sessions: usize = std::env::var("HEAP_PROFILE_SESSIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
+    let sessions: usize = common::env_or("HEAP_PROFILE_SESSIONS", 500);
     let dir = PathBuf::from(
         std::env::var("HEAP_PROFILE_DIR").unwrap_or_else(|_| "target/heap-profile".into()),
     );
-    let contacts: usize = std::env::var("HEAP_PROFILE_CONTACTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let contacts: usize = common::env_or("HEAP_PROFILE_CONTACTS", 0);
     assert!(
         contacts % 2 == 0 && contacts < sessions,
         "HEAP_PROFILE_CONTACTS must be even and below the number of sessions"

@@ -1277,10 +1277,7 @@ async fn run_case(ts: &TestServer, steps: &[Step]) -> Outcome {
 }
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_CASES)
+    common::env_or("PROPTEST_CASES", DEFAULT_CASES)
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -1308,10 +1305,7 @@ fn presence_reaches_exactly_permitted_viewers_and_subscriptions_stay_symmetric()
     let ts = rt.block_on(server());
     // A fixed seed (`PROPTEST_SEED` overrides it): a CI failure reproduces with the same
     // command, and the failure message names the seed.
-    let seed = std::env::var("PROPTEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5eed_6121_u64);
+    let seed: u64 = common::env_or("PROPTEST_SEED", 0x5eed_6121);
     let mut runner = TestRunner::new(RunnerConfig {
         cases: cases(),
         failure_persistence: None,

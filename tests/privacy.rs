@@ -1329,17 +1329,9 @@ fn run_case(ops: Vec<model::Op>, federated: bool) {
     });
 }
 
-/// A case count from `var`, else `default`.
-fn cases(var: &str, default: u32) -> u32 {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 proptest::proptest! {
     #![proptest_config(proptest::test_runner::Config {
-        cases: cases("PRIVACY_PROPTEST_CASES", 12),
+        cases: common::env_or("PRIVACY_PROPTEST_CASES", 12),
         max_shrink_iters: 64,
         // A fixed seed: a failure in CI reproduces with the same command; the seed is
         // printed with every case so a failure report names it.
@@ -1357,7 +1349,7 @@ proptest::proptest! {
 
 proptest::proptest! {
     #![proptest_config(proptest::test_runner::Config {
-        cases: cases("PRIVACY_S2S_PROPTEST_CASES", 32),
+        cases: common::env_or("PRIVACY_S2S_PROPTEST_CASES", 32),
         max_shrink_iters: 32,
         rng_seed: proptest::test_runner::RngSeed::Fixed(privacy_seed()),
         .. proptest::test_runner::Config::default()
@@ -1375,10 +1367,7 @@ proptest::proptest! {
 
 /// The property's seed: `PRIVACY_PROPTEST_SEED`, else a fixed default.
 fn privacy_seed() -> u64 {
-    std::env::var("PRIVACY_PROPTEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5eed_0001)
+    common::env_or("PRIVACY_PROPTEST_SEED", 0x5eed_0001)
 }
 
 // ---------------------------------------------------------------------------------------

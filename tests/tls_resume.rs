@@ -234,10 +234,7 @@ fn connect_many(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a check"]
 async fn handshake_cpu() {
-    let count: usize = std::env::var("PRESENCED_HANDSHAKES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(2000);
+    let count: usize = common::env_or("PRESENCED_HANDSHAKES", 2000);
     let identity = std::env::var("PRESENCED_HANDSHAKE_CERT")
         .ok()
         .zip(std::env::var("PRESENCED_HANDSHAKE_KEY").ok());

@@ -35,6 +35,15 @@ pub fn database_url() -> String {
     stores::Db::postgres().url()
 }
 
+/// A number a test takes from the environment variable `var` (a sample count, a port, a
+/// case count), else `default` when it is unset or not a number.
+pub fn env_or<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The Redis integration tests use (`REDIS_URL`, else the machine's default instance).
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
