@@ -22,6 +22,8 @@
 #                           database presenced_cluster_bench_n<N>_k<K> (provisioned once)
 #   TTL=45 HEARTBEAT=15 REFRESH=15 SWEEP=5 GRACE=10  liveness timings of the nodes (s):
 #                           the kill phase counts announcements against T + one sweep
+#   DB_POOL=16              PostgreSQL connections per node (six nodes at 16 would take
+#                           96 of the server's default 100)
 #   RUN_LIMIT=1200          seconds one generator run may take (its --time-limit)
 #   REST_SECS=30            idle window after logins (the at-rest Redis rate is read over it)
 #   BENCH_BIN, PRESENCED_BIN  prebuilt binaries (else the release builds of this checkout)
@@ -46,6 +48,7 @@ REFRESH="${REFRESH:-15}"
 SWEEP="${SWEEP:-5}"
 GRACE="${GRACE:-10}"
 RUN_LIMIT="${RUN_LIMIT:-1200}"
+DB_POOL="${DB_POOL:-16}"
 REST_SECS="${REST_SECS:-30}"
 REDIS_PORT=$((PORT_BASE + 379))
 DOMAIN=bench.example
@@ -112,6 +115,7 @@ key = "$WORK/tls/bench.key"
 certs_dir = "$d/certs"
 [database]
 url = "$2"
+max_connections = $DB_POOL
 migrations = "$REPO/migrations"
 [redis]
 url = "redis://127.0.0.1:$REDIS_PORT"
