@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# bench/cluster.sh: presenced as one node and as a cluster of three nodes on this machine,
+# bench/cluster.sh: presenced as one node and as a cluster of several nodes on this machine,
 # with the same generator (bench/generator) and workload: sessions held, logins/s,
-# deliveries/s (contacts spread over the nodes), RSS per session, Redis commands and bytes
-# per presence change, and, with three nodes, how long a SIGKILLed node takes to be
-# announced unavailable for every one of its sessions. BENCHMARKS.md, "Cluster", has the
+# deliveries/s (contacts spread over the nodes), RSS and CPU per session, Redis commands and
+# bytes per presence change, and, with more than one node, how long a SIGKILLed node takes
+# to be announced unavailable for every one of its sessions. BENCHMARKS.md, "Cluster", has the
 # results and how to read them.
 #
 # Usage: bench/cluster.sh [--record]
-#   RUNS="1:19000 3:51000"  runs in order, each NODES:N; a run with 3 nodes ends with the
-#                           SIGKILL of node 3
+#   RUNS="1:19000 3:51000"  runs in order, each NODES:N; a run with more than one node
+#                           ends with the SIGKILL of the last node (six nodes hold 100,000:
+#                           RUNS="6:10000 6:100000" DB_POOL=12 RUN_LIMIT=2400)
 #   REPEAT=1                repetitions of RUNS (medians and min–max need 3)
 #   K=10                    mutual contacts per user (ring: user i's contacts are i±1..±5,
 #                           and user i logs in to node i mod NODES, so most contacts of a
 #                           session are on other nodes)
-#   PORT_BASE=29500         node j (1..3): c2s PORT_BASE+j, /metrics PORT_BASE+100+j;
+#   PORT_BASE=29500         node j (1..NODES): c2s PORT_BASE+j, admin PORT_BASE+100+j;
 #                           the private Redis PORT_BASE+379
 #   CLUSTER_WORK=/tmp/presenced-cluster-bench   configs, logs, provisioning markers
 #   RESULTS=$CLUSTER_WORK/results   one JSON per run (nodes<M>-n<N>-run<R>, replaced when
@@ -55,6 +56,8 @@ DOMAIN=bench.example
 RESULTS="${RESULTS:-$WORK/results}"
 RECORD=0
 [ "${1:-}" = --record ] && RECORD=1
+# BENCH_COMMIT and BENCH_MACHINE for every run's meta.json.
+. "$HERE/where.sh"
 
 log() { echo "[cluster.sh $(date +%H:%M:%S)] $*" >&2; }
 
@@ -192,9 +195,10 @@ run_once() { # nodes n index
         --settle-secs 120 --rest-secs "$REST_SECS" --time-limit "$RUN_LIMIT" \
         --redis-stats "redis://127.0.0.1:$REDIS_PORT" --store-pid "$redis_pid" \
         --label "$name" --json "$RESULTS/$name.json" | tee "$RESULTS/$name.txt" || rc=$?
-    printf '{"started": "%s", "nodes": %d, "load_before": "%s", "load_after": "%s", "swapping": %s}\n' \
+    printf '{"started": "%s", "nodes": %d, "load_before": "%s", "load_after": "%s", "swapping": %s, "pin": "none", "commit": "%s", "machine": "%s"}\n' \
         "$started" "$nodes" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" \
-        "$(swapping && echo true || echo false)" >"$RESULTS/$name.meta.json"
+        "$(swapping && echo true || echo false)" "$BENCH_COMMIT" "$BENCH_MACHINE" \
+        >"$RESULTS/$name.meta.json"
     stop_all
     return $rc
 }

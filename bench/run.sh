@@ -98,11 +98,8 @@ else
     SRV_PIN=()
     PIN_DESC="not pinned"
 fi
-# What every run's meta.json says of where it ran: the commit of the server and generator
-# built from this checkout ("-dirty" with uncommitted changes), and the machine.
-BENCH_COMMIT="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-git -C "$REPO" diff --quiet HEAD -- 2>/dev/null || BENCH_COMMIT="$BENCH_COMMIT-dirty"
-BENCH_MACHINE="$(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(awk '/^MemTotal/ {printf "%.0f GB", $2 / 1048576}' /proc/meminfo), Linux $(uname -r)"
+# BENCH_COMMIT and BENCH_MACHINE for every run's meta.json.
+. "$HERE/where.sh"
 WORK="${BENCH_WORK:-/tmp/presenced-bench}"
 RESULTS="${RESULTS:-$WORK/results}"
 DOMAIN=bench.example
