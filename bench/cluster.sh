@@ -195,7 +195,7 @@ run_once() { # nodes n index
         --settle-secs 120 --rest-secs "$REST_SECS" --time-limit "$RUN_LIMIT" \
         --redis-stats "redis://127.0.0.1:$REDIS_PORT" --store-pid "$redis_pid" \
         --label "$name" --json "$RESULTS/$name.json" | tee "$RESULTS/$name.txt" || rc=$?
-    printf '{"started": "%s", "nodes": %d, "load_before": "%s", "load_after": "%s", "swapping": %s, "pin": "none", "commit": "%s", "machine": "%s"}\n' \
+    printf '{"started": "%s", "nodes": %d, "load_before": "%s", "load_after": "%s", "swapping": %s, "pin": "not pinned", "commit": "%s", "machine": "%s"}\n' \
         "$started" "$nodes" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" \
         "$(swapping && echo true || echo false)" "$BENCH_COMMIT" "$BENCH_MACHINE" \
         >"$RESULTS/$name.meta.json"

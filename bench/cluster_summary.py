@@ -97,8 +97,10 @@ def main(results):
         for r in runs[c]:
             m = r["meta"]
             swap = " (swapping)" if m.get("swapping") else ""
+            # Runs recorded before cluster.sh wrote these have neither.
+            where = "; ".join(m[k] for k in ("pin", "commit", "machine") if m.get(k))
             print(f"* {r['label']} at {m.get('started', '?')}: {m.get('load_before', '?')} → "
-                  f"{m.get('load_after', '?')}{swap}")
+                  f"{m.get('load_after', '?')}{swap}{f' ({where})' if where else ''}")
     errors = sorted({e for c in cols for r in runs[c] for e in r.get("errors", [])})
     if errors:
         print()
