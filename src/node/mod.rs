@@ -11,6 +11,7 @@ pub mod io;
 pub mod live;
 pub(crate) mod names;
 pub mod outbox;
+pub(crate) mod revealed;
 pub mod session;
 pub mod sessions;
 pub(crate) mod stream_management;

@@ -20,6 +20,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// A string's id while at least one holder has acquired it.
 pub(crate) type NameId = u32;
 
+/// Ids are below 2^30, so that a holder can keep two bits of its own beside one in a `u32`
+/// (`node::revealed`). A billion distinct names held at once is far past what a node's
+/// memory holds (each is a string of its own here).
+pub(crate) const NAME_ID_BITS: u32 = 30;
+
 #[derive(Debug, Default)]
 struct Table {
     ids: HashMap<Arc<str>, NameId>,
@@ -62,7 +67,10 @@ impl Names {
                 id
             }
             None => {
-                let id = NameId::try_from(t.slots.len()).expect("fewer than 2^32 names");
+                let id = NameId::try_from(t.slots.len())
+                    .ok()
+                    .filter(|id| id >> NAME_ID_BITS == 0)
+                    .expect("fewer than 2^30 names");
                 t.slots.push(Some((Arc::clone(&name), 1)));
                 id
             }

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::node::names::{NameId, Names};
+use crate::node::revealed::RevealedSet;
 use crate::policy::privacy::Relation;
 use crate::protocol::error::{StreamCondition, StreamError};
 use crate::protocol::jid::{bare_of, BareJid, FullJid};
@@ -217,8 +218,8 @@ pub struct SessionState {
     /// Viewer JID (bare for a roster contact, as addressed for directed presence) → how
     /// the viewer came to see this resource. At most `limits.max_revealed` entries. The
     /// JIDs are ids in the node's [`Names`] (K contacts are K entries in each of their
-    /// sessions: 9 bytes of table each instead of a string of their own).
-    revealed: HashMap<NameId, Relation>,
+    /// sessions: 4 bytes each in a sorted vector instead of a string of their own).
+    revealed: RevealedSet,
     /// JIDs this session sent directed available presence to and that must get its
     /// unavailable (RFC 6121 §4.6.3). At most `limits.max_directed` entries.
     directed: BTreeSet<String>,
@@ -230,7 +231,7 @@ pub struct SessionState {
 impl Drop for SessionState {
     fn drop(&mut self) {
         self.names
-            .release_all(self.revealed.drain().map(|(id, _)| id));
+            .release_all(std::mem::take(&mut self.revealed).into_ids());
     }
 }
 
@@ -251,7 +252,7 @@ impl SessionState {
             blocklist_interested: false,
             user_agent: None,
             caps: None,
-            revealed: HashMap::new(),
+            revealed: RevealedSet::default(),
             directed: BTreeSet::new(),
             limits,
             names,
@@ -261,7 +262,7 @@ impl SessionState {
     /// The entry of `viewer` in `revealed`, if it has one.
     fn revealed_id(&self, viewer: &str) -> Option<NameId> {
         let id = self.names.find(viewer)?;
-        self.revealed.contains_key(&id).then_some(id)
+        self.revealed.contains(id).then_some(id)
     }
 
     /// Whether `viewer` may be recorded as shown (it is already, or there is room): a
@@ -278,20 +279,15 @@ impl SessionState {
     /// Records that this session's available presence reached `viewer`; false, recording
     /// nothing, when the set is full and `viewer` is new.
     pub fn reveal(&mut self, viewer: &str, relation: Relation) -> bool {
-        let slot = match self.revealed_id(viewer) {
-            Some(id) => self.revealed.get_mut(&id),
+        match self.revealed_id(viewer) {
+            // A subscriber relation is not downgraded by a later directed presence.
+            Some(id) if relation == Relation::Subscriber => self.revealed.insert(id, relation),
+            Some(_) => {}
             None if self.revealed.len() < self.limits.max_revealed => {
                 let id = self.names.acquire(viewer);
                 self.revealed.insert(id, relation);
-                None
             }
             None => return false,
-        };
-        // A subscriber relation is not downgraded by a later directed presence.
-        if let Some(slot) = slot {
-            if relation == Relation::Subscriber {
-                *slot = relation;
-            }
         }
         true
     }
@@ -301,32 +297,31 @@ impl SessionState {
         let Some(id) = self.revealed_id(viewer) else {
             return false;
         };
-        self.revealed.remove(&id);
+        self.revealed.remove(id);
         self.names.release(id);
         true
     }
 
     /// How this session came to be shown to `viewer`, if it was.
     pub fn revealed_relation(&self, viewer: &str) -> Option<Relation> {
-        self.revealed.get(&self.names.find(viewer)?).copied()
+        self.revealed.get(self.names.find(viewer)?)
     }
 
     /// The viewers this session was shown to, and how.
     pub fn revealed(&self) -> Vec<(Arc<str>, Relation)> {
-        self.names
-            .names(self.revealed.iter().map(|(id, rel)| (*id, *rel)))
+        self.names.names(self.revealed.iter())
     }
 
     /// Whether this session was shown to a viewer whose JID satisfies `pred`.
     pub fn revealed_any(&self, pred: impl Fn(&str) -> bool) -> bool {
-        self.names.any(self.revealed.keys().copied(), pred)
+        self.names.any(self.revealed.ids(), pred)
     }
 
     /// Takes (and clears) the set of viewers this session was shown to.
     pub fn take_revealed(&mut self) -> Vec<(Arc<str>, Relation)> {
         let taken = std::mem::take(&mut self.revealed);
-        let named = self.names.names(taken.iter().map(|(id, rel)| (*id, *rel)));
-        self.names.release_all(taken.into_keys());
+        let named = self.names.names(taken.iter());
+        self.names.release_all(taken.into_ids());
         named
     }
 
@@ -377,16 +372,16 @@ impl SessionState {
         self.directed.len() + self.revealed.len()
     }
 
-    /// Drops everything the session remembers about others (it ended).
     /// Invisible because the user chose it (XEP-0186), not only for a hibernation: what
     /// no public figure may count, and what operators see as "invisible".
     pub fn invisible_by_choice(&self) -> bool {
         self.invisible && !self.hibernated.is_some_and(|h| h.hid)
     }
 
+    /// Drops everything the session remembers about others (it ended).
     pub fn clear(&mut self) {
         let taken = std::mem::take(&mut self.revealed);
-        self.names.release_all(taken.into_keys());
+        self.names.release_all(taken.into_ids());
         self.directed = BTreeSet::new();
         self.caps = None;
     }
