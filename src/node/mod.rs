@@ -9,6 +9,7 @@ pub(crate) mod caps;
 pub mod federation;
 pub mod io;
 pub mod live;
+pub mod mailbox;
 pub(crate) mod names;
 pub mod outbox;
 pub(crate) mod revealed;

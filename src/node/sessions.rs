@@ -6,13 +6,14 @@
 //! across an await or a socket write.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
+pub use crate::node::mailbox::Mailbox;
+use crate::node::mailbox::{self, TrySendError};
 use crate::node::names::{NameId, Names};
 use crate::node::revealed::RevealedSet;
 use crate::policy::privacy::Relation;
@@ -85,54 +86,6 @@ impl QueueBudget {
         QueueBudget {
             stanzas,
             bytes: usize::MAX,
-        }
-    }
-}
-
-/// The bytes waiting in one session's mailbox: added by whoever queues, taken off by the
-/// [`Mailbox`] as its items are received.
-#[derive(Debug)]
-struct Queued {
-    bytes: AtomicUsize,
-    budget: usize,
-    /// Woken when items leave the mailbox ([`SessionHandle::send_paced`]).
-    drained: tokio::sync::Notify,
-}
-
-/// The receiving end of a session's mailbox, which gives back each item's bytes to the
-/// session's budget as it takes the item.
-#[derive(Debug)]
-pub struct Mailbox {
-    rx: mpsc::Receiver<Outbound>,
-    queued: Arc<Queued>,
-}
-
-impl Mailbox {
-    /// The next item; `None` when every sender is gone. Cancel-safe, as
-    /// [`mpsc::Receiver::recv`] is.
-    pub async fn recv(&mut self) -> Option<Outbound> {
-        let item = self.rx.recv().await?;
-        self.took(&item);
-        Some(item)
-    }
-
-    /// The next item if one is queued.
-    pub fn try_recv(&mut self) -> Result<Outbound, mpsc::error::TryRecvError> {
-        let item = self.rx.try_recv()?;
-        self.took(&item);
-        Ok(item)
-    }
-
-    /// Bytes queued and not yet received.
-    pub fn queued_bytes(&self) -> usize {
-        self.queued.bytes.load(Ordering::Relaxed)
-    }
-
-    fn took(&self, item: &Outbound) {
-        let w = item.weight();
-        if w > 0 {
-            self.queued.bytes.fetch_sub(w, Ordering::Relaxed);
-            self.queued.drained.notify_waiters();
         }
     }
 }
@@ -413,10 +366,8 @@ pub struct SessionHandle {
     pub jid: FullJid,
     /// Distinguishes a session from a later one that bound the same full JID.
     pub id: u64,
-    /// The session's mailbox.
-    tx: mpsc::Sender<Outbound>,
-    /// The bytes in it, against its budget.
-    queued: Arc<Queued>,
+    /// The session's mailbox, with the bytes in it against its budget.
+    tx: mailbox::Sender,
     /// Cancelled to end the session at once (stalled mailbox, shutdown).
     pub kill: CancellationToken,
     /// The session's state ([`SessionState`]), shared with every task that reads it.
@@ -482,12 +433,12 @@ impl SessionHandle {
         let w = stanza.weight();
         let deadline = tokio::time::Instant::now() + PACE_WAIT;
         loop {
-            let drained = self.queued.drained.notified();
+            let drained = self.tx.drained().notified();
             let mut drained = std::pin::pin!(drained);
             // Registered before the check, so a receive in between is not missed.
             drained.as_mut().enable();
-            let q = self.queued.bytes.load(Ordering::Relaxed);
-            if q == 0 || q.saturating_add(w) <= self.queued.budget || self.tx.is_closed() {
+            let q = self.tx.bytes().load(Ordering::Relaxed);
+            if q == 0 || q.saturating_add(w) <= self.tx.budget() || self.tx.is_closed() {
                 break;
             }
             tokio::select! {
@@ -505,9 +456,9 @@ impl SessionHandle {
     /// stalled client take memory from everyone.
     fn push(&self, msg: Outbound) -> bool {
         let w = msg.weight();
-        let before = self.queued.bytes.fetch_add(w, Ordering::Relaxed);
-        if before > 0 && before.saturating_add(w) > self.queued.budget {
-            self.queued.bytes.fetch_sub(w, Ordering::Relaxed);
+        let before = self.tx.bytes().fetch_add(w, Ordering::Relaxed);
+        if before > 0 && before.saturating_add(w) > self.tx.budget() {
+            self.tx.bytes().fetch_sub(w, Ordering::Relaxed);
             tracing::warn!(
                 jid = %self.jid,
                 peer = ?self.origin.peer,
@@ -519,8 +470,8 @@ impl SessionHandle {
         }
         match self.tx.try_send(msg) {
             Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.queued.bytes.fetch_sub(w, Ordering::Relaxed);
+            Err(TrySendError::Full) => {
+                self.tx.bytes().fetch_sub(w, Ordering::Relaxed);
                 tracing::warn!(
                     jid = %self.jid,
                     peer = ?self.origin.peer,
@@ -529,8 +480,8 @@ impl SessionHandle {
                 self.kill.cancel();
                 false
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                self.queued.bytes.fetch_sub(w, Ordering::Relaxed);
+            Err(TrySendError::Closed) => {
+                self.tx.bytes().fetch_sub(w, Ordering::Relaxed);
                 false
             }
         }
@@ -701,17 +652,11 @@ impl Sessions {
         parent: &CancellationToken,
         origin: Origin,
     ) -> Registered {
-        let (tx, rx) = mpsc::channel(queue.stanzas);
-        let queued = Arc::new(Queued {
-            bytes: AtomicUsize::new(0),
-            budget: queue.bytes,
-            drained: tokio::sync::Notify::new(),
-        });
+        let (tx, rx) = mailbox::mailbox(queue.stanzas, queue.bytes);
         let handle = SessionHandle {
             jid: jid.clone(),
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             tx,
-            queued: Arc::clone(&queued),
             kill: parent.child_token(),
             state: Arc::new(Mutex::new(SessionState::new(
                 self.limits,
@@ -737,7 +682,7 @@ impl Sessions {
         }
         Registered {
             handle,
-            rx: Mailbox { rx, queued },
+            rx,
             replaced,
         }
     }

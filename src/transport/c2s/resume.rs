@@ -305,7 +305,7 @@ pub(super) async fn return_unacked(
 ) {
     let mut items: Vec<Arc<String>> = sm::lock(out).take_unacked().into();
     if let Some(mut rx) = rest {
-        while let Ok(item) = rx.try_recv() {
+        while let Some(item) = rx.try_recv() {
             items.extend(serialized(item));
         }
     }

@@ -131,7 +131,7 @@ pub(super) async fn write_loop(w: Writing) -> WriterOut {
                 if closing || overflow || buf.len() > BATCH {
                     break;
                 }
-                next = rx.try_recv().ok();
+                next = rx.try_recv();
             }
             if overflow {
                 let err = StreamError::new(
