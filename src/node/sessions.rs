@@ -25,8 +25,8 @@ use crate::protocol::xml::Element;
 #[derive(Debug)]
 pub enum Outbound {
     /// A stanza to write to the client as it is. Boxed, like the error below, to keep this
-    /// type one pointer wide: the mailbox allocates its slots 32 at a time per session, so
-    /// an inline 100-byte element would cost every idle session kilobytes (RSS per idle session is a benchmark figure, BENCHMARKS.md).
+    /// type one pointer wide: a burst queued in a mailbox ([`crate::node::mailbox`]) takes
+    /// a slot per item, so an inline 100-byte element would multiply what a burst costs.
     Stanza(Box<Element>),
     /// A stanza already serialised, shared by every resource that receives the same bytes
     /// (a presence broadcast to a contact's sessions): one `Arc`, no deep clone per copy.
