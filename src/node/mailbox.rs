@@ -22,7 +22,67 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use crate::node::sessions::Outbound;
+use crate::protocol::error::StreamError;
+use crate::protocol::xml::Element;
+
+/// What can be sent to a session task.
+#[derive(Debug)]
+pub enum Outbound {
+    /// A stanza to write to the client as it is. Boxed, like the error below, to keep this
+    /// type one pointer wide: a burst queued in a mailbox takes a slot per item, so an
+    /// inline 100-byte element would multiply what a burst costs.
+    Stanza(Box<Element>),
+    /// A stanza already serialised, shared by every resource that receives the same bytes
+    /// (a presence broadcast to a contact's sessions): one `Arc`, no deep clone per copy.
+    /// `Arc<String>` rather than `Arc<str>` keeps this variant one pointer wide too.
+    Xml(Arc<String>),
+    /// End the stream with this error (e.g. `conflict` when a newer session binds the same
+    /// full JID, RFC 6120 §7.7.2.2).
+    Close(Box<StreamError>),
+    /// Answer the client's `</stream:stream>` with ours (RFC 6120 §4.4).
+    End,
+    /// Stop the writer once everything queued before this is written.
+    Finish,
+    /// The client said it is active (`true`) or inactive (XEP-0352): what follows is
+    /// written or held by [`crate::services::csi::Filter`]. Never written itself.
+    ClientState(bool),
+    /// The contacts whose presence passes [`crate::services::csi::Filter`] at once, replacing any
+    /// earlier list. Never written itself.
+    Interest(Arc<InterestList>),
+    /// XEP-0198 `<enabled/>`: written in its place, and the stanzas after it are counted
+    /// and kept until acknowledged ([`crate::node::stream_management::Outgoing`]).
+    SmEnabled(Box<crate::node::stream_management::Enabled>),
+    /// Another XEP-0198 element (`<a/>`, `<failed/>`): written in its place, never counted
+    /// as a stanza (it is none) and never held by the client-state filter.
+    SmNonza(Arc<String>),
+}
+
+impl Outbound {
+    /// The bytes this item holds while it waits in a mailbox: what the session's byte
+    /// budget (`[limits] session_queue_bytes`) counts. Control items count nothing.
+    pub fn weight(&self) -> usize {
+        match self {
+            Outbound::Stanza(el) => el.weight(),
+            Outbound::Xml(xml) | Outbound::SmNonza(xml) => xml.len(),
+            Outbound::SmEnabled(enabled) => enabled.xml.len(),
+            Outbound::Close(_)
+            | Outbound::End
+            | Outbound::Finish
+            | Outbound::ClientState(_)
+            | Outbound::Interest(_) => 0,
+        }
+    }
+}
+
+/// A session's interest list (`urn:presenced:interest:0`): bare JIDs of contacts whose
+/// presence the client shows now, valid until `expires`.
+#[derive(Debug, Clone)]
+pub struct InterestList {
+    /// Normalised bare JIDs.
+    pub contacts: std::collections::HashSet<String>,
+    /// After this the list counts as empty.
+    pub expires: tokio::time::Instant,
+}
 
 /// A buffer of up to this many items is kept when it empties (a steady trickle of
 /// stanzas does not reallocate); a larger one, grown by a burst, is given back.
