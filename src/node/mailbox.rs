@@ -1,7 +1,8 @@
 //! A session's mailbox: the queue from everyone who sends to a session (routing, presence,
 //! its own handlers) to the one task that writes to its client. Bounded in items (`[limits]
-//! session_queue`) and in bytes (`session_queue_bytes`, [`Outbound::weight`]); what the
-//! bounds do when reached is [`crate::node::sessions::SessionHandle`]'s rule.
+//! session_queue`) and in bytes (`session_queue_bytes`, [`Outbound::weight`]), both counted
+//! here under the lock that guards the items; what a session does when a send is refused
+//! is [`crate::node::sessions::SessionHandle`]'s rule.
 //!
 //! Why not tokio's `mpsc` channel, which this was until 2026-12-07: every idle session has
 //! a mailbox, and that channel kept, for the session's whole life, its 512 B of shared
@@ -12,9 +13,9 @@
 //! and the writer gives the buffer back when it empties one that grew past
 //! [`KEEP_ITEMS`]: an idle session holds the shared part and no buffer at all.
 //!
-//! The mutex is held only to push or pop one item (no await, no allocation but the
-//! buffer's growth), by the senders and the one receiver; a send takes it once, as
-//! tokio's channel took its atomics once.
+//! The mutex is held only to check the bounds and push or pop one item (no await, no
+//! allocation but the buffer's growth), by the senders and the one receiver; a send takes
+//! it once, as tokio's channel took its atomics once.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,11 +87,20 @@ pub struct InterestList {
 
 /// A buffer of up to this many items is kept when it empties (a steady trickle of
 /// stanzas does not reallocate); a larger one, grown by a burst, is given back.
-pub const KEEP_ITEMS: usize = 8;
+const KEEP_ITEMS: usize = 8;
+
+/// The rule of the byte budget: an item of `weight` bytes does not fit when it would take
+/// the `queued` bytes beyond `budget`, unless nothing is queued (any one item fits, or an
+/// oversized stanza could never be delivered).
+fn over_budget(queued: usize, weight: usize, budget: usize) -> bool {
+    queued > 0 && queued.saturating_add(weight) > budget
+}
 
 #[derive(Debug, Default)]
 struct Queue {
     items: VecDeque<Outbound>,
+    /// The bytes of `items` ([`Outbound::weight`]).
+    bytes: usize,
     /// The [`Mailbox`] was dropped: sends fail, and nothing is kept.
     receiver_gone: bool,
 }
@@ -105,9 +115,7 @@ struct Shared {
     /// Woken when an item is queued or the last sender goes. One receiver waits on it, so
     /// `notify_one`'s stored permit means a wake-up between its check and its wait is kept.
     arrived: Notify,
-    /// The bytes queued and not yet received ([`Outbound::weight`]).
-    bytes: AtomicUsize,
-    /// Most bytes the queue should hold (`session_queue_bytes`).
+    /// Most bytes the queue holds (`session_queue_bytes`), by [`over_budget`].
     budget: usize,
     /// Woken when the receiver takes an item that weighs something.
     drained: Notify,
@@ -126,7 +134,6 @@ pub fn mailbox(limit: usize, budget: usize) -> (Sender, Mailbox) {
         limit,
         senders: AtomicUsize::new(1),
         arrived: Notify::new(),
-        bytes: AtomicUsize::new(0),
         budget,
         drained: Notify::new(),
     });
@@ -141,6 +148,8 @@ pub fn mailbox(limit: usize, budget: usize) -> (Sender, Mailbox) {
 /// Why [`Sender::try_send`] did not queue an item (which is dropped).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrySendError {
+    /// The item's bytes do not fit beside the `queued` ones ([`over_budget`]).
+    OverBudget { queued: usize },
     /// The mailbox holds its limit of items.
     Full,
     /// The receiver is gone (the session ended).
@@ -171,9 +180,25 @@ impl Drop for Sender {
 }
 
 impl Sender {
-    /// Queues `item` unless the mailbox is full or its receiver gone.
+    /// Queues `item` within both bounds: its bytes must fit the budget, and the mailbox
+    /// must have room for one more item.
     pub fn try_send(&self, item: Outbound) -> Result<(), TrySendError> {
+        self.queue(item, true)
+    }
+
+    /// Queues a control item (end or close the stream, stop the writer) whatever the
+    /// bytes queued, so that a session over its budget can still be ended in order; the
+    /// limit of items still holds.
+    pub fn try_send_control(&self, item: Outbound) -> Result<(), TrySendError> {
+        self.queue(item, false)
+    }
+
+    fn queue(&self, item: Outbound, within_budget: bool) -> Result<(), TrySendError> {
+        let w = item.weight();
         let mut q = self.shared.lock();
+        if within_budget && over_budget(q.bytes, w, self.shared.budget) {
+            return Err(TrySendError::OverBudget { queued: q.bytes });
+        }
         if q.receiver_gone {
             return Err(TrySendError::Closed);
         }
@@ -181,23 +206,28 @@ impl Sender {
             return Err(TrySendError::Full);
         }
         q.items.push_back(item);
+        q.bytes += w;
         drop(q);
         self.shared.arrived.notify_one();
         Ok(())
     }
 
+    /// Whether an item of `weight` bytes would fit the byte budget now, or the receiver
+    /// is gone (a send fails at once then, so there is nothing to wait for).
+    pub fn fits_or_closed(&self, weight: usize) -> bool {
+        let q = self.shared.lock();
+        q.receiver_gone || !over_budget(q.bytes, weight, self.shared.budget)
+    }
+
     /// Whether the receiver is gone.
-    pub fn is_closed(&self) -> bool {
+    #[cfg(test)]
+    fn is_closed(&self) -> bool {
         self.shared.lock().receiver_gone
     }
 
-    /// The bytes queued and not yet received, which senders add to before they send.
-    pub fn bytes(&self) -> &AtomicUsize {
-        &self.shared.bytes
-    }
-
     /// The byte budget the mailbox was made with.
-    pub fn budget(&self) -> usize {
+    #[cfg(test)]
+    fn budget(&self) -> usize {
         self.shared.budget
     }
 
@@ -247,10 +277,10 @@ impl Mailbox {
         if q.items.is_empty() && q.items.capacity() > KEEP_ITEMS {
             q.items = VecDeque::new();
         }
-        drop(q);
         let w = item.weight();
+        q.bytes -= w;
+        drop(q);
         if w > 0 {
-            self.shared.bytes.fetch_sub(w, Ordering::Relaxed);
             self.shared.drained.notify_waiters();
         }
         Taken::Item(item)
@@ -277,8 +307,9 @@ impl Mailbox {
     }
 
     /// Bytes queued and not yet received.
-    pub fn queued_bytes(&self) -> usize {
-        self.shared.bytes.load(Ordering::Relaxed)
+    #[cfg(test)]
+    fn queued_bytes(&self) -> usize {
+        self.shared.lock().bytes
     }
 
     /// Room the queue's buffer has now, in items.
@@ -351,7 +382,6 @@ mod tests {
     #[test]
     fn taking_an_item_gives_back_its_bytes() {
         let (tx, mut rx) = mailbox(10, 100);
-        tx.bytes().fetch_add(3, Ordering::Relaxed);
         tx.try_send(xml("abc")).unwrap();
         assert_eq!(rx.queued_bytes(), 3);
         rx.try_recv().unwrap();

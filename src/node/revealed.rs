@@ -9,11 +9,13 @@
 //! that way: 4 bytes per viewer, looked up by binary search, grown by an eighth at a time
 //! so that its spare room stays under an eighth. A hash map from id to relation held the
 //! same entries in 8-byte slots, a power of two of them kept at most seven-eighths full,
-//! plus a control byte per slot: 4.6 kB for 300 viewers against 1.2 kB here. Lookups are a
-//! handful of comparisons at these sizes. An insert or removal moves the entries after it:
-//! building a set of 300 moves about 180 kB in all, once per session; at the bound,
-//! `[limits] max_revealed_per_session` (5,000 by default), about 50 MB, a few milliseconds
-//! once for a user with that many contacts online. Nothing here runs per stanza.
+//! plus a control byte per slot: 4.6 kB for 300 viewers against 1.2 kB here. What delivery
+//! does per stanza (was the recipient shown this resource? record it again for a
+//! broadcast) is a binary search, a handful of comparisons at these sizes. Adding a new
+//! viewer or removing one moves the entries after it, once per viewer per session:
+//! building a set of 300 moves about 180 kB in all; at the bound, `[limits]
+//! max_revealed_per_session` (5,000 by default), about 50 MB, a few milliseconds once for
+//! a user with that many contacts online.
 
 use crate::node::names::{NameId, NAME_ID_BITS};
 use crate::policy::privacy::Relation;

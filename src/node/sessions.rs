@@ -378,8 +378,7 @@ impl SessionHandle {
             let mut drained = std::pin::pin!(drained);
             // Registered before the check, so a receive in between is not missed.
             drained.as_mut().enable();
-            let q = self.tx.bytes().load(Ordering::Relaxed);
-            if q == 0 || q.saturating_add(w) <= self.tx.budget() || self.tx.is_closed() {
+            if self.tx.fits_or_closed(w) {
                 break;
             }
             tokio::select! {
@@ -391,28 +390,24 @@ impl SessionHandle {
         self.send(stanza)
     }
 
-    /// The one rule of the mailbox's budget: an item that would take it beyond its count
-    /// or its bytes (unless it is empty: any one stanza fits) ends the session. The client
-    /// is not reading what is written to it; holding more for it would let one slow or
-    /// stalled client take memory from everyone.
+    /// What a session does when its mailbox refuses an item for its count or its bytes
+    /// (the mailbox's bounds, [`mailbox::Sender::try_send`]): it ends. The client is not
+    /// reading what is written to it; holding more for it would let one slow or stalled
+    /// client take memory from everyone.
     fn push(&self, msg: Outbound) -> bool {
-        let w = msg.weight();
-        let before = self.tx.bytes().fetch_add(w, Ordering::Relaxed);
-        if before > 0 && before.saturating_add(w) > self.tx.budget() {
-            self.tx.bytes().fetch_sub(w, Ordering::Relaxed);
-            tracing::warn!(
-                jid = %self.jid,
-                peer = ?self.origin.peer,
-                queued = before,
-                "session mailbox over its byte budget (session_queue_bytes); disconnecting"
-            );
-            self.kill.cancel();
-            return false;
-        }
         match self.tx.try_send(msg) {
             Ok(()) => true,
+            Err(TrySendError::OverBudget { queued }) => {
+                tracing::warn!(
+                    jid = %self.jid,
+                    peer = ?self.origin.peer,
+                    queued,
+                    "session mailbox over its byte budget (session_queue_bytes); disconnecting"
+                );
+                self.kill.cancel();
+                false
+            }
             Err(TrySendError::Full) => {
-                self.tx.bytes().fetch_sub(w, Ordering::Relaxed);
                 tracing::warn!(
                     jid = %self.jid,
                     peer = ?self.origin.peer,
@@ -421,16 +416,17 @@ impl SessionHandle {
                 self.kill.cancel();
                 false
             }
-            Err(TrySendError::Closed) => {
-                self.tx.bytes().fetch_sub(w, Ordering::Relaxed);
-                false
-            }
+            Err(TrySendError::Closed) => false,
         }
     }
 
     /// Asks the session to end its stream with `error`.
     pub fn close(&self, error: StreamError) {
-        if self.tx.try_send(Outbound::Close(Box::new(error))).is_err() {
+        if self
+            .tx
+            .try_send_control(Outbound::Close(Box::new(error)))
+            .is_err()
+        {
             self.kill.cancel();
         }
     }
@@ -455,12 +451,12 @@ impl SessionHandle {
 
     /// Asks the session to close its stream cleanly.
     pub fn try_end(&self) -> bool {
-        self.tx.try_send(Outbound::End).is_ok()
+        self.tx.try_send_control(Outbound::End).is_ok()
     }
 
     /// Asks the writer to stop after flushing; kills the session if the mailbox is full.
     pub fn finish(&self) {
-        if self.tx.try_send(Outbound::Finish).is_err() {
+        if self.tx.try_send_control(Outbound::Finish).is_err() {
             self.kill.cancel();
         }
     }
