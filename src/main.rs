@@ -22,6 +22,51 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[export_name = "_rjem_malloc_conf"]
 pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
+/// jemalloc's figures for `/metrics` (`presenced_allocator_*_bytes`), read through its
+/// `mallctl` interface. tikv-jemalloc-ctl would wrap this, but it pulls in the unmaintained
+/// `paste`; the four reads are all this needs.
+fn allocator_figures() -> Option<presenced::metrics::AllocatorFigures> {
+    use std::ffi::{c_void, CStr};
+    fn read(name: &CStr) -> Option<u64> {
+        let mut value: libc::size_t = 0;
+        let mut len = std::mem::size_of::<libc::size_t>();
+        // SAFETY: every name read here is a `size_t` statistic (jemalloc's manual, MALLCTL
+        // NAMESPACE); `value` and `len` are that size and outlive the call; nothing is written.
+        let rc = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                (&raw mut value).cast::<c_void>(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        (rc == 0).then_some(value as u64)
+    }
+    // The stats are a snapshot taken when the epoch advances; writing any value advances it.
+    let mut epoch: u64 = 1;
+    let mut len = std::mem::size_of::<u64>();
+    // SAFETY: "epoch" reads and writes a `uint64_t`; both buffers are that size and live.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"epoch".as_ptr(),
+            (&raw mut epoch).cast::<c_void>(),
+            &mut len,
+            (&raw mut epoch).cast::<c_void>(),
+            std::mem::size_of::<u64>(),
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    Some(presenced::metrics::AllocatorFigures {
+        allocated: read(c"stats.allocated")?,
+        active: read(c"stats.active")?,
+        resident: read(c"stats.resident")?,
+        metadata: read(c"stats.metadata")?,
+    })
+}
+
 /// `println!` that stops quietly when standard output is closed (`presenced … | head`).
 macro_rules! out {
     ($($t:tt)*) => { presenced::app::logging::println_safe(&format!($($t)*)) };
@@ -198,6 +243,7 @@ fn main() -> ExitCode {
         }
     };
     presenced::app::logging::init(&config.log);
+    presenced::metrics::report_allocator(allocator_figures);
     if let Command::Reload = cli.command {
         return match presenced::app::control::send_reload(&cli.config) {
             Ok(pid) => {

@@ -1230,6 +1230,10 @@ async fn timed_run(
 
     // --- logins ---
     let s0 = probe.sample();
+    let alloc0 = match &cli.metrics_url {
+        Some(u) => rest::allocator_bytes(u).await,
+        None => None,
+    };
     let store_rss0 = stores.fixed_rss_kb();
     let pg_private0 = stores.pg_private_kb().await;
     let st0 = stores.sample().await;
@@ -1298,6 +1302,17 @@ async fn timed_run(
         .sum();
     tokio::time::sleep(Duration::from_secs(cli.idle_secs)).await;
     let s_idle = probe.sample();
+    // Where the RSS growth sits in the allocator: live bytes, the rest of the pages that
+    // hold them, pages kept with nothing live, bookkeeping (presenced's /metrics).
+    if let (Some(a0), Some(u)) = (alloc0, &cli.metrics_url) {
+        if let Some(a1) = rest::allocator_bytes(u).await.filter(|_| rep.logins_ok > 0) {
+            let per = |i: usize| Some((a1[i] - a0[i]) / 1024.0 / rep.logins_ok as f64);
+            rep.alloc_allocated_kb_per_session = per(0);
+            rep.alloc_active_kb_per_session = per(1);
+            rep.alloc_resident_kb_per_session = per(2);
+            rep.alloc_metadata_kb_per_session = per(3);
+        }
+    }
     if probe.enabled() && rep.logins_ok > 0 {
         rep.rss_kb_idle_0 = Some(s0.rss_kb);
         rep.rss_kb_idle_n = Some(s_idle.rss_kb);

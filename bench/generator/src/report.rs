@@ -149,6 +149,13 @@ pub struct Report {
     /// per session, kB, and the total with it.
     pub pg_private_kb_per_session: Option<f64>,
     pub all_rss_kb_per_session: Option<f64>,
+    /// Growth of the server's allocator figures per idle session, kB (presenced's
+    /// `presenced_allocator_*_bytes`): live allocations; the pages that hold them; the
+    /// allocator's resident pages; its bookkeeping.
+    pub alloc_allocated_kb_per_session: Option<f64>,
+    pub alloc_active_kb_per_session: Option<f64>,
+    pub alloc_resident_kb_per_session: Option<f64>,
+    pub alloc_metadata_kb_per_session: Option<f64>,
     /// Server CPU seconds per 1,000 logins (login phase incl. initial presence fan-out).
     pub cpu_s_per_1000_logins: Option<f64>,
     /// CPU seconds of the server's storage processes (--store-pid, --pg-backends) per
@@ -334,6 +341,22 @@ impl Report {
                 num(self.pg_private_kb_per_session),
             ),
             ("all_rss_kb_per_session", num(self.all_rss_kb_per_session)),
+            (
+                "alloc_allocated_kb_per_session",
+                num(self.alloc_allocated_kb_per_session),
+            ),
+            (
+                "alloc_active_kb_per_session",
+                num(self.alloc_active_kb_per_session),
+            ),
+            (
+                "alloc_resident_kb_per_session",
+                num(self.alloc_resident_kb_per_session),
+            ),
+            (
+                "alloc_metadata_kb_per_session",
+                num(self.alloc_metadata_kb_per_session),
+            ),
             ("cpu_s_per_1000_logins", num(self.cpu_s_per_1000_logins)),
             (
                 "store_cpu_s_per_1000_logins",

@@ -196,6 +196,20 @@ pub fn per_change(
     }
 }
 
+/// The allocator's figures presenced exports (`presenced_allocator_*_bytes`, in the order
+/// allocated, active, resident, metadata), or None when the endpoint has none (a build on
+/// another allocator) or cannot be read.
+pub async fn allocator_bytes(metrics_url: &str) -> Option<[f64; 4]> {
+    let m = parse_prometheus(&http_get(metrics_url).await.ok()?);
+    let get = |what: &str| m.get(&format!("presenced_allocator_{what}_bytes")).copied();
+    Some([
+        get("allocated")?,
+        get("active")?,
+        get("resident")?,
+        get("metadata")?,
+    ])
+}
+
 /// Parses Prometheus text exposition into name → value (labels kept in the name).
 pub fn parse_prometheus(text: &str) -> HashMap<String, f64> {
     text.lines()
