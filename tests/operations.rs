@@ -1071,6 +1071,24 @@ async fn status_json_counts_only_visible_sessions_and_reports_the_stores() {
     }
     assert!(checked >= 15, "{checked}");
 
+    // The binary runs on jemalloc and says what it holds: live bytes within the pages that
+    // hold them, within its resident pages.
+    let figure = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} is not exported:\n{metrics}"))
+    };
+    let allocated = figure("presenced_allocator_allocated_bytes");
+    let active = figure("presenced_allocator_active_bytes");
+    let resident = figure("presenced_allocator_resident_bytes");
+    assert!(allocated > 0.0, "{allocated}");
+    assert!(
+        allocated <= active && active <= resident,
+        "{allocated} {active} {resident}"
+    );
+    assert!(figure("presenced_allocator_metadata_bytes") > 0.0);
+
     let (status, _) = server.terminate().await;
     assert!(status.success());
 }
