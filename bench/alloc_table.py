@@ -4,9 +4,9 @@
     bench/alloc_table.py ROOT BUILD K [K ...]
 
 ROOT holds one directory per run, named k<K>-<i>-<build> (bench/ab.py's layout), each with
-a presenced.json whose alloc_* figures come from presenced's /metrics
-(`presenced_allocator_*_bytes`, read by the generator before the logins and after the idle
-window). For each K, prints the median and min–max over BUILD's runs, per idle session, of:
+a presenced.json whose alloc_* figures are the allocator's, from presenced's admin `stats`
+(its /metrics in build 6435420), read by the generator before the logins and after the idle
+window. For each K, prints the median and min–max over BUILD's runs, per idle session, of:
 
 - RSS: the process's growth, what the headline's memory figures count;
 - live: bytes in live allocations (jemalloc's stats.allocated);

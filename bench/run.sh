@@ -551,9 +551,9 @@ bind = "127.0.0.1"
 port = 0
 tls = false
 [admin]
-# /metrics for the write rates at rest.
+# /metrics for the write rates at rest; the socket for the allocator's figures (stats).
 port = $3
-socket = ""
+socket = "$DATA/$1/admin.sock"
 [s2s]
 # No federation in the bench (and no listener on 0.0.0.0:5269 that others may use).
 enabled = false
@@ -618,6 +618,7 @@ presenced_stop() {
 # Sources of the write rates at rest (presenced only; the peers' columns say n/a).
 presenced_rest_args() {
     REST_ARGS=(--metrics-url "http://127.0.0.1:$PRESENCED_HTTP_PORT/metrics"
+               --admin-socket "$DATA/presenced/admin.sock"
                --redis-stats "redis://127.0.0.1:$BENCH_REDIS_PORT"
                --pg-stats "${PRESENCED_DB%/*}/postgres" --pg-stats-db "${PRESENCED_DB##*/}"
                # Its storage works for it: charge that CPU too (the peers' is in-process).
@@ -770,7 +771,8 @@ run_one() { # name port
         && REST_ARGS=(--pg-stats "postgres://postgres@127.0.0.1:5432/postgres"
                       --pg-stats-db "$PROSODY_DB" --pg-backends)
     # The embedded server's own counters (its liveness table writes) at rest.
-    [ "$name" = embedded ] && REST_ARGS=(--metrics-url "http://127.0.0.1:$EMBEDDED_HTTP_PORT/metrics")
+    [ "$name" = embedded ] && REST_ARGS=(--metrics-url "http://127.0.0.1:$EMBEDDED_HTTP_PORT/metrics"
+                                         --admin-socket "$DATA/embedded/admin.sock")
     local rc=0 load_before started
     load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
     started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"

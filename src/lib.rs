@@ -37,7 +37,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod liveness;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod node;
 pub(crate) mod policy;
 pub(crate) mod routing;

@@ -22,10 +22,10 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[export_name = "_rjem_malloc_conf"]
 pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
-/// jemalloc's figures for `/metrics` (`presenced_allocator_*_bytes`), read through its
+/// jemalloc's figures for the admin socket's `stats` (`allocator`), read through its
 /// `mallctl` interface. tikv-jemalloc-ctl would wrap this, but it pulls in the unmaintained
 /// `paste`; the four reads are all this needs.
-fn allocator_figures() -> Option<presenced::metrics::AllocatorFigures> {
+fn allocator_figures() -> Option<presenced::app::admin::AllocatorFigures> {
     use std::ffi::{c_void, CStr};
     fn read(name: &CStr) -> Option<u64> {
         let mut value: libc::size_t = 0;
@@ -59,7 +59,7 @@ fn allocator_figures() -> Option<presenced::metrics::AllocatorFigures> {
     if rc != 0 {
         return None;
     }
-    Some(presenced::metrics::AllocatorFigures {
+    Some(presenced::app::admin::AllocatorFigures {
         allocated: read(c"stats.allocated")?,
         active: read(c"stats.active")?,
         resident: read(c"stats.resident")?,
@@ -243,7 +243,7 @@ fn main() -> ExitCode {
         }
     };
     presenced::app::logging::init(&config.log);
-    presenced::metrics::report_allocator(allocator_figures);
+    presenced::app::admin::report_allocator(allocator_figures);
     if let Command::Reload = cli.command {
         return match presenced::app::control::send_reload(&cli.config) {
             Ok(pid) => {

@@ -13,7 +13,9 @@
 //!
 //! The endpoint has no authentication, so no figure here may be finer than what it already
 //! shows (the number of bound sessions): counters move on a client's own acts or on decisions
-//! that do not depend on whether the other party is online.
+//! that do not depend on whether the other party is online. For that reason the process's
+//! memory is not here: it grows with every session, invisible ones included, so the
+//! allocator's figures go to operators through the admin socket's `stats`.
 
 use std::sync::{Arc, OnceLock};
 
@@ -177,33 +179,6 @@ impl Metrics {
     }
 }
 
-/// What the memory allocator holds, in bytes, read at scrape time (jemalloc's `stats.*`
-/// figures; the binary that installs the allocator hands in the reader with
-/// [`report_allocator`]). The gaps between them say where memory that is not live data
-/// goes: `active − allocated` is the unused part of pages that hold live objects
-/// (fragmentation), `resident − active` pages the allocator keeps but no object uses, plus
-/// its own `metadata`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AllocatorFigures {
-    /// Bytes in live allocations.
-    pub allocated: u64,
-    /// Bytes in pages that hold at least one live allocation.
-    pub active: u64,
-    /// Bytes of the allocator's pages that are resident in memory.
-    pub resident: u64,
-    /// Bytes of the allocator's own bookkeeping.
-    pub metadata: u64,
-}
-
-/// The reader of the allocator's figures, when the process runs on an allocator that keeps
-/// them (the `presenced` binary; tests run on the system allocator and show none).
-static ALLOCATOR: OnceLock<fn() -> Option<AllocatorFigures>> = OnceLock::new();
-
-/// Makes `/metrics` show the allocator's figures, read by `read` at each scrape.
-pub fn report_allocator(read: fn() -> Option<AllocatorFigures>) {
-    let _ = ALLOCATOR.set(read);
-}
-
 /// Writes, at scrape time, the figures whose owners keep them as plain state (the server's
 /// sessions, liveness counters, federation counts): given by [`Metrics::attach`].
 pub(crate) type NodeFigures =
@@ -223,49 +198,11 @@ impl std::fmt::Debug for NodeCollector {
 
 impl Collector for NodeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        if let Some(read) = self.read.get() {
-            read(&mut encoder)?;
+        match self.read.get() {
+            Some(read) => read(&mut encoder),
+            None => Ok(()),
         }
-        if let Some(figures) = ALLOCATOR.get().and_then(|read| read()) {
-            allocator(&mut encoder, figures)?;
-        }
-        Ok(())
     }
-}
-
-/// Encodes the allocator's figures as gauges (in bytes: coarse sums over every session, no
-/// finer than the session count beside them).
-fn allocator(encoder: &mut DescriptorEncoder, f: AllocatorFigures) -> Result<(), std::fmt::Error> {
-    for (name, help, value) in [
-        (
-            "allocator_allocated_bytes",
-            "Bytes in live allocations.",
-            f.allocated,
-        ),
-        (
-            "allocator_active_bytes",
-            "Bytes in the allocator's pages that hold live allocations.",
-            f.active,
-        ),
-        (
-            "allocator_resident_bytes",
-            "Bytes of the allocator's pages resident in memory.",
-            f.resident,
-        ),
-        (
-            "allocator_metadata_bytes",
-            "Bytes of the allocator's own bookkeeping.",
-            f.metadata,
-        ),
-    ] {
-        gauge(
-            encoder,
-            name,
-            help,
-            i64::try_from(value).unwrap_or(i64::MAX),
-        )?;
-    }
-    Ok(())
 }
 
 /// Encodes one counter read from an atomic owned elsewhere (`name` without `_total`).
@@ -313,41 +250,6 @@ mod tests {
             // Every reason is exported from the start, so a rate over it is defined.
             "presenced_stanzas_dropped_total{reason=\"stanza_rate\"} 0",
             "# EOF",
-        ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "{line} missing in:\n{text}"
-            );
-        }
-    }
-
-    /// Encodes the figures `allocator` is given, as a registry would at scrape time.
-    #[derive(Debug)]
-    struct Fixed(AllocatorFigures);
-
-    impl Collector for Fixed {
-        fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-            allocator(&mut encoder, self.0)
-        }
-    }
-
-    #[test]
-    fn allocator_figures_render_as_gauges_in_bytes() {
-        let mut registry = Registry::with_prefix("presenced");
-        registry.register_collector(Box::new(Fixed(AllocatorFigures {
-            allocated: 1000,
-            active: 4096,
-            resident: 8192,
-            metadata: 512,
-        })));
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        for line in [
-            "# TYPE presenced_allocator_allocated_bytes gauge",
-            "presenced_allocator_allocated_bytes 1000",
-            "presenced_allocator_active_bytes 4096",
-            "presenced_allocator_resident_bytes 8192",
-            "presenced_allocator_metadata_bytes 512",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -147,6 +147,37 @@ pub struct Stats {
     pub s2s_outgoing_links: usize,
     /// Liveness backend (`redis` or `in-process`).
     pub liveness: String,
+    /// What the memory allocator holds, when the process runs on one that counts it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<AllocatorFigures>,
+}
+
+/// What the memory allocator holds, in bytes (jemalloc's `stats.*` figures, read by the
+/// binary that installs it and handed in with [`report_allocator`]). The gaps between them
+/// say where memory that is not live data goes: `active − allocated` is free room inside
+/// pages that still hold live data, which the allocator cannot give back; `resident −
+/// active` its own bookkeeping and pages it keeps with nothing live. Operators' figures:
+/// they grow with every session, invisible ones included, so `/metrics` does not show them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatorFigures {
+    /// Bytes in live allocations.
+    pub allocated: u64,
+    /// Bytes in pages that hold at least one live allocation.
+    pub active: u64,
+    /// Bytes of the allocator's pages resident in memory.
+    pub resident: u64,
+    /// Bytes of the allocator's own bookkeeping.
+    pub metadata: u64,
+}
+
+/// The reader of the allocator's figures: set by the `presenced` binary, which installs
+/// jemalloc; the tests run on the system allocator and report none.
+static ALLOCATOR: std::sync::OnceLock<fn() -> Option<AllocatorFigures>> =
+    std::sync::OnceLock::new();
+
+/// Makes `stats` report the allocator's figures, read by `read` at each request.
+pub fn report_allocator(read: fn() -> Option<AllocatorFigures>) {
+    let _ = ALLOCATOR.set(read);
 }
 
 /// Binds `[admin] socket` (if set) and serves it until shutdown. A socket file left by a
@@ -355,6 +386,7 @@ fn stats(shared: &Shared, started: std::time::Instant) -> Stats {
         sessions_websocket: 0,
         s2s_outgoing_links: shared.s2s.outgoing_links(),
         liveness: shared.liveness.backend.name().into(),
+        allocator: ALLOCATOR.get().and_then(|read| read()),
     };
     shared.sessions.for_each(|h| {
         s.sessions += 1;
@@ -645,6 +677,13 @@ pub fn render(req: &Request, answer: &serde_json::Value) -> String {
         Request::Stats => {
             if let Some(map) = answer.as_object() {
                 for (k, v) in map {
+                    // A group of figures (the allocator's) gets a line each: `allocator.active: …`.
+                    if let Some(group) = v.as_object() {
+                        for (part, v) in group {
+                            out.push_str(&format!("{k}.{part}: {v}\n"));
+                        }
+                        continue;
+                    }
                     let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
                     out.push_str(&format!("{k}: {v}\n"));
                 }

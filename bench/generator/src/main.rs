@@ -209,6 +209,9 @@ struct Cli {
     /// presenced's Prometheus endpoint, e.g. http://127.0.0.1:29280/metrics (loopback).
     #[arg(long)]
     metrics_url: Option<String>,
+    /// presenced's admin socket, for the allocator's figures at the memory samples.
+    #[arg(long)]
+    admin_socket: Option<String>,
     /// Redis the server writes to, for INFO commandstats deltas (exact only if private).
     #[arg(long)]
     redis_stats: Option<String>,
@@ -1230,8 +1233,8 @@ async fn timed_run(
 
     // --- logins ---
     let s0 = probe.sample();
-    let alloc0 = match &cli.metrics_url {
-        Some(u) => rest::allocator_bytes(u).await,
+    let alloc0 = match &cli.admin_socket {
+        Some(path) => rest::allocator_bytes(path).await,
         None => None,
     };
     let store_rss0 = stores.fixed_rss_kb();
@@ -1303,8 +1306,8 @@ async fn timed_run(
     tokio::time::sleep(Duration::from_secs(cli.idle_secs)).await;
     let s_idle = probe.sample();
     // Where the RSS growth sits in the allocator: live bytes, the rest of the pages that
-    // hold them, pages kept with nothing live, bookkeeping (presenced's /metrics).
-    if let (Some(a0), Some(u)) = (alloc0, &cli.metrics_url) {
+    // hold them, pages kept with nothing live, bookkeeping (presenced's admin socket).
+    if let (Some(a0), Some(u)) = (alloc0, &cli.admin_socket) {
         if let Some(a1) = rest::allocator_bytes(u).await.filter(|_| rep.logins_ok > 0) {
             let per = |i: usize| Some((a1[i] - a0[i]) / 1024.0 / rep.logins_ok as f64);
             rep.alloc_allocated_kb_per_session = per(0);

@@ -149,8 +149,8 @@ pub struct Report {
     /// per session, kB, and the total with it.
     pub pg_private_kb_per_session: Option<f64>,
     pub all_rss_kb_per_session: Option<f64>,
-    /// Growth of the server's allocator figures per idle session, kB (presenced's
-    /// `presenced_allocator_*_bytes`): live allocations; the pages that hold them; the
+    /// Growth of the server's allocator figures per idle session, kB (presenced's admin
+    /// `stats`, its `allocator` figures): live allocations; the pages that hold them; the
     /// allocator's resident pages; its bookkeeping.
     pub alloc_allocated_kb_per_session: Option<f64>,
     pub alloc_active_kb_per_session: Option<f64>,

@@ -196,12 +196,34 @@ pub fn per_change(
     }
 }
 
-/// The allocator's figures presenced exports (`presenced_allocator_*_bytes`, in the order
-/// allocated, active, resident, metadata), or None when the endpoint has none (a build on
-/// another allocator) or cannot be read.
-pub async fn allocator_bytes(metrics_url: &str) -> Option<[f64; 4]> {
-    let m = parse_prometheus(&http_get(metrics_url).await.ok()?);
-    let get = |what: &str| m.get(&format!("presenced_allocator_{what}_bytes")).copied();
+/// The allocator's figures presenced's admin socket gives in its `stats` answer
+/// (`"allocator":{"allocated":…,"active":…,"resident":…,"metadata":…}`, bytes), in that
+/// order, or None when the answer has none (a build on another allocator) or the socket
+/// cannot be read. They are not on /metrics: they grow with invisible sessions too.
+pub async fn allocator_bytes(admin_socket: &str) -> Option<[f64; 4]> {
+    use tokio::io::AsyncBufReadExt;
+    let mut s = tokio::net::UnixStream::connect(admin_socket).await.ok()?;
+    s.write_all(b"{\"command\":\"stats\"}\n").await.ok()?;
+    let mut answer = String::new();
+    tokio::io::BufReader::new(s.take(1 << 20))
+        .read_line(&mut answer)
+        .await
+        .ok()?;
+    parse_allocator(&answer)
+}
+
+/// The four figures of the `"allocator"` object in a `stats` answer (see [`allocator_bytes`]).
+fn parse_allocator(answer: &str) -> Option<[f64; 4]> {
+    let group = &answer[answer.find("\"allocator\":{")?..];
+    let group = &group[..group.find('}')?];
+    let get = |what: &str| -> Option<f64> {
+        let at = group.find(&format!("\"{what}\":"))? + what.len() + 3;
+        let digits: String = group[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    };
     Some([
         get("allocated")?,
         get("active")?,
@@ -513,6 +535,17 @@ mod tests {
         assert_eq!(m.get("presenced_redis_writes_total"), Some(&42.0));
         assert_eq!(m.get("presenced_redis_up"), Some(&1.0));
         assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn allocator_figures_are_read_from_the_stats_answer() {
+        let answer = "{\"Ok\":{\"version\":\"0.1.0\",\"sessions\":3,\"allocator\":\
+            {\"allocated\":1000,\"active\":4096,\"resident\":8192,\"metadata\":512}}}\n";
+        assert_eq!(
+            parse_allocator(answer),
+            Some([1000.0, 4096.0, 8192.0, 512.0])
+        );
+        assert_eq!(parse_allocator("{\"Ok\":{\"sessions\":3}}\n"), None);
     }
 
     #[test]
