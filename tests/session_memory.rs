@@ -62,6 +62,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The count is the whole process's, and the test harness runs tests on parallel threads:
+/// a heap test measured while another runs would charge that test's server to its own
+/// sessions (seen as 16.8 kB per session against 15.0 measured alone). Each heap test holds
+/// this for its whole run.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn live() -> isize {
     LIVE.load(Ordering::Relaxed)
 }
@@ -122,6 +128,7 @@ async fn client_fleet() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_tls_session_heap_stays_under_bound() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let mut fleet = Fleet::start(&[("u", WARM), ("u", MEASURED)]).await;
     fleet.batch_done(WARM, 0).await;
     let before = live();
@@ -182,6 +189,7 @@ const BOUND_PER_CONTACT: isize = 16;
 /// `CONTACTS` mutual contacts each and a batch of the same size without.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_session_heap_per_contact_stays_under_bound() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let batches = [("u", WARM), ("plain", MEASURED), ("ring", MEASURED)];
     let mut fleet = Fleet::start(&batches).await;
     let first = WARM + MEASURED;
