@@ -1307,8 +1307,8 @@ async fn timed_run(
     let s_idle = probe.sample();
     // Where the RSS growth sits in the allocator: live bytes, the rest of the pages that
     // hold them, pages kept with nothing live, bookkeeping (presenced's admin socket).
-    if let (Some(a0), Some(u)) = (alloc0, &cli.admin_socket) {
-        if let Some(a1) = rest::allocator_bytes(u).await.filter(|_| rep.logins_ok > 0) {
+    if let (Some(a0), Some(u), true) = (alloc0, &cli.admin_socket, rep.logins_ok > 0) {
+        if let Some(a1) = rest::allocator_bytes(u).await {
             let per = |i: usize| Some((a1[i] - a0[i]) / 1024.0 / rep.logins_ok as f64);
             rep.alloc_allocated_kb_per_session = per(0);
             rep.alloc_active_kb_per_session = per(1);
