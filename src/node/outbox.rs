@@ -389,13 +389,27 @@ impl Outbox {
         reach: Reach,
     ) -> Vec<String> {
         let record = matches!(reach, Reach::Record { .. });
+        // Without other nodes nothing goes elsewhere, and a recipient reached here moves
+        // into `reached` instead of being copied (a login's broadcast names every contact).
+        let peers = self.cluster.has_peers();
         let mut reached = Vec::new();
-        for to in &recipients {
-            if self.xml_to_available(to, || once.to(to)) > 0 && record {
-                reached.push(to.clone());
+        let mut elsewhere: Vec<String> = Vec::new();
+        if peers {
+            elsewhere.reserve(recipients.len() + 1);
+            elsewhere.extend(own);
+        }
+        for to in recipients {
+            let here = self.xml_to_available(&to, || once.to(&to)) > 0 && record;
+            match (here, peers) {
+                (true, true) => {
+                    reached.push(to.clone());
+                    elsewhere.push(to);
+                }
+                (true, false) => reached.push(to),
+                (false, true) => elsewhere.push(to),
+                (false, false) => {}
             }
         }
-        let elsewhere: Vec<String> = own.into_iter().chain(recipients).collect();
         match reach {
             Reach::Send => {
                 let xml = Arc::new(once.unaddressed().to_owned());

@@ -466,6 +466,12 @@ impl SessionHandle {
         self.read(|p| p.last.clone())
     }
 
+    /// [`Self::last_presence`] as a client stream carries it to `to`, serialised under the
+    /// state's lock instead of cloned (one allocation).
+    pub fn last_presence_to(&self, to: &str) -> Option<String> {
+        self.read(|p| p.last.as_ref().map(|l| l.to_xml_addressed(to)))
+    }
+
     /// Reads the state under its lock without copying it. `f` must not block.
     pub fn read<T>(&self, f: impl FnOnce(&SessionState) -> T) -> T {
         match self.state.lock() {

@@ -10,21 +10,32 @@ use std::sync::{Arc, Mutex};
 /// Lives in [`crate::node::Shared`].
 #[derive(Debug, Default)]
 pub struct SubjectLocks {
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    locks: Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl SubjectLocks {
     /// Takes the lock for presence decisions and deliveries about `subject` (bare JID).
     /// The entry is removed again when the last holder or waiter lets go, so the map holds
     /// only subjects being worked on.
+    ///
+    /// The guard shares the map's key: a login takes one lock per contact it probes, so a
+    /// subject already locked costs no allocation and a new one a single copy of its name.
     pub async fn lock_subject(&self, subject: &str) -> SubjectGuard<'_> {
-        let lock = {
+        let (subject, lock) = {
             let mut map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            map.entry(subject.to_owned()).or_default().clone()
+            match map.get_key_value(subject) {
+                Some((key, lock)) => (Arc::clone(key), Arc::clone(lock)),
+                None => {
+                    let key: Arc<str> = Arc::from(subject);
+                    let lock = Arc::new(tokio::sync::Mutex::new(()));
+                    map.insert(Arc::clone(&key), Arc::clone(&lock));
+                    (key, lock)
+                }
+            }
         };
         SubjectGuard {
             registry: self,
-            subject: subject.to_owned(),
+            subject,
             guard: Some(lock.lock_owned().await),
         }
     }
@@ -43,7 +54,7 @@ impl SubjectLocks {
 /// [`SubjectLocks::lock_subject`].
 pub struct SubjectGuard<'a> {
     registry: &'a SubjectLocks,
-    subject: String,
+    subject: Arc<str>,
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 

@@ -240,27 +240,31 @@ impl Store {
         Ok(inputs)
     }
 
-    /// The version and items of [`Store::login_roster`] of local user `subject_bare`, for
-    /// the session `session`, whose presence goes out as `subject_forms`; when `keep` is
-    /// set, the gate's part of the same read is cached
-    /// for that session as a presence change's would be, so the initial presence that
-    /// follows the roster get (RFC 6121 §2.2) decides on the same read instead of reading
-    /// the roster again. The initial presence drops the entry once it used it
-    /// ([`Store::forget_audience_of`]), so an idle session still costs no cache memory.
-    pub async fn login_roster_for(
+    /// What `reply` makes of the version and items of [`Store::login_roster`] of local
+    /// user `subject_bare` (the roster result), for the session `session`, whose presence
+    /// goes out as `subject_forms`; when `keep` is set, the gate's part of the same read is
+    /// then cached for that session as a presence change's would be, so the initial
+    /// presence that follows the roster get (RFC 6121 §2.2) decides on the same read
+    /// instead of reading the roster again. The items become those inputs after `reply`
+    /// ([`super::gate_inputs::LoginRoster::into_inputs`]): one copy of each contact. The
+    /// initial presence drops the entry once it used it ([`Store::forget_audience_of`]),
+    /// so an idle session still costs no cache memory.
+    pub async fn login_roster_for<R>(
         &self,
         subject_bare: &str,
         session: u64,
         subject_forms: &[String],
         keep: bool,
-    ) -> Result<(i64, Vec<super::RosterItem>), StoreError> {
+        reply: impl FnOnce(i64, &[super::RosterItem]) -> R,
+    ) -> Result<R, StoreError> {
         let epoch = self.audience.epoch.load(Ordering::Relaxed);
         let login = self.login_roster(subject_bare, subject_forms).await?;
+        let answer = reply(login.version, &login.items);
         if keep {
-            let inputs = Arc::new(login.inputs);
+            let inputs = Arc::new(login.into_inputs());
             self.audience.put(epoch, subject_bare, session, &inputs);
         }
-        Ok((login.version, login.items))
+        Ok(answer)
     }
 
     /// Drops the cached inputs of local user `owner` (its roster or settings changed).

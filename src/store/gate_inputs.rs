@@ -98,18 +98,31 @@ pub struct AudienceInputs {
 
 /// One login's read of a user's roster ([`Store::login_roster`]): what the roster result
 /// shows and what the privacy gate decides the initial broadcast and the probes on, from
-/// the same rows.
+/// the same rows. The items come first (the roster result is built from them); the gate's
+/// inputs are then made from the same items ([`LoginRoster::into_inputs`]), each contact's
+/// JID moved rather than copied: a login holds those inputs until its initial presence,
+/// and a copy per contact was most of its short-lived memory at K = 300 (BENCHMARKS.md).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoginRoster {
     /// The roster's XEP-0237 version (0 without a roster row).
     pub version: i64,
     /// The items, ordered by contact, cut to the limits.
     pub items: Vec<RosterItem>,
-    /// The gate's inputs for the user's presence.
-    pub inputs: AudienceInputs,
+    /// The user's settings (defaults when it never changed them).
+    pub settings: PrivacySettings,
+    /// For each item, in order: (the contact's block list matches the user's JID, the
+    /// user's block list matches the contact).
+    pub(super) blocks: Vec<(bool, bool)>,
 }
 
 impl LoginRoster {
+    /// Room for `rows` rows, taken once (grown by doubling, the lists would hold up to
+    /// twice what they use until the login's initial presence).
+    pub(super) fn reserve(&mut self, rows: usize) {
+        self.items.reserve_exact(rows);
+        self.blocks.reserve_exact(rows);
+    }
+
     /// Adds one row as read: its item (`None`: its contact is no JID, left out of both)
     /// with the block flags between the user and that contact.
     pub(super) fn push(
@@ -119,21 +132,37 @@ impl LoginRoster {
         blocked_by_subject: bool,
     ) {
         let Some(item) = item else { return };
-        self.inputs.roster.push(AudienceContact {
-            contact: item.contact.clone(),
-            subscription: item.subscription,
-            blocks_subject,
-            blocked_by_subject,
-        });
         self.items.push(item);
+        self.blocks.push((blocks_subject, blocked_by_subject));
+    }
+
+    /// The gate's inputs for the user's presence: [`Store::audience_inputs`] as this read
+    /// has them, the items' contacts moved into them.
+    pub fn into_inputs(self) -> AudienceInputs {
+        let roster = self
+            .items
+            .into_iter()
+            .zip(self.blocks)
+            .map(
+                |(item, (blocks_subject, blocked_by_subject))| AudienceContact {
+                    contact: item.contact,
+                    subscription: item.subscription,
+                    blocks_subject,
+                    blocked_by_subject,
+                },
+            )
+            .collect();
+        AudienceInputs {
+            settings: self.settings,
+            roster,
+        }
     }
 }
 
-/// One probed subject, as seen from the prober.
+/// One probed subject, as seen from the prober: [`Store::probe_inputs`] gives one for each
+/// subject asked for, in the order asked (the subject's JID is not copied into it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeSubject {
-    /// The subject's bare JID, as passed in.
-    pub subject: BareJid,
     /// The subject's roster item for the prober, if any.
     pub subscription: Option<Subscription>,
     /// The subject's settings (defaults when it never changed them or is no account).
@@ -170,7 +199,7 @@ pub(super) fn settings_from(
 
 /// The probe statements give one row per subject, in order; the rows are paired with the
 /// subjects asked for, so a count that differs is a broken statement.
-pub(super) fn probe_rows(subjects: &[BareJid], rows: usize) -> Result<(), StoreError> {
+pub(super) fn probe_rows(subjects: &[&BareJid], rows: usize) -> Result<(), StoreError> {
     if rows != subjects.len() {
         return Err(StoreError::Corrupt(format!(
             "{rows} probe rows for {} subjects",
@@ -303,9 +332,10 @@ impl Store {
         .fetch_all(pool)
         .await?;
         let mut login = LoginRoster::default();
+        login.reserve(rows.len());
         if let Some(first) = rows.first() {
             login.version = first.try_get("roster_version")?;
-            login.inputs.settings = settings_from(
+            login.settings = settings_from(
                 (
                     first.try_get("online")?,
                     first.try_get("online_except")?,
@@ -315,7 +345,7 @@ impl Store {
                 &defaults,
             )?;
         } else {
-            login.inputs.settings = defaults;
+            login.settings = defaults;
         }
         for row in &rows {
             if row.try_get::<Option<String>, _>("contact")?.is_none() {
@@ -339,7 +369,7 @@ impl Store {
         &self,
         prober: &str,
         prober_forms: &[String],
-        subjects: &[BareJid],
+        subjects: &[&BareJid],
     ) -> Result<Vec<ProbeSubject>, StoreError> {
         type Row = (
             Option<String>,
@@ -383,16 +413,10 @@ impl Store {
         .fetch_all(pool)
         .await?;
         probe_rows(subjects, rows.len())?;
-        subjects
-            .iter()
-            .zip(rows)
+        rows.into_iter()
             .map(
-                |(
-                    subject,
-                    (sub, online, online_except, last_seen, last_seen_except, bp, bbp, la),
-                )| {
+                |(sub, online, online_except, last_seen, last_seen_except, bp, bbp, la)| {
                     Ok(ProbeSubject {
-                        subject: subject.clone(),
                         subscription: sub.as_deref().map(subscription_from).transpose()?,
                         settings: settings_from(
                             (online, online_except, last_seen, last_seen_except),

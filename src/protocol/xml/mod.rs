@@ -174,6 +174,26 @@ impl Element {
     /// stream's content namespace for a stanza): an `xmlns` is emitted only where it changes.
     /// `stream_ns` replaces [`NS_CLIENT`] so the same stanza can go on a server stream.
     pub fn write_to(&self, out: &mut String, parent_ns: &str, stream_ns: &str) {
+        self.write_addressed(out, parent_ns, stream_ns, None);
+    }
+
+    /// The element as a client stream carries it, addressed to `to` (any `to` it has is
+    /// left out): what a clone with `to` set would serialise to, without the clone. One
+    /// allocation, for a copy of a stored stanza sent to one recipient (a probe answer).
+    pub fn to_xml_addressed(&self, to: &str) -> String {
+        let mut out = String::with_capacity(self.weight() + to.len() + 8);
+        self.write_addressed(&mut out, NS_CLIENT, NS_CLIENT, Some(to));
+        out
+    }
+
+    /// [`Self::write_to`], with `to` (if given) in place of this element's own `to`.
+    fn write_addressed(
+        &self,
+        out: &mut String,
+        parent_ns: &str,
+        stream_ns: &str,
+        to: Option<&str>,
+    ) {
         let ns = if self.ns == NS_CLIENT {
             stream_ns
         } else {
@@ -186,7 +206,15 @@ impl Element {
             escape_into(out, ns);
             out.push('\'');
         }
+        if let Some(to) = to {
+            out.push_str(" to='");
+            escape_into(out, to);
+            out.push('\'');
+        }
         for (k, v) in &self.attrs {
+            if to.is_some() && k == "to" {
+                continue;
+            }
             out.push(' ');
             out.push_str(k);
             out.push_str("='");
@@ -415,5 +443,32 @@ mod tests {
             assert_eq!(parsed.children, stamped.children);
             assert_eq!(parsed.attrs.len(), stamped.attrs.len());
         }
+    }
+
+    #[test]
+    fn stored_stanza_serialised_for_one_recipient_equals_an_addressed_clone() {
+        let el = Element::new("presence", NS_CLIENT)
+            .attr("from", "a@x/r")
+            .attr("to", "old@x")
+            .child(Element::new("show", NS_CLIENT).text("away"))
+            .child(Element::new("c", "http://jabber.org/protocol/caps").attr("ver", "v'1"));
+        for to in ["b@x", "o'brien@x/<r>"] {
+            let mut clone = el.clone();
+            clone.set_attr("to", to);
+            let xml = el.to_xml_addressed(to);
+            // The same element, its attributes in another order (`to` first).
+            let sorted = |e: Option<Element>| {
+                let mut e = e.expect("well-formed");
+                e.attrs.sort();
+                e
+            };
+            assert_eq!(sorted(parse_element(&xml)), sorted(Some(clone)), "{xml}");
+            assert_eq!(xml.matches(" to=").count(), 1, "{xml}");
+        }
+        let bare = Element::new("presence", NS_CLIENT).attr("from", "a@x/r");
+        assert_eq!(
+            bare.to_xml_addressed("b@x"),
+            "<presence to='b@x' from='a@x/r'/>"
+        );
     }
 }

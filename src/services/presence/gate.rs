@@ -357,9 +357,40 @@ pub async fn probe_answer(
     pres: &Presence,
     prober: &Jid,
     subject: &BareJid,
-    deliver: impl FnMut(Element),
+    deliver: impl FnMut(Answer),
 ) {
-    probe_answers(pres, prober, std::slice::from_ref(subject), None, deliver).await;
+    probe_answers(pres, prober, vec![subject], None, deliver).await;
+}
+
+/// One probe answer: built for this prober, or, for a local prober, a session's stored
+/// presence already serialised for the prober's stream (no clone of the stored element:
+/// a login's probes answer every online contact).
+#[derive(Debug)]
+pub enum Answer {
+    /// A stanza built for the prober.
+    Built(Element),
+    /// A client-stream serialisation, addressed to the prober (local probers only).
+    Serialised(String),
+}
+
+impl Answer {
+    /// The answer as an element (what federation routes): a local prober's is parsed
+    /// back, which no caller needs, but an answer is never dropped for its form.
+    pub fn into_element(self) -> Option<Element> {
+        match self {
+            Answer::Built(el) => Some(el),
+            Answer::Serialised(xml) => crate::protocol::xml::parse_element(&xml),
+        }
+    }
+}
+
+impl crate::node::outbox::Payload for Answer {
+    fn queue_on(self, handle: &crate::node::sessions::SessionHandle) -> bool {
+        match self {
+            Answer::Built(el) => el.queue_on(handle),
+            Answer::Serialised(xml) => xml.queue_on(handle),
+        }
+    }
 }
 
 /// [`probe_answer`] for several local subjects at once, as at the prober's login
@@ -375,13 +406,12 @@ pub async fn probe_answer(
 pub async fn probe_answers(
     pres: &Presence,
     prober: &Jid,
-    subjects: &[BareJid],
+    mut subjects: Vec<&BareJid>,
     prober_settings: Option<&PrivacySettings>,
-    mut deliver: impl FnMut(Element),
+    mut deliver: impl FnMut(Answer),
 ) {
     let prober_bare_jid = prober.to_bare();
     let prober_bare = prober_bare_jid.as_str();
-    let mut subjects: Vec<BareJid> = subjects.to_vec();
     subjects.sort();
     subjects.dedup();
     let mut guards = Vec::with_capacity(subjects.len());
@@ -410,7 +440,8 @@ pub async fn probe_answers(
     let default = PrivacySettings::default();
     // Sessions on other nodes shown to the prober, one message per node.
     let mut reveals: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-    for row in rows {
+    // One row per subject, in order (`Store::probe_inputs`).
+    for (subject, row) in subjects.iter().zip(rows) {
         // Only an approved subscriber gets anything (the Openfire OF-820 leak).
         if !row.subscription.is_some_and(|s| s.has_from()) {
             continue;
@@ -424,7 +455,6 @@ pub async fn probe_answers(
         if blocks.by_subject || blocks.by_viewer {
             continue;
         }
-        let subject = &row.subject;
         let online = Inputs {
             viewer: &prober_bare_jid,
             viewer_settings: &default,
@@ -437,18 +467,25 @@ pub async fn probe_answers(
         let mut sent = false;
         if decide_with(Signal::Online, online) {
             for s in visible_sessions(pres, subject.as_str()) {
-                if let Some(mut last) = s.last_presence() {
+                let answer = if prober_local {
+                    s.last_presence_to(prober.as_str()).map(Answer::Serialised)
+                } else {
+                    s.last_presence().map(|mut last| {
+                        last.set_attr("to", prober.as_str());
+                        Answer::Built(last)
+                    })
+                };
+                if let Some(answer) = answer {
                     if !s.reveal(prober_bare, Relation::Subscriber) {
                         continue;
                     }
-                    last.set_attr("to", prober.as_str());
-                    deliver(last);
+                    deliver(answer);
                     sent = true;
                 }
             }
             for (h, mut p) in elsewhere.remove(subject.as_str()).unwrap_or_default() {
                 p.set_attr("to", prober.as_str());
-                deliver(p);
+                deliver(Answer::Built(p));
                 reveals.entry(h.node().to_owned()).or_default().push(h.jid);
                 sent = true;
             }
@@ -475,7 +512,7 @@ pub async fn probe_answers(
                 }
             }
         }
-        deliver(p);
+        deliver(Answer::Built(p));
     }
     for (node, subjects) in reveals {
         pres.cluster.reveal(&node, subjects, prober_bare);

@@ -18,7 +18,7 @@ pub mod remote;
 /// their types without importing presence.
 pub use crate::policy::{privacy, subscription};
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::cluster::Cluster;
@@ -447,7 +447,7 @@ async fn show_to_audience(
     } else {
         audience
     };
-    let (remote, local) = recipients(pres, session, &audience, &successor, is_available);
+    let (remote, local) = recipients(pres, session, audience, &successor, is_available);
     let mut reached = Vec::new();
     for contact in remote {
         // One stanza per remote contact; s2s sends them over that domain's one stream.
@@ -481,19 +481,25 @@ async fn show_to_audience(
 /// if a change of permissions has not withdrawn it from them yet); minus those the
 /// `successor` shows its own presence to, and those the session's bounded revealed set
 /// could not record (they could not be withdrawn from later). Each leaves the session's
-/// directed set: the broadcast reaches it now.
+/// directed set: the broadcast reaches it now. The audience's JIDs become the recipients'
+/// strings without a copy (a login's broadcast names every contact).
 fn recipients(
     pres: &Presence,
     session: &Client,
-    audience: &std::collections::HashSet<BareJid>,
+    audience: std::collections::HashSet<BareJid>,
     successor: &Successor,
     is_available: bool,
 ) -> (Vec<String>, Vec<String>) {
-    let mut all: BTreeSet<String> = audience.iter().map(|c| c.to_string()).collect();
+    // Each recipient, and whether the gate's audience holds it (rather than only the
+    // resource's revealed set).
+    let mut all: BTreeMap<String, bool> = audience
+        .into_iter()
+        .map(|c| (c.into_inner(), true))
+        .collect();
     if !is_available {
         for (viewer, rel) in session.handle.write(|p| p.take_revealed()) {
             if rel == privacy::Relation::Subscriber {
-                all.insert(viewer.to_string());
+                all.entry(viewer.to_string()).or_insert(false);
             }
         }
     }
@@ -501,9 +507,9 @@ fn recipients(
     // Viewers the session can still record as shown (recorded once the deliveries here and
     // on other nodes are known).
     let mut room = session.handle.read(|p| p.room());
-    for contact in all {
+    for (contact, in_audience) in all {
         session.handle.write(|p| p.remove_directed(&contact));
-        if successor.shows(&contact, || audience.iter().any(|a| a.as_str() == contact)) {
+        if successor.shows(&contact, || in_audience) {
             // Its presence is the resource's now; this unavailable would undo it.
             continue;
         }
@@ -565,7 +571,7 @@ async fn initial_presence(
     let mut local = Vec::new();
     for item in inputs.roster.iter().filter(|i| i.subscription.has_to()) {
         if pres.serves(item.contact.domain().as_str()) {
-            local.push(item.contact.clone());
+            local.push(&item.contact);
         } else if !invisible || session.handle.read(|p| p.probe_remote) {
             // A probe tells the remote server the user is online; an invisible session
             // sends one only if it asked to (XEP-0186 `probe='true'`).
@@ -576,7 +582,7 @@ async fn initial_presence(
     }
     // The user's settings come from the same read as the roster: they decide the
     // last-seen stamps of the answers (reciprocity).
-    answer_probes(pres, me, &local, &inputs.settings).await;
+    answer_probes(pres, me, local, &inputs.settings).await;
     own_resources_to_new(pres, session, &bare).await;
     pending_requests(pres, session, &bare).await;
 }
@@ -723,7 +729,7 @@ async fn answer_probe(pres: &Presence, prober: &FullJid, contact: &BareJid) {
 async fn answer_probes(
     pres: &Presence,
     prober: &FullJid,
-    contacts: &[BareJid],
+    contacts: Vec<&BareJid>,
     settings: &privacy::PrivacySettings,
 ) {
     if contacts.is_empty() {

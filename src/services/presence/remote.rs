@@ -129,7 +129,10 @@ async fn probe(pres: &Presence, prober: &Jid, user: &Jid) {
     // The same gate as local probes (approved subscription, blocks, settings,
     // invisibility); the answer goes back over federation.
     crate::services::presence::gate::probe_answer(pres, &prober.to_bare(), &user.to_bare(), |p| {
-        let _ = pres.outbox.route_remote(p);
+        // A remote prober's answers are built as elements (`Answer::into_element`).
+        if let Some(p) = p.into_element() {
+            let _ = pres.outbox.route_remote(p);
+        }
     })
     .await;
 }

@@ -119,20 +119,24 @@ impl Roster {
         // session not yet available keeps the privacy gate's part of this one read for
         // that broadcast and its probes (the store's cache drops it on any change).
         let keep = !session.handle.is_available();
-        let (version, items) = store
+        let q = store
             .login_roster_for(
                 &owner,
                 session.handle.id,
                 &match_candidates(session.jid().as_str()),
                 keep,
+                |version, items| {
+                    note_version(&session.handle, version);
+                    let mut q = Element::new("query", NS_ROSTER).attr("ver", version.to_string());
+                    q.children.reserve_exact(items.len());
+                    for item in items {
+                        q = q.child(item_element(item));
+                    }
+                    q
+                },
             )
             .await
             .map_err(store_failed)?;
-        note_version(&session.handle, version);
-        let mut q = Element::new("query", NS_ROSTER).attr("ver", version.to_string());
-        for item in &items {
-            q = q.child(item_element(item));
-        }
         Ok(Some(iq_result(iq).child(q)))
     }
 

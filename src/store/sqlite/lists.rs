@@ -332,7 +332,7 @@ impl Pools {
         &self,
         prober: &str,
         prober_forms: &[String],
-        subjects: &[BareJid],
+        subjects: &[&BareJid],
         defaults: &PrivacySettings,
     ) -> Result<Vec<ProbeSubject>, StoreError> {
         type Row = (
@@ -369,12 +369,9 @@ impl Pools {
         .fetch_all(&self.read)
         .await?;
         probe_rows(subjects, rows.len())?;
-        subjects
-            .iter()
-            .zip(rows)
-            .map(|(subject, (sub, a, b, c, d, bp, bbp, la))| {
+        rows.into_iter()
+            .map(|(sub, a, b, c, d, bp, bbp, la)| {
                 Ok(ProbeSubject {
-                    subject: subject.clone(),
                     subscription: sub.as_deref().map(subscription_from).transpose()?,
                     settings: settings_from_text((a, b, c, d), defaults)?,
                     blocks_prober: bp,

@@ -203,7 +203,8 @@ impl Pools {
             version: version.unwrap_or(0),
             ..LoginRoster::default()
         };
-        login.inputs.settings = settings;
+        login.settings = settings;
+        login.reserve(rows.len());
         for row in &rows {
             login.push(
                 item_from_row(owner, row, limits)?,
