@@ -348,7 +348,7 @@ impl Store {
             login.settings = defaults;
         }
         for row in &rows {
-            if row.try_get::<Option<String>, _>("contact")?.is_none() {
+            if row.try_get::<Option<&str>, _>("contact")?.is_none() {
                 continue;
             }
             let item = super::roster::item_from_row(subject, row, &limits)?;

@@ -59,19 +59,22 @@ where
     usize: sqlx::ColumnIndex<R>,
     for<'a> &'a str: sqlx::ColumnIndex<R>,
     String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    &'r str: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let contact: String = row.try_get("contact")?;
-    let Some(contact) = stored_jid("roster_items", owner, &contact) else {
+    // Borrowed from the row: the parsed JID is the item's only copy of the contact (a
+    // K = 300 login reads 300 of these, and each short-lived copy is an allocation).
+    let contact: &str = row.try_get("contact")?;
+    let Some(contact) = stored_jid("roster_items", owner, contact) else {
         return Ok(None);
     };
-    let subscription: String = row.try_get("subscription")?;
-    let ask: Option<String> = row.try_get("ask")?;
+    let subscription: &str = row.try_get("subscription")?;
+    let ask: Option<&str> = row.try_get("ask")?;
     let mut item = RosterItem {
         contact,
         name: row.try_get("name")?,
         groups,
-        subscription: Subscription::parse(&subscription)
+        subscription: Subscription::parse(subscription)
             .ok()
             .ok_or_else(|| StoreError::Corrupt(format!("subscription {subscription:?}")))?,
         pending_out: ask.is_some(),
