@@ -466,14 +466,7 @@ pub async fn probe_answers(
         };
         let mut sent = false;
         if decide_with(Signal::Online, online) {
-            // Read under the registry's lock instead of copying the subject's handles (each
-            // copy is one of its full JID: a login probes every contact); delivered after
-            // it is released, since `deliver` may look up the prober's sessions.
-            let mut answers: Vec<Answer> = Vec::new();
-            pres.sessions.for_each_of(subject.as_str(), |s| {
-                if !s.is_available() || s.is_invisible() {
-                    return;
-                }
+            for s in visible_sessions(pres, subject.as_str()) {
                 let answer = if prober_local {
                     s.last_presence_to(prober.as_str()).map(Answer::Serialised)
                 } else {
@@ -483,16 +476,12 @@ pub async fn probe_answers(
                     })
                 };
                 if let Some(answer) = answer {
-                    if s.reveal(prober_bare, Relation::Subscriber) {
-                        // Most users have one resource.
-                        answers.reserve_exact(1);
-                        answers.push(answer);
+                    if !s.reveal(prober_bare, Relation::Subscriber) {
+                        continue;
                     }
+                    deliver(answer);
+                    sent = true;
                 }
-            });
-            for answer in answers {
-                deliver(answer);
-                sent = true;
             }
             for (h, mut p) in elsewhere.remove(subject.as_str()).unwrap_or_default() {
                 p.set_attr("to", prober.as_str());
