@@ -400,14 +400,13 @@ impl Outbox {
         }
         for to in recipients {
             let here = self.xml_to_available(&to, || once.to(&to)) > 0 && record;
-            match (here, peers) {
-                (true, true) => {
+            if peers {
+                if here {
                     reached.push(to.clone());
-                    elsewhere.push(to);
                 }
-                (true, false) => reached.push(to),
-                (false, true) => elsewhere.push(to),
-                (false, false) => {}
+                elsewhere.push(to);
+            } else if here {
+                reached.push(to);
             }
         }
         match reach {
