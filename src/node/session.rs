@@ -32,6 +32,11 @@ impl Client {
     pub fn deliver(&self, el: Element) {
         super::outbox::to_handle(&self.handle, el);
     }
+
+    /// [`Self::deliver`] for a stanza already serialised as the client stream carries it.
+    pub fn deliver_xml(&self, xml: String) {
+        super::outbox::to_handle(&self.handle, xml);
+    }
 }
 
 /// Where a `to` address points, as seen from this server.

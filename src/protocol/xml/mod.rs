@@ -174,7 +174,22 @@ impl Element {
     /// stream's content namespace for a stanza): an `xmlns` is emitted only where it changes.
     /// `stream_ns` replaces [`NS_CLIENT`] so the same stanza can go on a server stream.
     pub fn write_to(&self, out: &mut String, parent_ns: &str, stream_ns: &str) {
-        self.write_addressed(out, parent_ns, stream_ns, None);
+        self.write_parts(out, parent_ns, stream_ns, None, None);
+    }
+
+    /// [`Self::write_to`] with `body` writing more children after this element's own:
+    /// text already serialised, in this element's namespace (on a client stream, where
+    /// [`NS_CLIENT`] is written as itself). For a large reply made from rows, so that its
+    /// children need not each become an `Element` first (a roster result). The element
+    /// is always written with an end tag, even if `body` writes nothing.
+    pub fn write_wrapping(
+        &self,
+        out: &mut String,
+        parent_ns: &str,
+        stream_ns: &str,
+        body: &mut dyn FnMut(&mut String),
+    ) {
+        self.write_parts(out, parent_ns, stream_ns, None, Some(body));
     }
 
     /// The element as a client stream carries it, addressed to `to` (any `to` it has is
@@ -182,17 +197,19 @@ impl Element {
     /// allocation, for a copy of a stored stanza sent to one recipient (a probe answer).
     pub fn to_xml_addressed(&self, to: &str) -> String {
         let mut out = String::with_capacity(self.weight() + to.len() + 8);
-        self.write_addressed(&mut out, NS_CLIENT, NS_CLIENT, Some(to));
+        self.write_parts(&mut out, NS_CLIENT, NS_CLIENT, Some(to), None);
         out
     }
 
-    /// [`Self::write_to`], with `to` (if given) in place of this element's own `to`.
-    fn write_addressed(
+    /// [`Self::write_to`], with `to` (if given) in place of this element's own `to`, and
+    /// `body` (if given) as [`Self::write_wrapping`] says.
+    fn write_parts(
         &self,
         out: &mut String,
         parent_ns: &str,
         stream_ns: &str,
         to: Option<&str>,
+        body: Option<&mut dyn FnMut(&mut String)>,
     ) {
         let ns = if self.ns == NS_CLIENT {
             stream_ns
@@ -221,7 +238,7 @@ impl Element {
             escape_into(out, v);
             out.push('\'');
         }
-        if self.children.is_empty() {
+        if self.children.is_empty() && body.is_none() {
             out.push_str("/>");
             return;
         }
@@ -231,6 +248,9 @@ impl Element {
                 Node::Element(e) => e.write_to(out, ns, stream_ns),
                 Node::Text(t) => escape_into(out, t),
             }
+        }
+        if let Some(body) = body {
+            body(out);
         }
         out.push_str("</");
         out.push_str(&self.name);
