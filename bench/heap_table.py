@@ -3,12 +3,18 @@
 written by tests/heap_profile.rs (dhat's JSON, gzipped, and the test's profile.json).
 
     heap_table.py DIR      (DIR holds dhat-heap.json.gz and profile.json)
+    heap_table.py DIR LO-HI
+
 
 Each of dhat's allocation sites counts the bytes still allocated when the profile ended
 ("eb"): with every profiled session idle and connected, what those sessions hold. Sites are
 grouped by the code that allocated (the innermost frame outside the standard library and
 the containers of hashbrown) and by the innermost frame of presenced's own code that led
 there; each row is bytes and blocks per profiled session.
+
+With LO-HI, only the sites whose live blocks are LO to HI bytes long on average, sorted by
+blocks rather than bytes: the long-lived objects of one of the allocator's size classes
+(17-32 is jemalloc's 32-byte class), which keep its slabs from being given back.
 """
 import gzip
 import json
@@ -64,10 +70,13 @@ def short(frame):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         print(__doc__)
         sys.exit(2)
     d = sys.argv[1]
+    lo, hi = 0, float("inf")
+    if len(sys.argv) == 3:
+        lo, hi = (int(x) for x in sys.argv[2].split("-"))
     with open(os.path.join(d, "profile.json")) as f:
         meta = json.load(f)
     with gzip.open(os.path.join(d, "dhat-heap.json.gz"), "rt") as f:
@@ -78,7 +87,7 @@ def main():
     total_b = total_k = 0
     for pp in prof["pps"]:
         eb, ebk = pp.get("eb") or 0, pp.get("ebk") or 0
-        if not eb:
+        if not eb or not lo <= eb / ebk <= hi:
             continue
         total_b += eb
         total_k += ebk
@@ -91,14 +100,18 @@ def main():
         cb, ck = crates.get(site[0], (0, 0))
         crates[site[0]] = (cb + eb, ck + ebk)
     contacts = meta.get("contacts", 0)
+    sizes = f" of {lo} to {hi} bytes (each site's mean)" if len(sys.argv) == 3 else ""
     print(f"{n} idle sessions profiled, {contacts} mutual contacts each, all online "
           f"({meta['build']} build, after {meta['warm']} warm-up "
-          f"sessions): {total_b / n:,.0f} B in {total_k / n:.1f} blocks per session still "
-          "allocated when the profile ended.")
+          f"sessions): {total_b / n:,.0f} B in {total_k / n:.1f} blocks{sizes} per session "
+          "still allocated when the profile ended.")
     print()
     print("| allocated in | reached from presenced's | B per session | blocks per session |")
     print("|---|---|---:|---:|")
-    rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    if sizes:
+        rows = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
+    else:
+        rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
     for (site, ours), (b, k) in rows[:ROWS]:
         print(f"| `{site}` | `{ours}` | {b / n:,.0f} | {k / n:.2f} |")
     rest = rows[ROWS:]
