@@ -5,7 +5,6 @@ written by tests/heap_profile.rs (dhat's JSON, gzipped, and the test's profile.j
     heap_table.py DIR      (DIR holds dhat-heap.json.gz and profile.json)
     heap_table.py DIR LO-HI
 
-
 Each of dhat's allocation sites counts the bytes still allocated when the profile ended
 ("eb"): with every profiled session idle and connected, what those sessions hold. Sites are
 grouped by the code that allocated (the innermost frame outside the standard library and

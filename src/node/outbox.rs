@@ -50,7 +50,7 @@ use crate::node::federation::S2s;
 
 /// What a session's mailbox takes as one stanza: an element, or its bytes serialised once
 /// and shared by every session that gets the same copy ([`Outbound::Xml`]).
-pub(crate) trait Payload {
+pub trait Payload {
     /// Queues it on `handle`'s mailbox; `false` if the session is gone or was ended for
     /// not keeping up.
     fn queue_on(self, handle: &SessionHandle) -> bool;

@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use crate::node::sessions::SessionHandle;
 use crate::protocol::error::StanzaError;
 use crate::protocol::jid::{BareJid, FullJid, Jid};
-use crate::protocol::xml::Element;
 
 /// The bound session a handler acts for: its registry entry (the JID, the session's one
 /// [`crate::node::sessions::SessionState`], and the mailbox its own stanzas go to) and its remote
@@ -28,14 +27,10 @@ impl Client {
     }
 
     /// Delivers a stanza to this session's own client (a reply to its request, or what
-    /// the server tells it), through the outbox.
-    pub fn deliver(&self, el: Element) {
-        super::outbox::to_handle(&self.handle, el);
-    }
-
-    /// [`Self::deliver`] for a stanza already serialised as the client stream carries it.
-    pub fn deliver_xml(&self, xml: String) {
-        super::outbox::to_handle(&self.handle, xml);
+    /// the server tells it), through the outbox: an element, or one already serialised as
+    /// the client stream carries it.
+    pub fn deliver(&self, stanza: impl super::outbox::Payload) {
+        super::outbox::to_handle(&self.handle, stanza);
     }
 }
 

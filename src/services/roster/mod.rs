@@ -132,7 +132,7 @@ impl Roster {
             )
             .await
             .map_err(store_failed)?;
-        session.deliver_xml(result);
+        session.deliver(result);
         Ok(None)
     }
 
