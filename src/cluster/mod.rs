@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::cluster::redis_conn::{Conn, SlotPipe, Target};
 use crate::config::Config;
-use crate::protocol::jid::FullJid;
+use crate::protocol::jid::{FullJid, SharedJid};
 pub use directory::Entry;
 pub use envelope::{Envelope, Kind};
 
@@ -112,7 +112,7 @@ struct Inner {
     /// Live instances other than this one, as of the last heartbeat.
     peers: RwLock<HashSet<String>>,
     /// This instance's entries, rewritten after Redis comes back and kept from expiring.
-    local: Mutex<HashMap<String, (FullJid, Entry)>>,
+    local: Mutex<HashMap<SharedJid, Entry>>,
     ops: mpsc::Sender<Op>,
     ops_rx: Mutex<Option<mpsc::Receiver<Op>>>,
     counters: Counters,
@@ -286,10 +286,10 @@ impl Cluster {
     /// A resource was bound here: it is this node's now, cluster-wide. A session bound to
     /// the same full JID on another node is ended there (RFC 6120 §7.7.2.2, the same
     /// override policy as a local conflict).
-    pub fn claim(&self, jid: &FullJid) {
+    pub fn claim(&self, jid: &SharedJid) {
         let entry = Entry::bound(&self.inner.instance);
         self.remember(jid, &entry);
-        self.queue(Op::Claim(jid.clone(), entry));
+        self.queue(Op::Claim(FullJid::clone(jid), entry));
     }
 
     /// The resource's presence changed (availability, priority, visibility, or the stanza
@@ -304,7 +304,7 @@ impl Cluster {
         {
             let mut local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
             match local.get_mut(jid.as_str()) {
-                Some(held) => held.1 = entry.clone(),
+                Some(held) => *held = entry.clone(),
                 None => return,
             }
         }
@@ -326,12 +326,12 @@ impl Cluster {
         self.queue(Op::ForgetDead(jid.clone()));
     }
 
-    fn remember(&self, jid: &FullJid, entry: &Entry) {
+    fn remember(&self, jid: &SharedJid, entry: &Entry) {
         self.inner
             .local
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(jid.to_string(), (jid.clone(), entry.clone()));
+            .insert(jid.clone(), entry.clone());
     }
 
     /// Sends `xml` (unchanged, or addressed to each recipient for [`Kind::Address`]) to
@@ -689,10 +689,7 @@ impl Cluster {
         if extend {
             let users: HashSet<String> = {
                 let local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
-                local
-                    .values()
-                    .map(|(j, _)| j.to_bare().to_string())
-                    .collect()
+                local.keys().map(|j| j.to_bare().to_string()).collect()
             };
             if !users.is_empty() {
                 let mut pipe = SlotPipe::new();
@@ -775,7 +772,11 @@ impl Cluster {
                 .into_iter()
                 .filter(|j| !local.contains_key(j.as_str()))
                 .collect();
-            (local.values().cloned().collect(), gone)
+            let all = local
+                .iter()
+                .map(|(j, e)| (FullJid::clone(j), e.clone()))
+                .collect();
+            (all, gone)
         };
         for (jid, entry) in all {
             self.queue(Op::Update(jid, entry));

@@ -142,7 +142,7 @@ mod tests {
 
     fn refresh(j: &str, beat_ms: i64) -> Op {
         Op::Refresh {
-            jid: crate::protocol::jid::parse_full(j).unwrap(),
+            jid: crate::protocol::jid::parse_full(j).unwrap().into(),
             beat_ms,
         }
     }

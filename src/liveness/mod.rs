@@ -50,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::protocol::jid::FullJid;
+use crate::protocol::jid::{FullJid, SharedJid};
 
 pub use crate::clock::Clock;
 pub use metrics::Metrics;
@@ -199,8 +199,8 @@ impl Transport {
 pub enum Op {
     /// The resource is alive; its newest beat was at `beat_ms`.
     Refresh {
-        /// Full JID.
-        jid: FullJid,
+        /// Full JID (the session's own copy: a refresh allocates nothing).
+        jid: SharedJid,
         /// Newest beat (ms); the keys expire at `beat_ms + T`.
         beat_ms: i64,
     },
@@ -278,7 +278,7 @@ pub struct Liveness {
     pub backend: Backend,
     ops: mpsc::Sender<Op>,
     ops_rx: Mutex<Option<mpsc::Receiver<Op>>>,
-    local: Mutex<HashMap<String, Local>>,
+    local: Mutex<HashMap<SharedJid, Local>>,
     /// Full JIDs whose session ended here recently, with the end time, so a stale beat
     /// left in Redis (a Remove lost while Redis was down) is not announced twice.
     recently_ended: Mutex<HashMap<String, i64>>,
@@ -361,7 +361,7 @@ impl Liveness {
 
     /// Registers a freshly bound resource and writes its first beat to Redis at once, so
     /// watchers see it online without waiting for a refresh.
-    pub fn bind(&self, jid: &FullJid, id: u64, beat: Arc<Beat>) -> LiveSession {
+    pub fn bind(&self, jid: &SharedJid, id: u64, beat: Arc<Beat>) -> LiveSession {
         let end = CancellationToken::new();
         let swept = Arc::new(AtomicI64::new(0));
         let entry = Local {
@@ -372,7 +372,7 @@ impl Liveness {
             in_grace: AtomicBool::new(false),
         };
         let mut map = self.local.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(old) = map.insert(jid.to_string(), entry) {
+        if let Some(old) = map.insert(jid.clone(), entry) {
             if old.in_grace.load(Ordering::Relaxed) {
                 self.metrics.grace_resumed.fetch_add(1, Ordering::Relaxed);
             }
@@ -395,14 +395,10 @@ impl Liveness {
     }
 
     /// Every local resource with its newest beat (for the repair after Redis returns).
-    pub(crate) fn local_beats(&self) -> Vec<(FullJid, i64)> {
+    pub(crate) fn local_beats(&self) -> Vec<(SharedJid, i64)> {
         let map = self.local.lock().unwrap_or_else(|e| e.into_inner());
         map.iter()
-            .filter_map(|(j, l)| {
-                crate::protocol::jid::parse_full(j)
-                    .ok()
-                    .map(|j| (j, l.beat.last_ms()))
-            })
+            .map(|(j, l)| (j.clone(), l.beat.last_ms()))
             .collect()
     }
 
@@ -416,11 +412,11 @@ impl Liveness {
     /// The bound session still using `jid` here, if it is `id`.
     pub(crate) fn forget(&self, jid: &FullJid, id: u64) -> bool {
         let mut map = self.local.lock().unwrap_or_else(|e| e.into_inner());
-        let key = jid.to_string();
-        if map.get(&key).is_some_and(|l| l.id == id) {
-            map.remove(&key);
+        let key = jid.as_str();
+        if map.get(key).is_some_and(|l| l.id == id) {
+            map.remove(key);
         }
-        map.contains_key(&key)
+        map.contains_key(key)
     }
 
     pub(crate) fn mark_grace(&self, jid: &FullJid, id: u64) {
@@ -459,7 +455,7 @@ impl Liveness {
 /// One bound session's liveness, owned by its task in c2s.
 #[derive(Debug)]
 pub struct LiveSession {
-    pub(crate) jid: FullJid,
+    pub(crate) jid: SharedJid,
     pub(crate) id: u64,
     /// Inbound traffic time.
     pub beat: Arc<Beat>,
@@ -663,8 +659,8 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    fn jid(s: &str) -> FullJid {
-        crate::protocol::jid::parse_full(s).unwrap()
+    fn jid(s: &str) -> SharedJid {
+        crate::protocol::jid::parse_full(s).unwrap().into()
     }
 
     /// Everything queued for Redis so far.
@@ -852,7 +848,7 @@ mod tests {
         tokio::time::advance(live.timings.grace).await;
         drain(&mut rx);
         live.finished(&k, 3, closed);
-        assert!(matches!(&drain(&mut rx)[..], [Op::Remove { jid }] if *jid == k));
+        assert!(matches!(&drain(&mut rx)[..], [Op::Remove { jid }] if k == *jid));
         assert!(!live.is_tracked(&k));
         assert_eq!(
             live.last_seen.get("b@x").map(|e| e.at.timestamp_millis()),
@@ -1018,7 +1014,7 @@ mod tests {
     /// announces it (at once: T has been waited). Returns the end token to watch.
     fn run_session(
         live: &Arc<Liveness>,
-        j: FullJid,
+        j: SharedJid,
         beat: Arc<Beat>,
     ) -> (CancellationToken, tokio::task::JoinHandle<Ended>) {
         let mut s = live.bind(&j, 1, beat);

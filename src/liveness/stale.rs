@@ -70,7 +70,7 @@ pub(crate) fn stale_here(live: &Liveness, jid: &str, score: i64) -> Stale {
         SweptLocal::Alive(beat) => {
             if let Ok(j) = crate::protocol::jid::parse_full(jid) {
                 live.queue_op(Op::Refresh {
-                    jid: j,
+                    jid: j.into(),
                     beat_ms: beat,
                 });
             }

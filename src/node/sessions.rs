@@ -18,7 +18,7 @@ use crate::node::names::{NameId, Names};
 use crate::node::revealed::RevealedSet;
 use crate::policy::privacy::Relation;
 use crate::protocol::error::{StreamCondition, StreamError};
-use crate::protocol::jid::{bare_of, BareJid, FullJid};
+use crate::protocol::jid::{bare_of, BareJid, FullJid, SharedJid};
 use crate::protocol::xml::Element;
 
 /// How much one session's mailbox may hold: `[limits] session_queue` items and
@@ -303,8 +303,8 @@ pub struct PushTarget {
 /// One connected resource.
 #[derive(Debug, Clone)]
 pub struct SessionHandle {
-    /// The bound full JID.
-    pub jid: FullJid,
+    /// The bound full JID (shared with every clone and with liveness and the cluster).
+    pub jid: SharedJid,
     /// Distinguishes a session from a later one that bound the same full JID.
     pub id: u64,
     /// The session's mailbox, with the bytes in it against its budget.
@@ -534,10 +534,42 @@ impl SessionHandle {
     }
 }
 
+/// A registry key: a user's bare JID, the bare part of the session's shared full JID that
+/// made the entry (no string of its own). It hashes, compares and borrows as that bare
+/// part, so the registry is looked up with a `&str`.
+#[derive(Debug, Clone)]
+struct UserKey(SharedJid);
+
+impl UserKey {
+    fn as_str(&self) -> &str {
+        bare_of(self.0.as_str())
+    }
+}
+
+impl PartialEq for UserKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for UserKey {}
+
+impl std::hash::Hash for UserKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state)
+    }
+}
+
+impl std::borrow::Borrow<str> for UserKey {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
 /// Registry of the sessions on this node, keyed by bare JID.
 #[derive(Debug, Default)]
 pub struct Sessions {
-    by_user: RwLock<HashMap<String, Vec<SessionHandle>>>,
+    by_user: RwLock<HashMap<UserKey, Vec<SessionHandle>>>,
     next_id: AtomicU64,
     limits: StateLimits,
     /// The JIDs the sessions' `revealed` sets name by id.
@@ -580,7 +612,7 @@ impl Sessions {
     /// with the `conflict` stream error (RFC 6120 §7.7.2.2, the "override" policy).
     pub fn register(
         &self,
-        jid: FullJid,
+        jid: impl Into<SharedJid>,
         queue: QueueBudget,
         parent: &CancellationToken,
     ) -> Registered {
@@ -590,11 +622,12 @@ impl Sessions {
     /// [`Sessions::register`], recording where the session came from.
     pub fn register_from(
         &self,
-        jid: FullJid,
+        jid: impl Into<SharedJid>,
         queue: QueueBudget,
         parent: &CancellationToken,
         origin: Origin,
     ) -> Registered {
+        let jid = jid.into();
         let (tx, rx) = mailbox::mailbox(queue.stanzas, queue.bytes);
         let handle = SessionHandle {
             jid: jid.clone(),
@@ -607,10 +640,11 @@ impl Sessions {
             ))),
             origin,
         };
-        let bare = jid.to_bare().to_string();
         let mut map = self.by_user.write().unwrap_or_else(|e| e.into_inner());
         // Most users have one resource: start the list at one slot, not four.
-        let list = map.entry(bare).or_insert_with(|| Vec::with_capacity(1));
+        let list = map
+            .entry(UserKey(jid.clone()))
+            .or_insert_with(|| Vec::with_capacity(1));
         let replaced = list
             .iter()
             .position(|h| h.jid == jid)
@@ -632,12 +666,12 @@ impl Sessions {
 
     /// Removes a session if it is still the registered one for its JID.
     pub fn unregister(&self, handle: &SessionHandle) {
-        let bare = handle.jid.to_bare().to_string();
+        let bare = bare_of(handle.jid.as_str());
         let mut map = self.by_user.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(list) = map.get_mut(&bare) {
+        if let Some(list) = map.get_mut(bare) {
             list.retain(|h| h.id != handle.id);
             if list.is_empty() {
-                map.remove(&bare);
+                map.remove(bare);
             }
         }
     }
@@ -688,7 +722,7 @@ impl Sessions {
     /// Bare JIDs of every user with a session here.
     pub fn users(&self) -> Vec<String> {
         let map = self.by_user.read().unwrap_or_else(|e| e.into_inner());
-        map.keys().cloned().collect()
+        map.keys().map(|k| k.as_str().to_owned()).collect()
     }
 
     /// Sessions and users that are not invisible (XEP-0186), by transport: the only session
@@ -756,7 +790,7 @@ impl Sessions {
                 list.iter()
                     .any(|h| h.read(|p| p.revealed_any(|v| bare_of(v) == viewer_bare)))
             })
-            .map(|(user, _)| user.clone())
+            .map(|(user, _)| user.as_str().to_owned())
             .collect()
     }
 
@@ -831,6 +865,26 @@ mod tests {
         // The old session unregistering must not remove the new one.
         s.unregister(&first.handle);
         assert_eq!(s.get(&full("a@x/r")).map(|h| h.id), Some(second.handle.id));
+    }
+
+    #[test]
+    fn a_user_stays_registered_under_its_bare_jid_after_the_session_that_keyed_it_ends() {
+        // The registry's key is the bare part of the first session's JID: it must still
+        // find the user once that session is gone and another remains, and only then.
+        let s = Sessions::default();
+        let root = CancellationToken::new();
+        let first = s.register(full("a@x/one"), QueueBudget::stanzas(4), &root);
+        let second = s.register(full("a@x/two"), QueueBudget::stanzas(4), &root);
+        s.unregister(&first.handle);
+        let left: Vec<u64> = s.of_user_str("a@x").iter().map(|h| h.id).collect();
+        assert_eq!(left, [second.handle.id]);
+        assert_eq!(s.users(), ["a@x"]);
+        assert!(s.get(&full("a@x/one")).is_none());
+        s.unregister(&second.handle);
+        assert!(s.of_user_str("a@x").is_empty());
+        assert!(s.users().is_empty());
+        let again = s.register(full("a@x/one"), QueueBudget::stanzas(4), &root);
+        assert_eq!(s.get(&full("a@x/one")).map(|h| h.id), Some(again.handle.id));
     }
 
     #[test]

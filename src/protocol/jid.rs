@@ -7,9 +7,78 @@
 //! JID ([`parse`], [`parse_bare`], [`parse_full`], [`bare`]), so every edge applies the
 //! same rules; `tests/jid_parser.rs` fails on a parse of the crate's anywhere else.
 
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 pub use jid::{BareJid, Error as JidError, FullJid, Jid};
+
+/// A session's full JID, held once and shared by every map that keeps it (the node's
+/// registry and each handle, liveness, the cluster's routing map): cloning it counts a
+/// reference instead of copying the string. Each copy was a small block that lived as
+/// long as the session, and at login such blocks land among the login's short-lived ones
+/// and keep their pages from being reused.
+///
+/// It hashes, compares and borrows as its string, so a map keyed by it is looked up with
+/// a `&str` (the JID crate's own hash is its normalised string's too).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SharedJid(Arc<FullJid>);
+
+impl SharedJid {
+    /// Shares `jid`.
+    pub fn new(jid: FullJid) -> Self {
+        SharedJid(Arc::new(jid))
+    }
+}
+
+impl From<FullJid> for SharedJid {
+    fn from(jid: FullJid) -> Self {
+        SharedJid::new(jid)
+    }
+}
+
+impl std::ops::Deref for SharedJid {
+    type Target = FullJid;
+    fn deref(&self) -> &FullJid {
+        &self.0
+    }
+}
+
+impl AsRef<FullJid> for SharedJid {
+    fn as_ref(&self) -> &FullJid {
+        &self.0
+    }
+}
+
+impl Hash for SharedJid {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.as_str().hash(state)
+    }
+}
+
+impl Borrow<str> for SharedJid {
+    fn borrow(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+impl PartialEq<FullJid> for SharedJid {
+    fn eq(&self, other: &FullJid) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl std::fmt::Display for SharedJid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl std::fmt::Debug for SharedJid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.0, f)
+    }
+}
 
 /// The bare part (`user@domain`) of a JID string in any form, unchecked: for strings
 /// that were validated when they entered the server.
@@ -119,6 +188,22 @@ mod tests {
         // The crate's length limit: 1023 bytes per part (RFC 7622 §3.3.1, §3.2.1).
         let long = format!("{}@sec.example", "a".repeat(1024));
         assert!(parse_bare(&long).is_err());
+    }
+
+    #[test]
+    fn a_shared_jid_is_one_copy_found_by_its_string() {
+        let a = SharedJid::new(parse_full("Alice@A.Example/Phone").unwrap());
+        let b = a.clone();
+        assert!(
+            std::ptr::eq(a.as_str(), b.as_str()),
+            "a clone copied the string"
+        );
+        let mut map = std::collections::HashMap::new();
+        map.insert(a.clone(), 1);
+        assert_eq!(map.get("alice@a.example/Phone"), Some(&1));
+        assert_eq!(map.get("alice@a.example/phone"), None);
+        assert_eq!(a, parse_full("alice@a.example/Phone").unwrap());
+        assert_eq!(a.to_string(), "alice@a.example/Phone");
     }
 
     #[test]

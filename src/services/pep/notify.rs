@@ -22,7 +22,7 @@ use crate::node::caps::{Asker, Caps, Lookup};
 use crate::node::outbox;
 use crate::node::session::Client;
 use crate::node::sessions::SessionHandle;
-use crate::protocol::jid::{BareJid, Jid};
+use crate::protocol::jid::{BareJid, FullJid, Jid};
 use crate::protocol::stanza::IqType;
 use crate::protocol::xml::{Element, NS_CLIENT, NS_DISCO_INFO};
 use crate::store::pep::AccessModel;
@@ -197,7 +197,7 @@ async fn send_last_items(pep: &Pep, handle: &SessionHandle) {
         return;
     }
     let me = handle.jid.to_bare();
-    let viewer = Jid::from(handle.jid.clone());
+    let viewer = Jid::from(FullJid::clone(&handle.jid));
     let mut owners = vec![me.clone()];
     match pep.store.roster(me.as_str()).await {
         Ok((_, roster)) => owners.extend(

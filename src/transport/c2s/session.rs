@@ -20,7 +20,7 @@ use crate::node::sessions::{Outbound, SessionHandle};
 use crate::node::stream_management as sm;
 use crate::node::Shared;
 use crate::protocol::error::{StreamCondition, StreamError};
-use crate::protocol::jid::FullJid;
+use crate::protocol::jid::{FullJid, SharedJid};
 use crate::protocol::xml::reader::{StreamEvent, XmlError};
 use crate::protocol::xml::{self as x, Element};
 use crate::routing::router;
@@ -154,7 +154,7 @@ struct SessionLoop {
     services: Arc<Services>,
     peer: SocketAddr,
     transport: Transport,
-    jid: FullJid,
+    jid: SharedJid,
     handle: SessionHandle,
     client: Client,
     /// Stops the current writer (a resumption or a detach replaces it).
@@ -194,6 +194,8 @@ impl SessionLoop {
             jid,
             inline,
         } = bound;
+        // One copy of the address for the session's lifetime, shared by every map below.
+        let jid = SharedJid::new(jid);
         let (reader, writer) = stream.split();
         let origin = shared.sessions.origin(
             match transport.kind {
