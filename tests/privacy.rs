@@ -520,6 +520,67 @@ async fn settings_iq_round_trips_is_advertised_and_withdraws_and_restores_presen
     ts.stop().await;
 }
 
+/// A login's probes answer every offline contact with one unavailable, re-addressed from
+/// each in turn: each answer names its own subject, and only a subject whose last seen the
+/// prober may see carries a stamp (RFC 6121 §4.3.2, XEP-0203), whatever the answer before
+/// it carried. The subjects are answered in order of their JIDs, so the hidden one comes
+/// between two stamped ones.
+#[tokio::test]
+async fn each_offline_contact_answers_a_login_with_its_own_unavailable_and_only_its_own_stamp() {
+    // A closed session ends after the grace period: the scaled-down timings keep it short.
+    let ts = TestServer::start(fast_liveness).await;
+    let subjects = ["amy", "bea", "cid"];
+    ts.user("pat").await;
+    for s in subjects {
+        ts.user(s).await;
+        mutual(&ts, "pat", s).await;
+    }
+    for s in subjects {
+        let mut c = online(&ts, s, "pc").await;
+        if s == "bea" {
+            set_privacy(&ts, &mut c, "<last-seen mode='nobody'/>").await;
+        }
+        c.close().await;
+    }
+    // Each session's end is recorded (its last seen known) before pat logs in.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    for s in subjects {
+        let bare = ts.jid(s);
+        while presenced::liveness::last_seen::when(&ts.shared().liveness, &ts.shared().store, &bare)
+            .await
+            .is_none()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{bare}: no last seen recorded"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    let mut pat = ts.login("pat", "pc").await;
+    pat.presence(None, None).await;
+    for s in subjects {
+        let bare = ts.jid(s);
+        let answer = pat
+            .expect(|e| is_presence(e, &bare, Some("unavailable")))
+            .await;
+        let stamp = answer.get_child("delay", "urn:xmpp:delay");
+        if s == "bea" {
+            assert!(stamp.is_none(), "a hidden last seen was stamped: {answer}");
+        } else {
+            let stamp = stamp.unwrap_or_else(|| panic!("no stamp from {bare}: {answer}"));
+            assert_eq!(stamp.get_attr("from"), Some(ts.domain.as_str()), "{answer}");
+        }
+        assert_eq!(
+            answer.get_attr("to"),
+            Some(format!("{}/pc", ts.jid("pat")).as_str()),
+            "{answer}"
+        );
+    }
+    ts.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // XEP-0186
 
