@@ -26,14 +26,14 @@ pub struct SharedJid(Arc<FullJid>);
 
 impl SharedJid {
     /// Shares `jid`.
-    pub fn new(jid: FullJid) -> Self {
+    pub fn share(jid: FullJid) -> Self {
         SharedJid(Arc::new(jid))
     }
 }
 
 impl From<FullJid> for SharedJid {
     fn from(jid: FullJid) -> Self {
-        SharedJid::new(jid)
+        SharedJid::share(jid)
     }
 }
 
@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn a_shared_jid_is_one_copy_found_by_its_string() {
-        let a = SharedJid::new(parse_full("Alice@A.Example/Phone").unwrap());
+        let a = SharedJid::share(parse_full("Alice@A.Example/Phone").unwrap());
         let b = a.clone();
         assert!(
             std::ptr::eq(a.as_str(), b.as_str()),

@@ -438,11 +438,7 @@ pub async fn probe_answers(
     let mut prober_settings: Option<Option<PrivacySettings>> =
         prober_settings.map(|s| Some(s.clone()));
     let default = PrivacySettings::default();
-    // Every offline answer of this call: one unavailable to the prober, re-addressed from
-    // each subject in place (a login's probes may answer hundreds of offline contacts,
-    // and an element per answer was about nine small allocations); a local prober gets
-    // the bytes its stream carries, as it does for an online contact.
-    let mut offline: Option<Element> = None;
+    let mut offline: Option<OfflineAnswers> = None;
     // Sessions on other nodes shown to the prober, one message per node.
     let mut reveals: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     // One row per subject, in order (`Store::probe_inputs`).
@@ -505,30 +501,66 @@ pub async fn probe_answers(
             prober_settings =
                 Some(settings_for_stamp(pres, prober, prober_bare, prober_local).await);
         }
-        let p = offline.get_or_insert_with(|| unavailable("", prober.as_str()));
-        p.set_attr_str("from", subject.as_str());
-        p.children.clear();
-        if let Some(Some(vs)) = &prober_settings {
-            let last_seen = Inputs {
-                viewer_settings: vs,
-                ..online
-            };
-            if decide_with(Signal::LastSeen, last_seen) {
-                if let Some(at) = last_seen_at(pres, subject.as_str(), row.last_seen) {
-                    stamp(p, subject.as_str(), at);
-                }
+        let last_seen = match &prober_settings {
+            Some(Some(vs))
+                if decide_with(
+                    Signal::LastSeen,
+                    Inputs {
+                        viewer_settings: vs,
+                        ..online
+                    },
+                ) =>
+            {
+                last_seen_at(pres, subject.as_str(), row.last_seen)
             }
-        }
-        deliver(if prober_local {
-            Answer::Serialised(p.to_xml())
-        } else {
-            Answer::Built(p.clone())
-        });
+            _ => None,
+        };
+        let answers = offline.get_or_insert_with(|| OfflineAnswers::new(prober, prober_local));
+        deliver(answers.answer(subject, last_seen));
     }
     for (node, subjects) in reveals {
         pres.cluster.reveal(&node, subjects, prober_bare);
     }
     drop(guards);
+}
+
+/// What every offline subject of one probe call answers with (RFC 6121 §4.3.2): one
+/// unavailable to the prober, re-addressed from each subject in place (a login's probes
+/// may answer hundreds of offline contacts, and an element per answer was about nine
+/// small allocations); a local prober gets the bytes its stream carries, as it does for
+/// an online contact.
+struct OfflineAnswers {
+    unavailable: Element,
+    local: bool,
+}
+
+impl OfflineAnswers {
+    fn new(prober: &Jid, local: bool) -> Self {
+        OfflineAnswers {
+            unavailable: unavailable("", prober.as_str()),
+            local,
+        }
+    }
+
+    /// `subject`'s answer, stamped with `last_seen` when the gate admitted it (XEP-0203)
+    /// and with nothing left of the answer before it.
+    fn answer(
+        &mut self,
+        subject: &BareJid,
+        last_seen: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Answer {
+        let p = &mut self.unavailable;
+        p.set_attr_str("from", subject.as_str());
+        p.children.clear();
+        if let Some(at) = last_seen {
+            stamp(p, subject.as_str(), at);
+        }
+        if self.local {
+            Answer::Serialised(p.to_xml())
+        } else {
+            Answer::Built(p.clone())
+        }
+    }
 }
 
 /// The prober's settings, for the last-seen stamp of an unavailable it is sent: a remote

@@ -195,7 +195,7 @@ impl SessionLoop {
             inline,
         } = bound;
         // One copy of the address for the session's lifetime, shared by every map below.
-        let jid = SharedJid::new(jid);
+        let jid = SharedJid::share(jid);
         let (reader, writer) = stream.split();
         let origin = shared.sessions.origin(
             match transport.kind {
