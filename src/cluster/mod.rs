@@ -64,9 +64,10 @@ impl Holder {
 /// Work for the cluster task, applied in order.
 #[derive(Debug)]
 enum Op {
-    Claim(FullJid, Entry),
-    Update(FullJid, Entry),
-    Release(FullJid),
+    // A session's own resources carry its shared JID (no copy per change).
+    Claim(SharedJid, Entry),
+    Update(SharedJid, Entry),
+    Release(SharedJid),
     /// Drop an entry if the instance that wrote it is no longer live.
     ForgetDead(FullJid),
     /// Deliver to JIDs wherever they are on other nodes: bare JIDs to every node with a
@@ -119,7 +120,7 @@ struct Inner {
     /// Notified when this instance is back in Redis after being cut off from it.
     rejoined: tokio::sync::Notify,
     /// Releases that could not be written (Redis down), written again when it returns.
-    unreleased: Mutex<Vec<FullJid>>,
+    unreleased: Mutex<Vec<SharedJid>>,
     /// This node's copy of directory rows.
     cache: cache::Cache,
     /// Where heartbeat and directory stamps read wall time (the node's one clock).
@@ -289,14 +290,14 @@ impl Cluster {
     pub fn claim(&self, jid: &SharedJid) {
         let entry = Entry::bound(&self.inner.instance);
         self.remember(jid, &entry);
-        self.queue(Op::Claim(FullJid::clone(jid), entry));
+        self.queue(Op::Claim(jid.clone(), entry));
     }
 
     /// The resource's presence changed (availability, priority, visibility, or the stanza
     /// shown to probes, carbons, block-list pushes): `entry` as this instance's. Ignored once
     /// the session was released: the unavailable broadcast
     /// at the end of a grace period must not bring a finished session back.
-    pub fn update(&self, jid: &FullJid, entry: Entry) {
+    pub fn update(&self, jid: &SharedJid, entry: Entry) {
         let entry = Entry {
             instance: self.inner.instance.clone(),
             ..entry
@@ -312,7 +313,7 @@ impl Cluster {
     }
 
     /// The resource's session ended here.
-    pub fn release(&self, jid: &FullJid) {
+    pub fn release(&self, jid: &SharedJid) {
         self.inner
             .local
             .lock()
@@ -761,7 +762,7 @@ impl Cluster {
 
     /// Writes this node's entries again, and the releases that were lost meanwhile.
     fn rewrite_local(&self) {
-        let (all, gone): (Vec<(FullJid, Entry)>, Vec<FullJid>) = {
+        let (all, gone): (Vec<(SharedJid, Entry)>, Vec<SharedJid>) = {
             let local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
             let mut unreleased = self
                 .inner
@@ -772,10 +773,7 @@ impl Cluster {
                 .into_iter()
                 .filter(|j| !local.contains_key(j.as_str()))
                 .collect();
-            let all = local
-                .iter()
-                .map(|(j, e)| (FullJid::clone(j), e.clone()))
-                .collect();
+            let all = local.iter().map(|(j, e)| (j.clone(), e.clone())).collect();
             (all, gone)
         };
         for (jid, entry) in all {
@@ -940,7 +938,8 @@ impl Cluster {
             if let Op::Claim(jid, _) | Op::Update(jid, _) | Op::Release(jid) = &op {
                 w.written.push(jid.to_bare().to_string());
             }
-            let (key, jid, c, forget) = match op {
+            // What the answer is read for: a claim's outcome, or whether a dead entry goes.
+            let (key, c, read) = match op {
                 Op::Claim(jid, entry) => {
                     let key = self.inner.keys.user(jid.to_bare().as_str());
                     let mut c = redis::cmd("EVAL");
@@ -951,7 +950,7 @@ impl Cluster {
                         .arg(entry.encode())
                         .arg(expire)
                         .arg(&live);
-                    (key, jid, c, Some(false))
+                    (key, c, Some((FullJid::clone(&jid), false)))
                 }
                 Op::Update(jid, entry) => {
                     let key = self.inner.keys.user(jid.to_bare().as_str());
@@ -963,7 +962,7 @@ impl Cluster {
                         .arg(entry.encode())
                         .arg(expire)
                         .arg(&self.inner.instance);
-                    (key, jid, c, None)
+                    (key, c, None)
                 }
                 Op::Release(jid) => {
                     let key = self.inner.keys.user(jid.to_bare().as_str());
@@ -973,14 +972,14 @@ impl Cluster {
                         .arg(&key)
                         .arg(jid.resource().as_str())
                         .arg(&self.inner.instance);
-                    (key, jid, c, None)
+                    (key, c, None)
                 }
                 Op::ForgetDead(jid) => {
                     // Read now, decided below: only an entry of a dead instance goes.
                     let key = self.inner.keys.user(jid.to_bare().as_str());
                     let mut c = redis::cmd("HGET");
                     c.arg(&key).arg(jid.resource().as_str());
-                    (key, jid, c, Some(true))
+                    (key, c, Some((jid, true)))
                 }
                 // Routed once the entries they need have been read.
                 op @ (Op::Forward { .. } | Op::Send(..)) => {
@@ -989,7 +988,7 @@ impl Cluster {
                 }
             };
             w.pipe.add(&key, c);
-            if let Some(forget) = forget {
+            if let Some((jid, forget)) = read {
                 w.claims.push((idx, jid, forget));
             }
             idx += 1;

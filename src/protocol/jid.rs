@@ -21,7 +21,7 @@ pub use jid::{BareJid, Error as JidError, FullJid, Jid};
 ///
 /// It hashes, compares and borrows as its string, so a map keyed by it is looked up with
 /// a `&str` (the JID crate's own hash is its normalised string's too).
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct SharedJid(Arc<FullJid>);
 
 impl SharedJid {
@@ -40,12 +40,6 @@ impl From<FullJid> for SharedJid {
 impl std::ops::Deref for SharedJid {
     type Target = FullJid;
     fn deref(&self) -> &FullJid {
-        &self.0
-    }
-}
-
-impl AsRef<FullJid> for SharedJid {
-    fn as_ref(&self) -> &FullJid {
         &self.0
     }
 }
