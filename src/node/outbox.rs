@@ -36,6 +36,7 @@
 //! A roster push records the version the session now has as it is queued
 //! (`roster_push::push_to`), so it keeps its own loop over [`to_handle`].
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::cluster::{Cluster, Holder, Kind};
@@ -381,16 +382,17 @@ impl Outbox {
     /// sessions only the other nodes are sent to here (the caller serves those on this node
     /// itself, the sender included). With [`Reach::Record`], returns the recipients reached:
     /// those with a session here that took it and those with sessions on another node.
-    pub(crate) async fn to_contacts(
+    pub(crate) async fn to_contacts<'a, R: Into<Cow<'a, str>>>(
         &self,
         once: &Addressed,
-        recipients: Vec<String>,
+        recipients: Vec<R>,
         own: Option<String>,
         reach: Reach,
-    ) -> Vec<String> {
+    ) -> Vec<Cow<'a, str>> {
         let record = matches!(reach, Reach::Record { .. });
         // Without other nodes nothing goes elsewhere, and a recipient reached here moves
-        // into `reached` instead of being copied (a login's broadcast names every contact).
+        // into `reached` instead of being copied (a login's broadcast names every contact,
+        // borrowed from its privacy inputs).
         let peers = self.cluster.has_peers();
         let mut reached = Vec::new();
         let mut elsewhere: Vec<String> = Vec::new();
@@ -399,13 +401,12 @@ impl Outbox {
             elsewhere.extend(own);
         }
         for to in recipients {
+            let to: Cow<'a, str> = to.into();
             let here = self.xml_to_available(&to, || once.to(&to)) > 0 && record;
             if peers {
-                if here {
-                    reached.push(to.clone());
-                }
-                elsewhere.push(to);
-            } else if here {
+                elsewhere.push(to.to_string());
+            }
+            if here {
                 reached.push(to);
             }
         }
@@ -415,7 +416,8 @@ impl Outbox {
                 to_other_nodes(&self.cluster, elsewhere, xml, Kind::Address);
             }
             Reach::Record { initial } => {
-                reached.extend(self.fan_out(once, elsewhere, initial).await);
+                let other_nodes = self.fan_out(once, elsewhere, initial).await;
+                reached.extend(other_nodes.into_iter().map(Cow::Owned));
             }
         }
         reached

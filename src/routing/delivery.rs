@@ -208,11 +208,11 @@ async fn revealed_elsewhere(presence: &Presence, env: Envelope) {
             presence.outbox.presence_to(viewer, unavailable(to, viewer));
             continue;
         }
-        let admitted = !s.is_invisible()
-            && gate::roster_and_audience(presence, &s, true)
-                .await
-                .1
-                .contains(&viewer_jid);
+        let admitted = !s.is_invisible() && {
+            let inputs = gate::session_inputs(presence, &s, true).await;
+            let admitted = gate::audience(&subject, &inputs).any(|c| **c == viewer_jid);
+            admitted
+        };
         if admitted && s.reveal(viewer, crate::policy::privacy::Relation::Subscriber) {
             continue;
         }

@@ -13,7 +13,7 @@
 //! The reads are batched where one event needs many decisions, because round trips to
 //! PostgreSQL were most of the server's CPU (a login with K contacts cost about 8 K
 //! statements): a broadcast reads the subject's roster, settings and the blocks with
-//! every contact in one statement ([`roster_and_audience`]), and a login's probes read
+//! every contact in one statement ([`session_inputs`]), and a login's probes read
 //! every probed contact's inputs in one statement ([`probe_answers`]). The decision itself
 //! is the same pure call ([`decide_with`] → [`privacy::may_see`]) whichever way the inputs
 //! were read. (The `presenced_block` / `presenced_privacy` NOTIFY channels are used for the
@@ -256,7 +256,8 @@ pub async fn may_see_last_seen(pres: &Presence, viewer: &Jid, subject: &Jid) -> 
 /// that may see it online now: approved subscribers the settings admit and no block in
 /// either direction separates. Fails closed (empty).
 pub async fn online_audience(pres: &Presence, subject: &Jid) -> HashSet<BareJid> {
-    inputs_and_audience(pres, subject, None, false).await.1
+    let inputs = inputs_of(pres, subject, None, false).await;
+    audience(&subject.to_bare(), &inputs).cloned().collect()
 }
 
 /// [`online_audience`] of a session on this node, from its cached inputs if it has them.
@@ -264,35 +265,36 @@ pub async fn session_audience(
     pres: &Presence,
     session: &crate::node::sessions::SessionHandle,
 ) -> HashSet<BareJid> {
-    roster_and_audience(pres, session, false).await.1
+    let inputs = session_inputs(pres, session, false).await;
+    audience(&session.jid.to_bare(), &inputs).cloned().collect()
 }
 
 /// The roster of the user of `session` (the resource here whose presence goes out) and
-/// [`online_audience`], from ONE statement ([`crate::store::Store::audience_inputs`]:
-/// settings, roster and both directions of blocks for every contact) read by the caller
-/// under the subject's lock, or from the cache of those inputs, which every write and
-/// change notification empties before acting ([`crate::store::audience_cache`]); `keep`
-/// caches a fresh read for the next change. A failed read gives an empty roster and
-/// audience: with no roster we tell nobody, never everybody.
-pub async fn roster_and_audience(
+/// the privacy inputs of [`audience`], from ONE statement
+/// ([`crate::store::Store::audience_inputs`]: settings, roster and both directions of
+/// blocks for every contact) read by the caller under the subject's lock, or from the
+/// cache of those inputs, which every write and change notification empties before acting
+/// ([`crate::store::audience_cache`]); `keep` caches a fresh read for the next change. A
+/// failed read gives an empty roster, and so an empty audience: with no roster we tell
+/// nobody, never everybody.
+pub async fn session_inputs(
     pres: &Presence,
     session: &crate::node::sessions::SessionHandle,
     keep: bool,
-) -> (Arc<AudienceInputs>, HashSet<BareJid>) {
-    inputs_and_audience(pres, &session.jid, Some(session.id), keep).await
+) -> Arc<AudienceInputs> {
+    inputs_of(pres, &session.jid, Some(session.id), keep).await
 }
 
-/// [`roster_and_audience`] of `subject`, through the cache entry of `session` (the id of
-/// the session whose presence goes out) when there is one.
-async fn inputs_and_audience(
+/// [`session_inputs`] of `subject`, through the cache entry of `session` (the id of the
+/// session whose presence goes out) when there is one.
+async fn inputs_of(
     pres: &Presence,
     subject: &Jid,
     session: Option<u64>,
     keep: bool,
-) -> (Arc<AudienceInputs>, HashSet<BareJid>) {
+) -> Arc<AudienceInputs> {
     let subject_bare = subject.to_bare();
-    match pres
-        .store
+    pres.store
         .audience_inputs_cached(
             subject_bare.as_str(),
             session,
@@ -300,28 +302,26 @@ async fn inputs_and_audience(
             keep,
         )
         .await
-    {
-        Ok(inputs) => {
-            let audience = audience_of(&subject_bare, &inputs);
-            (inputs, audience)
-        }
-        Err(e) => {
+        .unwrap_or_else(|e| {
             tracing::warn!(user = %subject_bare, error = %e,
                 "roster or privacy inputs unavailable; presence not broadcast");
-            (Arc::default(), HashSet::new())
-        }
-    }
+            Arc::default()
+        })
 }
 
-/// The audience from read inputs: each approved subscriber (RFC 6121 §4.2.2) the one
-/// decision admits.
-fn audience_of(subject_bare: &BareJid, inputs: &AudienceInputs) -> HashSet<BareJid> {
+/// The audience from read inputs: each approved subscriber (RFC 6121 §4.2.2) of
+/// `subject_bare` the one decision admits, borrowed from the inputs (a login's broadcast
+/// names every contact, and copying each name cost a small allocation per contact).
+pub fn audience<'a>(
+    subject_bare: &'a BareJid,
+    inputs: &'a AudienceInputs,
+) -> impl Iterator<Item = &'a BareJid> + 'a {
     let default = PrivacySettings::default();
     inputs
         .roster
         .iter()
         .filter(|c| c.subscription.has_from())
-        .filter(|c| {
+        .filter(move |c| {
             decide_with(
                 Signal::Online,
                 Inputs {
@@ -339,8 +339,7 @@ fn audience_of(subject_bare: &BareJid, inputs: &AudienceInputs) -> HashSet<BareJ
                 },
             )
         })
-        .map(|c| c.contact.clone())
-        .collect()
+        .map(|c| &c.contact)
 }
 
 /// Answers a probe from `prober` for local user `subject` (RFC 6121 §4.3.2), handing each

@@ -18,6 +18,7 @@ pub mod remote;
 /// their types without importing presence.
 pub use crate::policy::{privacy, subscription};
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -435,24 +436,21 @@ async fn show_to_audience(
     // A change of an already available resource keeps the inputs for the next one;
     // initial presence does not, so an idle session costs no cache memory.
     let keep = change.was_available && is_available;
-    let (inputs, audience) = gate::roster_and_audience(pres, &session.handle, keep).await;
+    let inputs = gate::session_inputs(pres, &session.handle, keep).await;
     if change.initial() {
         // The roster get's read, if it kept one for this broadcast (RFC 6121 §2.2), is
         // used now; an idle session keeps nothing.
         pres.store
             .forget_audience_of(bare.as_str(), session.handle.id);
     }
-    let audience = if change.invisible || (!is_available && !change.was_available) {
-        Default::default()
-    } else {
-        audience
-    };
+    let shown = !change.invisible && (is_available || change.was_available);
+    let audience = gate::audience(&bare, &inputs).filter(|_| shown);
     let (remote, local) = recipients(pres, session, audience, &successor, is_available);
     let mut reached = Vec::new();
     for contact in remote {
         // One stanza per remote contact; s2s sends them over that domain's one stream.
         let mut p = el.clone();
-        p.set_attr("to", contact.clone());
+        p.set_attr("to", contact.as_ref());
         if pres.outbox.route_remote(p).is_ok() {
             reached.push(contact);
         }
@@ -467,7 +465,7 @@ async fn show_to_audience(
     // Remember who saw this resource online, so a lost permission withdraws it from
     // exactly them (the subject lock makes this atomic with the delivery).
     if is_available {
-        for contact in reached.iter().filter(|c| **c != bare.as_str()) {
+        for contact in reached.iter().filter(|c| *c != bare.as_str()) {
             session
                 .handle
                 .reveal(contact, privacy::Relation::Subscriber);
@@ -481,25 +479,25 @@ async fn show_to_audience(
 /// if a change of permissions has not withdrawn it from them yet); minus those the
 /// `successor` shows its own presence to, and those the session's bounded revealed set
 /// could not record (they could not be withdrawn from later). Each leaves the session's
-/// directed set: the broadcast reaches it now. The audience's JIDs become the recipients'
-/// strings without a copy (a login's broadcast names every contact).
-fn recipients(
+/// directed set: the broadcast reaches it now. The audience's JIDs stay borrowed from the
+/// privacy inputs (a login's broadcast names every contact; a copy each was an allocation
+/// per contact).
+fn recipients<'a>(
     pres: &Presence,
     session: &Client,
-    audience: std::collections::HashSet<BareJid>,
+    audience: impl Iterator<Item = &'a BareJid>,
     successor: &Successor,
     is_available: bool,
-) -> (Vec<String>, Vec<String>) {
+) -> (Vec<Cow<'a, str>>, Vec<Cow<'a, str>>) {
     // Each recipient, and whether the gate's audience holds it (rather than only the
     // resource's revealed set).
-    let mut all: BTreeMap<String, bool> = audience
-        .into_iter()
-        .map(|c| (c.into_inner(), true))
+    let mut all: BTreeMap<Cow<'a, str>, bool> = audience
+        .map(|c| (Cow::Borrowed(c.as_str()), true))
         .collect();
     if !is_available {
         for (viewer, rel) in session.handle.write(|p| p.take_revealed()) {
             if rel == privacy::Relation::Subscriber {
-                all.entry(viewer.to_string()).or_insert(false);
+                all.entry(Cow::Owned(viewer.to_string())).or_insert(false);
             }
         }
     }
@@ -691,7 +689,7 @@ pub async fn show_again_to_other_nodes(pres: &Presence) {
             let mut room = s.read(|p| p.room());
             let mut audience = Vec::new();
             for c in gate::session_audience(pres, &s).await {
-                let c = c.to_string();
+                let c = c.into_inner();
                 if !pres.serves(domain_of(&c)) {
                     continue;
                 }
@@ -1117,7 +1115,7 @@ pub(crate) async fn unavailable_of_lost(
         gate::online_audience(pres, jid)
             .await
             .into_iter()
-            .map(|contact| contact.to_string())
+            .map(BareJid::into_inner)
             .filter(|contact| pres.outbox.is_local(contact))
             .collect()
     } else {
