@@ -24,6 +24,7 @@
 //! entries of the dead instance's resources it announces, so what waits for the expiry is
 //! only what was neither released nor announced (a whole cluster gone at once, say).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How far ahead of its last write or extension a user's directory hash expires.
@@ -32,8 +33,9 @@ pub const HORIZON: Duration = Duration::from_secs(24 * 60 * 60);
 /// One bound resource as the directory holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// The instance holding the session.
-    pub instance: String,
+    /// The instance holding the session: this node's own entries share one copy of its
+    /// name (every session here has an entry).
+    pub instance: Arc<str>,
     /// Initial presence sent and no unavailable since (RFC 6121 §4.2).
     pub available: bool,
     /// Priority of the last available presence (RFC 6121 §4.7.2.3).
@@ -53,9 +55,9 @@ pub struct Entry {
 
 impl Entry {
     /// A freshly bound resource: not available yet.
-    pub fn bound(instance: &str) -> Entry {
+    pub fn bound(instance: impl Into<Arc<str>>) -> Entry {
         Entry {
-            instance: instance.to_owned(),
+            instance: instance.into(),
             available: false,
             priority: 0,
             visible: true,
@@ -92,7 +94,7 @@ impl Entry {
     /// Parses [`Self::encode`]'s output.
     pub fn decode(s: &str) -> Option<Entry> {
         let mut parts = s.splitn(4, '\n');
-        let instance = parts.next()?.to_owned();
+        let instance: Arc<str> = parts.next()?.into();
         let flags = parts.next()?;
         let priority = parts.next()?.parse().ok()?;
         let presence = parts.next()?;

@@ -101,7 +101,7 @@ pub struct Counters {
 
 struct Inner {
     node: String,
-    instance: String,
+    instance: Arc<str>,
     keys: directory::Keys,
     client: Option<Target>,
     conn: tokio::sync::Mutex<Option<Conn>>,
@@ -171,7 +171,7 @@ impl Cluster {
         Cluster {
             inner: Arc::new(Inner {
                 node,
-                instance,
+                instance: instance.into(),
                 keys: directory::Keys::new(&config.redis.key_prefix),
                 client,
                 conn: tokio::sync::Mutex::new(None),
@@ -253,7 +253,7 @@ impl Cluster {
     }
 
     fn is_live(&self, instance: &str) -> bool {
-        instance == self.inner.instance
+        *instance == *self.inner.instance
             || self
                 .inner
                 .peers
@@ -288,7 +288,7 @@ impl Cluster {
     /// the same full JID on another node is ended there (RFC 6120 §7.7.2.2, the same
     /// override policy as a local conflict).
     pub fn claim(&self, jid: &SharedJid) {
-        let entry = Entry::bound(&self.inner.instance);
+        let entry = Entry::bound(Arc::clone(&self.inner.instance));
         self.remember(jid, &entry);
         self.queue(Op::Claim(jid.clone(), entry));
     }
@@ -299,7 +299,7 @@ impl Cluster {
     /// at the end of a grace period must not bring a finished session back.
     pub fn update(&self, jid: &SharedJid, entry: Entry) {
         let entry = Entry {
-            instance: self.inner.instance.clone(),
+            instance: Arc::clone(&self.inner.instance),
             ..entry
         };
         {
@@ -668,7 +668,7 @@ impl Cluster {
             .arg(directory::HEARTBEAT)
             .arg(1)
             .arg(self.inner.keys.nodes())
-            .arg(&self.inner.instance)
+            .arg(&*self.inner.instance)
             .arg(now)
             .arg(now - dead_after)
             .arg(now - 3 * ttl)
@@ -684,7 +684,7 @@ impl Cluster {
         };
         let peers: HashSet<String> = live
             .into_iter()
-            .filter(|i| *i != self.inner.instance)
+            .filter(|i| **i != *self.inner.instance)
             .collect();
         *self.inner.peers.write().unwrap_or_else(|e| e.into_inner()) = peers;
         if extend {
@@ -754,7 +754,7 @@ impl Cluster {
         if let Some(mut conn) = self.conn().await {
             let _: redis::RedisResult<i64> = redis::cmd("ZREM")
                 .arg(self.inner.keys.nodes())
-                .arg(&self.inner.instance)
+                .arg(&*self.inner.instance)
                 .query_async(&mut conn)
                 .await;
         }
@@ -924,7 +924,7 @@ impl Cluster {
     fn queue_writes(&self, ops: Vec<Op>) -> Writes {
         let now = self.inner.clock.now_ms();
         let expire = Self::user_expire_at(now);
-        let live: Vec<String> = std::iter::once(self.inner.instance.clone())
+        let live: Vec<String> = std::iter::once(self.inner.instance.to_string())
             .chain(self.peers())
             .collect();
         let mut w = Writes {
@@ -961,7 +961,7 @@ impl Cluster {
                         .arg(jid.resource().as_str())
                         .arg(entry.encode())
                         .arg(expire)
-                        .arg(&self.inner.instance);
+                        .arg(&*self.inner.instance);
                     (key, c, None)
                 }
                 Op::Release(jid) => {
@@ -971,7 +971,7 @@ impl Cluster {
                         .arg(1)
                         .arg(&key)
                         .arg(jid.resource().as_str())
-                        .arg(&self.inner.instance);
+                        .arg(&*self.inner.instance);
                     (key, c, None)
                 }
                 Op::ForgetDead(jid) => {
@@ -1096,7 +1096,7 @@ impl Cluster {
                     .arg(1)
                     .arg(&key)
                     .arg(jid.resource().as_str())
-                    .arg(&old.instance);
+                    .arg(&*old.instance);
                 after.add(&key, c);
             }
         }

@@ -37,6 +37,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::node::sessions::Outbound;
+use crate::protocol::jid::SharedJid;
 use crate::protocol::stanza::PresenceType;
 use crate::protocol::xml::Element;
 
@@ -133,8 +134,8 @@ pub(crate) fn share_key<'a>(sender: &'a str, own_domain: &str) -> &'a str {
 #[derive(Debug)]
 pub(crate) struct Filter {
     budget: Budget,
-    /// The session's domain ([`share_key`]).
-    own_domain: String,
+    /// The session's own JID, shared with the session (its domain keys [`share_key`]).
+    own: SharedJid,
     held: Option<Box<Held>>,
     /// The client's interest list, if it set one (`crate::services::interest`).
     interest: Option<std::sync::Arc<crate::node::sessions::InterestList>>,
@@ -189,12 +190,11 @@ impl Held {
 }
 
 impl Filter {
-    /// A filter for an active client of a session of `own_domain` that holds at most
-    /// `budget`.
-    pub(crate) fn new(budget: Budget, own_domain: &str) -> Filter {
+    /// A filter for an active client of the session `own` that holds at most `budget`.
+    pub(crate) fn new(budget: Budget, own: SharedJid) -> Filter {
         Filter {
             budget,
-            own_domain: own_domain.to_owned(),
+            own,
             held: None,
             interest: None,
         }
@@ -243,7 +243,7 @@ impl Filter {
             {
                 // Shown now (a listed contact, or too large to hold within any share); an
                 // older held presence of the same resource is superseded.
-                let own = self.own_domain.as_str();
+                let own = self.own.domain().as_str();
                 if let Some(held) = self.held.as_deref_mut() {
                     held.supersede(&sender, own);
                 }
@@ -251,7 +251,7 @@ impl Filter {
             }
             Class::Hold(sender) => {
                 let w = item.weight();
-                let own = self.own_domain.as_str();
+                let own = self.own.domain().as_str();
                 let held = self.held.get_or_insert_with(Box::default);
                 held.supersede(&sender, own);
                 let key = share_key(&sender, own).to_owned();
@@ -308,6 +308,11 @@ mod tests {
     use crate::protocol::xml::parse_element;
     use std::sync::Arc;
 
+    /// The filtered session's JID, of domain `x`.
+    fn own() -> SharedJid {
+        SharedJid::share(crate::protocol::jid::parse_full("me@x/p").unwrap())
+    }
+
     fn stanza(xml: &str) -> Outbound {
         Outbound::Stanza(Box::new(parse_element(xml).expect("test stanza parses")))
     }
@@ -337,7 +342,7 @@ mod tests {
 
     #[test]
     fn active_clients_get_everything_at_once() {
-        let mut f = Filter::new(Budget::presences(10), "x");
+        let mut f = Filter::new(Budget::presences(10), own());
         let p = presence("a@x/1", "away");
         assert_eq!(run(&mut f, vec![stanza(&p)]), [p]);
         assert!(!f.inactive());
@@ -345,7 +350,7 @@ mod tests {
 
     #[test]
     fn inactive_clients_get_the_latest_presence_per_resource_on_active_in_order() {
-        let mut f = Filter::new(Budget::presences(10), "x");
+        let mut f = Filter::new(Budget::presences(10), own());
         let a1 = presence("a@x/1", "away");
         let b1 = presence("b@x/1", "dnd");
         let a2 = presence("a@x/1", "xa");
@@ -371,7 +376,7 @@ mod tests {
 
     #[test]
     fn a_message_flushes_held_presence_first_and_an_iq_passes_without_flushing() {
-        let mut f = Filter::new(Budget::presences(10), "x");
+        let mut f = Filter::new(Budget::presences(10), own());
         let p = presence("a@x/1", "away");
         let iq = "<iq type='get' id='1' from='x' to='me@x/p'><ping xmlns='urn:xmpp:ping'/></iq>";
         let msg = "<message from='a@x/1' to='me@x/p' type='chat'><body>hi</body></message>";
@@ -393,7 +398,7 @@ mod tests {
 
     #[test]
     fn holding_more_than_the_limit_flushes_everything() {
-        let mut f = Filter::new(Budget::presences(2), "x");
+        let mut f = Filter::new(Budget::presences(2), own());
         let ps: Vec<String> = (0..3)
             .map(|i| presence(&format!("u{i}@x/r"), "away"))
             .collect();
@@ -426,7 +431,7 @@ mod tests {
                 bytes: 100 * one,
                 per_sender: 2 * one + 10,
             },
-            "x",
+            own(),
         );
         let local = presence("a@x/1", "dnd");
         let remote: Vec<String> = (0..4)
@@ -458,7 +463,7 @@ mod tests {
                 bytes: 10_000,
                 per_sender: 1000,
             },
-            "x",
+            own(),
         );
         let out = run(
             &mut f,
@@ -483,7 +488,7 @@ mod tests {
                 bytes: 2 * one + 1,
                 per_sender: one + 1,
             },
-            "x",
+            own(),
         );
         let mut items = vec![Outbound::ClientState(false)];
         items.extend(ps.iter().take(2).map(|p| stanza(p)));
@@ -496,7 +501,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn listed_contacts_pass_while_the_list_lasts_and_supersede_what_is_held() {
         use std::time::Duration;
-        let mut f = Filter::new(Budget::presences(10), "x");
+        let mut f = Filter::new(Budget::presences(10), own());
         let list = |jids: &[&str], ttl: u64| {
             Outbound::Interest(Arc::new(crate::node::sessions::InterestList {
                 contacts: jids.iter().map(|j| j.to_string()).collect(),

@@ -659,7 +659,7 @@ pub(crate) fn to_directory(pres: &Presence, handle: &crate::node::sessions::Sess
     });
     let entry = crate::cluster::Entry {
         // Set by the cluster to this instance.
-        instance: String::new(),
+        instance: Default::default(),
         available,
         priority,
         visible: !invisible,

@@ -237,7 +237,7 @@ impl SessionLoop {
                     bytes: limits.max_csi_held_bytes,
                     per_sender: limits.max_csi_held_bytes_per_sender,
                 },
-                jid.domain().as_str(),
+                jid.clone(),
             )
         };
         let mut sm = SmState::default();
