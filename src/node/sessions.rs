@@ -19,7 +19,7 @@ use crate::node::revealed::RevealedSet;
 use crate::policy::privacy::Relation;
 use crate::protocol::error::{StreamCondition, StreamError};
 use crate::protocol::jid::{bare_of, BareJid, FullJid, SharedJid};
-use crate::protocol::xml::Element;
+use crate::protocol::xml::{parse_element, Addressed, Element};
 
 /// How much one session's mailbox may hold: `[limits] session_queue` items and
 /// `session_queue_bytes` bytes ([`Outbound::weight`]).
@@ -75,8 +75,10 @@ pub struct SessionState {
     pub available: bool,
     /// Priority of the last available presence (RFC 6121 §4.7.2.3), -128..=127.
     pub priority: i8,
-    /// The last available presence stanza as broadcast, for probe answers (RFC 6121 §4.3.2).
-    pub last: Option<Element>,
+    /// The last available presence stanza as broadcast, for probe answers (RFC 6121 §4.3.2):
+    /// the broadcast's own serialisation without `to`, shared with it, not an element tree
+    /// (one allocation kept per available session, and each answer is two slices copied).
+    pub last: Option<Arc<Addressed>>,
     /// Whether the client requested the roster, so it gets roster pushes (RFC 6121 §2.1.6).
     pub interested: bool,
     /// The newest roster version this session was sent (result or push), so changes made
@@ -461,15 +463,16 @@ impl SessionHandle {
         }
     }
 
-    /// The last available presence as broadcast (a copy), if the session is available.
+    /// The last available presence as broadcast (parsed back from its serialisation), if
+    /// the session is available.
     pub fn last_presence(&self) -> Option<Element> {
         self.read(|p| p.last.clone())
+            .and_then(|l| parse_element(l.unaddressed()))
     }
 
-    /// [`Self::last_presence`] as a client stream carries it to `to`, serialised under the
-    /// state's lock instead of cloned (one allocation).
+    /// [`Self::last_presence`] as a client stream carries it to `to` (one allocation).
     pub fn last_presence_to(&self, to: &str) -> Option<String> {
-        self.read(|p| p.last.as_ref().map(|l| l.to_xml_addressed(to)))
+        self.read(|p| p.last.as_ref().map(|l| l.to(to)))
     }
 
     /// Reads the state under its lock without copying it. `f` must not block.
@@ -865,6 +868,42 @@ mod tests {
         // The old session unregistering must not remove the new one.
         s.unregister(&first.handle);
         assert_eq!(s.get(&full("a@x/r")).map(|h| h.id), Some(second.handle.id));
+    }
+
+    #[test]
+    fn the_stored_presence_answers_probes_addressed_to_each_prober_with_all_it_carried() {
+        // RFC 6121 §4.3.2: a probe is answered with the last presence as broadcast, to the
+        // prober. It is kept as the broadcast's serialisation; both ways of reading it
+        // must give back every child and attribute, and only the new `to`.
+        let s = Sessions::default();
+        let root = CancellationToken::new();
+        let r = s.register(full("a@x/r"), QueueBudget::stanzas(4), &root);
+        let sent = crate::protocol::xml::parse_element(
+            "<presence from='a@x/r' to='old@x' xml:lang='en'><show>away</show>\
+             <status>it&apos;s &lt;late&gt;</status>\
+             <c xmlns='http://jabber.org/protocol/caps' hash='sha-1' node='n' ver='v'/>\
+             </presence>",
+        )
+        .unwrap();
+        r.handle
+            .write(|p| p.last = Some(Arc::new(Addressed::new(&sent))));
+        // Attribute order carries no meaning (XML 1.0 §3.1).
+        let sorted = |mut e: Element| {
+            e.attrs.sort();
+            e
+        };
+        let mut expected = sent.clone();
+        expected.set_attr("to", "b@y/p");
+        let answered = r.handle.last_presence_to("b@y/p").unwrap();
+        assert_eq!(
+            crate::protocol::xml::parse_element(&answered).map(sorted),
+            Some(sorted(expected))
+        );
+        let mut unaddressed = sent.clone();
+        unaddressed.remove_attr("to");
+        assert_eq!(r.handle.last_presence(), Some(unaddressed));
+        r.handle.write(|p| p.last = None);
+        assert_eq!(r.handle.last_presence_to("b@y/p"), None);
     }
 
     #[test]

@@ -186,7 +186,7 @@ impl Element {
     /// stream's content namespace for a stanza): an `xmlns` is emitted only where it changes.
     /// `stream_ns` replaces [`NS_CLIENT`] so the same stanza can go on a server stream.
     pub fn write_to(&self, out: &mut String, parent_ns: &str, stream_ns: &str) {
-        self.write_parts(out, parent_ns, stream_ns, None, None);
+        self.write_parts(out, parent_ns, stream_ns, None);
     }
 
     /// [`Self::write_to`] with `body` writing more children after this element's own:
@@ -201,26 +201,15 @@ impl Element {
         stream_ns: &str,
         body: &mut dyn FnMut(&mut String),
     ) {
-        self.write_parts(out, parent_ns, stream_ns, None, Some(body));
+        self.write_parts(out, parent_ns, stream_ns, Some(body));
     }
 
-    /// The element as a client stream carries it, addressed to `to` (any `to` it has is
-    /// left out): what a clone with `to` set would serialise to, without the clone. One
-    /// allocation, for a copy of a stored stanza sent to one recipient (a probe answer).
-    pub fn to_xml_addressed(&self, to: &str) -> String {
-        let mut out = String::with_capacity(self.weight() + to.len() + 8);
-        self.write_parts(&mut out, NS_CLIENT, NS_CLIENT, Some(to), None);
-        out
-    }
-
-    /// [`Self::write_to`], with `to` (if given) in place of this element's own `to`, and
-    /// `body` (if given) as [`Self::write_wrapping`] says.
+    /// [`Self::write_to`], with `body` (if given) as [`Self::write_wrapping`] says.
     fn write_parts(
         &self,
         out: &mut String,
         parent_ns: &str,
         stream_ns: &str,
-        to: Option<&str>,
         body: Option<&mut dyn FnMut(&mut String)>,
     ) {
         let ns = if self.ns == NS_CLIENT {
@@ -235,15 +224,7 @@ impl Element {
             escape_into(out, ns);
             out.push('\'');
         }
-        if let Some(to) = to {
-            out.push_str(" to='");
-            escape_into(out, to);
-            out.push('\'');
-        }
         for (k, v) in &self.attrs {
-            if to.is_some() && k == "to" {
-                continue;
-            }
             out.push(' ');
             out.push_str(k);
             out.push_str("='");
@@ -491,16 +472,17 @@ mod tests {
     }
 
     #[test]
-    fn stored_stanza_serialised_for_one_recipient_equals_an_addressed_clone() {
+    fn a_stanza_serialised_once_and_addressed_equals_an_addressed_clone() {
         let el = Element::new("presence", NS_CLIENT)
             .attr("from", "a@x/r")
             .attr("to", "old@x")
             .child(Element::new("show", NS_CLIENT).text("away"))
             .child(Element::new("c", "http://jabber.org/protocol/caps").attr("ver", "v'1"));
+        let once = Addressed::new(&el);
         for to in ["b@x", "o'brien@x/<r>"] {
             let mut clone = el.clone();
             clone.set_attr("to", to);
-            let xml = el.to_xml_addressed(to);
+            let xml = once.to(to);
             // The same element, its attributes in another order (`to` first).
             let sorted = |e: Option<Element>| {
                 let mut e = e.expect("well-formed");
@@ -512,7 +494,7 @@ mod tests {
         }
         let bare = Element::new("presence", NS_CLIENT).attr("from", "a@x/r");
         assert_eq!(
-            bare.to_xml_addressed("b@x"),
+            Addressed::new(&bare).to("b@x"),
             "<presence to='b@x' from='a@x/r'/>"
         );
     }

@@ -762,7 +762,10 @@ pub async fn reconcile_subject(pres: &Presence, subject: &BareJid) {
         if invisible || !available {
             continue;
         }
-        let Some(last) = last else { continue };
+        let Some(last) = last.and_then(|l| crate::protocol::xml::parse_element(l.unaddressed()))
+        else {
+            continue;
+        };
         for viewer in audience {
             let viewer = viewer.to_string();
             if s.was_revealed(&viewer) {

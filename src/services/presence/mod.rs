@@ -349,12 +349,12 @@ async fn broadcast(pres: &Presence, session: &Client, mut el: Element, is_availa
         invisible: session.handle.is_invisible(),
     };
     if !is_available && !change.was_available && !session.handle.read(|p| p.has_directed()) {
-        record(session, &el, is_available);
+        record(session, &el, None);
         return;
     }
-    // Serialised once; each copy (contacts' and own resources', here and on other nodes)
-    // differs only in 'to'.
-    let once = Addressed::new(&el);
+    // Serialised once; each copy (contacts' and own resources', here and on other nodes,
+    // and later probe answers) differs only in 'to'.
+    let once = Arc::new(Addressed::new(&el));
     let (inputs, successor) = show_to_audience(pres, session, &el, &once, change).await;
     // The user's own resources, the sender included (§4.2.2); they have the successor's
     // presence for this full JID, if there is one.
@@ -391,12 +391,13 @@ impl Transition {
     }
 }
 
-/// Records presence `el` as the session's state (availability, priority, last presence).
-fn record(session: &Client, el: &Element, is_available: bool) {
+/// Records presence `el` as the session's state: available with its priority and the
+/// stanza as broadcast (`shown`, its serialisation), or unavailable.
+fn record(session: &Client, el: &Element, shown: Option<&Arc<Addressed>>) {
     session.handle.write(|info| {
-        info.available = is_available;
-        info.priority = if is_available { priority_of(el) } else { 0 };
-        info.last = is_available.then(|| el.clone());
+        info.available = shown.is_some();
+        info.priority = if shown.is_some() { priority_of(el) } else { 0 };
+        info.last = shown.cloned();
     })
 }
 
@@ -408,7 +409,7 @@ async fn show_to_audience(
     pres: &Presence,
     session: &Client,
     el: &Element,
-    once: &Addressed,
+    once: &Arc<Addressed>,
     change: Transition,
 ) -> (Arc<AudienceInputs>, Successor) {
     let me = session.jid();
@@ -426,7 +427,7 @@ async fn show_to_audience(
     // must see the old state (and leave this resource to us) or the new one with its
     // broadcast done (and its viewers marked revealed), never the new state before the
     // broadcast, or it would send this presence a second time.
-    record(session, el, is_available);
+    record(session, el, is_available.then_some(once));
     if !successor.holds_resource() {
         to_directory(pres, &session.handle);
     }
@@ -643,11 +644,11 @@ async fn pending_requests(pres: &Presence, session: &Client, bare: &BareJid) {
 /// broadcast, visibility change, carbons switch and block-list retrieval.
 pub(crate) fn to_directory(pres: &Presence, handle: &crate::node::sessions::SessionHandle) {
     let (available, priority, shown, invisible, carbons, blocklist) = handle.read(|p| {
-        let shown = p.last.as_ref().filter(|_| p.available).map(|l| {
-            let mut l = l.clone();
-            l.remove_attr("to");
-            l.to_xml()
-        });
+        let shown = p
+            .last
+            .as_ref()
+            .filter(|_| p.available)
+            .map(|l| l.unaddressed().to_owned());
         (
             p.available,
             p.priority,
@@ -701,8 +702,7 @@ pub async fn show_again_to_other_nodes(pres: &Presence) {
                 }
                 audience.push(c);
             }
-            let once = Addressed::new(&last);
-            for viewer in pres.outbox.fan_out(&once, audience, false).await {
+            for viewer in pres.outbox.fan_out(&last, audience, false).await {
                 s.reveal(&viewer, privacy::Relation::Subscriber);
             }
         }
