@@ -291,7 +291,8 @@ pub struct Addressed {
 }
 
 impl Addressed {
-    /// Serialises `el` without any `to` it carries.
+    /// Serialises `el` without any `to` it carries. The text is trimmed to its length: a
+    /// session keeps its last presence this way for as long as it stays available.
     pub fn new(el: &Element) -> Self {
         let mut xml = String::with_capacity(128);
         if el.get_attr("to").is_some() {
@@ -301,6 +302,7 @@ impl Addressed {
         } else {
             el.write_to(&mut xml, NS_CLIENT, NS_CLIENT);
         }
+        xml.shrink_to_fit();
         Addressed {
             xml,
             split: 1 + el.name.len(),
