@@ -444,8 +444,12 @@ async fn show_to_audience(
         pres.store
             .forget_audience_of(bare.as_str(), session.handle.id);
     }
+    // Nothing to show (invisible, or unavailable after unavailable): no one is decided.
     let shown = !change.invisible && (is_available || change.was_available);
-    let audience = gate::audience(&bare, &inputs).filter(|_| shown);
+    let audience = shown
+        .then(|| gate::audience(&bare, &inputs))
+        .into_iter()
+        .flatten();
     let (remote, local) = recipients(pres, session, audience, &successor, is_available);
     let mut reached = Vec::new();
     for contact in remote {
@@ -595,8 +599,8 @@ async fn own_resources_to_new(pres: &Presence, session: &Client, bare: &BareJid)
         if s.id == session.handle.id {
             continue;
         }
-        if let Some(mut last) = s.last_presence() {
-            last.set_attr("to", me.to_string());
+        // Local: the stored serialisation, re-addressed (no element parsed back).
+        if let Some(last) = s.last_presence_to(me.as_str()) {
             session.deliver(last);
         }
     }
