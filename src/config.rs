@@ -458,6 +458,11 @@ pub struct DatabaseConfig {
     /// changes made outside it (the sqlite3 shell, a migration) reach online users.
     #[serde(with = "secs")]
     pub change_poll_interval: Duration,
+    /// A pooled connection idle for longer than this (seconds in the file) is checked with a
+    /// round trip before a statement uses it; one used more recently is taken as it is
+    /// (`store::pool_options`). 0 checks before every statement.
+    #[serde(with = "secs")]
+    pub recheck_idle_secs: Duration,
 }
 
 /// The file a `sqlite://path` (or `sqlite:path`) database URL names, or None for any
@@ -481,6 +486,7 @@ impl Default for DatabaseConfig {
             gate_cache_secs: Duration::from_secs(30),
             sqlite_busy_timeout: Duration::from_secs(5),
             change_poll_interval: Duration::from_millis(250),
+            recheck_idle_secs: Duration::from_secs(1),
         }
     }
 }
@@ -1426,6 +1432,9 @@ impl Config {
         }
         if self.database.gate_cache_secs > Duration::from_secs(86_400) {
             return bad("[database] gate_cache_secs must be between 0 and 86400");
+        }
+        if self.database.recheck_idle_secs > Duration::from_secs(3_600) {
+            return bad("[database] recheck_idle_secs must be between 0 and 3600");
         }
         Ok(())
     }

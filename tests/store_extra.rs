@@ -856,3 +856,52 @@ async fn the_stores_postgresql_connections_are_named_in_pg_stat_activity() {
         ]
     );
 }
+
+/// A store on `url()` whose one pooled connection is named `name`, with `recheck_idle`.
+async fn named_store(name: &str, recheck_idle: Duration) -> Store {
+    let config = presenced::config::DatabaseConfig {
+        url: with_app_name(&url(), name),
+        max_connections: 1,
+        recheck_idle_secs: recheck_idle,
+        ..Default::default()
+    };
+    Store::open(&config).await.unwrap()
+}
+
+/// Opens `name`'s one connection with a statement, kills its backend and waits until the
+/// database no longer lists it; the killed backend's pid.
+async fn kill_pooled_connection(observer: &Store, store: &Store, name: &str) -> i32 {
+    store
+        .ping()
+        .await
+        .expect("the first statement opens the connection");
+    let pids = backends(observer, name).await;
+    assert_eq!(pids.len(), 1, "one pooled connection");
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pids[0])
+        .fetch_one(observer.pool())
+        .await
+        .unwrap();
+    assert!(killed);
+    wait_for_backends(observer, name, |now| now.is_empty()).await;
+    pids[0]
+}
+
+#[tokio::test]
+async fn a_pooled_connection_idle_past_the_recheck_is_checked_and_replaced_before_use() {
+    let observer = store().await;
+    let name = format!("presenced-test-{}", uuid::Uuid::new_v4().simple());
+    let recheck = Duration::from_millis(100);
+    let store = named_store(&name, recheck).await;
+    let killed = kill_pooled_connection(&observer, &store, &name).await;
+    // Idle for longer than the recheck bound whatever the kill took.
+    tokio::time::sleep(recheck * 3).await;
+
+    store
+        .ping()
+        .await
+        .expect("the dead connection is found by the check and replaced, not used");
+    let now = backends(&observer, &name).await;
+    assert_eq!(now.len(), 1, "one connection again");
+    assert_ne!(now[0], killed);
+}

@@ -299,17 +299,25 @@ impl Store {
     /// (`older`: the caller saw some in its read). With a XEP-0484 `count`, false (nothing
     /// changed) unless it is above every count the token carried before: a replayed
     /// authentication repeats one. With neither, nothing is written: the usual FAST login
-    /// costs the store one read.
+    /// costs the store one read. A count alone is one statement, atomic by itself (two
+    /// logins with the same count cannot both raise it), so it takes no transaction: the
+    /// usual login of a client that sends `count` costs a read and that statement.
     pub async fn fast_token_used(
         &self,
         id: i64,
         count: Option<i64>,
         older: bool,
     ) -> Result<bool, StoreError> {
-        if count.is_none() && !older {
-            return Ok(true);
+        match (count, older) {
+            (None, false) => Ok(true),
+            (Some(count), false) => {
+                let pool = pg_or_sqlite!(self, "fast_token_used", |db| async {
+                    db.writer().acquire().await?.raise_count(id, count).await
+                });
+                pool.acquire().await?.raise_count(id, count).await
+            }
+            _ => in_write!(self, "fast_token_used", used(id, count, older)),
         }
-        in_write!(self, "fast_token_used", used(id, count, older))
     }
 
     /// Deletes the tokens of account `username@domain`, of one client or all; how many, or

@@ -250,6 +250,7 @@ mod poll {
             readers: 1,
             cache_kib: options.cache_kib,
             busy_timeout: options.busy_timeout,
+            recheck_idle: crate::config::DatabaseConfig::default().recheck_idle_secs,
         };
         let db = Pools::open(path, sizes).await?;
         let last = newest(&db).await.map_err(|e| db.name_file(e))?;

@@ -38,9 +38,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
 
 use super::StoreError;
 
@@ -69,6 +67,9 @@ pub struct Sizes {
     pub cache_kib: u32,
     /// How long a statement waits for another process's lock.
     pub busy_timeout: Duration,
+    /// How long a pooled connection may be idle and used without a check
+    /// ([`super::pool_options`]).
+    pub recheck_idle: Duration,
 }
 
 impl Sizes {
@@ -78,6 +79,7 @@ impl Sizes {
             readers: db.sqlite_readers,
             cache_kib: db.sqlite_cache_kib,
             busy_timeout: db.sqlite_busy_timeout,
+            recheck_idle: db.recheck_idle_secs,
         }
     }
 }
@@ -189,8 +191,7 @@ impl Pools {
 async fn connect(path: &Path, sizes: Sizes, max: u32) -> Result<SqlitePool, sqlx::Error> {
     let deadline = tokio::time::Instant::now() + sizes.busy_timeout;
     loop {
-        match SqlitePoolOptions::new()
-            .max_connections(max)
+        match super::pool_options::<sqlx::Sqlite>(max, sizes.recheck_idle)
             .connect_with(options(path, sizes))
             .await
         {
