@@ -155,8 +155,16 @@ def table(cfg, modes):
         for full in FULL:
             ref = Spread([r.get("cut_restored_100_s") for _, r, _ in modes.get(full, [])])
             if ref and f100:
+                ci = ratio_interval(f100, ref)
+                # The target (≤ ½) is set for the storm of N = 10,000.
+                within = "" if ci is None else f" [{ci[0]:.2f}–{ci[1]:.2f}]"
+                if ci is not None and n >= 10_000:
+                    within += "; target (≤ ½) " + (
+                        "met (the whole interval at most ½)" if ci[1] <= 0.5 else
+                        "met by the median only (the interval reaches above ½)"
+                        if f100.median <= 0.5 * ref.median else "NOT met")
                 print(f"- Cut storm, 100 % restored: `{quick}` {f100.cell()} s against {full} "
-                      f"{ref.cell()} s ({f100.median / ref.median:.2f} of it).")
+                      f"{ref.cell()} s ({f100.median / ref.median:.2f} of it{within}).")
     for quick in RECONNECTS:
         resumed = [(r.get("relogin_resumed"), r.get("relogin_logins"))
                    for _, r, _ in modes.get(quick, [])]
