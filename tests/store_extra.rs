@@ -546,6 +546,16 @@ async fn backends(store: &Store, name: &str) -> Vec<i32> {
         .unwrap()
 }
 
+/// Ends backend `pid` as an administrator would (`pg_terminate_backend`); whether it was
+/// signalled.
+async fn terminate_backend(store: &Store, pid: i32) -> bool {
+    sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
 /// Polls until `backends(name)` satisfies `done`, failing after [`WAIT`].
 async fn wait_for_backends(store: &Store, name: &str, done: impl Fn(&[i32]) -> bool) {
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -574,12 +584,7 @@ async fn listener_survives_a_killed_connection_and_says_to_resync() {
 
     let pids = backends(&store, &name).await;
     assert_eq!(pids.len(), 1, "one listener connection");
-    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pids[0])
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert!(killed);
+    assert!(terminate_backend(&store, pids[0]).await);
 
     let marker = tokio::time::timeout(WAIT, async {
         loop {
@@ -875,14 +880,19 @@ async fn kill_pooled_connection(observer: &Store, store: &Store, name: &str) -> 
         .ping()
         .await
         .expect("the first statement opens the connection");
+    // Back in the pool, its check on return done. Killed during that check, the check
+    // would find it dead and the pool would open another, whatever `recheck_idle` says.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while store.pool().num_idle() != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the connection never went back idle"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let pids = backends(observer, name).await;
     assert_eq!(pids.len(), 1, "one pooled connection");
-    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pids[0])
-        .fetch_one(observer.pool())
-        .await
-        .unwrap();
-    assert!(killed);
+    assert!(terminate_backend(observer, pids[0]).await);
     wait_for_backends(observer, name, |now| now.is_empty()).await;
     pids[0]
 }
