@@ -915,3 +915,26 @@ async fn a_pooled_connection_idle_past_the_recheck_is_checked_and_replaced_befor
     assert_eq!(now.len(), 1, "one connection again");
     assert_ne!(now[0], killed);
 }
+
+#[tokio::test]
+async fn a_pooled_connection_used_within_the_recheck_is_taken_without_a_round_trip() {
+    // The saving, seen through its one cost: a connection that died within the bound is
+    // not checked before use, so the statement that takes it fails; the check on its
+    // return closes it, and the next statement gets a new connection.
+    let observer = store().await;
+    let name = format!("presenced-test-{}", uuid::Uuid::new_v4().simple());
+    let store = named_store(&name, Duration::from_secs(3_600)).await;
+    let killed = kill_pooled_connection(&observer, &store, &name).await;
+
+    assert!(
+        store.ping().await.is_err(),
+        "a connection idle for less than the bound is used as it is"
+    );
+    store
+        .ping()
+        .await
+        .expect("the broken connection was closed on its return and replaced");
+    let now = backends(&observer, &name).await;
+    assert_eq!(now.len(), 1, "one connection again");
+    assert_ne!(now[0], killed);
+}
